@@ -1,0 +1,52 @@
+"""Checkpoint files: atomic writes, safe loading, weight loading and export, RNG state."""
+
+from trainwright.checkpoint.io import (
+    LATEST_FILENAME,
+    CheckpointError,
+    UnsafeCheckpointError,
+    atomic_save,
+    atomic_write,
+    atomic_write_bytes,
+    atomic_write_text,
+    find_resumable,
+    list_checkpoints,
+    load_file,
+    read_latest,
+    read_safetensors,
+    write_latest,
+)
+from trainwright.checkpoint.rng import get_rng_state, set_rng_state
+from trainwright.checkpoint.weights import (
+    DEFAULT_REVISE_KEYS,
+    IncompatibleKeys,
+    extract_state_dict,
+    load_model_weights,
+    load_safetensors,
+    revise_state_dict_keys,
+    save_safetensors,
+)
+
+__all__ = [
+    "DEFAULT_REVISE_KEYS",
+    "LATEST_FILENAME",
+    "CheckpointError",
+    "IncompatibleKeys",
+    "UnsafeCheckpointError",
+    "atomic_save",
+    "atomic_write",
+    "atomic_write_bytes",
+    "atomic_write_text",
+    "extract_state_dict",
+    "find_resumable",
+    "get_rng_state",
+    "list_checkpoints",
+    "load_file",
+    "load_model_weights",
+    "load_safetensors",
+    "read_latest",
+    "read_safetensors",
+    "revise_state_dict_keys",
+    "save_safetensors",
+    "set_rng_state",
+    "write_latest",
+]

@@ -1,0 +1,364 @@
+"""Checkpoint files on disk: atomic writes, safe loads, and finding what to resume from.
+
+Two promises hold for every file written here:
+
+* **Complete or absent.** A file is written under a hidden temporary name in the same
+  directory, flushed, fsynced and renamed onto its target (``os.replace`` is atomic on
+  POSIX and Windows), then the directory is fsynced so the rename itself survives a power
+  cut. A process killed at any moment leaves the previous file or the new one, never a
+  torn one. Temporary names start with ``.`` and contain ``.tmp.``; no loader here ever
+  picks them up.
+* **Loading never runs code.** ``torch.load(..., weights_only=True)`` refuses pickles
+  that would import or call arbitrary objects; such a file raises
+  :class:`UnsafeCheckpointError` instead of being executed.
+
+Resume candidates are the ``*.pth`` files of a checkpoint directory (``epoch_N.pth``,
+``iter_N.pth``, ...), newest first, with the file named by the ``latest`` text file in
+front. ``best_*.pth`` files, written when a metric improves, are not resume candidates:
+they are usually older than the last checkpoint and resuming from them would silently
+throw training away.
+"""
+
+from __future__ import annotations
+
+import os
+import pickle
+import re
+import secrets
+import warnings
+import zipfile
+from collections.abc import Callable, Mapping
+from pathlib import Path
+from typing import IO, Any, Union
+
+import torch
+
+PathLike = Union[str, "os.PathLike[str]"]
+MapLocation = Union[str, torch.device, Callable[..., Any], dict[str, str], None]
+
+LATEST_FILENAME = "latest"
+"""Name of the text file that holds the file name of the last checkpoint written."""
+
+CHECKPOINT_SUFFIX = ".pth"
+BEST_PREFIX = "best_"
+_TMP_MARKER = ".tmp."
+_STEP_NAME = re.compile(r"^(?P<kind>[A-Za-z]+)_(?P<step>\d+)\.pth$")
+# Substrings of torch's weights-only unpickler messages that mean "this pickle wants to
+# import or call something that is not allowlisted" (a refusal), as opposed to a broken file.
+_REFUSAL_MARKERS = (
+    "GLOBAL",
+    "allowlist",
+    "Trying to call reduce",
+    "is blocked",
+    "must be imported",
+)
+_FIX_BROKEN = (
+    "The file is truncated or corrupt (e.g. the disk filled up or it was copied partially). "
+    "Resume from the previous checkpoint (delete or move this file, or point `resume=` at an "
+    "older one), or copy the file again from its source."
+)
+_FIX_UNSAFE = (
+    "It was refused for safety: the safe loader (torch.load(weights_only=True)) cannot read it "
+    "without unpickling arbitrary Python objects, which can run code. If you trust the file, convert it yourself: "
+    "`obj = torch.load(path, weights_only=False)`, keep only tensors and plain containers "
+    "(dict/list/tuple/str/int/float/bool/None), and save that with `torch.save` (or "
+    "`trainwright.checkpoint.atomic_save`)."
+)
+
+
+class CheckpointError(RuntimeError):
+    """A checkpoint file exists but cannot be read: truncated, corrupt or not a checkpoint."""
+
+
+class UnsafeCheckpointError(CheckpointError):
+    """``torch.load(weights_only=True)`` refused a file because it pickles arbitrary objects."""
+
+
+# --------------------------------------------------------------------------- writing
+
+
+def _fsync_dir(directory: Path) -> None:
+    """Make a rename in ``directory`` durable; a no-op where directories cannot be opened."""
+    try:
+        fd = os.open(directory, os.O_RDONLY)
+    except OSError:  # Windows cannot open directories; its renames are durable enough.
+        return
+    try:
+        os.fsync(fd)
+    except OSError:
+        pass
+    finally:
+        os.close(fd)
+
+
+def _temp_path(target: Path) -> Path:
+    return target.with_name(f".{target.name}{_TMP_MARKER}{os.getpid()}.{secrets.token_hex(4)}")
+
+
+def atomic_write(path: PathLike, write: Callable[[IO[bytes]], object]) -> None:
+    """Write a file so that ``path`` is always either its old content or the new one.
+
+    ``write`` receives a binary file object opened on a temporary file in the target's
+    directory; after it returns, the data is flushed, fsynced and renamed onto ``path``.
+    Parent directories are created. If anything raises, the temporary file is removed,
+    ``path`` is untouched and the exception propagates.
+
+    Args:
+        path: The target file.
+        write: Callable that writes the whole content into the file object it is given.
+    """
+    target = Path(path)
+    target.parent.mkdir(parents=True, exist_ok=True)
+    tmp = _temp_path(target)
+    try:
+        with open(tmp, "xb") as f:
+            write(f)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, target)
+    except BaseException:
+        try:
+            tmp.unlink()
+        except FileNotFoundError:
+            pass
+        raise
+    _fsync_dir(target.parent)
+
+
+def atomic_save(obj: Mapping[str, Any], path: PathLike) -> None:
+    """``torch.save`` ``obj`` to ``path`` atomically: the file is complete or absent.
+
+    Args:
+        obj: The checkpoint dict. Keep it to tensors and plain containers so that it
+            loads with ``weights_only=True`` (see :func:`load_file`).
+        path: The target file; its parent directories are created.
+    """
+    atomic_write(path, lambda f: torch.save(obj, f))
+
+
+def atomic_write_bytes(path: PathLike, data: bytes) -> None:
+    """Write ``data`` to ``path`` atomically (see :func:`atomic_write`)."""
+    atomic_write(path, lambda f: f.write(data))
+
+
+def atomic_write_text(path: PathLike, text: str) -> None:
+    """Write UTF-8 ``text`` to ``path`` atomically (see :func:`atomic_write`)."""
+    atomic_write_bytes(path, text.encode("utf-8"))
+
+
+# --------------------------------------------------------------------------- loading
+
+
+def _is_refusal(message: str) -> bool:
+    return "Weights only load failed" in message and any(m in message for m in _REFUSAL_MARKERS)
+
+
+def _first_reason(message: str) -> str:
+    """The most telling line of torch's (long) error message, for our own shorter one."""
+    lines = [ln.strip().replace("\033[1m", "").replace("\033[0m", "") for ln in message.splitlines()]
+    lines = [ln for ln in lines if ln]
+    for ln in lines:
+        if any(m in ln for m in _REFUSAL_MARKERS) or "Unsupported" in ln:
+            ln = ln.removeprefix("WeightsUnpickler error:").strip()
+            return ln.split(" Please use `torch.serialization")[0]
+    return lines[0] if lines else message
+
+
+def read_safetensors(path: PathLike, map_location: MapLocation = "cpu") -> dict[str, torch.Tensor]:
+    """Read a safetensors file into a dict of tensors (on ``map_location`` if it names a device).
+
+    Raises:
+        FileNotFoundError: ``path`` does not exist (the message names it).
+        CheckpointError: the file is truncated or corrupt.
+    """
+    from safetensors import SafetensorError
+    from safetensors.torch import load_file as st_load_file
+
+    p = Path(path)
+    if not p.is_file():
+        raise FileNotFoundError(f"Safetensors file {str(p)!r} does not exist. Check the path.")
+    device = str(map_location) if isinstance(map_location, (str, torch.device)) else "cpu"
+    try:
+        return st_load_file(p, device=device)
+    except (SafetensorError, OSError, ValueError) as e:
+        raise _broken(p, f"not a valid safetensors file ({e})") from e
+
+
+def load_file(path: PathLike, map_location: MapLocation = "cpu") -> dict[str, Any]:
+    """Load a checkpoint file without executing any code from it.
+
+    ``.safetensors`` files are read with safetensors (a dict of tensors); anything else
+    with ``torch.load(path, map_location=..., weights_only=True)``.
+
+    Args:
+        path: The checkpoint file.
+        map_location: Where tensors go, as for ``torch.load`` (default: CPU, so that a
+            checkpoint saved on a GPU loads on a machine without one).
+
+    Returns:
+        The loaded object (a dict for every checkpoint trainwright writes).
+
+    Raises:
+        FileNotFoundError: ``path`` does not exist (the message names it).
+        UnsafeCheckpointError: the file would need to unpickle arbitrary objects.
+        CheckpointError: the file is truncated, corrupt or not a checkpoint.
+    """
+    p = Path(path)
+    if not p.is_file():
+        raise FileNotFoundError(
+            f"Checkpoint file {str(p)!r} does not exist"
+            + (" (it is a directory)" if p.is_dir() else "")
+            + ". Check the path, or pass resume=True to pick the newest checkpoint in a directory."
+        )
+    if p.suffix == ".safetensors":
+        return read_safetensors(p, map_location)
+    try:
+        return torch.load(p, map_location=map_location, weights_only=True)  # type: ignore[no-any-return]
+    except pickle.UnpicklingError as e:
+        msg = str(e)
+        if "Weights only load failed" not in msg:
+            raise _broken(p, _first_reason(msg)) from e
+        if zipfile.is_zipfile(p):
+            # A torch.save archive: a damaged pickle can read like a forbidden global, so
+            # trust the refusal only when every member passes its CRC check.
+            damage = _archive_damage(p)
+            if damage is not None or not _is_refusal(msg):
+                raise _broken(p, damage or _first_reason(msg)) from None
+        # A plain (non-zip) pickle the safe unpickler refuses was not written by torch.save;
+        # whatever it holds can only be read unsafely.
+        reason = _first_reason(msg).rstrip(".")
+        raise UnsafeCheckpointError(f"Refused to load checkpoint {str(p)!r}: {reason}. {_FIX_UNSAFE}") from None
+    except EOFError as e:
+        raise _broken(p, "unexpected end of file") from e
+    except (RuntimeError, ValueError, OSError, KeyError, IndexError, AssertionError) as e:
+        if isinstance(e, FileNotFoundError):
+            raise
+        # Errors that are not about the bytes (e.g. map_location naming a missing device)
+        # propagate unchanged; the file is blamed only when it fails an integrity check.
+        damage = _archive_damage(p) if zipfile.is_zipfile(p) else "not a torch.save zip archive"
+        if damage is None and "PytorchStreamReader" not in str(e):
+            raise
+        raise _broken(p, damage or _first_reason(str(e))) from e
+
+
+def _broken(p: Path, reason: str) -> CheckpointError:
+    return CheckpointError(f"Cannot read checkpoint {str(p)!r}: {reason.rstrip('.')}. {_FIX_BROKEN}")
+
+
+def _archive_damage(p: Path) -> str | None:
+    """Describe what is wrong with the zip archive ``p`` (bad CRC, bad structure), or ``None``."""
+    try:
+        with zipfile.ZipFile(p) as zf:
+            bad = zf.testzip()
+    except (zipfile.BadZipFile, OSError, EOFError, ValueError, RuntimeError) as e:  # zlib/CRC/struct errors
+        return f"damaged zip archive ({e})"
+    return None if bad is None else f"archive member {bad!r} fails its CRC check"
+
+
+# --------------------------------------------------------------------------- directory
+
+
+def write_latest(ckpt_dir: PathLike, filename: str) -> None:
+    """Record ``filename`` (a name inside ``ckpt_dir``) as the last checkpoint written.
+
+    The pointer is a small text file named ``latest``, not a symlink: it works on every
+    filesystem and survives copying the directory.
+    """
+    atomic_write_text(Path(ckpt_dir) / LATEST_FILENAME, Path(filename).name + "\n")
+
+
+def read_latest(ckpt_dir: PathLike) -> str | None:
+    """Return the file name recorded by :func:`write_latest`, or ``None`` if there is none."""
+    try:
+        name = (Path(ckpt_dir) / LATEST_FILENAME).read_text(encoding="utf-8").strip()
+    except (FileNotFoundError, NotADirectoryError):
+        return None
+    return Path(name).name or None
+
+
+def _is_resume_candidate(p: Path) -> bool:
+    name = p.name
+    return (
+        name.endswith(CHECKPOINT_SUFFIX)
+        and not name.startswith(".")
+        and _TMP_MARKER not in name
+        and not name.startswith(BEST_PREFIX)
+        and p.is_file()
+    )
+
+
+def _order_key(p: Path) -> tuple[int, int, int]:
+    m = _STEP_NAME.match(p.name)
+    try:
+        mtime = p.stat().st_mtime_ns
+    except OSError:  # removed meanwhile (e.g. max_keep_ckpts); loading it will be skipped
+        mtime = 0
+    return (1, int(m["step"]), mtime) if m else (0, 0, mtime)
+
+
+def list_checkpoints(ckpt_dir: PathLike) -> list[Path]:
+    """List the complete checkpoints of ``ckpt_dir`` that a run can resume from, newest first.
+
+    Candidates are the ``*.pth`` files, except temporary files of writes in progress (or
+    killed) and ``best_*.pth`` files. Names of the form ``<kind>_<N>.pth``
+    (``epoch_3.pth``, ``iter_500.pth``) are ordered by ``N``, ties by modification time,
+    and come before other names, which are ordered by modification time. The file named by
+    ``latest`` (if it exists) comes first. A directory normally holds one kind of name; if
+    it holds both ``epoch_`` and ``iter_`` files their numbers are compared as they are, and
+    the ``latest`` pointer is what puts the right one first.
+
+    Args:
+        ckpt_dir: The checkpoint directory; a missing directory has no checkpoints.
+
+    Returns:
+        Paths of the candidates, newest first.
+    """
+    d = Path(ckpt_dir)
+    if not d.is_dir():
+        return []
+    found = sorted((p for p in d.iterdir() if _is_resume_candidate(p)), key=_order_key, reverse=True)
+    latest = read_latest(d)
+    if latest is not None and (d / latest).is_file():
+        found = [d / latest] + [p for p in found if p.name != latest]
+    return found
+
+
+def find_resumable(ckpt_dir: PathLike, map_location: MapLocation = "cpu") -> tuple[Path, dict[str, Any]] | None:
+    """Load the newest checkpoint of ``ckpt_dir`` that can be read.
+
+    Candidates come from :func:`list_checkpoints`. One that is truncated or corrupt is
+    skipped with a warning naming it and the reason, and the previous one is tried.
+
+    Args:
+        ckpt_dir: The checkpoint directory.
+        map_location: As for :func:`load_file`.
+
+    Returns:
+        ``(path, checkpoint)`` of the first candidate that loads, or ``None`` when the
+        directory holds no candidates (a fresh run).
+
+    Raises:
+        UnsafeCheckpointError: a candidate was refused by the safe loader; that is never
+            skipped silently, since it means the directory holds files from elsewhere.
+        CheckpointError: there were candidates but none could be read (resuming from
+            scratch then would silently throw the run away).
+    """
+    failures: list[str] = []
+    for path in list_checkpoints(ckpt_dir):
+        try:
+            return path, load_file(path, map_location=map_location)
+        except UnsafeCheckpointError:
+            raise
+        except (CheckpointError, FileNotFoundError) as e:
+            failures.append(f"{path.name}: {e}")
+            warnings.warn(
+                f"Skipping checkpoint {str(path)!r}, it cannot be loaded ({e}); trying the previous one.",
+                stacklevel=2,
+            )
+    if failures:
+        raise CheckpointError(
+            f"No checkpoint in {str(ckpt_dir)!r} can be loaded; tried:\n  "
+            + "\n  ".join(failures)
+            + "\nRestore a checkpoint from a backup, or start a fresh run with a new work_dir."
+        )
+    return None

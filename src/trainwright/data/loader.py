@@ -1,0 +1,200 @@
+"""Resumable data loading: a deterministic per-epoch order that can restart at any batch.
+
+:func:`make_resumable` rebuilds the user's ``DataLoader`` around a sampler whose order
+depends only on ``(seed, epoch)`` and a batch sampler that can skip the batches already
+consumed, keeping the dataset, batch size, shuffle/sampler, collate function and worker
+settings. Resuming mid-epoch therefore never replays data and never touches the global
+RNG (the loader gets its own generator, re-seeded every epoch, for worker seeds).
+"""
+
+from __future__ import annotations
+
+import itertools
+import warnings
+from collections.abc import Iterator, Mapping
+from typing import Any
+
+import torch
+from torch.utils.data import BatchSampler, DataLoader, IterableDataset, RandomSampler, Sampler, SequentialSampler
+
+from trainwright.registry import DATASETS
+
+
+class EpochSampler(Sampler[int]):
+    """Indices ``0..n-1`` in an order fixed by ``(seed, epoch)``; shuffled or sequential.
+
+    Args:
+        num_samples: Dataset length.
+        shuffle: Random permutation per epoch (else sequential).
+        seed: Base seed of the permutation.
+    """
+
+    def __init__(self, num_samples: int, shuffle: bool = True, seed: int = 0) -> None:
+        self.num_samples = num_samples
+        self.shuffle = shuffle
+        self.seed = seed
+        self.epoch = 0
+
+    def set_epoch(self, epoch: int) -> None:
+        """Select the epoch whose order the next iteration yields."""
+        self.epoch = epoch
+
+    def __iter__(self) -> Iterator[int]:
+        if not self.shuffle:
+            return iter(range(self.num_samples))
+        g = torch.Generator()
+        g.manual_seed(self.seed + self.epoch)
+        return iter(torch.randperm(self.num_samples, generator=g).tolist())
+
+    def __len__(self) -> int:
+        return self.num_samples
+
+
+class SkippableBatchSampler(Sampler[list[int]]):
+    """Wraps a batch sampler; the next iteration may start after ``skip`` batches."""
+
+    def __init__(self, batch_sampler: Any) -> None:
+        self.batch_sampler = batch_sampler
+        self.skip = 0
+
+    def __iter__(self) -> Iterator[list[int]]:
+        skip, self.skip = self.skip, 0
+        it = iter(self.batch_sampler)
+        return itertools.islice(it, skip, None) if skip else it
+
+    def __len__(self) -> int:
+        return len(self.batch_sampler)
+
+
+class ResumableLoader:
+    """A data loader that knows its epoch and position and can restart from them.
+
+    Iterating yields the remaining batches of the current epoch; ``len()`` is the full
+    epoch length. ``state_dict()`` is ``{"epoch", "position", "seed"}``.
+    """
+
+    def __init__(self, loader: DataLoader, seed: int = 0) -> None:
+        self.loader = loader
+        self.seed = seed
+        self.epoch = 0
+        self.position = 0
+        self._batch_sampler = loader.batch_sampler if isinstance(loader.batch_sampler, SkippableBatchSampler) else None
+        self._generator = loader.generator
+
+    @property
+    def dataset(self) -> Any:
+        """The underlying dataset."""
+        return self.loader.dataset
+
+    @property
+    def batch_size(self) -> int | None:
+        """The batch size, when the loader has a fixed one."""
+        bs = getattr(self._batch_sampler, "batch_sampler", None)
+        return getattr(bs, "batch_size", self.loader.batch_size)
+
+    def set_epoch(self, epoch: int) -> None:
+        """Start ``epoch`` from its first batch (the sampler seed hook calls this)."""
+        if epoch != self.epoch:
+            self.position = 0
+        self.epoch = epoch
+
+    def _sync_epoch(self) -> None:
+        sampler = getattr(self._batch_sampler, "batch_sampler", None)
+        inner = getattr(sampler, "sampler", None)
+        for s in (inner, sampler, getattr(self.loader, "sampler", None)):
+            if s is not None and hasattr(s, "set_epoch"):
+                s.set_epoch(self.epoch)
+                break
+        if self._generator is not None:
+            self._generator.manual_seed(self.seed * 1_000_003 + self.epoch)
+
+    def __iter__(self) -> Iterator[Any]:
+        self._sync_epoch()
+        start = self.position
+        if start >= len(self):
+            self.position = start = 0
+        if self._batch_sampler is not None:
+            self._batch_sampler.skip = start
+            it = iter(self.loader)
+        else:
+            it = iter(self.loader)
+            if start:
+                warnings.warn(f"Resuming an iterable data loader by consuming {start} batches; make the dataset stateful to avoid the replay", stacklevel=2)
+                for _ in itertools.islice(it, start):
+                    pass
+        for batch in it:
+            self.position += 1
+            yield batch
+        self.position = 0
+        self.epoch += 1
+
+    def __len__(self) -> int:
+        return len(self.loader)
+
+    def state_dict(self) -> dict[str, Any]:
+        """Epoch, position inside it, and seed."""
+        return {"epoch": self.epoch, "position": self.position, "seed": self.seed}
+
+    def load_state_dict(self, state: Mapping[str, Any]) -> None:
+        """Restart at the saved epoch and position."""
+        self.epoch = int(state["epoch"])
+        self.position = int(state["position"])
+        if int(state.get("seed", self.seed)) != self.seed:
+            warnings.warn(f"Data order seed changed from {state['seed']} to {self.seed} on resume; the data order will differ from the original run", stacklevel=2)
+
+
+_LOADER_KEYS = {"dataset", "batch_size", "shuffle", "sampler", "batch_sampler", "num_workers", "collate_fn", "pin_memory", "drop_last", "timeout", "worker_init_fn", "multiprocessing_context", "generator", "prefetch_factor", "persistent_workers", "pin_memory_device", "in_order"}
+
+
+def build_dataloader(cfg: DataLoader | Mapping[str, Any] | ResumableLoader, seed: int = 0, name: str = "train_dataloader") -> ResumableLoader:
+    """Turn a ``DataLoader`` or a dict of ``DataLoader`` arguments into a :class:`ResumableLoader`."""
+    if isinstance(cfg, ResumableLoader):
+        return cfg
+    if isinstance(cfg, Mapping):
+        from trainwright.registry import did_you_mean
+
+        for key in cfg:
+            if key not in _LOADER_KEYS:
+                raise KeyError(f"Unknown {name} key {key!r}.{did_you_mean(key, sorted(_LOADER_KEYS))} Use DataLoader arguments: {sorted(_LOADER_KEYS)}")
+        if "dataset" not in cfg:
+            raise KeyError(f"{name} dict needs a 'dataset' (a Dataset or dict(type=...)), e.g. dict(dataset=ds, batch_size=32, shuffle=True)")
+        args = dict(cfg)
+        args["dataset"] = DATASETS.build(args["dataset"])
+        cfg = DataLoader(**args)
+    if not isinstance(cfg, DataLoader):
+        raise TypeError(f"{name} must be a torch DataLoader or a dict of DataLoader arguments, got {type(cfg).__name__}")
+    return ResumableLoader(make_resumable(cfg, seed), seed)
+
+
+def make_resumable(loader: DataLoader, seed: int = 0) -> DataLoader:
+    """Rebuild ``loader`` with a seed-determined, skippable sampler; same data, batching and workers."""
+    if isinstance(loader.dataset, IterableDataset) or loader.batch_sampler is None:
+        return loader
+    bs = loader.batch_sampler
+    if type(bs) is BatchSampler and isinstance(bs.sampler, (RandomSampler, SequentialSampler)):
+        s = bs.sampler
+        if isinstance(s, RandomSampler) and (s.replacement or s._num_samples is not None):  # noqa: SLF001
+            inner: Any = bs  # custom sampling: keep it as is
+        else:
+            inner = BatchSampler(EpochSampler(len(loader.dataset), shuffle=isinstance(s, RandomSampler), seed=seed), bs.batch_size, bs.drop_last)
+    else:
+        inner = bs
+    generator = torch.Generator()
+    generator.manual_seed(seed)
+    kwargs: dict[str, Any] = dict(
+        batch_sampler=SkippableBatchSampler(inner),
+        num_workers=loader.num_workers,
+        collate_fn=loader.collate_fn,
+        pin_memory=loader.pin_memory,
+        timeout=loader.timeout,
+        worker_init_fn=loader.worker_init_fn,
+        multiprocessing_context=loader.multiprocessing_context,
+        generator=generator,
+        persistent_workers=loader.persistent_workers,
+        pin_memory_device=getattr(loader, "pin_memory_device", ""),
+    )
+    if loader.num_workers > 0:
+        kwargs["prefetch_factor"] = loader.prefetch_factor
+    if hasattr(loader, "in_order"):
+        kwargs["in_order"] = loader.in_order
+    return DataLoader(loader.dataset, **kwargs)

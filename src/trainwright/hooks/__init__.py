@@ -1,0 +1,11 @@
+"""Hooks: the base class, dispatch, and the stock hooks."""
+
+from trainwright.hooks.checkpoint import CheckpointHook
+from trainwright.hooks.dispatch import HookList
+from trainwright.hooks.hook import EVENTS, Hook
+from trainwright.hooks.iter_timer import IterTimerHook
+from trainwright.hooks.logger import LoggerHook
+from trainwright.hooks.param_scheduler import ParamSchedulerHook
+from trainwright.hooks.sampler_seed import DistSamplerSeedHook
+
+__all__ = ["Hook", "HookList", "EVENTS", "CheckpointHook", "IterTimerHook", "LoggerHook", "ParamSchedulerHook", "DistSamplerSeedHook"]

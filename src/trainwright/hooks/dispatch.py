@@ -1,0 +1,80 @@
+"""Hook dispatch: per event, the list of bound methods of hooks that override it.
+
+Computed once when the hook list changes; a hook that overrides nothing is never called.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable
+from typing import Any
+
+from trainwright.hooks.hook import EVENTS, Hook, get_priority
+
+
+class HookList:
+    """An ordered collection of hooks with a precomputed per-event call list.
+
+    Hooks are sorted by priority (stable: equal priorities keep insertion order).
+    ``calls[event]`` is a tuple of bound methods; the loops iterate it directly.
+    """
+
+    def __init__(self, hooks: Iterable[Hook] = ()) -> None:
+        self._hooks: list[Hook] = []
+        self.calls: dict[str, tuple[Callable[..., Any], ...]] = {}
+        for h in hooks:
+            self.add(h)
+        self._rebuild()
+
+    @property
+    def hooks(self) -> list[Hook]:
+        """The hooks, in call order."""
+        return list(self._hooks)
+
+    def add(self, hook: Hook) -> None:
+        """Insert ``hook`` after every hook of lower or equal priority number."""
+        if not isinstance(hook, Hook):
+            raise TypeError(f"Hooks must subclass trainwright.Hook, got {type(hook).__name__}; build dicts with trainwright.registry.HOOKS")
+        p = get_priority(hook.priority)
+        idx = len(self._hooks)
+        for i, h in enumerate(self._hooks):
+            if get_priority(h.priority) > p:
+                idx = i
+                break
+        self._hooks.insert(idx, hook)
+        self._rebuild()
+
+    def _rebuild(self) -> None:
+        keys = [h.state_key for h in self._hooks if _has_state(h)]
+        dup = {k for k in keys if keys.count(k) > 1}
+        if dup:
+            raise ValueError(f"Two stateful hooks share the state_key {sorted(dup)}; give each copy a distinct `state_key`")
+        self.calls = {
+            ev: tuple(getattr(h, ev) for h in self._hooks if getattr(type(h), ev) is not getattr(Hook, ev))
+            for ev in EVENTS
+        }
+
+    def call(self, event: str, *args: Any, **kwargs: Any) -> None:
+        """Call ``event`` on every hook that overrides it (not used on the per-iteration path)."""
+        for fn in self.calls[event]:
+            fn(*args, **kwargs)
+
+    def get(self, cls_or_name: type | str) -> Hook | None:
+        """Return the first hook of that class (or class name / state_key), or None."""
+        for h in self._hooks:
+            if (isinstance(cls_or_name, str) and cls_or_name in (type(h).__name__, h.state_key)) or (isinstance(cls_or_name, type) and isinstance(h, cls_or_name)):
+                return h
+        return None
+
+    def stateful(self) -> list[Hook]:
+        """Hooks that define their own state_dict."""
+        return [h for h in self._hooks if _has_state(h)]
+
+    def __iter__(self):  # noqa: D105
+        return iter(self._hooks)
+
+    def __len__(self) -> int:  # noqa: D105
+        return len(self._hooks)
+
+
+def _has_state(hook: Hook) -> bool:
+    return callable(getattr(hook, "state_dict", None)) and callable(getattr(hook, "load_state_dict", None))

@@ -1,0 +1,162 @@
+"""The hook base class: every event of a run, each a no-op until overridden."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any, ClassVar
+
+if TYPE_CHECKING:
+    from trainwright.trainer.trainer import Trainer
+
+#: Every event a hook can handle, in the order a run meets them.
+EVENTS: tuple[str, ...] = (
+    "before_run",
+    "before_train",
+    "before_train_epoch",
+    "before_train_iter",
+    "after_train_iter",
+    "after_train_epoch",
+    "before_val",
+    "before_val_epoch",
+    "before_val_iter",
+    "after_val_iter",
+    "after_val_epoch",
+    "after_val",
+    "after_train",
+    "before_test",
+    "before_test_epoch",
+    "before_test_iter",
+    "after_test_iter",
+    "after_test_epoch",
+    "after_test",
+    "before_save_checkpoint",
+    "after_load_checkpoint",
+    "after_run",
+)
+
+#: Named priorities (lower runs first), as in mmengine.
+PRIORITIES: dict[str, int] = {
+    "HIGHEST": 0,
+    "VERY_HIGH": 10,
+    "HIGH": 30,
+    "ABOVE_NORMAL": 40,
+    "NORMAL": 50,
+    "BELOW_NORMAL": 60,
+    "LOW": 70,
+    "VERY_LOW": 90,
+    "LOWEST": 100,
+}
+
+
+def get_priority(priority: int | str) -> int:
+    """Turn a priority name (``"NORMAL"``) or number into a number; lower runs first."""
+    if isinstance(priority, int):
+        if not 0 <= priority <= 100:
+            raise ValueError(f"Hook priority must be within 0..100, got {priority}")
+        return priority
+    if isinstance(priority, str) and priority.upper() in PRIORITIES:
+        return PRIORITIES[priority.upper()]
+    raise ValueError(f"Unknown hook priority {priority!r}; use an int in 0..100 or one of {list(PRIORITIES)}")
+
+
+class Hook:
+    """Base class for hooks: override the events you need, nothing else costs anything.
+
+    The trainer is passed to every event (hooks keep no reference to it). Iteration events
+    also get ``batch_idx`` (position inside the epoch), ``data_batch`` and, after the
+    iteration, ``outputs`` (train: the dict of log tensors; val/test: the predictions).
+
+    A hook that holds state implements ``state_dict`` / ``load_state_dict``; it is saved in
+    the checkpoint under :attr:`state_key` (class name by default) so two copies of one hook
+    must be given distinct keys.
+
+    Attributes:
+        priority: Lower runs first; ``"NORMAL"`` (50) by default.
+    """
+
+    priority: ClassVar[int | str] = "NORMAL"
+
+    @property
+    def state_key(self) -> str:
+        """Name under which this hook's state lives in a checkpoint."""
+        return getattr(self, "_state_key", None) or type(self).__name__
+
+    @state_key.setter
+    def state_key(self, value: str) -> None:
+        self._state_key = value
+
+    def before_run(self, trainer: Trainer) -> None:
+        """Once, before anything (train, val or test) runs."""
+
+    def after_run(self, trainer: Trainer) -> None:
+        """Once, after everything ran (also on an error or preemption)."""
+
+    def before_train(self, trainer: Trainer) -> None:
+        """Before the training loop starts (after a resume has been loaded)."""
+
+    def after_train(self, trainer: Trainer) -> None:
+        """After the training loop ends."""
+
+    def before_train_epoch(self, trainer: Trainer) -> None:
+        """Before each training epoch (iteration-based runs: each pass over the data)."""
+
+    def after_train_epoch(self, trainer: Trainer) -> None:
+        """After each training epoch (``trainer.progress.epoch`` already counts it)."""
+
+    def before_train_iter(self, trainer: Trainer, batch_idx: int, data_batch: Any = None) -> None:
+        """Before each training iteration; the batch has already been fetched."""
+
+    def after_train_iter(self, trainer: Trainer, batch_idx: int, data_batch: Any = None, outputs: dict | None = None) -> None:
+        """After each training iteration (``trainer.progress.iteration`` already counts it)."""
+
+    def before_val(self, trainer: Trainer) -> None:
+        """Before a validation run."""
+
+    def after_val(self, trainer: Trainer) -> None:
+        """After a validation run."""
+
+    def before_val_epoch(self, trainer: Trainer) -> None:
+        """Before the pass over the validation data."""
+
+    def after_val_epoch(self, trainer: Trainer, metrics: dict[str, float] | None = None) -> None:
+        """After the pass over the validation data, with the computed metrics."""
+
+    def before_val_iter(self, trainer: Trainer, batch_idx: int, data_batch: Any = None) -> None:
+        """Before each validation iteration."""
+
+    def after_val_iter(self, trainer: Trainer, batch_idx: int, data_batch: Any = None, outputs: Any = None) -> None:
+        """After each validation iteration."""
+
+    def before_test(self, trainer: Trainer) -> None:
+        """Before a test run."""
+
+    def after_test(self, trainer: Trainer) -> None:
+        """After a test run."""
+
+    def before_test_epoch(self, trainer: Trainer) -> None:
+        """Before the pass over the test data."""
+
+    def after_test_epoch(self, trainer: Trainer, metrics: dict[str, float] | None = None) -> None:
+        """After the pass over the test data, with the computed metrics."""
+
+    def before_test_iter(self, trainer: Trainer, batch_idx: int, data_batch: Any = None) -> None:
+        """Before each test iteration."""
+
+    def after_test_iter(self, trainer: Trainer, batch_idx: int, data_batch: Any = None, outputs: Any = None) -> None:
+        """After each test iteration."""
+
+    def before_save_checkpoint(self, trainer: Trainer, checkpoint: dict) -> None:
+        """May add to or edit the checkpoint dict before it is written."""
+
+    def after_load_checkpoint(self, trainer: Trainer, checkpoint: dict) -> None:
+        """Called after a checkpoint has been loaded for resume."""
+
+    def every_n_iters(self, trainer: Trainer, n: int) -> bool:
+        """True when the iteration just finished is a multiple of ``n`` (run-wide count)."""
+        return n > 0 and trainer.progress.iteration % n == 0
+
+    def every_n_epochs(self, trainer: Trainer, n: int) -> bool:
+        """True when the epoch just finished is a multiple of ``n``."""
+        return n > 0 and trainer.progress.epoch % n == 0
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}(priority={self.priority})"

@@ -1,0 +1,69 @@
+"""Validation and test loops: one pass over the data, metrics from an Evaluator."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+import contextlib
+
+import torch
+
+if TYPE_CHECKING:
+    from trainwright.trainer.trainer import Trainer
+
+
+class EvalLoop:
+    """Runs ``model.val_step`` (or ``test_step``) over a loader and evaluates.
+
+    Args:
+        trainer: The trainer (hooks, model, strategy, logger).
+        dataloader: Any iterable of batches (a DataLoader).
+        evaluator: An :class:`~trainwright.evaluation.Evaluator`, or None (only losses /
+            hooks run, metrics are empty).
+        mode: ``"val"`` or ``"test"``; metric keys are prefixed ``"<mode>/"``.
+        autocast: Run under the training precision's autocast (mixed precision only).
+    """
+
+    def __init__(self, trainer: Trainer, dataloader: Any, evaluator: Any = None, mode: str = "val", autocast: bool = False) -> None:
+        if mode not in ("val", "test"):
+            raise ValueError(f"mode must be 'val' or 'test', got {mode!r}")
+        self.trainer = trainer
+        self.dataloader = dataloader
+        self.evaluator = evaluator
+        self.mode = mode
+        self.autocast = autocast
+
+    def run(self) -> dict[str, float]:
+        """One pass; returns the metrics (keys like ``"val/acc"``) and hands them to hooks."""
+        t = self.trainer
+        m = self.mode
+        calls = t.hooks.calls
+        t.hooks.call(f"before_{m}", t)
+        t.hooks.call(f"before_{m}_epoch", t)
+        model = t.model
+        was_training = model.training
+        model.eval()
+        step = model.val_step if m == "val" else model.test_step
+        before, after = calls[f"before_{m}_iter"], calls[f"after_{m}_iter"]
+        ctx = t.precision.autocast() if self.autocast else contextlib.nullcontext()
+        n = 0
+        with torch.no_grad(), ctx:
+            for idx, batch in enumerate(self.dataloader):
+                for fn in before:
+                    fn(t, idx, batch)
+                outputs = step(batch)
+                if self.evaluator is not None:
+                    self.evaluator.process(batch, outputs)
+                for fn in after:
+                    fn(t, idx, batch, outputs)
+                n += 1
+        if n == 0:
+            raise ValueError(f"{m}_dataloader is empty (0 batches); check its dataset and batch_size")
+        metrics: dict[str, float] = {}
+        if self.evaluator is not None:
+            size = len(self.dataloader.dataset) if hasattr(self.dataloader, "dataset") else n
+            metrics = {f"{m}/{k}": v for k, v in self.evaluator.evaluate(size).items()}
+        t.hooks.call(f"after_{m}_epoch", t, metrics)
+        t.hooks.call(f"after_{m}", t)
+        model.train(was_training)
+        return metrics

@@ -1,0 +1,159 @@
+"""Training loops: by epoch or by iteration.
+
+Pseudocode of one iteration (both loops)::
+
+    for hook in before_train_iter: hook(trainer, idx, batch)
+    outputs = model.train_step(batch, optim_wrapper)   # forward, backward, maybe step
+    progress.iteration += 1; progress.iter_in_epoch += 1
+    metric_store.update_dict(outputs, progress.iteration)   # tensors, no sync
+    for hook in after_train_iter: hook(trainer, idx, batch, outputs)
+
+The loops know nothing of devices or processes; the hook lists are precomputed.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from trainwright.data.loader import ResumableLoader
+    from trainwright.trainer.trainer import Trainer
+
+
+class _TrainLoopBase:
+    """Shared parts of the two train loops."""
+
+    by_epoch: bool
+
+    def __init__(self, trainer: Trainer, dataloader: ResumableLoader, val_begin: int = 1, val_interval: int = 1) -> None:
+        if len(dataloader) == 0:
+            raise ValueError(
+                "train_dataloader is empty (0 batches): check the dataset length, and that batch_size <= len(dataset) when drop_last=True"
+            )
+        if val_interval < 1:
+            raise ValueError(f"val_interval must be >= 1, got {val_interval}")
+        self.trainer = trainer
+        self.dataloader = dataloader
+        self.val_begin = val_begin
+        self.val_interval = val_interval
+
+    @property
+    def max_iters(self) -> int:
+        """Total training iterations of the run."""
+        raise NotImplementedError
+
+    def _run_iters(self, batches: Any, limit: int | None, val_every_iter: bool) -> bool:
+        """Run iterations over ``batches``; return True if stopped early (stop request / limit)."""
+        t = self.trainer
+        progress = t.progress
+        model = t.model
+        ow = t.optim_wrapper
+        store = t.metric_store
+        before = t.hooks.calls["before_train_iter"]
+        after = t.hooks.calls["after_train_iter"]
+        train_step = model.train_step
+        update = store.update_dict
+        val_loop = t.val_loop if val_every_iter else None
+        for batch in batches:
+            idx = progress.iter_in_epoch
+            for fn in before:
+                fn(t, idx, batch)
+            outputs = train_step(batch, ow)
+            progress.iteration += 1
+            progress.iter_in_epoch += 1
+            update(outputs, progress.iteration)
+            for fn in after:
+                fn(t, idx, batch, outputs)
+            if val_loop is not None and progress.iteration >= self.val_begin and progress.iteration % self.val_interval == 0:
+                val_loop.run()
+            if t.should_stop or (limit is not None and progress.iteration >= limit):
+                return True
+        return False
+
+
+class EpochBasedTrainLoop(_TrainLoopBase):
+    """Train for ``max_epochs`` passes over the data; validate every ``val_interval`` epochs.
+
+    When an epoch's length is not divisible by the accumulation count, its last window is
+    stepped and scaled by its true size (the optim wrapper's span is reset every epoch).
+    """
+
+    by_epoch = True
+
+    def __init__(self, trainer: Trainer, dataloader: ResumableLoader, max_epochs: int, val_begin: int = 1, val_interval: int = 1) -> None:
+        super().__init__(trainer, dataloader, val_begin, val_interval)
+        if not isinstance(max_epochs, int) or max_epochs < 1:
+            raise ValueError(f"train_cfg max_epochs must be an int >= 1, got {max_epochs!r}")
+        self.max_epochs = max_epochs
+
+    @property
+    def max_iters(self) -> int:
+        """Total iterations: ``max_epochs * len(dataloader)``."""
+        return self.max_epochs * len(self.dataloader)
+
+    def run(self) -> None:
+        """Run the remaining epochs (after a resume: from the saved position)."""
+        t = self.trainer
+        t.hooks.call("before_train", t)
+        while t.progress.epoch < self.max_epochs and not t.should_stop:
+            self.run_epoch()
+            if t.should_stop:
+                break
+            if t.val_loop is not None and t.progress.epoch >= self.val_begin and (t.progress.epoch % self.val_interval == 0 or t.progress.epoch == self.max_epochs):
+                t.val_loop.run()
+        t.metric_store.flush()
+        t.hooks.call("after_train", t)
+
+    def run_epoch(self) -> None:
+        """One epoch (or what is left of it after a mid-epoch resume)."""
+        t = self.trainer
+        progress = t.progress
+        t.hooks.call("before_train_epoch", t)
+        t.model.train()
+        t.optim_wrapper.initialize_count_status(t.model, progress.iter_in_epoch, len(self.dataloader))
+        stopped = self._run_iters(self.dataloader, None, False)
+        if stopped and progress.iter_in_epoch < len(self.dataloader):
+            return
+        progress.epoch += 1
+        progress.iter_in_epoch = 0
+        t.metric_store.flush()
+        t.hooks.call("after_train_epoch", t)
+
+
+class IterBasedTrainLoop(_TrainLoopBase):
+    """Train for ``max_iters`` iterations, cycling the data; validate every ``val_interval`` iterations.
+
+    ``before_train_epoch`` / ``after_train_epoch`` fire once, around the whole run (mmengine
+    semantics); passes over the data advance the loader's epoch (and shuffle) on their own.
+    """
+
+    by_epoch = False
+
+    def __init__(self, trainer: Trainer, dataloader: ResumableLoader, max_iters: int, val_begin: int = 1, val_interval: int = 1000) -> None:
+        super().__init__(trainer, dataloader, val_begin, val_interval)
+        if not isinstance(max_iters, int) or max_iters < 1:
+            raise ValueError(f"train_cfg max_iters must be an int >= 1, got {max_iters!r}")
+        self._max_iters = max_iters
+
+    @property
+    def max_iters(self) -> int:
+        """Total iterations of the run."""
+        return self._max_iters
+
+    def run(self) -> None:
+        """Run until ``max_iters`` (after a resume: the remaining ones)."""
+        t = self.trainer
+        progress = t.progress
+        t.hooks.call("before_train", t)
+        t.hooks.call("before_train_epoch", t)
+        t.model.train()
+        t.optim_wrapper.initialize_count_status(t.model, progress.iteration, self._max_iters)
+        while progress.iteration < self._max_iters and not t.should_stop:
+            progress.epoch = self.dataloader.epoch
+            stopped = self._run_iters(self.dataloader, self._max_iters, t.val_loop is not None)
+            if not stopped:
+                progress.iter_in_epoch = 0
+        progress.epoch = self.dataloader.epoch
+        t.metric_store.flush()
+        t.hooks.call("after_train_epoch", t)
+        t.hooks.call("after_train", t)

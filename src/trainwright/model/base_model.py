@@ -1,0 +1,162 @@
+"""BaseModel: the contract between a model and the loops."""
+
+from __future__ import annotations
+
+import inspect
+from collections.abc import Mapping
+from typing import Any
+
+import torch
+from torch import nn
+
+from trainwright.model.data_preprocessor import BaseDataPreprocessor
+from trainwright.registry import MODELS
+
+
+class BaseModel(nn.Module):
+    """A model that knows how to train, validate and test itself on one batch.
+
+    Subclasses implement ``forward(*inputs, mode)``:
+
+    * ``mode="loss"`` → dict of loss tensors (every key containing ``"loss"`` is summed;
+      other tensors are logged only),
+    * ``mode="predict"`` → predictions (what metrics consume),
+    * ``mode="tensor"`` → raw outputs.
+
+    A tuple/list batch is passed as ``forward(*batch, mode=...)``, a dict as
+    ``forward(**batch, mode=...)``, anything else as ``forward(batch, mode=...)``.
+
+    Args:
+        data_preprocessor: Moves (and normalises) the batch; a
+            :class:`BaseDataPreprocessor` by default.
+    """
+
+    def __init__(self, data_preprocessor: nn.Module | dict | None = None) -> None:
+        super().__init__()
+        if data_preprocessor is None:
+            data_preprocessor = BaseDataPreprocessor()
+        elif isinstance(data_preprocessor, Mapping):
+            data_preprocessor = MODELS.build(data_preprocessor)
+        self.data_preprocessor = data_preprocessor
+
+    def forward(self, *inputs: Any, mode: str = "tensor") -> Any:  # pragma: no cover - abstract
+        """Compute losses, predictions or raw outputs; see the class docstring."""
+        raise NotImplementedError(f"{type(self).__name__}.forward(*inputs, mode) must be implemented")
+
+    def train_step(self, data: Any, optim_wrapper: Any) -> dict[str, torch.Tensor]:
+        """Preprocess → forward (under ``optim_context``) → parse losses → update params.
+
+        Returns:
+            The log tensors (``loss`` and each loss term), detached, on the device.
+        """
+        data = self.data_preprocessor(data, True)
+        with optim_wrapper.optim_context(self):
+            losses = self._run_forward(data, "loss")
+        loss, log_vars = self.parse_losses(losses)
+        optim_wrapper.update_params(loss)
+        return log_vars
+
+    def val_step(self, data: Any) -> Any:
+        """Preprocess → forward in ``"predict"`` mode."""
+        return self._run_forward(self.data_preprocessor(data, False), "predict")
+
+    def test_step(self, data: Any) -> Any:
+        """Preprocess → forward in ``"predict"`` mode."""
+        return self._run_forward(self.data_preprocessor(data, False), "predict")
+
+    def _run_forward(self, data: Any, mode: str) -> Any:
+        if isinstance(data, dict):
+            return self(**data, mode=mode)
+        if isinstance(data, (list, tuple)):
+            return self(*data, mode=mode)
+        return self(data, mode=mode)
+
+    def parse_losses(self, losses: Any) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+        """Sum every entry whose key contains ``"loss"``; return (total, log tensors).
+
+        Values may be tensors or lists of tensors (each averaged then summed). Log tensors
+        are detached and stay on the device: turning them into numbers is the logger's job.
+        """
+        if isinstance(losses, torch.Tensor):
+            losses = {"loss": losses}
+        if not isinstance(losses, Mapping):
+            raise TypeError(
+                f"{type(self).__name__}.forward(..., mode='loss') must return a dict of loss tensors (or one loss tensor), "
+                f"got {type(losses).__name__}; return e.g. dict(loss=F.cross_entropy(logits, y))"
+            )
+        log_vars: dict[str, torch.Tensor] = {}
+        total = None
+        n_loss = 0
+        for name, value in losses.items():
+            if isinstance(value, (list, tuple)):
+                value = sum(v.mean() for v in value)
+            elif not isinstance(value, torch.Tensor):
+                raise TypeError(f"Loss entry {name!r} must be a tensor or a list of tensors, got {type(value).__name__}")
+            elif value.dim():
+                value = value.mean()
+            if "loss" in name:
+                total = value if total is None else total + value
+                n_loss += 1
+            log_vars[name] = value.detach()
+        if total is None:
+            raise ValueError(
+                f"{type(self).__name__}.forward(..., mode='loss') returned no loss: keys {list(losses)} contain no 'loss'. "
+                "Name the loss entries e.g. 'loss' or 'loss_cls'."
+            )
+        if n_loss > 1 or "loss" not in log_vars:
+            log_vars = {"loss": total.detach(), **log_vars}
+        return total, log_vars
+
+    def to(self, *args: Any, **kwargs: Any) -> BaseModel:  # type: ignore[override]
+        """Move the model and tell the data preprocessor its new device."""
+        out = super().to(*args, **kwargs)
+        device = torch._C._nn._parse_to(*args, **kwargs)[0]  # noqa: SLF001 - torch's own argument parser
+        if device is not None and isinstance(self.data_preprocessor, BaseDataPreprocessor):
+            self.data_preprocessor.device = torch.device(device)
+        return out
+
+
+class ModuleAdapter(BaseModel):
+    """Lets a plain ``nn.Module`` whose forward returns a loss (or dict of losses) train.
+
+    The wrapped module keeps its own state-dict keys (no ``module.`` prefix); predictions
+    in ``val_step`` / ``test_step`` are whatever its forward returns.
+    """
+
+    def __init__(self, module: nn.Module) -> None:
+        super().__init__()
+        self.module = module
+        try:
+            self._accepts_mode = "mode" in inspect.signature(module.forward).parameters
+        except (TypeError, ValueError):
+            self._accepts_mode = False
+
+    def forward(self, *inputs: Any, mode: str = "tensor", **kwargs: Any) -> Any:
+        """Call the module (passing ``mode`` only if its forward takes it)."""
+        if self._accepts_mode:
+            return self.module(*inputs, mode=mode, **kwargs)
+        out = self.module(*inputs, **kwargs)
+        if mode == "loss" and not isinstance(out, (torch.Tensor, Mapping)):
+            raise TypeError(
+                f"{type(self.module).__name__}.forward returned {type(out).__name__}, not a loss: a plain nn.Module used with "
+                "the Trainer must return a loss tensor or a dict of losses; or subclass trainwright.BaseModel and implement "
+                "forward(*inputs, mode) with mode='loss'."
+            )
+        return out
+
+    def state_dict(self, *args: Any, **kwargs: Any) -> dict[str, Any]:  # type: ignore[override]
+        """The wrapped module's state dict (its own keys)."""
+        return self.module.state_dict(*args, **kwargs)
+
+    def load_state_dict(self, state_dict: Mapping[str, Any], strict: bool = True, assign: bool = False) -> Any:  # type: ignore[override]
+        """Load into the wrapped module."""
+        return self.module.load_state_dict(state_dict, strict=strict, assign=assign)
+
+
+def as_base_model(model: nn.Module) -> BaseModel:
+    """Return ``model`` if it implements the step contract, else wrap it in :class:`ModuleAdapter`."""
+    if isinstance(model, BaseModel) or all(callable(getattr(model, m, None)) for m in ("train_step", "val_step", "test_step")):
+        return model  # type: ignore[return-value]
+    if not isinstance(model, nn.Module):
+        raise TypeError(f"model must be an nn.Module, got {type(model).__name__}")
+    return ModuleAdapter(model)

@@ -1,0 +1,70 @@
+"""Data preprocessors: move a batch to the model's device (and normalise, if asked)."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import torch
+from torch import nn
+
+
+def cast_data(data: Any, device: torch.device, non_blocking: bool = False) -> Any:
+    """Recursively move every tensor in ``data`` (mappings, lists, tuples, namedtuples) to ``device``."""
+    if isinstance(data, torch.Tensor):
+        return data.to(device, non_blocking=non_blocking)
+    if isinstance(data, Mapping):
+        return type(data)({k: cast_data(v, device, non_blocking) for k, v in data.items()}) if not isinstance(data, dict) or type(data) is not dict else {k: cast_data(v, device, non_blocking) for k, v in data.items()}
+    if isinstance(data, tuple) and hasattr(data, "_fields"):
+        return type(data)(*(cast_data(v, device, non_blocking) for v in data))
+    if isinstance(data, (list, tuple)):
+        return type(data)(cast_data(v, device, non_blocking) for v in data)
+    if isinstance(data, Sequence) and not isinstance(data, (str, bytes)):
+        return [cast_data(v, device, non_blocking) for v in data]
+    return data
+
+
+class BaseDataPreprocessor(nn.Module):
+    """Moves a batch to :attr:`device`; subclasses normalise or augment on the device.
+
+    Args:
+        non_blocking: Use non-blocking host→device copies (pinned memory on CUDA).
+    """
+
+    def __init__(self, non_blocking: bool = False) -> None:
+        super().__init__()
+        self.non_blocking = non_blocking
+        self.device = torch.device("cpu")
+
+    def forward(self, data: Any, training: bool = False) -> Any:
+        """Return ``data`` on the model's device."""
+        return cast_data(data, self.device, self.non_blocking)
+
+
+class NormalizingDataPreprocessor(BaseDataPreprocessor):
+    """Moves the batch and normalises its first element: ``(x - mean) / std``.
+
+    Args:
+        mean: Per-channel (or scalar) mean.
+        std: Per-channel (or scalar) standard deviation.
+        channel_dim: Dimension of the input that holds channels (1 for NCHW).
+    """
+
+    def __init__(self, mean: Sequence[float] | float, std: Sequence[float] | float, channel_dim: int = 1, non_blocking: bool = False) -> None:
+        super().__init__(non_blocking)
+        self.register_buffer("mean", torch.as_tensor(mean, dtype=torch.float32), persistent=False)
+        self.register_buffer("std", torch.as_tensor(std, dtype=torch.float32), persistent=False)
+        self.channel_dim = channel_dim
+
+    def forward(self, data: Any, training: bool = False) -> Any:
+        """Move and normalise the inputs (first element of a tuple batch / ``"inputs"`` of a dict)."""
+        data = super().forward(data, training)
+        key = "inputs" if isinstance(data, Mapping) else 0
+        x = data[key]
+        shape = [1] * x.dim()
+        if self.mean.dim():
+            shape[self.channel_dim] = -1
+        x = (x - self.mean.view(shape)) / self.std.view(shape)
+        if isinstance(data, Mapping):
+            return {**data, key: x}
+        return type(data)((x, *data[1:])) if isinstance(data, (list, tuple)) else x

@@ -1,0 +1,7 @@
+"""Optimization: OptimWrapper (accumulation, clipping, precision), builders, schedulers."""
+
+from trainwright.optim.builder import build_optim_wrapper, build_optimizer
+from trainwright.optim.optim_wrapper import AmpOptimWrapper, OptimWrapper
+from trainwright.optim.optim_wrapper_dict import OptimWrapperDict
+
+__all__ = ["OptimWrapper", "AmpOptimWrapper", "OptimWrapperDict", "build_optim_wrapper", "build_optimizer"]

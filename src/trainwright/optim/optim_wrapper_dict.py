@@ -1,0 +1,103 @@
+"""OptimWrapperDict: several optimizers (GANs), one wrapper per name."""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterator, Mapping
+from typing import Any
+
+from torch import nn
+
+from trainwright.optim.optim_wrapper import OptimWrapper
+from trainwright.registry import OPTIM_WRAPPERS
+
+
+@OPTIM_WRAPPERS.register
+class OptimWrapperDict:
+    """A name → :class:`OptimWrapper` mapping; the model's ``train_step`` steps each by name.
+
+    Read-outs (``get_lr``, ``get_momentum``) are prefixed by name; ``state_dict`` is keyed
+    by name. There is no ``update_params`` here: which optimizer steps when is the model's
+    decision (``optim_wrapper["generator"].update_params(loss_g)``).
+    """
+
+    def __init__(self, **optim_wrappers: OptimWrapper) -> None:
+        for name, ow in optim_wrappers.items():
+            if not isinstance(ow, OptimWrapper):
+                raise TypeError(f"OptimWrapperDict values must be OptimWrapper, got {type(ow).__name__} for {name!r}")
+        self.optim_wrappers = dict(optim_wrappers)
+
+    def __getitem__(self, name: str) -> OptimWrapper:
+        if name not in self.optim_wrappers:
+            raise KeyError(f"No optim wrapper named {name!r}; have {list(self.optim_wrappers)}")
+        return self.optim_wrappers[name]
+
+    def __contains__(self, name: str) -> bool:
+        return name in self.optim_wrappers
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self.optim_wrappers)
+
+    def __len__(self) -> int:
+        return len(self.optim_wrappers)
+
+    def keys(self):  # noqa: D102
+        return self.optim_wrappers.keys()
+
+    def values(self):  # noqa: D102
+        return self.optim_wrappers.values()
+
+    def items(self):  # noqa: D102
+        return self.optim_wrappers.items()
+
+    @property
+    def param_groups(self) -> list[dict[str, Any]]:
+        """All wrapped optimizers' param groups, in name order."""
+        return [g for ow in self.optim_wrappers.values() for g in ow.param_groups]
+
+    def get_lr(self) -> dict[str, list[float]]:
+        """``{"<name>.lr": [...]}`` for each wrapper."""
+        return {f"{n}.lr": ow.get_lr()["lr"] for n, ow in self.optim_wrappers.items()}
+
+    def get_momentum(self) -> dict[str, list[float]]:
+        """``{"<name>.momentum": [...]}`` for each wrapper."""
+        return {f"{n}.momentum": ow.get_momentum()["momentum"] for n, ow in self.optim_wrappers.items()}
+
+    @property
+    def grad_norm(self) -> None:
+        """Not aggregated across wrappers; read ``optim_wrapper[name].grad_norm``."""
+        return None
+
+    @property
+    def loss_scale(self) -> None:
+        """Not aggregated across wrappers; read ``optim_wrapper[name].loss_scale``."""
+        return None
+
+    def initialize_count_status(self, model: nn.Module | None, init_counts: int, max_counts: int) -> None:
+        """Forward to every wrapper."""
+        for ow in self.optim_wrappers.values():
+            ow.initialize_count_status(model, init_counts, max_counts)
+
+    def optim_context(self, model: nn.Module) -> contextlib.AbstractContextManager:
+        """Not meaningful for several optimizers: use ``optim_wrapper[name].optim_context``."""
+        raise NotImplementedError("OptimWrapperDict has no single optim_context; use optim_wrapper[name].optim_context(model)")
+
+    def zero_grad(self, **kwargs: Any) -> None:
+        """Zero every wrapper's gradients."""
+        for ow in self.optim_wrappers.values():
+            ow.zero_grad(**kwargs)
+
+    def state_dict(self) -> dict[str, Any]:
+        """``{name: wrapper.state_dict()}``."""
+        return {n: ow.state_dict() for n, ow in self.optim_wrappers.items()}
+
+    def load_state_dict(self, state: Mapping[str, Any]) -> None:
+        """Restore each wrapper by name."""
+        missing = set(self.optim_wrappers) - set(state)
+        if missing:
+            raise KeyError(f"Checkpoint lacks optim wrapper state for {sorted(missing)}")
+        for n, ow in self.optim_wrappers.items():
+            ow.load_state_dict(state[n])
+
+    def __repr__(self) -> str:
+        return f"OptimWrapperDict({', '.join(f'{n}={ow!r}' for n, ow in self.optim_wrappers.items())})"

@@ -1,0 +1,75 @@
+"""Parameter schedulers (learning rate, momentum, any param-group key), mmengine-style.
+
+Importing this package registers every scheduler in ``trainwright.registry.PARAM_SCHEDULERS``.
+See ``docs/schedulers.md`` for windows (``begin``/``end``), ``by_epoch``, chaining and
+``convert_to_iter_based``.
+"""
+
+from __future__ import annotations
+
+from trainwright.optim.scheduler.base import INF, OptimizerLike, ParamScheduler
+from trainwright.optim.scheduler.builder import build_param_scheduler, build_param_schedulers
+from trainwright.optim.scheduler.lr_scheduler import (
+    ConstantLR,
+    CosineAnnealingLR,
+    ExponentialLR,
+    LinearLR,
+    LRSchedulerMixin,
+    MultiStepLR,
+    OneCycleLR,
+    PolyLR,
+    StepLR,
+)
+from trainwright.optim.scheduler.momentum_scheduler import (
+    ConstantMomentum,
+    CosineAnnealingMomentum,
+    ExponentialMomentum,
+    LinearMomentum,
+    MomentumSchedulerMixin,
+    MultiStepMomentum,
+    PolyMomentum,
+    StepMomentum,
+)
+from trainwright.optim.scheduler.one_cycle import OneCycleParamScheduler
+from trainwright.optim.scheduler.param_scheduler import (
+    ConstantParamScheduler,
+    CosineAnnealingParamScheduler,
+    ExponentialParamScheduler,
+    LinearParamScheduler,
+    MultiStepParamScheduler,
+    PolyParamScheduler,
+    StepParamScheduler,
+)
+
+__all__ = [
+    "INF",
+    "OptimizerLike",
+    "ParamScheduler",
+    "build_param_scheduler",
+    "build_param_schedulers",
+    "ConstantParamScheduler",
+    "LinearParamScheduler",
+    "StepParamScheduler",
+    "MultiStepParamScheduler",
+    "ExponentialParamScheduler",
+    "CosineAnnealingParamScheduler",
+    "PolyParamScheduler",
+    "OneCycleParamScheduler",
+    "LRSchedulerMixin",
+    "ConstantLR",
+    "LinearLR",
+    "StepLR",
+    "MultiStepLR",
+    "ExponentialLR",
+    "CosineAnnealingLR",
+    "PolyLR",
+    "OneCycleLR",
+    "MomentumSchedulerMixin",
+    "ConstantMomentum",
+    "LinearMomentum",
+    "StepMomentum",
+    "MultiStepMomentum",
+    "ExponentialMomentum",
+    "CosineAnnealingMomentum",
+    "PolyMomentum",
+]

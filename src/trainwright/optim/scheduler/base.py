@@ -1,0 +1,195 @@
+"""The parameter-scheduler base class: a chainable, windowed, resumable value schedule.
+
+A parameter scheduler changes one hyper-parameter (``lr``, ``momentum``, ``weight_decay``…)
+in every param group of an optimizer, one *unit* per :meth:`ParamScheduler.step` call. A unit
+is an epoch when ``by_epoch=True`` and an iteration otherwise; the caller (the param-scheduler
+hook) decides when to call ``step``. Schedules follow mmengine's semantics:
+
+* Each scheduler acts only inside its window ``begin <= global step < end``; outside it the
+  value is left alone, so several schedulers can be placed one after another.
+* Values are computed in *chainable* (recursive) form from the value currently in the param
+  group, so schedulers whose windows overlap compose multiplicatively (e.g. a linear warmup
+  over iterations on top of a cosine decay over epochs).
+"""
+
+from __future__ import annotations
+
+from typing import Any, ClassVar, Protocol, TypeVar, runtime_checkable
+
+INF = int(1e9)
+"""The default ``end``: a window that never closes."""
+
+_S = TypeVar("_S", bound="ParamScheduler")
+
+
+@runtime_checkable
+class OptimizerLike(Protocol):
+    """Anything with torch-style ``param_groups``: an optimizer or an optimizer wrapper."""
+
+    @property
+    def param_groups(self) -> list[dict[str, Any]]: ...
+
+
+class ParamScheduler:
+    """Base class of all parameter schedulers; subclasses implement :meth:`_get_value`.
+
+    Construction records ``initial_<param_name>`` in each param group (unless an earlier
+    scheduler already did) and takes the first step, exactly as torch's schedulers do, so
+    the optimizer holds the step-0 value right away.
+
+    Args:
+        optimizer: A ``torch.optim.Optimizer`` or any object with a ``param_groups``
+            attribute (e.g. an ``OptimWrapper``).
+        param_name: The param-group key to schedule, e.g. ``"lr"``.
+        begin: First global step (in units of ``by_epoch``) at which the scheduler acts.
+        end: First global step at which it stops acting (exclusive).
+        last_step: Index of the last step taken inside the window, to resume without a
+            state dict (the param groups must then already hold ``initial_<param_name>``).
+            ``-1`` means a fresh start.
+        by_epoch: Whether one :meth:`step` is one epoch (``True``) or one iteration.
+
+    Attributes:
+        last_step: Steps taken inside the window, minus one (``-1`` before ``begin``).
+        base_values: ``initial_<param_name>`` of each group when the scheduler was built.
+    """
+
+    epoch_valued_args: ClassVar[tuple[str, ...]] = ()
+    """Constructor arguments counted in epochs; :meth:`build_iter_from_epoch` scales them."""
+
+    def __init__(
+        self,
+        optimizer: OptimizerLike,
+        param_name: str,
+        begin: int = 0,
+        end: int = INF,
+        last_step: int = -1,
+        by_epoch: bool = True,
+    ) -> None:
+        if not hasattr(optimizer, "param_groups"):
+            raise TypeError(
+                f"{type(self).__name__} needs a torch.optim.Optimizer or an object with `param_groups` "
+                f"(such as an OptimWrapper), got {type(optimizer).__name__}; pass the optimizer itself."
+            )
+        if end <= begin:
+            raise ValueError(f"{type(self).__name__}: end ({end}) must be larger than begin ({begin}); fix the window so begin < end.")
+        if not isinstance(last_step, int) or last_step < -1:
+            raise ValueError(f"{type(self).__name__}: last_step must be an int >= -1 (-1 for a fresh start), got {last_step!r}.")
+        self.optimizer = optimizer
+        self.param_name = param_name
+        self.begin = begin
+        self.end = end
+        self.by_epoch = by_epoch
+        groups = optimizer.param_groups
+        for i, group in enumerate(groups):
+            if param_name not in group:
+                raise KeyError(
+                    f"{type(self).__name__}: param_groups[{i}] has no {param_name!r} (keys: {sorted(k for k in group if k != 'params')}); "
+                    "schedule a key the optimizer has."
+                )
+        initial = f"initial_{param_name}"
+        if last_step == -1:
+            for group in groups:
+                group.setdefault(initial, group[param_name])
+        else:
+            for i, group in enumerate(groups):
+                if initial not in group:
+                    raise KeyError(
+                        f"{type(self).__name__}: resuming with last_step={last_step} needs param_groups[{i}][{initial!r}]; "
+                        "load the optimizer state first, or resume with load_state_dict instead of last_step."
+                    )
+        self.base_values: list[float] = [group[initial] for group in groups]
+        self.last_step = last_step
+        # Global steps taken (the constructor's step is step 0); the window is checked on it.
+        self._global_step = -1 if last_step == -1 else begin + last_step
+        self._last_value: list[float] = []
+        self.step()
+
+    @property
+    def param_groups(self) -> list[dict[str, Any]]:
+        """The scheduled optimizer's param groups."""
+        return self.optimizer.param_groups
+
+    def _current_values(self) -> list[float]:
+        """The scheduled key's value in each param group right now."""
+        return [group[self.param_name] for group in self.param_groups]
+
+    def _get_value(self) -> list[float]:
+        """Return the new value of each param group at ``self.last_step`` (chainable form)."""
+        raise NotImplementedError
+
+    def step(self) -> None:
+        """Advance one unit (epoch if ``by_epoch`` else iteration) and update the groups."""
+        self._global_step += 1
+        if self.begin <= self._global_step < self.end:
+            self.last_step += 1
+            for group, value in zip(self.param_groups, self._get_value()):
+                group[self.param_name] = value
+        self._last_value = self._current_values()
+
+    def get_last_value(self) -> list[float]:
+        """Return the value of each param group after the latest :meth:`step`."""
+        return list(self._last_value)
+
+    def state_dict(self) -> dict[str, Any]:
+        """Return the scheduler's state: every attribute except the optimizer (plain types only)."""
+        return {key: value for key, value in self.__dict__.items() if key != "optimizer"}
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        """Restore the state returned by :meth:`state_dict` (load the optimizer's state too)."""
+        self.__dict__.update({k: v for k, v in state_dict.items() if k != "optimizer"})
+
+    @classmethod
+    def build_iter_from_epoch(
+        cls: type[_S],
+        *args: Any,
+        begin: int = 0,
+        end: int = INF,
+        by_epoch: bool = True,
+        epoch_length: int | None = None,
+        **kwargs: Any,
+    ) -> _S:
+        """Build an iteration-based scheduler from an epoch-based configuration.
+
+        ``begin``, ``end`` and the arguments named in :attr:`epoch_valued_args` (``T_max``,
+        ``step_size``, ``milestones``, ``total_steps``…) are multiplied by ``epoch_length``, so
+        the schedule has the same shape but updates every iteration instead of every epoch.
+
+        Args:
+            *args: Positional arguments of the scheduler (the optimizer first).
+            begin: Window start, in epochs.
+            end: Window end, in epochs.
+            by_epoch: Must be ``True``: only an epoch-based configuration can be converted.
+            epoch_length: Iterations per epoch (``len(train_dataloader)``).
+            **kwargs: The scheduler's other keyword arguments.
+
+        Raises:
+            ValueError: ``by_epoch`` is false or ``epoch_length`` is not a positive integer.
+        """
+        if not by_epoch:
+            raise ValueError(
+                f"{cls.__name__}: convert_to_iter_based=True converts an epoch-based schedule, but by_epoch=False; "
+                "drop convert_to_iter_based or set by_epoch=True."
+            )
+        if not isinstance(epoch_length, int) or isinstance(epoch_length, bool) or epoch_length <= 0:
+            raise ValueError(
+                f"{cls.__name__}: convert_to_iter_based=True needs epoch_length, the number of iterations per epoch, "
+                f"as a positive int (got {epoch_length!r}); pass epoch_length=len(train_dataloader)."
+            )
+        for name in cls.epoch_valued_args:
+            value = kwargs.get(name)
+            if value is None:
+                continue
+            kwargs[name] = [v * epoch_length for v in value] if isinstance(value, (list, tuple)) else value * epoch_length
+        begin = begin * epoch_length
+        if end != INF:
+            end = end * epoch_length
+        return cls(*args, begin=begin, end=end, by_epoch=False, **kwargs)  # type: ignore[misc]
+
+    def __repr__(self) -> str:
+        return (
+            f"{type(self).__name__}(param_name={self.param_name!r}, begin={self.begin}, end={self.end}, "
+            f"by_epoch={self.by_epoch}, last_step={self.last_step})"
+        )
+
+
+__all__ = ["INF", "OptimizerLike", "ParamScheduler"]

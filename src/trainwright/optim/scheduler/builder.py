@@ -1,0 +1,147 @@
+"""Build parameter schedulers from configs (``dict(type="CosineAnnealingLR", ...)``).
+
+Objects first, configs second: every entry may be an already-built :class:`ParamScheduler`,
+which is passed through. Dict entries are resolved through ``PARAM_SCHEDULERS``; the key
+``convert_to_iter_based=True`` turns an epoch-based entry into a per-iteration schedule via
+:meth:`ParamScheduler.build_iter_from_epoch`.
+"""
+
+from __future__ import annotations
+
+import inspect
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from trainwright.optim.scheduler.base import ParamScheduler
+from trainwright.registry import PARAM_SCHEDULERS, did_you_mean
+
+SchedulerCfg = Mapping[str, Any] | ParamScheduler
+
+
+def _accepted_kwargs(cls: type) -> set[str]:
+    """Keyword names ``cls(...)`` accepts, following ``*args/**kwargs`` mixins up the MRO."""
+    names: set[str] = set()
+    for klass in cls.__mro__:
+        init = klass.__dict__.get("__init__")
+        if init is None or klass is object:
+            continue
+        params = inspect.signature(init).parameters.values()
+        names.update(p.name for p in params if p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY) and p.name != "self")
+        if not any(p.kind is p.VAR_KEYWORD for p in params):
+            break
+    return names
+
+
+def build_param_scheduler(
+    cfg: SchedulerCfg,
+    optimizer: Any,
+    epoch_length: int | None = None,
+    *,
+    max_epochs: int | None = None,
+    max_iters: int | None = None,
+) -> ParamScheduler:
+    """Build one scheduler from a config dict (or return a built one unchanged).
+
+    Args:
+        cfg: ``dict(type=name_or_class, **kwargs)``, optionally with
+            ``convert_to_iter_based=True``; or a :class:`ParamScheduler`.
+        optimizer: The optimizer (or wrapper) the scheduler drives.
+        epoch_length: Iterations per epoch, needed by ``convert_to_iter_based``.
+        max_epochs: Default ``end`` of an epoch-based config that gives none.
+        max_iters: Default ``end`` of an iteration-based config that gives none.
+
+    Raises:
+        KeyError: Unknown ``type`` (with close matches) or a missing ``type`` key.
+        TypeError: An argument the scheduler does not take (with close matches), or a
+            ``cfg`` that is neither a dict nor a scheduler.
+        ValueError: ``convert_to_iter_based=True`` without a usable ``epoch_length``.
+    """
+    if isinstance(cfg, ParamScheduler):
+        return cfg
+    if not isinstance(cfg, Mapping):
+        raise TypeError(f"A param scheduler must be a config dict with 'type' or a ParamScheduler, got {type(cfg).__name__}: {cfg!r}.")
+    if "type" not in cfg:
+        raise KeyError(f"A param scheduler config needs a 'type' key, got keys {sorted(cfg)}; e.g. dict(type='CosineAnnealingLR', T_max=10).")
+    args = dict(cfg)
+    typ = args.pop("type")
+    cls = PARAM_SCHEDULERS.get(typ) if isinstance(typ, str) else typ
+    name = getattr(cls, "__name__", str(typ))
+    convert = bool(args.pop("convert_to_iter_based", False))
+    accepted = _accepted_kwargs(cls)
+    unknown = sorted(set(args) - accepted)
+    if unknown:
+        hints = "".join(did_you_mean(k, accepted) for k in unknown)
+        raise TypeError(f"{name} got unknown argument(s) {unknown}.{hints} It accepts: {', '.join(sorted(accepted - {'optimizer'}))}.")
+    if "end" not in args:
+        default_end = max_epochs if args.get("by_epoch", True) else max_iters
+        if default_end is not None:
+            args["end"] = default_end
+    if convert:
+        if epoch_length is None:
+            raise ValueError(
+                f"{name}: convert_to_iter_based=True needs the number of iterations per epoch; "
+                "call build_param_schedulers(..., epoch_length=len(train_dataloader)) or drop convert_to_iter_based."
+            )
+        scheduler: ParamScheduler = cls.build_iter_from_epoch(optimizer, epoch_length=epoch_length, **args)
+    else:
+        scheduler = cls(optimizer, **args)
+    return scheduler
+
+
+def _is_named_optimizers(optimizer: Any) -> bool:
+    return not hasattr(optimizer, "param_groups") and callable(getattr(optimizer, "keys", None))
+
+
+def build_param_schedulers(
+    cfgs: SchedulerCfg | Sequence[SchedulerCfg] | Mapping[str, Any],
+    optimizer: Any,
+    epoch_length: int | None = None,
+    *,
+    max_epochs: int | None = None,
+    max_iters: int | None = None,
+) -> list[ParamScheduler] | dict[str, list[ParamScheduler]]:
+    """Build the list of schedulers for one optimizer, or one list per named optimizer.
+
+    Args:
+        cfgs: A config dict, a scheduler, a list of those, or — for several optimizers — a
+            dict keyed by optimizer name whose values are any of the former.
+        optimizer: An optimizer-like object (with ``param_groups``), or a mapping
+            name → optimizer-like (e.g. an ``OptimWrapperDict``) for several optimizers.
+        epoch_length: Iterations per epoch, for ``convert_to_iter_based=True`` entries.
+        max_epochs: Default ``end`` for epoch-based entries that give none (mmengine's
+            runner does the same with the training length).
+        max_iters: Default ``end`` for iteration-based entries that give none.
+
+    Returns:
+        A list of schedulers in config order; a dict name → list when ``optimizer`` is a
+        mapping of several optimizers (a plain list of configs is then built for each).
+
+    Raises:
+        KeyError: A per-optimizer key names no optimizer, or an unknown scheduler type.
+    """
+    kw: dict[str, Any] = dict(max_epochs=max_epochs, max_iters=max_iters)
+    keyed_cfgs = cfgs if isinstance(cfgs, Mapping) and "type" not in cfgs else None
+    if keyed_cfgs is not None or _is_named_optimizers(optimizer):
+        if not _is_named_optimizers(optimizer):
+            given = sorted(str(k) for k in keyed_cfgs or {})
+            raise TypeError(
+                f"param schedulers keyed by optimizer name ({given}) need a mapping name -> optimizer, "
+                f"got {type(optimizer).__name__}; pass the optimizers by name or give a plain list of configs."
+            )
+        names = list(optimizer.keys())
+        per_name: Mapping[str, Any] = keyed_cfgs if keyed_cfgs is not None else {n: cfgs for n in names}
+        built: dict[str, list[ParamScheduler]] = {}
+        for key, sub in per_name.items():
+            if key not in names:
+                raise KeyError(f"param scheduler config for optimizer {key!r}, but there is no such optimizer.{did_you_mean(key, names)} Optimizers: {names}.")
+            built[key] = _build_list(sub, optimizer[key], epoch_length, kw)
+        return built
+    return _build_list(cfgs, optimizer, epoch_length, kw)
+
+
+def _build_list(cfgs: Any, optimizer: Any, epoch_length: int | None, kw: dict[str, Any]) -> list[ParamScheduler]:
+    items = [cfgs] if isinstance(cfgs, (Mapping, ParamScheduler)) else list(cfgs)
+    return [build_param_scheduler(c, optimizer, epoch_length, **kw) for c in items]
+
+
+__all__ = ["build_param_scheduler", "build_param_schedulers"]

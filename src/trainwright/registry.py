@@ -1,0 +1,124 @@
+"""Registries: turn ``dict(type="Name", **kwargs)`` into objects.
+
+The registries live at the bottom of the layer stack because the trainer itself accepts
+dicts for its parts (``optim_wrapper=dict(optimizer=dict(type="SGD", lr=0.1))``); the config
+layer above only parses files into such dicts.
+"""
+
+from __future__ import annotations
+
+import difflib
+from collections.abc import Callable, Mapping
+from typing import Any, TypeVar
+
+T = TypeVar("T")
+
+
+class Registry:
+    """A name → class (or factory) table with a ``build`` that explains its failures.
+
+    Args:
+        name: What the registry holds, used in error messages (e.g. ``"optimizer"``).
+        fallback: Optional callable ``name -> object | None`` consulted for names not
+            registered here (used to reach every ``torch.optim`` optimizer by name).
+    """
+
+    def __init__(self, name: str, fallback: Callable[[str], Any] | None = None) -> None:
+        self.name = name
+        self._table: dict[str, Any] = {}
+        self._fallback = fallback
+
+    def register(self, obj: T | None = None, *, name: str | None = None, force: bool = False) -> Any:
+        """Register ``obj`` under ``name`` (default: its ``__name__``); usable as a decorator."""
+
+        def _do(o: T) -> T:
+            key = name or o.__name__  # type: ignore[attr-defined]
+            if key in self._table and not force and self._table[key] is not o:
+                raise KeyError(f"{key!r} is already registered in the {self.name} registry; pass force=True to replace it")
+            self._table[key] = o
+            return o
+
+        return _do(obj) if obj is not None else _do
+
+    def get(self, key: str) -> Any:
+        """Return the entry for ``key``; raise ``KeyError`` naming close matches if unknown."""
+        if key in self._table:
+            return self._table[key]
+        if self._fallback is not None:
+            found = self._fallback(key)
+            if found is not None:
+                return found
+        raise KeyError(f"Unknown {self.name} type {key!r}.{did_you_mean(key, self.names())} Registered: {', '.join(sorted(self.names()))}")
+
+    def names(self) -> list[str]:
+        """All names this registry can build (fallback names included where listable)."""
+        names = set(self._table)
+        lister = getattr(self._fallback, "names", None)
+        if callable(lister):
+            names.update(lister())
+        return sorted(names)
+
+    def __contains__(self, key: str) -> bool:
+        try:
+            self.get(key)
+        except KeyError:
+            return False
+        return True
+
+    def build(self, cfg: Mapping[str, Any] | Any, **default_args: Any) -> Any:
+        """Build an object from ``cfg``: a dict with ``type`` (a name or a class) and kwargs.
+
+        Anything that is not a mapping is returned unchanged (objects first, configs second).
+        ``default_args`` fill in keyword arguments the config does not give.
+        """
+        if not isinstance(cfg, Mapping):
+            return cfg
+        if "type" not in cfg:
+            raise KeyError(f"A {self.name} config needs a 'type' key, got keys {sorted(cfg)}; e.g. dict(type=..., ...)")
+        args = dict(cfg)
+        typ = args.pop("type")
+        cls = self.get(typ) if isinstance(typ, str) else typ
+        for k, v in default_args.items():
+            args.setdefault(k, v)
+        try:
+            return cls(**args)
+        except TypeError as e:
+            raise TypeError(f"Could not build {self.name} {getattr(cls, '__name__', cls)!r} from {dict(cfg)!r}: {e}") from e
+
+
+def did_you_mean(key: str, options: list[str] | Any) -> str:
+    """Return ``" Did you mean 'x'?"`` for the closest of ``options``, or ``""``."""
+    close = difflib.get_close_matches(key, list(options), n=3, cutoff=0.6)
+    if not close:
+        lowered = {o.lower(): o for o in options}
+        close = [lowered[key.lower()]] if key.lower() in lowered else []
+    return f" Did you mean {' or '.join(repr(c) for c in close)}?" if close else ""
+
+
+def _torch_optimizer(name: str) -> Any:
+    import torch.optim
+
+    obj = getattr(torch.optim, name, None)
+    if isinstance(obj, type) and issubclass(obj, torch.optim.Optimizer):
+        return obj
+    return None
+
+
+def _torch_optimizer_names() -> list[str]:
+    import torch.optim
+
+    return [n for n in dir(torch.optim) if isinstance(getattr(torch.optim, n), type) and issubclass(getattr(torch.optim, n), torch.optim.Optimizer) and n != "Optimizer"]
+
+
+_torch_optimizer.names = _torch_optimizer_names  # type: ignore[attr-defined]
+
+OPTIMIZERS = Registry("optimizer", fallback=_torch_optimizer)
+OPTIM_WRAPPERS = Registry("optim wrapper")
+PARAM_SCHEDULERS = Registry("param scheduler")
+HOOKS = Registry("hook")
+METRICS = Registry("metric")
+STRATEGIES = Registry("strategy")
+MODELS = Registry("model")
+DATASETS = Registry("dataset")
+
+__all__ = ["Registry", "did_you_mean", "OPTIMIZERS", "OPTIM_WRAPPERS", "PARAM_SCHEDULERS", "HOOKS", "METRICS", "STRATEGIES", "MODELS", "DATASETS"]

@@ -1,0 +1,160 @@
+"""Strategy: where the model lives and how its state is saved — the only device-aware layer.
+
+The loops know nothing of devices or processes; they call the strategy. Subclasses
+(single device here; DDP, FSDP and DeepSpeed in their own modules) override the parts
+that differ: ``setup_env``, ``wrap_model``, ``no_sync``, ``model_state_dict`` and the
+collective read-outs.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+from collections.abc import Callable, Mapping
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import nn
+
+from trainwright.model.base_model import BaseDataPreprocessor, BaseModel
+
+
+class Strategy:
+    """Base strategy: one process; subclasses add devices and process groups.
+
+    Args:
+        device: ``"cpu"``, ``"cuda"``, ``"cuda:1"`` or a ``torch.device``; default: the
+            local CUDA device when available, else CPU.
+    """
+
+    name = "base"
+
+    def __init__(self, device: str | torch.device | None = None) -> None:
+        if device is None:
+            device = f"cuda:{int(os.environ.get('LOCAL_RANK', 0))}" if torch.cuda.is_available() else "cpu"
+        self.device = torch.device(device)
+        self.model: nn.Module | None = None
+        self.seed: int | None = None
+
+    # -- environment ----------------------------------------------------------------------
+    def setup_env(self, *, launcher: str = "none", cudnn_benchmark: bool = False, dist_cfg: Mapping[str, Any] | None = None, randomness: Mapping[str, Any] | None = None) -> None:
+        """Set cudnn flags and seed every RNG (``randomness=dict(seed, deterministic, diff_rank_seed)``)."""
+        if self.device.type == "cuda":
+            torch.cuda.set_device(self.device)
+            torch.backends.cudnn.benchmark = cudnn_benchmark
+        randomness = dict(randomness or {})
+        allowed = {"seed", "deterministic", "diff_rank_seed"}
+        bad = set(randomness) - allowed
+        if bad:
+            raise KeyError(f"Unknown randomness keys {sorted(bad)}; allowed: {sorted(allowed)}")
+        from trainwright.utils.seed import set_random_seed
+
+        self.seed = set_random_seed(randomness.get("seed"), deterministic=bool(randomness.get("deterministic", False)), rank_offset=self.rank if randomness.get("diff_rank_seed") else 0)
+
+    # -- process facts --------------------------------------------------------------------
+    @property
+    def rank(self) -> int:
+        """This process's global rank."""
+        return 0
+
+    @property
+    def world_size(self) -> int:
+        """Number of processes."""
+        return 1
+
+    @property
+    def is_main_process(self) -> bool:
+        """True on rank 0."""
+        return self.rank == 0
+
+    # -- model ----------------------------------------------------------------------------
+    def prepare(self, model: nn.Module, *, optim_wrapper: Any = None, param_scheduler: Any = None, compile: bool | Mapping[str, Any] = False, dispatch_kwargs: Mapping[str, Any] | None = None) -> nn.Module:
+        """Move ``model`` to the device, compile and wrap it; hook the optim wrapper's sync control.
+
+        Returns:
+            The model the loops should call (possibly wrapped).
+        """
+        model = self.model_to_device(model)
+        self.unwrapped = model
+        if compile:
+            kwargs = dict(compile) if isinstance(compile, Mapping) else {}
+            model.compile(**kwargs)
+        model = self.wrap_model(model)
+        self.model = model
+        if optim_wrapper is not None:
+            for ow in (optim_wrapper.values() if hasattr(optim_wrapper, "values") else [optim_wrapper]):
+                ow.no_sync_context = self.no_sync_context()
+        return model
+
+    def model_to_device(self, model: nn.Module) -> nn.Module:
+        """Move the model (and tell its data preprocessor the device)."""
+        model = model.to(self.device)
+        pre = getattr(model, "data_preprocessor", None)
+        if isinstance(pre, BaseDataPreprocessor):
+            pre.device = self.device
+        return model
+
+    def wrap_model(self, model: nn.Module) -> nn.Module:
+        """Wrap for distribution (DDP/FSDP); identity here."""
+        return model
+
+    def unwrap_model(self, model: nn.Module | None = None) -> nn.Module:
+        """The user's model, without any distributed wrapper."""
+        if model is not None and model is not self.model:
+            return getattr(model, "module", model)
+        if self.model is None:
+            raise RuntimeError("Strategy.prepare(model) has not run yet")
+        return self.unwrapped
+
+    def no_sync_context(self) -> Callable[[nn.Module], contextlib.AbstractContextManager] | None:
+        """A ``model -> context`` that suppresses gradient sync, or None when there is no sync."""
+        return None
+
+    # -- collectives (identity on one process) ---------------------------------------------
+    def reduce(self, tensor: torch.Tensor, op: str = "mean") -> torch.Tensor:
+        """Reduce a tensor over processes (identity here)."""
+        return tensor
+
+    def gather_object(self, obj: Any) -> list[Any]:
+        """Gather a picklable object from every process (``[obj]`` here)."""
+        return [obj]
+
+    def broadcast_object(self, obj: Any, src: int = 0) -> Any:
+        """Broadcast a picklable object from ``src`` (identity here)."""
+        return obj
+
+    def barrier(self) -> None:
+        """Wait for every process (no-op here)."""
+
+    def any_true(self, flag: bool) -> bool:
+        """True if ``flag`` is true on any process: the one agreement point for stop decisions."""
+        return flag
+
+    # -- state ----------------------------------------------------------------------------
+    def model_state_dict(self) -> dict[str, Any]:
+        """The full (unsharded) model state dict, on CPU-compatible tensors."""
+        return self.unwrap_model().state_dict()
+
+    def load_model_state_dict(self, state_dict: Mapping[str, Any], strict: bool = True) -> Any:
+        """Load a full model state dict into the unwrapped model."""
+        return self.unwrap_model().load_state_dict(state_dict, strict=strict)
+
+    def save_file(self, obj: dict[str, Any], path: str | Path) -> None:
+        """Write a checkpoint atomically (rank 0 only under several processes)."""
+        from trainwright.checkpoint.io import atomic_save
+
+        if self.is_main_process:
+            atomic_save(obj, path)
+        self.barrier()
+
+    def collect_env(self) -> dict[str, Any]:
+        """Facts about the environment worth logging at start."""
+        import platform
+        import sys
+
+        env = {"python": sys.version.split()[0], "platform": platform.platform(), "torch": torch.__version__, "device": str(self.device), "strategy": self.name, "world_size": self.world_size, "seed": self.seed}
+        if torch.cuda.is_available():
+            env["cuda"] = torch.version.cuda
+            env["gpu"] = torch.cuda.get_device_name(self.device) if self.device.type == "cuda" else None
+        return env

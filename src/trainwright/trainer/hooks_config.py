@@ -1,0 +1,44 @@
+"""Default hooks and how ``default_hooks`` / ``custom_hooks`` configure them."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from trainwright.hooks.hook import Hook
+from trainwright.registry import HOOKS, did_you_mean
+
+#: The stock hooks a trainer has unless switched off by name (value None).
+DEFAULT_HOOKS: dict[str, dict[str, Any]] = {
+    "timer": dict(type="IterTimerHook"),
+    "logger": dict(type="LoggerHook", interval=10),
+    "param_scheduler": dict(type="ParamSchedulerHook"),
+    "checkpoint": dict(type="CheckpointHook", interval=1, by_epoch=True),
+    "sampler_seed": dict(type="DistSamplerSeedHook"),
+}
+
+
+def build_hooks(default_hooks: Mapping[str, Any] | None, custom_hooks: Sequence[Any] | None) -> list[Hook]:
+    """Merge user settings into the stock hooks and build everything.
+
+    ``default_hooks`` maps a stock name to: a dict of arguments (merged into the default;
+    with ``type`` it replaces the hook), a Hook object, or None (disabled). Unknown names
+    are added as extra hooks only if they carry a ``type``.
+    """
+    merged: dict[str, Any] = {k: dict(v) for k, v in DEFAULT_HOOKS.items()}
+    for name, value in (default_hooks or {}).items():
+        if value is None or isinstance(value, Hook):
+            merged[name] = value
+        elif isinstance(value, Mapping):
+            if name in merged and merged[name] is not None and "type" not in value:
+                merged[name] = {**merged[name], **value}
+            elif "type" in value:
+                merged[name] = dict(value)
+            else:
+                raise KeyError(f"Unknown default hook {name!r}.{did_you_mean(name, list(DEFAULT_HOOKS))} Stock hooks: {list(DEFAULT_HOOKS)}; to add another hook give it a 'type' or use custom_hooks")
+        else:
+            raise TypeError(f"default_hooks[{name!r}] must be a dict, a Hook or None, got {type(value).__name__}")
+    hooks = [HOOKS.build(v) for v in merged.values() if v is not None]
+    for h in custom_hooks or []:
+        hooks.append(HOOKS.build(h))
+    return hooks

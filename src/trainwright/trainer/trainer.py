@@ -1,0 +1,311 @@
+"""Trainer: wires model, data, optimization, hooks and strategy; the loops do the work."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+from torch import nn
+
+from trainwright.amp.precision import Precision, build_precision
+from trainwright.data.loader import ResumableLoader, build_dataloader
+from trainwright.hooks.dispatch import HookList
+from trainwright.hooks.hook import Hook
+from trainwright.logging.logger import close_logger, create_logger
+from trainwright.logging.metric_store import MetricStore
+from trainwright.logging.writers import JsonlWriter
+from trainwright.loops.eval_loop import EvalLoop
+from trainwright.loops.progress import Progress
+from trainwright.loops.train_loop import EpochBasedTrainLoop, IterBasedTrainLoop
+from trainwright.model.base_model import as_base_model
+from trainwright.optim.builder import build_optim_wrapper
+from trainwright.registry import did_you_mean
+from trainwright.strategies import build_strategy
+from trainwright.trainer.hooks_config import build_hooks
+from trainwright.trainer.state import collect_state, restore_state
+
+_TRAIN_CFG_KEYS = {"by_epoch", "max_epochs", "max_iters", "val_interval", "val_begin"}
+_EVAL_CFG_KEYS = {"autocast"}
+
+
+def _check_keys(name: str, cfg: Mapping[str, Any], allowed: set[str]) -> None:
+    for key in cfg:
+        if key not in allowed:
+            raise KeyError(f"Unknown {name} key {key!r}.{did_you_mean(key, sorted(allowed))} Allowed: {sorted(allowed)}")
+
+
+class Trainer:
+    """Runs training, validation and testing of a model.
+
+    Args:
+        model: A :class:`~trainwright.BaseModel`, or a plain ``nn.Module`` whose forward
+            returns a loss tensor or a dict of losses.
+        work_dir: Where checkpoints (``checkpoints/``) and run folders (log, ``metrics.jsonl``) go.
+        train_dataloader / val_dataloader / test_dataloader: ``DataLoader`` s or dicts of
+            ``DataLoader`` arguments (``dict(dataset=..., batch_size=..., shuffle=...)``).
+        train_cfg: ``dict(by_epoch=True, max_epochs=..., val_interval=1, val_begin=1)`` or
+            ``dict(by_epoch=False, max_iters=..., val_interval=...)``.
+        val_cfg / test_cfg: ``dict(autocast=False)``: evaluate under mixed precision.
+        optim_wrapper: An OptimWrapper or a dict ``dict(optimizer=dict(type="SGD", lr=...),
+            accumulative_counts=1, clip_grad=None)``.
+        param_scheduler: A scheduler, a dict or a list of dicts (``type``, ``by_epoch``, ``begin``, ``end``...).
+        val_evaluator / test_evaluator: A Metric, an Evaluator, or dict(s) of metrics.
+        default_hooks: Configure or disable (None) stock hooks by name: ``timer``,
+            ``logger``, ``param_scheduler``, ``checkpoint``, ``sampler_seed``.
+        custom_hooks: More hooks (objects or dicts with ``type``).
+        precision: ``"32"``, ``"bf16-mixed"`` or ``"16-mixed"``.
+        strategy: ``"auto"`` (default), ``"single"``, a dict or a Strategy.
+        compile: ``True`` or ``torch.compile`` kwargs.
+        resume: False, True (latest complete checkpoint in ``work_dir``) or a path.
+        load_from: A checkpoint to load weights from (weights only).
+        randomness: ``dict(seed=..., deterministic=False, diff_rank_seed=False)``.
+        nonfinite_loss: ``"raise"`` (FloatingPointError naming the iteration) or ``"skip"``.
+        log_level: Logging level of the trainer's logger.
+    """
+
+    def __init__(
+        self,
+        model: nn.Module,
+        work_dir: str | Path = "work_dirs/default",
+        train_dataloader: Any = None,
+        val_dataloader: Any = None,
+        test_dataloader: Any = None,
+        train_cfg: Mapping[str, Any] | None = None,
+        val_cfg: Mapping[str, Any] | None = None,
+        test_cfg: Mapping[str, Any] | None = None,
+        optim_wrapper: Any = None,
+        param_scheduler: Any = None,
+        val_evaluator: Any = None,
+        test_evaluator: Any = None,
+        default_hooks: Mapping[str, Any] | None = None,
+        custom_hooks: Sequence[Hook | Mapping[str, Any]] | None = None,
+        precision: str | Precision = "32",
+        strategy: Any = "auto",
+        compile: bool | Mapping[str, Any] = False,
+        resume: bool | str | Path = False,
+        load_from: str | Path | None = None,
+        randomness: Mapping[str, Any] | None = None,
+        nonfinite_loss: str = "raise",
+        log_level: str | int = "INFO",
+        experiment_name: str | None = None,
+    ) -> None:
+        if nonfinite_loss not in ("raise", "skip"):
+            raise ValueError(f"nonfinite_loss must be 'raise' or 'skip', got {nonfinite_loss!r}")
+        self.train_cfg = dict(train_cfg or {})
+        _check_keys("train_cfg", self.train_cfg, _TRAIN_CFG_KEYS)
+        self.val_cfg = dict(val_cfg or {})
+        _check_keys("val_cfg", self.val_cfg, _EVAL_CFG_KEYS)
+        self.test_cfg = dict(test_cfg or {})
+        _check_keys("test_cfg", self.test_cfg, _EVAL_CFG_KEYS)
+        self.work_dir = Path(work_dir)
+        self.strategy = build_strategy(strategy)
+        self.strategy.setup_env(randomness=randomness)
+        self.seed: int = self.strategy.seed  # type: ignore[assignment]
+        self.experiment_name = experiment_name or time.strftime("%Y%m%d_%H%M%S")
+        self.run_dir = self.work_dir / self.experiment_name
+        self.logger = create_logger(log_file=self.run_dir / "train.log" if self.is_main_process else None, level=log_level, rank=self.strategy.rank)
+        self.writer = JsonlWriter(self.run_dir / "metrics.jsonl")
+        self.logger.info(f"Environment: {self.strategy.collect_env()}")
+        self.logger.info(f"Random seed: {self.seed}")
+        self.precision_name = precision
+        self.nonfinite_loss = nonfinite_loss
+        self.metric_store = MetricStore(raise_on_nonfinite=nonfinite_loss == "raise")
+        self.progress = Progress()
+        self.should_stop = False
+        self.hooks = HookList(build_hooks(default_hooks, custom_hooks))
+        self._compile = compile
+        self._resume = resume
+        self._load_from = load_from
+        self._optim_cfg = optim_wrapper
+        self._scheduler_cfg = param_scheduler
+        self._train_loader_cfg = train_dataloader
+        base = as_base_model(model)
+        self.model: nn.Module = self.strategy.model_to_device(base)
+        self.precision: Precision = build_precision(precision if not isinstance(precision, str) or precision else "32", self.strategy.device.type)
+        self.optim_wrapper: Any = None
+        self.param_schedulers: Any = None
+        self.train_loop: EpochBasedTrainLoop | IterBasedTrainLoop | None = None
+        self.val_loop = self._build_eval_loop(val_dataloader, val_evaluator, "val", self.val_cfg)
+        self.test_loop = self._build_eval_loop(test_dataloader, test_evaluator, "test", self.test_cfg)
+        self._prepared = False
+        self._loaded = False
+
+    # -- properties -----------------------------------------------------------------------
+    @property
+    def is_main_process(self) -> bool:
+        """True on rank 0 (the process that writes logs and checkpoints)."""
+        return self.strategy.is_main_process
+
+    @property
+    def unwrapped_model(self) -> nn.Module:
+        """The user's model: without DDP/FSDP wrappers and without the plain-module adapter."""
+        model = self.strategy.unwrap_model(self.model) if self._prepared else self.model
+        return getattr(model, "module", model) if type(model).__name__ == "ModuleAdapter" else model
+
+    @property
+    def ckpt_dir(self) -> Path:
+        """``work_dir/checkpoints``."""
+        return self.work_dir / "checkpoints"
+
+    @property
+    def max_iters(self) -> int:
+        """Total training iterations (0 before a train loop exists)."""
+        return self.train_loop.max_iters if self.train_loop is not None else 0
+
+    # -- building -------------------------------------------------------------------------
+    def _build_eval_loop(self, loader: Any, evaluator: Any, mode: str, cfg: dict[str, Any]) -> EvalLoop | None:
+        if loader is None:
+            return None
+        from torch.utils.data import DataLoader
+
+        if isinstance(loader, Mapping):
+            loader = DataLoader(**loader)
+        if evaluator is not None:
+            from trainwright.evaluation import Evaluator
+
+            evaluator = evaluator if isinstance(evaluator, Evaluator) else Evaluator(evaluator)
+        return EvalLoop(self, loader, evaluator, mode, autocast=bool(cfg.get("autocast", False)))
+
+    def _build_train(self) -> None:
+        if self.train_loop is not None:
+            return
+        if self._train_loader_cfg is None:
+            raise ValueError("train() needs a train_dataloader: pass train_dataloader=DataLoader(...) or dict(dataset=..., batch_size=...)")
+        if self._optim_cfg is None:
+            raise ValueError("train() needs an optim_wrapper, e.g. optim_wrapper=dict(optimizer=dict(type='SGD', lr=0.01))")
+        cfg = dict(self.train_cfg)
+        by_epoch = cfg.pop("by_epoch", "max_iters" not in cfg)
+        loader = build_dataloader(self._train_loader_cfg, seed=self.seed)
+        if len(loader) == 0:
+            raise ValueError("train_dataloader is empty (0 batches): check the dataset length, and that batch_size <= len(dataset) when drop_last=True")
+        device_type = self.strategy.device.type
+        self.optim_wrapper = build_optim_wrapper(self.unwrapped_base, self._optim_cfg, self.precision, device_type)
+        if self.nonfinite_loss == "skip":
+            for ow in self.optim_wrapper.values() if hasattr(self.optim_wrapper, "values") else [self.optim_wrapper]:
+                ow.skip_nonfinite = True
+        if by_epoch:
+            if "max_epochs" not in cfg:
+                raise KeyError("train_cfg with by_epoch=True needs max_epochs, e.g. train_cfg=dict(by_epoch=True, max_epochs=10)")
+            cfg.pop("max_iters", None)
+            self.train_loop = EpochBasedTrainLoop(self, loader, **cfg)
+        else:
+            if "max_iters" not in cfg:
+                raise KeyError("train_cfg with by_epoch=False needs max_iters, e.g. train_cfg=dict(by_epoch=False, max_iters=2000)")
+            cfg.pop("max_epochs", None)
+            self.train_loop = IterBasedTrainLoop(self, loader, **cfg)
+        if self._scheduler_cfg:
+            from trainwright.optim.scheduler import build_param_schedulers
+
+            target = self.optim_wrapper.optim_wrappers if hasattr(self.optim_wrapper, "optim_wrappers") else self.optim_wrapper
+            self.param_schedulers = build_param_schedulers(self._scheduler_cfg, target, epoch_length=len(loader))
+
+    @property
+    def unwrapped_base(self) -> nn.Module:
+        """The BaseModel the loops call, without distributed wrappers."""
+        return self.strategy.unwrap_model(self.model) if self._prepared else self.model
+
+    def _prepare(self) -> None:
+        if not self._prepared:
+            self.model = self.strategy.prepare(self.model, optim_wrapper=self.optim_wrapper, compile=self._compile)
+            self._prepared = True
+        if not self._loaded:
+            self._loaded = True
+            self._load_or_resume()
+
+    def _load_or_resume(self) -> None:
+        resume = self._resume
+        if resume and self.train_loop is not None:
+            if resume is True:
+                from trainwright.checkpoint.io import find_resumable
+
+                found = find_resumable(self.ckpt_dir)
+                if found is None:
+                    self.logger.info(f"resume=True but no checkpoint in {self.ckpt_dir}; starting from scratch")
+                    return
+                path, ckpt = found
+            else:
+                from trainwright.checkpoint.io import load_file
+
+                path, ckpt = Path(resume), load_file(resume)
+            restore_state(self, ckpt)
+            self.logger.info(f"Resumed from {path} at epoch {self.progress.epoch}, iteration {self.progress.iteration}")
+        elif self._load_from is not None:
+            self.load_weights(self._load_from)
+
+    # -- running --------------------------------------------------------------------------
+    def train(self) -> nn.Module:
+        """Run the training loop (validating as configured); return the trained model."""
+        self._build_train()
+        self._prepare()
+        assert self.train_loop is not None
+        self.should_stop = False
+        self._run(self.train_loop.run)
+        return self.unwrapped_model
+
+    def val(self) -> dict[str, float]:
+        """One validation pass; returns metrics like ``{"val/acc": 0.97}``."""
+        if self.val_loop is None:
+            raise ValueError("val() needs a val_dataloader (and usually a val_evaluator)")
+        self._prepare()
+        return self._run(self.val_loop.run)
+
+    def test(self) -> dict[str, float]:
+        """One test pass; returns metrics like ``{"test/acc": 0.97}``."""
+        if self.test_loop is None:
+            raise ValueError("test() needs a test_dataloader (and usually a test_evaluator)")
+        self._prepare()
+        return self._run(self.test_loop.run)
+
+    def _run(self, fn: Any) -> Any:
+        self.hooks.call("before_run", self)
+        try:
+            return fn()
+        finally:
+            self.hooks.call("after_run", self)
+
+    # -- checkpoints ----------------------------------------------------------------------
+    def state_dict(self, save_optimizer: bool = True, save_param_scheduler: bool = True) -> dict[str, Any]:
+        """The full checkpoint dict (model, optim wrapper, schedulers, progress, data position, hooks, RNG)."""
+        ckpt = collect_state(self, save_optimizer, save_param_scheduler)
+        self.hooks.call("before_save_checkpoint", self, ckpt)
+        return ckpt
+
+    def save_checkpoint(self, path: str | Path, save_optimizer: bool = True, save_param_scheduler: bool = True) -> Path:
+        """Write the full checkpoint atomically to ``path`` (relative paths go under ``ckpt_dir``)."""
+        path = Path(path)
+        if not path.is_absolute() and path.parent == Path("."):
+            path = self.ckpt_dir / path
+        self.strategy.save_file(self.state_dict(save_optimizer, save_param_scheduler), path)
+        return path
+
+    def resume_from(self, path: str | Path) -> None:
+        """Load a full checkpoint now (the train loop must exist: called by ``train()``)."""
+        from trainwright.checkpoint.io import load_file
+
+        self._build_train()
+        restore_state(self, load_file(path))
+
+    def load_weights(self, path: str | Path, strict: bool = False, revise_keys: Sequence[tuple[str, str]] = ((r"^module\.", ""),)) -> Any:
+        """Load model weights (``.pth`` or ``.safetensors``), reporting key mismatches by name."""
+        from trainwright.checkpoint.io import load_file
+        from trainwright.checkpoint.weights import load_model_weights
+
+        result = load_model_weights(self.unwrapped_model, load_file(path), strict=strict, revise_keys=list(revise_keys))
+        self.logger.info(f"Loaded weights from {path}")
+        return result
+
+    def save_weights(self, path: str | Path) -> Path:
+        """Export the model weights as safetensors (rank 0)."""
+        from trainwright.checkpoint.weights import save_safetensors
+
+        path = Path(path)
+        if self.is_main_process:
+            save_safetensors(self.unwrapped_model, path)
+        return path
+
+    def close(self) -> None:
+        """Close the log file and metrics writer."""
+        self.writer.close()
+        close_logger(self.logger)
