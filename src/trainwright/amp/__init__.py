@@ -1,4 +1,4 @@
-"""Mixed precision: mmcv-compatible fp16 utilities (and, later, the precision plugin)."""
+"""Mixed precision: the precision plugin (fp32 / bf16 / fp16 + GradScaler) and mmcv-compatible fp16 utilities."""
 
 from trainwright.amp.fp16_utils import (
     auto_fp16,
@@ -8,9 +8,14 @@ from trainwright.amp.fp16_utils import (
     patch_norm_fp32,
     wrap_fp16_model,
 )
+from trainwright.amp.precision import PRECISIONS, MixedPrecision, Precision, build_precision
 
 __all__ = [
+    "PRECISIONS",
+    "MixedPrecision",
+    "Precision",
     "auto_fp16",
+    "build_precision",
     "cast_tensor_type",
     "force_fp32",
     "patch_forward_method",

@@ -1,13 +1,25 @@
-"""Precision: the one object that says how a step handles dtypes.
+"""Precision: the one object that says how a training step handles dtypes.
 
 ``Precision`` (fp32) does nothing; ``MixedPrecision`` enters autocast around the forward
-pass and, for float16, owns the ``torch.amp.GradScaler``. The optim wrapper and the model's
-train step call it; there is no second copy of the training step for AMP.
+pass and loss and, for float16, owns the ``torch.amp.GradScaler`` that scales the loss before
+backward, unscales gradients before clipping, skips steps whose gradients overflowed and
+adapts the scale. The optim wrapper and the loops call it; there is no second copy of the
+training step for AMP.
+
+Pseudocode of one float16 update (what :class:`~trainwright.optim.OptimWrapper` does)::
+
+    with precision.autocast():            # forward + loss only
+        loss = model(x, y, mode="loss")
+    precision.backward(loss)              # scaler.scale(loss).backward(), outside autocast
+    precision.unscale_(optimizer)         # only when clipping: true-scale grads
+    clip_grad_norm_(params, max_norm)
+    precision.optimizer_step(optimizer)   # scaler.step (skipped on inf/NaN) + scaler.update
 """
 
 from __future__ import annotations
 
 import contextlib
+import warnings
 from collections.abc import Mapping
 from typing import Any
 
@@ -23,6 +35,19 @@ PRECISIONS: dict[str, torch.dtype | None] = {
     "bf16-mixed": torch.bfloat16,
     "16-mixed": torch.float16,
 }
+
+_DTYPE_NAMES: dict[str, torch.dtype] = {"float16": torch.float16, "half": torch.float16, "fp16": torch.float16, "bfloat16": torch.bfloat16, "bf16": torch.bfloat16}
+_SCALER_KEYS = {"init_scale", "growth_factor", "backoff_factor", "growth_interval", "enabled"}
+
+
+def _warn_ignored_scaler(state: Mapping[str, Any], name: str) -> None:
+    if state.get("scaler"):
+        warnings.warn(
+            f"The checkpoint holds GradScaler state from a float16 ('16-mixed') run, but this run uses precision {name!r}; "
+            "the loss-scale state is ignored. Resume with precision='16-mixed' to keep it.",
+            RuntimeWarning,
+            stacklevel=3,
+        )
 
 
 class Precision:
@@ -52,12 +77,17 @@ class Precision:
         """The current loss scale, or None when no scaler is used."""
         return None
 
+    def clone(self) -> Precision:
+        """A fresh object with the same settings and no state (one per optimizer)."""
+        return Precision()
+
     def state_dict(self) -> dict[str, Any]:
         """Scaler state (empty for full precision)."""
         return {}
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
-        """Restore the scaler state."""
+        """Restore the scaler state (nothing to restore; a float16 scaler state is ignored with a warning)."""
+        _warn_ignored_scaler(state, self.name)
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}({self.name!r})"
@@ -66,43 +96,55 @@ class Precision:
 class MixedPrecision(Precision):
     """Autocast mixed precision; float16 adds a GradScaler, bfloat16 does not need one.
 
+    bfloat16 has float32's exponent range, so gradients do not underflow and no loss
+    scaling is needed (:attr:`scaler` is None). float16 gradients do underflow: the loss is
+    multiplied by a scale before backward, gradients are divided by it before clipping and
+    stepping, and a step whose gradients contain inf/NaN is skipped while the scale backs off.
+
     Args:
         dtype: ``torch.float16`` / ``"float16"`` or ``torch.bfloat16`` / ``"bfloat16"``.
-        device_type: ``"cpu"`` or ``"cuda"`` (the device of the parameters).
-        loss_scale: float16 only: ``"dynamic"`` (default), a fixed float, or a dict of
+        device_type: ``"cpu"`` or ``"cuda"`` (the device of the parameters). The scaler is
+            created for this device: a bare ``GradScaler()`` means CUDA and silently
+            disables itself on CPU.
+        loss_scale: float16 only: ``"dynamic"`` (default), a fixed float (steps with inf/NaN
+            gradients are still skipped, the scale never changes), or a dict of
             ``torch.amp.GradScaler`` arguments (``init_scale``, ``growth_factor``,
-            ``backoff_factor``, ``growth_interval``).
+            ``backoff_factor``, ``growth_interval``, ``enabled``).
     """
 
     def __init__(self, dtype: torch.dtype | str = torch.bfloat16, device_type: str = "cpu", loss_scale: str | float | Mapping[str, Any] = "dynamic") -> None:
         if isinstance(dtype, str):
-            if dtype not in ("float16", "bfloat16", "half"):
-                raise ValueError(f"Mixed precision dtype must be 'float16' or 'bfloat16', got {dtype!r}")
-            dtype = torch.bfloat16 if dtype == "bfloat16" else torch.float16
+            if dtype not in _DTYPE_NAMES:
+                raise ValueError(f"Mixed precision dtype must be 'float16' or 'bfloat16', got {dtype!r}; use 'float16' (with GradScaler) or 'bfloat16'")
+            dtype = _DTYPE_NAMES[dtype]
         if dtype not in (torch.float16, torch.bfloat16):
-            raise ValueError(f"Mixed precision dtype must be torch.float16 or torch.bfloat16, got {dtype}")
+            raise ValueError(f"Mixed precision dtype must be torch.float16 or torch.bfloat16, got {dtype}; for full precision use Precision() / precision='32'")
         self.dtype = dtype
-        self.device_type = device_type
+        self.device_type = str(device_type)
         self.name = "bf16-mixed" if dtype == torch.bfloat16 else "16-mixed"
-        self._autocast_kwargs = dict(device_type=device_type, dtype=dtype)
+        self._loss_scale_cfg = dict(loss_scale) if isinstance(loss_scale, Mapping) else loss_scale
+        self._autocast_kwargs = dict(device_type=self.device_type, dtype=dtype)
         self.scaler = None
         self._static_scale: float | None = None
-        if dtype == torch.float16:
-            if loss_scale == "dynamic":
-                kwargs: dict[str, Any] = {}
-            elif isinstance(loss_scale, (int, float)):
-                kwargs = dict(init_scale=float(loss_scale), growth_factor=1.0, backoff_factor=1.0, growth_interval=2**31 - 1)
-                self._static_scale = float(loss_scale)
-            elif isinstance(loss_scale, Mapping):
-                allowed = {"init_scale", "growth_factor", "backoff_factor", "growth_interval", "enabled"}
-                bad = set(loss_scale) - allowed
-                if bad:
-                    raise ValueError(f"Unknown loss_scale keys {sorted(bad)}; allowed: {sorted(allowed)}")
-                kwargs = dict(loss_scale)
-            else:
-                raise ValueError(f"loss_scale must be 'dynamic', a number or a dict of GradScaler arguments, got {loss_scale!r}")
-            # The device must be named: a bare GradScaler() means CUDA and disables itself on CPU.
-            self.scaler = torch.amp.GradScaler(device_type, **kwargs)
+        if dtype == torch.bfloat16:
+            if loss_scale != "dynamic":
+                warnings.warn(f"loss_scale={loss_scale!r} is ignored for bfloat16, which needs no loss scaling", UserWarning, stacklevel=2)
+            return
+        if loss_scale == "dynamic":
+            kwargs: dict[str, Any] = {}
+        elif isinstance(loss_scale, (int, float)) and not isinstance(loss_scale, bool):
+            if loss_scale <= 0:
+                raise ValueError(f"A static loss_scale must be > 0, got {loss_scale}; e.g. loss_scale=512.0, or 'dynamic'")
+            self._static_scale = float(loss_scale)
+            kwargs = dict(init_scale=self._static_scale)
+        elif isinstance(loss_scale, Mapping):
+            bad = set(loss_scale) - _SCALER_KEYS
+            if bad:
+                raise ValueError(f"Unknown loss_scale keys {sorted(bad)}; allowed (torch.amp.GradScaler arguments): {sorted(_SCALER_KEYS)}")
+            kwargs = dict(loss_scale)
+        else:
+            raise ValueError(f"loss_scale must be 'dynamic', a number or a dict of GradScaler arguments, got {loss_scale!r}")
+        self.scaler = torch.amp.GradScaler(self.device_type, **kwargs)
 
     def autocast(self) -> contextlib.AbstractContextManager:
         """``torch.autocast`` for the forward pass and loss."""
@@ -120,32 +162,51 @@ class MixedPrecision(Precision):
             self.scaler.unscale_(optimizer)
 
     def optimizer_step(self, optimizer: torch.optim.Optimizer, **kwargs: Any) -> None:
-        """Step unless float16 gradients overflowed; then update the loss scale."""
+        """Step unless float16 gradients overflowed; then update the loss scale.
+
+        A window in which no parameter received a gradient (every micro-batch skipped for a
+        non-finite loss) is a no-op, as a plain ``optimizer.step()`` would be.
+        """
         if self.scaler is None:
             optimizer.step(**kwargs)
             return
+        if not any(p.grad is not None for group in optimizer.param_groups for p in group["params"]):
+            return
         self.scaler.step(optimizer, **kwargs)
-        self.scaler.update()
+        self.scaler.update(self._static_scale)
 
     @property
     def loss_scale(self) -> torch.Tensor | None:
-        """The GradScaler's current scale (a tensor; no sync)."""
-        if self.scaler is None or self.scaler._scale is None:  # noqa: SLF001 - only way to read it without a sync
+        """The GradScaler's current scale as a tensor (no host sync); None before the first backward."""
+        if self.scaler is None:
             return None
-        return self.scaler._scale  # noqa: SLF001
+        return self.scaler._scale  # noqa: SLF001 - get_scale() would sync with the device
+
+    def clone(self) -> MixedPrecision:
+        """A fresh object with the same dtype, device and loss-scale settings, and a new scaler."""
+        return MixedPrecision(self.dtype, self.device_type, self._loss_scale_cfg)  # type: ignore[arg-type]
 
     def state_dict(self) -> dict[str, Any]:
         """The GradScaler state (float16) or nothing (bfloat16)."""
         return {"scaler": self.scaler.state_dict()} if self.scaler is not None else {}
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
-        """Restore the GradScaler state."""
-        if self.scaler is not None and state.get("scaler"):
+        """Restore the GradScaler state (scale, growth tracker, factors)."""
+        if self.scaler is None:
+            _warn_ignored_scaler(state, self.name)
+        elif state.get("scaler"):
             self.scaler.load_state_dict(state["scaler"])
+
+    def __repr__(self) -> str:
+        scale = "" if self.scaler is None else f", loss_scale={self._loss_scale_cfg!r}"
+        return f"{type(self).__name__}({self.name!r}, device_type={self.device_type!r}{scale})"
 
 
 def build_precision(precision: str | Precision | None, device_type: str = "cpu") -> Precision:
-    """Build a precision object from a Trainer-style name (``"32"``, ``"bf16-mixed"``, ``"16-mixed"``)."""
+    """Build a precision object from a Trainer-style name (``"32"``, ``"bf16-mixed"``, ``"16-mixed"``).
+
+    A :class:`Precision` object is returned as is; None means full precision.
+    """
     if isinstance(precision, Precision):
         return precision
     if precision is None:

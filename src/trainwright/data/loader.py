@@ -5,17 +5,26 @@ depends only on ``(seed, epoch)`` and a batch sampler that can skip the batches 
 consumed, keeping the dataset, batch size, shuffle/sampler, collate function and worker
 settings. Resuming mid-epoch therefore never replays data and never touches the global
 RNG (the loader gets its own generator, re-seeded every epoch, for worker seeds).
+
+With worker processes, the random state a sample is loaded under (augmentations drawing
+from ``random``, NumPy or torch) must not depend on which worker happens to load it: a
+resumed epoch starts its batches on worker 0, not where the original run had them. Each
+batch therefore carries a seed derived from ``(seed, epoch, batch index)`` and the worker
+re-seeds ``random``, NumPy and torch with it before loading the batch. Without workers
+the samples draw from the main process's generators, which the checkpoint restores.
 """
 
 from __future__ import annotations
 
 import itertools
+import random
 import warnings
 from collections.abc import Iterator, Mapping
 from typing import Any
 
+import numpy as np
 import torch
-from torch.utils.data import BatchSampler, DataLoader, IterableDataset, RandomSampler, Sampler, SequentialSampler
+from torch.utils.data import BatchSampler, DataLoader, Dataset, IterableDataset, RandomSampler, Sampler, SequentialSampler, get_worker_info
 
 from trainwright.registry import DATASETS
 
@@ -50,20 +59,83 @@ class EpochSampler(Sampler[int]):
         return self.num_samples
 
 
+def batch_seed(seed: int, epoch: int, batch_idx: int) -> int:
+    """The seed a worker loads batch ``batch_idx`` of ``epoch`` under (a 63-bit mix of the three)."""
+    mask = (1 << 63) - 1
+    return (((seed * 0x9E3779B97F4A7C15 + epoch) & mask) * 0xBF58476D1CE4E5B9 + batch_idx) & mask
+
+
+class SeededBatch(list):
+    """A list of sample indices that also carries the seed to load it under (sent to workers)."""
+
+    seed: int | None = None
+
+
 class SkippableBatchSampler(Sampler[list[int]]):
-    """Wraps a batch sampler; the next iteration may start after ``skip`` batches."""
+    """Wraps a batch sampler; the next iteration may start after ``skip`` batches.
+
+    When :attr:`seed` is set, every batch is a :class:`SeededBatch` whose seed depends on
+    ``(seed, epoch, batch index)`` only, so a resumed epoch loads each batch under the same
+    random state as the original run, whichever worker gets it.
+    """
 
     def __init__(self, batch_sampler: Any) -> None:
         self.batch_sampler = batch_sampler
         self.skip = 0
+        self.seed: int | None = None
+        self.epoch = 0
 
     def __iter__(self) -> Iterator[list[int]]:
         skip, self.skip = self.skip, 0
         it = iter(self.batch_sampler)
-        return itertools.islice(it, skip, None) if skip else it
+        if skip:
+            it = itertools.islice(it, skip, None)
+        if self.seed is None:
+            return it
+        return self._seeded(it, skip, self.seed, self.epoch)
+
+    @staticmethod
+    def _seeded(it: Iterator[list[int]], start: int, seed: int, epoch: int) -> Iterator[list[int]]:
+        for i, indices in enumerate(it, start):
+            batch = SeededBatch(indices)
+            batch.seed = batch_seed(seed, epoch, i)
+            yield batch
 
     def __len__(self) -> int:
         return len(self.batch_sampler)
+
+
+class WorkerSeededDataset(Dataset):
+    """Loads a :class:`SeededBatch` under its seed when running inside a DataLoader worker.
+
+    Only worker processes are re-seeded: in the main process (``num_workers=0``) samples
+    draw from the global generators, which a checkpoint saves and restores.
+    """
+
+    def __init__(self, dataset: Any) -> None:
+        self.dataset = dataset
+
+    def __getitem__(self, index: Any) -> Any:
+        return self.dataset[index]
+
+    def __getitems__(self, indices: list[Any]) -> list[Any]:
+        seed = getattr(indices, "seed", None)
+        if seed is not None and get_worker_info() is not None:
+            random.seed(seed)
+            np.random.seed(seed % 2**32)
+            torch.manual_seed(seed)
+        inner = getattr(self.dataset, "__getitems__", None)
+        if inner is not None:
+            return inner(list(indices))  # type: ignore[no-any-return]
+        return [self.dataset[i] for i in indices]
+
+    def __len__(self) -> int:
+        return len(self.dataset)
+
+    def __getattr__(self, name: str) -> Any:
+        if name == "dataset":  # not set yet (unpickling): avoid recursing
+            raise AttributeError(name)
+        return getattr(self.dataset, name)
 
 
 class ResumableLoader:
@@ -83,8 +155,9 @@ class ResumableLoader:
 
     @property
     def dataset(self) -> Any:
-        """The underlying dataset."""
-        return self.loader.dataset
+        """The user's dataset."""
+        ds = self.loader.dataset
+        return ds.dataset if isinstance(ds, WorkerSeededDataset) else ds
 
     @property
     def batch_size(self) -> int | None:
@@ -107,12 +180,19 @@ class ResumableLoader:
                 break
         if self._generator is not None:
             self._generator.manual_seed(self.seed * 1_000_003 + self.epoch)
+        if self._batch_sampler is not None and isinstance(self.loader.dataset, WorkerSeededDataset):
+            self._batch_sampler.seed = self.seed
+            self._batch_sampler.epoch = self.epoch
 
     def __iter__(self) -> Iterator[Any]:
         self._sync_epoch()
         start = self.position
         if start >= len(self):
-            self.position = start = 0
+            # Saved after the epoch's last batch but before the epoch was closed: the
+            # epoch is complete, so this pass is empty and the next one starts a new epoch.
+            self.position = 0
+            self.epoch += 1
+            return
         if self._batch_sampler is not None:
             self._batch_sampler.skip = start
             it = iter(self.loader)
@@ -197,4 +277,5 @@ def make_resumable(loader: DataLoader, seed: int = 0) -> DataLoader:
         kwargs["prefetch_factor"] = loader.prefetch_factor
     if hasattr(loader, "in_order"):
         kwargs["in_order"] = loader.in_order
-    return DataLoader(loader.dataset, **kwargs)
+    dataset = WorkerSeededDataset(loader.dataset) if loader.num_workers > 0 else loader.dataset
+    return DataLoader(dataset, **kwargs)

@@ -2,10 +2,12 @@
 
 from trainwright.hooks.checkpoint import CheckpointHook
 from trainwright.hooks.dispatch import HookList
+from trainwright.hooks.early_stopping import EarlyStoppingHook
+from trainwright.hooks.ema import EMAHook
 from trainwright.hooks.hook import EVENTS, Hook
 from trainwright.hooks.iter_timer import IterTimerHook
 from trainwright.hooks.logger import LoggerHook
 from trainwright.hooks.param_scheduler import ParamSchedulerHook
 from trainwright.hooks.sampler_seed import DistSamplerSeedHook
 
-__all__ = ["Hook", "HookList", "EVENTS", "CheckpointHook", "IterTimerHook", "LoggerHook", "ParamSchedulerHook", "DistSamplerSeedHook"]
+__all__ = ["Hook", "HookList", "EVENTS", "CheckpointHook", "IterTimerHook", "LoggerHook", "ParamSchedulerHook", "DistSamplerSeedHook", "EMAHook", "EarlyStoppingHook"]

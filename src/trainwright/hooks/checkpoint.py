@@ -1,8 +1,25 @@
-"""CheckpointHook: periodic, last and best checkpoints, written atomically, kept k at a time."""
+"""CheckpointHook: periodic, last and best checkpoints, written atomically, kept k at a time.
+
+What a run can rely on:
+
+* Every file is complete or absent (:func:`~trainwright.checkpoint.atomic_save`), the
+  ``latest`` pointer is updated only after its file is complete, and checkpoints that fall
+  out of the keep window are deleted only after that, so a ``kill -9`` at any moment
+  leaves at least one complete checkpoint that ``latest`` (or the directory listing) finds.
+* A checkpoint due at a point where validation also runs (the end of an epoch, or an
+  iteration that validates) is written **after** that validation, so it holds the best
+  score and the metrics of that validation and a resumed run does not validate twice or
+  skip one.
+* Validation during training does not move the training random streams: the RNG states
+  are put back after each validation pass, so a run resumed from a checkpoint written
+  before a validation it then skips draws the same random numbers as a run that did it.
+"""
 
 from __future__ import annotations
 
 import math
+import os
+import re
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -10,26 +27,46 @@ from trainwright.hooks.hook import Hook
 from trainwright.registry import HOOKS
 
 if TYPE_CHECKING:
+    from trainwright.checkpoint.async_writer import AsyncCheckpointWriter
     from trainwright.trainer.trainer import Trainer
+
+_TMP_NAME = re.compile(r"^\..+\.tmp\.(?P<pid>\d+)\.[0-9a-f]+$")
+
+
+def _pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except (PermissionError, OSError):
+        return True
+    return True
 
 
 @HOOKS.register
 class CheckpointHook(Hook):
-    """Saves ``epoch_{n}.pth`` / ``iter_{n}.pth`` into ``work_dir/checkpoints``.
+    """Saves ``epoch_{n}.pth`` / ``iter_{n}.pth`` (and ``best_*.pth``) into ``work_dir/checkpoints``.
 
     Args:
         interval: Save every ``interval`` epochs (``by_epoch``) or iterations; <= 0 disables
             periodic saving (the final checkpoint is still written when ``save_last``).
         by_epoch: Count ``interval`` in epochs or in iterations.
         max_keep_ckpts: Keep only the newest k periodic checkpoints (-1: keep all). Old ones
-            are deleted only after the new one is complete on disk.
-        save_last: Also save at the end of training.
+            are deleted only after the new one (and the ``latest`` pointer) is complete.
+        save_last: Also save when training ends (normally, early-stopped or preempted), unless
+            that iteration was just saved.
         save_optimizer / save_param_scheduler: Include those states (needed to resume).
         save_best: A metric key (``"val/acc"``) or ``"auto"`` (the first validation metric):
-            keep ``best_<metric>_<epoch|iter>_<n>.pth`` of the best score so far.
+            keep ``best_<metric>_<epoch|iter>_<n>.pth`` of the best scores so far.
         rule: ``"greater"`` or ``"less"``; inferred from the metric name if None
             (``loss`` / ``error`` → less).
+        max_keep_best: How many best checkpoints to keep (the k best scores).
         out_dir: Directory for the files (default ``work_dir/checkpoints``).
+        async_save: Write in a background thread; the loop only waits for the copy of the
+            state to CPU memory (see :mod:`trainwright.checkpoint.async_writer`).
+        clean_stale_tmp: At the start of training, rank 0 deletes temporary files that
+            writers killed mid-write left in the directory (those of processes that no
+            longer exist).
     """
 
     priority = "VERY_LOW"
@@ -44,10 +81,17 @@ class CheckpointHook(Hook):
         save_param_scheduler: bool = True,
         save_best: str | None = None,
         rule: str | None = None,
+        max_keep_best: int = 1,
         out_dir: str | Path | None = None,
+        async_save: bool = False,
+        clean_stale_tmp: bool = True,
     ) -> None:
         if rule not in (None, "greater", "less"):
             raise ValueError(f"CheckpointHook rule must be 'greater', 'less' or None, got {rule!r}")
+        if max_keep_best < 1:
+            raise ValueError(f"CheckpointHook max_keep_best must be >= 1, got {max_keep_best}")
+        if max_keep_ckpts == 0:
+            raise ValueError("CheckpointHook max_keep_ckpts=0 would delete every checkpoint; use -1 to keep all or k >= 1")
         self.interval = interval
         self.by_epoch = by_epoch
         self.max_keep_ckpts = max_keep_ckpts
@@ -56,79 +100,212 @@ class CheckpointHook(Hook):
         self.save_param_scheduler = save_param_scheduler
         self.save_best = save_best
         self.rule = rule
+        self.max_keep_best = max_keep_best
         self.out_dir = Path(out_dir) if out_dir is not None else None
+        self.async_save = async_save
+        self.clean_stale_tmp = clean_stale_tmp
         self.kept: list[str] = []
-        self.best_score: float | None = None
-        self.best_ckpt: str | None = None
+        self.best: list[tuple[float, str]] = []  # best first
         self._last_saved_iter = -1
+        self._pending: str | None = None
+        self._pending_best: tuple[float, str] | None = None
+        self._in_train = False
+        self._val_rng: dict[str, Any] | None = None
+        self._writer: AsyncCheckpointWriter | None = None
 
-    # -- state (best score and kept files survive resume) -----------------------------------
+    @property
+    def best_score(self) -> float | None:
+        """The best monitored score so far (None before the first validation)."""
+        return self.best[0][0] if self.best else None
+
+    @property
+    def best_ckpt(self) -> str | None:
+        """File name of the best checkpoint so far."""
+        return self.best[0][1] if self.best else None
+
+    # -- state (kept files, best scores survive resume) -------------------------------------
     def state_dict(self) -> dict[str, Any]:  # noqa: D102
-        return {"kept": list(self.kept), "best_score": self.best_score, "best_ckpt": self.best_ckpt}
+        return {"kept": list(self.kept), "best": [[s, n] for s, n in self.best], "best_score": self.best_score, "best_ckpt": self.best_ckpt, "last_saved_iter": self._last_saved_iter}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:  # noqa: D102
         self.kept = list(state.get("kept", []))
-        self.best_score = state.get("best_score")
-        self.best_ckpt = state.get("best_ckpt")
+        if "best" in state:
+            self.best = [(float(s), str(n)) for s, n in state["best"]]
+        elif state.get("best_score") is not None:
+            self.best = [(float(state["best_score"]), str(state.get("best_ckpt")))]
+        self._last_saved_iter = int(state.get("last_saved_iter", -1))
 
     # -- events ---------------------------------------------------------------------------
+    def before_train(self, trainer: Trainer) -> None:  # noqa: D102
+        self._in_train = True
+        if self.clean_stale_tmp and trainer.is_main_process:
+            self._clean_stale_tmp(trainer)
+
     def after_train_iter(self, trainer: Trainer, batch_idx: int, data_batch: Any = None, outputs: dict | None = None) -> None:  # noqa: D102
+        if self._pending is not None:  # a validation we waited for did not come: save what we have
+            self._flush_pending(trainer)
         if not self.by_epoch and self.interval > 0 and trainer.progress.iteration % self.interval == 0:
-            self._save_periodic(trainer, f"iter_{trainer.progress.iteration}.pth")
+            self._request(trainer, f"iter_{trainer.progress.iteration}.pth", self._val_due_after_iter(trainer))
 
     def after_train_epoch(self, trainer: Trainer) -> None:  # noqa: D102
         if self.by_epoch and self.interval > 0 and trainer.train_loop.by_epoch and trainer.progress.epoch % self.interval == 0:
-            self._save_periodic(trainer, f"epoch_{trainer.progress.epoch}.pth")
+            self._request(trainer, f"epoch_{trainer.progress.epoch}.pth", self._val_due_after_epoch(trainer))
 
-    def after_train(self, trainer: Trainer) -> None:  # noqa: D102
-        if self.save_last and trainer.progress.iteration != self._last_saved_iter and not trainer.should_stop:
-            name = f"epoch_{trainer.progress.epoch}.pth" if trainer.train_loop.by_epoch and trainer.progress.iter_in_epoch == 0 else f"iter_{trainer.progress.iteration}.pth"
-            self._save_periodic(trainer, name)
+    def before_train_epoch(self, trainer: Trainer) -> None:  # noqa: D102
+        self._flush_pending(trainer)
+
+    def before_val(self, trainer: Trainer) -> None:  # noqa: D102
+        if self._in_train:
+            from trainwright.checkpoint.rng import get_rng_state
+
+            self._val_rng = get_rng_state()
 
     def after_val_epoch(self, trainer: Trainer, metrics: dict[str, float] | None = None) -> None:  # noqa: D102
-        if not self.save_best or not metrics or trainer.train_loop is None:
+        if not self.save_best or not metrics or not self._in_train:
             return
         key = next(iter(metrics)) if self.save_best == "auto" else self.save_best
         if key not in metrics:
             raise KeyError(f"CheckpointHook save_best={self.save_best!r} is not among the validation metrics {sorted(metrics)}; set save_best to one of them")
         score = float(metrics[key])
-        rule = self.rule or ("less" if any(s in key for s in ("loss", "error", "err")) else "greater")
-        better = self.best_score is None or (score > self.best_score if rule == "greater" else score < self.best_score)
-        if not better or math.isnan(score):
+        if math.isnan(score):
             return
-        self.best_score = score
+        rule = self.rule or ("less" if any(s in key for s in ("loss", "error", "err")) else "greater")
+        worst = self.best[-1][0] if self.best else None
+        if len(self.best) >= self.max_keep_best and worst is not None and not (score > worst if rule == "greater" else score < worst):
+            return
         p = trainer.progress
         unit, n = ("epoch", p.epoch) if trainer.train_loop.by_epoch else ("iter", p.iteration)
-        name = f"best_{key.replace('/', '_')}_{unit}_{n}.pth"
-        old = self.best_ckpt
-        self.best_ckpt = name
-        self._write(trainer, name, latest=False)
-        if old and old != name:
-            self._remove(trainer, old)
-        trainer.logger.info(f"New best {key}={score:.4f}: saved {name}")
+        self._pending_best = (score, f"best_{key.replace('/', '_')}_{unit}_{n}.pth")
+        self._rule = rule
 
-    # -- writing --------------------------------------------------------------------------
+    def after_val(self, trainer: Trainer) -> None:  # noqa: D102
+        if not self._in_train:
+            return
+        if self._val_rng is not None:
+            from trainwright.checkpoint.rng import set_rng_state
+
+            set_rng_state(self._val_rng)
+            self._val_rng = None
+        if self._pending_best is not None:
+            score, name = self._pending_best
+            self._pending_best = None
+            sign = -1.0 if self._rule == "greater" else 1.0
+            ranked = sorted([*[b for b in self.best if b[1] != name], (score, name)], key=lambda b: sign * b[0])
+            self.best, dropped = ranked[: self.max_keep_best], [n for _, n in ranked[self.max_keep_best :]]
+            self._write(trainer, name, latest=False, remove=dropped)
+            trainer.logger.info(f"New best score {score:.4f}: saved {name}")
+        self._flush_pending(trainer)
+
+    def after_train(self, trainer: Trainer) -> None:  # noqa: D102
+        self._flush_pending(trainer)
+        if self.save_last:
+            self.save_now(trainer)
+        self.wait()
+
+    def after_run(self, trainer: Trainer) -> None:  # noqa: D102
+        self._in_train = False
+        self._pending = None
+        self.wait()
+
+    # -- public ---------------------------------------------------------------------------
+    def save_now(self, trainer: Trainer) -> Path | None:
+        """Save the current state as a periodic checkpoint unless this iteration is saved already.
+
+        Used at the end of training and on preemption; returns the path written (or None).
+        """
+        self._flush_pending(trainer)
+        p = trainer.progress
+        if p.iteration == self._last_saved_iter:
+            return None
+        name = f"epoch_{p.epoch}.pth" if trainer.train_loop.by_epoch and p.iter_in_epoch == 0 else f"iter_{p.iteration}.pth"
+        self._save_periodic(trainer, name)
+        return self.ckpt_dir(trainer) / name
+
+    def wait(self) -> None:
+        """Wait for a background write (``async_save``) to finish; re-raise its error."""
+        if self._writer is not None:
+            self._writer.wait()
+
     def ckpt_dir(self, trainer: Trainer) -> Path:
         """Where this hook writes."""
         return self.out_dir if self.out_dir is not None else trainer.ckpt_dir
 
-    def _save_periodic(self, trainer: Trainer, name: str) -> None:
-        self.kept = [k for k in self.kept if k != name] + [name]
-        self._last_saved_iter = trainer.progress.iteration
-        self._write(trainer, name, latest=True)
-        if self.max_keep_ckpts > 0:
-            while len(self.kept) > self.max_keep_ckpts:
-                self._remove(trainer, self.kept.pop(0))
+    # -- when -----------------------------------------------------------------------------
+    @staticmethod
+    def _val_due_after_iter(trainer: Trainer) -> bool:
+        """Whether the iteration-based loop validates right after this iteration's hooks."""
+        loop = trainer.train_loop
+        it = trainer.progress.iteration
+        return not loop.by_epoch and trainer.val_loop is not None and it >= loop.val_begin and (it % loop.val_interval == 0 or it == loop.max_iters)
 
-    def _write(self, trainer: Trainer, name: str, latest: bool) -> None:
+    @staticmethod
+    def _val_due_after_epoch(trainer: Trainer) -> bool:
+        """Whether the epoch-based loop validates right after this epoch's hooks."""
+        loop = trainer.train_loop
+        e = trainer.progress.epoch
+        return loop.by_epoch and trainer.val_loop is not None and not trainer.should_stop and e >= loop.val_begin and (e % loop.val_interval == 0 or e == loop.max_epochs)
+
+    def _request(self, trainer: Trainer, name: str, after_val: bool) -> None:
+        self._pending = name
+        if not after_val:
+            self._flush_pending(trainer)
+
+    def _flush_pending(self, trainer: Trainer) -> None:
+        name, self._pending = self._pending, None
+        if name is not None:
+            self._save_periodic(trainer, name)
+
+    # -- writing --------------------------------------------------------------------------
+    def _save_periodic(self, trainer: Trainer, name: str) -> None:
+        kept = [k for k in self.kept if k != name] + [name]
+        dropped: list[str] = []
+        if self.max_keep_ckpts > 0 and len(kept) > self.max_keep_ckpts:
+            dropped, kept = kept[: -self.max_keep_ckpts], kept[-self.max_keep_ckpts :]
+        self.kept = kept
+        self._last_saved_iter = trainer.progress.iteration
+        self._write(trainer, name, latest=True, remove=dropped)
+
+    def _write(self, trainer: Trainer, name: str, latest: bool, remove: list[str]) -> None:
         from trainwright.checkpoint.io import write_latest
 
         d = self.ckpt_dir(trainer)
-        trainer.save_checkpoint(d / name, self.save_optimizer, self.save_param_scheduler)
-        if latest and trainer.is_main_process:
-            write_latest(d, name)
-        trainer.logger.info(f"Saved checkpoint {d / name}")
+        path = d / name
+        main = trainer.is_main_process
+        # files still wanted (a name can be both dropped from one list and kept in the other)
+        wanted = set(self.kept) | {n for _, n in self.best} | {name}
+        remove = [r for r in remove if r not in wanted]
 
-    def _remove(self, trainer: Trainer, name: str) -> None:
-        if trainer.is_main_process:
-            (self.ckpt_dir(trainer) / name).unlink(missing_ok=True)
+        def finish() -> None:
+            if latest:
+                write_latest(d, name)
+            for old in remove:
+                (d / old).unlink(missing_ok=True)
+
+        if self.async_save:
+            state = trainer.state_dict(self.save_optimizer, self.save_param_scheduler)
+            if main:
+                if self._writer is None:
+                    from trainwright.checkpoint.async_writer import AsyncCheckpointWriter
+
+                    self._writer = AsyncCheckpointWriter()
+                self._writer.submit(state, path, after=finish)
+            trainer.logger.info(f"Saving checkpoint {path} in the background")
+            return
+        trainer.save_checkpoint(path, self.save_optimizer, self.save_param_scheduler)
+        if main:
+            finish()
+        trainer.logger.info(f"Saved checkpoint {path}")
+
+    def _clean_stale_tmp(self, trainer: Trainer) -> None:
+        d = self.ckpt_dir(trainer)
+        if not d.is_dir():
+            return
+        me = os.getpid()
+        for p in d.iterdir():
+            m = _TMP_NAME.match(p.name)
+            if m is None:
+                continue
+            pid = int(m["pid"])
+            if (pid == me and not (self._writer is not None and self._writer.pending)) or not _pid_alive(pid):
+                p.unlink(missing_ok=True)
+                trainer.logger.info(f"Removed {p.name}, left by a checkpoint write that was interrupted")

@@ -97,10 +97,10 @@ class Hook:
         """After the training loop ends."""
 
     def before_train_epoch(self, trainer: Trainer) -> None:
-        """Before each training epoch (iteration-based runs: each pass over the data)."""
+        """Before each training epoch (iteration-based runs: once, before the first iteration)."""
 
     def after_train_epoch(self, trainer: Trainer) -> None:
-        """After each training epoch (``trainer.progress.epoch`` already counts it)."""
+        """After each training epoch (``trainer.progress.epoch`` already counts it; iteration-based runs: once, at the end)."""
 
     def before_train_iter(self, trainer: Trainer, batch_idx: int, data_batch: Any = None) -> None:
         """Before each training iteration; the batch has already been fetched."""

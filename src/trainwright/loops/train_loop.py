@@ -64,7 +64,7 @@ class _TrainLoopBase:
             update(outputs, progress.iteration)
             for fn in after:
                 fn(t, idx, batch, outputs)
-            if val_loop is not None and progress.iteration >= self.val_begin and progress.iteration % self.val_interval == 0:
+            if val_loop is not None and progress.iteration >= self.val_begin and (progress.iteration % self.val_interval == 0 or progress.iteration == limit):
                 val_loop.run()
             if t.should_stop or (limit is not None and progress.iteration >= limit):
                 return True
@@ -121,7 +121,7 @@ class EpochBasedTrainLoop(_TrainLoopBase):
 
 
 class IterBasedTrainLoop(_TrainLoopBase):
-    """Train for ``max_iters`` iterations, cycling the data; validate every ``val_interval`` iterations.
+    """Train for ``max_iters`` iterations, cycling the data; validate every ``val_interval`` iterations and at the end.
 
     ``before_train_epoch`` / ``after_train_epoch`` fire once, around the whole run (mmengine
     semantics); passes over the data advance the loader's epoch (and shuffle) on their own.

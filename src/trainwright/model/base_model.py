@@ -79,6 +79,10 @@ class BaseModel(nn.Module):
         """
         if isinstance(losses, torch.Tensor):
             losses = {"loss": losses}
+        if len(losses) == 1 and type(losses) is dict:  # fast path: the usual single loss
+            loss = losses.get("loss")
+            if isinstance(loss, torch.Tensor) and loss.dim() == 0:
+                return loss, {"loss": loss.detach()}
         if not isinstance(losses, Mapping):
             raise TypeError(
                 f"{type(self).__name__}.forward(..., mode='loss') must return a dict of loss tensors (or one loss tensor), "

@@ -12,7 +12,9 @@ from torch import nn
 def cast_data(data: Any, device: torch.device, non_blocking: bool = False) -> Any:
     """Recursively move every tensor in ``data`` (mappings, lists, tuples, namedtuples) to ``device``."""
     if isinstance(data, torch.Tensor):
-        return data.to(device, non_blocking=non_blocking)
+        return data if data.device == device else data.to(device, non_blocking=non_blocking)
+    if type(data) is list or type(data) is tuple:  # fast path for the common (x, y) batch
+        return type(data)([cast_data(v, device, non_blocking) for v in data])
     if isinstance(data, Mapping):
         return type(data)({k: cast_data(v, device, non_blocking) for k, v in data.items()}) if not isinstance(data, dict) or type(data) is not dict else {k: cast_data(v, device, non_blocking) for k, v in data.items()}
     if isinstance(data, tuple) and hasattr(data, "_fields"):

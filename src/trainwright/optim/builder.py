@@ -9,7 +9,7 @@ import torch
 from torch import nn
 
 from trainwright.amp.precision import Precision, build_precision
-from trainwright.optim.optim_wrapper import OptimWrapper
+from trainwright.optim.optim_wrapper import AmpOptimWrapper, OptimWrapper
 from trainwright.optim.optim_wrapper_dict import OptimWrapperDict
 from trainwright.registry import OPTIM_WRAPPERS, OPTIMIZERS
 
@@ -28,6 +28,36 @@ def build_optimizer(model: nn.Module, cfg: Mapping[str, Any] | torch.optim.Optim
     return OPTIMIZERS.build(cfg, params=params)
 
 
+def _reconcile(wrapper: OptimWrapper, trainer_precision: Precision) -> None:
+    """Make ``wrapper`` use the Trainer's precision, or fail if the two disagree.
+
+    A wrapper with full precision adopts the Trainer's mixed precision; a mixed-precision
+    wrapper (``AmpOptimWrapper``) is kept when the Trainer says ``"32"`` (the default) or the
+    same dtype, and is an error when the Trainer asks for the other dtype.
+    """
+    own = wrapper.precision
+    if trainer_precision.dtype is None or own is trainer_precision:
+        return
+    if own.dtype is None:
+        wrapper.precision = trainer_precision
+        return
+    if own.dtype != trainer_precision.dtype:
+        raise ValueError(
+            f"Conflicting mixed precision: Trainer(precision={trainer_precision.name!r}) but the optim wrapper "
+            f"{type(wrapper).__name__} uses {own.name!r} (dtype={own.dtype}). Set the dtype in one place only: "
+            f"either drop precision= from the Trainer, or use a plain OptimWrapper (type='OptimWrapper') and let precision= decide."
+        )
+
+
+def loop_precision(optim_wrapper: OptimWrapper | OptimWrapperDict, default: Precision) -> Precision:
+    """The precision the loops use (val/test autocast): the optim wrapper's, if it is mixed."""
+    wrappers = list(optim_wrapper.values()) if isinstance(optim_wrapper, OptimWrapperDict) else [optim_wrapper]
+    for ow in wrappers:
+        if ow.precision.dtype is not None:
+            return ow.precision
+    return default
+
+
 def build_optim_wrapper(model: nn.Module, cfg: Any, precision: str | Precision | None = None, device_type: str = "cpu") -> OptimWrapper | OptimWrapperDict:
     """Build an :class:`OptimWrapper` (or :class:`OptimWrapperDict`) for ``model``.
 
@@ -35,26 +65,38 @@ def build_optim_wrapper(model: nn.Module, cfg: Any, precision: str | Precision |
         model: The (unwrapped) model whose trainable parameters are optimized.
         cfg: An OptimWrapper / OptimWrapperDict / torch optimizer, or a dict
             ``dict(type="OptimWrapper", optimizer=dict(type="SGD", lr=0.1), accumulative_counts=1,
-            clip_grad=None)``; or, for several optimizers, ``dict(generator=dict(optimizer=...),
+            clip_grad=None)`` (``type="AmpOptimWrapper"`` adds ``dtype`` and ``loss_scale``); or,
+            for several optimizers, ``dict(generator=dict(optimizer=...),
             discriminator=dict(optimizer=...))`` whose keys name submodules of ``model``.
-        precision: Trainer precision name; mixed precision turns a plain ``OptimWrapper``
-            config into an autocast one.
+        precision: Trainer precision (a name or a :class:`Precision`). A plain ``OptimWrapper``
+            uses it (the same object, so the loops and the wrapper share one precision); an
+            ``AmpOptimWrapper`` whose dtype differs from it is an error. With several
+            optimizers each wrapper gets its own copy (its own GradScaler).
         device_type: Device type of the parameters (for autocast / GradScaler).
+
+    Raises:
+        ValueError: ``precision`` and an ``AmpOptimWrapper`` ``dtype`` disagree.
     """
-    if isinstance(cfg, (OptimWrapper, OptimWrapperDict)):
+    trainer_precision = build_precision(precision, device_type)
+    if isinstance(cfg, OptimWrapper):
+        _reconcile(cfg, trainer_precision)
+        return cfg
+    if isinstance(cfg, OptimWrapperDict):
+        for i, ow in enumerate(cfg.values()):
+            _reconcile(ow, trainer_precision if i == 0 else trainer_precision.clone())
         return cfg
     if isinstance(cfg, torch.optim.Optimizer):
-        return OptimWrapper(cfg, precision=build_precision(precision, device_type))
+        return OptimWrapper(cfg, precision=trainer_precision)
     if not isinstance(cfg, Mapping):
         raise TypeError(f"optim_wrapper must be an OptimWrapper, a torch optimizer or a dict with an 'optimizer' key, got {type(cfg).__name__}")
     if "optimizer" not in cfg:
         if cfg and all(isinstance(v, Mapping) and "optimizer" in v for v in cfg.values()):
             wrappers = {}
-            for name, sub in cfg.items():
+            for i, (name, sub) in enumerate(cfg.items()):
                 sub_model = getattr(model, name, None)
                 if not isinstance(sub_model, nn.Module):
                     raise KeyError(f"optim_wrapper has an entry {name!r} but the model has no submodule of that name; keys must name submodules")
-                wrappers[name] = build_optim_wrapper(sub_model, sub, precision, device_type)
+                wrappers[name] = build_optim_wrapper(sub_model, sub, trainer_precision if i == 0 else trainer_precision.clone(), device_type)
             return OptimWrapperDict(**wrappers)
         raise KeyError(f"optim_wrapper dict needs an 'optimizer' key, e.g. dict(optimizer=dict(type='SGD', lr=0.1)); got keys {sorted(cfg)}")
     from trainwright.registry import did_you_mean
@@ -65,9 +107,16 @@ def build_optim_wrapper(model: nn.Module, cfg: Any, precision: str | Precision |
     args = dict(cfg)
     typ = args.pop("type", "OptimWrapper")
     cls = OPTIM_WRAPPERS.get(typ) if isinstance(typ, str) else typ
+    amp_only = sorted(k for k in ("dtype", "loss_scale", "device_type") if k in args)
+    if amp_only and not (isinstance(cls, type) and issubclass(cls, AmpOptimWrapper)):
+        raise KeyError(f"optim_wrapper keys {amp_only} need type='AmpOptimWrapper' (got type={typ!r}); or drop them and pass Trainer(precision='16-mixed' / 'bf16-mixed')")
     args["optimizer"] = build_optimizer(model, args["optimizer"])
-    if cls is OptimWrapper:
-        args["precision"] = build_precision(precision, device_type)
-    elif precision not in (None, "32", "fp32", "32-true"):
-        raise ValueError(f"precision={precision!r} was given together with optim_wrapper type {typ!r}; set the dtype in one place only")
-    return cls(**args)
+    if isinstance(cls, type) and issubclass(cls, AmpOptimWrapper):
+        args.setdefault("device_type", device_type)
+        wrapper = cls(**args)
+    elif isinstance(cls, type) and issubclass(cls, OptimWrapper):
+        wrapper = cls(**args, precision=trainer_precision)
+    else:
+        return cls(**args)
+    _reconcile(wrapper, trainer_precision)
+    return wrapper

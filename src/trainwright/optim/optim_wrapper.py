@@ -261,20 +261,29 @@ class OptimWrapper:
 
 @OPTIM_WRAPPERS.register
 class AmpOptimWrapper(OptimWrapper):
-    """OptimWrapper with autocast mixed precision.
+    """OptimWrapper with autocast mixed precision (mmengine's ``AmpOptimWrapper``).
+
+    The same wrapper as :class:`OptimWrapper`, built with a
+    :class:`~trainwright.amp.precision.MixedPrecision`: ``optim_context`` enters autocast
+    (forward and loss only), ``backward`` scales the loss (float16), ``step`` unscales before
+    clipping and skips the update when float16 gradients overflowed. The GradScaler state is
+    part of :meth:`state_dict` (under ``"precision"``). ``Trainer(precision="16-mixed")`` with a
+    plain ``OptimWrapper`` config is the same thing.
 
     Args:
         optimizer: The optimizer.
-        dtype: ``"float16"`` (GradScaler: unscale before clipping, skip steps on inf) or
-            ``"bfloat16"`` (autocast only, no scaler).
+        dtype: ``"float16"`` (default; GradScaler: unscale before clipping, skip steps on
+            inf/NaN) or ``"bfloat16"`` (autocast only, no scaler); a ``torch.dtype`` works too.
         loss_scale: float16 only: ``"dynamic"``, a fixed float, or a dict of GradScaler
-            arguments (``init_scale``, ``growth_interval``, ...).
-        device_type: Autocast device; by default the device of the first parameter.
+            arguments (``init_scale``, ``growth_factor``, ``backoff_factor``, ``growth_interval``).
+        device_type: Autocast / GradScaler device; by default the device of the first parameter.
         **kwargs: ``accumulative_counts``, ``clip_grad``, ``skip_nonfinite``.
     """
 
-    def __init__(self, optimizer: torch.optim.Optimizer, dtype: str | torch.dtype = "float16", loss_scale: str | float | Mapping[str, Any] = "dynamic", device_type: str | None = None, **kwargs: Any) -> None:
+    def __init__(self, optimizer: torch.optim.Optimizer, dtype: str | torch.dtype | None = "float16", loss_scale: str | float | Mapping[str, Any] = "dynamic", device_type: str | None = None, **kwargs: Any) -> None:
+        if "precision" in kwargs:
+            raise TypeError("AmpOptimWrapper builds its own precision from dtype/loss_scale; pass precision= to OptimWrapper instead, or drop it")
         if device_type is None:
             params = [p for g in optimizer.param_groups for p in g["params"]]
             device_type = params[0].device.type if params else "cpu"
-        super().__init__(optimizer, precision=MixedPrecision(dtype, device_type, loss_scale), **kwargs)
+        super().__init__(optimizer, precision=MixedPrecision("float16" if dtype is None else dtype, device_type, loss_scale), **kwargs)

@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+import trainwright.hooks.preemption  # noqa: F401 - registers PreemptionHook
 from trainwright.hooks.hook import Hook
 from trainwright.registry import HOOKS, did_you_mean
 
@@ -15,6 +16,7 @@ DEFAULT_HOOKS: dict[str, dict[str, Any]] = {
     "param_scheduler": dict(type="ParamSchedulerHook"),
     "checkpoint": dict(type="CheckpointHook", interval=1, by_epoch=True),
     "sampler_seed": dict(type="DistSamplerSeedHook"),
+    "preemption": dict(type="PreemptionHook"),
 }
 
 

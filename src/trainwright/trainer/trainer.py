@@ -20,7 +20,7 @@ from trainwright.loops.eval_loop import EvalLoop
 from trainwright.loops.progress import Progress
 from trainwright.loops.train_loop import EpochBasedTrainLoop, IterBasedTrainLoop
 from trainwright.model.base_model import as_base_model
-from trainwright.optim.builder import build_optim_wrapper
+from trainwright.optim.builder import build_optim_wrapper, loop_precision
 from trainwright.registry import did_you_mean
 from trainwright.strategies import build_strategy
 from trainwright.trainer.hooks_config import build_hooks
@@ -114,6 +114,7 @@ class Trainer:
         self.metric_store = MetricStore(raise_on_nonfinite=nonfinite_loss == "raise")
         self.progress = Progress()
         self.should_stop = False
+        self.preempted = False  # set by the PreemptionHook when a stop signal ended training
         self.hooks = HookList(build_hooks(default_hooks, custom_hooks))
         self._compile = compile
         self._resume = resume
@@ -182,6 +183,7 @@ class Trainer:
             raise ValueError("train_dataloader is empty (0 batches): check the dataset length, and that batch_size <= len(dataset) when drop_last=True")
         device_type = self.strategy.device.type
         self.optim_wrapper = build_optim_wrapper(self.unwrapped_base, self._optim_cfg, self.precision, device_type)
+        self.precision = loop_precision(self.optim_wrapper, self.precision)  # one object for wrapper and loops
         if self.nonfinite_loss == "skip":
             for ow in self.optim_wrapper.values() if hasattr(self.optim_wrapper, "values") else [self.optim_wrapper]:
                 ow.skip_nonfinite = True
@@ -199,7 +201,11 @@ class Trainer:
             from trainwright.optim.scheduler import build_param_schedulers
 
             target = self.optim_wrapper.optim_wrappers if hasattr(self.optim_wrapper, "optim_wrappers") else self.optim_wrapper
-            self.param_schedulers = build_param_schedulers(self._scheduler_cfg, target, epoch_length=len(loader))
+            loop = self.train_loop
+            self.param_schedulers = build_param_schedulers(
+                self._scheduler_cfg, target, epoch_length=len(loader),
+                max_epochs=getattr(loop, "max_epochs", None), max_iters=None if loop.by_epoch else loop.max_iters,
+            )
 
     @property
     def unwrapped_base(self) -> nn.Module:
@@ -215,24 +221,35 @@ class Trainer:
             self._load_or_resume()
 
     def _load_or_resume(self) -> None:
+        """Apply ``resume`` (full state) or else ``load_from`` (weights only), once, before running.
+
+        ``resume=True`` takes the newest checkpoint of ``ckpt_dir`` that loads (a corrupt one
+        is skipped with a warning); when there is none, the run starts fresh from
+        ``load_from`` if given. Every file is read with the safe loader before anything in
+        the trainer changes, so a refused or broken file leaves the trainer as it was.
+        """
         resume = self._resume
         if resume and self.train_loop is not None:
-            if resume is True:
-                from trainwright.checkpoint.io import find_resumable
+            from trainwright.checkpoint.io import find_resumable, load_file
 
+            if resume is True:
                 found = find_resumable(self.ckpt_dir)
                 if found is None:
                     self.logger.info(f"resume=True but no checkpoint in {self.ckpt_dir}; starting from scratch")
+                else:
+                    self._restore(*found)
                     return
-                path, ckpt = found
             else:
-                from trainwright.checkpoint.io import load_file
-
-                path, ckpt = Path(resume), load_file(resume)
-            restore_state(self, ckpt)
-            self.logger.info(f"Resumed from {path} at epoch {self.progress.epoch}, iteration {self.progress.iteration}")
-        elif self._load_from is not None:
+                self._restore(Path(resume), load_file(resume))
+                return
+        if self._load_from is not None:
             self.load_weights(self._load_from)
+
+    def _restore(self, path: Path, ckpt: Any) -> None:
+        if not isinstance(ckpt, dict):
+            raise TypeError(f"Checkpoint {str(path)!r} holds a {type(ckpt).__name__}, not a trainwright checkpoint dict; use load_from= for weights")
+        restore_state(self, ckpt)
+        self.logger.info(f"Resumed from {path} at epoch {self.progress.epoch}, iteration {self.progress.iteration}")
 
     # -- running --------------------------------------------------------------------------
     def train(self) -> nn.Module:
@@ -241,6 +258,7 @@ class Trainer:
         self._prepare()
         assert self.train_loop is not None
         self.should_stop = False
+        self.preempted = False
         self._run(self.train_loop.run)
         return self.unwrapped_model
 
@@ -281,11 +299,16 @@ class Trainer:
         return path
 
     def resume_from(self, path: str | Path) -> None:
-        """Load a full checkpoint now (the train loop must exist: called by ``train()``)."""
+        """Load a full checkpoint now (builds the train loop and model first); ``train()`` continues from it."""
         from trainwright.checkpoint.io import load_file
 
         self._build_train()
-        restore_state(self, load_file(path))
+        ckpt = load_file(path)
+        if not self._prepared:
+            self.model = self.strategy.prepare(self.model, optim_wrapper=self.optim_wrapper, compile=self._compile)
+            self._prepared = True
+        self._loaded = True
+        self._restore(Path(path), ckpt)
 
     def load_weights(self, path: str | Path, strict: bool = False, revise_keys: Sequence[tuple[str, str]] = ((r"^module\.", ""),)) -> Any:
         """Load model weights (``.pth`` or ``.safetensors``), reporting key mismatches by name."""

@@ -1,0 +1,146 @@
+"""PreemptionHook: on SIGTERM / SIGUSR1, finish the step, save a checkpoint and exit.
+
+Clusters announce preemption with a signal some time before they kill the job (SLURM
+sends SIGTERM, or the signal given with ``--signal=USR1@90``; Kubernetes and most cloud
+spot instances send SIGTERM). The hook's signal handler only records the signal; the
+decision to stop is taken in one place, :meth:`PreemptionHook.after_train_iter`, where
+every process asks ``trainer.strategy.any_true(received)`` at the same iterations, so all
+ranks stop after the same step (no rank waits forever in a collective of a step the
+others skipped). Then the loop ends, a checkpoint of that step is written (through the
+:class:`~trainwright.hooks.CheckpointHook` when there is one, so ``latest`` and
+keep-last-k apply), background writes are flushed, the previous signal handlers are
+put back and the process exits with :attr:`exit_code` (by default ``128 + signal``, the
+status a shell reports for a process ended by that signal: 143 for SIGTERM, 138 for
+SIGUSR1). The next start with ``resume=True`` continues from that checkpoint.
+
+With ``exit_code=None`` ``train()`` returns normally instead, with
+``trainer.preempted = True`` (useful in notebooks and tests).
+"""
+
+from __future__ import annotations
+
+import signal
+import threading
+from collections.abc import Sequence
+from types import FrameType
+from typing import TYPE_CHECKING, Any
+
+from trainwright.hooks.hook import Hook
+from trainwright.registry import HOOKS
+
+if TYPE_CHECKING:
+    from trainwright.trainer.trainer import Trainer
+
+_DEFAULT = "signal"
+
+
+def _signum(sig: int | str | signal.Signals) -> signal.Signals:
+    if isinstance(sig, str):
+        name = sig.upper() if sig.upper().startswith("SIG") else f"SIG{sig.upper()}"
+        if not hasattr(signal, name):
+            raise ValueError(f"Unknown signal {sig!r}; use names like 'SIGTERM', 'SIGUSR1' or numbers")
+        return signal.Signals(getattr(signal, name))
+    return signal.Signals(int(sig))
+
+
+@HOOKS.register
+class PreemptionHook(Hook):
+    """Turns a termination signal into "finish this step, save, exit".
+
+    Args:
+        signals: The signals that mean preemption (default SIGTERM and SIGUSR1).
+        check_interval: Iterations between checks of the agreement point. A check is free
+            on one process; under several it is a tiny all-reduce, so it defaults to 1 on
+            one process and 10 under several. Keep the wait (``check_interval`` steps) well
+            inside the grace period between the signal and the kill.
+        exit_code: Exit status after the checkpoint is saved: an int, ``"signal"`` (default:
+            ``128 + signum``) or None (``train()`` returns normally, ``trainer.preempted`` is True).
+    """
+
+    priority = "LOWEST"
+
+    def __init__(self, signals: Sequence[int | str] = ("SIGTERM", "SIGUSR1"), check_interval: int | None = None, exit_code: int | str | None = _DEFAULT) -> None:
+        if check_interval is not None and check_interval < 1:
+            raise ValueError(f"PreemptionHook check_interval must be >= 1, got {check_interval}")
+        if isinstance(exit_code, str) and exit_code != _DEFAULT:
+            raise ValueError(f"PreemptionHook exit_code must be an int, 'signal' or None, got {exit_code!r}")
+        self.signals = [_signum(s) for s in signals]
+        self.check_interval = check_interval
+        self.exit_code = exit_code
+        self.received: signal.Signals | None = None
+        self.preempted = False
+        self._previous: dict[signal.Signals, Any] = {}
+
+    # -- signal handling ------------------------------------------------------------------
+    def _handler(self, signum: int, frame: FrameType | None) -> None:
+        # Only record: the loop decides at a step boundary (logging here could deadlock).
+        if self.received is None:
+            self.received = signal.Signals(signum)
+
+    def install(self) -> None:
+        """Install the handlers (main thread only; elsewhere signals cannot be caught)."""
+        if self._previous or threading.current_thread() is not threading.main_thread():
+            return
+        for s in self.signals:
+            self._previous[s] = signal.signal(s, self._handler)
+
+    def uninstall(self) -> None:
+        """Put back the handlers that were there before :meth:`install`."""
+        for s, prev in self._previous.items():
+            signal.signal(s, prev if prev is not None else signal.SIG_DFL)
+        self._previous = {}
+
+    # -- events ---------------------------------------------------------------------------
+    def before_train(self, trainer: Trainer) -> None:  # noqa: D102
+        self.received = None
+        self.preempted = False
+        trainer.preempted = False
+        if threading.current_thread() is not threading.main_thread():
+            trainer.logger.warning("PreemptionHook: train() runs outside the main thread, so SIGTERM/SIGUSR1 cannot be caught; preemption will not save a checkpoint")
+        self.install()
+
+    def after_train_iter(self, trainer: Trainer, batch_idx: int, data_batch: Any = None, outputs: dict | None = None) -> None:  # noqa: D102
+        interval = self.check_interval or (1 if trainer.strategy.world_size == 1 else 10)
+        if trainer.progress.iteration % interval != 0:
+            return
+        # THE agreement point: every rank calls it at the same iterations and gets the same answer.
+        if trainer.strategy.any_true(self.received is not None):
+            self.preempted = True
+            trainer.preempted = True
+            trainer.should_stop = True
+            what = self.received.name if self.received is not None else "another rank"
+            trainer.logger.warning(f"Preemption signal ({what}) received: stopping after iteration {trainer.progress.iteration} and saving a checkpoint")
+
+    def after_train(self, trainer: Trainer) -> None:  # noqa: D102
+        if not self.preempted:
+            return
+        from trainwright.hooks.checkpoint import CheckpointHook
+
+        ckpt_hook = trainer.hooks.get(CheckpointHook)
+        if isinstance(ckpt_hook, CheckpointHook):
+            ckpt_hook.save_now(trainer)  # no-op when save_last already saved this iteration
+            ckpt_hook.wait()
+            path = ckpt_hook.ckpt_dir(trainer)
+        else:
+            from trainwright.checkpoint.io import write_latest
+
+            name = f"iter_{trainer.progress.iteration}.pth"
+            path = trainer.save_checkpoint(trainer.ckpt_dir / name)
+            if trainer.is_main_process:
+                write_latest(trainer.ckpt_dir, name)
+        trainer.logger.warning(f"Preempted at iteration {trainer.progress.iteration}: checkpoint {path}; restart with resume=True to continue")
+
+    def after_run(self, trainer: Trainer) -> None:  # noqa: D102
+        self.uninstall()
+        if not self.preempted:
+            return
+        self.preempted = False
+        code = self.exit_code
+        if code is None:
+            return
+        if code == _DEFAULT:
+            code = 128 + int(self.received) if self.received is not None else 143
+        trainer.logger.warning(f"Exiting with status {code} after preemption")
+        for h in trainer.logger.handlers:
+            h.flush()
+        raise SystemExit(int(code))

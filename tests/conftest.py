@@ -1,0 +1,83 @@
+"""Small shared models, data and a trainer factory for the core-engine tests."""
+
+from __future__ import annotations
+
+import itertools
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+import torch.nn.functional as F
+from torch import nn
+from torch.utils.data import DataLoader, TensorDataset
+
+import trainwright as tw
+
+_names = itertools.count()
+
+
+class LinearReg(tw.BaseModel):
+    """``y = W x + b`` with a mean-squared-error loss; deterministic, no dropout."""
+
+    def __init__(self, d_in: int = 4, d_out: int = 1, seed: int = 0) -> None:
+        super().__init__()
+        g = torch.Generator().manual_seed(seed)
+        self.linear = nn.Linear(d_in, d_out)
+        with torch.no_grad():
+            self.linear.weight.copy_(torch.randn(d_out, d_in, generator=g))
+            self.linear.bias.copy_(torch.randn(d_out, generator=g))
+
+    def forward(self, x: torch.Tensor, y: torch.Tensor | None = None, mode: str = "tensor") -> Any:
+        out = self.linear(x)
+        if mode == "loss":
+            return {"loss": F.mse_loss(out, y)}
+        return out
+
+
+def regression_set(n: int = 20, d_in: int = 4, d_out: int = 1, seed: int = 1) -> TensorDataset:
+    """A random linear-regression dataset with noise."""
+    g = torch.Generator().manual_seed(seed)
+    x = torch.randn(n, d_in, generator=g)
+    w = torch.randn(d_in, d_out, generator=g)
+    return TensorDataset(x, x @ w + 0.1 * torch.randn(n, d_out, generator=g))
+
+
+def classification_set(n: int = 24, d_in: int = 4, classes: int = 3, seed: int = 2) -> TensorDataset:
+    """Random features with integer labels (for Accuracy)."""
+    g = torch.Generator().manual_seed(seed)
+    return TensorDataset(torch.randn(n, d_in, generator=g), torch.randint(0, classes, (n,), generator=g))
+
+
+def make_trainer(work_dir: Path, model: nn.Module | None = None, dataset: TensorDataset | None = None, batch_size: int = 2, shuffle: bool = False, **kwargs: Any) -> tw.Trainer:
+    """A quiet trainer over a small regression set; any Trainer argument can be overridden."""
+    kwargs.setdefault("optim_wrapper", dict(optimizer=dict(type="SGD", lr=0.05)))
+    kwargs.setdefault("train_cfg", dict(by_epoch=True, max_epochs=1))
+    kwargs.setdefault("default_hooks", dict(checkpoint=None))
+    kwargs.setdefault("log_level", "WARNING")
+    kwargs.setdefault("randomness", dict(seed=0))
+    kwargs.setdefault("experiment_name", f"run{next(_names)}")
+    if "train_dataloader" not in kwargs:
+        kwargs["train_dataloader"] = DataLoader(dataset if dataset is not None else regression_set(), batch_size=batch_size, shuffle=shuffle)
+    return tw.Trainer(model=model if model is not None else LinearReg(), work_dir=work_dir, **kwargs)
+
+
+@pytest.fixture
+def trainer_factory(tmp_path: Path):
+    """``trainer_factory(**Trainer kwargs)`` → a small trainer in ``tmp_path``, closed afterwards."""
+    made: list[tw.Trainer] = []
+
+    def _make(**kwargs: Any) -> tw.Trainer:
+        work_dir = kwargs.pop("work_dir", tmp_path)
+        t = make_trainer(work_dir, **kwargs)
+        made.append(t)
+        return t
+
+    yield _make
+    for t in made:
+        t.close()
+
+
+def params_of(model: nn.Module) -> list[torch.Tensor]:
+    """Detached copies of a model's parameters, in order."""
+    return [p.detach().clone() for p in model.parameters()]

@@ -1,0 +1,175 @@
+"""Hook events: order and counts in epoch- and iteration-based runs, priorities, dispatch, state keys."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+from conftest import classification_set
+from torch.utils.data import DataLoader
+
+import trainwright as tw
+from trainwright.hooks import EVENTS, HookList
+from trainwright.hooks.hook import get_priority
+
+
+class Recorder(tw.Hook):
+    """Records every event it receives (all of them are overridden)."""
+
+    def __init__(self) -> None:
+        self.events: list[str] = []
+
+
+def _make_recorder_method(ev: str):
+    def method(self, trainer, *args: Any, **kwargs: Any) -> None:
+        self.events.append(ev)
+
+    return method
+
+
+for _ev in EVENTS:
+    setattr(Recorder, _ev, _make_recorder_method(_ev))
+
+
+def _train_iters(n: int) -> list[str]:
+    return ["before_train_iter", "after_train_iter"] * n
+
+
+def _val(n_batches: int) -> list[str]:
+    return ["before_val", "before_val_epoch", *(["before_val_iter", "after_val_iter"] * n_batches), "after_val_epoch", "after_val"]
+
+
+class Classifier(tw.BaseModel):
+    def __init__(self) -> None:
+        super().__init__()
+        import torch
+
+        self.linear = torch.nn.Linear(4, 3)
+
+    def forward(self, x, y=None, mode="tensor"):
+        import torch.nn.functional as F
+
+        logits = self.linear(x)
+        return {"loss": F.cross_entropy(logits, y)} if mode == "loss" else logits
+
+
+def _trainer(factory, train_cfg, rec):
+    ds = classification_set(16)  # 4 train batches of 4
+    return factory(
+        model=Classifier(), dataset=ds, batch_size=4, train_cfg=train_cfg, custom_hooks=[rec],
+        val_dataloader=DataLoader(classification_set(6), batch_size=3), val_evaluator=tw.evaluation.Accuracy(),
+    )
+
+
+@pytest.mark.parametrize(
+    ("val_interval", "val_begin", "val_epochs"),
+    [(1, 1, {1, 2, 3}), (2, 1, {2, 3}), (1, 3, {3}), (2, 2, {2, 3})],
+)
+def test_epoch_based_order_and_counts(trainer_factory, val_interval, val_begin, val_epochs):
+    rec = Recorder()
+    t = _trainer(trainer_factory, dict(by_epoch=True, max_epochs=3, val_interval=val_interval, val_begin=val_begin), rec)
+    t.train()
+    expected = ["before_run", "before_train"]
+    for epoch in (1, 2, 3):
+        expected += ["before_train_epoch", *_train_iters(4), "after_train_epoch"]
+        if epoch in val_epochs:  # the last epoch is always validated (mmengine semantics)
+            expected += _val(2)
+    expected += ["after_train", "after_run"]
+    assert rec.events == expected
+
+
+def test_iteration_based_order_and_counts(trainer_factory):
+    """max_iters=10 over 4-batch passes, val every 4 iterations from iteration 5: at 8, and at the end (10)."""
+    rec = Recorder()
+    t = _trainer(trainer_factory, dict(by_epoch=False, max_iters=10, val_interval=4, val_begin=5), rec)
+    t.train()
+    expected = ["before_run", "before_train", "before_train_epoch", *_train_iters(8), *_val(2), *_train_iters(2), *_val(2), "after_train_epoch", "after_train", "after_run"]
+    assert rec.events == expected
+    assert t.progress.iteration == 10
+
+
+def test_iteration_based_val_at_interval(trainer_factory):
+    rec = Recorder()
+    t = _trainer(trainer_factory, dict(by_epoch=False, max_iters=8, val_interval=3), rec)
+    t.train()
+    expected = ["before_run", "before_train", "before_train_epoch", *_train_iters(3), *_val(2), *_train_iters(3), *_val(2), *_train_iters(2), *_val(2), "after_train_epoch", "after_train", "after_run"]
+    assert rec.events == expected
+
+
+def test_val_and_test_runs_alone(trainer_factory):
+    rec = Recorder()
+    t = _trainer(trainer_factory, dict(max_epochs=1), rec)
+    t.test_loop = None
+    metrics = t.val()
+    assert set(metrics) == {"val/acc"}
+    assert rec.events == ["before_run", *_val(2), "after_run"]
+
+
+def test_priorities_by_number_and_name():
+    order: list[str] = []
+
+    def make(name: str, prio):
+        cls = type(name, (tw.Hook,), {"priority": prio, "before_train": lambda self, trainer: order.append(name)})
+        return cls()
+
+    hooks = HookList([make("low", "LOW"), make("ten", 10), make("highest", "HIGHEST"), make("fifty", 50), make("normal", "NORMAL"), make("lowest", "lowest")])
+    assert [type(h).__name__ for h in hooks] == ["highest", "ten", "fifty", "normal", "low", "lowest"]
+    hooks.call("before_train", None)
+    assert order == ["highest", "ten", "fifty", "normal", "low", "lowest"]
+    assert get_priority("VERY_HIGH") == 10 and get_priority("BELOW_NORMAL") == 60
+
+
+@pytest.mark.parametrize("bad", [101, -1, "SUPER"])
+def test_bad_priority_is_rejected(bad):
+    with pytest.raises(ValueError, match="priority"):
+        get_priority(bad)
+
+
+def test_stock_hooks_run_in_documented_order(trainer_factory):
+    """Timer first, logger before the scheduler (the logged lr is the lr used), checkpoint last."""
+    t = trainer_factory(default_hooks=dict(checkpoint=dict(interval=1)))
+    names = [fn.__self__.__class__.__name__ for fn in t.hooks.calls["after_train_iter"]]
+    stock = ["IterTimerHook", "LoggerHook", "ParamSchedulerHook", "CheckpointHook"]
+    assert [n for n in names if n in stock] == stock
+
+
+def test_hook_that_overrides_nothing_is_not_dispatched():
+    class Nothing(tw.Hook):
+        pass
+
+    class OnlyEpoch(tw.Hook):
+        def after_train_epoch(self, trainer):
+            pass
+
+    hooks = HookList([Nothing(), OnlyEpoch()])
+    assert all(len(fns) == 0 for ev, fns in hooks.calls.items() if ev != "after_train_epoch")
+    assert len(hooks.calls["after_train_epoch"]) == 1
+
+
+class Counter(tw.Hook):
+    def __init__(self) -> None:
+        self.n = 0
+
+    def after_train_iter(self, trainer, batch_idx, data_batch=None, outputs=None):
+        self.n += 1
+
+    def state_dict(self):
+        return {"n": self.n}
+
+    def load_state_dict(self, state):
+        self.n = state["n"]
+
+
+def test_state_key_collision_raises(trainer_factory):
+    with pytest.raises(ValueError, match="state_key.*Counter"):
+        trainer_factory(custom_hooks=[Counter(), Counter()])
+
+
+def test_distinct_state_keys_are_saved_separately(trainer_factory):
+    a, b = Counter(), Counter()
+    b.state_key = "Counter_b"
+    t = trainer_factory(custom_hooks=[a, b])
+    t.train()
+    b.n = 99
+    hooks_state = t.state_dict()["hooks"]
+    assert hooks_state["Counter"] == {"n": 10} and hooks_state["Counter_b"] == {"n": 99}

@@ -1,0 +1,112 @@
+"""BaseModel contract: parse_losses, forward dispatch by batch type, steps, preprocessors, plain-module adapter."""
+
+from __future__ import annotations
+
+import copy
+
+import pytest
+import torch
+import torch.nn.functional as F
+from conftest import LinearReg, regression_set
+from torch import nn
+
+import trainwright as tw
+from trainwright.model import ModuleAdapter, NormalizingDataPreprocessor, as_base_model
+from trainwright.optim import OptimWrapper
+
+
+def test_parse_losses_sums_keys_containing_loss():
+    model = LinearReg()
+    a = torch.tensor(1.5, requires_grad=True)
+    losses = {"loss_cls": a * 2, "loss_box": [torch.tensor([1.0, 3.0]), torch.tensor(4.0)], "acc": torch.tensor([0.5, 1.0])}
+    total, log = model.parse_losses(losses)
+    assert total.item() == 3.0 + (2.0 + 4.0)
+    assert total.requires_grad
+    assert set(log) == {"loss", "loss_cls", "loss_box", "acc"}
+    assert log["loss"].item() == total.item() and log["acc"].item() == 0.75 and log["loss_box"].item() == 6.0
+    assert all(not v.requires_grad for v in log.values())
+
+
+def test_parse_losses_single_tensor_and_errors():
+    model = LinearReg()
+    total, log = model.parse_losses(torch.tensor(2.0))
+    assert total.item() == 2.0 and list(log) == ["loss"]
+    with pytest.raises(ValueError, match="no loss"):
+        model.parse_losses({"acc": torch.tensor(1.0)})
+    with pytest.raises(TypeError, match="must return a dict of loss tensors"):
+        model.parse_losses([torch.tensor(1.0)])
+
+
+class Recorder(tw.BaseModel):
+    def __init__(self):
+        super().__init__()
+        self.calls = []
+
+    def forward(self, *inputs, mode="tensor", **kw):
+        self.calls.append((len(inputs), sorted(kw), mode))
+        return inputs[0] if inputs else kw["x"]
+
+
+def test_forward_dispatch_by_batch_type():
+    m = Recorder()
+    x = torch.ones(2)
+    m.val_step((x, x))
+    m.val_step({"x": x, "y": x})
+    m.test_step(x)
+    assert m.calls == [(2, [], "predict"), (0, ["x", "y"], "predict"), (1, [], "predict")]
+
+
+def test_train_step_equals_hand_step():
+    model = LinearReg()
+    ref = copy.deepcopy(model)
+    x, y = regression_set(8).tensors
+    ow = OptimWrapper(torch.optim.SGD(model.parameters(), lr=0.1))
+    log = model.train_step((x, y), ow)
+    opt = torch.optim.SGD(ref.parameters(), lr=0.1)
+    loss = F.mse_loss(ref.linear(x), y)
+    loss.backward()
+    opt.step()
+    assert log["loss"].item() == pytest.approx(loss.item())
+    for a, b in zip(model.parameters(), ref.parameters()):
+        torch.testing.assert_close(a, b, atol=0, rtol=0)
+
+
+def test_val_step_returns_predictions():
+    model = LinearReg()
+    x, y = regression_set(8).tensors
+    torch.testing.assert_close(model.val_step((x, y)), model.linear(x))
+
+
+def test_normalizing_preprocessor_matches_hand_formula():
+    pre = NormalizingDataPreprocessor(mean=[1.0, 2.0, 3.0], std=[2.0, 4.0, 8.0])
+    x = torch.randn(2, 3, 4, 4)
+    out, y = pre((x, torch.tensor([0, 1])), True)
+    torch.testing.assert_close(out, (x - torch.tensor([1.0, 2.0, 3.0]).view(1, 3, 1, 1)) / torch.tensor([2.0, 4.0, 8.0]).view(1, 3, 1, 1))
+    assert y.tolist() == [0, 1]
+    d = pre({"inputs": x, "meta": "a"})
+    torch.testing.assert_close(d["inputs"], out)
+    assert d["meta"] == "a"
+
+
+def test_as_base_model_keeps_base_models_and_wraps_plain_modules():
+    base = LinearReg()
+    assert as_base_model(base) is base
+    plain = nn.Linear(2, 1)
+    wrapped = as_base_model(plain)
+    assert isinstance(wrapped, ModuleAdapter) and wrapped.module is plain
+    assert set(wrapped.state_dict()) == {"weight", "bias"}
+    sd = {k: torch.zeros_like(v) for k, v in plain.state_dict().items()}
+    wrapped.load_state_dict(sd)
+    assert torch.equal(plain.weight, torch.zeros(1, 2))
+    with pytest.raises(TypeError, match="must be an nn.Module"):
+        as_base_model(object())
+
+
+def test_module_adapter_passes_mode_when_accepted():
+    class WithMode(nn.Module):
+        def forward(self, x, mode="tensor"):
+            return {"loss": x.sum()} if mode == "loss" else x * 2
+
+    a = ModuleAdapter(WithMode())
+    assert a(torch.ones(2), mode="loss")["loss"].item() == 2.0
+    assert a.val_step(torch.ones(2)).tolist() == [2.0, 2.0]

@@ -1,0 +1,113 @@
+"""The errors users hit first: each names the problem and the fix, before any training step runs."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from conftest import LinearReg, regression_set
+from torch import nn
+from torch.utils.data import DataLoader, TensorDataset
+
+
+class Counting(LinearReg):
+    def __init__(self) -> None:
+        super().__init__()
+        self.steps = 0
+
+    def train_step(self, data, optim_wrapper):
+        self.steps += 1
+        return super().train_step(data, optim_wrapper)
+
+
+def _assert_fails_before_training(factory, exc, match, **kwargs):
+    model = Counting()
+    with pytest.raises(exc, match=match):
+        factory(model=model, **kwargs).train()
+    assert model.steps == 0
+
+
+def test_unknown_optimizer_type_suggests(trainer_factory):
+    _assert_fails_before_training(trainer_factory, KeyError, "Unknown optimizer type 'SDG'. Did you mean 'SGD'", optim_wrapper=dict(optimizer=dict(type="SDG", lr=0.1)))
+
+
+def test_unknown_scheduler_type_suggests(trainer_factory):
+    _assert_fails_before_training(
+        trainer_factory, KeyError, "Did you mean 'CosineAnnealingLR'",
+        param_scheduler=[dict(type="CosineAnealingLR", by_epoch=True, begin=0, end=2)],
+    )
+
+
+@pytest.mark.parametrize(
+    ("train_cfg", "needed"),
+    [(dict(by_epoch=True), "max_epochs"), (dict(), "max_epochs"), (dict(by_epoch=False), "max_iters"), (dict(by_epoch=False, max_epochs=2), "max_iters")],
+)
+def test_missing_train_length(trainer_factory, train_cfg, needed):
+    _assert_fails_before_training(trainer_factory, KeyError, f"needs {needed}, e.g. train_cfg=dict\\(", train_cfg=train_cfg)
+
+
+def test_unknown_train_cfg_key_suggests(trainer_factory):
+    with pytest.raises(KeyError, match="Unknown train_cfg key 'max_epoch'. Did you mean 'max_epochs'"):
+        trainer_factory(train_cfg=dict(max_epoch=3))
+
+
+def test_model_returning_no_loss_in_loss_mode(trainer_factory):
+    class NoLoss(Counting):
+        def forward(self, x, y=None, mode="tensor"):
+            out = self.linear(x)
+            return {"mse": ((out - y) ** 2).mean()} if mode == "loss" else out
+
+    model = NoLoss()
+    with pytest.raises(ValueError, match="returned no loss.*Name the loss entries"):
+        trainer_factory(model=model).train()
+    assert all(p.grad is None for p in model.parameters())
+
+
+def test_plain_module_returning_non_loss(trainer_factory):
+    class Tuple(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.linear = nn.Linear(4, 1)
+
+        def forward(self, x, y):
+            return self.linear(x), y
+
+    with pytest.raises(TypeError, match="must return a loss tensor or a dict of losses.*subclass trainwright.BaseModel"):
+        trainer_factory(model=Tuple()).train()
+
+
+@pytest.mark.parametrize("loader_kwargs", [dict(dataset=TensorDataset(torch.zeros(0, 4), torch.zeros(0, 1)), batch_size=2), dict(dataset=regression_set(3), batch_size=4, drop_last=True)])
+def test_empty_train_loader(trainer_factory, loader_kwargs):
+    _assert_fails_before_training(trainer_factory, ValueError, "train_dataloader is empty.*batch_size <= len\\(dataset\\)", train_dataloader=DataLoader(**loader_kwargs))
+
+
+@pytest.mark.parametrize("acc", [0, -2])
+def test_accumulative_counts_below_one(trainer_factory, acc):
+    _assert_fails_before_training(trainer_factory, ValueError, "accumulative_counts must be an int >= 1 \\(1 = no accumulation\\)", optim_wrapper=dict(optimizer=dict(type="SGD", lr=0.1), accumulative_counts=acc))
+
+
+def test_wrong_clip_grad_keys(trainer_factory):
+    _assert_fails_before_training(trainer_factory, ValueError, "Unknown clip_grad key 'max_nrom'.*Did you mean 'max_norm'", optim_wrapper=dict(optimizer=dict(type="SGD", lr=0.1), clip_grad=dict(max_nrom=1.0)))
+
+
+def test_unknown_default_hook_name(trainer_factory):
+    with pytest.raises(KeyError, match="Unknown default hook 'chekpoint'. Did you mean 'checkpoint'"):
+        trainer_factory(default_hooks=dict(chekpoint=dict(interval=2)))
+
+
+def test_train_without_optim_wrapper(trainer_factory):
+    _assert_fails_before_training(trainer_factory, ValueError, "needs an optim_wrapper, e.g. optim_wrapper=dict", optim_wrapper=None)
+
+
+def test_val_without_loader(trainer_factory):
+    with pytest.raises(ValueError, match="val\\(\\) needs a val_dataloader"):
+        trainer_factory().val()
+
+
+def test_unknown_nonfinite_loss_option(trainer_factory):
+    with pytest.raises(ValueError, match="'raise' or 'skip'"):
+        trainer_factory(nonfinite_loss="ignore")
+
+
+def test_unknown_precision_suggests(trainer_factory):
+    with pytest.raises(ValueError, match="Did you mean 'bf16-mixed'"):
+        trainer_factory(precision="bf16_mixed")
