@@ -110,10 +110,12 @@ def install_replace_killer(spec: str) -> None:
     ckpt_io.os = _Os()  # type: ignore[assignment]
 
 
-def build(work_dir: str, workers: int, epochs: int, async_save: bool, experiment: str) -> tw.Trainer:
-    """The trainer of the chaos runs."""
+def build(work_dir: str, workers: int = 0, epochs: int = 3, async_save: bool = False, experiment: str = "run", sleep: float = 0.0, hooks: list[Hook] | None = None, checkpoint: dict | None = None, **overrides) -> tw.Trainer:
+    """The trainer of the chaos runs (the in-process resume tests reuse it with ``overrides``)."""
     set_random_seed(7)  # the model is built before the Trainer seeds: seed its initialisation too
-    return tw.Trainer(
+    ckpt_cfg = dict(interval=4, by_epoch=False, max_keep_ckpts=2, save_best="val/acc", max_keep_best=2, async_save=async_save)
+    ckpt_cfg.update(checkpoint or {})
+    kwargs = dict(
         model=Net(),
         work_dir=work_dir,
         experiment_name=experiment,
@@ -126,15 +128,14 @@ def build(work_dir: str, workers: int, epochs: int, async_save: bool, experiment
             dict(type="CosineAnnealingLR", by_epoch=True, begin=0, end=epochs),
         ],
         train_cfg=dict(by_epoch=True, max_epochs=epochs, val_interval=1),
-        default_hooks=dict(
-            logger=dict(interval=2),
-            checkpoint=dict(interval=4, by_epoch=False, max_keep_ckpts=2, save_best="val/acc", max_keep_best=2, async_save=async_save),
-        ),
-        custom_hooks=[Report(float(os.environ.get("CHAOS_ITER_SLEEP", "0")))],
+        default_hooks=dict(logger=dict(interval=2), checkpoint=ckpt_cfg),
+        custom_hooks=[Report(sleep), *(hooks or [])],
         randomness=dict(seed=7),
         resume=True,
         log_level="WARNING",
     )
+    kwargs.update(overrides)
+    return tw.Trainer(**kwargs)
 
 
 def main() -> None:
@@ -147,7 +148,8 @@ def main() -> None:
     args = parser.parse_args()
     if os.environ.get("CHAOS_KILL_ON_REPLACE"):
         install_replace_killer(os.environ["CHAOS_KILL_ON_REPLACE"])
-    trainer = build(args.work_dir, args.workers, args.epochs, args.async_save, args.experiment)
+    sleep = float(os.environ.get("CHAOS_ITER_SLEEP", "0"))
+    trainer = build(args.work_dir, args.workers, args.epochs, args.async_save, args.experiment, sleep)
     trainer.train()
     ow = trainer.optim_wrapper
     torch.save({"model": trainer.unwrapped_model.state_dict(), "optimizer": ow.optimizer.state_dict()}, Path(args.work_dir) / "result.pt")

@@ -123,7 +123,6 @@ class MixedPrecision(Precision):
         self.device_type = str(device_type)
         self.name = "bf16-mixed" if dtype == torch.bfloat16 else "16-mixed"
         self._loss_scale_cfg = dict(loss_scale) if isinstance(loss_scale, Mapping) else loss_scale
-        self._autocast_kwargs = dict(device_type=self.device_type, dtype=dtype)
         self.scaler = None
         self._static_scale: float | None = None
         if dtype == torch.bfloat16:
@@ -148,7 +147,7 @@ class MixedPrecision(Precision):
 
     def autocast(self) -> contextlib.AbstractContextManager:
         """``torch.autocast`` for the forward pass and loss."""
-        return torch.autocast(**self._autocast_kwargs)
+        return torch.autocast(self.device_type, dtype=self.dtype)
 
     def backward(self, loss: torch.Tensor, **kwargs: Any) -> None:
         """Scale (float16) and back-propagate."""

@@ -91,7 +91,7 @@ def build_optim_wrapper(model: nn.Module, cfg: Any, precision: str | Precision |
         raise TypeError(f"optim_wrapper must be an OptimWrapper, a torch optimizer or a dict with an 'optimizer' key, got {type(cfg).__name__}")
     if "optimizer" not in cfg:
         if cfg and all(isinstance(v, Mapping) and "optimizer" in v for v in cfg.values()):
-            wrappers = {}
+            wrappers: dict[str, Any] = {}
             for i, (name, sub) in enumerate(cfg.items()):
                 sub_model = getattr(model, name, None)
                 if not isinstance(sub_model, nn.Module):
@@ -111,6 +111,7 @@ def build_optim_wrapper(model: nn.Module, cfg: Any, precision: str | Precision |
     if amp_only and not (isinstance(cls, type) and issubclass(cls, AmpOptimWrapper)):
         raise KeyError(f"optim_wrapper keys {amp_only} need type='AmpOptimWrapper' (got type={typ!r}); or drop them and pass Trainer(precision='16-mixed' / 'bf16-mixed')")
     args["optimizer"] = build_optimizer(model, args["optimizer"])
+    wrapper: OptimWrapper
     if isinstance(cls, type) and issubclass(cls, AmpOptimWrapper):
         args.setdefault("device_type", device_type)
         wrapper = cls(**args)

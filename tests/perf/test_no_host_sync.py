@@ -1,0 +1,106 @@
+"""The hot loop never pulls a tensor to the host outside logging iterations.
+
+We count every call of the Tensor methods that force a device→host transfer (``item``,
+``cpu``, ``tolist``, ``numpy``, ``__bool__``, ``__float__``, ``__int__``, ``__index__``)
+while a real training run proceeds, attributing each call to the iteration it happens in.
+Only logging iterations (every ``interval``) may have any. This is instrumentation of
+torch, not of trainwright: the engine runs unmodified.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+import torch
+import torch.nn.functional as F
+from torch import nn
+from torch.utils.data import DataLoader, TensorDataset
+
+import trainwright as tw
+
+SYNC_METHODS = ("item", "cpu", "tolist", "numpy", "__bool__", "__float__", "__int__", "__index__")
+
+
+class Counter:
+    def __init__(self) -> None:
+        self.n = 0
+        self.where: list[str] = []
+
+
+@pytest.fixture
+def count_syncs(monkeypatch: pytest.MonkeyPatch) -> Counter:
+    counter = Counter()
+    for name in SYNC_METHODS:
+        orig = getattr(torch.Tensor, name)
+
+        def wrapper(self: torch.Tensor, *a: Any, __orig=orig, __name=name, **k: Any) -> Any:
+            counter.n += 1
+            counter.where.append(__name)
+            return __orig(self, *a, **k)
+
+        monkeypatch.setattr(torch.Tensor, name, wrapper)
+    return counter
+
+
+class Net(tw.BaseModel):
+    def __init__(self) -> None:
+        super().__init__()
+        self.mlp = nn.Sequential(nn.Linear(8, 16), nn.ReLU(), nn.Dropout(0.1), nn.Linear(16, 3))
+
+    def forward(self, x: torch.Tensor, y: torch.Tensor | None = None, mode: str = "tensor") -> Any:
+        out = self.mlp(x)
+        if mode == "loss":
+            return {"loss": F.cross_entropy(out, y), "loss_aux": out.pow(2).mean() * 1e-3}
+        return out
+
+
+class SyncPerIter(tw.Hook):
+    """Snapshots the counter around each iteration (highest and lowest priority copies)."""
+
+    def __init__(self, counter: Counter, per_iter: dict[int, int], edge: str) -> None:
+        self.counter = counter
+        self.per_iter = per_iter
+        self.edge = edge
+        self.priority = 0 if edge == "start" else 100  # type: ignore[misc]
+        self.state_key = f"SyncPerIter{edge}"
+
+    def before_train_iter(self, trainer: Any, batch_idx: int, data_batch: Any = None) -> None:
+        if self.edge == "start":
+            self.per_iter["_start"] = self.counter.n
+
+    def after_train_iter(self, trainer: Any, batch_idx: int, data_batch: Any = None, outputs: Any = None) -> None:
+        if self.edge == "end":
+            self.per_iter[trainer.progress.iteration] = self.counter.n - self.per_iter["_start"]
+
+
+@pytest.mark.parametrize("by_epoch", [True, False])
+def test_zero_syncs_in_non_logging_iterations(tmp_path: Any, count_syncs: Counter, by_epoch: bool) -> None:
+    g = torch.Generator().manual_seed(0)
+    data = TensorDataset(torch.randn(96, 8, generator=g), torch.randint(0, 3, (96,), generator=g))
+    per_iter: dict[int, int] = {}
+    interval = 5
+    train_cfg = dict(by_epoch=True, max_epochs=2) if by_epoch else dict(by_epoch=False, max_iters=24)
+    trainer = tw.Trainer(
+        model=Net(),
+        work_dir=tmp_path,
+        train_dataloader=DataLoader(data, batch_size=8, shuffle=True),
+        optim_wrapper=dict(optimizer=dict(type="SGD", lr=0.1, momentum=0.9), accumulative_counts=2, clip_grad=dict(max_norm=1.0)),
+        param_scheduler=[dict(type="LinearLR", start_factor=0.1, by_epoch=False, begin=0, end=10), dict(type="CosineAnnealingLR", by_epoch=False, begin=10, end=24)],
+        train_cfg=train_cfg,
+        default_hooks=dict(logger=dict(interval=interval), checkpoint=dict(interval=12, by_epoch=False)),
+        custom_hooks=[SyncPerIter(count_syncs, per_iter, "start"), SyncPerIter(count_syncs, per_iter, "end"), dict(type="EMAHook")],
+        randomness=dict(seed=0),
+        log_level="WARNING",
+    )
+    trainer.train()
+    trainer.close()
+    per_iter.pop("_start")
+    assert len(per_iter) == 24
+    epoch_len = 12
+    logging_iters = {i for i in per_iter if i % interval == 0 or (by_epoch and i % epoch_len == 0)}
+    checkpoint_iters = {12, 24}  # checkpoints copy state to the host by design
+    quiet = {i: n for i, n in per_iter.items() if i not in logging_iters | checkpoint_iters}
+    assert quiet and all(n == 0 for n in quiet.values()), f"host syncs in non-logging iterations: {quiet}"
+    # The instrument works: logging iterations do transfer.
+    assert any(per_iter[i] > 0 for i in logging_iters)
