@@ -144,6 +144,7 @@ def test_corrupt_latest_checkpoint_falls_back_with_warning(tmp_path: Path) -> No
     _same(_final_state(t), _final_state(ref))
 
 
+@pytest.mark.filterwarnings("ignore:Detected pickle protocol")
 def test_malicious_checkpoint_is_refused_without_side_effects(tmp_path: Path) -> None:
     marker = tmp_path / "pwned"
 

@@ -72,7 +72,7 @@ class SeededBatch(list):
 
 
 class SkippableBatchSampler(Sampler[list[int]]):
-    """Wraps a batch sampler; the next iteration may start after ``skip`` batches.
+    """Wraps a batch sampler; iterations start after ``skip`` batches (0 by default).
 
     When :attr:`seed` is set, every batch is a :class:`SeededBatch` whose seed depends on
     ``(seed, epoch, batch index)`` only, so a resumed epoch loads each batch under the same
@@ -86,7 +86,9 @@ class SkippableBatchSampler(Sampler[list[int]]):
         self.epoch = 0
 
     def __iter__(self) -> Iterator[list[int]]:
-        skip, self.skip = self.skip, 0
+        # ``skip`` is read, not consumed: a multi-worker DataLoader iterator calls iter() on
+        # its batch sampler twice while it starts; the owner resets ``skip`` afterwards.
+        skip = self.skip
         it = iter(self.batch_sampler)
         if skip:
             it = itertools.islice(it, skip, None)
@@ -195,7 +197,10 @@ class ResumableLoader:
             return
         if self._batch_sampler is not None:
             self._batch_sampler.skip = start
-            it = iter(self.loader)
+            try:
+                it = iter(self.loader)
+            finally:
+                self._batch_sampler.skip = 0
         else:
             it = iter(self.loader)
             if start:

@@ -141,6 +141,9 @@ class PreemptionHook(Hook):
         if code == _DEFAULT:
             code = 128 + int(self.received) if self.received is not None else 143
         trainer.logger.warning(f"Exiting with status {code} after preemption")
+        flush = getattr(trainer.writer, "flush", None)  # buffered log records must reach the disk
+        if callable(flush):
+            flush()
         for h in trainer.logger.handlers:
             h.flush()
         raise SystemExit(int(code))

@@ -2,6 +2,7 @@
 
 from trainwright.logging.logger import close_logger, create_logger
 from trainwright.logging.metric_store import HistoryBuffer, MetricStore
+from trainwright.logging.sink import AsyncSink
 from trainwright.logging.writers import JsonlWriter
 
-__all__ = ["create_logger", "close_logger", "HistoryBuffer", "MetricStore", "JsonlWriter"]
+__all__ = ["create_logger", "close_logger", "HistoryBuffer", "MetricStore", "JsonlWriter", "AsyncSink"]

@@ -33,15 +33,3 @@ def set_random_seed(seed: int | None = None, deterministic: bool = False, rank_o
         torch.backends.cudnn.deterministic = True
         torch.backends.cudnn.benchmark = False
     return seed
-
-
-def worker_init_fn(worker_id: int) -> None:
-    """Seed ``random`` and numpy in a DataLoader worker from torch's per-worker seed.
-
-    torch already gives each worker a distinct seed derived from the loader's base seed;
-    this propagates it to python and numpy so augmentations differ per worker and repeat
-    across runs.
-    """
-    s = torch.initial_seed() % 2**32
-    random.seed(s)
-    np.random.seed(s)

@@ -1,0 +1,138 @@
+"""CheckpointHook: intervals, keep-last-k, best-k, the latest pointer, stale temp files, save order."""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+
+import trainwright as tw
+from trainwright.checkpoint import read_latest
+from trainwright.hooks.checkpoint import CheckpointHook
+from trainwright.hooks.hook import Hook
+
+import chaos_train as ct
+
+
+def _names(work: Path) -> set[str]:
+    return {p.name for p in (work / "checkpoints").iterdir()}
+
+
+class Events(Hook):
+    """Records the checkpoint directory listing after every training iteration and validation."""
+
+    priority = "LOWEST"
+
+    def __init__(self) -> None:
+        self.seen: list[tuple[int, set[str]]] = []
+
+    def after_train_iter(self, trainer: tw.Trainer, batch_idx: int, data_batch: Any = None, outputs: Any = None) -> None:
+        d = trainer.ckpt_dir
+        self.seen.append((trainer.progress.iteration, {p.name for p in d.iterdir()} if d.is_dir() else set()))
+
+
+def test_iteration_interval_keeps_last_k_and_points_latest(tmp_path: Path) -> None:
+    ev = Events()
+    t = ct.build(str(tmp_path), checkpoint=dict(interval=5, by_epoch=False, max_keep_ckpts=2, save_best=None), hooks=[ev])
+    t.train()
+    for it, names in ev.seen:
+        periodic = sorted(n for n in names if n.startswith("iter_"))
+        expected = [f"iter_{k}.pth" for k in range(5, it + 1, 5)][-2:]
+        assert periodic == sorted(expected), (it, periodic)
+    assert _names(tmp_path) == {"iter_40.pth", "iter_45.pth", "latest"}
+    assert read_latest(tmp_path / "checkpoints") == "iter_45.pth"
+
+
+def test_epoch_interval_and_last(tmp_path: Path) -> None:
+    t = ct.build(str(tmp_path), epochs=3, checkpoint=dict(interval=2, by_epoch=True, max_keep_ckpts=-1, save_best=None))
+    t.train()
+    assert _names(tmp_path) == {"epoch_2.pth", "epoch_3.pth", "latest"}  # epoch_3: save_last
+    assert read_latest(tmp_path / "checkpoints") == "epoch_3.pth"
+    ckpt = torch.load(tmp_path / "checkpoints" / "epoch_2.pth", weights_only=True)
+    assert ckpt["progress"] == {"epoch": 2, "iteration": 30, "iter_in_epoch": 0}
+
+
+def test_save_last_false_writes_no_final_checkpoint(tmp_path: Path) -> None:
+    t = ct.build(str(tmp_path), epochs=1, checkpoint=dict(interval=4, by_epoch=False, save_last=False, save_best=None, max_keep_ckpts=-1))
+    t.train()
+    assert _names(tmp_path) == {"iter_4.pth", "iter_8.pth", "iter_12.pth", "latest"}
+
+
+def test_epoch_checkpoint_is_written_after_that_epochs_validation(tmp_path: Path) -> None:
+    t = ct.build(str(tmp_path), epochs=2, checkpoint=dict(interval=1, by_epoch=True, save_best="val/acc"))
+    t.train()
+    records = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
+    val1 = next(r for r in records if r["mode"] == "val" and r["epoch"] == 1)
+    hook_state = torch.load(tmp_path / "checkpoints" / "epoch_1.pth", weights_only=True)["hooks"]["CheckpointHook"]
+    assert hook_state["best"][0][0] == pytest.approx(val1["val/acc"])  # the best score includes epoch 1's validation
+
+
+class FakeScores(Hook):
+    """Replaces validation metrics with a scripted sequence (the score is what the test controls)."""
+
+    priority = "HIGHEST"
+
+    def __init__(self, scores: list[float]) -> None:
+        self.scores = scores
+        self.i = 0
+
+    def after_val_epoch(self, trainer: tw.Trainer, metrics: dict[str, float] | None = None) -> None:
+        assert metrics is not None
+        metrics["val/acc"] = self.scores[self.i]
+        self.i += 1
+
+
+@pytest.mark.parametrize(("rule", "expected"), [("greater", {"best_val_acc_epoch_2.pth", "best_val_acc_epoch_4.pth"}), ("less", {"best_val_acc_epoch_1.pth", "best_val_acc_epoch_3.pth"})])
+def test_best_k_by_rule(tmp_path: Path, rule: str, expected: set[str]) -> None:
+    scores = [0.5, 0.9, 0.1, 0.95, 0.7]
+    t = ct.build(str(tmp_path), epochs=5, hooks=[FakeScores(scores)], checkpoint=dict(interval=-1, save_last=False, save_best="val/acc", rule=rule, max_keep_best=2))
+    t.train()
+    best = {n for n in _names(tmp_path) if n.startswith("best_")}
+    assert best == expected
+    hook = t.hooks.get(CheckpointHook)
+    assert hook.best_score == (0.95 if rule == "greater" else 0.1)
+    for name in best:  # each best file holds the state after its epoch
+        n = int(name.split("_")[-1].split(".")[0])
+        assert torch.load(tmp_path / "checkpoints" / name, weights_only=True)["progress"]["epoch"] == n
+
+
+def test_stale_temp_files_of_dead_writers_are_removed_at_start(tmp_path: Path) -> None:
+    d = tmp_path / "checkpoints"
+    d.mkdir(parents=True)
+    # a pid that cannot be alive: beyond the kernel's pid_max
+    dead = int(Path("/proc/sys/kernel/pid_max").read_text()) + 1 if Path("/proc/sys/kernel/pid_max").exists() else 2**22 + 1
+    stale = d / f".iter_4.pth.tmp.{dead}.deadbeef"
+    stale.write_bytes(b"partial")
+    alive = d / f".iter_4.pth.tmp.{os.getppid()}.cafe0123"  # a live process: may still be writing
+    alive.write_bytes(b"partial")
+    other = d / "notes.txt"
+    other.write_text("keep me")
+    t = ct.build(str(tmp_path), epochs=1, checkpoint=dict(interval=-1, save_best=None))
+    t.train()
+    assert not stale.exists()
+    assert alive.exists() and other.exists()
+
+
+def test_invalid_settings_are_refused() -> None:
+    with pytest.raises(ValueError, match="rule"):
+        CheckpointHook(rule="bigger")
+    with pytest.raises(ValueError, match="max_keep_ckpts=0"):
+        CheckpointHook(max_keep_ckpts=0)
+    with pytest.raises(ValueError, match="max_keep_best"):
+        CheckpointHook(max_keep_best=0)
+
+
+def test_validation_does_not_move_the_training_random_stream(tmp_path: Path) -> None:
+    """Training with validation every epoch draws the same random numbers as without it."""
+    runs = []
+    for i, val in enumerate((True, False)):
+        extra: dict[str, Any] = {} if val else dict(val_dataloader=None, val_evaluator=None)
+        t = ct.build(str(tmp_path / str(i)), epochs=2, checkpoint=dict(interval=-1, save_best=None), **extra)
+        t.train()
+        runs.append(t.unwrapped_model.state_dict())
+    for k in runs[0]:
+        assert torch.equal(runs[0][k], runs[1][k]), k

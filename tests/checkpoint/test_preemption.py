@@ -1,0 +1,118 @@
+"""PreemptionHook in one process: signal → finish the step → save → exit status; the agreement point."""
+
+from __future__ import annotations
+
+import os
+import signal
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+
+import trainwright as tw
+from trainwright.checkpoint import read_latest
+from trainwright.hooks.hook import Hook
+from trainwright.hooks.preemption import PreemptionHook
+from trainwright.strategies.single_device import SingleDeviceStrategy
+
+import chaos_train as ct
+
+
+class SendSignal(Hook):
+    """Sends ``sig`` to this process in the middle of iteration ``at`` (before its step)."""
+
+    priority = "HIGHEST"
+
+    def __init__(self, at: int, sig: int = signal.SIGTERM) -> None:
+        self.at = at
+        self.sig = sig
+
+    def before_train_iter(self, trainer: tw.Trainer, batch_idx: int, data_batch: Any = None) -> None:
+        if trainer.progress.iteration + 1 == self.at:
+            os.kill(os.getpid(), self.sig)
+
+
+def _previous_handlers() -> dict[int, Any]:
+    return {s: signal.getsignal(s) for s in (signal.SIGTERM, signal.SIGUSR1)}
+
+
+@pytest.mark.parametrize(("sig", "code"), [(signal.SIGTERM, 143), (signal.SIGUSR1, 138)])
+def test_signal_finishes_step_saves_and_exits_with_documented_status(tmp_path: Path, sig: int, code: int) -> None:
+    before = _previous_handlers()
+    t = ct.build(str(tmp_path), hooks=[SendSignal(at=7, sig=sig)], checkpoint=dict(interval=4, by_epoch=False, save_best=None, max_keep_ckpts=-1))
+    with pytest.raises(SystemExit) as exc:
+        t.train()
+    assert exc.value.code == code
+    assert t.preempted and t.progress.iteration == 7  # the signalled step was finished, no more
+    assert read_latest(tmp_path / "checkpoints") == "iter_7.pth"
+    ckpt = torch.load(tmp_path / "checkpoints" / "iter_7.pth", weights_only=True)
+    assert ckpt["progress"]["iteration"] == 7
+    assert _previous_handlers() == before, "the previous signal handlers were not restored"
+
+
+def test_exit_code_none_returns_normally_and_resume_continues(tmp_path: Path) -> None:
+    ref = ct.build(str(tmp_path / "ref"))
+    ref.train()
+    t = ct.build(str(tmp_path / "w"), hooks=[SendSignal(at=10)], default_hooks=dict(preemption=dict(exit_code=None), checkpoint=dict(interval=4, by_epoch=False, save_best=None), logger=dict(interval=2)))
+    t.train()
+    assert t.preempted and t.progress.iteration == 10
+    t2 = ct.build(str(tmp_path / "w"), experiment="b", checkpoint=dict(interval=4, by_epoch=False, save_best=None))
+    t2.train()
+    assert not t2.preempted
+    for k, v in ref.unwrapped_model.state_dict().items():
+        assert torch.equal(v, t2.unwrapped_model.state_dict()[k]), k
+
+
+class OtherRankSignalled(SingleDeviceStrategy):
+    """A strategy whose ``any_true`` answers as if another rank had received the signal at call ``n``."""
+
+    def __init__(self, n: int) -> None:
+        super().__init__("cpu")
+        self.n = n
+        self.asked_at: list[int] = []
+        self.trainer: tw.Trainer | None = None
+
+    def any_true(self, flag: bool) -> bool:
+        assert self.trainer is not None
+        self.asked_at.append(self.trainer.progress.iteration)
+        return flag or len(self.asked_at) >= self.n
+
+
+def test_stop_is_decided_at_the_agreement_point_every_check_interval(tmp_path: Path) -> None:
+    strategy = OtherRankSignalled(n=3)
+    t = ct.build(str(tmp_path), strategy=strategy, default_hooks=dict(preemption=dict(check_interval=4, exit_code=None), checkpoint=dict(interval=-1, save_best=None)))
+    strategy.trainer = t
+    t.train()
+    assert strategy.asked_at == [4, 8, 12]  # asked only at the check interval, same iterations on every rank
+    assert t.preempted and t.progress.iteration == 12
+    assert read_latest(tmp_path / "checkpoints") == "iter_12.pth"  # saved though no signal reached this process
+
+
+def test_preemption_without_checkpoint_hook_still_saves(tmp_path: Path) -> None:
+    t = ct.build(str(tmp_path), hooks=[SendSignal(at=5)], default_hooks=dict(checkpoint=None, preemption=dict(exit_code=None)))
+    t.train()
+    assert read_latest(tmp_path / "checkpoints") == "iter_5.pth"
+
+
+def test_handlers_restored_after_an_error(tmp_path: Path) -> None:
+    before = _previous_handlers()
+
+    class Boom(Hook):
+        def after_train_iter(self, trainer: tw.Trainer, batch_idx: int, data_batch: Any = None, outputs: Any = None) -> None:
+            assert signal.getsignal(signal.SIGTERM) != before[signal.SIGTERM]  # installed while training
+            raise RuntimeError("boom")
+
+    t = ct.build(str(tmp_path), hooks=[Boom()])
+    with pytest.raises(RuntimeError, match="boom"):
+        t.train()
+    assert _previous_handlers() == before
+
+
+def test_bad_arguments() -> None:
+    with pytest.raises(ValueError, match="check_interval"):
+        PreemptionHook(check_interval=0)
+    with pytest.raises(ValueError, match="Unknown signal"):
+        PreemptionHook(signals=["SIGNOPE"])
+    with pytest.raises(ValueError, match="exit_code"):
+        PreemptionHook(exit_code="requeue")
