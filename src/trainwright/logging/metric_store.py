@@ -125,27 +125,34 @@ class MetricStore:
         if not self._pending:
             return
         pending, self._pending = self._pending, []
-        by_device: dict[torch.device, list[torch.Tensor]] = {}
-        slots: list[tuple[int, str, Any]] = []
+        # One device→host transfer per device: stack every pending tensor, then .tolist().
+        tensors: dict[torch.device, list[torch.Tensor]] = {}
+        refs: list[tuple[int, str, Any]] = []
         for it, values in pending:
             for name, v in values.items():
                 if isinstance(v, torch.Tensor):
-                    if v.numel() != 1:
+                    if v.dim():
                         v = v.detach().float().mean()
-                    lst = by_device.setdefault(v.device, [])
-                    slots.append((it, name, (v.device, len(lst))))
-                    lst.append(v.detach())
+                    lst = tensors.get(v.device)
+                    if lst is None:
+                        lst = tensors[v.device] = []
+                    refs.append((it, name, (v.device, len(lst))))
+                    lst.append(v)
                 else:
-                    slots.append((it, name, float(v)))
-        numbers = {dev: torch.stack([t.float() for t in ts]).tolist() for dev, ts in by_device.items()}
+                    refs.append((it, name, float(v)))
+        numbers = {dev: torch.stack(ts).float().tolist() for dev, ts in tensors.items()}
+        values_of = [(it, name, numbers[r[0]][r[1]] if type(r) is tuple else r) for it, name, r in refs]
         bad_iter = None
-        for it, name, ref in slots:
-            val = numbers[ref[0]][ref[1]] if isinstance(ref, tuple) else ref
-            if bad_iter is None and self.raise_on_nonfinite and "loss" in name and not math.isfinite(val):
+        buffers = self._buffers
+        for it, name, val in values_of:
+            buf = buffers.get(name)
+            if buf is None:
+                buf = buffers[name] = HistoryBuffer(self.window_size)
+            buf.update(val, it)
+            if bad_iter is None and "loss" in name and not math.isfinite(val) and self.raise_on_nonfinite:
                 bad_iter = it
-            self.update_scalar(name, val, it)
         if bad_iter is not None:
-            losses = {n: (numbers[r[0]][r[1]] if isinstance(r, tuple) else r) for i, n, r in slots if i == bad_iter}
+            losses = {n: v for i, n, v in values_of if i == bad_iter}
             raise FloatingPointError(
                 f"Loss became infinite or NaN at iteration {bad_iter}: {losses}. "
                 "Lower the learning rate, enable gradient clipping (optim_wrapper=dict(clip_grad=dict(max_norm=1.0))), "
