@@ -13,6 +13,7 @@ from trainwright.hooks import Hook
 from trainwright.model import BaseModel
 from trainwright.optim import AmpOptimWrapper, OptimWrapper, OptimWrapperDict
 from trainwright.trainer import Trainer
+from trainwright.utils.seed import set_random_seed as seed_everything
 from trainwright.version import __version__
 
-__all__ = ["Trainer", "BaseModel", "Hook", "OptimWrapper", "AmpOptimWrapper", "OptimWrapperDict", "evaluation", "__version__"]
+__all__ = ["Trainer", "BaseModel", "Hook", "OptimWrapper", "AmpOptimWrapper", "OptimWrapperDict", "evaluation", "seed_everything", "__version__"]

@@ -8,6 +8,7 @@ from trainwright.hooks.hook import EVENTS, Hook
 from trainwright.hooks.iter_timer import IterTimerHook
 from trainwright.hooks.logger import LoggerHook
 from trainwright.hooks.param_scheduler import ParamSchedulerHook
+from trainwright.hooks.preemption import PreemptionHook
 from trainwright.hooks.sampler_seed import DistSamplerSeedHook
 
-__all__ = ["Hook", "HookList", "EVENTS", "CheckpointHook", "IterTimerHook", "LoggerHook", "ParamSchedulerHook", "DistSamplerSeedHook", "EMAHook", "EarlyStoppingHook"]
+__all__ = ["Hook", "HookList", "EVENTS", "CheckpointHook", "IterTimerHook", "LoggerHook", "ParamSchedulerHook", "DistSamplerSeedHook", "EMAHook", "EarlyStoppingHook", "PreemptionHook"]

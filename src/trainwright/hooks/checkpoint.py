@@ -10,9 +10,9 @@ What a run can rely on:
   iteration that validates) is written **after** that validation, so it holds the best
   score and the metrics of that validation and a resumed run does not validate twice or
   skip one.
-* Validation during training does not move the training random streams: the RNG states
-  are put back after each validation pass, so a run resumed from a checkpoint written
-  before a validation it then skips draws the same random numbers as a run that did it.
+* Validation during training does not move the training random streams (the train loop
+  puts the RNG states back after each validation pass), so a run resumed from a checkpoint
+  written before a validation it then skips draws the same random numbers as a run that did it.
 """
 
 from __future__ import annotations
@@ -110,7 +110,6 @@ class CheckpointHook(Hook):
         self._pending: str | None = None
         self._pending_best: tuple[float, str] | None = None
         self._in_train = False
-        self._val_rng: dict[str, Any] | None = None
         self._writer: AsyncCheckpointWriter | None = None
 
     @property
@@ -145,20 +144,15 @@ class CheckpointHook(Hook):
         if self._pending is not None:  # a validation we waited for did not come: save what we have
             self._flush_pending(trainer)
         if not self.by_epoch and self.interval > 0 and trainer.progress.iteration % self.interval == 0:
-            self._request(trainer, f"iter_{trainer.progress.iteration}.pth", self._val_due_after_iter(trainer))
+            loop = trainer.train_loop
+            self._request(trainer, f"iter_{trainer.progress.iteration}.pth", not loop.by_epoch and loop.val_due())
 
     def after_train_epoch(self, trainer: Trainer) -> None:  # noqa: D102
         if self.by_epoch and self.interval > 0 and trainer.train_loop.by_epoch and trainer.progress.epoch % self.interval == 0:
-            self._request(trainer, f"epoch_{trainer.progress.epoch}.pth", self._val_due_after_epoch(trainer))
+            self._request(trainer, f"epoch_{trainer.progress.epoch}.pth", trainer.train_loop.val_due())
 
     def before_train_epoch(self, trainer: Trainer) -> None:  # noqa: D102
         self._flush_pending(trainer)
-
-    def before_val(self, trainer: Trainer) -> None:  # noqa: D102
-        if self._in_train:
-            from trainwright.checkpoint.rng import get_rng_state
-
-            self._val_rng = get_rng_state()
 
     def after_val_epoch(self, trainer: Trainer, metrics: dict[str, float] | None = None) -> None:  # noqa: D102
         if not self.save_best or not metrics or not self._in_train:
@@ -181,11 +175,6 @@ class CheckpointHook(Hook):
     def after_val(self, trainer: Trainer) -> None:  # noqa: D102
         if not self._in_train:
             return
-        if self._val_rng is not None:
-            from trainwright.checkpoint.rng import set_rng_state
-
-            set_rng_state(self._val_rng)
-            self._val_rng = None
         if self._pending_best is not None:
             score, name = self._pending_best
             self._pending_best = None
@@ -229,21 +218,6 @@ class CheckpointHook(Hook):
     def ckpt_dir(self, trainer: Trainer) -> Path:
         """Where this hook writes."""
         return self.out_dir if self.out_dir is not None else trainer.ckpt_dir
-
-    # -- when -----------------------------------------------------------------------------
-    @staticmethod
-    def _val_due_after_iter(trainer: Trainer) -> bool:
-        """Whether the iteration-based loop validates right after this iteration's hooks."""
-        loop = trainer.train_loop
-        it = trainer.progress.iteration
-        return not loop.by_epoch and trainer.val_loop is not None and it >= loop.val_begin and (it % loop.val_interval == 0 or it == loop.max_iters)
-
-    @staticmethod
-    def _val_due_after_epoch(trainer: Trainer) -> bool:
-        """Whether the epoch-based loop validates right after this epoch's hooks."""
-        loop = trainer.train_loop
-        e = trainer.progress.epoch
-        return loop.by_epoch and trainer.val_loop is not None and not trainer.should_stop and e >= loop.val_begin and (e % loop.val_interval == 0 or e == loop.max_epochs)
 
     def _request(self, trainer: Trainer, name: str, after_val: bool) -> None:
         self._pending = name

@@ -8,6 +8,8 @@ import contextlib
 
 import torch
 
+from trainwright.checkpoint.rng import get_rng_state, set_rng_state
+
 if TYPE_CHECKING:
     from trainwright.trainer.trainer import Trainer
 
@@ -47,6 +49,7 @@ class EvalLoop:
         before, after = calls[f"before_{m}_iter"], calls[f"after_{m}_iter"]
         ctx = t.precision.autocast() if self.autocast else contextlib.nullcontext()
         n = 0
+        rng = get_rng_state()
         with torch.no_grad(), ctx:
             for idx, batch in enumerate(self.dataloader):
                 for fn in before:
@@ -57,6 +60,9 @@ class EvalLoop:
                 for fn in after:
                     fn(t, idx, batch, outputs)
                 n += 1
+        # Evaluation never moves the random streams: training resumed from a checkpoint written
+        # after (or before) a validation pass draws the same numbers as the run that validated.
+        set_rng_state(rng)
         if n == 0:
             raise ValueError(f"{m}_dataloader is empty (0 batches); check its dataset and batch_size")
         metrics: dict[str, float] = {}

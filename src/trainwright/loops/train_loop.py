@@ -42,6 +42,10 @@ class _TrainLoopBase:
         """Total training iterations of the run."""
         raise NotImplementedError
 
+    def val_due(self) -> bool:
+        """Whether validation runs right after the current iteration's / epoch's hooks."""
+        raise NotImplementedError
+
     def _run_iters(self, batches: Any, limit: int | None, val_every_iter: bool) -> bool:
         """Run iterations over ``batches``; return True if stopped early (stop request / limit)."""
         t = self.trainer
@@ -53,7 +57,7 @@ class _TrainLoopBase:
         after = t.hooks.calls["after_train_iter"]
         train_step = model.train_step
         update = store.update_dict
-        val_loop = t.val_loop if val_every_iter else None
+        validate = val_every_iter and t.val_loop is not None
         for batch in batches:
             idx = progress.iter_in_epoch
             for fn in before:
@@ -64,8 +68,8 @@ class _TrainLoopBase:
             update(outputs, progress.iteration)
             for fn in after:
                 fn(t, idx, batch, outputs)
-            if val_loop is not None and progress.iteration >= self.val_begin and (progress.iteration % self.val_interval == 0 or progress.iteration == limit):
-                val_loop.run()
+            if validate and self.val_due():
+                self.trainer.val_loop.run()  # type: ignore[union-attr]
             if t.should_stop or (limit is not None and progress.iteration >= limit):
                 return True
         return False
@@ -91,6 +95,12 @@ class EpochBasedTrainLoop(_TrainLoopBase):
         """Total iterations: ``max_epochs * len(dataloader)``."""
         return self.max_epochs * len(self.dataloader)
 
+    def val_due(self) -> bool:
+        """After an epoch: every ``val_interval`` epochs from ``val_begin``, and after the last."""
+        t = self.trainer
+        e = t.progress.epoch
+        return t.val_loop is not None and not t.should_stop and e >= self.val_begin and (e % self.val_interval == 0 or e == self.max_epochs)
+
     def run(self) -> None:
         """Run the remaining epochs (after a resume: from the saved position)."""
         t = self.trainer
@@ -99,8 +109,8 @@ class EpochBasedTrainLoop(_TrainLoopBase):
             self.run_epoch()
             if t.should_stop:
                 break
-            if t.val_loop is not None and t.progress.epoch >= self.val_begin and (t.progress.epoch % self.val_interval == 0 or t.progress.epoch == self.max_epochs):
-                t.val_loop.run()
+            if self.val_due():
+                self.trainer.val_loop.run()  # type: ignore[union-attr]
         t.metric_store.flush()
         t.hooks.call("after_train", t)
 
@@ -139,6 +149,12 @@ class IterBasedTrainLoop(_TrainLoopBase):
     def max_iters(self) -> int:
         """Total iterations of the run."""
         return self._max_iters
+
+    def val_due(self) -> bool:
+        """After an iteration: every ``val_interval`` iterations from ``val_begin``, and at ``max_iters``."""
+        t = self.trainer
+        it = t.progress.iteration
+        return t.val_loop is not None and it >= self.val_begin and (it % self.val_interval == 0 or it == self._max_iters)
 
     def run(self) -> None:
         """Run until ``max_iters`` (after a resume: the remaining ones)."""
