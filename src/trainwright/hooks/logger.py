@@ -6,6 +6,7 @@ import datetime
 from typing import TYPE_CHECKING, Any
 
 from trainwright.hooks.hook import Hook
+from trainwright.logging.logger import log_fast
 from trainwright.registry import HOOKS
 
 if TYPE_CHECKING:
@@ -34,12 +35,14 @@ class LoggerHook(Hook):
             raise ValueError(f"LoggerHook interval must be >= 1, got {interval}")
         self.interval = interval
         self.ignore_last = ignore_last
-        self._last_logged: set[str] = set()
+        self._last_idx = -1
+
+    def before_train(self, trainer: Trainer) -> None:  # noqa: D102
+        loop = trainer.train_loop
+        self._last_idx = len(loop.dataloader) - 1 if loop.by_epoch and not self.ignore_last else -1
 
     def after_train_iter(self, trainer: Trainer, batch_idx: int, data_batch: Any = None, outputs: dict | None = None) -> None:  # noqa: D102
-        if trainer.progress.iteration % self.interval == 0:
-            self._log_train(trainer, batch_idx)
-        elif not self.ignore_last and trainer.train_loop.by_epoch and batch_idx + 1 == len(trainer.train_loop.dataloader):
+        if trainer.progress.iteration % self.interval == 0 or batch_idx == self._last_idx:
             self._log_train(trainer, batch_idx)
 
     def _log_train(self, trainer: Trainer, batch_idx: int) -> None:
@@ -70,7 +73,7 @@ class LoggerHook(Hook):
             eta = record["time"] * (loop.max_iters - p.iteration)
         if trainer.is_main_process:
             trainer.writer.write(record)
-            trainer.logger.info(self._format(trainer, record, batch_idx, eta))
+            log_fast(trainer.logger, self._format(trainer, record, batch_idx, eta))
 
     def _format(self, trainer: Trainer, r: dict[str, Any], batch_idx: int, eta: float | None) -> str:
         loop = trainer.train_loop

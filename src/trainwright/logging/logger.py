@@ -9,7 +9,6 @@ import time
 from pathlib import Path
 from typing import TextIO
 
-from trainwright.logging.sink import AsyncSink
 
 _ids = itertools.count()
 
@@ -21,22 +20,13 @@ class _TeeHandler(logging.Handler):
     second and on close, so a log line costs no extra system call on the hot path.
     """
 
-    def __init__(self, stream: TextIO, log_file: str | Path | None, sink: AsyncSink | None = None) -> None:
+    def __init__(self, stream: TextIO, log_file: str | Path | None) -> None:
         super().__init__()
-        self.sink = sink
         self.stream = stream
         self.file: TextIO | None = open(log_file, "a", encoding="utf-8") if log_file is not None else None  # noqa: SIM115
         self._last_flush = 0.0
 
     def emit(self, record: logging.LogRecord) -> None:  # noqa: D102
-        if self.sink is None:
-            self._write(record)
-            return
-        self.sink.submit(self._write, record)
-        if record.levelno >= logging.WARNING:
-            self.sink.flush()
-
-    def _write(self, record: logging.LogRecord) -> None:
         try:
             msg = self.format(record) + "\n"
             self.stream.write(msg)
@@ -51,34 +41,41 @@ class _TeeHandler(logging.Handler):
             self.handleError(record)
 
     def flush(self) -> None:  # noqa: D102
-        if self.sink is not None:
-            self.sink.flush()
         self.stream.flush()
         if self.file is not None:
             self.file.flush()
 
     def close(self) -> None:  # noqa: D102
-        if self.sink is not None:
-            self.sink.flush()
         if self.file is not None:
             self.file.close()
             self.file = None
         super().close()
 
 
-def create_logger(name: str = "trainwright", log_file: str | Path | None = None, level: str | int = "INFO", rank: int = 0, sink: AsyncSink | None = None) -> logging.Logger:
+class _Formatter(logging.Formatter):
+    """A formatter that renders the timestamp once per second (strftime is the costly part)."""
+
+    _cache: tuple[int, str] = (-1, "")
+
+    def formatTime(self, record: logging.LogRecord, datefmt: str | None = None) -> str:  # noqa: N802 - logging's name
+        sec = int(record.created)
+        if self._cache[0] != sec:
+            self._cache = (sec, super().formatTime(record, datefmt))
+        return self._cache[1]
+
+
+def create_logger(name: str = "trainwright", log_file: str | Path | None = None, level: str | int = "INFO", rank: int = 0) -> logging.Logger:
     """A logger writing to stdout and ``log_file`` on rank 0; warnings and errors only elsewhere.
 
     Each call returns a fresh logger (unique name) so two trainers never share handlers.
-    With a ``sink``, formatting and writing happen on its background thread.
     """
     logger = logging.getLogger(f"{name}.{next(_ids)}")
     logger.propagate = False
     logger.setLevel(level if rank == 0 else logging.WARNING)
     if log_file is not None and rank == 0:
         Path(log_file).parent.mkdir(parents=True, exist_ok=True)
-    handler = _TeeHandler(sys.stdout, log_file if rank == 0 else None, sink)
-    handler.setFormatter(logging.Formatter("%(asctime)s - trainwright - %(levelname)s - %(message)s", "%m/%d %H:%M:%S"))
+    handler = _TeeHandler(sys.stdout, log_file if rank == 0 else None)
+    handler.setFormatter(_Formatter("%(asctime)s - trainwright - %(levelname)s - %(message)s", "%m/%d %H:%M:%S"))
     logger.addHandler(handler)
     return logger
 
@@ -88,3 +85,13 @@ def close_logger(logger: logging.Logger) -> None:
     for h in list(logger.handlers):
         h.close()
         logger.removeHandler(h)
+
+
+def log_fast(logger: logging.Logger, msg: str, level: int = logging.INFO) -> None:
+    """Log ``msg`` like ``logger.log`` but without the caller lookup (a stack walk).
+
+    For lines emitted on the training hot path (the periodic training log line); handlers
+    receive an ordinary ``LogRecord``.
+    """
+    if logger.isEnabledFor(level):
+        logger.handle(logging.LogRecord(logger.name, level, "", 0, msg, None, None))

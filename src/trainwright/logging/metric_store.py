@@ -126,22 +126,17 @@ class MetricStore:
             return
         pending, self._pending = self._pending, []
         # One device→host transfer per device: stack every pending tensor, then .tolist().
-        tensors: dict[torch.device, list[torch.Tensor]] = {}
+        flat: list[torch.Tensor] = []
         refs: list[tuple[int, str, Any]] = []
         for it, values in pending:
             for name, v in values.items():
                 if isinstance(v, torch.Tensor):
-                    if v.dim():
-                        v = v.detach().float().mean()
-                    lst = tensors.get(v.device)
-                    if lst is None:
-                        lst = tensors[v.device] = []
-                    refs.append((it, name, (v.device, len(lst))))
-                    lst.append(v)
+                    refs.append((it, name, len(flat)))
+                    flat.append(v if v.ndim == 0 else v.detach().float().mean())
                 else:
                     refs.append((it, name, float(v)))
-        numbers = {dev: torch.stack(ts).float().tolist() for dev, ts in tensors.items()}
-        values_of = [(it, name, numbers[r[0]][r[1]] if type(r) is tuple else r) for it, name, r in refs]
+        numbers = self._to_numbers(flat)
+        values_of = [(it, name, numbers[r] if type(r) is int else r) for it, name, r in refs]
         bad_iter = None
         buffers = self._buffers
         for it, name, val in values_of:
@@ -158,6 +153,23 @@ class MetricStore:
                 "Lower the learning rate, enable gradient clipping (optim_wrapper=dict(clip_grad=dict(max_norm=1.0))), "
                 "check the data for NaN/Inf, or pass nonfinite_loss='skip' to the Trainer to skip such steps."
             )
+
+    @staticmethod
+    def _to_numbers(tensors: list[torch.Tensor]) -> list[float]:
+        """Floats of scalar tensors, with one transfer per device."""
+        if not tensors:
+            return []
+        try:
+            return torch.stack(tensors).float().tolist()
+        except RuntimeError:  # tensors on several devices (or dtypes stack refuses): group them
+            out: list[float] = [0.0] * len(tensors)
+            groups: dict[torch.device, list[int]] = {}
+            for i, t in enumerate(tensors):
+                groups.setdefault(t.device, []).append(i)
+            for idx in groups.values():
+                for i, v in zip(idx, torch.stack([tensors[i].float() for i in idx]).tolist()):
+                    out[i] = v
+            return out
 
     # -- reading --------------------------------------------------------------------------
     def get(self, name: str) -> HistoryBuffer:

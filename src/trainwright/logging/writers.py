@@ -8,7 +8,6 @@ import time
 from pathlib import Path
 from typing import Any
 
-from trainwright.logging.sink import AsyncSink
 
 
 class JsonlWriter:
@@ -18,21 +17,14 @@ class JsonlWriter:
     :meth:`flush` / :meth:`close`), so logging does not pay a system call per record.
     """
 
-    def __init__(self, path: str | Path, flush_secs: float = 1.0, sink: AsyncSink | None = None) -> None:
+    def __init__(self, path: str | Path, flush_secs: float = 1.0) -> None:
         self.path = Path(path)
-        self.sink = sink
         self.flush_secs = flush_secs
         self._fh: Any = None
         self._last_flush = 0.0
 
     def write(self, record: dict[str, Any]) -> None:
-        """Append ``record`` (non-finite floats written as strings "nan"/"inf"); on the sink's thread if any."""
-        if self.sink is not None:
-            self.sink.submit(self._write, record)
-        else:
-            self._write(record)
-
-    def _write(self, record: dict[str, Any]) -> None:
+        """Append ``record`` (non-finite floats written as strings "nan"/"inf")."""
         if self._fh is None:
             self.path.parent.mkdir(parents=True, exist_ok=True)
             self._fh = open(self.path, "a", encoding="utf-8")  # noqa: SIM115 - kept open for the run
@@ -48,16 +40,12 @@ class JsonlWriter:
 
     def flush(self) -> None:
         """Push buffered lines to the OS."""
-        if self.sink is not None:
-            self.sink.flush()
         if self._fh is not None:
             self._fh.flush()
             self._last_flush = time.monotonic()
 
     def close(self) -> None:
         """Close the file."""
-        if self.sink is not None:
-            self.sink.flush()
         if self._fh is not None:
             self._fh.close()
             self._fh = None

@@ -12,6 +12,8 @@ from torch import nn
 def cast_data(data: Any, device: torch.device, non_blocking: bool = False) -> Any:
     """Recursively move every tensor in ``data`` (mappings, lists, tuples, namedtuples) to ``device``."""
     if isinstance(data, torch.Tensor):
+        if device.type == "cpu" and data.is_cpu:
+            return data
         return data if data.device == device else data.to(device, non_blocking=non_blocking)
     if type(data) is list or type(data) is tuple:  # fast path for the common (x, y) batch
         return type(data)([cast_data(v, device, non_blocking) for v in data])

@@ -15,7 +15,6 @@ from trainwright.hooks.dispatch import HookList
 from trainwright.hooks.hook import Hook
 from trainwright.logging.logger import close_logger, create_logger
 from trainwright.logging.metric_store import MetricStore
-from trainwright.logging.sink import AsyncSink
 from trainwright.logging.writers import JsonlWriter
 from trainwright.loops.eval_loop import EvalLoop
 from trainwright.loops.progress import Progress
@@ -106,9 +105,8 @@ class Trainer:
         self.seed: int = self.strategy.seed  # type: ignore[assignment]
         self.experiment_name = experiment_name or time.strftime("%Y%m%d_%H%M%S")
         self.run_dir = self.work_dir / self.experiment_name
-        self.log_sink = AsyncSink()
-        self.logger = create_logger(log_file=self.run_dir / "train.log" if self.is_main_process else None, level=log_level, rank=self.strategy.rank, sink=self.log_sink)
-        self.writer = JsonlWriter(self.run_dir / "metrics.jsonl", sink=self.log_sink)
+        self.logger = create_logger(log_file=self.run_dir / "train.log" if self.is_main_process else None, level=log_level, rank=self.strategy.rank)
+        self.writer = JsonlWriter(self.run_dir / "metrics.jsonl")
         self.logger.info(f"Environment: {self.strategy.collect_env()}")
         self.logger.info(f"Random seed: {self.seed}")
         self.precision_name = precision
@@ -341,4 +339,3 @@ class Trainer:
         """Close the log file and metrics writer."""
         self.writer.close()
         close_logger(self.logger)
-        self.log_sink.close()
