@@ -68,6 +68,7 @@ class PreemptionHook(Hook):
         self.check_interval = check_interval
         self.exit_code = exit_code
         self.received: signal.Signals | None = None
+        self._interval = 1
         self.preempted = False
         self._previous: dict[signal.Signals, Any] = {}
 
@@ -97,11 +98,11 @@ class PreemptionHook(Hook):
         trainer.preempted = False
         if threading.current_thread() is not threading.main_thread():
             trainer.logger.warning("PreemptionHook: train() runs outside the main thread, so SIGTERM/SIGUSR1 cannot be caught; preemption will not save a checkpoint")
+        self._interval = self.check_interval or (1 if trainer.strategy.world_size == 1 else 10)
         self.install()
 
     def after_train_iter(self, trainer: Trainer, batch_idx: int, data_batch: Any = None, outputs: dict | None = None) -> None:  # noqa: D102
-        interval = self.check_interval or (1 if trainer.strategy.world_size == 1 else 10)
-        if trainer.progress.iteration % interval != 0:
+        if trainer.progress.iteration % self._interval != 0:
             return
         # THE agreement point: every rank calls it at the same iterations and gets the same answer.
         if trainer.strategy.any_true(self.received is not None):
@@ -141,9 +142,5 @@ class PreemptionHook(Hook):
         if code == _DEFAULT:
             code = 128 + int(self.received) if self.received is not None else 143
         trainer.logger.warning(f"Exiting with status {code} after preemption")
-        flush = getattr(trainer.writer, "flush", None)  # buffered log records must reach the disk
-        if callable(flush):
-            flush()
-        for h in trainer.logger.handlers:
-            h.flush()
+        trainer.flush_logs()  # buffered log records must reach the disk
         raise SystemExit(int(code))
