@@ -17,7 +17,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from trainwright.model.base_model import BaseDataPreprocessor, BaseModel
+from trainwright.model.base_model import BaseDataPreprocessor
 
 
 class Strategy:

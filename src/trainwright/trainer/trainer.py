@@ -10,7 +10,7 @@ from typing import Any
 from torch import nn
 
 from trainwright.amp.precision import Precision, build_precision
-from trainwright.data.loader import ResumableLoader, build_dataloader
+from trainwright.data.loader import build_dataloader
 from trainwright.hooks.dispatch import HookList
 from trainwright.hooks.hook import Hook
 from trainwright.logging.logger import close_logger, create_logger
