@@ -1,0 +1,35 @@
+"""Distributed helpers: the one place (with ``strategies``) that imports ``torch.distributed``."""
+
+from __future__ import annotations
+
+from trainwright.dist.utils import (
+    all_gather_object,
+    all_reduce,
+    barrier,
+    broadcast_object,
+    detect_launcher,
+    get_dist_info,
+    get_local_rank,
+    get_rank,
+    get_world_size,
+    is_available,
+    is_distributed,
+    is_main_process,
+    master_only,
+)
+
+__all__ = [
+    "all_gather_object",
+    "all_reduce",
+    "barrier",
+    "broadcast_object",
+    "detect_launcher",
+    "get_dist_info",
+    "get_local_rank",
+    "get_rank",
+    "get_world_size",
+    "is_available",
+    "is_distributed",
+    "is_main_process",
+    "master_only",
+]
