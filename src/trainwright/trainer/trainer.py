@@ -109,7 +109,6 @@ class Trainer:
         self.writer = JsonlWriter(self.run_dir / "metrics.jsonl")
         self.logger.info(f"Environment: {self.strategy.collect_env()}")
         self.logger.info(f"Random seed: {self.seed}")
-        self.precision_name = precision
         self.nonfinite_loss = nonfinite_loss
         self.metric_store = MetricStore(raise_on_nonfinite=nonfinite_loss == "raise")
         self.progress = Progress()
@@ -124,7 +123,7 @@ class Trainer:
         self._train_loader_cfg = train_dataloader
         base = as_base_model(model)
         self.model: nn.Module = self.strategy.model_to_device(base)
-        self.precision: Precision = build_precision(precision if not isinstance(precision, str) or precision else "32", self.strategy.device.type)
+        self.precision: Precision = build_precision(precision or "32", self.strategy.device.type)
         self.optim_wrapper: Any = None
         self.param_schedulers: Any = None
         self.train_loop: EpochBasedTrainLoop | IterBasedTrainLoop | None = None
