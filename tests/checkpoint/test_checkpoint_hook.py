@@ -136,3 +136,32 @@ def test_validation_does_not_move_the_training_random_stream(tmp_path: Path) -> 
         runs.append(t.unwrapped_model.state_dict())
     for k in runs[0]:
         assert torch.equal(runs[0][k], runs[1][k]), k
+
+
+
+def test_epoch_interval_in_iteration_based_run_warns(tmp_path: Path) -> None:
+    """A by-epoch checkpoint interval in an iteration-based run saves only at the end: the log says so."""
+    from torch.utils.data import DataLoader, TensorDataset
+
+    class Reg(tw.BaseModel):
+        def __init__(self) -> None:
+            super().__init__()
+            self.lin = torch.nn.Linear(4, 1)
+
+        def forward(self, x: torch.Tensor, y: torch.Tensor | None = None, mode: str = "tensor") -> Any:
+            out = self.lin(x)
+            return {"loss": torch.nn.functional.mse_loss(out, y)} if mode == "loss" else out
+
+    data = TensorDataset(torch.randn(16, 4), torch.randn(16, 1))
+    trainer = tw.Trainer(
+        model=Reg(),
+        work_dir=tmp_path,
+        train_dataloader=DataLoader(data, batch_size=4),
+        optim_wrapper=dict(optimizer=dict(type="SGD", lr=0.01)),
+        train_cfg=dict(by_epoch=False, max_iters=6),
+    )
+    trainer.train()
+    trainer.close()
+    log = next(tmp_path.glob("*/train.log")).read_text()
+    assert "by_epoch=False, interval=N" in log
+    assert sorted(p.name for p in (tmp_path / "checkpoints").glob("*.pth")) == ["iter_6.pth"]

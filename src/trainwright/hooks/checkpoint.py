@@ -137,6 +137,11 @@ class CheckpointHook(Hook):
     # -- events ---------------------------------------------------------------------------
     def before_train(self, trainer: Trainer) -> None:  # noqa: D102
         self._in_train = True
+        if self.by_epoch and self.interval > 0 and not trainer.train_loop.by_epoch:
+            trainer.logger.warning(
+                "CheckpointHook counts its interval in epochs (by_epoch=True) but training is iteration-based: only the final "
+                "checkpoint will be written. Set default_hooks=dict(checkpoint=dict(by_epoch=False, interval=N)) to save every N iterations."
+            )
         if self.clean_stale_tmp and trainer.is_main_process:
             self._clean_stale_tmp(trainer)
 
