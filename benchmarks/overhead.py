@@ -107,6 +107,25 @@ def raw_loop(w: Workload, init: dict, data: TensorDataset, work_dir: str) -> tup
     return t1 - t0, time.perf_counter() - t_start, last
 
 
+def stopwatch():
+    """A hook bracketing the training iterations (before_train .. after_train_epoch).
+
+    It overrides no per-iteration event, so it costs nothing per step.
+    """
+    import trainwright as tw
+
+    class Stopwatch(tw.Hook):
+        priority = "HIGHEST"
+
+        def before_train(self, trainer) -> None:
+            self.t0 = time.perf_counter()
+
+        def after_train_epoch(self, trainer) -> None:
+            self.t1 = time.perf_counter()
+
+    return Stopwatch()
+
+
 def trainwright_loop(w: Workload, init: dict, data: TensorDataset, work_dir: str) -> tuple[float, float, float]:
     """The same training through trainwright's Trainer with its default hooks.
 
@@ -124,18 +143,7 @@ def trainwright_loop(w: Workload, init: dict, data: TensorDataset, work_dir: str
             out = self.mlp(x)
             return {"loss": F.cross_entropy(out, y)} if mode == "loss" else out
 
-    class Stopwatch(tw.Hook):
-        """Brackets the training iterations only (no per-iteration events: costs nothing per step)."""
-
-        priority = "HIGHEST"
-
-        def before_train(self, trainer) -> None:
-            self.t0 = time.perf_counter()
-
-        def after_train_epoch(self, trainer) -> None:
-            self.t1 = time.perf_counter()
-
-    watch = Stopwatch()
+    watch = stopwatch()
     torch.manual_seed(0)
     net = Net()
     net.mlp.load_state_dict(init)

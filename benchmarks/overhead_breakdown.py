@@ -72,16 +72,7 @@ def hand_loop(variant: str, init: dict, data) -> float:
 
 
 def trainer_loop(default_hooks: dict | None, init: dict, data, work_dir: str) -> float:
-    class Stopwatch(tw.Hook):
-        priority = "HIGHEST"
-
-        def before_train(self, trainer) -> None:
-            self.t0 = time.perf_counter()
-
-        def after_train_epoch(self, trainer) -> None:
-            self.t1 = time.perf_counter()
-
-    watch = Stopwatch()
+    watch = ov.stopwatch()
     net = Net()
     net.mlp.load_state_dict(init)
     with contextlib.redirect_stdout(io.StringIO()):

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import itertools
+from collections import Counter
 from pathlib import Path
 from typing import Any
 
@@ -81,3 +82,25 @@ def trainer_factory(tmp_path: Path):
 def params_of(model: nn.Module) -> list[torch.Tensor]:
     """Detached copies of a model's parameters, in order."""
     return [p.detach().clone() for p in model.parameters()]
+
+
+#: Tensor methods that force a device→host transfer (a sync on accelerators).
+SYNC_METHODS = ("item", "cpu", "tolist", "numpy", "__bool__", "__float__", "__int__", "__index__")
+
+
+@pytest.fixture
+def sync_calls(monkeypatch: pytest.MonkeyPatch) -> Counter[str]:
+    """Count calls of the tensor methods that read a value back to the host, by method name.
+
+    Instrumentation of torch (not of trainwright): the code under test runs unmodified.
+    """
+    calls: Counter[str] = Counter()
+    for name in SYNC_METHODS:
+        original = getattr(torch.Tensor, name)
+
+        def counting(self: torch.Tensor, *args: Any, _name: str = name, _orig: Any = original, **kwargs: Any) -> Any:
+            calls[_name] += 1
+            return _orig(self, *args, **kwargs)
+
+        monkeypatch.setattr(torch.Tensor, name, counting)
+    return calls

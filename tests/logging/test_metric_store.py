@@ -4,30 +4,11 @@ from __future__ import annotations
 
 import random
 import statistics
-from collections import Counter
 
 import pytest
 import torch
 
 from trainwright.logging import HistoryBuffer, MetricStore
-
-_SYNC_METHODS = ("item", "cpu", "tolist", "numpy", "__bool__", "__float__", "__int__", "__index__")
-
-
-@pytest.fixture
-def sync_calls(monkeypatch):
-    """Count calls of the tensor methods that force a device→host transfer."""
-    calls: Counter[str] = Counter()
-    for name in _SYNC_METHODS:
-        orig = getattr(torch.Tensor, name)
-
-        def wrapper(self, *args, __orig=orig, __name=name, **kwargs):
-            calls[__name] += 1
-            return __orig(self, *args, **kwargs)
-
-        monkeypatch.setattr(torch.Tensor, name, wrapper)
-    return calls
-
 
 def test_history_buffer_statistics_match_statistics_module():
     rng = random.Random(0)

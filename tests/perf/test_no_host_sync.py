@@ -9,6 +9,7 @@ torch, not of trainwright: the engine runs unmodified.
 
 from __future__ import annotations
 
+from collections import Counter
 from typing import Any
 
 import pytest
@@ -18,30 +19,6 @@ from torch import nn
 from torch.utils.data import DataLoader, TensorDataset
 
 import trainwright as tw
-
-SYNC_METHODS = ("item", "cpu", "tolist", "numpy", "__bool__", "__float__", "__int__", "__index__")
-
-
-class Counter:
-    def __init__(self) -> None:
-        self.n = 0
-        self.where: list[str] = []
-
-
-@pytest.fixture
-def count_syncs(monkeypatch: pytest.MonkeyPatch) -> Counter:
-    counter = Counter()
-    for name in SYNC_METHODS:
-        orig = getattr(torch.Tensor, name)
-
-        def wrapper(self: torch.Tensor, *a: Any, __orig=orig, __name=name, **k: Any) -> Any:
-            counter.n += 1
-            counter.where.append(__name)
-            return __orig(self, *a, **k)
-
-        monkeypatch.setattr(torch.Tensor, name, wrapper)
-    return counter
-
 
 class Net(tw.BaseModel):
     def __init__(self) -> None:
@@ -58,7 +35,7 @@ class Net(tw.BaseModel):
 class SyncPerIter(tw.Hook):
     """Snapshots the counter around each iteration (highest and lowest priority copies)."""
 
-    def __init__(self, counter: Counter, per_iter: dict[int, int], edge: str) -> None:
+    def __init__(self, counter: Counter[str], per_iter: dict[int, int], edge: str) -> None:
         self.counter = counter
         self.per_iter = per_iter
         self.edge = edge
@@ -67,15 +44,15 @@ class SyncPerIter(tw.Hook):
 
     def before_train_iter(self, trainer: Any, batch_idx: int, data_batch: Any = None) -> None:
         if self.edge == "start":
-            self.per_iter["_start"] = self.counter.n
+            self.per_iter["_start"] = self.counter.total()
 
     def after_train_iter(self, trainer: Any, batch_idx: int, data_batch: Any = None, outputs: Any = None) -> None:
         if self.edge == "end":
-            self.per_iter[trainer.progress.iteration] = self.counter.n - self.per_iter["_start"]
+            self.per_iter[trainer.progress.iteration] = self.counter.total() - self.per_iter["_start"]
 
 
 @pytest.mark.parametrize("by_epoch", [True, False])
-def test_zero_syncs_in_non_logging_iterations(tmp_path: Any, count_syncs: Counter, by_epoch: bool) -> None:
+def test_zero_syncs_in_non_logging_iterations(tmp_path: Any, sync_calls: Counter[str], by_epoch: bool) -> None:
     g = torch.Generator().manual_seed(0)
     data = TensorDataset(torch.randn(96, 8, generator=g), torch.randint(0, 3, (96,), generator=g))
     per_iter: dict[int, int] = {}
@@ -89,7 +66,7 @@ def test_zero_syncs_in_non_logging_iterations(tmp_path: Any, count_syncs: Counte
         param_scheduler=[dict(type="LinearLR", start_factor=0.1, by_epoch=False, begin=0, end=10), dict(type="CosineAnnealingLR", by_epoch=False, begin=10, end=24)],
         train_cfg=train_cfg,
         default_hooks=dict(logger=dict(interval=interval), checkpoint=dict(interval=12, by_epoch=False)),
-        custom_hooks=[SyncPerIter(count_syncs, per_iter, "start"), SyncPerIter(count_syncs, per_iter, "end"), dict(type="EMAHook")],
+        custom_hooks=[SyncPerIter(sync_calls, per_iter, "start"), SyncPerIter(sync_calls, per_iter, "end"), dict(type="EMAHook")],
         randomness=dict(seed=0),
         log_level="WARNING",
     )

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from trainwright.dist import utils
 from trainwright.dist.utils import (
     all_gather_object,
     all_reduce,
@@ -18,18 +19,4 @@ from trainwright.dist.utils import (
     master_only,
 )
 
-__all__ = [
-    "all_gather_object",
-    "all_reduce",
-    "barrier",
-    "broadcast_object",
-    "detect_launcher",
-    "get_dist_info",
-    "get_local_rank",
-    "get_rank",
-    "get_world_size",
-    "is_available",
-    "is_distributed",
-    "is_main_process",
-    "master_only",
-]
+__all__ = list(utils.__all__)
