@@ -111,3 +111,22 @@ def test_unknown_nonfinite_loss_option(trainer_factory):
 def test_unknown_precision_suggests(trainer_factory):
     with pytest.raises(ValueError, match="Did you mean 'bf16-mixed'"):
         trainer_factory(precision="bf16_mixed")
+
+
+def test_eval_dataloader_dict_is_checked_and_built(tmp_path) -> None:
+    """val/test loaders given as dicts are validated like the train loader (unknown keys named, datasets by type)."""
+    import torch
+    from torch.utils.data import TensorDataset
+
+    import trainwright as tw
+    from trainwright.registry import DATASETS
+
+    @DATASETS.register(name="TinyRegressionForEvalTest", force=True)
+    def tiny() -> TensorDataset:  # a registered dataset factory
+        return TensorDataset(torch.randn(8, 4), torch.randn(8, 1))
+
+    trainer = tw.Trainer(model=LinearReg(), work_dir=tmp_path, val_dataloader=dict(dataset=dict(type="TinyRegressionForEvalTest"), batch_size=4))
+    assert len(trainer.val_loop.dataloader.dataset) == 8
+    trainer.close()
+    with pytest.raises(KeyError, match="batch_size"):
+        tw.Trainer(model=LinearReg(), work_dir=tmp_path, val_dataloader=dict(dataset=tiny(), batchsize=4))

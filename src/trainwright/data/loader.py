@@ -231,10 +231,8 @@ class ResumableLoader:
 _LOADER_KEYS = {"dataset", "batch_size", "shuffle", "sampler", "batch_sampler", "num_workers", "collate_fn", "pin_memory", "drop_last", "timeout", "worker_init_fn", "multiprocessing_context", "generator", "prefetch_factor", "persistent_workers", "pin_memory_device", "in_order"}
 
 
-def build_dataloader(cfg: DataLoader | Mapping[str, Any] | ResumableLoader, seed: int = 0, name: str = "train_dataloader") -> ResumableLoader:
-    """Turn a ``DataLoader`` or a dict of ``DataLoader`` arguments into a :class:`ResumableLoader`."""
-    if isinstance(cfg, ResumableLoader):
-        return cfg
+def make_dataloader(cfg: DataLoader | Mapping[str, Any], name: str = "dataloader") -> DataLoader:
+    """A ``DataLoader`` from itself or from a dict of its arguments (``dataset`` may be a ``dict(type=...)``)."""
     if isinstance(cfg, Mapping):
         from trainwright.registry import did_you_mean
 
@@ -248,7 +246,14 @@ def build_dataloader(cfg: DataLoader | Mapping[str, Any] | ResumableLoader, seed
         cfg = DataLoader(**args)
     if not isinstance(cfg, DataLoader):
         raise TypeError(f"{name} must be a torch DataLoader or a dict of DataLoader arguments, got {type(cfg).__name__}")
-    return ResumableLoader(make_resumable(cfg, seed), seed)
+    return cfg
+
+
+def build_dataloader(cfg: DataLoader | Mapping[str, Any] | ResumableLoader, seed: int = 0, name: str = "train_dataloader") -> ResumableLoader:
+    """Turn a ``DataLoader`` or a dict of ``DataLoader`` arguments into a :class:`ResumableLoader`."""
+    if isinstance(cfg, ResumableLoader):
+        return cfg
+    return ResumableLoader(make_resumable(make_dataloader(cfg, name), seed), seed)
 
 
 def make_resumable(loader: DataLoader, seed: int = 0) -> DataLoader:

@@ -10,7 +10,7 @@ from typing import Any
 from torch import nn
 
 from trainwright.amp.precision import Precision, build_precision
-from trainwright.data.loader import build_dataloader
+from trainwright.data.loader import build_dataloader, make_dataloader
 from trainwright.hooks.dispatch import HookList
 from trainwright.hooks.hook import Hook
 from trainwright.logging.logger import close_logger, create_logger
@@ -158,10 +158,8 @@ class Trainer:
     def _build_eval_loop(self, loader: Any, evaluator: Any, mode: str, cfg: dict[str, Any]) -> EvalLoop | None:
         if loader is None:
             return None
-        from torch.utils.data import DataLoader
-
-        if isinstance(loader, Mapping):
-            loader = DataLoader(**loader)
+        if isinstance(loader, Mapping):  # a DataLoader, or any iterable of batches, is used as given
+            loader = make_dataloader(loader, f"{mode}_dataloader")
         if evaluator is not None:
             from trainwright.evaluation import Evaluator
 
