@@ -243,9 +243,7 @@ class CheckpointHook(Hook):
         self.kept = kept
         self._last_saved_iter = trainer.progress.iteration
         # Log records up to this point must survive a kill: the resumed run will not log them again.
-        flush = getattr(trainer.writer, "flush", None)
-        if callable(flush):
-            flush()
+        trainer.flush_logs()
         self._write(trainer, name, latest=True, remove=dropped)
 
     def _write(self, trainer: Trainer, name: str, latest: bool, remove: list[str]) -> None:

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import contextlib
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
@@ -168,13 +167,4 @@ def _evaluate_pass(trainer: Trainer, mode: str) -> dict[str, float]:
     loop = getattr(trainer, f"{mode}_loop", None)
     if loop is None or getattr(loop, "evaluator", None) is None:
         return {}
-    model: Any = trainer.model
-    step = model.val_step if mode == "val" else model.test_step
-    ctx = trainer.precision.autocast() if getattr(loop, "autocast", False) else contextlib.nullcontext()
-    n = 0
-    with torch.no_grad(), ctx:
-        for batch in loop.dataloader:
-            loop.evaluator.process(batch, step(batch))
-            n += 1
-    size = len(loop.dataloader.dataset) if hasattr(loop.dataloader, "dataset") else n
-    return dict(loop.evaluator.evaluate(size))
+    return loop.run_pass(with_hooks=False)

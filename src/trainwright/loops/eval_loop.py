@@ -39,14 +39,27 @@ class EvalLoop:
         """One pass; returns the metrics (keys like ``"val/acc"``) and hands them to hooks."""
         t = self.trainer
         m = self.mode
-        calls = t.hooks.calls
         t.hooks.call(f"before_{m}", t)
         t.hooks.call(f"before_{m}_epoch", t)
         model = t.model
         was_training = model.training
         model.eval()
-        step = model.val_step if m == "val" else model.test_step
-        before, after = calls[f"before_{m}_iter"], calls[f"after_{m}_iter"]
+        metrics = {f"{m}/{k}": v for k, v in self.run_pass().items()}
+        t.hooks.call(f"after_{m}_epoch", t, metrics)
+        t.hooks.call(f"after_{m}", t)
+        model.train(was_training)
+        return metrics
+
+    def run_pass(self, with_hooks: bool = True) -> dict[str, float]:
+        """The pass over the data with the model as it is; metric keys without the mode prefix.
+
+        ``with_hooks=False`` skips the per-iteration hook events (a hook evaluating the
+        model a second time from inside an epoch event uses that).
+        """
+        t = self.trainer
+        m = self.mode
+        step = t.model.val_step if m == "val" else t.model.test_step
+        before, after = (t.hooks.calls[f"before_{m}_iter"], t.hooks.calls[f"after_{m}_iter"]) if with_hooks else ((), ())
         ctx = t.precision.autocast() if self.autocast else contextlib.nullcontext()
         n = 0
         rng = get_rng_state()
@@ -65,11 +78,7 @@ class EvalLoop:
         set_rng_state(rng)
         if n == 0:
             raise ValueError(f"{m}_dataloader is empty (0 batches); check its dataset and batch_size")
-        metrics: dict[str, float] = {}
-        if self.evaluator is not None:
-            size = len(self.dataloader.dataset) if hasattr(self.dataloader, "dataset") else n
-            metrics = {f"{m}/{k}": v for k, v in self.evaluator.evaluate(size).items()}
-        t.hooks.call(f"after_{m}_epoch", t, metrics)
-        t.hooks.call(f"after_{m}", t)
-        model.train(was_training)
-        return metrics
+        if self.evaluator is None:
+            return {}
+        size = len(self.dataloader.dataset) if hasattr(self.dataloader, "dataset") else n
+        return dict(self.evaluator.evaluate(size))
