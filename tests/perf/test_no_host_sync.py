@@ -3,7 +3,8 @@
 We count every call of the Tensor methods that force a device→host transfer (``item``,
 ``cpu``, ``tolist``, ``numpy``, ``__bool__``, ``__float__``, ``__int__``, ``__index__``)
 while a real training run proceeds, attributing each call to the iteration it happens in.
-Only logging iterations (every ``interval``) may have any. This is instrumentation of
+Only logging iterations (every ``interval``; with ``flush_secs=0`` each of them flushes the
+metric store) may have any. This is instrumentation of
 torch, not of trainwright: the engine runs unmodified.
 """
 
@@ -65,7 +66,7 @@ def test_zero_syncs_in_non_logging_iterations(tmp_path: Any, sync_calls: Counter
         optim_wrapper=dict(optimizer=dict(type="SGD", lr=0.1, momentum=0.9), accumulative_counts=2, clip_grad=dict(max_norm=1.0)),
         param_scheduler=[dict(type="LinearLR", start_factor=0.1, by_epoch=False, begin=0, end=10), dict(type="CosineAnnealingLR", by_epoch=False, begin=10, end=24)],
         train_cfg=train_cfg,
-        default_hooks=dict(logger=dict(interval=interval), checkpoint=dict(interval=12, by_epoch=False)),
+        default_hooks=dict(logger=dict(interval=interval, flush_secs=0), checkpoint=dict(interval=12, by_epoch=False)),  # flush_secs=0: every line written at once
         custom_hooks=[SyncPerIter(sync_calls, per_iter, "start"), SyncPerIter(sync_calls, per_iter, "end"), dict(type="EMAHook")],
         randomness=dict(seed=0),
         log_level="WARNING",

@@ -145,6 +145,10 @@ class CheckpointHook(Hook):
         if self.clean_stale_tmp and trainer.is_main_process:
             self._clean_stale_tmp(trainer)
 
+    def idle_events(self, trainer: Trainer) -> tuple[str, ...]:  # noqa: D102
+        # Epoch-interval saves are requested (and a pending one flushed) at epoch events only.
+        return ("after_train_iter",) if self.by_epoch or self.interval <= 0 else ()
+
     def after_train_iter(self, trainer: Trainer, batch_idx: int, data_batch: Any = None, outputs: dict | None = None) -> None:  # noqa: D102
         if self._pending is not None:  # a validation we waited for did not come: save what we have
             self._flush_pending(trainer)

@@ -20,6 +20,7 @@ class HookList:
 
     def __init__(self, hooks: Iterable[Hook] = ()) -> None:
         self._hooks: list[Hook] = []
+        self._idle: dict[int, frozenset[str]] = {}
         self.calls: dict[str, tuple[Callable[..., Any], ...]] = {}
         for h in hooks:
             self.add(h)
@@ -48,10 +49,25 @@ class HookList:
         dup = {k for k in keys if keys.count(k) > 1}
         if dup:
             raise ValueError(f"Two stateful hooks share the state_key {sorted(dup)}; give each copy a distinct `state_key`")
+        idle = self._idle
         self.calls = {
-            ev: tuple(getattr(h, ev) for h in self._hooks if getattr(type(h), ev) is not getattr(Hook, ev))
+            ev: tuple(getattr(h, ev) for h in self._hooks if getattr(type(h), ev) is not getattr(Hook, ev) and ev not in idle.get(id(h), ()))
             for ev in EVENTS
         }
+
+    def refresh(self, trainer: Any) -> None:
+        """Ask every hook for its :meth:`~Hook.idle_events` and rebuild the per-iteration lists.
+
+        The train loop calls this after ``before_train`` and with ``None`` after ``after_train``
+        (which makes every hook active again).
+        """
+        self._idle = {}
+        if trainer is not None:
+            for h in self._hooks:
+                skip = frozenset(h.idle_events(trainer)) & _ITER_EVENTS
+                if skip:
+                    self._idle[id(h)] = skip
+        self._rebuild()
 
     def call(self, event: str, *args: Any, **kwargs: Any) -> None:
         """Call ``event`` on every hook that overrides it (not used on the per-iteration path)."""
@@ -74,6 +90,9 @@ class HookList:
 
     def __len__(self) -> int:  # noqa: D105
         return len(self._hooks)
+
+
+_ITER_EVENTS = frozenset({"before_train_iter", "after_train_iter"})
 
 
 def _has_state(hook: Hook) -> bool:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Collection
 from typing import TYPE_CHECKING, Any, ClassVar
 
 if TYPE_CHECKING:
@@ -149,6 +150,16 @@ class Hook:
 
     def after_load_checkpoint(self, trainer: Trainer, checkpoint: dict) -> None:
         """Called after a checkpoint has been loaded for resume."""
+
+    def idle_events(self, trainer: Trainer) -> Collection[str]:
+        """Per-iteration training events this hook has nothing to do on in this ``train()``.
+
+        Asked once, right after ``before_train``; the dispatch lists then leave the hook out of
+        those events until the run ends (``"before_train_iter"`` / ``"after_train_iter"``;
+        other names are ignored). A hook called every step only to return costs time on
+        small models. Default: none.
+        """
+        return ()
 
     def every_n_iters(self, trainer: Trainer, n: int) -> bool:
         """True when the iteration just finished is a multiple of ``n`` (run-wide count)."""

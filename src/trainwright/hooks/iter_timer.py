@@ -11,6 +11,8 @@ from trainwright.registry import HOOKS
 if TYPE_CHECKING:
     from trainwright.trainer.trainer import Trainer
 
+_clock = time.perf_counter
+
 
 @HOOKS.register
 class IterTimerHook(Hook):
@@ -18,28 +20,53 @@ class IterTimerHook(Hook):
 
     Both are plain ``time.perf_counter`` differences: no device synchronisation, so on
     accelerators ``time`` measures the host's view (it converges to the device's pace
-    because the queue of launched work is bounded).
+    because the queue of launched work is bounded). On the hot path the hook only appends
+    two timestamps per iteration; they become ``data_time`` / ``time`` values in the metric
+    store when it is flushed (the logger's interval), with the iteration they belong to.
     """
 
     priority = "VERY_HIGH"
 
     def __init__(self) -> None:
-        self._t = 0.0
+        self._marks: list[float] = []  # before_train_iter, after_train_iter, before, after, ...
+        self._iters: list[int] = []  # the iteration each (before, after) pair belongs to
+        self._prev = 0.0  # end of the previous iteration (or start of the epoch)
+        self._v = 0.0
+        self._store: Any = None
+
+    def before_train(self, trainer: Trainer) -> None:  # noqa: D102
+        self._store = trainer.metric_store
+        self._store.add_drain(self._drain)
 
     def before_train_epoch(self, trainer: Trainer) -> None:  # noqa: D102
-        self._t = time.perf_counter()
+        self._drain()
+        self._prev = _clock()
 
     def before_train_iter(self, trainer: Trainer, batch_idx: int, data_batch: Any = None) -> None:  # noqa: D102
-        trainer.metric_store.update_scalar("data_time", time.perf_counter() - self._t)
+        self._marks.append(_clock())
 
     def after_train_iter(self, trainer: Trainer, batch_idx: int, data_batch: Any = None, outputs: dict | None = None) -> None:  # noqa: D102
-        now = time.perf_counter()
-        trainer.metric_store.update_scalar("time", now - self._t)
-        self._t = now
+        self._marks.append(_clock())
+        self._iters.append(trainer.progress.iteration)
+
+    def _drain(self) -> None:
+        """Turn complete (before, after) timestamp pairs into ``data_time`` / ``time`` values."""
+        iters = self._iters
+        n = len(iters)
+        if not n or self._store is None:
+            return
+        marks = self._marks
+        ends = [self._prev, *marks[1 : 2 * n : 2]]  # end of the previous iteration, then each 'after'
+        self._store.update_scalars("data_time", [b - e for b, e in zip(marks[0 : 2 * n : 2], ends)], iters[:])
+        self._store.update_scalars("time", [a - e for a, e in zip(ends[1:], ends)], iters[:])
+        self._prev = ends[-1]
+        del marks[: 2 * n]  # keeps the 'before' mark of an iteration in progress
+        iters.clear()
 
     def before_val_epoch(self, trainer: Trainer) -> None:  # noqa: D102
-        self._v = time.perf_counter()
+        self._v = _clock()
 
     def after_val_epoch(self, trainer: Trainer, metrics: dict | None = None) -> None:  # noqa: D102
-        trainer.metric_store.update_scalar("val_time", time.perf_counter() - self._v)
-        self._t = time.perf_counter()  # validation time does not count as training data time
+        trainer.metric_store.update_scalar("val_time", _clock() - self._v)
+        self._drain()
+        self._prev = _clock()  # validation time does not count as training data time

@@ -1,12 +1,29 @@
-"""LoggerHook: a log line and a ``metrics.jsonl`` record every ``interval`` iterations."""
+"""LoggerHook: a log line and a ``metrics.jsonl`` record every ``interval`` iterations.
+
+Pseudocode (what makes a log line cost ~nothing on the training hot path)::
+
+    after_train_iter:  if it % interval == 0: requests.append((it, epoch, lr, ...))   # no numbers yet
+                       if 1 s passed since the last write: metric_store.flush()
+    metric_store.flush → listener(columns)   # every iteration's loss / time, as numbers
+                       → one record per request: mean loss of its interval, lr, time, ETA
+                       → metrics.jsonl lines and console / train.log lines, in one batch
+
+Turning numbers into text is the costly part of logging (it runs on cold caches between
+training steps), so lines are rendered together, at most once per ``flush_secs`` while
+training runs fast, and right away when the previous batch is older than that (slow steps).
+Anything that needs the lines - validation results, a checkpoint, the end of an epoch or of
+the run, an error - flushes the store first, so lines keep their order and are on disk.
+"""
 
 from __future__ import annotations
 
 import datetime
-from typing import TYPE_CHECKING, Any
+import time
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 from trainwright.hooks.hook import Hook
-from trainwright.logging.logger import log_fast
+from trainwright.logging.logger import log_lines
+from trainwright.logging.metric_store import Columns
 from trainwright.registry import HOOKS
 
 if TYPE_CHECKING:
@@ -15,85 +32,165 @@ if TYPE_CHECKING:
 _TIME_KEYS = ("time", "data_time")
 
 
+class _Request(NamedTuple):
+    """What a training log line needs that is only known at its iteration."""
+
+    iteration: int
+    epoch: int
+    batch_idx: int
+    head: str
+    iters_left: int
+    lr: dict[str, float]
+    grad_norm: Any  # a tensor (converted when the line is written) or None
+    loss_scale: float | None
+
+
 @HOOKS.register
 class LoggerHook(Hook):
     """Logs training scalars at an interval and validation / test metrics after each pass.
 
-    This is the one place where the hot loop's tensors become numbers: every ``interval``
-    iterations the metric store is flushed (one device→host transfer), which is also when
-    a NaN/Inf loss is detected.
+    Each training line shows the mean of every loss over the last ``interval`` iterations,
+    the latest value of other logged outputs, the learning rate, the mean iteration and
+    data time, and the ETA; the same numbers go to ``metrics.jsonl``.
 
     Args:
         interval: Iterations between log lines.
         ignore_last: Skip the log line for an epoch's last, shorter interval.
+        flush_secs: While training runs faster than one line per ``flush_secs``, lines are
+            written in batches at most this far apart (0 writes each line at once).
     """
 
     priority = "BELOW_NORMAL"
 
-    def __init__(self, interval: int = 10, ignore_last: bool = False) -> None:
+    def __init__(self, interval: int = 10, ignore_last: bool = False, flush_secs: float = 1.0) -> None:
         if interval < 1:
             raise ValueError(f"LoggerHook interval must be >= 1, got {interval}")
+        if flush_secs < 0:
+            raise ValueError(f"LoggerHook flush_secs must be >= 0, got {flush_secs}")
         self.interval = interval
         self.ignore_last = ignore_last
+        self.flush_secs = flush_secs
         self._last_idx = -1
+        self._requests: list[_Request] = []
+        self._cols: dict[str, tuple[list[int], list[float]]] = {}
+        self._last_write = 0.0
+        self._sink: tuple[Any, Any] | None = None  # (metrics writer, logger) on the main process
 
+    # -- training ---------------------------------------------------------------------------
     def before_train(self, trainer: Trainer) -> None:  # noqa: D102
         loop = trainer.train_loop
         self._last_idx = len(loop.dataloader) - 1 if loop.by_epoch and not self.ignore_last else -1
+        self._requests = []
+        self._cols = {}
+        self._sink = (trainer.writer, trainer.logger) if trainer.is_main_process else None
+        trainer.metric_store.add_listener(self._on_flush)
+        self._last_write = time.perf_counter()
 
     def after_train_iter(self, trainer: Trainer, batch_idx: int, data_batch: Any = None, outputs: dict | None = None) -> None:  # noqa: D102
         if trainer.progress.iteration % self.interval == 0 or batch_idx == self._last_idx:
-            self._log_train(trainer, batch_idx)
+            self._request(trainer, batch_idx)
+            if time.perf_counter() - self._last_write >= self.flush_secs:
+                trainer.metric_store.flush()  # → _on_flush writes the lines
 
-    def _log_train(self, trainer: Trainer, batch_idx: int) -> None:
-        store = trainer.metric_store
-        store.flush()
+    def after_train(self, trainer: Trainer) -> None:  # noqa: D102
+        trainer.metric_store.flush()  # the loop flushed at the end; a no-op unless a hook logged since
+        trainer.metric_store.remove_listener(self._on_flush)
+
+    def after_run(self, trainer: Trainer) -> None:  # noqa: D102
+        # The run may have ended with an error: drop the listener, keep what was logged.
+        trainer.metric_store.remove_listener(self._on_flush)
+
+    def _request(self, trainer: Trainer, batch_idx: int) -> None:
         p = trainer.progress
-        loop = trainer.train_loop
-        record: dict[str, Any] = {"mode": "train", "epoch": p.epoch + 1 if loop.by_epoch else p.epoch, "iter": p.iteration}
-        n = self.interval
-        for name in store.names():
-            buf = store.get(name)
-            if buf.latest_iter > p.iteration - n and name not in _TIME_KEYS and not name.startswith("val"):
-                record[name] = buf.mean(min(n, buf.count)) if "loss" in name else buf.latest
-        ow = trainer.optim_wrapper
-        for k, v in ow.get_lr().items():
-            record[k] = v[0]
-        gn = getattr(ow, "grad_norm", None)
-        if gn is not None:
-            record["grad_norm"] = float(gn)
-        scale = getattr(ow, "loss_scale", None)
-        if scale is not None:
-            record["loss_scale"] = float(scale)
-        eta = None
-        if "time" in store:
-            t = store.get("time")
-            record["time"] = t.mean(min(n, t.count))
-            record["data_time"] = store.get("data_time").mean(min(n, t.count)) if "data_time" in store else 0.0
-            eta = record["time"] * (loop.max_iters - p.iteration)
-        if trainer.is_main_process:
-            trainer.writer.write(record)
-            log_fast(trainer.logger, self._format(trainer, record, batch_idx, eta))
-
-    def _format(self, trainer: Trainer, r: dict[str, Any], batch_idx: int, eta: float | None) -> str:
         loop = trainer.train_loop
         if loop.by_epoch:
             total = len(loop.dataloader)
-            head = f"Epoch(train) [{r['epoch']}][{batch_idx + 1:>{len(str(total))}}/{total}]"
+            head = f"Epoch(train) [{p.epoch + 1}][{batch_idx + 1:>{len(str(total))}}/{total}]"
         else:
-            head = f"Iter(train) [{r['iter']:>{len(str(loop.max_iters))}}/{loop.max_iters}]"
-        parts = [head]
-        for k, v in r.items():
+            head = f"Iter(train) [{p.iteration:>{len(str(loop.max_iters))}}/{loop.max_iters}]"
+        ow = trainer.optim_wrapper
+        scale = getattr(ow, "loss_scale", None)
+        self._requests.append(
+            _Request(
+                p.iteration,
+                p.epoch + 1 if loop.by_epoch else p.epoch,
+                batch_idx,
+                head,
+                loop.max_iters - p.iteration,
+                {k: v[0] for k, v in ow.get_lr().items()},
+                getattr(ow, "grad_norm", None),
+                None if scale is None else float(scale),
+            )
+        )
+
+    def _on_flush(self, columns: Columns) -> None:
+        """Store listener: collect the new numbers, then write every requested line they complete."""
+        cols = self._cols
+        for name, (iters, values) in columns.items():
+            if name.startswith("val"):
+                continue
+            col = cols.get(name)
+            if col is None:
+                cols[name] = (list(iters), list(values))
+            else:
+                col[0].extend(iters)
+                col[1].extend(values)
+        if not self._requests:
+            return
+        requests, self._requests = self._requests, []
+        records = [self._record(r) for r in requests]
+        if self._sink is not None:
+            writer, logger = self._sink
+            for rec in records:
+                writer.write(rec)
+            log_lines(logger, [self._format(r, rec) for r, rec in zip(requests, records)])
+        # Keep only what a later line's window (its last `interval` iterations) can still need.
+        keep_after = requests[-1].iteration - self.interval
+        for name, (iters, values) in list(cols.items()):
+            k = 0
+            while k < len(iters) and iters[k] <= keep_after:
+                k += 1
+            if k:
+                del iters[:k], values[:k]
+        self._last_write = time.perf_counter()
+
+    def _record(self, r: _Request) -> dict[str, Any]:
+        """The metrics.jsonl record of one line: loss means over its interval, latest others."""
+        lo, hi = r.iteration - self.interval, r.iteration
+        record: dict[str, Any] = {"mode": "train", "epoch": r.epoch, "iter": r.iteration}
+        for name, (iters, values) in self._cols.items():
+            if name in _TIME_KEYS:
+                continue
+            window = [v for i, v in zip(iters, values) if lo < i <= hi]
+            if window:
+                record[name] = sum(window) / len(window) if "loss" in name else window[-1]
+        record.update(r.lr)
+        if r.grad_norm is not None:
+            record["grad_norm"] = float(r.grad_norm)
+        if r.loss_scale is not None:
+            record["loss_scale"] = r.loss_scale
+        if "time" in self._cols:
+            for key in _TIME_KEYS:
+                iters, values = self._cols.get(key, ((), ()))
+                window = [v for i, v in zip(iters, values) if lo < i <= hi]
+                record[key] = sum(window) / len(window) if window else 0.0
+        return record
+
+    @staticmethod
+    def _format(r: _Request, rec: dict[str, Any]) -> str:
+        parts = [r.head]
+        for k, v in rec.items():
             if k in ("mode", "epoch", "iter"):
                 continue
             if k == "lr" or k.endswith(".lr"):
                 parts.append(f"{k}: {v:.4e}")
             elif isinstance(v, float):
                 parts.append(f"{k}: {v:.4f}")
-            if k == "lr" and eta is not None:
-                parts.append(f"eta: {datetime.timedelta(seconds=int(eta))}")
+            if k == "lr" and "time" in rec:
+                parts.append(f"eta: {datetime.timedelta(seconds=int(rec['time'] * r.iters_left))}")
         return "  ".join(parts)
 
+    # -- evaluation -------------------------------------------------------------------------
     def after_val_epoch(self, trainer: Trainer, metrics: dict[str, float] | None = None) -> None:  # noqa: D102
         self._log_eval(trainer, "val", metrics or {})
 
@@ -101,6 +198,7 @@ class LoggerHook(Hook):
         self._log_eval(trainer, "test", metrics or {})
 
     def _log_eval(self, trainer: Trainer, mode: str, metrics: dict[str, float]) -> None:
+        trainer.metric_store.flush()  # pending training lines first, in order
         if not trainer.is_main_process:
             return
         p = trainer.progress

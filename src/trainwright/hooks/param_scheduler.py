@@ -36,6 +36,9 @@ class ParamSchedulerHook(Hook):
         self._iter = [s for s in all_s if not s.by_epoch]
         self._epoch = [s for s in all_s if s.by_epoch]
 
+    def idle_events(self, trainer: Trainer) -> tuple[str, ...]:  # noqa: D102
+        return () if self._iter else ("after_train_iter",)
+
     def after_train_iter(self, trainer: Trainer, batch_idx: int, data_batch: Any = None, outputs: dict | None = None) -> None:  # noqa: D102
         for s in self._iter:
             s.step()

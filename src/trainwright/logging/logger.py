@@ -27,18 +27,22 @@ class _TeeHandler(logging.Handler):
         self._last_flush = 0.0
 
     def emit(self, record: logging.LogRecord) -> None:  # noqa: D102
+        self.emit_many([record])
+
+    def emit_many(self, records: list[logging.LogRecord]) -> None:
+        """Write several records with one console write and flush (and one file write)."""
         try:
-            msg = self.format(record) + "\n"
-            self.stream.write(msg)
+            text = "".join([self.format(r) + "\n" for r in records])
+            self.stream.write(text)
             self.stream.flush()
             if self.file is not None:
-                self.file.write(msg)
+                self.file.write(text)
                 now = time.monotonic()
-                if now - self._last_flush >= 1.0 or record.levelno >= logging.WARNING:
+                if now - self._last_flush >= 1.0 or max(r.levelno for r in records) >= logging.WARNING:
                     self.file.flush()
                     self._last_flush = now
         except Exception:  # noqa: BLE001 - logging must never break training
-            self.handleError(record)
+            self.handleError(records[-1])
 
     def flush(self) -> None:  # noqa: D102
         self.stream.flush()
@@ -85,6 +89,26 @@ def close_logger(logger: logging.Logger) -> None:
     for h in list(logger.handlers):
         h.close()
         logger.removeHandler(h)
+
+
+def log_lines(logger: logging.Logger, msgs: list[str], level: int = logging.INFO) -> None:
+    """Log several messages at once: one write per trainwright handler, ordinary records for others.
+
+    Like :func:`log_fast` (no caller lookup) for a batch of lines, e.g. the training log
+    lines the logger hook renders together.
+    """
+    if not msgs or not logger.isEnabledFor(level):
+        return
+    records = [logging.LogRecord(logger.name, level, "", 0, m, None, None) for m in msgs]
+    for handler in logger.handlers:
+        if level < handler.level:
+            continue
+        if isinstance(handler, _TeeHandler) and not handler.filters:
+            with handler.lock:  # type: ignore[union-attr]
+                handler.emit_many(records)
+        else:
+            for r in records:
+                handler.handle(r)
 
 
 def log_fast(logger: logging.Logger, msg: str, level: int = logging.INFO) -> None:

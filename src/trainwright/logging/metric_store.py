@@ -12,6 +12,7 @@ from __future__ import annotations
 import math
 import statistics
 from collections import deque
+from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -36,6 +37,16 @@ class HistoryBuffer:
         self._iters.append(iteration)
         self._sum += value
         self._count += 1
+
+    def extend(self, values: list[float], iterations: list[int]) -> None:
+        """Append several numbers at once (same result as :meth:`update` on each, in order)."""
+        self._window.extend(values)
+        self._iters.extend(iterations)
+        total = self._sum
+        for v in values:
+            total += v
+        self._sum = total
+        self._count += len(values)
 
     @property
     def latest(self) -> float:
@@ -82,13 +93,26 @@ class HistoryBuffer:
         self._count = int(state["count"])
 
 
+#: What listeners receive: per name, the iterations and the numbers recorded since the last flush.
+Columns = dict[str, tuple[list[int], list[float]]]
+
+
 class MetricStore:
     """Named :class:`HistoryBuffer` s fed with tensors that are converted lazily.
+
+    Pseudocode of the life of a logged value::
+
+        update_dict({"loss": t}, it)      # hot path: a list append, the tensor stays on the device
+        ...
+        flush()                           # drains run (the timer hands over its timestamps),
+                                          # pending tensors → numbers (one transfer per device),
+                                          # buffers extended, listeners get the new columns,
+                                          # then a NaN/Inf loss raises FloatingPointError
 
     Args:
         window_size: Window of each buffer (median/mean over the last N values).
         flush_every: Convert pending tensors after this many iterations at the latest,
-            so memory stays bounded even when no logger asks for numbers.
+            so memory stays bounded whoever asks for numbers.
         raise_on_nonfinite: On flush, raise :class:`FloatingPointError` when a value whose
             name contains ``"loss"`` is NaN or infinite.
     """
@@ -99,6 +123,9 @@ class MetricStore:
         self.raise_on_nonfinite = raise_on_nonfinite
         self._buffers: dict[str, HistoryBuffer] = {}
         self._pending: list[tuple[int, dict[str, Any]]] = []
+        self._fresh: Columns = {}
+        self._drains: list[Callable[[], None]] = []
+        self._listeners: list[Callable[[Columns], None]] = []
 
     # -- hot path -------------------------------------------------------------------------
     def update_dict(self, values: dict[str, Any], iteration: int) -> None:
@@ -109,47 +136,101 @@ class MetricStore:
 
     def update_scalar(self, name: str, value: float, iteration: int = -1) -> None:
         """Record a plain Python number right away (timings, learning rates)."""
+        self.update_scalars(name, [value], [iteration])
+
+    def update_scalars(self, name: str, values: list[float], iterations: list[int]) -> None:
+        """Record several numbers of one scalar at once (what drains use)."""
+        if not values:
+            return
+        self.buffer(name).extend(values, iterations)
+        col = self._fresh.get(name)
+        if col is None:
+            self._fresh[name] = (list(iterations), list(values))
+        else:
+            col[0].extend(iterations)
+            col[1].extend(values)
+
+    def buffer(self, name: str) -> HistoryBuffer:
+        """The buffer of ``name``, created empty if it does not exist yet."""
         buf = self._buffers.get(name)
         if buf is None:
             buf = self._buffers[name] = HistoryBuffer(self.window_size)
-        buf.update(value, iteration)
+        return buf
+
+    def add_drain(self, fn: Callable[[], None]) -> None:
+        """Have ``fn`` called at the start of every :meth:`flush` (once, however often added).
+
+        For producers that batch numbers up cheaply on the hot path (the iteration timer keeps
+        raw timestamps) and hand them over with :meth:`update_scalars` when someone reads.
+        """
+        if fn not in self._drains:
+            self._drains.append(fn)
+
+    def add_listener(self, fn: Callable[[Columns], None]) -> None:
+        """Have ``fn(columns)`` called after every :meth:`flush` with the numbers it brought in.
+
+        ``columns`` maps each name to ``(iterations, values)`` of everything recorded since the
+        previous flush, in order (the logger hook writes its lines from them).
+        """
+        if fn not in self._listeners:
+            self._listeners.append(fn)
+
+    def remove_listener(self, fn: Callable[[Columns], None]) -> None:
+        """Stop calling ``fn`` (no error if it was not registered)."""
+        if fn in self._listeners:
+            self._listeners.remove(fn)
 
     # -- sync point -----------------------------------------------------------------------
-    def flush(self) -> None:
+    def flush(self, raise_on_nonfinite: bool | None = None) -> None:
         """Turn every pending tensor into a number, in one transfer per device.
 
+        Args:
+            raise_on_nonfinite: Override the store's setting for this call (error paths pass
+                False so a second exception does not hide the first).
+
         Raises:
-            FloatingPointError: a loss was NaN/Inf (``raise_on_nonfinite``); the message
-                names the first such iteration and that iteration's loss dict.
+            FloatingPointError: a loss was NaN/Inf; the message names the first such
+                iteration and that iteration's loss dict. Listeners have seen the numbers.
         """
-        if not self._pending:
-            return
-        pending, self._pending = self._pending, []
-        # One device→host transfer per device: stack every pending tensor, then .tolist().
-        flat: list[torch.Tensor] = []
-        refs: list[tuple[int, str, Any]] = []
-        for it, values in pending:
-            for name, v in values.items():
-                if isinstance(v, torch.Tensor):
-                    refs.append((it, name, len(flat)))
-                    flat.append(v if v.ndim == 0 else v.detach().float().mean())
-                else:
-                    refs.append((it, name, float(v)))
-        numbers = self._to_numbers(flat)
-        values_of = [(it, name, numbers[r] if type(r) is int else r) for it, name, r in refs]
-        bad_iter = None
-        buffers = self._buffers
-        for it, name, val in values_of:
-            buf = buffers.get(name)
-            if buf is None:
-                buf = buffers[name] = HistoryBuffer(self.window_size)
-            buf.update(val, it)
-            if bad_iter is None and "loss" in name and not math.isfinite(val) and self.raise_on_nonfinite:
-                bad_iter = it
-        if bad_iter is not None:
-            losses = {n: v for i, n, v in values_of if i == bad_iter}
+        for drain in self._drains:
+            drain()
+        pending = self._pending
+        bad: tuple[int, str] | None = None
+        columns: dict[str, tuple[list[int], list[Any]]] = {}
+        numbers: list[float] = []
+        if pending:
+            self._pending = []
+            # Per name: the iterations and, for each, an index into ``flat`` (a tensor) or a float.
+            flat: list[torch.Tensor] = []
+            for it, values in pending:
+                for name, v in values.items():
+                    col = columns.get(name)
+                    if col is None:
+                        col = columns[name] = ([], [])
+                    col[0].append(it)
+                    if isinstance(v, torch.Tensor):
+                        col[1].append(len(flat))
+                        flat.append(v if v.ndim == 0 else v.detach().float().mean())
+                    else:
+                        col[1].append(float(v))
+            numbers = self._to_numbers(flat)  # one device→host transfer per device
+            check = self.raise_on_nonfinite if raise_on_nonfinite is None else raise_on_nonfinite
+            for name, (iters, refs) in columns.items():
+                vals = [numbers[r] if type(r) is int else r for r in refs]
+                self.update_scalars(name, vals, iters)
+                if check and "loss" in name and not all(map(math.isfinite, vals)):
+                    first = next(i for i, v in zip(iters, vals) if not math.isfinite(v))
+                    if bad is None or first < bad[0]:
+                        bad = (first, name)
+        fresh, self._fresh = self._fresh, {}
+        if fresh:
+            for fn in self._listeners:
+                fn(fresh)
+        if bad is not None:
+            it = bad[0]
+            losses = {name: (numbers[r] if type(r) is int else r) for name, (iters, refs) in columns.items() for i, r in zip(iters, refs) if i == it}
             raise FloatingPointError(
-                f"Loss became infinite or NaN at iteration {bad_iter}: {losses}. "
+                f"Loss became infinite or NaN at iteration {it}: {losses}. "
                 "Lower the learning rate, enable gradient clipping (optim_wrapper=dict(clip_grad=dict(max_norm=1.0))), "
                 "check the data for NaN/Inf, or pass nonfinite_loss='skip' to the Trainer to skip such steps."
             )
@@ -196,6 +277,7 @@ class MetricStore:
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Restore the buffers saved by :meth:`state_dict`."""
         self._pending = []
+        self._fresh = {}
         self._buffers = {}
         for k, s in state.items():
             b = HistoryBuffer(self.window_size)

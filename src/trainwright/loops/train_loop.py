@@ -105,6 +105,7 @@ class EpochBasedTrainLoop(_TrainLoopBase):
         """Run the remaining epochs (after a resume: from the saved position)."""
         t = self.trainer
         t.hooks.call("before_train", t)
+        t.hooks.refresh(t)
         while t.progress.epoch < self.max_epochs and not t.should_stop:
             self.run_epoch()
             if t.should_stop:
@@ -112,6 +113,7 @@ class EpochBasedTrainLoop(_TrainLoopBase):
             if self.val_due():
                 self.trainer.val_loop.run()  # type: ignore[union-attr]
         t.metric_store.flush()
+        t.hooks.refresh(None)
         t.hooks.call("after_train", t)
 
     def run_epoch(self) -> None:
@@ -161,6 +163,7 @@ class IterBasedTrainLoop(_TrainLoopBase):
         t = self.trainer
         progress = t.progress
         t.hooks.call("before_train", t)
+        t.hooks.refresh(t)
         t.hooks.call("before_train_epoch", t)
         t.model.train()
         t.optim_wrapper.initialize_count_status(t.model, progress.iteration, self._max_iters)
@@ -172,4 +175,5 @@ class IterBasedTrainLoop(_TrainLoopBase):
         progress.epoch = self.dataloader.epoch
         t.metric_store.flush()
         t.hooks.call("after_train_epoch", t)
+        t.hooks.refresh(None)
         t.hooks.call("after_train", t)

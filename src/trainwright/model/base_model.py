@@ -49,7 +49,7 @@ class BaseModel(nn.Module):
         Returns:
             The log tensors (``loss`` and each loss term), detached, on the device.
         """
-        data = self.data_preprocessor(data, True)
+        data = self._preprocess(data, True)
         with optim_wrapper.optim_context(self):
             losses = self._run_forward(data, "loss")
         loss, log_vars = self.parse_losses(losses)
@@ -58,11 +58,15 @@ class BaseModel(nn.Module):
 
     def val_step(self, data: Any) -> Any:
         """Preprocess → forward in ``"predict"`` mode."""
-        return self._run_forward(self.data_preprocessor(data, False), "predict")
+        return self._run_forward(self._preprocess(data, False), "predict")
 
     def test_step(self, data: Any) -> Any:
         """Preprocess → forward in ``"predict"`` mode."""
-        return self._run_forward(self.data_preprocessor(data, False), "predict")
+        return self._run_forward(self._preprocess(data, False), "predict")
+
+    def _preprocess(self, data: Any, training: bool) -> Any:
+        pre = self.data_preprocessor
+        return data if getattr(pre, "passthrough", False) else pre(data, training)
 
     def _run_forward(self, data: Any, mode: str) -> Any:
         if isinstance(data, dict):

@@ -275,11 +275,18 @@ class Trainer:
 
     def _run(self, fn: Any) -> Any:
         self.hooks.call("before_run", self)
+        ok = False
         try:
-            return fn()
+            out = fn()
+            ok = True
+            return out
         finally:
-            self.hooks.call("after_run", self)
-            self.flush_logs()
+            try:
+                # Lines still pending go out first; on an error path a NaN must not raise a second error.
+                self.metric_store.flush(raise_on_nonfinite=None if ok else False)
+            finally:
+                self.hooks.call("after_run", self)
+                self.flush_logs()
 
     # -- checkpoints ----------------------------------------------------------------------
     def state_dict(self, save_optimizer: bool = True, save_param_scheduler: bool = True) -> dict[str, Any]:
@@ -327,7 +334,12 @@ class Trainer:
         return path
 
     def flush_logs(self) -> None:
-        """Make everything logged so far visible on disk (log file and ``metrics.jsonl``)."""
+        """Make everything logged so far visible on disk (log lines still pending, log file, ``metrics.jsonl``).
+
+        Raises:
+            FloatingPointError: a loss logged since the last flush is NaN/Inf (see ``nonfinite_loss``).
+        """
+        self.metric_store.flush()
         self.writer.flush()
         for h in self.logger.handlers:
             h.flush()
