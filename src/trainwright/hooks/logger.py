@@ -17,6 +17,7 @@ the run, an error - flushes the store first, so lines keep their order and are o
 
 from __future__ import annotations
 
+import bisect
 import datetime
 import time
 from typing import TYPE_CHECKING, Any, NamedTuple
@@ -38,9 +39,8 @@ class _Request(NamedTuple):
     iteration: int
     epoch: int
     batch_idx: int
-    head: str
-    iters_left: int
     lr: dict[str, float]
+    created: float  # wall-clock time of the iteration (the line's timestamp)
     grad_norm: Any  # a tensor (converted when the line is written) or None
     loss_scale: float | None
 
@@ -74,12 +74,18 @@ class LoggerHook(Hook):
         self._requests: list[_Request] = []
         self._cols: dict[str, tuple[list[int], list[float]]] = {}
         self._last_write = 0.0
+        self._by_epoch = True
+        self._epoch_len = 0
+        self._max_iters = 0
         self._sink: tuple[Any, Any] | None = None  # (metrics writer, logger) on the main process
 
     # -- training ---------------------------------------------------------------------------
     def before_train(self, trainer: Trainer) -> None:  # noqa: D102
         loop = trainer.train_loop
-        self._last_idx = len(loop.dataloader) - 1 if loop.by_epoch and not self.ignore_last else -1
+        self._by_epoch = loop.by_epoch
+        self._epoch_len = len(loop.dataloader)
+        self._max_iters = loop.max_iters
+        self._last_idx = self._epoch_len - 1 if loop.by_epoch and not self.ignore_last else -1
         self._requests = []
         self._cols = {}
         self._sink = (trainer.writer, trainer.logger) if trainer.is_main_process else None
@@ -88,7 +94,11 @@ class LoggerHook(Hook):
 
     def after_train_iter(self, trainer: Trainer, batch_idx: int, data_batch: Any = None, outputs: dict | None = None) -> None:  # noqa: D102
         if trainer.progress.iteration % self.interval == 0 or batch_idx == self._last_idx:
-            self._request(trainer, batch_idx)
+            p = trainer.progress
+            ow = trainer.optim_wrapper
+            scale = getattr(ow, "loss_scale", None)
+            lr = {k: v[0] for k, v in ow.get_lr().items()}
+            self._requests.append(_Request(p.iteration, p.epoch + 1 if self._by_epoch else p.epoch, batch_idx, lr, time.time(), getattr(ow, "grad_norm", None), None if scale is None else float(scale)))
             if time.perf_counter() - self._last_write >= self.flush_secs:
                 trainer.metric_store.flush()  # → _on_flush writes the lines
 
@@ -100,35 +110,15 @@ class LoggerHook(Hook):
         # The run may have ended with an error: drop the listener, keep what was logged.
         trainer.metric_store.remove_listener(self._on_flush)
 
-    def _request(self, trainer: Trainer, batch_idx: int) -> None:
-        p = trainer.progress
-        loop = trainer.train_loop
-        if loop.by_epoch:
-            total = len(loop.dataloader)
-            head = f"Epoch(train) [{p.epoch + 1}][{batch_idx + 1:>{len(str(total))}}/{total}]"
-        else:
-            head = f"Iter(train) [{p.iteration:>{len(str(loop.max_iters))}}/{loop.max_iters}]"
-        ow = trainer.optim_wrapper
-        scale = getattr(ow, "loss_scale", None)
-        self._requests.append(
-            _Request(
-                p.iteration,
-                p.epoch + 1 if loop.by_epoch else p.epoch,
-                batch_idx,
-                head,
-                loop.max_iters - p.iteration,
-                {k: v[0] for k, v in ow.get_lr().items()},
-                getattr(ow, "grad_norm", None),
-                None if scale is None else float(scale),
-            )
-        )
-
     def _on_flush(self, columns: Columns) -> None:
         """Store listener: collect the new numbers, then write every requested line they complete."""
         cols = self._cols
         for name, (iters, values) in columns.items():
             if name.startswith("val"):
                 continue
+            if iters and iters[0] < 0:  # numbers recorded without an iteration belong to no line
+                kept = [(i, v) for i, v in zip(iters, values) if i >= 0]
+                iters, values = [i for i, _ in kept], [v for _, v in kept]
             col = cols.get(name)
             if col is None:
                 cols[name] = (list(iters), list(values))
@@ -138,47 +128,54 @@ class LoggerHook(Hook):
         if not self._requests:
             return
         requests, self._requests = self._requests, []
-        records = [self._record(r) for r in requests]
+        records = self._records(requests)
         if self._sink is not None:
             writer, logger = self._sink
             for rec in records:
                 writer.write(rec)
-            log_lines(logger, [self._format(r, rec) for r, rec in zip(requests, records)])
+            log_lines(logger, [self._format(r, rec) for r, rec in zip(requests, records)], created=[r.created for r in requests])
         # Keep only what a later line's window (its last `interval` iterations) can still need.
         keep_after = requests[-1].iteration - self.interval
-        for name, (iters, values) in list(cols.items()):
-            k = 0
-            while k < len(iters) and iters[k] <= keep_after:
-                k += 1
+        for iters, values in cols.values():
+            k = bisect.bisect_right(iters, keep_after)
             if k:
                 del iters[:k], values[:k]
         self._last_write = time.perf_counter()
 
-    def _record(self, r: _Request) -> dict[str, Any]:
-        """The metrics.jsonl record of one line: loss means over its interval, latest others."""
-        lo, hi = r.iteration - self.interval, r.iteration
-        record: dict[str, Any] = {"mode": "train", "epoch": r.epoch, "iter": r.iteration}
-        for name, (iters, values) in self._cols.items():
-            if name in _TIME_KEYS:
-                continue
-            window = [v for i, v in zip(iters, values) if lo < i <= hi]
-            if window:
-                record[name] = sum(window) / len(window) if "loss" in name else window[-1]
-        record.update(r.lr)
-        if r.grad_norm is not None:
-            record["grad_norm"] = float(r.grad_norm)
-        if r.loss_scale is not None:
-            record["loss_scale"] = r.loss_scale
-        if "time" in self._cols:
-            for key in _TIME_KEYS:
-                iters, values = self._cols.get(key, ((), ()))
-                window = [v for i, v in zip(iters, values) if lo < i <= hi]
-                record[key] = sum(window) / len(window) if window else 0.0
-        return record
+    def _records(self, requests: list[_Request]) -> list[dict[str, Any]]:
+        """metrics.jsonl records: per line, loss means over its interval, the latest other values."""
+        out = []
+        cols = [(name, iters, values, "loss" in name or name in _TIME_KEYS) for name, (iters, values) in self._cols.items()]
+        for r in requests:
+            hi = r.iteration
+            lo = hi - self.interval
+            record: dict[str, Any] = {"mode": "train", "epoch": r.epoch, "iter": hi}
+            times: dict[str, float] = {}
+            for name, iters, values, mean in cols:
+                a, b = bisect.bisect_right(iters, lo), bisect.bisect_right(iters, hi)
+                if b > a:
+                    v = sum(values[a:b]) / (b - a) if mean else values[b - 1]
+                    if name in _TIME_KEYS:
+                        times[name] = v
+                    else:
+                        record[name] = v
+            record.update(r.lr)
+            if r.grad_norm is not None:
+                record["grad_norm"] = float(r.grad_norm)
+            if r.loss_scale is not None:
+                record["loss_scale"] = r.loss_scale
+            if "time" in times:
+                record["time"] = times["time"]
+                record["data_time"] = times.get("data_time", 0.0)
+            out.append(record)
+        return out
 
-    @staticmethod
-    def _format(r: _Request, rec: dict[str, Any]) -> str:
-        parts = [r.head]
+    def _format(self, r: _Request, rec: dict[str, Any]) -> str:
+        if self._by_epoch:
+            total = self._epoch_len
+            parts = [f"Epoch(train) [{r.epoch}][{r.batch_idx + 1:>{len(str(total))}}/{total}]"]
+        else:
+            parts = [f"Iter(train) [{r.iteration:>{len(str(self._max_iters))}}/{self._max_iters}]"]
         for k, v in rec.items():
             if k in ("mode", "epoch", "iter"):
                 continue
@@ -187,7 +184,7 @@ class LoggerHook(Hook):
             elif isinstance(v, float):
                 parts.append(f"{k}: {v:.4f}")
             if k == "lr" and "time" in rec:
-                parts.append(f"eta: {datetime.timedelta(seconds=int(rec['time'] * r.iters_left))}")
+                parts.append(f"eta: {datetime.timedelta(seconds=int(rec['time'] * (self._max_iters - r.iteration)))}")
         return "  ".join(parts)
 
     # -- evaluation -------------------------------------------------------------------------

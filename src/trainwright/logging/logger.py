@@ -91,15 +91,20 @@ def close_logger(logger: logging.Logger) -> None:
         logger.removeHandler(h)
 
 
-def log_lines(logger: logging.Logger, msgs: list[str], level: int = logging.INFO) -> None:
+def log_lines(logger: logging.Logger, msgs: list[str], level: int = logging.INFO, created: list[float] | None = None) -> None:
     """Log several messages at once: one write per trainwright handler, ordinary records for others.
 
     Like :func:`log_fast` (no caller lookup) for a batch of lines, e.g. the training log
-    lines the logger hook renders together.
+    lines the logger hook renders together; ``created`` (``time.time()`` values) dates each
+    line when it was produced rather than when it is written.
     """
     if not msgs or not logger.isEnabledFor(level):
         return
     records = [logging.LogRecord(logger.name, level, "", 0, m, None, None) for m in msgs]
+    if created is not None:
+        for r, t in zip(records, created):
+            r.created = t
+            r.msecs = (t - int(t)) * 1000
     for handler in logger.handlers:
         if level < handler.level:
             continue

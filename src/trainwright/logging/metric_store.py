@@ -117,7 +117,7 @@ class MetricStore:
             name contains ``"loss"`` is NaN or infinite.
     """
 
-    def __init__(self, window_size: int = 20, flush_every: int = 100, raise_on_nonfinite: bool = True) -> None:
+    def __init__(self, window_size: int = 20, flush_every: int = 1000, raise_on_nonfinite: bool = True) -> None:
         self.window_size = window_size
         self.flush_every = flush_every
         self.raise_on_nonfinite = raise_on_nonfinite
