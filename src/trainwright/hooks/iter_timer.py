@@ -29,7 +29,7 @@ class IterTimerHook(Hook):
 
     def __init__(self) -> None:
         self._marks: list[float] = []  # before_train_iter, after_train_iter, before, after, ...
-        self._iters: list[int] = []  # the iteration each (before, after) pair belongs to
+        self._first = 1  # the iteration of the first (before, after) pair in _marks (iterations are consecutive)
         self._prev = 0.0  # end of the previous iteration (or start of the epoch)
         self._v = 0.0
         self._store: Any = None
@@ -40,6 +40,8 @@ class IterTimerHook(Hook):
 
     def before_train_epoch(self, trainer: Trainer) -> None:  # noqa: D102
         self._drain()
+        self._marks.clear()
+        self._first = trainer.progress.iteration + 1
         self._prev = _clock()
 
     def before_train_iter(self, trainer: Trainer, batch_idx: int, data_batch: Any = None) -> None:  # noqa: D102
@@ -47,21 +49,20 @@ class IterTimerHook(Hook):
 
     def after_train_iter(self, trainer: Trainer, batch_idx: int, data_batch: Any = None, outputs: dict | None = None) -> None:  # noqa: D102
         self._marks.append(_clock())
-        self._iters.append(trainer.progress.iteration)
 
     def _drain(self) -> None:
         """Turn complete (before, after) timestamp pairs into ``data_time`` / ``time`` values."""
-        iters = self._iters
-        n = len(iters)
+        marks = self._marks
+        n = len(marks) // 2  # complete (before, after) pairs; an odd mark is an iteration in progress
         if not n or self._store is None:
             return
-        marks = self._marks
+        iters = list(range(self._first, self._first + n))
         ends = [self._prev, *marks[1 : 2 * n : 2]]  # end of the previous iteration, then each 'after'
-        self._store.update_scalars("data_time", [b - e for b, e in zip(marks[0 : 2 * n : 2], ends)], iters[:])
-        self._store.update_scalars("time", [a - e for a, e in zip(ends[1:], ends)], iters[:])
+        self._store.update_scalars("data_time", [b - e for b, e in zip(marks[0 : 2 * n : 2], ends)], iters)
+        self._store.update_scalars("time", [a - e for a, e in zip(ends[1:], ends)], iters)
         self._prev = ends[-1]
-        del marks[: 2 * n]  # keeps the 'before' mark of an iteration in progress
-        iters.clear()
+        self._first += n
+        del marks[: 2 * n]
 
     def before_val_epoch(self, trainer: Trainer) -> None:  # noqa: D102
         self._v = _clock()

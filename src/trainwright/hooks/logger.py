@@ -86,8 +86,7 @@ class LoggerHook(Hook):
         self._epoch_len = len(loop.dataloader)
         self._max_iters = loop.max_iters
         self._last_idx = self._epoch_len - 1 if loop.by_epoch and not self.ignore_last else -1
-        self._requests = []
-        self._cols = {}
+        self._requests = []  # self._cols stays: a resumed run restored the last interval's numbers into it
         self._sink = (trainer.writer, trainer.logger) if trainer.is_main_process else None
         trainer.metric_store.add_listener(self._on_flush)
         self._last_write = time.perf_counter()
@@ -109,6 +108,20 @@ class LoggerHook(Hook):
     def after_run(self, trainer: Trainer) -> None:  # noqa: D102
         # The run may have ended with an error: drop the listener, keep what was logged.
         trainer.metric_store.remove_listener(self._on_flush)
+
+    # -- state: the numbers the next line's window still needs (a resumed run logs the same means) --
+    def state_dict(self) -> dict[str, Any]:
+        """Per name, the iterations and values of the last ``interval`` iterations seen."""
+        last = max((iters[-1] for iters, _ in self._cols.values() if iters), default=0)
+        out = {}
+        for name, (iters, values) in self._cols.items():
+            k = bisect.bisect_right(iters, last - self.interval)
+            out[name] = [iters[k:], values[k:]]
+        return {"columns": out}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Restore :meth:`state_dict` (what the first lines after a resume average over)."""
+        self._cols = {name: (list(iters), list(values)) for name, (iters, values) in state.get("columns", {}).items()}
 
     def _on_flush(self, columns: Columns) -> None:
         """Store listener: collect the new numbers, then write every requested line they complete."""

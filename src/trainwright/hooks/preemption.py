@@ -2,7 +2,9 @@
 
 Clusters announce preemption with a signal some time before they kill the job (SLURM
 sends SIGTERM, or the signal given with ``--signal=USR1@90``; Kubernetes and most cloud
-spot instances send SIGTERM). The hook's signal handler only records the signal; the
+spot instances send SIGTERM). The hook's signal handler only records the signal (in a
+one-process run it also sets ``trainer.should_stop``, which the loop reads at every step
+boundary: nothing to agree on, so no per-iteration check). With several processes the
 decision to stop is taken in one place, :meth:`PreemptionHook.after_train_iter`, where
 every process asks ``trainer.strategy.any_true(received)`` at the same iterations, so all
 ranks stop after the same step (no rank waits forever in a collective of a step the
@@ -21,6 +23,7 @@ from __future__ import annotations
 
 import signal
 import threading
+import weakref
 from collections.abc import Sequence
 from types import FrameType
 from typing import TYPE_CHECKING, Any
@@ -49,10 +52,11 @@ class PreemptionHook(Hook):
 
     Args:
         signals: The signals that mean preemption (default SIGTERM and SIGUSR1).
-        check_interval: Iterations between checks of the agreement point. A check is free
-            on one process; under several it is a tiny all-reduce, so it defaults to 1 on
-            one process and 10 under several. Keep the wait (``check_interval`` steps) well
-            inside the grace period between the signal and the kill.
+        check_interval: Iterations between checks of the agreement point; under several
+            processes each check is a tiny all-reduce, so it defaults to 10 there. With the
+            default (None) on one process there is no check at all: the signal handler sets
+            ``trainer.should_stop`` and the loop stops after the current step. Keep the wait
+            (``check_interval`` steps) well inside the grace period between signal and kill.
         exit_code: Exit status after the checkpoint is saved: an int, ``"signal"`` (default:
             ``128 + signum``) or None (``train()`` returns normally, ``trainer.preempted`` is True).
     """
@@ -71,12 +75,16 @@ class PreemptionHook(Hook):
         self._interval = 1
         self.preempted = False
         self._previous: dict[signal.Signals, Any] = {}
+        self._trainer_ref: weakref.ref | None = None  # set when one process trains: the handler stops it
 
     # -- signal handling ------------------------------------------------------------------
     def _handler(self, signum: int, frame: FrameType | None) -> None:
         # Only record: the loop decides at a step boundary (logging here could deadlock).
         if self.received is None:
             self.received = signal.Signals(signum)
+            trainer = self._trainer_ref() if self._trainer_ref is not None else None
+            if trainer is not None:  # one process: nothing to agree on, the loop stops at the step boundary
+                trainer.should_stop = True
 
     def install(self) -> None:
         """Install the handlers (main thread only; elsewhere signals cannot be caught)."""
@@ -99,20 +107,32 @@ class PreemptionHook(Hook):
         if threading.current_thread() is not threading.main_thread():
             trainer.logger.warning("PreemptionHook: train() runs outside the main thread, so SIGTERM/SIGUSR1 cannot be caught; preemption will not save a checkpoint")
         self._interval = self.check_interval or (1 if trainer.strategy.world_size == 1 else 10)
+        self._trainer_ref = weakref.ref(trainer) if trainer.strategy.world_size == 1 and self.check_interval is None else None
         self.install()
+
+    def idle_events(self, trainer: Trainer) -> tuple[str, ...]:  # noqa: D102
+        # One process: the signal handler sets trainer.should_stop itself; no per-iteration check.
+        return ("after_train_iter",) if self._trainer_ref is not None else ()
 
     def after_train_iter(self, trainer: Trainer, batch_idx: int, data_batch: Any = None, outputs: dict | None = None) -> None:  # noqa: D102
         if trainer.progress.iteration % self._interval != 0:
             return
         # THE agreement point: every rank calls it at the same iterations and gets the same answer.
         if trainer.strategy.any_true(self.received is not None):
-            self.preempted = True
-            trainer.preempted = True
-            trainer.should_stop = True
-            what = self.received.name if self.received is not None else "another rank"
-            trainer.logger.warning(f"Preemption signal ({what}) received: stopping after iteration {trainer.progress.iteration} and saving a checkpoint")
+            self._stop(trainer)
+
+    def _stop(self, trainer: Trainer) -> None:
+        self.preempted = True
+        trainer.preempted = True
+        trainer.should_stop = True
+        what = self.received.name if self.received is not None else "another rank"
+        trainer.logger.warning(f"Preemption signal ({what}) received: stopping after iteration {trainer.progress.iteration} and saving a checkpoint")
 
     def after_train(self, trainer: Trainer) -> None:  # noqa: D102
+        if self._trainer_ref is not None:
+            self._trainer_ref = None
+            if self.received is not None and not self.preempted:
+                self._stop(trainer)
         if not self.preempted:
             return
         from trainwright.hooks.checkpoint import CheckpointHook

@@ -57,9 +57,17 @@ class _TeeHandler(logging.Handler):
 
 
 class _Formatter(logging.Formatter):
-    """A formatter that renders the timestamp once per second (strftime is the costly part)."""
+    """``<time> - trainwright - <LEVEL> - <message>``, with the timestamp rendered once per second."""
 
     _cache: tuple[int, str] = (-1, "")
+
+    def __init__(self) -> None:
+        super().__init__("%(asctime)s - trainwright - %(levelname)s - %(message)s", "%m/%d %H:%M:%S")
+
+    def format(self, record: logging.LogRecord) -> str:  # noqa: D102 - same output as the format string, without its machinery
+        if record.exc_info or record.exc_text or record.stack_info:
+            return super().format(record)
+        return f"{self.formatTime(record, self.datefmt)} - trainwright - {record.levelname} - {record.getMessage()}"
 
     def formatTime(self, record: logging.LogRecord, datefmt: str | None = None) -> str:  # noqa: N802 - logging's name
         sec = int(record.created)
@@ -79,7 +87,7 @@ def create_logger(name: str = "trainwright", log_file: str | Path | None = None,
     if log_file is not None and rank == 0:
         Path(log_file).parent.mkdir(parents=True, exist_ok=True)
     handler = _TeeHandler(sys.stdout, log_file if rank == 0 else None)
-    handler.setFormatter(_Formatter("%(asctime)s - trainwright - %(levelname)s - %(message)s", "%m/%d %H:%M:%S"))
+    handler.setFormatter(_Formatter())
     logger.addHandler(handler)
     return logger
 

@@ -93,6 +93,42 @@ class HistoryBuffer:
         self._count = int(state["count"])
 
 
+def _columns(pending: list[tuple[int, dict[str, Any]]]) -> tuple[dict[str, tuple[list[int], list[Any]]], list[torch.Tensor]]:
+    """Pending ``(iteration, values)`` rows → per name ``(iterations, refs)`` and the tensors to convert.
+
+    A ref is an index into the tensor list or, for a plain number, the float itself.
+    """
+    flat: list[torch.Tensor] = []
+    keys = pending[0][1].keys()
+    if all(type(v) is torch.Tensor and v.ndim == 0 for v in pending[0][1].values()) and all(vals.keys() == keys for _, vals in pending):
+        # The usual case: every iteration logged the same scalar tensors. One comprehension per name.
+        iters = [it for it, _ in pending]
+        columns: dict[str, tuple[list[int], list[Any]]] = {}
+        for name in keys:
+            col = [vals[name] for _, vals in pending]
+            if all(type(v) is torch.Tensor and v.ndim == 0 for v in col):
+                columns[name] = (iters, list(range(len(flat), len(flat) + len(col))))
+                flat.extend(col)
+                continue
+            break
+        else:
+            return columns, flat
+        flat = []
+    columns = {}
+    for it, values in pending:
+        for name, v in values.items():
+            entry = columns.get(name)
+            if entry is None:
+                entry = columns[name] = ([], [])
+            entry[0].append(it)
+            if isinstance(v, torch.Tensor):
+                entry[1].append(len(flat))
+                flat.append(v if v.ndim == 0 else v.detach().float().mean())
+            else:
+                entry[1].append(float(v))
+    return columns, flat
+
+
 #: What listeners receive: per name, the iterations and the numbers recorded since the last flush.
 Columns = dict[str, tuple[list[int], list[float]]]
 
@@ -200,19 +236,7 @@ class MetricStore:
         numbers: list[float] = []
         if pending:
             self._pending = []
-            # Per name: the iterations and, for each, an index into ``flat`` (a tensor) or a float.
-            flat: list[torch.Tensor] = []
-            for it, values in pending:
-                for name, v in values.items():
-                    col = columns.get(name)
-                    if col is None:
-                        col = columns[name] = ([], [])
-                    col[0].append(it)
-                    if isinstance(v, torch.Tensor):
-                        col[1].append(len(flat))
-                        flat.append(v if v.ndim == 0 else v.detach().float().mean())
-                    else:
-                        col[1].append(float(v))
+            columns, flat = _columns(pending)
             numbers = self._to_numbers(flat)  # one device→host transfer per device
             check = self.raise_on_nonfinite if raise_on_nonfinite is None else raise_on_nonfinite
             for name, (iters, refs) in columns.items():

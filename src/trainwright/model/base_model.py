@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import inspect
 from collections.abc import Mapping
+from contextlib import nullcontext
 from typing import Any
 
 import torch
@@ -50,8 +51,12 @@ class BaseModel(nn.Module):
             The log tensors (``loss`` and each loss term), detached, on the device.
         """
         data = self._preprocess(data, True)
-        with optim_wrapper.optim_context(self):
+        ctx = optim_wrapper.optim_context(self)
+        if type(ctx) is nullcontext:  # full precision, no gradient-sync switch: skip the with-statement
             losses = self._run_forward(data, "loss")
+        else:
+            with ctx:
+                losses = self._run_forward(data, "loss")
         loss, log_vars = self.parse_losses(losses)
         optim_wrapper.update_params(loss)
         return log_vars
@@ -65,7 +70,7 @@ class BaseModel(nn.Module):
         return self._run_forward(self._preprocess(data, False), "predict")
 
     def _preprocess(self, data: Any, training: bool) -> Any:
-        pre = self.data_preprocessor
+        pre = self._modules["data_preprocessor"]  # what nn.Module.__getattr__ would return, minus its cost
         return data if getattr(pre, "passthrough", False) else pre(data, training)
 
     def _run_forward(self, data: Any, mode: str) -> Any:
