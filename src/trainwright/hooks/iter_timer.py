@@ -20,9 +20,10 @@ class IterTimerHook(Hook):
 
     Both are plain ``time.perf_counter`` differences: no device synchronisation, so on
     accelerators ``time`` measures the host's view (it converges to the device's pace
-    because the queue of launched work is bounded). On the hot path the hook only appends
-    two timestamps per iteration; they become ``data_time`` / ``time`` values in the metric
-    store when it is flushed (the logger's interval), with the iteration they belong to.
+    because the queue of launched work is bounded). On the hot path nothing is called: the
+    hook hands the train loop a list (``loop.iter_marks``) that the loop appends a timestamp
+    to before and after each step; the timestamps become ``data_time`` / ``time`` values in
+    the metric store when it is flushed, with the iteration they belong to.
     """
 
     priority = "VERY_HIGH"
@@ -37,18 +38,16 @@ class IterTimerHook(Hook):
     def before_train(self, trainer: Trainer) -> None:  # noqa: D102
         self._store = trainer.metric_store
         self._store.add_drain(self._drain)
+        trainer.train_loop.iter_marks = self._marks  # type: ignore[union-attr]
+
+    def after_train(self, trainer: Trainer) -> None:  # noqa: D102
+        trainer.train_loop.iter_marks = None  # type: ignore[union-attr]
 
     def before_train_epoch(self, trainer: Trainer) -> None:  # noqa: D102
         self._drain()
         self._marks.clear()
         self._first = trainer.progress.iteration + 1
         self._prev = _clock()
-
-    def before_train_iter(self, trainer: Trainer, batch_idx: int, data_batch: Any = None) -> None:  # noqa: D102
-        self._marks.append(_clock())
-
-    def after_train_iter(self, trainer: Trainer, batch_idx: int, data_batch: Any = None, outputs: dict | None = None) -> None:  # noqa: D102
-        self._marks.append(_clock())
 
     def _drain(self) -> None:
         """Turn complete (before, after) timestamp pairs into ``data_time`` / ``time`` values."""
