@@ -1,0 +1,141 @@
+"""LoggerHook and IterTimerHook as a user sees them: the numbers in metrics.jsonl and when lines appear."""
+
+from __future__ import annotations
+
+import json
+import logging
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+from torch.utils.data import DataLoader, Dataset
+
+import trainwright as tw
+from conftest import LinearReg, regression_set
+
+
+class RecordLosses(tw.Hook):
+    """Reference: every iteration's loss as a number (a test may sync; the engine may not)."""
+
+    priority = "LOWEST"
+
+    def __init__(self) -> None:
+        self.losses: dict[int, float] = {}
+
+    def after_train_iter(self, trainer: Any, batch_idx: int, data_batch: Any = None, outputs: Any = None) -> None:
+        self.losses[trainer.progress.iteration] = outputs["loss"].item()
+
+
+def _train_records(run_dir: Path) -> list[dict[str, Any]]:
+    return [r for r in map(json.loads, (run_dir / "metrics.jsonl").read_text().splitlines()) if r["mode"] == "train"]
+
+
+@pytest.mark.parametrize("flush_secs", [0.0, 1.0, 3600.0])
+def test_each_line_holds_the_mean_loss_of_its_interval(trainer_factory: Any, flush_secs: float) -> None:
+    ref = RecordLosses()
+    t = trainer_factory(
+        dataset=regression_set(40), batch_size=4, train_cfg=dict(by_epoch=True, max_epochs=2), log_level="INFO",  # 10 iterations per epoch
+        default_hooks=dict(checkpoint=None, logger=dict(interval=3, flush_secs=flush_secs)), custom_hooks=[ref],
+    )
+    t.train()
+    recs = _train_records(t.run_dir)
+    # Every 3 iterations, plus each epoch's last (shorter) interval.
+    assert [r["iter"] for r in recs] == [3, 6, 9, 10, 12, 15, 18, 20]
+    for r in recs:
+        window = [ref.losses[i] for i in range(r["iter"] - 2, r["iter"] + 1)]
+        assert r["loss"] == pytest.approx(sum(window) / 3, rel=1e-12, abs=0)
+        assert r["epoch"] == (1 if r["iter"] <= 10 else 2)
+        assert r["lr"] == pytest.approx(0.05)
+        assert r["time"] > 0 and r["data_time"] >= 0
+    lines = [ln for ln in (t.run_dir / "train.log").read_text().splitlines() if "Epoch(train)" in ln]
+    assert len(lines) == len(recs)
+    assert "Epoch(train) [1][ 3/10]" in lines[0] and "Epoch(train) [2][10/10]" in lines[-1]
+
+
+class Collect(logging.Handler):
+    def __init__(self) -> None:
+        super().__init__()
+        self.msgs: list[str] = []
+
+    def emit(self, record: logging.LogRecord) -> None:
+        self.msgs.append(record.getMessage())
+
+
+class CountLinesSoFar(tw.Hook):
+    priority = "LOWEST"
+
+    def __init__(self, handler: Collect) -> None:
+        self.handler = handler
+        self.seen: dict[int, int] = {}
+
+    def after_train_iter(self, trainer: Any, batch_idx: int, data_batch: Any = None, outputs: Any = None) -> None:
+        self.seen[trainer.progress.iteration] = sum("Epoch(train)" in m for m in self.handler.msgs)
+
+
+def test_flush_secs_zero_writes_each_line_at_its_iteration_and_default_batches(trainer_factory: Any) -> None:
+    for flush_secs, expect_immediate in ((0.0, True), (3600.0, False)):
+        handler = Collect()
+        probe = CountLinesSoFar(handler)
+        t = trainer_factory(dataset=regression_set(40), batch_size=4, train_cfg=dict(by_epoch=True, max_epochs=1), log_level="INFO", default_hooks=dict(checkpoint=None, logger=dict(interval=2, flush_secs=flush_secs)), custom_hooks=[probe])
+        t.logger.addHandler(handler)  # a user's own handler gets ordinary records
+        t.train()
+        if expect_immediate:
+            assert probe.seen == {i: i // 2 for i in range(1, 11)}
+        else:  # held until the end of the epoch, then all of them, in order
+            assert set(probe.seen.values()) == {0}
+        lines = [m for m in handler.msgs if "Epoch(train)" in m]
+        assert [m.split("]")[1] for m in lines] == [f"[{i:>2}/10" for i in range(2, 11, 2)]
+
+
+def test_lines_logged_before_an_error_reach_the_files_and_the_error_is_not_masked(trainer_factory: Any) -> None:
+    class Boom(tw.Hook):
+        def after_train_iter(self, trainer: Any, batch_idx: int, data_batch: Any = None, outputs: Any = None) -> None:
+            if trainer.progress.iteration == 7:
+                raise RuntimeError("boom at 7")
+
+    t = trainer_factory(dataset=regression_set(40), batch_size=4, train_cfg=dict(by_epoch=True, max_epochs=1), log_level="INFO", default_hooks=dict(checkpoint=None, logger=dict(interval=2, flush_secs=3600)), custom_hooks=[Boom()])
+    with pytest.raises(RuntimeError, match="boom at 7"):
+        t.train()
+    assert [r["iter"] for r in _train_records(t.run_dir)] == [2, 4, 6]
+    assert sum("Epoch(train)" in ln for ln in (t.run_dir / "train.log").read_text().splitlines()) == 3
+
+
+def test_nan_loss_is_reported_at_its_iteration_within_the_flush_window(trainer_factory: Any) -> None:
+    class NaNAt(LinearReg):
+        def forward(self, x: torch.Tensor, y: torch.Tensor | None = None, mode: str = "tensor") -> Any:
+            out = super().forward(x, y, mode)
+            if mode == "loss" and self.training:
+                self.calls = getattr(self, "calls", 0) + 1
+                if self.calls == 6:
+                    out = {"loss": out["loss"] * float("nan")}
+            return out
+
+    t = trainer_factory(model=NaNAt(), dataset=regression_set(40), batch_size=4, train_cfg=dict(by_epoch=True, max_epochs=1), log_level="INFO", default_hooks=dict(checkpoint=None, logger=dict(interval=2)))
+    with pytest.raises(FloatingPointError, match="iteration 6"):
+        t.train()
+    assert [r["iter"] for r in _train_records(t.run_dir)][:2] == [2, 4]  # the lines before it were written
+
+
+class Slow(Dataset):
+    def __len__(self) -> int:
+        return 6
+
+    def __getitem__(self, i: int) -> tuple[torch.Tensor, torch.Tensor]:
+        time.sleep(0.02)
+        return torch.ones(4), torch.ones(1)
+
+
+class SlowStep(LinearReg):
+    def forward(self, x: torch.Tensor, y: torch.Tensor | None = None, mode: str = "tensor") -> Any:
+        time.sleep(0.01)
+        return super().forward(x, y, mode)
+
+
+def test_timer_separates_waiting_for_data_from_the_step(trainer_factory: Any) -> None:
+    t = trainer_factory(model=SlowStep(), train_dataloader=DataLoader(Slow(), batch_size=1), train_cfg=dict(by_epoch=True, max_epochs=1), log_level="INFO", default_hooks=dict(checkpoint=None, logger=dict(interval=1)))
+    t.train()
+    for r in _train_records(t.run_dir):
+        assert 0.018 <= r["data_time"] < 0.2, r
+        assert r["time"] - r["data_time"] >= 0.009, r
