@@ -77,6 +77,7 @@ class LoggerHook(Hook):
         self._by_epoch = True
         self._epoch_len = 0
         self._max_iters = 0
+        self._width = 1
         self._sink: tuple[Any, Any] | None = None  # (metrics writer, logger) on the main process
 
     # -- training ---------------------------------------------------------------------------
@@ -85,6 +86,7 @@ class LoggerHook(Hook):
         self._by_epoch = loop.by_epoch
         self._epoch_len = len(loop.dataloader)
         self._max_iters = loop.max_iters
+        self._width = len(str(self._epoch_len if loop.by_epoch else self._max_iters))
         self._last_idx = self._epoch_len - 1 if loop.by_epoch and not self.ignore_last else -1
         self._requests = []  # self._cols stays: a resumed run restored the last interval's numbers into it
         self._sink = (trainer.writer, trainer.logger) if trainer.is_main_process else None
@@ -144,8 +146,7 @@ class LoggerHook(Hook):
         records = self._records(requests)
         if self._sink is not None:
             writer, logger = self._sink
-            for rec in records:
-                writer.write(rec)
+            writer.write_many(records)
             log_lines(logger, [self._format(r, rec) for r, rec in zip(requests, records)], created=[r.created for r in requests])
         # Keep only what a later line's window (its last `interval` iterations) can still need.
         keep_after = requests[-1].iteration - self.interval
@@ -185,10 +186,9 @@ class LoggerHook(Hook):
 
     def _format(self, r: _Request, rec: dict[str, Any]) -> str:
         if self._by_epoch:
-            total = self._epoch_len
-            parts = [f"Epoch(train) [{r.epoch}][{r.batch_idx + 1:>{len(str(total))}}/{total}]"]
+            parts = [f"Epoch(train) [{r.epoch}][{str(r.batch_idx + 1).rjust(self._width)}/{self._epoch_len}]"]
         else:
-            parts = [f"Iter(train) [{r.iteration:>{len(str(self._max_iters))}}/{self._max_iters}]"]
+            parts = [f"Iter(train) [{str(r.iteration).rjust(self._width)}/{self._max_iters}]"]
         for k, v in rec.items():
             if k in ("mode", "epoch", "iter"):
                 continue

@@ -32,17 +32,31 @@ class _TeeHandler(logging.Handler):
     def emit_many(self, records: list[logging.LogRecord]) -> None:
         """Write several records with one console write and flush (and one file write)."""
         try:
-            text = "".join([self.format(r) + "\n" for r in records])
-            self.stream.write(text)
-            self.stream.flush()
-            if self.file is not None:
-                self.file.write(text)
-                now = time.monotonic()
-                if now - self._last_flush >= 1.0 or max(r.levelno for r in records) >= logging.WARNING:
-                    self.file.flush()
-                    self._last_flush = now
+            self._write("".join([self.format(r) + "\n" for r in records]), max(r.levelno for r in records))
         except Exception:  # noqa: BLE001 - logging must never break training
             self.handleError(records[-1])
+
+    def write_lines(self, msgs: list[str], created: list[float], level: int) -> None:
+        """Write plain messages as this handler's formatter would render their records."""
+        fmt = self.formatter
+        if not isinstance(fmt, _Formatter):  # someone set their own formatter: go through records
+            self.emit_many([_record("trainwright", level, m, t) for m, t in zip(msgs, created)])
+            return
+        name = logging.getLevelName(level)
+        try:
+            self._write("".join([f"{fmt.format_time(t)} - trainwright - {name} - {m}\n" for m, t in zip(msgs, created)]), level)
+        except Exception:  # noqa: BLE001 - logging must never break training
+            self.handleError(_record("trainwright", level, msgs[-1], created[-1]))
+
+    def _write(self, text: str, level: int) -> None:
+        self.stream.write(text)
+        self.stream.flush()
+        if self.file is not None:
+            self.file.write(text)
+            now = time.monotonic()
+            if now - self._last_flush >= 1.0 or level >= logging.WARNING:
+                self.file.flush()
+                self._last_flush = now
 
     def flush(self) -> None:  # noqa: D102
         self.stream.flush()
@@ -70,9 +84,13 @@ class _Formatter(logging.Formatter):
         return f"{self.formatTime(record, self.datefmt)} - trainwright - {record.levelname} - {record.getMessage()}"
 
     def formatTime(self, record: logging.LogRecord, datefmt: str | None = None) -> str:  # noqa: N802 - logging's name
-        sec = int(record.created)
+        return self.format_time(record.created)
+
+    def format_time(self, created: float) -> str:
+        """The timestamp of a record created at ``created`` (``time.time()``), cached per second."""
+        sec = int(created)
         if self._cache[0] != sec:
-            self._cache = (sec, super().formatTime(record, datefmt))
+            self._cache = (sec, time.strftime(self.datefmt or "%m/%d %H:%M:%S", self.converter(created)))
         return self._cache[1]
 
 
@@ -108,20 +126,26 @@ def log_lines(logger: logging.Logger, msgs: list[str], level: int = logging.INFO
     """
     if not msgs or not logger.isEnabledFor(level):
         return
-    records = [logging.LogRecord(logger.name, level, "", 0, m, None, None) for m in msgs]
-    if created is not None:
-        for r, t in zip(records, created):
-            r.created = t
-            r.msecs = (t - int(t)) * 1000
+    when = created if created is not None else [time.time()] * len(msgs)
+    records: list[logging.LogRecord] | None = None
     for handler in logger.handlers:
         if level < handler.level:
             continue
         if isinstance(handler, _TeeHandler) and not handler.filters:
             with handler.lock:  # type: ignore[union-attr]
-                handler.emit_many(records)
+                handler.write_lines(msgs, when, level)
         else:
+            if records is None:
+                records = [_record(logger.name, level, m, t) for m, t in zip(msgs, when)]
             for r in records:
                 handler.handle(r)
+
+
+def _record(name: str, level: int, msg: str, created: float) -> logging.LogRecord:
+    r = logging.LogRecord(name, level, "", 0, msg, None, None)
+    r.created = created
+    r.msecs = (created - int(created)) * 1000
+    return r
 
 
 def log_fast(logger: logging.Logger, msg: str, level: int = logging.INFO) -> None:

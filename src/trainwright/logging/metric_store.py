@@ -93,28 +93,27 @@ class HistoryBuffer:
         self._count = int(state["count"])
 
 
-def _columns(pending: list[tuple[int, dict[str, Any]]]) -> tuple[dict[str, tuple[list[int], list[Any]]], list[torch.Tensor]]:
-    """Pending ``(iteration, values)`` rows → per name ``(iterations, refs)`` and the tensors to convert.
+def _columns(pending: list[tuple[int, dict[str, Any]]]) -> tuple[dict[str, tuple[list[int], list[Any]]], list[float]]:
+    """Pending ``(iteration, values)`` rows → per name ``(iterations, refs)`` and the converted numbers.
 
-    A ref is an index into the tensor list or, for a plain number, the float itself.
+    A ref is an index into the returned numbers or, for a plain number, the float itself.
+    Every tensor is converted in one device→host transfer per device.
     """
-    flat: list[torch.Tensor] = []
-    keys = pending[0][1].keys()
-    if all(type(v) is torch.Tensor and v.ndim == 0 for v in pending[0][1].values()) and all(vals.keys() == keys for _, vals in pending):
-        # The usual case: every iteration logged the same scalar tensors. One comprehension per name.
-        iters = [it for it, _ in pending]
-        columns: dict[str, tuple[list[int], list[Any]]] = {}
-        for name in keys:
-            col = [vals[name] for _, vals in pending]
-            if all(type(v) is torch.Tensor and v.ndim == 0 for v in col):
-                columns[name] = (iters, list(range(len(flat), len(flat) + len(col))))
-                flat.extend(col)
-                continue
-            break
-        else:
-            return columns, flat
-        flat = []
-    columns = {}
+    keys = list(pending[0][1])
+    n = len(pending)
+    if sum(map(len, (vals for _, vals in pending))) == len(keys) * n:
+        # The usual case: every iteration logged the same scalar tensors. One stack, one transfer.
+        try:
+            flat = [vals[name] for name in keys for _, vals in pending]
+            stacked = torch.stack(flat)
+        except (KeyError, TypeError, RuntimeError):  # other keys, plain numbers, several devices
+            stacked = None
+        if stacked is not None and stacked.ndim == 1:
+            iters = [it for it, _ in pending]
+            numbers = stacked.float().tolist()
+            return {name: (iters, list(range(k * n, (k + 1) * n))) for k, name in enumerate(keys)}, numbers
+    tensors: list[torch.Tensor] = []
+    columns: dict[str, tuple[list[int], list[Any]]] = {}
     for it, values in pending:
         for name, v in values.items():
             entry = columns.get(name)
@@ -122,11 +121,28 @@ def _columns(pending: list[tuple[int, dict[str, Any]]]) -> tuple[dict[str, tuple
                 entry = columns[name] = ([], [])
             entry[0].append(it)
             if isinstance(v, torch.Tensor):
-                entry[1].append(len(flat))
-                flat.append(v if v.ndim == 0 else v.detach().float().mean())
+                entry[1].append(len(tensors))
+                tensors.append(v if v.ndim == 0 else v.detach().float().mean())
             else:
                 entry[1].append(float(v))
-    return columns, flat
+    return columns, _to_numbers(tensors)
+
+
+def _to_numbers(tensors: list[torch.Tensor]) -> list[float]:
+    """Floats of scalar tensors, with one transfer per device."""
+    if not tensors:
+        return []
+    try:
+        return torch.stack(tensors).float().tolist()  # type: ignore[no-any-return]
+    except RuntimeError:  # tensors on several devices (or dtypes stack refuses): group them
+        out: list[float] = [0.0] * len(tensors)
+        groups: dict[torch.device, list[int]] = {}
+        for i, t in enumerate(tensors):
+            groups.setdefault(t.device, []).append(i)
+        for idx in groups.values():
+            for i, v in zip(idx, torch.stack([tensors[i].float() for i in idx]).tolist()):
+                out[i] = v
+        return out
 
 
 #: What listeners receive: per name, the iterations and the numbers recorded since the last flush.
@@ -236,8 +252,7 @@ class MetricStore:
         numbers: list[float] = []
         if pending:
             self._pending = []
-            columns, flat = _columns(pending)
-            numbers = self._to_numbers(flat)  # one device→host transfer per device
+            columns, numbers = _columns(pending)  # one device→host transfer per device
             check = self.raise_on_nonfinite if raise_on_nonfinite is None else raise_on_nonfinite
             for name, (iters, refs) in columns.items():
                 vals = [numbers[r] if type(r) is int else r for r in refs]
@@ -258,23 +273,6 @@ class MetricStore:
                 "Lower the learning rate, enable gradient clipping (optim_wrapper=dict(clip_grad=dict(max_norm=1.0))), "
                 "check the data for NaN/Inf, or pass nonfinite_loss='skip' to the Trainer to skip such steps."
             )
-
-    @staticmethod
-    def _to_numbers(tensors: list[torch.Tensor]) -> list[float]:
-        """Floats of scalar tensors, with one transfer per device."""
-        if not tensors:
-            return []
-        try:
-            return torch.stack(tensors).float().tolist()
-        except RuntimeError:  # tensors on several devices (or dtypes stack refuses): group them
-            out: list[float] = [0.0] * len(tensors)
-            groups: dict[torch.device, list[int]] = {}
-            for i, t in enumerate(tensors):
-                groups.setdefault(t.device, []).append(i)
-            for idx in groups.values():
-                for i, v in zip(idx, torch.stack([tensors[i].float() for i in idx]).tolist()):
-                    out[i] = v
-            return out
 
     # -- reading --------------------------------------------------------------------------
     def get(self, name: str) -> HistoryBuffer:

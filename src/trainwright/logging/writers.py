@@ -10,6 +10,17 @@ from typing import Any
 
 
 
+_encode = json.JSONEncoder().encode
+
+
+def _finite(record: dict[str, Any]) -> dict[str, Any]:
+    """``record`` with non-finite floats as strings ("nan", "inf"): JSON has no such numbers."""
+    for v in record.values():
+        if isinstance(v, float) and not math.isfinite(v):
+            return {k: (str(x) if isinstance(x, float) and not math.isfinite(x) else x) for k, x in record.items()}
+    return record
+
+
 class JsonlWriter:
     """Appends one JSON object per line to ``path`` (``metrics.jsonl``); opened lazily.
 
@@ -25,14 +36,14 @@ class JsonlWriter:
 
     def write(self, record: dict[str, Any]) -> None:
         """Append ``record`` (non-finite floats written as strings "nan"/"inf")."""
+        self.write_many([record])
+
+    def write_many(self, records: list[dict[str, Any]]) -> None:
+        """Append several records with one write."""
         if self._fh is None:
             self.path.parent.mkdir(parents=True, exist_ok=True)
             self._fh = open(self.path, "a", encoding="utf-8")  # noqa: SIM115 - kept open for the run
-        for k, v in record.items():
-            if isinstance(v, float) and not math.isfinite(v):
-                record = {k2: (str(v2) if isinstance(v2, float) and not math.isfinite(v2) else v2) for k2, v2 in record.items()}
-                break
-        self._fh.write(json.dumps(record) + "\n")
+        self._fh.write("".join([_encode(_finite(r)) + "\n" for r in records]))
         now = time.monotonic()
         if now - self._last_flush >= self.flush_secs:
             self._fh.flush()
