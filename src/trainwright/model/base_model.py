@@ -50,10 +50,12 @@ class BaseModel(nn.Module):
         Returns:
             The log tensors (``loss`` and each loss term), detached, on the device.
         """
-        data = self._preprocess(data, True)
+        pre = self._modules["data_preprocessor"]  # what nn.Module.__getattr__ would return, minus its cost
+        if not getattr(pre, "passthrough", False):
+            data = pre(data, True)
         ctx = optim_wrapper.optim_context(self)
         if type(ctx) is nullcontext:  # full precision, no gradient-sync switch: skip the with-statement
-            losses = self._run_forward(data, "loss")
+            losses = self(*data, mode="loss") if type(data) is list or type(data) is tuple else self._run_forward(data, "loss")
         else:
             with ctx:
                 losses = self._run_forward(data, "loss")
