@@ -150,3 +150,37 @@ def test_optim_wrapper_dict_read_outs_and_state():
         owd.load_state_dict({"generator": owd["generator"].state_dict()})
     with pytest.raises(TypeError):
         OptimWrapperDict(generator=torch.optim.SGD(g.parameters(), lr=0.1))
+
+
+def test_subclass_overrides_are_honoured_and_config_changes_take_effect() -> None:
+    """The inlined full-precision update must not bypass a user's override or a later change of settings."""
+    calls: list[str] = []
+
+    class Logged(OptimWrapper):
+        def step(self, **kwargs):
+            calls.append("step")
+            super().step(**kwargs)
+
+    model = _two_layer()
+    Logged(torch.optim.SGD(model.parameters(), lr=0.1)).update_params(_loss(model))
+    assert calls == ["step"]
+
+    # Clipping switched on after construction clips (equal to torch's own clipping).
+    model, ref = _two_layer(), _two_layer()
+    ow = OptimWrapper(torch.optim.SGD(model.parameters(), lr=0.1))
+    ow.clip_grad = dict(max_norm=0.5)
+    ow.update_params(_loss(model))
+    _loss(ref).backward()
+    expected_norm = torch.nn.utils.clip_grad_norm_(ref.parameters(), 0.5)
+    torch.optim.SGD(ref.parameters(), lr=0.1).step()
+    assert torch.equal(ow.grad_norm, expected_norm)
+    for a, b in zip(model.parameters(), ref.parameters()):
+        assert torch.equal(a, b)
+
+    # skip_nonfinite switched on afterwards skips a NaN micro-batch.
+    ow.skip_nonfinite = True
+    before = [p.detach().clone() for p in model.parameters()]
+    with pytest.warns(RuntimeWarning, match="non-finite"):
+        ow.update_params(_loss(model) * float("nan"))
+    assert ow.skipped_steps == 1
+    assert all(torch.equal(a, b) for a, b in zip(model.parameters(), before))

@@ -128,28 +128,33 @@ class OptimWrapper:
         self._refresh_fast_path()
 
     def _refresh_fast_path(self) -> None:
-        """Decide whether :meth:`update_params` may be the hand-written loop's three calls.
+        """Decide whether :meth:`update_params` may run inline, like a hand-written loop.
 
-        True for full precision without accumulation, clipping or skipping, when no subclass
-        overrides a step method: then the result is the same, minus ~10 Python calls a step.
+        True for full precision without skipping, when no subclass overrides a step method:
+        then ``precision.backward`` / ``unscale_`` / ``optimizer_step`` are plain calls and the
+        result is the same, minus ~10 Python calls a step.
         """
         cls = type(self)
         self._plain = (
-            self._accumulative_counts == 1
-            and self._clip_grad is None
-            and not self._skip_nonfinite
+            not self._skip_nonfinite
             and type(self._precision) is Precision
-            and all(getattr(cls, m) is getattr(OptimWrapper, m) for m in ("update_params", "scale_loss", "backward", "step", "zero_grad", "should_update"))
+            and all(getattr(cls, m) is getattr(OptimWrapper, m) for m in ("update_params", "scale_loss", "backward", "step", "zero_grad", "should_update", "_clip_grads"))
         )
 
     # -- the step -------------------------------------------------------------------------
     def update_params(self, loss: torch.Tensor, step_kwargs: dict | None = None, zero_kwargs: dict | None = None) -> None:
         """Scale ``loss``, back-propagate, and at the end of a window clip, step and zero."""
-        if self._plain and step_kwargs is None and zero_kwargs is None:
+        if self._plain and step_kwargs is None and zero_kwargs is None:  # same steps as below, inlined
+            acc = self._accumulative_counts
+            if acc != 1:
+                loss = loss / self._current_divisor()
             loss.backward()
-            self._inner_count += 1
-            self.optimizer.step()
-            self.optimizer.zero_grad()
+            n = self._inner_count = self._inner_count + 1
+            if acc == 1 or n % acc == 0 or n == self._max_counts:
+                if self._clip_grad is not None:
+                    self.grad_norm = self._clip_grads()
+                self.optimizer.step()
+                self.optimizer.zero_grad()
             return
         if self._skip_nonfinite and not bool(torch.isfinite(loss).all()):
             self.skipped_steps += 1
