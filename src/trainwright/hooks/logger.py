@@ -31,6 +31,18 @@ if TYPE_CHECKING:
     from trainwright.trainer.trainer import Trainer
 
 _TIME_KEYS = ("time", "data_time")
+_META = ("mode", "epoch", "iter")
+
+
+def _template(keys: tuple[str, ...]) -> str:
+    """``"  loss: {:.4f}  lr: {:.4e}  eta: {}  ..."`` for records with these keys (the first three are meta)."""
+    parts = []
+    for k in keys[len(_META) :]:
+        lr = k == "lr" or k.endswith(".lr")
+        parts.append(f"  {k}: {{:.4e}}" if lr else f"  {k}: {{:.4f}}")
+        if k == "lr" and "time" in keys:
+            parts.append("  eta: {}")
+    return "".join(parts)
 
 
 class _Request(NamedTuple):
@@ -78,6 +90,7 @@ class LoggerHook(Hook):
         self._epoch_len = 0
         self._max_iters = 0
         self._width = 1
+        self._templates: dict[tuple[str, ...], str] = {}
         self._sink: tuple[Any, Any] | None = None  # (metrics writer, logger) on the main process
 
     # -- training ---------------------------------------------------------------------------
@@ -186,19 +199,17 @@ class LoggerHook(Hook):
 
     def _format(self, r: _Request, rec: dict[str, Any]) -> str:
         if self._by_epoch:
-            parts = [f"Epoch(train) [{r.epoch}][{str(r.batch_idx + 1).rjust(self._width)}/{self._epoch_len}]"]
+            head = f"Epoch(train) [{r.epoch}][{str(r.batch_idx + 1).rjust(self._width)}/{self._epoch_len}]"
         else:
-            parts = [f"Iter(train) [{str(r.iteration).rjust(self._width)}/{self._max_iters}]"]
-        for k, v in rec.items():
-            if k in ("mode", "epoch", "iter"):
-                continue
-            if k == "lr" or k.endswith(".lr"):
-                parts.append(f"{k}: {v:.4e}")
-            elif isinstance(v, float):
-                parts.append(f"{k}: {v:.4f}")
-            if k == "lr" and "time" in rec:
-                parts.append(f"eta: {datetime.timedelta(seconds=int(rec['time'] * (self._max_iters - r.iteration)))}")
-        return "  ".join(parts)
+            head = f"Iter(train) [{str(r.iteration).rjust(self._width)}/{self._max_iters}]"
+        keys = tuple(rec)
+        template = self._templates.get(keys)
+        if template is None:
+            template = self._templates[keys] = _template(keys)
+        values = [v for k, v in rec.items() if k not in _META]
+        if "lr" in rec and "time" in rec:  # the ETA follows the lr
+            values.insert(keys.index("lr") - len(_META) + 1, datetime.timedelta(seconds=int(rec["time"] * (self._max_iters - r.iteration))))
+        return head + template.format(*values)
 
     # -- evaluation -------------------------------------------------------------------------
     def after_val_epoch(self, trainer: Trainer, metrics: dict[str, float] | None = None) -> None:  # noqa: D102

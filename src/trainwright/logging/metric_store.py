@@ -101,7 +101,7 @@ def _columns(pending: list[tuple[int, dict[str, Any]]]) -> tuple[dict[str, tuple
     """
     keys = list(pending[0][1])
     n = len(pending)
-    if sum(map(len, (vals for _, vals in pending))) == len(keys) * n:
+    if sum([len(vals) for _, vals in pending]) == len(keys) * n:
         # The usual case: every iteration logged the same scalar tensors. One stack, one transfer.
         try:
             flat = [vals[name] for name in keys for _, vals in pending]

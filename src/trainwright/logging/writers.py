@@ -10,7 +10,14 @@ from typing import Any
 
 
 
-_encode = json.JSONEncoder().encode
+_encode_strict = json.JSONEncoder(allow_nan=False).encode
+
+
+def _encode(record: dict[str, Any]) -> str:
+    try:
+        return _encode_strict(record)
+    except ValueError:  # a NaN / Inf value
+        return _encode_strict(_finite(record))
 
 
 def _finite(record: dict[str, Any]) -> dict[str, Any]:
@@ -43,7 +50,7 @@ class JsonlWriter:
         if self._fh is None:
             self.path.parent.mkdir(parents=True, exist_ok=True)
             self._fh = open(self.path, "a", encoding="utf-8")  # noqa: SIM115 - kept open for the run
-        self._fh.write("".join([_encode(_finite(r)) + "\n" for r in records]))
+        self._fh.write("".join([_encode(r) + "\n" for r in records]))
         now = time.monotonic()
         if now - self._last_flush >= self.flush_secs:
             self._fh.flush()
