@@ -9,9 +9,43 @@ from typing import Any
 
 import torch
 from torch import nn
+from torch.nn.modules import module as _torch_module
 
 from trainwright.model.data_preprocessor import BaseDataPreprocessor
 from trainwright.registry import MODELS
+
+
+def _call(fn: Any, data: Any, mode: str) -> Any:
+    """``fn(**data, mode)`` for a dict batch, ``fn(*data, mode)`` for a tuple / list, else ``fn(data, mode)``."""
+    if isinstance(data, dict):
+        return fn(**data, mode=mode)
+    if isinstance(data, (list, tuple)):
+        return fn(*data, mode=mode)
+    return fn(data, mode=mode)
+
+
+_HOOK_DICTS = ("_forward_hooks", "_forward_pre_hooks", "_backward_hooks", "_backward_pre_hooks")
+_GLOBAL_HOOKS = tuple(getattr(_torch_module, f"_global{name}", None) for name in _HOOK_DICTS)
+# The shortcut below relies on how nn.Module.__call__ decides it has nothing to do; if this torch
+# lays modules out differently, it is off and every call goes through __call__.
+_CAN_SKIP_CALL = all(isinstance(g, dict) for g in _GLOBAL_HOOKS) and all(k in nn.Module().__dict__ for k in _HOOK_DICTS)
+
+
+def call_is_forward(module: nn.Module) -> bool:
+    """True when ``module(...)`` would only call ``module.forward(...)``.
+
+    That is: no forward / backward hooks on the module or registered globally (FSDP2, for one,
+    works through forward hooks), no ``module.compile()``, no TorchScript tracing. Then the
+    loops call ``forward`` directly and save ``nn.Module.__call__``'s two extra Python frames.
+    """
+    if not _CAN_SKIP_CALL:
+        return False
+    d = module.__dict__
+    g1, g2, g3, g4 = _GLOBAL_HOOKS
+    return not (
+        d["_forward_hooks"] or d["_forward_pre_hooks"] or d["_backward_hooks"] or d["_backward_pre_hooks"]
+        or d.get("_compiled_call_impl") is not None or g1 or g2 or g3 or g4 or torch._C._get_tracing_state()  # noqa: SLF001
+    )
 
 
 class BaseModel(nn.Module):
@@ -53,12 +87,13 @@ class BaseModel(nn.Module):
         pre = self._modules["data_preprocessor"]  # what nn.Module.__getattr__ would return, minus its cost
         if not getattr(pre, "passthrough", False):
             data = pre(data, True)
+        fn = self.forward if call_is_forward(self) else self
         ctx = optim_wrapper.optim_context(self)
         if type(ctx) is nullcontext:  # full precision, no gradient-sync switch: skip the with-statement
-            losses = self(*data, mode="loss") if type(data) is list or type(data) is tuple else self._run_forward(data, "loss")
+            losses = fn(*data, mode="loss") if type(data) is list or type(data) is tuple else _call(fn, data, "loss")
         else:
             with ctx:
-                losses = self._run_forward(data, "loss")
+                losses = _call(fn, data, "loss")
         loss, log_vars = self.parse_losses(losses)
         optim_wrapper.update_params(loss)
         return log_vars
@@ -76,11 +111,7 @@ class BaseModel(nn.Module):
         return data if getattr(pre, "passthrough", False) else pre(data, training)
 
     def _run_forward(self, data: Any, mode: str) -> Any:
-        if isinstance(data, dict):
-            return self(**data, mode=mode)
-        if isinstance(data, (list, tuple)):
-            return self(*data, mode=mode)
-        return self(data, mode=mode)
+        return _call(self, data, mode)
 
     def parse_losses(self, losses: Any) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
         """Sum every entry whose key contains ``"loss"``; return (total, log tensors).
