@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import inspect
 from collections.abc import Mapping
-from contextlib import nullcontext
 from typing import Any
 
 import torch
@@ -88,11 +87,10 @@ class BaseModel(nn.Module):
         if not getattr(pre, "passthrough", False):
             data = pre(data, True)
         fn = self.forward if call_is_forward(self) else self
-        ctx = optim_wrapper.optim_context(self)
-        if type(ctx) is nullcontext:  # full precision, no gradient-sync switch: skip the with-statement
+        if getattr(optim_wrapper, "context_free", False):  # full precision, no gradient-sync switch: no context to enter
             losses = fn(*data, mode="loss") if type(data) is list or type(data) is tuple else _call(fn, data, "loss")
         else:
-            with ctx:
+            with optim_wrapper.optim_context(self):
                 losses = _call(fn, data, "loss")
         loss, log_vars = self.parse_losses(losses)
         optim_wrapper.update_params(loss)

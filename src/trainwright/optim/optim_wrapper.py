@@ -78,6 +78,8 @@ class OptimWrapper:
         self.optimizer = optimizer
         self._accumulative_counts = accumulative_counts
         self._plain = False
+        self.context_free = True
+        self._no_sync_context: Callable[[nn.Module], contextlib.AbstractContextManager] | None = None
         self._clip_grad: dict[str, Any] | None = None
         self._precision: Precision = Precision()
         self._skip_nonfinite = False
@@ -92,7 +94,7 @@ class OptimWrapper:
         self._window_start = 0
         self._divisor = accumulative_counts
         # Set by a strategy that can suppress gradient sync (DDP): model -> context manager.
-        self.no_sync_context: Callable[[nn.Module], contextlib.AbstractContextManager] | None = None
+        self.no_sync_context = None
         self._params = [p for g in optimizer.param_groups for p in g["params"]]
 
     # -- configuration that decides the fast path ------------------------------------------
@@ -118,6 +120,16 @@ class OptimWrapper:
         self._refresh_fast_path()
 
     @property
+    def no_sync_context(self) -> Callable[[nn.Module], contextlib.AbstractContextManager] | None:
+        """Set by a strategy that can suppress gradient sync (DDP): ``model -> context manager``."""
+        return self._no_sync_context
+
+    @no_sync_context.setter
+    def no_sync_context(self, value: Callable[[nn.Module], contextlib.AbstractContextManager] | None) -> None:
+        self._no_sync_context = value
+        self._refresh_fast_path()
+
+    @property
     def skip_nonfinite(self) -> bool:
         """Whether micro-batches with a NaN/Inf loss are skipped (one host sync per step)."""
         return self._skip_nonfinite
@@ -135,6 +147,9 @@ class OptimWrapper:
         result is the same, minus ~10 Python calls a step.
         """
         cls = type(self)
+        #: True when :meth:`optim_context` is a no-op (full precision, no gradient-sync switching):
+        #: ``BaseModel.train_step`` then runs the forward pass without entering it.
+        self.context_free = self.__dict__.get("_no_sync_context") is None and self._precision.dtype is None and cls.optim_context is OptimWrapper.optim_context
         self._plain = (
             not self._skip_nonfinite
             and type(self._precision) is Precision
@@ -243,7 +258,7 @@ class OptimWrapper:
 
     def optim_context(self, model: nn.Module) -> contextlib.AbstractContextManager:
         """Context for the forward pass: no gradient sync inside a window, autocast if mixed."""
-        if self.no_sync_context is None and self._precision.dtype is None:
+        if self.context_free:
             return _NULL
         return self._context(model)
 
