@@ -120,9 +120,9 @@ def close_logger(logger: logging.Logger) -> None:
 def log_lines(logger: logging.Logger, msgs: list[str], level: int = logging.INFO, created: list[float] | None = None) -> None:
     """Log several messages at once: one write per trainwright handler, ordinary records for others.
 
-    Like :func:`log_fast` (no caller lookup) for a batch of lines, e.g. the training log
-    lines the logger hook renders together; ``created`` (``time.time()`` values) dates each
-    line when it was produced rather than when it is written.
+    No caller lookup (a stack walk) per line, as ``logger.info`` would do: for batches of
+    lines rendered together, e.g. the training log lines of the logger hook. ``created``
+    (``time.time()`` values) dates each line when it was produced rather than when written.
     """
     if not msgs or not logger.isEnabledFor(level):
         return
@@ -146,13 +146,3 @@ def _record(name: str, level: int, msg: str, created: float) -> logging.LogRecor
     r.created = created
     r.msecs = (created - int(created)) * 1000
     return r
-
-
-def log_fast(logger: logging.Logger, msg: str, level: int = logging.INFO) -> None:
-    """Log ``msg`` like ``logger.log`` but without the caller lookup (a stack walk).
-
-    For lines emitted on the training hot path (the periodic training log line); handlers
-    receive an ordinary ``LogRecord``.
-    """
-    if logger.isEnabledFor(level):
-        logger.handle(logging.LogRecord(logger.name, level, "", 0, msg, None, None))
