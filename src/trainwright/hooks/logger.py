@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import bisect
 import datetime
+import functools
 import time
 from typing import TYPE_CHECKING, Any, NamedTuple
 
@@ -51,10 +52,13 @@ class _Request(NamedTuple):
     iteration: int
     epoch: int
     batch_idx: int
-    lr: dict[str, float]
+    lr: dict[str, list[float]]  # OptimWrapper.get_lr() at that iteration
     created: float  # wall-clock time of the iteration (the line's timestamp)
     grad_norm: Any  # a tensor (converted when the line is written) or None
     loss_scale: float | None
+
+
+_new_request = functools.partial(tuple.__new__, _Request)  # no Python-level __new__ on the hot path
 
 
 @HOOKS.register
@@ -90,6 +94,7 @@ class LoggerHook(Hook):
         self._epoch_len = 0
         self._max_iters = 0
         self._width = 1
+        self._log_scale = False
         self._templates: dict[tuple[str, ...], str] = {}
         self._sink: tuple[Any, Any] | None = None  # (metrics writer, logger) on the main process
 
@@ -100,6 +105,8 @@ class LoggerHook(Hook):
         self._epoch_len = len(loop.dataloader)
         self._max_iters = loop.max_iters
         self._width = len(str(self._epoch_len if loop.by_epoch else self._max_iters))
+        # Only a float16 GradScaler has a loss scale to log (it may not exist before the first step).
+        self._log_scale = getattr(getattr(trainer.optim_wrapper, "precision", None), "scaler", None) is not None
         self._last_idx = self._epoch_len - 1 if loop.by_epoch and not self.ignore_last else -1
         self._requests = []  # self._cols stays: a resumed run restored the last interval's numbers into it
         self._sink = (trainer.writer, trainer.logger) if trainer.is_main_process else None
@@ -108,11 +115,13 @@ class LoggerHook(Hook):
 
     def after_train_iter(self, trainer: Trainer, batch_idx: int, data_batch: Any = None, outputs: dict | None = None) -> None:  # noqa: D102
         if trainer.progress.iteration % self.interval == 0 or batch_idx == self._last_idx:
+            # Runs once per interval, so its code is cold each time: keep it to reading values.
             p = trainer.progress
             ow = trainer.optim_wrapper
-            scale = getattr(ow, "loss_scale", None)
-            lr = {k: v[0] for k, v in ow.get_lr().items()}
-            self._requests.append(_Request(p.iteration, p.epoch + 1 if self._by_epoch else p.epoch, batch_idx, lr, time.time(), getattr(ow, "grad_norm", None), None if scale is None else float(scale)))
+            scale = ow.loss_scale if self._log_scale else None
+            if scale is not None:
+                scale = float(scale)
+            self._requests.append(_new_request((p.iteration, p.epoch + 1 if self._by_epoch else p.epoch, batch_idx, ow.get_lr(), time.time(), getattr(ow, "grad_norm", None), scale)))
             if time.perf_counter() - self._last_write >= self.flush_secs:
                 trainer.metric_store.flush()  # → _on_flush writes the lines
 
@@ -186,7 +195,8 @@ class LoggerHook(Hook):
                         times[name] = v
                     else:
                         record[name] = v
-            record.update(r.lr)
+            for k, v in r.lr.items():
+                record[k] = v[0]
             if r.grad_norm is not None:
                 record["grad_norm"] = float(r.grad_norm)
             if r.loss_scale is not None:
