@@ -145,15 +145,33 @@ class ResumableLoader:
 
     Iterating yields the remaining batches of the current epoch; ``len()`` is the full
     epoch length. ``state_dict()`` is ``{"epoch", "position", "seed"}``.
+
+    The batches come straight from the ``DataLoader`` iterator (no Python frame per batch):
+    the position is read from the iterator's count of yielded batches when someone asks, and
+    the epoch is closed by a stage chained after the last batch.
     """
 
     def __init__(self, loader: DataLoader, seed: int = 0) -> None:
         self.loader = loader
         self.seed = seed
         self.epoch = 0
-        self.position = 0
+        self._position = 0
+        self._live: Any = None  # the DataLoader iterator of the epoch in progress
+        self._live_start = 0  # the position it started from
         self._batch_sampler = loader.batch_sampler if isinstance(loader.batch_sampler, SkippableBatchSampler) else None
         self._generator = loader.generator
+
+    @property
+    def position(self) -> int:
+        """Batches of the current epoch already handed out."""
+        if self._live is not None:
+            return self._live_start + self._live._num_yielded  # noqa: SLF001 - DataLoader's own count
+        return self._position
+
+    @position.setter
+    def position(self, value: int) -> None:
+        self._live = None
+        self._position = value
 
     @property
     def dataset(self) -> Any:
@@ -187,30 +205,45 @@ class ResumableLoader:
             self._batch_sampler.epoch = self.epoch
 
     def __iter__(self) -> Iterator[Any]:
+        self.position = self.position  # an earlier pass left unfinished: keep where it stopped
         self._sync_epoch()
-        start = self.position
+        start = self._position
         if start >= len(self):
             # Saved after the epoch's last batch but before the epoch was closed: the
             # epoch is complete, so this pass is empty and the next one starts a new epoch.
             self.position = 0
             self.epoch += 1
-            return
+            return iter(())
         if self._batch_sampler is not None:
             self._batch_sampler.skip = start
             try:
                 it = iter(self.loader)
             finally:
                 self._batch_sampler.skip = 0
-        else:
-            it = iter(self.loader)
-            if start:
-                warnings.warn(f"Resuming an iterable data loader by consuming {start} batches; make the dataset stateful to avoid the replay", stacklevel=2)
-                for _ in itertools.islice(it, start):
-                    pass
+            if hasattr(it, "_num_yielded"):
+                self._live, self._live_start = it, start
+                return itertools.chain(it, self._close_epoch(it))
+            return self._counting(it)
+        it = iter(self.loader)
+        if start:
+            warnings.warn(f"Resuming an iterable data loader by consuming {start} batches; make the dataset stateful to avoid the replay", stacklevel=2)
+            for _ in itertools.islice(it, start):
+                pass
+        return self._counting(it)
+
+    def _close_epoch(self, it: Any) -> Iterator[Any]:
+        """Chained after the epoch's batches: runs once they are exhausted, yields nothing."""
+        if self._live is it:
+            self.position = 0
+            self.epoch += 1
+        yield from ()
+
+    def _counting(self, it: Iterator[Any]) -> Iterator[Any]:
+        """The general path (iterators without a yielded-batch count): count as we go."""
         for batch in it:
-            self.position += 1
+            self._position += 1
             yield batch
-        self.position = 0
+        self._position = 0
         self.epoch += 1
 
     def __len__(self) -> int:
