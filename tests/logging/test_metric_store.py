@@ -108,3 +108,15 @@ def test_training_hot_path_syncs_do_not_grow_with_iterations(trainer_factory, sy
         counts.append(sum(sync_calls.values()))
     assert counts[0] >= 1  # the instrumentation sees the logging-interval flush
     assert counts[0] == counts[1], f"host syncs grow with iterations: {counts}"
+
+
+def test_listeners_get_every_number_once_and_whether_the_flush_is_urgent() -> None:
+    from trainwright.logging import MetricStore
+
+    store = MetricStore(flush_every=3)
+    calls: list[tuple[dict, bool]] = []
+    store.add_listener(lambda cols, urgent: calls.append(({k: (list(i), list(v)) for k, (i, v) in cols.items()}, urgent)))
+    for it in range(1, 5):
+        store.update_dict({"loss": torch.tensor(float(it))}, it)  # the 3rd update flushes by itself
+    store.flush()
+    assert calls == [({"loss": ([1, 2, 3], [1.0, 2.0, 3.0])}, False), ({"loss": ([4], [4.0])}, True)]

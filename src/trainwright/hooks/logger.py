@@ -4,9 +4,10 @@ Pseudocode (what makes a log line cost ~nothing on the training hot path)::
 
     after_train_iter:  if it % interval == 0: requests.append((it, epoch, lr, ...))   # no numbers yet
                        if 1 s passed since the last write: metric_store.flush()
-    metric_store.flush → listener(columns)   # every iteration's loss / time, as numbers
-                       → one record per request: mean loss of its interval, lr, time, ETA
-                       → metrics.jsonl lines and console / train.log lines, in one batch
+    metric_store.flush → listener(columns, urgent)   # every iteration's loss / time, as numbers
+                       → (urgent, or 1 s since the last write) one record per request: mean
+                         loss of its interval, lr, time, ETA → metrics.jsonl lines and
+                         console / train.log lines, in one batch
 
 Turning numbers into text is the costly part of logging (it runs on cold caches between
 training steps), so lines are rendered together, at most once per ``flush_secs`` while
@@ -147,8 +148,12 @@ class LoggerHook(Hook):
         """Restore :meth:`state_dict` (what the first lines after a resume average over)."""
         self._cols = {name: (list(iters), list(values)) for name, (iters, values) in state.get("columns", {}).items()}
 
-    def _on_flush(self, columns: Columns) -> None:
-        """Store listener: collect the new numbers, then write every requested line they complete."""
+    def _on_flush(self, columns: Columns, urgent: bool = True) -> None:
+        """Store listener: collect the new numbers, then write every requested line they complete.
+
+        The store's automatic flush (every 1,000 iterations) only converts numbers; lines wait
+        for the next due line ``flush_secs`` after the last write, or for an urgent flush.
+        """
         cols = self._cols
         for name, (iters, values) in columns.items():
             if name.startswith("val"):
@@ -162,7 +167,7 @@ class LoggerHook(Hook):
             else:
                 col[0].extend(iters)
                 col[1].extend(values)
-        if not self._requests:
+        if not self._requests or (not urgent and time.perf_counter() - self._last_write < self.flush_secs):
             return
         requests, self._requests = self._requests, []
         records = self._records(requests)

@@ -177,14 +177,14 @@ class MetricStore:
         self._pending: list[tuple[int, dict[str, Any]]] = []
         self._fresh: Columns = {}
         self._drains: list[Callable[[], None]] = []
-        self._listeners: list[Callable[[Columns], None]] = []
+        self._listeners: list[Callable[[Columns, bool], None]] = []
 
     # -- hot path -------------------------------------------------------------------------
     def update_dict(self, values: dict[str, Any], iteration: int) -> None:
         """Record one iteration's named values (tensors or numbers); no host sync."""
         self._pending.append((iteration, values))
         if len(self._pending) >= self.flush_every:
-            self.flush()
+            self.flush(urgent=False)
 
     def update_scalar(self, name: str, value: float, iteration: int = -1) -> None:
         """Record a plain Python number right away (timings, learning rates)."""
@@ -218,27 +218,30 @@ class MetricStore:
         if fn not in self._drains:
             self._drains.append(fn)
 
-    def add_listener(self, fn: Callable[[Columns], None]) -> None:
-        """Have ``fn(columns)`` called after every :meth:`flush` with the numbers it brought in.
+    def add_listener(self, fn: Callable[[Columns, bool], None]) -> None:
+        """Have ``fn(columns, urgent)`` called after every :meth:`flush` with the numbers it brought in.
 
         ``columns`` maps each name to ``(iterations, values)`` of everything recorded since the
-        previous flush, in order (the logger hook writes its lines from them).
+        previous flush, in order (the logger hook writes its lines from them). ``urgent`` is
+        False for the automatic flush that bounds memory (every ``flush_every`` updates): a
+        listener may keep its output for later then; every other flush wants it written.
         """
         if fn not in self._listeners:
             self._listeners.append(fn)
 
-    def remove_listener(self, fn: Callable[[Columns], None]) -> None:
+    def remove_listener(self, fn: Callable[[Columns, bool], None]) -> None:
         """Stop calling ``fn`` (no error if it was not registered)."""
         if fn in self._listeners:
             self._listeners.remove(fn)
 
     # -- sync point -----------------------------------------------------------------------
-    def flush(self, raise_on_nonfinite: bool | None = None) -> None:
+    def flush(self, raise_on_nonfinite: bool | None = None, urgent: bool = True) -> None:
         """Turn every pending tensor into a number, in one transfer per device.
 
         Args:
             raise_on_nonfinite: Override the store's setting for this call (error paths pass
                 False so a second exception does not hide the first).
+            urgent: Passed to the listeners: False only for the automatic memory-bounding flush.
 
         Raises:
             FloatingPointError: a loss was NaN/Inf; the message names the first such
@@ -264,7 +267,7 @@ class MetricStore:
         fresh, self._fresh = self._fresh, {}
         if fresh:
             for fn in self._listeners:
-                fn(fresh)
+                fn(fresh, urgent)
         if bad is not None:
             it = bad[0]
             losses = {name: (numbers[r] if type(r) is int else r) for name, (iters, refs) in columns.items() for i, r in zip(iters, refs) if i == it}
