@@ -97,6 +97,16 @@ class _ReferenceEMA:
         self.avg = w if self.avg is None else {k: (1 - self.m) * self.avg[k] + self.m * w[k] for k in w}
 
 
+def _train_beside_reference(t: types.SimpleNamespace, hook: EMAHook, momentum: float, iters: int = 5) -> tuple[_ReferenceEMA, dict[str, torch.Tensor]]:
+    """Train ``iters`` steps with ``hook`` and a hand-written EMA beside it; return it and the training weights."""
+    hook.before_train(t)
+    ref = _ReferenceEMA(momentum)
+    for _ in range(iters):
+        _train(t, 1)
+        ref.update(t.model)
+    return ref, _weights(t.model)
+
+
 def _mse_with(weights: dict[str, torch.Tensor], loop: EvalLoop) -> float:
     model = Regressor()
     model.load_state_dict(weights)
@@ -151,12 +161,7 @@ class _Probe(Hook):
 def test_evaluates_the_average_then_restores_training_weights(mode: str) -> None:
     hook, probe = EMAHook(momentum=0.3), _Probe()
     t = _trainer(hook, probe)
-    hook.before_train(t)
-    ref = _ReferenceEMA(0.3)
-    for _ in range(5):
-        _train(t, 1)
-        ref.update(t.model)
-    training = _weights(t.model)
+    ref, training = _train_beside_reference(t, hook, 0.3)
     loop = t.val_loop if mode == "val" else t.test_loop
 
     metrics = loop.run()
@@ -174,12 +179,7 @@ def test_evaluates_the_average_then_restores_training_weights(mode: str) -> None
 def test_evaluate_on_both_reports_training_weights_too() -> None:
     hook = EMAHook(momentum=0.3, evaluate_on="both")
     t = _trainer(hook)
-    hook.before_train(t)
-    ref = _ReferenceEMA(0.3)
-    for _ in range(5):
-        _train(t, 1)
-        ref.update(t.model)
-    training = _weights(t.model)
+    ref, training = _train_beside_reference(t, hook, 0.3)
 
     metrics = t.val_loop.run()
 

@@ -83,12 +83,10 @@ class BaseModel(nn.Module):
         Returns:
             The log tensors (``loss`` and each loss term), detached, on the device.
         """
-        pre = self._modules["data_preprocessor"]  # what nn.Module.__getattr__ would return, minus its cost
-        if not getattr(pre, "passthrough", False):
-            data = pre(data, True)
+        data = self._preprocess(data, True)
         fn = self.forward if call_is_forward(self) else self
         if getattr(optim_wrapper, "context_free", False):  # full precision, no gradient-sync switch: no context to enter
-            losses = fn(*data, mode="loss") if type(data) is list or type(data) is tuple else _call(fn, data, "loss")
+            losses = _call(fn, data, "loss")
         else:
             with optim_wrapper.optim_context(self):
                 losses = _call(fn, data, "loss")

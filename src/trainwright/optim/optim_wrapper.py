@@ -79,7 +79,7 @@ class OptimWrapper:
         self._accumulative_counts = accumulative_counts
         self._plain = False
         self.context_free = True
-        self._no_sync_context: Callable[[nn.Module], contextlib.AbstractContextManager] | None = None
+        self._no_sync_context: Callable[[nn.Module], contextlib.AbstractContextManager] | None = None  # see no_sync_context
         self._clip_grad: dict[str, Any] | None = None
         self._precision: Precision = Precision()
         self._skip_nonfinite = False
@@ -93,8 +93,6 @@ class OptimWrapper:
         self._max_counts = -1
         self._window_start = 0
         self._divisor = accumulative_counts
-        # Set by a strategy that can suppress gradient sync (DDP): model -> context manager.
-        self.no_sync_context = None
         self._params = [p for g in optimizer.param_groups for p in g["params"]]
 
     # -- configuration that decides the fast path ------------------------------------------
@@ -149,7 +147,7 @@ class OptimWrapper:
         cls = type(self)
         #: True when :meth:`optim_context` is a no-op (full precision, no gradient-sync switching):
         #: ``BaseModel.train_step`` then runs the forward pass without entering it.
-        self.context_free = self.__dict__.get("_no_sync_context") is None and self._precision.dtype is None and cls.optim_context is OptimWrapper.optim_context
+        self.context_free = self._no_sync_context is None and self._precision.dtype is None and cls.optim_context is OptimWrapper.optim_context
         self._plain = (
             not self._skip_nonfinite
             and type(self._precision) is Precision
