@@ -28,6 +28,8 @@ _GLOBAL_HOOKS = tuple(getattr(_torch_module, f"_global{name}", None) for name in
 # The shortcut below relies on how nn.Module.__call__ decides it has nothing to do; if this torch
 # lays modules out differently, it is off and every call goes through __call__.
 _CAN_SKIP_CALL = all(isinstance(g, dict) for g in _GLOBAL_HOOKS) and all(k in nn.Module().__dict__ for k in _HOOK_DICTS)
+_G1, _G2, _G3, _G4 = _GLOBAL_HOOKS
+_tracing_state = torch._C._get_tracing_state  # noqa: SLF001
 
 
 def call_is_forward(module: nn.Module) -> bool:
@@ -40,10 +42,9 @@ def call_is_forward(module: nn.Module) -> bool:
     if not _CAN_SKIP_CALL:
         return False
     d = module.__dict__
-    g1, g2, g3, g4 = _GLOBAL_HOOKS
     return not (
         d["_forward_hooks"] or d["_forward_pre_hooks"] or d["_backward_hooks"] or d["_backward_pre_hooks"]
-        or d.get("_compiled_call_impl") is not None or g1 or g2 or g3 or g4 or torch._C._get_tracing_state()  # noqa: SLF001
+        or d.get("_compiled_call_impl") is not None or _G1 or _G2 or _G3 or _G4 or _tracing_state()
     )
 
 
@@ -83,10 +84,21 @@ class BaseModel(nn.Module):
         Returns:
             The log tensors (``loss`` and each loss term), detached, on the device.
         """
-        data = self._preprocess(data, True)
-        fn = self.forward if call_is_forward(self) else self
+        # This runs every step, so it spells out what _preprocess, call_is_forward and _call do
+        # (each helper's Python frame measured ~1 µs per step inside a training loop).
+        pre = self._modules["data_preprocessor"]  # what nn.Module.__getattr__ would return, minus its cost
+        if not getattr(pre, "passthrough", False):
+            data = pre(data, True)
+        d = self.__dict__
+        fn = self if (  # call_is_forward(self), inline
+            not _CAN_SKIP_CALL or d["_forward_hooks"] or d["_forward_pre_hooks"] or d["_backward_hooks"] or d["_backward_pre_hooks"]
+            or d.get("_compiled_call_impl") is not None or _G1 or _G2 or _G3 or _G4 or _tracing_state()
+        ) else self.forward
         if getattr(optim_wrapper, "context_free", False):  # full precision, no gradient-sync switch: no context to enter
-            losses = _call(fn, data, "loss")
+            if (type(data) is list or type(data) is tuple) and len(data) == 2:  # the usual (inputs, targets) batch
+                losses = fn(data[0], data[1], mode="loss")
+            else:
+                losses = _call(fn, data, "loss")
         else:
             with optim_wrapper.optim_context(self):
                 losses = _call(fn, data, "loss")
@@ -107,7 +119,7 @@ class BaseModel(nn.Module):
         return data if getattr(pre, "passthrough", False) else pre(data, training)
 
     def _run_forward(self, data: Any, mode: str) -> Any:
-        return _call(self, data, mode)
+        return _call(self.forward if call_is_forward(self) else self, data, mode)
 
     def parse_losses(self, losses: Any) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
         """Sum every entry whose key contains ``"loss"``; return (total, log tensors).
