@@ -53,9 +53,10 @@ class Classifier(tw.BaseModel):
         return {"loss": F.cross_entropy(logits, y)} if mode == "loss" else logits
 
 
-def _trainer(factory, train_cfg, rec):
+def _trainer(factory, train_cfg, rec, **kwargs: Any):
     ds = classification_set(16)  # 4 train batches of 4
     return factory(
+        **kwargs,
         model=Classifier(), dataset=ds, batch_size=4, train_cfg=train_cfg, custom_hooks=[rec],
         val_dataloader=DataLoader(classification_set(6), batch_size=3), val_evaluator=tw.evaluation.Accuracy(),
     )
@@ -175,3 +176,64 @@ def test_distinct_state_keys_are_saved_separately(trainer_factory):
     b.n = 99
     hooks_state = t.state_dict()["hooks"]
     assert hooks_state["Counter"] == {"n": 10} and hooks_state["Counter_b"] == {"n": 99}
+
+
+class IterLog(tw.Hook):
+    """Records (name, iteration, batch_idx) of every after_train_iter call; declares an interval."""
+
+    def __init__(self, name: str, interval: int, log: list, priority: str = "NORMAL") -> None:
+        self.name, self.interval, self.log, self.priority = name, interval, log, priority
+
+    def train_iter_interval(self, trainer) -> int:
+        return self.interval
+
+    def after_train_iter(self, trainer, batch_idx, data_batch=None, outputs=None):
+        self.log.append((self.name, trainer.progress.iteration, batch_idx))
+
+
+def test_interval_hooks_are_called_at_their_multiples_and_epoch_ends_only(trainer_factory):
+    """An interval-3 hook beside an every-iteration one: called at 3, 6, 9, 12 and the epoch ends (4, 8, 12)."""
+    log: list = []
+    gated, every = IterLog("gated", 3, log, "HIGH"), IterLog("every", 1, log, "LOW")
+    # 4 batches per epoch; the logger's interval (10) would make the gcd 1, so it logs every 6.
+    t = _trainer(trainer_factory, dict(by_epoch=True, max_epochs=3), gated, default_hooks=dict(logger=dict(interval=6)))
+    t.hooks.add(every)
+    t.train()
+    assert [it for name, it, _ in log if name == "gated"] == [3, 4, 6, 8, 9, 12]
+    assert [it for name, it, _ in log if name == "every"] == list(range(1, 13))
+    assert [name for name, it, _ in log if it == 3] == ["gated", "every"]  # priority order where both run
+    # After the run every hook is dispatched every iteration again (nothing left gated).
+    assert t.hooks.after_iter_every == 1 and len(t.hooks.after_iter_always) == len(t.hooks.calls["after_train_iter"])
+
+
+def test_interval_hooks_share_the_gcd_and_check_themselves(trainer_factory):
+    """Intervals 4 and 6 → the loop calls both at even iterations (gcd 2) and at epoch ends; each decides itself."""
+    log: list = []
+    t = _trainer(trainer_factory, dict(by_epoch=False, max_iters=13), IterLog("a", 4, log))
+    t.hooks.add(IterLog("b", 6, log))
+    t.train()
+    calls = [it for name, it, _ in log if name == "a"]
+    # Iteration-based run over 4-batch passes: the last batch of a pass is iterations 4, 8, 12.
+    assert calls == [2, 4, 6, 8, 10, 12]
+    assert calls == [it for name, it, _ in log if name == "b"]
+
+
+def test_logger_lines_with_gated_dispatch_match_every_interval(trainer_factory, tmp_path):
+    """The logger declares its interval: lines at every 3rd iteration and each epoch's last batch, none missing."""
+    import json
+
+    t = trainer_factory(default_hooks=dict(logger=dict(interval=3)), train_cfg=dict(by_epoch=True, max_epochs=2))
+    t.train()
+    t.flush_logs()
+    epoch_len = len(t.train_loop.dataloader)
+    recs = [json.loads(line) for line in (t.run_dir / "metrics.jsonl").read_text().splitlines()]
+    iters = [r["iter"] for r in recs if r["mode"] == "train"]
+    expected = sorted({i for i in range(1, 2 * epoch_len + 1) if i % 3 == 0 or i % epoch_len == 0})
+    assert iters == expected
+
+
+@pytest.mark.parametrize("bad", [0, -2, 1.5])
+def test_bad_interval_is_rejected(trainer_factory, bad):
+    t = trainer_factory(custom_hooks=[IterLog("x", bad, [])])
+    with pytest.raises(ValueError, match="train_iter_interval"):
+        t.train()

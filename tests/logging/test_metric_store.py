@@ -120,3 +120,22 @@ def test_listeners_get_every_number_once_and_whether_the_flush_is_urgent() -> No
         store.update_dict({"loss": torch.tensor(float(it))}, it)  # the 3rd update flushes by itself
     store.flush()
     assert calls == [({"loss": ([1, 2, 3], [1.0, 2.0, 3.0])}, False), ({"loss": ([4], [4.0])}, True)]
+
+
+def test_hot_path_rows_are_update_dict_without_the_call() -> None:
+    """The train loop appends to hot_path()'s list: same numbers as update_dict, and the list survives flushes."""
+    a, b = MetricStore(flush_every=3), MetricStore(flush_every=3)
+    rows, limit = b.hot_path()
+    assert limit == 3
+    for it in range(1, 8):
+        values = {"loss": torch.tensor(float(it)), "acc": torch.tensor(it / 10)}
+        a.update_dict(values, it)
+        rows.append((it, values))
+        if len(rows) >= limit:
+            b.flush(urgent=False)
+        assert b.hot_path()[0] is rows
+    a.flush()
+    b.flush()
+    assert a.state_dict() == b.state_dict()
+    b.load_state_dict(a.state_dict())
+    assert b.hot_path()[0] is rows and not rows

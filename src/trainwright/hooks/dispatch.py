@@ -5,6 +5,7 @@ Computed once when the hook list changes; a hook that overrides nothing is never
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Iterable
 from typing import Any
 
@@ -21,7 +22,14 @@ class HookList:
     def __init__(self, hooks: Iterable[Hook] = ()) -> None:
         self._hooks: list[Hook] = []
         self._idle: dict[int, frozenset[str]] = {}
+        self._intervals: dict[int, int] = {}
         self.calls: dict[str, tuple[Callable[..., Any], ...]] = {}
+        #: The gcd of the ``after_train_iter`` intervals hooks declared (1: none did). At its
+        #: multiples and at an epoch's last batch the loop calls ``calls["after_train_iter"]``
+        #: (every active hook, in priority order); at other iterations :attr:`after_iter_always`.
+        self.after_iter_every = 1
+        #: The ``after_train_iter`` calls of hooks that declare no interval (see :meth:`Hook.train_iter_interval`).
+        self.after_iter_always: tuple[Callable[..., Any], ...] = ()
         for h in hooks:
             self.add(h)
         self._rebuild()
@@ -50,23 +58,33 @@ class HookList:
         if dup:
             raise ValueError(f"Two stateful hooks share the state_key {sorted(dup)}; give each copy a distinct `state_key`")
         idle = self._idle
-        self.calls = {
-            ev: tuple(getattr(h, ev) for h in self._hooks if getattr(type(h), ev) is not getattr(Hook, ev) and ev not in idle.get(id(h), ()))
-            for ev in EVENTS
+        active = {
+            ev: [h for h in self._hooks if getattr(type(h), ev) is not getattr(Hook, ev) and ev not in idle.get(id(h), ())] for ev in EVENTS
         }
+        self.calls = {ev: tuple(getattr(h, ev) for h in hooks) for ev, hooks in active.items()}
+        intervals = [self._intervals.get(id(h), 1) for h in active["after_train_iter"]]
+        gated = [n for n in intervals if n > 1]
+        self.after_iter_every = math.gcd(*gated) if gated else 1
+        self.after_iter_always = tuple(h.after_train_iter for h, n in zip(active["after_train_iter"], intervals) if n == 1)
 
     def refresh(self, trainer: Any) -> None:
-        """Ask every hook for its :meth:`~Hook.idle_events` and rebuild the per-iteration lists.
+        """Ask every hook for its :meth:`~Hook.idle_events` and :meth:`~Hook.train_iter_interval`; rebuild the per-iteration lists.
 
         The train loop calls this after ``before_train`` and with ``None`` after ``after_train``
-        (which makes every hook active again).
+        (which makes every hook active again, every iteration).
         """
         self._idle = {}
+        self._intervals = {}
         if trainer is not None:
             for h in self._hooks:
                 skip = frozenset(h.idle_events(trainer)) & _ITER_EVENTS
                 if skip:
                     self._idle[id(h)] = skip
+                n = h.train_iter_interval(trainer)
+                if not isinstance(n, int) or n < 1:
+                    raise ValueError(f"{type(h).__name__}.train_iter_interval() must return an int >= 1, got {n!r}")
+                if n > 1:
+                    self._intervals[id(h)] = n
         self._rebuild()
 
     def call(self, event: str, *args: Any, **kwargs: Any) -> None:

@@ -161,6 +161,19 @@ class Hook:
         """
         return ()
 
+    def train_iter_interval(self, trainer: Trainer) -> int:
+        """Every how many iterations :meth:`after_train_iter` has work to do in this ``train()``.
+
+        Asked once, right after ``before_train`` (with :meth:`idle_events`). A hook that declares
+        ``n > 1`` is called at the iterations (run-wide count) that are multiples of the
+        greatest common divisor of all declared intervals and at each epoch's last batch, not
+        every step; it may thus still be called at iterations it has nothing to do on (another
+        hook's interval), so it keeps checking its own condition. Hooks with interval 1 are
+        called every iteration; when several are called at one iteration, priority order holds.
+        Default: 1.
+        """
+        return 1
+
     def every_n_iters(self, trainer: Trainer, n: int) -> bool:
         """True when the iteration just finished is a multiple of ``n`` (run-wide count)."""
         return n > 0 and trainer.progress.iteration % n == 0

@@ -114,6 +114,9 @@ class LoggerHook(Hook):
         trainer.metric_store.add_listener(self._on_flush)
         self._last_write = time.perf_counter()
 
+    def train_iter_interval(self, trainer: Trainer) -> int:  # noqa: D102
+        return self.interval  # the loop calls after_train_iter at multiples of it and at epoch ends only
+
     def after_train_iter(self, trainer: Trainer, batch_idx: int, data_batch: Any = None, outputs: dict | None = None) -> None:  # noqa: D102
         if trainer.progress.iteration % self.interval == 0 or batch_idx == self._last_idx:
             # Runs once per interval, so its code is cold each time: keep it to reading values.

@@ -114,6 +114,9 @@ class PreemptionHook(Hook):
         # One process: the signal handler sets trainer.should_stop itself; no per-iteration check.
         return ("after_train_iter",) if self._trainer_ref is not None else ()
 
+    def train_iter_interval(self, trainer: Trainer) -> int:  # noqa: D102
+        return self._interval
+
     def after_train_iter(self, trainer: Trainer, batch_idx: int, data_batch: Any = None, outputs: dict | None = None) -> None:  # noqa: D102
         if trainer.progress.iteration % self._interval != 0:
             return

@@ -186,6 +186,15 @@ class MetricStore:
         if len(self._pending) >= self.flush_every:
             self.flush(urgent=False)
 
+    def hot_path(self) -> tuple[list[tuple[int, dict[str, Any]]], int]:
+        """``(rows, limit)`` for a producer that records every iteration (the train loop).
+
+        ``rows.append((iteration, values))`` is :meth:`update_dict` without its Python call;
+        once ``len(rows) >= limit`` the producer calls ``flush(urgent=False)``. ``rows`` stays
+        the same list object for the life of the store.
+        """
+        return self._pending, self.flush_every
+
     def update_scalar(self, name: str, value: float, iteration: int = -1) -> None:
         """Record a plain Python number right away (timings, learning rates)."""
         self.update_scalars(name, [value], [iteration])
@@ -254,7 +263,8 @@ class MetricStore:
         columns: dict[str, tuple[list[int], list[Any]]] = {}
         numbers: list[float] = []
         if pending:
-            self._pending = []
+            pending = pending.copy()
+            self._pending.clear()  # the same list: the train loop holds it (see hot_path)
             columns, numbers = _columns(pending)  # one device→host transfer per device
             check = self.raise_on_nonfinite if raise_on_nonfinite is None else raise_on_nonfinite
             for name, (iters, refs) in columns.items():
@@ -301,7 +311,7 @@ class MetricStore:
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Restore the buffers saved by :meth:`state_dict`."""
-        self._pending = []
+        self._pending.clear()
         self._fresh = {}
         self._buffers = {}
         for k, s in state.items():

@@ -6,9 +6,12 @@ Pseudocode of one iteration (both loops)::
     for hook in before_train_iter: hook(trainer, idx, batch)
     outputs = model.train_step(batch, optim_wrapper)   # forward, backward, maybe step
     progress.iteration += 1; progress.iter_in_epoch += 1
-    metric_store.update_dict(outputs, progress.iteration)   # tensors, no sync
+    metric_store.update_dict(outputs, progress.iteration)   # tensors, no sync (inline: a list append)
     iter_marks.append(perf_counter())
-    for hook in after_train_iter: hook(trainer, idx, batch, outputs)
+    for hook in after_train_iter: hook(trainer, idx, batch, outputs)   # only hooks due now (see below)
+
+``after_train_iter`` hooks that declare an interval (``Hook.train_iter_interval``, e.g. the
+logger's 10) are called only at multiples of the intervals' gcd and at the epoch's last batch.
 
 The loops know nothing of devices or processes; the hook lists are precomputed.
 """
@@ -60,10 +63,15 @@ class _TrainLoopBase:
         model = t.model
         ow = t.optim_wrapper
         store = t.metric_store
-        before = t.hooks.calls["before_train_iter"]
-        after = t.hooks.calls["after_train_iter"]
+        hooks = t.hooks
+        before = hooks.calls["before_train_iter"]
+        after_due = hooks.calls["after_train_iter"]
+        after_always = hooks.after_iter_always
+        every = hooks.after_iter_every
+        last = len(self.dataloader) - 1
         train_step = model.train_step
-        update = store.update_dict
+        rows, flush_at = store.hot_path()
+        record = rows.append
         validate = val_every_iter and t.val_loop is not None
         marks = self.iter_marks
         for batch in batches:
@@ -73,12 +81,14 @@ class _TrainLoopBase:
             for fn in before:
                 fn(t, idx, batch)
             outputs = train_step(batch, ow)
-            progress.iteration += 1
-            progress.iter_in_epoch += 1
-            update(outputs, progress.iteration)
+            it = progress.iteration = progress.iteration + 1
+            progress.iter_in_epoch = idx + 1
+            record((it, outputs))  # store.update_dict(outputs, it), without the call
+            if len(rows) >= flush_at:
+                store.flush(urgent=False)
             if marks is not None:
                 marks.append(_clock())
-            for fn in after:
+            for fn in after_due if it % every == 0 or idx == last else after_always:
                 fn(t, idx, batch, outputs)
             if validate and self.val_due():
                 self.trainer.val_loop.run()  # type: ignore[union-attr]
