@@ -140,3 +140,25 @@ def test_train_step_goes_through_module_call_whenever_that_matters() -> None:
 
     model.register_full_backward_pre_hook(lambda m, gout: None)
     assert not call_is_forward(model)
+
+
+def test_train_step_calls_an_overridden_parse_losses() -> None:
+    """train_step inlines parse_losses' single-loss fast path, but never past a subclass's own parse_losses."""
+    from trainwright.optim import OptimWrapper
+
+    from conftest import LinearReg
+
+    class Scaled(LinearReg):
+        def parse_losses(self, losses):
+            loss, log_vars = super().parse_losses(losses)
+            return loss * 2, {**log_vars, "doubled": (loss * 2).detach()}
+
+    plain, scaled = LinearReg(), Scaled()
+    scaled.load_state_dict(plain.state_dict())
+    batch = (torch.randn(4, 4), torch.randn(4, 1))
+    out = scaled.train_step(batch, OptimWrapper(torch.optim.SGD(scaled.parameters(), lr=0.1)))
+    ref = plain.train_step(batch, OptimWrapper(torch.optim.SGD(plain.parameters(), lr=0.2)))  # 2x loss == 2x lr for SGD
+    assert set(out) == {"loss", "doubled"} and torch.equal(out["doubled"], 2 * out["loss"])
+    assert torch.equal(out["loss"], ref["loss"])
+    for p, q in zip(scaled.parameters(), plain.parameters()):
+        torch.testing.assert_close(p, q)

@@ -159,6 +159,13 @@ class OptimWrapper:
         """Scale ``loss``, back-propagate, and at the end of a window clip, step and zero."""
         if self._plain and step_kwargs is None and zero_kwargs is None:  # same steps as below, inlined
             acc = self._accumulative_counts
+            if acc == 1 and self._clip_grad is None:  # the plainest step: what a hand-written loop does
+                loss.backward()
+                self._inner_count += 1
+                opt = self.optimizer
+                opt.step()
+                opt.zero_grad()
+                return
             if acc != 1:
                 loss = loss / self._current_divisor()
             loss.backward()
