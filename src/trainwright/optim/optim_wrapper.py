@@ -166,10 +166,11 @@ class OptimWrapper:
                 opt.step()
                 opt.zero_grad()
                 return
-            if acc != 1:
-                loss = loss / self._current_divisor()
+            n = self._inner_count
+            if acc != 1:  # the window's divisor, recomputed by _current_divisor() when a window starts
+                loss = loss / (self._divisor if n - n % acc == self._window_start else self._current_divisor())
             loss.backward()
-            n = self._inner_count = self._inner_count + 1
+            n = self._inner_count = n + 1
             if acc == 1 or n % acc == 0 or n == self._max_counts:
                 if self._clip_grad is not None:
                     self.grad_norm = self._clip_grads()
