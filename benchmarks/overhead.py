@@ -13,7 +13,7 @@ Workloads:
 
 Also: import time of trainwright on top of torch, and peak RSS of each side (subprocesses).
 
-Run:  python benchmarks/overhead.py [--rounds 7] [--only A,B,C] [--no-rss]
+Run:  python benchmarks/overhead.py [--rounds 15] [--only A,B,C] [--no-rss]
 """
 
 from __future__ import annotations
@@ -243,7 +243,7 @@ def rss_child(side: str, name: str) -> None:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description="trainwright per-step overhead vs a raw PyTorch loop")
-    parser.add_argument("--rounds", type=int, default=7)
+    parser.add_argument("--rounds", type=int, default=15, help="alternating rounds per workload; the medians need ~15 on a noisy machine")
     parser.add_argument("--only", default="A,B,C")
     parser.add_argument("--no-rss", action="store_true")
     parser.add_argument("--threads", type=int, default=0, help="torch intra-op threads (0: torch's default)")
