@@ -1,0 +1,52 @@
+"""The benchmark scripts run as documented (docs/benchmarks.md) and check what they claim.
+
+Short settings only: these guard the scripts against bit-rot and check their built-in
+correctness claims (both sides of the overhead benchmark end with the same final loss); the
+speed numbers themselves are measured by hand on an idle machine, not asserted here.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def _run(args: list[str], tmp_path: Path, timeout: int) -> str:
+    env = {**os.environ, "TMPDIR": str(tmp_path)}
+    res = subprocess.run([sys.executable, *args], cwd=ROOT, env=env, capture_output=True, text=True, timeout=timeout)
+    assert res.returncode == 0, f"{args[0]} failed:\n{res.stdout}\n{res.stderr}"
+    return res.stdout
+
+
+@pytest.mark.slow
+def test_overhead_benchmark_runs_and_both_sides_end_with_the_same_loss(tmp_path: Path) -> None:
+    out_json = tmp_path / "overhead.json"
+    stdout = _run(["benchmarks/overhead.py", "--rounds", "1", "--only", "A,C", "--no-rss", "--json", str(out_json)], tmp_path, timeout=240)
+    results = json.loads(out_json.read_text())["results"]
+    assert [r["workload"] for r in results] == ["A", "C"]
+    for r in results:
+        # The same model, data and optimizer: trainwright and the hand-written loop agree to the last bit.
+        assert r["same_final_loss"] and r["raw_final_loss"] == r["trainwright_final_loss"], r
+        assert r["ratio"] > 0 and r["engine_us_per_step"] == pytest.approx((r["trainwright_s"] - r["raw_s"]) / r["steps"] * 1e6)
+    assert "D   pending" in stdout and "import trainwright on top of torch" in stdout
+
+
+@pytest.mark.slow
+def test_checkpoint_benchmark_runs(tmp_path: Path) -> None:
+    stdout = _run(["benchmarks/checkpoint.py", "--params", "2000000", "--repeats", "1", "--dir", str(tmp_path)], tmp_path, timeout=240)
+    for row in ("raw disk", "sync save", "async save", "async stall / sync stall"):
+        assert row in stdout, stdout
+
+
+@pytest.mark.slow
+def test_overhead_breakdown_runs(tmp_path: Path) -> None:
+    stdout = _run(["benchmarks/overhead_breakdown.py", "--rounds", "1"], tmp_path, timeout=240)
+    for variant in ("raw", "train_step", "trainer", "+logger", "default"):
+        assert f"  {variant} " in stdout, stdout
