@@ -82,3 +82,69 @@ def test_zero_syncs_in_non_logging_iterations(tmp_path: Any, sync_calls: Counter
     assert quiet and all(n == 0 for n in quiet.values()), f"host syncs in non-logging iterations: {quiet}"
     # The instrument works: logging iterations do transfer.
     assert any(per_iter[i] > 0 for i in logging_iters)
+
+
+class _SyncDebugWindow(tw.Hook):
+    """Turns ``torch.cuda.set_sync_debug_mode("error")`` on for the iterations in ``quiet`` (first hook in)."""
+
+    priority = "HIGHEST"
+
+    def __init__(self, quiet: set[int]) -> None:
+        self.quiet = quiet
+        self.checked: list[int] = []
+
+    def before_train_iter(self, trainer: Any, batch_idx: int, data_batch: Any = None) -> None:
+        if trainer.progress.iteration + 1 in self.quiet:
+            self.checked.append(trainer.progress.iteration + 1)
+            torch.cuda.set_sync_debug_mode("error")
+
+
+class _SyncDebugOff(tw.Hook):
+    """Turns it off again at the end of every iteration (last hook out)."""
+
+    priority = "LOWEST"
+
+    def after_train_iter(self, trainer: Any, batch_idx: int, data_batch: Any = None, outputs: Any = None) -> None:
+        torch.cuda.set_sync_debug_mode("default")
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+@pytest.mark.parametrize("precision", ["32", "bf16-mixed"])
+def test_cuda_non_logging_iterations_pass_sync_debug_error(tmp_path: Any, precision: str) -> None:
+    """On a GPU, non-logging iterations run under ``set_sync_debug_mode("error")``: any sync raises.
+
+    Pinned batches copied with ``non_blocking=True`` (a pageable host→device copy synchronises
+    by design). float16 is left out: ``torch.amp.GradScaler.step`` reads its inf check on the
+    host every step (PyTorch's design, not the engine's).
+    """
+    from trainwright.model import BaseDataPreprocessor
+
+    class CudaNet(Net):
+        def __init__(self) -> None:
+            super().__init__()
+            self.data_preprocessor = BaseDataPreprocessor(non_blocking=True)
+
+    g = torch.Generator().manual_seed(0)
+    data = TensorDataset(torch.randn(192, 8, generator=g), torch.randint(0, 3, (192,), generator=g))
+    interval = 5
+    # After two warm-up iterations (CUDA / cuBLAS set-up), before the epoch's last one (the logger flushes there).
+    quiet = {i for i in range(3, 24) if i % interval != 0}
+    window = _SyncDebugWindow(quiet)
+    trainer = tw.Trainer(
+        model=CudaNet(),
+        work_dir=tmp_path,
+        train_dataloader=DataLoader(data, batch_size=8, shuffle=True, pin_memory=True),
+        optim_wrapper=dict(optimizer=dict(type="SGD", lr=0.1, momentum=0.9), accumulative_counts=2, clip_grad=dict(max_norm=1.0)),
+        train_cfg=dict(by_epoch=True, max_epochs=1),
+        precision=precision,
+        default_hooks=dict(logger=dict(interval=interval, flush_secs=0)),
+        custom_hooks=[window, _SyncDebugOff()],
+        randomness=dict(seed=0),
+        log_level="WARNING",
+    )
+    try:
+        trainer.train()  # a synchronising call inside a quiet iteration raises RuntimeError here
+    finally:
+        torch.cuda.set_sync_debug_mode("default")
+        trainer.close()
+    assert trainer.strategy.device.type == "cuda" and sorted(window.checked) == sorted(quiet)
