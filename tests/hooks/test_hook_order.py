@@ -237,3 +237,32 @@ def test_bad_interval_is_rejected(trainer_factory, bad):
     t = trainer_factory(custom_hooks=[IterLog("x", bad, [])])
     with pytest.raises(ValueError, match="train_iter_interval"):
         t.train()
+
+
+class Mark(tw.Hook):
+    """Appends its name to a shared list at every train epoch end."""
+
+    def __init__(self, name: str = "mark", log: list | None = None) -> None:
+        self.name, self.log = name, log if log is not None else []
+
+    def after_train_epoch(self, trainer):
+        self.log.append(self.name)
+
+
+def test_register_hook_and_dict_priority_like_mmengine(trainer_factory):
+    """custom_hooks dicts may carry `priority` (mmengine configs do); register_hook adds hooks later."""
+    from trainwright.registry import HOOKS
+
+    if "Mark" not in HOOKS:
+        HOOKS.register(Mark)
+    log: list = []
+    t = trainer_factory(custom_hooks=[dict(type="Mark", name="low", log=log, priority="LOWEST")], train_cfg=dict(by_epoch=True, max_epochs=1))
+    added = t.register_hook(Mark("high", log), priority=5)
+    from_dict = t.register_hook(dict(type="Mark", name="normal", log=log))
+    assert added.priority == 5 and isinstance(from_dict, Mark) and from_dict in t.hooks.hooks
+    t.train()
+    assert log == ["high", "normal", "low"]
+    with pytest.raises(ValueError, match="priority"):
+        t.register_hook(Mark(), priority="SOMETIMES")
+    with pytest.raises(TypeError, match="must subclass trainwright.Hook"):
+        t.register_hook(object())  # type: ignore[arg-type]

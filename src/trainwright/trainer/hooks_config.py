@@ -6,7 +6,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 import trainwright.hooks.preemption  # noqa: F401 - registers PreemptionHook
-from trainwright.hooks.hook import Hook
+from trainwright.hooks.hook import Hook, get_priority
 from trainwright.registry import HOOKS, did_you_mean
 
 #: The stock hooks a trainer has unless switched off by name (value None).
@@ -40,7 +40,26 @@ def build_hooks(default_hooks: Mapping[str, Any] | None, custom_hooks: Sequence[
                 raise KeyError(f"Unknown default hook {name!r}.{did_you_mean(name, list(DEFAULT_HOOKS))} Stock hooks: {list(DEFAULT_HOOKS)}; to add another hook give it a 'type' or use custom_hooks")
         else:
             raise TypeError(f"default_hooks[{name!r}] must be a dict, a Hook or None, got {type(value).__name__}")
-    hooks = [HOOKS.build(v) for v in merged.values() if v is not None]
+    hooks = [build_hook(v) for v in merged.values() if v is not None]
     for h in custom_hooks or []:
-        hooks.append(HOOKS.build(h))
+        hooks.append(build_hook(h))
     return hooks
+
+
+def build_hook(cfg: Hook | Mapping[str, Any], priority: int | str | None = None) -> Hook:
+    """A hook from a Hook object or a dict with ``type`` (and, as in mmengine, an optional ``priority``).
+
+    ``priority`` (the argument, else the dict's ``priority`` key) replaces the hook's own, on this
+    instance only.
+    """
+    if isinstance(cfg, Mapping) and "priority" in cfg:
+        cfg = dict(cfg)
+        given = cfg.pop("priority")
+        priority = given if priority is None else priority
+    hook = HOOKS.build(cfg)
+    if not isinstance(hook, Hook):
+        raise TypeError(f"Hooks must subclass trainwright.Hook, got {type(hook).__name__}; build dicts with trainwright.registry.HOOKS")
+    if priority is not None:
+        get_priority(priority)  # a clear error for a bad value, now rather than when sorting
+        hook.priority = priority  # type: ignore[misc]
+    return hook

@@ -23,7 +23,7 @@ from trainwright.model.base_model import as_base_model
 from trainwright.optim.builder import build_optim_wrapper, loop_precision
 from trainwright.registry import did_you_mean
 from trainwright.strategies import build_strategy
-from trainwright.trainer.hooks_config import build_hooks
+from trainwright.trainer.hooks_config import build_hook, build_hooks
 from trainwright.trainer.state import collect_state, restore_state
 
 _TRAIN_CFG_KEYS = {"by_epoch", "max_epochs", "max_iters", "val_interval", "val_begin"}
@@ -247,6 +247,22 @@ class Trainer:
             raise TypeError(f"Checkpoint {str(path)!r} holds a {type(ckpt).__name__}, not a trainwright checkpoint dict; use load_from= for weights")
         restore_state(self, ckpt)
         self.logger.info(f"Resumed from {path} at epoch {self.progress.epoch}, iteration {self.progress.iteration}")
+
+    # -- hooks ----------------------------------------------------------------------------
+    def register_hook(self, hook: Hook | Mapping[str, Any], priority: int | str | None = None) -> Hook:
+        """Add a hook, as ``custom_hooks`` would (mmengine's ``Runner.register_hook``).
+
+        Args:
+            hook: A :class:`Hook` or a dict with ``type`` (and optionally ``priority``).
+            priority: Replaces the hook's own priority (a number 0..100 or a name).
+
+        Returns:
+            The hook, in the trainer's hook list. Register before ``train()`` to get every event;
+            a hook registered while training runs gets per-iteration events from the next epoch.
+        """
+        built = build_hook(hook, priority)
+        self.hooks.add(built)
+        return built
 
     # -- running --------------------------------------------------------------------------
     def train(self) -> nn.Module:
