@@ -69,7 +69,7 @@ class _TrainLoopBase:
         after_always = hooks.after_iter_always
         every = hooks.after_iter_every
         last = len(self.dataloader) - 1
-        train_step = model.train_step
+        train_step: Any = model.train_step
         rows, flush_at = store.hot_path()
         record = rows.append
         validate = val_every_iter and t.val_loop is not None

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import inspect
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import torch
@@ -29,7 +29,7 @@ _GLOBAL_HOOKS = tuple(getattr(_torch_module, f"_global{name}", None) for name in
 # lays modules out differently, it is off and every call goes through __call__.
 _CAN_SKIP_CALL = all(isinstance(g, dict) for g in _GLOBAL_HOOKS) and all(k in nn.Module().__dict__ for k in _HOOK_DICTS)
 _G1, _G2, _G3, _G4 = _GLOBAL_HOOKS
-_tracing_state = torch._C._get_tracing_state  # noqa: SLF001
+_tracing_state: Callable[[], Any] = torch._C._get_tracing_state  # noqa: SLF001
 
 
 def call_is_forward(module: nn.Module) -> bool:
@@ -94,7 +94,7 @@ class BaseModel(nn.Module):
         # This runs every step, so it spells out what _preprocess, call_is_forward, _call and the
         # fast path of parse_losses do (each helper's Python frame measured ~1 µs per step inside a
         # training loop, several times its cost in a micro-benchmark).
-        pre = self._modules["data_preprocessor"]  # what nn.Module.__getattr__ would return, minus its cost
+        pre: Any = self._modules["data_preprocessor"]  # what nn.Module.__getattr__ would return, minus its cost
         if not getattr(pre, "passthrough", False):
             data = pre(data, True)
         d = self.__dict__
@@ -127,7 +127,7 @@ class BaseModel(nn.Module):
         return self._run_forward(self._preprocess(data, False), "predict")
 
     def _preprocess(self, data: Any, training: bool) -> Any:
-        pre = self._modules["data_preprocessor"]  # what nn.Module.__getattr__ would return, minus its cost
+        pre: Any = self._modules["data_preprocessor"]  # what nn.Module.__getattr__ would return, minus its cost
         return data if getattr(pre, "passthrough", False) else pre(data, training)
 
     def _run_forward(self, data: Any, mode: str) -> Any:
