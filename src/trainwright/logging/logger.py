@@ -44,7 +44,7 @@ class _TeeHandler(logging.Handler):
             return
         name = logging.getLevelName(level)
         try:
-            self._write("".join([f"{fmt.format_time(t)} - trainwright - {name} - {m}\n" for m, t in zip(msgs, created)]), level)
+            self._write("".join([fmt.line(t, name, m) + "\n" for m, t in zip(msgs, created)]), level)
         except Exception:  # noqa: BLE001 - logging must never break training
             self.handleError(_record("trainwright", level, msgs[-1], created[-1]))
 
@@ -81,7 +81,11 @@ class _Formatter(logging.Formatter):
     def format(self, record: logging.LogRecord) -> str:  # noqa: D102 - same output as the format string, without its machinery
         if record.exc_info or record.exc_text or record.stack_info:
             return super().format(record)
-        return f"{self.formatTime(record, self.datefmt)} - trainwright - {record.levelname} - {record.getMessage()}"
+        return self.line(record.created, record.levelname, record.getMessage())
+
+    def line(self, created: float, levelname: str, msg: str) -> str:
+        """One rendered line: what the format string gives for such a record (no exception text)."""
+        return f"{self.format_time(created)} - trainwright - {levelname} - {msg}"
 
     def formatTime(self, record: logging.LogRecord, datefmt: str | None = None) -> str:  # noqa: N802 - logging's name
         return self.format_time(record.created)
