@@ -159,18 +159,10 @@ class OptimWrapper:
         """Scale ``loss``, back-propagate, and at the end of a window clip, step and zero."""
         if self._plain and step_kwargs is None and zero_kwargs is None:  # same steps as below, inlined
             acc = self._accumulative_counts
-            if acc == 1 and self._clip_grad is None:  # the plainest step: what a hand-written loop does
-                loss.backward()
-                self._inner_count += 1
-                opt = self.optimizer
-                opt.step()
-                opt.zero_grad()
-                return
-            n = self._inner_count
-            if acc != 1:  # the window's divisor, recomputed by _current_divisor() when a window starts
-                loss = loss / (self._divisor if n - n % acc == self._window_start else self._current_divisor())
+            if acc != 1:
+                loss = loss / self._current_divisor()
             loss.backward()
-            n = self._inner_count = n + 1
+            n = self._inner_count = self._inner_count + 1
             if acc == 1 or n % acc == 0 or n == self._max_counts:
                 if self._clip_grad is not None:
                     self.grad_norm = self._clip_grads()
