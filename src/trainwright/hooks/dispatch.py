@@ -9,7 +9,7 @@ import math
 from collections.abc import Callable, Iterable
 from typing import Any
 
-from trainwright.hooks.hook import EVENTS, Hook, get_priority
+from trainwright.hooks.hook import EVENTS, Hook, get_priority, require_hook
 
 
 class HookList:
@@ -41,8 +41,7 @@ class HookList:
 
     def add(self, hook: Hook) -> None:
         """Insert ``hook`` after every hook of lower or equal priority number."""
-        if not isinstance(hook, Hook):
-            raise TypeError(f"Hooks must subclass trainwright.Hook, got {type(hook).__name__}; build dicts with trainwright.registry.HOOKS")
+        require_hook(hook)
         p = get_priority(hook.priority)
         idx = len(self._hooks)
         for i, h in enumerate(self._hooks):

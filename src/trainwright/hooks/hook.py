@@ -48,6 +48,13 @@ PRIORITIES: dict[str, int] = {
 }
 
 
+def require_hook(obj: Any) -> Hook:
+    """``obj`` if it is a :class:`Hook`, else a TypeError that says how to make one."""
+    if not isinstance(obj, Hook):
+        raise TypeError(f"Hooks must subclass trainwright.Hook, got {type(obj).__name__}; build dicts with trainwright.registry.HOOKS")
+    return obj
+
+
 def get_priority(priority: int | str) -> int:
     """Turn a priority name (``"NORMAL"``) or number into a number; lower runs first."""
     if isinstance(priority, int):

@@ -6,7 +6,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 import trainwright.hooks.preemption  # noqa: F401 - registers PreemptionHook
-from trainwright.hooks.hook import Hook, get_priority
+from trainwright.hooks.hook import Hook, get_priority, require_hook
 from trainwright.registry import HOOKS, did_you_mean
 
 #: The stock hooks a trainer has unless switched off by name (value None).
@@ -56,9 +56,7 @@ def build_hook(cfg: Hook | Mapping[str, Any], priority: int | str | None = None)
         cfg = dict(cfg)
         given = cfg.pop("priority")
         priority = given if priority is None else priority
-    hook = HOOKS.build(cfg)
-    if not isinstance(hook, Hook):
-        raise TypeError(f"Hooks must subclass trainwright.Hook, got {type(hook).__name__}; build dicts with trainwright.registry.HOOKS")
+    hook = require_hook(HOOKS.build(cfg))
     if priority is not None:
         get_priority(priority)  # a clear error for a bad value, now rather than when sorting
         hook.priority = priority  # type: ignore[misc]
