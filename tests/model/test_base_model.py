@@ -162,3 +162,23 @@ def test_train_step_calls_an_overridden_parse_losses() -> None:
     assert torch.equal(out["loss"], ref["loss"])
     for p, q in zip(scaled.parameters(), plain.parameters()):
         torch.testing.assert_close(p, q)
+
+
+def test_train_step_calls_a_parse_losses_patched_onto_the_class_later(monkeypatch: pytest.MonkeyPatch) -> None:
+    from trainwright.optim import OptimWrapper
+
+    from conftest import LinearReg
+
+    class Patched(LinearReg):
+        pass
+
+    seen: list[str] = []
+
+    def parse(self, losses):
+        seen.append("patched")
+        return losses["loss"], {"loss": losses["loss"].detach()}
+
+    monkeypatch.setattr(Patched, "parse_losses", parse, raising=False)
+    model = Patched()
+    model.train_step((torch.randn(4, 4), torch.randn(4, 1)), OptimWrapper(torch.optim.SGD(model.parameters(), lr=0.1)))
+    assert seen == ["patched"]

@@ -66,13 +66,6 @@ class BaseModel(nn.Module):
             :class:`BaseDataPreprocessor` by default.
     """
 
-    #: False in subclasses that override :meth:`parse_losses` (train_step then always calls it).
-    _default_parse_losses: bool = True
-
-    def __init_subclass__(cls, **kwargs: Any) -> None:
-        super().__init_subclass__(**kwargs)
-        cls._default_parse_losses = cls.parse_losses is BaseModel.parse_losses
-
     def __init__(self, data_preprocessor: nn.Module | dict | None = None) -> None:
         super().__init__()
         if data_preprocessor is None:
@@ -110,7 +103,8 @@ class BaseModel(nn.Module):
         else:
             with optim_wrapper.optim_context(self):
                 losses = _call(fn, data, "loss")
-        loss = losses.get("loss") if type(losses) is dict and len(losses) == 1 and self._default_parse_losses else None
+        # (a subclass's own parse_losses, even one patched in later, is always called)
+        loss = losses.get("loss") if type(losses) is dict and len(losses) == 1 and type(self).parse_losses is _PARSE_LOSSES else None
         if type(loss) is torch.Tensor and not loss.ndim:  # parse_losses' fast path, inline: the usual single loss
             log_vars = {"loss": loss.detach()}
         else:
@@ -180,6 +174,9 @@ class BaseModel(nn.Module):
         if device is not None and isinstance(self.data_preprocessor, BaseDataPreprocessor):
             self.data_preprocessor.device = torch.device(device)
         return out
+
+
+_PARSE_LOSSES = BaseModel.parse_losses  # train_step inlines its fast path only for this one
 
 
 class ModuleAdapter(BaseModel):
