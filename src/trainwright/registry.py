@@ -95,6 +95,24 @@ def did_you_mean(key: str, options: list[str] | Any) -> str:
     return f" Did you mean {' or '.join(repr(c) for c in close)}?" if close else ""
 
 
+def check_keys(what: str, cfg: Mapping[str, Any] | Any, allowed: Any, error: type[Exception] = KeyError, hint: str | None = None) -> None:
+    """Raise ``error`` for the first key of ``cfg`` not in ``allowed``, naming it, the closest match and the choices.
+
+    The one "unknown key, did you mean" check every config-shaped argument goes through.
+
+    Args:
+        what: What the keys configure, for the message (``"train_cfg"``, ``"optim_wrapper"``).
+        cfg: A mapping (its keys are checked) or an iterable of keys.
+        allowed: The accepted keys.
+        error: The exception type (``KeyError`` for config dicts, ``ValueError`` for argument values).
+        hint: What to say after the close match; by default ``"Allowed: [...]"``.
+    """
+    options = sorted(allowed)
+    for key in cfg:
+        if key not in allowed:
+            raise error(f"Unknown {what} key {key!r}.{did_you_mean(str(key), options)} " + (hint if hint is not None else f"Allowed: {options}"))
+
+
 def _torch_optimizer(name: str) -> Any:
     import torch.optim
 
@@ -121,4 +139,4 @@ STRATEGIES = Registry("strategy")
 MODELS = Registry("model")
 DATASETS = Registry("dataset")
 
-__all__ = ["Registry", "did_you_mean", "OPTIMIZERS", "OPTIM_WRAPPERS", "PARAM_SCHEDULERS", "HOOKS", "METRICS", "STRATEGIES", "MODELS", "DATASETS"]
+__all__ = ["Registry", "check_keys", "did_you_mean", "OPTIMIZERS", "OPTIM_WRAPPERS", "PARAM_SCHEDULERS", "HOOKS", "METRICS", "STRATEGIES", "MODELS", "DATASETS"]

@@ -52,7 +52,7 @@ def _data(seed: int, n: int = 24) -> TensorDataset:
 def _trainer(*hooks: Hook, seed: int = 0) -> types.SimpleNamespace:
     torch.manual_seed(seed)
     model = Regressor()
-    t = types.SimpleNamespace(model=model, unwrapped_model=model, progress=Progress(), logger=logging.getLogger("t"), should_stop=False)
+    t = types.SimpleNamespace(model=model, unwrapped_model=model, progress=Progress(), logger=logging.getLogger("t"), should_stop=False, bind_step=lambda: None)
     t.hooks = HookList(hooks)
     t.optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
     t.train_loader = DataLoader(_data(1), batch_size=4)

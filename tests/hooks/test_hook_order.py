@@ -203,19 +203,50 @@ def test_interval_hooks_are_called_at_their_multiples_and_epoch_ends_only(traine
     assert [it for name, it, _ in log if name == "every"] == list(range(1, 13))
     assert [name for name, it, _ in log if it == 3] == ["gated", "every"]  # priority order where both run
     # After the run every hook is dispatched every iteration again (nothing left gated).
-    assert t.hooks.after_iter_every == 1 and len(t.hooks.after_iter_always) == len(t.hooks.calls["after_train_iter"])
+    assert t.hooks.schedule.after_every == t.hooks.calls["after_train_iter"]
 
 
-def test_interval_hooks_share_the_gcd_and_check_themselves(trainer_factory):
-    """Intervals 4 and 6 → the loop calls both at even iterations (gcd 2) and at epoch ends; each decides itself."""
+def test_each_interval_hook_is_called_exactly_when_due(trainer_factory):
+    """Intervals 4 and 6 side by side: each hook sees its own multiples and the pass ends, nothing else."""
     log: list = []
     t = _trainer(trainer_factory, dict(by_epoch=False, max_iters=13), IterLog("a", 4, log))
     t.hooks.add(IterLog("b", 6, log))
     t.train()
-    calls = [it for name, it, _ in log if name == "a"]
     # Iteration-based run over 4-batch passes: the last batch of a pass is iterations 4, 8, 12.
-    assert calls == [2, 4, 6, 8, 10, 12]
-    assert calls == [it for name, it, _ in log if name == "b"]
+    assert [it for name, it, _ in log if name == "a"] == [4, 8, 12]
+    assert [it for name, it, _ in log if name == "b"] == [4, 6, 8, 12]
+
+
+def test_interval_zero_means_never_and_gates_before_train_iter_too(trainer_factory):
+    """train_iter_interval 0: no per-iteration calls at all; an interval also gates before_train_iter."""
+
+    class Both(IterLog):
+        def before_train_iter(self, trainer, batch_idx, data_batch=None):
+            self.log.append((self.name + "-before", trainer.progress.iteration + 1, batch_idx))
+
+    log: list = []
+    t = _trainer(trainer_factory, dict(by_epoch=False, max_iters=10), Both("never", 0, log))
+    t.hooks.add(Both("five", 5, log))
+    t.train()
+    assert [e for e in log if e[0].startswith("never")] == []
+    # multiples of 5 and the pass ends (4, 8) — before and after the same iterations
+    assert [it for name, it, _ in log if name == "five-before"] == [4, 5, 8, 10]
+    assert [it for name, it, _ in log if name == "five"] == [4, 5, 8, 10]
+
+
+def test_resumed_run_calls_interval_hooks_at_the_same_iterations(trainer_factory, tmp_path):
+    """The schedule is placed from the iteration a run resumes at, not from 0."""
+    log: list = []
+    ckpt = dict(checkpoint=dict(by_epoch=False, interval=7))
+    t = _trainer(trainer_factory, dict(by_epoch=False, max_iters=14), IterLog("h", 3, log), default_hooks=ckpt, work_dir=tmp_path / "a")
+    t.train()
+    full = [it for _, it, _ in log]
+    assert full == [3, 4, 6, 8, 9, 12]
+    log.clear()
+    t2 = _trainer(trainer_factory, dict(by_epoch=False, max_iters=14), IterLog("h", 3, log), default_hooks=ckpt, work_dir=tmp_path / "b")
+    t2.resume_from(tmp_path / "a" / "checkpoints" / "iter_7.pth")
+    t2.train()
+    assert [it for _, it, _ in log] == [8, 9, 12]
 
 
 def test_logger_lines_with_gated_dispatch_match_every_interval(trainer_factory, tmp_path):
@@ -232,7 +263,7 @@ def test_logger_lines_with_gated_dispatch_match_every_interval(trainer_factory, 
     assert iters == expected
 
 
-@pytest.mark.parametrize("bad", [0, -2, 1.5])
+@pytest.mark.parametrize("bad", [-2, 1.5])
 def test_bad_interval_is_rejected(trainer_factory, bad):
     t = trainer_factory(custom_hooks=[IterLog("x", bad, [])])
     with pytest.raises(ValueError, match="train_iter_interval"):

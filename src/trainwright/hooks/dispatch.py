@@ -1,35 +1,70 @@
-"""Hook dispatch: per event, the list of bound methods of hooks that override it.
+"""Hook dispatch: per event, the bound methods of the hooks that override it.
 
 Computed once when the hook list changes; a hook that overrides nothing is never called.
+Per-iteration training events follow each hook's :meth:`~trainwright.Hook.train_iter_interval`
+(asked once per ``train()``), through one :class:`IterSchedule`.
 """
 
 from __future__ import annotations
 
-import math
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
 from typing import Any
 
 from trainwright.hooks.hook import EVENTS, Hook, get_priority, require_hook
+
+Call = Callable[..., Any]
+
+
+class IterSchedule:
+    """Which ``before_train_iter`` / ``after_train_iter`` calls are due at an iteration.
+
+    Each hook has an interval ``n`` (see :meth:`Hook.train_iter_interval`): ``1`` every
+    iteration, ``n > 1`` at multiples of ``n`` and at an epoch's last iteration, ``0`` never.
+    The loop reads :attr:`before_every` / :attr:`after_every` (the interval-1 hooks) at most
+    iterations and asks :meth:`due` only when :attr:`next_due` is reached or an epoch ends:
+    one comparison per step, and hooks are called exactly when due, in priority order.
+
+    Args:
+        before: ``(bound before_train_iter, interval)`` in priority order.
+        after: ``(bound after_train_iter, interval)`` in priority order.
+    """
+
+    def __init__(self, before: list[tuple[Call, int]], after: list[tuple[Call, int]]) -> None:
+        self._before = [(fn, n) for fn, n in before if n > 0]
+        self._after = [(fn, n) for fn, n in after if n > 0]
+        self.before_every: tuple[Call, ...] = tuple(fn for fn, n in self._before if n == 1)
+        self.after_every: tuple[Call, ...] = tuple(fn for fn, n in self._after if n == 1)
+        self._gated = sorted({n for _, n in self._before + self._after if n > 1})
+        #: The next iteration (run-wide, 1-based) at which a gated hook is due; 0 until the
+        #: first :meth:`due` call places it (so a run resumed at any iteration starts right).
+        self.next_due: float = 0
+
+    def due(self, iteration: int, epoch_end: bool) -> tuple[tuple[Call, ...], tuple[Call, ...]]:
+        """``(before calls, after calls)`` for ``iteration`` (1-based); moves :attr:`next_due` past it."""
+        self.next_due = self._next_after(iteration)
+
+        def pick(calls: list[tuple[Call, int]]) -> tuple[Call, ...]:
+            return tuple(fn for fn, n in calls if n == 1 or epoch_end or iteration % n == 0)
+
+        return pick(self._before), pick(self._after)
+
+    def _next_after(self, iteration: int) -> float:
+        return min((iteration // n + 1) * n for n in self._gated) if self._gated else float("inf")
 
 
 class HookList:
     """An ordered collection of hooks with a precomputed per-event call list.
 
     Hooks are sorted by priority (stable: equal priorities keep insertion order).
-    ``calls[event]`` is a tuple of bound methods; the loops iterate it directly.
+    ``calls[event]`` is a tuple of bound methods; the loops iterate it directly. The
+    per-iteration training events are dispatched through :attr:`schedule`.
     """
 
     def __init__(self, hooks: Iterable[Hook] = ()) -> None:
         self._hooks: list[Hook] = []
-        self._idle: dict[int, frozenset[str]] = {}
         self._intervals: dict[int, int] = {}
-        self.calls: dict[str, tuple[Callable[..., Any], ...]] = {}
-        #: The gcd of the ``after_train_iter`` intervals hooks declared (1: none did). At its
-        #: multiples and at an epoch's last batch the loop calls ``calls["after_train_iter"]``
-        #: (every active hook, in priority order); at other iterations :attr:`after_iter_always`.
-        self.after_iter_every = 1
-        #: The ``after_train_iter`` calls of hooks that declare no interval (see :meth:`Hook.train_iter_interval`).
-        self.after_iter_always: tuple[Callable[..., Any], ...] = ()
+        self.calls: dict[str, tuple[Call, ...]] = {}
+        self.schedule = IterSchedule([], [])
         for h in hooks:
             self.add(h)
         self._rebuild()
@@ -52,37 +87,30 @@ class HookList:
         self._rebuild()
 
     def _rebuild(self) -> None:
-        keys = [h.state_key for h in self._hooks if _has_state(h)]
+        keys = [h.state_key for h in self.stateful()]
         dup = {k for k in keys if keys.count(k) > 1}
         if dup:
             raise ValueError(f"Two stateful hooks share the state_key {sorted(dup)}; give each copy a distinct `state_key`")
-        idle = self._idle
-        active = {
-            ev: [h for h in self._hooks if getattr(type(h), ev) is not getattr(Hook, ev) and ev not in idle.get(id(h), ())] for ev in EVENTS
-        }
+        active = {ev: [h for h in self._hooks if getattr(type(h), ev) is not getattr(Hook, ev)] for ev in EVENTS}
         self.calls = {ev: tuple(getattr(h, ev) for h in hooks) for ev, hooks in active.items()}
-        intervals = [self._intervals.get(id(h), 1) for h in active["after_train_iter"]]
-        gated = [n for n in intervals if n > 1]
-        self.after_iter_every = math.gcd(*gated) if gated else 1
-        self.after_iter_always = tuple(h.after_train_iter for h, n in zip(active["after_train_iter"], intervals) if n == 1)
+        self.schedule = IterSchedule(
+            [(h.before_train_iter, self._intervals.get(id(h), 1)) for h in active["before_train_iter"]],
+            [(h.after_train_iter, self._intervals.get(id(h), 1)) for h in active["after_train_iter"]],
+        )
 
     def refresh(self, trainer: Any) -> None:
-        """Ask every hook for its :meth:`~Hook.idle_events` and :meth:`~Hook.train_iter_interval`; rebuild the per-iteration lists.
+        """Ask every hook for its :meth:`~Hook.train_iter_interval`; rebuild the per-iteration schedule.
 
         The train loop calls this after ``before_train`` and with ``None`` after ``after_train``
-        (which makes every hook active again, every iteration).
+        (every hook then gets every iteration event again, e.g. for a hand-driven loop).
         """
-        self._idle = {}
         self._intervals = {}
         if trainer is not None:
             for h in self._hooks:
-                skip = frozenset(h.idle_events(trainer)) & _ITER_EVENTS
-                if skip:
-                    self._idle[id(h)] = skip
                 n = h.train_iter_interval(trainer)
-                if not isinstance(n, int) or n < 1:
-                    raise ValueError(f"{type(h).__name__}.train_iter_interval() must return an int >= 1, got {n!r}")
-                if n > 1:
+                if not isinstance(n, int) or isinstance(n, bool) or n < 0:
+                    raise ValueError(f"{type(h).__name__}.train_iter_interval() must return an int >= 0 (0: never, 1: every iteration), got {n!r}")
+                if n != 1:
                     self._intervals[id(h)] = n
         self._rebuild()
 
@@ -99,17 +127,14 @@ class HookList:
         return None
 
     def stateful(self) -> list[Hook]:
-        """Hooks that define their own state_dict."""
+        """Hooks that define their own ``state_dict`` / ``load_state_dict``."""
         return [h for h in self._hooks if _has_state(h)]
 
-    def __iter__(self):  # noqa: D105
+    def __iter__(self) -> Iterator[Hook]:
         return iter(self._hooks)
 
-    def __len__(self) -> int:  # noqa: D105
+    def __len__(self) -> int:
         return len(self._hooks)
-
-
-_ITER_EVENTS = frozenset({"before_train_iter", "after_train_iter"})
 
 
 def _has_state(hook: Hook) -> bool:

@@ -13,7 +13,7 @@ from trainwright.hooks.hook import Hook
 from trainwright.registry import HOOKS, did_you_mean
 
 if TYPE_CHECKING:
-    from trainwright.trainer.trainer import Trainer
+    from trainwright.hooks.view import TrainerView
 
 
 @HOOKS.register
@@ -78,7 +78,7 @@ class EarlyStoppingHook(Hook):
         self.wait_count = 0
 
     @override
-    def after_val_epoch(self, trainer: Trainer, metrics: dict[str, float] | None = None) -> None:
+    def after_val_epoch(self, trainer: TrainerView, metrics: dict[str, float] | None = None) -> None:
         """Compare the monitored value with the best; request a stop when it is time."""
         metrics = metrics or {}
         if self.monitor not in metrics:

@@ -13,7 +13,7 @@ from trainwright.model.ema import ExponentialMovingAverage
 from trainwright.registry import HOOKS
 
 if TYPE_CHECKING:
-    from trainwright.trainer.trainer import Trainer
+    from trainwright.hooks.view import TrainerView
 
 
 @HOOKS.register
@@ -77,12 +77,12 @@ class EMAHook(Hook):
         self._pending: Mapping[str, Any] | None = None
 
     @override
-    def before_train(self, trainer: Trainer) -> None:
+    def before_train(self, trainer: TrainerView) -> None:
         """Build the average from the (possibly resumed) model; apply a loaded state."""
         self._ensure(trainer)
 
     @override
-    def after_train_iter(self, trainer: Trainer, batch_idx: int, data_batch: Any = None, outputs: dict | None = None) -> None:
+    def after_train_iter(self, trainer: TrainerView, batch_idx: int, data_batch: Any = None, outputs: dict | None = None) -> None:
         """Fold the weights just stepped into the average, once averaging has begun."""
         progress = trainer.progress
         if progress.iteration - 1 < self.begin_iter or progress.epoch < self.begin_epoch:
@@ -91,27 +91,27 @@ class EMAHook(Hook):
         ema.update_parameters(trainer.unwrapped_model)
 
     @override
-    def before_val_epoch(self, trainer: Trainer) -> None:
+    def before_val_epoch(self, trainer: TrainerView) -> None:
         """Swap the averaged weights in for validation."""
         self._swap_in(trainer)
 
     @override
-    def after_val_epoch(self, trainer: Trainer, metrics: dict[str, float] | None = None) -> None:
+    def after_val_epoch(self, trainer: TrainerView, metrics: dict[str, float] | None = None) -> None:
         """Swap the training weights back (and, for ``"both"``, evaluate them too)."""
         self._swap_out(trainer, "val", metrics)
 
     @override
-    def before_test_epoch(self, trainer: Trainer) -> None:
+    def before_test_epoch(self, trainer: TrainerView) -> None:
         """Swap the averaged weights in for testing."""
         self._swap_in(trainer)
 
     @override
-    def after_test_epoch(self, trainer: Trainer, metrics: dict[str, float] | None = None) -> None:
+    def after_test_epoch(self, trainer: TrainerView, metrics: dict[str, float] | None = None) -> None:
         """Swap the training weights back (and, for ``"both"``, evaluate them too)."""
         self._swap_out(trainer, "test", metrics)
 
     @override
-    def after_run(self, trainer: Trainer) -> None:
+    def after_run(self, trainer: TrainerView) -> None:
         """Restore the training weights if a pass ended by an error while swapped in."""
         if self.ema is not None and self.ema.swapped_in:
             self.ema.swap_out(trainer.unwrapped_model)
@@ -131,7 +131,7 @@ class EMAHook(Hook):
         else:
             self._pending = state_dict
 
-    def _ensure(self, trainer: Trainer) -> ExponentialMovingAverage:
+    def _ensure(self, trainer: TrainerView) -> ExponentialMovingAverage:
         if self.ema is None:
             self.ema = ExponentialMovingAverage(trainer.unwrapped_model, self.momentum, self.update_buffers, self.interval, self.device)
         if self._pending is not None:
@@ -139,7 +139,7 @@ class EMAHook(Hook):
             self._pending = None
         return self.ema
 
-    def _swap_in(self, trainer: Trainer) -> None:
+    def _swap_in(self, trainer: TrainerView) -> None:
         # Without a loaded or accumulated average (e.g. validating before `begin_iter`)
         # the model's own weights are what there is to evaluate.
         if self.ema is None and self._pending is None:
@@ -148,7 +148,7 @@ class EMAHook(Hook):
         if ema.steps > 0:
             ema.swap_in(trainer.unwrapped_model)
 
-    def _swap_out(self, trainer: Trainer, mode: str, metrics: dict[str, float] | None) -> None:
+    def _swap_out(self, trainer: TrainerView, mode: str, metrics: dict[str, float] | None) -> None:
         swapped = self.ema is not None and self.ema.swapped_in
         if swapped:
             self.ema.swap_out(trainer.unwrapped_model)  # type: ignore[union-attr]
@@ -162,7 +162,7 @@ class EMAHook(Hook):
         return f"{type(self).__name__}(momentum={self.momentum}, interval={self.interval}, begin_iter={self.begin_iter}, begin_epoch={self.begin_epoch}, evaluate_on={self.evaluate_on!r})"
 
 
-def _evaluate_pass(trainer: Trainer, mode: str) -> dict[str, float]:
+def _evaluate_pass(trainer: TrainerView, mode: str) -> dict[str, float]:
     """One hook-free pass of ``trainer.<mode>_loop`` with the model as it is; bare metric keys."""
     loop = getattr(trainer, f"{mode}_loop", None)
     if loop is None or getattr(loop, "evaluator", None) is None:

@@ -2,11 +2,10 @@
 
 from __future__ import annotations
 
-from collections.abc import Collection
 from typing import TYPE_CHECKING, Any, ClassVar
 
 if TYPE_CHECKING:
-    from trainwright.trainer.trainer import Trainer
+    from trainwright.hooks.view import TrainerView
 
 #: Every event a hook can handle, in the order a run meets them.
 EVENTS: tuple[str, ...] = (
@@ -92,100 +91,92 @@ class Hook:
     def state_key(self, value: str) -> None:
         self._state_key = value
 
-    def before_run(self, trainer: Trainer) -> None:
+    def before_run(self, trainer: TrainerView) -> None:
         """Once, before anything (train, val or test) runs."""
 
-    def after_run(self, trainer: Trainer) -> None:
+    def after_run(self, trainer: TrainerView) -> None:
         """Once, after everything ran (also on an error or preemption)."""
 
-    def before_train(self, trainer: Trainer) -> None:
+    def before_train(self, trainer: TrainerView) -> None:
         """Before the training loop starts (after a resume has been loaded)."""
 
-    def after_train(self, trainer: Trainer) -> None:
+    def after_train(self, trainer: TrainerView) -> None:
         """After the training loop ends."""
 
-    def before_train_epoch(self, trainer: Trainer) -> None:
+    def before_train_epoch(self, trainer: TrainerView) -> None:
         """Before each training epoch (iteration-based runs: once, before the first iteration)."""
 
-    def after_train_epoch(self, trainer: Trainer) -> None:
+    def after_train_epoch(self, trainer: TrainerView) -> None:
         """After each training epoch (``trainer.progress.epoch`` already counts it; iteration-based runs: once, at the end)."""
 
-    def before_train_iter(self, trainer: Trainer, batch_idx: int, data_batch: Any = None) -> None:
+    def before_train_iter(self, trainer: TrainerView, batch_idx: int, data_batch: Any = None) -> None:
         """Before each training iteration; the batch has already been fetched."""
 
-    def after_train_iter(self, trainer: Trainer, batch_idx: int, data_batch: Any = None, outputs: dict | None = None) -> None:
+    def after_train_iter(self, trainer: TrainerView, batch_idx: int, data_batch: Any = None, outputs: dict | None = None) -> None:
         """After each training iteration (``trainer.progress.iteration`` already counts it)."""
 
-    def before_val(self, trainer: Trainer) -> None:
+    def before_val(self, trainer: TrainerView) -> None:
         """Before a validation run."""
 
-    def after_val(self, trainer: Trainer) -> None:
+    def after_val(self, trainer: TrainerView) -> None:
         """After a validation run."""
 
-    def before_val_epoch(self, trainer: Trainer) -> None:
+    def before_val_epoch(self, trainer: TrainerView) -> None:
         """Before the pass over the validation data."""
 
-    def after_val_epoch(self, trainer: Trainer, metrics: dict[str, float] | None = None) -> None:
+    def after_val_epoch(self, trainer: TrainerView, metrics: dict[str, float] | None = None) -> None:
         """After the pass over the validation data, with the computed metrics."""
 
-    def before_val_iter(self, trainer: Trainer, batch_idx: int, data_batch: Any = None) -> None:
+    def before_val_iter(self, trainer: TrainerView, batch_idx: int, data_batch: Any = None) -> None:
         """Before each validation iteration."""
 
-    def after_val_iter(self, trainer: Trainer, batch_idx: int, data_batch: Any = None, outputs: Any = None) -> None:
+    def after_val_iter(self, trainer: TrainerView, batch_idx: int, data_batch: Any = None, outputs: Any = None) -> None:
         """After each validation iteration."""
 
-    def before_test(self, trainer: Trainer) -> None:
+    def before_test(self, trainer: TrainerView) -> None:
         """Before a test run."""
 
-    def after_test(self, trainer: Trainer) -> None:
+    def after_test(self, trainer: TrainerView) -> None:
         """After a test run."""
 
-    def before_test_epoch(self, trainer: Trainer) -> None:
+    def before_test_epoch(self, trainer: TrainerView) -> None:
         """Before the pass over the test data."""
 
-    def after_test_epoch(self, trainer: Trainer, metrics: dict[str, float] | None = None) -> None:
+    def after_test_epoch(self, trainer: TrainerView, metrics: dict[str, float] | None = None) -> None:
         """After the pass over the test data, with the computed metrics."""
 
-    def before_test_iter(self, trainer: Trainer, batch_idx: int, data_batch: Any = None) -> None:
+    def before_test_iter(self, trainer: TrainerView, batch_idx: int, data_batch: Any = None) -> None:
         """Before each test iteration."""
 
-    def after_test_iter(self, trainer: Trainer, batch_idx: int, data_batch: Any = None, outputs: Any = None) -> None:
+    def after_test_iter(self, trainer: TrainerView, batch_idx: int, data_batch: Any = None, outputs: Any = None) -> None:
         """After each test iteration."""
 
-    def before_save_checkpoint(self, trainer: Trainer, checkpoint: dict) -> None:
+    def before_save_checkpoint(self, trainer: TrainerView, checkpoint: dict) -> None:
         """May add to or edit the checkpoint dict before it is written."""
 
-    def after_load_checkpoint(self, trainer: Trainer, checkpoint: dict) -> None:
+    def after_load_checkpoint(self, trainer: TrainerView, checkpoint: dict) -> None:
         """Called after a checkpoint has been loaded for resume."""
 
-    def idle_events(self, trainer: Trainer) -> Collection[str]:
-        """Per-iteration training events this hook has nothing to do on in this ``train()``.
+    def train_iter_interval(self, trainer: TrainerViewView) -> int:
+        """Every how many iterations this hook's per-iteration training events have work, in this ``train()``.
 
-        Asked once, right after ``before_train``; the dispatch lists then leave the hook out of
-        those events until the run ends (``"before_train_iter"`` / ``"after_train_iter"``;
-        other names are ignored). A hook called every step only to return costs time on
-        small models. Default: none.
-        """
-        return ()
+        The one way to gate a hook by iterations. Asked once, right after ``before_train``:
 
-    def train_iter_interval(self, trainer: Trainer) -> int:
-        """Every how many iterations :meth:`after_train_iter` has work to do in this ``train()``.
+        * ``1`` (default): ``before_train_iter`` / ``after_train_iter`` run at every iteration;
+        * ``n > 1``: they run only around the iterations whose run-wide number is a multiple
+          of ``n``, and around each epoch's last iteration (an interval's short tail);
+        * ``0``: never in this run (the hook has nothing to do per iteration).
 
-        Asked once, right after ``before_train`` (with :meth:`idle_events`). A hook that declares
-        ``n > 1`` is called at the iterations (run-wide count) that are multiples of the
-        greatest common divisor of all declared intervals and at each epoch's last batch, not
-        every step; it may thus still be called at iterations it has nothing to do on (another
-        hook's interval), so it keeps checking its own condition. Hooks with interval 1 are
-        called every iteration; when several are called at one iteration, priority order holds.
-        Default: 1.
+        Hooks due at the same iteration run in priority order. A hook called only when due
+        costs nothing at the other iterations, which matters on small models.
         """
         return 1
 
-    def every_n_iters(self, trainer: Trainer, n: int) -> bool:
+    def every_n_iters(self, trainer: TrainerView, n: int) -> bool:
         """True when the iteration just finished is a multiple of ``n`` (run-wide count)."""
         return n > 0 and trainer.progress.iteration % n == 0
 
-    def every_n_epochs(self, trainer: Trainer, n: int) -> bool:
+    def every_n_epochs(self, trainer: TrainerView, n: int) -> bool:
         """True when the epoch just finished is a multiple of ``n``."""
         return n > 0 and trainer.progress.epoch % n == 0
 

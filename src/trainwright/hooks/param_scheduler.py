@@ -8,7 +8,7 @@ from trainwright.hooks.hook import Hook
 from trainwright.registry import HOOKS
 
 if TYPE_CHECKING:
-    from trainwright.trainer.trainer import Trainer
+    from trainwright.hooks.view import TrainerView
 
 
 def _flatten(schedulers: Any) -> list[Any]:
@@ -31,18 +31,18 @@ class ParamSchedulerHook(Hook):
         self._iter: list[Any] = []
         self._epoch: list[Any] = []
 
-    def before_train(self, trainer: Trainer) -> None:  # noqa: D102
+    def before_train(self, trainer: TrainerView) -> None:  # noqa: D102
         all_s = _flatten(trainer.param_schedulers)
         self._iter = [s for s in all_s if not s.by_epoch]
         self._epoch = [s for s in all_s if s.by_epoch]
 
-    def idle_events(self, trainer: Trainer) -> tuple[str, ...]:  # noqa: D102
-        return () if self._iter else ("after_train_iter",)
+    def train_iter_interval(self, trainer: TrainerView) -> int:  # noqa: D102
+        return 1 if self._iter else 0  # only iteration-based schedulers step per iteration
 
-    def after_train_iter(self, trainer: Trainer, batch_idx: int, data_batch: Any = None, outputs: dict | None = None) -> None:  # noqa: D102
+    def after_train_iter(self, trainer: TrainerView, batch_idx: int, data_batch: Any = None, outputs: dict | None = None) -> None:  # noqa: D102
         for s in self._iter:
             s.step()
 
-    def after_train_epoch(self, trainer: Trainer) -> None:  # noqa: D102
+    def after_train_epoch(self, trainer: TrainerView) -> None:  # noqa: D102
         for s in self._epoch:
             s.step()

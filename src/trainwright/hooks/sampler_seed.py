@@ -8,14 +8,14 @@ from trainwright.hooks.hook import Hook
 from trainwright.registry import HOOKS
 
 if TYPE_CHECKING:
-    from trainwright.trainer.trainer import Trainer
+    from trainwright.hooks.view import TrainerView
 
 
 @HOOKS.register
 class DistSamplerSeedHook(Hook):
     """Calls ``set_epoch(epoch)`` on the train loader before each epoch (mmengine name)."""
 
-    def before_train_epoch(self, trainer: Trainer) -> None:  # noqa: D102
+    def before_train_epoch(self, trainer: TrainerView) -> None:  # noqa: D102
         loop = trainer.train_loop
         if loop is not None and loop.by_epoch:
             loader = loop.dataloader

@@ -3,15 +3,16 @@
 Pseudocode of one iteration (both loops)::
 
     iter_marks.append(perf_counter())                   # only when the timer hook asked for it
-    for hook in before_train_iter: hook(trainer, idx, batch)
+    for hook in due before_train_iter: hook(trainer, idx, batch)
     outputs = model.train_step(batch, optim_wrapper)   # forward, backward, maybe step
     progress.iteration += 1; progress.iter_in_epoch += 1
     metric_store.update_dict(outputs, progress.iteration)   # tensors, no sync (inline: a list append)
     iter_marks.append(perf_counter())
-    for hook in after_train_iter: hook(trainer, idx, batch, outputs)   # only hooks due now (see below)
+    for hook in due after_train_iter: hook(trainer, idx, batch, outputs)
 
-``after_train_iter`` hooks that declare an interval (``Hook.train_iter_interval``, e.g. the
-logger's 10) are called only at multiples of the intervals' gcd and at the epoch's last batch.
+Hooks that declare an interval (``Hook.train_iter_interval``, e.g. the logger's 10) see an
+iteration's ``before_train_iter`` / ``after_train_iter`` only at multiples of it and at an
+epoch's last batch (``hooks.schedule``: one comparison per step).
 
 The loops know nothing of devices or processes; the hook lists are precomputed.
 """
@@ -64,10 +65,8 @@ class _TrainLoopBase:
         ow = t.optim_wrapper
         store = t.metric_store
         hooks = t.hooks
-        before = hooks.calls["before_train_iter"]
-        after_due = hooks.calls["after_train_iter"]
-        after_always = hooks.after_iter_always
-        every = hooks.after_iter_every
+        schedule = hooks.schedule
+        before_every, after_every = schedule.before_every, schedule.after_every
         last = len(self.dataloader) - 1
         train_step: Any = model.train_step
         rows, flush_at = store.hot_path()
@@ -78,17 +77,22 @@ class _TrainLoopBase:
             if marks is not None:
                 marks.append(_clock())
             idx = progress.iter_in_epoch
+            it = progress.iteration + 1
+            if it >= schedule.next_due or idx == last:  # a hook with an interval is due (or the epoch ends)
+                before, after = schedule.due(it, idx == last)
+            else:
+                before, after = before_every, after_every
             for fn in before:
                 fn(t, idx, batch)
             outputs = train_step(batch, ow)
-            it = progress.iteration = progress.iteration + 1
+            progress.iteration = it
             progress.iter_in_epoch = idx + 1
             record((it, outputs))  # store.update_dict(outputs, it), without the call
             if len(rows) >= flush_at:
                 store.flush(urgent=False)
             if marks is not None:
                 marks.append(_clock())
-            for fn in after_due if it % every == 0 or idx == last else after_always:
+            for fn in after:
                 fn(t, idx, batch, outputs)
             if validate and self.val_due():
                 self.trainer.val_loop.run()  # type: ignore[union-attr]
@@ -128,6 +132,7 @@ class EpochBasedTrainLoop(_TrainLoopBase):
         t = self.trainer
         t.hooks.call("before_train", t)
         t.hooks.refresh(t)
+        t.bind_step()
         while t.progress.epoch < self.max_epochs and not t.should_stop:
             self.run_epoch()
             if t.should_stop:
@@ -186,6 +191,7 @@ class IterBasedTrainLoop(_TrainLoopBase):
         progress = t.progress
         t.hooks.call("before_train", t)
         t.hooks.refresh(t)
+        t.bind_step()
         t.hooks.call("before_train_epoch", t)
         t.model.train()
         t.optim_wrapper.initialize_count_status(t.model, progress.iteration, self._max_iters)

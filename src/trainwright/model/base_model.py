@@ -14,37 +14,23 @@ from trainwright.model.data_preprocessor import BaseDataPreprocessor
 from trainwright.registry import MODELS
 
 
-def _call(fn: Any, data: Any, mode: str) -> Any:
-    """``fn(**data, mode)`` for a dict batch, ``fn(*data, mode)`` for a tuple / list, else ``fn(data, mode)``."""
-    if isinstance(data, dict):
-        return fn(**data, mode=mode)
-    if isinstance(data, (list, tuple)):
-        return fn(*data, mode=mode)
-    return fn(data, mode=mode)
-
-
 _HOOK_DICTS = ("_forward_hooks", "_forward_pre_hooks", "_backward_hooks", "_backward_pre_hooks")
-_GLOBAL_HOOKS = tuple(getattr(_torch_module, f"_global{name}", None) for name in _HOOK_DICTS)
-# The shortcut below relies on how nn.Module.__call__ decides it has nothing to do; if this torch
-# lays modules out differently, it is off and every call goes through __call__.
-_CAN_SKIP_CALL = all(isinstance(g, dict) for g in _GLOBAL_HOOKS) and all(k in nn.Module().__dict__ for k in _HOOK_DICTS)
-_G1, _G2, _G3, _G4 = _GLOBAL_HOOKS
-_tracing_state: Callable[[], Any] = torch._C._get_tracing_state  # noqa: SLF001
 
 
 def call_is_forward(module: nn.Module) -> bool:
     """True when ``module(...)`` would only call ``module.forward(...)``.
 
     That is: no forward / backward hooks on the module or registered globally (FSDP2, for one,
-    works through forward hooks), no ``module.compile()``, no TorchScript tracing. Then the
-    loops call ``forward`` directly and save ``nn.Module.__call__``'s two extra Python frames.
+    works through forward hooks), no ``module.compile()``, no TorchScript tracing. Asked once
+    per run (see :meth:`BaseModel.set_forward_caller`), never per step: then the loops call
+    ``forward`` directly and save ``nn.Module.__call__``'s two extra Python frames.
     """
-    if not _CAN_SKIP_CALL:
+    global_hooks = [getattr(_torch_module, f"_global{name}", None) for name in _HOOK_DICTS]
+    if not all(isinstance(g, dict) for g in global_hooks):  # a torch that lays modules out otherwise: always __call__
         return False
-    d = module.__dict__
+    own = [getattr(module, name, None) for name in _HOOK_DICTS]
     return not (
-        d["_forward_hooks"] or d["_forward_pre_hooks"] or d["_backward_hooks"] or d["_backward_pre_hooks"]
-        or d.get("_compiled_call_impl") is not None or _G1 or _G2 or _G3 or _G4 or _tracing_state()
+        any(own) or any(global_hooks) or getattr(module, "_compiled_call_impl", None) is not None or torch._C._get_tracing_state()  # noqa: SLF001
     )
 
 
@@ -79,36 +65,18 @@ class BaseModel(nn.Module):
         raise NotImplementedError(f"{type(self).__name__}.forward(*inputs, mode) must be implemented")
 
     def train_step(self, data: Any, optim_wrapper: Any) -> dict[str, torch.Tensor]:
-        """Preprocess → forward (under ``optim_context``) → parse losses → update params.
+        """Preprocess → forward in ``"loss"`` mode under ``optim_context`` → parse losses → update params.
 
         Returns:
             The log tensors (``loss`` and each loss term), detached, on the device.
         """
-        # This runs every step, so it spells out what _preprocess, call_is_forward, _call and the
-        # fast path of parse_losses do (each helper's Python frame measured ~1 µs per step inside a
-        # training loop, several times its cost in a micro-benchmark).
-        pre: Any = self._modules["data_preprocessor"]  # what nn.Module.__getattr__ would return, minus its cost
-        if not getattr(pre, "passthrough", False):
-            data = pre(data, True)
-        d = self.__dict__
-        fn = self if (  # call_is_forward(self), inline
-            not _CAN_SKIP_CALL or d["_forward_hooks"] or d["_forward_pre_hooks"] or d["_backward_hooks"] or d["_backward_pre_hooks"]
-            or d.get("_compiled_call_impl") is not None or _G1 or _G2 or _G3 or _G4 or _tracing_state()
-        ) else self.forward
-        if getattr(optim_wrapper, "context_free", False):  # full precision, no gradient-sync switch: no context to enter
-            if (type(data) is list or type(data) is tuple) and len(data) == 2:  # the usual (inputs, targets) batch
-                losses = fn(data[0], data[1], mode="loss")
-            else:
-                losses = _call(fn, data, "loss")
+        data = self._preprocess(data, True)
+        if getattr(optim_wrapper, "context_free", False):  # full precision, no gradient-sync switch: nothing to enter
+            losses = self._run_forward(data, "loss")
         else:
             with optim_wrapper.optim_context(self):
-                losses = _call(fn, data, "loss")
-        # (a subclass's own parse_losses, even one patched in later, is always called)
-        loss = losses.get("loss") if type(losses) is dict and len(losses) == 1 and type(self).parse_losses is _PARSE_LOSSES else None
-        if type(loss) is torch.Tensor and not loss.ndim:  # parse_losses' fast path, inline: the usual single loss
-            log_vars = {"loss": loss.detach()}
-        else:
-            loss, log_vars = self.parse_losses(losses)
+                losses = self._run_forward(data, "loss")
+        loss, log_vars = self.parse_losses(losses)
         optim_wrapper.update_params(loss)
         return log_vars
 
@@ -120,12 +88,47 @@ class BaseModel(nn.Module):
         """Preprocess → forward in ``"predict"`` mode."""
         return self._run_forward(self._preprocess(data, False), "predict")
 
+    def set_forward_caller(self, train: Callable[..., Any] | None = None) -> None:
+        """Decide which callables run the forward pass; asked once per run, not per step.
+
+        Args:
+            train: What ``train_step`` calls: the strategy's answer (its DDP wrapper, which
+                must see the forward to synchronise gradients; or this model). ``None``
+                resets to the safe default, ``nn.Module.__call__``, for both modes.
+
+        Validation and testing call the model itself (never a DDP wrapper, as in mmengine).
+        Whenever the chosen callable is this model and :func:`call_is_forward` holds (no
+        hooks, not compiled, not tracing), its ``forward`` is called directly. The strategy
+        asks again at the start of every run and pass, after the hooks' ``before_*`` events.
+        """
+        callers: tuple[Callable[..., Any], Callable[..., Any]] = (self, self)
+        if train is not None:
+            own = self.forward if call_is_forward(self) else self
+            callers = (own if train is self else train, own)
+        self.__dict__["_forward_callers"] = callers  # not an nn.Module attribute: a DDP wrapper holds this model
+
     def _preprocess(self, data: Any, training: bool) -> Any:
         pre: Any = self._modules["data_preprocessor"]  # what nn.Module.__getattr__ would return, minus its cost
         return data if getattr(pre, "passthrough", False) else pre(data, training)
 
     def _run_forward(self, data: Any, mode: str) -> Any:
-        return _call(self.forward if call_is_forward(self) else self, data, mode)
+        """``forward(**data, mode)`` for a dict batch, ``forward(*data, mode)`` for a tuple / list, else ``forward(data, mode)``.
+
+        Called through the callable chosen by :meth:`set_forward_caller` (``nn.Module.__call__`` until then).
+        """
+        callers = self.__dict__.get("_forward_callers") or (self, self)
+        fn = callers[0] if mode == "loss" else callers[1]
+        if isinstance(data, dict):
+            return fn(**data, mode=mode)
+        if isinstance(data, (list, tuple)):
+            return fn(*data, mode=mode)
+        return fn(data, mode=mode)
+
+    def __getstate__(self) -> dict[str, Any]:
+        """Pickle / deepcopy without the per-run forward decision (it refers to wrappers)."""
+        state = dict(super().__getstate__())
+        state.pop("_forward_callers", None)
+        return state
 
     def parse_losses(self, losses: Any) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
         """Sum every entry whose key contains ``"loss"``; return (total, log tensors).
@@ -174,9 +177,6 @@ class BaseModel(nn.Module):
         if device is not None and isinstance(self.data_preprocessor, BaseDataPreprocessor):
             self.data_preprocessor.device = torch.device(device)
         return out
-
-
-_PARSE_LOSSES = BaseModel.parse_losses  # train_step inlines its fast path only for this one
 
 
 class ModuleAdapter(BaseModel):

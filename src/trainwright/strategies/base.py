@@ -107,6 +107,14 @@ class Strategy:
             raise RuntimeError("Strategy.prepare(model) has not run yet")
         return self.unwrapped
 
+    def forward_caller(self, model: nn.Module) -> Callable[..., Any]:
+        """What the training step calls to run ``model``'s forward pass.
+
+        A wrapper that must see the forward (DDP synchronises gradients through it) returns
+        itself; here, the model. Asked once per run (``Trainer.bind_step``), not per step.
+        """
+        return model
+
     def no_sync_context(self) -> Callable[[nn.Module], contextlib.AbstractContextManager] | None:
         """A ``model -> context`` that suppresses gradient sync, or None when there is no sync."""
         return None

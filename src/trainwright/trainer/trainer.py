@@ -19,21 +19,15 @@ from trainwright.logging.writers import JsonlWriter
 from trainwright.loops.eval_loop import EvalLoop
 from trainwright.loops.progress import Progress
 from trainwright.loops.train_loop import EpochBasedTrainLoop, IterBasedTrainLoop
-from trainwright.model.base_model import as_base_model
+from trainwright.model.base_model import ModuleAdapter, as_base_model
 from trainwright.optim.builder import build_optim_wrapper, loop_precision
-from trainwright.registry import did_you_mean
+from trainwright.registry import check_keys
 from trainwright.strategies import build_strategy
 from trainwright.trainer.hooks_config import build_hook, build_hooks
 from trainwright.trainer.state import collect_state, restore_state
 
 _TRAIN_CFG_KEYS = {"by_epoch", "max_epochs", "max_iters", "val_interval", "val_begin"}
 _EVAL_CFG_KEYS = {"autocast"}
-
-
-def _check_keys(name: str, cfg: Mapping[str, Any], allowed: set[str]) -> None:
-    for key in cfg:
-        if key not in allowed:
-            raise KeyError(f"Unknown {name} key {key!r}.{did_you_mean(key, sorted(allowed))} Allowed: {sorted(allowed)}")
 
 
 class Trainer:
@@ -94,11 +88,11 @@ class Trainer:
         if nonfinite_loss not in ("raise", "skip"):
             raise ValueError(f"nonfinite_loss must be 'raise' or 'skip', got {nonfinite_loss!r}")
         self.train_cfg = dict(train_cfg or {})
-        _check_keys("train_cfg", self.train_cfg, _TRAIN_CFG_KEYS)
+        check_keys("train_cfg", self.train_cfg, _TRAIN_CFG_KEYS)
         self.val_cfg = dict(val_cfg or {})
-        _check_keys("val_cfg", self.val_cfg, _EVAL_CFG_KEYS)
+        check_keys("val_cfg", self.val_cfg, _EVAL_CFG_KEYS)
         self.test_cfg = dict(test_cfg or {})
-        _check_keys("test_cfg", self.test_cfg, _EVAL_CFG_KEYS)
+        check_keys("test_cfg", self.test_cfg, _EVAL_CFG_KEYS)
         self.work_dir = Path(work_dir)
         self.strategy = build_strategy(strategy)
         self.strategy.setup_env(randomness=randomness)
@@ -141,8 +135,8 @@ class Trainer:
     @property
     def unwrapped_model(self) -> nn.Module:
         """The user's model: without DDP/FSDP wrappers and without the plain-module adapter."""
-        model = self.strategy.unwrap_model(self.model) if self._prepared else self.model
-        return getattr(model, "module", model) if type(model).__name__ == "ModuleAdapter" else model
+        model = self.unwrapped_base
+        return model.module if isinstance(model, ModuleAdapter) else model
 
     @property
     def ckpt_dir(self) -> Path:
@@ -289,6 +283,18 @@ class Trainer:
         self._prepare()
         return self._run(self.test_loop.run)
 
+    def bind_step(self) -> None:
+        """Decide which callable runs the model's forward for the run or pass about to start.
+
+        The strategy answers (its DDP/FSDP wrapper when it has one, else the model); the loops
+        call this once, right after the ``before_train`` / ``before_val`` / ``before_test``
+        hooks, so the training step does not re-check torch internals every iteration.
+        """
+        base = self.unwrapped_base
+        setter = getattr(base, "set_forward_caller", None)
+        if setter is not None:
+            setter(self.strategy.forward_caller(base))
+
     def _run(self, fn: Any) -> Any:
         self.hooks.call("before_run", self)
         ok = False
@@ -297,6 +303,9 @@ class Trainer:
             ok = True
             return out
         finally:
+            setter = getattr(self.unwrapped_base, "set_forward_caller", None)
+            if setter is not None:
+                setter(None)  # outside a run the model is called the safe way (hooks added later fire)
             try:
                 # Lines still pending go out first; on an error path a NaN must not raise a second error.
                 self.metric_store.flush(raise_on_nonfinite=None if ok else False)

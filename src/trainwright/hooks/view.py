@@ -1,0 +1,104 @@
+"""TrainerView: the narrow view of the trainer that hooks (and loops) are typed against.
+
+Hooks receive the trainer as an argument at every event. They are typed against this
+Protocol rather than the ``Trainer`` class, so the hooks layer does not depend on the
+trainer layer above it and a hook's author sees exactly what a hook may rely on. The
+``Trainer`` satisfies it structurally (checked by a test and by mypy where a trainer is
+passed as a view).
+"""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Protocol
+
+if TYPE_CHECKING:
+    from trainwright.hooks.dispatch import HookList
+    from trainwright.logging.metric_store import MetricStore
+    from trainwright.strategies.base import Strategy
+    from trainwright.utils.progress import Progress
+
+
+class TrainLoopView(Protocol):
+    """What hooks read of the training loop."""
+
+    by_epoch: bool
+    dataloader: Any
+
+    @property
+    def max_iters(self) -> int:
+        """Total training iterations of the run."""
+
+    def val_due(self) -> bool:
+        """Whether validation runs right after the current iteration's / epoch's hooks."""
+
+
+class EvalLoopView(Protocol):
+    """What hooks read of a validation / test loop."""
+
+    evaluator: Any
+
+    def run_pass(self, with_hooks: bool = True) -> dict[str, float]:
+        """One pass over the data with the model as it is; metric keys without the mode prefix."""
+
+
+class TrainerView(Protocol):
+    """The trainer as hooks see it: state, collaborators and the few requests a hook may make.
+
+    Attributes:
+        progress: Epoch, iteration and position in the epoch (the one source of the position).
+        should_stop: Set to True to end training after the current iteration.
+        preempted: True once a stop signal ended training (set by the preemption hook).
+        logger: The run's logger (rank-aware).
+        metric_store: Owner of every logged number.
+        strategy: Devices, processes, collectives and checkpoint I/O.
+        optim_wrapper: The OptimWrapper (or OptimWrapperDict) of the run.
+        param_schedulers: The parameter schedulers (list, or dict per optimizer).
+        hooks: The hook list.
+        work_dir: The run's work directory.
+    """
+
+    progress: Progress
+    should_stop: bool
+    preempted: bool
+    logger: logging.Logger
+    metric_store: MetricStore
+    strategy: Strategy
+    optim_wrapper: Any
+    param_schedulers: Any
+    hooks: HookList
+    work_dir: Path
+
+    @property
+    def train_loop(self) -> TrainLoopView:
+        """The training loop (exists once ``train()`` or ``resume_from()`` built it)."""
+
+    @property
+    def val_loop(self) -> EvalLoopView | None:
+        """The validation loop, if a val_dataloader was given."""
+
+    @property
+    def test_loop(self) -> EvalLoopView | None:
+        """The test loop, if a test_dataloader was given."""
+
+    @property
+    def is_main_process(self) -> bool:
+        """True on rank 0 (the process that writes logs and checkpoints)."""
+
+    @property
+    def unwrapped_model(self) -> Any:
+        """The user's model, without distributed wrappers or the plain-module adapter."""
+
+    @property
+    def ckpt_dir(self) -> Path:
+        """Where checkpoints go (``work_dir/checkpoints``)."""
+
+    def flush_logs(self) -> None:
+        """Make everything logged so far visible on disk."""
+
+    def state_dict(self, save_optimizer: bool = True, save_param_scheduler: bool = True) -> dict[str, Any]:
+        """The full checkpoint dict."""
+
+    def save_checkpoint(self, path: str | Path, save_optimizer: bool = True, save_param_scheduler: bool = True) -> Path:
+        """Write the full checkpoint to ``path``."""
