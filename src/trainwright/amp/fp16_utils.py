@@ -291,7 +291,7 @@ def wrap_fp16_model(model: M, dtype: torch.dtype = torch.float16) -> M:
     _check_dtype(dtype, "wrap_fp16_model")
     for module in model.modules():
         if hasattr(module, "fp16_enabled"):
-            module.fp16_enabled = True
+            setattr(module, "fp16_enabled", True)  # noqa: B010 - an attribute nn.Module does not declare
     return model
 
 

@@ -157,7 +157,7 @@ class Hook:
     def after_load_checkpoint(self, trainer: TrainerView, checkpoint: dict) -> None:
         """Called after a checkpoint has been loaded for resume."""
 
-    def train_iter_interval(self, trainer: TrainerViewView) -> int:
+    def train_iter_interval(self, trainer: TrainerView) -> int:
         """Every how many iterations this hook's per-iteration training events have work, in this ``train()``.
 
         The one way to gate a hook by iterations. Asked once, right after ``before_train``:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 import contextlib
@@ -59,7 +60,7 @@ class EvalLoop:
         """
         t = self.trainer
         m = self.mode
-        step = t.model.val_step if m == "val" else t.model.test_step
+        step: Callable[[Any], Any] = getattr(t.model, f"{m}_step")
         before, after = (t.hooks.calls[f"before_{m}_iter"], t.hooks.calls[f"after_{m}_iter"]) if with_hooks else ((), ())
         ctx = t.precision.autocast() if self.autocast else contextlib.nullcontext()
         n = 0

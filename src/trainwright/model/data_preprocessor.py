@@ -18,7 +18,8 @@ def cast_data(data: Any, device: torch.device, non_blocking: bool = False) -> An
     if type(data) is list or type(data) is tuple:  # fast path for the common (x, y) batch
         return type(data)([cast_data(v, device, non_blocking) for v in data])
     if isinstance(data, Mapping):
-        return type(data)({k: cast_data(v, device, non_blocking) for k, v in data.items()}) if not isinstance(data, dict) or type(data) is not dict else {k: cast_data(v, device, non_blocking) for k, v in data.items()}
+        moved = {k: cast_data(v, device, non_blocking) for k, v in data.items()}
+        return moved if type(data) is dict else type(data)(moved)  # type: ignore[call-arg]  # a Mapping subclass rebuilt from a dict
     if isinstance(data, tuple) and hasattr(data, "_fields"):
         return type(data)(*(cast_data(v, device, non_blocking) for v in data))
     if isinstance(data, (list, tuple)):
@@ -72,6 +73,8 @@ class NormalizingDataPreprocessor(BaseDataPreprocessor):
 
     def __init__(self, mean: Sequence[float] | float, std: Sequence[float] | float, channel_dim: int = 1, non_blocking: bool = False) -> None:
         super().__init__(non_blocking)
+        self.mean: torch.Tensor
+        self.std: torch.Tensor
         self.register_buffer("mean", torch.as_tensor(mean, dtype=torch.float32), persistent=False)
         self.register_buffer("std", torch.as_tensor(std, dtype=torch.float32), persistent=False)
         self.channel_dim = channel_dim
