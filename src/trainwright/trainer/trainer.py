@@ -116,7 +116,7 @@ class Trainer:
         self._scheduler_cfg = param_scheduler
         self._train_loader_cfg = train_dataloader
         base = as_base_model(model)
-        self.model: nn.Module = self.strategy.model_to_device(base)
+        self.model: nn.Module = base  # the strategy moves (once), compiles and wraps it when a run first needs it
         self.precision: Precision = build_precision(precision or "32", self.strategy.device.type)
         self.optim_wrapper: Any = None
         self.param_schedulers: Any = None
