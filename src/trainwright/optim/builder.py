@@ -11,7 +11,7 @@ from torch import nn
 from trainwright.amp.precision import Precision, build_precision
 from trainwright.optim.optim_wrapper import AmpOptimWrapper, OptimWrapper
 from trainwright.optim.optim_wrapper_dict import OptimWrapperDict
-from trainwright.registry import OPTIM_WRAPPERS, OPTIMIZERS
+from trainwright.registry import OPTIM_WRAPPERS, OPTIMIZERS, check_keys
 
 _WRAPPER_KEYS = {"type", "optimizer", "accumulative_counts", "clip_grad", "dtype", "loss_scale", "skip_nonfinite", "device_type"}
 
@@ -99,11 +99,7 @@ def build_optim_wrapper(model: nn.Module, cfg: Any, precision: str | Precision |
                 wrappers[name] = build_optim_wrapper(sub_model, sub, trainer_precision if i == 0 else trainer_precision.clone(), device_type)
             return OptimWrapperDict(**wrappers)
         raise KeyError(f"optim_wrapper dict needs an 'optimizer' key, e.g. dict(optimizer=dict(type='SGD', lr=0.1)); got keys {sorted(cfg)}")
-    from trainwright.registry import did_you_mean
-
-    for key in cfg:
-        if key not in _WRAPPER_KEYS:
-            raise KeyError(f"Unknown optim_wrapper key {key!r}.{did_you_mean(key, sorted(_WRAPPER_KEYS))} Allowed: {sorted(_WRAPPER_KEYS)}")
+    check_keys("optim_wrapper", cfg, _WRAPPER_KEYS)
     args = dict(cfg)
     typ = args.pop("type", "OptimWrapper")
     cls = OPTIM_WRAPPERS.get(typ) if isinstance(typ, str) else typ
