@@ -30,11 +30,10 @@ from trainwright.registry import OPTIM_WRAPPERS, did_you_mean
 _NULL = contextlib.nullcontext()
 _NORM_KEYS = {"type", "max_norm", "norm_type", "error_if_nonfinite", "foreach"}
 _VALUE_KEYS = {"type", "clip_value", "foreach"}
+_NO_KWARGS: dict[str, Any] = {}  # unpacked (so copied) by the callee: never mutated
 
 #: ``model -> context manager`` that suppresses gradient synchronisation (DDP's ``no_sync``).
 NoSyncContext = Callable[[nn.Module], contextlib.AbstractContextManager]
-#: ``parameters -> total gradient norm``, clipping in place.
-ClipFunction = Callable[[Iterable[torch.Tensor]], torch.Tensor]
 
 
 def _check_clip_grad(clip_grad: Mapping[str, Any] | None) -> dict[str, Any] | None:
@@ -62,14 +61,6 @@ def _clip_grad_value(parameters: Iterable[torch.Tensor], clip_value: float, fore
     torch.nn.utils.clip_grad_value_(params, clip_value, foreach=foreach)
     grads = [p.grad for p in params if p.grad is not None]
     return torch.linalg.vector_norm(torch.stack([torch.linalg.vector_norm(g) for g in grads])) if grads else torch.zeros(())
-
-
-def _clip_function(cfg: dict[str, Any] | None) -> ClipFunction | None:
-    """The clip callable for a validated ``clip_grad`` config (its arguments bound), or None."""
-    if cfg is None:
-        return None
-    kwargs = {k: v for k, v in cfg.items() if k != "type"}
-    return functools.partial(torch.nn.utils.clip_grad_norm_ if cfg["type"] == "norm" else _clip_grad_value, **kwargs)
 
 
 def _live_params(optimizer: torch.optim.Optimizer) -> list[torch.Tensor]:
@@ -138,8 +129,10 @@ class OptimWrapper:
 
     @clip_grad.setter
     def clip_grad(self, value: Mapping[str, Any] | None) -> None:
-        self._clip_grad = _check_clip_grad(value)
-        self._clip = _clip_function(self._clip_grad)
+        self._clip_grad = cfg = _check_clip_grad(value)
+        # The step calls this with the parameters: clip_grad_norm_ / _clip_grad_value with the config's arguments bound.
+        fn = torch.nn.utils.clip_grad_norm_ if cfg is None or cfg["type"] == "norm" else _clip_grad_value
+        self._clip = None if cfg is None else functools.partial(fn, **{k: v for k, v in cfg.items() if k != "type"})
 
     @property
     def precision(self) -> Precision:
@@ -179,14 +172,8 @@ class OptimWrapper:
         """
         self.backward(self.scale_loss(loss))
         if self.should_update():
-            if step_kwargs:
-                self.step(**step_kwargs)
-            else:
-                self.step()
-            if zero_kwargs:
-                self.zero_grad(**zero_kwargs)
-            else:
-                self.zero_grad()
+            self.step(**(step_kwargs or _NO_KWARGS))
+            self.zero_grad(**(zero_kwargs or _NO_KWARGS))
 
     def scale_loss(self, loss: torch.Tensor) -> torch.Tensor:
         """Divide ``loss`` by the size of its accumulation window (the short last one by its own size)."""
