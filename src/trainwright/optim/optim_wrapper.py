@@ -130,9 +130,8 @@ class OptimWrapper:
     @clip_grad.setter
     def clip_grad(self, value: Mapping[str, Any] | None) -> None:
         self._clip_grad = cfg = _check_clip_grad(value)
-        # The step calls this with the parameters: clip_grad_norm_ / _clip_grad_value with the config's arguments bound.
-        fn = torch.nn.utils.clip_grad_norm_ if cfg is None or cfg["type"] == "norm" else _clip_grad_value
-        self._clip = None if cfg is None else functools.partial(fn, **{k: v for k, v in cfg.items() if k != "type"})
+        # What step calls with the parameters: the clip function with the config's arguments bound, or None.
+        self._clip = None if cfg is None else functools.partial(torch.nn.utils.clip_grad_norm_ if cfg["type"] == "norm" else _clip_grad_value, **{k: v for k, v in cfg.items() if k != "type"})
 
     @property
     def precision(self) -> Precision:
@@ -159,7 +158,7 @@ class OptimWrapper:
         self._decide_context_free()
 
     def _decide_context_free(self) -> None:
-        # A subclass's own optim_context is always entered.
+        # optim_context would return a null context (a subclass's own optim_context is always entered).
         self.context_free = self._no_sync_context is None and self._precision.dtype is None and type(self).optim_context is OptimWrapper.optim_context
 
     # -- the step -------------------------------------------------------------------------
