@@ -3,13 +3,22 @@
 mmengine semantics, with one fix: the short last accumulation window is handled per epoch
 (the loop calls :meth:`OptimWrapper.initialize_count_status` at each epoch start with the
 epoch's length), so every epoch's tail is stepped and scaled by its true size.
+
+There is one update path, :meth:`OptimWrapper.update_params`, built from the public methods
+(``scale_loss`` → ``backward`` → ``should_update`` → ``step`` → ``zero_grad``), each looked up
+on the instance, so a subclass's override or a method replaced on the instance takes part.
+What depends only on a setting (the clip function, whether the precision has a GradScaler,
+whether ``optim_context`` is a no-op) is decided when the setting is assigned, not per step.
+Parameters are read from ``optimizer.param_groups`` when needed, so a group added later with
+``optimizer.add_param_group`` is clipped and checkpointed like the others.
 """
 
 from __future__ import annotations
 
 import contextlib
+import functools
 import warnings
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from typing import Any
 
 import torch
@@ -21,6 +30,10 @@ from trainwright.registry import OPTIM_WRAPPERS, did_you_mean
 _NULL = contextlib.nullcontext()
 _NORM_KEYS = {"type", "max_norm", "norm_type", "error_if_nonfinite", "foreach"}
 _VALUE_KEYS = {"type", "clip_value", "foreach"}
+_NO_KWARGS: dict[str, Any] = {}  # unpacked (so copied) by the callee: never mutated
+
+#: ``model -> context manager`` that suppresses gradient synchronisation (DDP's ``no_sync``).
+NoSyncContext = Callable[[nn.Module], contextlib.AbstractContextManager]
 
 
 def _check_clip_grad(clip_grad: Mapping[str, Any] | None) -> dict[str, Any] | None:
@@ -42,6 +55,19 @@ def _check_clip_grad(clip_grad: Mapping[str, Any] | None) -> dict[str, Any] | No
     return cfg
 
 
+def _clip_grad_value(parameters: Iterable[torch.Tensor], clip_value: float, foreach: bool | None = None) -> torch.Tensor:
+    """``torch.nn.utils.clip_grad_value_``, returning the total 2-norm of the clipped gradients (for logging)."""
+    params = list(parameters)
+    torch.nn.utils.clip_grad_value_(params, clip_value, foreach=foreach)
+    grads = [p.grad for p in params if p.grad is not None]
+    return torch.linalg.vector_norm(torch.stack([torch.linalg.vector_norm(g) for g in grads])) if grads else torch.zeros(())
+
+
+def _live_params(optimizer: torch.optim.Optimizer) -> list[torch.Tensor]:
+    """The optimizer's parameters now, over every group (also groups added after construction)."""
+    return [p for g in optimizer.param_groups for p in g["params"]]
+
+
 @OPTIM_WRAPPERS.register
 class OptimWrapper:
     """Wraps a ``torch.optim.Optimizer`` with accumulation, clipping and precision.
@@ -51,10 +77,18 @@ class OptimWrapper:
         accumulative_counts: Micro-batches per parameter update (>= 1).
         clip_grad: ``dict(max_norm=..., norm_type=2, error_if_nonfinite=False)`` or
             ``dict(type="value", clip_value=...)``; the total grad norm is kept in
-            :attr:`grad_norm` as a tensor (no host sync).
+            :attr:`grad_norm` as a tensor (no host sync). Applies to every parameter of
+            every current param group.
         precision: A :class:`~trainwright.amp.precision.Precision`; full fp32 by default.
         skip_nonfinite: Skip the backward pass of micro-batches whose loss is NaN/Inf
             instead of letting them poison the weights. Costs one host sync per step.
+
+    Attributes:
+        grad_norm: Total gradient norm of the last clipped step (a tensor), or None.
+        skipped_steps: Micro-batches skipped for a non-finite loss.
+        skip_nonfinite: See above; may be switched at any time.
+        context_free: Read-only. True when :meth:`optim_context` is a no-op (full precision,
+            no ``no_sync_context``): ``BaseModel.train_step`` then does not enter it.
 
     Example:
         >>> ow = OptimWrapper(torch.optim.SGD(model.parameters(), lr=0.1), accumulative_counts=4)
@@ -77,35 +111,27 @@ class OptimWrapper:
             raise ValueError(f"accumulative_counts must be an int >= 1 (1 = no accumulation), got {accumulative_counts!r}")
         self.optimizer = optimizer
         self._accumulative_counts = accumulative_counts
-        self._plain = False
-        self.context_free = True
-        self._no_sync_context: Callable[[nn.Module], contextlib.AbstractContextManager] | None = None  # see no_sync_context
-        self._clip_grad: dict[str, Any] | None = None
-        self._precision: Precision = Precision()
-        self._skip_nonfinite = False
-        self.clip_grad = clip_grad  # type: ignore[assignment]
-        self.precision = precision if precision is not None else Precision()
-        self.skip_nonfinite = skip_nonfinite
+        self.skip_nonfinite = bool(skip_nonfinite)
         self.grad_norm: torch.Tensor | None = None
         self.skipped_steps = 0
-        # Accumulation window bookkeeping (see initialize_count_status).
+        # Position in the current span (see initialize_count_status).
         self._inner_count = 0
         self._max_counts = -1
-        self._window_start = 0
-        self._divisor = accumulative_counts
-        self._params = [p for g in optimizer.param_groups for p in g["params"]]
+        self._no_sync_context: NoSyncContext | None = None
+        self.clip_grad = clip_grad  # type: ignore[assignment]  # validated into a dict by the setter
+        self.precision = precision if precision is not None else Precision()
 
-    # -- configuration that decides the fast path ------------------------------------------
+    # -- settings: each decides, when assigned, what the step reads ----------------------------
     @property
     def clip_grad(self) -> dict[str, Any] | None:
-        """The validated clipping config, or None."""
+        """The validated clipping config, or None; assigning it chooses the clip function."""
         return self._clip_grad
 
     @clip_grad.setter
     def clip_grad(self, value: Mapping[str, Any] | None) -> None:
-        self._clip_grad = _check_clip_grad(value)
-        self._clip_kwargs = {k: v for k, v in self._clip_grad.items() if k != "type"} if self._clip_grad else {}
-        self._refresh_fast_path()
+        self._clip_grad = cfg = _check_clip_grad(value)
+        # What step calls with the parameters: the clip function with the config's arguments bound, or None.
+        self._clip = None if cfg is None else functools.partial(torch.nn.utils.clip_grad_norm_ if cfg["type"] == "norm" else _clip_grad_value, **{k: v for k, v in cfg.items() if k != "type"})
 
     @property
     def precision(self) -> Precision:
@@ -114,108 +140,82 @@ class OptimWrapper:
 
     @precision.setter
     def precision(self, value: Precision) -> None:
+        if not isinstance(value, Precision):
+            raise TypeError(f"precision must be a trainwright.amp.Precision, got {type(value).__name__}; use build_precision('16-mixed'), MixedPrecision(...) or Precision() for float32")
         self._precision = value
-        self._refresh_fast_path()
+        # Only a GradScaler changes backward and step (scale the loss, unscale, skip overflowed steps).
+        self._scaler = value.scaler
+        self._decide_context_free()
 
     @property
-    def no_sync_context(self) -> Callable[[nn.Module], contextlib.AbstractContextManager] | None:
+    def no_sync_context(self) -> NoSyncContext | None:
         """Set by a strategy that can suppress gradient sync (DDP): ``model -> context manager``."""
         return self._no_sync_context
 
     @no_sync_context.setter
-    def no_sync_context(self, value: Callable[[nn.Module], contextlib.AbstractContextManager] | None) -> None:
+    def no_sync_context(self, value: NoSyncContext | None) -> None:
         self._no_sync_context = value
-        self._refresh_fast_path()
+        self._decide_context_free()
 
-    @property
-    def skip_nonfinite(self) -> bool:
-        """Whether micro-batches with a NaN/Inf loss are skipped (one host sync per step)."""
-        return self._skip_nonfinite
-
-    @skip_nonfinite.setter
-    def skip_nonfinite(self, value: bool) -> None:
-        self._skip_nonfinite = bool(value)
-        self._refresh_fast_path()
-
-    def _refresh_fast_path(self) -> None:
-        """Decide whether :meth:`update_params` may run inline, like a hand-written loop.
-
-        True for full precision without skipping, when no subclass overrides a step method:
-        then ``precision.backward`` / ``unscale_`` / ``optimizer_step`` are plain calls and the
-        result is the same, minus ~10 Python calls a step.
-        """
-        cls = type(self)
-        #: True when :meth:`optim_context` is a no-op (full precision, no gradient-sync switching):
-        #: ``BaseModel.train_step`` then runs the forward pass without entering it.
-        self.context_free = self._no_sync_context is None and self._precision.dtype is None and cls.optim_context is OptimWrapper.optim_context
-        self._plain = (
-            not self._skip_nonfinite
-            and type(self._precision) is Precision
-            and all(getattr(cls, m) is getattr(OptimWrapper, m) for m in ("update_params", "scale_loss", "backward", "step", "zero_grad", "should_update", "_clip_grads"))
-        )
+    def _decide_context_free(self) -> None:
+        # optim_context would return a null context (a subclass's own optim_context is always entered).
+        self.context_free = self._no_sync_context is None and self._precision.dtype is None and type(self).optim_context is OptimWrapper.optim_context
 
     # -- the step -------------------------------------------------------------------------
     def update_params(self, loss: torch.Tensor, step_kwargs: dict | None = None, zero_kwargs: dict | None = None) -> None:
-        """Scale ``loss``, back-propagate, and at the end of a window clip, step and zero."""
-        if self._plain and step_kwargs is None and zero_kwargs is None:  # same steps as below, inlined
-            acc = self._accumulative_counts
-            if acc != 1:
-                loss = loss / self._current_divisor()
-            loss.backward()
-            n = self._inner_count = self._inner_count + 1
-            if acc == 1 or n % acc == 0 or n == self._max_counts:
-                if self._clip_grad is not None:
-                    self.grad_norm = self._clip_grads()
-                self.optimizer.step()
-                self.optimizer.zero_grad()
-            return
-        if self._skip_nonfinite and not bool(torch.isfinite(loss).all()):
-            self.skipped_steps += 1
-            warnings.warn(f"Skipping a micro-batch with non-finite loss {loss.detach()} (skip_nonfinite=True)", RuntimeWarning, stacklevel=2)
-            self._inner_count += 1
-        else:
-            self.backward(self.scale_loss(loss))
+        """``scale_loss`` → ``backward`` → if ``should_update()``: ``step`` → ``zero_grad``.
+
+        ``step`` unscales (float16) and clips when clipping is on, then steps the optimizer.
+        Every method is looked up on ``self``: overrides and methods replaced on the instance
+        are honoured. ``step_kwargs`` / ``zero_kwargs`` are passed to ``step`` / ``zero_grad``.
+        """
+        self.backward(self.scale_loss(loss))
         if self.should_update():
-            if step_kwargs:
-                self.step(**step_kwargs)
-            else:
-                self.step()
-            if zero_kwargs:
-                self.zero_grad(**zero_kwargs)
-            else:
-                self.zero_grad()
+            self.step(**(step_kwargs or _NO_KWARGS))
+            self.zero_grad(**(zero_kwargs or _NO_KWARGS))
 
     def scale_loss(self, loss: torch.Tensor) -> torch.Tensor:
-        """Divide ``loss`` by the size of the current accumulation window (the short last one too)."""
-        if self._accumulative_counts == 1:
+        """Divide ``loss`` by the size of its accumulation window (the short last one by its own size)."""
+        acc = self._accumulative_counts
+        if acc == 1:
             return loss
-        return loss / self._current_divisor()
+        n = self._inner_count
+        tail = self._max_counts - (n - n % acc)  # micro-batches left in the span from this window's start
+        size = tail if 0 < tail < acc else acc
+        return loss if size == 1 else loss / size
 
     def backward(self, loss: torch.Tensor, **kwargs: Any) -> None:
-        """Back-propagate (through the precision's scaler) and count the micro-batch."""
-        self._precision.backward(loss, **kwargs)
+        """Back-propagate ``loss`` (scaled by the GradScaler, if any) and count the micro-batch.
+
+        With :attr:`skip_nonfinite`, a NaN/Inf loss is counted but not back-propagated.
+        """
+        if self.skip_nonfinite and not bool(torch.isfinite(loss).all()):
+            self.skipped_steps += 1
+            warnings.warn(f"Skipping a micro-batch with non-finite loss {loss.detach()} (skip_nonfinite=True)", RuntimeWarning, stacklevel=3)
+        elif self._scaler is None:
+            loss.backward(**kwargs)
+        else:
+            self._precision.backward(loss, **kwargs)
         self._inner_count += 1
 
     def step(self, **kwargs: Any) -> None:
-        """Clip (after unscaling) and step the optimizer."""
-        if self._clip_grad is not None:
-            self._precision.unscale_(self.optimizer)
-            self.grad_norm = self._clip_grads()
-        self._precision.optimizer_step(self.optimizer, **kwargs)
+        """Clip when clipping is on (float16 gradients unscaled first), then step the optimizer.
+
+        With a GradScaler the step is skipped when gradients overflowed, and the scale adapts.
+        """
+        clip = self._clip
+        if clip is not None:
+            if self._scaler is not None:
+                self._precision.unscale_(self.optimizer)
+            self.grad_norm = clip(_live_params(self.optimizer))
+        if self._scaler is None:
+            self.optimizer.step(**kwargs)
+        else:
+            self._precision.optimizer_step(self.optimizer, **kwargs)
 
     def zero_grad(self, **kwargs: Any) -> None:
         """Zero (by default: set to None) the gradients."""
         self.optimizer.zero_grad(**kwargs)
-
-    def _clip_grads(self) -> torch.Tensor:
-        cfg = self._clip_grad
-        assert cfg is not None
-        kwargs = self._clip_kwargs
-        if cfg["type"] == "value":
-            torch.nn.utils.clip_grad_value_(self._params, **kwargs)
-            grads = [p.grad for p in self._params if p.grad is not None]
-            return torch.linalg.vector_norm(torch.stack([torch.linalg.vector_norm(g) for g in grads])) if grads else torch.zeros(())
-        return torch.nn.utils.clip_grad_norm_(self._params, **kwargs)
 
     # -- accumulation ---------------------------------------------------------------------
     def initialize_count_status(self, model: nn.Module | None, init_counts: int, max_counts: int) -> None:
@@ -224,20 +224,12 @@ class OptimWrapper:
         Windows are ``accumulative_counts`` long and aligned to 0; the last window of the
         span (``max_counts % accumulative_counts`` long when not divisible) is scaled by its
         own size and stepped at ``max_counts``. Epoch-based loops call this at every epoch
-        start with the epoch length; iteration-based loops once with ``max_iters``.
+        start with the epoch length; iteration-based loops once with ``max_iters``. The
+        loop's position (``Progress``) is the source of truth: this also sets the position
+        after a resume.
         """
         self._inner_count = init_counts
         self._max_counts = max_counts
-        self._window_start = -1
-
-    def _current_divisor(self) -> int:
-        """Size of the window the next backward belongs to."""
-        acc = self._accumulative_counts
-        start = self._inner_count - self._inner_count % acc
-        if start != self._window_start:
-            self._window_start = start
-            self._divisor = min(acc, self._max_counts - start) if self._max_counts > 0 else acc
-        return self._divisor
 
     def should_update(self) -> bool:
         """True when the micro-batch just counted closes a window."""
@@ -250,8 +242,8 @@ class OptimWrapper:
 
     @contextlib.contextmanager
     def _context(self, model: nn.Module) -> Iterator[None]:
-        sync = self.no_sync_context if (self.no_sync_context is not None and not self.should_sync()) else None
-        with (sync(model) if sync is not None else _NULL), self.precision.autocast():
+        sync = self._no_sync_context if (self._no_sync_context is not None and not self.should_sync()) else None
+        with (sync(model) if sync is not None else _NULL), self._precision.autocast():
             yield
 
     def optim_context(self, model: nn.Module) -> contextlib.AbstractContextManager:
@@ -305,39 +297,52 @@ class OptimWrapper:
     @property
     def loss_scale(self) -> torch.Tensor | None:
         """The float16 loss scale (a tensor), or None."""
-        return self.precision.loss_scale
+        return self._precision.loss_scale
 
     # -- state ----------------------------------------------------------------------------
     def state_dict(self) -> dict[str, Any]:
-        """Optimizer state, accumulation counter and precision (GradScaler) state.
+        """Optimizer state, precision (GradScaler) state, and the gradients of an unfinished window.
 
-        Saved inside an accumulation window, it also holds the gradients accumulated so far,
-        so a resume continues the window exactly.
+        Saved inside an accumulation window, ``partial_grads`` holds the gradients accumulated
+        so far for every parameter of every current param group, so a resume continues the
+        window exactly. ``inner_count`` / ``max_counts`` are a record of the position; inside
+        a Trainer the loop sets the position again from its ``Progress``
+        (:meth:`initialize_count_status`).
         """
-        state = {"optimizer": self.optimizer.state_dict(), "inner_count": self._inner_count, "max_counts": self._max_counts, "precision": self.precision.state_dict()}
-        if self._inner_count % self._accumulative_counts != 0 and self._inner_count != self._max_counts:
-            state["partial_grads"] = [None if p.grad is None else p.grad.detach().clone() for p in self._params]
+        state = {"optimizer": self.optimizer.state_dict(), "precision": self._precision.state_dict(), "inner_count": self._inner_count, "max_counts": self._max_counts}
+        if not self.should_update():
+            state["partial_grads"] = [None if p.grad is None else p.grad.detach().clone() for p in _live_params(self.optimizer)]
         return state
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
-        """Restore :meth:`state_dict` (a bare optimizer state dict is accepted too)."""
+        """Restore :meth:`state_dict` (a bare optimizer state dict is accepted too).
+
+        Raises:
+            ValueError: ``partial_grads`` does not match the optimizer's parameters (checked
+                before anything is loaded).
+        """
         if "optimizer" not in state:
             self.optimizer.load_state_dict(dict(state))
             return
-        self.optimizer.load_state_dict(state["optimizer"])
-        self._inner_count = int(state.get("inner_count", 0))
-        self._max_counts = int(state.get("max_counts", -1))
-        self._window_start = -1
-        self.precision.load_state_dict(state.get("precision", {}))
+        params = _live_params(self.optimizer)
         grads = state.get("partial_grads")
+        if grads is not None and len(grads) != len(params):
+            raise ValueError(
+                f"The checkpoint holds the gradients of an unfinished accumulation window for {len(grads)} parameters, but the optimizer's "
+                f"param groups have {len(params)}; build the optimizer with the same param groups as the saved run "
+                "(add groups with optimizer.add_param_group before loading), or resume from a checkpoint saved at a window boundary"
+            )
+        self.optimizer.load_state_dict(state["optimizer"])
+        self._precision.load_state_dict(state.get("precision", {}))
+        # Older checkpoints and state_dict() record the position; the loop's initialize_count_status sets it again.
+        self._inner_count = int(state.get("inner_count", self._inner_count))
+        self._max_counts = int(state.get("max_counts", self._max_counts))
         if grads is not None:
-            if len(grads) != len(self._params):
-                raise ValueError(f"Checkpoint holds partial gradients for {len(grads)} parameters but the optimizer has {len(self._params)}")
-            for p, g in zip(self._params, grads):
+            for p, g in zip(params, grads):
                 p.grad = None if g is None else g.to(device=p.device, dtype=p.dtype).clone()
 
     def __repr__(self) -> str:
-        return f"{type(self).__name__}(optimizer={type(self.optimizer).__name__}, accumulative_counts={self._accumulative_counts}, clip_grad={self.clip_grad}, precision={self.precision.name})"
+        return f"{type(self).__name__}(optimizer={type(self.optimizer).__name__}, accumulative_counts={self._accumulative_counts}, clip_grad={self.clip_grad}, precision={self._precision.name})"
 
 
 @OPTIM_WRAPPERS.register
@@ -365,6 +370,6 @@ class AmpOptimWrapper(OptimWrapper):
         if "precision" in kwargs:
             raise TypeError("AmpOptimWrapper builds its own precision from dtype/loss_scale; pass precision= to OptimWrapper instead, or drop it")
         if device_type is None:
-            params = [p for g in optimizer.param_groups for p in g["params"]]
+            params = _live_params(optimizer)
             device_type = params[0].device.type if params else "cpu"
         super().__init__(optimizer, precision=MixedPrecision("float16" if dtype is None else dtype, device_type, loss_scale), **kwargs)
