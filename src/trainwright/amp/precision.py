@@ -51,13 +51,7 @@ def _warn_ignored_scaler(state: Mapping[str, Any], name: str) -> None:
 
 
 class Precision:
-    """Full precision (float32): no autocast, no loss scaling.
-
-    The optim wrapper decides from :attr:`scaler`, when the precision is assigned, whether
-    to go through :meth:`backward` / :meth:`unscale_` / :meth:`optimizer_step`: with no
-    scaler they are ``loss.backward()`` / nothing / ``optimizer.step()``, and it calls those
-    directly. A precision that needs to act there must have a scaler.
-    """
+    """Full precision (float32): no autocast, no loss scaling."""
 
     name = "32"
     dtype: torch.dtype | None = None

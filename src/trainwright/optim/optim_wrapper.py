@@ -143,8 +143,6 @@ class OptimWrapper:
         if not isinstance(value, Precision):
             raise TypeError(f"precision must be a trainwright.amp.Precision, got {type(value).__name__}; use build_precision('16-mixed'), MixedPrecision(...) or Precision() for float32")
         self._precision = value
-        # Only a GradScaler changes backward and step (scale the loss, unscale, skip overflowed steps).
-        self._scaler = value.scaler
         self._decide_context_free()
 
     @property
@@ -192,8 +190,6 @@ class OptimWrapper:
         if self.skip_nonfinite and not bool(torch.isfinite(loss).all()):
             self.skipped_steps += 1
             warnings.warn(f"Skipping a micro-batch with non-finite loss {loss.detach()} (skip_nonfinite=True)", RuntimeWarning, stacklevel=3)
-        elif self._scaler is None:
-            loss.backward(**kwargs)
         else:
             self._precision.backward(loss, **kwargs)
         self._inner_count += 1
@@ -205,13 +201,9 @@ class OptimWrapper:
         """
         clip = self._clip
         if clip is not None:
-            if self._scaler is not None:
-                self._precision.unscale_(self.optimizer)
+            self._precision.unscale_(self.optimizer)
             self.grad_norm = clip(_live_params(self.optimizer))
-        if self._scaler is None:
-            self.optimizer.step(**kwargs)
-        else:
-            self._precision.optimizer_step(self.optimizer, **kwargs)
+        self._precision.optimizer_step(self.optimizer, **kwargs)
 
     def zero_grad(self, **kwargs: Any) -> None:
         """Zero (by default: set to None) the gradients."""
