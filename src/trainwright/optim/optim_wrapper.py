@@ -297,11 +297,11 @@ class OptimWrapper:
 
         Saved inside an accumulation window, ``partial_grads`` holds the gradients accumulated
         so far for every parameter of every current param group, so a resume continues the
-        window exactly. ``inner_count`` / ``max_counts`` are a record of the position; inside
-        a Trainer the loop sets the position again from its ``Progress``
-        (:meth:`initialize_count_status`).
+        window exactly. The position inside the span is not part of it: the loop's ``Progress``
+        is the one record of it, and the loop hands it back through
+        :meth:`initialize_count_status` (standalone users do the same after loading).
         """
-        state = {"optimizer": self.optimizer.state_dict(), "precision": self._precision.state_dict(), "inner_count": self._inner_count, "max_counts": self._max_counts}
+        state = {"optimizer": self.optimizer.state_dict(), "precision": self._precision.state_dict()}
         if not self.should_update():
             state["partial_grads"] = [None if p.grad is None else p.grad.detach().clone() for p in _live_params(self.optimizer)]
         return state
@@ -326,9 +326,6 @@ class OptimWrapper:
             )
         self.optimizer.load_state_dict(state["optimizer"])
         self._precision.load_state_dict(state.get("precision", {}))
-        # Older checkpoints and state_dict() record the position; the loop's initialize_count_status sets it again.
-        self._inner_count = int(state.get("inner_count", self._inner_count))
-        self._max_counts = int(state.get("max_counts", self._max_counts))
         if grads is not None:
             for p, g in zip(params, grads):
                 p.grad = None if g is None else g.to(device=p.device, dtype=p.dtype).clone()
