@@ -144,7 +144,9 @@ class ResumableLoader:
     """A data loader that knows its epoch and position and can restart from them.
 
     Iterating yields the remaining batches of the current epoch; ``len()`` is the full
-    epoch length. ``state_dict()`` is ``{"epoch", "position", "seed"}``.
+    epoch length. ``state_dict()`` is ``{"epoch", "position", "seed"}`` for a loader used
+    on its own; inside a Trainer the checkpoint keeps the position once, in ``progress``,
+    and positions the loader from it with :meth:`load_state_dict`.
 
     The batches come straight from the ``DataLoader`` iterator (no Python frame per batch):
     the position is read from the iterator's count of yielded batches when someone asks, and
@@ -254,7 +256,7 @@ class ResumableLoader:
         return {"epoch": self.epoch, "position": self.position, "seed": self.seed}
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
-        """Restart at the saved epoch and position."""
+        """Restart at ``state``'s epoch and position (warns when its ``seed`` differs from this loader's)."""
         self.epoch = int(state["epoch"])
         self.position = int(state["position"])
         if int(state.get("seed", self.seed)) != self.seed:
