@@ -19,8 +19,8 @@ from __future__ import annotations
 import itertools
 import random
 import warnings
-from collections.abc import Iterator, Mapping
-from typing import Any
+from collections.abc import Iterator, Mapping, Sized
+from typing import Any, cast
 
 import numpy as np
 import torch
@@ -301,7 +301,7 @@ def make_resumable(loader: DataLoader, seed: int = 0) -> DataLoader:
         if isinstance(s, RandomSampler) and (s.replacement or s._num_samples is not None):  # noqa: SLF001
             inner: Any = bs  # custom sampling: keep it as is
         else:
-            inner = BatchSampler(EpochSampler(len(loader.dataset), shuffle=isinstance(s, RandomSampler), seed=seed), bs.batch_size, bs.drop_last)
+            inner = BatchSampler(EpochSampler(len(cast(Sized, loader.dataset)), shuffle=isinstance(s, RandomSampler), seed=seed), bs.batch_size, bs.drop_last)
     else:
         inner = bs
     generator = torch.Generator()
