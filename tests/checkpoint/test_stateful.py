@@ -32,10 +32,6 @@ def _checkpointed_run(work: Path, **kw: Any) -> Path:
     return work / "checkpoints" / "iter_4.pth"
 
 
-def _tensors(state: Any) -> Any:
-    return copy.deepcopy(state)
-
-
 def _assert_same(a: Any, b: Any) -> None:
     from test_chaos import _assert_same_tensors
 
@@ -79,14 +75,17 @@ def test_a_hook_adding_a_numpy_array_writes_a_checkpoint_that_resumes(tmp_path: 
 # ----------------------------------------------------------------------- validation before loading
 
 
-def _untouched_after_refused_resume(t: tw.Trainer, path: Path, match: str) -> None:
-    model_before = _tensors(t.unwrapped_model.state_dict())
+def _untouched_after_refused_resume(t: tw.Trainer, path: Path, match: str, optimizer: torch.optim.Optimizer | None = None) -> None:
+    model_before = copy.deepcopy(t.unwrapped_model.state_dict())
+    optim_before = copy.deepcopy(optimizer.state_dict()) if optimizer is not None else None
     progress_before = t.progress.state_dict()
     with pytest.raises(ValueError, match=match) as err:
         t.resume_from(path)
     assert str(path) in str(err.value)  # names the file
     _assert_same(t.unwrapped_model.state_dict(), model_before)
     assert t.progress.state_dict() == progress_before
+    if optim_before is not None:
+        assert t.optim_wrapper.optimizer.state_dict() == optim_before
     assert t.optim_wrapper.optimizer.state_dict()["state"] == {}  # no momentum loaded
     loader = t.train_loop.dataloader
     assert (loader.epoch, loader.position) == (0, 0)
@@ -97,11 +96,11 @@ def _untouched_after_refused_resume(t: tw.Trainer, path: Path, match: str) -> No
 def test_resume_with_other_param_groups_is_refused_before_anything_changes(tmp_path: Path) -> None:
     path = _checkpointed_run(tmp_path / "a")
     assert load_file(path)["optim_wrapper"]["optimizer_class"] == "SGD"
-    set_seed_model = ct.Net()
-    net = set_seed_model.net
+    model = ct.Net()
+    net = model.net
     two_groups = torch.optim.SGD([{"params": net[0].parameters()}, {"params": net[3].parameters(), "lr": 0.01}], lr=0.2, momentum=0.9)
-    t = ct.build(str(tmp_path / "b"), model=set_seed_model, optim_wrapper=OptimWrapper(two_groups, accumulative_counts=2), **SHORT)
-    _untouched_after_refused_resume(t, path, r"iter_4\.pth.*1 parameter group\(s\) of \[4\] parameters, the trainer's has 2 of \[2, 2\]")
+    t = ct.build(str(tmp_path / "b"), model=model, optim_wrapper=OptimWrapper(two_groups, accumulative_counts=2), **SHORT)
+    _untouched_after_refused_resume(t, path, optimizer=two_groups, match=r"iter_4\.pth.*1 parameter group\(s\) of \[4\] parameters, the trainer's has 2 of \[2, 2\]")
 
 
 def test_resume_with_another_optimizer_class_is_refused_before_anything_changes(tmp_path: Path) -> None:
@@ -172,7 +171,7 @@ def test_a_piece_check_refuses_before_any_piece_loads_and_a_missing_piece_warns(
     src = torch.load(path, weights_only=True)
     src["picky"] = {"n": 1}
     torch.save(src, tmp_path / "with_picky.pth")
-    before = _tensors(t.unwrapped_model.state_dict())
+    before = copy.deepcopy(t.unwrapped_model.state_dict())
     with pytest.raises(ValueError, match=r"with_picky\.pth.*picky refuses"):
         t.resume_from(tmp_path / "with_picky.pth")
     _assert_same(t.unwrapped_model.state_dict(), before)

@@ -340,7 +340,7 @@ def restore_state(trainer: Trainer, ckpt: Mapping[str, Any], path: str | Path) -
                 check_state_dict(piece, ckpt[name])
             except (ValueError, RuntimeError) as e:
                 raise type(e)(f"Checkpoint {str(path)!r} does not fit this trainer: {e}") from e
-    for name in pieces.keys() - ckpt.keys() - OPTIONAL_PIECES:
+    for name in [n for n in pieces if n not in ckpt and n not in OPTIONAL_PIECES]:
         warnings.warn(f"Checkpoint {str(path)!r} holds no {name!r} state; {name} starts fresh", stacklevel=3)
     saved_world = int(ckpt.get("meta", {}).get("world_size", 1))
     if saved_world != trainer.strategy.world_size:

@@ -10,6 +10,7 @@ from typing import Any
 from torch import nn
 
 from trainwright.amp.precision import Precision, build_precision
+from trainwright.checkpoint import Stateful
 from trainwright.data.loader import build_dataloader, make_dataloader
 from trainwright.hooks.dispatch import HookList
 from trainwright.hooks.hook import Hook
@@ -24,7 +25,6 @@ from trainwright.optim.builder import build_optim_wrapper, loop_precision
 from trainwright.registry import did_you_mean
 from trainwright.strategies import build_strategy
 from trainwright.trainer.hooks_config import build_hook, build_hooks
-from trainwright.checkpoint.stateful import Stateful
 from trainwright.trainer.state import BUILTIN_PIECES, collect_state, make_safe, restore_state, stateful_pieces
 
 _TRAIN_CFG_KEYS = {"by_epoch", "max_epochs", "max_iters", "val_interval", "val_begin"}
