@@ -1,4 +1,4 @@
-"""Checkpoint files: atomic writes, safe loading, weight loading and export, RNG state."""
+"""Checkpoint files and state: the Stateful protocol, atomic writes, safe loading, weights, RNG state."""
 
 from trainwright.checkpoint.io import (
     LATEST_FILENAME,
@@ -16,6 +16,7 @@ from trainwright.checkpoint.io import (
     write_latest,
 )
 from trainwright.checkpoint.rng import get_rng_state, set_rng_state
+from trainwright.checkpoint.stateful import Stateful, check_state_dict
 from trainwright.checkpoint.weights import (
     DEFAULT_REVISE_KEYS,
     IncompatibleKeys,
@@ -30,12 +31,14 @@ __all__ = [
     "DEFAULT_REVISE_KEYS",
     "LATEST_FILENAME",
     "CheckpointError",
+    "Stateful",
     "IncompatibleKeys",
     "UnsafeCheckpointError",
     "atomic_save",
     "atomic_write",
     "atomic_write_bytes",
     "atomic_write_text",
+    "check_state_dict",
     "extract_state_dict",
     "find_resumable",
     "get_rng_state",

@@ -39,7 +39,7 @@ def snapshot(obj: Any) -> Any:
         t = obj.detach()
         return t.to("cpu", copy=True) if t.device.type != "cpu" else t.clone()
     if isinstance(obj, Mapping):
-        out = type(obj)() if type(obj) is not dict and _default_constructible(type(obj)) else {}
+        out: Any = type(obj)() if type(obj) is not dict and _default_constructible(type(obj)) else {}
         for k, v in obj.items():
             out[k] = snapshot(v)
         meta = getattr(obj, "_metadata", None)

@@ -19,8 +19,8 @@ from __future__ import annotations
 import itertools
 import random
 import warnings
-from collections.abc import Iterator, Mapping
-from typing import Any
+from collections.abc import Iterator, Mapping, Sized
+from typing import Any, cast
 
 import numpy as np
 import torch
@@ -144,7 +144,9 @@ class ResumableLoader:
     """A data loader that knows its epoch and position and can restart from them.
 
     Iterating yields the remaining batches of the current epoch; ``len()`` is the full
-    epoch length. ``state_dict()`` is ``{"epoch", "position", "seed"}``.
+    epoch length. ``state_dict()`` is ``{"epoch", "position", "seed"}`` for a loader used
+    on its own; inside a Trainer the checkpoint keeps the position once, in ``progress``,
+    and positions the loader from it with :meth:`load_state_dict`.
 
     The batches come straight from the ``DataLoader`` iterator (no Python frame per batch):
     the position is read from the iterator's count of yielded batches when someone asks, and
@@ -254,7 +256,7 @@ class ResumableLoader:
         return {"epoch": self.epoch, "position": self.position, "seed": self.seed}
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
-        """Restart at the saved epoch and position."""
+        """Restart at ``state``'s epoch and position (warns when its ``seed`` differs from this loader's)."""
         self.epoch = int(state["epoch"])
         self.position = int(state["position"])
         if int(state.get("seed", self.seed)) != self.seed:
@@ -299,7 +301,7 @@ def make_resumable(loader: DataLoader, seed: int = 0) -> DataLoader:
         if isinstance(s, RandomSampler) and (s.replacement or s._num_samples is not None):  # noqa: SLF001
             inner: Any = bs  # custom sampling: keep it as is
         else:
-            inner = BatchSampler(EpochSampler(len(loader.dataset), shuffle=isinstance(s, RandomSampler), seed=seed), bs.batch_size, bs.drop_last)
+            inner = BatchSampler(EpochSampler(len(cast(Sized, loader.dataset)), shuffle=isinstance(s, RandomSampler), seed=seed), bs.batch_size, bs.drop_last)
     else:
         inner = bs
     generator = torch.Generator()

@@ -2,6 +2,8 @@
 
 What a run can rely on:
 
+* Every file is written through ``trainer.save_checkpoint`` (the strategy's
+  ``save_checkpoint``: atomic, rank 0, in the background with ``async_save``).
 * Every file is complete or absent (:func:`~trainwright.checkpoint.atomic_save`), the
   ``latest`` pointer is updated only after its file is complete, and checkpoints that fall
   out of the keep window are deleted only after that, so a ``kill -9`` at any moment
@@ -13,6 +15,8 @@ What a run can rely on:
 * Validation during training does not move the training random streams (the train loop
   puts the RNG states back after each validation pass), so a run resumed from a checkpoint
   written before a validation it then skips draws the same random numbers as a run that did it.
+* While it trains, the hook serves :meth:`Trainer.request_checkpoint
+  <trainwright.Trainer.request_checkpoint>` (e.g. on preemption) with :meth:`CheckpointHook.save_now`.
 """
 
 from __future__ import annotations
@@ -27,7 +31,7 @@ from trainwright.hooks.hook import Hook
 from trainwright.registry import HOOKS
 
 if TYPE_CHECKING:
-    from trainwright.checkpoint.async_writer import AsyncCheckpointWriter
+    from trainwright.loops.train_loop import EpochBasedTrainLoop, IterBasedTrainLoop
     from trainwright.trainer.trainer import Trainer
 
 _TMP_NAME = re.compile(r"^\..+\.tmp\.(?P<pid>\d+)\.[0-9a-f]+$")
@@ -41,6 +45,13 @@ def _pid_alive(pid: int) -> bool:
     except (PermissionError, OSError):
         return True
     return True
+
+
+def _train_loop(trainer: Trainer) -> EpochBasedTrainLoop | IterBasedTrainLoop:
+    loop = trainer.train_loop
+    if loop is None:
+        raise RuntimeError("CheckpointHook saves training checkpoints: it needs trainer.train_loop (call trainer.train())")
+    return loop
 
 
 @HOOKS.register
@@ -110,7 +121,6 @@ class CheckpointHook(Hook):
         self._pending: str | None = None
         self._pending_best: tuple[float, str] | None = None
         self._in_train = False
-        self._writer: AsyncCheckpointWriter | None = None
 
     @property
     def best_score(self) -> float | None:
@@ -137,7 +147,8 @@ class CheckpointHook(Hook):
     # -- events ---------------------------------------------------------------------------
     def before_train(self, trainer: Trainer) -> None:  # noqa: D102
         self._in_train = True
-        if self.by_epoch and self.interval > 0 and not trainer.train_loop.by_epoch:
+        trainer.set_checkpoint_server(self.save_now)
+        if self.by_epoch and self.interval > 0 and not _train_loop(trainer).by_epoch:
             trainer.logger.warning(
                 "CheckpointHook counts its interval in epochs (by_epoch=True) but training is iteration-based: only the final "
                 "checkpoint will be written. Set default_hooks=dict(checkpoint=dict(by_epoch=False, interval=N)) to save every N iterations."
@@ -153,12 +164,13 @@ class CheckpointHook(Hook):
         if self._pending is not None:  # a validation we waited for did not come: save what we have
             self._flush_pending(trainer)
         if not self.by_epoch and self.interval > 0 and trainer.progress.iteration % self.interval == 0:
-            loop = trainer.train_loop
+            loop = _train_loop(trainer)
             self._request(trainer, f"iter_{trainer.progress.iteration}.pth", not loop.by_epoch and loop.val_due())
 
     def after_train_epoch(self, trainer: Trainer) -> None:  # noqa: D102
-        if self.by_epoch and self.interval > 0 and trainer.train_loop.by_epoch and trainer.progress.epoch % self.interval == 0:
-            self._request(trainer, f"epoch_{trainer.progress.epoch}.pth", trainer.train_loop.val_due())
+        loop = _train_loop(trainer)
+        if self.by_epoch and self.interval > 0 and loop.by_epoch and trainer.progress.epoch % self.interval == 0:
+            self._request(trainer, f"epoch_{trainer.progress.epoch}.pth", loop.val_due())
 
     def before_train_epoch(self, trainer: Trainer) -> None:  # noqa: D102
         self._flush_pending(trainer)
@@ -177,7 +189,7 @@ class CheckpointHook(Hook):
         if len(self.best) >= self.max_keep_best and worst is not None and not (score > worst if rule == "greater" else score < worst):
             return
         p = trainer.progress
-        unit, n = ("epoch", p.epoch) if trainer.train_loop.by_epoch else ("iter", p.iteration)
+        unit, n = ("epoch", p.epoch) if _train_loop(trainer).by_epoch else ("iter", p.iteration)
         self._pending_best = (score, f"best_{key.replace('/', '_')}_{unit}_{n}.pth")
         self._rule = rule
 
@@ -198,31 +210,29 @@ class CheckpointHook(Hook):
         self._flush_pending(trainer)
         if self.save_last:
             self.save_now(trainer)
-        self.wait()
+        trainer.strategy.wait_for_checkpoint()
 
     def after_run(self, trainer: Trainer) -> None:  # noqa: D102
+        if self._in_train:
+            trainer.set_checkpoint_server(None)
         self._in_train = False
         self._pending = None
-        self.wait()
+        trainer.strategy.wait_for_checkpoint()
 
     # -- public ---------------------------------------------------------------------------
     def save_now(self, trainer: Trainer) -> Path | None:
         """Save the current state as a periodic checkpoint unless this iteration is saved already.
 
-        Used at the end of training and on preemption; returns the path written (or None).
+        Used at the end of training and, as the trainer's checkpoint server, by
+        ``trainer.request_checkpoint()`` (preemption); returns the path written (or None).
         """
         self._flush_pending(trainer)
         p = trainer.progress
         if p.iteration == self._last_saved_iter:
             return None
-        name = f"epoch_{p.epoch}.pth" if trainer.train_loop.by_epoch and p.iter_in_epoch == 0 else f"iter_{p.iteration}.pth"
+        name = f"epoch_{p.epoch}.pth" if _train_loop(trainer).by_epoch and p.iter_in_epoch == 0 else f"iter_{p.iteration}.pth"
         self._save_periodic(trainer, name)
         return self.ckpt_dir(trainer) / name
-
-    def wait(self) -> None:
-        """Wait for a background write (``async_save``) to finish; re-raise its error."""
-        if self._writer is not None:
-            self._writer.wait()
 
     def ckpt_dir(self, trainer: Trainer) -> Path:
         """Where this hook writes."""
@@ -254,43 +264,30 @@ class CheckpointHook(Hook):
         from trainwright.checkpoint.io import write_latest
 
         d = self.ckpt_dir(trainer)
-        path = d / name
-        main = trainer.is_main_process
         # files still wanted (a name can be both dropped from one list and kept in the other)
         wanted = set(self.kept) | {n for _, n in self.best} | {name}
         remove = [r for r in remove if r not in wanted]
 
-        def finish() -> None:
+        def finish() -> None:  # rank 0, once the file is complete
             if latest:
                 write_latest(d, name)
             for old in remove:
                 (d / old).unlink(missing_ok=True)
 
-        if self.async_save:
-            state = trainer.state_dict(self.save_optimizer, self.save_param_scheduler)
-            if main:
-                if self._writer is None:
-                    from trainwright.checkpoint.async_writer import AsyncCheckpointWriter
-
-                    self._writer = AsyncCheckpointWriter()
-                self._writer.submit(state, path, after=finish)
-            trainer.logger.info(f"Saving checkpoint {path} in the background")
-            return
-        trainer.save_checkpoint(path, self.save_optimizer, self.save_param_scheduler)
-        if main:
-            finish()
-        trainer.logger.info(f"Saved checkpoint {path}")
+        path = trainer.save_checkpoint(d / name, self.save_optimizer, self.save_param_scheduler, async_save=self.async_save, after=finish)
+        trainer.logger.info(f"Saving checkpoint {path} in the background" if self.async_save else f"Saved checkpoint {path}")
 
     def _clean_stale_tmp(self, trainer: Trainer) -> None:
         d = self.ckpt_dir(trainer)
         if not d.is_dir():
             return
+        trainer.strategy.wait_for_checkpoint()  # no write of this process is in flight: its temporary files are stale too
         me = os.getpid()
         for p in d.iterdir():
             m = _TMP_NAME.match(p.name)
             if m is None:
                 continue
             pid = int(m["pid"])
-            if (pid == me and not (self._writer is not None and self._writer.pending)) or not _pid_alive(pid):
+            if pid == me or not _pid_alive(pid):
                 p.unlink(missing_ok=True)
                 trainer.logger.info(f"Removed {p.name}, left by a checkpoint write that was interrupted")

@@ -8,9 +8,9 @@ boundary: nothing to agree on, so no per-iteration check). With several processe
 decision to stop is taken in one place, :meth:`PreemptionHook.after_train_iter`, where
 every process asks ``trainer.strategy.any_true(received)`` at the same iterations, so all
 ranks stop after the same step (no rank waits forever in a collective of a step the
-others skipped). Then the loop ends, a checkpoint of that step is written (through the
-:class:`~trainwright.hooks.CheckpointHook` when there is one, so ``latest`` and
-keep-last-k apply), background writes are flushed, the previous signal handlers are
+others skipped). Then the loop ends, a checkpoint of that step is written by
+``trainer.request_checkpoint()`` (served by the :class:`~trainwright.hooks.CheckpointHook`
+when there is one, so ``latest`` and keep-last-k apply; complete when it returns), the previous signal handlers are
 put back and the process exits with :attr:`exit_code` (by default ``128 + signal``, the
 status a shell reports for a process ended by that signal: 143 for SIGTERM, 138 for
 SIGUSR1). The next start with ``resume=True`` continues from that checkpoint.
@@ -138,21 +138,9 @@ class PreemptionHook(Hook):
                 self._stop(trainer)
         if not self.preempted:
             return
-        from trainwright.hooks.checkpoint import CheckpointHook
-
-        ckpt_hook = trainer.hooks.get(CheckpointHook)
-        if isinstance(ckpt_hook, CheckpointHook):
-            ckpt_hook.save_now(trainer)  # no-op when save_last already saved this iteration
-            ckpt_hook.wait()
-            path = ckpt_hook.ckpt_dir(trainer)
-        else:
-            from trainwright.checkpoint.io import write_latest
-
-            name = f"iter_{trainer.progress.iteration}.pth"
-            path = trainer.save_checkpoint(trainer.ckpt_dir / name)
-            if trainer.is_main_process:
-                write_latest(trainer.ckpt_dir, name)
-        trainer.logger.warning(f"Preempted at iteration {trainer.progress.iteration}: checkpoint {path}; restart with resume=True to continue")
+        path = trainer.request_checkpoint()  # the checkpoint hook's rules when there is one; complete on return
+        saved = f"checkpoint {path}" if path is not None else "this iteration was checkpointed already"
+        trainer.logger.warning(f"Preempted at iteration {trainer.progress.iteration}: {saved}; restart with resume=True to continue")
 
     def after_run(self, trainer: Trainer) -> None:  # noqa: D102
         self.uninstall()

@@ -10,6 +10,10 @@ from typing import Any
 class Progress:
     """Where a run stands: checkpointed as a whole, restored as a whole.
 
+    The one record of the position: on resume the train loader is positioned from
+    ``(epoch, iter_in_epoch)`` and the optim wrapper's accumulation window from
+    ``iter_in_epoch`` / ``iteration``; neither saves a position of its own in a checkpoint.
+
     Attributes:
         epoch: Completed training epochs (the epoch in progress is ``epoch``, 0-based).
         iteration: Completed training iterations (optimizer micro-steps) over the whole run.

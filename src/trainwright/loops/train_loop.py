@@ -163,7 +163,8 @@ class IterBasedTrainLoop(_TrainLoopBase):
     """Train for ``max_iters`` iterations, cycling the data; validate every ``val_interval`` iterations and at the end.
 
     ``before_train_epoch`` / ``after_train_epoch`` fire once, around the whole run (mmengine
-    semantics); passes over the data advance the loader's epoch (and shuffle) on their own.
+    semantics); ``progress.epoch`` counts the completed passes over the data (each pass
+    reshuffles: the loader closes its epoch as its last batch is taken).
     """
 
     by_epoch = False
@@ -196,11 +197,9 @@ class IterBasedTrainLoop(_TrainLoopBase):
         t.model.train()
         t.optim_wrapper.initialize_count_status(t.model, progress.iteration, self._max_iters)
         while progress.iteration < self._max_iters and not t.should_stop:
-            progress.epoch = self.dataloader.epoch
-            stopped = self._run_iters(self.dataloader, self._max_iters, t.val_loop is not None)
-            if not stopped:
+            if not self._run_iters(self.dataloader, self._max_iters, t.val_loop is not None):
+                progress.epoch += 1  # a pass over the data ended (the loader closed its epoch too)
                 progress.iter_in_epoch = 0
-        progress.epoch = self.dataloader.epoch
         t.metric_store.flush()
         t.hooks.call("after_train_epoch", t)
         t.hooks.refresh(None)

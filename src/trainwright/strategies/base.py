@@ -2,8 +2,27 @@
 
 The loops know nothing of devices or processes; they call the strategy. Subclasses
 (single device here; DDP, FSDP and DeepSpeed in their own modules) override the parts
-that differ: ``setup_env``, ``wrap_model``, ``no_sync``, ``model_state_dict`` and the
+that differ: ``setup_env``, ``wrap_model``, ``no_sync``, the state methods and the
 collective read-outs.
+
+Checkpoints. The trainer collects the checkpoint itself (a dict ``name -> state`` of its
+:class:`~trainwright.checkpoint.Stateful` pieces, see :mod:`trainwright.trainer.state`) and
+hands every read and write to the strategy, so a sharded strategy owns its I/O:
+
+* ``model_state_dict()`` / ``load_model_state_dict(state, strict)`` and
+  ``optim_state_dict(optim_wrapper)`` / ``load_optim_state_dict(optim_wrapper, state)``:
+  the states the model and optimizer pieces save and load (here: full, unsharded
+  ``state_dict()`` s; a sharded strategy may return its shards or full states gathered to
+  rank 0).
+* ``save_checkpoint(path, state, *, async_save=False, after=None)``: write the whole dict
+  (here: rank 0 writes one file atomically, ``after`` runs once it is complete; with
+  ``async_save`` in a background thread, one write in flight at a time).
+* ``wait_for_checkpoint()``: block until a background write is complete; re-raise its error.
+* ``load_checkpoint(path, map_location="cpu") -> dict``: read a checkpoint without running
+  code from it (here: ``torch.load(weights_only=True)``).
+* ``find_resumable(ckpt_dir) -> (path, checkpoint) | None``: the newest checkpoint of a
+  directory that loads (here: ``*.pth`` files and the ``latest`` pointer; a DCP strategy
+  would list checkpoint directories).
 """
 
 from __future__ import annotations
@@ -12,12 +31,15 @@ import contextlib
 import os
 from collections.abc import Callable, Mapping
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 from torch import nn
 
 from trainwright.model.base_model import BaseDataPreprocessor
+
+if TYPE_CHECKING:
+    from trainwright.checkpoint.async_writer import AsyncCheckpointWriter
 
 
 class Strategy:
@@ -36,6 +58,7 @@ class Strategy:
         self.device = torch.device(device)
         self.model: nn.Module | None = None
         self.seed: int | None = None
+        self._ckpt_writer: AsyncCheckpointWriter | None = None  # created by the first async save
 
     # -- environment ----------------------------------------------------------------------
     def setup_env(self, *, launcher: str = "none", cudnn_benchmark: bool = False, dist_cfg: Mapping[str, Any] | None = None, randomness: Mapping[str, Any] | None = None) -> None:
@@ -148,13 +171,69 @@ class Strategy:
         """Load a full model state dict into the unwrapped model."""
         return self.unwrap_model().load_state_dict(state_dict, strict=strict)
 
-    def save_file(self, obj: dict[str, Any], path: str | Path) -> None:
-        """Write a checkpoint atomically (rank 0 only under several processes)."""
-        from trainwright.checkpoint.io import atomic_save
+    def optim_state_dict(self, optim_wrapper: Any) -> dict[str, Any]:
+        """The optim wrapper's full state (optimizer, GradScaler, partial gradients)."""
+        return optim_wrapper.state_dict()  # type: ignore[no-any-return]
 
+    def load_optim_state_dict(self, optim_wrapper: Any, state: Mapping[str, Any]) -> None:
+        """Load a state returned by :meth:`optim_state_dict` into the optim wrapper."""
+        optim_wrapper.load_state_dict(state)
+
+    # -- checkpoint I/O -------------------------------------------------------------------
+    def save_checkpoint(self, path: str | Path, state: Mapping[str, Any], *, async_save: bool = False, after: Callable[[], None] | None = None) -> None:
+        """Write ``state`` to ``path``: complete or absent; rank 0 writes under several processes.
+
+        Called on every rank with the same ``path``. A synchronous save first finishes a
+        pending background write (so files complete in the order they were asked for),
+        writes atomically, runs ``after`` and waits for every process. With ``async_save``
+        the call returns once the tensors are copied to CPU memory; the write and then
+        ``after`` run in a background thread, at most one write in flight (see
+        :mod:`trainwright.checkpoint.async_writer`).
+
+        Args:
+            path: The target file.
+            state: The checkpoint dict (may share tensors with the live model).
+            async_save: Write in the background.
+            after: Runs on rank 0 once the file is complete (e.g. updates the ``latest``
+                pointer, deletes old checkpoints); skipped if the write failed.
+        """
         if self.is_main_process:
-            atomic_save(obj, path)
-        self.barrier()
+            if async_save:
+                if self._ckpt_writer is None:
+                    from trainwright.checkpoint.async_writer import AsyncCheckpointWriter
+
+                    self._ckpt_writer = AsyncCheckpointWriter()
+                self._ckpt_writer.submit(state, path, after=after)
+            else:
+                from trainwright.checkpoint.io import atomic_save
+
+                self.wait_for_checkpoint()
+                atomic_save(state, path)
+                if after is not None:
+                    after()
+        if not async_save:
+            self.barrier()
+
+    def wait_for_checkpoint(self) -> None:
+        """Block until a background write (if any) is complete; re-raise its error."""
+        if self._ckpt_writer is not None:
+            self._ckpt_writer.wait()
+
+    def load_checkpoint(self, path: str | Path, map_location: Any = "cpu") -> dict[str, Any]:
+        """Read the checkpoint at ``path`` without executing code from it (see :func:`~trainwright.checkpoint.load_file`)."""
+        from trainwright.checkpoint.io import load_file
+
+        return load_file(path, map_location=map_location)
+
+    def find_resumable(self, ckpt_dir: str | Path) -> tuple[Path, dict[str, Any]] | None:
+        """The newest checkpoint of ``ckpt_dir`` that loads, as ``(path, checkpoint)``; None when there is none.
+
+        See :func:`~trainwright.checkpoint.find_resumable`: corrupt files are skipped with a
+        warning, a refused (unsafe) file is an error.
+        """
+        from trainwright.checkpoint.io import find_resumable
+
+        return find_resumable(ckpt_dir)
 
     def collect_env(self) -> dict[str, Any]:
         """Facts about the environment worth logging at start."""

@@ -1,38 +1,58 @@
 """A checkpoint is the dict of every stateful piece, by name; resume loads each back.
 
-Pieces (keys of the dict): ``meta``, ``model``, ``optim_wrapper`` (optimizer, accumulation
-counter, partial gradients of an unfinished window, GradScaler), ``param_schedulers``,
-``progress`` (epoch, iteration, position in the epoch), ``train_dataloader`` (epoch and
-position of the data order), ``hooks`` (by ``state_key``), ``metric_store`` (the logged
-windows) and ``rng`` (every global generator; ``rng_per_rank`` too under several processes).
+The trainer's pieces (:func:`stateful_pieces`, in load order): ``model`` and
+``optim_wrapper`` (through the strategy, which may shard them), ``param_schedulers``,
+``progress`` (epoch, iteration, position in the epoch: the one record of where training
+stands), ``train_dataloader`` (only the data-order seed: the loader is positioned from
+``progress``), ``metric_store`` (the logged windows), ``hooks`` (by ``state_key``), every
+object given to :meth:`Trainer.register_stateful <trainwright.Trainer.register_stateful>`,
+and ``rng`` (every global generator; per rank under several processes). ``meta``
+(version, time, seed, progress, world size) is written for people and tools.
 
-Two rules keep resume exact and safe:
+Three rules keep resume exact and safe:
 
-* **Everything loads with ``weights_only=True``.** :func:`collect_state` checks the dict
-  before it is written: NumPy scalars and arrays are turned into Python numbers and
-  tensors, anything else that is not a tensor or a plain container is an error naming
-  its key, at save time rather than at resume time.
-* **Nothing is changed before everything is checked.** :func:`restore_state` validates
-  the model keys and shapes and the scheduler count first, so a checkpoint that does not
-  fit leaves the trainer untouched; the RNG states are restored last, after every other
-  piece (some of which may draw random numbers while loading).
+* **Everything loads with ``weights_only=True``.** :func:`make_safe` checks the finished
+  dict (after the ``before_save_checkpoint`` hooks) before it is written: NumPy scalars and
+  arrays become Python numbers and tensors, anything else that is not a tensor or a plain
+  container is a ``TypeError`` naming its key, at save time rather than at resume time.
+* **Nothing is changed before everything is checked.** :func:`restore_state` runs every
+  piece's ``check_state_dict`` (model keys and shapes, optimizer class and parameter
+  groups, scheduler count) before any ``load_state_dict``; a mismatch names the file.
+* **RNG last.** The generators are restored after every other piece and after the
+  ``after_load_checkpoint`` hooks, any of which may draw random numbers.
+
+A piece the checkpoint lacks keeps its fresh state, with a warning naming it; only
+``optim_wrapper`` and ``param_schedulers`` may be absent silently (a checkpoint saved with
+``save_optimizer=False`` / ``save_param_scheduler=False``). Entries of the checkpoint that
+no piece claims (e.g. added by a hook) are left to the hooks.
 """
 
 from __future__ import annotations
 
 import time
+import warnings
 from collections import OrderedDict
 from collections.abc import Mapping
-from typing import TYPE_CHECKING, Any
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, cast
 
 import numpy as np
 import torch
 
-from trainwright.checkpoint.rng import get_rng_state, set_rng_state
+from trainwright.checkpoint import Stateful, check_state_dict, get_rng_state, set_rng_state
 from trainwright.version import __version__
 
 if TYPE_CHECKING:
+    from trainwright.data.loader import ResumableLoader
+    from trainwright.hooks.dispatch import HookList
+    from trainwright.loops.progress import Progress
+    from trainwright.strategies.base import Strategy
     from trainwright.trainer.trainer import Trainer
+
+#: Names of the trainer's own pieces (and ``meta``): :meth:`Trainer.register_stateful` refuses them.
+BUILTIN_PIECES = ("meta", "model", "optim_wrapper", "param_schedulers", "progress", "train_dataloader", "metric_store", "hooks", "rng")
+#: Pieces a checkpoint may lack without a warning (``save_optimizer`` / ``save_param_scheduler=False``).
+OPTIONAL_PIECES = frozenset({"optim_wrapper", "param_schedulers"})
 
 _PLAIN = (str, int, float, bool, bytes, type(None), torch.dtype, torch.device, torch.Size)
 
@@ -69,12 +89,31 @@ def _load_scheduler_states(schedulers: Any, states: Any) -> None:
         s.load_state_dict(st)
 
 
+def _check_model(own: Mapping[str, Any], state: Mapping[str, Any]) -> None:
+    missing = [k for k in own if k not in state]
+    unexpected = [k for k in state if k not in own]
+    shapes = [
+        f"size mismatch for {k}: copying a param with shape {tuple(state[k].shape)} from checkpoint, the shape in current model is {tuple(v.shape)}."
+        for k, v in own.items()
+        if k in state and isinstance(v, torch.Tensor) and isinstance(state[k], torch.Tensor) and v.shape != state[k].shape
+    ]
+    if missing or unexpected or shapes:
+        lines = ([f"missing keys: {missing}"] if missing else []) + ([f"unexpected keys: {unexpected}"] if unexpected else []) + shapes
+        raise RuntimeError(
+            "The checkpoint's model does not match the trainer's model, nothing was loaded:\n  " + "\n  ".join(lines)
+            + "\nResume with the same model definition, or use load_from= (weights only, strict=False) to start a new run from these weights."
+        )
+
+
 def make_safe(obj: Any, where: str = "checkpoint") -> Any:
     """Return ``obj`` with NumPy values converted; raise if it would not load with ``weights_only=True``.
 
     Args:
         obj: A checkpoint (or any part of one).
         where: The key path of ``obj``, for the error message.
+
+    Returns:
+        ``obj``, or a copy of the containers that held NumPy values.
 
     Raises:
         TypeError: ``obj`` holds an object the safe loader refuses (names its key path).
@@ -107,84 +146,210 @@ def make_safe(obj: Any, where: str = "checkpoint") -> Any:
     )
 
 
+
+# --------------------------------------------------------------------------- pieces
+
+
+class ModelState:
+    """The model, through the strategy; checks keys and shapes before loading."""
+
+    def __init__(self, strategy: Strategy) -> None:
+        self.strategy = strategy
+
+    def state_dict(self) -> dict[str, Any]:  # noqa: D102
+        return self.strategy.model_state_dict()
+
+    def check_state_dict(self, state: Mapping[str, Any]) -> None:  # noqa: D102
+        _check_model(self.strategy.model_state_dict(), state)
+
+    def load_state_dict(self, state: Mapping[str, Any]) -> None:  # noqa: D102
+        self.strategy.load_model_state_dict(state, strict=True)
+
+
+def _wrappers(optim_wrapper: Any) -> dict[str, Any]:
+    """``{name: OptimWrapper}`` of an OptimWrapperDict, ``{"": wrapper}`` of a single wrapper."""
+    return dict(optim_wrapper.optim_wrappers) if hasattr(optim_wrapper, "optim_wrappers") else {"": optim_wrapper}
+
+
+class OptimState:
+    """The optim wrapper(s), through the strategy; the saved state names each optimizer's class.
+
+    ``check_state_dict`` refuses a checkpoint whose optimizer class, number of parameter
+    groups or parameters per group differ from the trainer's (torch would load some of
+    these silently and fail, or train wrongly, later).
+    """
+
+    def __init__(self, strategy: Strategy, optim_wrapper: Any) -> None:
+        self.strategy = strategy
+        self.optim_wrapper = optim_wrapper
+
+    def state_dict(self) -> dict[str, Any]:  # noqa: D102
+        state = dict(self.strategy.optim_state_dict(self.optim_wrapper))
+        for name, ow in _wrappers(self.optim_wrapper).items():
+            if name:
+                state[name] = {**state[name], "optimizer_class": type(ow.optimizer).__name__}
+            else:
+                state["optimizer_class"] = type(ow.optimizer).__name__
+        return state
+
+    def check_state_dict(self, state: Mapping[str, Any]) -> None:  # noqa: D102
+        for name, ow in _wrappers(self.optim_wrapper).items():
+            where = f"optim_wrapper {name!r}" if name else "optimizer"
+            saved = state.get(name) if name else state
+            if not isinstance(saved, Mapping):
+                raise ValueError(f"The checkpoint holds no state for {where}; resume with the same optim_wrapper config")
+            own_class, saved_class = type(ow.optimizer).__name__, saved.get("optimizer_class")
+            if saved_class is not None and saved_class != own_class:
+                raise ValueError(f"The checkpoint's {where} is {saved_class}, the trainer's is {own_class}; resume with the same optim_wrapper config, or use load_from= (weights only) to start a new run")
+            groups = [len(g["params"]) for g in saved.get("optimizer", saved).get("param_groups", [])]
+            own = [len(g["params"]) for g in ow.optimizer.param_groups]
+            if groups != own:
+                raise ValueError(
+                    f"The checkpoint's {where} has {len(groups)} parameter group(s) of {groups} parameters, the trainer's has {len(own)} of {own}; "
+                    "resume with the same optim_wrapper config (param groups) and model, or use load_from= (weights only) to start a new run"
+                )
+
+    def load_state_dict(self, state: Mapping[str, Any]) -> None:  # noqa: D102
+        self.strategy.load_optim_state_dict(self.optim_wrapper, state)
+
+
+class SchedulerState:
+    """The param schedulers (a list, or a dict of lists per optim wrapper); checks their count."""
+
+    def __init__(self, schedulers: Any) -> None:
+        self.schedulers = schedulers
+
+    def state_dict(self) -> Any:  # noqa: D102
+        return _scheduler_states(self.schedulers)
+
+    def check_state_dict(self, state: Any) -> None:  # noqa: D102
+        _check_scheduler_states(self.schedulers, state)
+
+    def load_state_dict(self, state: Any) -> None:  # noqa: D102
+        _load_scheduler_states(self.schedulers, state)
+
+
+class DataOrderState:
+    """The train loader's data order: saved as its seed only, positioned from :class:`Progress` on load.
+
+    ``progress`` (epoch, iter_in_epoch) is the one record of the position; it is loaded
+    before this piece. The seed is kept to warn when a resumed run's data order would differ.
+    """
+
+    def __init__(self, loader: ResumableLoader, progress: Progress) -> None:
+        self.loader = loader
+        self.progress = progress
+
+    def state_dict(self) -> dict[str, Any]:  # noqa: D102
+        return {"seed": self.loader.seed}
+
+    def load_state_dict(self, state: Mapping[str, Any]) -> None:  # noqa: D102
+        p = self.progress
+        self.loader.load_state_dict({"epoch": p.epoch, "position": p.iter_in_epoch, "seed": state.get("seed", self.loader.seed)})
+
+
+class HookStates:
+    """The stateful hooks, as ``{state_key: hook.state_dict()}``; a hook the checkpoint lacks starts fresh, with a warning."""
+
+    def __init__(self, hooks: HookList) -> None:
+        self.hooks = {h.state_key: cast(Stateful, h) for h in hooks.stateful()}
+
+    def state_dict(self) -> dict[str, Any]:  # noqa: D102
+        return {key: h.state_dict() for key, h in self.hooks.items()}
+
+    def load_state_dict(self, state: Mapping[str, Any]) -> None:  # noqa: D102
+        for key, h in self.hooks.items():
+            if key in state:
+                h.load_state_dict(state[key])
+            else:
+                warnings.warn(f"The checkpoint holds no state for hook {key!r}; it starts fresh", stacklevel=2)
+
+
+class RngState:
+    """Every global random generator; under several processes each rank's own."""
+
+    def __init__(self, strategy: Strategy) -> None:
+        self.strategy = strategy
+
+    def state_dict(self) -> dict[str, Any]:  # noqa: D102
+        rng = get_rng_state()
+        if self.strategy.world_size > 1:  # a collective: state_dict() runs on every rank
+            return {**rng, "per_rank": list(self.strategy.gather_object(rng))}
+        return rng
+
+    def load_state_dict(self, state: Mapping[str, Any]) -> None:  # noqa: D102
+        per_rank, rank = state.get("per_rank"), self.strategy.rank
+        set_rng_state(per_rank[rank] if per_rank and rank < len(per_rank) else dict(state))
+
+
+def stateful_pieces(trainer: Trainer, registered: Mapping[str, Stateful]) -> dict[str, Stateful]:
+    """The trainer's checkpointed pieces by name, in load order (``progress`` before ``train_dataloader``, ``rng`` last)."""
+    strategy = trainer.strategy
+    pieces: dict[str, Stateful] = {"model": ModelState(strategy)}
+    if trainer.optim_wrapper is not None:
+        pieces["optim_wrapper"] = OptimState(strategy, trainer.optim_wrapper)
+    if trainer.param_schedulers:
+        pieces["param_schedulers"] = SchedulerState(trainer.param_schedulers)
+    pieces["progress"] = trainer.progress
+    if trainer.train_loop is not None:
+        pieces["train_dataloader"] = DataOrderState(trainer.train_loop.dataloader, trainer.progress)
+    pieces["metric_store"] = trainer.metric_store
+    pieces["hooks"] = HookStates(trainer.hooks)
+    pieces.update(registered)
+    pieces["rng"] = RngState(strategy)
+    return pieces
+
+
+# --------------------------------------------------------------------------- collect / restore
+
+
 def collect_state(trainer: Trainer, save_optimizer: bool = True, save_param_scheduler: bool = True) -> dict[str, Any]:
-    """Everything needed to continue the run exactly, as plain tensors and containers.
+    """``{"meta": ..., name: piece.state_dict() for every piece}``, not yet checked by :func:`make_safe`.
 
     Called on every rank (collecting may need collectives under sharded strategies); the
     returned tensors may share memory with the live model, so copy them before training
     goes on if they are written later (the async writer does).
     """
-    strategy = trainer.strategy
-    rng = get_rng_state()
+    p = trainer.progress
+    skip = {name for name, keep in (("optim_wrapper", save_optimizer), ("param_schedulers", save_param_scheduler)) if not keep}
     ckpt: dict[str, Any] = {
-        "meta": {"trainwright_version": __version__, "time": time.strftime("%Y-%m-%d %H:%M:%S"), "seed": trainer.seed, "epoch": trainer.progress.epoch, "iteration": trainer.progress.iteration, "world_size": strategy.world_size},
-        "model": strategy.model_state_dict(),
-        "progress": trainer.progress.state_dict(),
-        "metric_store": trainer.metric_store.state_dict(),
-        "rng": rng,
-        "hooks": {h.state_key: h.state_dict() for h in trainer.hooks.stateful()},
+        "meta": {"trainwright_version": __version__, "time": time.strftime("%Y-%m-%d %H:%M:%S"), "seed": trainer.seed, "epoch": p.epoch, "iteration": p.iteration, "world_size": trainer.strategy.world_size},
     }
-    if strategy.world_size > 1:
-        ckpt["rng_per_rank"] = list(strategy.gather_object(rng))
-    if trainer.train_loop is not None:
-        ckpt["train_dataloader"] = trainer.train_loop.dataloader.state_dict()
-    if save_optimizer and trainer.optim_wrapper is not None:
-        ckpt["optim_wrapper"] = trainer.optim_wrapper.state_dict()
-    if save_param_scheduler and trainer.param_schedulers:
-        ckpt["param_schedulers"] = _scheduler_states(trainer.param_schedulers)
-    return make_safe(ckpt)  # type: ignore[no-any-return]
+    for name, piece in trainer.stateful.items():
+        if name not in skip:
+            ckpt[name] = piece.state_dict()
+    return ckpt
 
 
-def _check_model(trainer: Trainer, state: Mapping[str, Any]) -> None:
-    own = trainer.strategy.model_state_dict()
-    missing = [k for k in own if k not in state]
-    unexpected = [k for k in state if k not in own]
-    shapes = [
-        f"size mismatch for {k}: copying a param with shape {tuple(state[k].shape)} from checkpoint, the shape in current model is {tuple(v.shape)}."
-        for k, v in own.items()
-        if k in state and isinstance(v, torch.Tensor) and isinstance(state[k], torch.Tensor) and v.shape != state[k].shape
-    ]
-    if missing or unexpected or shapes:
-        lines = ([f"missing keys: {missing}"] if missing else []) + ([f"unexpected keys: {unexpected}"] if unexpected else []) + shapes
-        raise RuntimeError(
-            "The checkpoint's model does not match the trainer's model, nothing was loaded:\n  " + "\n  ".join(lines)
-            + "\nResume with the same model definition, or use load_from= (weights only, strict=False) to start a new run from these weights."
-        )
+def restore_state(trainer: Trainer, ckpt: Mapping[str, Any], path: str | Path) -> None:
+    """Load every piece of a :func:`collect_state` checkpoint (read from ``path``) back into the trainer.
 
+    Every piece's check runs before any piece is loaded; RNG states are restored last.
 
-def restore_state(trainer: Trainer, ckpt: dict[str, Any], resume_optimizer: bool = True, resume_param_scheduler: bool = True) -> None:
-    """Load every piece of a :func:`collect_state` checkpoint back into the trainer.
-
-    Everything that can be checked is checked before anything is changed; RNG states are
-    restored last so that nothing loaded afterwards can move them.
+    Raises:
+        KeyError: ``ckpt`` has no ``model`` or ``progress`` entry (not a training checkpoint).
+        ValueError, RuntimeError: a piece does not fit (the message names ``path``); nothing was changed.
     """
     for key in ("model", "progress"):
         if key not in ckpt:
-            raise KeyError(f"Checkpoint has no {key!r} entry: it is not a trainwright training checkpoint (keys: {sorted(ckpt)}); use load_from= for weights only")
-    _check_model(trainer, ckpt["model"])
-    if resume_param_scheduler and "param_schedulers" in ckpt and trainer.param_schedulers:
-        _check_scheduler_states(trainer.param_schedulers, ckpt["param_schedulers"])
+            raise KeyError(f"Checkpoint {str(path)!r} has no {key!r} entry: it is not a trainwright training checkpoint (keys: {sorted(ckpt)}); use load_from= for weights only")
+    pieces = trainer.stateful
+    for name, piece in pieces.items():
+        if name in ckpt:
+            try:
+                check_state_dict(piece, ckpt[name])
+            except (ValueError, RuntimeError) as e:
+                raise type(e)(f"Checkpoint {str(path)!r} does not fit this trainer: {e}") from e
+    for name in [n for n in pieces if n not in ckpt and n not in OPTIONAL_PIECES]:
+        warnings.warn(f"Checkpoint {str(path)!r} holds no {name!r} state; {name} starts fresh", stacklevel=3)
     saved_world = int(ckpt.get("meta", {}).get("world_size", 1))
     if saved_world != trainer.strategy.world_size:
         trainer.logger.warning(f"Checkpoint was written by {saved_world} process(es), this run has {trainer.strategy.world_size}: the data order and random streams will differ from the original run")
 
-    trainer.strategy.load_model_state_dict(ckpt["model"], strict=True)
-    trainer.progress.load_state_dict(ckpt["progress"])
-    if "metric_store" in ckpt:
-        trainer.metric_store.load_state_dict(ckpt["metric_store"])
-    if resume_optimizer and "optim_wrapper" in ckpt and trainer.optim_wrapper is not None:
-        trainer.optim_wrapper.load_state_dict(ckpt["optim_wrapper"])
-    if resume_param_scheduler and "param_schedulers" in ckpt and trainer.param_schedulers:
-        _load_scheduler_states(trainer.param_schedulers, ckpt["param_schedulers"])
-    if trainer.train_loop is not None and "train_dataloader" in ckpt:
-        trainer.train_loop.dataloader.load_state_dict(ckpt["train_dataloader"])
-    hook_states = ckpt.get("hooks", {})
-    for h in trainer.hooks.stateful():
-        if h.state_key in hook_states:
-            h.load_state_dict(hook_states[h.state_key])
+    rng = pieces.pop("rng")
+    for name, piece in pieces.items():
+        if name in ckpt:
+            piece.load_state_dict(ckpt[name])
     trainer.hooks.call("after_load_checkpoint", trainer, ckpt)
-    per_rank = ckpt.get("rng_per_rank")
-    rank = trainer.strategy.rank
-    rng = per_rank[rank] if per_rank and rank < len(per_rank) else ckpt.get("rng")
-    if rng is not None:
-        set_rng_state(rng)
+    if "rng" in ckpt:
+        rng.load_state_dict(ckpt["rng"])

@@ -3,13 +3,14 @@
 from __future__ import annotations
 
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
 from torch import nn
 
 from trainwright.amp.precision import Precision, build_precision
+from trainwright.checkpoint import Stateful
 from trainwright.data.loader import build_dataloader, make_dataloader
 from trainwright.hooks.dispatch import HookList
 from trainwright.hooks.hook import Hook
@@ -24,7 +25,7 @@ from trainwright.optim.builder import build_optim_wrapper, loop_precision
 from trainwright.registry import check_keys
 from trainwright.strategies import build_strategy
 from trainwright.trainer.hooks_config import build_hook, build_hooks
-from trainwright.trainer.state import collect_state, restore_state
+from trainwright.trainer.state import BUILTIN_PIECES, collect_state, make_safe, restore_state, stateful_pieces
 
 _TRAIN_CFG_KEYS = {"by_epoch", "max_epochs", "max_iters", "val_interval", "val_begin"}
 _EVAL_CFG_KEYS = {"autocast"}
@@ -125,6 +126,8 @@ class Trainer:
         self.test_loop = self._build_eval_loop(test_dataloader, test_evaluator, "test", self.test_cfg)
         self._prepared = False
         self._loaded = False
+        self._registered_stateful: dict[str, Stateful] = {}
+        self._checkpoint_server: Callable[[Trainer], Path | None] | None = None
 
     # -- properties -----------------------------------------------------------------------
     @property
@@ -214,24 +217,23 @@ class Trainer:
     def _load_or_resume(self) -> None:
         """Apply ``resume`` (full state) or else ``load_from`` (weights only), once, before running.
 
-        ``resume=True`` takes the newest checkpoint of ``ckpt_dir`` that loads (a corrupt one
-        is skipped with a warning); when there is none, the run starts fresh from
-        ``load_from`` if given. Every file is read with the safe loader before anything in
-        the trainer changes, so a refused or broken file leaves the trainer as it was.
+        ``resume=True`` takes the newest checkpoint of ``ckpt_dir`` that loads (the
+        strategy's ``find_resumable``: a corrupt one is skipped with a warning); when there
+        is none, the run starts fresh from ``load_from`` if given. Every file is read with
+        the safe loader and checked before anything in the trainer changes, so a refused,
+        broken or mismatched file leaves the trainer as it was.
         """
         resume = self._resume
         if resume and self.train_loop is not None:
-            from trainwright.checkpoint.io import find_resumable, load_file
-
             if resume is True:
-                found = find_resumable(self.ckpt_dir)
+                found = self.strategy.find_resumable(self.ckpt_dir)
                 if found is None:
                     self.logger.info(f"resume=True but no checkpoint in {self.ckpt_dir}; starting from scratch")
                 else:
                     self._restore(*found)
                     return
             else:
-                self._restore(Path(resume), load_file(resume))
+                self._restore(Path(resume), self.strategy.load_checkpoint(resume))
                 return
         if self._load_from is not None:
             self.load_weights(self._load_from)
@@ -239,7 +241,7 @@ class Trainer:
     def _restore(self, path: Path, ckpt: Any) -> None:
         if not isinstance(ckpt, dict):
             raise TypeError(f"Checkpoint {str(path)!r} holds a {type(ckpt).__name__}, not a trainwright checkpoint dict; use load_from= for weights")
-        restore_state(self, ckpt)
+        restore_state(self, ckpt, path)
         self.logger.info(f"Resumed from {path} at epoch {self.progress.epoch}, iteration {self.progress.iteration}")
 
     # -- hooks ----------------------------------------------------------------------------
@@ -314,38 +316,99 @@ class Trainer:
                 self.flush_logs()
 
     # -- checkpoints ----------------------------------------------------------------------
+    @property
+    def stateful(self) -> dict[str, Stateful]:
+        """Every checkpointed piece by name, in load order: the one list that saving and resuming iterate.
+
+        ``model``, ``optim_wrapper``, ``param_schedulers``, ``progress``,
+        ``train_dataloader``, ``metric_store``, ``hooks`` (those that exist yet), the pieces
+        given to :meth:`register_stateful`, then ``rng``. See :mod:`trainwright.trainer.state`.
+        """
+        return stateful_pieces(self, self._registered_stateful)
+
+    def register_stateful(self, name: str, obj: Stateful) -> None:
+        """Save ``obj.state_dict()`` in every checkpoint under ``name``; resume calls ``obj.load_state_dict``.
+
+        ``obj`` may also define ``check_state_dict(state)``, which resume calls before it
+        changes anything (raise to refuse a checkpoint). Register before ``train()`` /
+        ``resume_from()``; a checkpoint without ``name`` leaves ``obj`` as it is, with a warning.
+
+        Raises:
+            TypeError: ``obj`` lacks ``state_dict`` / ``load_state_dict``.
+            ValueError: ``name`` is taken (a built-in piece or an earlier registration).
+        """
+        if not isinstance(obj, Stateful):
+            raise TypeError(f"register_stateful({name!r}, ...) needs an object with state_dict() and load_state_dict(state), got {type(obj).__name__}")
+        if name in BUILTIN_PIECES or name in self._registered_stateful:
+            raise ValueError(f"register_stateful: the name {name!r} is already taken (built-in pieces: {list(BUILTIN_PIECES)}); register under another name")
+        self._registered_stateful[name] = obj
+
     def state_dict(self, save_optimizer: bool = True, save_param_scheduler: bool = True) -> dict[str, Any]:
-        """The full checkpoint dict (model, optim wrapper, schedulers, progress, data position, hooks, RNG)."""
+        """The full checkpoint dict: every piece of :attr:`stateful`, then the ``before_save_checkpoint`` hooks.
+
+        Raises:
+            TypeError: the dict (hooks' additions included) holds an object that the safe
+                loader would refuse; the message names its key path (NumPy values are converted).
+        """
         ckpt = collect_state(self, save_optimizer, save_param_scheduler)
         self.hooks.call("before_save_checkpoint", self, ckpt)
-        return ckpt
+        return make_safe(ckpt)  # type: ignore[no-any-return]
 
-    def save_checkpoint(self, path: str | Path, save_optimizer: bool = True, save_param_scheduler: bool = True) -> Path:
-        """Write the full checkpoint atomically to ``path`` (relative paths go under ``ckpt_dir``)."""
+    def save_checkpoint(self, path: str | Path, save_optimizer: bool = True, save_param_scheduler: bool = True, *, async_save: bool = False, after: Callable[[], None] | None = None) -> Path:
+        """Write the full checkpoint through the strategy (relative names go under ``ckpt_dir``).
+
+        Args:
+            path: The file; a bare name (``"x.pth"``) is put in ``ckpt_dir``.
+            save_optimizer / save_param_scheduler: Include those pieces (needed to resume exactly).
+            async_save: Return once the state is copied to CPU memory; the write runs in the
+                background (``strategy.wait_for_checkpoint()`` waits for it).
+            after: Runs on rank 0 once the file is complete (see ``Strategy.save_checkpoint``).
+
+        Returns:
+            The path written.
+        """
         path = Path(path)
         if not path.is_absolute() and path.parent == Path("."):
             path = self.ckpt_dir / path
-        self.strategy.save_file(self.state_dict(save_optimizer, save_param_scheduler), path)
+        self.strategy.save_checkpoint(path, self.state_dict(save_optimizer, save_param_scheduler), async_save=async_save, after=after)
+        return path
+
+    def set_checkpoint_server(self, server: Callable[[Trainer], Path | None] | None) -> None:
+        """Make ``server(trainer)`` serve :meth:`request_checkpoint` (the checkpoint hook does, while training); None: the trainer serves."""
+        self._checkpoint_server = server
+
+    def request_checkpoint(self) -> Path | None:
+        """Checkpoint the current state now (e.g. on preemption); returns once the file is complete.
+
+        Served by the checkpoint hook while it trains (its naming, ``latest`` and keep-k
+        rules apply; it returns None when this iteration is saved already); without one the
+        trainer writes ``ckpt_dir/iter_<N>.pth`` and points ``latest`` at it.
+
+        Returns:
+            The path written, or None when nothing new had to be written.
+        """
+        if self._checkpoint_server is not None:
+            path = self._checkpoint_server(self)
+        else:
+            from trainwright.checkpoint.io import write_latest
+
+            name = f"iter_{self.progress.iteration}.pth"
+            path = self.save_checkpoint(name, after=lambda: write_latest(self.ckpt_dir, name))
+        self.strategy.wait_for_checkpoint()
         return path
 
     def resume_from(self, path: str | Path) -> None:
         """Load a full checkpoint now (builds the train loop and model first); ``train()`` continues from it."""
-        from trainwright.checkpoint.io import load_file
-
         self._build_train()
-        ckpt = load_file(path)
-        if not self._prepared:
-            self.model = self.strategy.prepare(self.model, optim_wrapper=self.optim_wrapper, compile=self._compile)
-            self._prepared = True
-        self._loaded = True
-        self._restore(Path(path), ckpt)
+        self._resume = Path(path)
+        self._loaded = False
+        self._prepare()
 
     def load_weights(self, path: str | Path, strict: bool = False, revise_keys: Sequence[tuple[str, str]] = ((r"^module\.", ""),)) -> Any:
         """Load model weights (``.pth`` or ``.safetensors``), reporting key mismatches by name."""
-        from trainwright.checkpoint.io import load_file
         from trainwright.checkpoint.weights import load_model_weights
 
-        result = load_model_weights(self.unwrapped_model, load_file(path), strict=strict, revise_keys=list(revise_keys))
+        result = load_model_weights(self.unwrapped_model, self.strategy.load_checkpoint(path), strict=strict, revise_keys=list(revise_keys))
         self.logger.info(f"Loaded weights from {path}")
         return result
 
