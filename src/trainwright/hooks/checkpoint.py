@@ -28,11 +28,11 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from trainwright.hooks.hook import Hook
+from trainwright.hooks.view import require_train_loop
 from trainwright.registry import HOOKS
 
 if TYPE_CHECKING:
-    from trainwright.loops.train_loop import EpochBasedTrainLoop, IterBasedTrainLoop
-    from trainwright.trainer.trainer import Trainer
+    from trainwright.hooks.view import TrainerView, TrainLoopView
 
 _TMP_NAME = re.compile(r"^\..+\.tmp\.(?P<pid>\d+)\.[0-9a-f]+$")
 
@@ -47,11 +47,8 @@ def _pid_alive(pid: int) -> bool:
     return True
 
 
-def _train_loop(trainer: Trainer) -> EpochBasedTrainLoop | IterBasedTrainLoop:
-    loop = trainer.train_loop
-    if loop is None:
-        raise RuntimeError("CheckpointHook saves training checkpoints: it needs trainer.train_loop (call trainer.train())")
-    return loop
+def _train_loop(trainer: TrainerView) -> TrainLoopView:
+    return require_train_loop(trainer, "CheckpointHook (it saves training checkpoints)")
 
 
 @HOOKS.register
@@ -145,7 +142,7 @@ class CheckpointHook(Hook):
         self._last_saved_iter = int(state.get("last_saved_iter", -1))
 
     # -- events ---------------------------------------------------------------------------
-    def before_train(self, trainer: Trainer) -> None:  # noqa: D102
+    def before_train(self, trainer: TrainerView) -> None:  # noqa: D102
         self._in_train = True
         trainer.set_checkpoint_server(self.save_now)
         if self.by_epoch and self.interval > 0 and not _train_loop(trainer).by_epoch:
@@ -156,26 +153,26 @@ class CheckpointHook(Hook):
         if self.clean_stale_tmp and trainer.is_main_process:
             self._clean_stale_tmp(trainer)
 
-    def idle_events(self, trainer: Trainer) -> tuple[str, ...]:  # noqa: D102
+    def train_iter_interval(self, trainer: TrainerView) -> int:  # noqa: D102
         # Epoch-interval saves are requested (and a pending one flushed) at epoch events only.
-        return ("after_train_iter",) if self.by_epoch or self.interval <= 0 else ()
+        return 0 if self.by_epoch or self.interval <= 0 else self.interval
 
-    def after_train_iter(self, trainer: Trainer, batch_idx: int, data_batch: Any = None, outputs: dict | None = None) -> None:  # noqa: D102
+    def after_train_iter(self, trainer: TrainerView, batch_idx: int, data_batch: Any = None, outputs: dict | None = None) -> None:  # noqa: D102
         if self._pending is not None:  # a validation we waited for did not come: save what we have
             self._flush_pending(trainer)
         if not self.by_epoch and self.interval > 0 and trainer.progress.iteration % self.interval == 0:
             loop = _train_loop(trainer)
             self._request(trainer, f"iter_{trainer.progress.iteration}.pth", not loop.by_epoch and loop.val_due())
 
-    def after_train_epoch(self, trainer: Trainer) -> None:  # noqa: D102
+    def after_train_epoch(self, trainer: TrainerView) -> None:  # noqa: D102
         loop = _train_loop(trainer)
         if self.by_epoch and self.interval > 0 and loop.by_epoch and trainer.progress.epoch % self.interval == 0:
             self._request(trainer, f"epoch_{trainer.progress.epoch}.pth", loop.val_due())
 
-    def before_train_epoch(self, trainer: Trainer) -> None:  # noqa: D102
+    def before_train_epoch(self, trainer: TrainerView) -> None:  # noqa: D102
         self._flush_pending(trainer)
 
-    def after_val_epoch(self, trainer: Trainer, metrics: dict[str, float] | None = None) -> None:  # noqa: D102
+    def after_val_epoch(self, trainer: TrainerView, metrics: dict[str, float] | None = None) -> None:  # noqa: D102
         if not self.save_best or not metrics or not self._in_train:
             return
         key = next(iter(metrics)) if self.save_best == "auto" else self.save_best
@@ -193,7 +190,7 @@ class CheckpointHook(Hook):
         self._pending_best = (score, f"best_{key.replace('/', '_')}_{unit}_{n}.pth")
         self._rule = rule
 
-    def after_val(self, trainer: Trainer) -> None:  # noqa: D102
+    def after_val(self, trainer: TrainerView) -> None:  # noqa: D102
         if not self._in_train:
             return
         if self._pending_best is not None:
@@ -206,13 +203,13 @@ class CheckpointHook(Hook):
             trainer.logger.info(f"New best score {score:.4f}: saved {name}")
         self._flush_pending(trainer)
 
-    def after_train(self, trainer: Trainer) -> None:  # noqa: D102
+    def after_train(self, trainer: TrainerView) -> None:  # noqa: D102
         self._flush_pending(trainer)
         if self.save_last:
             self.save_now(trainer)
         trainer.strategy.wait_for_checkpoint()
 
-    def after_run(self, trainer: Trainer) -> None:  # noqa: D102
+    def after_run(self, trainer: TrainerView) -> None:  # noqa: D102
         if self._in_train:
             trainer.set_checkpoint_server(None)
         self._in_train = False
@@ -220,7 +217,7 @@ class CheckpointHook(Hook):
         trainer.strategy.wait_for_checkpoint()
 
     # -- public ---------------------------------------------------------------------------
-    def save_now(self, trainer: Trainer) -> Path | None:
+    def save_now(self, trainer: TrainerView) -> Path | None:
         """Save the current state as a periodic checkpoint unless this iteration is saved already.
 
         Used at the end of training and, as the trainer's checkpoint server, by
@@ -234,22 +231,22 @@ class CheckpointHook(Hook):
         self._save_periodic(trainer, name)
         return self.ckpt_dir(trainer) / name
 
-    def ckpt_dir(self, trainer: Trainer) -> Path:
+    def ckpt_dir(self, trainer: TrainerView) -> Path:
         """Where this hook writes."""
         return self.out_dir if self.out_dir is not None else trainer.ckpt_dir
 
-    def _request(self, trainer: Trainer, name: str, after_val: bool) -> None:
+    def _request(self, trainer: TrainerView, name: str, after_val: bool) -> None:
         self._pending = name
         if not after_val:
             self._flush_pending(trainer)
 
-    def _flush_pending(self, trainer: Trainer) -> None:
+    def _flush_pending(self, trainer: TrainerView) -> None:
         name, self._pending = self._pending, None
         if name is not None:
             self._save_periodic(trainer, name)
 
     # -- writing --------------------------------------------------------------------------
-    def _save_periodic(self, trainer: Trainer, name: str) -> None:
+    def _save_periodic(self, trainer: TrainerView, name: str) -> None:
         kept = [k for k in self.kept if k != name] + [name]
         dropped: list[str] = []
         if self.max_keep_ckpts > 0 and len(kept) > self.max_keep_ckpts:
@@ -260,7 +257,7 @@ class CheckpointHook(Hook):
         trainer.flush_logs()
         self._write(trainer, name, latest=True, remove=dropped)
 
-    def _write(self, trainer: Trainer, name: str, latest: bool, remove: list[str]) -> None:
+    def _write(self, trainer: TrainerView, name: str, latest: bool, remove: list[str]) -> None:
         from trainwright.checkpoint.io import write_latest
 
         d = self.ckpt_dir(trainer)
@@ -277,7 +274,7 @@ class CheckpointHook(Hook):
         path = trainer.save_checkpoint(d / name, self.save_optimizer, self.save_param_scheduler, async_save=self.async_save, after=finish)
         trainer.logger.info(f"Saving checkpoint {path} in the background" if self.async_save else f"Saved checkpoint {path}")
 
-    def _clean_stale_tmp(self, trainer: Trainer) -> None:
+    def _clean_stale_tmp(self, trainer: TrainerView) -> None:
         d = self.ckpt_dir(trainer)
         if not d.is_dir():
             return

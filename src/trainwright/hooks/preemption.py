@@ -32,7 +32,7 @@ from trainwright.hooks.hook import Hook
 from trainwright.registry import HOOKS
 
 if TYPE_CHECKING:
-    from trainwright.trainer.trainer import Trainer
+    from trainwright.hooks.view import TrainerView
 
 _DEFAULT = "signal"
 
@@ -100,7 +100,7 @@ class PreemptionHook(Hook):
         self._previous = {}
 
     # -- events ---------------------------------------------------------------------------
-    def before_train(self, trainer: Trainer) -> None:  # noqa: D102
+    def before_train(self, trainer: TrainerView) -> None:  # noqa: D102
         self.received = None
         self.preempted = False
         trainer.preempted = False
@@ -110,28 +110,23 @@ class PreemptionHook(Hook):
         self._trainer_ref = weakref.ref(trainer) if trainer.strategy.world_size == 1 and self.check_interval is None else None
         self.install()
 
-    def idle_events(self, trainer: Trainer) -> tuple[str, ...]:  # noqa: D102
+    def train_iter_interval(self, trainer: TrainerView) -> int:  # noqa: D102
         # One process: the signal handler sets trainer.should_stop itself; no per-iteration check.
-        return ("after_train_iter",) if self._trainer_ref is not None else ()
+        return 0 if self._trainer_ref is not None else self._interval
 
-    def train_iter_interval(self, trainer: Trainer) -> int:  # noqa: D102
-        return self._interval
-
-    def after_train_iter(self, trainer: Trainer, batch_idx: int, data_batch: Any = None, outputs: dict | None = None) -> None:  # noqa: D102
-        if trainer.progress.iteration % self._interval != 0:
-            return
+    def after_train_iter(self, trainer: TrainerView, batch_idx: int, data_batch: Any = None, outputs: dict | None = None) -> None:  # noqa: D102
         # THE agreement point: every rank calls it at the same iterations and gets the same answer.
         if trainer.strategy.any_true(self.received is not None):
             self._stop(trainer)
 
-    def _stop(self, trainer: Trainer) -> None:
+    def _stop(self, trainer: TrainerView) -> None:
         self.preempted = True
         trainer.preempted = True
         trainer.should_stop = True
         what = self.received.name if self.received is not None else "another rank"
         trainer.logger.warning(f"Preemption signal ({what}) received: stopping after iteration {trainer.progress.iteration} and saving a checkpoint")
 
-    def after_train(self, trainer: Trainer) -> None:  # noqa: D102
+    def after_train(self, trainer: TrainerView) -> None:  # noqa: D102
         if self._trainer_ref is not None:
             self._trainer_ref = None
             if self.received is not None and not self.preempted:
@@ -142,7 +137,7 @@ class PreemptionHook(Hook):
         saved = f"checkpoint {path}" if path is not None else "this iteration was checkpointed already"
         trainer.logger.warning(f"Preempted at iteration {trainer.progress.iteration}: {saved}; restart with resume=True to continue")
 
-    def after_run(self, trainer: Trainer) -> None:  # noqa: D102
+    def after_run(self, trainer: TrainerView) -> None:  # noqa: D102
         self.uninstall()
         if not self.preempted:
             return

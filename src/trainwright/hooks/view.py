@@ -10,6 +10,7 @@ passed as a view).
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
 
@@ -71,8 +72,8 @@ class TrainerView(Protocol):
     work_dir: Path
 
     @property
-    def train_loop(self) -> TrainLoopView:
-        """The training loop (exists once ``train()`` or ``resume_from()`` built it)."""
+    def train_loop(self) -> TrainLoopView | None:
+        """The training loop (exists once ``train()`` or ``resume_from()`` built it); see :func:`require_train_loop`."""
 
     @property
     def val_loop(self) -> EvalLoopView | None:
@@ -100,5 +101,21 @@ class TrainerView(Protocol):
     def state_dict(self, save_optimizer: bool = True, save_param_scheduler: bool = True) -> dict[str, Any]:
         """The full checkpoint dict."""
 
-    def save_checkpoint(self, path: str | Path, save_optimizer: bool = True, save_param_scheduler: bool = True) -> Path:
-        """Write the full checkpoint to ``path``."""
+    def save_checkpoint(
+        self, path: str | Path, save_optimizer: bool = True, save_param_scheduler: bool = True, *, async_save: bool = False, after: Callable[[], None] | None = None
+    ) -> Path:
+        """Write the full checkpoint to ``path`` through the strategy (``after`` runs once the file is complete)."""
+
+    def set_checkpoint_server(self, server: Callable[[Any], Path | None] | None) -> None:
+        """Make ``server(trainer)`` serve :meth:`request_checkpoint` (the checkpoint hook does, while training)."""
+
+    def request_checkpoint(self) -> Path | None:
+        """Checkpoint the current state now (e.g. on preemption); returns once the file is complete."""
+
+
+def require_train_loop(trainer: TrainerView, who: str) -> TrainLoopView:
+    """``trainer.train_loop``, or a RuntimeError saying that ``who`` only works while training."""
+    loop = trainer.train_loop
+    if loop is None:
+        raise RuntimeError(f"{who} needs the training loop, which exists once trainer.train() (or resume_from) has built it")
+    return loop

@@ -1,36 +1,5 @@
-"""Loop counters: the one small object that says where training stands."""
+"""``Progress`` lives in :mod:`trainwright.utils.progress` (a low layer, so hooks can be typed against it); kept here for imports."""
 
-from __future__ import annotations
+from trainwright.utils.progress import Progress
 
-from dataclasses import asdict, dataclass
-from typing import Any
-
-
-@dataclass
-class Progress:
-    """Where a run stands: checkpointed as a whole, restored as a whole.
-
-    The one record of the position: on resume the train loader is positioned from
-    ``(epoch, iter_in_epoch)`` and the optim wrapper's accumulation window from
-    ``iter_in_epoch`` / ``iteration``; neither saves a position of its own in a checkpoint.
-
-    Attributes:
-        epoch: Completed training epochs (the epoch in progress is ``epoch``, 0-based).
-        iteration: Completed training iterations (optimizer micro-steps) over the whole run.
-        iter_in_epoch: Completed iterations inside the current epoch; a checkpoint taken
-            mid-epoch resumes from here without replaying the data loader.
-    """
-
-    epoch: int = 0
-    iteration: int = 0
-    iter_in_epoch: int = 0
-
-    def state_dict(self) -> dict[str, Any]:
-        """Return the counters as a plain dict."""
-        return asdict(self)
-
-    def load_state_dict(self, state: dict[str, Any]) -> None:
-        """Restore the counters saved by :meth:`state_dict`."""
-        self.epoch = int(state["epoch"])
-        self.iteration = int(state["iteration"])
-        self.iter_in_epoch = int(state["iter_in_epoch"])
+__all__ = ["Progress"]

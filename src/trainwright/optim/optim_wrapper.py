@@ -301,7 +301,7 @@ class OptimWrapper:
         is the one record of it, and the loop hands it back through
         :meth:`initialize_count_status` (standalone users do the same after loading).
         """
-        state = {"optimizer": self.optimizer.state_dict(), "precision": self._precision.state_dict()}
+        state: dict[str, Any] = {"optimizer": self.optimizer.state_dict(), "precision": self._precision.state_dict()}
         if not self.should_update():
             state["partial_grads"] = [None if p.grad is None else p.grad.detach().clone() for p in _live_params(self.optimizer)]
         return state
