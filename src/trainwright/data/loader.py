@@ -26,7 +26,7 @@ import numpy as np
 import torch
 from torch.utils.data import BatchSampler, DataLoader, Dataset, IterableDataset, RandomSampler, Sampler, SequentialSampler, get_worker_info
 
-from trainwright.registry import DATASETS
+from trainwright.registry import DATASETS, check_keys
 
 
 class EpochSampler(Sampler[int]):
@@ -269,11 +269,7 @@ _LOADER_KEYS = {"dataset", "batch_size", "shuffle", "sampler", "batch_sampler", 
 def make_dataloader(cfg: DataLoader | Mapping[str, Any], name: str = "dataloader") -> DataLoader:
     """A ``DataLoader`` from itself or from a dict of its arguments (``dataset`` may be a ``dict(type=...)``)."""
     if isinstance(cfg, Mapping):
-        from trainwright.registry import did_you_mean
-
-        for key in cfg:
-            if key not in _LOADER_KEYS:
-                raise KeyError(f"Unknown {name} key {key!r}.{did_you_mean(key, sorted(_LOADER_KEYS))} Use DataLoader arguments: {sorted(_LOADER_KEYS)}")
+        check_keys(name, cfg, _LOADER_KEYS, hint=f"Use DataLoader arguments: {sorted(_LOADER_KEYS)}")
         if "dataset" not in cfg:
             raise KeyError(f"{name} dict needs a 'dataset' (a Dataset or dict(type=...)), e.g. dict(dataset=ds, batch_size=32, shuffle=True)")
         args = dict(cfg)

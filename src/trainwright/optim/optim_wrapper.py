@@ -25,7 +25,7 @@ import torch
 from torch import nn
 
 from trainwright.amp.precision import MixedPrecision, Precision
-from trainwright.registry import OPTIM_WRAPPERS, did_you_mean
+from trainwright.registry import OPTIM_WRAPPERS, check_keys
 
 _NULL = contextlib.nullcontext()
 _NORM_KEYS = {"type", "max_norm", "norm_type", "error_if_nonfinite", "foreach"}
@@ -46,9 +46,7 @@ def _check_clip_grad(clip_grad: Mapping[str, Any] | None) -> dict[str, Any] | No
     if kind not in ("norm", "value"):
         raise ValueError(f"clip_grad type must be 'norm' or 'value', got {kind!r}")
     allowed, required = (_NORM_KEYS, "max_norm") if kind == "norm" else (_VALUE_KEYS, "clip_value")
-    for key in cfg:
-        if key not in allowed:
-            raise ValueError(f"Unknown clip_grad key {key!r} for type={kind!r}.{did_you_mean(key, sorted(allowed))} Allowed: {sorted(allowed - {'type'})}")
+    check_keys("clip_grad", cfg, allowed, ValueError, hint=f"Allowed for type={kind!r}: {sorted(allowed - {'type'})}")
     if required not in cfg:
         raise ValueError(f"clip_grad of type {kind!r} needs {required!r}, e.g. dict({required}=1.0)")
     cfg["type"] = kind

@@ -37,6 +37,7 @@ import torch
 from torch import nn
 
 from trainwright.model.base_model import BaseDataPreprocessor
+from trainwright.registry import check_keys
 
 if TYPE_CHECKING:
     from trainwright.checkpoint.async_writer import AsyncCheckpointWriter
@@ -67,10 +68,7 @@ class Strategy:
             torch.cuda.set_device(self.device)
             torch.backends.cudnn.benchmark = cudnn_benchmark
         randomness = dict(randomness or {})
-        allowed = {"seed", "deterministic", "diff_rank_seed"}
-        bad = set(randomness) - allowed
-        if bad:
-            raise KeyError(f"Unknown randomness keys {sorted(bad)}; allowed: {sorted(allowed)}")
+        check_keys("randomness", randomness, {"seed", "deterministic", "diff_rank_seed"})
         from trainwright.utils.seed import set_random_seed
 
         self.seed = set_random_seed(randomness.get("seed"), deterministic=bool(randomness.get("deterministic", False)), rank_offset=self.rank if randomness.get("diff_rank_seed") else 0)
