@@ -2,12 +2,11 @@
 
 Pseudocode of one iteration (both loops)::
 
-    iter_marks.append(perf_counter())                   # only when the timer hook asked for it
+    t_start = perf_counter()
     for hook in before_train_iter: hook(trainer, idx, batch)
     outputs = model.train_step(batch, optim_wrapper)   # forward, backward, maybe step
     progress.iteration += 1; progress.iter_in_epoch += 1
-    metric_store.update_dict(outputs, progress.iteration)   # tensors, no sync (inline: a list append)
-    iter_marks.append(perf_counter())
+    metric_store.record(progress.iteration, outputs, t_start, perf_counter())   # tensors, no sync
     for hook in after_train_iter: hook(trainer, idx, batch, outputs)   # only hooks due now (see below)
 
 ``after_train_iter`` hooks that declare an interval (``Hook.train_iter_interval``, e.g. the
@@ -42,10 +41,6 @@ class _TrainLoopBase:
         self.dataloader = dataloader
         self.val_begin = val_begin
         self.val_interval = val_interval
-        #: When a list (the iteration timer hook sets it), the loop appends ``time.perf_counter()``
-        #: right before each iteration's ``before_train_iter`` hooks and right after its step
-        #: (before ``after_train_iter``): two list appends instead of two hook calls per step.
-        self.iter_marks: list[float] | None = None
 
     @property
     def max_iters(self) -> int:
@@ -62,7 +57,6 @@ class _TrainLoopBase:
         progress = t.progress
         model = t.model
         ow = t.optim_wrapper
-        store = t.metric_store
         hooks = t.hooks
         before = hooks.calls["before_train_iter"]
         after_due = hooks.calls["after_train_iter"]
@@ -70,24 +64,17 @@ class _TrainLoopBase:
         every = hooks.after_iter_every
         last = len(self.dataloader) - 1
         train_step: Any = model.train_step
-        rows, flush_at = store.hot_path()
-        record = rows.append
+        record = t.metric_store.record
         validate = val_every_iter and t.val_loop is not None
-        marks = self.iter_marks
         for batch in batches:
-            if marks is not None:
-                marks.append(_clock())
+            t_start = _clock()
             idx = progress.iter_in_epoch
             for fn in before:
                 fn(t, idx, batch)
             outputs = train_step(batch, ow)
             it = progress.iteration = progress.iteration + 1
             progress.iter_in_epoch = idx + 1
-            record((it, outputs))  # store.update_dict(outputs, it), without the call
-            if len(rows) >= flush_at:
-                store.flush(urgent=False)
-            if marks is not None:
-                marks.append(_clock())
+            record(it, outputs, t_start, _clock())  # tensors stay tensors; the store flushes by itself every flush_every
             for fn in after_due if it % every == 0 or idx == last else after_always:
                 fn(t, idx, batch, outputs)
             if validate and self.val_due():
