@@ -139,3 +139,28 @@ def test_timer_separates_waiting_for_data_from_the_step(trainer_factory: Any) ->
     for r in _train_records(t.run_dir):
         assert 0.018 <= r["data_time"] < 0.2, r
         assert r["time"] - r["data_time"] >= 0.009, r
+
+
+def test_resumed_run_logs_the_same_means_as_the_uninterrupted_run(trainer_factory: Any, tmp_path: Path) -> None:
+    """The first line after a resume averages over iterations from before the checkpoint: the store's history has them."""
+
+    class CrashAt9(tw.Hook):
+        def after_train_iter(self, trainer: Any, batch_idx: int, data_batch: Any = None, outputs: Any = None) -> None:
+            if trainer.progress.iteration == 9:
+                raise RuntimeError("crash")
+
+    kw: dict[str, Any] = dict(dataset=regression_set(20), batch_size=2, train_cfg=dict(by_epoch=True, max_epochs=2), log_level="INFO")
+    hooks = dict(checkpoint=dict(interval=6, by_epoch=False), logger=dict(interval=4))
+    ref = trainer_factory(work_dir=tmp_path / "ref", default_hooks=hooks, **kw)
+    ref.train()
+    crashed = trainer_factory(work_dir=tmp_path / "work", default_hooks=hooks, custom_hooks=[CrashAt9()], **kw)
+    with pytest.raises(RuntimeError, match="crash"):
+        crashed.train()
+    resumed = trainer_factory(work_dir=tmp_path / "work", default_hooks=hooks, resume=True, **kw)
+    resumed.train()
+    assert resumed.metric_store.get("loss").count > 0
+    same = {"time", "data_time"}  # wall-clock numbers differ between runs
+    after = [{k: v for k, v in r.items() if k not in same} for r in _train_records(resumed.run_dir)]
+    expected = [{k: v for k, v in r.items() if k not in same} for r in _train_records(ref.run_dir) if r["iter"] > 6]
+    assert [r["iter"] for r in after] == [8, 10, 12, 16, 20]  # resumed from iter_6: the line at 8 averages 5..8
+    assert after == expected
