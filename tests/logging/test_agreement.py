@@ -11,7 +11,6 @@ import threading
 from collections.abc import Callable
 from typing import Any
 
-import pytest
 import torch
 
 import trainwright as tw

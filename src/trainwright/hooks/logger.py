@@ -92,6 +92,7 @@ class LoggerHook(Hook):
     # -- training ---------------------------------------------------------------------------
     def before_train(self, trainer: Trainer) -> None:  # noqa: D102
         loop = trainer.train_loop
+        assert loop is not None  # before_train: the trainer built it
         self._by_epoch = loop.by_epoch
         self._epoch_len = len(loop.dataloader)
         self._max_iters = loop.max_iters
@@ -177,8 +178,8 @@ class LoggerHook(Hook):
                         times[name] = v
                     else:
                         record[name] = v
-            for k, v in r.lr.items():
-                record[k] = v[0]
+            for k, lrs in r.lr.items():
+                record[k] = lrs[0]
             if r.grad_norm is not None:
                 record["grad_norm"] = float(r.grad_norm)
             if r.loss_scale is not None:
