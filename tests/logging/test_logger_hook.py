@@ -164,3 +164,25 @@ def test_resumed_run_logs_the_same_means_as_the_uninterrupted_run(trainer_factor
     expected = [{k: v for k, v in r.items() if k not in same} for r in _train_records(ref.run_dir) if r["iter"] > 6]
     assert [r["iter"] for r in after] == [8, 10, 12, 16, 20]  # resumed from iter_6: the line at 8 averages 5..8
     assert after == expected
+
+
+def test_lines_held_by_the_clock_are_written_every_flush_every_iterations_with_exact_means(trainer_factory: Any) -> None:
+    """With the clock never due, lines still go out every ``flush_every`` iterations, while the store still holds their values."""
+    ref = RecordLosses()
+    handler = Collect()
+    probe = CountLinesSoFar(handler)
+    t = trainer_factory(
+        dataset=regression_set(80), batch_size=4, train_cfg=dict(by_epoch=True, max_epochs=2), log_level="INFO",  # 20 iterations per epoch
+        default_hooks=dict(checkpoint=None, logger=dict(interval=3, flush_secs=3600.0)), custom_hooks=[ref, probe],
+    )
+    t.metric_store.flush_every = 7
+    t.metric_store.window_size = 1  # buffers keep only what the logger asks for
+    t.logger.addHandler(handler)
+    t.train()
+    recs = _train_records(t.run_dir)
+    assert [r["iter"] for r in recs] == sorted({*range(3, 41, 3), 20, 40})
+    for r in recs:
+        window = [ref.losses[i] for i in range(r["iter"] - 2, r["iter"] + 1)]
+        assert r["loss"] == pytest.approx(sum(window) / 3, rel=1e-12, abs=0)
+    written = [probe.seen[i] for i in range(1, 41)]
+    assert 0 < written[9] < written[19]  # not held until the epoch's end

@@ -67,7 +67,9 @@ class LoggerHook(Hook):
         ignore_last: Skip the log line for an epoch's last, shorter interval.
         flush_secs: While training runs faster than one line per ``flush_secs``, lines are
             written in batches at most this far apart (0 writes each line at once). With
-            several processes a flush happens when any of them proposes one.
+            several processes a flush happens when any of them proposes one (the proposal is
+            a one-number all-reduce at each logging iteration), and at the latest every
+            ``metric_store.flush_every`` iterations.
     """
 
     priority = "BELOW_NORMAL"

@@ -25,7 +25,7 @@ import torch
 
 #: One recorded iteration: ``(iteration, values, t_start, t_end)``; the timestamps are None
 #: for values recorded without timing (:meth:`MetricStore.update_dict`).
-Row = tuple[int, Mapping[str, Any], "float | None", "float | None"]
+Row = tuple[int, Mapping[str, Any], float | None, float | None]
 
 
 def _same(flag: bool) -> bool:
