@@ -186,3 +186,24 @@ def test_lines_held_by_the_clock_are_written_every_flush_every_iterations_with_e
         assert r["loss"] == pytest.approx(sum(window) / 3, rel=1e-12, abs=0)
     written = [probe.seen[i] for i in range(1, 41)]
     assert 0 < written[9] < written[19]  # not held until the epoch's end
+
+
+def test_flush_logs_writes_the_lines_held_for_their_batch(trainer_factory: Any) -> None:
+    """What a checkpoint relies on: after flush_logs every line logged so far is in the files (a resumed run will not log it again)."""
+
+    class FlushAt5(tw.Hook):
+        priority = "LOWEST"
+
+        def __init__(self) -> None:
+            self.seen: list[int] = []
+
+        def after_train_iter(self, trainer: Any, batch_idx: int, data_batch: Any = None, outputs: Any = None) -> None:
+            if trainer.progress.iteration == 5:
+                trainer.flush_logs()
+                self.seen = [r["iter"] for r in _train_records(trainer.run_dir)]
+
+    probe = FlushAt5()
+    t = trainer_factory(dataset=regression_set(40), batch_size=4, log_level="INFO", default_hooks=dict(checkpoint=None, logger=dict(interval=2, flush_secs=3600)), custom_hooks=[probe])
+    t.train()
+    assert probe.seen == [2, 4]
+    assert sum("Epoch(train)" in ln for ln in (t.run_dir / "train.log").read_text().splitlines()) == 5

@@ -126,17 +126,22 @@ class LoggerHook(Hook):
                 self._write_lines(trainer)
 
     def after_train_epoch(self, trainer: Trainer) -> None:  # noqa: D102
-        self._flush(trainer)  # the loop flushed the store: the epoch's last lines go out now
+        self.write_pending(trainer)  # the loop flushed the store: the epoch's last lines go out now
 
     def after_train(self, trainer: Trainer) -> None:  # noqa: D102
-        self._flush(trainer)
+        self.write_pending(trainer)
 
     def after_run(self, trainer: Trainer) -> None:  # noqa: D102
         # Also after an error: the trainer flushed the store without raising; write what was logged.
-        self._flush(trainer)
+        self.write_pending(trainer)
 
-    def _flush(self, trainer: Trainer) -> None:
-        """Convert what is pending (a no-op when nothing is) and write every pending line."""
+    def write_pending(self, trainer: Trainer) -> None:
+        """Flush the store (a no-op when nothing is pending) and write every line held for its batch.
+
+        Called at the hook's own events and by :meth:`Trainer.flush_logs` (e.g. before a
+        checkpoint is written: a resumed run does not log those iterations again). Call it at
+        the same point on every process, as any store flush.
+        """
         trainer.metric_store.flush()
         self._write_lines(trainer)
 
@@ -200,7 +205,7 @@ class LoggerHook(Hook):
         self._log_eval(trainer, "test", metrics or {})
 
     def _log_eval(self, trainer: Trainer, mode: str, metrics: dict[str, float]) -> None:
-        self._flush(trainer)  # pending training lines first, in order
+        self.write_pending(trainer)  # pending training lines first, in order
         p = trainer.progress
         record = {"mode": mode, "epoch": p.epoch, "iter": p.iteration, **{k: float(v) for k, v in metrics.items()}}
         for w in trainer.writers:

@@ -28,7 +28,7 @@ import torch
 Row = tuple[int, Mapping[str, Any], float | None, float | None]
 
 
-def _same(flag: bool) -> bool:
+def _alone(flag: bool) -> bool:
     """The agreement of a single process: its own flag."""
     return flag
 
@@ -199,16 +199,16 @@ class MetricStore:
             name contains ``"loss"`` is NaN or infinite.
         agree: ``agree(flag) -> bool``, True when ``flag`` is true on any process: every
             process calls it at the same points and gets the same answer
-            (``Strategy.any_true``, passed in by the trainer; the default is a single
-            process's own flag). Used for "flush at this logging iteration?" and "did any
+            (``Strategy.any_true``, passed in by the trainer under several processes; None:
+            one process, its own flag). Used for "flush at this logging iteration?" and "did any
             process see a non-finite loss in this flush?".
     """
 
-    def __init__(self, window_size: int = 20, flush_every: int = 1000, raise_on_nonfinite: bool = True, agree: Callable[[bool], bool] = _same) -> None:
+    def __init__(self, window_size: int = 20, flush_every: int = 1000, raise_on_nonfinite: bool = True, agree: Callable[[bool], bool] | None = None) -> None:
         self.window_size = window_size
         self.flush_every = flush_every
         self.raise_on_nonfinite = raise_on_nonfinite
-        self.agree = agree
+        self.agree: Callable[[bool], bool] = agree or _alone
         self._history = 0
         self._buffers: dict[str, HistoryBuffer] = {}
         self._pending: list[Row] = []

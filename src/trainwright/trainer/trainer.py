@@ -13,6 +13,7 @@ from trainwright.amp.precision import Precision, build_precision
 from trainwright.data.loader import build_dataloader, make_dataloader
 from trainwright.hooks.dispatch import HookList
 from trainwright.hooks.hook import Hook
+from trainwright.hooks.logger import LoggerHook
 from trainwright.logging.logger import close_logger, create_logger
 from trainwright.logging.metric_store import MetricStore
 from trainwright.logging.writers import Writer, build_writers, plain
@@ -116,8 +117,9 @@ class Trainer:
         self.logger.info(f"Environment: {self.strategy.collect_env()}")
         self.logger.info(f"Random seed: {self.seed}")
         self.nonfinite_loss = nonfinite_loss
-        # Flushes and the non-finite-loss decision are agreed between processes (identity on one).
-        self.metric_store = MetricStore(raise_on_nonfinite=nonfinite_loss == "raise", agree=self.strategy.any_true)
+        # Several processes agree on each flush and on the non-finite-loss decision; one has nothing to agree on.
+        agree = self.strategy.any_true if self.strategy.world_size > 1 else None
+        self.metric_store = MetricStore(raise_on_nonfinite=nonfinite_loss == "raise", agree=agree)
         config = plain(dict(
             work_dir=self.work_dir, experiment_name=self.experiment_name, train_cfg=self.train_cfg, val_cfg=self.val_cfg, test_cfg=self.test_cfg,
             optim_wrapper=optim_wrapper, param_scheduler=param_scheduler, default_hooks=default_hooks, custom_hooks=custom_hooks, precision=precision,
@@ -371,6 +373,9 @@ class Trainer:
             FloatingPointError: a loss logged since the last flush is NaN/Inf (see ``nonfinite_loss``).
         """
         self.metric_store.flush()
+        logger_hook = self.hooks.get(LoggerHook)
+        if isinstance(logger_hook, LoggerHook):
+            logger_hook.write_pending(self)  # the lines it holds for their batch (flush_secs)
         for w in self.writers:
             w.flush()
         for h in self.logger.handlers:
