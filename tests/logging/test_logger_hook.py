@@ -139,3 +139,71 @@ def test_timer_separates_waiting_for_data_from_the_step(trainer_factory: Any) ->
     for r in _train_records(t.run_dir):
         assert 0.018 <= r["data_time"] < 0.2, r
         assert r["time"] - r["data_time"] >= 0.009, r
+
+
+def test_resumed_run_logs_the_same_means_as_the_uninterrupted_run(trainer_factory: Any, tmp_path: Path) -> None:
+    """The first line after a resume averages over iterations from before the checkpoint: the store's history has them."""
+
+    class CrashAt9(tw.Hook):
+        def after_train_iter(self, trainer: Any, batch_idx: int, data_batch: Any = None, outputs: Any = None) -> None:
+            if trainer.progress.iteration == 9:
+                raise RuntimeError("crash")
+
+    kw: dict[str, Any] = dict(dataset=regression_set(20), batch_size=2, train_cfg=dict(by_epoch=True, max_epochs=2), log_level="INFO")
+    hooks = dict(checkpoint=dict(interval=6, by_epoch=False), logger=dict(interval=4))
+    ref = trainer_factory(work_dir=tmp_path / "ref", default_hooks=hooks, **kw)
+    ref.train()
+    crashed = trainer_factory(work_dir=tmp_path / "work", default_hooks=hooks, custom_hooks=[CrashAt9()], **kw)
+    with pytest.raises(RuntimeError, match="crash"):
+        crashed.train()
+    resumed = trainer_factory(work_dir=tmp_path / "work", default_hooks=hooks, resume=True, **kw)
+    resumed.train()
+    assert resumed.metric_store.get("loss").count > 0
+    same = {"time", "data_time"}  # wall-clock numbers differ between runs
+    after = [{k: v for k, v in r.items() if k not in same} for r in _train_records(resumed.run_dir)]
+    expected = [{k: v for k, v in r.items() if k not in same} for r in _train_records(ref.run_dir) if r["iter"] > 6]
+    assert [r["iter"] for r in after] == [8, 10, 12, 16, 20]  # resumed from iter_6: the line at 8 averages 5..8
+    assert after == expected
+
+
+def test_lines_held_by_the_clock_are_written_every_flush_every_iterations_with_exact_means(trainer_factory: Any) -> None:
+    """With the clock never due, lines still go out every ``flush_every`` iterations, while the store still holds their values."""
+    ref = RecordLosses()
+    handler = Collect()
+    probe = CountLinesSoFar(handler)
+    t = trainer_factory(
+        dataset=regression_set(80), batch_size=4, train_cfg=dict(by_epoch=True, max_epochs=2), log_level="INFO",  # 20 iterations per epoch
+        default_hooks=dict(checkpoint=None, logger=dict(interval=3, flush_secs=3600.0)), custom_hooks=[ref, probe],
+    )
+    t.metric_store.flush_every = 7
+    t.metric_store.window_size = 1  # buffers keep only what the logger asks for
+    t.logger.addHandler(handler)
+    t.train()
+    recs = _train_records(t.run_dir)
+    assert [r["iter"] for r in recs] == sorted({*range(3, 41, 3), 20, 40})
+    for r in recs:
+        window = [ref.losses[i] for i in range(r["iter"] - 2, r["iter"] + 1)]
+        assert r["loss"] == pytest.approx(sum(window) / 3, rel=1e-12, abs=0)
+    written = [probe.seen[i] for i in range(1, 41)]
+    assert 0 < written[9] < written[19]  # not held until the epoch's end
+
+
+def test_flush_logs_writes_the_lines_held_for_their_batch(trainer_factory: Any) -> None:
+    """What a checkpoint relies on: after flush_logs every line logged so far is in the files (a resumed run will not log it again)."""
+
+    class FlushAt5(tw.Hook):
+        priority = "LOWEST"
+
+        def __init__(self) -> None:
+            self.seen: list[int] = []
+
+        def after_train_iter(self, trainer: Any, batch_idx: int, data_batch: Any = None, outputs: Any = None) -> None:
+            if trainer.progress.iteration == 5:
+                trainer.flush_logs()
+                self.seen = [r["iter"] for r in _train_records(trainer.run_dir)]
+
+    probe = FlushAt5()
+    t = trainer_factory(dataset=regression_set(40), batch_size=4, log_level="INFO", default_hooks=dict(checkpoint=None, logger=dict(interval=2, flush_secs=3600)), custom_hooks=[probe])
+    t.train()
+    assert probe.seen == [2, 4]
+    assert sum("Epoch(train)" in ln for ln in (t.run_dir / "train.log").read_text().splitlines()) == 5

@@ -110,32 +110,63 @@ def test_training_hot_path_syncs_do_not_grow_with_iterations(trainer_factory, sy
     assert counts[0] == counts[1], f"host syncs grow with iterations: {counts}"
 
 
-def test_listeners_get_every_number_once_and_whether_the_flush_is_urgent() -> None:
-    from trainwright.logging import MetricStore
-
+def test_automatic_flush_converts_every_number_once_with_its_iteration() -> None:
+    """Every ``flush_every`` records the store converts by itself; each number arrives once, beside its iteration."""
     store = MetricStore(flush_every=3)
-    calls: list[tuple[dict, bool]] = []
-    store.add_listener(lambda cols, urgent: calls.append(({k: (list(i), list(v)) for k, (i, v) in cols.items()}, urgent)))
+    seen = []
     for it in range(1, 5):
         store.update_dict({"loss": torch.tensor(float(it))}, it)  # the 3rd update flushes by itself
+        seen.append(store.get("loss").history() if "loss" in store else None)
+    assert seen[:2] == [None, None]
+    assert seen[2] == seen[3] == ([1, 2, 3], [1.0, 2.0, 3.0])
     store.flush()
-    assert calls == [({"loss": ([1, 2, 3], [1.0, 2.0, 3.0])}, False), ({"loss": ([4], [4.0])}, True)]
+    assert store.get("loss").history() == ([1, 2, 3, 4], [1.0, 2.0, 3.0, 4.0])
 
 
-def test_hot_path_rows_are_update_dict_without_the_call() -> None:
-    """The train loop appends to hot_path()'s list: same numbers as update_dict, and the list survives flushes."""
+def test_record_is_update_dict_plus_timestamps() -> None:
+    """``record`` (the train loop's one call per step) gives the same numbers as update_dict, and times once the clock runs."""
     a, b = MetricStore(flush_every=3), MetricStore(flush_every=3)
-    rows, limit = b.hot_path()
-    assert limit == 3
+    b.start_clock(10.0)
     for it in range(1, 8):
         values = {"loss": torch.tensor(float(it)), "acc": torch.tensor(it / 10)}
         a.update_dict(values, it)
-        rows.append((it, values))
-        if len(rows) >= limit:
-            b.flush(urgent=False)
-        assert b.hot_path()[0] is rows
+        b.record(it, values, 10.0 + it - 0.75, 10.0 + it)  # 0.25 s waiting for data, 1 s per iteration
     a.flush()
     b.flush()
-    assert a.state_dict() == b.state_dict()
+    sa, sb = a.state_dict(), b.state_dict()
+    assert {k: sb[k] for k in sa} == sa
+    assert b.get("time").history() == (list(range(1, 8)), [pytest.approx(1.0)] * 7)
+    assert b.get("data_time").history() == (list(range(1, 8)), [pytest.approx(0.25)] * 7)
+    assert "time" not in a  # no timestamps, no times
     b.load_state_dict(a.state_dict())
-    assert b.hot_path()[0] is rows and not rows
+    b.flush()
+    assert b.state_dict() == sa  # nothing pending survives a load
+
+
+def test_clock_restarts_between_iterations_exclude_the_gap() -> None:
+    """A restart (epoch start, after validation) measures the next iteration from it, not from the previous one."""
+    store = MetricStore()
+    store.record(1, {"loss": 1.0}, 0.5, 1.0)  # before the clock starts: no times
+    store.start_clock(1.0)
+    store.record(2, {"loss": 1.0}, 1.5, 2.0)
+    store.record(3, {"loss": 1.0}, 2.25, 3.0)
+    store.start_clock(10.0)  # e.g. validation ran from 3.0 to 10.0
+    store.flush()
+    store.record(4, {"loss": 1.0}, 10.5, 11.0)
+    store.flush()
+    assert store.get("data_time").history() == ([2, 3, 4], [0.5, 0.25, 0.5])
+    assert store.get("time").history() == ([2, 3, 4], [1.0, 1.0, 1.0])
+
+
+def test_keep_history_keeps_values_beyond_the_statistics_window() -> None:
+    store = MetricStore(window_size=4)
+    store.keep_history(10)
+    for it in range(1, 13):
+        store.update_dict({"loss": float(it)}, it)
+    store.flush()
+    buf = store.get("loss")
+    assert buf.history() == (list(range(3, 13)), [float(i) for i in range(3, 13)])
+    assert buf.median() == statistics.median([9.0, 10.0, 11.0, 12.0])  # statistics still over window_size
+    other = MetricStore(window_size=4)
+    other.load_state_dict(store.state_dict())
+    assert other.get("loss").history() == buf.history()  # a resumed run has the same history

@@ -1,7 +1,10 @@
-"""Logging: per-trainer logger, MetricStore (windowed scalars, lazy sync), writers."""
+"""Logging: per-trainer logger, MetricStore (the one owner of logged numbers, lazy sync), writers."""
 
 from trainwright.logging.logger import close_logger, create_logger, log_lines
 from trainwright.logging.metric_store import HistoryBuffer, MetricStore
-from trainwright.logging.writers import JsonlWriter
+from trainwright.logging.writers import DEFAULT_WRITERS, WRITERS, ConsoleWriter, JsonlWriter, LineInfo, Writer, build_writers
 
-__all__ = ["create_logger", "close_logger", "log_lines", "HistoryBuffer", "MetricStore", "JsonlWriter"]
+__all__ = [
+    "create_logger", "close_logger", "log_lines", "HistoryBuffer", "MetricStore",
+    "Writer", "LineInfo", "ConsoleWriter", "JsonlWriter", "WRITERS", "DEFAULT_WRITERS", "build_writers",
+]

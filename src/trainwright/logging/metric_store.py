@@ -1,10 +1,16 @@
-"""MetricStore: windowed scalars that stay tensors until someone needs a number.
+"""MetricStore: the one owner of logged numbers; tensors stay tensors until a flush.
 
-The training loop hands it each iteration's log tensors (losses, grad norm). They are
-kept as tensors - no ``.item()``, no host-device sync - and turned into numbers in one
-batch when :meth:`MetricStore.flush` runs (the logger hook at its interval, the loops at
-epoch ends, or automatically every ``flush_every`` updates to bound memory). ``flush`` is
-also where a non-finite loss is detected, naming the iteration it first appeared in.
+The train loop hands it each iteration's outputs (losses, other logged tensors) and two
+timestamps with one call, :meth:`MetricStore.record`. Tensors are kept as they are - no
+``.item()``, no host-device sync - and turned into numbers in one batch when the store is
+flushed. The flush also derives each iteration's ``data_time`` and ``time`` from the
+timestamps and detects a non-finite loss.
+
+Every flush happens at an iteration count that is the same on every process (never
+because of one process's clock), and the two decisions that could differ between
+processes - "flush now?" at a logging iteration and "did a loss go NaN/Inf?" - go through
+an agreement function (``Strategy.any_true``), so all processes convert, write and raise
+at the same iteration and none is left waiting in a collective.
 """
 
 from __future__ import annotations
@@ -12,22 +18,35 @@ from __future__ import annotations
 import math
 import statistics
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import torch
 
+#: One recorded iteration: ``(iteration, values, t_start, t_end)``; the timestamps are None
+#: for values recorded without timing (:meth:`MetricStore.update_dict`).
+Row = tuple[int, Mapping[str, Any], float | None, float | None]
+
+
+def _alone(flag: bool) -> bool:
+    """The agreement of a single process: its own flag."""
+    return flag
+
 
 class HistoryBuffer:
-    """The recent values of one scalar plus its global sum and count.
+    """The recent values of one scalar, the iterations they belong to, and the global sum and count.
 
     Args:
-        window_size: How many recent values ``median`` / ``mean`` look at.
+        window_size: How many recent values ``median`` / ``mean`` look at by default.
+        history: Keep at least this many recent values (with their iterations) for readers
+            that need more than the statistics window, e.g. the logger's interval means.
     """
 
-    def __init__(self, window_size: int = 20) -> None:
-        self._window: deque[float] = deque(maxlen=window_size)
-        self._iters: deque[int] = deque(maxlen=window_size)
+    def __init__(self, window_size: int = 20, history: int = 0) -> None:
+        self.window_size = window_size
+        maxlen = max(window_size, history)
+        self._window: deque[float] = deque(maxlen=maxlen)
+        self._iters: deque[int] = deque(maxlen=maxlen)
         self._sum = 0.0
         self._count = 0
 
@@ -48,6 +67,13 @@ class HistoryBuffer:
         self._sum = total
         self._count += len(values)
 
+    def keep(self, history: int) -> None:
+        """Keep at least ``history`` recent values from now on (never fewer than before)."""
+        maxlen = max(self._window.maxlen or 0, history)
+        if maxlen != self._window.maxlen:
+            self._window = deque(self._window, maxlen=maxlen)
+            self._iters = deque(self._iters, maxlen=maxlen)
+
     @property
     def latest(self) -> float:
         """The most recent value."""
@@ -58,12 +84,16 @@ class HistoryBuffer:
         """The iteration the most recent value belongs to."""
         return self._iters[-1]
 
+    def history(self) -> tuple[list[int], list[float]]:
+        """Every kept ``(iterations, values)``, oldest first."""
+        return list(self._iters), list(self._window)
+
     def median(self, window: int | None = None) -> float:
-        """Median of the last ``window`` values (the whole window by default)."""
+        """Median of the last ``window`` values (``window_size`` by default)."""
         return statistics.median(self._tail(window))
 
     def mean(self, window: int | None = None) -> float:
-        """Mean of the last ``window`` values (the whole window by default)."""
+        """Mean of the last ``window`` values (``window_size`` by default)."""
         vals = self._tail(window)
         return sum(vals) / len(vals)
 
@@ -78,11 +108,10 @@ class HistoryBuffer:
         return self._count
 
     def _tail(self, window: int | None) -> list[float]:
-        vals = list(self._window)
-        return vals[-window:] if window else vals
+        return list(self._window)[-(window or self.window_size) :]
 
     def state_dict(self) -> dict[str, Any]:
-        """Window contents and running totals."""
+        """Kept values, their iterations and the running totals."""
         return {"window": list(self._window), "iters": list(self._iters), "sum": self._sum, "count": self._count, "maxlen": self._window.maxlen}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
@@ -93,28 +122,28 @@ class HistoryBuffer:
         self._count = int(state["count"])
 
 
-def _columns(pending: list[tuple[int, dict[str, Any]]]) -> tuple[dict[str, tuple[list[int], list[Any]]], list[float]]:
-    """Pending ``(iteration, values)`` rows → per name ``(iterations, refs)`` and the converted numbers.
+def _columns(pending: list[Row]) -> tuple[dict[str, tuple[list[int], list[Any]]], list[float]]:
+    """Pending rows → per name ``(iterations, refs)`` and the converted numbers.
 
     A ref is an index into the returned numbers or, for a plain number, the float itself.
     Every tensor is converted in one device→host transfer per device.
     """
     keys = list(pending[0][1])
     n = len(pending)
-    if sum([len(vals) for _, vals in pending]) == len(keys) * n:
+    if sum([len(row[1]) for row in pending]) == len(keys) * n:
         # The usual case: every iteration logged the same scalar tensors. One stack, one transfer.
         try:
-            flat = [vals[name] for name in keys for _, vals in pending]
+            flat = [row[1][name] for name in keys for row in pending]
             stacked = torch.stack(flat)
         except (KeyError, TypeError, RuntimeError):  # other keys, plain numbers, several devices
             stacked = None
         if stacked is not None and stacked.ndim == 1:
-            iters = [it for it, _ in pending]
+            iters = [row[0] for row in pending]
             numbers = stacked.float().tolist()
             return {name: (iters, list(range(k * n, (k + 1) * n))) for k, name in enumerate(keys)}, numbers
     tensors: list[torch.Tensor] = []
     columns: dict[str, tuple[list[int], list[Any]]] = {}
-    for it, values in pending:
+    for it, values, _, _ in pending:
         for name, v in values.items():
             entry = columns.get(name)
             if entry is None:
@@ -145,149 +174,178 @@ def _to_numbers(tensors: list[torch.Tensor]) -> list[float]:
         return out
 
 
-#: What listeners receive: per name, the iterations and the numbers recorded since the last flush.
-Columns = dict[str, tuple[list[int], list[float]]]
-
-
 class MetricStore:
     """Named :class:`HistoryBuffer` s fed with tensors that are converted lazily.
 
     Pseudocode of the life of a logged value::
 
-        update_dict({"loss": t}, it)      # hot path: a list append, the tensor stays on the device
+        record(it, outputs, t_start, t_end)   # hot path: a list append; tensors stay on the device
         ...
-        flush()                           # drains run (the timer hands over its timestamps),
-                                          # pending tensors → numbers (one transfer per device),
-                                          # buffers extended, listeners get the new columns,
-                                          # then a NaN/Inf loss raises FloatingPointError
+        flush()                               # pending tensors → numbers (one transfer per device),
+                                              # timestamps → data_time / time, buffers extended
+                                              # (iterations kept beside the values), then a NaN/Inf
+                                              # loss on any process → FloatingPointError on all
+
+    It flushes by itself every ``flush_every`` recorded iterations (bounds memory), and when
+    asked: at logging iterations through :meth:`flush_if` (agreed between processes), at epoch
+    ends and the end of training (the loops), before evaluation results are logged, before a
+    checkpoint (:meth:`state_dict`). Each of these points is the same iteration on every process.
 
     Args:
-        window_size: Window of each buffer (median/mean over the last N values).
-        flush_every: Convert pending tensors after this many iterations at the latest,
-            so memory stays bounded whoever asks for numbers.
+        window_size: Values ``median`` / ``mean`` of each buffer look at by default.
+        flush_every: Convert pending tensors after this many recorded iterations at the
+            latest, so memory stays bounded whoever asks for numbers.
         raise_on_nonfinite: On flush, raise :class:`FloatingPointError` when a value whose
             name contains ``"loss"`` is NaN or infinite.
+        agree: ``agree(flag) -> bool``, True when ``flag`` is true on any process: every
+            process calls it at the same points and gets the same answer
+            (``Strategy.any_true``, passed in by the trainer under several processes; None:
+            one process, its own flag). Used for "flush at this logging iteration?" and "did any
+            process see a non-finite loss in this flush?".
     """
 
-    def __init__(self, window_size: int = 20, flush_every: int = 1000, raise_on_nonfinite: bool = True) -> None:
+    def __init__(self, window_size: int = 20, flush_every: int = 1000, raise_on_nonfinite: bool = True, agree: Callable[[bool], bool] | None = None) -> None:
         self.window_size = window_size
         self.flush_every = flush_every
         self.raise_on_nonfinite = raise_on_nonfinite
+        self.agree: Callable[[bool], bool] = agree or _alone
+        self._history = 0
         self._buffers: dict[str, HistoryBuffer] = {}
-        self._pending: list[tuple[int, dict[str, Any]]] = []
-        self._fresh: Columns = {}
-        self._drains: list[Callable[[], None]] = []
-        self._listeners: list[Callable[[Columns, bool], None]] = []
+        self._pending: list[Row] = []
+        self._prev_end: float | None = None  # end of the last timed iteration; None: not timing
+        self._clock_starts: dict[int, float] = {}  # pending index → when the clock (re)started before it
 
-    # -- hot path -------------------------------------------------------------------------
-    def update_dict(self, values: dict[str, Any], iteration: int) -> None:
-        """Record one iteration's named values (tensors or numbers); no host sync."""
-        self._pending.append((iteration, values))
-        if len(self._pending) >= self.flush_every:
-            self.flush(urgent=False)
+    # -- recording --------------------------------------------------------------------------
+    def record(self, iteration: int, outputs: Mapping[str, Any], t_start: float | None, t_end: float | None) -> None:
+        """Record one training iteration: its outputs (tensors or numbers) and its timestamps; no host sync.
 
-    def hot_path(self) -> tuple[list[tuple[int, dict[str, Any]]], int]:
-        """``(rows, limit)`` for a producer that records every iteration (the train loop).
-
-        ``rows.append((iteration, values))`` is :meth:`update_dict` without its Python call;
-        once ``len(rows) >= limit`` the producer calls ``flush(urgent=False)``. ``rows`` stays
-        the same list object for the life of the store.
+        Args:
+            iteration: The iteration the values belong to (1 for the first step).
+            outputs: Named values, e.g. ``{"loss": tensor}``; tensors stay tensors until the flush.
+            t_start: ``time.perf_counter()`` before the iteration's ``before_train_iter`` hooks
+                (the batch has just arrived); ``data_time`` is measured up to it.
+            t_end: ``time.perf_counter()`` right after the step; ``time`` is measured up to it.
+                Both are measured from the previous iteration's ``t_end`` (or from
+                :meth:`start_clock`), and only once the clock was started.
         """
-        return self._pending, self.flush_every
+        pending = self._pending
+        pending.append((iteration, outputs, t_start, t_end))
+        if len(pending) >= self.flush_every:
+            self.flush()
+
+    def update_dict(self, values: Mapping[str, Any], iteration: int) -> None:
+        """Record named values (tensors or numbers) of ``iteration`` without timing; no host sync."""
+        self.record(iteration, values, None, None)
 
     def update_scalar(self, name: str, value: float, iteration: int = -1) -> None:
-        """Record a plain Python number right away (timings, learning rates)."""
-        self.update_scalars(name, [value], [iteration])
+        """Record a plain Python number right away (e.g. the validation time)."""
+        self.buffer(name).update(value, iteration)
 
-    def update_scalars(self, name: str, values: list[float], iterations: list[int]) -> None:
-        """Record several numbers of one scalar at once (what drains use)."""
-        if not values:
-            return
-        self.buffer(name).extend(values, iterations)
-        col = self._fresh.get(name)
-        if col is None:
-            self._fresh[name] = (list(iterations), list(values))
-        else:
-            col[0].extend(iterations)
-            col[1].extend(values)
+    def start_clock(self, now: float) -> None:
+        """Time the iterations recorded from now on: the next one's ``data_time`` and ``time`` count from ``now``.
+
+        The iteration timer calls it at each epoch start and after validation, so neither
+        the time before the epoch nor the validation counts as waiting for data.
+        """
+        self._clock_starts[len(self._pending)] = now
+
+    def keep_history(self, n: int) -> None:
+        """Make every buffer keep at least its last ``n`` values with their iterations.
+
+        For readers that compute over ranges of iterations after a flush, e.g. the logger's
+        interval means of lines written in batches (it asks at ``before_train``).
+        """
+        self._history = max(self._history, n)
+        for b in self._buffers.values():
+            b.keep(self._history)
 
     def buffer(self, name: str) -> HistoryBuffer:
         """The buffer of ``name``, created empty if it does not exist yet."""
         buf = self._buffers.get(name)
         if buf is None:
-            buf = self._buffers[name] = HistoryBuffer(self.window_size)
+            buf = self._buffers[name] = HistoryBuffer(self.window_size, self._history)
         return buf
 
-    def add_drain(self, fn: Callable[[], None]) -> None:
-        """Have ``fn`` called at the start of every :meth:`flush` (once, however often added).
+    # -- sync points ------------------------------------------------------------------------
+    def flush_if(self, due: bool) -> bool:
+        """Flush when ``due`` is true on any process; every process gets the same answer.
 
-        For producers that batch numbers up cheaply on the hot path (the iteration timer keeps
-        raw timestamps) and hand them over with :meth:`update_scalars` when someone reads.
+        For decisions taken from a process's own clock (the logger writes lines at most once a
+        ``flush_secs``): the flush still happens at the same iteration everywhere.
+
+        Returns:
+            Whether the store flushed.
         """
-        if fn not in self._drains:
-            self._drains.append(fn)
+        if not self.agree(due):
+            return False
+        self.flush()
+        return True
 
-    def add_listener(self, fn: Callable[[Columns, bool], None]) -> None:
-        """Have ``fn(columns, urgent)`` called after every :meth:`flush` with the numbers it brought in.
+    def flush(self, raise_on_nonfinite: bool | None = None) -> None:
+        """Turn every pending tensor into a number (one transfer per device) and timestamps into times.
 
-        ``columns`` maps each name to ``(iterations, values)`` of everything recorded since the
-        previous flush, in order (the logger hook writes its lines from them). ``urgent`` is
-        False for the automatic flush that bounds memory (every ``flush_every`` updates): a
-        listener may keep its output for later then; every other flush wants it written.
-        """
-        if fn not in self._listeners:
-            self._listeners.append(fn)
-
-    def remove_listener(self, fn: Callable[[Columns, bool], None]) -> None:
-        """Stop calling ``fn`` (no error if it was not registered)."""
-        if fn in self._listeners:
-            self._listeners.remove(fn)
-
-    # -- sync point -----------------------------------------------------------------------
-    def flush(self, raise_on_nonfinite: bool | None = None, urgent: bool = True) -> None:
-        """Turn every pending tensor into a number, in one transfer per device.
+        Call it at the same iteration on every process: when checking for non-finite losses
+        it asks :attr:`agree` once, if anything was pending.
 
         Args:
             raise_on_nonfinite: Override the store's setting for this call (error paths pass
-                False so a second exception does not hide the first).
-            urgent: Passed to the listeners: False only for the automatic memory-bounding flush.
+                False: no second exception hides the first, and no agreement is asked).
 
         Raises:
-            FloatingPointError: a loss was NaN/Inf; the message names the first such
-                iteration and that iteration's loss dict. Listeners have seen the numbers.
+            FloatingPointError: a loss was NaN/Inf on this or another process. On the process
+                that saw it the message names the first such iteration and that iteration's
+                loss dict. The numbers are in the buffers either way.
         """
-        for drain in self._drains:
-            drain()
-        pending = self._pending
+        rows, self._pending = self._pending, []
+        self._derive_times(rows)
+        if not rows:
+            return
+        columns, numbers = _columns(rows)  # one device→host transfer per device
+        check = self.raise_on_nonfinite if raise_on_nonfinite is None else raise_on_nonfinite
         bad: tuple[int, str] | None = None
-        columns: dict[str, tuple[list[int], list[Any]]] = {}
-        numbers: list[float] = []
-        if pending:
-            pending = pending.copy()
-            self._pending.clear()  # the same list: the train loop holds it (see hot_path)
-            columns, numbers = _columns(pending)  # one device→host transfer per device
-            check = self.raise_on_nonfinite if raise_on_nonfinite is None else raise_on_nonfinite
-            for name, (iters, refs) in columns.items():
-                vals = [numbers[r] if type(r) is int else r for r in refs]
-                self.update_scalars(name, vals, iters)
-                if check and "loss" in name and not all(map(math.isfinite, vals)):
-                    first = next(i for i, v in zip(iters, vals) if not math.isfinite(v))
-                    if bad is None or first < bad[0]:
-                        bad = (first, name)
-        fresh, self._fresh = self._fresh, {}
-        if fresh:
-            for fn in self._listeners:
-                fn(fresh, urgent)
-        if bad is not None:
-            it = bad[0]
-            losses = {name: (numbers[r] if type(r) is int else r) for name, (iters, refs) in columns.items() for i, r in zip(iters, refs) if i == it}
+        for name, (iters, refs) in columns.items():
+            vals = [numbers[r] if type(r) is int else r for r in refs]
+            self.buffer(name).extend(vals, iters)
+            if check and "loss" in name and not all(map(math.isfinite, vals)):
+                first = next(i for i, v in zip(iters, vals) if not math.isfinite(v))
+                if bad is None or first < bad[0]:
+                    bad = (first, name)
+        if not check or not self.agree(bad is not None):
+            return
+        fixes = (
+            "Lower the learning rate, enable gradient clipping (optim_wrapper=dict(clip_grad=dict(max_norm=1.0))), "
+            "check the data for NaN/Inf, or pass nonfinite_loss='skip' to the Trainer to skip such steps."
+        )
+        if bad is None:
             raise FloatingPointError(
-                f"Loss became infinite or NaN at iteration {it}: {losses}. "
-                "Lower the learning rate, enable gradient clipping (optim_wrapper=dict(clip_grad=dict(max_norm=1.0))), "
-                "check the data for NaN/Inf, or pass nonfinite_loss='skip' to the Trainer to skip such steps."
+                f"Loss became infinite or NaN on another process in iterations {rows[0][0]}..{rows[-1][0]} "
+                f"(checked at iteration {rows[-1][0]}); that process's error names the iteration and its losses. {fixes}"
             )
+        it = bad[0]
+        losses = {name: (numbers[r] if type(r) is int else r) for name, (iters, refs) in columns.items() for i, r in zip(iters, refs) if i == it}
+        raise FloatingPointError(f"Loss became infinite or NaN at iteration {it}: {losses}. {fixes}")
 
-    # -- reading --------------------------------------------------------------------------
+    def _derive_times(self, rows: list[Row]) -> None:
+        """``data_time`` (previous end → start) and ``time`` (previous end → end) of the timed rows."""
+        starts, self._clock_starts = self._clock_starts, {}
+        prev = self._prev_end
+        iters: list[int] = []
+        data: list[float] = []
+        total: list[float] = []
+        for k, (it, _, t0, t1) in enumerate(rows):
+            prev = starts.get(k, prev)
+            if prev is None or t0 is None or t1 is None:
+                continue
+            iters.append(it)
+            data.append(t0 - prev)
+            total.append(t1 - prev)
+            prev = t1
+        self._prev_end = starts.get(len(rows), prev)
+        if iters:
+            self.buffer("data_time").extend(data, iters)
+            self.buffer("time").extend(total, iters)
+
+    # -- reading ----------------------------------------------------------------------------
     def get(self, name: str) -> HistoryBuffer:
         """The buffer of ``name`` (flush first if you need the latest tensors counted)."""
         return self._buffers[name]
@@ -305,16 +363,18 @@ class MetricStore:
         return {k: b.latest for k, b in self._buffers.items()}
 
     def state_dict(self) -> dict[str, Any]:
-        """Every buffer (pending tensors are flushed first)."""
+        """Every buffer (pending tensors are flushed first): what a resumed run's first log lines average over."""
         self.flush()
         return {k: b.state_dict() for k, b in self._buffers.items()}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Restore the buffers saved by :meth:`state_dict`."""
-        self._pending.clear()
-        self._fresh = {}
+        self._pending = []
+        self._prev_end = None
+        self._clock_starts = {}
         self._buffers = {}
         for k, s in state.items():
-            b = HistoryBuffer(self.window_size)
+            b = HistoryBuffer(self.window_size, self._history)
             b.load_state_dict(s)
+            b.keep(self._history)
             self._buffers[k] = b

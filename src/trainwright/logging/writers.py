@@ -1,15 +1,70 @@
-"""Writers: where logged scalars go (JSON lines now; TensorBoard, CSV, W&B later)."""
+"""Writers: where logged numbers go (the console and ``metrics.jsonl`` now; TensorBoard, CSV, W&B later).
+
+The logger hook builds each training record once and hands the same objects to every
+writer of ``trainer.writers``. Only the main process has writers - the trainer builds the
+list there and nowhere else - so no writer ever checks the rank.
+"""
 
 from __future__ import annotations
 
+import datetime
 import json
+import logging
 import math
 import time
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple, Protocol, runtime_checkable
+
+from trainwright.logging.logger import log_lines
+from trainwright.registry import did_you_mean
+
+_META = ("mode", "epoch", "iter")
 
 
+class LineInfo(NamedTuple):
+    """What a training line shows besides its record: when and where in the run it was logged."""
 
+    created: float  # time.time() at the iteration: the line's timestamp
+    batch: int  # position of the iteration in its epoch, 1-based
+    by_epoch: bool
+    epoch_len: int  # iterations per epoch
+    max_iters: int  # iterations of the whole run (for the ETA)
+
+
+@runtime_checkable
+class Writer(Protocol):
+    """A destination for logged numbers. Subclass it and override what you need; the rest do nothing.
+
+    Records are plain dicts, the same as the lines of ``metrics.jsonl``: training records
+    ``{"mode": "train", "epoch", "iter", <losses and other outputs>, <lr names>, "grad_norm",
+    "loss_scale", "time", "data_time"}`` (keys present when logged) and evaluation records
+    ``{"mode": "val" | "test", "epoch", "iter", <metrics>}``. Writers run on the main
+    process only.
+    """
+
+    def write_train(self, records: list[dict[str, Any]], lines: list[LineInfo]) -> None:
+        """Training records of logging iterations, oldest first; several at once when lines are batched."""
+        return None
+
+    def write_eval(self, record: dict[str, Any]) -> None:
+        """The metrics of one validation or test pass."""
+        return None
+
+    def write_config(self, config: dict[str, Any]) -> None:
+        """The trainer's resolved settings (plain values), once, when the trainer is built."""
+        return None
+
+    def flush(self) -> None:
+        """Make everything written so far visible (on disk, on the server)."""
+        return None
+
+    def close(self) -> None:
+        """Release files and connections; nothing is written afterwards."""
+        return None
+
+
+# -- metrics.jsonl ----------------------------------------------------------------------------
 _encode_strict = json.JSONEncoder(allow_nan=False).encode
 
 
@@ -28,8 +83,8 @@ def _finite(record: dict[str, Any]) -> dict[str, Any]:
     return record
 
 
-class JsonlWriter:
-    """Appends one JSON object per line to ``path`` (``metrics.jsonl``); opened lazily.
+class JsonlWriter(Writer):
+    """Appends one JSON object per record to ``path`` (``metrics.jsonl``); opened lazily.
 
     Lines reach the OS at most ``flush_secs`` after they are written (and always on
     :meth:`flush` / :meth:`close`), so logging does not pay a system call per record.
@@ -41,12 +96,14 @@ class JsonlWriter:
         self._fh: Any = None
         self._last_flush = 0.0
 
-    def write(self, record: dict[str, Any]) -> None:
-        """Append ``record`` (non-finite floats written as strings "nan"/"inf")."""
+    def write_train(self, records: list[dict[str, Any]], lines: list[LineInfo]) -> None:  # noqa: D102
+        self.write_many(records)
+
+    def write_eval(self, record: dict[str, Any]) -> None:  # noqa: D102
         self.write_many([record])
 
     def write_many(self, records: list[dict[str, Any]]) -> None:
-        """Append several records with one write."""
+        """Append records with one write (non-finite floats written as strings "nan"/"inf")."""
         if self._fh is None:
             self.path.parent.mkdir(parents=True, exist_ok=True)
             self._fh = open(self.path, "a", encoding="utf-8")  # noqa: SIM115 - kept open for the run
@@ -67,3 +124,117 @@ class JsonlWriter:
         if self._fh is not None:
             self._fh.close()
             self._fh = None
+
+
+# -- console and train.log --------------------------------------------------------------------
+def _template(keys: tuple[str, ...]) -> str:
+    """``"  loss: {:.4f}  lr: {:.4e}  eta: {}  ..."`` for records with these keys (the first three are meta)."""
+    parts = []
+    for k in keys[len(_META) :]:
+        lr = k == "lr" or k.endswith(".lr")
+        parts.append(f"  {k}: {{:.4e}}" if lr else f"  {k}: {{:.4f}}")
+        if k == "lr" and "time" in keys:
+            parts.append("  eta: {}")
+    return "".join(parts)
+
+
+class ConsoleWriter(Writer):
+    """Log lines through the trainer's logger (stdout and ``train.log``).
+
+    Training lines look like ``Epoch(train) [1][ 30/100]  loss: 0.1234  lr: 1.0000e-02  eta:
+    0:00:12  time: 0.0123  data_time: 0.0012`` (``Iter(train) [30/1000]`` for iteration-based
+    runs), rendered from cached per-key templates and written in one batch per call, each
+    dated by its iteration; evaluation results as ``Epoch(val) [1] iter 100  acc: 0.9700``.
+
+    Args:
+        logger: The logger to write to; its handlers belong to the trainer (closed there).
+    """
+
+    def __init__(self, logger: logging.Logger) -> None:
+        self.logger = logger
+        self._templates: dict[tuple[str, ...], str] = {}
+
+    def write_train(self, records: list[dict[str, Any]], lines: list[LineInfo]) -> None:  # noqa: D102
+        log_lines(self.logger, [self._format(rec, info) for rec, info in zip(records, lines)], created=[info.created for info in lines])
+
+    def write_eval(self, record: dict[str, Any]) -> None:  # noqa: D102
+        shown = "  ".join(f"{k}: {v:.4f}" for k, v in record.items() if k not in _META)
+        self.logger.info(f"Epoch({record['mode']}) [{record['epoch']}] iter {record['iter']}  {shown}")
+
+    def flush(self) -> None:  # noqa: D102
+        for h in self.logger.handlers:
+            h.flush()
+
+    def _format(self, rec: dict[str, Any], info: LineInfo) -> str:
+        if info.by_epoch:
+            head = f"Epoch(train) [{rec['epoch']}][{str(info.batch).rjust(len(str(info.epoch_len)))}/{info.epoch_len}]"
+        else:
+            head = f"Iter(train) [{str(rec['iter']).rjust(len(str(info.max_iters)))}/{info.max_iters}]"
+        keys = tuple(rec)
+        template = self._templates.get(keys)
+        if template is None:
+            template = self._templates[keys] = _template(keys)
+        values = [v for k, v in rec.items() if k not in _META]
+        if "lr" in rec and "time" in rec:  # the ETA follows the lr
+            values.insert(keys.index("lr") - len(_META) + 1, datetime.timedelta(seconds=int(rec["time"] * (info.max_iters - rec["iter"]))))
+        return head + template.format(*values)
+
+
+# -- by name ----------------------------------------------------------------------------------
+#: Writers that ``Trainer(writers=[...])`` accepts by name: name → ``factory(run_dir, logger)``.
+WRITERS: dict[str, Callable[[Path, logging.Logger], Writer]] = {
+    "console": lambda run_dir, logger: ConsoleWriter(logger),
+    "jsonl": lambda run_dir, logger: JsonlWriter(run_dir / "metrics.jsonl"),
+}
+
+#: What ``Trainer(writers=None)`` uses.
+DEFAULT_WRITERS = ("console", "jsonl")
+
+
+def build_writers(spec: Sequence[Writer | str] | None, run_dir: Path, logger: logging.Logger) -> list[Writer]:
+    """The writers of a run: ``None`` gives the defaults; a list replaces them.
+
+    Args:
+        spec: None, or a list of :class:`Writer` objects and names of :data:`WRITERS`
+            (``["console", "jsonl", MyWriter()]`` keeps both defaults and adds one).
+        run_dir: The run folder (``metrics.jsonl`` goes there).
+        logger: The trainer's logger (the console writer writes through it).
+
+    Raises:
+        KeyError: an unknown writer name (the closest known name is suggested).
+        TypeError: ``spec`` is not a list, or an item is neither a name nor a Writer.
+    """
+    if spec is None:
+        spec = DEFAULT_WRITERS
+    elif isinstance(spec, (str, Writer)) or not isinstance(spec, Sequence):
+        raise TypeError(f"writers must be a list of Writer objects and names {sorted(WRITERS)}, got {type(spec).__name__}: e.g. writers=['console', 'jsonl', MyWriter()]")
+    out: list[Writer] = []
+    for item in spec:
+        if isinstance(item, str):
+            if item not in WRITERS:
+                raise KeyError(f"Unknown writer {item!r}.{did_you_mean(item, sorted(WRITERS))} Known writers: {sorted(WRITERS)}; or pass a Writer object")
+            out.append(WRITERS[item](run_dir, logger))
+        elif isinstance(item, Writer):
+            out.append(item)
+        else:
+            raise TypeError(
+                f"writers items must be writer names {sorted(WRITERS)} or Writer objects, got {type(item).__name__}: "
+                "subclass trainwright.logging.Writer and override write_train / write_eval / write_config / flush / close as needed"
+            )
+    return out
+
+
+def plain(obj: Any) -> Any:
+    """``obj`` as JSON-like data (dicts, lists, strings, numbers, None); anything else as its ``repr``.
+
+    For :meth:`Writer.write_config`: the trainer's arguments may hold objects (a DataLoader, a model).
+    """
+    if obj is None or isinstance(obj, (str, int, float, bool)):
+        return obj
+    if isinstance(obj, Mapping):
+        return {str(k): plain(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return [plain(v) for v in obj]
+    if isinstance(obj, Path):
+        return str(obj)
+    return repr(obj)

@@ -2,12 +2,11 @@
 
 Pseudocode of one iteration (both loops)::
 
-    iter_marks.append(perf_counter())                   # only when the timer hook asked for it
+    t_start = perf_counter()
     for hook in due before_train_iter: hook(trainer, idx, batch)
     outputs = model.train_step(batch, optim_wrapper)   # forward, backward, maybe step
     progress.iteration += 1; progress.iter_in_epoch += 1
-    metric_store.update_dict(outputs, progress.iteration)   # tensors, no sync (inline: a list append)
-    iter_marks.append(perf_counter())
+    metric_store.record(progress.iteration, outputs, t_start, perf_counter())   # tensors, no sync
     for hook in due after_train_iter: hook(trainer, idx, batch, outputs)
 
 Hooks that declare an interval (``Hook.train_iter_interval``, e.g. the logger's 10) see an
@@ -43,10 +42,6 @@ class _TrainLoopBase:
         self.dataloader = dataloader
         self.val_begin = val_begin
         self.val_interval = val_interval
-        #: When a list (the iteration timer hook sets it), the loop appends ``time.perf_counter()``
-        #: right before each iteration's ``before_train_iter`` hooks and right after its step
-        #: (before ``after_train_iter``): two list appends instead of two hook calls per step.
-        self.iter_marks: list[float] | None = None
 
     @property
     def max_iters(self) -> int:
@@ -63,19 +58,15 @@ class _TrainLoopBase:
         progress = t.progress
         model = t.model
         ow = t.optim_wrapper
-        store = t.metric_store
         hooks = t.hooks
         schedule = hooks.schedule
         before_every, after_every = schedule.before_every, schedule.after_every
         last = len(self.dataloader) - 1
         train_step: Any = model.train_step
-        rows, flush_at = store.hot_path()
-        record = rows.append
+        record = t.metric_store.record
         validate = val_every_iter and t.val_loop is not None
-        marks = self.iter_marks
         for batch in batches:
-            if marks is not None:
-                marks.append(_clock())
+            t_start = _clock()
             idx = progress.iter_in_epoch
             it = progress.iteration + 1
             if it >= schedule.next_due or idx == last:  # a hook with an interval is due (or the epoch ends)
@@ -87,11 +78,7 @@ class _TrainLoopBase:
             outputs = train_step(batch, ow)
             progress.iteration = it
             progress.iter_in_epoch = idx + 1
-            record((it, outputs))  # store.update_dict(outputs, it), without the call
-            if len(rows) >= flush_at:
-                store.flush(urgent=False)
-            if marks is not None:
-                marks.append(_clock())
+            record(it, outputs, t_start, _clock())  # tensors stay tensors; the store flushes by itself every flush_every
             for fn in after:
                 fn(t, idx, batch, outputs)
             if validate and self.val_due():

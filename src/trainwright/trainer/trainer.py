@@ -14,9 +14,10 @@ from trainwright.checkpoint import Stateful
 from trainwright.data.loader import build_dataloader, make_dataloader
 from trainwright.hooks.dispatch import HookList
 from trainwright.hooks.hook import Hook
+from trainwright.hooks.logger import LoggerHook
 from trainwright.logging.logger import close_logger, create_logger
 from trainwright.logging.metric_store import MetricStore
-from trainwright.logging.writers import JsonlWriter
+from trainwright.logging.writers import Writer, build_writers, plain
 from trainwright.loops.eval_loop import EvalLoop
 from trainwright.loops.progress import Progress
 from trainwright.loops.train_loop import EpochBasedTrainLoop, IterBasedTrainLoop
@@ -58,6 +59,10 @@ class Trainer:
         randomness: ``dict(seed=..., deterministic=False, diff_rank_seed=False)``.
         nonfinite_loss: ``"raise"`` (FloatingPointError naming the iteration) or ``"skip"``.
         log_level: Logging level of the trainer's logger.
+        writers: Where logged records go (on the main process; other processes write nothing).
+            None: the console (stdout and ``train.log``) and ``metrics.jsonl``. A list replaces
+            these defaults: :class:`~trainwright.logging.Writer` objects, and the names
+            ``"console"`` / ``"jsonl"`` to keep a default (``writers=["console", "jsonl", MyWriter()]``).
     """
 
     def __init__(
@@ -85,6 +90,7 @@ class Trainer:
         nonfinite_loss: str = "raise",
         log_level: str | int = "INFO",
         experiment_name: str | None = None,
+        writers: Sequence[Writer | str] | None = None,
     ) -> None:
         if nonfinite_loss not in ("raise", "skip"):
             raise ValueError(f"nonfinite_loss must be 'raise' or 'skip', got {nonfinite_loss!r}")
@@ -101,11 +107,22 @@ class Trainer:
         self.experiment_name = experiment_name or time.strftime("%Y%m%d_%H%M%S")
         self.run_dir = self.work_dir / self.experiment_name
         self.logger = create_logger(log_file=self.run_dir / "train.log" if self.is_main_process else None, level=log_level, rank=self.strategy.rank)
-        self.writer = JsonlWriter(self.run_dir / "metrics.jsonl")
+        # THE rank decision of logging: only the main process has writers; hooks just fan out to this list.
+        self.writers: list[Writer] = build_writers(writers, self.run_dir, self.logger) if self.is_main_process else []
         self.logger.info(f"Environment: {self.strategy.collect_env()}")
         self.logger.info(f"Random seed: {self.seed}")
         self.nonfinite_loss = nonfinite_loss
-        self.metric_store = MetricStore(raise_on_nonfinite=nonfinite_loss == "raise")
+        # Several processes agree on each flush and on the non-finite-loss decision; one has nothing to agree on.
+        agree = self.strategy.any_true if self.strategy.world_size > 1 else None
+        self.metric_store = MetricStore(raise_on_nonfinite=nonfinite_loss == "raise", agree=agree)
+        config = plain(dict(
+            work_dir=self.work_dir, experiment_name=self.experiment_name, train_cfg=self.train_cfg, val_cfg=self.val_cfg, test_cfg=self.test_cfg,
+            optim_wrapper=optim_wrapper, param_scheduler=param_scheduler, default_hooks=default_hooks, custom_hooks=custom_hooks, precision=precision,
+            strategy=self.strategy.name, world_size=self.strategy.world_size, seed=self.seed, randomness=randomness, compile=compile,
+            resume=resume, load_from=load_from, nonfinite_loss=nonfinite_loss,
+        ))
+        for w in self.writers:
+            w.write_config(config)
         self.progress = Progress()
         self.should_stop = False
         self.preempted = False  # set by the PreemptionHook when a stop signal ended training
@@ -428,11 +445,16 @@ class Trainer:
             FloatingPointError: a loss logged since the last flush is NaN/Inf (see ``nonfinite_loss``).
         """
         self.metric_store.flush()
-        self.writer.flush()
+        logger_hook = self.hooks.get(LoggerHook)
+        if isinstance(logger_hook, LoggerHook):
+            logger_hook.write_pending(self)  # the lines it holds for their batch (flush_secs)
+        for w in self.writers:
+            w.flush()
         for h in self.logger.handlers:
             h.flush()
 
     def close(self) -> None:
-        """Close the log file and metrics writer."""
-        self.writer.close()
+        """Close the writers and the log file."""
+        for w in self.writers:
+            w.close()
         close_logger(self.logger)

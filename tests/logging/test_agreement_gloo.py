@@ -1,0 +1,90 @@
+"""A real 2-process gloo run: one rank's NaN and the other's clock lead both to the same flush and the same error."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+import torch.distributed
+import torch.multiprocessing as mp
+from torch.utils.data import DataLoader, TensorDataset
+
+import trainwright as tw
+from trainwright import dist
+from trainwright.strategies.single_device import SingleDeviceStrategy
+
+WORLD = 2
+
+
+class GlooCPU(SingleDeviceStrategy):
+    """Enough of a multi-process strategy for logging: rank facts and ``any_true`` as an all-reduce."""
+
+    @property
+    def rank(self) -> int:
+        return dist.get_rank()
+
+    @property
+    def world_size(self) -> int:
+        return dist.get_world_size()
+
+    def any_true(self, flag: bool) -> bool:
+        return bool(dist.all_reduce(torch.tensor([float(flag)]), op="max").item())
+
+
+class NaNAt(tw.BaseModel):
+    def __init__(self, at: int | None) -> None:
+        super().__init__()
+        self.linear = torch.nn.Linear(4, 1)
+        self.at, self.calls = at, 0
+
+    def forward(self, x: torch.Tensor, y: torch.Tensor | None = None, mode: str = "tensor") -> Any:
+        out = self.linear(x)
+        if mode != "loss":
+            return out
+        self.calls += 1
+        loss = torch.nn.functional.mse_loss(out, y)
+        return {"loss": loss * float("nan") if self.calls == self.at else loss}
+
+
+def _worker(rank: int, init_file: str, out_dir: str) -> None:
+    torch.set_num_threads(1)
+    torch.distributed.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank, world_size=WORLD)
+    try:
+        g = torch.Generator().manual_seed(0)
+        data = TensorDataset(torch.randn(40, 4, generator=g), torch.randn(40, 1, generator=g))
+        # Rank 0 sees the NaN at iteration 6 but its clock would hold lines for an hour; rank 1's writes each line.
+        t = tw.Trainer(
+            model=NaNAt(6 if rank == 0 else None), work_dir=Path(out_dir) / f"rank{rank}", train_dataloader=DataLoader(data, batch_size=4),
+            optim_wrapper=dict(optimizer=dict(type="SGD", lr=0.01)), train_cfg=dict(by_epoch=True, max_epochs=2), strategy=GlooCPU(device="cpu"),
+            default_hooks=dict(checkpoint=None, logger=dict(interval=2, flush_secs=3600.0 if rank == 0 else 0.0)), log_level="WARNING", experiment_name="run",
+        )
+        report: dict[str, Any] = {"writers": len(t.writers)}
+        try:
+            t.train()
+        except FloatingPointError as e:
+            report["error"] = str(e)
+        report["iteration"] = t.progress.iteration
+        t.close()
+        (Path(out_dir) / f"rank{rank}.json").write_text(json.dumps(report))
+    finally:
+        torch.distributed.destroy_process_group()
+
+
+@pytest.mark.multiprocess
+@pytest.mark.slow
+@pytest.mark.timeout(120)
+def test_two_process_nan_raises_on_both_ranks_at_the_same_iteration(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("TMPDIR", str(tmp_path))
+    for var in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT"):
+        monkeypatch.delenv(var, raising=False)
+    mp.spawn(_worker, args=(str(tmp_path / "init"), str(tmp_path)), nprocs=WORLD, join=True)
+    r0, r1 = (json.loads((tmp_path / f"rank{r}.json").read_text()) for r in range(WORLD))
+    assert r0["iteration"] == r1["iteration"] == 6
+    assert "at iteration 6: {'loss': nan}" in r0["error"] and "another process" in r1["error"]
+    assert (r0["writers"], r1["writers"]) == (2, 0)
+    records = [json.loads(line) for line in (tmp_path / "rank0" / "run" / "metrics.jsonl").read_text().splitlines()]
+    assert [r["iter"] for r in records] == [2, 4, 6]
+    assert not (tmp_path / "rank1" / "run" / "metrics.jsonl").exists()
