@@ -9,7 +9,7 @@ from trainwright.hooks.hook import Hook
 from trainwright.registry import HOOKS
 
 if TYPE_CHECKING:
-    from trainwright.trainer.trainer import Trainer
+    from trainwright.hooks.view import TrainerView
 
 _clock = time.perf_counter
 
@@ -32,13 +32,13 @@ class IterTimerHook(Hook):
     def __init__(self) -> None:
         self._v = 0.0
 
-    def before_train_epoch(self, trainer: Trainer) -> None:  # noqa: D102
+    def before_train_epoch(self, trainer: TrainerView) -> None:  # noqa: D102
         trainer.metric_store.start_clock(_clock())
 
-    def before_val_epoch(self, trainer: Trainer) -> None:  # noqa: D102
+    def before_val_epoch(self, trainer: TrainerView) -> None:  # noqa: D102
         self._v = _clock()
 
-    def after_val_epoch(self, trainer: Trainer, metrics: dict | None = None) -> None:  # noqa: D102
+    def after_val_epoch(self, trainer: TrainerView, metrics: dict | None = None) -> None:  # noqa: D102
         now = _clock()
         trainer.metric_store.update_scalar("val_time", now - self._v)
         trainer.metric_store.start_clock(now)  # validation does not count as the next iteration's data time

@@ -33,7 +33,7 @@ from trainwright.logging.writers import LineInfo
 from trainwright.registry import HOOKS
 
 if TYPE_CHECKING:
-    from trainwright.trainer.trainer import Trainer
+    from trainwright.hooks.view import TrainerView
 
 _TIME_KEYS = ("time", "data_time")
 
@@ -92,7 +92,7 @@ class LoggerHook(Hook):
         self._log_scale = False
 
     # -- training ---------------------------------------------------------------------------
-    def before_train(self, trainer: Trainer) -> None:  # noqa: D102
+    def before_train(self, trainer: TrainerView) -> None:  # noqa: D102
         loop = trainer.train_loop
         assert loop is not None  # before_train: the trainer built it
         self._by_epoch = loop.by_epoch
@@ -107,11 +107,12 @@ class LoggerHook(Hook):
         # values of the oldest pending line's interval are still in the store's buffers then.
         trainer.metric_store.keep_history(trainer.metric_store.flush_every + 2 * self.interval)
         self._last_write = time.perf_counter()
+        trainer.hold_log_lines(lambda: self._write_lines(trainer))  # trainer.flush_logs() writes what is held
 
-    def train_iter_interval(self, trainer: Trainer) -> int:  # noqa: D102
+    def train_iter_interval(self, trainer: TrainerView) -> int:  # noqa: D102
         return self.interval  # the loop calls after_train_iter at multiples of it and at epoch ends only
 
-    def after_train_iter(self, trainer: Trainer, batch_idx: int, data_batch: Any = None, outputs: dict | None = None) -> None:  # noqa: D102
+    def after_train_iter(self, trainer: TrainerView, batch_idx: int, data_batch: Any = None, outputs: dict | None = None) -> None:  # noqa: D102
         if trainer.progress.iteration % self.interval == 0 or batch_idx == self._last_idx:
             # Runs once per interval, so its code is cold each time: keep it to reading values.
             p = trainer.progress
@@ -125,27 +126,28 @@ class LoggerHook(Hook):
             if store.flush_if(due):
                 self._write_lines(trainer)
 
-    def after_train_epoch(self, trainer: Trainer) -> None:  # noqa: D102
+    def after_train_epoch(self, trainer: TrainerView) -> None:  # noqa: D102
         self.write_pending(trainer)  # the loop flushed the store: the epoch's last lines go out now
 
-    def after_train(self, trainer: Trainer) -> None:  # noqa: D102
+    def after_train(self, trainer: TrainerView) -> None:  # noqa: D102
         self.write_pending(trainer)
 
-    def after_run(self, trainer: Trainer) -> None:  # noqa: D102
+    def after_run(self, trainer: TrainerView) -> None:  # noqa: D102
         # Also after an error: the trainer flushed the store without raising; write what was logged.
         self.write_pending(trainer)
+        trainer.hold_log_lines(None)
 
-    def write_pending(self, trainer: Trainer) -> None:
+    def write_pending(self, trainer: TrainerView) -> None:
         """Flush the store (a no-op when nothing is pending) and write every line held for its batch.
 
-        Called at the hook's own events and by :meth:`Trainer.flush_logs` (e.g. before a
+        Called at the hook's own events and through :meth:`Trainer.flush_logs` (see ``hold_log_lines``) (e.g. before a
         checkpoint is written: a resumed run does not log those iterations again). Call it at
         the same point on every process, as any store flush.
         """
         trainer.metric_store.flush()
         self._write_lines(trainer)
 
-    def _write_lines(self, trainer: Trainer) -> None:
+    def _write_lines(self, trainer: TrainerView) -> None:
         """Build the pending records from the store's buffers (just flushed) and hand them to every writer."""
         requests, self._requests = self._requests, []
         self._last_write = time.perf_counter()
@@ -159,7 +161,7 @@ class LoggerHook(Hook):
         for w in trainer.writers:
             w.write_train(records, lines)
 
-    def _records(self, trainer: Trainer, requests: list[_Request]) -> list[dict[str, Any]]:
+    def _records(self, trainer: TrainerView, requests: list[_Request]) -> list[dict[str, Any]]:
         """Per request: loss and time means over its interval and the latest other values, from the store."""
         store = trainer.metric_store
         cols = []
@@ -198,13 +200,13 @@ class LoggerHook(Hook):
         return out
 
     # -- evaluation -------------------------------------------------------------------------
-    def after_val_epoch(self, trainer: Trainer, metrics: dict[str, float] | None = None) -> None:  # noqa: D102
+    def after_val_epoch(self, trainer: TrainerView, metrics: dict[str, float] | None = None) -> None:  # noqa: D102
         self._log_eval(trainer, "val", metrics or {})
 
-    def after_test_epoch(self, trainer: Trainer, metrics: dict[str, float] | None = None) -> None:  # noqa: D102
+    def after_test_epoch(self, trainer: TrainerView, metrics: dict[str, float] | None = None) -> None:  # noqa: D102
         self._log_eval(trainer, "test", metrics or {})
 
-    def _log_eval(self, trainer: Trainer, mode: str, metrics: dict[str, float]) -> None:
+    def _log_eval(self, trainer: TrainerView, mode: str, metrics: dict[str, float]) -> None:
         self.write_pending(trainer)  # pending training lines first, in order
         p = trainer.progress
         record = {"mode": mode, "epoch": p.epoch, "iter": p.iteration, **{k: float(v) for k, v in metrics.items()}}

@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 if TYPE_CHECKING:
     from trainwright.hooks.dispatch import HookList
     from trainwright.logging.metric_store import MetricStore
+    from trainwright.logging.writers import Writer
     from trainwright.strategies.base import Strategy
     from trainwright.utils.progress import Progress
 
@@ -58,6 +59,7 @@ class TrainerView(Protocol):
         param_schedulers: The parameter schedulers (list, or dict per optimizer).
         hooks: The hook list.
         work_dir: The run's work directory.
+        writers: Where records go (empty on every process but rank 0).
     """
 
     progress: Progress
@@ -70,6 +72,7 @@ class TrainerView(Protocol):
     param_schedulers: Any
     hooks: HookList
     work_dir: Path
+    writers: list[Writer]
 
     @property
     def train_loop(self) -> TrainLoopView | None:
@@ -105,6 +108,9 @@ class TrainerView(Protocol):
         self, path: str | Path, save_optimizer: bool = True, save_param_scheduler: bool = True, *, async_save: bool = False, after: Callable[[], None] | None = None
     ) -> Path:
         """Write the full checkpoint to ``path`` through the strategy (``after`` runs once the file is complete)."""
+
+    def hold_log_lines(self, write_pending: Callable[[], None] | None) -> None:
+        """Register who holds log lines back for batched writing; :meth:`flush_logs` calls it."""
 
     def set_checkpoint_server(self, server: Callable[[Any], Path | None] | None) -> None:
         """Make ``server(trainer)`` serve :meth:`request_checkpoint` (the checkpoint hook does, while training)."""

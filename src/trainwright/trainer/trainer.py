@@ -5,7 +5,7 @@ from __future__ import annotations
 import time
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from torch import nn
 
@@ -14,7 +14,6 @@ from trainwright.checkpoint import Stateful
 from trainwright.data.loader import build_dataloader, make_dataloader
 from trainwright.hooks.dispatch import HookList
 from trainwright.hooks.hook import Hook
-from trainwright.hooks.logger import LoggerHook
 from trainwright.logging.logger import close_logger, create_logger
 from trainwright.logging.metric_store import MetricStore
 from trainwright.logging.writers import Writer, build_writers, plain
@@ -145,6 +144,7 @@ class Trainer:
         self._loaded = False
         self._registered_stateful: dict[str, Stateful] = {}
         self._checkpoint_server: Callable[[Trainer], Path | None] | None = None
+        self._held_lines: Callable[[], None] | None = None  # see hold_log_lines
 
     # -- properties -----------------------------------------------------------------------
     @property
@@ -390,6 +390,14 @@ class Trainer:
         self.strategy.save_checkpoint(path, self.state_dict(save_optimizer, save_param_scheduler), async_save=async_save, after=after)
         return path
 
+    def hold_log_lines(self, write_pending: Callable[[], None] | None) -> None:
+        """Register who holds log lines back to write them in batches (the logger hook, while it runs).
+
+        :meth:`flush_logs` calls ``write_pending()`` after flushing the metric store, so held
+        lines reach the writers before e.g. a checkpoint is written. ``None`` unregisters.
+        """
+        self._held_lines = write_pending
+
     def set_checkpoint_server(self, server: Callable[[Trainer], Path | None] | None) -> None:
         """Make ``server(trainer)`` serve :meth:`request_checkpoint` (the checkpoint hook does, while training); None: the trainer serves."""
         self._checkpoint_server = server
@@ -445,9 +453,8 @@ class Trainer:
             FloatingPointError: a loss logged since the last flush is NaN/Inf (see ``nonfinite_loss``).
         """
         self.metric_store.flush()
-        logger_hook = self.hooks.get(LoggerHook)
-        if isinstance(logger_hook, LoggerHook):
-            logger_hook.write_pending(self)  # the lines it holds for their batch (flush_secs)
+        if self._held_lines is not None:
+            self._held_lines()  # lines held back for their batch (the logger hook's flush_secs)
         for w in self.writers:
             w.flush()
         for h in self.logger.handlers:
@@ -458,3 +465,10 @@ class Trainer:
         for w in self.writers:
             w.close()
         close_logger(self.logger)
+
+
+if TYPE_CHECKING:
+    from trainwright.hooks.view import TrainerView
+
+    def _trainer_is_a_view(trainer: Trainer) -> TrainerView:
+        return trainer  # mypy checks that the Trainer offers everything hooks are typed against
