@@ -11,24 +11,19 @@ from torch import nn
 
 from trainwright.amp.precision import Precision, build_precision
 from trainwright.checkpoint import Stateful
-from trainwright.data.loader import build_dataloader, make_dataloader
 from trainwright.hooks.dispatch import HookList
 from trainwright.hooks.hook import Hook
 from trainwright.logging.logger import close_logger, create_logger
 from trainwright.logging.metric_store import MetricStore
 from trainwright.logging.writers import Writer, build_writers, plain
-from trainwright.loops.eval_loop import EvalLoop
 from trainwright.loops.progress import Progress
 from trainwright.loops.train_loop import EpochBasedTrainLoop, IterBasedTrainLoop
 from trainwright.model.base_model import ModuleAdapter, as_base_model
-from trainwright.optim.builder import build_optim_wrapper, loop_precision
 from trainwright.registry import check_keys
 from trainwright.strategies import build_strategy
+from trainwright.trainer.build import EVAL_CFG_KEYS, TRAIN_CFG_KEYS, build_eval_loop, build_train
 from trainwright.trainer.hooks_config import build_hook, build_hooks
 from trainwright.trainer.state import BUILTIN_PIECES, collect_state, make_safe, restore_state, stateful_pieces
-
-_TRAIN_CFG_KEYS = {"by_epoch", "max_epochs", "max_iters", "val_interval", "val_begin"}
-_EVAL_CFG_KEYS = {"autocast"}
 
 
 class Trainer:
@@ -94,11 +89,11 @@ class Trainer:
         if nonfinite_loss not in ("raise", "skip"):
             raise ValueError(f"nonfinite_loss must be 'raise' or 'skip', got {nonfinite_loss!r}")
         self.train_cfg = dict(train_cfg or {})
-        check_keys("train_cfg", self.train_cfg, _TRAIN_CFG_KEYS)
+        check_keys("train_cfg", self.train_cfg, TRAIN_CFG_KEYS)
         self.val_cfg = dict(val_cfg or {})
-        check_keys("val_cfg", self.val_cfg, _EVAL_CFG_KEYS)
+        check_keys("val_cfg", self.val_cfg, EVAL_CFG_KEYS)
         self.test_cfg = dict(test_cfg or {})
-        check_keys("test_cfg", self.test_cfg, _EVAL_CFG_KEYS)
+        check_keys("test_cfg", self.test_cfg, EVAL_CFG_KEYS)
         self.work_dir = Path(work_dir)
         self.strategy = build_strategy(strategy)
         self.strategy.setup_env(randomness=randomness)
@@ -138,8 +133,8 @@ class Trainer:
         self.optim_wrapper: Any = None
         self.param_schedulers: Any = None
         self.train_loop: EpochBasedTrainLoop | IterBasedTrainLoop | None = None
-        self.val_loop = self._build_eval_loop(val_dataloader, val_evaluator, "val", self.val_cfg)
-        self.test_loop = self._build_eval_loop(test_dataloader, test_evaluator, "test", self.test_cfg)
+        self.val_loop = build_eval_loop(self, val_dataloader, val_evaluator, "val", self.val_cfg)
+        self.test_loop = build_eval_loop(self, test_dataloader, test_evaluator, "test", self.test_cfg)
         self._prepared = False
         self._loaded = False
         self._registered_stateful: dict[str, Stateful] = {}
@@ -169,54 +164,15 @@ class Trainer:
         return self.train_loop.max_iters if self.train_loop is not None else 0
 
     # -- building -------------------------------------------------------------------------
-    def _build_eval_loop(self, loader: Any, evaluator: Any, mode: str, cfg: dict[str, Any]) -> EvalLoop | None:
-        if loader is None:
-            return None
-        if isinstance(loader, Mapping):  # a DataLoader, or any iterable of batches, is used as given
-            loader = make_dataloader(loader, f"{mode}_dataloader")
-        if evaluator is not None:
-            from trainwright.evaluation import Evaluator
-
-            evaluator = evaluator if isinstance(evaluator, Evaluator) else Evaluator(evaluator)
-        return EvalLoop(self, loader, evaluator, mode, autocast=bool(cfg.get("autocast", False)))
-
     def _build_train(self) -> None:
+        """Build the train loader, optim wrapper, train loop and schedulers, once (see :mod:`trainwright.trainer.build`)."""
         if self.train_loop is not None:
             return
-        if self._train_loader_cfg is None:
-            raise ValueError("train() needs a train_dataloader: pass train_dataloader=DataLoader(...) or dict(dataset=..., batch_size=...)")
-        if self._optim_cfg is None:
-            raise ValueError("train() needs an optim_wrapper, e.g. optim_wrapper=dict(optimizer=dict(type='SGD', lr=0.01))")
-        cfg = dict(self.train_cfg)
-        by_epoch = cfg.pop("by_epoch", "max_iters" not in cfg)
-        loader = build_dataloader(self._train_loader_cfg, seed=self.seed)
-        if len(loader) == 0:
-            raise ValueError("train_dataloader is empty (0 batches): check the dataset length, and that batch_size <= len(dataset) when drop_last=True")
-        device_type = self.strategy.device.type
-        self.optim_wrapper = build_optim_wrapper(self.unwrapped_base, self._optim_cfg, self.precision, device_type)
-        self.precision = loop_precision(self.optim_wrapper, self.precision)  # one object for wrapper and loops
-        if self.nonfinite_loss == "skip":
-            for ow in self.optim_wrapper.values() if hasattr(self.optim_wrapper, "values") else [self.optim_wrapper]:
-                ow.skip_nonfinite = True
-        if by_epoch:
-            if "max_epochs" not in cfg:
-                raise KeyError("train_cfg with by_epoch=True needs max_epochs, e.g. train_cfg=dict(by_epoch=True, max_epochs=10)")
-            cfg.pop("max_iters", None)
-            self.train_loop = EpochBasedTrainLoop(self, loader, **cfg)
-        else:
-            if "max_iters" not in cfg:
-                raise KeyError("train_cfg with by_epoch=False needs max_iters, e.g. train_cfg=dict(by_epoch=False, max_iters=2000)")
-            cfg.pop("max_epochs", None)
-            self.train_loop = IterBasedTrainLoop(self, loader, **cfg)
-        if self._scheduler_cfg:
-            from trainwright.optim.scheduler import build_param_schedulers
-
-            target = self.optim_wrapper.optim_wrappers if hasattr(self.optim_wrapper, "optim_wrappers") else self.optim_wrapper
-            loop = self.train_loop
-            self.param_schedulers = build_param_schedulers(
-                self._scheduler_cfg, target, epoch_length=len(loader),
-                max_epochs=getattr(loop, "max_epochs", None), max_iters=None if loop.by_epoch else loop.max_iters,
-            )
+        parts = build_train(
+            self, self.train_cfg, self._train_loader_cfg, self._optim_cfg, self._scheduler_cfg,
+            model=self.unwrapped_base, precision=self.precision, seed=self.seed, skip_nonfinite=self.nonfinite_loss == "skip",
+        )
+        self.optim_wrapper, self.precision, self.train_loop, self.param_schedulers = parts
 
     @property
     def unwrapped_base(self) -> nn.Module:

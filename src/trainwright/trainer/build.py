@@ -1,0 +1,94 @@
+"""Building the trainer's parts from objects or config dicts: the train loop with its loader, optim wrapper and schedulers; the eval loops."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import TYPE_CHECKING, Any, NamedTuple
+
+from torch import nn
+
+from trainwright.amp.precision import Precision
+from trainwright.data.loader import build_dataloader, make_dataloader
+from trainwright.loops.eval_loop import EvalLoop
+from trainwright.loops.train_loop import EpochBasedTrainLoop, IterBasedTrainLoop
+from trainwright.optim.builder import build_optim_wrapper, loop_precision
+
+if TYPE_CHECKING:
+    from trainwright.trainer.trainer import Trainer
+
+#: Keys ``train_cfg`` accepts.
+TRAIN_CFG_KEYS = frozenset({"by_epoch", "max_epochs", "max_iters", "val_interval", "val_begin"})
+#: Keys ``val_cfg`` / ``test_cfg`` accept.
+EVAL_CFG_KEYS = frozenset({"autocast"})
+
+
+class TrainParts(NamedTuple):
+    """What ``train()`` needs beyond the model: built together because each depends on the previous."""
+
+    optim_wrapper: Any
+    precision: Precision
+    train_loop: EpochBasedTrainLoop | IterBasedTrainLoop
+    param_schedulers: Any
+
+
+def build_train(
+    trainer: Trainer, train_cfg: Mapping[str, Any], loader_cfg: Any, optim_cfg: Any, scheduler_cfg: Any, *,
+    model: nn.Module, precision: Precision, seed: int, skip_nonfinite: bool,
+) -> TrainParts:
+    """The resumable train loader, the optim wrapper over ``model``, the train loop and the param schedulers.
+
+    The precision returned is the one object the optim wrapper and the loops share (the
+    wrapper's own, when it is mixed).
+
+    Raises:
+        ValueError / KeyError: a missing train_dataloader, optim_wrapper, ``max_epochs`` /
+            ``max_iters``, or an empty loader (each message says what to pass).
+    """
+    if loader_cfg is None:
+        raise ValueError("train() needs a train_dataloader: pass train_dataloader=DataLoader(...) or dict(dataset=..., batch_size=...)")
+    if optim_cfg is None:
+        raise ValueError("train() needs an optim_wrapper, e.g. optim_wrapper=dict(optimizer=dict(type='SGD', lr=0.01))")
+    cfg = dict(train_cfg)
+    by_epoch = cfg.pop("by_epoch", "max_iters" not in cfg)
+    loader = build_dataloader(loader_cfg, seed=seed)
+    if len(loader) == 0:
+        raise ValueError("train_dataloader is empty (0 batches): check the dataset length, and that batch_size <= len(dataset) when drop_last=True")
+    optim_wrapper = build_optim_wrapper(model, optim_cfg, precision, trainer.strategy.device.type)
+    precision = loop_precision(optim_wrapper, precision)
+    if skip_nonfinite:
+        for ow in optim_wrapper.values() if hasattr(optim_wrapper, "values") else [optim_wrapper]:
+            ow.skip_nonfinite = True
+    loop: EpochBasedTrainLoop | IterBasedTrainLoop
+    if by_epoch:
+        if "max_epochs" not in cfg:
+            raise KeyError("train_cfg with by_epoch=True needs max_epochs, e.g. train_cfg=dict(by_epoch=True, max_epochs=10)")
+        cfg.pop("max_iters", None)
+        loop = EpochBasedTrainLoop(trainer, loader, **cfg)
+    else:
+        if "max_iters" not in cfg:
+            raise KeyError("train_cfg with by_epoch=False needs max_iters, e.g. train_cfg=dict(by_epoch=False, max_iters=2000)")
+        cfg.pop("max_epochs", None)
+        loop = IterBasedTrainLoop(trainer, loader, **cfg)
+    schedulers = None
+    if scheduler_cfg:
+        from trainwright.optim.scheduler import build_param_schedulers
+
+        target = optim_wrapper.optim_wrappers if hasattr(optim_wrapper, "optim_wrappers") else optim_wrapper
+        schedulers = build_param_schedulers(
+            scheduler_cfg, target, epoch_length=len(loader),
+            max_epochs=getattr(loop, "max_epochs", None), max_iters=None if loop.by_epoch else loop.max_iters,
+        )
+    return TrainParts(optim_wrapper, precision, loop, schedulers)
+
+
+def build_eval_loop(trainer: Trainer, loader: Any, evaluator: Any, mode: str, cfg: Mapping[str, Any]) -> EvalLoop | None:
+    """A val / test loop from a DataLoader (or its dict) and a metric / list of metrics / Evaluator; None without a loader."""
+    if loader is None:
+        return None
+    if isinstance(loader, Mapping):  # a DataLoader, or any iterable of batches, is used as given
+        loader = make_dataloader(loader, f"{mode}_dataloader")
+    if evaluator is not None:
+        from trainwright.evaluation import Evaluator
+
+        evaluator = evaluator if isinstance(evaluator, Evaluator) else Evaluator(evaluator)
+    return EvalLoop(trainer, loader, evaluator, mode, autocast=bool(cfg.get("autocast", False)))
