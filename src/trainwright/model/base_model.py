@@ -118,10 +118,11 @@ class BaseModel(nn.Module):
         """
         callers = self.__dict__.get("_forward_callers") or (self, self)
         fn = callers[0] if mode == "loss" else callers[1]
+        if isinstance(data, (list, tuple)):
+            # the usual (inputs, targets) batch without ``*`` unpacking, which takes Python's slow call path
+            return fn(data[0], data[1], mode=mode) if len(data) == 2 else fn(*data, mode=mode)
         if isinstance(data, dict):
             return fn(**data, mode=mode)
-        if isinstance(data, (list, tuple)):
-            return fn(*data, mode=mode)
         return fn(data, mode=mode)
 
     def __getstate__(self) -> dict[str, Any]:

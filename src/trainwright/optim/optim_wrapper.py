@@ -30,7 +30,6 @@ from trainwright.registry import OPTIM_WRAPPERS, check_keys
 _NULL = contextlib.nullcontext()
 _NORM_KEYS = {"type", "max_norm", "norm_type", "error_if_nonfinite", "foreach"}
 _VALUE_KEYS = {"type", "clip_value", "foreach"}
-_NO_KWARGS: dict[str, Any] = {}  # unpacked (so copied) by the callee: never mutated
 
 #: ``model -> context manager`` that suppresses gradient synchronisation (DDP's ``no_sync``).
 NoSyncContext = Callable[[nn.Module], contextlib.AbstractContextManager]
@@ -141,6 +140,8 @@ class OptimWrapper:
         if not isinstance(value, Precision):
             raise TypeError(f"precision must be a trainwright.amp.Precision, got {type(value).__name__}; use build_precision('16-mixed'), MixedPrecision(...) or Precision() for float32")
         self._precision = value
+        # What backward and step call when given no extra arguments (plain fp32: torch's own methods).
+        self._backward_fn, self._step_fn = value.step_callables()
         self._decide_context_free()
 
     @property
@@ -167,8 +168,15 @@ class OptimWrapper:
         """
         self.backward(self.scale_loss(loss))
         if self.should_update():
-            self.step(**(step_kwargs or _NO_KWARGS))
-            self.zero_grad(**(zero_kwargs or _NO_KWARGS))
+            # (calls without ``**{}``: an empty unpacking still takes Python's slow call path)
+            if step_kwargs:
+                self.step(**step_kwargs)
+            else:
+                self.step()
+            if zero_kwargs:
+                self.zero_grad(**zero_kwargs)
+            else:
+                self.zero_grad()
 
     def scale_loss(self, loss: torch.Tensor) -> torch.Tensor:
         """Divide ``loss`` by the size of its accumulation window (the short last one by its own size)."""
@@ -189,7 +197,7 @@ class OptimWrapper:
             self.skipped_steps += 1
             warnings.warn(f"Skipping a micro-batch with non-finite loss {loss.detach()} (skip_nonfinite=True)", RuntimeWarning, stacklevel=3)
         else:
-            self._precision.backward(loss, **kwargs)
+            self._precision.backward(loss, **kwargs) if kwargs else self._backward_fn(loss)
         self._inner_count += 1
 
     def step(self, **kwargs: Any) -> None:
@@ -201,11 +209,11 @@ class OptimWrapper:
         if clip is not None:
             self._precision.unscale_(self.optimizer)
             self.grad_norm = clip(_live_params(self.optimizer))
-        self._precision.optimizer_step(self.optimizer, **kwargs)
+        self._precision.optimizer_step(self.optimizer, **kwargs) if kwargs else self._step_fn(self.optimizer)
 
     def zero_grad(self, **kwargs: Any) -> None:
         """Zero (by default: set to None) the gradients."""
-        self.optimizer.zero_grad(**kwargs)
+        self.optimizer.zero_grad(**kwargs) if kwargs else self.optimizer.zero_grad()
 
     # -- accumulation ---------------------------------------------------------------------
     def initialize_count_status(self, model: nn.Module | None, init_counts: int, max_counts: int) -> None:
