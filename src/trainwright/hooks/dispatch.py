@@ -35,6 +35,7 @@ class IterSchedule:
         self.before_every: tuple[Call, ...] = tuple(fn for fn, n in self._before if n == 1)
         self.after_every: tuple[Call, ...] = tuple(fn for fn, n in self._after if n == 1)
         self._gated = sorted({n for _, n in self._before + self._after if n > 1})
+        self._cache: dict[Any, tuple[tuple[Call, ...], tuple[Call, ...]]] = {}  # per set of due intervals
         #: The next iteration (run-wide, 1-based) at which a gated hook is due; 0 until the
         #: first :meth:`due` call places it (so a run resumed at any iteration starts right).
         self.next_due: float = 0
@@ -42,11 +43,15 @@ class IterSchedule:
     def due(self, iteration: int, epoch_end: bool) -> tuple[tuple[Call, ...], tuple[Call, ...]]:
         """``(before calls, after calls)`` for ``iteration`` (1-based); moves :attr:`next_due` past it."""
         self.next_due = self._next_after(iteration)
+        key = -1 if epoch_end else tuple(n for n in self._gated if iteration % n == 0)  # which intervals are due
+        calls = self._cache.get(key)
+        if calls is None:
 
-        def pick(calls: list[tuple[Call, int]]) -> tuple[Call, ...]:
-            return tuple(fn for fn, n in calls if n == 1 or epoch_end or iteration % n == 0)
+            def pick(hooks: list[tuple[Call, int]]) -> tuple[Call, ...]:
+                return tuple(fn for fn, n in hooks if n == 1 or epoch_end or iteration % n == 0)
 
-        return pick(self._before), pick(self._after)
+            calls = self._cache[key] = (pick(self._before), pick(self._after))
+        return calls
 
     def _next_after(self, iteration: int) -> float:
         return min((iteration // n + 1) * n for n in self._gated) if self._gated else float("inf")

@@ -34,6 +34,16 @@ def call_is_forward(module: nn.Module) -> bool:
     )
 
 
+def _run_forward(fn: Callable[..., Any], data: Any, mode: str) -> Any:
+    """``fn(**data, mode)`` for a dict batch, ``fn(*data, mode)`` for a tuple / list, else ``fn(data, mode)``."""
+    if isinstance(data, (list, tuple)):
+        # the usual (inputs, targets) batch without ``*`` unpacking, which takes Python's slow call path
+        return fn(data[0], data[1], mode=mode) if len(data) == 2 else fn(*data, mode=mode)
+    if isinstance(data, dict):
+        return fn(**data, mode=mode)
+    return fn(data, mode=mode)
+
+
 class BaseModel(nn.Module):
     """A model that knows how to train, validate and test itself on one batch.
 
@@ -70,65 +80,62 @@ class BaseModel(nn.Module):
         Returns:
             The log tensors (``loss`` and each loss term), detached, on the device.
         """
-        data = self._preprocess(data, True)
+        pre, forward, _ = self.__dict__.get("_step_plan") or self._safe_plan()
+        if pre is not None:
+            data = pre(data, True)
         if getattr(optim_wrapper, "context_free", False):  # full precision, no gradient-sync switch: nothing to enter
-            losses = self._run_forward(data, "loss")
+            losses = _run_forward(forward, data, "loss")
         else:
             with optim_wrapper.optim_context(self):
-                losses = self._run_forward(data, "loss")
+                losses = _run_forward(forward, data, "loss")
         loss, log_vars = self.parse_losses(losses)
         optim_wrapper.update_params(loss)
         return log_vars
 
     def val_step(self, data: Any) -> Any:
         """Preprocess → forward in ``"predict"`` mode."""
-        return self._run_forward(self._preprocess(data, False), "predict")
+        return self._predict(data)
 
     def test_step(self, data: Any) -> Any:
         """Preprocess → forward in ``"predict"`` mode."""
-        return self._run_forward(self._preprocess(data, False), "predict")
+        return self._predict(data)
+
+    def _predict(self, data: Any) -> Any:
+        pre, _, forward = self.__dict__.get("_step_plan") or self._safe_plan()
+        return _run_forward(forward, data if pre is None else pre(data, False), "predict")
 
     def set_forward_caller(self, train: Callable[..., Any] | None = None) -> None:
-        """Decide which callables run the forward pass; asked once per run, not per step.
+        """Decide how the steps run for the run about to start; asked once per run, not per step.
 
         Args:
-            train: What ``train_step`` calls: the strategy's answer (its DDP wrapper, which
-                must see the forward to synchronise gradients; or this model). ``None``
-                resets to the safe default, ``nn.Module.__call__``, for both modes.
+            train: What ``train_step`` calls for the forward pass: the strategy's answer (its
+                DDP wrapper, which must see the forward to synchronise gradients; or this
+                model). ``None`` drops the decision: outside a run every step takes the safe
+                path (``nn.Module.__call__``, the data preprocessor always called).
 
         Validation and testing call the model itself (never a DDP wrapper, as in mmengine).
         Whenever the chosen callable is this model and :func:`call_is_forward` holds (no
-        hooks, not compiled, not tracing), its ``forward`` is called directly. The strategy
-        asks again at the start of every run and pass, after the hooks' ``before_*`` events.
+        hooks, not compiled, not tracing), its ``forward`` is called directly; a data
+        preprocessor with nothing to do (``passthrough``: CPU batches for a CPU model) is
+        not called. The trainer asks again at the start of every run and pass, after the
+        hooks' ``before_*`` events.
         """
-        callers: tuple[Callable[..., Any], Callable[..., Any]] = (self, self)
-        if train is not None:
-            own = self.forward if call_is_forward(self) else self
-            callers = (own if train is self else train, own)
-        self.__dict__["_forward_callers"] = callers  # not an nn.Module attribute: a DDP wrapper holds this model
-
-    def _preprocess(self, data: Any, training: bool) -> Any:
+        if train is None:
+            self.__dict__.pop("_step_plan", None)
+            return
         pre: Any = self._modules["data_preprocessor"]  # what nn.Module.__getattr__ would return, minus its cost
-        return data if getattr(pre, "passthrough", False) else pre(data, training)
+        own = self.forward if call_is_forward(self) else self
+        # Not an nn.Module attribute: a DDP wrapper is a module that holds this model.
+        self.__dict__["_step_plan"] = (None if getattr(pre, "passthrough", False) else pre, own if train is self else train, own)
 
-    def _run_forward(self, data: Any, mode: str) -> Any:
-        """``forward(**data, mode)`` for a dict batch, ``forward(*data, mode)`` for a tuple / list, else ``forward(data, mode)``.
-
-        Called through the callable chosen by :meth:`set_forward_caller` (``nn.Module.__call__`` until then).
-        """
-        callers = self.__dict__.get("_forward_callers") or (self, self)
-        fn = callers[0] if mode == "loss" else callers[1]
-        if isinstance(data, (list, tuple)):
-            # the usual (inputs, targets) batch without ``*`` unpacking, which takes Python's slow call path
-            return fn(data[0], data[1], mode=mode) if len(data) == 2 else fn(*data, mode=mode)
-        if isinstance(data, dict):
-            return fn(**data, mode=mode)
-        return fn(data, mode=mode)
+    def _safe_plan(self) -> tuple[Any, Callable[..., Any], Callable[..., Any]]:
+        """How the steps run outside a run (no decision taken): every call through ``__call__``."""
+        return self._modules["data_preprocessor"], self, self
 
     def __getstate__(self) -> dict[str, Any]:
-        """Pickle / deepcopy without the per-run forward decision (it refers to wrappers)."""
+        """Pickle / deepcopy without the per-run decision (it refers to wrappers)."""
         state = dict(super().__getstate__())
-        state.pop("_forward_callers", None)
+        state.pop("_step_plan", None)
         return state
 
     def parse_losses(self, losses: Any) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
