@@ -7,6 +7,7 @@ Per-iteration training events follow each hook's :meth:`~trainwright.Hook.train_
 
 from __future__ import annotations
 
+import warnings
 from collections.abc import Callable, Iterable, Iterator
 from typing import Any
 
@@ -113,6 +114,14 @@ class HookList:
         if trainer is not None:
             for h in self._hooks:
                 n = h.train_iter_interval(trainer)
+                if n == 1 and callable(getattr(h, "idle_events", None)) and _ITER_EVENTS & set(h.idle_events(trainer)):  # type: ignore[attr-defined]
+                    warnings.warn(
+                        f"{type(h).__name__}.idle_events() is deprecated and will be removed: return 0 from train_iter_interval(trainer) "
+                        "instead (no per-iteration calls in this run). It is honoured this time.",
+                        DeprecationWarning,
+                        stacklevel=2,
+                    )
+                    n = 0
                 if not isinstance(n, int) or isinstance(n, bool) or n < 0:
                     raise ValueError(f"{type(h).__name__}.train_iter_interval() must return an int >= 0 (0: never, 1: every iteration), got {n!r}")
                 if n != 1:
@@ -140,6 +149,9 @@ class HookList:
 
     def __len__(self) -> int:
         return len(self._hooks)
+
+
+_ITER_EVENTS = frozenset({"before_train_iter", "after_train_iter"})
 
 
 def _has_state(hook: Hook) -> bool:
