@@ -146,7 +146,7 @@ def test_trainers_with_different_clocks_flush_at_the_same_iterations(trainer_fac
     t0, t1 = _two_trainers(trainer_factory, tmp_path, flush_secs=(0.0, 3600.0), nan_at=(None, None))
     assert _run_ranks([t0.train, t1.train]) == [t0.unwrapped_model, t1.unwrapped_model]
     assert t0.flush_log == t1.flush_log  # type: ignore[attr-defined]
-    assert set(range(2, 21, 2)) <= set(t0.flush_log)  # type: ignore[attr-defined]
+    assert set(range(2, 11, 2)) <= set(t0.flush_log)  # type: ignore[attr-defined]  # 40 samples sharded over 2 ranks: 5 iterations per epoch
     t0.flush_logs()
     assert (t0.run_dir / "metrics.jsonl").exists() and not (t1.run_dir / "metrics.jsonl").exists()
 
@@ -160,4 +160,4 @@ def test_nan_on_one_rank_raises_on_both_at_the_same_iteration(trainer_factory: A
     assert "iteration 6: {'loss': nan}" in str(e0) and "another process" in str(e1)
     t0.flush_logs()
     lines = (t0.run_dir / "metrics.jsonl").read_text().splitlines()
-    assert [line.split('"iter": ')[1].split(",")[0] for line in lines] == ["2", "4", "6"]  # the lines up to the NaN were written
+    assert [line.split('"iter": ')[1].split(",")[0] for line in lines] == ["2", "4", "5", "6"]  # the lines up to the NaN (5: the end of a 5-iteration epoch of this rank's shard)

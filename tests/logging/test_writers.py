@@ -90,11 +90,15 @@ def test_default_writers_are_console_and_jsonl(trainer_factory: Any) -> None:
 
 
 class RankOne(SingleDeviceStrategy):
-    """A single-device strategy that claims to be rank 1 of a job (the rank decision, without processes)."""
+    """A single-device strategy that claims to be rank 1 of a two-process job (the rank decision, without processes)."""
 
     @property
     def rank(self) -> int:
         return 1
+
+    @property
+    def world_size(self) -> int:
+        return 2
 
 
 def test_non_main_ranks_write_nothing(trainer_factory: Any) -> None:

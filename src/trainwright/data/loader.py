@@ -30,18 +30,29 @@ from trainwright.registry import DATASETS, check_keys
 
 
 class EpochSampler(Sampler[int]):
-    """Indices ``0..n-1`` in an order fixed by ``(seed, epoch)``; shuffled or sequential.
+    """Indices ``0..n-1`` in an order fixed by ``(seed, epoch)``; shuffled or sequential; one rank's shard.
+
+    Under several processes (``num_replicas > 1``) every rank draws the same order, pads it
+    by repeating its first indices to a multiple of ``num_replicas`` and takes every
+    ``num_replicas``-th index from ``rank`` on (``DistributedSampler`` semantics): together the
+    ranks' ``i``-th batches are the one-process ``i``-th batch of ``num_replicas`` times the size.
 
     Args:
         num_samples: Dataset length.
         shuffle: Random permutation per epoch (else sequential).
         seed: Base seed of the permutation.
+        num_replicas: Number of processes sharing the data.
+        rank: This process's shard.
     """
 
-    def __init__(self, num_samples: int, shuffle: bool = True, seed: int = 0) -> None:
+    def __init__(self, num_samples: int, shuffle: bool = True, seed: int = 0, num_replicas: int = 1, rank: int = 0) -> None:
+        if not 0 <= rank < num_replicas:
+            raise ValueError(f"EpochSampler rank must be in [0, num_replicas), got rank={rank}, num_replicas={num_replicas}")
         self.num_samples = num_samples
         self.shuffle = shuffle
         self.seed = seed
+        self.num_replicas = num_replicas
+        self.rank = rank
         self.epoch = 0
 
     def set_epoch(self, epoch: int) -> None:
@@ -49,14 +60,20 @@ class EpochSampler(Sampler[int]):
         self.epoch = epoch
 
     def __iter__(self) -> Iterator[int]:
-        if not self.shuffle:
-            return iter(range(self.num_samples))
-        g = torch.Generator()
-        g.manual_seed(self.seed + self.epoch)
-        return iter(torch.randperm(self.num_samples, generator=g).tolist())
+        if self.shuffle:
+            g = torch.Generator()
+            g.manual_seed(self.seed + self.epoch)
+            order = torch.randperm(self.num_samples, generator=g).tolist()
+        else:
+            order = list(range(self.num_samples))
+        if self.num_replicas == 1:
+            return iter(order)
+        total = len(self) * self.num_replicas
+        order += (order * (total // max(len(order), 1) + 1))[: total - len(order)]
+        return iter(order[self.rank : total : self.num_replicas])
 
     def __len__(self) -> int:
-        return self.num_samples
+        return -(-self.num_samples // self.num_replicas)
 
 
 def batch_seed(seed: int, epoch: int, batch_idx: int) -> int:
@@ -153,9 +170,10 @@ class ResumableLoader:
     the epoch is closed by a stage chained after the last batch.
     """
 
-    def __init__(self, loader: DataLoader, seed: int = 0) -> None:
+    def __init__(self, loader: DataLoader, seed: int = 0, rank: int = 0) -> None:
         self.loader = loader
         self.seed = seed
+        self.rank = rank
         self.epoch = 0
         self._position = 0
         self._live: Any = None  # the DataLoader iterator of the epoch in progress
@@ -203,7 +221,8 @@ class ResumableLoader:
         if self._generator is not None:
             self._generator.manual_seed(self.seed * 1_000_003 + self.epoch)
         if self._batch_sampler is not None and isinstance(self.loader.dataset, WorkerSeededDataset):
-            self._batch_sampler.seed = self.seed
+            # worker seeds differ per rank (each rank loads other samples; augmentations must not repeat)
+            self._batch_sampler.seed = self.seed if self.rank == 0 else batch_seed(self.seed, -1, self.rank)
             self._batch_sampler.epoch = self.epoch
 
     def __iter__(self) -> Iterator[Any]:
@@ -280,26 +299,41 @@ def make_dataloader(cfg: DataLoader | Mapping[str, Any], name: str = "dataloader
     return cfg
 
 
-def build_dataloader(cfg: DataLoader | Mapping[str, Any] | ResumableLoader, seed: int = 0, name: str = "train_dataloader") -> ResumableLoader:
-    """Turn a ``DataLoader`` or a dict of ``DataLoader`` arguments into a :class:`ResumableLoader`."""
+def build_dataloader(cfg: DataLoader | Mapping[str, Any] | ResumableLoader, seed: int = 0, name: str = "train_dataloader", num_replicas: int = 1, rank: int = 0) -> ResumableLoader:
+    """Turn a ``DataLoader`` or a dict of ``DataLoader`` arguments into a :class:`ResumableLoader` (of this rank's shard)."""
     if isinstance(cfg, ResumableLoader):
         return cfg
-    return ResumableLoader(make_resumable(make_dataloader(cfg, name), seed), seed)
+    return ResumableLoader(make_resumable(make_dataloader(cfg, name), seed, num_replicas, rank), seed, rank)
 
 
-def make_resumable(loader: DataLoader, seed: int = 0) -> DataLoader:
-    """Rebuild ``loader`` with a seed-determined, skippable sampler; same data, batching and workers."""
+def _custom(batch_sampler: Any, num_replicas: int) -> Any:
+    """A user's own (batch) sampler, kept as it is; under several processes it must shard itself."""
+    if num_replicas > 1 and not hasattr(getattr(batch_sampler, "sampler", batch_sampler), "num_replicas"):
+        warnings.warn(
+            f"The train_dataloader has its own sampler ({type(batch_sampler).__name__}), which trainwright keeps as it is: under "
+            f"{num_replicas} processes every rank reads what it yields. Shard it yourself (e.g. DistributedSampler), or use "
+            "shuffle=True/False and let trainwright shard the data.",
+            stacklevel=3,
+        )
+    return batch_sampler
+
+
+def make_resumable(loader: DataLoader, seed: int = 0, num_replicas: int = 1, rank: int = 0) -> DataLoader:
+    """Rebuild ``loader`` with a seed-determined, skippable sampler (of ``rank``'s shard); same data, batching and workers.
+
+    Under several processes, worker seeds include the rank (see :func:`batch_seed`).
+    """
     if isinstance(loader.dataset, IterableDataset) or loader.batch_sampler is None:
         return loader
     bs = loader.batch_sampler
     if type(bs) is BatchSampler and isinstance(bs.sampler, (RandomSampler, SequentialSampler)):
         s = bs.sampler
         if isinstance(s, RandomSampler) and (s.replacement or s._num_samples is not None):  # noqa: SLF001
-            inner: Any = bs  # custom sampling: keep it as is
+            inner: Any = _custom(bs, num_replicas)
         else:
-            inner = BatchSampler(EpochSampler(len(cast(Sized, loader.dataset)), shuffle=isinstance(s, RandomSampler), seed=seed), bs.batch_size, bs.drop_last)
+            inner = BatchSampler(EpochSampler(len(cast(Sized, loader.dataset)), shuffle=isinstance(s, RandomSampler), seed=seed, num_replicas=num_replicas, rank=rank), bs.batch_size, bs.drop_last)
     else:
-        inner = bs
+        inner = _custom(bs, num_replicas)
     generator = torch.Generator()
     generator.manual_seed(seed)
     kwargs: dict[str, Any] = dict(

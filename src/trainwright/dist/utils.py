@@ -146,7 +146,33 @@ def detect_launcher() -> Launcher:
     return "none"
 
 
+def launched_world_size() -> int:
+    """How many processes the launcher says it started (1 when none did): ``WORLD_SIZE``, ``SLURM_NTASKS`` or ``OMPI_COMM_WORLD_SIZE``."""
+    env = os.environ
+    for key in ("WORLD_SIZE", "SLURM_NTASKS", "OMPI_COMM_WORLD_SIZE"):
+        if detect_launcher() != "none" and key in env:
+            return int(env[key])
+    return 1
+
+
+def export_launcher_env() -> None:
+    """Fill in ``RANK`` / ``WORLD_SIZE`` / ``LOCAL_RANK`` from SLURM's or Open MPI's variables (torchrun sets them itself).
+
+    ``MASTER_ADDR`` / ``MASTER_PORT`` must come from the job script (e.g. the first host of
+    ``scontrol show hostnames $SLURM_JOB_NODELIST``).
+    """
+    env = os.environ
+    names = {"slurm": ("SLURM_PROCID", "SLURM_NTASKS", "SLURM_LOCALID"), "mpi": ("OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE", "OMPI_COMM_WORLD_LOCAL_RANK")}
+    launcher = detect_launcher()
+    if launcher in names:
+        for ours, theirs in zip(("RANK", "WORLD_SIZE", "LOCAL_RANK"), names[launcher]):
+            if theirs in env:
+                env.setdefault(ours, env[theirs])
+
+
 __all__ = [
+    "export_launcher_env",
+    "launched_world_size",
     "all_gather_object",
     "all_reduce",
     "barrier",

@@ -140,6 +140,10 @@ class Strategy:
         """A ``model -> context`` that suppresses gradient sync, or None when there is no sync."""
         return None
 
+    def teardown(self) -> None:
+        """Release what :meth:`setup_env` acquired (a process group); called by ``Trainer.close()``."""
+        self.wait_for_checkpoint()
+
     # -- collectives (identity on one process) ---------------------------------------------
     def reduce(self, tensor: torch.Tensor, op: str = "mean") -> torch.Tensor:
         """Reduce a tensor over processes (identity here)."""

@@ -50,7 +50,8 @@ def build_train(
         raise ValueError("train() needs an optim_wrapper, e.g. optim_wrapper=dict(optimizer=dict(type='SGD', lr=0.01))")
     cfg = dict(train_cfg)
     by_epoch = cfg.pop("by_epoch", "max_iters" not in cfg)
-    loader = build_dataloader(loader_cfg, seed=seed)
+    strategy = trainer.strategy
+    loader = build_dataloader(loader_cfg, seed=seed, num_replicas=strategy.world_size, rank=strategy.rank)  # this rank's shard
     if len(loader) == 0:
         raise ValueError("train_dataloader is empty (0 batches): check the dataset length, and that batch_size <= len(dataset) when drop_last=True")
     optim_wrapper = build_optim_wrapper(model, optim_cfg, precision, trainer.strategy.device.type)

@@ -98,7 +98,8 @@ class Trainer:
         self.strategy = build_strategy(strategy)
         self.strategy.setup_env(randomness=randomness)
         self.seed: int = self.strategy.seed  # type: ignore[assignment]
-        self.experiment_name = experiment_name or time.strftime("%Y%m%d_%H%M%S")
+        # rank 0 names the run: every rank agrees on the run folder even when their clocks straddle a second
+        self.experiment_name: str = self.strategy.broadcast_object(experiment_name or time.strftime("%Y%m%d_%H%M%S"))
         self.run_dir = self.work_dir / self.experiment_name
         self.logger = create_logger(log_file=self.run_dir / "train.log" if self.is_main_process else None, level=log_level, rank=self.strategy.rank)
         # THE rank decision of logging: only the main process has writers; hooks just fan out to this list.
@@ -417,10 +418,11 @@ class Trainer:
             h.flush()
 
     def close(self) -> None:
-        """Close the writers and the log file."""
+        """Close the writers and the log file; release the strategy's resources (a process group)."""
         for w in self.writers:
             w.close()
         close_logger(self.logger)
+        self.strategy.teardown()
 
 
 if TYPE_CHECKING:

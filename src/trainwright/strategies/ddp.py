@@ -1,0 +1,159 @@
+"""DDPStrategy: data-parallel training over several processes with torch's DistributedDataParallel.
+
+Launch with PyTorch's own launcher (``torchrun --nproc_per_node=N train.py``; several
+machines: ``--nnodes``, ``--node_rank``, ``--rdzv_endpoint``); the strategy joins the
+process group that the launcher's environment describes (``RANK``, ``WORLD_SIZE``,
+``LOCAL_RANK``, ``MASTER_ADDR``, ``MASTER_PORT``): NCCL on CUDA, gloo on CPU.
+
+What the rest of the engine sees (the seams of :class:`~trainwright.strategies.Strategy`):
+
+* the model is wrapped in :class:`~trainwright.model.wrappers.DistributedDataParallelWrapper`
+  and is the training step's forward caller, so gradients are all-reduced;
+* ``no_sync_context`` lets the optim wrapper skip the all-reduce inside an accumulation
+  window (one all-reduce per update, not per micro-batch);
+* ``any_true`` is one all-reduce of a flag: stop, NaN and flush decisions agree;
+* every rank shares rank 0's seed (``diff_rank_seed`` offsets it per rank);
+* rank 0 writes checkpoints and logs; every rank reads checkpoints.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import datetime
+import os
+from collections.abc import Callable, Mapping
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from torch import nn
+
+from trainwright.dist.utils import export_launcher_env
+from trainwright.registry import STRATEGIES
+from trainwright.strategies.base import Strategy
+
+_OPS = {"sum": dist.ReduceOp.SUM, "mean": dist.ReduceOp.SUM, "max": dist.ReduceOp.MAX, "min": dist.ReduceOp.MIN}
+
+
+@STRATEGIES.register(name="ddp")
+class DDPStrategy(Strategy):
+    """Distributed data parallel over the processes a launcher started.
+
+    Args:
+        device: Default: ``cuda:LOCAL_RANK`` when CUDA is available, else CPU.
+        backend: Process-group backend; default ``"nccl"`` on CUDA, ``"gloo"`` on CPU.
+        timeout_s: How long a collective may wait for the other ranks before failing.
+        find_unused_parameters / broadcast_buffers / bucket_cap_mb / gradient_as_bucket_view /
+            static_graph: passed to ``DistributedDataParallel``.
+    """
+
+    name = "ddp"
+
+    def __init__(
+        self,
+        device: str | torch.device | None = None,
+        backend: str | None = None,
+        timeout_s: float = 1800.0,
+        find_unused_parameters: bool = False,
+        broadcast_buffers: bool = True,
+        bucket_cap_mb: float | None = None,
+        gradient_as_bucket_view: bool = False,
+        static_graph: bool = False,
+    ) -> None:
+        super().__init__(device)
+        self.backend = backend or ("nccl" if self.device.type == "cuda" else "gloo")
+        self.timeout_s = timeout_s
+        given = dict(find_unused_parameters=find_unused_parameters, broadcast_buffers=broadcast_buffers, gradient_as_bucket_view=gradient_as_bucket_view, static_graph=static_graph, bucket_cap_mb=bucket_cap_mb)
+        defaults = dict(find_unused_parameters=False, broadcast_buffers=True, gradient_as_bucket_view=False, static_graph=False, bucket_cap_mb=None)
+        #: passed to DistributedDataParallel: only what differs from its defaults (some are deprecated there)
+        self.ddp_kwargs: dict[str, Any] = {k: v for k, v in given.items() if v != defaults[k]}
+        self._owns_group = False
+
+    # -- environment ----------------------------------------------------------------------
+    def setup_env(self, *, launcher: str = "pytorch", cudnn_benchmark: bool = False, dist_cfg: Mapping[str, Any] | None = None, randomness: Mapping[str, Any] | None = None) -> None:
+        """Join the process group (from the launcher's environment), then seed every rank with rank 0's seed."""
+        if not dist.is_initialized():
+            export_launcher_env()
+            missing = [k for k in ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT") if k not in os.environ]
+            if missing:
+                raise RuntimeError(
+                    f"strategy='ddp' needs the environment a launcher sets, but {missing} are not set. Start the script with "
+                    "torchrun, e.g. `torchrun --nproc_per_node=2 train.py`, or use strategy='single' for one process."
+                )
+            dist.init_process_group(backend=self.backend, timeout=datetime.timedelta(seconds=self.timeout_s), **dict(dist_cfg or {}))
+            self._owns_group = True
+        randomness = dict(randomness or {})
+        if randomness.get("seed") is None:  # one seed for all: rank 0 draws it
+            randomness["seed"] = self.broadcast_object(int.from_bytes(os.urandom(4), "little") & 0x7FFFFFFF)
+        super().setup_env(launcher=launcher, cudnn_benchmark=cudnn_benchmark, dist_cfg=dist_cfg, randomness=randomness)
+
+    @property
+    def rank(self) -> int:
+        """This process's global rank."""
+        return dist.get_rank() if dist.is_initialized() else int(os.environ.get("RANK", 0))
+
+    @property
+    def world_size(self) -> int:
+        """Number of processes."""
+        return dist.get_world_size() if dist.is_initialized() else int(os.environ.get("WORLD_SIZE", 1))
+
+    # -- model ----------------------------------------------------------------------------
+    def wrap_model(self, model: nn.Module) -> nn.Module:
+        """``DistributedDataParallelWrapper(model)`` (keeps ``train_step`` / ``val_step`` / ``test_step``)."""
+        from trainwright.model.wrappers import DistributedDataParallelWrapper
+
+        device_ids = [self.device.index] if self.device.type == "cuda" and self.device.index is not None else None
+        return DistributedDataParallelWrapper(model, device_ids=device_ids, **self.ddp_kwargs)
+
+    def forward_caller(self, model: nn.Module) -> Callable[..., Any]:
+        """The DDP wrapper: the training forward must go through it for gradients to be all-reduced."""
+        return self.model if self.model is not None else model
+
+    def no_sync_context(self) -> Callable[[nn.Module], contextlib.AbstractContextManager] | None:
+        """``model -> ddp.no_sync()``: the optim wrapper enters it inside accumulation windows."""
+        wrapper = self.model
+        if wrapper is None or not hasattr(wrapper, "no_sync"):
+            return None
+        return lambda _model: wrapper.no_sync()  # type: ignore[operator]
+
+    def teardown(self) -> None:
+        """Leave the process group this strategy joined (after a final barrier), so every rank exits cleanly."""
+        if self._owns_group and dist.is_initialized():
+            self.wait_for_checkpoint()
+            dist.barrier()
+            dist.destroy_process_group()
+            self._owns_group = False
+
+    # -- collectives ----------------------------------------------------------------------
+    def reduce(self, tensor: torch.Tensor, op: str = "mean") -> torch.Tensor:
+        """All-reduce a copy of ``tensor`` (``"mean"``, ``"sum"``, ``"max"``, ``"min"``)."""
+        if op not in _OPS:
+            raise ValueError(f"reduce op must be one of {sorted(_OPS)}, got {op!r}")
+        out = tensor.detach().clone()
+        dist.all_reduce(out, op=_OPS[op])
+        return out / self.world_size if op == "mean" else out
+
+    def gather_object(self, obj: Any) -> list[Any]:
+        """``obj`` of every rank, in rank order."""
+        out: list[Any] = [None] * self.world_size
+        dist.all_gather_object(out, obj)
+        return out
+
+    def broadcast_object(self, obj: Any, src: int = 0) -> Any:
+        """Rank ``src``'s ``obj`` on every rank."""
+        box = [obj]
+        dist.broadcast_object_list(box, src=src)
+        return box[0]
+
+    def barrier(self) -> None:
+        """Wait for every rank."""
+        dist.barrier()
+
+    def any_true(self, flag: bool) -> bool:
+        """True on every rank if ``flag`` is true on any: one all-reduce of one number."""
+        t = torch.tensor([1 if flag else 0], dtype=torch.int32, device=self.device if self.backend == "nccl" else "cpu")
+        dist.all_reduce(t, op=dist.ReduceOp.MAX)
+        return bool(t.item())
+
+
+STRATEGIES.register(DDPStrategy)

@@ -1,0 +1,96 @@
+"""Train a small regression model with the Trainer; run under torchrun (DDP) or alone (reference).
+
+Usage: ddp_train.py OUT_DIR BATCH_SIZE [--accum N] [--iters N] [--nan-rank R --nan-at K]
+Writes OUT_DIR/result_rank<r>.pt: the final parameters, the number of gradient all-reduces
+DDP ran (one bucket here), and the error the run ended with (if any).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+from torch.utils.data import TensorDataset
+
+import trainwright as tw
+
+
+class Reg(tw.BaseModel):
+    def __init__(self, nan_at: int | None) -> None:
+        super().__init__()
+        self.linear = nn.Linear(4, 1)
+        self.nan_at = nan_at
+        self.calls = 0
+
+    def forward(self, x, y=None, mode="tensor"):
+        out = self.linear(x)
+        if mode != "loss":
+            return out
+        loss = F.mse_loss(out, y)
+        self.calls += 1
+        if self.calls == self.nan_at:
+            loss = loss * float("nan")
+        return {"loss": loss}
+
+
+class CountAllReduce(tw.Hook):
+    """Counts DDP's gradient all-reduces through a communication hook (the real all-reduce still runs)."""
+
+    def __init__(self) -> None:
+        self.count = 0
+
+    def before_train(self, trainer) -> None:
+        model = trainer.model
+        if hasattr(model, "register_comm_hook"):
+            from torch.distributed.algorithms.ddp_comm_hooks.default_hooks import allreduce_hook
+
+            def hook(state, bucket):
+                self.count += 1
+                return allreduce_hook(None, bucket)
+
+            model.register_comm_hook(None, hook)
+
+
+def main() -> None:
+    p = argparse.ArgumentParser()
+    p.add_argument("out")
+    p.add_argument("batch_size", type=int)
+    p.add_argument("--accum", type=int, default=1)
+    p.add_argument("--iters", type=int, default=6)
+    p.add_argument("--nan-rank", type=int, default=-1)
+    p.add_argument("--nan-at", type=int, default=0)
+    a = p.parse_args()
+    rank = int(os.environ.get("RANK", 0))
+    g = torch.Generator().manual_seed(1)
+    x = torch.randn(64, 4, generator=g)
+    ds = TensorDataset(x, x @ torch.randn(4, 1, generator=g) + 0.1 * torch.randn(64, 1, generator=g))
+    tw.seed_everything(0)
+    counter = CountAllReduce()
+    trainer = tw.Trainer(
+        model=Reg(a.nan_at if rank == a.nan_rank else None),
+        work_dir=a.out,
+        train_dataloader=dict(dataset=ds, batch_size=a.batch_size, shuffle=True),
+        optim_wrapper=dict(optimizer=dict(type="SGD", lr=0.05, momentum=0.9), accumulative_counts=a.accum),
+        train_cfg=dict(by_epoch=False, max_iters=a.iters),
+        default_hooks=dict(logger=dict(interval=2, flush_secs=0), checkpoint=dict(by_epoch=False, interval=a.iters)),
+        custom_hooks=[counter],
+        randomness=dict(seed=0),
+        log_level="WARNING",
+    )
+    error = None
+    try:
+        trainer.train()
+    except FloatingPointError as e:
+        error = f"FloatingPointError at iteration {trainer.progress.iteration}: {e}"
+    params = {k: v.detach().clone() for k, v in trainer.unwrapped_model.state_dict().items()}
+    torch.save({"params": params, "allreduces": counter.count, "error": error, "world_size": trainer.strategy.world_size, "strategy": trainer.strategy.name},
+               Path(a.out) / f"result_rank{rank}.pt")
+    trainer.close()
+
+
+if __name__ == "__main__":
+    main()
