@@ -11,7 +11,7 @@ Workloads:
   A  MLP 32→64→10, batch 32, 2,000 SGD steps            (overhead-bound; target ≤ 1.05×)
   B  MLP 512→2048→2048→10, batch 256, 300 SGD steps      (compute-bound; target ≤ 1.01×)
   C  A with accumulation 4 + clip_grad_norm(1.0)         (target ≤ 1.05× a raw loop doing the same)
-  D  DDP on 2 gloo processes                             (PENDING: the DDP strategy is a later issue)
+  D  DDP on 2 gloo processes                             (its own script: benchmarks/ddp.py)
 
 Also: import time of trainwright on top of torch, and peak RSS of each side (subprocesses).
 
@@ -270,7 +270,7 @@ def main() -> None:
         results.append(r)
         ok = "OK" if r["ratio_paired_median"] <= r["target"] else "MISS"
         print(f"{r['workload']:<3} {r['steps']:>5} {r['raw_s']:>8.3f} {r['trainwright_s']:>8.3f} {r['ratio']:>6.3f} {r['ratio_paired_median']:>6.3f} {r['us_per_step_raw']:>11.1f} {r['engine_us_per_step']:>14.1f} {'≤' + format(r['target'], '.2f') + ' ' + ok:>11} {str(r['same_final_loss']):>9} {r['end_to_end_ratio']:>9.3f}")
-    print("D   pending: DDP on 2 gloo processes needs the DDP strategy (a later issue)")
+    print("D   DDP on 2 gloo processes: python benchmarks/ddp.py (separate processes under torchrun)")
     extra: dict = {"import": import_time()}
     print(f"import trainwright on top of torch: {extra['import']['trainwright_import_s_on_top_of_torch']:.3f} s (target ≤ 0.3 s)")
     if not args.no_rss:

@@ -35,7 +35,15 @@ def test_overhead_benchmark_runs_and_both_sides_end_with_the_same_loss(tmp_path:
         # The same model, data and optimizer: trainwright and the hand-written loop agree to the last bit.
         assert r["same_final_loss"] and r["raw_final_loss"] == r["trainwright_final_loss"], r
         assert r["ratio"] > 0 and r["engine_us_per_step"] == pytest.approx((r["trainwright_s"] - r["raw_s"]) / r["steps"] * 1e6)
-    assert "D   pending" in stdout and "import trainwright on top of torch" in stdout
+    assert "benchmarks/ddp.py" in stdout and "import trainwright on top of torch" in stdout
+
+
+@pytest.mark.slow
+@pytest.mark.multiprocess
+def test_ddp_benchmark_runs_and_both_sides_end_with_the_same_loss(tmp_path: Path) -> None:
+    stdout = _run(["benchmarks/ddp.py", "--rounds", "1", "--steps", "20"], tmp_path, timeout=240)
+    row = next(line for line in stdout.splitlines() if line.startswith("D "))
+    assert row.split()[-1] == "True", stdout  # same final loss on both sides
 
 
 @pytest.mark.slow
