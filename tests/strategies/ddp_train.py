@@ -63,6 +63,8 @@ def main() -> None:
     p.add_argument("--iters", type=int, default=6)
     p.add_argument("--nan-rank", type=int, default=-1)
     p.add_argument("--nan-at", type=int, default=0)
+    p.add_argument("--save-every", type=int, default=0, help="checkpoint every N iterations (default: at the end)")
+    p.add_argument("--resume", action="store_true")
     a = p.parse_args()
     rank = int(os.environ.get("RANK", 0))
     g = torch.Generator().manual_seed(1)
@@ -76,7 +78,8 @@ def main() -> None:
         train_dataloader=dict(dataset=ds, batch_size=a.batch_size, shuffle=True),
         optim_wrapper=dict(optimizer=dict(type="SGD", lr=0.05, momentum=0.9), accumulative_counts=a.accum),
         train_cfg=dict(by_epoch=False, max_iters=a.iters),
-        default_hooks=dict(logger=dict(interval=2, flush_secs=0), checkpoint=dict(by_epoch=False, interval=a.iters)),
+        default_hooks=dict(logger=dict(interval=2, flush_secs=0), checkpoint=dict(by_epoch=False, interval=a.save_every or a.iters)),
+        resume=a.resume,
         custom_hooks=[counter],
         randomness=dict(seed=0),
         log_level="WARNING",
