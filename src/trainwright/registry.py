@@ -8,6 +8,8 @@ layer above only parses files into such dicts.
 from __future__ import annotations
 
 import difflib
+import os
+import sys
 from collections.abc import Callable, Mapping
 from typing import Any, TypeVar
 
@@ -116,8 +118,17 @@ class Registry:
 
 
 def _same_definition(a: Any, b: Any) -> bool:
-    """Whether ``a`` and ``b`` are one class or function defined twice (same module and qualified name)."""
-    return all(getattr(a, n, None) is not None and getattr(a, n, None) == getattr(b, n, None) for n in ("__module__", "__qualname__"))
+    """Whether ``a`` and ``b`` are one class or function defined twice: same qualified name, and same module or source file.
+
+    A config file loaded twice, or loaded by ``Config.fromfile`` and also imported as a module, defines its classes again.
+    """
+    qualname = getattr(a, "__qualname__", None)
+    if qualname is None or qualname != getattr(b, "__qualname__", None):
+        return False
+    if getattr(a, "__module__", None) == getattr(b, "__module__", None):
+        return True
+    files = [getattr(sys.modules.get(getattr(o, "__module__", None) or ""), "__file__", None) for o in (a, b)]
+    return files[0] is not None and files[1] is not None and os.path.realpath(files[0]) == os.path.realpath(files[1])
 
 
 def did_you_mean(key: str, options: list[str] | Any) -> str:

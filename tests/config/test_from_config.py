@@ -233,3 +233,18 @@ def test_registry_redefinition_and_did_you_mean() -> None:
     with pytest.raises(KeyError, match=r"Unknown widget type 'Widgte'. Did you mean 'Widget'\?.*@somewhere.WIDGETS.register\(\)"):
         reg.get("Widgte")
     assert MODELS.import_name == "trainwright.registry.MODELS" and DATASETS.name == "dataset"
+
+
+def test_config_imported_as_a_module_and_loaded_as_a_config(tmp_path: Path) -> None:
+    """Both define the config's classes; the second registration replaces the first instead of failing."""
+    import importlib.util
+    import sys
+
+    path = _write(tmp_path / "both_ways.py", "from trainwright.registry import MODELS\n@MODELS.register()\nclass BothWaysNet:\n    pass\nmodel = dict(type='BothWaysNet')\n")
+    spec = importlib.util.spec_from_file_location("both_ways_module", path)
+    module = importlib.util.module_from_spec(spec)
+    sys.modules["both_ways_module"] = module
+    spec.loader.exec_module(module)
+    Config.fromfile(path)
+    assert MODELS.get("BothWaysNet") is not module.BothWaysNet and MODELS.get("BothWaysNet").__qualname__ == "BothWaysNet"
+    del sys.modules["both_ways_module"]
