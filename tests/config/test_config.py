@@ -192,3 +192,9 @@ def test_copy_and_pickle() -> None:
         assert other == cfg and other.filename == "x.py" and isinstance(other.a.b[0], ConfigDict)
         other.a.b[0].c = 2
         assert cfg.a.b[0].c == 1
+
+
+def test_fromstring() -> None:
+    assert Config.fromstring("a = dict(b=1)\n_x = 2\n", ".py").to_dict() == {"a": {"b": 1}}
+    assert Config.fromstring("a: {b: 1, _delete_: true}\n", ".yaml").to_dict() == {"a": {"b": 1}}
+    assert Config.fromstring('{"a": [1, 2]}', ".json").a == [1, 2]
