@@ -16,7 +16,6 @@ Run::
 from __future__ import annotations
 
 import argparse
-import importlib.util
 import json
 import os
 import platform
@@ -28,17 +27,16 @@ import time
 from pathlib import Path
 
 import torch
-from torch import nn
 
 ROOT = Path(__file__).resolve().parents[1]
 PRECISIONS = ("32", "bf16-mixed", "16-mixed")
 
 
-def _digits():
-    spec = importlib.util.spec_from_file_location("digits_example", ROOT / "examples" / "digits.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+def _digits_config():
+    """The demo config (loading it registers DigitsNet and DigitsDataset)."""
+    from trainwright.config import Config
+
+    return Config.fromfile(ROOT / "examples" / "digits.py")
 
 
 def _rss_mib() -> float:
@@ -51,12 +49,12 @@ def measure(precision: str, batch_size: int, hidden: int, steps: int, warmup: in
     from trainwright.amp import build_precision
     from trainwright.optim import OptimWrapper
 
-    digits = _digits()
+    from trainwright.registry import DATASETS, MODELS
+
+    cfg = _digits_config()
     torch.manual_seed(0)
-    model = digits.DigitsNet()
-    if hidden != 128:
-        model.net = nn.Sequential(nn.Linear(64, hidden), nn.ReLU(), nn.Dropout(0.1), nn.Linear(hidden, 10))
-    train_set, _ = digits.digits_datasets()
+    model = MODELS.build(dict(type="DigitsNet", hidden=hidden))
+    train_set = DATASETS.build(dict(type="DigitsDataset", split="train"))
     x, y = train_set.tensors
     idx = torch.randint(0, len(x), (warmup + steps, batch_size), generator=torch.Generator().manual_seed(0))
     batches = [(x[i], y[i]) for i in idx]
@@ -73,7 +71,10 @@ def measure(precision: str, batch_size: int, hidden: int, steps: int, warmup: in
     out = {"precision": precision, "batch_size": batch_size, "hidden": hidden, "steps_per_s": steps / elapsed, "ms_per_step": 1e3 * elapsed / steps, "peak_rss_delta_mib": peak - base}
     if epochs > 0:
         with tempfile.TemporaryDirectory() as tmp:
-            trainer = digits.build_trainer(tmp, epochs=epochs, precision=precision, log_level="WARNING")
+            from trainwright import Trainer
+
+            cfg.merge_from_dict({"train_cfg.max_epochs": epochs, "param_scheduler.1.end": epochs})
+            trainer = Trainer.from_config(cfg, work_dir=tmp, precision=precision, log_level="WARNING")
             trainer.train()
             out["val_acc"] = trainer.val()["val/acc"]
             trainer.close()

@@ -8,10 +8,20 @@ layer above only parses files into such dicts.
 from __future__ import annotations
 
 import difflib
+import os
+import sys
 from collections.abc import Callable, Mapping
 from typing import Any, TypeVar
 
 T = TypeVar("T")
+
+
+class ConfigError(ValueError):
+    """A config cannot be read, merged, overridden or built; the message says where (file and line, or the
+    key path such as ``model.backbone``) and how to fix it. The original error, if any, is its ``__cause__``.
+
+    The command line prints the message alone (no traceback, unless ``--debug``) and exits with status 2.
+    """
 
 
 class Registry:
@@ -21,19 +31,27 @@ class Registry:
         name: What the registry holds, used in error messages (e.g. ``"optimizer"``).
         fallback: Optional callable ``name -> object | None`` consulted for names not
             registered here (used to reach every ``torch.optim`` optimizer by name).
+        import_name: Where the registry is importable from (``"trainwright.registry.MODELS"``),
+            for the "how to register" hint of unknown names.
     """
 
-    def __init__(self, name: str, fallback: Callable[[str], Any] | None = None) -> None:
+    def __init__(self, name: str, fallback: Callable[[str], Any] | None = None, import_name: str | None = None) -> None:
         self.name = name
+        self.import_name = import_name
         self._table: dict[str, Any] = {}
         self._fallback = fallback
 
     def register(self, obj: T | None = None, *, name: str | None = None, force: bool = False) -> Any:
-        """Register ``obj`` under ``name`` (default: its ``__name__``); usable as a decorator."""
+        """Register ``obj`` under ``name`` (default: its ``__name__``); usable as a decorator.
+
+        A name taken by another object is an error unless ``force=True``; the same class
+        defined again (same module and qualified name: a config file or module run twice)
+        replaces the old one.
+        """
 
         def _do(o: T) -> T:
             key = name or o.__name__  # type: ignore[attr-defined]
-            if key in self._table and not force and self._table[key] is not o:
+            if key in self._table and not force and self._table[key] is not o and not _same_definition(self._table[key], o):
                 raise KeyError(f"{key!r} is already registered in the {self.name} registry; pass force=True to replace it")
             self._table[key] = o
             return o
@@ -48,7 +66,12 @@ class Registry:
             found = self._fallback(key)
             if found is not None:
                 return found
-        raise KeyError(f"Unknown {self.name} type {key!r}.{did_you_mean(key, self.names())} Registered: {', '.join(sorted(self.names()))}")
+        how = (
+            f" To add one, decorate its class with @{self.import_name}.register() in a module the config imports "
+            "(custom_imports = dict(imports=['my_module'])), or define it in a .py config."
+            if self.import_name else ""
+        )
+        raise KeyError(f"Unknown {self.name} type {key!r}.{did_you_mean(key, self.names())} Registered: {', '.join(sorted(self.names()))}.{how}")
 
     def names(self) -> list[str]:
         """All names this registry can build (fallback names included where listable)."""
@@ -77,13 +100,35 @@ class Registry:
             raise KeyError(f"A {self.name} config needs a 'type' key, got keys {sorted(cfg)}; e.g. dict(type=..., ...)")
         args = dict(cfg)
         typ = args.pop("type")
-        cls = self.get(typ) if isinstance(typ, str) else typ
-        for k, v in default_args.items():
-            args.setdefault(k, v)
         try:
-            return cls(**args)
-        except TypeError as e:
-            raise TypeError(f"Could not build {self.name} {getattr(cls, '__name__', cls)!r} from {dict(cfg)!r}: {e}") from e
+            cls = self.get(typ) if isinstance(typ, str) else typ
+            for k, v in default_args.items():
+                args.setdefault(k, v)
+            try:
+                return cls(**args)
+            except TypeError as e:
+                if getattr(e, "failed_config", None) is not None:
+                    raise  # a nested build failed: its message is the precise one
+                raise TypeError(f"Could not build {self.name} {getattr(cls, '__name__', cls)!r} from {dict(cfg)!r}: {e}") from e
+        except Exception as e:
+            if getattr(e, "failed_config", None) is None:
+                # the innermost config that failed; Trainer.from_config turns it into a key path (model.backbone)
+                e.failed_config = cfg  # type: ignore[attr-defined]
+            raise
+
+
+def _same_definition(a: Any, b: Any) -> bool:
+    """Whether ``a`` and ``b`` are one class or function defined twice: same qualified name, and same module or source file.
+
+    A config file loaded twice, or loaded by ``Config.fromfile`` and also imported as a module, defines its classes again.
+    """
+    qualname = getattr(a, "__qualname__", None)
+    if qualname is None or qualname != getattr(b, "__qualname__", None):
+        return False
+    if getattr(a, "__module__", None) == getattr(b, "__module__", None):
+        return True
+    files = [getattr(sys.modules.get(getattr(o, "__module__", None) or ""), "__file__", None) for o in (a, b)]
+    return files[0] is not None and files[1] is not None and os.path.realpath(files[0]) == os.path.realpath(files[1])
 
 
 def did_you_mean(key: str, options: list[str] | Any) -> str:
@@ -130,13 +175,13 @@ def _torch_optimizer_names() -> list[str]:
 
 _torch_optimizer.names = _torch_optimizer_names  # type: ignore[attr-defined]
 
-OPTIMIZERS = Registry("optimizer", fallback=_torch_optimizer)
-OPTIM_WRAPPERS = Registry("optim wrapper")
-PARAM_SCHEDULERS = Registry("param scheduler")
-HOOKS = Registry("hook")
-METRICS = Registry("metric")
-STRATEGIES = Registry("strategy")
-MODELS = Registry("model")
-DATASETS = Registry("dataset")
+OPTIMIZERS = Registry("optimizer", import_name="trainwright.registry.OPTIMIZERS", fallback=_torch_optimizer)
+OPTIM_WRAPPERS = Registry("optim wrapper", import_name="trainwright.registry.OPTIM_WRAPPERS")
+PARAM_SCHEDULERS = Registry("param scheduler", import_name="trainwright.registry.PARAM_SCHEDULERS")
+HOOKS = Registry("hook", import_name="trainwright.registry.HOOKS")
+METRICS = Registry("metric", import_name="trainwright.registry.METRICS")
+STRATEGIES = Registry("strategy", import_name="trainwright.registry.STRATEGIES")
+MODELS = Registry("model", import_name="trainwright.registry.MODELS")
+DATASETS = Registry("dataset", import_name="trainwright.registry.DATASETS")
 
-__all__ = ["Registry", "check_keys", "did_you_mean", "OPTIMIZERS", "OPTIM_WRAPPERS", "PARAM_SCHEDULERS", "HOOKS", "METRICS", "STRATEGIES", "MODELS", "DATASETS"]
+__all__ = ["ConfigError", "Registry", "check_keys", "did_you_mean", "OPTIMIZERS", "OPTIM_WRAPPERS", "PARAM_SCHEDULERS", "HOOKS", "METRICS", "STRATEGIES", "MODELS", "DATASETS"]

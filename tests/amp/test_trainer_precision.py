@@ -3,9 +3,7 @@ resume through a checkpoint, conflicts, and the digits demo's accuracy bar in ev
 
 from __future__ import annotations
 
-import importlib.util
 import json
-import sys
 from pathlib import Path
 from typing import Any
 
@@ -158,19 +156,19 @@ def test_amp_wrapper_with_default_trainer_precision_drives_the_loops(tmp_path: P
     assert all(trainer.model.log["predict"])
 
 
-def _digits() -> Any:
-    spec = importlib.util.spec_from_file_location("digits_example", EXAMPLES / "digits.py")
-    module = importlib.util.module_from_spec(spec)
-    sys.modules.setdefault("digits_example", module)
-    spec.loader.exec_module(module)
-    return module
+def _digits_trainer(work_dir: str, epochs: int, precision: str) -> Any:
+    from trainwright.config import Config
+
+    cfg = Config.fromfile(EXAMPLES / "digits.py")
+    cfg.merge_from_dict({"train_cfg.max_epochs": epochs, "param_scheduler.1.end": epochs})
+    return tw.Trainer.from_config(cfg, work_dir=work_dir, precision=precision, log_level="WARNING")
 
 
 @pytest.mark.slow
 @pytest.mark.parametrize("precision", ["32", "bf16-mixed", "16-mixed"])
 def test_digits_reaches_the_accuracy_bar_in_every_precision(tmp_path: Path, precision: str) -> None:
     pytest.importorskip("sklearn")
-    trainer = _digits().build_trainer(str(tmp_path), epochs=6, precision=precision, log_level="WARNING")
+    trainer = _digits_trainer(str(tmp_path), epochs=6, precision=precision)
     trainer.train()
     acc = trainer.val()["val/acc"]
     assert trainer.precision.name == precision

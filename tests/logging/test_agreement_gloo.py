@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import gc
 import json
 from pathlib import Path
 from typing import Any
@@ -13,25 +14,8 @@ import torch.multiprocessing as mp
 from torch.utils.data import DataLoader, TensorDataset
 
 import trainwright as tw
-from trainwright import dist
-from trainwright.strategies.single_device import SingleDeviceStrategy
 
 WORLD = 2
-
-
-class GlooCPU(SingleDeviceStrategy):
-    """Enough of a multi-process strategy for logging: rank facts and ``any_true`` as an all-reduce."""
-
-    @property
-    def rank(self) -> int:
-        return dist.get_rank()
-
-    @property
-    def world_size(self) -> int:
-        return dist.get_world_size()
-
-    def any_true(self, flag: bool) -> bool:
-        return bool(dist.all_reduce(torch.tensor([float(flag)]), op="max").item())
 
 
 class NaNAt(tw.BaseModel):
@@ -58,7 +42,7 @@ def _worker(rank: int, init_file: str, out_dir: str) -> None:
         # Rank 0 sees the NaN at iteration 6 but its clock would hold lines for an hour; rank 1's writes each line.
         t = tw.Trainer(
             model=NaNAt(6 if rank == 0 else None), work_dir=Path(out_dir) / f"rank{rank}", train_dataloader=DataLoader(data, batch_size=4),
-            optim_wrapper=dict(optimizer=dict(type="SGD", lr=0.01)), train_cfg=dict(by_epoch=True, max_epochs=2), strategy=GlooCPU(device="cpu"),
+            optim_wrapper=dict(optimizer=dict(type="SGD", lr=0.01)), train_cfg=dict(by_epoch=True, max_epochs=2), strategy="ddp",
             default_hooks=dict(checkpoint=None, logger=dict(interval=2, flush_secs=3600.0 if rank == 0 else 0.0)), log_level="WARNING", experiment_name="run",
         )
         report: dict[str, Any] = {"writers": len(t.writers)}
@@ -68,8 +52,11 @@ def _worker(rank: int, init_file: str, out_dir: str) -> None:
             report["error"] = str(e)
         report["iteration"] = t.progress.iteration
         t.close()
+        del t  # the DDP wrapper must not outlive the process group
         (Path(out_dir) / f"rank{rank}.json").write_text(json.dumps(report))
     finally:
+        gc.collect()
+        torch.distributed.barrier()
         torch.distributed.destroy_process_group()
 
 
@@ -86,5 +73,5 @@ def test_two_process_nan_raises_on_both_ranks_at_the_same_iteration(tmp_path: Pa
     assert "at iteration 6: {'loss': nan}" in r0["error"] and "another process" in r1["error"]
     assert (r0["writers"], r1["writers"]) == (2, 0)
     records = [json.loads(line) for line in (tmp_path / "rank0" / "run" / "metrics.jsonl").read_text().splitlines()]
-    assert [r["iter"] for r in records] == [2, 4, 6]
+    assert [r["iter"] for r in records] == [2, 4, 5, 6]  # 40 samples over 2 ranks: 5 iterations per epoch
     assert not (tmp_path / "rank1" / "run" / "metrics.jsonl").exists()

@@ -6,6 +6,7 @@ from trainwright.dist import utils
 from trainwright.dist.utils import (
     all_gather_object,
     all_reduce,
+    available_backends,
     barrier,
     broadcast_object,
     detect_launcher,

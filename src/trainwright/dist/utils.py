@@ -124,6 +124,19 @@ def master_only(fn: F) -> F:
     return wrapper  # type: ignore[return-value]
 
 
+def available_backends() -> dict[str, bool]:
+    """Which ``torch.distributed`` backends this torch build offers: ``{"gloo": True, "nccl": False, ...}``."""
+    if not torch_dist.is_available():
+        return {}
+    checks = {"gloo": "is_gloo_available", "nccl": "is_nccl_available", "mpi": "is_mpi_available", "ucc": "is_ucc_available", "xccl": "is_xccl_available"}
+    out = {}
+    for name, fn in checks.items():
+        check = getattr(torch_dist, fn, None)
+        if check is not None:
+            out[name] = bool(check())
+    return out
+
+
 def detect_launcher() -> Launcher:
     """Guess how this process was launched from the environment variables launchers set.
 
@@ -175,6 +188,7 @@ __all__ = [
     "launched_world_size",
     "all_gather_object",
     "all_reduce",
+    "available_backends",
     "barrier",
     "broadcast_object",
     "detect_launcher",

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import contextlib
 import datetime
+import gc
 import os
 from collections.abc import Callable, Mapping
 from typing import Any
@@ -117,9 +118,15 @@ class DDPStrategy(Strategy):
         return lambda _model: wrapper.no_sync()  # type: ignore[operator]
 
     def teardown(self) -> None:
-        """Leave the process group this strategy joined (after a final barrier), so every rank exits cleanly."""
+        """Release the DDP wrapper, then leave the process group this strategy joined (after a final barrier).
+
+        The wrapper goes first: a DDP reducer that outlives its process group aborts the
+        process at exit ("terminate called without an active exception").
+        """
+        self.wait_for_checkpoint()
+        self.model = None
+        gc.collect()
         if self._owns_group and dist.is_initialized():
-            self.wait_for_checkpoint()
             dist.barrier()
             dist.destroy_process_group()
             self._owns_group = False

@@ -142,6 +142,27 @@ class Trainer:
         self._checkpoint_server: Callable[[Trainer], Path | None] | None = None
         self._held_lines: Callable[[], None] | None = None  # see hold_log_lines
 
+    @classmethod
+    def from_config(cls, cfg: Mapping[str, Any], **overrides: Any) -> Trainer:
+        """Build a trainer from a config: a :class:`~trainwright.config.Config` (``Config.fromfile(path)``) or a dict.
+
+        The keys are this constructor's arguments; ``model`` and the dataloaders' ``dataset``
+        may be ``dict(type=...)`` of the ``MODELS`` / ``DATASETS`` registries. mmengine configs
+        of the parts trainwright has load unchanged (see ``docs/config.md``). The resolved
+        config is written into the run folder (``config.py``).
+
+        Args:
+            cfg: The config.
+            overrides: Keys that replace the config's (``work_dir=...``, ``experiment_name=...``).
+
+        Raises:
+            ConfigError: an unknown top-level key (with close matches), or a part that does not
+                build; the message names its config path (``model.backbone``) and the original error.
+        """
+        from trainwright.trainer.from_config import trainer_from_config
+
+        return trainer_from_config(cls, cfg, **overrides)
+
     # -- properties -----------------------------------------------------------------------
     @property
     def is_main_process(self) -> bool:
@@ -422,6 +443,9 @@ class Trainer:
         for w in self.writers:
             w.close()
         close_logger(self.logger)
+        if self._prepared:
+            self.model = self.unwrapped_base  # drop the distributed wrapper before the strategy leaves its process group
+            self._prepared = False
         self.strategy.teardown()
 
 

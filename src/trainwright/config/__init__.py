@@ -1,0 +1,10 @@
+"""Config files: ``Config.fromfile`` (``.py`` / ``.yaml`` / ``.json``), ``_base_`` inheritance, overrides, dumps.
+
+``Trainer.from_config(cfg)`` builds a trainer from the result; ``trainwright train CONFIG`` does both.
+"""
+
+from trainwright.config.config import Config, ConfigDict, import_modules, merge
+from trainwright.config.overrides import parse_overrides, parse_value
+from trainwright.registry import ConfigError
+
+__all__ = ["Config", "ConfigDict", "ConfigError", "import_modules", "merge", "parse_overrides", "parse_value"]

@@ -1,0 +1,208 @@
+"""``Trainer.from_config``: a trainer from a config mapping (a :class:`~trainwright.config.Config` or a dict).
+
+The model and the datasets are built here through the registries (``MODELS``, ``DATASETS``),
+the rest by the Trainer as for any dict argument. Every failure becomes a
+:class:`~trainwright.registry.ConfigError` naming the config path of the failing key
+(``model.backbone``, ``train_dataloader.dataset``) and the original error. mmengine spellings
+of the parts trainwright has are accepted (loop types in ``train_cfg`` / ``val_cfg`` /
+``test_cfg``, ``DefaultSampler`` / ``InfiniteSampler``, ``default_collate``); mmengine runtime
+keys that trainwright has no use for are ignored with a warning.
+"""
+
+from __future__ import annotations
+
+import copy
+import importlib
+import inspect
+import json
+import warnings
+from collections.abc import Iterator, Mapping
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from trainwright.logging.writers import plain
+from trainwright.registry import DATASETS, MODELS, ConfigError, did_you_mean
+from trainwright.utils.seed import set_random_seed
+
+if TYPE_CHECKING:
+    from trainwright.trainer.trainer import Trainer
+
+#: mmengine runtime keys accepted and ignored (trainwright has no such part, or sets it itself).
+IGNORED_KEYS = frozenset({"default_scope", "env_cfg", "log_processor", "visualizer", "vis_backends", "launcher", "model_wrapper_cfg", "auto_scale_lr", "dist_params"})
+#: Keys used while loading, not by the trainer.
+LOADING_KEYS = frozenset({"custom_imports"})
+_LOADERS = ("train_dataloader", "val_dataloader", "test_dataloader")
+_LOOP_TYPES = {"EpochBasedTrainLoop": True, "IterBasedTrainLoop": False}
+_EVAL_LOOP_TYPES = {"val_cfg": "ValLoop", "test_cfg": "TestLoop"}
+_SAMPLERS = {"DefaultSampler", "InfiniteSampler"}
+
+
+def trainer_keys(trainer_cls: type) -> list[str]:
+    """The top-level keys a config may set: the Trainer's constructor arguments."""
+    return list(inspect.signature(trainer_cls).parameters)
+
+
+def trainer_from_config(trainer_cls: type[Trainer], cfg: Mapping[str, Any], **overrides: Any) -> Trainer:
+    """Build ``trainer_cls`` from ``cfg`` (see :meth:`Trainer.from_config`)."""
+    if not isinstance(cfg, Mapping):
+        raise ConfigError(f"Trainer.from_config needs a Config or a dict, got {type(cfg).__name__}; load files with trainwright.config.Config.fromfile(path)")
+    args = dict(cfg)
+    args.update(overrides)
+    import_custom_modules(args.get("custom_imports"))
+    allowed = trainer_keys(trainer_cls)
+    ignored = sorted(k for k in args if k in IGNORED_KEYS and args[k] is not None)
+    if ignored:
+        warnings.warn(f"Config keys {ignored} are mmengine runtime settings trainwright does not use; they are ignored", stacklevel=2)
+    for key in args:
+        if key not in allowed and key not in IGNORED_KEYS and key not in LOADING_KEYS and not key.startswith("_"):
+            raise ConfigError(
+                f"Unknown top-level config key {key!r}.{did_you_mean(key, allowed)} The keys are the Trainer's arguments: {allowed}. "
+                "Name helper variables of a .py config with a leading underscore (_data_root = ...)."
+            )
+    kwargs = {k: v for k, v in args.items() if k in allowed}
+    if "model" not in kwargs or kwargs["model"] is None:
+        raise ConfigError("The config has no 'model': add model = dict(type='MyModel', ...) (a class registered in trainwright.registry.MODELS)")
+    _translate_mmengine(kwargs)
+    randomness = kwargs.get("randomness") or {}
+    if isinstance(randomness, Mapping) and randomness.get("seed") is not None:
+        # as mmengine: seed before the model is built, so its initial weights follow the seed too
+        set_random_seed(int(randomness["seed"]), deterministic=bool(randomness.get("deterministic", False)))
+    index = dict(_mappings(kwargs))
+    kwargs["model"] = _build(lambda: MODELS.build(kwargs["model"]), index, "model")
+    for name in _LOADERS:
+        loader = kwargs.get(name)
+        if isinstance(loader, Mapping) and isinstance(loader.get("dataset"), Mapping):
+            loader = dict(loader)
+            loader["dataset"] = _build(lambda: DATASETS.build(loader["dataset"]), index, f"{name}.dataset")  # noqa: B023 - called at once
+            kwargs[name] = loader
+    trainer = _build(lambda: trainer_cls(**kwargs), index, None)
+    if trainer.is_main_process:
+        dump_config(_resolved(cfg, overrides), trainer.run_dir)
+    return trainer
+
+
+def _resolved(cfg: Mapping[str, Any], overrides: Mapping[str, Any]) -> Mapping[str, Any]:
+    if not overrides:
+        return cfg
+    try:
+        out = copy.deepcopy(cfg)
+    except Exception:  # an object in the config that cannot be copied: record the top level
+        out = dict(cfg)
+    for k, v in overrides.items():
+        out[k] = v  # type: ignore[index]
+    return out
+
+
+def dump_config(cfg: Mapping[str, Any], run_dir: Path) -> Path:
+    """Write the resolved config into the run folder: ``config.py`` (or the format of the file it came from)."""
+    dump = getattr(cfg, "dump", None)
+    if callable(dump):
+        filename = getattr(cfg, "filename", None)
+        suffix = Path(filename).suffix if filename else ".py"
+        return Path(dump(run_dir / f"config{suffix}"))
+    path = run_dir / "config.json"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(plain(cfg), indent=2) + "\n", encoding="utf-8")
+    return path
+
+
+def import_custom_modules(custom_imports: Any) -> None:
+    """Import ``custom_imports = dict(imports=[...])`` (``Config.fromfile`` has usually done it already)."""
+    if not custom_imports:
+        return
+    imports = custom_imports.get("imports", []) if isinstance(custom_imports, Mapping) else custom_imports
+    allow_failed = bool(custom_imports.get("allow_failed_imports", False)) if isinstance(custom_imports, Mapping) else False
+    for mod in [imports] if isinstance(imports, str) else imports:
+        try:
+            importlib.import_module(mod)
+        except ImportError as e:
+            if not allow_failed:
+                raise ConfigError(f"custom_imports: cannot import {mod!r} ({e}); install it or add its folder to PYTHONPATH") from e
+
+
+def config_path_of(cfg: Mapping[str, Any], error: BaseException) -> str | None:
+    """The dotted config path (``model.backbone``) of the config dict whose build raised ``error``, if known.
+
+    Registries mark the innermost failing config on the exception (``failed_config``); it is found
+    in ``cfg`` by identity, else as the config dict it was made from (same ``type``, its keys included).
+    """
+    return _find(dict(_mappings(dict(cfg))), getattr(error, "failed_config", None))
+
+
+def _build(fn: Any, index: dict[str, Mapping[str, Any]], where: str | None) -> Any:
+    try:
+        return fn()
+    except ConfigError:
+        raise
+    except Exception as e:
+        path = _find(index, getattr(e, "failed_config", None)) or where
+        message = f"{type(e).__name__}: {e}" if not isinstance(e, KeyError) else f"{e.args[0] if e.args else e}"
+        prefix = f"Building {path!r} from the config failed" if path else "Building the trainer from the config failed"
+        raise ConfigError(f"{prefix}: {message}") from e
+
+
+def _find(index: dict[str, Mapping[str, Any]], failed: Any) -> str | None:
+    if not isinstance(failed, Mapping):
+        return None
+    for path, m in index.items():
+        if m is failed:
+            return path
+    candidates = [
+        path for path, m in index.items()
+        if m and all(k in failed and _equal(failed[k], v) for k, v in m.items() if k not in ("priority", "_scope_")) and m.get("type", failed.get("type")) == failed.get("type")
+    ]
+    return max(candidates, key=lambda p: (len(index[p]), p.count("."))) if candidates else None
+
+
+def _equal(a: Any, b: Any) -> bool:
+    try:
+        return bool(a == b)
+    except Exception:
+        return a is b
+
+
+def _mappings(value: Any, prefix: str = "") -> Iterator[tuple[str, Mapping[str, Any]]]:
+    """Every mapping inside ``value`` with its dotted path (list items by index)."""
+    if isinstance(value, Mapping):
+        if prefix:
+            yield prefix, value
+        for k, v in value.items():
+            yield from _mappings(v, f"{prefix}.{k}" if prefix else str(k))
+    elif isinstance(value, (list, tuple)):
+        for i, v in enumerate(value):
+            yield from _mappings(v, f"{prefix}.{i}")
+
+
+def _translate_mmengine(kwargs: dict[str, Any]) -> None:
+    """Accept mmengine's spellings of the parts trainwright has, in place."""
+    train_cfg = kwargs.get("train_cfg")
+    if isinstance(train_cfg, Mapping) and "type" in train_cfg:
+        train_cfg = dict(train_cfg)
+        typ = train_cfg.pop("type")
+        if typ not in _LOOP_TYPES:
+            raise ConfigError(f"train_cfg.type {typ!r} is not a loop trainwright has.{did_you_mean(str(typ), list(_LOOP_TYPES))} Use {list(_LOOP_TYPES)} or by_epoch=True/False")
+        train_cfg.setdefault("by_epoch", _LOOP_TYPES[typ])
+        kwargs["train_cfg"] = train_cfg
+    for key, loop in _EVAL_LOOP_TYPES.items():
+        value = kwargs.get(key)
+        if isinstance(value, Mapping) and "type" in value:
+            if value["type"] != loop:
+                raise ConfigError(f"{key}.type {value['type']!r} is not a loop trainwright has; use {loop!r} or leave type out")
+            kwargs[key] = {k: v for k, v in value.items() if k != "type"}
+        if key in ("val_cfg", "test_cfg") and isinstance(kwargs.get(key), Mapping):
+            kwargs[key] = {k: v for k, v in kwargs[key].items() if k != "fp16"} | ({"autocast": True} if kwargs[key].get("fp16") else {})
+    for name in _LOADERS:
+        loader = kwargs.get(name)
+        if not isinstance(loader, Mapping):
+            continue
+        loader = dict(loader)
+        sampler = loader.get("sampler")
+        if isinstance(sampler, Mapping) and sampler.get("type") in _SAMPLERS:
+            loader.pop("sampler")
+            loader.setdefault("shuffle", bool(sampler.get("shuffle", True)))
+        collate = loader.get("collate_fn")
+        if isinstance(collate, Mapping) and collate.get("type") == "default_collate":
+            loader.pop("collate_fn")
+        if not loader.get("num_workers"):
+            loader.pop("persistent_workers", None)  # torch refuses persistent_workers without workers
+        kwargs[name] = loader

@@ -1,0 +1,250 @@
+"""Trainer.from_config: registries, mmengine-style configs, unknown keys, errors naming the config path."""
+
+from __future__ import annotations
+
+import textwrap
+from pathlib import Path
+
+import pytest
+import torch
+from torch import nn
+
+import trainwright as tw
+from trainwright.config import Config, ConfigError
+from trainwright.registry import DATASETS, MODELS, Registry
+
+COMPONENTS = '''
+import torch
+import torch.nn.functional as F
+from torch import nn
+from torch.utils.data import TensorDataset
+
+import trainwright as tw
+from trainwright.registry import DATASETS, MODELS
+
+
+@MODELS.register()
+class TinyBackbone(nn.Module):
+    def __init__(self, in_channels=8, width=16):
+        super().__init__()
+        self.fc = nn.Linear(in_channels, width)
+
+    def forward(self, x):
+        return torch.relu(self.fc(x))
+
+
+@MODELS.register()
+class TinyClassifier(tw.BaseModel):
+    def __init__(self, backbone, num_classes=3, data_preprocessor=None):
+        super().__init__(data_preprocessor=data_preprocessor)
+        self.backbone = MODELS.build(backbone)
+        self.head = nn.Linear(self.backbone.fc.out_features, num_classes)
+
+    def forward(self, x, y=None, mode="tensor"):
+        logits = self.head(self.backbone(x))
+        return {"loss": F.cross_entropy(logits, y)} if mode == "loss" else logits
+
+
+@DATASETS.register()
+class ToyBlobs(TensorDataset):
+    def __init__(self, n=96, dim=8, classes=3, seed=0):
+        g = torch.Generator().manual_seed(seed)
+        y = torch.randint(0, classes, (n,), generator=g)
+        x = torch.randn(n, dim, generator=g) * 0.3 + torch.nn.functional.one_hot(y, dim).float() * 3
+        super().__init__(x, y)
+'''
+
+#: An mmengine / mmpretrain-style config split as OpenMMLab splits it; loaded unchanged.
+MM_BASE_MODEL = """
+model = dict(
+    type='TinyClassifier',
+    backbone=dict(type='TinyBackbone', in_channels=8, width=16),
+    num_classes=3,
+)
+"""
+MM_BASE_DATA = """
+dataset_cfg = None  # placeholder overwritten below: mmengine configs also hold plain values
+train_dataloader = dict(
+    batch_size=16,
+    num_workers=0,
+    persistent_workers=True,
+    sampler=dict(type='DefaultSampler', shuffle=True),
+    collate_fn=dict(type='default_collate'),
+    dataset=dict(type='ToyBlobs', n=96, seed=0),
+)
+val_dataloader = dict(
+    batch_size=32,
+    num_workers=0,
+    sampler=dict(type='DefaultSampler', shuffle=False),
+    dataset=dict(type='ToyBlobs', n=48, seed=1),
+)
+val_evaluator = dict(type='Accuracy', topk=(1, ))
+test_dataloader = val_dataloader
+test_evaluator = val_evaluator
+""".replace("dataset_cfg = None  # placeholder overwritten below: mmengine configs also hold plain values\n", "")
+MM_BASE_SCHEDULE = """
+optim_wrapper = dict(type='OptimWrapper', optimizer=dict(type='SGD', lr=0.1, momentum=0.9, weight_decay=0.0001))
+param_scheduler = dict(type='MultiStepLR', by_epoch=True, milestones=[2], gamma=0.1)
+train_cfg = dict(type='EpochBasedTrainLoop', max_epochs=3, val_interval=1)
+val_cfg = dict(type='ValLoop')
+test_cfg = dict(type='TestLoop')
+"""
+MM_BASE_RUNTIME = """
+default_scope = 'mmpretrain'
+default_hooks = dict(
+    timer=dict(type='IterTimerHook'),
+    logger=dict(type='LoggerHook', interval=2),
+    param_scheduler=dict(type='ParamSchedulerHook'),
+    checkpoint=dict(type='CheckpointHook', interval=1),
+    sampler_seed=dict(type='DistSamplerSeedHook'),
+)
+env_cfg = dict(cudnn_benchmark=False, mp_cfg=dict(mp_start_method='fork', opencv_num_threads=0), dist_cfg=dict(backend='nccl'))
+log_level = 'INFO'
+load_from = None
+resume = False
+randomness = dict(seed=0, deterministic=False)
+"""
+MM_CONFIG = """
+_base_ = [
+    '../_base_/models/tiny.py',
+    '../_base_/datasets/toy_blobs.py',
+    '../_base_/schedules/toy_sgd.py',
+    '../_base_/default_runtime.py',
+]
+custom_imports = dict(imports=['{module}'], allow_failed_imports=False)
+model = dict(backbone=dict(width=32))
+optim_wrapper = dict(optimizer=dict(lr=0.05))
+work_dir = '{work_dir}'
+"""
+
+
+def _write(path: Path, text: str) -> Path:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(textwrap.dedent(text), encoding="utf-8")
+    return path
+
+
+@pytest.fixture
+def components(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> str:
+    """A module registering the test's model and dataset, importable by name (as a user's package would be)."""
+    name = "tw_test_components"
+    _write(tmp_path / "pkg" / f"{name}.py", COMPONENTS)
+    monkeypatch.syspath_prepend(str(tmp_path / "pkg"))
+    import importlib
+
+    importlib.invalidate_caches()
+    return name
+
+
+def _mm_config(tmp_path: Path, module: str) -> Path:
+    _write(tmp_path / "configs/_base_/models/tiny.py", MM_BASE_MODEL)
+    _write(tmp_path / "configs/_base_/datasets/toy_blobs.py", MM_BASE_DATA)
+    _write(tmp_path / "configs/_base_/schedules/toy_sgd.py", MM_BASE_SCHEDULE)
+    _write(tmp_path / "configs/_base_/default_runtime.py", MM_BASE_RUNTIME)
+    return _write(tmp_path / "configs/tiny/tiny_8xb16_toy.py", MM_CONFIG.format(module=module, work_dir=(tmp_path / "work").as_posix()))
+
+
+def test_mmengine_style_config_loads_and_trains(tmp_path: Path, components: str) -> None:
+    cfg = Config.fromfile(_mm_config(tmp_path, components))
+    assert cfg.model.backbone.to_dict() == {"type": "TinyBackbone", "in_channels": 8, "width": 32}
+    assert cfg.optim_wrapper.optimizer.momentum == 0.9 and cfg.optim_wrapper.optimizer.lr == 0.05
+    with pytest.warns(UserWarning, match="default_scope.*env_cfg.*ignored"):
+        trainer = tw.Trainer.from_config(cfg, experiment_name="run")
+    try:
+        assert type(trainer.unwrapped_model).__name__ == "TinyClassifier"
+        assert trainer.unwrapped_model.backbone.fc.out_features == 32
+        trainer.train()
+        assert trainer.progress.epoch == 3
+        assert trainer.val()["val/acc"] > 0.9
+        assert trainer.optim_wrapper.optimizer.param_groups[0]["lr"] == pytest.approx(0.005)  # MultiStepLR at epoch 2
+        dumped = Config.fromfile(tmp_path / "work" / "run" / "config.py")
+        assert dumped.model.backbone.width == 32 and "_base_" not in dumped
+    finally:
+        trainer.close()
+
+
+def test_unknown_top_level_key_has_close_match(tmp_path: Path) -> None:
+    with pytest.raises(ConfigError, match="Unknown top-level config key 'optim_wraper'. Did you mean 'optim_wrapper'"):
+        tw.Trainer.from_config(dict(model=nn.Linear(2, 1), optim_wraper=dict()))
+    # helper variables of .py configs: a leading underscore keeps them out
+    trainer = tw.Trainer.from_config(dict(model=nn.Linear(2, 1), _helper=1, work_dir=str(tmp_path)))
+    trainer.close()
+    with pytest.raises(ConfigError, match="no 'model'"):
+        tw.Trainer.from_config(dict(work_dir=str(tmp_path)))
+
+
+def test_unknown_type_names_close_matches_and_how_to_register(components: str, tmp_path: Path) -> None:
+    __import__(components)
+    with pytest.raises(ConfigError, match=r"Building 'model' .*Unknown model type 'TinyClasifier'. Did you mean 'TinyClassifier'.*@trainwright.registry.MODELS.register\(\)"):
+        tw.Trainer.from_config(dict(model=dict(type="TinyClasifier", backbone=dict(type="TinyBackbone")), work_dir=str(tmp_path)))
+
+
+def test_nested_failure_names_its_config_path(components: str, tmp_path: Path) -> None:
+    __import__(components)
+    with pytest.raises(ConfigError, match=r"Building 'model.backbone' from the config failed: Unknown model type 'TinyBackbon'") as info:
+        tw.Trainer.from_config(dict(model=dict(type="TinyClassifier", backbone=dict(type="TinyBackbon")), work_dir=str(tmp_path)))
+    assert isinstance(info.value.__cause__, KeyError)
+    with pytest.raises(ConfigError, match=r"Building 'model.backbone' .*TypeError: Could not build model 'TinyBackbone'.*unexpected keyword argument 'widht'"):
+        tw.Trainer.from_config(dict(model=dict(type="TinyClassifier", backbone=dict(type="TinyBackbone", widht=3)), work_dir=str(tmp_path)))
+    with pytest.raises(ConfigError, match=r"Building 'train_dataloader.dataset' .*unexpected keyword argument 'size'"):
+        tw.Trainer.from_config(dict(model=dict(type="TinyClassifier", backbone=dict(type="TinyBackbone")), train_dataloader=dict(dataset=dict(type="ToyBlobs", size=3)), work_dir=str(tmp_path)))
+    with pytest.raises(ConfigError, match=r"Building 'custom_hooks.0' .*Unknown hook type 'EMAHok'. Did you mean 'EMAHook'"):
+        tw.Trainer.from_config(dict(model=nn.Linear(2, 1), custom_hooks=[dict(type="EMAHok")], work_dir=str(tmp_path)))
+    with pytest.raises(ConfigError, match=r"Building 'val_evaluator' .*Did you mean 'Accuracy'"):
+        tw.Trainer.from_config(dict(model=nn.Linear(2, 1), val_dataloader=[(torch.zeros(1, 2),)], val_evaluator=dict(type="Acuracy"), work_dir=str(tmp_path)))
+
+
+def test_model_is_seeded_from_randomness(components: str, tmp_path: Path) -> None:
+    __import__(components)
+    cfg = dict(model=dict(type="TinyClassifier", backbone=dict(type="TinyBackbone")), randomness=dict(seed=3), work_dir=str(tmp_path))
+    a, b = tw.Trainer.from_config(cfg), tw.Trainer.from_config(cfg)
+    try:
+        assert torch.equal(a.unwrapped_model.head.weight, b.unwrapped_model.head.weight)
+    finally:
+        a.close()
+        b.close()
+
+
+def test_plain_dict_config_is_dumped_as_json(tmp_path: Path) -> None:
+    trainer = tw.Trainer.from_config(dict(model=nn.Linear(2, 1), work_dir=str(tmp_path), experiment_name="r"))
+    trainer.close()
+    assert '"model": "Linear(' in (tmp_path / "r" / "config.json").read_text()
+
+
+def test_registry_redefinition_and_did_you_mean() -> None:
+    reg = Registry("widget", import_name="somewhere.WIDGETS")
+
+    def make() -> type:
+        class Widget:  # the same definition run twice (a config loaded twice)
+            pass
+
+        return Widget
+
+    first, second = make(), make()
+    reg.register(first)
+    reg.register(second)
+    assert reg.get("Widget") is second
+
+    class Widget:  # another class under the same name: refused
+        pass
+
+    with pytest.raises(KeyError, match="already registered"):
+        reg.register(Widget)
+    with pytest.raises(KeyError, match=r"Unknown widget type 'Widgte'. Did you mean 'Widget'\?.*@somewhere.WIDGETS.register\(\)"):
+        reg.get("Widgte")
+    assert MODELS.import_name == "trainwright.registry.MODELS" and DATASETS.name == "dataset"
+
+
+def test_config_imported_as_a_module_and_loaded_as_a_config(tmp_path: Path) -> None:
+    """Both define the config's classes; the second registration replaces the first instead of failing."""
+    import importlib.util
+    import sys
+
+    path = _write(tmp_path / "both_ways.py", "from trainwright.registry import MODELS\n@MODELS.register()\nclass BothWaysNet:\n    pass\nmodel = dict(type='BothWaysNet')\n")
+    spec = importlib.util.spec_from_file_location("both_ways_module", path)
+    module = importlib.util.module_from_spec(spec)
+    sys.modules["both_ways_module"] = module
+    spec.loader.exec_module(module)
+    Config.fromfile(path)
+    assert MODELS.get("BothWaysNet") is not module.BothWaysNet and MODELS.get("BothWaysNet").__qualname__ == "BothWaysNet"
+    del sys.modules["both_ways_module"]
