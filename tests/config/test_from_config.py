@@ -248,3 +248,15 @@ def test_config_imported_as_a_module_and_loaded_as_a_config(tmp_path: Path) -> N
     Config.fromfile(path)
     assert MODELS.get("BothWaysNet") is not module.BothWaysNet and MODELS.get("BothWaysNet").__qualname__ == "BothWaysNet"
     del sys.modules["both_ways_module"]
+
+
+def test_mmengine_helper_variables_load_with_a_warning_while_typos_are_refused(tmp_path) -> None:
+    """``data_root`` / ``train_pipeline`` at top level (mmengine style) load; a near-miss of a Trainer argument does not."""
+    from trainwright.trainer.from_config import trainer_from_config
+
+    cfg = dict(model=nn.Linear(2, 1), work_dir=str(tmp_path), data_root="data/x/", train_pipeline=[dict(type="LoadImage")])
+    with pytest.warns(UserWarning, match=r"\['data_root', 'train_pipeline'\] are not Trainer arguments"):
+        trainer = trainer_from_config(tw.Trainer, cfg)
+    trainer.close()
+    with pytest.raises(ConfigError, match="Did you mean 'work_dir'"):
+        trainer_from_config(tw.Trainer, {**cfg, "work_dri": str(tmp_path)})

@@ -53,12 +53,19 @@ def trainer_from_config(trainer_cls: type[Trainer], cfg: Mapping[str, Any], **ov
     ignored = sorted(k for k in args if k in IGNORED_KEYS and args[k] is not None)
     if ignored:
         warnings.warn(f"Config keys {ignored} are mmengine runtime settings trainwright does not use; they are ignored", stacklevel=2)
+    helpers = []
     for key in args:
         if key not in allowed and key not in IGNORED_KEYS and key not in LOADING_KEYS and not key.startswith("_"):
-            raise ConfigError(
-                f"Unknown top-level config key {key!r}.{did_you_mean(key, allowed)} The keys are the Trainer's arguments: {allowed}. "
-                "Name helper variables of a .py config with a leading underscore (_data_root = ...)."
-            )
+            hint = did_you_mean(key, allowed)
+            if hint:  # a typo of a Trainer argument: refusing it beats training without it
+                raise ConfigError(f"Unknown top-level config key {key!r}.{hint} The keys are the Trainer's arguments: {allowed}.")
+            helpers.append(key)
+    if helpers:  # mmengine configs keep helper variables at top level (data_root = ..., train_pipeline = [...])
+        warnings.warn(
+            f"Config keys {sorted(helpers)} are not Trainer arguments and close to none of them: taken as helper variables of the "
+            "config and not used by the trainer (name them with a leading underscore to silence this).",
+            stacklevel=2,
+        )
     kwargs = {k: v for k, v in args.items() if k in allowed}
     if "model" not in kwargs or kwargs["model"] is None:
         raise ConfigError("The config has no 'model': add model = dict(type='MyModel', ...) (a class registered in trainwright.registry.MODELS)")
