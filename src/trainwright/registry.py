@@ -133,10 +133,14 @@ def _same_definition(a: Any, b: Any) -> bool:
 
 def did_you_mean(key: str, options: list[str] | Any) -> str:
     """Return ``" Did you mean 'x'?"`` for the closest of ``options``, or ``""``."""
-    close = difflib.get_close_matches(key, list(options), n=3, cutoff=0.6)
-    if not close:
-        lowered = {o.lower(): o for o in options}
-        close = [lowered[key.lower()]] if key.lower() in lowered else []
+    options = [str(o) for o in options]
+    lowered: dict[str, str] = {}
+    for o in options:
+        lowered.setdefault(o.lower(), o)
+    # compared case-insensitively ('Adamw' means 'AdamW'), an exact match up to case first
+    close = [lowered[c] for c in difflib.get_close_matches(key.lower(), list(lowered), n=3, cutoff=0.6)]
+    if key.lower() in lowered:
+        close = [lowered[key.lower()], *[c for c in close if c != lowered[key.lower()]]]
     return f" Did you mean {' or '.join(repr(c) for c in close)}?" if close else ""
 
 

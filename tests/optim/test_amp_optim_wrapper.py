@@ -175,9 +175,10 @@ def test_builder_amp_config_with_default_precision_keeps_its_dtype() -> None:
 def test_builder_conflicting_dtype_is_a_clear_error() -> None:
     with pytest.raises(ValueError, match="Conflicting mixed precision.*one place"):
         build_optim_wrapper(_model(), _cfg(type="AmpOptimWrapper", dtype="float16"), "bf16-mixed", "cpu")
-    ow = AmpOptimWrapper(torch.optim.SGD(_model().parameters(), lr=0.1), dtype="bfloat16")
+    model = _model()
+    ow = AmpOptimWrapper(torch.optim.SGD(model.parameters(), lr=0.1), dtype="bfloat16")
     with pytest.raises(ValueError, match="Conflicting"):
-        build_optim_wrapper(_model(), ow, "16-mixed", "cpu")
+        build_optim_wrapper(model, ow, "16-mixed", "cpu")
 
 
 def test_builder_amp_keys_need_amp_wrapper() -> None:

@@ -130,3 +130,56 @@ def test_eval_dataloader_dict_is_checked_and_built(tmp_path) -> None:
     trainer.close()
     with pytest.raises(KeyError, match="batch_size"):
         tw.Trainer(model=LinearReg(), work_dir=tmp_path, val_dataloader=dict(dataset=tiny(), batchsize=4))
+
+
+@pytest.mark.parametrize(
+    ("clip_grad", "match"),
+    [
+        (dict(max_norm=-1.0), r"max_norm=-1.0 must be a number > 0 \(a negative max_norm turns clipping into gradient ascent\)"),
+        (dict(max_norm=1.0, norm_type=0), "norm_type=0 must be a number > 0"),
+        (dict(type="value", clip_value=-0.5), "clip_value=-0.5 must be a number > 0"),
+        (dict(max_norm="1"), "max_norm='1' must be a number > 0"),
+    ],
+)
+def test_clip_grad_values_are_checked_not_just_keys(trainer_factory, clip_grad, match):
+    """A negative max_norm used to be accepted and turned training into gradient ascent."""
+    _assert_fails_before_training(trainer_factory, ValueError, match, optim_wrapper=dict(optimizer=dict(type="SGD", lr=0.1), clip_grad=clip_grad))
+
+
+def test_max_epochs_and_max_iters_together_are_refused(trainer_factory):
+    """Both given used to run max_iters and drop max_epochs without a word."""
+    _assert_fails_before_training(trainer_factory, ValueError, "both max_epochs=10 and max_iters=5: give one", train_cfg=dict(max_epochs=10, max_iters=5))
+
+
+def test_an_optimizer_over_another_models_parameters_is_refused(trainer_factory):
+    """An optimizer built over a different model object trains nothing of the trainer's model."""
+    other = LinearReg()
+    _assert_fails_before_training(trainer_factory, ValueError, r"holds 2 of its 2 parameters that are not the model's", optim_wrapper=torch.optim.SGD(other.parameters(), lr=0.1))
+
+
+def test_type_suggestions_ignore_case(trainer_factory):
+    _assert_fails_before_training(trainer_factory, KeyError, "Unknown optimizer type 'Adamw'. Did you mean 'AdamW'", optim_wrapper=dict(optimizer=dict(type="Adamw", lr=0.1)))
+
+
+def test_the_reason_a_run_stopped_reaches_train_log(trainer_factory):
+    class Boom(LinearReg):
+        def train_step(self, data, optim_wrapper):
+            raise RuntimeError("the data loader lost its disk")
+
+    t = trainer_factory(model=Boom())
+    with pytest.raises(RuntimeError, match="lost its disk"):
+        t.train()
+    t.close()
+    log = (t.run_dir / "train.log").read_text()
+    assert "Stopped by RuntimeError at epoch 0, iteration 0: the data loader lost its disk" in log
+
+
+def test_trainer_is_a_context_manager_that_closes_its_files(tmp_path):
+    import trainwright as tw
+
+    with tw.Trainer(model=LinearReg(), work_dir=tmp_path, train_dataloader=DataLoader(regression_set(8), batch_size=4),
+                    optim_wrapper=dict(optimizer=dict(type="SGD", lr=0.1)), train_cfg=dict(by_epoch=True, max_epochs=1)) as t:
+        t.train()
+        handlers = list(t.logger.handlers)
+    assert all(getattr(h, "stream", None) is None or h.stream.closed for h in handlers if hasattr(h, "baseFilename"))
+    assert not t.logger.handlers or all(not hasattr(h, "baseFilename") for h in t.logger.handlers)

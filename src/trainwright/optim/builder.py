@@ -28,6 +28,20 @@ def build_optimizer(model: nn.Module, cfg: Mapping[str, Any] | torch.optim.Optim
     return OPTIMIZERS.build(cfg, params=params)
 
 
+def _check_owns(model: nn.Module, optimizer: torch.optim.Optimizer) -> None:
+    """Refuse an optimizer built over parameters that are not ``model``'s: stepping it would train nothing of the model."""
+    own = {id(p) for p in model.parameters()}
+    params = [p for g in optimizer.param_groups for p in g["params"]]
+    foreign = sum(id(p) not in own for p in params)
+    if foreign:
+        raise ValueError(
+            f"The {type(optimizer).__name__} given as optim_wrapper holds {foreign} of its {len(params)} parameters that are not the model's "
+            f"({type(model).__name__}), so training would not change them. Build it over this model's parameters, "
+            "e.g. torch.optim.SGD(model.parameters(), lr=0.1) with the same model object passed to the Trainer, or pass "
+            "optim_wrapper=dict(optimizer=dict(type='SGD', lr=0.1)) and let the Trainer build it."
+        )
+
+
 def _reconcile(wrapper: OptimWrapper, trainer_precision: Precision) -> None:
     """Make ``wrapper`` use the Trainer's precision, or fail if the two disagree.
 
@@ -79,13 +93,16 @@ def build_optim_wrapper(model: nn.Module, cfg: Any, precision: str | Precision |
     """
     trainer_precision = build_precision(precision, device_type)
     if isinstance(cfg, OptimWrapper):
+        _check_owns(model, cfg.optimizer)
         _reconcile(cfg, trainer_precision)
         return cfg
     if isinstance(cfg, OptimWrapperDict):
         for i, ow in enumerate(cfg.values()):
+            _check_owns(model, ow.optimizer)
             _reconcile(ow, trainer_precision if i == 0 else trainer_precision.clone())
         return cfg
     if isinstance(cfg, torch.optim.Optimizer):
+        _check_owns(model, cfg)
         return OptimWrapper(cfg, precision=trainer_precision)
     if not isinstance(cfg, Mapping):
         raise TypeError(f"optim_wrapper must be an OptimWrapper, a torch optimizer or a dict with an 'optimizer' key, got {type(cfg).__name__}")

@@ -48,6 +48,13 @@ def _check_clip_grad(clip_grad: Mapping[str, Any] | None) -> dict[str, Any] | No
     check_keys("clip_grad", cfg, allowed, ValueError, hint=f"Allowed for type={kind!r}: {sorted(allowed - {'type'})}")
     if required not in cfg:
         raise ValueError(f"clip_grad of type {kind!r} needs {required!r}, e.g. dict({required}=1.0)")
+    for key in (required, "norm_type"):
+        value = cfg.get(key)
+        if key in cfg and (isinstance(value, bool) or not isinstance(value, (int, float)) or not value > 0):
+            raise ValueError(
+                f"clip_grad {key}={value!r} must be a number > 0 (a negative {key} turns clipping into gradient ascent); e.g. dict({key}=1.0)"
+                if key != "norm_type" else f"clip_grad norm_type={value!r} must be a number > 0 (2 for the Euclidean norm, float('inf') for the max norm)"
+            )
     cfg["type"] = kind
     return cfg
 

@@ -49,6 +49,11 @@ def build_train(
     if optim_cfg is None:
         raise ValueError("train() needs an optim_wrapper, e.g. optim_wrapper=dict(optimizer=dict(type='SGD', lr=0.01))")
     cfg = dict(train_cfg)
+    if "max_epochs" in cfg and "max_iters" in cfg:
+        raise ValueError(
+            f"train_cfg sets both max_epochs={cfg['max_epochs']} and max_iters={cfg['max_iters']}: give one, "
+            "dict(by_epoch=True, max_epochs=N) or dict(by_epoch=False, max_iters=N)"
+        )
     by_epoch = cfg.pop("by_epoch", "max_iters" not in cfg)
     strategy = trainer.strategy
     loader = build_dataloader(loader_cfg, seed=seed, num_replicas=strategy.world_size, rank=strategy.rank)  # this rank's shard
@@ -63,12 +68,10 @@ def build_train(
     if by_epoch:
         if "max_epochs" not in cfg:
             raise KeyError("train_cfg with by_epoch=True needs max_epochs, e.g. train_cfg=dict(by_epoch=True, max_epochs=10)")
-        cfg.pop("max_iters", None)
         loop = EpochBasedTrainLoop(trainer, loader, **cfg)
     else:
         if "max_iters" not in cfg:
             raise KeyError("train_cfg with by_epoch=False needs max_iters, e.g. train_cfg=dict(by_epoch=False, max_iters=2000)")
-        cfg.pop("max_epochs", None)
         loop = IterBasedTrainLoop(trainer, loader, **cfg)
     schedulers = None
     if scheduler_cfg:

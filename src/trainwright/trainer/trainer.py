@@ -299,6 +299,12 @@ class Trainer:
             out = fn()
             ok = True
             return out
+        except BaseException as e:
+            if not isinstance(e, SystemExit):  # (a preemption exit is logged by its hook)
+                p = self.progress
+                # the reason reaches train.log too, not only the terminal that may be gone
+                self.logger.error(f"Stopped by {type(e).__name__} at epoch {p.epoch}, iteration {p.iteration}: {e}")
+            raise
         finally:
             setter = getattr(self.unwrapped_base, "set_forward_caller", None)
             if setter is not None:
@@ -437,6 +443,12 @@ class Trainer:
             w.flush()
         for h in self.logger.handlers:
             h.flush()
+
+    def __enter__(self) -> Trainer:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
 
     def close(self) -> None:
         """Close the writers and the log file; release the strategy's resources (a process group)."""
