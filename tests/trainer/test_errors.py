@@ -183,3 +183,23 @@ def test_trainer_is_a_context_manager_that_closes_its_files(tmp_path):
         handlers = list(t.logger.handlers)
     assert all(getattr(h, "stream", None) is None or h.stream.closed for h in handlers if hasattr(h, "baseFilename"))
     assert not t.logger.handlers or all(not hasattr(h, "baseFilename") for h in t.logger.handlers)
+
+
+def test_an_epoch_scheduler_in_an_iteration_run_is_named(trainer_factory):
+    """It would never step (the lr stayed constant for the whole run, silently)."""
+    with pytest.warns(UserWarning, match=r"\['CosineAnnealingLR'\].*convert_to_iter_based=True"):
+        trainer_factory(train_cfg=dict(by_epoch=False, max_iters=4), param_scheduler=dict(type="CosineAnnealingLR", by_epoch=True, begin=0, end=2)).train()
+
+
+def test_val_without_an_evaluator_says_why_there_are_no_metrics(trainer_factory):
+    t = trainer_factory(val_dataloader=DataLoader(regression_set(8), batch_size=4))
+    with pytest.warns(UserWarning, match="without a val_evaluator.*val_evaluator=tw.evaluation.Accuracy"):
+        assert t.val() == {}
+
+
+def test_training_again_past_the_end_says_there_is_nothing_to_train(trainer_factory):
+    t = trainer_factory(train_cfg=dict(by_epoch=True, max_epochs=1))
+    t.train()
+    t.train()
+    t.flush_logs()
+    assert "Nothing to train: training is complete at iteration" in (t.run_dir / "train.log").read_text()

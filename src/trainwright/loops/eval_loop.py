@@ -6,6 +6,7 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 import contextlib
+import warnings
 
 import torch
 
@@ -35,6 +36,7 @@ class EvalLoop:
         self.evaluator = evaluator
         self.mode = mode
         self.autocast = autocast
+        self._warned_no_evaluator = False
 
     def run(self) -> dict[str, float]:
         """One pass; returns the metrics (keys like ``"val/acc"``) and hands them to hooks."""
@@ -81,6 +83,13 @@ class EvalLoop:
         if n == 0:
             raise ValueError(f"{m}_dataloader is empty (0 batches); check its dataset and batch_size")
         if self.evaluator is None:
+            if not self._warned_no_evaluator:
+                self._warned_no_evaluator = True
+                warnings.warn(
+                    f"{m}() ran over the {m}_dataloader without a {m}_evaluator, so it reports no metrics; "
+                    f"pass {m}_evaluator=tw.evaluation.Accuracy() (or another Metric / list of metrics) to the Trainer",
+                    stacklevel=3,
+                )
             return {}
         size = len(self.dataloader.dataset) if hasattr(self.dataloader, "dataset") else n
         return dict(self.evaluator.evaluate(size))

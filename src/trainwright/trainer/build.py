@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import warnings
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any, NamedTuple
 
@@ -82,7 +83,22 @@ def build_train(
             scheduler_cfg, target, epoch_length=len(loader),
             max_epochs=getattr(loop, "max_epochs", None), max_iters=None if loop.by_epoch else loop.max_iters,
         )
+        if not loop.by_epoch:
+            _warn_epoch_schedulers(schedulers)
     return TrainParts(optim_wrapper, precision, loop, schedulers)
+
+
+def _warn_epoch_schedulers(schedulers: Any) -> None:
+    """An epoch-based scheduler in an iteration-based run would never step (one 'epoch' spans the run)."""
+    flat = [s for group in schedulers.values() for s in group] if isinstance(schedulers, Mapping) else list(schedulers or [])
+    stuck = [type(s).__name__ for s in flat if getattr(s, "by_epoch", False)]
+    if stuck:
+        warnings.warn(
+            f"param_scheduler {stuck} count(s) in epochs (by_epoch=True) but training is iteration-based (train_cfg by_epoch=False): "
+            "they would never step and the value would stay constant. Add convert_to_iter_based=True to convert their begin/end "
+            "to iterations, or give them by_epoch=False with begin/end in iterations.",
+            stacklevel=3,
+        )
 
 
 def build_eval_loop(trainer: Trainer, loader: Any, evaluator: Any, mode: str, cfg: Mapping[str, Any]) -> EvalLoop | None:

@@ -263,7 +263,13 @@ class Trainer:
         assert self.train_loop is not None
         self.should_stop = False
         self.preempted = False
-        self._run(self.train_loop.run)
+        loop = self.train_loop
+        if self.progress.iteration >= loop.max_iters:
+            self.logger.warning(
+                f"Nothing to train: training is complete at iteration {self.progress.iteration} of max_iters {loop.max_iters} "
+                f"(epoch {self.progress.epoch}). Raise train_cfg max_epochs / max_iters to train further, or use a new work_dir for a new run."
+            )
+        self._run(loop.run)
         return self.unwrapped_model
 
     def val(self) -> dict[str, float]:
