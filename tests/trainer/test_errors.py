@@ -203,3 +203,33 @@ def test_training_again_past_the_end_says_there_is_nothing_to_train(trainer_fact
     t.train()
     t.flush_logs()
     assert "Nothing to train: training is complete at iteration" in (t.run_dir / "train.log").read_text()
+
+
+def test_a_failing_after_run_skips_no_other_cleanup_and_hides_no_error(trainer_factory):
+    """One hook's after_run raising used to skip the others (SIGTERM handler left installed) and hide the training error."""
+    import signal
+
+    import trainwright as tw
+
+    class BadCleanup(tw.Hook):
+        priority = "HIGHEST"
+
+        def after_run(self, trainer):
+            raise OSError("disk gone while closing")
+
+    class Boom(LinearReg):
+        def train_step(self, data, optim_wrapper):
+            raise RuntimeError("the real error")
+
+    before = signal.getsignal(signal.SIGTERM)
+    t = trainer_factory(model=Boom(), custom_hooks=[BadCleanup()])
+    with pytest.raises(RuntimeError, match="the real error"):  # the original error, not the cleanup's
+        t.train()
+    assert signal.getsignal(signal.SIGTERM) == before  # the preemption hook's cleanup still ran
+    t.flush_logs()
+    assert "BadCleanup.after_run failed while the run was cleaning up: OSError: disk gone while closing" in (t.run_dir / "train.log").read_text()
+    # a run that succeeded reports its cleanup error
+    t2 = trainer_factory(custom_hooks=[BadCleanup()], work_dir=t.work_dir / "second")
+    with pytest.raises(OSError, match="disk gone"):
+        t2.train()
+    assert signal.getsignal(signal.SIGTERM) == before

@@ -133,6 +133,20 @@ class HookList:
         for fn in self.calls[event]:
             fn(*args, **kwargs)
 
+    def call_all(self, event: str, *args: Any, **kwargs: Any) -> list[tuple[Call, BaseException]]:
+        """Call ``event`` on every hook that overrides it, even when some raise; return ``(method, error)`` of those that did.
+
+        For cleanup events (``after_run``): one hook's failure must not skip the others'
+        cleanup (a signal handler left installed, a file left open).
+        """
+        failed: list[tuple[Call, BaseException]] = []
+        for fn in self.calls[event]:
+            try:
+                fn(*args, **kwargs)
+            except BaseException as e:  # noqa: BLE001 - collected and handed to the caller
+                failed.append((fn, e))
+        return failed
+
     def get(self, cls_or_name: type | str) -> Hook | None:
         """Return the first hook of that class (or class name / state_key), or None."""
         for h in self._hooks:

@@ -319,8 +319,21 @@ class Trainer:
                 # Lines still pending go out first; on an error path a NaN must not raise a second error.
                 self.metric_store.flush(raise_on_nonfinite=None if ok else False)
             finally:
-                self.hooks.call("after_run", self)
-                self.flush_logs()
+                self._clean_up(ok)
+
+    def _clean_up(self, ok: bool) -> None:
+        """Run every hook's ``after_run`` even if some raise; then the original error (if any) goes on.
+
+        A cleanup error is logged by name; it is raised only when the run itself succeeded
+        (the first one; a preemption's ``SystemExit`` among them is what the process exits with).
+        """
+        failed = self.hooks.call_all("after_run", self)
+        for fn, e in failed:
+            if not isinstance(e, SystemExit):
+                self.logger.error(f"{getattr(fn, '__qualname__', fn)} failed while the run was cleaning up: {type(e).__name__}: {e}", exc_info=e)
+        self.flush_logs()
+        if ok and failed:
+            raise next((e for _, e in failed if isinstance(e, SystemExit)), failed[0][1])
 
     # -- checkpoints ----------------------------------------------------------------------
     @property
