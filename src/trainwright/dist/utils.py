@@ -159,13 +159,20 @@ def detect_launcher() -> Launcher:
     return "none"
 
 
+#: Per launcher, the variables that hold (rank, world size, local rank).
+_LAUNCHER_VARS = {
+    "pytorch": ("RANK", "WORLD_SIZE", "LOCAL_RANK"),
+    "slurm": ("SLURM_PROCID", "SLURM_NTASKS", "SLURM_LOCALID"),
+    "mpi": ("OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE", "OMPI_COMM_WORLD_LOCAL_RANK"),
+}
+
+
 def launched_world_size() -> int:
     """How many processes the launcher says it started (1 when none did): ``WORLD_SIZE``, ``SLURM_NTASKS`` or ``OMPI_COMM_WORLD_SIZE``."""
-    env = os.environ
-    for key in ("WORLD_SIZE", "SLURM_NTASKS", "OMPI_COMM_WORLD_SIZE"):
-        if detect_launcher() != "none" and key in env:
-            return int(env[key])
-    return 1
+    launcher = detect_launcher()
+    if launcher == "none":
+        return 1
+    return int(os.environ.get(_LAUNCHER_VARS[launcher][1], 1))
 
 
 def export_launcher_env() -> None:
@@ -175,10 +182,9 @@ def export_launcher_env() -> None:
     ``scontrol show hostnames $SLURM_JOB_NODELIST``).
     """
     env = os.environ
-    names = {"slurm": ("SLURM_PROCID", "SLURM_NTASKS", "SLURM_LOCALID"), "mpi": ("OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE", "OMPI_COMM_WORLD_LOCAL_RANK")}
     launcher = detect_launcher()
-    if launcher in names:
-        for ours, theirs in zip(("RANK", "WORLD_SIZE", "LOCAL_RANK"), names[launcher]):
+    if launcher in ("slurm", "mpi"):
+        for ours, theirs in zip(_LAUNCHER_VARS["pytorch"], _LAUNCHER_VARS[launcher]):
             if theirs in env:
                 env.setdefault(ours, env[theirs])
 

@@ -11,6 +11,7 @@ import warnings
 from collections.abc import Callable, Iterable, Iterator
 from typing import Any
 
+from trainwright.checkpoint.stateful import Stateful
 from trainwright.hooks.hook import EVENTS, Hook, get_priority, require_hook
 
 Call = Callable[..., Any]
@@ -156,7 +157,7 @@ class HookList:
 
     def stateful(self) -> list[Hook]:
         """Hooks that define their own ``state_dict`` / ``load_state_dict``."""
-        return [h for h in self._hooks if _has_state(h)]
+        return [h for h in self._hooks if isinstance(h, Stateful)]
 
     def __iter__(self) -> Iterator[Hook]:
         return iter(self._hooks)
@@ -167,6 +168,3 @@ class HookList:
 
 _ITER_EVENTS = frozenset({"before_train_iter", "after_train_iter"})
 
-
-def _has_state(hook: Hook) -> bool:
-    return callable(getattr(hook, "state_dict", None)) and callable(getattr(hook, "load_state_dict", None))

@@ -29,6 +29,7 @@ import time
 from typing import TYPE_CHECKING, Any, NamedTuple
 
 from trainwright.hooks.hook import Hook
+from trainwright.hooks.view import require_train_loop
 from trainwright.logging.writers import LineInfo
 from trainwright.registry import HOOKS
 
@@ -93,8 +94,7 @@ class LoggerHook(Hook):
 
     # -- training ---------------------------------------------------------------------------
     def before_train(self, trainer: TrainerView) -> None:  # noqa: D102
-        loop = trainer.train_loop
-        assert loop is not None  # before_train: the trainer built it
+        loop = require_train_loop(trainer, "LoggerHook.before_train")
         self._by_epoch = loop.by_epoch
         self._epoch_len = len(loop.dataloader)
         self._max_iters = loop.max_iters
@@ -140,9 +140,9 @@ class LoggerHook(Hook):
     def write_pending(self, trainer: TrainerView) -> None:
         """Flush the store (a no-op when nothing is pending) and write every line held for its batch.
 
-        Called at the hook's own events and through :meth:`Trainer.flush_logs` (see ``hold_log_lines``) (e.g. before a
-        checkpoint is written: a resumed run does not log those iterations again). Call it at
-        the same point on every process, as any store flush.
+        Called at the hook's own events; :meth:`Trainer.flush_logs` reaches the held lines
+        through ``hold_log_lines`` (e.g. before a checkpoint is written: a resumed run does not
+        log those iterations again). Call it at the same point on every process, as any store flush.
         """
         trainer.metric_store.flush()
         self._write_lines(trainer)

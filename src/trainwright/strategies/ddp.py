@@ -123,7 +123,7 @@ class DDPStrategy(Strategy):
         The wrapper goes first: a DDP reducer that outlives its process group aborts the
         process at exit ("terminate called without an active exception").
         """
-        self.wait_for_checkpoint()
+        super().teardown()
         self.model = None
         gc.collect()
         if self._owns_group and dist.is_initialized():

@@ -60,7 +60,7 @@ def build_train(
     loader = build_dataloader(loader_cfg, seed=seed, num_replicas=strategy.world_size, rank=strategy.rank)  # this rank's shard
     if len(loader) == 0:
         raise ValueError("train_dataloader is empty (0 batches): check the dataset length, and that batch_size <= len(dataset) when drop_last=True")
-    optim_wrapper = build_optim_wrapper(model, optim_cfg, precision, trainer.strategy.device.type)
+    optim_wrapper = build_optim_wrapper(model, optim_cfg, precision, strategy.device.type)
     precision = loop_precision(optim_wrapper, precision)
     if skip_nonfinite:
         for ow in optim_wrapper.values() if hasattr(optim_wrapper, "values") else [optim_wrapper]:

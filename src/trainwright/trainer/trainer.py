@@ -294,9 +294,13 @@ class Trainer:
         hooks, so the training step does not re-check torch internals every iteration.
         """
         base = self.unwrapped_base
-        setter = getattr(base, "set_forward_caller", None)
+        self._set_forward_caller(self.strategy.forward_caller(base))
+
+    def _set_forward_caller(self, caller: Any) -> None:
+        """Hand the model its step plan (None: drop it); models without the step contract have none."""
+        setter = getattr(self.unwrapped_base, "set_forward_caller", None)
         if setter is not None:
-            setter(self.strategy.forward_caller(base))
+            setter(caller)
 
     def _run(self, fn: Any) -> Any:
         self.hooks.call("before_run", self)
@@ -312,9 +316,7 @@ class Trainer:
                 self.logger.error(f"Stopped by {type(e).__name__} at epoch {p.epoch}, iteration {p.iteration}: {e}")
             raise
         finally:
-            setter = getattr(self.unwrapped_base, "set_forward_caller", None)
-            if setter is not None:
-                setter(None)  # outside a run the model is called the safe way (hooks added later fire)
+            self._set_forward_caller(None)  # outside a run the model is called the safe way (hooks added later fire)
             try:
                 # Lines still pending go out first; on an error path a NaN must not raise a second error.
                 self.metric_store.flush(raise_on_nonfinite=None if ok else False)
