@@ -300,7 +300,8 @@ class MetricStore:
         self._derive_times(rows)
         if not rows:
             return
-        columns, numbers = _columns(rows)  # one device→host transfer per device
+        with torch.no_grad():  # a logged loss may still carry its (spent) graph: read it, don't extend it
+            columns, numbers = _columns(rows)  # one device→host transfer per device
         check = self.raise_on_nonfinite if raise_on_nonfinite is None else raise_on_nonfinite
         bad: tuple[int, str] | None = None
         for name, (iters, refs) in columns.items():

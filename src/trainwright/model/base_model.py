@@ -78,7 +78,8 @@ class BaseModel(nn.Module):
         """Preprocess → forward in ``"loss"`` mode under ``optim_context`` → parse losses → update params.
 
         Returns:
-            The log tensors (``loss`` and each loss term), detached, on the device.
+            The log tensors (``loss`` and each loss term) on the device, as :meth:`parse_losses`
+            returns them.
         """
         pre, forward, _ = self.__dict__.get("_step_plan") or self._safe_plan()
         if pre is not None:
@@ -142,14 +143,18 @@ class BaseModel(nn.Module):
         """Sum every entry whose key contains ``"loss"``; return (total, log tensors).
 
         Values may be tensors or lists of tensors (each averaged then summed). Log tensors
-        are detached and stay on the device: turning them into numbers is the logger's job.
+        stay on the device: turning them into numbers is the metric store's job (it reads them
+        without autograd). They are detached, except a lone scalar ``{"loss": loss}``, returned
+        as it is (mmengine semantics; a detached copy would cost a tensor per step): the
+        backward pass frees its graph's buffers, so keeping it until the next flush holds no
+        activations.
         """
         if isinstance(losses, torch.Tensor):
             losses = {"loss": losses}
-        if len(losses) == 1 and type(losses) is dict:  # fast path: the usual single loss
+        if len(losses) == 1 and type(losses) is dict:  # the usual single scalar loss: nothing to sum, average or copy
             loss = losses.get("loss")
             if isinstance(loss, torch.Tensor) and loss.dim() == 0:
-                return loss, {"loss": loss.detach()}
+                return loss, losses
         if not isinstance(losses, Mapping):
             raise TypeError(
                 f"{type(self).__name__}.forward(..., mode='loss') must return a dict of loss tensors (or one loss tensor), "
