@@ -178,7 +178,7 @@ class DefaultOptimWrapperConstructor:
 
     # -- param groups ---------------------------------------------------------------------
     def add_params(self, params: list[dict[str, Any]], module: nn.Module, prefix: str = "", is_dcn_module: bool = False) -> None:
-        """Append one ``{"params": [p], **options}`` per trainable parameter of ``module`` (recursively) to ``params``.
+        """Append one ``{"params": [p], "param_names": [name], **options}`` per trainable parameter of ``module`` (recursively) to ``params``.
 
         Args:
             params: The list of groups, extended in place.
@@ -215,7 +215,7 @@ class DefaultOptimWrapperConstructor:
                 group.update(entry)
             else:
                 self._apply_rules(group, name, param, module, prefix, is_norm, is_dwconv, is_dcn_module)
-            group["_names"] = [full]
+            group["param_names"] = [full]  # torch keeps names beside the parameters (state_dict, errors)
             params.append(group)
         child_in_dcn = _is_dcn(module)
         for child_name, child in module.named_children():
@@ -242,13 +242,16 @@ class DefaultOptimWrapperConstructor:
     def param_groups(self, model: nn.Module) -> list[dict[str, Any]]:
         """The optimizer's param groups for ``model`` (merged by equal options unless ``merge_groups=False``).
 
-        Each group also holds ``"param_names"``: the dotted names of its parameters.
+        Each group also holds ``"param_names"``: the dotted names of its parameters (torch
+        keeps them in the optimizer's ``state_dict``); dropped from every group when a
+        subclass's :meth:`add_params` adds groups without them.
         """
         groups: list[dict[str, Any]] = []
         self._seen = {}
         self.add_params(groups, model)
-        for g in groups:
-            g["param_names"] = g.pop("_names", [])
+        if not all("param_names" in g for g in groups):  # torch takes names on every group or on none
+            for g in groups:
+                g.pop("param_names", None)
         if not self.paramwise_cfg.get("merge_groups", True):
             return groups
         merged: list[dict[str, Any]] = []
@@ -257,10 +260,11 @@ class DefaultOptimWrapperConstructor:
             for m in merged:
                 if m["_options"] == options:
                     m["params"] += g["params"]
-                    m["param_names"] += g["param_names"]
+                    if "param_names" in g:
+                        m["param_names"] += g["param_names"]
                     break
             else:
-                merged.append({**g, "params": list(g["params"]), "param_names": list(g["param_names"]), "_options": options})
+                merged.append({**g, "params": list(g["params"]), **({"param_names": list(g["param_names"])} if "param_names" in g else {}), "_options": options})
         for m in merged:
             del m["_options"]
         return merged
