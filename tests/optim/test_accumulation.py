@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import copy
 import io
+import warnings
 
 import pytest
 import torch
@@ -209,3 +210,48 @@ def test_load_bare_optimizer_state_dict():
     other = torch.optim.SGD(model.parameters(), lr=0.3, momentum=0.5)
     ow.load_state_dict(other.state_dict())
     assert ow.get_lr() == {"lr": [0.3]} and ow.get_momentum() == {"momentum": [0.5]}
+
+
+def test_resume_inside_a_window_warns_only_when_its_gradients_are_lost() -> None:
+    ow, model = _wrapper()
+    ow.initialize_count_status(model, 0, 10)
+    ow.update_params(model.linear(torch.ones(2, 4)).sum())  # one micro-batch into a window of 4
+    state = ow.state_dict()
+    assert "partial_grads" in state
+
+    resumed, model2 = _wrapper()
+    resumed.load_state_dict(state)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        resumed.initialize_count_status(model2, 1, 10)  # the window's gradients were restored: exact, nothing to say
+
+    lost, model3 = _wrapper()
+    lost.load_state_dict({k: v for k, v in state.items() if k != "partial_grads"})  # e.g. saved by a run with accumulative_counts=1
+    with pytest.warns(UserWarning, match=r"resumes 1 micro-batch\(es\) into an accumulation window of accumulative_counts=4 \(position 1 of 10\)"):
+        lost.initialize_count_status(model3, 1, 10)
+
+
+class _BNNet(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.fc = nn.Linear(4, 3)
+        self.bn = nn.BatchNorm1d(3)
+        self.head = nn.Sequential(nn.Linear(3, 1), nn.BatchNorm1d(1))
+
+    def forward(self, x, y=None, mode="tensor"):
+        out = self.head(self.bn(self.fc(x)))
+        return {"loss": F.mse_loss(out, y)} if mode == "loss" else out
+
+
+@pytest.mark.parametrize("acc", [1, 2])
+def test_batch_norm_with_accumulation_warns_once_per_run_naming_the_layers(trainer_factory, acc: int) -> None:
+    t = trainer_factory(model=_BNNet(), batch_size=4, train_cfg=dict(max_epochs=3), optim_wrapper=dict(optimizer=dict(type="SGD", lr=0.01), accumulative_counts=acc))
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        t.train()
+    bn = [str(w.message) for w in caught if "BatchNorm" in str(w.message)]
+    if acc == 1:
+        assert bn == []
+    else:
+        assert len(bn) == 1, bn  # not once per epoch
+        assert "accumulative_counts=2" in bn[0] and "(bn, head.1)" in bn[0]

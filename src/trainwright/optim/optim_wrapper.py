@@ -86,6 +86,8 @@ def _warn_lost_window(init_counts: int, max_counts: int, acc: int) -> None:
 
 def _warn_batch_norm(model: nn.Module, acc: int) -> None:
     names = [n or type(model).__name__ for n, m in model.named_modules() if isinstance(m, nn.modules.batchnorm._BatchNorm)]
+    while names and all(n.startswith("module.") for n in names):  # named as in the user's model, not inside DDP / adapter wrappers
+        names = [n[len("module."):] for n in names]
     if names:
         shown = ", ".join(names[:8]) + (f" and {len(names) - 8} more" if len(names) > 8 else "")
         warnings.warn(
