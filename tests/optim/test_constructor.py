@@ -10,7 +10,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 from torch import nn
-from torch.utils.data import DataLoader, TensorDataset
+from torch.utils.data import TensorDataset
 
 import trainwright as tw
 from trainwright.optim import DefaultOptimWrapperConstructor, OptimWrapper, build_optim_wrapper

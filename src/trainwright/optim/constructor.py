@@ -62,6 +62,8 @@ def _optimizer_options(cfg: Mapping[str, Any]) -> tuple[set[str] | None, dict[st
     """The option names the optimizer class accepts (None: it takes ``**kwargs``) and their defaults."""
     typ = cfg.get("type")
     cls = OPTIMIZERS.get(typ) if isinstance(typ, str) else typ
+    if not callable(cls):
+        return None, {}
     try:
         sig = inspect.signature(cls)
     except (TypeError, ValueError):
