@@ -224,6 +224,8 @@ def test_resume_inside_a_window_warns_only_when_its_gradients_are_lost() -> None
     with warnings.catch_warnings():
         warnings.simplefilter("error")
         resumed.initialize_count_status(model2, 1, 10)  # the window's gradients were restored: exact, nothing to say
+        _wrapper()[0].initialize_count_status(model2, 10, 10)  # at the span's end (its short last window was stepped there)
+        _wrapper()[0].initialize_count_status(model2, 8, 10)  # at a window boundary
 
     lost, model3 = _wrapper()
     lost.load_state_dict({k: v for k, v in state.items() if k != "partial_grads"})  # e.g. saved by a run with accumulative_counts=1

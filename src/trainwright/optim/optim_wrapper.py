@@ -271,7 +271,8 @@ class OptimWrapper:
         self._max_counts = max_counts
         acc = self._accumulative_counts
         if acc > 1:  # nothing to check without accumulation
-            if init_counts % acc and not any(p.grad is not None for p in _live_params(self.optimizer)):
+            inside_window = init_counts % acc != 0 and init_counts != max_counts  # the span's end closes its last window too
+            if inside_window and not any(p.grad is not None for p in _live_params(self.optimizer)):
                 _warn_lost_window(init_counts, max_counts, acc)
             if model is not None and model is not self._bn_checked:
                 self._bn_checked = model
