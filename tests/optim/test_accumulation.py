@@ -8,11 +8,12 @@ from __future__ import annotations
 import copy
 import io
 import warnings
+from typing import Any
 
 import pytest
 import torch
 import torch.nn.functional as F
-from conftest import LinearReg, params_of, regression_set
+from conftest import LinearReg, make_trainer, params_of, regression_set
 from torch import nn
 
 from trainwright.optim import OptimWrapper
@@ -257,3 +258,26 @@ def test_batch_norm_with_accumulation_warns_once_per_run_naming_the_layers(train
     else:
         assert len(bn) == 1, bn  # not once per epoch
         assert "accumulative_counts=2" in bn[0] and "(bn, head.1)" in bn[0]
+
+
+def test_trainer_resume_with_another_accumulative_counts_warns_and_the_same_does_not(tmp_path) -> None:
+    """The loop places the wrapper from Progress; the warning depends on whether the window's gradients came back."""
+
+    def run(name: str, acc: int, resume: Any = False) -> list[str]:
+        kw: dict[str, Any] = dict(
+            model=LinearReg(), batch_size=2, resume=resume, experiment_name=name, train_cfg=dict(max_epochs=1),
+            optim_wrapper=dict(optimizer=dict(type="SGD", lr=0.01), accumulative_counts=acc),
+            default_hooks=dict(checkpoint=dict(interval=3, by_epoch=False, max_keep_ckpts=-1)),
+        )
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            with make_trainer(tmp_path / name, **kw) as t:
+                t.train()
+        return [str(w.message) for w in caught if "into an accumulation window" in str(w.message)]
+
+    assert run("acc1", acc=1) == [] and run("acc2", acc=2) == []
+    ckpt1, ckpt2 = (tmp_path / n / "checkpoints" / "iter_3.pth" for n in ("acc1", "acc2"))
+    assert ckpt1.is_file() and ckpt2.is_file()
+    assert run("same", acc=2, resume=str(ckpt2)) == []  # iteration 3 is inside a window of 2, and its gradients are in the checkpoint
+    (lost,) = run("changed", acc=2, resume=str(ckpt1))  # saved without accumulation: the window's first gradient is not there
+    assert "resumes 1 micro-batch(es) into an accumulation window of accumulative_counts=2 (position 3 of 10)" in lost
