@@ -181,6 +181,7 @@ _torch_optimizer.names = _torch_optimizer_names  # type: ignore[attr-defined]
 
 OPTIMIZERS = Registry("optimizer", import_name="trainwright.registry.OPTIMIZERS", fallback=_torch_optimizer)
 OPTIM_WRAPPERS = Registry("optim wrapper", import_name="trainwright.registry.OPTIM_WRAPPERS")
+OPTIM_WRAPPER_CONSTRUCTORS = Registry("optim wrapper constructor", import_name="trainwright.registry.OPTIM_WRAPPER_CONSTRUCTORS")
 PARAM_SCHEDULERS = Registry("param scheduler", import_name="trainwright.registry.PARAM_SCHEDULERS")
 HOOKS = Registry("hook", import_name="trainwright.registry.HOOKS")
 METRICS = Registry("metric", import_name="trainwright.registry.METRICS")
@@ -188,4 +189,4 @@ STRATEGIES = Registry("strategy", import_name="trainwright.registry.STRATEGIES")
 MODELS = Registry("model", import_name="trainwright.registry.MODELS")
 DATASETS = Registry("dataset", import_name="trainwright.registry.DATASETS")
 
-__all__ = ["ConfigError", "Registry", "check_keys", "did_you_mean", "OPTIMIZERS", "OPTIM_WRAPPERS", "PARAM_SCHEDULERS", "HOOKS", "METRICS", "STRATEGIES", "MODELS", "DATASETS"]
+__all__ = ["ConfigError", "Registry", "check_keys", "did_you_mean", "OPTIMIZERS", "OPTIM_WRAPPERS", "OPTIM_WRAPPER_CONSTRUCTORS", "PARAM_SCHEDULERS", "HOOKS", "METRICS", "STRATEGIES", "MODELS", "DATASETS"]

@@ -7,11 +7,13 @@ from __future__ import annotations
 
 import copy
 import io
+import warnings
+from typing import Any
 
 import pytest
 import torch
 import torch.nn.functional as F
-from conftest import LinearReg, params_of, regression_set
+from conftest import LinearReg, make_trainer, params_of, regression_set
 from torch import nn
 
 from trainwright.optim import OptimWrapper
@@ -113,11 +115,13 @@ def test_scale_loss_should_update_should_sync_inner_count():
 
 def test_initialize_count_status_mid_span():
     ow, model = _wrapper()
-    ow.initialize_count_status(model, 9, 10)  # inside the short last window [8, 10)
+    with pytest.warns(UserWarning, match="resumes 1 micro-batch"):  # no gradients of the window's start are here
+        ow.initialize_count_status(model, 9, 10)  # inside the short last window [8, 10)
     assert ow.inner_count == 9 and ow.max_counts == 10
     assert ow.scale_loss(torch.tensor(1.0)).item() == 0.5
     assert ow.should_sync()
-    ow.initialize_count_status(model, 5, 10)  # inside a full window [4, 8)
+    with pytest.warns(UserWarning, match="resumes 1 micro-batch"):
+        ow.initialize_count_status(model, 5, 10)  # inside a full window [4, 8)
     assert ow.scale_loss(torch.tensor(1.0)).item() == 0.25
     assert not ow.should_sync()
 
@@ -207,3 +211,73 @@ def test_load_bare_optimizer_state_dict():
     other = torch.optim.SGD(model.parameters(), lr=0.3, momentum=0.5)
     ow.load_state_dict(other.state_dict())
     assert ow.get_lr() == {"lr": [0.3]} and ow.get_momentum() == {"momentum": [0.5]}
+
+
+def test_resume_inside_a_window_warns_only_when_its_gradients_are_lost() -> None:
+    ow, model = _wrapper()
+    ow.initialize_count_status(model, 0, 10)
+    ow.update_params(model.linear(torch.ones(2, 4)).sum())  # one micro-batch into a window of 4
+    state = ow.state_dict()
+    assert "partial_grads" in state
+
+    resumed, model2 = _wrapper()
+    resumed.load_state_dict(state)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        resumed.initialize_count_status(model2, 1, 10)  # the window's gradients were restored: exact, nothing to say
+        _wrapper()[0].initialize_count_status(model2, 10, 10)  # at the span's end (its short last window was stepped there)
+        _wrapper()[0].initialize_count_status(model2, 8, 10)  # at a window boundary
+
+    lost, model3 = _wrapper()
+    lost.load_state_dict({k: v for k, v in state.items() if k != "partial_grads"})  # e.g. saved by a run with accumulative_counts=1
+    with pytest.warns(UserWarning, match=r"resumes 1 micro-batch\(es\) into an accumulation window of accumulative_counts=4 \(position 1 of 10\)"):
+        lost.initialize_count_status(model3, 1, 10)
+
+
+class _BNNet(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.fc = nn.Linear(4, 3)
+        self.bn = nn.BatchNorm1d(3)
+        self.head = nn.Sequential(nn.Linear(3, 1), nn.BatchNorm1d(1))
+
+    def forward(self, x, y=None, mode="tensor"):
+        out = self.head(self.bn(self.fc(x)))
+        return {"loss": F.mse_loss(out, y)} if mode == "loss" else out
+
+
+@pytest.mark.parametrize("acc", [1, 2])
+def test_batch_norm_with_accumulation_warns_once_per_run_naming_the_layers(trainer_factory, acc: int) -> None:
+    t = trainer_factory(model=_BNNet(), batch_size=4, train_cfg=dict(max_epochs=3), optim_wrapper=dict(optimizer=dict(type="SGD", lr=0.01), accumulative_counts=acc))
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        t.train()
+    bn = [str(w.message) for w in caught if "BatchNorm" in str(w.message)]
+    if acc == 1:
+        assert bn == []
+    else:
+        assert len(bn) == 1, bn  # not once per epoch
+        assert "accumulative_counts=2" in bn[0] and "(bn, head.1)" in bn[0]
+
+
+def test_trainer_resume_with_another_accumulative_counts_warns_and_the_same_does_not(tmp_path) -> None:
+    """The loop places the wrapper from Progress; the warning depends on whether the window's gradients came back."""
+
+    def run(name: str, acc: int, resume: Any = False) -> list[str]:
+        kw: dict[str, Any] = dict(
+            model=LinearReg(), batch_size=2, resume=resume, experiment_name=name, train_cfg=dict(max_epochs=1),
+            optim_wrapper=dict(optimizer=dict(type="SGD", lr=0.01), accumulative_counts=acc),
+            default_hooks=dict(checkpoint=dict(interval=3, by_epoch=False, max_keep_ckpts=-1)),
+        )
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            with make_trainer(tmp_path / name, **kw) as t:
+                t.train()
+        return [str(w.message) for w in caught if "into an accumulation window" in str(w.message)]
+
+    assert run("acc1", acc=1) == [] and run("acc2", acc=2) == []
+    ckpt1, ckpt2 = (tmp_path / n / "checkpoints" / "iter_3.pth" for n in ("acc1", "acc2"))
+    assert ckpt1.is_file() and ckpt2.is_file()
+    assert run("same", acc=2, resume=str(ckpt2)) == []  # iteration 3 is inside a window of 2, and its gradients are in the checkpoint
+    (lost,) = run("changed", acc=2, resume=str(ckpt1))  # saved without accumulation: the window's first gradient is not there
+    assert "resumes 1 micro-batch(es) into an accumulation window of accumulative_counts=2 (position 3 of 10)" in lost

@@ -204,3 +204,52 @@ def test_builder_several_optimizers_get_their_own_scalers() -> None:
     g, d = owd["generator"].precision, owd["discriminator"].precision
     assert g.dtype == d.dtype == torch.float16
     assert g.scaler is not d.scaler
+
+
+@pytest.mark.parametrize("dtype", ["float32", torch.float32])
+def test_float32_dtype_is_accepted_and_trains_like_a_plain_loop(dtype) -> None:
+    """mmengine's AmpOptimWrapper(dtype='float32'): on CPU no autocast (torch has none for it there), no GradScaler."""
+    model, ref = _model(), _model()
+    ow = AmpOptimWrapper(torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9), dtype=dtype, clip_grad=dict(max_norm=0.5))
+    assert ow.precision.scaler is None and ow.loss_scale is None
+    assert ow.context_free  # nothing to enter per step
+    opt = torch.optim.SGD(ref.parameters(), lr=0.1, momentum=0.9)
+    x, y = _batch()
+    for _ in range(3):
+        ow.update_params(_loss(model, ow))
+        F.cross_entropy(ref(x), y).backward()
+        torch.nn.utils.clip_grad_norm_(ref.parameters(), 0.5)
+        opt.step()
+        opt.zero_grad()
+    for a, b in zip(model.parameters(), ref.parameters()):
+        torch.testing.assert_close(a, b, atol=0, rtol=0)
+
+
+def test_float64_dtype_trains_a_double_model_and_says_cpu_has_no_float64_autocast() -> None:
+    model, ref = _model().double(), _model().double()
+    with pytest.warns(UserWarning, match="dtype=float64 on 'cpu'.*model.double"):
+        ow = AmpOptimWrapper(torch.optim.SGD(model.parameters(), lr=0.1), dtype="float64")
+    opt = torch.optim.SGD(ref.parameters(), lr=0.1)
+    x, y = _batch()
+    for _ in range(2):
+        with ow.optim_context(model):
+            loss = F.cross_entropy(model(x.double()), y)
+        assert loss.dtype == torch.float64
+        ow.update_params(loss)
+        F.cross_entropy(ref(x.double()), y).backward()
+        opt.step()
+        opt.zero_grad()
+    for a, b in zip(model.parameters(), ref.parameters()):
+        torch.testing.assert_close(a, b, atol=0, rtol=0)
+
+
+def test_float32_dtype_loss_scale_is_ignored_with_a_warning_and_precision_conflicts_are_named() -> None:
+    model = _model()
+    with pytest.warns(UserWarning, match="loss_scale=512.0 is ignored for '32-autocast'"):
+        AmpOptimWrapper(torch.optim.SGD(model.parameters(), lr=0.1), dtype="float32", loss_scale=512.0)
+    with pytest.raises(ValueError, match="Conflicting mixed precision.*'32-autocast'"):
+        build_optim_wrapper(model, dict(type="AmpOptimWrapper", dtype="float32", optimizer=dict(type="SGD", lr=0.1)), precision="bf16-mixed")
+    with pytest.raises(ValueError, match="Did you mean 'float32'"):
+        AmpOptimWrapper(torch.optim.SGD(model.parameters(), lr=0.1), dtype="float23")
+    # on CUDA torch.autocast takes float32 / float64 (matmul-like ops run in that dtype): the context is entered there
+    assert MixedPrecision(torch.float64, "cuda").autocasts and not MixedPrecision(torch.float32, "cpu").autocasts

@@ -143,13 +143,41 @@ def test_optim_wrapper_dict_read_outs_and_state():
     g, d = _two_layer(0), _two_layer(1)
     owd = OptimWrapperDict(generator=OptimWrapper(torch.optim.SGD(g.parameters(), lr=0.1)), discriminator=OptimWrapper(torch.optim.Adam(d.parameters(), lr=0.01)))
     assert owd.get_lr() == {"generator.lr": [0.1], "discriminator.lr": [0.01]}
+    assert owd.get_momentum() == {"generator.momentum": [0], "discriminator.momentum": [0.9]}
+    assert owd.param_groups == {"generator": owd["generator"].param_groups, "discriminator": owd["discriminator"].param_groups}
     assert set(owd.state_dict()) == {"generator", "discriminator"}
-    with pytest.raises(KeyError, match="have \\['generator', 'discriminator'\\]"):
-        owd["gen"]
+    with pytest.raises(KeyError, match="Did you mean 'generator'.* have \\['generator', 'discriminator'\\]"):
+        owd["generater"]
     with pytest.raises(KeyError, match="lacks optim wrapper state"):
         owd.load_state_dict({"generator": owd["generator"].state_dict()})
     with pytest.raises(TypeError):
         OptimWrapperDict(generator=torch.optim.SGD(g.parameters(), lr=0.1))
+
+
+def test_optim_wrapper_dict_refuses_the_per_optimizer_steps_and_points_to_one() -> None:
+    g, d = _two_layer(0), _two_layer(1)
+    owd = OptimWrapperDict(generator=OptimWrapper(torch.optim.SGD(g.parameters(), lr=0.1)), discriminator=OptimWrapper(torch.optim.SGD(d.parameters(), lr=0.1)))
+    loss = _loss(g)
+    for call in (lambda: owd.update_params(loss), lambda: owd.backward(loss), lambda: owd.step(), lambda: owd.optim_context(g)):
+        with pytest.raises(NotImplementedError, match=r"optim_wrapper\['generator'\]\.\w+\(\.\.\.\).*names: \['generator', 'discriminator'\]"):
+            call()
+    assert g[0].weight.grad is None  # nothing was back-propagated
+    _loss(g).backward()
+    owd.zero_grad()  # mmengine: zero_grad reaches every wrapper
+    assert all(p.grad is None for p in g.parameters())
+
+
+def test_optim_wrapper_dict_reports_base_lr_of_a_paramwise_wrapper() -> None:
+    class GAN(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.generator, self.discriminator = _two_layer(0), _two_layer(1)
+
+    owd = build_optim_wrapper(GAN(), dict(
+        generator=dict(optimizer=dict(type="SGD", lr=0.1), paramwise_cfg=dict(bias_lr_mult=2.0)),
+        discriminator=dict(optimizer=dict(type="SGD", lr=0.01)),
+    ))
+    assert owd.get_lr() == {"generator.base_lr": [0.1], "generator.lr": [0.1, 0.2], "discriminator.lr": [0.01]}
 
 
 def test_subclass_overrides_are_honoured_and_config_changes_take_effect() -> None:

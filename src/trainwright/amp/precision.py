@@ -39,7 +39,11 @@ PRECISIONS: dict[str, torch.dtype | None] = {
     "16-mixed": torch.float16,
 }
 
-_DTYPE_NAMES: dict[str, torch.dtype] = {"float16": torch.float16, "half": torch.float16, "fp16": torch.float16, "bfloat16": torch.bfloat16, "bf16": torch.bfloat16}
+_DTYPE_NAMES: dict[str, torch.dtype] = {
+    "float16": torch.float16, "half": torch.float16, "fp16": torch.float16, "bfloat16": torch.bfloat16, "bf16": torch.bfloat16,
+    "float32": torch.float32, "float64": torch.float64,  # mmengine's AmpOptimWrapper(dtype="float32" | "float64")
+}
+_NAMES = {torch.float16: "16-mixed", torch.bfloat16: "bf16-mixed", torch.float32: "32-autocast", torch.float64: "64-autocast"}
 _SCALER_KEYS = {"init_scale", "growth_factor", "backoff_factor", "growth_interval", "enabled"}
 
 
@@ -59,6 +63,8 @@ class Precision:
     name = "32"
     dtype: torch.dtype | None = None
     scaler: torch.amp.GradScaler | None = None
+    #: Whether :meth:`autocast` enters a context (decided when the object is built).
+    autocasts = False
 
     def autocast(self) -> contextlib.AbstractContextManager:
         """Context for the forward pass and loss computation."""
@@ -113,6 +119,14 @@ class Precision:
 class MixedPrecision(Precision):
     """Autocast mixed precision; float16 adds a GradScaler, bfloat16 does not need one.
 
+    ``float32`` / ``float64`` are accepted as mmengine's ``AmpOptimWrapper`` accepts them:
+    ``torch.autocast`` with that dtype where torch supports it (CUDA: matmul/conv-like ops
+    run in it), no context where it does not (CPU autocast knows only float16 / bfloat16;
+    ``torch.autocast`` would warn and disable itself there, every step). No GradScaler:
+    these dtypes do not underflow (mmengine creates one; scaling by a power of two changes
+    no value, so the updates are the same, except that mmengine also skips steps with
+    non-finite gradients: use ``skip_nonfinite`` for that).
+
     bfloat16 has float32's exponent range, so gradients do not underflow and no loss
     scaling is needed (:attr:`scaler` is None). float16 gradients do underflow: the loss is
     multiplied by a scale before backward, gradients are divided by it before clipping and
@@ -132,19 +146,30 @@ class MixedPrecision(Precision):
     def __init__(self, dtype: torch.dtype | str = torch.bfloat16, device_type: str = "cpu", loss_scale: str | float | Mapping[str, Any] = "dynamic") -> None:
         if isinstance(dtype, str):
             if dtype not in _DTYPE_NAMES:
-                raise ValueError(f"Mixed precision dtype must be 'float16' or 'bfloat16', got {dtype!r}; use 'float16' (with GradScaler) or 'bfloat16'")
+                from trainwright.registry import did_you_mean
+
+                raise ValueError(f"Mixed precision dtype must be 'float16', 'bfloat16', 'float32' or 'float64', got {dtype!r}.{did_you_mean(dtype, list(_DTYPE_NAMES))} Use 'float16' (with GradScaler) or 'bfloat16'")
             dtype = _DTYPE_NAMES[dtype]
-        if dtype not in (torch.float16, torch.bfloat16):
-            raise ValueError(f"Mixed precision dtype must be torch.float16 or torch.bfloat16, got {dtype}; for full precision use Precision() / precision='32'")
+        if dtype not in _NAMES:
+            raise ValueError(f"Mixed precision dtype must be torch.float16, torch.bfloat16, torch.float32 or torch.float64, got {dtype}; for full precision use Precision() / precision='32'")
         self.dtype = dtype
         self.device_type = str(device_type)
-        self.name = "bf16-mixed" if dtype == torch.bfloat16 else "16-mixed"
+        self.name = _NAMES[dtype]
         self._loss_scale_cfg = dict(loss_scale) if isinstance(loss_scale, Mapping) else loss_scale
         self.scaler = None
         self._static_scale: float | None = None
-        if dtype == torch.bfloat16:
+        # torch.autocast on CUDA takes any float dtype; elsewhere only float16 / bfloat16 (it warns and disables itself otherwise).
+        self.autocasts = dtype in (torch.float16, torch.bfloat16) or self.device_type == "cuda"
+        if dtype == torch.float64 and not self.autocasts:
+            warnings.warn(
+                f"dtype=float64 on {self.device_type!r}: torch.autocast supports only float16 / bfloat16 there, so the forward runs in the model's own "
+                "dtype (as under mmengine, whose autocast is disabled the same way). Convert the model with model.double() to train in float64.",
+                UserWarning,
+                stacklevel=3,
+            )
+        if dtype != torch.float16:
             if loss_scale != "dynamic":
-                warnings.warn(f"loss_scale={loss_scale!r} is ignored for bfloat16, which needs no loss scaling", UserWarning, stacklevel=2)
+                warnings.warn(f"loss_scale={loss_scale!r} is ignored for {_NAMES[dtype]!r} ({dtype}), which needs no loss scaling", UserWarning, stacklevel=2)
             return
         if loss_scale == "dynamic":
             kwargs: dict[str, Any] = {}
@@ -163,8 +188,8 @@ class MixedPrecision(Precision):
         self.scaler = torch.amp.GradScaler(self.device_type, **kwargs)
 
     def autocast(self) -> contextlib.AbstractContextManager:
-        """``torch.autocast`` for the forward pass and loss."""
-        return torch.autocast(self.device_type, dtype=self.dtype)
+        """``torch.autocast`` for the forward pass and loss (no context where torch has no autocast for the dtype)."""
+        return torch.autocast(self.device_type, dtype=self.dtype) if self.autocasts else _NULL
 
     def backward(self, loss: torch.Tensor, **kwargs: Any) -> None:
         """Scale (float16) and back-propagate."""

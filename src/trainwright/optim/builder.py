@@ -1,4 +1,4 @@
-"""Build optim wrappers from objects or dicts."""
+"""Build optim wrappers from objects or dicts (dicts through a constructor, see ``optim/constructor.py``)."""
 
 from __future__ import annotations
 
@@ -11,21 +11,13 @@ from torch import nn
 from trainwright.amp.precision import Precision, build_precision
 from trainwright.optim.optim_wrapper import AmpOptimWrapper, OptimWrapper
 from trainwright.optim.optim_wrapper_dict import OptimWrapperDict
-from trainwright.registry import OPTIM_WRAPPERS, OPTIMIZERS, check_keys
+from trainwright.optim.constructor import DefaultOptimWrapperConstructor, build_optimizer
+from trainwright.registry import OPTIM_WRAPPER_CONSTRUCTORS, OPTIM_WRAPPERS, check_keys
 
-_WRAPPER_KEYS = {"type", "optimizer", "accumulative_counts", "clip_grad", "dtype", "loss_scale", "skip_nonfinite", "device_type"}
+_WRAPPER_KEYS = {"type", "optimizer", "accumulative_counts", "clip_grad", "dtype", "loss_scale", "skip_nonfinite", "device_type", "paramwise_cfg", "constructor"}
 
 
-def build_optimizer(model: nn.Module, cfg: Mapping[str, Any] | torch.optim.Optimizer) -> torch.optim.Optimizer:
-    """Build ``cfg`` (``dict(type="AdamW", lr=...)``; any ``torch.optim`` name) over the trainable parameters."""
-    if isinstance(cfg, torch.optim.Optimizer):
-        return cfg
-    if not isinstance(cfg, Mapping):
-        raise TypeError(f"optimizer must be a torch.optim.Optimizer or a dict like dict(type='SGD', lr=0.1), got {type(cfg).__name__}")
-    params = [p for p in model.parameters() if p.requires_grad]
-    if not params:
-        raise ValueError(f"{type(model).__name__} has no parameters that require gradients; nothing to optimize")
-    return OPTIMIZERS.build(cfg, params=params)
+__all__ = ["build_optim_wrapper", "build_optimizer", "loop_precision"]
 
 
 def _check_owns(model: nn.Module, optimizer: torch.optim.Optimizer) -> None:
@@ -106,6 +98,8 @@ def build_optim_wrapper(model: nn.Module, cfg: Any, precision: str | Precision |
         return OptimWrapper(cfg, precision=trainer_precision)
     if not isinstance(cfg, Mapping):
         raise TypeError(f"optim_wrapper must be an OptimWrapper, a torch optimizer or a dict with an 'optimizer' key, got {type(cfg).__name__}")
+    if "constructor" in cfg and cfg["constructor"] not in ("DefaultOptimWrapperConstructor", DefaultOptimWrapperConstructor):
+        return _construct(model, cfg, trainer_precision, device_type)  # a custom constructor reads its own config
     if "optimizer" not in cfg:
         if cfg and all(isinstance(v, Mapping) and "optimizer" in v for v in cfg.values()):
             wrappers: dict[str, Any] = {}
@@ -117,20 +111,27 @@ def build_optim_wrapper(model: nn.Module, cfg: Any, precision: str | Precision |
             return OptimWrapperDict(**wrappers)
         raise KeyError(f"optim_wrapper dict needs an 'optimizer' key, e.g. dict(optimizer=dict(type='SGD', lr=0.1)); got keys {sorted(cfg)}")
     check_keys("optim_wrapper", cfg, _WRAPPER_KEYS)
-    args = dict(cfg)
-    typ = args.pop("type", "OptimWrapper")
+    typ = cfg.get("type", "OptimWrapper")
     cls = OPTIM_WRAPPERS.get(typ) if isinstance(typ, str) else typ
-    amp_only = sorted(k for k in ("dtype", "loss_scale", "device_type") if k in args)
+    amp_only = sorted(k for k in ("dtype", "loss_scale", "device_type") if k in cfg)
     if amp_only and not (isinstance(cls, type) and issubclass(cls, AmpOptimWrapper)):
         raise KeyError(f"optim_wrapper keys {amp_only} need type='AmpOptimWrapper' (got type={typ!r}); or drop them and pass Trainer(precision='16-mixed' / 'bf16-mixed')")
-    args["optimizer"] = build_optimizer(model, args["optimizer"])
-    wrapper: OptimWrapper
+    return _construct(model, cfg, trainer_precision, device_type)
+
+
+def _construct(model: nn.Module, cfg: Mapping[str, Any], trainer_precision: Precision, device_type: str) -> Any:
+    """Build through the config's ``constructor`` (default: :class:`DefaultOptimWrapperConstructor`), then adopt the Trainer's precision."""
+    args = dict(cfg)
+    constructor = args.pop("constructor", "DefaultOptimWrapperConstructor")
+    paramwise_cfg = args.pop("paramwise_cfg", None)
+    typ = args.get("type", "OptimWrapper")
+    cls = OPTIM_WRAPPERS.get(typ) if isinstance(typ, str) else typ
     if isinstance(cls, type) and issubclass(cls, AmpOptimWrapper):
-        args.setdefault("device_type", device_type)
-        wrapper = cls(**args)
-    elif isinstance(cls, type) and issubclass(cls, OptimWrapper):
-        wrapper = cls(**args, precision=trainer_precision)
-    else:
-        return cls(**args)
-    _reconcile(wrapper, trainer_precision)
+        args.setdefault("device_type", device_type)  # the model is still on the CPU here; autocast / GradScaler need the run's device
+    builder = OPTIM_WRAPPER_CONSTRUCTORS.build(dict(type=constructor, optim_wrapper_cfg=args, paramwise_cfg=paramwise_cfg))
+    wrapper = builder(model)
+    wrappers = list(wrapper.values()) if isinstance(wrapper, OptimWrapperDict) else [wrapper] if isinstance(wrapper, OptimWrapper) else []
+    for i, ow in enumerate(wrappers):
+        _check_owns(model, ow.optimizer)
+        _reconcile(ow, trainer_precision if i == 0 else trainer_precision.clone())
     return wrapper

@@ -72,6 +72,33 @@ def _live_params(optimizer: torch.optim.Optimizer) -> list[torch.Tensor]:
     return [p for g in optimizer.param_groups for p in g["params"]]
 
 
+def _warn_lost_window(init_counts: int, max_counts: int, acc: int) -> None:
+    done = init_counts % acc
+    warnings.warn(
+        f"Training resumes {done} micro-batch(es) into an accumulation window of accumulative_counts={acc} (position {init_counts} of {max_counts}), "
+        f"but the gradients of those micro-batches are not here (the checkpoint was saved by a run with another accumulative_counts, or holds no "
+        f"'partial_grads'): this window's update uses only its remaining micro-batches. Resume with the accumulative_counts the checkpoint was "
+        "saved with, or from a checkpoint saved at a multiple of it.",
+        UserWarning,
+        stacklevel=3,
+    )
+
+
+def _warn_batch_norm(model: nn.Module, acc: int) -> None:
+    names = [n or type(model).__name__ for n, m in model.named_modules() if isinstance(m, nn.modules.batchnorm._BatchNorm)]
+    while names and all(n.startswith("module.") for n in names):  # named as in the user's model, not inside DDP / adapter wrappers
+        names = [n[len("module."):] for n in names]
+    if names:
+        shown = ", ".join(names[:8]) + (f" and {len(names) - 8} more" if len(names) > 8 else "")
+        warnings.warn(
+            f"Gradient accumulation (accumulative_counts={acc}) with BatchNorm layers ({shown}): their batch statistics are computed over each "
+            f"micro-batch, not over the {acc} accumulated ones, so training differs from one step on a {acc}x larger batch and may be slightly worse. "
+            "Use a larger per-step batch, or GroupNorm / LayerNorm, if that matters.",
+            UserWarning,
+            stacklevel=3,
+        )
+
+
 @OPTIM_WRAPPERS.register
 class OptimWrapper:
     """Wraps a ``torch.optim.Optimizer`` with accumulation, clipping and precision.
@@ -122,6 +149,13 @@ class OptimWrapper:
         self._inner_count = 0
         self._max_counts = -1
         self._no_sync_context: NoSyncContext | None = None
+        self._bn_checked: nn.Module | None = None  # the model whose BatchNorm layers were looked for (once per model)
+        #: With several param groups (per-parameter multipliers), a group that holds only the
+        #: optimizer's defaults: schedulers move its ``lr`` like the others', and :meth:`get_lr`
+        #: reports it as ``base_lr`` (mmengine's ``base_param_settings``). None otherwise.
+        self.base_param_settings: dict[str, Any] | None = (
+            {"params": [], **optimizer.defaults} if len(optimizer.param_groups) > 1 and "lr" in optimizer.defaults else None
+        )
         self.clip_grad = clip_grad  # type: ignore[assignment]  # validated into a dict by the setter
         self.precision = precision if precision is not None else Precision()
 
@@ -163,7 +197,7 @@ class OptimWrapper:
 
     def _decide_context_free(self) -> None:
         # optim_context would return a null context (a subclass's own optim_context is always entered).
-        self.context_free = self._no_sync_context is None and self._precision.dtype is None and type(self).optim_context is OptimWrapper.optim_context
+        self.context_free = self._no_sync_context is None and not self._precision.autocasts and type(self).optim_context is OptimWrapper.optim_context
 
     # -- the step -------------------------------------------------------------------------
     def update_params(self, loss: torch.Tensor, step_kwargs: dict | None = None, zero_kwargs: dict | None = None) -> None:
@@ -235,6 +269,14 @@ class OptimWrapper:
         """
         self._inner_count = init_counts
         self._max_counts = max_counts
+        acc = self._accumulative_counts
+        if acc > 1:  # nothing to check without accumulation
+            inside_window = init_counts % acc != 0 and init_counts != max_counts  # the span's end closes its last window too
+            if inside_window and not any(p.grad is not None for p in _live_params(self.optimizer)):
+                _warn_lost_window(init_counts, max_counts, acc)
+            if model is not None and model is not self._bn_checked:
+                self._bn_checked = model
+                _warn_batch_norm(model, acc)
 
     def should_update(self) -> bool:
         """True when the micro-batch just counted closes a window."""
@@ -275,8 +317,9 @@ class OptimWrapper:
     # -- read-outs ------------------------------------------------------------------------
     @property
     def param_groups(self) -> list[dict[str, Any]]:
-        """The optimizer's parameter groups (schedulers act on these)."""
-        return self.optimizer.param_groups
+        """The optimizer's parameter groups, and :attr:`base_param_settings` last when there is one (schedulers act on these)."""
+        base = self.base_param_settings
+        return self.optimizer.param_groups if base is None else [*self.optimizer.param_groups, base]
 
     @property
     def defaults(self) -> dict[str, Any]:
@@ -284,8 +327,13 @@ class OptimWrapper:
         return self.optimizer.defaults
 
     def get_lr(self) -> dict[str, list[float]]:
-        """``{"lr": [lr of each param group]}``."""
-        return {"lr": [g["lr"] for g in self.optimizer.param_groups]}
+        """``{"lr": [lr of each param group]}``; with several groups ``{"base_lr": [the scheduled default lr], "lr": [...]}``.
+
+        The logger logs the first value of each key (``base_lr`` and ``lr``), as mmengine does.
+        """
+        base = self.base_param_settings
+        lr = [g["lr"] for g in self.optimizer.param_groups]
+        return {"lr": lr} if base is None else {"base_lr": [base["lr"]], "lr": lr}
 
     def get_momentum(self) -> dict[str, list[float]]:
         """``{"momentum": [...]}``: ``momentum``, or ``betas[0]`` for Adam-like optimizers."""
@@ -315,6 +363,8 @@ class OptimWrapper:
         :meth:`initialize_count_status` (standalone users do the same after loading).
         """
         state: dict[str, Any] = {"optimizer": self.optimizer.state_dict(), "precision": self._precision.state_dict()}
+        if self.base_param_settings is not None:
+            state["base_param_settings"] = {k: v for k, v in self.base_param_settings.items() if k != "params"}
         if not self.should_update():
             state["partial_grads"] = [None if p.grad is None else p.grad.detach().clone() for p in _live_params(self.optimizer)]
         return state
@@ -339,6 +389,8 @@ class OptimWrapper:
             )
         self.optimizer.load_state_dict(state["optimizer"])
         self._precision.load_state_dict(state.get("precision", {}))
+        if self.base_param_settings is not None and "base_param_settings" in state:
+            self.base_param_settings.update(state["base_param_settings"])  # the scheduled base lr (and its initial_lr)
         if grads is not None:
             for p, g in zip(params, grads):
                 p.grad = None if g is None else g.to(device=p.device, dtype=p.dtype).clone()
@@ -362,6 +414,8 @@ class AmpOptimWrapper(OptimWrapper):
         optimizer: The optimizer.
         dtype: ``"float16"`` (default; GradScaler: unscale before clipping, skip steps on
             inf/NaN) or ``"bfloat16"`` (autocast only, no scaler); a ``torch.dtype`` works too.
+            ``"float32"`` / ``"float64"`` (mmengine accepts them): autocast to that dtype where
+            torch supports it (CUDA), none elsewhere, and no GradScaler.
         loss_scale: float16 only: ``"dynamic"``, a fixed float, or a dict of GradScaler
             arguments (``init_scale``, ``growth_factor``, ``backoff_factor``, ``growth_interval``).
         device_type: Autocast / GradScaler device; by default the device of the first parameter.

@@ -4,21 +4,23 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import Iterator, Mapping
-from typing import Any
+from typing import Any, NoReturn
 
 from torch import nn
 
 from trainwright.optim.optim_wrapper import OptimWrapper
-from trainwright.registry import OPTIM_WRAPPERS
+from trainwright.registry import OPTIM_WRAPPERS, did_you_mean
 
 
 @OPTIM_WRAPPERS.register
 class OptimWrapperDict:
     """A name → :class:`OptimWrapper` mapping; the model's ``train_step`` steps each by name.
 
-    Read-outs (``get_lr``, ``get_momentum``) are prefixed by name; ``state_dict`` is keyed
-    by name. There is no ``update_params`` here: which optimizer steps when is the model's
-    decision (``optim_wrapper["generator"].update_params(loss_g)``).
+    Read-outs (``get_lr``, ``get_momentum``) are prefixed by name; ``param_groups`` and
+    ``state_dict`` are keyed by name. ``update_params``, ``backward``, ``step`` and
+    ``optim_context`` raise ``NotImplementedError`` (as in mmengine): which optimizer steps
+    when, on which loss, is the model's decision (``optim_wrapper["generator"].update_params(loss_g)``).
+    ``zero_grad`` and ``initialize_count_status`` reach every wrapper.
     """
 
     def __init__(self, **optim_wrappers: OptimWrapper) -> None:
@@ -29,7 +31,7 @@ class OptimWrapperDict:
 
     def __getitem__(self, name: str) -> OptimWrapper:
         if name not in self.optim_wrappers:
-            raise KeyError(f"No optim wrapper named {name!r}; have {list(self.optim_wrappers)}")
+            raise KeyError(f"No optim wrapper named {name!r}.{did_you_mean(str(name), list(self.optim_wrappers))} have {list(self.optim_wrappers)}")
         return self.optim_wrappers[name]
 
     def __contains__(self, name: str) -> bool:
@@ -51,13 +53,17 @@ class OptimWrapperDict:
         return self.optim_wrappers.items()
 
     @property
-    def param_groups(self) -> list[dict[str, Any]]:
-        """All wrapped optimizers' param groups, in name order."""
-        return [g for ow in self.optim_wrappers.values() for g in ow.param_groups]
+    def param_groups(self) -> dict[str, list[dict[str, Any]]]:
+        """``{name: that wrapper's param_groups}`` (mmengine's layout)."""
+        return {n: ow.param_groups for n, ow in self.optim_wrappers.items()}
 
     def get_lr(self) -> dict[str, list[float]]:
-        """``{"<name>.lr": [...]}`` for each wrapper."""
-        return {f"{n}.lr": ow.get_lr()["lr"] for n, ow in self.optim_wrappers.items()}
+        """``{"<name>.lr": [...]}`` for each wrapper (and ``"<name>.base_lr"`` for one that reports a base lr)."""
+        out: dict[str, list[float]] = {}
+        for n, ow in self.optim_wrappers.items():
+            for key, values in ow.get_lr().items():
+                out[f"{n}.{key}"] = values
+        return out
 
     def get_momentum(self) -> dict[str, list[float]]:
         """``{"<name>.momentum": [...]}`` for each wrapper."""
@@ -78,9 +84,27 @@ class OptimWrapperDict:
         for ow in self.optim_wrappers.values():
             ow.initialize_count_status(model, init_counts, max_counts)
 
+    def _per_wrapper(self, method: str) -> NoReturn:
+        raise NotImplementedError(
+            f"OptimWrapperDict.{method}: with several optimizers, call it on the one you mean, e.g. optim_wrapper[{next(iter(self.optim_wrappers), 'name')!r}].{method}(...) "
+            f"(names: {list(self.optim_wrappers)}); each has its own loss, accumulation window and loss scaler"
+        )
+
     def optim_context(self, model: nn.Module) -> contextlib.AbstractContextManager:
         """Not meaningful for several optimizers: use ``optim_wrapper[name].optim_context``."""
-        raise NotImplementedError("OptimWrapperDict has no single optim_context; use optim_wrapper[name].optim_context(model)")
+        self._per_wrapper("optim_context")
+
+    def update_params(self, loss: Any, step_kwargs: dict | None = None, zero_kwargs: dict | None = None) -> None:
+        """Not meaningful for several optimizers (which one, on which loss?): use ``optim_wrapper[name].update_params``."""
+        self._per_wrapper("update_params")
+
+    def backward(self, loss: Any, **kwargs: Any) -> None:
+        """Not meaningful for several optimizers (each has its own loss scaler): use ``optim_wrapper[name].backward``."""
+        self._per_wrapper("backward")
+
+    def step(self, **kwargs: Any) -> None:
+        """Not meaningful for several optimizers: use ``optim_wrapper[name].step``."""
+        self._per_wrapper("step")
 
     def zero_grad(self, **kwargs: Any) -> None:
         """Zero every wrapper's gradients."""
