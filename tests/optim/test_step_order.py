@@ -122,3 +122,13 @@ def test_state_dict_holds_no_watch_and_loads_weights_only() -> None:
     other = ExponentialLR(sgd(), gamma=0.9)
     other.load_state_dict(torch.load(buf, weights_only=True))
     assert "step" in other.__dict__  # loading keeps the new scheduler's own first-step check
+
+
+def test_a_deep_copy_is_not_watched_through_the_original_optimizer() -> None:
+    import copy
+
+    sched = ExponentialLR(sgd(), gamma=0.9)
+    twin = copy.deepcopy(sched)
+    twin.optimizer.step()
+    assert user_warnings(twin.step) == [] and twin.optimizer.param_groups[0]["lr"] == pytest.approx(0.09)
+    assert len(user_warnings(sched.step)) == 1  # the original still checks its own optimizer

@@ -53,6 +53,10 @@ class StepOrderWatch:
     def _on_step(self, optimizer: Any, args: Any, kwargs: Any) -> None:
         self.stepped = True
 
+    def __deepcopy__(self, memo: dict[int, Any]) -> None:
+        """A deep-copied scheduler is not watched: its copy of the optimizer carries no hook."""
+        return None
+
     def close(self) -> None:
         """Remove the post-hook (idempotent)."""
         self._handle.remove()
