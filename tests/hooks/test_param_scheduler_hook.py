@@ -149,7 +149,10 @@ def test_iteration_scheduler_with_accumulation_does_not_warn(tmp_path: Path) -> 
     assert trainer.param_schedulers[1]._global_step == 8 and trainer.param_schedulers[1].last_step == 1
 
 
-def test_plateau_in_an_iteration_based_run(tmp_path: Path) -> None:
+@pytest.mark.parametrize("by_epoch", [False, True])
+def test_plateau_in_an_iteration_based_run(tmp_path: Path, by_epoch: bool) -> None:
+    # by_epoch=False: the window is [0, max_iters); by_epoch=True (mmengine's only choice): no epoch
+    # ever ends, the window [0, inf) holds every validation, and no "would never step" warning.
     rec = Record()
     trainer = make_trainer(
         tmp_path,
@@ -158,7 +161,7 @@ def test_plateau_in_an_iteration_based_run(tmp_path: Path) -> None:
         train_cfg=dict(by_epoch=False, max_iters=12, val_interval=2),
         val_dataloader=DataLoader(regression_set(n=8, seed=5), batch_size=4),
         val_evaluator=MSE(),
-        param_scheduler=[dict(PLATEAU, by_epoch=False)],
+        param_scheduler=[dict(PLATEAU, by_epoch=by_epoch)],
         custom_hooks=[rec],
     )
     with warnings.catch_warnings():
@@ -167,9 +170,10 @@ def test_plateau_in_an_iteration_based_run(tmp_path: Path) -> None:
     (sched,) = trainer.param_schedulers
     opt = torch.optim.SGD([torch.nn.Parameter(torch.zeros(1))], lr=LR)
     ref = tls.ReduceLROnPlateau(opt, mode="min", patience=0, threshold=0.3, factor=0.5)
-    # The window is [0, max_iters): the validation at iteration 12, after the last step, falls outside it.
-    for m in rec.metrics[:5]:
+    # by_epoch=False: the validation at iteration 12, after the last step, falls outside the window.
+    counted = 6 if by_epoch else 5
+    for m in rec.metrics[:counted]:
         ref.step(m["val/mse"])
-    assert len(rec.metrics) == 6 and sched.last_step == 4
+    assert len(rec.metrics) == 6 and sched.last_step == counted - 1
     assert trainer.optim_wrapper.optimizer.param_groups[0]["lr"] == opt.param_groups[0]["lr"] < LR
     trainer.close()
