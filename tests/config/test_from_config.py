@@ -260,3 +260,40 @@ def test_mmengine_helper_variables_load_with_a_warning_while_typos_are_refused(t
     trainer.close()
     with pytest.raises(ConfigError, match="Did you mean 'work_dir'"):
         trainer_from_config(tw.Trainer, {**cfg, "work_dri": str(tmp_path)})
+
+
+#: An mmengine schedule file with a warm-restart cosine (per iteration) and a plateau reduction on accuracy.
+MM_RESTART_PLATEAU_SCHEDULE = """
+optim_wrapper = dict(type='OptimWrapper', optimizer=dict(type='SGD', lr=0.1, momentum=0.9, weight_decay=0.0001))
+param_scheduler = [
+    dict(type='CosineRestartLR', periods=[2, 2], restart_weights=[1, 0.5], eta_min=0.0, by_epoch=True, convert_to_iter_based=True),
+    # 'acc' is mmengine's spelling (no 'val/' prefix); an abs threshold of 1.0 makes every validation after the first a bad one
+    dict(type='ReduceOnPlateauLR', monitor='acc', rule='greater', factor=0.5, patience=0, threshold=1.0, threshold_rule='abs'),
+]
+train_cfg = dict(type='EpochBasedTrainLoop', max_epochs=4, val_interval=1)
+val_cfg = dict(type='ValLoop')
+test_cfg = dict(type='TestLoop')
+"""
+
+
+def test_mmengine_config_with_restart_cosine_and_plateau_trains_end_to_end(tmp_path: Path, components: str) -> None:
+    import math
+    import warnings
+
+    path = _mm_config(tmp_path, components)
+    _write(tmp_path / "configs/_base_/schedules/toy_sgd.py", MM_RESTART_PLATEAU_SCHEDULE)
+    with pytest.warns(UserWarning, match="default_scope.*env_cfg.*ignored"):
+        trainer = tw.Trainer.from_config(Config.fromfile(path), experiment_name="restart_plateau")
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("error")  # no misuse warning from the schedulers
+            trainer.train()
+        cosine, plateau = trainer.param_schedulers
+        assert (type(cosine).__name__, cosine.by_epoch, cosine.periods) == ("CosineRestartLR", False, [12, 12])  # 6 iterations per epoch
+        assert type(plateau).__name__ == "ReduceOnPlateauLR" and plateau.last_step == 2  # validations after epochs 1-3 ([0, 4))
+        # Validations 2 and 3 (after the restart at iteration 12) halve the second cycle; the cycle then holds its last value.
+        base = 0.05  # the config's lr override
+        want = 0.25 * 0.5 * base * (1 + math.cos(math.pi * 11 / 12)) / 2
+        assert trainer.optim_wrapper.optimizer.param_groups[0]["lr"] == pytest.approx(want, rel=1e-12)
+    finally:
+        trainer.close()

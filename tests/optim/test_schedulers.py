@@ -199,6 +199,7 @@ def test_two_momentum_schedulers_chain_on_adam() -> None:
     decay = ExponentialMomentum(opt, gamma=0.9)
     seq = [[g["betas"][0] for g in opt.param_groups]]
     for _ in range(5):
+        opt.step()
         warm.step()
         decay.step()
         seq.append([g["betas"][0] for g in opt.param_groups])
@@ -403,6 +404,8 @@ def test_builder_per_optimizer_dict() -> None:
         {"generator": [dict(type="StepLR", step_size=1, gamma=0.5)], "discriminator": dict(type="ExponentialLR", gamma=0.9)}, opts
     )
     assert isinstance(out, dict) and set(out) == {"generator", "discriminator"}
+    for opt in opts.values():
+        opt.step()
     for s in (*out["generator"], *out["discriminator"]):
         s.step()
     assert_close_seq([values(opts["generator"]), values(opts["discriminator"])], [[b * 0.5 for b in BASE_LRS], [b * 0.9 for b in BASE_LRS]])

@@ -13,6 +13,7 @@ from trainwright.data.loader import build_dataloader, make_dataloader
 from trainwright.loops.eval_loop import EvalLoop
 from trainwright.loops.train_loop import EpochBasedTrainLoop, IterBasedTrainLoop
 from trainwright.optim.builder import build_optim_wrapper, loop_precision
+from trainwright.optim.scheduler.base import INF
 
 if TYPE_CHECKING:
     from trainwright.trainer.trainer import Trainer
@@ -91,7 +92,8 @@ def build_train(
 def _warn_epoch_schedulers(schedulers: Any) -> None:
     """An epoch-based scheduler in an iteration-based run would never step (one 'epoch' spans the run)."""
     flat = [s for group in schedulers.values() for s in group] if isinstance(schedulers, Mapping) else list(schedulers or [])
-    stuck = [type(s).__name__ for s in flat if getattr(s, "by_epoch", False)]
+    # A metric-driven scheduler steps at validations; with its default window its epoch count does not matter.
+    stuck = [type(s).__name__ for s in flat if getattr(s, "by_epoch", False) and not (s.need_val_args and s.begin == 0 and s.end == INF)]
     if stuck:
         warnings.warn(
             f"param_scheduler {stuck} count(s) in epochs (by_epoch=True) but training is iteration-based (train_cfg by_epoch=False): "

@@ -12,24 +12,29 @@ from trainwright.optim.scheduler.builder import build_param_scheduler, build_par
 from trainwright.optim.scheduler.lr_scheduler import (
     ConstantLR,
     CosineAnnealingLR,
+    CosineRestartLR,
     ExponentialLR,
     LinearLR,
     LRSchedulerMixin,
     MultiStepLR,
     OneCycleLR,
     PolyLR,
+    ReduceOnPlateauLR,
     StepLR,
 )
 from trainwright.optim.scheduler.momentum_scheduler import (
     ConstantMomentum,
     CosineAnnealingMomentum,
+    CosineRestartMomentum,
     ExponentialMomentum,
     LinearMomentum,
     MomentumSchedulerMixin,
     MultiStepMomentum,
     PolyMomentum,
+    ReduceOnPlateauMomentum,
     StepMomentum,
 )
+from trainwright.optim.scheduler.cosine_restart import CosineRestartParamScheduler
 from trainwright.optim.scheduler.one_cycle import OneCycleParamScheduler
 from trainwright.optim.scheduler.param_scheduler import (
     ConstantParamScheduler,
@@ -40,6 +45,7 @@ from trainwright.optim.scheduler.param_scheduler import (
     PolyParamScheduler,
     StepParamScheduler,
 )
+from trainwright.optim.scheduler.plateau import ReduceOnPlateauParamScheduler
 
 __all__ = [
     "INF",
@@ -55,6 +61,8 @@ __all__ = [
     "CosineAnnealingParamScheduler",
     "PolyParamScheduler",
     "OneCycleParamScheduler",
+    "CosineRestartParamScheduler",
+    "ReduceOnPlateauParamScheduler",
     "LRSchedulerMixin",
     "ConstantLR",
     "LinearLR",
@@ -64,6 +72,8 @@ __all__ = [
     "CosineAnnealingLR",
     "PolyLR",
     "OneCycleLR",
+    "CosineRestartLR",
+    "ReduceOnPlateauLR",
     "MomentumSchedulerMixin",
     "ConstantMomentum",
     "LinearMomentum",
@@ -72,4 +82,6 @@ __all__ = [
     "ExponentialMomentum",
     "CosineAnnealingMomentum",
     "PolyMomentum",
+    "CosineRestartMomentum",
+    "ReduceOnPlateauMomentum",
 ]

@@ -14,12 +14,18 @@ hook) decides when to call ``step``. Schedules follow mmengine's semantics:
 
 from __future__ import annotations
 
+import warnings
 from typing import Any, ClassVar, Protocol, TypeVar, runtime_checkable
+
+from trainwright.optim.scheduler.step_order import StepOrderWatch
 
 INF = int(1e9)
 """The default ``end``: a window that never closes."""
 
 _S = TypeVar("_S", bound="ParamScheduler")
+
+#: Attributes that are not state: the optimizer, the misuse watch and the first-step shim.
+_NOT_STATE = frozenset({"optimizer", "step", "_step_watch"})
 
 
 @runtime_checkable
@@ -36,6 +42,12 @@ class ParamScheduler:
     Construction records ``initial_<param_name>`` in each param group (unless an earlier
     scheduler already did) and takes the first step, exactly as torch's schedulers do, so
     the optimizer holds the step-0 value right away.
+
+    In a hand-written loop, the first :meth:`step` after construction warns (``UserWarning``)
+    when no ``optimizer.step()`` ran before it, or when ``optimizer.step`` was replaced after
+    the scheduler was built (see :mod:`~trainwright.optim.scheduler.step_order`); later steps
+    pay nothing for this check. The Trainer turns it off (:meth:`disable_step_order_check`);
+    metric-driven schedulers (``need_val_args``) never check.
 
     Args:
         optimizer: A ``torch.optim.Optimizer`` or any object with a ``param_groups``
@@ -55,6 +67,10 @@ class ParamScheduler:
 
     epoch_valued_args: ClassVar[tuple[str, ...]] = ()
     """Constructor arguments counted in epochs; :meth:`build_iter_from_epoch` scales them."""
+
+    need_val_args: ClassVar[bool] = False
+    """Whether the scheduler is driven by validation metrics (``step(metrics)`` after each
+    validation, as :class:`ReduceOnPlateauParamScheduler`); mmengine's attribute name."""
 
     def __init__(
         self,
@@ -103,6 +119,11 @@ class ParamScheduler:
         self._global_step = -1 if last_step == -1 else begin + last_step
         self._last_value: list[float] = []
         self.step()
+        # Watch the optimizer's first step; the first `step` after this one checks the order, once.
+        # A metric-driven scheduler has no step-0 value to skip (torch's ReduceLROnPlateau does not check either).
+        self._step_watch = None if self.need_val_args else StepOrderWatch.attach(optimizer)
+        if self._step_watch is not None:
+            self.__dict__["step"] = self._first_step
 
     @property
     def param_groups(self) -> list[dict[str, Any]]:
@@ -126,17 +147,33 @@ class ParamScheduler:
                 group[self.param_name] = value
         self._last_value = self._current_values()
 
+    def _first_step(self, *args: Any, **kwargs: Any) -> None:
+        """The first step after construction: warn about a misuse, then step (later calls skip this)."""
+        watch = self._step_watch
+        self.disable_step_order_check()
+        problem = watch.problem(type(self).__name__) if watch is not None else None
+        if problem is not None:
+            warnings.warn(problem, UserWarning, stacklevel=2)
+        self.step(*args, **kwargs)
+
+    def disable_step_order_check(self) -> None:
+        """Drop the first-step misuse check (the param-scheduler hook does, before training)."""
+        self.__dict__.pop("step", None)
+        watch, self._step_watch = self._step_watch, None
+        if watch is not None:
+            watch.close()
+
     def get_last_value(self) -> list[float]:
         """Return the value of each param group after the latest :meth:`step`."""
         return list(self._last_value)
 
     def state_dict(self) -> dict[str, Any]:
         """Return the scheduler's state: every attribute except the optimizer (plain types only)."""
-        return {key: value for key, value in self.__dict__.items() if key != "optimizer"}
+        return {key: value for key, value in self.__dict__.items() if key not in _NOT_STATE}
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
         """Restore the state returned by :meth:`state_dict` (load the optimizer's state too)."""
-        self.__dict__.update({k: v for k, v in state_dict.items() if k != "optimizer"})
+        self.__dict__.update({k: v for k, v in state_dict.items() if k not in _NOT_STATE})
 
     @classmethod
     def build_iter_from_epoch(

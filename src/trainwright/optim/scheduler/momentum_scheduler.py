@@ -11,6 +11,7 @@ from __future__ import annotations
 from typing import Any
 
 from trainwright.optim.scheduler.base import OptimizerLike
+from trainwright.optim.scheduler.cosine_restart import CosineRestartParamScheduler
 from trainwright.optim.scheduler.param_scheduler import (
     ConstantParamScheduler,
     CosineAnnealingParamScheduler,
@@ -20,6 +21,7 @@ from trainwright.optim.scheduler.param_scheduler import (
     PolyParamScheduler,
     StepParamScheduler,
 )
+from trainwright.optim.scheduler.plateau import ReduceOnPlateauParamScheduler
 from trainwright.registry import PARAM_SCHEDULERS
 
 
@@ -47,9 +49,9 @@ class MomentumSchedulerMixin:
             )
         super().__init__(optimizer, "momentum", *args, **kwargs)  # type: ignore[call-arg]
 
-    def step(self) -> None:
-        """Advance one unit, then copy ``momentum`` into ``betas[0]`` for Adam-style optimizers."""
-        super().step()  # type: ignore[misc]
+    def step(self, *args: Any, **kwargs: Any) -> None:
+        """Step the schedule (with its arguments, e.g. metrics), then copy ``momentum`` into ``betas[0]`` for Adam-style optimizers."""
+        super().step(*args, **kwargs)  # type: ignore[misc]
         if self.use_betas:
             for group in self.param_groups:
                 group["betas"] = (group["momentum"], *tuple(group["betas"])[1:])
@@ -90,6 +92,16 @@ class PolyMomentum(MomentumSchedulerMixin, PolyParamScheduler):
     """Polynomial decay of the momentum to ``eta_min``; see :class:`PolyParamScheduler`."""
 
 
+@PARAM_SCHEDULERS.register()
+class CosineRestartMomentum(MomentumSchedulerMixin, CosineRestartParamScheduler):
+    """Cosine annealing of the momentum with warm restarts; see :class:`CosineRestartParamScheduler`."""
+
+
+@PARAM_SCHEDULERS.register()
+class ReduceOnPlateauMomentum(MomentumSchedulerMixin, ReduceOnPlateauParamScheduler):
+    """Reduce the momentum when a validation metric stops improving; see :class:`ReduceOnPlateauParamScheduler`."""
+
+
 __all__ = [
     "MomentumSchedulerMixin",
     "ConstantMomentum",
@@ -99,4 +111,6 @@ __all__ = [
     "ExponentialMomentum",
     "CosineAnnealingMomentum",
     "PolyMomentum",
+    "CosineRestartMomentum",
+    "ReduceOnPlateauMomentum",
 ]

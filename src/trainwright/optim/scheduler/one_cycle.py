@@ -2,6 +2,9 @@
 
 Unlike the other schedulers it is not chainable: it computes absolute values from the
 ``initial_/max_/min_<param_name>`` entries it writes into each param group.
+``OneCycleLR(cycle_momentum=True)`` also cycles the momentum inversely (``max_momentum`` →
+``base_momentum`` while the learning rate rises, and back), from ``max_momentum`` /
+``base_momentum`` entries, as torch's ``OneCycleLR`` does.
 """
 
 from __future__ import annotations
@@ -75,8 +78,15 @@ class OneCycleParamScheduler(ParamScheduler):
                 (float(2 * pct_start * total_steps) - 2, "max", "initial"),
                 (total_steps - 1, "initial", "min"),
             ]
+            # The inverse cycle a momentum follows (used by OneCycleLR(cycle_momentum=True)).
+            self.momentum_phases: list[tuple[float, str, str]] = [
+                (up_end, "max", "base"),
+                (float(2 * pct_start * total_steps) - 2, "base", "max"),
+                (total_steps - 1, "max", "max"),
+            ]
         else:
             self.phases = [(up_end, "initial", "max"), (total_steps - 1, "max", "min")]
+            self.momentum_phases = [(up_end, "max", "base"), (total_steps - 1, "base", "max")]
         groups = optimizer.param_groups
         if isinstance(eta_max, (list, tuple)):
             if len(eta_max) != len(groups):
@@ -97,16 +107,20 @@ class OneCycleParamScheduler(ParamScheduler):
         return (end - start) * pct + start
 
     def _get_value(self) -> list[float]:
-        t = self.last_step
-        if t > self.total_steps:
+        if self.last_step > self.total_steps:
             return self._current_values()
+        return self._cycle_values(self.param_name, self.phases)
+
+    def _cycle_values(self, key: str, phases: list[tuple[float, str, str]]) -> list[float]:
+        """The value of ``key`` in each group at ``last_step`` along ``phases`` (from ``<lo>_<key>`` to ``<hi>_<key>``)."""
+        t = self.last_step
         values: list[float] = []
         for group in self.param_groups:
             start_step = 0.0
-            for i, (end_step, lo, hi) in enumerate(self.phases):
-                if t <= end_step or i == len(self.phases) - 1:
+            for i, (end_step, lo, hi) in enumerate(phases):
+                if t <= end_step or i == len(phases) - 1:
                     pct = (t - start_step) / (end_step - start_step)
-                    values.append(self._anneal(group[f"{lo}_{self.param_name}"], group[f"{hi}_{self.param_name}"], pct))
+                    values.append(self._anneal(group[f"{lo}_{key}"], group[f"{hi}_{key}"], pct))
                     break
                 start_step = end_step
         return values

@@ -1,0 +1,76 @@
+"""Misuse warnings for hand-written loops, as torch and mmengine give them.
+
+Two mistakes make a schedule silently wrong: calling ``scheduler.step()`` before the first
+``optimizer.step()`` (the step-0 value is never used), and replacing ``optimizer.step``
+after the scheduler was built (so nothing can tell the order any more). torch wraps
+``optimizer.step`` to notice them, which costs a Python call on every optimizer step.
+
+Here a :class:`StepOrderWatch` registers one step post-hook on the torch optimizer; the
+check runs once, at the scheduler's first :meth:`~ParamScheduler.step` after its
+construction, and removes the hook. Nothing remains on any later step. The param-scheduler
+hook turns the check off before training: the trainer orders the calls itself, and a run may
+legitimately step a scheduler before the optimizer's first real step (gradient accumulation,
+an fp16 step skipped for an overflow).
+"""
+
+from __future__ import annotations
+
+import weakref
+from typing import Any
+
+import torch
+
+BEFORE_OPTIMIZER = (
+    "{name}.step() was called before the first optimizer.step(), so the schedule's first value (step 0) "
+    "was never used. Call optimizer.step() first and scheduler.step() after it (the Trainer does this for you)."
+)
+STEP_REPLACED = (
+    "optimizer.step was replaced after {name} was built, so the scheduler cannot check that optimizer.step() runs "
+    "before scheduler.step(). Replace optimizer.step before building the scheduler, and call optimizer.step() first."
+)
+
+
+class StepOrderWatch:
+    """Records whether a torch optimizer has stepped, until :meth:`close` (one step post-hook).
+
+    Args:
+        optimizer: A ``torch.optim.Optimizer``.
+    """
+
+    def __init__(self, optimizer: torch.optim.Optimizer) -> None:
+        self._optimizer = weakref.ref(optimizer)
+        # An instance-level `step` (if any) at build time: another one later means it was replaced.
+        self._step_attr = optimizer.__dict__.get("step")
+        self.stepped = False
+        self._handle: Any = optimizer.register_step_post_hook(self._on_step)
+
+    @classmethod
+    def attach(cls, optimizer: Any) -> StepOrderWatch | None:
+        """Watch ``optimizer`` (or an optim wrapper's ``.optimizer``); None when it is no torch optimizer."""
+        inner = getattr(optimizer, "optimizer", optimizer)
+        return cls(inner) if isinstance(inner, torch.optim.Optimizer) else None
+
+    def _on_step(self, optimizer: Any, args: Any, kwargs: Any) -> None:
+        self.stepped = True
+
+    def __deepcopy__(self, memo: dict[int, Any]) -> None:
+        """A deep-copied scheduler is not watched: its copy of the optimizer carries no hook."""
+        return None
+
+    def close(self) -> None:
+        """Remove the post-hook (idempotent)."""
+        self._handle.remove()
+
+    def problem(self, name: str) -> str | None:
+        """The misuse to warn about when the scheduler ``name`` steps for the first time, or None."""
+        optimizer = self._optimizer()
+        if optimizer is None:
+            return None
+        if optimizer.__dict__.get("step") is not self._step_attr:
+            return STEP_REPLACED.format(name=name)
+        if not self.stepped:
+            return BEFORE_OPTIMIZER.format(name=name)
+        return None
+
+
+__all__ = ["StepOrderWatch"]
