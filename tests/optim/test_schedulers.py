@@ -477,3 +477,19 @@ def test_one_cycle_holds_final_value_past_total_steps() -> None:
     seq = drive(opt, s, 9)
     assert seq[7:] == [seq[6]] * 3
     assert s.end == INF
+
+
+def test_schedulers_over_an_optim_wrapper_dict_are_built_per_name() -> None:
+    """An OptimWrapperDict (its param_groups keyed by name) gets one scheduler list per wrapper, each moving its own lr."""
+    from trainwright.optim import OptimWrapper, OptimWrapperDict
+    from trainwright.optim.scheduler import build_param_schedulers
+
+    a, b = torch.nn.Linear(2, 2), torch.nn.Linear(2, 2)
+    owd = OptimWrapperDict(gen=OptimWrapper(torch.optim.SGD(a.parameters(), lr=1.0)), disc=OptimWrapper(torch.optim.SGD(b.parameters(), lr=0.5)))
+    built = build_param_schedulers(dict(type="MultiStepLR", milestones=[1], gamma=0.1, by_epoch=False), owd)
+    assert isinstance(built, dict) and sorted(built) == ["disc", "gen"]
+    for name in ("gen", "disc"):
+        owd[name].optimizer.step()
+        for s in built[name]:
+            s.step()
+    assert owd["gen"].get_lr()["lr"] == pytest.approx([0.1]) and owd["disc"].get_lr()["lr"] == pytest.approx([0.05])

@@ -89,7 +89,8 @@ def build_param_scheduler(
 
 
 def _is_named_optimizers(optimizer: Any) -> bool:
-    return not hasattr(optimizer, "param_groups") and callable(getattr(optimizer, "keys", None))
+    """A mapping of named optimizers / wrappers (an ``OptimWrapperDict``'s ``param_groups`` is keyed too, not a list)."""
+    return callable(getattr(optimizer, "keys", None)) and not isinstance(getattr(optimizer, "param_groups", None), list)
 
 
 def build_param_schedulers(
