@@ -1,0 +1,53 @@
+"""``WandbWriter``: a Weights & Biases run whose files live in the run folder (``<run folder>/wandb/``)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from trainwright.logging.writers import LineInfo, Writer, import_backend, scalars
+
+
+class WandbWriter(Writer):
+    """Logs to a W&B run: training values as ``train/<key>``, evaluation metrics under their keys, the config as the run config.
+
+    Every value is logged with the iteration as W&B's ``step``, so a training line and the
+    validation after it share a step. The run is started when the writer is built (rank 0
+    only) and finished by :meth:`close` (the trainer's ``close()``).
+
+    Works offline: with ``WANDB_MODE=offline`` in the environment (or ``mode="offline"``)
+    nothing leaves the machine; the run is kept in ``<dir>/wandb/offline-run-*/`` and
+    ``wandb sync`` uploads it later. Needs ``pip install 'trainwright[wandb]'``.
+
+    Args:
+        dir: Where W&B keeps the run's files (``Trainer(writers=["wandb"])``: the run folder).
+        project: W&B project (default: W&B's own, ``WANDB_PROJECT``).
+        name: Display name of the run (default: W&B's generated name).
+        mode: ``"online"``, ``"offline"`` or ``"disabled"``; None: ``WANDB_MODE`` or online.
+        init_kwargs: More arguments of ``wandb.init`` (``entity``, ``tags``, ``group``, ...).
+    """
+
+    def __init__(self, dir: str | Path, project: str | None = None, name: str | None = None, mode: str | None = None, init_kwargs: dict[str, Any] | None = None) -> None:
+        wandb = import_backend("wandb", "wandb", "wandb")
+        self.dir = Path(dir)
+        self.dir.mkdir(parents=True, exist_ok=True)
+        kwargs = dict(init_kwargs or {})
+        for key, value in (("project", project), ("name", name), ("mode", mode)):
+            if value is not None:
+                kwargs[key] = value
+        self.run: Any = wandb.init(dir=str(self.dir), **kwargs)
+
+    def write_train(self, records: list[dict[str, Any]], lines: list[LineInfo]) -> None:  # noqa: D102
+        for rec in records:
+            self.run.log({f"train/{k}": v for k, v in scalars(rec)}, step=rec["iter"])
+
+    def write_eval(self, record: dict[str, Any]) -> None:  # noqa: D102
+        self.run.log({(k if "/" in k else f"{record['mode']}/{k}"): v for k, v in scalars(record)}, step=record["iter"])
+
+    def write_config(self, config: dict[str, Any]) -> None:  # noqa: D102
+        self.run.config.update(config, allow_val_change=True)
+
+    def close(self) -> None:  # noqa: D102
+        if self.run is not None:
+            self.run.finish()
+            self.run = None
