@@ -11,8 +11,9 @@ from trainwright.logging.writers import LineInfo, Writer, import_backend, scalar
 class WandbWriter(Writer):
     """Logs to a W&B run: training values as ``train/<key>``, evaluation metrics under their keys, the config as the run config.
 
-    Every value is logged with the iteration as W&B's ``step``, so a training line and the
-    validation after it share a step. The run is started when the writer is built (rank 0
+    Every call is committed at once, with the iteration as the ``iter`` field and the x axis
+    of every chart (``define_metric("*", step_metric="iter")``), so a training line and the
+    validation at the same iteration line up, and nothing waits for a later step. The run is started when the writer is built (rank 0
     only) and finished by :meth:`close` (the trainer's ``close()``).
 
     Works offline: with ``WANDB_MODE=offline`` in the environment (or ``mode="offline"``)
@@ -36,13 +37,15 @@ class WandbWriter(Writer):
             if value is not None:
                 kwargs[key] = value
         self.run: Any = wandb.init(dir=str(self.dir), **kwargs)
+        self.run.define_metric("iter", hidden=True)
+        self.run.define_metric("*", step_metric="iter")
 
     def write_train(self, records: list[dict[str, Any]], lines: list[LineInfo]) -> None:  # noqa: D102
         for rec in records:
-            self.run.log({f"train/{k}": v for k, v in scalars(rec)}, step=rec["iter"])
+            self.run.log({"iter": rec["iter"], **{f"train/{k}": v for k, v in scalars(rec)}})
 
     def write_eval(self, record: dict[str, Any]) -> None:  # noqa: D102
-        self.run.log({(k if "/" in k else f"{record['mode']}/{k}"): v for k, v in scalars(record)}, step=record["iter"])
+        self.run.log({"iter": record["iter"], **{(k if "/" in k else f"{record['mode']}/{k}"): v for k, v in scalars(record)}})
 
     def write_config(self, config: dict[str, Any]) -> None:  # noqa: D102
         self.run.config.update(config, allow_val_change=True)
