@@ -9,6 +9,7 @@ what ``compute`` returns into named floats. An ``Evaluator`` (and so ``val_evalu
 
 from __future__ import annotations
 
+import importlib
 import sys
 from collections.abc import Callable, Mapping
 from typing import Any
@@ -49,8 +50,9 @@ class TorchMetric(Metric):
     trainwright's own metrics (``Accuracy``) drop that padding.
 
     Args:
-        metric: A ``torchmetrics.Metric`` / ``MetricCollection``, or the name of a class in the
-            ``torchmetrics`` package (``"MulticlassAccuracy"``), built with ``metric_args``.
+        metric: A ``torchmetrics.Metric`` / ``MetricCollection``, or the name of a class of the
+            ``torchmetrics`` package (``"MulticlassAccuracy"``, ``"classification.MulticlassF1Score"``),
+            built with ``metric_args``.
         key: Name of a single-number result; default: the metric's class name.
         input_fn: ``input_fn(data_batch, outputs) -> args`` of ``metric.update(*args)``, when
             the metric needs other inputs than ``(preds, target)``.
@@ -74,9 +76,12 @@ class TorchMetric(Metric):
                 import torchmetrics
             except ImportError as e:
                 raise ImportError(f"TorchMetric({metric!r}) needs torchmetrics: pip install torchmetrics") from e
-            cls = getattr(torchmetrics, metric, None)
+            cls = _torchmetrics_class(torchmetrics, metric)
             if cls is None:
-                raise KeyError(f"torchmetrics has no metric class {metric!r}; use a name such as 'MulticlassAccuracy' or pass the metric object")
+                raise KeyError(
+                    f"torchmetrics has no metric class {metric!r}; use a top-level name such as 'MulticlassAccuracy', a module path such as "
+                    "'classification.MulticlassF1Score', or pass the metric object"
+                )
             metric = cls(**dict(metric_args or {}))
         elif metric_args:
             raise ValueError("metric_args is for a metric given by name (metric='MulticlassAccuracy'); pass the arguments to the object you built instead")
@@ -147,7 +152,17 @@ class TorchMetric(Metric):
         return {self.key: value}
 
     def __repr__(self) -> str:
-        return f"TorchMetric({self.metric!r}, key={self.key!r}, prefix={self.prefix!r})"
+        return f"TorchMetric({getattr(self, 'metric', None)!r}, key={getattr(self, 'key', None)!r}, prefix={self.prefix!r})"
+
+
+def _torchmetrics_class(torchmetrics: Any, name: str) -> Any:
+    """``torchmetrics.<name>``, where ``name`` may hold a module path (``"classification.MulticlassF1Score"``)."""
+    module_path, _, cls = name.rpartition(".")
+    try:
+        module = importlib.import_module(f"torchmetrics.{module_path}") if module_path else torchmetrics
+    except ImportError:
+        return None
+    return getattr(module, cls, None)
 
 
 def _states(metric: Any) -> dict[str, dict[str, Any]]:
