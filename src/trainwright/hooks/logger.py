@@ -131,7 +131,7 @@ class LoggerHook(Hook):
         trainer.hold_log_lines(lambda: self._write_lines(trainer))  # trainer.flush_logs() writes what is held
 
     def train_iter_interval(self, trainer: TrainerView) -> int:  # noqa: D102
-        return self.interval  # the loop calls after_train_iter at multiples of it and at epoch ends only
+        return self.interval  # the loop calls after_train_iter at multiples of it, epoch ends and the run's last iteration only
 
     def after_train_iter(self, trainer: TrainerView, batch_idx: int, data_batch: Any = None, outputs: dict | None = None) -> None:  # noqa: D102
         it = trainer.progress.iteration
