@@ -121,6 +121,7 @@ def test_wandb_offline_run_lands_in_the_run_folder(trainer_factory: Any, tmp_pat
     assert run.summary["train/loss"] == pytest.approx(last_train["loss"], rel=1e-12)
     assert run.summary["val/acc"] == pytest.approx(last_val["val/acc"], rel=1e-12)
     assert run.config["train_cfg"]["max_iters"] == 50
+    assert run.name == t.experiment_name
     t.close()
     runs = list((t.run_dir / "wandb").glob("offline-run-*"))
     assert len(runs) == 1, runs

@@ -23,7 +23,7 @@ class WandbWriter(Writer):
     Args:
         dir: Where W&B keeps the run's files (``Trainer(writers=["wandb"])``: the run folder).
         project: W&B project (default: W&B's own, ``WANDB_PROJECT``).
-        name: Display name of the run (default: W&B's generated name).
+        name: Display name of the run; None: the name of ``dir`` (with ``writers=["wandb"]``, the trainer's run folder).
         mode: ``"online"``, ``"offline"`` or ``"disabled"``; None: ``WANDB_MODE`` or online.
         init_kwargs: More arguments of ``wandb.init`` (``entity``, ``tags``, ``group``, ...).
     """
@@ -33,6 +33,7 @@ class WandbWriter(Writer):
         self.dir = Path(dir)
         self.dir.mkdir(parents=True, exist_ok=True)
         kwargs = dict(init_kwargs or {})
+        kwargs.setdefault("name", self.dir.name)
         for key, value in (("project", project), ("name", name), ("mode", mode)):
             if value is not None:
                 kwargs[key] = value
