@@ -212,9 +212,10 @@ def test_each_interval_hook_is_called_exactly_when_due(trainer_factory):
     t = _trainer(trainer_factory, dict(by_epoch=False, max_iters=13), IterLog("a", 4, log))
     t.hooks.add(IterLog("b", 6, log))
     t.train()
-    # Iteration-based run over 4-batch passes: the last batch of a pass is iterations 4, 8, 12.
-    assert [it for name, it, _ in log if name == "a"] == [4, 8, 12]
-    assert [it for name, it, _ in log if name == "b"] == [4, 6, 8, 12]
+    # Iteration-based run over 4-batch passes: the last batch of a pass is iterations 4, 8, 12;
+    # the run's last iteration (13) is due for every gated hook too.
+    assert [it for name, it, _ in log if name == "a"] == [4, 8, 12, 13]
+    assert [it for name, it, _ in log if name == "b"] == [4, 6, 8, 12, 13]
 
 
 def test_interval_zero_means_never_and_gates_before_train_iter_too(trainer_factory):
@@ -241,12 +242,12 @@ def test_resumed_run_calls_interval_hooks_at_the_same_iterations(trainer_factory
     t = _trainer(trainer_factory, dict(by_epoch=False, max_iters=14), IterLog("h", 3, log), default_hooks=ckpt, work_dir=tmp_path / "a")
     t.train()
     full = [it for _, it, _ in log]
-    assert full == [3, 4, 6, 8, 9, 12]
+    assert full == [3, 4, 6, 8, 9, 12, 14]  # ... and the run's last iteration
     log.clear()
     t2 = _trainer(trainer_factory, dict(by_epoch=False, max_iters=14), IterLog("h", 3, log), default_hooks=ckpt, work_dir=tmp_path / "b")
     t2.resume_from(tmp_path / "a" / "checkpoints" / "iter_7.pth")
     t2.train()
-    assert [it for _, it, _ in log] == [8, 9, 12]
+    assert [it for _, it, _ in log] == [8, 9, 12, 14]
 
 
 def test_logger_lines_with_gated_dispatch_match_every_interval(trainer_factory, tmp_path):

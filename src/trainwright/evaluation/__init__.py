@@ -1,4 +1,4 @@
-"""Evaluation: ``Metric`` (per-batch ``process``, cross-rank ``evaluate``), ``Evaluator``, stock metrics."""
+"""Evaluation: ``Metric`` (per-batch ``process``, cross-rank ``evaluate``), ``Evaluator``, stock metrics, the torchmetrics adapter."""
 
 from __future__ import annotations
 
@@ -6,5 +6,6 @@ from trainwright.evaluation.collect import collect_results, merge_rank_results
 from trainwright.evaluation.evaluator import Evaluator
 from trainwright.evaluation.metric import Metric
 from trainwright.evaluation.metrics import Accuracy
+from trainwright.evaluation.torchmetrics_adapter import TorchMetric
 
-__all__ = ["Accuracy", "Evaluator", "Metric", "collect_results", "merge_rank_results"]
+__all__ = ["Accuracy", "Evaluator", "Metric", "TorchMetric", "collect_results", "merge_rank_results"]

@@ -6,6 +6,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from trainwright.evaluation.metric import Metric
+from trainwright.evaluation.torchmetrics_adapter import TorchMetric, is_torchmetric
 from trainwright.registry import METRICS
 
 
@@ -17,16 +18,18 @@ class Evaluator:
 
     Args:
         metrics: A :class:`Metric`, a config dict such as ``dict(type="Accuracy", topk=(1, 5))``
-            (built through ``trainwright.registry.METRICS``), or a list of those.
+            (built through ``trainwright.registry.METRICS``), a ``torchmetrics.Metric`` /
+            ``MetricCollection`` (run through :class:`~trainwright.evaluation.TorchMetric`),
+            or a list of those.
     """
 
     def __init__(self, metrics: Metric | Mapping[str, Any] | Sequence[Metric | Mapping[str, Any]]) -> None:
-        items = [metrics] if isinstance(metrics, (Metric, Mapping)) else list(metrics)
+        items = [metrics] if isinstance(metrics, (Metric, Mapping)) or is_torchmetric(metrics) else list(metrics)
         if not items:
             raise ValueError("Evaluator needs at least one metric, e.g. Evaluator(dict(type='Accuracy'))")
         self.metrics: list[Metric] = []
         for item in items:
-            metric = METRICS.build(item)
+            metric = TorchMetric(item) if is_torchmetric(item) else METRICS.build(item)
             if not isinstance(metric, Metric):
                 raise TypeError(f"Evaluator metrics must be Metric instances or METRICS config dicts; got {type(metric).__name__}. Subclass trainwright.evaluation.Metric.")
             self.metrics.append(metric)

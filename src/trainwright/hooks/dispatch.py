@@ -21,7 +21,8 @@ class IterSchedule:
     """Which ``before_train_iter`` / ``after_train_iter`` calls are due at an iteration.
 
     Each hook has an interval ``n`` (see :meth:`Hook.train_iter_interval`): ``1`` every
-    iteration, ``n > 1`` at multiples of ``n`` and at an epoch's last iteration, ``0`` never.
+    iteration, ``n > 1`` at multiples of ``n``, at an epoch's last iteration and at the run's
+    last iteration (``last_iter``), ``0`` never.
     The loop reads :attr:`before_every` / :attr:`after_every` (the interval-1 hooks) at most
     iterations and asks :meth:`due` only when :attr:`next_due` is reached or an epoch ends:
     one comparison per step, and hooks are called exactly when due, in priority order.
@@ -29,9 +30,11 @@ class IterSchedule:
     Args:
         before: ``(bound before_train_iter, interval)`` in priority order.
         after: ``(bound after_train_iter, interval)`` in priority order.
+        last_iter: The run's last iteration (``max_iters``); 0: unknown (a hand-driven loop).
     """
 
-    def __init__(self, before: list[tuple[Call, int]], after: list[tuple[Call, int]]) -> None:
+    def __init__(self, before: list[tuple[Call, int]], after: list[tuple[Call, int]], last_iter: int = 0) -> None:
+        self.last_iter = last_iter
         self._before = [(fn, n) for fn, n in before if n > 0]
         self._after = [(fn, n) for fn, n in after if n > 0]
         self.before_every: tuple[Call, ...] = tuple(fn for fn, n in self._before if n == 1)
@@ -45,6 +48,7 @@ class IterSchedule:
     def due(self, iteration: int, epoch_end: bool) -> tuple[tuple[Call, ...], tuple[Call, ...]]:
         """``(before calls, after calls)`` for ``iteration`` (1-based); moves :attr:`next_due` past it."""
         self.next_due = self._next_after(iteration)
+        epoch_end = epoch_end or iteration == self.last_iter  # the run's end is due like an epoch's
         key = -1 if epoch_end else tuple(n for n in self._gated if iteration % n == 0)  # which intervals are due
         calls = self._cache.get(key)
         if calls is None:
@@ -56,7 +60,10 @@ class IterSchedule:
         return calls
 
     def _next_after(self, iteration: int) -> float:
-        return min((iteration // n + 1) * n for n in self._gated) if self._gated else float("inf")
+        if not self._gated:
+            return float("inf")
+        nxt = min((iteration // n + 1) * n for n in self._gated)
+        return min(nxt, self.last_iter) if iteration < self.last_iter else nxt
 
 
 class HookList:
@@ -70,6 +77,7 @@ class HookList:
     def __init__(self, hooks: Iterable[Hook] = ()) -> None:
         self._hooks: list[Hook] = []
         self._intervals: dict[int, int] = {}
+        self._last_iter = 0
         self.calls: dict[str, tuple[Call, ...]] = {}
         self.schedule = IterSchedule([], [])
         for h in hooks:
@@ -103,15 +111,18 @@ class HookList:
         self.schedule = IterSchedule(
             [(h.before_train_iter, self._intervals.get(id(h), 1)) for h in active["before_train_iter"]],
             [(h.after_train_iter, self._intervals.get(id(h), 1)) for h in active["after_train_iter"]],
+            self._last_iter,
         )
 
-    def refresh(self, trainer: Any) -> None:
+    def refresh(self, trainer: Any, last_iter: int = 0) -> None:
         """Ask every hook for its :meth:`~Hook.train_iter_interval`; rebuild the per-iteration schedule.
 
-        The train loop calls this after ``before_train`` and with ``None`` after ``after_train``
+        The train loop calls this after ``before_train`` (with ``last_iter``, the run's last
+        iteration: gated hooks are due there too) and with ``None`` after ``after_train``
         (every hook then gets every iteration event again, e.g. for a hand-driven loop).
         """
         self._intervals = {}
+        self._last_iter = last_iter if trainer is not None else 0
         if trainer is not None:
             for h in self._hooks:
                 n = h.train_iter_interval(trainer)

@@ -164,7 +164,8 @@ class Hook:
 
         * ``1`` (default): ``before_train_iter`` / ``after_train_iter`` run at every iteration;
         * ``n > 1``: they run only around the iterations whose run-wide number is a multiple
-          of ``n``, and around each epoch's last iteration (an interval's short tail);
+          of ``n``, around each epoch's last iteration and around the run's last iteration
+          (an interval's short tail);
         * ``0``: never in this run (the hook has nothing to do per iteration).
 
         Hooks due at the same iteration run in priority order. A hook called only when due

@@ -28,8 +28,11 @@ import functools
 import time
 from typing import TYPE_CHECKING, Any, NamedTuple
 
+import torch
+
 from trainwright.hooks.hook import Hook
 from trainwright.hooks.view import require_train_loop
+from trainwright.logging.throughput import batch_size, num_tokens
 from trainwright.logging.writers import LineInfo
 from trainwright.registry import HOOKS
 
@@ -49,6 +52,10 @@ class _Request(NamedTuple):
     created: float  # wall-clock time of the iteration (the line's timestamp)
     grad_norm: Any  # a tensor (converted when the record is built) or None
     loss_scale: float | None
+    since: int  # iteration of the previous line: this line's means cover (since, iteration]
+    samples: int | None  # samples in this iteration's batch (this process), None: unknown
+    tokens: Any  # tokens in it (a number, a tensor converted later, or None)
+    memory: float | None  # peak CUDA memory allocated so far on this process's device, MiB
 
 
 _new_request = functools.partial(tuple.__new__, _Request)  # no Python-level __new__ on the hot path
@@ -58,14 +65,21 @@ _new_request = functools.partial(tuple.__new__, _Request)  # no Python-level __n
 class LoggerHook(Hook):
     """Logs training scalars at an interval and validation / test metrics after each pass.
 
-    Each training record holds the mean of every loss and of the times over the last
-    ``interval`` iterations, the latest value of other logged outputs, the learning rate,
-    the grad norm and the loss scale; the writers of ``trainer.writers`` show it (the console
-    adds the ETA) or store it (``metrics.jsonl``).
+    Each training record holds the mean of every loss and of the times over the
+    iterations since the previous line (``interval`` of them, fewer for an epoch's or the
+    run's short tail), the latest value of other logged outputs, the learning rate, the grad
+    norm, the loss scale and the throughput: ``samples_per_s`` (samples of the logged
+    iteration's batch × processes / mean iteration time), ``tokens_per_s`` when the batch
+    says how many tokens it holds (see :mod:`trainwright.logging.throughput`) and, on CUDA,
+    ``max_memory_mb`` (``torch.cuda.max_memory_allocated`` of this process's device, MiB).
+    The writers of ``trainer.writers`` show it (the console adds the ETA) or store it.
+
+    The run's last iteration always gets a line (iteration-based: 50 iterations logged every
+    20 give lines at 20, 40 and 50, the last averaging 41-50).
 
     Args:
         interval: Iterations between log lines.
-        ignore_last: Skip the log line for an epoch's last, shorter interval.
+        ignore_last: Skip the log line for an epoch's last, shorter interval (not the run's last).
         flush_secs: While training runs faster than one line per ``flush_secs``, lines are
             written in batches at most this far apart (0 writes each line at once). With
             several processes a flush happens when any of them proposes one (the proposal is
@@ -91,6 +105,9 @@ class LoggerHook(Hook):
         self._epoch_len = 0
         self._max_iters = 0
         self._log_scale = False
+        self._line_iter = 0  # iteration of the latest line (requested), or the last one before the run started
+        self._processes = 1
+        self._cuda: Any = None  # the CUDA device whose peak memory is logged; None on CPU
 
     # -- training ---------------------------------------------------------------------------
     def before_train(self, trainer: TrainerView) -> None:  # noqa: D102
@@ -103,6 +120,10 @@ class LoggerHook(Hook):
         self._last_idx = self._epoch_len - 1 if loop.by_epoch and not self.ignore_last else -1
         self._requests = []
         self._written_to = trainer.progress.iteration
+        self._line_iter = self._line_at_or_before(trainer.progress.iteration)
+        self._processes = trainer.strategy.world_size
+        device = trainer.strategy.device
+        self._cuda = device if device.type == "cuda" else None
         # Lines are written at least every flush_every iterations (see after_train_iter), so the
         # values of the oldest pending line's interval are still in the store's buffers then.
         trainer.metric_store.keep_history(trainer.metric_store.flush_every + 2 * self.interval)
@@ -110,17 +131,23 @@ class LoggerHook(Hook):
         trainer.hold_log_lines(lambda: self._write_lines(trainer))  # trainer.flush_logs() writes what is held
 
     def train_iter_interval(self, trainer: TrainerView) -> int:  # noqa: D102
-        return self.interval  # the loop calls after_train_iter at multiples of it and at epoch ends only
+        return self.interval  # the loop calls after_train_iter at multiples of it, epoch ends and the run's last iteration only
 
     def after_train_iter(self, trainer: TrainerView, batch_idx: int, data_batch: Any = None, outputs: dict | None = None) -> None:  # noqa: D102
-        if trainer.progress.iteration % self.interval == 0 or batch_idx == self._last_idx:
+        it = trainer.progress.iteration
+        if it % self.interval == 0 or batch_idx == self._last_idx or it == self._max_iters:
             # Runs once per interval, so its code is cold each time: keep it to reading values.
             p = trainer.progress
             ow = trainer.optim_wrapper
             scale = ow.loss_scale if self._log_scale else None
             if scale is not None:
                 scale = float(scale)
-            self._requests.append(_new_request((p.iteration, p.epoch + 1 if self._by_epoch else p.epoch, batch_idx, ow.get_lr(), time.time(), getattr(ow, "grad_norm", None), scale)))
+            memory = torch.cuda.max_memory_allocated(self._cuda) / 2**20 if self._cuda is not None else None
+            self._requests.append(_new_request((
+                it, p.epoch + 1 if self._by_epoch else p.epoch, batch_idx, ow.get_lr(), time.time(), getattr(ow, "grad_norm", None), scale,
+                self._line_iter, batch_size(data_batch), num_tokens(data_batch), memory,
+            )))
+            self._line_iter = it
             store = trainer.metric_store
             due = time.perf_counter() - self._last_write >= self.flush_secs or p.iteration - self._written_to >= store.flush_every
             if store.flush_if(due):
@@ -176,7 +203,7 @@ class LoggerHook(Hook):
         out = []
         for r in requests:
             hi = r.iteration
-            lo = hi - self.interval
+            lo = r.since
             record: dict[str, Any] = {"mode": "train", "epoch": r.epoch, "iter": hi}
             times: dict[str, float] = {}
             for name, iters, values, mean in cols:
@@ -196,8 +223,27 @@ class LoggerHook(Hook):
             if "time" in times:
                 record["time"] = times["time"]
                 record["data_time"] = times.get("data_time", 0.0)
+                self._throughput(record, r, times["time"])
+            if r.memory is not None:
+                record["max_memory_mb"] = r.memory
             out.append(record)
         return out
+
+    def _throughput(self, record: dict[str, Any], r: _Request, seconds: float) -> None:
+        """``samples_per_s`` / ``tokens_per_s`` of the line: the logged batch's counts × processes / mean iteration time."""
+        if seconds <= 0:
+            return
+        if r.samples is not None:
+            record["samples_per_s"] = r.samples * self._processes / seconds
+        if r.tokens is not None:
+            record["tokens_per_s"] = float(r.tokens) * self._processes / seconds
+
+    def _line_at_or_before(self, iteration: int) -> int:
+        """The iteration of the last line at or before ``iteration`` (a resumed run's first line averages from there)."""
+        last = iteration - iteration % self.interval
+        if self._by_epoch and not self.ignore_last and self._epoch_len:
+            last = max(last, iteration - iteration % self._epoch_len)
+        return last
 
     # -- evaluation -------------------------------------------------------------------------
     def after_val_epoch(self, trainer: TrainerView, metrics: dict[str, float] | None = None) -> None:  # noqa: D102

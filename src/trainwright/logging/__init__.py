@@ -3,8 +3,13 @@
 from trainwright.logging.logger import close_logger, create_logger, log_lines
 from trainwright.logging.metric_store import HistoryBuffer, MetricStore
 from trainwright.logging.writers import DEFAULT_WRITERS, WRITERS, ConsoleWriter, JsonlWriter, LineInfo, Writer, build_writers
+from trainwright.logging.csv_writer import CsvWriter
+from trainwright.logging.mlflow_writer import MlflowWriter
+from trainwright.logging.tensorboard_writer import TensorBoardWriter
+from trainwright.logging.wandb_writer import WandbWriter
 
 __all__ = [
     "create_logger", "close_logger", "log_lines", "HistoryBuffer", "MetricStore",
     "Writer", "LineInfo", "ConsoleWriter", "JsonlWriter", "WRITERS", "DEFAULT_WRITERS", "build_writers",
+    "CsvWriter", "TensorBoardWriter", "WandbWriter", "MlflowWriter",
 ]

@@ -1,4 +1,4 @@
-"""Writers: where logged numbers go (the console and ``metrics.jsonl`` now; TensorBoard, CSV, W&B later).
+"""Writers: where logged numbers go (the console, ``metrics.jsonl``; CSV, TensorBoard, W&B, MLflow in their own modules).
 
 The logger hook builds each training record once and hands the same objects to every
 writer of ``trainer.writers``. Only the main process has writers - the trainer builds the
@@ -8,6 +8,8 @@ list there and nowhere else - so no writer ever checks the rank.
 from __future__ import annotations
 
 import datetime
+import importlib
+import inspect
 import json
 import logging
 import math
@@ -17,7 +19,7 @@ from pathlib import Path
 from typing import Any, NamedTuple, Protocol, runtime_checkable
 
 from trainwright.logging.logger import log_lines
-from trainwright.registry import did_you_mean
+from trainwright.registry import check_keys, did_you_mean
 
 _META = ("mode", "epoch", "iter")
 
@@ -62,6 +64,26 @@ class Writer(Protocol):
     def close(self) -> None:
         """Release files and connections; nothing is written afterwards."""
         return None
+
+
+def scalars(record: dict[str, Any]) -> list[tuple[str, float]]:
+    """The numbers of a record without its ``mode`` / ``epoch`` / ``iter`` keys, as ``(key, value)`` pairs (for backends)."""
+    return [(k, float(v)) for k, v in record.items() if k not in _META and isinstance(v, (int, float))]
+
+
+def import_backend(module: str, extra: str, writer: str) -> Any:
+    """Import the optional package ``module`` of a writer, or fail with the command that installs it.
+
+    Raises:
+        ImportError: ``module`` is not installed; the message names ``pip install 'trainwright[<extra>]'``.
+    """
+    try:
+        return importlib.import_module(module)
+    except ImportError as e:
+        raise ImportError(
+            f"The {writer!r} writer needs the package {module.split('.')[0]!r}, which is not installed ({e}). "
+            f"Install it with: pip install 'trainwright[{extra}]'  (or drop {writer!r} from writers=[...])"
+        ) from e
 
 
 # -- metrics.jsonl ----------------------------------------------------------------------------
@@ -181,47 +203,88 @@ class ConsoleWriter(Writer):
 
 
 # -- by name ----------------------------------------------------------------------------------
-#: Writers that ``Trainer(writers=[...])`` accepts by name: name → ``factory(run_dir, logger)``.
-WRITERS: dict[str, Callable[[Path, logging.Logger], Writer]] = {
-    "console": lambda run_dir, logger: ConsoleWriter(logger),
-    "jsonl": lambda run_dir, logger: JsonlWriter(run_dir / "metrics.jsonl"),
+#: ``factory(run_dir, logger, **kwargs) -> Writer``: what a writer name builds.
+WriterFactory = Callable[..., Writer]
+
+
+def _call(name: str, fn: Callable[..., Writer], *args: Any, **kwargs: Any) -> Writer:
+    """``fn(*args, **kwargs)`` after checking that ``fn`` takes every keyword (unknown ones are named, with the closest match)."""
+    params = inspect.signature(fn).parameters
+    if not any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params.values()):
+        allowed = [k for k, p in params.items() if p.kind in (p.KEYWORD_ONLY, p.POSITIONAL_OR_KEYWORD)][len(args) :]
+        check_keys(f"writer {name!r}", kwargs, allowed, error=TypeError, hint=f"Its arguments: {allowed}")
+    return fn(*args, **kwargs)
+
+
+def _lazy(name: str, module: str, cls: str, subdir: str) -> WriterFactory:
+    """Build ``trainwright.logging.<module>.<cls>(run_dir / subdir, **kwargs)``, importing the module only then (optional packages)."""
+
+    def factory(run_dir: Path, logger: logging.Logger, **kwargs: Any) -> Writer:
+        return _call(name, getattr(importlib.import_module(f"trainwright.logging.{module}"), cls), run_dir / subdir, **kwargs)
+
+    return factory
+
+
+#: Writers that ``Trainer(writers=[...])`` accepts by name (``"csv"``) or as a dict
+#: (``dict(type="csv", ...)``, the other keys are the writer's arguments):
+#: name → ``factory(run_dir, logger, **kwargs)``. Backends of optional packages are imported
+#: only when built.
+WRITERS: dict[str, WriterFactory] = {
+    "console": lambda run_dir, logger, **kwargs: _call("console", ConsoleWriter, logger, **kwargs),
+    "jsonl": lambda run_dir, logger, **kwargs: _call("jsonl", JsonlWriter, run_dir / "metrics.jsonl", **kwargs),
+    "csv": _lazy("csv", "csv_writer", "CsvWriter", "csv"),
+    "tensorboard": _lazy("tensorboard", "tensorboard_writer", "TensorBoardWriter", "tensorboard"),
+    "wandb": _lazy("wandb", "wandb_writer", "WandbWriter", ""),
+    "mlflow": _lazy("mlflow", "mlflow_writer", "MlflowWriter", "mlflow"),
 }
 
 #: What ``Trainer(writers=None)`` uses.
 DEFAULT_WRITERS = ("console", "jsonl")
 
 
-def build_writers(spec: Sequence[Writer | str] | None, run_dir: Path, logger: logging.Logger) -> list[Writer]:
+def build_writers(spec: Sequence[Writer | str | Mapping[str, Any]] | None, run_dir: Path, logger: logging.Logger) -> list[Writer]:
     """The writers of a run: ``None`` gives the defaults; a list replaces them.
 
     Args:
-        spec: None, or a list of :class:`Writer` objects and names of :data:`WRITERS`
-            (``["console", "jsonl", MyWriter()]`` keeps both defaults and adds one).
-        run_dir: The run folder (``metrics.jsonl`` goes there).
+        spec: None, or a list of :class:`Writer` objects, names of :data:`WRITERS` and dicts
+            ``dict(type=<name>, **arguments)`` (``["console", "jsonl", "tensorboard",
+            dict(type="wandb", project="demo"), MyWriter()]`` keeps both defaults and adds three).
+        run_dir: The run folder (``metrics.jsonl`` and every file-based backend go there).
         logger: The trainer's logger (the console writer writes through it).
 
     Raises:
         KeyError: an unknown writer name (the closest known name is suggested).
-        TypeError: ``spec`` is not a list, or an item is neither a name nor a Writer.
+        TypeError: ``spec`` is not a list, an item is neither a name, a dict nor a Writer, or a
+            dict holds an argument the writer does not take (its arguments are named).
+        ImportError: the backend's package is not installed (the message names the extra to install).
     """
     if spec is None:
         spec = DEFAULT_WRITERS
-    elif isinstance(spec, (str, Writer)) or not isinstance(spec, Sequence):
-        raise TypeError(f"writers must be a list of Writer objects and names {sorted(WRITERS)}, got {type(spec).__name__}: e.g. writers=['console', 'jsonl', MyWriter()]")
+    elif isinstance(spec, (str, Writer, Mapping)) or not isinstance(spec, Sequence):
+        raise TypeError(f"writers must be a list of Writer objects, names {sorted(WRITERS)} and dicts with 'type', got {type(spec).__name__}: e.g. writers=['console', 'jsonl', MyWriter()]")
     out: list[Writer] = []
     for item in spec:
-        if isinstance(item, str):
-            if item not in WRITERS:
-                raise KeyError(f"Unknown writer {item!r}.{did_you_mean(item, sorted(WRITERS))} Known writers: {sorted(WRITERS)}; or pass a Writer object")
-            out.append(WRITERS[item](run_dir, logger))
-        elif isinstance(item, Writer):
+        if isinstance(item, Writer):
             out.append(item)
+        elif isinstance(item, (str, Mapping)):
+            out.append(_build_named(item, run_dir, logger))
         else:
             raise TypeError(
-                f"writers items must be writer names {sorted(WRITERS)} or Writer objects, got {type(item).__name__}: "
+                f"writers items must be writer names {sorted(WRITERS)}, dicts with 'type' or Writer objects, got {type(item).__name__}: "
                 "subclass trainwright.logging.Writer and override write_train / write_eval / write_config / flush / close as needed"
             )
     return out
+
+
+def _build_named(item: str | Mapping[str, Any], run_dir: Path, logger: logging.Logger) -> Writer:
+    kwargs = dict(item) if isinstance(item, Mapping) else {"type": item}
+    name = kwargs.pop("type", None)
+    if not isinstance(name, str):
+        raise TypeError(f"A writer dict needs a 'type' naming one of {sorted(WRITERS)}, got {item!r}: e.g. dict(type='tensorboard')")
+    factory = WRITERS.get(name)
+    if factory is None:
+        raise KeyError(f"Unknown writer {name!r}.{did_you_mean(name, sorted(WRITERS))} Known writers: {sorted(WRITERS)}; or pass a Writer object")
+    return factory(run_dir, logger, **kwargs)
 
 
 def plain(obj: Any) -> Any:

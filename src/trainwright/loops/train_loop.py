@@ -10,8 +10,8 @@ Pseudocode of one iteration (both loops)::
     for hook in due after_train_iter: hook(trainer, idx, batch, outputs)
 
 Hooks that declare an interval (``Hook.train_iter_interval``, e.g. the logger's 10) see an
-iteration's ``before_train_iter`` / ``after_train_iter`` only at multiples of it and at an
-epoch's last batch (``hooks.schedule``: one comparison per step).
+iteration's ``before_train_iter`` / ``after_train_iter`` only at multiples of it, at an
+epoch's last batch and at the run's last iteration (``hooks.schedule``: one comparison per step).
 
 The loops know nothing of devices or processes; the hook lists are precomputed.
 """
@@ -118,7 +118,7 @@ class EpochBasedTrainLoop(_TrainLoopBase):
         """Run the remaining epochs (after a resume: from the saved position)."""
         t = self.trainer
         t.hooks.call("before_train", t)
-        t.hooks.refresh(t)
+        t.hooks.refresh(t, self.max_iters)
         t.bind_step()
         while t.progress.epoch < self.max_epochs and not t.should_stop:
             self.run_epoch()
@@ -178,7 +178,7 @@ class IterBasedTrainLoop(_TrainLoopBase):
         t = self.trainer
         progress = t.progress
         t.hooks.call("before_train", t)
-        t.hooks.refresh(t)
+        t.hooks.refresh(t, self.max_iters)
         t.bind_step()
         t.hooks.call("before_train_epoch", t)
         t.model.train()

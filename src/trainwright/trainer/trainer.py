@@ -55,8 +55,10 @@ class Trainer:
         log_level: Logging level of the trainer's logger.
         writers: Where logged records go (on the main process; other processes write nothing).
             None: the console (stdout and ``train.log``) and ``metrics.jsonl``. A list replaces
-            these defaults: :class:`~trainwright.logging.Writer` objects, and the names
-            ``"console"`` / ``"jsonl"`` to keep a default (``writers=["console", "jsonl", MyWriter()]``).
+            these defaults: :class:`~trainwright.logging.Writer` objects, names of
+            ``trainwright.logging.WRITERS`` (``"console"``, ``"jsonl"``, ``"csv"``,
+            ``"tensorboard"``, ``"wandb"``, ``"mlflow"``) and dicts ``dict(type=name, **arguments)``
+            (``writers=["console", "jsonl", "tensorboard", MyWriter()]``).
     """
 
     def __init__(
@@ -84,7 +86,7 @@ class Trainer:
         nonfinite_loss: str = "raise",
         log_level: str | int = "INFO",
         experiment_name: str | None = None,
-        writers: Sequence[Writer | str] | None = None,
+        writers: Sequence[Writer | str | Mapping[str, Any]] | None = None,
     ) -> None:
         if nonfinite_loss not in ("raise", "skip"):
             raise ValueError(f"nonfinite_loss must be 'raise' or 'skip', got {nonfinite_loss!r}")

@@ -2,18 +2,17 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from typing import Any
 
 import torch
 from typing_extensions import override
 
 from trainwright.evaluation.collect import Device
+from trainwright.evaluation.inputs import pred_and_target
 from trainwright.evaluation.metric import Metric
 from trainwright.registry import METRICS
 
-_TARGET_KEYS = ("label", "labels", "target", "targets", "y")
-_PRED_KEYS = ("pred", "preds", "logits", "scores")
 # rank stored for a wrong label-only prediction and for a target outside [0, C)
 _WRONG = torch.iinfo(torch.int64).max
 _INVALID = -1
@@ -85,17 +84,7 @@ class Accuracy(Metric):
         return {f"acc/top{k}": v for k, v in values.items()}
 
     def _pred_and_target(self, data_batch: Any, outputs: Any) -> tuple[torch.Tensor, torch.Tensor]:
-        target: Any = None
-        target_keys = (self.target_key,) if self.target_key is not None else _TARGET_KEYS
-        if isinstance(outputs, Mapping):
-            pred = _first(outputs, _PRED_KEYS)
-            if pred is None:
-                raise KeyError(f"Accuracy needs the predictions in one of the output keys {_PRED_KEYS}; got keys {sorted(outputs)}. Return them as outputs['pred'] or pass a tensor.")
-            target = _first(outputs, target_keys)
-        else:
-            pred = outputs
-        if target is None:
-            target = self._target_from_batch(data_batch, target_keys)
+        pred, target = pred_and_target(data_batch, outputs, self.target_key, "Accuracy")
         if not isinstance(pred, torch.Tensor):
             raise TypeError(f"Accuracy expects the model outputs to be a tensor of scores (N, C) or labels (N,), or a dict holding one; got {type(pred).__name__}")
         target = torch.as_tensor(target).to(pred.device, non_blocking=True)
@@ -106,16 +95,6 @@ class Accuracy(Metric):
         if target.dim() != 1 or target.shape[0] != pred.shape[0]:
             raise ValueError(f"Accuracy: target of shape {tuple(target.shape)} does not match predictions of shape {tuple(pred.shape)}; expected targets of shape ({pred.shape[0]},)")
         return pred, target
-
-    def _target_from_batch(self, data_batch: Any, target_keys: Sequence[str]) -> Any:
-        if isinstance(data_batch, Mapping):
-            target = _first(data_batch, target_keys)
-            if target is None:
-                raise KeyError(f"Accuracy found no target in the batch keys {sorted(data_batch)} (looked for {tuple(target_keys)}); pass Accuracy(target_key=...) naming it.")
-            return target
-        if isinstance(data_batch, (list, tuple)) and len(data_batch) > 0:
-            return data_batch[-1]
-        raise TypeError(f"Accuracy takes the target from a tuple/list batch (last element) or a dict batch; got {type(data_batch).__name__}. Return the target in outputs['label'] instead.")
 
     def _target_rank(self, pred: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
         """Position of the target class in a stable descending sort of each row's scores."""
@@ -138,12 +117,6 @@ class Accuracy(Metric):
         rank = greater.sum(dim=1) + (tied & before).sum(dim=1)
         return torch.where(valid, rank, _INVALID)
 
-
-def _first(mapping: Mapping[str, Any], keys: Sequence[str]) -> Any:
-    for key in keys:
-        if key in mapping:
-            return mapping[key]
-    return None
 
 
 __all__ = ["Accuracy"]

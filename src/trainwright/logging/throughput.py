@@ -1,0 +1,62 @@
+"""How many samples and tokens a batch holds: what the throughput fields of log records count.
+
+Read from the batch the loader yielded, at logging iterations only (never per step).
+
+* **Samples** — a tensor: its first dimension; a dict: its ``"batch_size"`` entry if it is an
+  int, else its first value that is a tensor (first dimension) or a list / tuple (its length,
+  e.g. mmengine's ``{"inputs": [img, ...], "data_samples": [...]}``); a list / tuple: the
+  first dimension of its first tensor (``(inputs, targets)`` from the default collate), else
+  its length (a list of samples). Nothing found: no ``samples_per_s`` field.
+* **Tokens** — only when a dict batch says so: its ``"num_tokens"`` entry (a number or a
+  0-dim tensor), else the number of non-zero entries of its ``"attention_mask"`` (padding not
+  counted), else the number of elements of its ``"input_ids"``. Otherwise no ``tokens_per_s``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+import torch
+
+
+def batch_size(batch: Any) -> int | None:
+    """The number of samples in ``batch`` (see the module docstring), or None when it cannot be told."""
+    if isinstance(batch, torch.Tensor):
+        return int(batch.shape[0]) if batch.dim() else None
+    if isinstance(batch, Mapping):
+        n = batch.get("batch_size")
+        if isinstance(n, int) and not isinstance(n, bool):
+            return n
+        for v in batch.values():
+            if isinstance(v, torch.Tensor) and v.dim():
+                return int(v.shape[0])
+            if isinstance(v, (list, tuple)):
+                return len(v)
+        return None
+    if isinstance(batch, (list, tuple)):
+        for v in batch:
+            if isinstance(v, torch.Tensor) and v.dim():
+                return int(v.shape[0])
+        return len(batch) or None
+    return None
+
+
+def num_tokens(batch: Any) -> Any:
+    """The number of tokens in a dict ``batch`` (a number, or a 0-dim tensor read later), or None when it does not say.
+
+    A tensor count is returned as a tensor so the caller converts it when it reads the other
+    logged numbers (no extra host-device synchronisation).
+    """
+    if not isinstance(batch, Mapping):
+        return None
+    n = batch.get("num_tokens")
+    if n is not None:
+        return n
+    mask = batch.get("attention_mask")
+    if isinstance(mask, torch.Tensor):
+        return torch.count_nonzero(mask)
+    ids = batch.get("input_ids")
+    if isinstance(ids, torch.Tensor):
+        return ids.numel()
+    return None
