@@ -153,7 +153,7 @@ def _template(keys: tuple[str, ...]) -> str:
     """``"  loss: {:.4f}  lr: {:.4e}  eta: {}  ..."`` for records with these keys (the first three are meta)."""
     parts = []
     for k in keys[len(_META) :]:
-        lr = k == "lr" or k.endswith(".lr")
+        lr = k.endswith("lr")  # lr, base_lr, gen.lr: scientific notation (mmengine)
         parts.append(f"  {k}: {{:.4e}}" if lr else f"  {k}: {{:.4f}}")
         if k == "lr" and "time" in keys:
             parts.append("  eta: {}")
