@@ -154,11 +154,12 @@ def test_auto_is_the_first_metric_and_its_rule_is_inferred(tmp_path: Path) -> No
     assert {n for n in _names(tmp_path) if n.startswith("best_")} == {"best_val_acc_epoch_2.pth"}
 
 
-def test_save_best_without_validation_is_refused_at_start(tmp_path: Path) -> None:
-    t = ct.build(str(tmp_path), epochs=1, val_dataloader=None, val_evaluator=None, checkpoint=dict(save_best="val/acc"))
-    with pytest.raises(ValueError, match="needs validation metrics.*val_dataloader"):
-        t.train()
-    assert t.progress.iteration == 0
+def test_save_best_without_validation_says_so_at_start(tmp_path: Path) -> None:
+    t = ct.build(str(tmp_path), epochs=1, val_dataloader=None, val_evaluator=None, checkpoint=dict(save_best="val/acc"), log_level="INFO")
+    t.train()
+    log = (tmp_path / "run" / "train.log").read_text()
+    assert "needs validation metrics, but the trainer has no val_dataloader: no best checkpoint will be written" in log
+    assert not list(tmp_path.glob("checkpoints/best_*"))
 
 
 def test_state_of_a_single_key_checkpoint_loads() -> None:

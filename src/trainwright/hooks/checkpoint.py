@@ -261,9 +261,9 @@ class CheckpointHook(Hook):
     # -- events ---------------------------------------------------------------------------
     def before_train(self, trainer: TrainerView) -> None:  # noqa: D102
         if self.save_best and trainer.val_loop is None:
-            raise ValueError(
-                f"CheckpointHook save_best={self.save_best} needs validation metrics, but the trainer has no val_dataloader: "
-                "pass val_dataloader and val_evaluator, or set default_hooks=dict(checkpoint=dict(save_best=None))"
+            trainer.logger.warning(
+                f"CheckpointHook save_best={self.save_best} needs validation metrics, but the trainer has no val_dataloader: no best "
+                "checkpoint will be written. Pass val_dataloader and val_evaluator, or set default_hooks=dict(checkpoint=dict(save_best=None))"
             )
         if self.published_keys:
             pieces = ["meta", *trainer.stateful]
@@ -337,6 +337,8 @@ class CheckpointHook(Hook):
             self._keys = {
                 first if k == "auto" else k: self.rule[k] or infer_rule(first, self.greater_keys, self.less_keys) for k in self.save_best
             }
+            if "auto" in self.best:  # loaded from a checkpoint of one key, saved before it was resolved
+                self.best.setdefault(first, self.best.pop("auto"))
         for key in self._keys:
             if key not in metrics:
                 raise KeyError(
