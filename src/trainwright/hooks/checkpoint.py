@@ -161,7 +161,7 @@ class CheckpointHook(Hook):
         filename_tmpl: str | None = None,
         greater_keys: str | Sequence[str] | None = None,
         less_keys: str | Sequence[str] | None = None,
-        published_keys: str | list[str] | None = None,
+        published_keys: str | Sequence[str] | None = None,
     ) -> None:
         if max_keep_best < 1:
             raise ValueError(f"CheckpointHook max_keep_best must be >= 1, got {max_keep_best}")
@@ -194,7 +194,7 @@ class CheckpointHook(Hook):
         self.filename_tmpl = self._check_template(filename_tmpl)
         self._epoch_tmpl = filename_tmpl if filename_tmpl is not None and by_epoch else "epoch_{}.pth"
         self._iter_tmpl = filename_tmpl if filename_tmpl is not None and not by_epoch else "iter_{}.pth"
-        self.published_keys = _str_list("published_keys", published_keys, "['meta', 'model']")
+        self.published_keys = _str_list("published_keys", list(published_keys) if isinstance(published_keys, tuple) else published_keys, "['meta', 'model']")
         self.kept: list[str] = []
         #: Per monitored key, its kept best checkpoints ``(score, file name)``, best first.
         self.best: dict[str, list[tuple[float, str]]] = {}
