@@ -56,6 +56,7 @@ def _trainer(*hooks: Hook, seed: int = 0) -> types.SimpleNamespace:
     t.hooks = HookList(hooks)
     t.optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
     t.train_loader = DataLoader(_data(1), batch_size=4)
+    t.train_loop = types.SimpleNamespace(by_epoch=True, dataloader=t.train_loader, max_iters=600, max_epochs=100)
     t.val_loop = EvalLoop(t, DataLoader(_data(2), batch_size=5), Evaluator(MSE()), mode="val")
     t.test_loop = EvalLoop(t, DataLoader(_data(3), batch_size=5), Evaluator(MSE()), mode="test")
     return t
@@ -122,18 +123,18 @@ def test_average_matches_reference_from_begin_iter(begin_iter: int) -> None:
     hook.before_train(t)
     ref = _ReferenceEMA(0.2)
     batches = list(t.train_loader)
-    for i in range(9):  # crosses an epoch boundary (6 batches per epoch)
+    for it in range(1, 10):  # crosses an epoch boundary (6 batches per epoch)
         _train(t, 1)
-        if i >= begin_iter:
+        if it >= begin_iter:  # mmengine: from the iteration where runner.iter + 1 >= begin_iter
             ref.update(t.model)
     assert len(batches) == 6 and t.progress.epoch == 1
-    assert hook.ema.steps == 9 - begin_iter
+    assert hook.ema.steps == 9 - max(begin_iter, 1) + 1
     for k, v in ref.avg.items():
         torch.testing.assert_close(hook.ema.averaged[k], v, atol=1e-6, rtol=0)
 
 
 def test_begin_epoch_delays_averaging() -> None:
-    hook = EMAHook(momentum=0.2, begin_epoch=1)
+    hook = EMAHook(momentum=0.2, begin_epoch=2)  # 1-based: the first iteration of the second epoch
     t = _trainer(hook)
     hook.before_train(t)
     _train(t, 6)

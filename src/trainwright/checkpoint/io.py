@@ -16,7 +16,8 @@ Resume candidates are the ``*.pth`` files of a checkpoint directory (``epoch_N.p
 ``iter_N.pth``, ...), newest first, with the file named by the ``latest`` text file in
 front. ``best_*.pth`` files, written when a metric improves, are not resume candidates:
 they are usually older than the last checkpoint and resuming from them would silently
-throw training away.
+throw training away. Nor are published files (``<name>-<8 hex digits>.pth``, stripped to a
+few keys for release by the checkpoint hook's ``published_keys``).
 """
 
 from __future__ import annotations
@@ -43,6 +44,8 @@ CHECKPOINT_SUFFIX = ".pth"
 BEST_PREFIX = "best_"
 _TMP_MARKER = ".tmp."
 _STEP_NAME = re.compile(r"^(?P<kind>[A-Za-z]+)_(?P<step>\d+)\.pth$")
+#: A published checkpoint, ``<name>-<first 8 hex digits of its sha256>.pth``: weights for release, not a resume point.
+_PUBLISHED_NAME = re.compile(r"-[0-9a-f]{8}\.pth$")
 # Substrings of torch's weights-only unpickler messages that mean "this pickle wants to
 # import or call something that is not allowlisted" (a refusal), as opposed to a broken file.
 _REFUSAL_MARKERS = (
@@ -283,6 +286,7 @@ def _is_resume_candidate(p: Path) -> bool:
         and not name.startswith(".")
         and _TMP_MARKER not in name
         and not name.startswith(BEST_PREFIX)
+        and _PUBLISHED_NAME.search(name) is None
         and p.is_file()
     )
 
@@ -300,7 +304,7 @@ def list_checkpoints(ckpt_dir: PathLike) -> list[Path]:
     """List the complete checkpoints of ``ckpt_dir`` that a run can resume from, newest first.
 
     Candidates are the ``*.pth`` files, except temporary files of writes in progress (or
-    killed) and ``best_*.pth`` files. Names of the form ``<kind>_<N>.pth``
+    killed), ``best_*.pth`` files and published files (``<name>-<8 hex digits>.pth``). Names of the form ``<kind>_<N>.pth``
     (``epoch_3.pth``, ``iter_500.pth``) are ordered by ``N``, ties by modification time,
     and come before other names, which are ordered by modification time. The file named by
     ``latest`` (if it exists) comes first. A directory normally holds one kind of name; if

@@ -25,12 +25,25 @@ class IterTimerHook(Hook):
     store derives both times when it flushes. This hook starts the store's clock at each
     epoch start and again after validation (so neither counts as waiting for data);
     without it (``default_hooks=dict(timer=None)``) no times are logged.
+
+    Args:
+        warmup_iter: The first ``warmup_iter`` iterations of each ``train()`` (counted from
+            the iteration it starts or resumes at) get no ``data_time`` / ``time``, so start-up
+            costs (worker start, allocator and kernel warm-up, compilation) do not enter the
+            logged means or the ETA: detectron2's ``IterationTimer(warmup_iter=3)``. 0 (the
+            default, as mmengine's IterTimerHook) times every iteration.
     """
 
     priority = "VERY_HIGH"
 
-    def __init__(self) -> None:
+    def __init__(self, warmup_iter: int = 0) -> None:
+        if not isinstance(warmup_iter, int) or warmup_iter < 0:
+            raise ValueError(f"IterTimerHook warmup_iter must be an int >= 0 (iterations left out of the times), got {warmup_iter!r}")
+        self.warmup_iter = warmup_iter
         self._v = 0.0
+
+    def before_train(self, trainer: TrainerView) -> None:  # noqa: D102
+        trainer.metric_store.skip_times_until(trainer.progress.iteration + self.warmup_iter)
 
     def before_train_epoch(self, trainer: TrainerView) -> None:  # noqa: D102
         trainer.metric_store.start_clock(_clock())

@@ -10,7 +10,7 @@ passed as a view).
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
 
@@ -93,6 +93,10 @@ class TrainerView(Protocol):
     @property
     def unwrapped_model(self) -> Any:
         """The user's model, without distributed wrappers or the plain-module adapter."""
+
+    @property
+    def stateful(self) -> Mapping[str, Any]:
+        """Every checkpointed piece by name (the top-level keys of a checkpoint, with ``meta``)."""
 
     @property
     def ckpt_dir(self) -> Path:

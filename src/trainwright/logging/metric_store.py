@@ -214,6 +214,7 @@ class MetricStore:
         self._pending: list[Row] = []
         self._prev_end: float | None = None  # end of the last timed iteration; None: not timing
         self._clock_starts: dict[int, float] = {}  # pending index → when the clock (re)started before it
+        self._untimed_to = 0  # iterations up to this one get no data_time / time (the timer's warm-up)
 
     # -- recording --------------------------------------------------------------------------
     def record(self, iteration: int, outputs: Mapping[str, Any], t_start: float | None, t_end: float | None) -> None:
@@ -232,6 +233,39 @@ class MetricStore:
         pending.append((iteration, outputs, t_start, t_end))
         if len(pending) >= self.flush_every:
             self.flush()
+
+    def recorder(self, period: int = 1) -> Callable[[int, Mapping[str, Any], float | None, float | None], None]:
+        """The callable the train loop records with, chosen once per run: :meth:`record` itself, or every ``period``-th iteration.
+
+        With ``period > 1`` only iterations whose number is a multiple of ``period`` are
+        recorded (detectron2's ``SimpleTrainer(gather_metric_period=...)``); the others keep
+        no reference to their outputs. A recorded iteration's ``data_time`` / ``time`` are
+        still its own (measured from the end of the iteration before it).
+
+        Raises:
+            ValueError: ``period`` is not an int >= 1.
+        """
+        if not isinstance(period, int) or period < 1:
+            raise ValueError(f"gather_metric_period must be an int >= 1 (record step outputs every N iterations), got {period!r}")
+        if period == 1:
+            return self.record
+        record = self.record
+
+        def record_every(iteration: int, outputs: Mapping[str, Any], t_start: float | None, t_end: float | None) -> None:
+            if iteration % period == 0:
+                record(iteration, outputs, t_start, t_end)
+            elif t_end is not None and (self._prev_end is not None or self._clock_starts):  # timing: the next row counts from here
+                self._clock_starts[len(self._pending)] = t_end
+
+        return record_every
+
+    def skip_times_until(self, iteration: int) -> None:
+        """Derive no ``data_time`` / ``time`` for iterations up to and including ``iteration`` (a warm-up).
+
+        The iteration timer calls it at the start of training with the last warm-up iteration
+        (detectron2's ``IterationTimer(warmup_iter=...)``); the clock still runs through them.
+        """
+        self._untimed_to = iteration
 
     def update_dict(self, values: Mapping[str, Any], iteration: int) -> None:
         """Record named values (tensors or numbers) of ``iteration`` without timing; no host sync."""
@@ -333,9 +367,13 @@ class MetricStore:
         iters: list[int] = []
         data: list[float] = []
         total: list[float] = []
+        untimed_to = self._untimed_to
         for k, (it, _, t0, t1) in enumerate(rows):
             prev = starts.get(k, prev)
             if prev is None or t0 is None or t1 is None:
+                continue
+            if it <= untimed_to:  # warm-up: the clock runs on, no times for it
+                prev = t1
                 continue
             iters.append(it)
             data.append(t0 - prev)

@@ -6,8 +6,12 @@ Pseudocode of one iteration (both loops)::
     for hook in due before_train_iter: hook(trainer, idx, batch)
     outputs = model.train_step(batch, optim_wrapper)   # forward, backward, maybe step
     progress.iteration += 1; progress.iter_in_epoch += 1
-    metric_store.record(progress.iteration, outputs, t_start, perf_counter())   # tensors, no sync
+    record(progress.iteration, outputs, t_start, perf_counter())   # tensors, no sync
     for hook in due after_train_iter: hook(trainer, idx, batch, outputs)
+
+``record`` is chosen once per epoch pass: ``metric_store.record`` itself, or with
+``train_cfg=dict(gather_metric_period=N)`` one that records every N-th iteration only
+(``MetricStore.recorder``).
 
 Hooks that declare an interval (``Hook.train_iter_interval``, e.g. the logger's 10) see an
 iteration's ``before_train_iter`` / ``after_train_iter`` only at multiples of it, at an
@@ -31,17 +35,21 @@ class _TrainLoopBase:
 
     by_epoch: bool
 
-    def __init__(self, trainer: Trainer, dataloader: ResumableLoader, val_begin: int = 1, val_interval: int = 1) -> None:
+    def __init__(self, trainer: Trainer, dataloader: ResumableLoader, val_begin: int = 1, val_interval: int = 1, gather_metric_period: int = 1) -> None:
         if len(dataloader) == 0:
             raise ValueError(
                 "train_dataloader is empty (0 batches): check the dataset length, and that batch_size <= len(dataset) when drop_last=True"
             )
         if val_interval < 1:
             raise ValueError(f"val_interval must be >= 1, got {val_interval}")
+        if not isinstance(gather_metric_period, int) or gather_metric_period < 1:
+            raise ValueError(f"train_cfg gather_metric_period must be an int >= 1 (record step outputs every N iterations), got {gather_metric_period!r}")
         self.trainer = trainer
         self.dataloader = dataloader
         self.val_begin = val_begin
         self.val_interval = val_interval
+        #: Record step outputs in the metric store every this many iterations (detectron2's ``gather_metric_period``).
+        self.gather_metric_period = gather_metric_period
 
     @property
     def max_iters(self) -> int:
@@ -63,7 +71,7 @@ class _TrainLoopBase:
         before_every, after_every = schedule.before_every, schedule.after_every
         last = len(self.dataloader) - 1
         train_step: Any = model.train_step
-        record = t.metric_store.record
+        record = t.metric_store.recorder(self.gather_metric_period)  # the store's own record when it is 1
         validate = val_every_iter and t.val_loop is not None
         for batch in batches:
             t_start = _clock()
@@ -97,8 +105,8 @@ class EpochBasedTrainLoop(_TrainLoopBase):
 
     by_epoch = True
 
-    def __init__(self, trainer: Trainer, dataloader: ResumableLoader, max_epochs: int, val_begin: int = 1, val_interval: int = 1) -> None:
-        super().__init__(trainer, dataloader, val_begin, val_interval)
+    def __init__(self, trainer: Trainer, dataloader: ResumableLoader, max_epochs: int, val_begin: int = 1, val_interval: int = 1, gather_metric_period: int = 1) -> None:
+        super().__init__(trainer, dataloader, val_begin, val_interval, gather_metric_period)
         if not isinstance(max_epochs, int) or max_epochs < 1:
             raise ValueError(f"train_cfg max_epochs must be an int >= 1, got {max_epochs!r}")
         self.max_epochs = max_epochs
@@ -156,8 +164,8 @@ class IterBasedTrainLoop(_TrainLoopBase):
 
     by_epoch = False
 
-    def __init__(self, trainer: Trainer, dataloader: ResumableLoader, max_iters: int, val_begin: int = 1, val_interval: int = 1000) -> None:
-        super().__init__(trainer, dataloader, val_begin, val_interval)
+    def __init__(self, trainer: Trainer, dataloader: ResumableLoader, max_iters: int, val_begin: int = 1, val_interval: int = 1000, gather_metric_period: int = 1) -> None:
+        super().__init__(trainer, dataloader, val_begin, val_interval, gather_metric_period)
         if not isinstance(max_iters, int) or max_iters < 1:
             raise ValueError(f"train_cfg max_iters must be an int >= 1, got {max_iters!r}")
         self._max_iters = max_iters

@@ -1,0 +1,121 @@
+"""detectron2 engine parity: the iteration timer's warm-up (IterationTimer warmup_iter) and gather_metric_period (SimpleTrainer)."""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+
+import trainwright as tw
+from conftest import LinearReg, regression_set
+from trainwright.hooks.iter_timer import IterTimerHook
+from trainwright.logging.metric_store import MetricStore
+
+
+class RecordLosses(tw.Hook):
+    """Reference: every iteration's loss as a number (a test may sync; the engine may not)."""
+
+    priority = "LOWEST"
+
+    def __init__(self) -> None:
+        self.losses: dict[int, float] = {}
+
+    def after_train_iter(self, trainer: Any, batch_idx: int, data_batch: Any = None, outputs: Any = None) -> None:
+        self.losses[trainer.progress.iteration] = outputs["loss"].item()
+
+
+def _train_records(run_dir: Path) -> list[dict[str, Any]]:
+    return [r for r in map(json.loads, (run_dir / "metrics.jsonl").read_text().splitlines()) if r["mode"] == "train"]
+
+
+# -- the timer's warm-up --------------------------------------------------------------------
+
+
+def test_store_gives_no_times_to_warm_up_iterations_and_measures_the_next_from_their_end() -> None:
+    store = MetricStore()
+    store.start_clock(0.0)
+    store.skip_times_until(3)
+    end = 0.0
+    for it in range(1, 7):  # iteration k waits 0.5 s for data and takes k seconds in all
+        start, end = end + 0.5, end + it
+        store.record(it, {"loss": 1.0}, start, end)
+    store.flush()
+    assert store.get("time").history() == ([4, 5, 6], [4.0, 5.0, 6.0])
+    assert store.get("data_time").history() == ([4, 5, 6], [0.5, 0.5, 0.5])
+
+
+def test_warmup_iterations_are_left_out_of_the_logged_times_also_after_a_resume(trainer_factory: Any, tmp_path: Path) -> None:
+    kw: dict[str, Any] = dict(dataset=regression_set(20), batch_size=2, train_cfg=dict(by_epoch=True, max_epochs=2), log_level="INFO")
+    hooks = dict(timer=dict(warmup_iter=3), logger=dict(interval=1), checkpoint=dict(interval=6, by_epoch=False, save_last=False))
+    t = trainer_factory(work_dir=tmp_path / "a", default_hooks=hooks, train_cfg=dict(by_epoch=True, max_epochs=1), **{k: v for k, v in kw.items() if k != "train_cfg"})
+    t.train()
+    recs = _train_records(t.run_dir)
+    assert [r["iter"] for r in recs if "time" in r] == list(range(4, 11))  # detectron2: warmup_iter=3 leaves out iterations 1-3
+    assert all("data_time" not in r for r in recs[:3])
+    resumed = trainer_factory(work_dir=tmp_path / "a", default_hooks=hooks, resume=True, experiment_name="b", **kw)
+    resumed.train()  # from iter_6.pth, the only checkpoint of the first run
+    recs = _train_records(resumed.run_dir)
+    assert recs[0]["iter"] == 7
+    assert [r["iter"] for r in recs if "time" in r] == list(range(10, 21))  # the warm-up counts from where this train() starts
+
+
+def test_no_warmup_times_every_iteration(trainer_factory: Any) -> None:
+    t = trainer_factory(dataset=regression_set(8), batch_size=2, log_level="INFO", default_hooks=dict(checkpoint=None, logger=dict(interval=1)))
+    t.train()
+    assert [r["iter"] for r in _train_records(t.run_dir) if "time" in r] == [1, 2, 3, 4]
+
+
+def test_negative_warmup_is_refused() -> None:
+    with pytest.raises(ValueError, match="warmup_iter must be an int >= 0"):
+        IterTimerHook(warmup_iter=-1)
+
+
+# -- gather_metric_period -------------------------------------------------------------------
+
+
+def test_period_one_is_the_stores_own_record() -> None:
+    store = MetricStore()
+    assert store.recorder(1) == store.record  # nothing wraps the hot path when the feature is off
+    with pytest.raises(ValueError, match="gather_metric_period"):
+        store.recorder(0)
+
+
+def test_outputs_are_recorded_every_n_iterations_with_their_own_values(trainer_factory: Any) -> None:
+    ref = RecordLosses()
+    t = trainer_factory(
+        dataset=regression_set(24), batch_size=2, train_cfg=dict(by_epoch=True, max_epochs=1, gather_metric_period=3), log_level="INFO",
+        default_hooks=dict(checkpoint=None, logger=dict(interval=6)), custom_hooks=[ref],
+    )
+    t.train()
+    iters, values = t.metric_store.get("loss").history()
+    assert iters == [3, 6, 9, 12]  # detectron2: metrics are written when (iter + 1) % gather_metric_period == 0
+    assert values == [pytest.approx(ref.losses[i], rel=1e-6) for i in iters]
+    assert t.metric_store.get("time").history()[0] == [3, 6, 9, 12]
+    recs = _train_records(t.run_dir)
+    assert [r["iter"] for r in recs] == [6, 12]
+    for r in recs:  # each line averages the recorded iterations of its interval
+        assert r["loss"] == pytest.approx((ref.losses[r["iter"] - 3] + ref.losses[r["iter"]]) / 2, rel=1e-6)
+
+
+class SlowStep(LinearReg):
+    def forward(self, x: torch.Tensor, y: torch.Tensor | None = None, mode: str = "tensor") -> Any:
+        time.sleep(0.05)
+        return super().forward(x, y, mode)
+
+
+def test_a_recorded_iteration_is_timed_alone_not_with_the_skipped_ones(trainer_factory: Any) -> None:
+    t = trainer_factory(model=SlowStep(), dataset=regression_set(12), batch_size=2, train_cfg=dict(by_epoch=True, max_epochs=1, gather_metric_period=3))
+    t.train()
+    iters, times = t.metric_store.get("time").history()
+    assert iters == [3, 6]
+    assert all(0.045 <= s < 0.12 for s in times), times  # one 0.05 s step, not the three (0.15 s) since the last recorded one
+
+
+def test_invalid_period_is_refused_when_the_loop_is_built(trainer_factory: Any) -> None:
+    t = trainer_factory(train_cfg=dict(by_epoch=True, max_epochs=1, gather_metric_period=0))
+    with pytest.raises(ValueError, match="gather_metric_period must be an int >= 1"):
+        t.train()
