@@ -162,12 +162,12 @@ class CheckpointHook(Hook):
             self._flush_pending(trainer)
         if not self.by_epoch and self.interval > 0 and trainer.progress.iteration % self.interval == 0:
             loop = _train_loop(trainer)
-            self._request(trainer, f"iter_{trainer.progress.iteration}.pth", not loop.by_epoch and loop.val_due())
+            self._request(trainer, f"iter_{trainer.progress.iteration}{trainer.strategy.checkpoint_suffix}", not loop.by_epoch and loop.val_due())
 
     def after_train_epoch(self, trainer: TrainerView) -> None:  # noqa: D102
         loop = _train_loop(trainer)
         if self.by_epoch and self.interval > 0 and loop.by_epoch and trainer.progress.epoch % self.interval == 0:
-            self._request(trainer, f"epoch_{trainer.progress.epoch}.pth", loop.val_due())
+            self._request(trainer, f"epoch_{trainer.progress.epoch}{trainer.strategy.checkpoint_suffix}", loop.val_due())
 
     def before_train_epoch(self, trainer: TrainerView) -> None:  # noqa: D102
         self._flush_pending(trainer)
@@ -187,7 +187,7 @@ class CheckpointHook(Hook):
             return
         p = trainer.progress
         unit, n = ("epoch", p.epoch) if _train_loop(trainer).by_epoch else ("iter", p.iteration)
-        self._pending_best = (score, f"best_{key.replace('/', '_')}_{unit}_{n}.pth")
+        self._pending_best = (score, f"best_{key.replace('/', '_')}_{unit}_{n}{trainer.strategy.checkpoint_suffix}")
         self._rule = rule
 
     def after_val(self, trainer: TrainerView) -> None:  # noqa: D102
@@ -227,7 +227,8 @@ class CheckpointHook(Hook):
         p = trainer.progress
         if p.iteration == self._last_saved_iter:
             return None
-        name = f"epoch_{p.epoch}.pth" if _train_loop(trainer).by_epoch and p.iter_in_epoch == 0 else f"iter_{p.iteration}.pth"
+        stem = f"epoch_{p.epoch}" if _train_loop(trainer).by_epoch and p.iter_in_epoch == 0 else f"iter_{p.iteration}"
+        name = stem + trainer.strategy.checkpoint_suffix
         self._save_periodic(trainer, name)
         return self.ckpt_dir(trainer) / name
 
@@ -269,7 +270,7 @@ class CheckpointHook(Hook):
             if latest:
                 write_latest(d, name)
             for old in remove:
-                (d / old).unlink(missing_ok=True)
+                trainer.strategy.remove_checkpoint(d / old)
 
         path = trainer.save_checkpoint(d / name, self.save_optimizer, self.save_param_scheduler, async_save=self.async_save, after=finish)
         trainer.logger.info(f"Saving checkpoint {path} in the background" if self.async_save else f"Saved checkpoint {path}")
@@ -286,5 +287,5 @@ class CheckpointHook(Hook):
                 continue
             pid = int(m["pid"])
             if pid == me or not _pid_alive(pid):
-                p.unlink(missing_ok=True)
+                trainer.strategy.remove_checkpoint(p)  # a file, or a sharded checkpoint's directory
                 trainer.logger.info(f"Removed {p.name}, left by a checkpoint write that was interrupted")

@@ -422,7 +422,7 @@ class Trainer:
         else:
             from trainwright.checkpoint.io import write_latest
 
-            name = f"iter_{self.progress.iteration}.pth"
+            name = f"iter_{self.progress.iteration}{self.strategy.checkpoint_suffix}"
             path = self.save_checkpoint(name, after=lambda: write_latest(self.ckpt_dir, name))
         self.strategy.wait_for_checkpoint()
         return path
@@ -443,12 +443,18 @@ class Trainer:
         return result
 
     def save_weights(self, path: str | Path) -> Path:
-        """Export the model weights as safetensors (rank 0)."""
+        """Export the full model weights as safetensors (rank 0 writes; call it on every rank).
+
+        Under a sharded strategy (FSDP) the weights are gathered to rank 0 first; the keys
+        are the model's own (no ``module.`` prefix), whatever the strategy.
+        """
         from trainwright.checkpoint.weights import save_safetensors
 
         path = Path(path)
+        state = self.strategy.full_model_state_dict() if self._prepared else self.unwrapped_model.state_dict()
         if self.is_main_process:
-            save_safetensors(self.unwrapped_model, path)
+            save_safetensors(state, path)
+        self.strategy.barrier()
         return path
 
     def flush_logs(self) -> None:
