@@ -24,15 +24,23 @@ from torch.utils.data import TensorDataset
 import trainwright as tw
 
 
+class Linear(nn.Linear):
+    """nn.Linear that records the dtype its weight has while it runs (FSDP gathers it for its forward)."""
+
+    seen_dtype: torch.dtype | None = None
+
+    def forward(self, x):
+        self.seen_dtype = self.weight.dtype
+        return super().forward(x)
+
+
 class MLP(tw.BaseModel):
     def __init__(self) -> None:
         super().__init__()
-        self.l1 = nn.Linear(4, 8)
-        self.l2 = nn.Linear(8, 1)
-        self.seen_dtype: torch.dtype | None = None
+        self.l1 = Linear(4, 8)
+        self.l2 = Linear(8, 1)
 
     def forward(self, x, y=None, mode="tensor"):
-        self.seen_dtype = self.l1.weight.dtype
         out = self.l2(torch.tanh(self.l1(x)))
         return {"loss": F.mse_loss(out.float(), y)} if mode == "loss" else out
 
@@ -74,7 +82,7 @@ def run(out: Path, spec: str) -> None:
     result = {
         "params": {k: v.detach().clone() for k, v in full.items()},
         "grad_norm": None if ow.grad_norm is None else ow.grad_norm.detach().clone(),
-        "seen_dtype": str(model.seen_dtype),
+        "seen_dtype": str(model.l1.seen_dtype),
         "param_dtype": str(next(iter(trainer.unwrapped_model.parameters())).dtype),
         "strategy": trainer.strategy.name,
         "world_size": trainer.strategy.world_size,

@@ -29,6 +29,7 @@ from typing import Any
 
 import torch
 import torch.distributed.checkpoint as dcp
+from torch.distributed.checkpoint.api import CheckpointException
 from torch.distributed.checkpoint.default_planner import _EmptyStateDictLoadPlanner
 
 from trainwright.checkpoint.io import CheckpointError, _fsync_dir, load_file
@@ -117,7 +118,7 @@ def load_into(path: Path, template: dict[str, Any], *, everything: bool = False)
             _load_state_dict(template, storage_reader=dcp.FileSystemReader(str(path)), planner=_EmptyStateDictLoadPlanner(), no_dist=True)
         else:
             dcp.load(template, checkpoint_id=str(path))
-    except Exception as e:  # noqa: BLE001 - DCP raises CheckpointException (on every rank) for unreadable shards
+    except (Exception, CheckpointException) as e:  # noqa: BLE001 - DCP raises CheckpointException (a BaseException, on every rank) for unreadable shards
         raise CheckpointError(f"Cannot read checkpoint {str(path)!r}: {type(e).__name__}: {str(e)[:500]}. "
                               "Resume from the previous checkpoint (delete or move this directory, or point `resume=` at an older one).") from e
 
