@@ -3,6 +3,7 @@
 from trainwright.registry import STRATEGIES
 from trainwright.strategies.base import Strategy
 from trainwright.strategies.ddp import DDPStrategy
+from trainwright.strategies.deepspeed import DeepSpeedStrategy
 from trainwright.strategies.fsdp import FSDPStrategy
 from trainwright.strategies.single_device import SingleDeviceStrategy
 
@@ -25,4 +26,4 @@ def build_strategy(strategy: "str | Strategy | dict | None" = None, **kwargs) ->
     return STRATEGIES.build(strategy, **kwargs)
 
 
-__all__ = ["Strategy", "SingleDeviceStrategy", "DDPStrategy", "FSDPStrategy", "build_strategy"]
+__all__ = ["Strategy", "SingleDeviceStrategy", "DDPStrategy", "FSDPStrategy", "DeepSpeedStrategy", "build_strategy"]
