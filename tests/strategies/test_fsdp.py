@@ -120,3 +120,23 @@ def test_bf16_mixed_precision_becomes_the_fsdp_policy(out: Path) -> None:
     """precision='bf16-mixed': the forward sees bfloat16 parameters (MixedPrecisionPolicy), the sharded master weights stay float32."""
     r = _result(out, "P")
     assert (r["seen_dtype"], r["param_dtype"]) == ("torch.bfloat16", "torch.float32")
+
+
+def test_single_strategy_loads_weights_from_a_sharded_checkpoint(out: Path, tmp_path: Path) -> None:
+    """load_weights(dir) of a 2-process FSDP checkpoint, in a process without a process group: the full weights, as saved."""
+    import importlib.util
+
+    import trainwright as tw
+    from trainwright.strategies.dcp_io import load_full
+
+    spec = importlib.util.spec_from_file_location("fsdp_train", SCRIPT)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    ckpt = out / "C" / "checkpoints" / "iter_4.dcp"
+    with tw.Trainer(model=module.MLP(), work_dir=tmp_path, strategy="single", log_level="WARNING") as trainer:
+        assert trainer.load_weights(ckpt, strict=True) == ([], [])
+        saved = load_full(ckpt)["model"]
+        assert saved.keys() == trainer.unwrapped_model.state_dict().keys()
+        for k, v in trainer.unwrapped_model.state_dict().items():
+            assert torch.equal(v, saved[k]), k
+        assert saved["l1.weight"].shape == (8, 4)  # whole, not a shard
