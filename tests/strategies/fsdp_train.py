@@ -72,9 +72,13 @@ def run(out: Path, spec: str) -> None:
         randomness=dict(seed=0),
         log_level="WARNING",
     )
+    error = None
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
-        trainer.train()
+        try:
+            trainer.train()
+        except RuntimeError as e:  # recorded for the test (e.g. a checkpoint refused inside an accumulation window)
+            error = str(e)
     if o.get("weights") == "1":
         trainer.save_weights(out / name / "weights.safetensors")
     full = trainer.strategy.full_model_state_dict()
@@ -88,6 +92,8 @@ def run(out: Path, spec: str) -> None:
         "world_size": trainer.strategy.world_size,
         "iteration": trainer.progress.iteration,
         "warnings": [str(w.message) for w in caught],
+        "error": error,
+        "scaler": type(getattr(ow.precision, "scaler", None)).__name__,
     }
     trainer.close()
     (out / name).mkdir(parents=True, exist_ok=True)

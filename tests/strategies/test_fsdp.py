@@ -34,7 +34,8 @@ def _launch(out: Path, runs: list[str], nproc: int) -> None:
 def out(tmp_path_factory: pytest.TempPathFactory) -> Path:
     out = tmp_path_factory.mktemp("fsdp")
     # one process: references (single) and the 1-process FSDP checkpoint that 2 processes resume
-    _launch(out, ["F:single:16:8:clip=0.5:weights=1", "G:single:16:4", "H:fsdp:16:4:clip=0.5:save=4", "P:fsdp:16:2:precision=bf16-mixed"], 1)
+    _launch(out, ["F:single:16:8:clip=0.5:weights=1", "G:single:16:4", "H:fsdp:16:4:clip=0.5:save=4", "P:fsdp:16:2:precision=bf16-mixed",
+                  "Q:fsdp:16:3:precision=16-mixed:clip=0.5", "W:fsdp:16:3:accum=2:save=1"], 1)
     shutil.copytree(out / "H" / "checkpoints", out / "I" / "checkpoints")
     # two processes x half the batch
     _launch(out, ["A:fsdp:8:8:clip=0.5:save=2:keep=2:async=1:weights=1", "B:fsdp:4:8:accum=2", "C:fsdp:8:4:clip=0.5:save=4",
@@ -46,7 +47,9 @@ def out(tmp_path_factory: pytest.TempPathFactory) -> Path:
     shard.write_bytes(shard.read_bytes()[:40])
     (ckpts / "latest").write_text("iter_6.dcp\n")
     # one process resumes the 2-process checkpoint: without a process group (single), and as a 1-process FSDP run
-    _launch(out, [f"E:single:16:8:clip=0.5:resume={ckpts / 'iter_4.dcp'}", "D:fsdp:16:8:clip=0.5:save=4:resume=1:work=C"], 1)
+    # ... and the async checkpoint of iteration 6
+    _launch(out, [f"E:single:16:8:clip=0.5:resume={ckpts / 'iter_4.dcp'}", "D:fsdp:16:8:clip=0.5:save=4:resume=1:work=C",
+                  f"K:single:16:8:clip=0.5:resume={out / 'A' / 'checkpoints' / 'iter_6.dcp'}"], 1)
     return out
 
 
@@ -82,6 +85,11 @@ def test_two_process_checkpoint_resumes_on_one_process(out: Path) -> None:
         resumed = _result(out, name)
         assert resumed["iteration"] == 8 and resumed["world_size"] == 1
         _assert_params_close(resumed, single)
+
+
+def test_async_checkpoint_holds_the_state_of_its_iteration(out: Path) -> None:
+    """The async (dcp.async_save) checkpoint of iteration 6 of the 2-process run, resumed on one process == uninterrupted."""
+    _assert_params_close(_result(out, "K"), _result(out, "F"))
 
 
 def test_one_process_checkpoint_resumes_on_two_processes(out: Path) -> None:
@@ -140,3 +148,16 @@ def test_single_strategy_loads_weights_from_a_sharded_checkpoint(out: Path, tmp_
         for k, v in trainer.unwrapped_model.state_dict().items():
             assert torch.equal(v, saved[k]), k
         assert saved["l1.weight"].shape == (8, 4)  # whole, not a shard
+
+
+def test_fp16_under_fsdp_uses_the_sharded_grad_scaler(out: Path) -> None:
+    """precision='16-mixed': float16 parameters in the forward and a ShardedGradScaler (ranks agree on skipped steps); training stays finite."""
+    r = _result(out, "Q")
+    assert (r["seen_dtype"], r["scaler"], r["iteration"], r["error"]) == ("torch.float16", "ShardedGradScaler", 3, None)
+    assert all(torch.isfinite(v).all() for v in r["params"].values())
+
+
+def test_checkpoint_inside_an_accumulation_window_is_refused_with_the_fix(out: Path) -> None:
+    r = _result(out, "W")
+    assert r["iteration"] == 1 and "inside a gradient accumulation window" in r["error"] and "multiple of accumulative_counts" in r["error"]
+    assert not list((out / "W" / "checkpoints").glob("*.dcp"))  # nothing half-written
