@@ -32,8 +32,9 @@ def test_zero3_is_refused_with_the_alternative() -> None:
 
 @pytest.mark.multiprocess
 @pytest.mark.slow
-def test_zero2_trains_digits_on_two_processes(tmp_path: Path) -> None:
-    """ZeRO-2 (optimizer state and gradients partitioned): 3 epochs reach 90% on the digits, both ranks hold the same weights."""
+def test_zero2_trains_digits_on_two_processes_and_resumes_exactly(tmp_path: Path) -> None:
+    """ZeRO-2 (optimizer state and gradients partitioned): 3 epochs reach 90% on the digits, both ranks hold the same weights;
+    2 epochs + a resumed 3rd (the engine's checkpoint directory) == 3 epochs, bit for bit."""
     pytest.importorskip("deepspeed")
     pytest.importorskip("sklearn")
     env = dict(os.environ, TMPDIR=str(tmp_path), OMP_NUM_THREADS="1", TORCH_DISABLE_SHARE_RDZV_TCP_STORE="1")
@@ -42,15 +43,20 @@ def test_zero2_trains_digits_on_two_processes(tmp_path: Path) -> None:
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2", str(SCRIPT), str(tmp_path)]
     proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-5000:]
-    r0, r1 = (torch.load(tmp_path / f"result_rank{r}.pt", weights_only=True) for r in (0, 1))
+    r0, r1 = (torch.load(tmp_path / "full" / f"result_rank{r}.pt", weights_only=True) for r in (0, 1))
     assert (r0["strategy"], r0["optimizer"]) == ("deepspeed", "DeepSpeedZeroOptimizer")
     assert r0["metrics"]["val/acc"] >= 0.9 and r0["metrics"] == r1["metrics"]
     for k, v in r0["params"].items():
         assert torch.equal(v, r1["params"][k]), k
-    ckpt = tmp_path / "checkpoints" / "epoch_3.ds" / "state"
-    assert sorted(p.name for p in ckpt.glob("zero_pp_rank_*_optim_states.pt")) == ["zero_pp_rank_0_mp_rank_00_optim_states.pt", "zero_pp_rank_1_mp_rank_00_optim_states.pt"]
-    assert (tmp_path / "checkpoints" / "latest").read_text().strip() == "epoch_3.ds"
+    resumed = torch.load(tmp_path / "split" / "result_rank0.pt", weights_only=True)
+    assert resumed["iteration"] == r0["iteration"]
+    for k, v in r0["params"].items():
+        assert torch.equal(v, resumed["params"][k]), k
+    ckpts = tmp_path / "full" / "checkpoints"
+    assert sorted(p.name for p in ckpts.iterdir()) == ["epoch_3.ds", "latest"]  # max_keep_ckpts=1 removed the older directories
+    assert sorted(p.name for p in (ckpts / "epoch_3.ds" / "state").glob("zero_pp_rank_*_optim_states.pt")) == [
+        "zero_pp_rank_0_mp_rank_00_optim_states.pt", "zero_pp_rank_1_mp_rank_00_optim_states.pt"]
     from safetensors.torch import load_file
 
-    weights = load_file(tmp_path / "weights.safetensors")
+    weights = load_file(tmp_path / "full" / "weights.safetensors")
     assert weights.keys() == r0["params"].keys() and all(torch.equal(weights[k], v) for k, v in r0["params"].items())
