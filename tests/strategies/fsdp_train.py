@@ -4,7 +4,7 @@ Usage: fsdp_train.py OUT_DIR RUN [RUN ...]
 Each RUN is ``name:strategy:batch:iters[:opt=value...]`` with options ``accum=N``,
 ``clip=X``, ``save=N`` (checkpoint every N iterations), ``keep=K``, ``async=1``,
 ``resume=1`` (newest in work_dir) or ``resume=PATH``, ``weights=1`` (save_weights),
-``precision=bf16-mixed``, ``work=NAME`` (work_dir name, default: the run's name).
+``precision=bf16-mixed``, ``lr=X``, ``load=PATH`` (load_from), ``work=NAME`` (work_dir name, default: the run's name).
 Writes OUT_DIR/NAME/result_rank<r>.pt: the full parameters (gathered, rank 0), the last
 gradient norm, the dtype the first layer's weight had inside the forward, and the strategy.
 """
@@ -61,7 +61,7 @@ def run(out: Path, spec: str) -> None:
         model=model,
         work_dir=out / o.get("work", name),
         train_dataloader=dict(dataset=ds, batch_size=int(batch), shuffle=True),
-        optim_wrapper=dict(optimizer=dict(type="SGD", lr=0.1, momentum=0.9), accumulative_counts=int(o.get("accum", 1)),
+        optim_wrapper=dict(optimizer=dict(type="SGD", lr=float(o.get("lr", 0.1)), momentum=0.9), accumulative_counts=int(o.get("accum", 1)),
                            clip_grad=dict(max_norm=float(o["clip"])) if "clip" in o else None),
         train_cfg=dict(by_epoch=False, max_iters=int(iters)),
         default_hooks=dict(logger=dict(interval=2, flush_secs=0),
@@ -69,6 +69,7 @@ def run(out: Path, spec: str) -> None:
         strategy=dict(type="fsdp", shard_modules=["Linear"]) if strategy == "fsdp" else strategy,
         precision=o.get("precision", "32"),
         resume=resume,
+        load_from=o.get("load"),
         randomness=dict(seed=0),
         log_level="WARNING",
     )

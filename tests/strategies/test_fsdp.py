@@ -39,7 +39,7 @@ def out(tmp_path_factory: pytest.TempPathFactory) -> Path:
     shutil.copytree(out / "H" / "checkpoints", out / "I" / "checkpoints")
     # two processes x half the batch
     _launch(out, ["A:fsdp:8:8:clip=0.5:save=2:keep=2:async=1:weights=1", "B:fsdp:4:8:accum=2", "C:fsdp:8:4:clip=0.5:save=4",
-                  "I:fsdp:8:8:clip=0.5:save=4:resume=1"], 2)
+                  "I:fsdp:8:8:clip=0.5:save=4:resume=1", f"L:fsdp:8:1:lr=0:load={out / 'F' / 'weights.safetensors'}"], 2)
     # a newer checkpoint with a truncated shard, named by `latest`: resume=True must skip it
     ckpts = out / "C" / "checkpoints"
     shutil.copytree(ckpts / "iter_4.dcp", ckpts / "iter_6.dcp")
@@ -161,3 +161,13 @@ def test_checkpoint_inside_an_accumulation_window_is_refused_with_the_fix(out: P
     r = _result(out, "W")
     assert r["iteration"] == 1 and "inside a gradient accumulation window" in r["error"] and "multiple of accumulative_counts" in r["error"]
     assert not list((out / "W" / "checkpoints").glob("*.dcp"))  # nothing half-written
+
+
+def test_load_from_full_weights_into_a_sharded_model(out: Path) -> None:
+    """load_from= a single-process safetensors export on 2 FSDP ranks (one step at lr=0): the model holds exactly those weights."""
+    from safetensors.torch import load_file
+
+    loaded, exported = _result(out, "L"), load_file(out / "F" / "weights.safetensors")
+    assert loaded["params"].keys() == exported.keys()
+    for k, v in exported.items():
+        assert torch.equal(loaded["params"][k], v), k

@@ -438,7 +438,9 @@ class Trainer:
         """Load model weights (``.pth`` or ``.safetensors``), reporting key mismatches by name."""
         from trainwright.checkpoint.weights import load_model_weights
 
-        result = load_model_weights(self.unwrapped_model, self.strategy.load_checkpoint(path), strict=strict, revise_keys=list(revise_keys))
+        # once prepared, the strategy copies the weights in (a sharded model takes full tensors only through it)
+        load = (lambda weights: self.strategy.load_model_state_dict(weights, strict=False)) if self._prepared else None
+        result = load_model_weights(self.unwrapped_model, self.strategy.load_checkpoint(path), strict=strict, revise_keys=list(revise_keys), load=load)
         self.logger.info(f"Loaded weights from {path}")
         return result
 
