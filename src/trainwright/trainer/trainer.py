@@ -456,7 +456,6 @@ class Trainer:
         state = self.strategy.full_model_state_dict() if self._prepared else self.unwrapped_model.state_dict()
         if self.is_main_process:
             save_safetensors(state, path)
-        self.strategy.barrier()
         return path
 
     def flush_logs(self) -> None:
