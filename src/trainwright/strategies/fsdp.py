@@ -90,7 +90,7 @@ class FSDPStrategy(DDPStrategy):
         reshard_after_forward: Free the gathered parameters after the forward (and gather
             them again for the backward): less memory, more communication.
         mixed_precision: ``MixedPrecisionPolicy`` arguments (``param_dtype``,
-            ``reduce_dtype``, ...); default: from the trainer's precision (``bf16-mixed`` →
+            ``reduce_dtype``, ...; dtypes or their names); default: from the trainer's precision (``bf16-mixed`` →
             ``param_dtype=torch.bfloat16, reduce_dtype=torch.float32``; ``16-mixed`` →
             float16 / float32; ``32``: none).
         async_checkpoint: Write checkpoints with ``dcp.async_save`` (every ``async_save``
@@ -168,8 +168,8 @@ class FSDPStrategy(DDPStrategy):
     def _policy(self) -> Any:
         from torch.distributed.fsdp import MixedPrecisionPolicy
 
-        if self.mixed_precision is not None:
-            return MixedPrecisionPolicy(**self.mixed_precision)
+        if self.mixed_precision is not None:  # dtypes may be given by name in a config file ("bfloat16")
+            return MixedPrecisionPolicy(**{k: getattr(torch, v) if isinstance(v, str) and k.endswith("_dtype") else v for k, v in self.mixed_precision.items()})
         if self._param_dtype is None:
             return MixedPrecisionPolicy()
         return MixedPrecisionPolicy(param_dtype=self._param_dtype, reduce_dtype=torch.float32)
@@ -186,7 +186,7 @@ class FSDPStrategy(DDPStrategy):
         wanted = tuple(c for c in self.shard_modules if isinstance(c, type))
         names = {c for c in self.shard_modules if isinstance(c, str)}
         target = self._state_module(model)
-        for module in list(target.modules())[1:]:
+        for module in reversed(list(target.modules())[1:]):  # inner units first: FSDP2 shards bottom-up
             if (wanted and isinstance(module, wanted)) or type(module).__name__ in names:
                 fully_shard(module, **kwargs)
         fully_shard(model, **kwargs)
