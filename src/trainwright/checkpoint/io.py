@@ -43,7 +43,7 @@ LATEST_FILENAME = "latest"
 CHECKPOINT_SUFFIX = ".pth"
 BEST_PREFIX = "best_"
 _TMP_MARKER = ".tmp."
-_STEP_NAME = re.compile(r"^(?P<kind>[A-Za-z]+)_(?P<step>\d+)\.pth$")
+_STEP_NAME = re.compile(r"^(?P<kind>[A-Za-z]+)_(?P<step>\d+)\.[A-Za-z]+$")
 #: A published checkpoint, ``<name>-<first 8 hex digits of its sha256>.pth``: weights for release, not a resume point.
 _PUBLISHED_NAME = re.compile(r"-[0-9a-f]{8}\.pth$")
 # Substrings of torch's weights-only unpickler messages that mean "this pickle wants to
@@ -279,15 +279,15 @@ def read_latest(ckpt_dir: PathLike) -> str | None:
     return Path(name).name or None
 
 
-def _is_resume_candidate(p: Path) -> bool:
+def _is_resume_candidate(p: Path, suffix: str = CHECKPOINT_SUFFIX) -> bool:
     name = p.name
     return (
-        name.endswith(CHECKPOINT_SUFFIX)
+        name.endswith(suffix)
         and not name.startswith(".")
         and _TMP_MARKER not in name
         and not name.startswith(BEST_PREFIX)
         and _PUBLISHED_NAME.search(name) is None
-        and p.is_file()
+        and (p.is_file() if suffix == CHECKPOINT_SUFFIX else p.exists())
     )
 
 
@@ -300,7 +300,7 @@ def _order_key(p: Path) -> tuple[int, int, int]:
     return (1, int(m["step"]), mtime) if m else (0, 0, mtime)
 
 
-def list_checkpoints(ckpt_dir: PathLike) -> list[Path]:
+def list_checkpoints(ckpt_dir: PathLike, suffix: str = CHECKPOINT_SUFFIX) -> list[Path]:
     """List the complete checkpoints of ``ckpt_dir`` that a run can resume from, newest first.
 
     Candidates are the ``*.pth`` files, except temporary files of writes in progress (or
@@ -313,6 +313,8 @@ def list_checkpoints(ckpt_dir: PathLike) -> list[Path]:
 
     Args:
         ckpt_dir: The checkpoint directory; a missing directory has no checkpoints.
+        suffix: The candidates' suffix: ``.pth`` files, or e.g. ``.dcp`` for the checkpoint
+            directories of sharded strategies.
 
     Returns:
         Paths of the candidates, newest first.
@@ -320,14 +322,20 @@ def list_checkpoints(ckpt_dir: PathLike) -> list[Path]:
     d = Path(ckpt_dir)
     if not d.is_dir():
         return []
-    found = sorted((p for p in d.iterdir() if _is_resume_candidate(p)), key=_order_key, reverse=True)
+    found = sorted((p for p in d.iterdir() if _is_resume_candidate(p, suffix)), key=_order_key, reverse=True)
     latest = read_latest(d)
-    if latest is not None and (d / latest).is_file():
+    if latest is not None and ((d / latest).is_file() if suffix == CHECKPOINT_SUFFIX else _is_resume_candidate(d / latest, suffix)):
         found = [d / latest] + [p for p in found if p.name != latest]
     return found
 
 
-def find_resumable(ckpt_dir: PathLike, map_location: MapLocation = "cpu") -> tuple[Path, dict[str, Any]] | None:
+def find_resumable(
+    ckpt_dir: PathLike,
+    map_location: MapLocation = "cpu",
+    *,
+    suffix: str = CHECKPOINT_SUFFIX,
+    load: Callable[[Path], dict[str, Any]] | None = None,
+) -> tuple[Path, dict[str, Any]] | None:
     """Load the newest checkpoint of ``ckpt_dir`` that can be read.
 
     Candidates come from :func:`list_checkpoints`. One that is truncated or corrupt is
@@ -336,6 +344,9 @@ def find_resumable(ckpt_dir: PathLike, map_location: MapLocation = "cpu") -> tup
     Args:
         ckpt_dir: The checkpoint directory.
         map_location: As for :func:`load_file`.
+        suffix: As for :func:`list_checkpoints`.
+        load: Reads one candidate (default: :func:`load_file`); raises
+            :class:`CheckpointError` for one that is broken (a sharded strategy's loader).
 
     Returns:
         ``(path, checkpoint)`` of the first candidate that loads, or ``None`` when the
@@ -348,9 +359,9 @@ def find_resumable(ckpt_dir: PathLike, map_location: MapLocation = "cpu") -> tup
             scratch then would silently throw the run away).
     """
     failures: list[str] = []
-    for path in list_checkpoints(ckpt_dir):
+    for path in list_checkpoints(ckpt_dir, suffix):
         try:
-            return path, load_file(path, map_location=map_location)
+            return path, (load(path) if load is not None else load_file(path, map_location=map_location))
         except UnsafeCheckpointError:
             raise
         except (CheckpointError, FileNotFoundError) as e:

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import re
 import warnings
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any, NamedTuple
 
 import torch
@@ -94,6 +94,7 @@ def load_model_weights(
     state_dict: Mapping[str, Any],
     strict: bool = False,
     revise_keys: Sequence[tuple[str, str]] = DEFAULT_REVISE_KEYS,
+    load: Callable[[dict[str, Any]], Any] | None = None,
 ) -> IncompatibleKeys:
     """Copy weights into ``model``, checking first so that a failed load changes nothing.
 
@@ -103,6 +104,9 @@ def load_model_weights(
             ``"state_dict"`` (see :func:`extract_state_dict`).
         strict: Whether missing or unexpected keys are an error (they are always listed).
         revise_keys: Key renames applied first (see :func:`revise_state_dict_keys`).
+        load: What copies the checked (full) weights into the model; default
+            ``model.load_state_dict(weights, strict=False)``. A sharded model needs its
+            strategy's loader (``Trainer.load_weights`` passes it).
 
     Returns:
         The missing and unexpected keys.
@@ -143,7 +147,10 @@ def load_model_weights(
             f"missing keys (kept as initialised): {missing}; unexpected keys (ignored): {unexpected}.",
             stacklevel=2,
         )
-    model.load_state_dict(weights, strict=False)
+    if load is not None:
+        load(weights)
+    else:
+        model.load_state_dict(weights, strict=False)
     return IncompatibleKeys(missing_keys=missing, unexpected_keys=unexpected)
 
 

@@ -28,6 +28,7 @@ from pathlib import Path
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
+from trainwright.checkpoint.io import CHECKPOINT_SUFFIX
 from trainwright.hooks.hook import Hook
 from trainwright.hooks.view import require_train_loop
 from trainwright.registry import HOOKS, did_you_mean
@@ -289,6 +290,13 @@ class CheckpointHook(Hook):
         # save_begin + k * interval: all multiples of gcd(interval, save_begin) (of interval itself when save_begin is 0).
         return 0 if self.by_epoch or self.interval <= 0 else math.gcd(self.interval, self.save_begin)
 
+    @staticmethod
+    def _name(trainer: TrainerView, tmpl: str, n: int) -> str:
+        """The file name ``tmpl`` gives ``n``, with the strategy's suffix (``.pth``; a DCP directory's ``.dcp``...)."""
+        name = tmpl.format(n)
+        suffix = trainer.strategy.checkpoint_suffix
+        return name if suffix == CHECKPOINT_SUFFIX else name[: -len(CHECKPOINT_SUFFIX)] + suffix
+
     def _due(self, n: int) -> bool:
         """Whether a periodic save falls on epoch / iteration ``n`` (mmengine's ``every_n_*`` with ``start=save_begin``)."""
         return self.interval > 0 and n >= self.save_begin and (n - self.save_begin) % self.interval == 0
@@ -299,13 +307,13 @@ class CheckpointHook(Hook):
         it = trainer.progress.iteration
         if not self.by_epoch and self._due(it):
             loop = _train_loop(trainer)
-            self._request(trainer, self._iter_tmpl.format(it), not loop.by_epoch and loop.val_due())
+            self._request(trainer, self._name(trainer, self._iter_tmpl, it), not loop.by_epoch and loop.val_due())
 
     def after_train_epoch(self, trainer: TrainerView) -> None:  # noqa: D102
         loop = _train_loop(trainer)
         epoch = trainer.progress.epoch
         if self.by_epoch and loop.by_epoch and self._due(epoch):
-            self._request(trainer, self._epoch_tmpl.format(epoch), loop.val_due())
+            self._request(trainer, self._name(trainer, self._epoch_tmpl, epoch), loop.val_due())
 
     def before_train_epoch(self, trainer: TrainerView) -> None:  # noqa: D102
         self._flush_pending(trainer)
@@ -315,7 +323,7 @@ class CheckpointHook(Hook):
             return
         rules = self._resolve_keys(metrics)  # every key checked before any is used
         p = trainer.progress
-        stem = self._epoch_tmpl.format(p.epoch) if _train_loop(trainer).by_epoch else self._iter_tmpl.format(p.iteration)
+        stem = self._name(trainer, self._epoch_tmpl, p.epoch) if _train_loop(trainer).by_epoch else self._name(trainer, self._iter_tmpl, p.iteration)
         for key, rule in rules.items():
             score = float(metrics[key])
             if math.isnan(score):
@@ -388,7 +396,7 @@ class CheckpointHook(Hook):
         p = trainer.progress
         if p.iteration == self._last_saved_iter:
             return None
-        name = self._epoch_tmpl.format(p.epoch) if _train_loop(trainer).by_epoch and p.iter_in_epoch == 0 else self._iter_tmpl.format(p.iteration)
+        name = self._name(trainer, self._epoch_tmpl, p.epoch) if _train_loop(trainer).by_epoch and p.iter_in_epoch == 0 else self._name(trainer, self._iter_tmpl, p.iteration)
         self._save_periodic(trainer, name)
         return self.ckpt_dir(trainer) / name
 
@@ -455,7 +463,7 @@ class CheckpointHook(Hook):
             if latest:
                 write_latest(d, name)
             for old in remove:
-                (d / old).unlink(missing_ok=True)
+                trainer.strategy.remove_checkpoint(d / old)
 
         path = trainer.save_checkpoint(d / name, self.save_optimizer, self.save_param_scheduler, async_save=self.async_save, after=finish)
         trainer.logger.info(f"Saving checkpoint {path} in the background" if self.async_save else f"Saved checkpoint {path}")
@@ -472,5 +480,5 @@ class CheckpointHook(Hook):
                 continue
             pid = int(m["pid"])
             if pid == me or not _pid_alive(pid):
-                p.unlink(missing_ok=True)
+                trainer.strategy.remove_checkpoint(p)  # a file, or a sharded checkpoint's directory
                 trainer.logger.info(f"Removed {p.name}, left by a checkpoint write that was interrupted")

@@ -3,6 +3,8 @@
 from trainwright.registry import STRATEGIES
 from trainwright.strategies.base import Strategy
 from trainwright.strategies.ddp import DDPStrategy
+from trainwright.strategies.deepspeed import DeepSpeedStrategy
+from trainwright.strategies.fsdp import FSDPStrategy
 from trainwright.strategies.single_device import SingleDeviceStrategy
 
 
@@ -10,8 +12,8 @@ def build_strategy(strategy: "str | Strategy | dict | None" = None, **kwargs) ->
     """Build a strategy from a name (``"single"``, ``"auto"``), a dict or an object.
 
     ``"auto"`` picks ``"ddp"`` when a launcher (torchrun, SLURM, MPI) started several
-    processes, else the single-device strategy. (``"fsdp"`` and ``"deepspeed"`` register
-    themselves when they land.)
+    processes, else the single-device strategy. ``"fsdp"`` shards the model (FSDP2);
+    ``"deepspeed"`` needs the ``trainwright[deepspeed]`` extra.
     """
     if isinstance(strategy, Strategy):
         return strategy
@@ -24,4 +26,4 @@ def build_strategy(strategy: "str | Strategy | dict | None" = None, **kwargs) ->
     return STRATEGIES.build(strategy, **kwargs)
 
 
-__all__ = ["Strategy", "SingleDeviceStrategy", "DDPStrategy", "build_strategy"]
+__all__ = ["Strategy", "SingleDeviceStrategy", "DDPStrategy", "FSDPStrategy", "DeepSpeedStrategy", "build_strategy"]

@@ -52,6 +52,8 @@ class Strategy:
     """
 
     name = "base"
+    #: What a checkpoint is called after its stem (``iter_8`` + ``.pth``); a sharded strategy writes directories (``.dcp``).
+    checkpoint_suffix = ".pth"
 
     def __init__(self, device: str | torch.device | None = None) -> None:
         if device is None:
@@ -169,6 +171,13 @@ class Strategy:
         """The full (unsharded) model state dict, on CPU-compatible tensors."""
         return self.unwrap_model().state_dict()
 
+    def full_model_state_dict(self) -> dict[str, Any]:
+        """The full (gathered) model weights on rank 0 (what ``Trainer.save_weights`` exports); a collective under sharding.
+
+        Called on every rank; ranks other than 0 may get an empty dict.
+        """
+        return self.model_state_dict()
+
     def load_model_state_dict(self, state_dict: Mapping[str, Any], strict: bool = True) -> Any:
         """Load a full model state dict into the unwrapped model."""
         return self.unwrap_model().load_state_dict(state_dict, strict=strict)
@@ -222,10 +231,29 @@ class Strategy:
             self._ckpt_writer.wait()
 
     def load_checkpoint(self, path: str | Path, map_location: Any = "cpu") -> dict[str, Any]:
-        """Read the checkpoint at ``path`` without executing code from it (see :func:`~trainwright.checkpoint.load_file`)."""
+        """Read the checkpoint at ``path`` without executing code from it (see :func:`~trainwright.checkpoint.load_file`).
+
+        A sharded checkpoint directory (``iter_8.dcp``, written by the FSDP strategy) is read
+        into this one process as full tensors, without a process group (see
+        :func:`trainwright.strategies.dcp_io.load_full`).
+        """
+        if (Path(path) / ".metadata").is_file():  # a DCP directory (dcp_io.is_dcp_checkpoint, without importing DCP)
+            from trainwright.strategies.dcp_io import load_full
+
+            return load_full(path)
         from trainwright.checkpoint.io import load_file
 
         return load_file(path, map_location=map_location)
+
+    def remove_checkpoint(self, path: str | Path) -> None:
+        """Delete a checkpoint this strategy wrote (a file here; a directory under a sharded strategy); missing is fine."""
+        path = Path(path)
+        if path.is_dir():
+            from trainwright.strategies.dcp_io import remove
+
+            remove(path)
+        else:
+            path.unlink(missing_ok=True)
 
     def find_resumable(self, ckpt_dir: str | Path) -> tuple[Path, dict[str, Any]] | None:
         """The newest checkpoint of ``ckpt_dir`` that loads, as ``(path, checkpoint)``; None when there is none.

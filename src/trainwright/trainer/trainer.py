@@ -424,7 +424,7 @@ class Trainer:
         else:
             from trainwright.checkpoint.io import write_latest
 
-            name = f"iter_{self.progress.iteration}.pth"
+            name = f"iter_{self.progress.iteration}{self.strategy.checkpoint_suffix}"
             path = self.save_checkpoint(name, after=lambda: write_latest(self.ckpt_dir, name))
         self.strategy.wait_for_checkpoint()
         return path
@@ -440,17 +440,24 @@ class Trainer:
         """Load model weights (``.pth`` or ``.safetensors``), reporting key mismatches by name."""
         from trainwright.checkpoint.weights import load_model_weights
 
-        result = load_model_weights(self.unwrapped_model, self.strategy.load_checkpoint(path), strict=strict, revise_keys=list(revise_keys))
+        # once prepared, the strategy copies the weights in (a sharded model takes full tensors only through it)
+        load = (lambda weights: self.strategy.load_model_state_dict(weights, strict=False)) if self._prepared else None
+        result = load_model_weights(self.unwrapped_model, self.strategy.load_checkpoint(path), strict=strict, revise_keys=list(revise_keys), load=load)
         self.logger.info(f"Loaded weights from {path}")
         return result
 
     def save_weights(self, path: str | Path) -> Path:
-        """Export the model weights as safetensors (rank 0)."""
+        """Export the full model weights as safetensors (rank 0 writes; call it on every rank).
+
+        Under a sharded strategy (FSDP) the weights are gathered to rank 0 first; the keys
+        are the model's own (no ``module.`` prefix), whatever the strategy.
+        """
         from trainwright.checkpoint.weights import save_safetensors
 
         path = Path(path)
+        state = self.strategy.full_model_state_dict() if self._prepared else self.unwrapped_model.state_dict()
         if self.is_main_process:
-            save_safetensors(self.unwrapped_model, path)
+            save_safetensors(state, path)
         return path
 
     def flush_logs(self) -> None:

@@ -1,0 +1,180 @@
+"""Checkpoint directories written with ``torch.distributed.checkpoint`` (DCP): the I/O of sharded strategies.
+
+A sharded checkpoint is a directory (``iter_8.dcp/``) that holds
+
+* the DCP files: every rank's shards of the model and optimizer (``__<rank>_0.distcp``) and
+  ``.metadata`` (the global shape of every tensor and where its pieces are);
+* ``trainer_state.pth``: everything else the trainer saves (progress, schedulers, hooks,
+  metric store, every rank's RNG state, precision state), written by rank 0 with
+  ``torch.save`` and read back with the safe loader.
+
+The promises of single-file checkpoints hold for directories:
+
+* **Complete or absent.** Every rank writes into a hidden temporary directory
+  (``.iter_8.dcp.tmp.<pid>.<hex>``, DCP fsyncs each file); once every rank's shards and the
+  metadata are written, rank 0 renames it onto its target and fsyncs the parent.
+* **Resharding.** DCP stores global shapes: a checkpoint written by N processes loads into
+  M processes (each reads the pieces its own shards need), or into one process without a
+  process group (:func:`load_full`, full tensors).
+"""
+
+from __future__ import annotations
+
+import os
+import secrets
+import shutil
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.distributed.checkpoint as dcp
+from torch.distributed.checkpoint.api import CheckpointException
+from torch.distributed.checkpoint.default_planner import _EmptyStateDictLoadPlanner
+
+from trainwright.checkpoint.io import CheckpointError, _fsync_dir, load_file
+
+TRAINER_STATE = "trainer_state.pth"
+"""The file of a checkpoint directory that holds the trainer's non-sharded state."""
+METADATA = ".metadata"
+
+
+def is_dcp_checkpoint(path: str | os.PathLike[str]) -> bool:
+    """True when ``path`` is a directory written by DCP (it has a ``.metadata`` file)."""
+    return (Path(path) / METADATA).is_file()
+
+
+def temp_dir(target: Path, token: str) -> Path:
+    """The hidden temporary name of ``target`` while it is written (matches the stale-file cleaner's pattern)."""
+    return target.with_name(f".{target.name}.tmp.{os.getpid()}.{token}")
+
+
+def new_token() -> str:
+    """A random suffix for a temporary directory (rank 0 draws it, every rank uses it)."""
+    return secrets.token_hex(4)
+
+
+def publish(tmp: Path, target: Path) -> None:
+    """Rename the complete directory ``tmp`` onto ``target`` (replacing an older one), then fsync the parent.
+
+    POSIX cannot rename a directory onto a non-empty one: an existing ``target`` is first
+    renamed aside and deleted after the new one is in place, so a kill between the two
+    renames leaves a complete directory under a hidden name, never a torn one.
+    """
+    old = None
+    if target.exists():
+        old = temp_dir(target, new_token())
+        os.replace(target, old)
+    os.replace(tmp, target)
+    _fsync_dir(target.parent)
+    if old is not None:
+        shutil.rmtree(old, ignore_errors=True)
+
+
+def remove(path: Path) -> None:
+    """Delete a checkpoint: a directory with its files, or a file; a missing one is fine."""
+    if path.is_dir():
+        shutil.rmtree(path, ignore_errors=True)
+    else:
+        path.unlink(missing_ok=True)
+
+
+def saved_shapes(path: Path, prefix: str) -> dict[str, tuple[int, ...]]:
+    """``{key: global shape}`` of the tensors stored under ``prefix`` (e.g. ``"model."``), from the DCP metadata.
+
+    Raises:
+        CheckpointError: the metadata is missing or unreadable.
+    """
+    from torch.distributed.checkpoint.metadata import TensorStorageMetadata
+
+    try:
+        meta = dcp.FileSystemReader(str(path)).read_metadata()
+    except Exception as e:  # noqa: BLE001 - any failure to read the index means the directory is unusable
+        raise CheckpointError(f"Cannot read checkpoint {str(path)!r}: its DCP metadata is missing or corrupt ({type(e).__name__}: {e}). "
+                              "Resume from the previous checkpoint (delete or move this directory, or point `resume=` at an older one).") from e
+    return {k[len(prefix):]: tuple(v.size) for k, v in meta.state_dict_metadata.items() if k.startswith(prefix) and isinstance(v, TensorStorageMetadata)}
+
+
+def read_trainer_state(path: Path) -> dict[str, Any]:
+    """The ``trainer_state.pth`` of a checkpoint directory (safe loader; CheckpointError when missing or corrupt)."""
+    try:
+        return load_file(path / TRAINER_STATE)
+    except FileNotFoundError as e:
+        raise CheckpointError(f"Cannot read checkpoint {str(path)!r}: it has no {TRAINER_STATE} (an incomplete copy?). "
+                              "Resume from the previous checkpoint (delete or move this directory, or point `resume=` at an older one).") from e
+
+
+def load_into(path: Path, template: dict[str, Any], *, everything: bool = False) -> None:
+    """``dcp.load`` the tensors of ``template`` (its own shards on each rank) in place; CheckpointError when the files are broken.
+
+    ``everything``: read every entry of the checkpoint into the empty ``template``, as full
+    tensors, in this process alone (what ``torch.distributed.checkpoint.format_utils.dcp_to_torch_save``
+    does, through the same planner).
+    """
+    try:
+        if everything:
+            from torch.distributed.checkpoint.state_dict_loader import _load_state_dict
+
+            _load_state_dict(template, storage_reader=dcp.FileSystemReader(str(path)), planner=_EmptyStateDictLoadPlanner(), no_dist=True)
+        else:
+            dcp.load(template, checkpoint_id=str(path))
+    except (Exception, CheckpointException) as e:  # noqa: BLE001 - DCP raises CheckpointException (a BaseException, on every rank) for unreadable shards
+        raise CheckpointError(f"Cannot read checkpoint {str(path)!r}: {type(e).__name__}: {str(e)[:500]}. "
+                              "Resume from the previous checkpoint (delete or move this directory, or point `resume=` at an older one).") from e
+
+
+def load_full(path: str | os.PathLike[str]) -> dict[str, Any]:
+    """Read a sharded checkpoint directory into one process as full (unsharded) tensors; no process group needed.
+
+    Returns the trainer's checkpoint dict: ``trainer_state.pth`` with the full model weights
+    under ``"model"`` and each optimizer's state (keyed by parameter name, which
+    ``torch.optim.Optimizer.load_state_dict`` maps by position) put back in its place.
+    """
+    p = Path(path)
+    state = read_trainer_state(p)
+    sharded: dict[str, Any] = {}
+    load_into(p, sharded, everything=True)
+    return merge(state, sharded)
+
+
+def split(state: Mapping[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
+    """``(sharded, rest)``: the model and optimizer states for DCP, everything else for ``trainer_state.pth``."""
+    rest = dict(state)
+    sharded: dict[str, Any] = {"model": rest.pop("model")}
+    ow = rest.get("optim_wrapper")
+    if isinstance(ow, Mapping):
+        ow = dict(ow)
+        if "optimizer" in ow:
+            sharded["optim"] = {"": ow.pop("optimizer")}
+        else:  # an OptimWrapperDict: {name: wrapper state}
+            sharded["optim"] = {}
+            for name, sub in list(ow.items()):
+                if isinstance(sub, Mapping) and "optimizer" in sub:
+                    sub = dict(sub)
+                    sharded["optim"][name] = sub.pop("optimizer")
+                    ow[name] = sub
+        rest["optim_wrapper"] = ow
+    return sharded, rest
+
+
+def merge(rest: dict[str, Any], sharded: Mapping[str, Any]) -> dict[str, Any]:
+    """The inverse of :func:`split`."""
+    out = dict(rest)
+    out["model"] = sharded["model"]
+    for name, opt in dict(sharded.get("optim", {})).items():
+        if name:
+            out["optim_wrapper"] = {**out["optim_wrapper"], name: {**out["optim_wrapper"][name], "optimizer": opt}}
+        else:
+            out["optim_wrapper"] = {**out["optim_wrapper"], "optimizer": opt}
+    return out
+
+
+def as_cpu(obj: Any) -> Any:
+    """``obj`` with tensors moved to CPU (what rank 0 writes into ``trainer_state.pth``)."""
+    if isinstance(obj, torch.Tensor):
+        return obj.detach().cpu()
+    if isinstance(obj, Mapping):
+        return {k: as_cpu(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return type(obj)(as_cpu(v) for v in obj)
+    return obj

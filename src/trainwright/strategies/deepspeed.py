@@ -1,0 +1,196 @@
+"""DeepSpeedStrategy: ZeRO stages 1 and 2 through DeepSpeed's engine (optional extra ``trainwright[deepspeed]``).
+
+Launch with torchrun as for DDP; the strategy joins the process group (gloo on CPU, nccl on
+CUDA) and hands the model and optimizer to ``deepspeed.initialize`` with a config dict.
+What the trainer's settings become in that config (keys you set yourself win):
+
+* ``accumulative_counts`` → ``gradient_accumulation_steps`` (DeepSpeed scales the loss and
+  steps at window ends; the optim wrapper counts micro-batches as usual);
+* ``clip_grad=dict(max_norm=...)`` → ``gradient_clipping``;
+* ``precision="bf16-mixed"`` / ``"16-mixed"`` → ``bf16`` / ``fp16`` enabled;
+* ``train_micro_batch_size_per_gpu`` defaults to 1 (DeepSpeed only reports with it: the
+  trainer's loader decides the batch) and ``zero_allow_untested_optimizer`` to True (any
+  ``torch.optim`` optimizer).
+
+The training step's backward and step go through the engine (``engine.backward(loss)``,
+``engine.step()``). Checkpoints are directories (``iter_8.ds``) written by
+``engine.save_checkpoint`` (each rank its optimizer partition) into a temporary directory
+that rank 0 renames into place; they resume at the same world size. DeepSpeed reads its
+files with ``torch.load(weights_only=False)``: resume only from directories you wrote.
+ZeRO-3 is not supported here (use ``strategy="fsdp"``).
+"""
+
+from __future__ import annotations
+
+import importlib.util
+from collections.abc import Callable, Mapping
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import nn
+
+from trainwright.registry import STRATEGIES
+from trainwright.strategies.ddp import DDPStrategy
+
+_MISSING = (
+    "strategy='deepspeed' needs DeepSpeed, which is not installed. Install the extra: "
+    "`pip install 'trainwright[deepspeed]'` (with your torch pinned on the same command line), or use strategy='fsdp' (ZeRO-3-like sharding, "
+    "built into torch) or 'ddp'."
+)
+_TAG = "state"  # the one tag inside each checkpoint directory
+
+
+def _wrappers(optim_wrapper: Any) -> list[Any]:
+    if optim_wrapper is None:
+        return []
+    return list(optim_wrapper.optim_wrappers.values()) if hasattr(optim_wrapper, "optim_wrappers") else [optim_wrapper]
+
+
+def _engine_update(ow: Any, engine: Any, loss: torch.Tensor, step_kwargs: dict | None = None, zero_kwargs: dict | None = None) -> None:
+    """The optim wrapper's ``update_params`` under DeepSpeed: the engine scales, reduces, clips and steps (at window ends)."""
+    engine.backward(loss)
+    engine.step()
+    ow._inner_count += 1  # the window position that the trainer's Progress mirrors
+
+
+@STRATEGIES.register(name="deepspeed")
+class DeepSpeedStrategy(DDPStrategy):
+    """DeepSpeed ZeRO (stage 1 or 2) over the processes a launcher started.
+
+    Args:
+        config: DeepSpeed config dict (``zero_optimization=dict(stage=2)``, ...); the
+            trainer's accumulation, clipping and precision fill the keys it leaves out.
+        device / backend / timeout_s: As for :class:`~trainwright.strategies.DDPStrategy`.
+
+    Raises:
+        ImportError: DeepSpeed is not installed (the message says how to install it).
+        ValueError: the config asks for ZeRO stage 3.
+    """
+
+    name = "deepspeed"
+    checkpoint_suffix = ".ds"
+
+    def __init__(self, config: Mapping[str, Any] | None = None, device: str | torch.device | None = None, backend: str | None = None, timeout_s: float = 1800.0) -> None:
+        if importlib.util.find_spec("deepspeed") is None:
+            raise ImportError(_MISSING)
+        super().__init__(device, backend=backend, timeout_s=timeout_s)
+        self.config = dict(config or {})
+        stage = int(dict(self.config.get("zero_optimization", {})).get("stage", 0))
+        if stage >= 3:
+            raise ValueError("strategy='deepspeed' supports ZeRO stages 0-2 here (parameters stay whole on every rank); for sharded parameters use strategy='fsdp'")
+        self.engine: Any = None
+
+    def setup_env(self, *, launcher: str = "pytorch", cudnn_benchmark: bool = False, dist_cfg: Mapping[str, Any] | None = None, randomness: Mapping[str, Any] | None = None) -> None:
+        """Join the process group as DDP does, then let DeepSpeed adopt it."""
+        super().setup_env(launcher=launcher, cudnn_benchmark=cudnn_benchmark, dist_cfg=dist_cfg, randomness=randomness)
+        import deepspeed
+
+        deepspeed.init_distributed(dist_backend=self.backend)
+
+    def ds_config(self, optim_wrapper: Any) -> dict[str, Any]:
+        """The config handed to ``deepspeed.initialize``: the given dict, completed from the optim wrapper."""
+        cfg = dict(self.config)
+        cfg.setdefault("train_micro_batch_size_per_gpu", 1)
+        cfg.setdefault("zero_allow_untested_optimizer", True)
+        wrappers = _wrappers(optim_wrapper)
+        if len(wrappers) == 1:
+            ow = wrappers[0]
+            cfg.setdefault("gradient_accumulation_steps", ow.accumulative_counts)
+            clip = ow.clip_grad
+            if clip is not None and clip["type"] == "norm":
+                cfg.setdefault("gradient_clipping", float(clip["max_norm"]))
+            elif clip is not None:
+                raise ValueError("strategy='deepspeed' clips by norm only (DeepSpeed's gradient_clipping); use clip_grad=dict(max_norm=...)")
+            dtype = ow.precision.dtype
+            if dtype is torch.bfloat16:
+                cfg.setdefault("bf16", {"enabled": True})
+            elif dtype is torch.float16:
+                cfg.setdefault("fp16", {"enabled": True})
+        return cfg
+
+    def prepare(self, model: nn.Module, *, optim_wrapper: Any = None, param_scheduler: Any = None, compile: bool | Mapping[str, Any] = False, dispatch_kwargs: Mapping[str, Any] | None = None) -> nn.Module:
+        """Build the DeepSpeed engine around the model and the (single) optimizer; route the optim wrapper's updates through it."""
+        import deepspeed
+
+        wrappers = _wrappers(optim_wrapper)
+        if len(wrappers) > 1:
+            raise ValueError("strategy='deepspeed' drives one optimizer; use one optim_wrapper (param groups for different settings)")
+        model = self.model_to_device(model)
+        if compile:
+            model.compile(**(dict(compile) if isinstance(compile, Mapping) else {}))
+        self.unwrapped = model
+        ow = wrappers[0] if wrappers else None
+        engine, _, _, _ = deepspeed.initialize(model=model, optimizer=None if ow is None else ow.optimizer, config=self.ds_config(optim_wrapper))
+        self.engine = self.model = engine
+        if ow is not None:
+            ow.update_params = lambda loss, step_kwargs=None, zero_kwargs=None: _engine_update(ow, engine, loss)
+        return engine  # type: ignore[no-any-return]
+
+    def forward_caller(self, model: nn.Module) -> Callable[..., Any]:
+        """The engine (its forward runs the module, with its hooks)."""
+        return self.engine if self.engine is not None else model
+
+    def no_sync_context(self) -> None:
+        """None: the engine decides when to reduce gradients (its ``gradient_accumulation_steps``)."""
+        return None
+
+    def teardown(self) -> None:
+        """Drop the engine, then leave the process group."""
+        self.engine = None
+        super().teardown()
+
+    # -- state: the engine's own files ----------------------------------------------------
+    def optim_state_dict(self, optim_wrapper: Any) -> dict[str, Any]:
+        """A description of the optimizer (its groups' sizes, for the resume check); the state itself is in the engine's files."""
+        opt = optim_wrapper.optimizer
+        return {"optimizer": {"param_groups": [{"params": list(range(len(g["params"])))} for g in opt.param_groups]}, "in_engine_files": True}
+
+    def load_optim_state_dict(self, optim_wrapper: Any, state: Mapping[str, Any]) -> None:
+        """Nothing to do: :meth:`load_checkpoint` had the engine load its optimizer partitions."""
+
+    def save_checkpoint(self, path: str | Path, state: Mapping[str, Any], *, async_save: bool = False, after: Callable[[], None] | None = None) -> None:
+        """``engine.save_checkpoint`` into a temporary directory (every rank), then rank 0 renames it onto ``path`` and runs ``after``.
+
+        ``async_save`` is ignored (the write is synchronous).
+        """
+        from trainwright.strategies import dcp_io
+
+        target = Path(path)
+        tmp = Path(self.broadcast_object(str(dcp_io.temp_dir(target, dcp_io.new_token()))))
+        rest = dcp_io.as_cpu({k: v for k, v in state.items() if k != "model"})
+        self.engine.save_checkpoint(str(tmp), tag=_TAG, client_state={"trainwright": rest})
+        self.barrier()
+        if self.is_main_process:
+            dcp_io.publish(tmp, target)
+            if after is not None:
+                after()
+        self.barrier()
+
+    def load_checkpoint(self, path: str | Path, map_location: Any = "cpu") -> dict[str, Any]:
+        """Have the engine load its module and optimizer partitions; return the trainer's state (model: the loaded weights).
+
+        Raises:
+            CheckpointError: the directory is not a complete DeepSpeed checkpoint.
+        """
+        from trainwright.checkpoint.io import CheckpointError
+
+        p = Path(path)
+        if p.is_file():
+            return super().load_checkpoint(p, map_location)
+        try:
+            load_path, client = self.engine.load_checkpoint(str(p), tag=_TAG)
+        except (OSError, RuntimeError, ValueError, KeyError, AssertionError) as e:
+            raise CheckpointError(f"Cannot read DeepSpeed checkpoint {str(p)!r}: {type(e).__name__}: {e}. Resume from the previous checkpoint, or check the path.") from e
+        if load_path is None or not isinstance(client, Mapping) or "trainwright" not in client:
+            raise CheckpointError(f"Cannot read DeepSpeed checkpoint {str(p)!r}: it holds no trainwright state (not written by this strategy?). Resume from another checkpoint.")
+        return {**client["trainwright"], "model": self.model_state_dict()}
+
+    def find_resumable(self, ckpt_dir: str | Path) -> tuple[Path, dict[str, Any]] | None:
+        """The newest ``*.ds`` directory of ``ckpt_dir`` that loads (``latest`` first; a broken one is skipped with a warning)."""
+        from trainwright.checkpoint.io import find_resumable
+
+        return find_resumable(ckpt_dir, suffix=self.checkpoint_suffix, load=self.load_checkpoint)
+
+
+STRATEGIES.register(DeepSpeedStrategy)

@@ -1,0 +1,390 @@
+"""FSDPStrategy: fully sharded data parallel (PyTorch FSDP2, ``torch.distributed.fsdp.fully_shard``).
+
+Every rank holds a shard (dim 0) of each parameter, of its gradient and of the optimizer
+state; a module's full parameters exist only around its forward and backward. Launch as
+for DDP (``torchrun --nproc_per_node=N``); without a launcher the strategy starts a
+one-process group itself, so a sharded run can continue on one process.
+
+What the rest of the engine sees (the seams of :class:`~trainwright.strategies.Strategy`):
+
+* ``prepare`` shards the model in place (``fully_shard`` on the modules named by
+  ``shard_modules``, then the root) and points the optimizer's parameter groups at the
+  sharded parameters; the trainer's precision becomes FSDP's ``MixedPrecisionPolicy``
+  (``bf16-mixed``: parameters gathered in bfloat16, gradients reduced in float32);
+* ``no_sync_context`` turns ``set_requires_gradient_sync(False)`` on inside accumulation
+  windows: one reduce-scatter per update, not per micro-batch;
+* clipping by norm runs ``torch.nn.utils.clip_grad_norm_`` over the sharded (DTensor)
+  gradients: the norm is the global one (every rank's shards), the logged value a plain tensor;
+* checkpoints are directories written with ``torch.distributed.checkpoint`` (see
+  :mod:`trainwright.strategies.dcp_io`): each rank writes its shards, rank 0 the rest; they
+  load at any world size (2 processes → 1 and back), and with ``strategy="single"`` too;
+* ``full_model_state_dict`` gathers the full weights to rank 0 (``Trainer.save_weights``).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import datetime
+import os
+import warnings
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from torch import nn
+
+from trainwright.registry import STRATEGIES
+from trainwright.strategies.ddp import DDPStrategy
+
+
+def _wrappers(optim_wrapper: Any) -> dict[str, Any]:
+    """``{name: OptimWrapper}`` of an OptimWrapperDict, ``{"": wrapper}`` of a single wrapper, ``{}`` of None."""
+    if optim_wrapper is None:
+        return {}
+    return dict(optim_wrapper.optim_wrappers) if hasattr(optim_wrapper, "optim_wrappers") else {"": optim_wrapper}
+
+
+def _full_norm(clip: Callable[..., torch.Tensor]) -> Callable[..., torch.Tensor]:
+    """``clip`` returning the total norm as a plain (replicated) tensor, not a DTensor that must still be reduced."""
+
+    def clip_sharded(params: Any) -> torch.Tensor:
+        total = clip(params)
+        return total.full_tensor() if hasattr(total, "full_tensor") else total
+
+    return clip_sharded
+
+
+def _copy_tensors(obj: Any) -> Any:
+    """``obj`` with every tensor cloned (a DTensor keeps its sharding)."""
+    if isinstance(obj, torch.Tensor):
+        return obj.detach().clone()
+    if isinstance(obj, Mapping):
+        return {k: _copy_tensors(v) for k, v in obj.items()}
+    if isinstance(obj, list):
+        return [_copy_tensors(v) for v in obj]
+    return obj
+
+
+@contextlib.contextmanager
+def _no_grad_sync(model: nn.Module) -> Iterator[None]:
+    model.set_requires_gradient_sync(False)  # type: ignore[operator]
+    try:
+        yield
+    finally:
+        model.set_requires_gradient_sync(True)  # type: ignore[operator]
+
+
+@STRATEGIES.register(name="fsdp")
+class FSDPStrategy(DDPStrategy):
+    """Fully sharded data parallel (FSDP2) over the processes a launcher started (or one process).
+
+    Args:
+        device: Default: ``cuda:LOCAL_RANK`` when CUDA is available, else CPU.
+        backend: Process-group backend; default ``"nccl"`` on CUDA, ``"gloo"`` on CPU.
+        timeout_s: How long a collective may wait for the other ranks before failing.
+        shard_modules: Module classes (or their names) whose instances are sharded as units
+            of their own (e.g. the transformer block class), before the root module; by
+            default only the root is a unit (all parameters gathered at once).
+        reshard_after_forward: Free the gathered parameters after the forward (and gather
+            them again for the backward): less memory, more communication.
+        mixed_precision: ``MixedPrecisionPolicy`` arguments (``param_dtype``,
+            ``reduce_dtype``, ...; dtypes or their names); default: from the trainer's precision (``bf16-mixed`` →
+            ``param_dtype=torch.bfloat16, reduce_dtype=torch.float32``; ``16-mixed`` →
+            float16 / float32; ``32``: none).
+        async_checkpoint: Write checkpoints with ``dcp.async_save`` (every ``async_save``
+            request of the checkpoint hook): training goes on once the shards are copied
+            to CPU memory; at most one write in flight.
+    """
+
+    name = "fsdp"
+    checkpoint_suffix = ".dcp"
+
+    def __init__(
+        self,
+        device: str | torch.device | None = None,
+        backend: str | None = None,
+        timeout_s: float = 1800.0,
+        shard_modules: Sequence[type[nn.Module] | str] = (),
+        reshard_after_forward: bool = True,
+        mixed_precision: Mapping[str, Any] | None = None,
+    ) -> None:
+        super().__init__(device, backend=backend, timeout_s=timeout_s)
+        self.shard_modules = tuple(shard_modules)
+        self.reshard_after_forward = reshard_after_forward
+        self.mixed_precision = dict(mixed_precision) if mixed_precision is not None else None
+        self._param_dtype: torch.dtype | None = None
+        self._async_group: Any = None
+        self._pending: tuple[Any, Callable[[], None]] | None = None  # (future, finish) of an async save
+        self._optim_wrapper: Any = None  # given to prepare: the optimizers whose state a checkpoint holds
+
+    # -- environment ----------------------------------------------------------------------
+    def setup_env(self, *, launcher: str = "pytorch", cudnn_benchmark: bool = False, dist_cfg: Mapping[str, Any] | None = None, randomness: Mapping[str, Any] | None = None) -> None:
+        """Join the launcher's process group, or start a one-process group when no launcher started this process."""
+        from trainwright.dist.utils import launched_world_size
+
+        if not dist.is_initialized() and launched_world_size() <= 1 and "MASTER_ADDR" not in os.environ:
+            dist.init_process_group(backend=self.backend, store=dist.HashStore(), rank=0, world_size=1, timeout=datetime.timedelta(seconds=self.timeout_s))
+            self._owns_group = True
+        super().setup_env(launcher=launcher, cudnn_benchmark=cudnn_benchmark, dist_cfg=dist_cfg, randomness=randomness)
+
+    def teardown(self) -> None:
+        """Finish a pending checkpoint write, then release the process group(s)."""
+        self.wait_for_checkpoint()
+        if self._async_group is not None and dist.is_initialized():
+            dist.destroy_process_group(self._async_group)
+            self._async_group = None
+        super().teardown()
+
+    # -- model ----------------------------------------------------------------------------
+    def prepare(self, model: nn.Module, *, optim_wrapper: Any = None, param_scheduler: Any = None, compile: bool | Mapping[str, Any] = False, dispatch_kwargs: Mapping[str, Any] | None = None) -> nn.Module:
+        """Shard ``model`` in place, re-point the optimizers at the sharded parameters, set up clipping and sync control."""
+        wrappers = _wrappers(optim_wrapper)
+        dtypes = {ow.precision.dtype for ow in wrappers.values()}
+        self._param_dtype = next(iter(dtypes)) if len(dtypes) == 1 else None
+        names = {id(p): n for n, p in model.named_parameters()}
+        self._optim_wrapper = optim_wrapper
+        model = super().prepare(model, optim_wrapper=optim_wrapper, param_scheduler=param_scheduler, compile=compile, dispatch_kwargs=dispatch_kwargs)
+        sharded = dict(self.unwrapped.named_parameters())
+        for ow in wrappers.values():
+            for group in ow.optimizer.param_groups:
+                group["params"] = [sharded[names[id(p)]] if id(p) in names else p for p in group["params"]]
+            if ow.optimizer.state:
+                raise RuntimeError("strategy='fsdp' shards the parameters the optimizer holds, so the optimizer must not have state yet; "
+                                   "let the Trainer build it (optim_wrapper=dict(optimizer=...)) or build it before any step")
+            if getattr(ow, "_clip", None) is not None and ow.clip_grad["type"] == "norm":
+                ow._clip = _full_norm(ow._clip)  # the norm over every rank's shards, as a plain tensor for logging
+            scaler = getattr(ow.precision, "scaler", None)
+            if scaler is not None and type(scaler) is torch.amp.GradScaler:
+                from torch.distributed.fsdp.sharded_grad_scaler import ShardedGradScaler
+
+                # ranks agree on skipping a step whose gradients overflowed (found_inf is all-reduced)
+                ow.precision.scaler = ShardedGradScaler(self.device.type, init_scale=scaler.get_scale() if scaler.is_enabled() else 2.0**16,
+                                                        growth_factor=scaler.get_growth_factor(), backoff_factor=scaler.get_backoff_factor(),
+                                                        growth_interval=scaler.get_growth_interval(), enabled=scaler.is_enabled())
+        return model
+
+    def _policy(self) -> Any:
+        from torch.distributed.fsdp import MixedPrecisionPolicy
+
+        if self.mixed_precision is not None:  # dtypes may be given by name in a config file ("bfloat16")
+            return MixedPrecisionPolicy(**{k: getattr(torch, v) if isinstance(v, str) and k.endswith("_dtype") else v for k, v in self.mixed_precision.items()})
+        if self._param_dtype is None:
+            return MixedPrecisionPolicy()
+        return MixedPrecisionPolicy(param_dtype=self._param_dtype, reduce_dtype=torch.float32)
+
+    def wrap_model(self, model: nn.Module) -> nn.Module:
+        """``fully_shard`` every module of a ``shard_modules`` class, then the root (in place; the same object is returned)."""
+        from torch.distributed.fsdp import fully_shard
+
+        kwargs = dict(reshard_after_forward=self.reshard_after_forward, mp_policy=self._policy())
+        if self.device.type == "cuda":
+            from torch.distributed.device_mesh import init_device_mesh
+
+            kwargs["mesh"] = init_device_mesh("cuda", (self.world_size,))
+        wanted = tuple(c for c in self.shard_modules if isinstance(c, type))
+        names = {c for c in self.shard_modules if isinstance(c, str)}
+        target = self._state_module(model)
+        for module in reversed(list(target.modules())[1:]):  # inner units first: FSDP2 shards bottom-up
+            if (wanted and isinstance(module, wanted)) or type(module).__name__ in names:
+                fully_shard(module, **kwargs)
+        fully_shard(model, **kwargs)
+        return model
+
+    def unwrap_model(self, model: nn.Module | None = None) -> nn.Module:
+        """The user's model (FSDP2 shards it in place: there is no wrapper object)."""
+        if model is not None:
+            return model
+        return super().unwrap_model()
+
+    def forward_caller(self, model: nn.Module) -> Callable[..., Any]:
+        """The sharded module itself: its forward hooks gather the parameters."""
+        return model
+
+    def no_sync_context(self) -> Callable[[nn.Module], contextlib.AbstractContextManager] | None:
+        """``set_requires_gradient_sync(False)`` for the micro-batches inside an accumulation window."""
+        model = self.model
+        if model is None:
+            return None
+        return lambda _model: _no_grad_sync(model)
+
+    @staticmethod
+    def _state_module(model: nn.Module) -> nn.Module:
+        """The module whose state dict is saved: a plain module's own, not the adapter's (its keys have no ``module.``)."""
+        from trainwright.model.base_model import ModuleAdapter
+
+        return model.module if isinstance(model, ModuleAdapter) else model
+
+    # -- state ----------------------------------------------------------------------------
+    def model_state_dict(self) -> dict[str, Any]:
+        """This rank's shards of the model (DTensors keyed by parameter name)."""
+        from torch.distributed.checkpoint.state_dict import get_model_state_dict
+
+        return get_model_state_dict(self._state_module(self.unwrap_model()))
+
+    def full_model_state_dict(self) -> dict[str, Any]:
+        """The full weights gathered to rank 0 on CPU (other ranks get ``{}``); every rank must call it."""
+        from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
+
+        return get_model_state_dict(self._state_module(self.unwrap_model()), options=StateDictOptions(full_state_dict=True, cpu_offload=True))
+
+    def load_model_state_dict(self, state_dict: Mapping[str, Any], strict: bool = True) -> Any:
+        """Load shards (from a sharded checkpoint) or full tensors (every rank keeps its own slice)."""
+        from torch.distributed.checkpoint.state_dict import StateDictOptions, set_model_state_dict
+        from torch.distributed.tensor import DTensor
+
+        full = not any(isinstance(v, DTensor) for v in state_dict.values())
+        return set_model_state_dict(self._state_module(self.unwrap_model()), dict(state_dict), options=StateDictOptions(full_state_dict=full, strict=strict))
+
+    def optim_state_dict(self, optim_wrapper: Any) -> dict[str, Any]:
+        """This rank's shards of the optimizer state (keyed by parameter name) and the precision state.
+
+        Raises:
+            RuntimeError: inside an accumulation window (FSDP keeps the unreduced gradients
+                of the window to itself): save at a window boundary.
+        """
+        from torch.distributed.checkpoint.state_dict import get_optimizer_state_dict
+
+        module = self._state_module(self.unwrap_model())
+        out: dict[str, Any] = {}
+        for name, ow in _wrappers(optim_wrapper).items():
+            if not ow.should_update():
+                raise RuntimeError(
+                    f"strategy='fsdp' cannot checkpoint inside a gradient accumulation window (micro-batch {ow.inner_count % ow.accumulative_counts} of "
+                    f"{ow.accumulative_counts}): the window's gradients are not reduced yet. Save at window boundaries: make the checkpoint "
+                    "interval a multiple of accumulative_counts."
+                )
+            state = {"optimizer": get_optimizer_state_dict(module, ow.optimizer), "precision": ow.precision.state_dict()}
+            if name:
+                out[name] = state
+            else:
+                out = state
+        return out
+
+    def load_optim_state_dict(self, optim_wrapper: Any, state: Mapping[str, Any]) -> None:
+        """Load a state of :meth:`optim_state_dict` (shards, or full tensors keyed by parameter name)."""
+        from torch.distributed.checkpoint.state_dict import StateDictOptions, set_optimizer_state_dict
+        from torch.distributed.tensor import DTensor
+
+        module = self._state_module(self.unwrap_model())
+        for name, ow in _wrappers(optim_wrapper).items():
+            sub = state[name] if name else state
+            opt = sub["optimizer"]
+            full = not any(isinstance(v, DTensor) for s in opt.get("state", {}).values() for v in s.values())
+            set_optimizer_state_dict(module, ow.optimizer, opt, options=StateDictOptions(full_state_dict=full))
+            ow.precision.load_state_dict(sub.get("precision", {}))
+
+    # -- checkpoint I/O -------------------------------------------------------------------
+    def save_checkpoint(self, path: str | Path, state: Mapping[str, Any], *, async_save: bool = False, after: Callable[[], None] | None = None) -> None:
+        """Write a checkpoint directory: every rank its shards (DCP), rank 0 the rest; complete or absent.
+
+        Called on every rank with the same ``path`` (a directory; the checkpoint hook names it ``iter_N.dcp``). With
+        ``async_save`` the call returns once the shards are staged in CPU memory; the files
+        are published (renamed into place) and ``after`` runs when the write is waited for:
+        at the next save, at the end of training, or by :meth:`wait_for_checkpoint`.
+        """
+        import torch.distributed.checkpoint as dcp
+
+        from trainwright.checkpoint.io import atomic_save
+        from trainwright.strategies import dcp_io
+
+        self.wait_for_checkpoint()
+        target = Path(path)
+        tmp = Path(self.broadcast_object(str(dcp_io.temp_dir(target, dcp_io.new_token()))))
+        sharded, rest = dcp_io.split(state)
+        if self.is_main_process:
+            tmp.mkdir(parents=True)
+            atomic_save(dcp_io.as_cpu(rest), tmp / dcp_io.TRAINER_STATE)
+        self.barrier()
+        writer = dcp.FileSystemWriter(str(tmp))
+
+        def finish() -> None:
+            if self.is_main_process:
+                dcp_io.publish(tmp, target)
+                if after is not None:
+                    after()
+
+        if async_save:
+            if self._async_group is None:  # the background write's collectives must not share the training group
+                self._async_group = dist.new_group(backend="gloo")
+            future = dcp.async_save(sharded, storage_writer=writer, process_group=self._async_group)
+            self._pending = (future, finish)
+            return
+        dcp.save(sharded, storage_writer=writer)
+        finish()
+        self.barrier()
+
+    def wait_for_checkpoint(self) -> None:
+        """Block until a background write is complete, then publish it (rank 0) and run its ``after``; re-raise its error."""
+        pending, self._pending = self._pending, None
+        if pending is None:
+            return
+        future, finish = pending
+        (future.upload_completion if hasattr(future, "upload_completion") else future).result()
+        finish()
+
+    def load_checkpoint(self, path: str | Path, map_location: Any = "cpu") -> dict[str, Any]:
+        """Read a checkpoint directory: each rank loads the shards it owns now (at any world size); the rest from ``trainer_state.pth``.
+
+        Raises:
+            CheckpointError: the directory is incomplete or corrupt (on every rank).
+            RuntimeError: the saved model's parameter names or shapes differ from this model's (nothing loaded).
+            FileNotFoundError: ``path`` does not exist.
+        """
+        from torch.distributed.checkpoint.state_dict import get_optimizer_state_dict
+
+        from trainwright.checkpoint.io import CheckpointError
+        from trainwright.strategies import dcp_io
+
+        p = Path(path)
+        if p.is_file():
+            return super().load_checkpoint(p, map_location)  # a single-file (full) checkpoint
+        if not p.is_dir():
+            raise FileNotFoundError(f"Checkpoint {str(p)!r} does not exist. Check the path, or pass resume=True to pick the newest checkpoint in a directory.")
+        error: Exception | None = None
+        try:
+            rest = dcp_io.read_trainer_state(p)
+            self._check_model_shapes(p, dcp_io.saved_shapes(p, "model."))
+        except CheckpointError as e:
+            error = e
+        if self.any_true(error is not None):  # every rank gives up on this directory together
+            raise error if error is not None else CheckpointError(f"Cannot read checkpoint {str(p)!r}: another rank could not read it (see its log)")
+        module = self._state_module(self.unwrap_model())
+        # templates with this run's sharding; copies, so that a read that fails halfway leaves the model and optimizer as they were
+        sharded: dict[str, Any] = {"model": self.model_state_dict()}
+        optim = rest.get("optim_wrapper")
+        if isinstance(optim, Mapping):
+            wrappers = _wrappers(self._optim_wrapper)
+            sharded["optim"] = {name: get_optimizer_state_dict(module, ow.optimizer) for name, ow in wrappers.items() if (name in optim if name else True)}
+        sharded = _copy_tensors(sharded)
+        dcp_io.load_into(p, sharded)
+        return dcp_io.merge(rest, sharded)
+
+    def _check_model_shapes(self, path: Path, saved: Mapping[str, tuple[int, ...]]) -> None:
+        own = {k: tuple(v.shape) for k, v in self.model_state_dict().items() if isinstance(v, torch.Tensor)}
+        missing = sorted(set(own) - set(saved))
+        unexpected = sorted(set(saved) - set(own))
+        shapes = [f"{k}: checkpoint {saved[k]}, model {own[k]}" for k in own if k in saved and saved[k] != own[k]]
+        if missing or unexpected or shapes:
+            lines = ([f"missing keys: {missing}"] if missing else []) + ([f"unexpected keys: {unexpected}"] if unexpected else []) + shapes
+            raise RuntimeError(f"The checkpoint {str(path)!r} does not match the trainer's model, nothing was loaded:\n  " + "\n  ".join(lines)
+                               + "\nResume with the same model definition, or use load_from= (weights only, strict=False) to start a new run from these weights.")
+
+    def find_resumable(self, ckpt_dir: str | Path) -> tuple[Path, dict[str, Any]] | None:
+        """The newest checkpoint directory of ``ckpt_dir`` that loads (``latest`` first; a corrupt one is skipped with a warning)."""
+        from trainwright.checkpoint.io import find_resumable
+
+        with warnings.catch_warnings():
+            if not self.is_main_process:
+                warnings.simplefilter("ignore")  # one warning per skipped checkpoint, from rank 0
+            return find_resumable(ckpt_dir, suffix=self.checkpoint_suffix, load=self.load_checkpoint)
+
+    def remove_checkpoint(self, path: str | Path) -> None:
+        """Delete a checkpoint directory (or file)."""
+        from trainwright.strategies.dcp_io import remove
+
+        remove(Path(path))
+
+
+STRATEGIES.register(FSDPStrategy)

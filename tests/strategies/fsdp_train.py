@@ -1,0 +1,119 @@
+"""Runs of a small regression MLP with the Trainer under FSDP (torchrun or one process) and references; one process start runs several.
+
+Usage: fsdp_train.py OUT_DIR RUN [RUN ...]
+Each RUN is ``name:strategy:batch:iters[:opt=value...]`` with options ``accum=N``,
+``clip=X``, ``save=N`` (checkpoint every N iterations), ``keep=K``, ``async=1``,
+``resume=1`` (newest in work_dir) or ``resume=PATH``, ``weights=1`` (save_weights),
+``precision=bf16-mixed``, ``lr=X``, ``load=PATH`` (load_from), ``work=NAME`` (work_dir name, default: the run's name).
+Writes OUT_DIR/NAME/result_rank<r>.pt: the full parameters (gathered, rank 0), the last
+gradient norm, the dtype the first layer's weight had inside the forward, and the strategy.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import warnings
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+from torch.utils.data import TensorDataset
+
+import trainwright as tw
+
+
+class Linear(nn.Linear):
+    """nn.Linear that records the dtype its weight has while it runs (FSDP gathers it for its forward)."""
+
+    seen_dtype: torch.dtype | None = None
+
+    def forward(self, x):
+        self.seen_dtype = self.weight.dtype
+        return super().forward(x)
+
+
+class MLP(tw.BaseModel):
+    def __init__(self) -> None:
+        super().__init__()
+        self.l1 = Linear(4, 8)
+        self.l2 = Linear(8, 1)
+
+    def forward(self, x, y=None, mode="tensor"):
+        out = self.l2(torch.tanh(self.l1(x)))
+        return {"loss": F.mse_loss(out.float(), y)} if mode == "loss" else out
+
+
+def run(out: Path, spec: str) -> None:
+    name, strategy, batch, iters, *opts = spec.split(":")
+    o = dict(kv.split("=", 1) for kv in opts)
+    rank = int(os.environ.get("RANK", 0))
+    g = torch.Generator().manual_seed(1)
+    x = torch.randn(64, 4, generator=g)
+    ds = TensorDataset(x, torch.sin(x @ torch.randn(4, 1, generator=g)) + 0.1 * torch.randn(64, 1, generator=g))
+    tw.seed_everything(0)
+    model = MLP()  # same initial weights everywhere (seeded)
+    resume: bool | str = o.get("resume", "0")
+    resume = True if resume == "1" else (False if resume == "0" else resume)
+    save = int(o.get("save", 0))
+    trainer = tw.Trainer(
+        model=model,
+        work_dir=out / o.get("work", name),
+        train_dataloader=dict(dataset=ds, batch_size=int(batch), shuffle=True),
+        optim_wrapper=dict(optimizer=dict(type="SGD", lr=float(o.get("lr", 0.1)), momentum=0.9), accumulative_counts=int(o.get("accum", 1)),
+                           clip_grad=dict(max_norm=float(o["clip"])) if "clip" in o else None),
+        train_cfg=dict(by_epoch=False, max_iters=int(iters)),
+        default_hooks=dict(logger=dict(interval=2, flush_secs=0),
+                           checkpoint=dict(by_epoch=False, interval=save or -1, save_last=bool(save), max_keep_ckpts=int(o.get("keep", -1)), async_save=o.get("async") == "1")),
+        strategy=dict(type="fsdp", shard_modules=["Linear"]) if strategy == "fsdp" else strategy,
+        precision=o.get("precision", "32"),
+        resume=resume,
+        load_from=o.get("load"),
+        randomness=dict(seed=0),
+        log_level="WARNING",
+    )
+    error = None
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        try:
+            trainer.train()
+        except RuntimeError as e:  # recorded for the test (e.g. a checkpoint refused inside an accumulation window)
+            error = str(e)
+    if o.get("weights") == "1":
+        trainer.save_weights(out / name / "weights.safetensors")
+    full = trainer.strategy.full_model_state_dict()
+    ow = trainer.optim_wrapper
+    result = {
+        "params": {k: v.detach().clone() for k, v in full.items()},
+        "grad_norm": None if ow.grad_norm is None else ow.grad_norm.detach().clone(),
+        "seen_dtype": str(model.l1.seen_dtype),
+        "param_dtype": str(next(iter(trainer.unwrapped_model.parameters())).dtype),
+        "strategy": trainer.strategy.name,
+        "world_size": trainer.strategy.world_size,
+        "iteration": trainer.progress.iteration,
+        "warnings": [str(w.message) for w in caught],
+        "error": error,
+        "scaler": type(getattr(ow.precision, "scaler", None)).__name__,
+    }
+    trainer.close()
+    (out / name).mkdir(parents=True, exist_ok=True)
+    torch.save(result, out / name / f"result_rank{rank}.pt")
+
+
+def main() -> None:
+    out = Path(sys.argv[1])
+    launched = "WORLD_SIZE" in os.environ
+    if launched:  # one process group for all the runs (the trainers join it and leave it to us)
+        import torch.distributed as dist
+
+        dist.init_process_group("gloo")
+    for spec in sys.argv[2:]:
+        run(out, spec)
+    if launched:
+        dist.barrier()
+        dist.destroy_process_group()
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,63 @@
+"""Checkpoint directories (no process needed): publishing replaces atomically, listing and the `latest` pointer work on directories."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from trainwright.checkpoint.io import CheckpointError, find_resumable, list_checkpoints
+from trainwright.strategies import dcp_io
+from trainwright.strategies.single_device import SingleDeviceStrategy
+
+
+def _dir(path: Path, content: str) -> Path:
+    path.mkdir(parents=True)
+    (path / "f").write_text(content)
+    return path
+
+
+def test_publish_replaces_an_existing_directory_and_leaves_no_temporary(tmp_path: Path) -> None:
+    target = _dir(tmp_path / "iter_4.dcp", "old")
+    tmp = _dir(dcp_io.temp_dir(target, dcp_io.new_token()), "new")
+    dcp_io.publish(tmp, target)
+    assert (target / "f").read_text() == "new"
+    assert [p.name for p in tmp_path.iterdir()] == ["iter_4.dcp"]
+
+
+def test_directories_are_listed_newest_first_with_latest_in_front(tmp_path: Path) -> None:
+    for n in (2, 10, 4):
+        _dir(tmp_path / f"iter_{n}.dcp", str(n))
+    _dir(tmp_path / "best_acc_iter_10.dcp", "best")
+    _dir(dcp_io.temp_dir(tmp_path / "iter_12.dcp", "ab12"), "partial")
+    (tmp_path / "iter_8.pth").write_bytes(b"x")
+    assert [p.name for p in list_checkpoints(tmp_path, suffix=".dcp")] == ["iter_10.dcp", "iter_4.dcp", "iter_2.dcp"]
+    (tmp_path / "latest").write_text("iter_4.dcp\n")
+    assert [p.name for p in list_checkpoints(tmp_path, suffix=".dcp")] == ["iter_4.dcp", "iter_10.dcp", "iter_2.dcp"]
+
+
+def test_find_resumable_skips_a_broken_directory_with_its_loader(tmp_path: Path) -> None:
+    _dir(tmp_path / "iter_2.dcp", "ok")
+    _dir(tmp_path / "iter_4.dcp", "broken")
+
+    def load(p: Path) -> dict:
+        if (p / "f").read_text() == "broken":
+            raise CheckpointError(f"Cannot read checkpoint {p}")
+        return {"name": p.name}
+
+    with pytest.warns(UserWarning, match="iter_4.dcp"):
+        path, ckpt = find_resumable(tmp_path, suffix=".dcp", load=load)
+    assert (path.name, ckpt) == ("iter_2.dcp", {"name": "iter_2.dcp"})
+
+
+def test_a_directory_without_dcp_metadata_is_not_a_checkpoint(tmp_path: Path) -> None:
+    """strategy='single' reads DCP directories; any other directory is the usual 'does not exist (it is a directory)' error."""
+    with pytest.raises(FileNotFoundError, match="it is a directory"):
+        SingleDeviceStrategy().load_checkpoint(_dir(tmp_path / "iter_2.dcp", "x"))
+
+
+def test_a_dcp_directory_without_trainer_state_is_a_checkpoint_error(tmp_path: Path) -> None:
+    d = _dir(tmp_path / "iter_2.dcp", "x")
+    (d / ".metadata").write_bytes(b"")
+    with pytest.raises(CheckpointError, match="no trainer_state.pth"):
+        SingleDeviceStrategy().load_checkpoint(d)

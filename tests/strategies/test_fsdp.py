@@ -1,0 +1,173 @@
+"""FSDP2 on real gloo processes against one process: parity, accumulation, clipping, sharded checkpoints across world sizes, save_weights.
+
+Three process starts (one torchrun, two single processes) run every training the tests
+compare (see fsdp_train.py); each test asserts one behaviour. Tolerance: parameters within
+1e-6 after 8 SGD-momentum steps (the sharded runs reduce in another order; measured ~6e-8).
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+SCRIPT = Path(__file__).with_name("fsdp_train.py")
+pytestmark = [pytest.mark.multiprocess, pytest.mark.slow]
+ATOL = 1e-6
+
+
+def _launch(out: Path, runs: list[str], nproc: int) -> None:
+    env = dict(os.environ, TMPDIR=str(out), OMP_NUM_THREADS="1", TORCH_DISABLE_SHARE_RDZV_TCP_STORE="1")
+    for k in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT"):
+        env.pop(k, None)
+    launcher = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={nproc}"] if nproc > 1 else [sys.executable]
+    proc = subprocess.run([*launcher, str(SCRIPT), str(out), *runs], env=env, capture_output=True, text=True, timeout=240)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-5000:]
+
+
+@pytest.fixture(scope="module")
+def out(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    out = tmp_path_factory.mktemp("fsdp")
+    # one process: references (single) and the 1-process FSDP checkpoint that 2 processes resume
+    _launch(out, ["F:single:16:8:clip=0.5:weights=1", "G:single:16:4", "H:fsdp:16:4:clip=0.5:save=4", "P:fsdp:16:2:precision=bf16-mixed",
+                  "Q:fsdp:16:3:precision=16-mixed:clip=0.5", "W:fsdp:16:3:accum=2:save=1"], 1)
+    shutil.copytree(out / "H" / "checkpoints", out / "I" / "checkpoints")
+    # two processes x half the batch
+    _launch(out, ["A:fsdp:8:8:clip=0.5:save=2:keep=2:async=1:weights=1", "B:fsdp:4:8:accum=2", "C:fsdp:8:4:clip=0.5:save=4",
+                  "I:fsdp:8:8:clip=0.5:save=4:resume=1", f"L:fsdp:8:1:lr=0:load={out / 'F' / 'weights.safetensors'}"], 2)
+    # a newer checkpoint with a truncated shard, named by `latest`: resume=True must skip it
+    ckpts = out / "C" / "checkpoints"
+    shutil.copytree(ckpts / "iter_4.dcp", ckpts / "iter_6.dcp")
+    shard = ckpts / "iter_6.dcp" / "__1_0.distcp"
+    shard.write_bytes(shard.read_bytes()[:40])
+    (ckpts / "latest").write_text("iter_6.dcp\n")
+    # one process resumes the 2-process checkpoint: without a process group (single), and as a 1-process FSDP run
+    # ... and the async checkpoint of iteration 6
+    _launch(out, [f"E:single:16:8:clip=0.5:resume={ckpts / 'iter_4.dcp'}", "D:fsdp:16:8:clip=0.5:save=4:resume=1:work=C",
+                  f"K:single:16:8:clip=0.5:resume={out / 'A' / 'checkpoints' / 'iter_6.dcp'}"], 1)
+    return out
+
+
+def _result(out: Path, name: str, rank: int = 0) -> dict:
+    return torch.load(out / name / f"result_rank{rank}.pt", weights_only=True)
+
+
+def _assert_params_close(a: dict, b: dict) -> None:
+    assert a["params"].keys() == b["params"].keys()
+    for k, v in b["params"].items():
+        torch.testing.assert_close(a["params"][k], v, atol=ATOL, rtol=0, msg=k)
+
+
+def test_fsdp_two_processes_equal_one_process_with_clipping(out: Path) -> None:
+    """2 ranks x batch 8, sharded, gradient clipping active (max_norm 0.5) == 1 process x batch 16: weights and the clipped norm."""
+    fsdp, single = _result(out, "A"), _result(out, "F")
+    assert (fsdp["strategy"], fsdp["world_size"], single["strategy"]) == ("fsdp", 2, "single")
+    _assert_params_close(fsdp, single)
+    assert single["grad_norm"] > 0.5  # clipping did act
+    for rank in (0, 1):  # the norm over every rank's shards, the same on each rank
+        torch.testing.assert_close(_result(out, "A", rank)["grad_norm"], single["grad_norm"], atol=1e-6, rtol=1e-6)
+
+
+def test_fsdp_accumulation_equals_the_big_batch(out: Path) -> None:
+    """2 ranks x batch 4 x accumulative_counts 2 (gradient sync off inside each window) == 1 process x batch 16."""
+    _assert_params_close(_result(out, "B"), _result(out, "G"))
+
+
+def test_two_process_checkpoint_resumes_on_one_process(out: Path) -> None:
+    """Steps 1-4 on 2 processes, 5-8 on 1: as a 1-process FSDP run and as strategy='single' (no process group) == uninterrupted."""
+    single = _result(out, "F")
+    for name in ("D", "E"):
+        resumed = _result(out, name)
+        assert resumed["iteration"] == 8 and resumed["world_size"] == 1
+        _assert_params_close(resumed, single)
+
+
+def test_async_checkpoint_holds_the_state_of_its_iteration(out: Path) -> None:
+    """The async (dcp.async_save) checkpoint of iteration 6 of the 2-process run, resumed on one process == uninterrupted."""
+    _assert_params_close(_result(out, "K"), _result(out, "F"))
+
+
+def test_one_process_checkpoint_resumes_on_two_processes(out: Path) -> None:
+    """Steps 1-4 on 1 FSDP process, 5-8 on 2 == uninterrupted (both ranks)."""
+    assert _result(out, "I")["iteration"] == 8
+    _assert_params_close(_result(out, "I"), _result(out, "F"))
+
+
+def test_corrupt_newest_checkpoint_directory_is_skipped(out: Path) -> None:
+    """`latest` names a directory with a truncated shard: resume warns, names it, and takes the previous one."""
+    warned = [w for w in _result(out, "D")["warnings"] if "iter_6.dcp" in w]
+    assert warned and "Skipping checkpoint" in warned[0], _result(out, "D")["warnings"]
+
+
+def test_sharded_checkpoints_are_directories_kept_k_with_latest(out: Path) -> None:
+    """Async saves every 2 of 8 iterations, max_keep_ckpts=2: two complete directories, `latest` on the last, no temporary left."""
+    ckpts = out / "A" / "checkpoints"
+    assert sorted(p.name for p in ckpts.iterdir()) == ["iter_6.dcp", "iter_8.dcp", "latest"]
+    assert (ckpts / "latest").read_text().strip() == "iter_8.dcp"
+    for d in ("iter_6.dcp", "iter_8.dcp"):
+        assert sorted(p.name for p in (ckpts / d).iterdir()) == [".metadata", "__0_0.distcp", "__1_0.distcp", "trainer_state.pth"]
+
+
+def test_save_weights_under_fsdp_equals_single_process_weights(out: Path) -> None:
+    """save_weights gathers the shards: the same keys as the single-process export, values within tolerance, and equal to the model."""
+    from safetensors.torch import load_file
+
+    fsdp, single = load_file(out / "A" / "weights.safetensors"), load_file(out / "F" / "weights.safetensors")
+    assert fsdp.keys() == single.keys() == {"l1.weight", "l1.bias", "l2.weight", "l2.bias"}
+    for k, v in single.items():
+        torch.testing.assert_close(fsdp[k], v, atol=ATOL, rtol=0)
+        assert torch.equal(fsdp[k], _result(out, "A")["params"][k])
+
+
+def test_bf16_mixed_precision_becomes_the_fsdp_policy(out: Path) -> None:
+    """precision='bf16-mixed': the forward sees bfloat16 parameters (MixedPrecisionPolicy), the sharded master weights stay float32."""
+    r = _result(out, "P")
+    assert (r["seen_dtype"], r["param_dtype"]) == ("torch.bfloat16", "torch.float32")
+
+
+def test_single_strategy_loads_weights_from_a_sharded_checkpoint(out: Path, tmp_path: Path) -> None:
+    """load_weights(dir) of a 2-process FSDP checkpoint, in a process without a process group: the full weights, as saved."""
+    import importlib.util
+
+    import trainwright as tw
+    from trainwright.strategies.dcp_io import load_full
+
+    spec = importlib.util.spec_from_file_location("fsdp_train", SCRIPT)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    ckpt = out / "C" / "checkpoints" / "iter_4.dcp"
+    with tw.Trainer(model=module.MLP(), work_dir=tmp_path, strategy="single", log_level="WARNING") as trainer:
+        assert trainer.load_weights(ckpt, strict=True) == ([], [])
+        saved = load_full(ckpt)["model"]
+        assert saved.keys() == trainer.unwrapped_model.state_dict().keys()
+        for k, v in trainer.unwrapped_model.state_dict().items():
+            assert torch.equal(v, saved[k]), k
+        assert saved["l1.weight"].shape == (8, 4)  # whole, not a shard
+
+
+def test_fp16_under_fsdp_uses_the_sharded_grad_scaler(out: Path) -> None:
+    """precision='16-mixed': float16 parameters in the forward and a ShardedGradScaler (ranks agree on skipped steps); training stays finite."""
+    r = _result(out, "Q")
+    assert (r["seen_dtype"], r["scaler"], r["iteration"], r["error"]) == ("torch.float16", "ShardedGradScaler", 3, None)
+    assert all(torch.isfinite(v).all() for v in r["params"].values())
+
+
+def test_checkpoint_inside_an_accumulation_window_is_refused_with_the_fix(out: Path) -> None:
+    r = _result(out, "W")
+    assert r["iteration"] == 1 and "inside a gradient accumulation window" in r["error"] and "multiple of accumulative_counts" in r["error"]
+    assert not list((out / "W" / "checkpoints").glob("*.dcp"))  # nothing half-written
+
+
+def test_load_from_full_weights_into_a_sharded_model(out: Path) -> None:
+    """load_from= a single-process safetensors export on 2 FSDP ranks (one step at lr=0): the model holds exactly those weights."""
+    from safetensors.torch import load_file
+
+    loaded, exported = _result(out, "L"), load_file(out / "F" / "weights.safetensors")
+    assert loaded["params"].keys() == exported.keys()
+    for k, v in exported.items():
+        assert torch.equal(loaded["params"][k], v), k
