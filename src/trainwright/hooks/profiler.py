@@ -128,9 +128,10 @@ class ProfilerHook(Hook):
         self._iteration = it = trainer.progress.iteration
         if self._recording_from is None and prof.current_action in (torch.profiler.ProfilerAction.RECORD, torch.profiler.ProfilerAction.RECORD_AND_SAVE):
             self._recording_from = it
-        prof.step()  # after the last active iteration of a cycle this writes its trace
+        if it < self._window[-1] or prof.current_action == torch.profiler.ProfilerAction.RECORD_AND_SAVE:
+            prof.step()  # after the last active iteration of a cycle this writes its trace
         if it >= self._window[-1]:
-            self._stop()
+            self._stop()  # (training ends inside a cycle: what it recorded is written, with no empty step after it)
 
     def after_train(self, trainer: TrainerView) -> None:  # noqa: D102
         self._stop()  # training ended inside the window: the iterations recorded so far are written
