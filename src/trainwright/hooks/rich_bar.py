@@ -74,7 +74,7 @@ class LiveBar(Progress):
 
     def lines_above(self) -> TextIO:
         """A stream whose lines are printed above the bars."""
-        return FileProxy(self.console, self.console.file)
+        return FileProxy(self.console, self.console.file)  # type: ignore[return-value] # a TextIOBase that writes through the console
 
     def stop(self) -> None:
         """Draw the final positions and stop the display (the bars stay on screen)."""

@@ -44,7 +44,7 @@ class Trainer:
         param_scheduler: A scheduler, a dict or a list of dicts (``type``, ``by_epoch``, ``begin``, ``end``...).
         val_evaluator / test_evaluator: A Metric, an Evaluator, or dict(s) of metrics.
         default_hooks: Configure or disable (None) stock hooks by name: ``timer``,
-            ``logger``, ``param_scheduler``, ``checkpoint``, ``sampler_seed``.
+            ``logger``, ``param_scheduler``, ``checkpoint``, ``sampler_seed``, ``preemption``, ``progress_bar``.
         custom_hooks: More hooks (objects or dicts with ``type``).
         precision: ``"32"``, ``"bf16-mixed"`` or ``"16-mixed"``.
         strategy: ``"auto"`` (default), ``"single"``, a dict or a Strategy.
