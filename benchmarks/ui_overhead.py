@@ -10,9 +10,10 @@
    that long, ``refresh_per_second`` times a second), so its share of a training thread's
    time is ``redraw × refresh_per_second``.
 
-4. ``--instr``: instructions per step (valgrind's callgrind, immune to a busy machine) of
-   the training iterations of 2., timing off / on; the loop's span is marked by calls of
-   ``time.thread_time_ns`` (``--dump-before``), so imports and setup are not counted.
+4. ``--instr``: instruction counts under valgrind's callgrind (immune to a busy machine) of
+   one hook call plain / timed and of one bar redraw; the spans are marked by calls of
+   ``time.thread_time_ns`` (``--dump-before``). The modules are loaded by path without
+   torch, so this takes seconds; per step, multiply by the timed calls per step.
 
 Run:  python benchmarks/ui_overhead.py [--rounds 11] [--instr]
 """
@@ -142,68 +143,95 @@ def bar_costs(repeats: int = 50) -> tuple[int, float]:
         n[0] += 37
         t = time.perf_counter()
         with console.capture():
-            console.print(bar.get_renderable())  # what a redraw renders
+            console.print(bar.render())  # what a redraw renders
         times.append(time.perf_counter() - t)
     return per_iter, statistics.median(times) * 1e3
 
 
-INSTR_STEPS = 300
+INSTR_CALLS = 20_000
+SRC = Path(__file__).resolve().parents[1] / "src" / "trainwright"
 
 
-def instr_child(timing: bool, extra: bool) -> None:
-    """One training run of INSTR_STEPS steps; the span between the two thread_time_ns calls is the loop."""
-    torch.set_num_threads(1)
+def _load(name: str, path: Path):
+    """A trainwright module by path, without importing the package (and torch): callgrind then runs in seconds."""
+    import importlib.util
+    import types
 
-    class Mark(tw.Hook):
-        priority = "HIGHEST"
+    if "trainwright.hooks.hook" not in sys.modules:  # timing.py needs only Hook and EVENTS from it
+        stub = types.ModuleType("trainwright.hooks.hook")
+        stub.EVENTS = ("after_train_iter",)  # type: ignore[attr-defined]
+        stub.Hook = type("Hook", (), {"state_key": "Hook"})  # type: ignore[attr-defined]
+        sys.modules["trainwright.hooks.hook"] = stub
+    spec = importlib.util.spec_from_file_location(name, path)
+    mod = importlib.util.module_from_spec(spec)  # type: ignore[arg-type]
+    spec.loader.exec_module(mod)  # type: ignore[union-attr]
+    return mod
 
-        def before_train(self, trainer) -> None:
-            time.thread_time_ns()  # callgrind dumps before this: the next part is the loop
 
-        def after_train_epoch(self, trainer) -> None:
-            time.thread_time_ns()
+def instr_child() -> None:
+    """Parts between time.thread_time_ns() marks: INSTR_CALLS plain calls | INSTR_CALLS timed calls | 20 bar redraws."""
+    timing = _load("ui_timing", SRC / "hooks" / "timing.py")
+    rich_bar = _load("ui_rich_bar", SRC / "hooks" / "rich_bar.py")
 
-    torch.manual_seed(0)
-    data = ov.make_data(ov.Workload("A", W.sizes, W.batch, INSTR_STEPS))
-    with tempfile.TemporaryDirectory() as tmp, contextlib.redirect_stdout(io.StringIO()):
-        trainer = tw.Trainer(
-            model=Net(), work_dir=tmp, train_dataloader=DataLoader(data, batch_size=W.batch),
-            optim_wrapper=dict(optimizer=dict(type="SGD", lr=0.01, momentum=0.9)), train_cfg=dict(by_epoch=True, max_epochs=1),
-            custom_hooks=[Mark()] + ([EveryIter()] if extra else []), randomness=dict(seed=0), hook_timing=timing,
-            default_hooks=dict(progress_bar=None),  # its refresh thread runs by wall time, which valgrind stretches
+    class H:
+        n = 0
+
+        def after_train_iter(self, trainer, batch_idx, data_batch=None, outputs=None):
+            self.n += 1
+
+    h = H()
+    plain = h.after_train_iter
+    timed = timing.HookTimer().wrap(h, "after_train_iter", plain)
+    term = io.StringIO()
+    bar = rich_bar.LiveBar(term, refresh_per_second=2, force=True)
+    n = [0]
+    bar.add_source(lambda: (n[0], "train epoch 1/10"), 10_000)
+    bar.add_source(lambda: (n[0] // 3, "val"), 500)
+    bar.set_stats(0, "loss 0.1234  lr 1.00e-02")
+    with bar.console.capture():
+        bar.console.print(bar.render())  # warm caches
+    for fns in ((plain,), (timed,)):
+        time.thread_time_ns()
+        for _ in range(INSTR_CALLS):
+            for fn in fns:
+                fn(None, 0, None, None)
+    time.thread_time_ns()
+    for _ in range(20):
+        n[0] += 37
+        with bar.console.capture():
+            bar.console.print(bar.render())
+    time.thread_time_ns()
+
+
+def instr_counts() -> tuple[float, float, float]:
+    """(instructions per plain call, per timed call, per bar redraw) under callgrind."""
+    with tempfile.TemporaryDirectory() as tmp:
+        out = os.path.join(tmp, "cg")
+        env = {**os.environ, "PYTHONHASHSEED": "0"}
+        subprocess.run(
+            ["valgrind", "--tool=callgrind", "--dump-before=time_thread_time_ns", f"--callgrind-out-file={out}", sys.executable, __file__, "--instr-child"],
+            check=True, capture_output=True, env=env,
         )
-        trainer.train()
-        trainer.close()
+        parts = sorted(glob.glob(out + ".*"), key=lambda p: int(p.rsplit(".", 1)[1]))
 
+        def total(path: str) -> int:
+            return next(int(line.split()[1]) for line in open(path) if line.startswith(("totals:", "summary:")))
 
-def instr_per_step(timing: bool, extra: bool, tmp: str) -> float:
-    out = os.path.join(tmp, f"cg.{int(timing)}{int(extra)}")
-    env = {**os.environ, "PYTHONHASHSEED": "0", "OMP_NUM_THREADS": "1"}
-    subprocess.run(
-        ["valgrind", "--tool=callgrind", "--dump-before=time_thread_time_ns", f"--callgrind-out-file={out}", sys.executable, __file__, "--instr-child", f"{int(timing)}{int(extra)}"],
-        check=True, capture_output=True, env=env,
-    )
-    parts = sorted(glob.glob(out + ".*"), key=lambda p: int(p.rsplit(".", 1)[1]))
-    loop = parts[1]  # dump 1: start → before_train; dump 2: the loop → after_train_epoch
-    totals = [line for line in open(loop) if line.startswith("totals:") or line.startswith("summary:")]
-    return int(totals[0].split()[1]) / INSTR_STEPS
+        return total(parts[1]) / INSTR_CALLS, total(parts[2]) / INSTR_CALLS, total(parts[3]) / 20
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rounds", type=int, default=11)
     parser.add_argument("--instr", action="store_true", help="instructions per step under callgrind (slow: minutes)")
-    parser.add_argument("--instr-child", help=argparse.SUPPRESS)
+    parser.add_argument("--instr-child", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.instr_child:
-        instr_child(args.instr_child[0] == "1", args.instr_child[1] == "1")
+        instr_child()
         return
     if args.instr:
-        with tempfile.TemporaryDirectory() as tmp:
-            for extra in (False, True):
-                off, on = instr_per_step(False, extra, tmp), instr_per_step(True, extra, tmp)
-                label = "default hooks" + (" + every-iter hook" if extra else "")
-                print(f"4. instructions per step, {label:<32} timing off {off:,.0f}, on {on:,.0f}, Δ {on - off:+,.0f}")
+        plain, timed, redraw = instr_counts()
+        print(f"4. instructions (callgrind): hook call plain {plain:,.0f}, timed {timed:,.0f} (+{timed - plain:,.0f} per timed call); one bar redraw {redraw:,.0f}")
         return
     print(f"torch {torch.__version__}, python {sys.version.split()[0]}")
     plain, timed = call_cost()
