@@ -123,9 +123,6 @@ class ProgressBarHook(Hook):
         self._writer = _BarWriter(bar, self._train_task)
         trainer.writers.append(self._writer)  # the logger hook's records bring the loss and lr
 
-    def train_iter_interval(self, trainer: TrainerView) -> int:  # noqa: D102
-        return 0  # the bar reads trainer.progress when it is drawn: no call per iteration
-
     def after_train(self, trainer: TrainerView) -> None:  # noqa: D102
         self._drop_writer(trainer)
 
