@@ -60,6 +60,7 @@ def _run_under_pty(args: list[str], timeout: float = 120) -> tuple[int, str]:
     return code, b"".join(chunks).decode("utf-8", "replace")
 
 
+@pytest.mark.slow  # a child process training for a few seconds
 def test_terminal_shows_live_bar_with_rate_eta_and_loss_and_lines_above_it(tmp_path):
     code, out = _run_under_pty([str(CHILD), str(tmp_path)])
     assert code == 0, out[-3000:]
@@ -79,6 +80,7 @@ def test_terminal_shows_live_bar_with_rate_eta_and_loss_and_lines_above_it(tmp_p
     assert "\r" not in log and "\x1b" not in log and "it/s" not in log
 
 
+@pytest.mark.slow  # a child process training for a few seconds
 def test_off_a_terminal_plain_lines_no_carriage_return(tmp_path):
     proc = subprocess.run([sys.executable, str(CHILD), str(tmp_path)], capture_output=True, text=True, env=_env(), timeout=120)
     assert proc.returncode == 0, proc.stderr[-3000:]
@@ -90,6 +92,7 @@ def test_off_a_terminal_plain_lines_no_carriage_return(tmp_path):
     assert "\r" not in log and "Epoch(train) [2][60/60]" in log
 
 
+@pytest.mark.slow  # a child process training for a few seconds
 def test_enable_false_under_a_terminal_draws_nothing(tmp_path):
     code, out = _run_under_pty([str(CHILD), str(tmp_path), "false"])
     assert code == 0, out[-3000:]
@@ -120,3 +123,13 @@ def test_stock_hook_configured_and_switched_off_by_name(trainer_factory):
 def test_bad_arguments(kwargs):
     with pytest.raises(ValueError, match="ProgressBarHook"):
         ProgressBarHook(**kwargs)
+
+
+def test_in_process_off_a_terminal_no_bar_and_no_carriage_return(trainer_factory, capsys):
+    t = trainer_factory(log_level="INFO", train_cfg=dict(max_epochs=2))
+    t.train()
+    t.flush_logs()
+    out = capsys.readouterr().out
+    assert "Epoch(train) [2][10/10]" in out
+    assert "\r" not in out and "\x1b" not in out and "it/s" not in out
+    assert "\r" not in (t.run_dir / "train.log").read_text()
