@@ -15,7 +15,7 @@
    ``time.thread_time_ns`` (``--dump-before``). The modules are loaded by path without
    torch, so this takes seconds; per step, multiply by the timed calls per step.
 
-Run:  python benchmarks/ui_overhead.py [--rounds 11] [--instr]
+Run:  python benchmarks/ui_overhead.py [--rounds 11] [--threads 1] [--instr]
 """
 
 from __future__ import annotations
@@ -224,8 +224,11 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rounds", type=int, default=11)
     parser.add_argument("--instr", action="store_true", help="instructions per step under callgrind (slow: minutes)")
+    parser.add_argument("--threads", type=int, default=0, help="torch intra-op threads (0: torch's default; 1 steadies a busy machine)")
     parser.add_argument("--instr-child", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args()
+    if args.threads:
+        torch.set_num_threads(args.threads)
     if args.instr_child:
         instr_child()
         return
