@@ -37,7 +37,7 @@ from trainwright.data.loader import build_dataloader  # noqa: E402
 from trainwright.optim import OptimWrapper  # noqa: E402
 
 W = ov.WORKLOADS["A"]
-STOCK = ("timer", "logger", "param_scheduler", "checkpoint", "sampler_seed", "preemption")
+STOCK = ("timer", "logger", "param_scheduler", "checkpoint", "sampler_seed", "preemption", "progress_bar")
 
 
 class Net(tw.BaseModel):

@@ -58,3 +58,10 @@ def test_overhead_breakdown_runs(tmp_path: Path) -> None:
     stdout = _run(["benchmarks/overhead_breakdown.py", "--rounds", "1"], tmp_path, timeout=240)
     for variant in ("raw", "train_step", "trainer", "+logger", "default"):
         assert f"  {variant} " in stdout, stdout
+
+
+@pytest.mark.slow
+def test_ui_overhead_runs(tmp_path: Path) -> None:
+    stdout = _run(["benchmarks/ui_overhead.py", "--rounds", "1"], tmp_path, timeout=240)
+    for row in ("1. one hook call", "2. workload A, default hooks", "3. progress bar: 0 hook calls per training iteration"):
+        assert row in stdout, stdout

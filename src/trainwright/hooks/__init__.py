@@ -9,6 +9,8 @@ from trainwright.hooks.iter_timer import IterTimerHook
 from trainwright.hooks.logger import LoggerHook
 from trainwright.hooks.param_scheduler import ParamSchedulerHook
 from trainwright.hooks.preemption import PreemptionHook
+from trainwright.hooks.profiler import ProfilerHook
+from trainwright.hooks.progress_bar import ProgressBarHook
 from trainwright.hooks.sampler_seed import DistSamplerSeedHook
 
-__all__ = ["Hook", "HookList", "EVENTS", "CheckpointHook", "IterTimerHook", "LoggerHook", "ParamSchedulerHook", "DistSamplerSeedHook", "EMAHook", "EarlyStoppingHook", "PreemptionHook"]
+__all__ = ["Hook", "HookList", "EVENTS", "CheckpointHook", "IterTimerHook", "LoggerHook", "ParamSchedulerHook", "DistSamplerSeedHook", "EMAHook", "EarlyStoppingHook", "PreemptionHook", "ProfilerHook", "ProgressBarHook"]

@@ -13,8 +13,10 @@ from typing import Any
 
 from trainwright.checkpoint.stateful import Stateful
 from trainwright.hooks.hook import EVENTS, Hook, get_priority, require_hook
+from trainwright.hooks.timing import HookTimer
 
 Call = Callable[..., Any]
+Interval = int | range  # see Hook.train_iter_interval
 
 
 class IterSchedule:
@@ -22,7 +24,8 @@ class IterSchedule:
 
     Each hook has an interval ``n`` (see :meth:`Hook.train_iter_interval`): ``1`` every
     iteration, ``n > 1`` at multiples of ``n``, at an epoch's last iteration and at the run's
-    last iteration (``last_iter``), ``0`` never.
+    last iteration (``last_iter``), ``0`` never; or a window, a ``range`` of iteration
+    numbers: exactly at those.
     The loop reads :attr:`before_every` / :attr:`after_every` (the interval-1 hooks) at most
     iterations and asks :meth:`due` only when :attr:`next_due` is reached or an epoch ends:
     one comparison per step, and hooks are called exactly when due, in priority order.
@@ -33,13 +36,14 @@ class IterSchedule:
         last_iter: The run's last iteration (``max_iters``); 0: unknown (a hand-driven loop).
     """
 
-    def __init__(self, before: list[tuple[Call, int]], after: list[tuple[Call, int]], last_iter: int = 0) -> None:
+    def __init__(self, before: list[tuple[Call, Interval]], after: list[tuple[Call, Interval]], last_iter: int = 0) -> None:
         self.last_iter = last_iter
-        self._before = [(fn, n) for fn, n in before if n > 0]
-        self._after = [(fn, n) for fn, n in after if n > 0]
+        self._before = [(fn, n) for fn, n in before if n]  # 0 and empty windows: never
+        self._after = [(fn, n) for fn, n in after if n]
         self.before_every: tuple[Call, ...] = tuple(fn for fn, n in self._before if n == 1)
         self.after_every: tuple[Call, ...] = tuple(fn for fn, n in self._after if n == 1)
-        self._gated = sorted({n for _, n in self._before + self._after if n > 1})
+        self._gated = sorted({n for _, n in self._before + self._after if isinstance(n, int) and n > 1})
+        self._windows = list(dict.fromkeys(n for _, n in self._before + self._after if isinstance(n, range)))
         self._cache: dict[Any, tuple[tuple[Call, ...], tuple[Call, ...]]] = {}  # per set of due intervals
         #: The next iteration (run-wide, 1-based) at which a gated hook is due; 0 until the
         #: first :meth:`due` call places it (so a run resumed at any iteration starts right).
@@ -49,21 +53,34 @@ class IterSchedule:
         """``(before calls, after calls)`` for ``iteration`` (1-based); moves :attr:`next_due` past it."""
         self.next_due = self._next_after(iteration)
         epoch_end = epoch_end or iteration == self.last_iter  # the run's end is due like an epoch's
-        key = -1 if epoch_end else tuple(n for n in self._gated if iteration % n == 0)  # which intervals are due
+        key: Any = -1 if epoch_end else tuple(n for n in self._gated if iteration % n == 0)  # which intervals are due
+        if self._windows:
+            key = (key, tuple(w for w in self._windows if iteration in w))  # and which windows
         calls = self._cache.get(key)
         if calls is None:
 
-            def pick(hooks: list[tuple[Call, int]]) -> tuple[Call, ...]:
-                return tuple(fn for fn, n in hooks if n == 1 or epoch_end or iteration % n == 0)
+            def pick(hooks: list[tuple[Call, Interval]]) -> tuple[Call, ...]:
+                return tuple(fn for fn, n in hooks if n == 1 or (iteration in n if isinstance(n, range) else epoch_end or iteration % n == 0))
 
             calls = self._cache[key] = (pick(self._before), pick(self._after))
         return calls
 
     def _next_after(self, iteration: int) -> float:
-        if not self._gated:
-            return float("inf")
-        nxt = min((iteration // n + 1) * n for n in self._gated)
-        return min(nxt, self.last_iter) if iteration < self.last_iter else nxt
+        nxt: float = min((iteration // n + 1) * n for n in self._gated) if self._gated else float("inf")
+        if self._gated and iteration < self.last_iter:
+            nxt = min(nxt, self.last_iter)
+        for w in self._windows:
+            nxt = min(nxt, _next_in(w, iteration))
+        return nxt
+
+
+def _next_in(window: range, iteration: int) -> float:
+    """The first number of ``window`` above ``iteration`` (inf when none is left)."""
+    if not window or window[-1] <= iteration:
+        return float("inf")
+    if iteration < window.start:
+        return window.start
+    return window.start + ((iteration - window.start) // window.step + 1) * window.step
 
 
 class HookList:
@@ -72,12 +89,18 @@ class HookList:
     Hooks are sorted by priority (stable: equal priorities keep insertion order).
     ``calls[event]`` is a tuple of bound methods; the loops iterate it directly. The
     per-iteration training events are dispatched through :attr:`schedule`.
+
+    Args:
+        hooks: The hooks.
+        timer: Time every hook call (see :mod:`trainwright.hooks.timing`): the lists then hold
+            timing wrappers of the bound methods, built here once. None: the plain methods.
     """
 
-    def __init__(self, hooks: Iterable[Hook] = ()) -> None:
+    def __init__(self, hooks: Iterable[Hook] = (), timer: HookTimer | None = None) -> None:
         self._hooks: list[Hook] = []
-        self._intervals: dict[int, int] = {}
+        self._intervals: dict[int, Interval] = {}
         self._last_iter = 0
+        self.timer = timer
         self.calls: dict[str, tuple[Call, ...]] = {}
         self.schedule = IterSchedule([], [])
         for h in hooks:
@@ -107,10 +130,11 @@ class HookList:
         if dup:
             raise ValueError(f"Two stateful hooks share the state_key {sorted(dup)}; give each copy a distinct `state_key`")
         active = {ev: [h for h in self._hooks if getattr(type(h), ev) is not getattr(Hook, ev)] for ev in EVENTS}
-        self.calls = {ev: tuple(getattr(h, ev) for h in hooks) for ev, hooks in active.items()}
+        timer = self.timer
+        self.calls = {ev: tuple(getattr(h, ev) if timer is None else timer.wrap(h, ev, getattr(h, ev)) for h in hooks) for ev, hooks in active.items()}
         self.schedule = IterSchedule(
-            [(h.before_train_iter, self._intervals.get(id(h), 1)) for h in active["before_train_iter"]],
-            [(h.after_train_iter, self._intervals.get(id(h), 1)) for h in active["after_train_iter"]],
+            [(fn, self._intervals.get(id(h), 1)) for h, fn in zip(active["before_train_iter"], self.calls["before_train_iter"])],
+            [(fn, self._intervals.get(id(h), 1)) for h, fn in zip(active["after_train_iter"], self.calls["after_train_iter"])],
             self._last_iter,
         )
 
@@ -134,8 +158,13 @@ class HookList:
                         stacklevel=2,
                     )
                     n = 0
-                if not isinstance(n, int) or isinstance(n, bool) or n < 0:
-                    raise ValueError(f"{type(h).__name__}.train_iter_interval() must return an int >= 0 (0: never, 1: every iteration), got {n!r}")
+                if isinstance(n, range):
+                    if n and (n.start < 1 or n.step < 1):
+                        raise ValueError(f"{type(h).__name__}.train_iter_interval() returned {n!r}: a window holds iteration numbers >= 1 in increasing order, e.g. range(11, 16)")
+                elif not isinstance(n, int) or isinstance(n, bool) or n < 0:
+                    raise ValueError(
+                        f"{type(h).__name__}.train_iter_interval() must return an int >= 0 (0: never, 1: every iteration) or a range of iterations, got {n!r}"
+                    )
                 if n != 1:
                     self._intervals[id(h)] = n
         self._rebuild()

@@ -157,7 +157,7 @@ class Hook:
     def after_load_checkpoint(self, trainer: TrainerView, checkpoint: dict) -> None:
         """Called after a checkpoint has been loaded for resume."""
 
-    def train_iter_interval(self, trainer: TrainerView) -> int:
+    def train_iter_interval(self, trainer: TrainerView) -> int | range:
         """Every how many iterations this hook's per-iteration training events have work, in this ``train()``.
 
         The one way to gate a hook by iterations. Asked once, right after ``before_train``:
@@ -166,7 +166,9 @@ class Hook:
         * ``n > 1``: they run only around the iterations whose run-wide number is a multiple
           of ``n``, around each epoch's last iteration and around the run's last iteration
           (an interval's short tail);
-        * ``0``: never in this run (the hook has nothing to do per iteration).
+        * ``0``: never in this run (the hook has nothing to do per iteration);
+        * a ``range`` of run-wide iteration numbers (1-based): around exactly those, e.g.
+          ``range(101, 111)`` for a window of ten (epoch ends outside it do not count).
 
         Hooks due at the same iteration run in priority order. A hook called only when due
         costs nothing at the other iterations, which matters on small models.

@@ -59,6 +59,7 @@ class TrainerView(Protocol):
         param_schedulers: The parameter schedulers (list, or dict per optimizer).
         hooks: The hook list.
         work_dir: The run's work directory.
+        run_dir: This run's folder (``work_dir/<experiment_name>``: log, metrics, traces).
         writers: Where records go (empty on every process but rank 0).
     """
 
@@ -72,6 +73,7 @@ class TrainerView(Protocol):
     param_schedulers: Any
     hooks: HookList
     work_dir: Path
+    run_dir: Path
     writers: list[Writer]
 
     @property

@@ -150,3 +150,18 @@ def _record(name: str, level: int, msg: str, created: float) -> logging.LogRecor
     r.created = created
     r.msecs = (created - int(created)) * 1000
     return r
+
+
+def console_stream(logger: logging.Logger) -> TextIO | None:
+    """The stream the logger's console handler writes to (``sys.stdout`` as it was at creation), or None."""
+    for h in logger.handlers:
+        if isinstance(h, _TeeHandler):
+            return h.stream
+    return None
+
+
+def set_console_stream(logger: logging.Logger, stream: TextIO) -> None:
+    """Send the logger's console output to ``stream`` (e.g. through a live progress display); the log file is unchanged."""
+    for h in logger.handlers:
+        if isinstance(h, _TeeHandler):
+            h.stream = stream

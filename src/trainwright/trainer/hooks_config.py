@@ -6,6 +6,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 import trainwright.hooks.preemption  # noqa: F401 - registers PreemptionHook
+import trainwright.hooks.progress_bar  # noqa: F401 - registers ProgressBarHook
 from trainwright.hooks.hook import Hook, get_priority, require_hook
 from trainwright.registry import HOOKS, did_you_mean
 
@@ -17,6 +18,7 @@ DEFAULT_HOOKS: dict[str, dict[str, Any]] = {
     "checkpoint": dict(type="CheckpointHook", interval=1, by_epoch=True),
     "sampler_seed": dict(type="DistSamplerSeedHook"),
     "preemption": dict(type="PreemptionHook"),
+    "progress_bar": dict(type="ProgressBarHook"),
 }
 
 
