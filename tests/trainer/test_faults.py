@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import os
 import subprocess
+import sys
 import warnings
 from pathlib import Path
 
@@ -112,3 +113,116 @@ def test_trainers_hold_no_file_descriptors_after_their_runs(tmp_path: Path):
         one_run(i)
     assert open_fds() == before
     assert all((tmp_path / f"r{i}" / "train.log").is_file() for i in range(6))
+
+
+def _big_trainer(work_dir: Path, **kwargs) -> tw.Trainer:
+    """A model whose checkpoint is ~160 KiB: one fits on the tiny disk, two do not."""
+    kwargs.setdefault("train_cfg", dict(by_epoch=True, max_epochs=2))
+    return tw.Trainer(model=LinearReg(d_in=200, d_out=200), work_dir=work_dir, experiment_name="run",
+                      train_dataloader=DataLoader(regression_set(4, d_in=200, d_out=200), batch_size=2),
+                      optim_wrapper=dict(optimizer=dict(type="SGD", lr=0.01)), log_level="WARNING", randomness=dict(seed=0), **kwargs)
+
+
+def _assert_only_previous_checkpoint(ckpt_dir: Path, name: str) -> None:
+    assert sorted(p.name for p in ckpt_dir.iterdir() if p.name != ".lock") == sorted([name, "latest"])  # no temporary file left
+    assert (ckpt_dir / "latest").read_text().strip() == name
+    assert tw.checkpoint.load_file(ckpt_dir / name)["progress"]["epoch"] == 1
+
+
+def test_disk_full_during_a_checkpoint_write_raises_the_oserror_with_the_path(tiny_disk: Path):
+    """torch reports it as "RuntimeError: [enforce fail at inline_container.cc] unexpected pos"; the real OSError was only in __context__."""
+    t = _big_trainer(tiny_disk)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # the log files on the same full disk warn too
+        with pytest.raises(OSError, match=r"No space left on device.*epoch_2\.pth.*previous checkpoint.*free space") as e:
+            t.train()
+    t.close()
+    assert e.value.errno == 28 and e.value.filename == str(tiny_disk / "checkpoints" / "epoch_2.pth")
+    _assert_only_previous_checkpoint(tiny_disk / "checkpoints", "epoch_1.pth")
+
+
+CTRL_C_SCRIPT = r"""
+import os, sys, signal, threading, time
+sys.path.insert(0, {tests!r})
+import torch
+from conftest import LinearReg, regression_set
+from torch.utils.data import DataLoader
+import trainwright as tw
+
+t = tw.Trainer(model=LinearReg(d_in=1000, d_out=2000), work_dir={work!r}, experiment_name="run", log_level="WARNING", randomness=dict(seed=0),
+               train_dataloader=DataLoader(regression_set(4, d_in=1000, d_out=2000), batch_size=2), optim_wrapper=dict(optimizer=dict(type="SGD", lr=0.01)),
+               train_cfg=dict(by_epoch=True, max_epochs=1))
+t.train()  # epoch_1.pth and latest
+start = time.perf_counter()
+t.save_checkpoint("iter_99.pth")  # how long one write of ~8 MB takes here
+half = (time.perf_counter() - start) / 2
+for attempt in range(50):
+    in_save = False
+    try:
+        threading.Timer(half, os.kill, (os.getpid(), signal.SIGINT)).start()  # Ctrl-C, halfway through the write
+        in_save = True
+        t.save_checkpoint("iter_99.pth")
+        in_save = False
+        time.sleep(half * 4)
+    except BaseException as e:
+        if in_save:
+            print("RAISED", type(e).__name__, flush=True)
+            break
+"""
+
+
+@pytest.mark.slow
+def test_ctrl_c_during_a_checkpoint_write_stays_a_keyboard_interrupt(tmp_path: Path):
+    work = tmp_path / "work"
+    script = CTRL_C_SCRIPT.format(tests=str(Path(__file__).parents[1]), work=str(work))
+    env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=os.pathsep.join([str(Path(tw.__file__).parents[1]), os.environ.get("PYTHONPATH", "")]))
+    p = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120, env=env)
+    assert "RAISED KeyboardInterrupt" in p.stdout, p.stdout + p.stderr[-3000:]
+    assert "unexpected pos" not in p.stderr
+    ckpt = work / "checkpoints"
+    assert not [q.name for q in ckpt.iterdir() if ".tmp." in q.name]  # the interrupted write left nothing behind
+    assert (ckpt / "latest").read_text().strip() == "epoch_1.pth"
+    assert tw.checkpoint.load_file(ckpt / "epoch_1.pth")["progress"]["epoch"] == 1
+
+
+HTML = b"<!DOCTYPE html><html><head><title>404 Not Found</title></head><body>nginx</body></html>\n"
+
+
+def _two_epochs(work: Path) -> None:
+    t = tw.Trainer(model=LinearReg(), work_dir=work, train_dataloader=DataLoader(regression_set(8), batch_size=4), optim_wrapper=dict(optimizer=dict(type="SGD", lr=0.1)),
+                   train_cfg=dict(by_epoch=True, max_epochs=2), log_level="WARNING", randomness=dict(seed=0))
+    with t:
+        t.train()
+
+
+@pytest.mark.parametrize("junk", [HTML, bytes(range(256)) * 8], ids=["html-page", "random-bytes"])
+def test_a_non_zip_corrupt_checkpoint_is_corrupt_not_unsafe_and_resume_falls_back(tmp_path: Path, junk: bytes):
+    """The audit saw an HTML error page reported as *unsafe* (advice: weights_only=False), blocking the fallback."""
+    _two_epochs(tmp_path)
+    ckpt = tmp_path / "checkpoints"
+    (ckpt / "epoch_2.pth").write_bytes(junk)  # e.g. a download that saved the server's error page
+    with pytest.raises(tw.checkpoint.CheckpointError) as e:
+        tw.checkpoint.load_file(ckpt / "epoch_2.pth")
+    assert not isinstance(e.value, tw.checkpoint.UnsafeCheckpointError)
+    assert "corrupt" in str(e.value) and "weights_only=False" not in str(e.value) and str(ckpt / "epoch_2.pth") in str(e.value)
+
+    t = tw.Trainer(model=LinearReg(), work_dir=tmp_path, train_dataloader=DataLoader(regression_set(8), batch_size=4), optim_wrapper=dict(optimizer=dict(type="SGD", lr=0.1)),
+                   train_cfg=dict(by_epoch=True, max_epochs=3), log_level="WARNING", randomness=dict(seed=0), resume=True)
+    with t, pytest.warns(UserWarning, match=r"Skipping checkpoint .*epoch_2\.pth.*corrupt.*trying the previous one"):
+        t.train()
+    assert t.progress.epoch == 3
+    assert (ckpt / "epoch_1.pth").is_file()  # nothing deleted
+
+
+def test_when_every_checkpoint_is_bad_one_error_lists_them_all(tmp_path: Path):
+    _two_epochs(tmp_path)
+    ckpt = tmp_path / "checkpoints"
+    (ckpt / "epoch_2.pth").write_bytes(HTML)
+    (ckpt / "epoch_1.pth").write_bytes(b"\x00" * 100)
+    t = tw.Trainer(model=LinearReg(), work_dir=tmp_path, train_dataloader=DataLoader(regression_set(8), batch_size=4), optim_wrapper=dict(optimizer=dict(type="SGD", lr=0.1)),
+                   train_cfg=dict(by_epoch=True, max_epochs=3), log_level="WARNING", resume=True)
+    with t, warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        with pytest.raises(tw.checkpoint.CheckpointError, match=r"(?s)No checkpoint in .* can be loaded; tried:\n  epoch_2\.pth: .*corrupt.*\n  epoch_1\.pth: .*corrupt.*Restore a checkpoint"):
+            t.train()
+    assert t.progress.iteration == 0
