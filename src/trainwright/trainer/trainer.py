@@ -277,6 +277,7 @@ class Trainer:
         if self.val_loop is None:
             raise ValueError("val() needs a val_dataloader (and usually a val_evaluator)")
         self._prepare()
+        self.should_stop = False  # a stop request of an earlier run does not cut this pass
         return self._run(self.val_loop.run)
 
     def test(self) -> dict[str, float]:
@@ -284,6 +285,7 @@ class Trainer:
         if self.test_loop is None:
             raise ValueError("test() needs a test_dataloader (and usually a test_evaluator)")
         self._prepare()
+        self.should_stop = False
         return self._run(self.test_loop.run)
 
     def bind_step(self) -> None:
@@ -313,7 +315,7 @@ class Trainer:
             if not isinstance(e, SystemExit):  # (a preemption exit is logged by its hook)
                 p = self.progress
                 # the reason reaches train.log too, not only the terminal that may be gone
-                self.logger.error(f"Stopped by {type(e).__name__} at epoch {p.epoch}, iteration {p.iteration}: {e}")
+                self.logger.error(f"Stopped by {type(e).__name__} at epoch {p.epoch}, iteration {p.iteration}: {e}", exc_info=e)
             raise
         finally:
             self._set_forward_caller(None)  # outside a run the model is called the safe way (hooks added later fire)
