@@ -297,3 +297,102 @@ def test_sigterm_during_a_long_validation_ends_it_at_the_next_batch_saves_and_st
         seen.clear()
         t.val()  # a later pass is not cut by the old request
         assert len(seen) == 100
+
+
+def test_runs_started_in_the_same_second_get_their_own_run_folders(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
+    import time
+
+    monkeypatch.setattr(time, "strftime", lambda fmt, *a: "20260101_120000")  # every run starts in the same second
+    made = [tw.Trainer(model=LinearReg(), work_dir=tmp_path, log_level="WARNING") for _ in range(3)]
+    for t in made:
+        t.close()
+    assert [t.run_dir.name for t in made] == ["20260101_120000", "20260101_120000_1", "20260101_120000_2"]
+    assert all((t.run_dir / "train.log").is_file() for t in made)
+
+
+HOLDER_SCRIPT = r"""
+import os, sys, time
+sys.path.insert(0, {tests!r})
+from conftest import LinearReg, regression_set
+from torch.utils.data import DataLoader
+import trainwright as tw
+
+class Hold(tw.Hook):
+    def after_train_iter(self, trainer, batch_idx, data_batch=None, outputs=None):
+        if trainer.progress.iteration == 1:
+            open({ready!r}, "w").close()
+            for _ in range(600):  # at most 60 s
+                if os.path.exists({go!r}):
+                    return
+                time.sleep(0.1)
+
+t = tw.Trainer(model=LinearReg(), work_dir={work!r}, train_dataloader=DataLoader(regression_set(8), batch_size=4), optim_wrapper=dict(optimizer=dict(type="SGD", lr=0.1)),
+               train_cfg=dict(by_epoch=True, max_epochs=1), custom_hooks=[Hold()], log_level="WARNING", randomness=dict(seed=0))
+t.train()
+t.close()
+"""
+
+
+def _start_holder(tmp_path: Path, work: Path, tag: str) -> tuple[subprocess.Popen, Path, Path]:
+    import time
+
+    ready, go = tmp_path / f"ready{tag}", tmp_path / f"go{tag}"
+    script = HOLDER_SCRIPT.format(tests=str(Path(__file__).parents[1]), work=str(work), ready=str(ready), go=str(go))
+    env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=os.pathsep.join([str(Path(tw.__file__).parents[1]), os.environ.get("PYTHONPATH", "")]))
+    p = subprocess.Popen([sys.executable, "-c", script], env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    deadline = time.monotonic() + 60
+    while not ready.exists():
+        assert p.poll() is None, p.communicate()[1][-3000:]
+        assert time.monotonic() < deadline
+        time.sleep(0.05)
+    return p, ready, go
+
+
+@pytest.mark.multiprocess
+@pytest.mark.slow
+def test_a_second_live_run_on_one_work_dir_refuses_to_start_and_a_dead_ones_lock_is_taken_over(tmp_path: Path):
+    """Two runs on one work_dir used to overwrite each other's epoch_N.pth; a later resume continued a mix of both."""
+    work = tmp_path / "work"
+    holder, _, go = _start_holder(tmp_path, work, "1")
+    try:
+        mine = tw.Trainer(model=LinearReg(), work_dir=work, train_dataloader=DataLoader(regression_set(8), batch_size=4), optim_wrapper=dict(optimizer=dict(type="SGD", lr=0.1)),
+                          train_cfg=dict(by_epoch=True, max_epochs=1), log_level="WARNING", randomness=dict(seed=0))
+        with pytest.raises(tw.checkpoint.WorkDirBusyError, match=rf"Another run is training in .*: pid {holder.pid} on .*, since .*another work_dir"):
+            mine.train()
+        assert mine.progress.iteration == 0
+        assert sorted(p.name for p in (work / "checkpoints").iterdir()) == [".lock"]  # the refused run wrote nothing
+        go.touch()
+        assert holder.wait(timeout=60) == 0  # the first run finished undisturbed
+        assert (work / "checkpoints" / "latest").read_text().strip() == "epoch_1.pth"
+        assert not (work / "checkpoints" / ".lock").exists()  # released at its end
+    finally:
+        holder.kill()
+        holder.wait()
+
+    # a run killed while training leaves its lock file; the kernel released the lock: the next run takes it over
+    killed, _, _ = _start_holder(tmp_path, work / "second", "2")
+    killed.kill()
+    killed.wait()
+    assert (work / "second" / "checkpoints" / ".lock").read_text().startswith(f"pid {killed.pid} ")
+    t = tw.Trainer(model=LinearReg(), work_dir=work / "second", train_dataloader=DataLoader(regression_set(8), batch_size=4), optim_wrapper=dict(optimizer=dict(type="SGD", lr=0.1)),
+                   train_cfg=dict(by_epoch=True, max_epochs=1), log_level="WARNING", randomness=dict(seed=0))
+    with t:
+        t.train()
+        t.flush_logs()
+        assert f"Took over the lock of {work / 'second' / 'checkpoints'} from pid {killed.pid} on" in (t.run_dir / "train.log").read_text()
+    assert t.progress.epoch == 1
+
+
+def test_a_second_trainer_in_the_same_process_cannot_train_in_a_work_dir_in_use(trainer_factory, tmp_path: Path):
+    """A notebook cell run twice: the first trainer still trains (here: from inside its own hook)."""
+    errors: list[str] = []
+
+    class TrainAnother(tw.Hook):
+        def after_train_iter(self, trainer, batch_idx, data_batch=None, outputs=None):
+            if trainer.progress.iteration == 1:
+                with pytest.raises(tw.checkpoint.WorkDirBusyError) as e:
+                    trainer_factory(work_dir=tmp_path).train()
+                errors.append(str(e.value))
+
+    trainer_factory(work_dir=tmp_path, custom_hooks=[TrainAnother()]).train()
+    assert errors and f"pid {os.getpid()} " in errors[0] and "this process: another Trainer in it is training" in errors[0]

@@ -11,6 +11,7 @@ from torch import nn
 
 from trainwright.amp.precision import Precision, build_precision
 from trainwright.checkpoint import Stateful
+from trainwright.checkpoint.lock import WorkDirBusyError, WorkDirLock
 from trainwright.hooks.dispatch import HookList
 from trainwright.hooks.hook import Hook
 from trainwright.logging.logger import close_logger, create_logger
@@ -98,8 +99,8 @@ class Trainer:
         self.strategy = build_strategy(strategy)
         self.strategy.setup_env(randomness=randomness)
         self.seed: int = self.strategy.seed  # type: ignore[assignment]
-        # rank 0 names the run: every rank agrees on the run folder even when their clocks straddle a second
-        self.experiment_name: str = self.strategy.broadcast_object(experiment_name or time.strftime("%Y%m%d_%H%M%S"))
+        # rank 0 names (and creates) the run folder: every rank agrees even when their clocks straddle a second
+        self.experiment_name: str = self.strategy.broadcast_object(experiment_name or (new_run_dir(self.work_dir).name if self.is_main_process else None))
         self.run_dir = self.work_dir / self.experiment_name
         self.logger = create_logger(log_file=self.run_dir / "train.log" if self.is_main_process else None, level=log_level, rank=self.strategy.rank)
         # THE rank decision of logging: only the main process has writers; hooks just fan out to this list.
@@ -141,6 +142,7 @@ class Trainer:
         self._registered_stateful: dict[str, Stateful] = {}
         self._checkpoint_server: Callable[[Trainer], Path | None] | None = None
         self._held_lines: Callable[[], None] | None = None  # see hold_log_lines
+        self._lock = WorkDirLock(self.ckpt_dir)  # held while train() runs (rank 0)
 
     @classmethod
     def from_config(cls, cfg: Mapping[str, Any], **overrides: Any) -> Trainer:
@@ -257,20 +259,44 @@ class Trainer:
 
     # -- running --------------------------------------------------------------------------
     def train(self) -> nn.Module:
-        """Run the training loop (validating as configured); return the trained model."""
-        self._build_train()
-        self._prepare()
-        assert self.train_loop is not None
-        self.should_stop = False
-        self.preempted = False
-        loop = self.train_loop
-        if self.progress.iteration >= loop.max_iters:
-            self.logger.warning(
-                f"Nothing to train: training is complete at iteration {self.progress.iteration} of max_iters {loop.max_iters} "
-                f"(epoch {self.progress.epoch}). Raise train_cfg max_epochs / max_iters to train further, or use a new work_dir for a new run."
-            )
-        self._run(loop.run)
+        """Run the training loop (validating as configured); return the trained model.
+
+        Raises:
+            WorkDirBusyError: another live process (or Trainer) is training in this ``work_dir``
+                (the message names its pid); nothing was read or written.
+        """
+        self._lock_work_dir()
+        try:
+            self._build_train()
+            self._prepare()
+            assert self.train_loop is not None
+            self.should_stop = False
+            self.preempted = False
+            loop = self.train_loop
+            if self.progress.iteration >= loop.max_iters:
+                self.logger.warning(
+                    f"Nothing to train: training is complete at iteration {self.progress.iteration} of max_iters {loop.max_iters} "
+                    f"(epoch {self.progress.epoch}). Raise train_cfg max_epochs / max_iters to train further, or use a new work_dir for a new run."
+                )
+            self._run(loop.run)
+        finally:
+            self._lock.release()
         return self.unwrapped_model
+
+    def _lock_work_dir(self) -> None:
+        """Rank 0 takes the checkpoint folder's lock (see :mod:`trainwright.checkpoint.lock`); every rank gets its answer."""
+        error = stale = None
+        if self.is_main_process:
+            try:
+                stale = self._lock.acquire()
+            except WorkDirBusyError as e:
+                error = str(e)
+        if self.strategy.world_size > 1:
+            error = self.strategy.broadcast_object(error)
+        if error is not None:
+            raise WorkDirBusyError(error)
+        if stale is not None:
+            self.logger.warning(f"Took over the lock of {self.ckpt_dir} from {stale}: that process ended without releasing it (killed or crashed)")
 
     def val(self) -> dict[str, float]:
         """One validation pass; returns metrics like ``{"val/acc": 0.97}``."""
@@ -475,6 +501,7 @@ class Trainer:
 
     def close(self) -> None:
         """Close the writers and the log file; release the strategy's resources (a process group)."""
+        self._lock.release()
         for w in self.writers:
             w.close()
         close_logger(self.logger)
@@ -482,6 +509,20 @@ class Trainer:
             self.model = self.unwrapped_base  # drop the distributed wrapper before the strategy leaves its process group
             self._prepared = False
         self.strategy.teardown()
+
+
+def new_run_dir(work_dir: Path) -> Path:
+    """Create and return ``work_dir/<YYYYmmdd_HHMMSS>``, or ``..._1``, ``_2``... when runs start in the same second."""
+    base = time.strftime("%Y%m%d_%H%M%S")
+    work_dir.mkdir(parents=True, exist_ok=True)
+    for i in range(10_000):
+        d = work_dir / (base if i == 0 else f"{base}_{i}")
+        try:
+            d.mkdir()
+        except FileExistsError:
+            continue
+        return d
+    raise FileExistsError(f"No free run folder name for {base} in {work_dir}")
 
 
 if TYPE_CHECKING:
