@@ -396,3 +396,39 @@ def test_a_second_trainer_in_the_same_process_cannot_train_in_a_work_dir_in_use(
 
     trainer_factory(work_dir=tmp_path, custom_hooks=[TrainAnother()]).train()
     assert errors and f"pid {os.getpid()} " in errors[0] and "this process: another Trainer in it is training" in errors[0]
+
+
+# -- errors from the user's model and data: what the trainer expected, and the fix -------------------
+
+
+def test_a_three_element_batch_is_not_fed_into_mode_silently(trainer_factory):
+    ds = torch.utils.data.TensorDataset(torch.randn(8, 4), torch.randn(8, 1), torch.ones(8))  # (x, y, sample weight)
+    with pytest.raises(TypeError, match=r"(?s)batch has 3 elements.*forward\(\*batch, mode='loss'\).*one parameter per element.*dict"):
+        trainer_factory(train_dataloader=DataLoader(ds, batch_size=4)).train()
+
+
+def test_a_single_tensor_batch_names_the_missing_targets(trainer_factory):
+    with pytest.raises((TypeError, AttributeError), match=r"(?s)NoneType.*batch is a single tensor.*no targets.*\(input, target\) pairs"):
+        trainer_factory(train_dataloader=DataLoader(torch.randn(8, 4), batch_size=4)).train()
+
+
+def test_a_detached_loss_names_the_loss_entry(trainer_factory):
+    class Detached(LinearReg):
+        def forward(self, x, y=None, mode="tensor"):
+            out = self.linear(x)
+            if mode == "loss":
+                return {"loss_mse": torch.nn.functional.mse_loss(out, y).detach(), "mae": (out - y).abs().mean()}
+            return out
+
+    with pytest.raises(RuntimeError, match=r"(?s)does not require grad.*loss entries \['loss_mse'\] of Detached.forward.*not connected to the model's parameters.*\.detach\(\)"):
+        trainer_factory(model=Detached()).train()
+
+
+def test_an_iterable_dataset_without_len_says_what_the_trainer_needs(trainer_factory):
+    class Stream(torch.utils.data.IterableDataset):
+        def __iter__(self):
+            for _ in range(8):
+                yield torch.randn(4), torch.randn(1)
+
+    with pytest.raises(TypeError, match=r"(?s)IterableDataset Stream has no __len__.*number of batches per epoch.*def __len__"):
+        trainer_factory(train_dataloader=DataLoader(Stream(), batch_size=4)).train()
