@@ -432,3 +432,55 @@ def test_an_iterable_dataset_without_len_says_what_the_trainer_needs(trainer_fac
 
     with pytest.raises(TypeError, match=r"(?s)IterableDataset Stream has no __len__.*number of batches per epoch.*def __len__"):
         trainer_factory(train_dataloader=DataLoader(Stream(), batch_size=4)).train()
+
+
+# -- resume: what is continued, and what differs -------------------------------------------------------
+
+
+def _resumable(work: Path, batch_size: int = 2, shuffle: bool = False, **kwargs) -> tw.Trainer:
+    kwargs.setdefault("train_cfg", dict(by_epoch=True, max_epochs=1))
+    kwargs.setdefault("optim_wrapper", dict(optimizer=dict(type="SGD", lr=0.1)))
+    return tw.Trainer(model=LinearReg(), work_dir=work, train_dataloader=DataLoader(regression_set(8), batch_size=batch_size, shuffle=shuffle),
+                      log_level="WARNING", **kwargs)
+
+
+def test_resuming_mid_epoch_with_another_batch_size_names_both_shapes(tmp_path: Path):
+    with _resumable(tmp_path, default_hooks=dict(checkpoint=dict(by_epoch=False, interval=2)), randomness=dict(seed=0)) as t:
+        t.train()  # iter_2.pth is in the middle of the 4-batch epoch
+    mid = tmp_path / "checkpoints" / "iter_2.pth"
+    with _resumable(tmp_path / "same", resume=mid, randomness=dict(seed=0)) as t, warnings.catch_warnings():
+        warnings.simplefilter("error")  # the same loader: no warning
+        t.train()
+    with _resumable(tmp_path / "other", batch_size=4, resume=mid, randomness=dict(seed=0)) as t:
+        with pytest.warns(UserWarning, match=r"middle of epoch 1 \(after batch 2\) with a train_dataloader of another shape: batch_size 2 in the checkpoint, 4 now, "
+                                             r"batches 4 in the checkpoint, 2 now.*skipped or seen twice.*same batch_size"):
+            t.train()
+
+
+def test_resuming_without_a_seed_adopts_the_checkpoints_seed(tmp_path: Path):
+    """A fresh seed used to be drawn (with only a warning): the resumed epochs saw another data order."""
+    with _resumable(tmp_path / "whole", shuffle=True, train_cfg=dict(by_epoch=True, max_epochs=2), randomness=dict(seed=123)) as t:
+        t.train()
+        whole = [p.detach().clone() for p in t.unwrapped_model.parameters()]
+    with _resumable(tmp_path / "split", shuffle=True, randomness=dict(seed=123)) as t:
+        t.train()
+    with _resumable(tmp_path / "split", shuffle=True, train_cfg=dict(by_epoch=True, max_epochs=2), resume=True) as t, warnings.catch_warnings():
+        warnings.simplefilter("error")  # no "data order seed changed"
+        t.train()
+        assert t.seed == 123
+        assert all(torch.equal(a, b) for a, b in zip(whole, t.unwrapped_model.parameters()))
+
+
+def test_resume_says_which_edited_settings_apply_and_which_the_checkpoint_overrides(tmp_path: Path):
+    """The README's resume=True used to ignore an edited lr without a word."""
+    with _resumable(tmp_path, randomness=dict(seed=0)) as t:
+        t.train()
+    t = _resumable(tmp_path, resume=True, optim_wrapper=dict(optimizer=dict(type="SGD", lr=0.05)), train_cfg=dict(by_epoch=True, max_epochs=2))
+    with t:
+        t.train()
+        t.flush_logs()
+        log = (t.run_dir / "train.log").read_text()
+    assert "Settings that differ from the checkpoint's run: optim_wrapper.optimizer.lr: 0.1 -> 0.05; train_cfg.max_epochs: 1 -> 2" in log
+    assert "edited optimizer or scheduler values do not (the checkpoint's win)" in log and "load_from=" in log
+    assert t.optim_wrapper.optimizer.param_groups[0]["lr"] == 0.1  # what the message says
+    assert t.progress.epoch == 2

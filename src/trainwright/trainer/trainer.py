@@ -99,6 +99,8 @@ class Trainer:
         self.strategy = build_strategy(strategy)
         self.strategy.setup_env(randomness=randomness)
         self.seed: int = self.strategy.seed  # type: ignore[assignment]
+        #: True when ``randomness`` named the seed; otherwise a resumed run adopts its checkpoint's seed.
+        self.seed_given = bool(randomness and randomness.get("seed") is not None)
         # rank 0 names (and creates) the run folder: every rank agrees even when their clocks straddle a second
         self.experiment_name: str = self.strategy.broadcast_object(experiment_name or (new_run_dir(self.work_dir).name if self.is_main_process else None))
         self.run_dir = self.work_dir / self.experiment_name
@@ -117,6 +119,8 @@ class Trainer:
             strategy=self.strategy.name, world_size=self.strategy.world_size, seed=self.seed, randomness=randomness, compile=compile,
             resume=resume, load_from=load_from, nonfinite_loss=nonfinite_loss,
         ))
+        #: The trainer's settings as plain values (written to the writers and into every checkpoint's ``meta``).
+        self.config: dict[str, Any] = config
         for w in self.writers:
             w.write_config(config)
         self.progress = Progress()
@@ -240,6 +244,25 @@ class Trainer:
             raise TypeError(f"Checkpoint {str(path)!r} holds a {type(ckpt).__name__}, not a trainwright checkpoint dict; use load_from= for weights")
         restore_state(self, ckpt, path)
         self.logger.info(f"Resumed from {path} at epoch {self.progress.epoch}, iteration {self.progress.iteration}")
+        meta = ckpt.get("meta")
+        changed = config_changes(meta.get("config") if isinstance(meta, Mapping) else None, self.config)
+        if changed:
+            self.logger.warning(
+                f"Resumed from {path}: the model, the optimizer state (its lr, momentum...), the schedulers, the progress, the data order "
+                "and the random streams come from the checkpoint. Settings that differ from the checkpoint's run: "
+                + "; ".join(f"{k}: {a!r} -> {b!r}" for k, (a, b) in changed.items())
+                + ". train_cfg, hooks, data and the other settings apply as given now; edited optimizer or scheduler values do not "
+                "(the checkpoint's win): to train with them, start a new run from these weights with load_from=."
+            )
+
+    def adopt_seed(self, seed: int) -> None:
+        """Use ``seed`` (a checkpoint's, when the run gave none) for the data order; the random streams come from the checkpoint."""
+        self.logger.info(f"Adopted the checkpoint's random seed {seed} (this run gave no seed, so it had drawn {self.seed})")
+        self.seed = seed
+        self.strategy.seed = seed
+        self.config["seed"] = seed
+        if self.train_loop is not None:
+            self.train_loop.dataloader.set_seed(seed)
 
     # -- hooks ----------------------------------------------------------------------------
     def register_hook(self, hook: Hook | Mapping[str, Any], priority: int | str | None = None) -> Hook:
@@ -509,6 +532,26 @@ class Trainer:
             self.model = self.unwrapped_base  # drop the distributed wrapper before the strategy leaves its process group
             self._prepared = False
         self.strategy.teardown()
+
+
+#: Settings that name a run rather than configure it: not reported as changed on resume.
+_RUN_NAMES = frozenset({"work_dir", "experiment_name", "resume", "load_from", "seed", "randomness"})
+
+
+def config_changes(saved: Any, now: Mapping[str, Any], prefix: str = "") -> dict[str, tuple[Any, Any]]:
+    """``{"a.b": (saved, now)}`` for every setting of ``now`` whose value differs from ``saved`` (plain nested dicts)."""
+    if not isinstance(saved, Mapping):
+        return {}
+    out: dict[str, tuple[Any, Any]] = {}
+    for k in sorted(set(saved) | set(now)):
+        if not prefix and k in _RUN_NAMES:
+            continue
+        a, b = saved.get(k), now.get(k)
+        if isinstance(a, Mapping) and isinstance(b, Mapping):
+            out.update(config_changes(a, b, f"{prefix}{k}."))
+        elif a != b and not (isinstance(a, str) and isinstance(b, str) and " at 0x" in a + b):  # objects shown by address compare by identity only
+            out[f"{prefix}{k}"] = (a, b)
+    return out
 
 
 def new_run_dir(work_dir: Path) -> Path:
