@@ -86,7 +86,7 @@ def test_disk_full_while_logging_warns_at_once_tears_no_line_and_training_goes_o
     messages = [str(w.message) for w in caught]
     assert t.progress.iteration == 80  # training went on
     assert at_refill["warnings"] >= 1  # reported while the disk was full, not at the end
-    assert any(f"Could not write" in m and str(jsonl) in m and "No space left on device" in m and "free space" in m for m in messages)
+    assert any("Could not write" in m and str(jsonl) in m and "No space left on device" in m and "free space" in m for m in messages)
     assert any("works again" in m and str(jsonl) in m for m in messages)
     text = jsonl.read_text()
     assert text.endswith("\n")
