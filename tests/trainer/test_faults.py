@@ -484,3 +484,23 @@ def test_resume_says_which_edited_settings_apply_and_which_the_checkpoint_overri
     assert "edited optimizer or scheduler values do not (the checkpoint's win)" in log and "load_from=" in log
     assert t.optim_wrapper.optimizer.param_groups[0]["lr"] == 0.1  # what the message says
     assert t.progress.epoch == 2
+
+
+@pytest.mark.multiprocess
+@pytest.mark.slow
+def test_sigterm_on_one_rank_during_validation_stops_both_ranks_at_the_same_batch(tmp_path: Path):
+    """The stop inside validation goes through the preemption hook's agreement point: no rank is left in a collective."""
+    env = dict(os.environ, TMPDIR=str(tmp_path), OMP_NUM_THREADS="1", TORCH_DISABLE_SHARE_RDZV_TCP_STORE="1",
+               PYTHONPATH=os.pathsep.join([str(Path(tw.__file__).parents[1]), os.environ.get("PYTHONPATH", "")]))
+    for k in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT"):
+        env.pop(k, None)
+    work = tmp_path / "work"
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2", str(Path(__file__).with_name("ddp_val_stop.py")), str(work)]
+    p = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=180)
+    assert p.returncode == 0, p.stdout[-3000:] + p.stderr[-3000:]
+    results = [json.loads((work / f"result_rank{r}.json").read_text()) for r in range(2)]
+    assert results[0] == results[1]  # the same decision, at the same batch, on both ranks
+    assert results[0]["preempted"] and results[0]["epoch"] == 1
+    assert results[0]["val_batches"] == 10  # the check at batch 10 (check_interval 10 under DDP), not the 100 of the pass
+    assert (work / "checkpoints" / "latest").read_text().strip() == "epoch_1.pth"
+    assert tw.checkpoint.load_file(work / "checkpoints" / "epoch_1.pth")["progress"]["epoch"] == 1
