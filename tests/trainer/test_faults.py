@@ -95,6 +95,15 @@ def test_disk_full_while_logging_warns_at_once_tears_no_line_and_training_goes_o
     assert (tiny_disk / "run" / "train.log").read_text().endswith("\n")
 
 
+@pytest.mark.skipif(not Path("/dev/full").exists(), reason="needs /dev/full (Linux)")
+def test_a_log_file_on_a_full_device_warns_with_its_path_and_training_goes_on(trainer_factory):
+    """Without root (no tmpfs to fill): /dev/full fails every write with ENOSPC, as a full disk does."""
+    with pytest.warns(UserWarning, match=r"Could not write 1 metric records to '/dev/full': No space left on device.*training goes on"):
+        t = trainer_factory(writers=["console", JsonlWriter("/dev/full", flush_secs=0)], default_hooks=dict(checkpoint=None, logger=dict(interval=1, flush_secs=0)))
+        t.train()
+    assert t.progress.iteration == 10
+
+
 def test_trainers_hold_no_file_descriptors_after_their_runs(tmp_path: Path):
     """The audit's 60th Trainer in one process failed with "Too many open files": each leaked its train.log."""
 
