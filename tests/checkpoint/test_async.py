@@ -66,8 +66,9 @@ def test_write_error_is_raised_by_wait_and_leaves_no_file(tmp_path: Path) -> Non
     w = AsyncCheckpointWriter()
     ran = []
     w.submit({"x": torch.zeros(1)}, blocker / "a.pth", after=lambda: ran.append(1))
-    with pytest.raises(RuntimeError, match="previous complete checkpoint is still on disk"):
+    with pytest.raises(OSError, match="previous checkpoint and `latest` are as they were") as e:  # the real cause, with the path
         w.wait()
+    assert e.value.filename == str(blocker / "a.pth")
     assert ran == []  # the pointer / deletions never run after a failed write
     w.wait()  # the error is reported once
 

@@ -273,7 +273,8 @@ def test_the_checkpoint_holds_the_position_once_and_resume_follows_progress(tmp_
     path = _checkpointed_run(tmp_path / "a", hooks=[ref])
     ckpt = torch.load(path, weights_only=True)
     assert ckpt["progress"] == {"epoch": 0, "iteration": 4, "iter_in_epoch": 4}
-    assert ckpt["train_dataloader"] == {"seed": 7}  # no second copy of epoch / position
+    assert set(ckpt["train_dataloader"]) == {"seed", "shape"} and ckpt["train_dataloader"]["seed"] == 7  # no second copy of epoch / position
+    assert set(ckpt["train_dataloader"]["shape"]) == {"batch_size", "dataset_len", "drop_last", "num_replicas", "batches"}
 
     ckpt["progress"].update(iteration=6, iter_in_epoch=6)  # move the position in the one place it is kept
     torch.save(ckpt, tmp_path / "moved.pth")

@@ -15,6 +15,7 @@ from trainwright.checkpoint.io import (
     read_safetensors,
     write_latest,
 )
+from trainwright.checkpoint.lock import WorkDirBusyError, WorkDirLock
 from trainwright.checkpoint.rng import get_rng_state, set_rng_state
 from trainwright.checkpoint.stateful import Stateful, check_state_dict
 from trainwright.checkpoint.weights import (
@@ -34,6 +35,8 @@ __all__ = [
     "Stateful",
     "IncompatibleKeys",
     "UnsafeCheckpointError",
+    "WorkDirBusyError",
+    "WorkDirLock",
     "atomic_save",
     "atomic_write",
     "atomic_write_bytes",

@@ -117,5 +117,7 @@ class AsyncCheckpointWriter:
         if thread is not None:
             thread.join()
         error, self._error = self._error, None
+        if isinstance(error, OSError):
+            raise error  # names the file, says nothing was replaced and what to do (atomic_write)
         if error is not None:
             raise RuntimeError(f"Writing a checkpoint in the background failed: {error}. The previous complete checkpoint is still on disk; check free space and permissions of the checkpoint directory.") from error

@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import os
 import pickle
+import pickletools
 import re
 import secrets
 import warnings
@@ -104,14 +105,24 @@ def atomic_write(path: PathLike, write: Callable[[IO[bytes]], object]) -> None:
     ``write`` receives a binary file object opened on a temporary file in the target's
     directory; after it returns, the data is flushed, fsynced and renamed onto ``path``.
     Parent directories are created. If anything raises, the temporary file is removed,
-    ``path`` is untouched and the exception propagates.
+    ``path`` is untouched and the exception propagates: the real cause, not the wrapper a
+    writer put around it (``torch.save`` reports a full disk or a Ctrl-C inside its
+    writer as ``RuntimeError: [enforce fail at inline_container.cc] unexpected pos``). A
+    ``KeyboardInterrupt`` stays one; an ``OSError`` is re-raised with ``path`` as its
+    ``filename`` and a message that says nothing was replaced and what to do.
 
     Args:
         path: The target file.
         write: Callable that writes the whole content into the file object it is given.
+
+    Raises:
+        OSError: writing failed (disk full, permissions); ``errno`` is the OS's, ``filename`` is ``path``.
     """
     target = Path(path)
-    target.parent.mkdir(parents=True, exist_ok=True)
+    try:
+        target.parent.mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        raise _write_error(e, target) from e
     tmp = _temp_path(target)
     try:
         with open(tmp, "xb") as f:
@@ -119,13 +130,39 @@ def atomic_write(path: PathLike, write: Callable[[IO[bytes]], object]) -> None:
             f.flush()
             os.fsync(f.fileno())
         os.replace(tmp, target)
-    except BaseException:
+    except BaseException as e:
         try:
             tmp.unlink()
-        except FileNotFoundError:
+        except OSError:
             pass
+        cause = _real_cause(e)
+        if isinstance(cause, KeyboardInterrupt):
+            raise cause from None
+        if isinstance(cause, OSError):
+            raise _write_error(cause, target) from e
         raise
     _fsync_dir(target.parent)
+
+
+def _real_cause(e: BaseException) -> BaseException:
+    """The OSError / KeyboardInterrupt that a writer (torch's zip writer) reported as another error, else ``e``."""
+    seen: BaseException | None = e
+    while seen is not None:
+        if isinstance(seen, (OSError, KeyboardInterrupt)):
+            return seen
+        seen = seen.__cause__ or seen.__context__
+    return e
+
+
+def _write_error(e: OSError, target: Path) -> OSError:
+    reason = e.strerror or str(e)
+    return OSError(
+        e.errno,
+        f"{reason} while writing {target}: nothing was replaced, the previous checkpoint and `latest` are as they were. "
+        "Make free space on that disk (e.g. CheckpointHook max_keep_ckpts=k) or fix its permissions, or write elsewhere "
+        "(CheckpointHook out_dir=); then continue with resume=True",
+        str(target),
+    )
 
 
 def atomic_save(obj: Mapping[str, Any], path: PathLike) -> None:
@@ -227,7 +264,10 @@ def load_file(path: PathLike, map_location: MapLocation = "cpu") -> dict[str, An
             damage = _archive_damage(p)
             if damage is not None or not _is_refusal(msg):
                 raise _broken(p, damage or _first_reason(msg)) from None
-        # A plain (non-zip) pickle the safe unpickler refuses was not written by torch.save;
+        elif not _is_refusal(msg) and not _is_pickle(p):
+            # Bytes that are no pickle at all (an HTML error page, random data) are corrupt, never "unsafe".
+            raise _broken(p, "not a checkpoint: neither a torch.save zip archive nor a pickle") from None
+        # A plain (non-zip) pickle that asks for globals was not written by torch.save;
         # whatever it holds can only be read unsafely.
         reason = _first_reason(msg).rstrip(".")
         raise UnsafeCheckpointError(f"Refused to load checkpoint {str(p)!r}: {reason}. {_FIX_UNSAFE}") from None
@@ -242,6 +282,17 @@ def load_file(path: PathLike, map_location: MapLocation = "cpu") -> dict[str, An
         if damage is None and "PytorchStreamReader" not in str(e):
             raise
         raise _broken(p, damage or _first_reason(str(e))) from e
+
+
+def _is_pickle(p: Path) -> bool:
+    """True if ``p`` starts with a well-formed pickle (parsed with :mod:`pickletools`: nothing is executed)."""
+    try:
+        with open(p, "rb") as f:
+            for _ in pickletools.genops(f):
+                pass
+    except Exception:  # noqa: BLE001 - any parse failure means "not a pickle"
+        return False
+    return True
 
 
 def _broken(p: Path, reason: str) -> CheckpointError:

@@ -205,6 +205,30 @@ class ResumableLoader:
         bs = getattr(self._batch_sampler, "batch_sampler", None)
         return getattr(bs, "batch_size", self.loader.batch_size)
 
+    def shape(self) -> dict[str, Any]:
+        """What a position in an epoch means: ``batch_size``, ``dataset_len``, ``drop_last``, ``num_replicas``, ``batches``.
+
+        Saved with the data order in a checkpoint: a resume in the middle of an epoch with
+        another shape would skip or repeat samples (see :class:`~trainwright.trainer.state.DataOrderState`).
+        """
+        batch_sampler = getattr(self._batch_sampler, "batch_sampler", self.loader.batch_sampler)
+        sampler = getattr(batch_sampler, "sampler", None)
+        dataset = self.dataset
+        return {
+            "batch_size": self.batch_size,
+            "dataset_len": len(dataset) if isinstance(dataset, Sized) else None,
+            "drop_last": bool(getattr(batch_sampler, "drop_last", self.loader.drop_last)),
+            "num_replicas": int(getattr(sampler, "num_replicas", 1)),
+            "batches": len(self),
+        }
+
+    def set_seed(self, seed: int) -> None:
+        """Use ``seed`` for the data order from now on (a resumed run adopts its checkpoint's seed)."""
+        self.seed = seed
+        sampler = getattr(getattr(self._batch_sampler, "batch_sampler", None), "sampler", None)
+        if isinstance(sampler, EpochSampler):
+            sampler.seed = seed
+
     def set_epoch(self, epoch: int) -> None:
         """Start ``epoch`` from its first batch (the sampler seed hook calls this)."""
         if epoch != self.epoch:

@@ -380,6 +380,11 @@ class CheckpointHook(Hook):
     def after_run(self, trainer: TrainerView) -> None:  # noqa: D102
         if self._in_train:
             trainer.set_checkpoint_server(None)
+            if self._pending is not None:
+                # The run ended by an error after a checkpoint was due but before the validation
+                # it waited for finished (a metric that raised): the epoch's training is not lost.
+                trainer.logger.warning(f"Writing {self._pending}, which was due before the run stopped (it waited for a validation that did not finish)")
+                self._flush_pending(trainer)
         self._in_train = False
         self._pending = None
         self._pending_best = []

@@ -79,7 +79,9 @@ class EarlyStoppingHook(Hook):
 
     @override
     def after_val_epoch(self, trainer: TrainerView, metrics: dict[str, float] | None = None) -> None:
-        """Compare the monitored value with the best; request a stop when it is time."""
+        """Compare the monitored value with the best; request a stop when it is time (None: a stop request cut the pass)."""
+        if metrics is None:
+            return
         metrics = metrics or {}
         if self.monitor not in metrics:
             msg = (

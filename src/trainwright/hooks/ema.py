@@ -233,4 +233,4 @@ def _evaluate_pass(trainer: TrainerView, mode: str) -> dict[str, float]:
     loop = getattr(trainer, f"{mode}_loop", None)
     if loop is None or getattr(loop, "evaluator", None) is None:
         return {}
-    return loop.run_pass(with_hooks=False)
+    return loop.run_pass(with_hooks=False) or {}  # None: a stop request cut the pass

@@ -125,7 +125,7 @@ class Hook:
         """Before the pass over the validation data."""
 
     def after_val_epoch(self, trainer: TrainerView, metrics: dict[str, float] | None = None) -> None:
-        """After the pass over the validation data, with the computed metrics."""
+        """After the pass over the validation data, with the computed metrics (None when a stop request cut the pass short)."""
 
     def before_val_iter(self, trainer: TrainerView, batch_idx: int, data_batch: Any = None) -> None:
         """Before each validation iteration."""

@@ -247,10 +247,12 @@ class LoggerHook(Hook):
 
     # -- evaluation -------------------------------------------------------------------------
     def after_val_epoch(self, trainer: TrainerView, metrics: dict[str, float] | None = None) -> None:  # noqa: D102
-        self._log_eval(trainer, "val", metrics or {})
+        if metrics is not None:  # None: a stop request cut the pass, there is nothing to log
+            self._log_eval(trainer, "val", metrics)
 
     def after_test_epoch(self, trainer: TrainerView, metrics: dict[str, float] | None = None) -> None:  # noqa: D102
-        self._log_eval(trainer, "test", metrics or {})
+        if metrics is not None:
+            self._log_eval(trainer, "test", metrics)
 
     def _log_eval(self, trainer: TrainerView, mode: str, metrics: dict[str, float]) -> None:
         self.write_pending(trainer)  # pending training lines first, in order

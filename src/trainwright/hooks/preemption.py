@@ -15,6 +15,11 @@ put back and the process exits with :attr:`exit_code` (by default ``128 + signal
 status a shell reports for a process ended by that signal: 143 for SIGTERM, 138 for
 SIGUSR1). The next start with ``resume=True`` continues from that checkpoint.
 
+A signal during a validation inside training ends the pass at the next batch (one process:
+the eval loop reads ``trainer.should_stop``; several: the same agreement point, every
+``check_interval`` validation batches): the pass reports no metrics, the checkpoint due
+at that point is written, and the run exits as above.
+
 With ``exit_code=None`` ``train()`` returns normally instead, with
 ``trainer.preempted = True`` (useful in notebooks and tests).
 """
@@ -76,6 +81,7 @@ class PreemptionHook(Hook):
         self.preempted = False
         self._previous: dict[signal.Signals, Any] = {}
         self._trainer_ref: weakref.ref | None = None  # set when one process trains: the handler stops it
+        self._in_train = False  # validations inside training check the agreement point too
 
     # -- signal handling ------------------------------------------------------------------
     def _handler(self, signum: int, frame: FrameType | None) -> None:
@@ -107,6 +113,7 @@ class PreemptionHook(Hook):
         if threading.current_thread() is not threading.main_thread():
             trainer.logger.warning("PreemptionHook: train() runs outside the main thread, so SIGTERM/SIGUSR1 cannot be caught; preemption will not save a checkpoint")
         self._interval = self.check_interval or (1 if trainer.strategy.world_size == 1 else 10)
+        self._in_train = True
         self._trainer_ref = weakref.ref(trainer) if trainer.strategy.world_size == 1 and self.check_interval is None else None
         self.install()
 
@@ -119,6 +126,12 @@ class PreemptionHook(Hook):
         if trainer.strategy.any_true(self.received is not None):
             self._stop(trainer)
 
+    def after_val_iter(self, trainer: TrainerView, batch_idx: int, data_batch: Any = None, outputs: Any = None) -> None:  # noqa: D102
+        # A validation inside training is cut at the next check too (the grace period may be shorter
+        # than a pass). One process: the handler already set trainer.should_stop, which the eval loop reads.
+        if self._in_train and self._trainer_ref is None and (batch_idx + 1) % self._interval == 0 and trainer.strategy.any_true(self.received is not None):
+            self._stop(trainer)
+
     def _stop(self, trainer: TrainerView) -> None:
         self.preempted = True
         trainer.preempted = True
@@ -127,6 +140,7 @@ class PreemptionHook(Hook):
         trainer.logger.warning(f"Preemption signal ({what}) received: stopping after iteration {trainer.progress.iteration} and saving a checkpoint")
 
     def after_train(self, trainer: TrainerView) -> None:  # noqa: D102
+        self._in_train = False
         if self._trainer_ref is not None:
             self._trainer_ref = None
             if self.received is not None and not self.preempted:
@@ -138,6 +152,7 @@ class PreemptionHook(Hook):
         trainer.logger.warning(f"Preempted at iteration {trainer.progress.iteration}: {saved}; restart with resume=True to continue")
 
     def after_run(self, trainer: TrainerView) -> None:  # noqa: D102
+        self._in_train = False
         self.uninstall()
         if not self.preempted:
             return

@@ -41,8 +41,8 @@ class EvalLoopView(Protocol):
 
     evaluator: Any
 
-    def run_pass(self, with_hooks: bool = True) -> dict[str, float]:
-        """One pass over the data with the model as it is; metric keys without the mode prefix."""
+    def run_pass(self, with_hooks: bool = True) -> dict[str, float] | None:
+        """One pass over the data with the model as it is; metric keys without the mode prefix (None: a stop request cut it short)."""
 
 
 class TrainerView(Protocol):

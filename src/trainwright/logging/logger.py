@@ -9,6 +9,8 @@ import time
 from pathlib import Path
 from typing import TextIO
 
+from trainwright.logging.append import AppendFile
+
 
 _ids = itertools.count()
 
@@ -16,14 +18,16 @@ _ids = itertools.count()
 class _TeeHandler(logging.Handler):
     """Formats each record once and writes it to the console and (optionally) a file.
 
-    The console is flushed per record (people watch it); the file is flushed at most once a
-    second and on close, so a log line costs no extra system call on the hot path.
+    The console is flushed per record (people watch it); the file is written at most once a
+    second, at every warning and on flush / close, whole lines at a time
+    (:class:`~trainwright.logging.append.AppendFile`: a full disk costs lines, with a
+    warning naming the file, never a torn line or the run), and holds no descriptor between writes.
     """
 
     def __init__(self, stream: TextIO, log_file: str | Path | None) -> None:
         super().__init__()
         self.stream = stream
-        self.file: TextIO | None = open(log_file, "a", encoding="utf-8") if log_file is not None else None  # noqa: SIM115
+        self.file: AppendFile | None = AppendFile(log_file, "log lines") if log_file is not None else None
         self._last_flush = 0.0
 
     def emit(self, record: logging.LogRecord) -> None:  # noqa: D102
@@ -55,8 +59,8 @@ class _TeeHandler(logging.Handler):
             self.file.write(text)
             now = time.monotonic()
             if now - self._last_flush >= 1.0 or level >= logging.WARNING:
-                self.file.flush()
                 self._last_flush = now
+                self.file.flush()
 
     def flush(self) -> None:  # noqa: D102
         self.stream.flush()
@@ -65,7 +69,7 @@ class _TeeHandler(logging.Handler):
 
     def close(self) -> None:  # noqa: D102
         if self.file is not None:
-            self.file.close()
+            self.file.flush()
             self.file = None
         super().close()
 
@@ -108,6 +112,7 @@ def create_logger(name: str = "trainwright", log_file: str | Path | None = None,
     logger.setLevel(level if rank == 0 else logging.WARNING)
     if log_file is not None and rank == 0:
         Path(log_file).parent.mkdir(parents=True, exist_ok=True)
+        Path(log_file).touch()  # the run's log exists from the start, even before its first line
     handler = _TeeHandler(sys.stdout, log_file if rank == 0 else None)
     handler.setFormatter(_Formatter())
     logger.addHandler(handler)
@@ -115,10 +120,11 @@ def create_logger(name: str = "trainwright", log_file: str | Path | None = None,
 
 
 def close_logger(logger: logging.Logger) -> None:
-    """Close and detach the logger's handlers."""
+    """Close and detach the logger's handlers, and forget the logger (each trainer's is unique)."""
     for h in list(logger.handlers):
         h.close()
         logger.removeHandler(h)
+    logging.Logger.manager.loggerDict.pop(logger.name, None)
 
 
 def log_lines(logger: logging.Logger, msgs: list[str], level: int = logging.INFO, created: list[float] | None = None) -> None:

@@ -18,6 +18,7 @@ from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any, NamedTuple, Protocol, runtime_checkable
 
+from trainwright.logging.append import AppendFile
 from trainwright.logging.logger import log_lines
 from trainwright.registry import check_keys, did_you_mean
 
@@ -106,16 +107,19 @@ def _finite(record: dict[str, Any]) -> dict[str, Any]:
 
 
 class JsonlWriter(Writer):
-    """Appends one JSON object per record to ``path`` (``metrics.jsonl``); opened lazily.
+    """Appends one JSON object per record to ``path`` (``metrics.jsonl``).
 
-    Lines reach the OS at most ``flush_secs`` after they are written (and always on
-    :meth:`flush` / :meth:`close`), so logging does not pay a system call per record.
+    Lines reach the file at most ``flush_secs`` after they are written (and always on
+    :meth:`flush` / :meth:`close`), whole lines at a time through
+    :class:`~trainwright.logging.append.AppendFile`: a full disk costs lines (with a warning
+    naming the file, at once), never a torn JSON line, and training goes on. No descriptor
+    is held between flushes.
     """
 
     def __init__(self, path: str | Path, flush_secs: float = 1.0) -> None:
         self.path = Path(path)
         self.flush_secs = flush_secs
-        self._fh: Any = None
+        self._file = AppendFile(self.path, "metric records")
         self._last_flush = 0.0
 
     def write_train(self, records: list[dict[str, Any]], lines: list[LineInfo]) -> None:  # noqa: D102
@@ -125,27 +129,20 @@ class JsonlWriter(Writer):
         self.write_many([record])
 
     def write_many(self, records: list[dict[str, Any]]) -> None:
-        """Append records with one write (non-finite floats written as strings "nan"/"inf")."""
-        if self._fh is None:
-            self.path.parent.mkdir(parents=True, exist_ok=True)
-            self._fh = open(self.path, "a", encoding="utf-8")  # noqa: SIM115 - kept open for the run
-        self._fh.write("".join([_encode(r) + "\n" for r in records]))
+        """Append records (non-finite floats written as strings "nan"/"inf")."""
+        self._file.write("".join([_encode(r) + "\n" for r in records]))
         now = time.monotonic()
         if now - self._last_flush >= self.flush_secs:
-            self._fh.flush()
-            self._last_flush = now
+            self.flush()
 
     def flush(self) -> None:
-        """Push buffered lines to the OS."""
-        if self._fh is not None:
-            self._fh.flush()
-            self._last_flush = time.monotonic()
+        """Append the buffered lines to the file."""
+        self._file.flush()
+        self._last_flush = time.monotonic()
 
     def close(self) -> None:
-        """Close the file."""
-        if self._fh is not None:
-            self._fh.close()
-            self._fh = None
+        """Write what is buffered (the file holds no descriptor between writes)."""
+        self.flush()
 
 
 # -- console and train.log --------------------------------------------------------------------

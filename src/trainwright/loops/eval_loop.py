@@ -39,7 +39,13 @@ class EvalLoop:
         self._warned_no_evaluator = False
 
     def run(self) -> dict[str, float]:
-        """One pass; returns the metrics (keys like ``"val/acc"``) and hands them to hooks."""
+        """One pass; returns the metrics (keys like ``"val/acc"``) and hands them to hooks.
+
+        A stop request (``trainer.should_stop``: preemption, or a hook) ends the pass at the
+        next batch; then there are no metrics: ``after_<mode>_epoch`` gets ``None`` (hooks
+        still clean up, e.g. EMA swaps the training weights back), ``after_<mode>`` runs (a
+        checkpoint due at this point is written) and ``{}`` is returned.
+        """
         t = self.trainer
         m = self.mode
         t.hooks.call(f"before_{m}", t)
@@ -48,17 +54,19 @@ class EvalLoop:
         model = t.model
         was_training = model.training
         model.eval()
-        metrics = {f"{m}/{k}": v for k, v in self.run_pass().items()}
+        raw = self.run_pass()
+        metrics = None if raw is None else {f"{m}/{k}": v for k, v in raw.items()}
         t.hooks.call(f"after_{m}_epoch", t, metrics)
         t.hooks.call(f"after_{m}", t)
         model.train(was_training)
-        return metrics
+        return metrics or {}
 
-    def run_pass(self, with_hooks: bool = True) -> dict[str, float]:
+    def run_pass(self, with_hooks: bool = True) -> dict[str, float] | None:
         """The pass over the data with the model as it is; metric keys without the mode prefix.
 
         ``with_hooks=False`` skips the per-iteration hook events (a hook evaluating the
-        model a second time from inside an epoch event uses that).
+        model a second time from inside an epoch event uses that). Returns None when a stop
+        request ended the pass early (the partial results are dropped).
         """
         t = self.trainer
         m = self.mode
@@ -66,20 +74,32 @@ class EvalLoop:
         before, after = (t.hooks.calls[f"before_{m}_iter"], t.hooks.calls[f"after_{m}_iter"]) if with_hooks else ((), ())
         ctx = t.precision.autocast() if self.autocast else contextlib.nullcontext()
         n = 0
+        cut = False
         rng = get_rng_state()
-        with torch.no_grad(), ctx:
-            for idx, batch in enumerate(self.dataloader):
-                for fn in before:
-                    fn(t, idx, batch)
-                outputs = step(batch)
-                if self.evaluator is not None:
-                    self.evaluator.process(batch, outputs)
-                for fn in after:
-                    fn(t, idx, batch, outputs)
-                n += 1
-        # Evaluation never moves the random streams: training resumed from a checkpoint written
-        # after (or before) a validation pass draws the same numbers as the run that validated.
-        set_rng_state(rng)
+        try:
+            with torch.no_grad(), ctx:
+                for idx, batch in enumerate(self.dataloader):
+                    for fn in before:
+                        fn(t, idx, batch)
+                    outputs = step(batch)
+                    if self.evaluator is not None:
+                        self.evaluator.process(batch, outputs)
+                    for fn in after:
+                        fn(t, idx, batch, outputs)
+                    n += 1
+                    if t.should_stop:  # a stop request (preemption) ends the pass here, on every rank at the same batch
+                        cut = True
+                        break
+        finally:
+            # Evaluation never moves the random streams (not even a pass ended by an error):
+            # training resumed from a checkpoint written after (or before) a validation pass
+            # draws the same numbers as the run that validated.
+            set_rng_state(rng)
+        if cut:
+            if self.evaluator is not None:
+                self.evaluator.reset()
+            t.logger.warning(f"{m} stopped after batch {n} by a stop request (trainer.should_stop, e.g. preemption): this pass has no metrics")
+            return None
         if n == 0:
             raise ValueError(f"{m}_dataloader is empty (0 batches); check its dataset and batch_size")
         if self.evaluator is None:

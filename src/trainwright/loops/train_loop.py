@@ -179,7 +179,7 @@ class IterBasedTrainLoop(_TrainLoopBase):
         """After an iteration: every ``val_interval`` iterations from ``val_begin``, and at ``max_iters``."""
         t = self.trainer
         it = t.progress.iteration
-        return t.val_loop is not None and it >= self.val_begin and (it % self.val_interval == 0 or it == self._max_iters)
+        return t.val_loop is not None and not t.should_stop and it >= self.val_begin and (it % self.val_interval == 0 or it == self._max_iters)
 
     def run(self) -> None:
         """Run until ``max_iters`` (after a resume: the remaining ones)."""

@@ -35,13 +35,55 @@ def call_is_forward(module: nn.Module) -> bool:
 
 
 def _run_forward(fn: Callable[..., Any], data: Any, mode: str) -> Any:
-    """``fn(**data, mode)`` for a dict batch, ``fn(*data, mode)`` for a tuple / list, else ``fn(data, mode)``."""
-    if isinstance(data, (list, tuple)):
-        # the usual (inputs, targets) batch without ``*`` unpacking, which takes Python's slow call path
-        return fn(data[0], data[1], mode=mode) if len(data) == 2 else fn(*data, mode=mode)
-    if isinstance(data, dict):
-        return fn(**data, mode=mode)
-    return fn(data, mode=mode)
+    """``fn(**data, mode)`` for a dict batch, ``fn(*data, mode)`` for a tuple / list, else ``fn(data, mode)``.
+
+    A ``TypeError`` / ``AttributeError`` that comes from how the batch was passed (a batch of
+    three elements whose third lands in ``mode``, a single tensor that leaves the targets
+    ``None``) is re-raised with what the trainer did and how to fix it; no cost otherwise.
+    """
+    try:
+        if isinstance(data, (list, tuple)):
+            # the usual (inputs, targets) batch without ``*`` unpacking, which takes Python's slow call path
+            return fn(data[0], data[1], mode=mode) if len(data) == 2 else fn(*data, mode=mode)
+        if isinstance(data, dict):
+            return fn(**data, mode=mode)
+        return fn(data, mode=mode)
+    except (TypeError, AttributeError) as e:
+        hint = _batch_hint(str(e), data, mode)
+        if hint is None:
+            raise
+        raise type(e)(f"{e}\n{hint}") from e
+
+
+def _batch_hint(msg: str, data: Any, mode: str) -> str | None:
+    """What the trainer did with the batch, when ``msg`` (an error of the forward) points at it."""
+    if isinstance(data, (list, tuple)) and len(data) != 2 and ("argument 'mode'" in msg or "positional argument" in msg):
+        return (
+            f"The batch has {len(data)} elements, so the trainer called forward(*batch, mode={mode!r}): each element is one "
+            "positional argument. Give forward one parameter per element (def forward(self, x, y, w, mode='tensor')), return a "
+            "dict from the dataset / collate_fn (called as forward(**batch, mode=...)), or override train_step / val_step to unpack the batch."
+        )
+    if isinstance(data, torch.Tensor) and "NoneType" in msg:
+        return (
+            f"The batch is a single tensor, so the trainer called forward(batch, mode={mode!r}) and forward got no targets (its "
+            "other parameters kept their defaults, e.g. None). Make the dataset return (input, target) pairs (or a dict of named "
+            "fields), or compute the loss from the input alone."
+        )
+    return None
+
+
+def _no_grad_hint(model: nn.Module, losses: Any, error: RuntimeError) -> RuntimeError:
+    """torch's "does not require grad" with the loss entries that cause it and the fix."""
+    entries = {"loss": losses} if isinstance(losses, torch.Tensor) else dict(losses) if isinstance(losses, Mapping) else {}
+    cut = [k for k, v in entries.items() if "loss" in k and isinstance(v, torch.Tensor) and v.grad_fn is None]
+    frozen = not any(p.requires_grad for p in model.parameters())
+    return RuntimeError(
+        f"{error}\nThe loss entries {cut} of {type(model).__name__}.forward(..., mode='loss') are not connected to the model's parameters"
+        + (" (every parameter has requires_grad=False)" if frozen else "")
+        + ": they were computed under torch.no_grad(), .detach()ed, or rebuilt from .item() / .numpy() values. Compute each loss "
+        "from the model's outputs with torch operations, keep no_grad for what is only logged (a key without 'loss' is logged, "
+        "not back-propagated)" + (", and unfreeze the parameters to train" if frozen else "") + "."
+    )
 
 
 class BaseModel(nn.Module):
@@ -90,7 +132,12 @@ class BaseModel(nn.Module):
             with optim_wrapper.optim_context(self):
                 losses = _run_forward(forward, data, "loss")
         loss, log_vars = self.parse_losses(losses)
-        optim_wrapper.update_params(loss)
+        try:
+            optim_wrapper.update_params(loss)
+        except RuntimeError as e:
+            if "does not require grad" in str(e):
+                raise _no_grad_hint(self, losses, e) from e
+            raise
         return log_vars
 
     def val_step(self, data: Any) -> Any:

@@ -59,6 +59,15 @@ def build_train(
     by_epoch = cfg.pop("by_epoch", "max_iters" not in cfg)
     strategy = trainer.strategy
     loader = build_dataloader(loader_cfg, seed=seed, num_replicas=strategy.world_size, rank=strategy.rank)  # this rank's shard
+    try:
+        len(loader)
+    except TypeError as e:
+        ds = loader.dataset
+        raise TypeError(
+            f"train_dataloader's IterableDataset {type(ds).__name__} has no __len__ ({e}): the trainer needs the number of batches per "
+            "epoch (epoch ends, validation and checkpoint points, schedulers, the ETA). Give the dataset a "
+            "`def __len__(self): return <samples it yields per process>`, or use a map-style Dataset (__getitem__ and __len__)."
+        ) from e
     if len(loader) == 0:
         raise ValueError("train_dataloader is empty (0 batches): check the dataset length, and that batch_size <= len(dataset) when drop_last=True")
     optim_wrapper = build_optim_wrapper(model, optim_cfg, precision, strategy.device.type)

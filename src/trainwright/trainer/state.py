@@ -230,10 +230,15 @@ class SchedulerState:
 
 
 class DataOrderState:
-    """The train loader's data order: saved as its seed only, positioned from :class:`Progress` on load.
+    """The train loader's data order: its seed and shape; positioned from :class:`Progress` on load.
 
     ``progress`` (epoch, iter_in_epoch) is the one record of the position; it is loaded
-    before this piece. The seed is kept to warn when a resumed run's data order would differ.
+    before this piece. The seed is kept to warn when a resumed run's data order would
+    differ. The shape (``batch_size``, ``dataset_len``, ``drop_last``, ``num_replicas``,
+    ``batches``: :meth:`ResumableLoader.shape`) says what the position means: a resume in
+    the middle of an epoch with a loader of another shape continues at the same *batch*
+    index, which skips or repeats samples of that epoch, so it warns naming both shapes (a
+    resume at an epoch end is not affected).
     """
 
     def __init__(self, loader: ResumableLoader, progress: Progress) -> None:
@@ -241,10 +246,20 @@ class DataOrderState:
         self.progress = progress
 
     def state_dict(self) -> dict[str, Any]:  # noqa: D102
-        return {"seed": self.loader.seed}
+        return {"seed": self.loader.seed, "shape": self.loader.shape()}
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:  # noqa: D102
         p = self.progress
+        saved, now = state.get("shape"), self.loader.shape()
+        if p.iter_in_epoch and isinstance(saved, Mapping) and dict(saved) != now:
+            differ = {k: (saved.get(k), v) for k, v in now.items() if saved.get(k) != v}
+            warnings.warn(
+                f"Resuming in the middle of epoch {p.epoch + 1} (after batch {p.iter_in_epoch}) with a train_dataloader of another shape: "
+                + ", ".join(f"{k} {a} in the checkpoint, {b} now" for k, (a, b) in differ.items())
+                + f". The epoch continues at batch {p.iter_in_epoch} of the new loader, so samples of this epoch are skipped or seen twice. "
+                "Resume with the same batch_size, dataset, drop_last and number of processes, or from a checkpoint at an epoch end.",
+                stacklevel=3,
+            )
         self.loader.load_state_dict({"epoch": p.epoch, "position": p.iter_in_epoch, "seed": state.get("seed", self.loader.seed)})
 
 
@@ -313,7 +328,10 @@ def collect_state(trainer: Trainer, save_optimizer: bool = True, save_param_sche
     p = trainer.progress
     skip = {name for name, keep in (("optim_wrapper", save_optimizer), ("param_schedulers", save_param_scheduler)) if not keep}
     ckpt: dict[str, Any] = {
-        "meta": {"trainwright_version": __version__, "time": time.strftime("%Y-%m-%d %H:%M:%S"), "seed": trainer.seed, "epoch": p.epoch, "iteration": p.iteration, "world_size": trainer.strategy.world_size},
+        "meta": {
+            "trainwright_version": __version__, "time": time.strftime("%Y-%m-%d %H:%M:%S"), "seed": trainer.seed, "epoch": p.epoch,
+            "iteration": p.iteration, "world_size": trainer.strategy.world_size, "config": trainer.config,
+        },
     }
     for name, piece in trainer.stateful.items():
         if name not in skip:
@@ -342,6 +360,9 @@ def restore_state(trainer: Trainer, ckpt: Mapping[str, Any], path: str | Path) -
                 raise type(e)(f"Checkpoint {str(path)!r} does not fit this trainer: {e}") from e
     for name in [n for n in pieces if n not in ckpt and n not in OPTIONAL_PIECES]:
         warnings.warn(f"Checkpoint {str(path)!r} holds no {name!r} state; {name} starts fresh", stacklevel=3)
+    saved_seed = ckpt.get("meta", {}).get("seed")
+    if isinstance(saved_seed, int) and saved_seed != trainer.seed and not trainer.seed_given:
+        trainer.adopt_seed(saved_seed)  # no seed given: continue the checkpoint's data order (mmengine semantics)
     saved_world = int(ckpt.get("meta", {}).get("world_size", 1))
     if saved_world != trainer.strategy.world_size:
         trainer.logger.warning(f"Checkpoint was written by {saved_world} process(es), this run has {trainer.strategy.world_size}: the data order and random streams will differ from the original run")

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import time
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -11,6 +10,7 @@ from torch import nn
 
 from trainwright.amp.precision import Precision, build_precision
 from trainwright.checkpoint import Stateful
+from trainwright.checkpoint.lock import WorkDirBusyError, WorkDirLock
 from trainwright.hooks.dispatch import HookList
 from trainwright.hooks.hook import Hook
 from trainwright.hooks.timing import HookReport, HookTimer
@@ -24,6 +24,7 @@ from trainwright.registry import check_keys
 from trainwright.strategies import build_strategy
 from trainwright.trainer.build import EVAL_CFG_KEYS, TRAIN_CFG_KEYS, build_eval_loop, build_train
 from trainwright.trainer.hooks_config import build_hook, build_hooks
+from trainwright.trainer.runs import config_changes, new_run_dir
 from trainwright.trainer.state import BUILTIN_PIECES, collect_state, make_safe, restore_state, stateful_pieces
 
 
@@ -105,8 +106,10 @@ class Trainer:
         self.strategy = build_strategy(strategy)
         self.strategy.setup_env(randomness=randomness)
         self.seed: int = self.strategy.seed  # type: ignore[assignment]
-        # rank 0 names the run: every rank agrees on the run folder even when their clocks straddle a second
-        self.experiment_name: str = self.strategy.broadcast_object(experiment_name or time.strftime("%Y%m%d_%H%M%S"))
+        #: True when ``randomness`` named the seed; otherwise a resumed run adopts its checkpoint's seed.
+        self.seed_given = bool(randomness and randomness.get("seed") is not None)
+        # rank 0 names (and creates) the run folder: every rank agrees even when their clocks straddle a second
+        self.experiment_name: str = self.strategy.broadcast_object(experiment_name or (new_run_dir(self.work_dir).name if self.is_main_process else None))
         self.run_dir = self.work_dir / self.experiment_name
         self.logger = create_logger(log_file=self.run_dir / "train.log" if self.is_main_process else None, level=log_level, rank=self.strategy.rank)
         # THE rank decision of logging: only the main process has writers; hooks just fan out to this list.
@@ -123,6 +126,8 @@ class Trainer:
             strategy=self.strategy.name, world_size=self.strategy.world_size, seed=self.seed, randomness=randomness, compile=compile,
             resume=resume, load_from=load_from, nonfinite_loss=nonfinite_loss,
         ))
+        #: The trainer's settings as plain values (written to the writers and into every checkpoint's ``meta``).
+        self.config: dict[str, Any] = config
         for w in self.writers:
             w.write_config(config)
         self.progress = Progress()
@@ -148,6 +153,7 @@ class Trainer:
         self._registered_stateful: dict[str, Stateful] = {}
         self._checkpoint_server: Callable[[Trainer], Path | None] | None = None
         self._held_lines: Callable[[], None] | None = None  # see hold_log_lines
+        self._lock = WorkDirLock(self.ckpt_dir)  # held while train() runs (rank 0)
 
     @classmethod
     def from_config(cls, cfg: Mapping[str, Any], **overrides: Any) -> Trainer:
@@ -245,6 +251,25 @@ class Trainer:
             raise TypeError(f"Checkpoint {str(path)!r} holds a {type(ckpt).__name__}, not a trainwright checkpoint dict; use load_from= for weights")
         restore_state(self, ckpt, path)
         self.logger.info(f"Resumed from {path} at epoch {self.progress.epoch}, iteration {self.progress.iteration}")
+        meta = ckpt.get("meta")
+        changed = config_changes(meta.get("config") if isinstance(meta, Mapping) else None, self.config)
+        if changed:
+            self.logger.warning(
+                f"Resumed from {path}: the model, the optimizer state (its lr, momentum...), the schedulers, the progress, the data order "
+                "and the random streams come from the checkpoint. Settings that differ from the checkpoint's run: "
+                + "; ".join(f"{k}: {a!r} -> {b!r}" for k, (a, b) in changed.items())
+                + ". train_cfg, hooks, data and the other settings apply as given now; edited optimizer or scheduler values do not "
+                "(the checkpoint's win): to train with them, start a new run from these weights with load_from=."
+            )
+
+    def adopt_seed(self, seed: int) -> None:
+        """Use ``seed`` (a checkpoint's, when the run gave none) for the data order; the random streams come from the checkpoint."""
+        self.logger.info(f"Adopted the checkpoint's random seed {seed} (this run gave no seed, so it had drawn {self.seed})")
+        self.seed = seed
+        self.strategy.seed = seed
+        self.config["seed"] = seed
+        if self.train_loop is not None:
+            self.train_loop.dataloader.set_seed(seed)
 
     # -- hooks ----------------------------------------------------------------------------
     def register_hook(self, hook: Hook | Mapping[str, Any], priority: int | str | None = None) -> Hook:
@@ -278,28 +303,53 @@ class Trainer:
 
     # -- running --------------------------------------------------------------------------
     def train(self) -> nn.Module:
-        """Run the training loop (validating as configured); return the trained model."""
-        self._build_train()
-        self._prepare()
-        assert self.train_loop is not None
-        self.should_stop = False
-        self.preempted = False
-        loop = self.train_loop
-        if self.progress.iteration >= loop.max_iters:
-            self.logger.warning(
-                f"Nothing to train: training is complete at iteration {self.progress.iteration} of max_iters {loop.max_iters} "
-                f"(epoch {self.progress.epoch}). Raise train_cfg max_epochs / max_iters to train further, or use a new work_dir for a new run."
-            )
-        self._run(loop.run)
+        """Run the training loop (validating as configured); return the trained model.
+
+        Raises:
+            WorkDirBusyError: another live process (or Trainer) is training in this ``work_dir``
+                (the message names its pid); nothing was read or written.
+        """
+        self._lock_work_dir()
+        try:
+            self._build_train()
+            self._prepare()
+            assert self.train_loop is not None
+            self.should_stop = False
+            self.preempted = False
+            loop = self.train_loop
+            if self.progress.iteration >= loop.max_iters:
+                self.logger.warning(
+                    f"Nothing to train: training is complete at iteration {self.progress.iteration} of max_iters {loop.max_iters} "
+                    f"(epoch {self.progress.epoch}). Raise train_cfg max_epochs / max_iters to train further, or use a new work_dir for a new run."
+                )
+            self._run(loop.run)
+        finally:
+            self._lock.release()
         if self.hooks.timer is not None:
             self.logger.info(f"Time spent in hooks (calls and seconds per event, since the trainer was built):\n{self.hook_report()}")
         return self.unwrapped_model
+
+    def _lock_work_dir(self) -> None:
+        """Rank 0 takes the checkpoint folder's lock (see :mod:`trainwright.checkpoint.lock`); every rank gets its answer."""
+        error = stale = None
+        if self.is_main_process:
+            try:
+                stale = self._lock.acquire()
+            except WorkDirBusyError as e:
+                error = str(e)
+        if self.strategy.world_size > 1:
+            error = self.strategy.broadcast_object(error)
+        if error is not None:
+            raise WorkDirBusyError(error)
+        if stale is not None:
+            self.logger.warning(f"Took over the lock of {self.ckpt_dir} from {stale}: that process ended without releasing it (killed or crashed)")
 
     def val(self) -> dict[str, float]:
         """One validation pass; returns metrics like ``{"val/acc": 0.97}``."""
         if self.val_loop is None:
             raise ValueError("val() needs a val_dataloader (and usually a val_evaluator)")
         self._prepare()
+        self.should_stop = False  # a stop request of an earlier run does not cut this pass
         return self._run(self.val_loop.run)
 
     def test(self) -> dict[str, float]:
@@ -307,6 +357,7 @@ class Trainer:
         if self.test_loop is None:
             raise ValueError("test() needs a test_dataloader (and usually a test_evaluator)")
         self._prepare()
+        self.should_stop = False
         return self._run(self.test_loop.run)
 
     def bind_step(self) -> None:
@@ -336,7 +387,7 @@ class Trainer:
             if not isinstance(e, SystemExit):  # (a preemption exit is logged by its hook)
                 p = self.progress
                 # the reason reaches train.log too, not only the terminal that may be gone
-                self.logger.error(f"Stopped by {type(e).__name__} at epoch {p.epoch}, iteration {p.iteration}: {e}")
+                self.logger.error(f"Stopped by {type(e).__name__} at epoch {p.epoch}, iteration {p.iteration}: {e}", exc_info=e)
             raise
         finally:
             self._set_forward_caller(None)  # outside a run the model is called the safe way (hooks added later fire)
@@ -503,6 +554,7 @@ class Trainer:
 
     def close(self) -> None:
         """Close the writers and the log file; release the strategy's resources (a process group)."""
+        self._lock.release()
         for w in self.writers:
             w.close()
         close_logger(self.logger)

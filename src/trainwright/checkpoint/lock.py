@@ -1,0 +1,117 @@
+"""WorkDirLock: one training run at a time per checkpoint folder.
+
+Two runs on one ``work_dir`` (a requeued job while the old one still runs, a notebook cell
+run twice) would overwrite each other's ``epoch_N.pth`` and ``latest``, and a later resume
+would continue a mix of both. While a run trains, it holds an exclusive ``flock`` on
+``<ckpt_dir>/.lock``, a small text file naming its pid, host and start time:
+
+* a second run finds the lock held and refuses to start, naming the other process;
+* the kernel releases the lock when its process ends, however it ends (``kill -9``
+  included), so a lock file whose lock nobody holds is stale: the next run takes it over
+  and says whose it was.
+
+The file is removed when the run ends (a process that locked it just before checks that
+the path still names the file it locked, and tries again if not). Where ``fcntl`` does
+not exist (Windows) there is no lock.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import time
+from pathlib import Path
+
+try:
+    import fcntl
+except ImportError:  # pragma: no cover - Windows
+    fcntl = None  # type: ignore[assignment]
+
+LOCK_FILENAME = ".lock"
+
+
+class WorkDirBusyError(RuntimeError):
+    """Another live process is training with the same checkpoint folder."""
+
+
+class WorkDirLock:
+    """The lock of one checkpoint folder; :meth:`acquire` when a run starts, :meth:`release` when it ends.
+
+    Args:
+        ckpt_dir: The checkpoint folder (``work_dir/checkpoints``); created if missing.
+    """
+
+    def __init__(self, ckpt_dir: str | os.PathLike[str]) -> None:
+        self.path = Path(ckpt_dir) / LOCK_FILENAME
+        self._fd: int | None = None
+
+    @property
+    def held(self) -> bool:
+        """True while this object holds the lock."""
+        return self._fd is not None
+
+    def acquire(self) -> str | None:
+        """Take the lock.
+
+        Returns:
+            None, or the previous holder's record (``"pid 123 on host, since ..."``) when the
+            lock was stale: that process ended without releasing it.
+
+        Raises:
+            WorkDirBusyError: a live process holds it (the message names its pid and the fix).
+        """
+        if fcntl is None or self._fd is not None:
+            return None
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        while True:
+            fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except OSError:
+                break
+            if _same_file(fd, self.path):
+                return self._take(fd)
+            os.close(fd)  # the holder removed the file between our open and our lock: open the new one
+        holder = _read(fd)
+        os.close(fd)
+        same = " (this process: another Trainer in it is training; let it finish, or close() it)" if holder.startswith(f"pid {os.getpid()} ") else ""
+        raise WorkDirBusyError(
+            f"Another run is training in {str(self.path.parent)!r}: {holder or 'a process that has not written its pid yet'}{same}. "
+            "Two runs on one work_dir overwrite each other's checkpoints. Wait for it to finish or stop it, "
+            "or give this run another work_dir."
+        )
+
+    def _take(self, fd: int) -> str | None:
+        previous = _read(fd)
+        os.ftruncate(fd, 0)
+        os.pwrite(fd, f"pid {os.getpid()} on {socket.gethostname()}, since {time.strftime('%Y-%m-%d %H:%M:%S')}\n".encode(), 0)
+        self._fd = fd
+        return previous or None
+
+    def release(self) -> None:
+        """Remove the lock file and release the lock (a no-op when not held)."""
+        fd, self._fd = self._fd, None
+        if fd is None:
+            return
+        try:
+            if _same_file(fd, self.path):
+                self.path.unlink()
+        except OSError:
+            pass
+        finally:
+            os.close(fd)  # releases the flock
+
+
+def _same_file(fd: int, path: Path) -> bool:
+    try:
+        a, b = os.fstat(fd), os.stat(path)
+    except OSError:
+        return False
+    return (a.st_dev, a.st_ino) == (b.st_dev, b.st_ino)
+
+
+def _read(fd: int) -> str:
+    try:
+        return os.pread(fd, 4096, 0).decode("utf-8", "replace").strip()
+    except OSError:
+        return ""

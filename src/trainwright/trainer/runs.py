@@ -1,0 +1,41 @@
+"""Runs in a work_dir: a run folder of its own, and what changed since the run a checkpoint came from."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+#: Settings that name a run rather than configure it: not reported as changed on resume.
+_RUN_NAMES = frozenset({"work_dir", "experiment_name", "resume", "load_from", "seed", "randomness"})
+
+
+def config_changes(saved: Any, now: Mapping[str, Any], prefix: str = "") -> dict[str, tuple[Any, Any]]:
+    """``{"a.b": (saved, now)}`` for every setting of ``now`` whose value differs from ``saved`` (plain nested dicts)."""
+    if not isinstance(saved, Mapping):
+        return {}
+    out: dict[str, tuple[Any, Any]] = {}
+    for k in sorted(set(saved) | set(now)):
+        if not prefix and k in _RUN_NAMES:
+            continue
+        a, b = saved.get(k), now.get(k)
+        if isinstance(a, Mapping) and isinstance(b, Mapping):
+            out.update(config_changes(a, b, f"{prefix}{k}."))
+        elif a != b and not (isinstance(a, str) and isinstance(b, str) and " at 0x" in a + b):  # objects shown by address compare by identity only
+            out[f"{prefix}{k}"] = (a, b)
+    return out
+
+
+def new_run_dir(work_dir: Path) -> Path:
+    """Create and return ``work_dir/<YYYYmmdd_HHMMSS>``, or ``..._1``, ``_2``... when runs start in the same second."""
+    base = time.strftime("%Y%m%d_%H%M%S")
+    work_dir.mkdir(parents=True, exist_ok=True)
+    for i in range(10_000):
+        d = work_dir / (base if i == 0 else f"{base}_{i}")
+        try:
+            d.mkdir()
+        except FileExistsError:
+            continue
+        return d
+    raise FileExistsError(f"No free run folder name for {base} in {work_dir}")
