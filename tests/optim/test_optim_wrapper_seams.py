@@ -237,6 +237,28 @@ def test_subclass_overrides_of_step_and_backward_are_honoured() -> None:
         torch.testing.assert_close(a, b, atol=0, rtol=0)
 
 
+def test_scale_loss_and_should_update_are_asked_per_micro_batch_when_accumulating() -> None:
+    """accumulative_counts > 1: every micro-batch is scaled and asked whether it closes a window (overrides take part);
+    accumulative_counts=1: each call is a whole window, backward sees the loss itself and every call steps."""
+    model = _model()
+    ow = OptimWrapper(torch.optim.SGD(model.parameters(), lr=0.1), accumulative_counts=2)
+    ow.initialize_count_status(model, 0, 4)
+    with mock.patch.object(ow, "scale_loss", wraps=ow.scale_loss) as scale, mock.patch.object(ow, "should_update", return_value=False) as should:
+        for batch in _batches(4):
+            ow.update_params(_loss(model, batch))
+    assert (scale.call_count, should.call_count) == (4, 4)
+    assert all(p.grad is not None for p in model.parameters()), "should_update said never: the gradients stay accumulated"
+
+    model = _model()
+    one = OptimWrapper(torch.optim.SGD(model.parameters(), lr=0.1))
+    seen: list[torch.Tensor] = []
+    with mock.patch.object(one, "backward", side_effect=lambda loss: seen.append(loss)), mock.patch.object(one, "step") as step:
+        losses = [_loss(model, batch) for batch in _batches(3)]
+        for loss in losses:
+            one.update_params(loss)
+    assert all(a is b for a, b in zip(seen, losses)) and step.call_count == 3
+
+
 def test_context_free_follows_precision_no_sync_and_a_subclass_context() -> None:
     model = _model()
     ow = OptimWrapper(torch.optim.SGD(model.parameters(), lr=0.1))

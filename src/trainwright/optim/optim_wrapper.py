@@ -206,18 +206,27 @@ class OptimWrapper:
         ``step`` unscales (float16) and clips when clipping is on, then steps the optimizer.
         Every method is looked up on ``self``: overrides and methods replaced on the instance
         are honoured. ``step_kwargs`` / ``zero_kwargs`` are passed to ``step`` / ``zero_grad``.
+
+        With ``accumulative_counts=1`` every micro-batch is a whole window: there is nothing to
+        scale and every call updates, so ``scale_loss`` and ``should_update`` are not asked
+        (a subclass that overrides them to shape its own windows sets
+        ``accumulative_counts > 1``).
         """
-        self.backward(self.scale_loss(loss))
-        if self.should_update():
-            # (calls without ``**{}``: an empty unpacking still takes Python's slow call path)
-            if step_kwargs:
-                self.step(**step_kwargs)
-            else:
-                self.step()
-            if zero_kwargs:
-                self.zero_grad(**zero_kwargs)
-            else:
-                self.zero_grad()
+        if self._accumulative_counts == 1:
+            self.backward(loss)
+        else:
+            self.backward(self.scale_loss(loss))
+            if not self.should_update():
+                return
+        # (calls without ``**{}``: an empty unpacking still takes Python's slow call path)
+        if step_kwargs:
+            self.step(**step_kwargs)
+        else:
+            self.step()
+        if zero_kwargs:
+            self.zero_grad(**zero_kwargs)
+        else:
+            self.zero_grad()
 
     def scale_loss(self, loss: torch.Tensor) -> torch.Tensor:
         """Divide ``loss`` by the size of its accumulation window (the short last one by its own size)."""
