@@ -81,7 +81,8 @@ class DDPStrategy(Strategy):
             if missing:
                 raise RuntimeError(
                     f"strategy='ddp' needs the environment a launcher sets, but {missing} are not set. Start the script with "
-                    "torchrun, e.g. `torchrun --nproc_per_node=2 train.py`, or use strategy='single' for one process."
+                    "torchrun, e.g. `torchrun --nproc_per_node=2 train.py` (or srun / mpirun; with mpirun across several machines, "
+                    "set MASTER_ADDR to the host of rank 0), or use strategy='single' for one process."
                 )
             dist.init_process_group(backend=self.backend, timeout=datetime.timedelta(seconds=self.timeout_s), **dict(dist_cfg or {}))
             self._owns_group = True
