@@ -7,7 +7,7 @@ from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any, NamedTuple
 
 from torch import nn
-from torch.utils.data import DataLoader
+from torch.utils.data import DataLoader, IterableDataset
 
 from trainwright.amp.precision import Precision
 from trainwright.data.loader import build_dataloader, make_dataloader, make_resumable
@@ -115,8 +115,16 @@ def build_eval_loop(trainer: Trainer, loader: Any, evaluator: Any, mode: str, cf
     if isinstance(loader, Mapping):
         loader = make_dataloader(loader, f"{mode}_dataloader")
     strategy = trainer.strategy
-    if isinstance(loader, DataLoader) and strategy.world_size > 1:
-        loader = make_resumable(loader, 0, strategy.world_size, strategy.rank, f"{mode}_dataloader")
+    if strategy.world_size > 1:
+        if isinstance(loader, DataLoader) and not isinstance(loader.dataset, IterableDataset):
+            loader = make_resumable(loader, 0, strategy.world_size, strategy.rank, f"{mode}_dataloader")
+        else:
+            warnings.warn(
+                f"The {mode}_dataloader ({type(loader).__name__}) cannot be sharded by trainwright, so under {strategy.world_size} "
+                "processes every rank evaluates what it yields, and the metrics take each rank's results as its shard: give each "
+                "rank its own part of the data (e.g. by trainer.strategy.rank), or pass a DataLoader over a map-style dataset.",
+                stacklevel=3,
+            )
     if evaluator is not None:
         from trainwright.evaluation import Evaluator
 
