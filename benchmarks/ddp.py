@@ -6,7 +6,7 @@ loop uses ``DistributedSampler`` + ``DistributedDataParallel`` and prints the lo
 steps; trainwright runs ``Trainer.train()`` with its default hooks (``strategy="auto"``
 picks DDP). Each side times its training iterations on rank 0; rounds alternate (ABBA); the
 ratio of the medians and the paired median ratio are printed, with the final loss of each
-side (they must agree).
+side (they must agree; both are the mean over the ranks of the last step's loss).
 
 Run:  python benchmarks/ddp.py [--rounds 5] [--steps 600]
 """
@@ -68,8 +68,10 @@ def raw_worker(steps: int, out: str) -> None:
         opt.zero_grad()
         if (i + 1) % LOG_INTERVAL == 0 and rank == 0:
             print(f"iter {i + 1} loss {loss.item():.4f}")
-    last = loss.item()
     t1 = time.perf_counter()
+    last_t = loss.detach().clone()  # the mean over ranks, as trainwright logs it (outside the timed loop)
+    dist.all_reduce(last_t)
+    last = last_t.item() / world
     if rank == 0:
         torch.save({"model": model.module.state_dict(), "optimizer": opt.state_dict()}, os.path.join(os.path.dirname(out), "raw_last.pth"))
         with open(out, "w") as f:

@@ -65,7 +65,7 @@ def test_exit_code_none_returns_normally_and_resume_continues(tmp_path: Path) ->
 
 
 class OtherRankSignalled(SingleDeviceStrategy):
-    """A strategy whose ``any_true`` answers as if another rank had received the signal at call ``n``."""
+    """Rank 0 of two; from its ``n``-th collective on, the other rank's flush proposes a stop (a signal reached it)."""
 
     def __init__(self, n: int) -> None:
         super().__init__("cpu")
@@ -73,18 +73,26 @@ class OtherRankSignalled(SingleDeviceStrategy):
         self.asked_at: list[int] = []
         self.trainer: tw.Trainer | None = None
 
-    def any_true(self, flag: bool) -> bool:
+    @property
+    def world_size(self) -> int:
+        return 2
+
+    def all_gather(self, tensor: torch.Tensor) -> torch.Tensor:
         assert self.trainer is not None
         self.asked_at.append(self.trainer.progress.iteration)
-        return flag or len(self.asked_at) >= self.n
+        other = tensor.clone()
+        if len(self.asked_at) >= self.n:
+            other[1] = 1.0  # the stop flag of the metric store's collective
+        return torch.stack([tensor, other])
 
 
 def test_stop_is_decided_at_the_agreement_point_every_check_interval(tmp_path: Path) -> None:
+    """Checks every 4 iterations, lines every 10: the other rank's stop arrives with the logger's collective (10), both act at the next check (12)."""
     strategy = OtherRankSignalled(n=3)
     t = ct.build(str(tmp_path), strategy=strategy, default_hooks=dict(preemption=dict(check_interval=4, exit_code=None), checkpoint=dict(interval=-1, save_best=None)))
     strategy.trainer = t
     t.train()
-    assert strategy.asked_at == [4, 8, 12]  # asked only at the check interval, same iterations on every rank
+    assert strategy.asked_at == [4, 8, 10, 12]  # one collective per iteration that needs one: checks (4, 8, 12), the logger (10)
     assert t.preempted and t.progress.iteration == 12
     assert read_latest(tmp_path / "checkpoints") == "iter_12.pth"  # saved though no signal reached this process
 

@@ -8,7 +8,7 @@ import torch.distributed
 
 from trainwright import dist
 
-LAUNCHER_VARS = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT", "SLURM_PROCID", "SLURM_NTASKS", "OMPI_COMM_WORLD_RANK")
+LAUNCHER_VARS = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT", "SLURM_PROCID", "SLURM_NTASKS", "SLURM_LOCALID", "OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_LOCAL_RANK")
 
 
 @pytest.fixture
@@ -92,3 +92,55 @@ def test_detect_launcher(clean_env: pytest.MonkeyPatch, env: dict[str, str], exp
     for key, value in env.items():
         clean_env.setenv(key, value)
     assert dist.detect_launcher() == expected
+
+
+SLURM_2x2 = {"SLURM_PROCID": "3", "SLURM_NTASKS": "4", "SLURM_LOCALID": "1", "SLURM_JOB_NODELIST": "gpu-node[007-008]"}
+MPI_1x2 = {"OMPI_COMM_WORLD_RANK": "1", "OMPI_COMM_WORLD_SIZE": "2", "OMPI_COMM_WORLD_LOCAL_RANK": "1", "OMPI_COMM_WORLD_LOCAL_SIZE": "2"}
+
+
+@pytest.mark.parametrize(
+    ("env", "expected"),
+    [
+        ({}, ("none", 0, 1, 0, None, None)),
+        ({"RANK": "1", "WORLD_SIZE": "2", "LOCAL_RANK": "1", "MASTER_ADDR": "h0", "MASTER_PORT": "1234"}, ("pytorch", 1, 2, 1, "h0", "1234")),
+        # srun: the rendezvous host is the first node of the allocation, the port torchrun's default
+        (SLURM_2x2, ("slurm", 3, 4, 1, "gpu-node007", "29500")),
+        ({**SLURM_2x2, "MASTER_ADDR": "login1", "MASTER_PORT": "4000"}, ("slurm", 3, 4, 1, "login1", "4000")),  # the job script's choice wins
+        ({**SLURM_2x2, "SLURM_JOB_NODELIST": "", "SLURM_NODELIST": "a1,b2"}, ("slurm", 3, 4, 1, "a1", "29500")),
+        # mpirun on one node: every process is local, so this host is the rendezvous
+        (MPI_1x2, ("mpi", 1, 2, 1, "127.0.0.1", "29500")),
+        ({**MPI_1x2, "OMPI_COMM_WORLD_SIZE": "4"}, ("mpi", 1, 4, 1, None, "29500")),  # several nodes: MASTER_ADDR must be given
+        # torchrun inside an allocation: torchrun's variables describe the processes
+        ({**SLURM_2x2, "RANK": "0", "WORLD_SIZE": "2", "LOCAL_RANK": "0", "MASTER_ADDR": "h", "MASTER_PORT": "5"}, ("pytorch", 0, 2, 0, "h", "5")),
+    ],
+)
+def test_resolve_launch_reads_rank_world_and_local_rank_of_each_launcher(env: dict[str, str], expected: tuple) -> None:
+    assert tuple(dist.resolve_launch(env)) == expected
+
+
+@pytest.mark.parametrize(
+    ("nodelist", "host"),
+    [("node1", "node1"), ("gpu[003-005,010]", "gpu003"), ("a1,b[2-3]", "a1"), ("gpu[3,5]-ib", "gpu3-ib"), ("rack[1-2]-n[07-08],x", "rack1-n07")],
+)
+def test_first_slurm_host(nodelist: str, host: str) -> None:
+    assert dist.first_slurm_host(nodelist) == host
+
+
+def test_first_slurm_host_of_a_broken_list_names_the_fix() -> None:
+    with pytest.raises(ValueError, match="set MASTER_ADDR"):
+        dist.first_slurm_host("gpu[003-005")
+
+
+def test_export_launcher_env_fills_in_what_torch_distributed_reads(monkeypatch: pytest.MonkeyPatch) -> None:
+    import os
+
+    for key in [k for k in os.environ if k.startswith(("SLURM_", "OMPI_")) or k in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT")]:
+        monkeypatch.delenv(key)
+    for key, value in SLURM_2x2.items():
+        monkeypatch.setenv(key, value)
+    assert dist.get_local_rank() == 1  # known before the process group exists (the default CUDA device uses it)
+    assert dist.launched_world_size() == 4
+    dist.export_launcher_env()
+    assert {k: os.environ[k] for k in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT")} == {
+        "RANK": "3", "WORLD_SIZE": "4", "LOCAL_RANK": "1", "MASTER_ADDR": "gpu-node007", "MASTER_PORT": "29500",
+    }

@@ -1,16 +1,18 @@
-"""Flushes and the non-finite-loss decision happen at the same iteration on every process.
+"""Flushes, the non-finite-loss decision and the logged numbers agree on every process.
 
-Two "processes" are two threads; their agreement function is a barrier that ORs both flags,
-as ``Strategy.any_true`` (an all-reduce) does. A rank that asked for an agreement the other
-did not ask for would break the barrier (a hang under real processes) and fail the test.
+Two "processes" are two threads; their collective is a barrier that stacks both tensors,
+as ``Strategy.all_gather`` does. A rank that made a collective the other did not make
+would break the barrier (a hang under real processes) and fail the test.
 """
 
 from __future__ import annotations
 
+import json
 import threading
 from collections.abc import Callable
 from typing import Any
 
+import pytest
 import torch
 
 import trainwright as tw
@@ -19,22 +21,24 @@ from trainwright.logging import MetricStore
 from trainwright.strategies.single_device import SingleDeviceStrategy
 
 
-class FakeAnyTrue:
-    """``any_true`` for ``n`` threads: each call waits for every thread's flag and returns their OR."""
+class FakeGather:
+    """``all_gather`` for ``n`` threads: each call waits for every thread's tensor and returns them stacked."""
 
     def __init__(self, n: int = 2) -> None:
         self.barrier = threading.Barrier(n, timeout=20)
-        self.flags = [False] * n
+        self.tensors: list[Any] = [None] * n
+        self.calls = [0] * n
 
-    def for_rank(self, rank: int) -> Callable[[bool], bool]:
-        def agree(flag: bool) -> bool:
-            self.flags[rank] = flag
+    def for_rank(self, rank: int) -> Callable[[torch.Tensor], torch.Tensor]:
+        def gather(t: torch.Tensor) -> torch.Tensor:
+            self.calls[rank] += 1
+            self.tensors[rank] = t.clone()
             self.barrier.wait()
-            out = any(self.flags)
-            self.barrier.wait()  # nobody overwrites a flag before everyone has read them
+            out = torch.stack(self.tensors)
+            self.barrier.wait()  # nobody overwrites a tensor before everyone has read them
             return out
 
-        return agree
+        return gather
 
 
 def _run_ranks(fns: list[Callable[[], Any]]) -> list[Any]:
@@ -58,13 +62,13 @@ def _run_ranks(fns: list[Callable[[], Any]]) -> list[Any]:
 
 def test_store_flushes_and_raises_at_the_same_iteration_on_both_ranks() -> None:
     """Different clocks propose different flushes, a NaN is seen by one rank only: both act together."""
-    agree = FakeAnyTrue()
+    gather = FakeGather()
     # Each rank's own clock says "due" at different logging iterations (5: rank 0 only, 10: rank 1 only).
     due = {0: {5: True, 10: False, 15: False}, 1: {5: False, 10: True, 15: False}}
 
     def rank(r: int) -> Callable[[], Any]:
         def run() -> Any:
-            store = MetricStore(agree=agree.for_rank(r))
+            store = MetricStore(gather=gather.for_rank(r))
             flushed = []
             for it in range(1, 16):
                 loss = float("nan") if (r == 0 and it == 7) else float(it)
@@ -84,15 +88,65 @@ def test_store_flushes_and_raises_at_the_same_iteration_on_both_ranks() -> None:
     assert raised0 == raised1 == 10
     assert "at iteration 7: {'loss': nan}" in msg0
     assert "another process in iterations 6..10" in msg1 and "nonfinite_loss='skip'" in msg1
+    assert gather.calls == [2, 2]  # one collective per flush_if (5, 10), none per record
+
+
+def test_flushed_numbers_are_reduced_over_the_processes() -> None:
+    """detectron2 semantics: every rank's buffers hold the mean loss and the slowest rank's data_time, per iteration."""
+    gather = FakeGather()
+
+    def rank(r: int) -> Callable[[], Any]:
+        def run() -> Any:
+            store = MetricStore(gather=gather.for_rank(r))
+            store.start_clock(0.0)
+            end = 0.0
+            for it in range(1, 5):
+                wait = 0.1 * it if r == 0 else 0.05  # rank 0's loader is slower from iteration 2 on
+                store.record(it, {"loss": torch.tensor(float(it + 10 * r)), "acc": torch.tensor(float(r))}, end + wait, end + wait + 1.0)
+                end += wait + 1.0
+            store.flush()
+            return {name: store.get(name).history() for name in ("loss", "acc", "data_time", "time")}
+
+        return run
+
+    out0, out1 = _run_ranks([rank(0), rank(1)])
+    assert out0 == out1  # the same numbers on every rank
+    assert out0["loss"] == ([1, 2, 3, 4], [6.0, 7.0, 8.0, 9.0])  # mean of it and it + 10
+    assert out0["acc"][1] == [0.5] * 4
+    assert out0["data_time"][1] == pytest.approx([0.1, 0.2, 0.3, 0.4])  # max over ranks
+    assert out0["time"][1] == pytest.approx([(1.1 + 1.05) / 2, (1.2 + 1.05) / 2, (1.3 + 1.05) / 2, (1.4 + 1.05) / 2])  # mean
+    assert gather.calls == [1, 1]
+
+
+def test_processes_logging_different_names_get_a_clear_error() -> None:
+    gather = FakeGather()
+
+    def rank(r: int) -> Callable[[], Any]:
+        def run() -> Any:
+            store = MetricStore(gather=gather.for_rank(r))
+            if r == 0:  # two values on each rank, under other names
+                store.record(1, {"loss": torch.tensor(1.0)}, None, None)
+                store.record(2, {"loss": torch.tensor(1.0)}, None, None)
+            else:
+                store.record(1, {"loss": torch.tensor(1.0), "extra": torch.tensor(2.0)}, None, None)
+            store.flush()
+
+        return run
+
+    e0, e1 = _run_ranks([rank(0), rank(1)])
+    assert isinstance(e0, RuntimeError) and isinstance(e1, RuntimeError)
+    assert "log the same names" in str(e0) and "extra" in str(e1)
 
 
 class Rank(SingleDeviceStrategy):
-    """A one-process strategy playing rank ``r`` of two, agreeing through a :class:`FakeAnyTrue`."""
+    """A one-process strategy playing rank ``r`` of two, its collectives through a :class:`FakeGather`."""
 
-    def __init__(self, r: int, agree: Callable[[bool], bool]) -> None:
+    def __init__(self, r: int, gather: Callable[[torch.Tensor], torch.Tensor]) -> None:
         super().__init__(device="cpu")
         self._r = r
-        self._agree = agree
+        self._gather = gather
+        self.trainer: Any = None
+        self.gathered_at: list[int] = []
 
     @property
     def rank(self) -> int:
@@ -102,8 +156,9 @@ class Rank(SingleDeviceStrategy):
     def world_size(self) -> int:
         return 2
 
-    def any_true(self, flag: bool) -> bool:
-        return self._agree(flag)
+    def all_gather(self, tensor: torch.Tensor) -> torch.Tensor:
+        self.gathered_at.append(self.trainer.progress.iteration)
+        return self._gather(tensor)
 
 
 class NaNAt(LinearReg):
@@ -122,37 +177,37 @@ class NaNAt(LinearReg):
 
 
 def _two_trainers(trainer_factory: Any, tmp_path: Any, flush_secs: tuple[float, float], nan_at: tuple[int | None, int | None]) -> list[tw.Trainer]:
-    agree = FakeAnyTrue()
+    gather = FakeGather()
     trainers = []
     for r in (0, 1):
+        strategy = Rank(r, gather.for_rank(r))
         t = trainer_factory(
-            model=NaNAt(nan_at[r]), work_dir=tmp_path / f"rank{r}", dataset=regression_set(40), batch_size=4, strategy=Rank(r, agree.for_rank(r)),
+            model=NaNAt(nan_at[r]), work_dir=tmp_path / f"rank{r}", dataset=regression_set(40), batch_size=4, strategy=strategy,
             train_cfg=dict(by_epoch=True, max_epochs=2), default_hooks=dict(checkpoint=None, logger=dict(interval=2, flush_secs=flush_secs[r])), log_level="INFO",
         )
-        flushes: list[int] = []
-
-        def spy(*args: Any, _flush: Any = t.metric_store.flush, _log: list[int] = flushes, _p: Any = t.progress, **kwargs: Any) -> None:
-            _log.append(_p.iteration)  # the iteration of every flush (a sync point)
-            _flush(*args, **kwargs)
-
-        t.metric_store.flush = spy  # type: ignore[method-assign]
-        t.flush_log = flushes  # type: ignore[attr-defined]
+        strategy.trainer = t
         trainers.append(t)
     return trainers
 
 
-def test_trainers_with_different_clocks_flush_at_the_same_iterations(trainer_factory: Any, tmp_path: Any) -> None:
-    """Rank 0's clock always says "write now" (flush_secs=0), rank 1's never (an hour): both flush at every line."""
+def test_trainers_with_different_clocks_agree_once_per_logging_iteration(trainer_factory: Any, tmp_path: Any) -> None:
+    """Rank 0's clock always says "write now" (flush_secs=0), rank 1's never (an hour): one collective per logging iteration, none elsewhere."""
     t0, t1 = _two_trainers(trainer_factory, tmp_path, flush_secs=(0.0, 3600.0), nan_at=(None, None))
     assert _run_ranks([t0.train, t1.train]) == [t0.unwrapped_model, t1.unwrapped_model]
-    assert t0.flush_log == t1.flush_log  # type: ignore[attr-defined]
-    assert set(range(2, 11, 2)) <= set(t0.flush_log)  # type: ignore[attr-defined]  # 40 samples sharded over 2 ranks: 5 iterations per epoch
+    # 40 samples sharded over 2 ranks: 5 iterations per epoch; lines at 2, 4, the epoch's last (5), 6, 8, 10.
+    # The preemption check (every 10) and the epoch-end flushes ride on the logger's collective.
+    assert t0.strategy.gathered_at == t1.strategy.gathered_at == [2, 4, 5, 6, 8, 10]  # type: ignore[attr-defined]
     t0.flush_logs()
     assert (t0.run_dir / "metrics.jsonl").exists() and not (t1.run_dir / "metrics.jsonl").exists()
+    lines = [json.loads(line) for line in (t0.run_dir / "metrics.jsonl").read_text().splitlines()]
+    assert [line["iter"] for line in lines] == [2, 4, 5, 6, 8, 10]
+    # rank 0 logs the mean loss of both ranks: the mean of the two ranks' own (local) loss buffers
+    own = [t.metric_store.get("loss").history()[1] for t in (t0, t1)]
+    assert own[0] == own[1]  # reduced, so the same on both
 
 
 def test_nan_on_one_rank_raises_on_both_at_the_same_iteration(trainer_factory: Any, tmp_path: Any) -> None:
-    """Rank 0 sees the NaN (iteration 6) but its clock would wait an hour; rank 1 proposes the flush: both raise at 6."""
+    """Rank 0 sees the NaN (iteration 6) but its clock would wait an hour: the flush of the logging iteration 6 raises on both."""
     t0, t1 = _two_trainers(trainer_factory, tmp_path, flush_secs=(3600.0, 0.0), nan_at=(6, None))
     e0, e1 = _run_ranks([t0.train, t1.train])
     assert isinstance(e0, FloatingPointError) and isinstance(e1, FloatingPointError), (e0, e1)

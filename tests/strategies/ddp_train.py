@@ -1,14 +1,20 @@
 """Train a small regression model with the Trainer; run under torchrun (DDP) or alone (reference).
 
 Usage: ddp_train.py OUT_DIR BATCH_SIZE [--accum N] [--iters N] [--nan-rank R --nan-at K]
+                    [--save-every N] [--resume] [--kill-rank R --kill-at K] [--signal-rank R --signal-at K]
 Writes OUT_DIR/result_rank<r>.pt: the final parameters, the number of gradient all-reduces
-DDP ran (one bucket here), and the error the run ended with (if any).
+DDP ran (one bucket here), the error the run ended with (if any), the exit status of a
+preempted run and the iteration it stopped at. ``--kill-at`` SIGKILLs rank R before its
+K-th step unless the run resumed (so a restarted run goes through); ``--signal-at`` sends
+SIGTERM to rank R only, before its K-th step.
 """
 
 from __future__ import annotations
 
 import argparse
 import os
+import signal
+import sys
 from pathlib import Path
 
 import torch
@@ -55,6 +61,24 @@ class CountAllReduce(tw.Hook):
             model.register_comm_hook(None, hook)
 
 
+class SignalAt(tw.Hook):
+    """Sends ``sig`` to this process before step ``at`` (SIGKILL only in a run that started from scratch)."""
+
+    priority = "HIGHEST"
+
+    def __init__(self, at: int, sig: int) -> None:
+        self.at = at
+        self.sig = sig
+        self.start = 0
+
+    def before_train(self, trainer) -> None:
+        self.start = trainer.progress.iteration
+
+    def before_train_iter(self, trainer, batch_idx, data_batch=None) -> None:
+        if trainer.progress.iteration + 1 == self.at and not (self.sig == signal.SIGKILL and self.start > 0):
+            os.kill(os.getpid(), self.sig)
+
+
 def main() -> None:
     p = argparse.ArgumentParser()
     p.add_argument("out")
@@ -65,6 +89,10 @@ def main() -> None:
     p.add_argument("--nan-at", type=int, default=0)
     p.add_argument("--save-every", type=int, default=0, help="checkpoint every N iterations (default: at the end)")
     p.add_argument("--resume", action="store_true")
+    p.add_argument("--kill-rank", type=int, default=1)
+    p.add_argument("--kill-at", type=int, default=0)
+    p.add_argument("--signal-rank", type=int, default=1)
+    p.add_argument("--signal-at", type=int, default=0)
     a = p.parse_args()
     rank = int(os.environ.get("RANK", 0))
     g = torch.Generator().manual_seed(1)
@@ -72,6 +100,11 @@ def main() -> None:
     ds = TensorDataset(x, x @ torch.randn(4, 1, generator=g) + 0.1 * torch.randn(64, 1, generator=g))
     tw.seed_everything(0)
     counter = CountAllReduce()
+    hooks: list[tw.Hook] = [counter]
+    if a.kill_at and rank == a.kill_rank:
+        hooks.append(SignalAt(a.kill_at, signal.SIGKILL))
+    if a.signal_at and rank == a.signal_rank:
+        hooks.append(SignalAt(a.signal_at, signal.SIGTERM))
     trainer = tw.Trainer(
         model=Reg(a.nan_at if rank == a.nan_rank else None),
         work_dir=a.out,
@@ -80,19 +113,24 @@ def main() -> None:
         train_cfg=dict(by_epoch=False, max_iters=a.iters),
         default_hooks=dict(logger=dict(interval=2, flush_secs=0), checkpoint=dict(by_epoch=False, interval=a.save_every or a.iters)),
         resume=a.resume,
-        custom_hooks=[counter],
+        custom_hooks=hooks,
         randomness=dict(seed=0),
         log_level="WARNING",
     )
     error = None
+    exit_code = None
     try:
         trainer.train()
     except FloatingPointError as e:
         error = f"FloatingPointError at iteration {trainer.progress.iteration}: {e}"
+    except SystemExit as e:  # preempted: the checkpoint is written, the hook asks to exit with 128 + signal
+        exit_code = e.code
     params = {k: v.detach().clone() for k, v in trainer.unwrapped_model.state_dict().items()}
-    torch.save({"params": params, "allreduces": counter.count, "error": error, "world_size": trainer.strategy.world_size, "strategy": trainer.strategy.name},
-               Path(a.out) / f"result_rank{rank}.pt")
+    torch.save({"params": params, "allreduces": counter.count, "error": error, "world_size": trainer.strategy.world_size, "strategy": trainer.strategy.name,
+                "exit_code": exit_code, "iteration": trainer.progress.iteration}, Path(a.out) / f"result_rank{rank}.pt")
     trainer.close()
+    if exit_code is not None:
+        sys.exit(exit_code)
 
 
 if __name__ == "__main__":

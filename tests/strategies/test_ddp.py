@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import json
 import os
+import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -11,19 +13,49 @@ import pytest
 import torch
 
 import trainwright as tw
+from trainwright.checkpoint import read_latest
 
 SCRIPT = Path(__file__).with_name("ddp_train.py")
 pytestmark = [pytest.mark.multiprocess, pytest.mark.slow]
 
 
-def _run(tmp_path: Path, out: str, args: list[str], nproc: int) -> list[dict]:
+def _env(tmp_path: Path) -> dict[str, str]:
     env = dict(os.environ, TMPDIR=str(tmp_path), OMP_NUM_THREADS="1", TORCH_DISABLE_SHARE_RDZV_TCP_STORE="1")
     for k in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT"):
         env.pop(k, None)
-    launcher = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={nproc}"] if nproc > 1 else [sys.executable]
-    proc = subprocess.run([*launcher, str(SCRIPT), str(tmp_path / out), *args], env=env, capture_output=True, text=True, timeout=180)
-    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    return env
+
+
+def _launch(tmp_path: Path, out: str, args: list[str], nproc: int, *, script: Path = SCRIPT, torchrun: tuple[str, ...] = ("--standalone",), check: bool = True) -> subprocess.CompletedProcess:
+    """``torchrun TORCHRUN --nproc_per_node=NPROC script OUT ARGS`` (plain python for one process), bounded."""
+    launcher = [sys.executable, "-m", "torch.distributed.run", *torchrun, f"--nproc_per_node={nproc}"] if nproc > 1 or torchrun != ("--standalone",) else [sys.executable]
+    proc = subprocess.run([*launcher, str(script), str(tmp_path / out), *args], env=_env(tmp_path), capture_output=True, text=True, timeout=180)
+    if check:
+        assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    return proc
+
+
+def _results(tmp_path: Path, out: str, nproc: int) -> list[dict]:
     return [torch.load(tmp_path / out / f"result_rank{r}.pt", weights_only=True) for r in range(nproc)]
+
+
+def _run(tmp_path: Path, out: str, args: list[str], nproc: int, **kwargs: object) -> list[dict]:
+    _launch(tmp_path, out, args, nproc, **kwargs)  # type: ignore[arg-type]
+    return _results(tmp_path, out, nproc)
+
+
+def _assert_bitwise(a: list[dict], b: list[dict]) -> None:
+    assert len(a) == len(b)
+    for x, y in zip(a, b):
+        for k, v in x["params"].items():
+            assert torch.equal(v, y["params"][k]), k
+
+
+@pytest.fixture(scope="module")
+def uninterrupted(tmp_path_factory: pytest.TempPathFactory) -> list[dict]:
+    """2 processes x batch 8, 10 steps (4 per pass over the data), never stopped: the reference of the restart tests."""
+    tmp = tmp_path_factory.mktemp("uninterrupted")
+    return _run(tmp, "full", ["8", "--iters", "10"], 2)
 
 
 def test_ddp_two_processes_equal_one_process_on_the_full_batch(tmp_path: Path) -> None:
@@ -58,14 +90,68 @@ def test_nan_on_one_rank_stops_both_at_the_same_iteration(tmp_path: Path) -> Non
     # rank 0 stops at the same flush (its own loss turned NaN too: the all-reduced gradients were)
 
 
-def test_ddp_run_stopped_and_resumed_equals_the_uninterrupted_run_bitwise(tmp_path: Path) -> None:
-    """2 processes, 5 of 10 steps, resumed from the checkpoint of step 5 (mid-epoch: 4 steps per pass): the same weights, bit for bit."""
-    full = _run(tmp_path, "full", ["8", "--iters", "10"], 2)
-    _run(tmp_path, "split", ["8", "--iters", "5"], 2)
-    resumed = _run(tmp_path, "split", ["8", "--iters", "10", "--resume"], 2)
-    for a, b in zip(full, resumed):
-        for k, v in a["params"].items():
-            assert torch.equal(v, b["params"][k]), k
+KILLED = ["8", "--iters", "10", "--save-every", "3", "--kill-rank", "1", "--kill-at", "5"]  # checkpoint at 3 (mid-pass), rank 1 killed before step 5
+
+
+def test_killed_run_resumed_equals_the_uninterrupted_run_bitwise(tmp_path: Path, uninterrupted: list[dict]) -> None:
+    """kill -9 of rank 1 mid-epoch: the run fails (rank 0 is not left hanging); resumed from iteration 3 it ends bit for bit as the uninterrupted run."""
+    proc = _launch(tmp_path, "killed", KILLED, 2, check=False)
+    assert proc.returncode != 0
+    assert not list((tmp_path / "killed").glob("result_rank*.pt"))  # neither rank finished
+    assert (tmp_path / "killed" / "checkpoints" / "iter_3.pth").is_file()
+    resumed = _run(tmp_path, "killed", [*KILLED, "--resume"], 2)
+    _assert_bitwise(uninterrupted, resumed)
+    assert [r["allreduces"] for r in resumed] == [7, 7]  # steps 4..10 only: it did resume
+
+
+def test_elastic_restart_resumes_from_the_last_checkpoint(tmp_path: Path, uninterrupted: list[dict]) -> None:
+    """torchrun --max-restarts=1: rank 1 is killed mid-epoch, torchrun restarts both, resume=True continues from iteration 3."""
+    res = _run(tmp_path, "elastic", [*KILLED, "--resume"], 2, torchrun=("--standalone", "--max-restarts=1", "--monitor-interval=0.5"))
+    _assert_bitwise(uninterrupted, res)
+    assert [r["allreduces"] for r in res] == [7, 7]  # the restarted attempt ran steps 4..10
+
+
+def test_two_nodes_on_localhost_equal_one_node(tmp_path: Path, uninterrupted: list[dict]) -> None:
+    """Two torchrun launches of one process each (--nnodes=2, c10d rendezvous on localhost) train as one 2-process launch."""
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    procs = []
+    for node in (0, 1):
+        torchrun = [sys.executable, "-m", "torch.distributed.run", "--nnodes=2", f"--node_rank={node}", "--nproc_per_node=1",
+                    "--rdzv_backend=c10d", f"--rdzv_endpoint=localhost:{port}", "--rdzv_id=two-nodes"]
+        procs.append(subprocess.Popen([*torchrun, str(SCRIPT), str(tmp_path / "nodes"), "8", "--iters", "10"], env=_env(tmp_path), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True))
+    outs = [p.communicate(timeout=180)[0] for p in procs]
+    assert [p.returncode for p in procs] == [0, 0], "\n".join(o[-3000:] for o in outs)
+    res = _results(tmp_path, "nodes", 2)
+    assert [r["world_size"] for r in res] == [2, 2]
+    _assert_bitwise(uninterrupted, res)
+
+
+def test_sigterm_saves_once_and_exits_cleanly_on_both_ranks(tmp_path: Path) -> None:
+    """SIGTERM reaches rank 1 only, before step 3: both ranks stop at the next check (the end of the 4-step pass), one checkpoint, exit status 143."""
+    proc = _launch(tmp_path, "term", ["8", "--iters", "20", "--signal-rank", "1", "--signal-at", "3"], 2, check=False)
+    res = _results(tmp_path, "term", 2)
+    assert [(r["exit_code"], r["iteration"], r["error"]) for r in res] == [(143, 4, None), (143, 4, None)], proc.stderr[-3000:]
+    assert proc.returncode != 0  # torchrun reports the workers' status
+    ckpts = tmp_path / "term" / "checkpoints"
+    assert sorted(p.name for p in ckpts.glob("*.pth")) == ["iter_4.pth"]
+    assert read_latest(ckpts) == "iter_4.pth"
+
+
+def test_val_and_test_on_two_processes_equal_one_process_and_ddp_wraps_the_compiled_module(tmp_path: Path) -> None:
+    """23 samples (odd): each rank evaluates its padded shard, the metrics drop the duplicate; compile=... happens before DDP wraps."""
+    script = Path(__file__).with_name("ddp_eval_compile.py")
+    _launch(tmp_path, "two", [], 2, script=script)
+    _launch(tmp_path, "one", [], 1, script=script)
+    two = [json.loads((tmp_path / "two" / f"result_rank{r}.json").read_text()) for r in range(2)]
+    one = json.loads((tmp_path / "one" / "result_rank0.json").read_text())
+    assert one["world_size"] == 1 and [r["world_size"] for r in two] == [2, 2]
+    for r in two:
+        assert r["val"] == one["val"] and r["test"] == one["test"]  # exactly, on every rank
+        assert r["val"]["val/n"] == 23 and r["val"]["val/ids"] is True  # every sample once, the padding dropped
+        assert r["wrapper"] == "DistributedDataParallelWrapper" and r["wraps_compiled"]
+        assert r["graphs_train"] >= 1  # the training forward that went through DDP ran compiled graphs
 
 
 def test_single_strategy_under_a_launcher_is_an_error(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:

@@ -330,11 +330,11 @@ def build_dataloader(cfg: DataLoader | Mapping[str, Any] | ResumableLoader, seed
     return ResumableLoader(make_resumable(make_dataloader(cfg, name), seed, num_replicas, rank), seed, rank)
 
 
-def _custom(batch_sampler: Any, num_replicas: int) -> Any:
+def _custom(batch_sampler: Any, num_replicas: int, name: str) -> Any:
     """A user's own (batch) sampler, kept as it is; under several processes it must shard itself."""
     if num_replicas > 1 and not hasattr(getattr(batch_sampler, "sampler", batch_sampler), "num_replicas"):
         warnings.warn(
-            f"The train_dataloader has its own sampler ({type(batch_sampler).__name__}), which trainwright keeps as it is: under "
+            f"The {name} has its own sampler ({type(batch_sampler).__name__}), which trainwright keeps as it is: under "
             f"{num_replicas} processes every rank reads what it yields. Shard it yourself (e.g. DistributedSampler), or use "
             "shuffle=True/False and let trainwright shard the data.",
             stacklevel=3,
@@ -342,10 +342,13 @@ def _custom(batch_sampler: Any, num_replicas: int) -> Any:
     return batch_sampler
 
 
-def make_resumable(loader: DataLoader, seed: int = 0, num_replicas: int = 1, rank: int = 0) -> DataLoader:
+def make_resumable(loader: DataLoader, seed: int = 0, num_replicas: int = 1, rank: int = 0, name: str = "train_dataloader") -> DataLoader:
     """Rebuild ``loader`` with a seed-determined, skippable sampler (of ``rank``'s shard); same data, batching and workers.
 
-    Under several processes, worker seeds include the rank (see :func:`batch_seed`).
+    Under several processes, worker seeds include the rank (see :func:`batch_seed`). The
+    trainer also shards evaluation loaders with it: each rank evaluates its padded shard
+    (``DistributedSampler`` semantics) and the metrics drop the padding when they gather
+    (see :mod:`trainwright.evaluation.collect`). ``name`` is the loader's name in warnings.
     """
     if isinstance(loader.dataset, IterableDataset) or loader.batch_sampler is None:
         return loader
@@ -353,11 +356,11 @@ def make_resumable(loader: DataLoader, seed: int = 0, num_replicas: int = 1, ran
     if type(bs) is BatchSampler and isinstance(bs.sampler, (RandomSampler, SequentialSampler)):
         s = bs.sampler
         if isinstance(s, RandomSampler) and (s.replacement or s._num_samples is not None):  # noqa: SLF001
-            inner: Any = _custom(bs, num_replicas)
+            inner: Any = _custom(bs, num_replicas, name)
         else:
             inner = BatchSampler(EpochSampler(len(cast(Sized, loader.dataset)), shuffle=isinstance(s, RandomSampler), seed=seed, num_replicas=num_replicas, rank=rank), bs.batch_size, bs.drop_last)
     else:
-        inner = _custom(bs, num_replicas)
+        inner = _custom(bs, num_replicas, name)
     generator = torch.Generator()
     generator.manual_seed(seed)
     kwargs: dict[str, Any] = dict(

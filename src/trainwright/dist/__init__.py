@@ -4,6 +4,12 @@ from __future__ import annotations
 
 from trainwright.dist import utils
 from trainwright.dist.utils import (
+    DEFAULT_MASTER_PORT,
+    LaunchInfo,
+    export_launcher_env,
+    first_slurm_host,
+    launched_world_size,
+    resolve_launch,
     all_gather_object,
     all_reduce,
     available_backends,

@@ -10,8 +10,8 @@ from __future__ import annotations
 
 import functools
 import os
-from collections.abc import Callable
-from typing import Any, Literal, TypeVar
+from collections.abc import Callable, Mapping
+from typing import Any, Literal, NamedTuple, TypeVar
 
 import torch
 import torch.distributed as torch_dist
@@ -45,8 +45,8 @@ def get_world_size(group: Any = None) -> int:
 
 
 def get_local_rank() -> int:
-    """Rank of this process on its node, from the ``LOCAL_RANK`` variable launchers set; else 0."""
-    return int(os.environ.get("LOCAL_RANK", "0"))
+    """Rank of this process on its node: ``LOCAL_RANK`` (torchrun), else SLURM's / Open MPI's local rank; 0 without a launcher."""
+    return resolve_launch().local_rank
 
 
 def get_dist_info() -> tuple[int, int]:
@@ -137,7 +137,7 @@ def available_backends() -> dict[str, bool]:
     return out
 
 
-def detect_launcher() -> Launcher:
+def detect_launcher(env: Mapping[str, str] | None = None) -> Launcher:
     """Guess how this process was launched from the environment variables launchers set.
 
     Checked in this order, so that ``torchrun`` started inside a SLURM allocation counts as
@@ -148,8 +148,11 @@ def detect_launcher() -> Launcher:
     - ``"slurm"``: ``SLURM_PROCID`` and ``SLURM_NTASKS`` are set (a task started by ``srun``).
     - ``"mpi"``: ``OMPI_COMM_WORLD_RANK`` is set (Open MPI's ``mpirun``).
     - ``"none"``: otherwise; a plain single-process run.
+
+    Args:
+        env: The variables to read (default ``os.environ``).
     """
-    env = os.environ
+    env = os.environ if env is None else env
     if all(k in env for k in ("RANK", "WORLD_SIZE", "MASTER_ADDR")):
         return "pytorch"
     if "SLURM_PROCID" in env and "SLURM_NTASKS" in env:
@@ -166,31 +169,111 @@ _LAUNCHER_VARS = {
     "mpi": ("OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE", "OMPI_COMM_WORLD_LOCAL_RANK"),
 }
 
+#: ``MASTER_PORT`` when a SLURM / MPI job does not set one (torchrun's default port).
+DEFAULT_MASTER_PORT = "29500"
+
+
+class LaunchInfo(NamedTuple):
+    """Where this process sits, as its launcher describes it (see :func:`resolve_launch`)."""
+
+    launcher: Launcher
+    rank: int
+    world_size: int
+    local_rank: int
+    master_addr: str | None
+    master_port: str | None
+
+
+def first_slurm_host(nodelist: str) -> str:
+    """The first host name of a SLURM node list (``"gpu[003-005,010],cpu1"`` → ``"gpu003"``), as ``scontrol show hostnames`` would list it first.
+
+    Every bracket takes its first entry with its zero padding; text outside brackets is kept
+    (``"rack[1-2]-n[07-08]"`` → ``"rack1-n07"``).
+    """
+    out: list[str] = []
+    depth = 0
+    i = 0
+    while i < len(nodelist):
+        c = nodelist[i]
+        if c == "," and depth == 0:
+            break
+        if c == "[":
+            close = nodelist.find("]", i)
+            if close < 0:
+                raise ValueError(f"SLURM node list {nodelist!r} has an unclosed '['; set MASTER_ADDR to the first node's host name")
+            out.append(nodelist[i + 1 : close].split(",")[0].split("-")[0])
+            i = close + 1
+            continue
+        out.append(c)
+        i += 1
+    host = "".join(out).strip()
+    if not host:
+        raise ValueError(f"SLURM node list {nodelist!r} names no host; set MASTER_ADDR to the first node's host name")
+    return host
+
+
+def resolve_launch(env: Mapping[str, str] | None = None) -> LaunchInfo:
+    """Rank, world size, local rank and rendezvous address of this process, from its launcher's variables.
+
+    - torchrun / torchelastic: ``RANK``, ``WORLD_SIZE``, ``LOCAL_RANK``, ``MASTER_ADDR``, ``MASTER_PORT``.
+    - SLURM (``srun python train.py``): ``SLURM_PROCID``, ``SLURM_NTASKS``, ``SLURM_LOCALID``;
+      ``MASTER_ADDR`` is the first host of ``SLURM_JOB_NODELIST`` (or ``SLURM_NODELIST``) unless set;
+      ``MASTER_PORT`` 29500 unless set.
+    - Open MPI (``mpirun -np N python train.py``): ``OMPI_COMM_WORLD_RANK``, ``_SIZE``,
+      ``_LOCAL_RANK``; ``MASTER_ADDR`` is ``127.0.0.1`` when every process is on this node
+      (``OMPI_COMM_WORLD_LOCAL_SIZE`` equals the size), otherwise it must be set (None here);
+      ``MASTER_PORT`` 29500 unless set.
+    - No launcher: rank 0 of 1.
+
+    Args:
+        env: The variables to read (default ``os.environ``).
+    """
+    env = os.environ if env is None else env
+    launcher = detect_launcher(env)
+    if launcher == "none":
+        return LaunchInfo("none", 0, 1, int(env.get("LOCAL_RANK", 0)), env.get("MASTER_ADDR"), env.get("MASTER_PORT"))
+    rank_key, world_key, local_key = _LAUNCHER_VARS[launcher]
+    rank, world = int(env[rank_key]), int(env.get(world_key, 1))
+    local = int(env.get("LOCAL_RANK", env.get(local_key, 0)))
+    addr, port = env.get("MASTER_ADDR"), env.get("MASTER_PORT")
+    if launcher == "slurm":
+        nodelist = env.get("SLURM_JOB_NODELIST") or env.get("SLURM_NODELIST")
+        addr = addr or (first_slurm_host(nodelist) if nodelist else None)
+        port = port or DEFAULT_MASTER_PORT
+    elif launcher == "mpi":
+        one_node = env.get("OMPI_COMM_WORLD_LOCAL_SIZE", "") == env.get(world_key)
+        addr = addr or ("127.0.0.1" if one_node else None)
+        port = port or DEFAULT_MASTER_PORT
+    return LaunchInfo(launcher, rank, world, local, addr, port)
+
 
 def launched_world_size() -> int:
     """How many processes the launcher says it started (1 when none did): ``WORLD_SIZE``, ``SLURM_NTASKS`` or ``OMPI_COMM_WORLD_SIZE``."""
-    launcher = detect_launcher()
-    if launcher == "none":
-        return 1
-    return int(os.environ.get(_LAUNCHER_VARS[launcher][1], 1))
+    return resolve_launch().world_size
 
 
 def export_launcher_env() -> None:
-    """Fill in ``RANK`` / ``WORLD_SIZE`` / ``LOCAL_RANK`` from SLURM's or Open MPI's variables (torchrun sets them itself).
+    """Fill in ``RANK`` / ``WORLD_SIZE`` / ``LOCAL_RANK`` / ``MASTER_ADDR`` / ``MASTER_PORT`` from SLURM's or Open MPI's variables.
 
-    ``MASTER_ADDR`` / ``MASTER_PORT`` must come from the job script (e.g. the first host of
-    ``scontrol show hostnames $SLURM_JOB_NODELIST``).
+    torchrun sets them itself; see :func:`resolve_launch` for where each comes from. A
+    variable that is set already is kept. ``MASTER_ADDR`` of a multi-node MPI job cannot be
+    derived: it stays unset (the DDP strategy's error then says to set it).
     """
-    env = os.environ
-    launcher = detect_launcher()
-    if launcher in ("slurm", "mpi"):
-        for ours, theirs in zip(_LAUNCHER_VARS["pytorch"], _LAUNCHER_VARS[launcher]):
-            if theirs in env:
-                env.setdefault(ours, env[theirs])
+    info = resolve_launch()
+    if info.launcher not in ("slurm", "mpi"):
+        return
+    values = {"RANK": info.rank, "WORLD_SIZE": info.world_size, "LOCAL_RANK": info.local_rank, "MASTER_ADDR": info.master_addr, "MASTER_PORT": info.master_port}
+    for key, value in values.items():
+        if value is not None:
+            os.environ.setdefault(key, str(value))
 
 
 __all__ = [
+    "DEFAULT_MASTER_PORT",
+    "LaunchInfo",
     "export_launcher_env",
+    "first_slurm_host",
+    "resolve_launch",
     "launched_world_size",
     "all_gather_object",
     "all_reduce",

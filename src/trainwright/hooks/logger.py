@@ -14,7 +14,9 @@ Turning numbers into text is the costly part of logging (it runs on cold caches 
 training steps), so lines are written together, at most once per ``flush_secs`` while
 training runs fast, and right away when the previous batch is older than that (slow steps).
 Each process's clock only proposes a flush; :meth:`MetricStore.flush_if` makes it a decision
-shared by all processes. Pending lines are also written at the end of each epoch, of
+shared by all processes (under several processes in the one collective of the logging
+iteration, which also reduces the logged numbers over the processes: rank 0's lines show
+the mean loss of all ranks and the slowest rank's ``data_time``). Pending lines are also written at the end of each epoch, of
 training and of the run (also after an error) and before evaluation results, in order.
 
 The hook owns no numbers: the metric store keeps them (and is checkpointed), so a resumed
@@ -82,9 +84,11 @@ class LoggerHook(Hook):
         ignore_last: Skip the log line for an epoch's last, shorter interval (not the run's last).
         flush_secs: While training runs faster than one line per ``flush_secs``, lines are
             written in batches at most this far apart (0 writes each line at once). With
-            several processes a flush happens when any of them proposes one (the proposal is
-            a one-number all-reduce at each logging iteration), and at the latest every
-            ``metric_store.flush_every`` iterations.
+            several processes lines are written when any of them proposes it, and at the
+            latest every ``metric_store.flush_every`` iterations; each logging iteration
+            makes one small collective (the store's flush: the proposal, a stop request, the
+            NaN check and the numbers, reduced over the processes - ``data_time`` the max,
+            the rest the mean), and no other iteration makes any.
     """
 
     priority = "BELOW_NORMAL"

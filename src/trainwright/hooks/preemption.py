@@ -5,10 +5,14 @@ sends SIGTERM, or the signal given with ``--signal=USR1@90``; Kubernetes and mos
 spot instances send SIGTERM). The hook's signal handler only records the signal (in a
 one-process run it also sets ``trainer.should_stop``, which the loop reads at every step
 boundary: nothing to agree on, so no per-iteration check). With several processes the
-decision to stop is taken in one place, :meth:`PreemptionHook.after_train_iter`, where
-every process asks ``trainer.strategy.any_true(received)`` at the same iterations, so all
-ranks stop after the same step (no rank waits forever in a collective of a step the
-others skipped). Then the loop ends, a checkpoint of that step is written by
+handler also proposes a stop to the metric store (``metric_store.stop_requested``), whose
+next flush carries it in the one collective it makes anyway (with the log lines' numbers
+and the NaN check), and the decision is taken in one place,
+:meth:`PreemptionHook.after_train_iter`: at its check iterations every process reads
+``metric_store.stop_agreed`` - after asking the store to agree (``flush_if(False)``) only
+when the logger has not flushed at this iteration already, so with the default intervals
+(both 10) the check costs no collective of its own. All ranks stop after the same step (no
+rank waits forever in a collective of a step the others skipped). Then the loop ends, a checkpoint of that step is written by
 ``trainer.request_checkpoint()`` (served by the :class:`~trainwright.hooks.CheckpointHook`
 when there is one, so ``latest`` and keep-last-k apply; complete when it returns), the previous signal handlers are
 put back and the process exits with :attr:`exit_code` (by default ``128 + signal``, the
@@ -58,7 +62,9 @@ class PreemptionHook(Hook):
     Args:
         signals: The signals that mean preemption (default SIGTERM and SIGUSR1).
         check_interval: Iterations between checks of the agreement point; under several
-            processes each check is a tiny all-reduce, so it defaults to 10 there. With the
+            processes it defaults to 10 (the logger's default interval: the check reads the
+            agreement of the logger's flush; at an iteration where the logger did not flush, the
+            check is one small collective). With the
             default (None) on one process there is no check at all: the signal handler sets
             ``trainer.should_stop`` and the loop stops after the current step. Keep the wait
             (``check_interval`` steps) well inside the grace period between signal and kill.
@@ -82,6 +88,7 @@ class PreemptionHook(Hook):
         self._previous: dict[signal.Signals, Any] = {}
         self._trainer_ref: weakref.ref | None = None  # set when one process trains: the handler stops it
         self._in_train = False  # validations inside training check the agreement point too
+        self._store: Any = None  # the trainer's metric store while training: the handler proposes the stop to it
 
     # -- signal handling ------------------------------------------------------------------
     def _handler(self, signum: int, frame: FrameType | None) -> None:
@@ -91,6 +98,8 @@ class PreemptionHook(Hook):
             trainer = self._trainer_ref() if self._trainer_ref is not None else None
             if trainer is not None:  # one process: nothing to agree on, the loop stops at the step boundary
                 trainer.should_stop = True
+            if self._store is not None:  # carried by the store's next agreeing flush
+                self._store.stop_requested = True
 
     def install(self) -> None:
         """Install the handlers (main thread only; elsewhere signals cannot be caught)."""
@@ -115,6 +124,8 @@ class PreemptionHook(Hook):
         self._interval = self.check_interval or (1 if trainer.strategy.world_size == 1 else 10)
         self._in_train = True
         self._trainer_ref = weakref.ref(trainer) if trainer.strategy.world_size == 1 and self.check_interval is None else None
+        self._store = trainer.metric_store
+        self._store.stop_requested = self._store.stop_agreed = False
         self.install()
 
     def train_iter_interval(self, trainer: TrainerView) -> int:  # noqa: D102
@@ -122,8 +133,11 @@ class PreemptionHook(Hook):
         return 0 if self._trainer_ref is not None else self._interval
 
     def after_train_iter(self, trainer: TrainerView, batch_idx: int, data_batch: Any = None, outputs: dict | None = None) -> None:  # noqa: D102
-        # THE agreement point: every rank calls it at the same iterations and gets the same answer.
-        if trainer.strategy.any_true(self.received is not None):
+        # THE agreement point: every rank reads it at the same iterations and gets the same answer.
+        store = trainer.metric_store
+        if store.synced_at < trainer.progress.iteration:  # the logger did not flush here: agree now (one collective)
+            store.flush_if(False)
+        if store.stop_agreed:
             self._stop(trainer)
 
     def after_val_iter(self, trainer: TrainerView, batch_idx: int, data_batch: Any = None, outputs: Any = None) -> None:  # noqa: D102
@@ -154,6 +168,7 @@ class PreemptionHook(Hook):
     def after_run(self, trainer: TrainerView) -> None:  # noqa: D102
         self._in_train = False
         self.uninstall()
+        self._store = None
         if not self.preempted:
             return
         self.preempted = False

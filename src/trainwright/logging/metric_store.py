@@ -7,16 +7,22 @@ flushed. The flush also derives each iteration's ``data_time`` and ``time`` from
 timestamps and detects a non-finite loss.
 
 Every flush happens at an iteration count that is the same on every process (never
-because of one process's clock), and the two decisions that could differ between
-processes - "flush now?" at a logging iteration and "did a loss go NaN/Inf?" - go through
-an agreement function (``Strategy.any_true``), so all processes convert, write and raise
-at the same iteration and none is left waiting in a collective.
+because of one process's clock). Under several processes each flush is ONE collective
+(``Strategy.all_gather`` of a small tensor, given by the trainer) that carries everything
+the processes must agree on: "write the log lines now?" (each process's clock only
+proposes), "stop?" (a preemption signal one process received), "did a loss go NaN/Inf?",
+and the flushed numbers themselves, which come back reduced over the processes
+(detectron2 semantics: ``data_time`` is the maximum over processes - the slowest loader
+holds everyone up - every other scalar the mean). So all processes convert, log the same
+numbers, stop and raise at the same iteration, and none is left waiting in a collective.
+Between flushes nothing is exchanged.
 """
 
 from __future__ import annotations
 
 import math
 import statistics
+import zlib
 from collections import deque
 from collections.abc import Callable, Mapping
 from typing import Any
@@ -27,10 +33,10 @@ import torch
 #: for values recorded without timing (:meth:`MetricStore.update_dict`).
 Row = tuple[int, Mapping[str, Any], float | None, float | None]
 
+#: ``gather(t) -> [world, n]``: a 1-D float64 tensor of every process, stacked in rank order (``Strategy.all_gather``).
+Gather = Callable[[torch.Tensor], torch.Tensor]
 
-def _alone(flag: bool) -> bool:
-    """The agreement of a single process: its own flag."""
-    return flag
+_HEADER = 4  # due, stop, non-finite, fingerprint
 
 
 class HistoryBuffer:
@@ -187,9 +193,10 @@ class MetricStore:
                                               # loss on any process → FloatingPointError on all
 
     It flushes by itself every ``flush_every`` recorded iterations (bounds memory), and when
-    asked: at logging iterations through :meth:`flush_if` (agreed between processes), at epoch
-    ends and the end of training (the loops), before evaluation results are logged, before a
-    checkpoint (:meth:`state_dict`). Each of these points is the same iteration on every process.
+    asked: at logging iterations through :meth:`flush_if`, at epoch ends and the end of
+    training (the loops), before evaluation results are logged, before a checkpoint
+    (:meth:`state_dict`). Each of these points is the same iteration on every process; under
+    several processes each is one collective (see the module docstring), on one process none.
 
     Args:
         window_size: Values ``median`` / ``mean`` of each buffer look at by default.
@@ -197,18 +204,29 @@ class MetricStore:
             latest, so memory stays bounded whoever asks for numbers.
         raise_on_nonfinite: On flush, raise :class:`FloatingPointError` when a value whose
             name contains ``"loss"`` is NaN or infinite.
-        agree: ``agree(flag) -> bool``, True when ``flag`` is true on any process: every
-            process calls it at the same points and gets the same answer
-            (``Strategy.any_true``, passed in by the trainer under several processes; None:
-            one process, its own flag). Used for "flush at this logging iteration?" and "did any
-            process see a non-finite loss in this flush?".
+        gather: ``gather(t) -> [world, n]``, every process's 1-D float64 tensor ``t`` in rank
+            order (``Strategy.all_gather``, passed in by the trainer under several processes;
+            None: one process, nothing to agree on). Every process calls it at the same
+            flushes, with tensors of the same length: every process logs the same names.
+
+    Attributes:
+        stop_requested: Set by this process (e.g. a preemption signal handler) to propose a
+            stop; carried by the next flush.
+        stop_agreed: True on every process from the flush that carried some process's
+            request on (on one process: from the next :meth:`flush_if`).
+        synced_at: Iteration of the newest row an agreeing flush covered (-1: none yet). A
+            hook that needs an agreement at this iteration calls ``flush_if(False)`` only
+            when this is older, so an iteration has at most one collective.
     """
 
-    def __init__(self, window_size: int = 20, flush_every: int = 1000, raise_on_nonfinite: bool = True, agree: Callable[[bool], bool] | None = None) -> None:
+    def __init__(self, window_size: int = 20, flush_every: int = 1000, raise_on_nonfinite: bool = True, gather: Gather | None = None) -> None:
         self.window_size = window_size
         self.flush_every = flush_every
         self.raise_on_nonfinite = raise_on_nonfinite
-        self.agree: Callable[[bool], bool] = agree or _alone
+        self.gather = gather
+        self.stop_requested = False
+        self.stop_agreed = False
+        self.synced_at = -1
         self._history = 0
         self._buffers: dict[str, HistoryBuffer] = {}
         self._pending: list[Row] = []
@@ -302,66 +320,129 @@ class MetricStore:
 
     # -- sync points ------------------------------------------------------------------------
     def flush_if(self, due: bool) -> bool:
-        """Flush when ``due`` is true on any process; every process gets the same answer.
+        """Flush, and agree whether ``due`` is true on any process; every process gets the same answer.
 
         For decisions taken from a process's own clock (the logger writes lines at most once a
-        ``flush_secs``): the flush still happens at the same iteration everywhere.
+        ``flush_secs``): the lines are written at the same iteration everywhere. On one
+        process the store flushes only when ``due``; under several it flushes every time (the
+        numbers travel with the agreement, one collective) and the answer only says whether
+        to write. A pending :attr:`stop_requested` is carried either way.
 
         Returns:
-            Whether the store flushed.
+            Whether ``due`` is true on some process.
         """
-        if not self.agree(due):
-            return False
-        self.flush()
-        return True
+        if self.gather is None:
+            self.stop_agreed = self.stop_agreed or self.stop_requested
+            if due:
+                self.flush()
+            return due
+        return self._flush(due, None, agree=True, always=True)
 
     def flush(self, raise_on_nonfinite: bool | None = None) -> None:
         """Turn every pending tensor into a number (one transfer per device) and timestamps into times.
 
-        Call it at the same iteration on every process: when checking for non-finite losses
-        it asks :attr:`agree` once, if anything was pending.
+        Call it at the same iteration on every process: under several processes it is one
+        collective when anything was pending (the numbers are reduced over the processes,
+        the non-finite check and a stop request are agreed).
 
         Args:
-            raise_on_nonfinite: Override the store's setting for this call (error paths pass
-                False: no second exception hides the first, and no agreement is asked).
+            raise_on_nonfinite: Override the store's setting for this call. Error paths pass
+                False: no second exception hides the first, and nothing is exchanged (the
+                other processes may not be there); the numbers stay this process's own.
 
         Raises:
             FloatingPointError: a loss was NaN/Inf on this or another process. On the process
                 that saw it the message names the first such iteration and that iteration's
                 loss dict. The numbers are in the buffers either way.
         """
+        self._flush(False, raise_on_nonfinite, agree=raise_on_nonfinite is not False)
+
+    def _flush(self, due: bool, raise_on_nonfinite: bool | None, agree: bool, always: bool = False) -> bool:
+        """The flush: convert, agree (one collective when ``agree`` under several processes), extend the buffers, raise.
+
+        ``always``: agree even when nothing is pending (:meth:`flush_if`: the write decision
+        and a stop request still travel).
+        """
         rows, self._pending = self._pending, []
-        self._derive_times(rows)
-        if not rows:
-            return
-        with torch.no_grad():  # a logged loss may still carry its (spent) graph: read it, don't extend it
-            columns, numbers = _columns(rows)  # one device→host transfer per device
+        t_iters, t_data, t_total = self._derive_times(rows)
+        if not rows and not always:
+            return False
         check = self.raise_on_nonfinite if raise_on_nonfinite is None else raise_on_nonfinite
+        columns: dict[str, tuple[list[int], list[float]]] = {}
         bad: tuple[int, str] | None = None
-        for name, (iters, refs) in columns.items():
-            vals = [numbers[r] if type(r) is int else r for r in refs]
+        if rows:
+            with torch.no_grad():  # a logged loss may still carry its (spent) graph: read it, don't extend it
+                refs_by_name, numbers = _columns(rows)  # one device→host transfer per device
+            for name, (iters, refs) in refs_by_name.items():
+                vals = [numbers[r] if type(r) is int else r for r in refs]
+                columns[name] = (iters, vals)
+                if check and "loss" in name and not all(map(math.isfinite, vals)):
+                    first = next(i for i, v in zip(iters, vals) if not math.isfinite(v))
+                    if bad is None or first < bad[0]:
+                        bad = (first, name)
+        local = {name: (iters, list(vals)) for name, (iters, vals) in columns.items()} if bad is not None else columns
+        any_bad = bad is not None
+        if agree and self.gather is not None:
+            due, any_bad, t_data, t_total = self._agree(due, bad is not None, columns, t_data, t_total)
+            if rows:
+                self.synced_at = rows[-1][0]
+        for name, (iters, vals) in columns.items():
             self.buffer(name).extend(vals, iters)
-            if check and "loss" in name and not all(map(math.isfinite, vals)):
-                first = next(i for i, v in zip(iters, vals) if not math.isfinite(v))
-                if bad is None or first < bad[0]:
-                    bad = (first, name)
-        if not check or not self.agree(bad is not None):
-            return
+        if t_iters:
+            self.buffer("data_time").extend(t_data, t_iters)
+            self.buffer("time").extend(t_total, t_iters)
+        if check and any_bad:
+            self._raise_nonfinite(rows, bad, local)
+        return due
+
+    def _agree(self, due: bool, bad: bool, columns: dict[str, tuple[list[int], list[float]]], data: list[float], total: list[float]) -> tuple[bool, bool, list[float], list[float]]:
+        """The one collective of a flush: flags OR-ed, numbers reduced in place (``data_time`` max, the rest mean)."""
+        assert self.gather is not None
+        names = "\0".join(f"{name}:{len(vals)}" for name, (_, vals) in columns.items())
+        fingerprint = zlib.crc32(f"{names}|{len(data)}".encode())
+        flat = [float(due), float(self.stop_requested), float(bad), float(fingerprint)]
+        for _, vals in columns.values():
+            flat.extend(vals)
+        flat.extend(data)
+        flat.extend(total)
+        everyone = self.gather(torch.tensor(flat, dtype=torch.float64))
+        head = everyone[:, :_HEADER]
+        if bool((head[:, 3] != head[0, 3]).any()):
+            raise RuntimeError(
+                "The processes logged different values at this flush (other names, or a different number of "
+                f"iterations); this process logged {names.replace(chr(0), ', ') or 'nothing'}. Every process must "
+                "log the same names at the same iterations: log a value on every rank (e.g. 0 where it does not apply)."
+            )
+        flags = head[:, :3].amax(0).tolist()
+        self.stop_agreed = self.stop_agreed or flags[1] > 0
+        body = everyone[:, _HEADER:]
+        n_data = len(data)
+        split = body.shape[1] - 2 * n_data
+        mean = body.mean(0).tolist()
+        k = 0
+        for _, vals in columns.values():
+            vals[:] = mean[k : k + len(vals)]
+            k += len(vals)
+        data = body[:, split : split + n_data].amax(0).tolist()
+        total = mean[split + n_data :]
+        return flags[0] > 0, flags[2] > 0, data, total
+
+    def _raise_nonfinite(self, rows: list[Row], bad: tuple[int, str] | None, local: dict[str, tuple[list[int], list[float]]]) -> None:
         fixes = (
             "Lower the learning rate, enable gradient clipping (optim_wrapper=dict(clip_grad=dict(max_norm=1.0))), "
             "check the data for NaN/Inf, or pass nonfinite_loss='skip' to the Trainer to skip such steps."
         )
         if bad is None:
+            span = f"in iterations {rows[0][0]}..{rows[-1][0]} (checked at iteration {rows[-1][0]})" if rows else f"(checked after iteration {self.synced_at})"
             raise FloatingPointError(
-                f"Loss became infinite or NaN on another process in iterations {rows[0][0]}..{rows[-1][0]} "
-                f"(checked at iteration {rows[-1][0]}); that process's error names the iteration and its losses. {fixes}"
+                f"Loss became infinite or NaN on another process {span}; that process's error names the iteration and its losses. {fixes}"
             )
         it = bad[0]
-        losses = {name: (numbers[r] if type(r) is int else r) for name, (iters, refs) in columns.items() for i, r in zip(iters, refs) if i == it}
+        losses = {name: v for name, (iters, vals) in local.items() for i, v in zip(iters, vals) if i == it}
         raise FloatingPointError(f"Loss became infinite or NaN at iteration {it}: {losses}. {fixes}")
 
-    def _derive_times(self, rows: list[Row]) -> None:
-        """``data_time`` (previous end → start) and ``time`` (previous end → end) of the timed rows."""
+    def _derive_times(self, rows: list[Row]) -> tuple[list[int], list[float], list[float]]:
+        """``data_time`` (previous end → start) and ``time`` (previous end → end) of the timed rows, with their iterations."""
         starts, self._clock_starts = self._clock_starts, {}
         prev = self._prev_end
         iters: list[int] = []
@@ -380,9 +461,7 @@ class MetricStore:
             total.append(t1 - prev)
             prev = t1
         self._prev_end = starts.get(len(rows), prev)
-        if iters:
-            self.buffer("data_time").extend(data, iters)
-            self.buffer("time").extend(total, iters)
+        return iters, data, total
 
     # -- reading ----------------------------------------------------------------------------
     def get(self, name: str) -> HistoryBuffer:

@@ -28,7 +28,6 @@ hands every read and write to the strategy, so a sharded strategy owns its I/O:
 from __future__ import annotations
 
 import contextlib
-import os
 from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -57,7 +56,9 @@ class Strategy:
 
     def __init__(self, device: str | torch.device | None = None) -> None:
         if device is None:
-            device = f"cuda:{int(os.environ.get('LOCAL_RANK', 0))}" if torch.cuda.is_available() else "cpu"
+            from trainwright.dist.utils import get_local_rank
+
+            device = f"cuda:{get_local_rank()}" if torch.cuda.is_available() else "cpu"
         self.device = torch.device(device)
         self.model: nn.Module | None = None
         self.seed: int | None = None
@@ -158,6 +159,13 @@ class Strategy:
     def broadcast_object(self, obj: Any, src: int = 0) -> Any:
         """Broadcast a picklable object from ``src`` (identity here)."""
         return obj
+
+    def all_gather(self, tensor: torch.Tensor) -> torch.Tensor:
+        """Every process's ``tensor`` (same shape everywhere), stacked in rank order on the CPU: ``[world, *shape]``.
+
+        The metric store's one collective per flush (flags and logged numbers together).
+        """
+        return tensor.detach().unsqueeze(0)
 
     def barrier(self) -> None:
         """Wait for every process (no-op here)."""

@@ -11,7 +11,9 @@ What the rest of the engine sees (the seams of :class:`~trainwright.strategies.S
   and is the training step's forward caller, so gradients are all-reduced;
 * ``no_sync_context`` lets the optim wrapper skip the all-reduce inside an accumulation
   window (one all-reduce per update, not per micro-batch);
-* ``any_true`` is one all-reduce of a flag: stop, NaN and flush decisions agree;
+* the metric store's flushes are one ``all_gather`` of a small tensor each: the stop, NaN and
+  write decisions agree and the logged numbers are reduced over the ranks, at logging
+  iterations only (``any_true`` is the one-flag agreement for other decisions);
 * every rank shares rank 0's seed (``diff_rank_seed`` offsets it per rank);
 * rank 0 writes checkpoints and logs; every rank reads checkpoints.
 """
@@ -79,7 +81,8 @@ class DDPStrategy(Strategy):
             if missing:
                 raise RuntimeError(
                     f"strategy='ddp' needs the environment a launcher sets, but {missing} are not set. Start the script with "
-                    "torchrun, e.g. `torchrun --nproc_per_node=2 train.py`, or use strategy='single' for one process."
+                    "torchrun, e.g. `torchrun --nproc_per_node=2 train.py` (or srun / mpirun; with mpirun across several machines, "
+                    "set MASTER_ADDR to the host of rank 0), or use strategy='single' for one process."
                 )
             dist.init_process_group(backend=self.backend, timeout=datetime.timedelta(seconds=self.timeout_s), **dict(dist_cfg or {}))
             self._owns_group = True
@@ -152,13 +155,25 @@ class DDPStrategy(Strategy):
         dist.broadcast_object_list(box, src=src)
         return box[0]
 
+    def all_gather(self, tensor: torch.Tensor) -> torch.Tensor:
+        """Every rank's ``tensor`` stacked in rank order, on the CPU: one collective."""
+        t = tensor.detach().to(self._comm_device)
+        out = [torch.empty_like(t) for _ in range(self.world_size)]
+        dist.all_gather(out, t)
+        return torch.stack(out).cpu()
+
+    @property
+    def _comm_device(self) -> torch.device:
+        """Where small tensors must live for a collective of this backend (NCCL: the GPU)."""
+        return self.device if self.backend == "nccl" else torch.device("cpu")
+
     def barrier(self) -> None:
         """Wait for every rank."""
         dist.barrier()
 
     def any_true(self, flag: bool) -> bool:
         """True on every rank if ``flag`` is true on any: one all-reduce of one number."""
-        t = torch.tensor([1 if flag else 0], dtype=torch.int32, device=self.device if self.backend == "nccl" else "cpu")
+        t = torch.tensor([1 if flag else 0], dtype=torch.int32, device=self._comm_device)
         dist.all_reduce(t, op=dist.ReduceOp.MAX)
         return bool(t.item())
 

@@ -7,9 +7,10 @@ from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any, NamedTuple
 
 from torch import nn
+from torch.utils.data import DataLoader, IterableDataset
 
 from trainwright.amp.precision import Precision
-from trainwright.data.loader import build_dataloader, make_dataloader
+from trainwright.data.loader import build_dataloader, make_dataloader, make_resumable
 from trainwright.loops.eval_loop import EvalLoop
 from trainwright.loops.train_loop import EpochBasedTrainLoop, IterBasedTrainLoop
 from trainwright.optim.builder import build_optim_wrapper, loop_precision
@@ -113,11 +114,28 @@ def _warn_epoch_schedulers(schedulers: Any) -> None:
 
 
 def build_eval_loop(trainer: Trainer, loader: Any, evaluator: Any, mode: str, cfg: Mapping[str, Any]) -> EvalLoop | None:
-    """A val / test loop from a DataLoader (or its dict) and a metric / list of metrics / Evaluator; None without a loader."""
+    """A val / test loop from a DataLoader (or its dict) and a metric / list of metrics / Evaluator; None without a loader.
+
+    Under several processes a ``DataLoader`` is rebuilt around this rank's shard (padded to
+    equal lengths, ``DistributedSampler`` semantics; a sampler that shards itself is kept):
+    every rank evaluates its part and the metrics gather the results without the padding,
+    so the numbers equal one process's. Any other iterable of batches is used as given.
+    """
     if loader is None:
         return None
-    if isinstance(loader, Mapping):  # a DataLoader, or any iterable of batches, is used as given
+    if isinstance(loader, Mapping):
         loader = make_dataloader(loader, f"{mode}_dataloader")
+    strategy = trainer.strategy
+    if strategy.world_size > 1:
+        if isinstance(loader, DataLoader) and not isinstance(loader.dataset, IterableDataset):
+            loader = make_resumable(loader, 0, strategy.world_size, strategy.rank, f"{mode}_dataloader")
+        else:
+            warnings.warn(
+                f"The {mode}_dataloader ({type(loader).__name__}) cannot be sharded by trainwright, so under {strategy.world_size} "
+                "processes every rank evaluates what it yields, and the metrics take each rank's results as its shard: give each "
+                "rank its own part of the data (e.g. by trainer.strategy.rank), or pass a DataLoader over a map-style dataset.",
+                stacklevel=3,
+            )
     if evaluator is not None:
         from trainwright.evaluation import Evaluator
 

@@ -117,9 +117,9 @@ class Trainer:
         self.logger.info(f"Environment: {self.strategy.collect_env()}")
         self.logger.info(f"Random seed: {self.seed}")
         self.nonfinite_loss = nonfinite_loss
-        # Several processes agree on each flush and on the non-finite-loss decision; one has nothing to agree on.
-        agree = self.strategy.any_true if self.strategy.world_size > 1 else None
-        self.metric_store = MetricStore(raise_on_nonfinite=nonfinite_loss == "raise", agree=agree)
+        # Several processes: each store flush is one collective (write / stop / NaN decisions, logged numbers reduced); one has nothing to agree on.
+        gather = self.strategy.all_gather if self.strategy.world_size > 1 else None
+        self.metric_store = MetricStore(raise_on_nonfinite=nonfinite_loss == "raise", gather=gather)
         config = plain(dict(
             work_dir=self.work_dir, experiment_name=self.experiment_name, train_cfg=self.train_cfg, val_cfg=self.val_cfg, test_cfg=self.test_cfg,
             optim_wrapper=optim_wrapper, param_scheduler=param_scheduler, default_hooks=default_hooks, custom_hooks=custom_hooks, precision=precision,
