@@ -190,18 +190,17 @@ class BaseModel(nn.Module):
         """Sum every entry whose key contains ``"loss"``; return (total, log tensors).
 
         Values may be tensors or lists of tensors (each averaged then summed). Log tensors
-        stay on the device: turning them into numbers is the metric store's job (it reads them
-        without autograd). They are detached, except a lone scalar ``{"loss": loss}``, returned
-        as it is (mmengine semantics; a detached copy would cost a tensor per step): the
-        backward pass frees its graph's buffers, so keeping it until the next flush holds no
-        activations.
+        stay on the device: turning them into numbers is the metric store's job. They are
+        detached: the store keeps them until its next flush (up to ``flush_every`` steps), and
+        a kept graph, even one whose buffers backward freed, costs more per step than the copy
+        (measured: see docs/benchmarks.md).
         """
         if isinstance(losses, torch.Tensor):
             losses = {"loss": losses}
-        if len(losses) == 1 and type(losses) is dict:  # the usual single scalar loss: nothing to sum, average or copy
+        if len(losses) == 1 and type(losses) is dict:  # the usual single scalar loss: nothing to sum or average
             loss = losses.get("loss")
             if isinstance(loss, torch.Tensor) and loss.dim() == 0:
-                return loss, losses
+                return loss, {"loss": loss.detach()}
         if not isinstance(losses, Mapping):
             raise TypeError(
                 f"{type(self).__name__}.forward(..., mode='loss') must return a dict of loss tensors (or one loss tensor), "
