@@ -169,7 +169,7 @@ class DDPStrategy(Strategy):
         out = [torch.empty_like(t) for _ in range(self.world_size)]
         work = dist.all_gather(out, t, async_op=True)
 
-        def wait() -> torch.Tensor:
+        def wait(sent: torch.Tensor = t) -> torch.Tensor:  # holds the sent tensor until the collective is done
             work.wait()
             return torch.stack(out).cpu()
 
