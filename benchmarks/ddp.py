@@ -6,7 +6,8 @@ loop uses ``DistributedSampler`` + ``DistributedDataParallel`` and prints the lo
 steps; trainwright runs ``Trainer.train()`` with its default hooks (``strategy="auto"``
 picks DDP). Each side times its training iterations on rank 0; rounds alternate (ABBA); the
 ratio of the medians and the paired median ratio are printed, with the final loss of each
-side (they must agree; both are the mean over the ranks of the last step's loss).
+side (they must agree; both are the mean over the ranks of the last step's loss), and what
+trainwright's logger hook costs per logging iteration on rank 0 (from ``Trainer.hook_report()``).
 
 Run:  python benchmarks/ddp.py [--rounds 5] [--steps 600]
 """
@@ -109,8 +110,10 @@ def tw_worker(steps: int, out: str) -> None:
     with contextlib.redirect_stdout(io.StringIO()):
         trainer.train()
     if trainer.is_main_process:
+        # What the logger hook's logging iterations cost on rank 0 (its agreement collective included).
+        logger_ms = next(r.mean_ms for r in trainer.hook_report() if r.hook == "LoggerHook" and r.event == "after_train_iter")
         with open(out, "w") as f:
-            json.dump({"time": watch.t1 - watch.t0, "loss": trainer.metric_store.get("loss").latest}, f)
+            json.dump({"time": watch.t1 - watch.t0, "loss": trainer.metric_store.get("loss").latest, "logger_ms": logger_ms}, f)
     trainer.close()
 
 
@@ -149,6 +152,8 @@ def main() -> None:
     print("wl  steps    raw s     tw s  ratio paired raw µs/step engine µs/step      target same loss")
     verdict = "OK" if paired <= 1.05 else "MISS"
     print(f"D   {a.steps:5d} {raw_m:8.3f} {tw_m:8.3f} {tw_m / raw_m:6.3f} {paired:6.3f} {raw_m / a.steps * 1e6:11.1f} {(tw_m - raw_m) / a.steps * 1e6:14.1f}  ≤1.05 {verdict:>4}  {same}")
+    logger_ms = statistics.median(x["logger_ms"] for x in res["tw"])
+    print(f"LoggerHook.after_train_iter on rank 0 (every {LOG_INTERVAL} steps, its agreement collective included): {logger_ms * 1000:.0f} µs per call (median of rounds)")
 
 
 if __name__ == "__main__":

@@ -1,8 +1,9 @@
 """Flushes, the non-finite-loss decision and the logged numbers agree on every process.
 
-Two "processes" are two threads; their collective is a barrier that stacks both tensors,
-as ``Strategy.all_gather`` does. A rank that made a collective the other did not make
-would break the barrier (a hang under real processes) and fail the test.
+Two "processes" are two threads; their collective is started as ``Strategy.all_gather_async``
+starts it (nothing waits) and its ``wait`` is a barrier that stacks both tensors of that
+collective. A rank that waited for a collective the other did not make would break the
+barrier (a hang under real processes) and fail the test.
 """
 
 from __future__ import annotations
@@ -22,23 +23,26 @@ from trainwright.strategies.single_device import SingleDeviceStrategy
 
 
 class FakeGather:
-    """``all_gather`` for ``n`` threads: each call waits for every thread's tensor and returns them stacked."""
+    """``all_gather_async`` for ``n`` threads: ``start(t)`` keeps ``t``; its ``wait()`` meets every thread's wait of the same call and stacks their tensors."""
 
     def __init__(self, n: int = 2) -> None:
         self.barrier = threading.Barrier(n, timeout=20)
-        self.tensors: list[Any] = [None] * n
+        self.sent: list[list[torch.Tensor]] = [[] for _ in range(n)]
         self.calls = [0] * n
 
-    def for_rank(self, rank: int) -> Callable[[torch.Tensor], torch.Tensor]:
-        def gather(t: torch.Tensor) -> torch.Tensor:
+    def for_rank(self, rank: int) -> Callable[[torch.Tensor], Callable[[], torch.Tensor]]:
+        def start(t: torch.Tensor) -> Callable[[], torch.Tensor]:
+            i = len(self.sent[rank])
+            self.sent[rank].append(t.clone())
             self.calls[rank] += 1
-            self.tensors[rank] = t.clone()
-            self.barrier.wait()
-            out = torch.stack(self.tensors)
-            self.barrier.wait()  # nobody overwrites a tensor before everyone has read them
-            return out
 
-        return gather
+            def wait() -> torch.Tensor:
+                self.barrier.wait()  # every thread has started call i and waits for it now
+                return torch.stack([sent[i] for sent in self.sent])
+
+            return wait
+
+        return start
 
 
 def _run_ranks(fns: list[Callable[[], Any]]) -> list[Any]:
@@ -61,7 +65,7 @@ def _run_ranks(fns: list[Callable[[], Any]]) -> list[Any]:
 
 
 def test_store_flushes_and_raises_at_the_same_iteration_on_both_ranks() -> None:
-    """Different clocks propose different flushes, a NaN is seen by one rank only: both act together."""
+    """Different clocks propose different flushes, a NaN is seen by one rank only: both act together, one logging iteration later."""
     gather = FakeGather()
     # Each rank's own clock says "due" at different logging iterations (5: rank 0 only, 10: rank 1 only).
     due = {0: {5: True, 10: False, 15: False}, 1: {5: False, 10: True, 15: False}}
@@ -69,7 +73,7 @@ def test_store_flushes_and_raises_at_the_same_iteration_on_both_ranks() -> None:
     def rank(r: int) -> Callable[[], Any]:
         def run() -> Any:
             store = MetricStore(gather=gather.for_rank(r))
-            flushed = []
+            flushed, applied = [], {}
             for it in range(1, 16):
                 loss = float("nan") if (r == 0 and it == 7) else float(it)
                 store.record(it, {"loss": torch.tensor(loss)}, None, None)
@@ -78,17 +82,22 @@ def test_store_flushes_and_raises_at_the_same_iteration_on_both_ranks() -> None:
                         if store.flush_if(due[r][it]):
                             flushed.append(it)
                     except FloatingPointError as e:
-                        return flushed, it, str(e)
-            return flushed, None, ""
+                        return flushed, applied, it, str(e)
+                    applied[it] = store.get("loss").latest_iter if "loss" in store else None
+            return flushed, applied, None, ""
 
         return run
 
-    (flushed0, raised0, msg0), (flushed1, raised1, msg1) = _run_ranks([rank(0), rank(1)])
-    assert flushed0 == flushed1 == [5]  # the flush at 10 raised on both
-    assert raised0 == raised1 == 10
+    (flushed0, applied0, raised0, msg0), (flushed1, applied1, raised1, msg1) = _run_ranks([rank(0), rank(1)])
+    # The answer of logging iteration k is applied at the next one, k + 5: at 5 nothing is in the
+    # buffers yet, at 10 the (reduced) numbers up to 5 and rank 0's "write" proposal of 5.
+    assert applied0 == applied1 == {5: None, 10: 5}
+    assert flushed0 == flushed1 == [10]
+    # The NaN of iteration 7 travels in the collective of 10 and raises on both ranks at 15.
+    assert raised0 == raised1 == 15
     assert "at iteration 7: {'loss': nan}" in msg0
     assert "another process in iterations 6..10" in msg1 and "nonfinite_loss='skip'" in msg1
-    assert gather.calls == [2, 2]  # one collective per flush_if (5, 10), none per record
+    assert gather.calls == [2, 2]  # one collective per flush_if (5, 10), none per record; at 15 the answer raises before 15's starts
 
 
 def test_flushed_numbers_are_reduced_over_the_processes() -> None:
@@ -141,12 +150,13 @@ def test_processes_logging_different_names_get_a_clear_error() -> None:
 class Rank(SingleDeviceStrategy):
     """A one-process strategy playing rank ``r`` of two, its collectives through a :class:`FakeGather`."""
 
-    def __init__(self, r: int, gather: Callable[[torch.Tensor], torch.Tensor]) -> None:
+    def __init__(self, r: int, gather: Callable[[torch.Tensor], Callable[[], torch.Tensor]]) -> None:
         super().__init__(device="cpu")
         self._r = r
         self._gather = gather
         self.trainer: Any = None
-        self.gathered_at: list[int] = []
+        self.gathered_at: list[int] = []  # the iterations collectives were started at
+        self.waited_at: list[int] = []  # the iterations their answers were waited for at, in the same order
 
     @property
     def rank(self) -> int:
@@ -156,9 +166,15 @@ class Rank(SingleDeviceStrategy):
     def world_size(self) -> int:
         return 2
 
-    def all_gather(self, tensor: torch.Tensor) -> torch.Tensor:
+    def all_gather_async(self, tensor: torch.Tensor) -> Callable[[], torch.Tensor]:
         self.gathered_at.append(self.trainer.progress.iteration)
-        return self._gather(tensor)
+        wait = self._gather(tensor)
+
+        def waited() -> torch.Tensor:
+            self.waited_at.append(self.trainer.progress.iteration)
+            return wait()
+
+        return waited
 
 
 class NaNAt(LinearReg):
@@ -197,6 +213,8 @@ def test_trainers_with_different_clocks_agree_once_per_logging_iteration(trainer
     # 40 samples sharded over 2 ranks: 5 iterations per epoch; lines at 2, 4, the epoch's last (5), 6, 8, 10.
     # The preemption check (every 10) and the epoch-end flushes ride on the logger's collective.
     assert t0.strategy.gathered_at == t1.strategy.gathered_at == [2, 4, 5, 6, 8, 10]  # type: ignore[attr-defined]
+    # Each answer is waited for at the next logging iteration, or at the epoch end (5, 10) that follows it.
+    assert t0.strategy.waited_at == t1.strategy.waited_at == [4, 5, 5, 8, 10, 10]  # type: ignore[attr-defined]
     t0.flush_logs()
     assert (t0.run_dir / "metrics.jsonl").exists() and not (t1.run_dir / "metrics.jsonl").exists()
     lines = [json.loads(line) for line in (t0.run_dir / "metrics.jsonl").read_text().splitlines()]
@@ -207,12 +225,14 @@ def test_trainers_with_different_clocks_agree_once_per_logging_iteration(trainer
 
 
 def test_nan_on_one_rank_raises_on_both_at_the_same_iteration(trainer_factory: Any, tmp_path: Any) -> None:
-    """Rank 0 sees the NaN (iteration 6) but its clock would wait an hour: the flush of the logging iteration 6 raises on both."""
+    """Rank 0 sees the NaN (iteration 6) but its clock would wait an hour: the answer of logging iteration 6, applied at 8, raises on both."""
     t0, t1 = _two_trainers(trainer_factory, tmp_path, flush_secs=(3600.0, 0.0), nan_at=(6, None))
     e0, e1 = _run_ranks([t0.train, t1.train])
     assert isinstance(e0, FloatingPointError) and isinstance(e1, FloatingPointError), (e0, e1)
-    assert t0.progress.iteration == t1.progress.iteration == 6
+    assert t0.progress.iteration == t1.progress.iteration == 8  # one logging interval after the NaN
     assert "iteration 6: {'loss': nan}" in str(e0) and "another process" in str(e1)
+    assert t0.strategy.gathered_at == t1.strategy.gathered_at == [2, 4, 5, 6]  # type: ignore[attr-defined]  # none started at 8
     t0.flush_logs()
     lines = (t0.run_dir / "metrics.jsonl").read_text().splitlines()
-    assert [line.split('"iter": ')[1].split(",")[0] for line in lines] == ["2", "4", "5", "6"]  # the lines up to the NaN (5: the end of a 5-iteration epoch of this rank's shard)
+    # The lines up to the NaN (5: the end of a 5-iteration epoch of this rank's shard), as a blocking agreement gives.
+    assert [line.split('"iter": ')[1].split(",")[0] for line in lines] == ["2", "4", "5", "6"]

@@ -82,10 +82,14 @@ def test_accumulation_all_reduces_once_per_update(tmp_path: Path) -> None:
 
 
 def test_nan_on_one_rank_stops_both_at_the_same_iteration(tmp_path: Path) -> None:
-    """Rank 1's loss turns NaN at its 3rd step: both ranks raise FloatingPointError at the same flush; nobody hangs."""
+    """Rank 1's loss turns NaN at its 3rd step: both ranks raise FloatingPointError at the same iteration; nobody hangs.
+
+    The NaN travels in the collective of logging iteration 4 (lines every 2), whose answer is
+    applied at the next logging iteration: both raise at 6.
+    """
     res = _run(tmp_path, "nan", ["8", "--nan-rank", "1", "--nan-at", "3"], 2)
     errors = [r["error"] for r in res]
-    assert all(e is not None and e.startswith("FloatingPointError at iteration 4") for e in errors), errors
+    assert all(e is not None and e.startswith("FloatingPointError at iteration 6") for e in errors), errors
     assert "NaN at iteration 3" in errors[1]  # the rank that saw it names the iteration
     # rank 0 stops at the same flush (its own loss turned NaN too: the all-reduced gradients were)
 
@@ -129,14 +133,18 @@ def test_two_nodes_on_localhost_equal_one_node(tmp_path: Path, uninterrupted: li
 
 
 def test_sigterm_saves_once_and_exits_cleanly_on_both_ranks(tmp_path: Path) -> None:
-    """SIGTERM reaches rank 1 only, before step 3: both ranks stop at the next check (the end of the 4-step pass), one checkpoint, exit status 143."""
+    """SIGTERM reaches rank 1 only, before step 3: both ranks stop at the same check, one checkpoint, exit status 143.
+
+    The stop request travels in the logger's collective of iteration 4 (lines every 2), whose
+    answer is applied at 6; the next check is the end of the second 4-step pass, 8.
+    """
     proc = _launch(tmp_path, "term", ["8", "--iters", "20", "--signal-rank", "1", "--signal-at", "3"], 2, check=False)
     res = _results(tmp_path, "term", 2)
-    assert [(r["exit_code"], r["iteration"], r["error"]) for r in res] == [(143, 4, None), (143, 4, None)], proc.stderr[-3000:]
+    assert [(r["exit_code"], r["iteration"], r["error"]) for r in res] == [(143, 8, None), (143, 8, None)], proc.stderr[-3000:]
     assert proc.returncode != 0  # torchrun reports the workers' status
     ckpts = tmp_path / "term" / "checkpoints"
-    assert sorted(p.name for p in ckpts.glob("*.pth")) == ["iter_4.pth"]
-    assert read_latest(ckpts) == "iter_4.pth"
+    assert sorted(p.name for p in ckpts.glob("*.pth")) == ["iter_8.pth"]
+    assert read_latest(ckpts) == "iter_8.pth"
 
 
 def test_val_and_test_on_two_processes_equal_one_process_and_ddp_wraps_the_compiled_module(tmp_path: Path) -> None:

@@ -16,7 +16,8 @@ training runs fast, and right away when the previous batch is older than that (s
 Each process's clock only proposes a flush; :meth:`MetricStore.flush_if` makes it a decision
 shared by all processes (under several processes in the one collective of the logging
 iteration, which also reduces the logged numbers over the processes: rank 0's lines show
-the mean loss of all ranks and the slowest rank's ``data_time``). Pending lines are also written at the end of each epoch, of
+the mean loss of all ranks and the slowest rank's ``data_time``; that collective is answered
+at the next logging iteration, so there the lines up to the previous one are written). Pending lines are also written at the end of each epoch, of
 training and of the run (also after an error) and before evaluation results, in order.
 
 The hook owns no numbers: the metric store keeps them (and is checkpointed), so a resumed
@@ -88,7 +89,8 @@ class LoggerHook(Hook):
             latest every ``metric_store.flush_every`` iterations; each logging iteration
             makes one small collective (the store's flush: the proposal, a stop request, the
             NaN check and the numbers, reduced over the processes - ``data_time`` the max,
-            the rest the mean), and no other iteration makes any.
+            the rest the mean), answered at the next logging iteration, and no other
+            iteration makes any.
     """
 
     priority = "BELOW_NORMAL"
@@ -147,15 +149,23 @@ class LoggerHook(Hook):
             if scale is not None:
                 scale = float(scale)
             memory = torch.cuda.max_memory_allocated(self._cuda) / 2**20 if self._cuda is not None else None
-            self._requests.append(_new_request((
+            request = _new_request((
                 it, p.epoch + 1 if self._by_epoch else p.epoch, batch_idx, ow.get_lr(), time.time(), getattr(ow, "grad_norm", None), scale,
                 self._line_iter, batch_size(data_batch), num_tokens(data_batch), memory,
-            )))
+            ))
             self._line_iter = it
             store = trainer.metric_store
             due = time.perf_counter() - self._last_write >= self.flush_secs or p.iteration - self._written_to >= store.flush_every
-            if store.flush_if(due):
-                self._write_lines(trainer)
+            if store.pipelined:
+                # Several processes: flush_if applies the previous logging iteration's answer, which
+                # covers the lines held so far; a NaN in it raises before this iteration's line is held.
+                if store.flush_if(due):
+                    self._write_lines(trainer)
+                self._requests.append(request)
+            else:
+                self._requests.append(request)
+                if store.flush_if(due):
+                    self._write_lines(trainer)
 
     def after_train_epoch(self, trainer: TrainerView) -> None:  # noqa: D102
         self.write_pending(trainer)  # the loop flushed the store: the epoch's last lines go out now

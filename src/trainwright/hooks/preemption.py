@@ -9,9 +9,11 @@ handler also proposes a stop to the metric store (``metric_store.stop_requested`
 next flush carries it in the one collective it makes anyway (with the log lines' numbers
 and the NaN check), and the decision is taken in one place,
 :meth:`PreemptionHook.after_train_iter`: at its check iterations every process reads
-``metric_store.stop_agreed`` - after asking the store to agree (``flush_if(False)``) only
+``metric_store.stop_agreed`` - after asking the store to agree (``agree()``) only
 when the logger has not flushed at this iteration already, so with the default intervals
-(both 10) the check costs no collective of its own. All ranks stop after the same step (no
+(both 10) the check costs no collective of its own. The store's collective is answered at
+its next agreement point (it is started without waiting), so a signal is acted on at most
+one check interval after the check that carried it. All ranks stop after the same step (no
 rank waits forever in a collective of a step the others skipped). Then the loop ends, a checkpoint of that step is written by
 ``trainer.request_checkpoint()`` (served by the :class:`~trainwright.hooks.CheckpointHook`
 when there is one, so ``latest`` and keep-last-k apply; complete when it returns), the previous signal handlers are
@@ -136,7 +138,7 @@ class PreemptionHook(Hook):
         # THE agreement point: every rank reads it at the same iterations and gets the same answer.
         store = trainer.metric_store
         if store.synced_at < trainer.progress.iteration:  # the logger did not flush here: agree now (one collective)
-            store.flush_if(False)
+            store.agree()
         if store.stop_agreed:
             self._stop(trainer)
 

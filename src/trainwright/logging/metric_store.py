@@ -16,6 +16,13 @@ and the flushed numbers themselves, which come back reduced over the processes
 holds everyone up - every other scalar the mean). So all processes convert, log the same
 numbers, stop and raise at the same iteration, and none is left waiting in a collective.
 Between flushes nothing is exchanged.
+
+The collective of a logging iteration (:meth:`MetricStore.flush_if`) is pipelined: it is
+started without waiting, and its answer - complete by then - is applied at the next
+logging iteration, on every process at that same iteration. So the lines, the stop and the
+NaN error of logging iteration k are taken at logging iteration k + 1. The blocking flushes
+(epoch ends, the end of training, before evaluation results and checkpoints, error paths)
+first wait for the answer in flight, so nothing is lost.
 """
 
 from __future__ import annotations
@@ -33,8 +40,9 @@ import torch
 #: for values recorded without timing (:meth:`MetricStore.update_dict`).
 Row = tuple[int, Mapping[str, Any], float | None, float | None]
 
-#: ``gather(t) -> [world, n]``: a 1-D float64 tensor of every process, stacked in rank order (``Strategy.all_gather``).
-Gather = Callable[[torch.Tensor], torch.Tensor]
+#: ``gather(t)`` starts the collective of a 1-D float64 tensor and returns ``wait``; ``wait()`` gives every
+#: process's tensor stacked in rank order, ``[world, n]`` (``Strategy.all_gather_async``).
+Gather = Callable[[torch.Tensor], Callable[[], torch.Tensor]]
 
 _HEADER = 4  # due, stop, non-finite, fingerprint
 
@@ -180,6 +188,22 @@ def _to_numbers(tensors: list[torch.Tensor]) -> list[float]:
         return out
 
 
+class _Batch:
+    """Rows taken from the pending list for one flush: their numbers per name, their times, this process's first non-finite loss."""
+
+    __slots__ = ("rows", "iters", "data", "total", "columns", "bad", "local", "names")
+
+    def __init__(self, rows: list[Row], iters: list[int], data: list[float], total: list[float]) -> None:
+        self.rows = rows
+        self.iters = iters
+        self.data = data
+        self.total = total
+        self.columns: dict[str, tuple[list[int], list[float]]] = {}
+        self.bad: tuple[int, str] | None = None  # (iteration, name) of this process's first non-finite loss
+        self.local: dict[str, tuple[list[int], list[float]]] = {}  # this process's own numbers, kept when bad
+        self.names = ""  # what the collective's fingerprint covers, for the error message
+
+
 class MetricStore:
     """Named :class:`HistoryBuffer` s fed with tensors that are converted lazily.
 
@@ -196,7 +220,8 @@ class MetricStore:
     asked: at logging iterations through :meth:`flush_if`, at epoch ends and the end of
     training (the loops), before evaluation results are logged, before a checkpoint
     (:meth:`state_dict`). Each of these points is the same iteration on every process; under
-    several processes each is one collective (see the module docstring), on one process none.
+    several processes each is one collective (see the module docstring; :meth:`flush_if`'s
+    is answered at the next call), on one process none.
 
     Args:
         window_size: Values ``median`` / ``mean`` of each buffer look at by default.
@@ -204,19 +229,21 @@ class MetricStore:
             latest, so memory stays bounded whoever asks for numbers.
         raise_on_nonfinite: On flush, raise :class:`FloatingPointError` when a value whose
             name contains ``"loss"`` is NaN or infinite.
-        gather: ``gather(t) -> [world, n]``, every process's 1-D float64 tensor ``t`` in rank
-            order (``Strategy.all_gather``, passed in by the trainer under several processes;
+        gather: ``gather(t) -> wait``, starts the collective of every process's 1-D float64
+            tensor ``t``; ``wait()`` returns them ``[world, n]`` in rank order
+            (``Strategy.all_gather_async``, passed in by the trainer under several processes;
             None: one process, nothing to agree on). Every process calls it at the same
             flushes, with tensors of the same length: every process logs the same names.
 
     Attributes:
         stop_requested: Set by this process (e.g. a preemption signal handler) to propose a
             stop; carried by the next flush.
-        stop_agreed: True on every process from the flush that carried some process's
-            request on (on one process: from the next :meth:`flush_if`).
-        synced_at: Iteration of the newest row an agreeing flush covered (-1: none yet). A
-            hook that needs an agreement at this iteration calls ``flush_if(False)`` only
-            when this is older, so an iteration has at most one collective.
+        stop_agreed: True on every process from the applied answer that carried some
+            process's request on (on one process: from the next :meth:`flush_if`; under
+            several: from the :meth:`flush_if` after the one that carried it, or a flush).
+        synced_at: Iteration of the newest row an agreeing collective carries, started or
+            applied (-1: none yet). A hook that needs an agreement at this iteration calls
+            ``flush_if(False)`` only when this is older, so an iteration has at most one collective.
     """
 
     def __init__(self, window_size: int = 20, flush_every: int = 1000, raise_on_nonfinite: bool = True, gather: Gather | None = None) -> None:
@@ -233,6 +260,8 @@ class MetricStore:
         self._prev_end: float | None = None  # end of the last timed iteration; None: not timing
         self._clock_starts: dict[int, float] = {}  # pending index → when the clock (re)started before it
         self._untimed_to = 0  # iterations up to this one get no data_time / time (the timer's warm-up)
+        self._in_flight: tuple[_Batch, Callable[[], torch.Tensor]] | None = None  # the last flush_if's batch and collective
+        self._write_agreed = False  # an applied answer said "write", not returned by flush_if yet
 
     # -- recording --------------------------------------------------------------------------
     def record(self, iteration: int, outputs: Mapping[str, Any], t_start: float | None, t_end: float | None) -> None:
@@ -319,113 +348,172 @@ class MetricStore:
         return buf
 
     # -- sync points ------------------------------------------------------------------------
+    @property
+    def pipelined(self) -> bool:
+        """Whether :meth:`flush_if` answers one call late (several processes: the agreement is in flight between calls)."""
+        return self.gather is not None
+
     def flush_if(self, due: bool) -> bool:
         """Flush, and agree whether ``due`` is true on any process; every process gets the same answer.
 
         For decisions taken from a process's own clock (the logger writes lines at most once a
         ``flush_secs``): the lines are written at the same iteration everywhere. On one
-        process the store flushes only when ``due``; under several it flushes every time (the
-        numbers travel with the agreement, one collective) and the answer only says whether
-        to write. A pending :attr:`stop_requested` is carried either way.
+        process the store flushes only when ``due`` and answers at once. Under several
+        processes it is pipelined: each call starts the collective of this call without
+        waiting for it (the pending numbers, ``due`` and a :attr:`stop_requested` travel in
+        it) and applies the answer of the previous call, complete by now: the buffers then
+        hold the (reduced) numbers up to the previous call, :attr:`stop_agreed` and a
+        non-finite loss are decided from it, and the return value is its ``due`` (sticky
+        until a call returns it, so a call whose caller does not write lines loses no
+        decision; :meth:`agree` is the call for a caller that writes none). Every process
+        applies the answer of call k at call k + 1, the same iteration everywhere.
 
         Returns:
-            Whether ``due`` is true on some process.
+            Whether ``due`` was true on some process (several processes: at the previous call,
+            or at a call before it whose answer nobody returned yet).
+
+        Raises:
+            FloatingPointError: as :meth:`flush`, for the numbers of the applied answer.
         """
         if self.gather is None:
             self.stop_agreed = self.stop_agreed or self.stop_requested
             if due:
                 self.flush()
             return due
-        return self._flush(due, None, agree=True, always=True)
+        self.agree(due)
+        write, self._write_agreed = self._write_agreed, False
+        return write
+
+    def agree(self, due: bool = False) -> None:
+        """:meth:`flush_if` for a caller that writes no lines (the preemption check): the agreed ``due`` waits for the next :meth:`flush_if`.
+
+        On one process it only turns :attr:`stop_requested` into :attr:`stop_agreed`.
+        """
+        if self.gather is None:
+            self.stop_agreed = self.stop_agreed or self.stop_requested
+            return
+        self._settle(True)  # the previous call's answer: may raise, before this call's collective starts
+        batch = self._take(None)
+        flat, batch.names = self._message(due, batch)
+        self._in_flight = (batch, self.gather(flat))  # started, not waited for
+        if batch.rows:
+            self.synced_at = batch.rows[-1][0]
 
     def flush(self, raise_on_nonfinite: bool | None = None) -> None:
         """Turn every pending tensor into a number (one transfer per device) and timestamps into times.
 
-        Call it at the same iteration on every process: under several processes it is one
-        collective when anything was pending (the numbers are reduced over the processes,
-        the non-finite check and a stop request are agreed).
+        Call it at the same iteration on every process: under several processes it first
+        waits for the answer of the last :meth:`flush_if` still in flight and applies it,
+        then makes one blocking collective when anything is pending (the numbers are reduced
+        over the processes, the non-finite check and a stop request are agreed).
 
         Args:
             raise_on_nonfinite: Override the store's setting for this call. Error paths pass
-                False: no second exception hides the first, and nothing is exchanged (the
-                other processes may not be there); the numbers stay this process's own.
+                False: no second exception hides the first, and nothing new is exchanged (the
+                other processes may not be there): the answer in flight (started by every
+                process at the same iteration) is still waited for, and its own numbers are
+                kept if that fails; pending numbers stay this process's own.
 
         Raises:
             FloatingPointError: a loss was NaN/Inf on this or another process. On the process
                 that saw it the message names the first such iteration and that iteration's
                 loss dict. The numbers are in the buffers either way.
         """
-        self._flush(False, raise_on_nonfinite, agree=raise_on_nonfinite is not False)
+        check = raise_on_nonfinite is not False
+        self._settle(check)
+        batch = self._take(raise_on_nonfinite)
+        if not batch.rows:
+            return
+        everyone = None
+        if check and self.gather is not None:
+            flat, batch.names = self._message(False, batch)
+            everyone = self.gather(flat)()
+            self.synced_at = batch.rows[-1][0]
+        self._apply(batch, everyone, check)
 
-    def _flush(self, due: bool, raise_on_nonfinite: bool | None, agree: bool, always: bool = False) -> bool:
-        """The flush: convert, agree (one collective when ``agree`` under several processes), extend the buffers, raise.
+    def _settle(self, check: bool) -> None:
+        """Wait for the collective in flight (if any) and apply its answer; ``check=False``: an error path, never raise."""
+        if self._in_flight is None:
+            return
+        batch, wait = self._in_flight
+        self._in_flight = None
+        if check:
+            self._apply(batch, wait(), True)
+            return
+        try:
+            self._apply(batch, wait(), False)
+        except Exception:  # noqa: BLE001 - an error path (the wait failed, or the answers disagree): this process's own numbers
+            self._apply(batch, None, False)
 
-        ``always``: agree even when nothing is pending (:meth:`flush_if`: the write decision
-        and a stop request still travel).
-        """
+    def _take(self, raise_on_nonfinite: bool | None) -> _Batch:
+        """The pending rows converted to numbers (one device→host transfer per device), with their times and the first non-finite loss."""
         rows, self._pending = self._pending, []
-        t_iters, t_data, t_total = self._derive_times(rows)
-        if not rows and not always:
-            return False
+        batch = _Batch(rows, *self._derive_times(rows))
+        if not rows:
+            return batch
         check = self.raise_on_nonfinite if raise_on_nonfinite is None else raise_on_nonfinite
-        columns: dict[str, tuple[list[int], list[float]]] = {}
+        with torch.no_grad():  # a logged loss may still carry its (spent) graph: read it, don't extend it
+            refs_by_name, numbers = _columns(rows)
         bad: tuple[int, str] | None = None
-        if rows:
-            with torch.no_grad():  # a logged loss may still carry its (spent) graph: read it, don't extend it
-                refs_by_name, numbers = _columns(rows)  # one device→host transfer per device
-            for name, (iters, refs) in refs_by_name.items():
-                vals = [numbers[r] if type(r) is int else r for r in refs]
-                columns[name] = (iters, vals)
-                if check and "loss" in name and not all(map(math.isfinite, vals)):
-                    first = next(i for i, v in zip(iters, vals) if not math.isfinite(v))
-                    if bad is None or first < bad[0]:
-                        bad = (first, name)
-        local = {name: (iters, list(vals)) for name, (iters, vals) in columns.items()} if bad is not None else columns
-        any_bad = bad is not None
-        if agree and self.gather is not None:
-            due, any_bad, t_data, t_total = self._agree(due, bad is not None, columns, t_data, t_total)
-            if rows:
-                self.synced_at = rows[-1][0]
-        for name, (iters, vals) in columns.items():
-            self.buffer(name).extend(vals, iters)
-        if t_iters:
-            self.buffer("data_time").extend(t_data, t_iters)
-            self.buffer("time").extend(t_total, t_iters)
-        if check and any_bad:
-            self._raise_nonfinite(rows, bad, local)
-        return due
+        for name, (iters, refs) in refs_by_name.items():
+            vals = [numbers[r] if type(r) is int else r for r in refs]
+            batch.columns[name] = (iters, vals)
+            if check and "loss" in name and not all(map(math.isfinite, vals)):
+                first = next(i for i, v in zip(iters, vals) if not math.isfinite(v))
+                if bad is None or first < bad[0]:
+                    bad = (first, name)
+        if bad is not None:  # this process's own numbers, for the error message
+            batch.bad = bad
+            batch.local = {name: (iters, list(vals)) for name, (iters, vals) in batch.columns.items()}
+        return batch
 
-    def _agree(self, due: bool, bad: bool, columns: dict[str, tuple[list[int], list[float]]], data: list[float], total: list[float]) -> tuple[bool, bool, list[float], list[float]]:
-        """The one collective of a flush: flags OR-ed, numbers reduced in place (``data_time`` max, the rest mean)."""
-        assert self.gather is not None
-        names = "\0".join(f"{name}:{len(vals)}" for name, (_, vals) in columns.items())
-        fingerprint = zlib.crc32(f"{names}|{len(data)}".encode())
-        flat = [float(due), float(self.stop_requested), float(bad), float(fingerprint)]
-        for _, vals in columns.values():
+    def _message(self, due: bool, batch: _Batch) -> tuple[torch.Tensor, str]:
+        """What one collective carries: the flags, a fingerprint of the names and counts, then the numbers."""
+        names = "\0".join(f"{name}:{len(vals)}" for name, (_, vals) in batch.columns.items())
+        fingerprint = zlib.crc32(f"{names}|{len(batch.data)}".encode())
+        flat = [float(due), float(self.stop_requested), float(batch.bad is not None), float(fingerprint)]
+        for _, vals in batch.columns.values():
             flat.extend(vals)
-        flat.extend(data)
-        flat.extend(total)
-        everyone = self.gather(torch.tensor(flat, dtype=torch.float64))
+        flat.extend(batch.data)
+        flat.extend(batch.total)
+        return torch.tensor(flat, dtype=torch.float64), names
+
+    def _apply(self, batch: _Batch, everyone: torch.Tensor | None, check: bool) -> None:
+        """Reduce the batch by the answer (when there is one), extend the buffers, take the decisions, raise."""
+        any_bad = batch.bad is not None
+        if everyone is not None:
+            any_bad = self._reduce(batch, everyone)
+        for name, (iters, vals) in batch.columns.items():
+            self.buffer(name).extend(vals, iters)
+        if batch.iters:
+            self.buffer("data_time").extend(batch.data, batch.iters)
+            self.buffer("time").extend(batch.total, batch.iters)
+        if check and any_bad:
+            self._raise_nonfinite(batch.rows, batch.bad, batch.local)
+
+    def _reduce(self, batch: _Batch, everyone: torch.Tensor) -> bool:
+        """Apply an answer ``[world, n]``: flags OR-ed, numbers reduced in place (``data_time`` max, the rest mean); whether a loss was non-finite somewhere."""
         head = everyone[:, :_HEADER]
         if bool((head[:, 3] != head[0, 3]).any()):
             raise RuntimeError(
                 "The processes logged different values at this flush (other names, or a different number of "
-                f"iterations); this process logged {names.replace(chr(0), ', ') or 'nothing'}. Every process must "
+                f"iterations); this process logged {batch.names.replace(chr(0), ', ') or 'nothing'}. Every process must "
                 "log the same names at the same iterations: log a value on every rank (e.g. 0 where it does not apply)."
             )
         flags = head[:, :3].amax(0).tolist()
+        self._write_agreed = self._write_agreed or flags[0] > 0
         self.stop_agreed = self.stop_agreed or flags[1] > 0
         body = everyone[:, _HEADER:]
-        n_data = len(data)
+        n_data = len(batch.data)
         split = body.shape[1] - 2 * n_data
         mean = body.mean(0).tolist()
         k = 0
-        for _, vals in columns.values():
+        for _, vals in batch.columns.values():
             vals[:] = mean[k : k + len(vals)]
             k += len(vals)
-        data = body[:, split : split + n_data].amax(0).tolist()
-        total = mean[split + n_data :]
-        return flags[0] > 0, flags[2] > 0, data, total
+        batch.data = body[:, split : split + n_data].amax(0).tolist()
+        batch.total = mean[split + n_data :]
+        return bool(flags[2] > 0)
 
     def _raise_nonfinite(self, rows: list[Row], bad: tuple[int, str] | None, local: dict[str, tuple[list[int], list[float]]]) -> None:
         fixes = (
@@ -433,7 +521,7 @@ class MetricStore:
             "check the data for NaN/Inf, or pass nonfinite_loss='skip' to the Trainer to skip such steps."
         )
         if bad is None:
-            span = f"in iterations {rows[0][0]}..{rows[-1][0]} (checked at iteration {rows[-1][0]})" if rows else f"(checked after iteration {self.synced_at})"
+            span = f"in iterations {rows[0][0]}..{rows[-1][0]}" if rows else f"(checked after iteration {self.synced_at})"
             raise FloatingPointError(
                 f"Loss became infinite or NaN on another process {span}; that process's error names the iteration and its losses. {fixes}"
             )
@@ -488,6 +576,7 @@ class MetricStore:
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Restore the buffers saved by :meth:`state_dict`."""
         self._pending = []
+        self._in_flight = None
         self._prev_end = None
         self._clock_starts = {}
         self._buffers = {}

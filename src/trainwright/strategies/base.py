@@ -167,6 +167,15 @@ class Strategy:
         """
         return tensor.detach().unsqueeze(0)
 
+    def all_gather_async(self, tensor: torch.Tensor) -> Callable[[], torch.Tensor]:
+        """Start :meth:`all_gather` without waiting for it; call the result to get its ``[world, *shape]``.
+
+        The metric store's pipelined agreement: started at one logging iteration, waited for
+        at the next. Here (and in a strategy that only overrides :meth:`all_gather`) it runs now.
+        """
+        out = self.all_gather(tensor)
+        return lambda: out
+
     def barrier(self) -> None:
         """Wait for every process (no-op here)."""
 

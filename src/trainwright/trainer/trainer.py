@@ -118,7 +118,7 @@ class Trainer:
         self.logger.info(f"Random seed: {self.seed}")
         self.nonfinite_loss = nonfinite_loss
         # Several processes: each store flush is one collective (write / stop / NaN decisions, logged numbers reduced); one has nothing to agree on.
-        gather = self.strategy.all_gather if self.strategy.world_size > 1 else None
+        gather = self.strategy.all_gather_async if self.strategy.world_size > 1 else None
         self.metric_store = MetricStore(raise_on_nonfinite=nonfinite_loss == "raise", gather=gather)
         config = plain(dict(
             work_dir=self.work_dir, experiment_name=self.experiment_name, train_cfg=self.train_cfg, val_cfg=self.val_cfg, test_cfg=self.test_cfg,
