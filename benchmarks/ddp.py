@@ -77,6 +77,8 @@ def raw_worker(steps: int, out: str) -> None:
         torch.save({"model": model.module.state_dict(), "optimizer": opt.state_dict()}, os.path.join(os.path.dirname(out), "raw_last.pth"))
         with open(out, "w") as f:
             json.dump({"time": t1 - t0, "loss": last}, f)
+    dist.barrier()  # rank 0 has saved: no rank tears down while the other still talks
+    del model, opt, loss  # release DDP's reducer (and the graph holding its hooks) before the process group
     dist.destroy_process_group()
 
 
