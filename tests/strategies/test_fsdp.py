@@ -46,9 +46,10 @@ def out(tmp_path_factory: pytest.TempPathFactory) -> Path:
     shard = ckpts / "iter_6.dcp" / "__1_0.distcp"
     shard.write_bytes(shard.read_bytes()[:40])
     (ckpts / "latest").write_text("iter_6.dcp\n")
+    shutil.copytree(ckpts, out / "S" / "checkpoints")  # the same folder, resumed with resume=True by strategy="single"
     # one process resumes the 2-process checkpoint: without a process group (single), and as a 1-process FSDP run
     # ... and the async checkpoint of iteration 6
-    _launch(out, [f"E:single:16:8:clip=0.5:resume={ckpts / 'iter_4.dcp'}", "D:fsdp:16:8:clip=0.5:save=4:resume=1:work=C",
+    _launch(out, [f"E:single:16:8:clip=0.5:resume={ckpts / 'iter_4.dcp'}", "S:single:16:8:clip=0.5:resume=1", "D:fsdp:16:8:clip=0.5:save=4:resume=1:work=C",
                   f"K:single:16:8:clip=0.5:resume={out / 'A' / 'checkpoints' / 'iter_6.dcp'}"], 1)
     return out
 
@@ -85,6 +86,15 @@ def test_two_process_checkpoint_resumes_on_one_process(out: Path) -> None:
         resumed = _result(out, name)
         assert resumed["iteration"] == 8 and resumed["world_size"] == 1
         _assert_params_close(resumed, single)
+
+
+def test_resume_true_on_one_process_finds_the_sharded_checkpoints(out: Path) -> None:
+    """strategy='single' with resume=True in the 2-process run's folder: the corrupt newest directory is skipped with a warning naming it,
+    iter_4.dcp is read whole, and the run ends as the uninterrupted one."""
+    resumed = _result(out, "S")
+    assert (resumed["strategy"], resumed["world_size"], resumed["iteration"]) == ("single", 1, 8)
+    assert any("iter_6.dcp" in w for w in resumed["warnings"]), resumed["warnings"]
+    _assert_params_close(resumed, _result(out, "F"))
 
 
 def test_async_checkpoint_holds_the_state_of_its_iteration(out: Path) -> None:

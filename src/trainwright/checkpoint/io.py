@@ -330,7 +330,7 @@ def read_latest(ckpt_dir: PathLike) -> str | None:
     return Path(name).name or None
 
 
-def _is_resume_candidate(p: Path, suffix: str = CHECKPOINT_SUFFIX) -> bool:
+def _is_resume_candidate(p: Path, suffix: str | tuple[str, ...] = CHECKPOINT_SUFFIX) -> bool:
     name = p.name
     return (
         name.endswith(suffix)
@@ -338,7 +338,7 @@ def _is_resume_candidate(p: Path, suffix: str = CHECKPOINT_SUFFIX) -> bool:
         and _TMP_MARKER not in name
         and not name.startswith(BEST_PREFIX)
         and _PUBLISHED_NAME.search(name) is None
-        and (p.is_file() if suffix == CHECKPOINT_SUFFIX else p.exists())
+        and (p.is_file() if name.endswith(CHECKPOINT_SUFFIX) else p.exists())  # a file; a sharded checkpoint is a directory
     )
 
 
@@ -351,7 +351,7 @@ def _order_key(p: Path) -> tuple[int, int, int]:
     return (1, int(m["step"]), mtime) if m else (0, 0, mtime)
 
 
-def list_checkpoints(ckpt_dir: PathLike, suffix: str = CHECKPOINT_SUFFIX) -> list[Path]:
+def list_checkpoints(ckpt_dir: PathLike, suffix: str | tuple[str, ...] = CHECKPOINT_SUFFIX) -> list[Path]:
     """List the complete checkpoints of ``ckpt_dir`` that a run can resume from, newest first.
 
     Candidates are the ``*.pth`` files, except temporary files of writes in progress (or
@@ -365,7 +365,7 @@ def list_checkpoints(ckpt_dir: PathLike, suffix: str = CHECKPOINT_SUFFIX) -> lis
     Args:
         ckpt_dir: The checkpoint directory; a missing directory has no checkpoints.
         suffix: The candidates' suffix: ``.pth`` files, or e.g. ``.dcp`` for the checkpoint
-            directories of sharded strategies.
+            directories of sharded strategies; a tuple for several kinds.
 
     Returns:
         Paths of the candidates, newest first.
@@ -375,7 +375,7 @@ def list_checkpoints(ckpt_dir: PathLike, suffix: str = CHECKPOINT_SUFFIX) -> lis
         return []
     found = sorted((p for p in d.iterdir() if _is_resume_candidate(p, suffix)), key=_order_key, reverse=True)
     latest = read_latest(d)
-    if latest is not None and ((d / latest).is_file() if suffix == CHECKPOINT_SUFFIX else _is_resume_candidate(d / latest, suffix)):
+    if latest is not None and _is_resume_candidate(d / latest, suffix):
         found = [d / latest] + [p for p in found if p.name != latest]
     return found
 
@@ -384,7 +384,7 @@ def find_resumable(
     ckpt_dir: PathLike,
     map_location: MapLocation = "cpu",
     *,
-    suffix: str = CHECKPOINT_SUFFIX,
+    suffix: str | tuple[str, ...] = CHECKPOINT_SUFFIX,
     load: Callable[[Path], dict[str, Any]] | None = None,
 ) -> tuple[Path, dict[str, Any]] | None:
     """Load the newest checkpoint of ``ckpt_dir`` that can be read.

@@ -276,11 +276,13 @@ class Strategy:
         """The newest checkpoint of ``ckpt_dir`` that loads, as ``(path, checkpoint)``; None when there is none.
 
         See :func:`~trainwright.checkpoint.find_resumable`: corrupt files are skipped with a
-        warning, a refused (unsafe) file is an error.
+        warning, a refused (unsafe) file is an error. Candidates are ``*.pth`` files and the
+        ``*.dcp`` directories of a sharded (FSDP) run, read whole (:meth:`load_checkpoint`):
+        a run continues on one process, or under DDP, where a sharded run stopped.
         """
-        from trainwright.checkpoint.io import find_resumable
+        from trainwright.checkpoint.io import CHECKPOINT_SUFFIX, find_resumable
 
-        return find_resumable(ckpt_dir)
+        return find_resumable(ckpt_dir, suffix=(CHECKPOINT_SUFFIX, ".dcp"), load=self.load_checkpoint)
 
     def collect_env(self) -> dict[str, Any]:
         """Facts about the environment worth logging at start."""
