@@ -12,6 +12,7 @@ SIGTERM to rank R only, before its K-th step.
 from __future__ import annotations
 
 import argparse
+import warnings
 import os
 import signal
 import sys
@@ -89,6 +90,7 @@ def main() -> None:
     p.add_argument("--nan-at", type=int, default=0)
     p.add_argument("--save-every", type=int, default=0, help="checkpoint every N iterations (default: at the end)")
     p.add_argument("--resume", action="store_true")
+    p.add_argument("--val-first", action="store_true", help="run trainer.val() before trainer.train()")
     p.add_argument("--kill-rank", type=int, default=1)
     p.add_argument("--kill-at", type=int, default=0)
     p.add_argument("--signal-rank", type=int, default=1)
@@ -109,6 +111,7 @@ def main() -> None:
         model=Reg(a.nan_at if rank == a.nan_rank else None),
         work_dir=a.out,
         train_dataloader=dict(dataset=ds, batch_size=a.batch_size, shuffle=True),
+        val_dataloader=dict(dataset=ds, batch_size=a.batch_size) if a.val_first else None,
         optim_wrapper=dict(optimizer=dict(type="SGD", lr=0.05, momentum=0.9), accumulative_counts=a.accum),
         train_cfg=dict(by_epoch=False, max_iters=a.iters),
         default_hooks=dict(logger=dict(interval=2, flush_secs=0), checkpoint=dict(by_epoch=False, interval=a.save_every or a.iters)),
@@ -120,6 +123,10 @@ def main() -> None:
     error = None
     exit_code = None
     try:
+        if a.val_first:
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore")  # no evaluator: the pass reports no metrics
+                trainer.val()
         trainer.train()
     except FloatingPointError as e:
         error = f"FloatingPointError at iteration {trainer.progress.iteration}: {e}"

@@ -81,6 +81,15 @@ def test_accumulation_all_reduces_once_per_update(tmp_path: Path) -> None:
         torch.testing.assert_close(ddp[0]["params"][k], v, atol=1e-6, rtol=0)
 
 
+def test_val_before_train_keeps_gradient_sync_control(tmp_path: Path) -> None:
+    """val() first prepares the model: the optimizer built for train() still gets DDP's no_sync (2 all-reduces, not 8), same weights."""
+    ddp = _run(tmp_path, "valfirst", ["4", "--accum", "4", "--iters", "8", "--val-first"], 2)
+    single = _run(tmp_path, "single", ["8", "--accum", "4", "--iters", "8"], 1)[0]
+    assert [r["allreduces"] for r in ddp] == [2, 2]
+    for k, v in single["params"].items():
+        torch.testing.assert_close(ddp[0]["params"][k], v, atol=1e-6, rtol=0)
+
+
 def test_nan_on_one_rank_stops_both_at_the_same_iteration(tmp_path: Path) -> None:
     """Rank 1's loss turns NaN at its 3rd step: both ranks raise FloatingPointError at the same iteration; nobody hangs.
 

@@ -513,3 +513,33 @@ def test_sigterm_on_one_rank_during_validation_stops_both_ranks_at_the_same_batc
     assert results[0]["val_batches"] == 10  # the check at batch 10 (check_interval 10 under DDP), not the 100 of the pass
     assert (work / "checkpoints" / "latest").read_text().strip() == "epoch_1.pth"
     assert tw.checkpoint.load_file(work / "checkpoints" / "epoch_1.pth")["progress"]["epoch"] == 1
+
+
+def test_val_before_train_with_resume_resumes_the_checkpoint(tmp_path: Path):
+    """resume=True, then val() before train(): the pass evaluates the resumed weights and train() continues the run
+    (it used to start from scratch: the checkpoint was looked for before the training pieces existed)."""
+    import shutil
+
+    def trainer(work: Path, iters: int, resume: bool) -> tw.Trainer:
+        return tw.Trainer(model=LinearReg(), work_dir=work, experiment_name=f"run{iters}", log_level="WARNING",
+                          train_dataloader=DataLoader(regression_set(32), batch_size=8, shuffle=True),
+                          val_dataloader=DataLoader(regression_set(16, seed=2), batch_size=8),
+                          optim_wrapper=dict(optimizer=dict(type="SGD", lr=0.1, momentum=0.9)),
+                          train_cfg=dict(by_epoch=False, max_iters=iters), resume=resume, randomness=dict(seed=0))
+
+    with trainer(tmp_path / "a", 4, False) as first:
+        first.train()
+        after4 = {k: v.clone() for k, v in first.unwrapped_model.state_dict().items()}
+    shutil.copytree(tmp_path / "a" / "checkpoints", tmp_path / "b" / "checkpoints")
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # val() without an evaluator says it reports no metrics
+        with trainer(tmp_path / "a", 8, True) as val_first:
+            val_first.val()
+            assert val_first.progress.iteration == 4  # restored before the pass
+            assert all(torch.equal(v, after4[k]) for k, v in val_first.unwrapped_model.state_dict().items()), "val() saw other weights"
+            val_first.train()
+    with trainer(tmp_path / "b", 8, True) as train_only:
+        train_only.train()
+    assert val_first.progress.iteration == train_only.progress.iteration == 8
+    for k, v in train_only.unwrapped_model.state_dict().items():
+        assert torch.equal(val_first.unwrapped_model.state_dict()[k], v), k

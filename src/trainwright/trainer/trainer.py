@@ -216,6 +216,11 @@ class Trainer:
 
     def _prepare(self) -> None:
         if not self._prepared:
+            if self._train_loader_cfg is not None and self._optim_cfg is not None:
+                # val() / test() before train(): the training pieces exist first, so the strategy prepares the
+                # model with its optimizer (DDP / FSDP sync, sharded parameters) and resume=True restores the full
+                # state before the pass (else a later train() would start from scratch)
+                self._build_train()
             self.model = self.strategy.prepare(self.model, optim_wrapper=self.optim_wrapper, compile=self._compile)
             self._prepared = True
         if not self._loaded:
