@@ -28,6 +28,7 @@ hands every read and write to the strategy, so a sharded strategy owns its I/O:
 from __future__ import annotations
 
 import contextlib
+import warnings
 from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -53,6 +54,8 @@ class Strategy:
     name = "base"
     #: What a checkpoint is called after its stem (``iter_8`` + ``.pth``); a sharded strategy writes directories (``.dcp``).
     checkpoint_suffix = ".pth"
+    #: What ``resume=True`` looks for: full files, and a sharded run's directories (read whole, see :meth:`load_checkpoint`).
+    resumable_suffixes: tuple[str, ...] = (".pth", ".dcp")
 
     def __init__(self, device: str | torch.device | None = None) -> None:
         if device is None:
@@ -276,13 +279,18 @@ class Strategy:
         """The newest checkpoint of ``ckpt_dir`` that loads, as ``(path, checkpoint)``; None when there is none.
 
         See :func:`~trainwright.checkpoint.find_resumable`: corrupt files are skipped with a
-        warning, a refused (unsafe) file is an error. Candidates are ``*.pth`` files and the
-        ``*.dcp`` directories of a sharded (FSDP) run, read whole (:meth:`load_checkpoint`):
-        a run continues on one process, or under DDP, where a sharded run stopped.
+        warning (by the main process only: every rank reads the same files), a refused
+        (unsafe) file is an error. Candidates end in :attr:`resumable_suffixes`: here ``*.pth``
+        files and the ``*.dcp`` directories of a sharded (FSDP) run, read whole
+        (:meth:`load_checkpoint`), so a run continues on one process, or under DDP, where a
+        sharded run stopped.
         """
-        from trainwright.checkpoint.io import CHECKPOINT_SUFFIX, find_resumable
+        from trainwright.checkpoint.io import find_resumable
 
-        return find_resumable(ckpt_dir, suffix=(CHECKPOINT_SUFFIX, ".dcp"), load=self.load_checkpoint)
+        with warnings.catch_warnings():
+            if not self.is_main_process:
+                warnings.simplefilter("ignore")
+            return find_resumable(ckpt_dir, suffix=self.resumable_suffixes, load=self.load_checkpoint)
 
     def collect_env(self) -> dict[str, Any]:
         """Facts about the environment worth logging at start."""

@@ -70,6 +70,7 @@ class DeepSpeedStrategy(DDPStrategy):
 
     name = "deepspeed"
     checkpoint_suffix = ".ds"
+    resumable_suffixes = (".ds",)
 
     def __init__(self, config: Mapping[str, Any] | None = None, device: str | torch.device | None = None, backend: str | None = None, timeout_s: float = 1800.0) -> None:
         if importlib.util.find_spec("deepspeed") is None:
@@ -185,12 +186,6 @@ class DeepSpeedStrategy(DDPStrategy):
         if load_path is None or not isinstance(client, Mapping) or "trainwright" not in client:
             raise CheckpointError(f"Cannot read DeepSpeed checkpoint {str(p)!r}: it holds no trainwright state (not written by this strategy?). Resume from another checkpoint.")
         return {**client["trainwright"], "model": self.model_state_dict()}
-
-    def find_resumable(self, ckpt_dir: str | Path) -> tuple[Path, dict[str, Any]] | None:
-        """The newest ``*.ds`` directory of ``ckpt_dir`` that loads (``latest`` first; a broken one is skipped with a warning)."""
-        from trainwright.checkpoint.io import find_resumable
-
-        return find_resumable(ckpt_dir, suffix=self.checkpoint_suffix, load=self.load_checkpoint)
 
 
 STRATEGIES.register(DeepSpeedStrategy)

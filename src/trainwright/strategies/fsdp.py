@@ -26,7 +26,6 @@ from __future__ import annotations
 import contextlib
 import datetime
 import os
-import warnings
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -100,6 +99,7 @@ class FSDPStrategy(DDPStrategy):
 
     name = "fsdp"
     checkpoint_suffix = ".dcp"
+    resumable_suffixes = (".dcp",)
 
     def __init__(
         self,
@@ -370,15 +370,6 @@ class FSDPStrategy(DDPStrategy):
             lines = ([f"missing keys: {missing}"] if missing else []) + ([f"unexpected keys: {unexpected}"] if unexpected else []) + shapes
             raise RuntimeError(f"The checkpoint {str(path)!r} does not match the trainer's model, nothing was loaded:\n  " + "\n  ".join(lines)
                                + "\nResume with the same model definition, or use load_from= (weights only, strict=False) to start a new run from these weights.")
-
-    def find_resumable(self, ckpt_dir: str | Path) -> tuple[Path, dict[str, Any]] | None:
-        """The newest checkpoint directory of ``ckpt_dir`` that loads (``latest`` first; a corrupt one is skipped with a warning)."""
-        from trainwright.checkpoint.io import find_resumable
-
-        with warnings.catch_warnings():
-            if not self.is_main_process:
-                warnings.simplefilter("ignore")  # one warning per skipped checkpoint, from rank 0
-            return find_resumable(ckpt_dir, suffix=self.checkpoint_suffix, load=self.load_checkpoint)
 
     def remove_checkpoint(self, path: str | Path) -> None:
         """Delete a checkpoint directory (or file)."""
