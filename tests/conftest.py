@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import itertools
+import json
 from collections import Counter
 from pathlib import Path
 from typing import Any
@@ -34,6 +35,23 @@ class LinearReg(tw.BaseModel):
         if mode == "loss":
             return {"loss": F.mse_loss(out, y)}
         return out
+
+
+class RecordLosses(tw.Hook):
+    """Reference: every iteration's loss as a number (a test may sync; the engine may not)."""
+
+    priority = "LOWEST"
+
+    def __init__(self) -> None:
+        self.losses: dict[int, float] = {}
+
+    def after_train_iter(self, trainer: Any, batch_idx: int, data_batch: Any = None, outputs: Any = None) -> None:
+        self.losses[trainer.progress.iteration] = outputs["loss"].item()
+
+
+def train_records(run_dir: Path) -> list[dict[str, Any]]:
+    """The training records of a run folder's ``metrics.jsonl``, in order."""
+    return [r for r in map(json.loads, (run_dir / "metrics.jsonl").read_text().splitlines()) if r["mode"] == "train"]
 
 
 def regression_set(n: int = 20, d_in: int = 4, d_out: int = 1, seed: int = 1) -> TensorDataset:

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 import time
 from pathlib import Path
 from typing import Any
@@ -10,26 +9,9 @@ from typing import Any
 import pytest
 import torch
 
-import trainwright as tw
-from conftest import LinearReg, regression_set
+from conftest import LinearReg, RecordLosses, regression_set, train_records
 from trainwright.hooks.iter_timer import IterTimerHook
 from trainwright.logging.metric_store import MetricStore
-
-
-class RecordLosses(tw.Hook):
-    """Reference: every iteration's loss as a number (a test may sync; the engine may not)."""
-
-    priority = "LOWEST"
-
-    def __init__(self) -> None:
-        self.losses: dict[int, float] = {}
-
-    def after_train_iter(self, trainer: Any, batch_idx: int, data_batch: Any = None, outputs: Any = None) -> None:
-        self.losses[trainer.progress.iteration] = outputs["loss"].item()
-
-
-def _train_records(run_dir: Path) -> list[dict[str, Any]]:
-    return [r for r in map(json.loads, (run_dir / "metrics.jsonl").read_text().splitlines()) if r["mode"] == "train"]
 
 
 # -- the timer's warm-up --------------------------------------------------------------------
@@ -53,12 +35,12 @@ def test_warmup_iterations_are_left_out_of_the_logged_times_also_after_a_resume(
     hooks = dict(timer=dict(warmup_iter=3), logger=dict(interval=1), checkpoint=dict(interval=6, by_epoch=False, save_last=False))
     t = trainer_factory(work_dir=tmp_path / "a", default_hooks=hooks, train_cfg=dict(by_epoch=True, max_epochs=1), **{k: v for k, v in kw.items() if k != "train_cfg"})
     t.train()
-    recs = _train_records(t.run_dir)
+    recs = train_records(t.run_dir)
     assert [r["iter"] for r in recs if "time" in r] == list(range(4, 11))  # detectron2: warmup_iter=3 leaves out iterations 1-3
     assert all("data_time" not in r for r in recs[:3])
     resumed = trainer_factory(work_dir=tmp_path / "a", default_hooks=hooks, resume=True, experiment_name="b", **kw)
     resumed.train()  # from iter_6.pth, the only checkpoint of the first run
-    recs = _train_records(resumed.run_dir)
+    recs = train_records(resumed.run_dir)
     assert recs[0]["iter"] == 7
     assert [r["iter"] for r in recs if "time" in r] == list(range(10, 21))  # the warm-up counts from where this train() starts
 
@@ -66,7 +48,7 @@ def test_warmup_iterations_are_left_out_of_the_logged_times_also_after_a_resume(
 def test_no_warmup_times_every_iteration(trainer_factory: Any) -> None:
     t = trainer_factory(dataset=regression_set(8), batch_size=2, log_level="INFO", default_hooks=dict(checkpoint=None, logger=dict(interval=1)))
     t.train()
-    assert [r["iter"] for r in _train_records(t.run_dir) if "time" in r] == [1, 2, 3, 4]
+    assert [r["iter"] for r in train_records(t.run_dir) if "time" in r] == [1, 2, 3, 4]
 
 
 def test_negative_warmup_is_refused() -> None:
@@ -95,7 +77,7 @@ def test_outputs_are_recorded_every_n_iterations_with_their_own_values(trainer_f
     assert iters == [3, 6, 9, 12]  # detectron2: metrics are written when (iter + 1) % gather_metric_period == 0
     assert values == [pytest.approx(ref.losses[i], rel=1e-6) for i in iters]
     assert t.metric_store.get("time").history()[0] == [3, 6, 9, 12]
-    recs = _train_records(t.run_dir)
+    recs = train_records(t.run_dir)
     assert [r["iter"] for r in recs] == [6, 12]
     for r in recs:  # each line averages the recorded iterations of its interval
         assert r["loss"] == pytest.approx((ref.losses[r["iter"] - 3] + ref.losses[r["iter"]]) / 2, rel=1e-6)

@@ -3,33 +3,14 @@
 from __future__ import annotations
 
 import csv
-import json
-from pathlib import Path
 from typing import Any
 
 import pytest
 import torch
 from torch.utils.data import DataLoader, Dataset
 
-import trainwright as tw
-from conftest import LinearReg, regression_set
+from conftest import LinearReg, RecordLosses, regression_set, train_records
 from trainwright.logging.throughput import batch_size, num_tokens
-
-
-class RecordLosses(tw.Hook):
-    """Reference: every iteration's loss as a number."""
-
-    priority = "LOWEST"
-
-    def __init__(self) -> None:
-        self.losses: dict[int, float] = {}
-
-    def after_train_iter(self, trainer: Any, batch_idx: int, data_batch: Any = None, outputs: Any = None) -> None:
-        self.losses[trainer.progress.iteration] = outputs["loss"].item()
-
-
-def _train(run_dir: Path) -> list[dict[str, Any]]:
-    return [r for r in map(json.loads, (run_dir / "metrics.jsonl").read_text().splitlines()) if r["mode"] == "train"]
 
 
 def _mean(ref: RecordLosses, lo: int, hi: int) -> float:
@@ -49,7 +30,7 @@ def test_iteration_run_logs_its_last_short_interval_to_every_writer(trainer_fact
     )
     t.train()
     t.close()
-    recs = _train(t.run_dir)
+    recs = train_records(t.run_dir)
     assert [r["iter"] for r in recs] == [20, 40, 50]
     for r, (lo, hi) in zip(recs, [(1, 20), (21, 40), (41, 50)]):
         assert r["loss"] == pytest.approx(_mean(ref, lo, hi), rel=1e-12, abs=0)
@@ -71,7 +52,7 @@ def test_epoch_run_logs_each_epoch_tail_once_and_the_run_end_even_with_ignore_la
         default_hooks=dict(checkpoint=None, logger=dict(interval=5, flush_secs=0.0)),
     )
     t.train()
-    recs = _train(t.run_dir)
+    recs = train_records(t.run_dir)
     assert [r["iter"] for r in recs] == [5, 7, 10, 14]
     for r, (lo, hi) in zip(recs, [(1, 5), (6, 7), (8, 10), (11, 14)]):
         assert r["loss"] == pytest.approx(_mean(ref, lo, hi), rel=1e-12, abs=0)
@@ -81,7 +62,7 @@ def test_epoch_run_logs_each_epoch_tail_once_and_the_run_end_even_with_ignore_la
         default_hooks=dict(checkpoint=None, logger=dict(interval=5, ignore_last=True)),
     )
     t2.train()
-    recs2 = _train(t2.run_dir)
+    recs2 = train_records(t2.run_dir)
     assert [r["iter"] for r in recs2] == [5, 10, 14]  # the first epoch's tail is skipped, the run's end is not
     assert recs2[-1]["loss"] == pytest.approx(_mean(ref2, 11, 14), rel=1e-12, abs=0)
 
@@ -110,7 +91,7 @@ def test_throughput_fields_count_the_logged_batch_per_second(trainer_factory: An
         default_hooks=dict(checkpoint=None, logger=dict(interval=2)),
     )
     t.train()
-    recs = _train(t.run_dir)
+    recs = train_records(t.run_dir)
     assert [r["iter"] for r in recs] == [2, 4]
     masks = [b["attention_mask"] for b in loader]
     for r in recs:
@@ -125,9 +106,9 @@ def test_throughput_fields_count_the_logged_batch_per_second(trainer_factory: An
 def test_peak_cuda_memory_is_logged_on_gpu(trainer_factory: Any) -> None:
     t = trainer_factory(dataset=regression_set(16), batch_size=4, default_hooks=dict(checkpoint=None, logger=dict(interval=2)))
     t.train()
-    for r in _train(t.run_dir):
+    for r in train_records(t.run_dir):
         assert r["max_memory_mb"] > 0
-    assert _train(t.run_dir)[-1]["max_memory_mb"] <= torch.cuda.max_memory_allocated() / 2**20
+    assert train_records(t.run_dir)[-1]["max_memory_mb"] <= torch.cuda.max_memory_allocated() / 2**20
 
 
 def test_batch_size_and_token_rules() -> None:
@@ -154,4 +135,4 @@ def test_default_logging_costs_no_per_step_calls(trainer_factory: Any, monkeypat
     monkeypatch.setattr(logger_mod, "batch_size", lambda b: calls.append(1) or real(b))
     t = trainer_factory(dataset=regression_set(40), batch_size=2, train_cfg=dict(by_epoch=False, max_iters=35), default_hooks=dict(checkpoint=None, logger=dict(interval=10)))
     t.train()
-    assert len(calls) == len(_train(t.run_dir)) == 4  # 10, 20, 30, 35
+    assert len(calls) == len(train_records(t.run_dir)) == 4  # 10, 20, 30, 35

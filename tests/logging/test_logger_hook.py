@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 import logging
 import time
 from pathlib import Path
@@ -13,23 +12,7 @@ import torch
 from torch.utils.data import DataLoader, Dataset
 
 import trainwright as tw
-from conftest import LinearReg, regression_set
-
-
-class RecordLosses(tw.Hook):
-    """Reference: every iteration's loss as a number (a test may sync; the engine may not)."""
-
-    priority = "LOWEST"
-
-    def __init__(self) -> None:
-        self.losses: dict[int, float] = {}
-
-    def after_train_iter(self, trainer: Any, batch_idx: int, data_batch: Any = None, outputs: Any = None) -> None:
-        self.losses[trainer.progress.iteration] = outputs["loss"].item()
-
-
-def _train_records(run_dir: Path) -> list[dict[str, Any]]:
-    return [r for r in map(json.loads, (run_dir / "metrics.jsonl").read_text().splitlines()) if r["mode"] == "train"]
+from conftest import LinearReg, RecordLosses, regression_set, train_records
 
 
 @pytest.mark.parametrize("flush_secs", [0.0, 1.0, 3600.0])
@@ -40,7 +23,7 @@ def test_each_line_holds_the_mean_loss_of_its_interval(trainer_factory: Any, flu
         default_hooks=dict(checkpoint=None, logger=dict(interval=3, flush_secs=flush_secs)), custom_hooks=[ref],
     )
     t.train()
-    recs = _train_records(t.run_dir)
+    recs = train_records(t.run_dir)
     # Every 3 iterations, plus each epoch's last (shorter) interval; each line averages the
     # iterations since the previous line (10 holds only iteration 10, 12 holds 11-12).
     assert [r["iter"] for r in recs] == [3, 6, 9, 10, 12, 15, 18, 20]
@@ -101,7 +84,7 @@ def test_lines_logged_before_an_error_reach_the_files_and_the_error_is_not_maske
     t = trainer_factory(dataset=regression_set(40), batch_size=4, train_cfg=dict(by_epoch=True, max_epochs=1), log_level="INFO", default_hooks=dict(checkpoint=None, logger=dict(interval=2, flush_secs=3600)), custom_hooks=[Boom()])
     with pytest.raises(RuntimeError, match="boom at 7"):
         t.train()
-    assert [r["iter"] for r in _train_records(t.run_dir)] == [2, 4, 6]
+    assert [r["iter"] for r in train_records(t.run_dir)] == [2, 4, 6]
     assert sum("Epoch(train)" in ln for ln in (t.run_dir / "train.log").read_text().splitlines()) == 3
 
 
@@ -118,7 +101,7 @@ def test_nan_loss_is_reported_at_its_iteration_within_the_flush_window(trainer_f
     t = trainer_factory(model=NaNAt(), dataset=regression_set(40), batch_size=4, train_cfg=dict(by_epoch=True, max_epochs=1), log_level="INFO", default_hooks=dict(checkpoint=None, logger=dict(interval=2)))
     with pytest.raises(FloatingPointError, match="iteration 6"):
         t.train()
-    assert [r["iter"] for r in _train_records(t.run_dir)][:2] == [2, 4]  # the lines before it were written
+    assert [r["iter"] for r in train_records(t.run_dir)][:2] == [2, 4]  # the lines before it were written
 
 
 class Slow(Dataset):
@@ -139,7 +122,7 @@ class SlowStep(LinearReg):
 def test_timer_separates_waiting_for_data_from_the_step(trainer_factory: Any) -> None:
     t = trainer_factory(model=SlowStep(), train_dataloader=DataLoader(Slow(), batch_size=1), train_cfg=dict(by_epoch=True, max_epochs=1), log_level="INFO", default_hooks=dict(checkpoint=None, logger=dict(interval=1)))
     t.train()
-    for r in _train_records(t.run_dir):
+    for r in train_records(t.run_dir):
         assert 0.018 <= r["data_time"] < 0.2, r
         assert r["time"] - r["data_time"] >= 0.009, r
 
@@ -163,8 +146,8 @@ def test_resumed_run_logs_the_same_means_as_the_uninterrupted_run(trainer_factor
     resumed.train()
     assert resumed.metric_store.get("loss").count > 0
     same = {"time", "data_time", "samples_per_s"}  # wall-clock numbers differ between runs
-    after = [{k: v for k, v in r.items() if k not in same} for r in _train_records(resumed.run_dir)]
-    expected = [{k: v for k, v in r.items() if k not in same} for r in _train_records(ref.run_dir) if r["iter"] > 6]
+    after = [{k: v for k, v in r.items() if k not in same} for r in train_records(resumed.run_dir)]
+    expected = [{k: v for k, v in r.items() if k not in same} for r in train_records(ref.run_dir) if r["iter"] > 6]
     assert [r["iter"] for r in after] == [8, 10, 12, 16, 20]  # resumed from iter_6: the line at 8 averages 5..8
     assert after == expected
 
@@ -182,7 +165,7 @@ def test_lines_held_by_the_clock_are_written_every_flush_every_iterations_with_e
     t.metric_store.window_size = 1  # buffers keep only what the logger asks for
     t.logger.addHandler(handler)
     t.train()
-    recs = _train_records(t.run_dir)
+    recs = train_records(t.run_dir)
     assert [r["iter"] for r in recs] == sorted({*range(3, 41, 3), 20, 40})
     prev = 0
     for r in recs:  # each line averages the iterations since the previous one
@@ -205,7 +188,7 @@ def test_flush_logs_writes_the_lines_held_for_their_batch(trainer_factory: Any) 
         def after_train_iter(self, trainer: Any, batch_idx: int, data_batch: Any = None, outputs: Any = None) -> None:
             if trainer.progress.iteration == 5:
                 trainer.flush_logs()
-                self.seen = [r["iter"] for r in _train_records(trainer.run_dir)]
+                self.seen = [r["iter"] for r in train_records(trainer.run_dir)]
 
     probe = FlushAt5()
     t = trainer_factory(dataset=regression_set(40), batch_size=4, log_level="INFO", default_hooks=dict(checkpoint=None, logger=dict(interval=2, flush_secs=3600)), custom_hooks=[probe])
