@@ -34,26 +34,15 @@ import timeit
 from pathlib import Path
 
 import torch
-import torch.nn.functional as F
 from torch.utils.data import DataLoader
 
 sys.path.insert(0, str(Path(__file__).parent))
 import overhead as ov  # noqa: E402
 
+from overhead_breakdown import W, Net  # noqa: E402  (workload A's model, as the breakdown times it)
+
 import trainwright as tw  # noqa: E402
 from trainwright.hooks.timing import HookTimer  # noqa: E402
-
-W = ov.WORKLOADS["A"]
-
-
-class Net(tw.BaseModel):
-    def __init__(self) -> None:
-        super().__init__()
-        self.mlp = ov.make_mlp(W.sizes)
-
-    def forward(self, x, y=None, mode="tensor"):
-        out = self.mlp(x)
-        return {"loss": F.cross_entropy(out, y)} if mode == "loss" else out
 
 
 class EveryIter(tw.Hook):
