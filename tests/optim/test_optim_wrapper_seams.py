@@ -279,3 +279,43 @@ def test_context_free_follows_precision_no_sync_and_a_subclass_context() -> None
     assert not Traced(torch.optim.SGD(model.parameters(), lr=0.1)).context_free
     with pytest.raises(TypeError, match="precision must be"):
         ow.precision = "16-mixed"  # type: ignore[assignment]
+
+
+def test_a_strategys_clip_wrapper_wraps_every_clip_grad_assigned_later() -> None:
+    """``clip_wrapper`` (a strategy's, e.g. FSDP's "the sharded total norm as a plain tensor") wraps the clip function of the
+    ``clip_grad`` already set and of every one assigned afterwards (as a hook does after the run is prepared); the clipping
+    itself stays torch's: the same norms and weights as ``clip_grad_norm_`` at each step's threshold."""
+    model = _model()
+    ref = copy.deepcopy(model)
+    ref_opt = torch.optim.SGD(ref.parameters(), lr=0.1)
+    ow = OptimWrapper(torch.optim.SGD(model.parameters(), lr=0.1), clip_grad=dict(max_norm=5.0))
+    seen: list[torch.Tensor] = []
+
+    def record(clip: Callable[[list[torch.Tensor]], torch.Tensor]) -> Callable[[list[torch.Tensor]], torch.Tensor]:
+        def clip_and_record(params: list[torch.Tensor]) -> torch.Tensor:
+            seen.append(clip(params))
+            return seen[-1]
+
+        return clip_and_record
+
+    ow.clip_wrapper = record
+    for max_norm, batch in zip((5.0, 0.5, 0.25), _batches(3)):
+        ow.clip_grad = dict(max_norm=max_norm)
+        ow.update_params(_loss(model, batch))
+        _loss(ref, batch).backward()
+        expected = torch.nn.utils.clip_grad_norm_(ref.parameters(), max_norm)
+        ref_opt.step()
+        ref_opt.zero_grad()
+        assert seen[-1] is ow.grad_norm
+        torch.testing.assert_close(ow.grad_norm, expected, atol=0, rtol=0)
+    assert len(seen) == 3
+    for a, b in zip(model.parameters(), ref.parameters()):
+        torch.testing.assert_close(a, b, atol=0, rtol=0)
+    ow.clip_grad = dict(type="value", clip_value=0.01)  # value clipping goes through it too
+    ow.update_params(_loss(model, _batches(1)[0]))
+    assert len(seen) == 4 and seen[-1] is ow.grad_norm
+    ow.clip_wrapper = None  # torch's function as is again
+    ow.update_params(_loss(model, _batches(1)[0]))
+    assert len(seen) == 4 and ow.grad_norm is not seen[-1]
+    with pytest.raises(TypeError, match="clip_wrapper must be a callable"):
+        ow.clip_wrapper = "full_tensor"  # type: ignore[assignment]

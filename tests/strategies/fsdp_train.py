@@ -1,22 +1,32 @@
 """Runs of a small regression MLP with the Trainer under FSDP (torchrun or one process) and references; one process start runs several.
 
-Usage: fsdp_train.py OUT_DIR RUN [RUN ...]
+Usage: fsdp_train.py OUT_DIR [--trainer-group] RUN [RUN ...]
 Each RUN is ``name:strategy:batch:iters[:opt=value...]`` with options ``accum=N``,
-``clip=X``, ``save=N`` (checkpoint every N iterations), ``keep=K``, ``async=1``,
-``resume=1`` (newest in work_dir) or ``resume=PATH``, ``weights=1`` (save_weights),
-``precision=bf16-mixed``, ``lr=X``, ``load=PATH`` (load_from), ``work=NAME`` (work_dir name, default: the run's name).
+``clip=X``, ``reclip=X`` (``optim_wrapper.clip_grad = dict(max_norm=X)`` in a hook's
+before_train, after the strategy prepared the run), ``save=N`` (checkpoint every N
+iterations), ``keep=K``, ``async=1``, ``resume=1`` (newest in work_dir) or ``resume=PATH``,
+``weights=1`` (save_weights), ``precision=bf16-mixed``, ``lr=X``, ``load=PATH`` (load_from),
+``work=NAME`` (work_dir name, default: the run's name).
+Under torchrun the script makes the process group itself and destroys it after the runs;
+with ``--trainer-group`` it does not: the first Trainer's strategy joins the group from the
+launcher's environment and the later ones find it. OUT_DIR/exit_rank<r>.json then tells
+whether a process group was still initialized after trainwright's exit handler ran.
 Writes OUT_DIR/NAME/result_rank<r>.pt: the full parameters (gathered, rank 0), the last
-gradient norm, the dtype the first layer's weight had inside the forward, and the strategy.
+gradient norm and its type, the dtype the first layer's weight had inside the forward, the
+strategy, and whether a process group was initialized after ``trainer.close()``.
 """
 
 from __future__ import annotations
 
+import atexit
+import json
 import os
 import sys
 import warnings
 from pathlib import Path
 
 import torch
+import torch.distributed as dist
 import torch.nn.functional as F
 from torch import nn
 from torch.utils.data import TensorDataset
@@ -32,6 +42,16 @@ class Linear(nn.Linear):
     def forward(self, x):
         self.seen_dtype = self.weight.dtype
         return super().forward(x)
+
+
+class Reclip(tw.Hook):
+    """Sets ``clip_grad`` once the run is prepared (as a user's hook or a second ``train()`` would)."""
+
+    def __init__(self, max_norm: float) -> None:
+        self.max_norm = max_norm
+
+    def before_train(self, trainer) -> None:
+        trainer.optim_wrapper.clip_grad = dict(max_norm=self.max_norm)
 
 
 class MLP(tw.BaseModel):
@@ -70,6 +90,7 @@ def run(out: Path, spec: str) -> None:
         precision=o.get("precision", "32"),
         resume=resume,
         load_from=o.get("load"),
+        custom_hooks=[Reclip(float(o["reclip"]))] if "reclip" in o else [],
         randomness=dict(seed=0),
         log_level="WARNING",
     )
@@ -86,7 +107,8 @@ def run(out: Path, spec: str) -> None:
     ow = trainer.optim_wrapper
     result = {
         "params": {k: v.detach().clone() for k, v in full.items()},
-        "grad_norm": None if ow.grad_norm is None else ow.grad_norm.detach().clone(),
+        "grad_norm": None if type(ow.grad_norm) is not torch.Tensor else ow.grad_norm.detach().clone(),
+        "grad_norm_type": type(ow.grad_norm).__name__,
         "seen_dtype": str(model.l1.seen_dtype),
         "param_dtype": str(next(iter(trainer.unwrapped_model.parameters())).dtype),
         "strategy": trainer.strategy.name,
@@ -97,18 +119,24 @@ def run(out: Path, spec: str) -> None:
         "scaler": type(getattr(ow.precision, "scaler", None)).__name__,
     }
     trainer.close()
+    result["group_after_close"] = dist.is_initialized()
     (out / name).mkdir(parents=True, exist_ok=True)
     torch.save(result, out / name / f"result_rank{rank}.pt")
 
 
 def main() -> None:
     out = Path(sys.argv[1])
-    launched = "WORLD_SIZE" in os.environ
+    specs = sys.argv[2:]
+    trainer_group = specs[:1] == ["--trainer-group"]
+    if trainer_group:
+        specs = specs[1:]
+        rank = os.environ.get("RANK", "0")
+        # registered before trainwright's handler, so it runs after it (atexit runs last-in first-out)
+        atexit.register(lambda: (out / f"exit_rank{rank}.json").write_text(json.dumps({"initialized_at_exit": dist.is_initialized()})))
+    launched = "WORLD_SIZE" in os.environ and not trainer_group
     if launched:  # one process group for all the runs (the trainers join it and leave it to us)
-        import torch.distributed as dist
-
         dist.init_process_group("gloo")
-    for spec in sys.argv[2:]:
+    for spec in specs:
         run(out, spec)
     if launched:
         dist.barrier()

@@ -7,6 +7,7 @@ compare (see fsdp_train.py); each test asserts one behaviour. Tolerance: paramet
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import subprocess
@@ -21,25 +22,38 @@ pytestmark = [pytest.mark.multiprocess, pytest.mark.slow]
 ATOL = 1e-6
 
 
-def _launch(out: Path, runs: list[str], nproc: int) -> None:
+def _launch(out: Path, runs: list[str], nproc: int, timeout: float = 240) -> None:
     env = dict(os.environ, TMPDIR=str(out), OMP_NUM_THREADS="1", TORCH_DISABLE_SHARE_RDZV_TCP_STORE="1")
     for k in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT"):
         env.pop(k, None)
     launcher = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={nproc}"] if nproc > 1 else [sys.executable]
-    proc = subprocess.run([*launcher, str(SCRIPT), str(out), *runs], env=env, capture_output=True, text=True, timeout=240)
-    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-5000:]
+    log = out / f"launch_{len(list(out.glob('launch_*.log')))}.log"
+    with log.open("w") as f:  # a file, not a pipe: a worker left behind cannot block the read
+        proc = subprocess.Popen([*launcher, str(SCRIPT), str(out), *runs], env=env, stdout=f, stderr=subprocess.STDOUT)
+        try:
+            proc.wait(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            proc.terminate()  # torchrun stops its workers on SIGTERM: a hung worker must not outlive the test
+            try:
+                proc.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait()
+            pytest.fail(f"{' '.join(runs)} did not finish within {timeout} s:\n{log.read_text()[-6000:]}")
+    assert proc.returncode == 0, log.read_text()[-8000:]
 
 
 @pytest.fixture(scope="module")
 def out(tmp_path_factory: pytest.TempPathFactory) -> Path:
     out = tmp_path_factory.mktemp("fsdp")
     # one process: references (single) and the 1-process FSDP checkpoint that 2 processes resume
-    _launch(out, ["F:single:16:8:clip=0.5:weights=1", "G:single:16:4", "H:fsdp:16:4:clip=0.5:save=4", "P:fsdp:16:2:precision=bf16-mixed",
+    # (H writes asynchronously, then P, Q, W are more FSDP Trainers in the same process: each makes and destroys its one-process group)
+    _launch(out, ["F:single:16:8:clip=0.5:weights=1", "G:single:16:4", "H:fsdp:16:4:clip=0.5:save=4:async=1", "P:fsdp:16:2:precision=bf16-mixed",
                   "Q:fsdp:16:3:precision=16-mixed:clip=0.5", "W:fsdp:16:3:accum=2:save=1"], 1)
     shutil.copytree(out / "H" / "checkpoints", out / "I" / "checkpoints")
-    # two processes x half the batch
+    # two processes x half the batch (R: clip_grad re-assigned in before_train, after the strategy prepared the run)
     _launch(out, ["A:fsdp:8:8:clip=0.5:save=2:keep=2:async=1:weights=1", "B:fsdp:4:8:accum=2", "C:fsdp:8:4:clip=0.5:save=4",
-                  "I:fsdp:8:8:clip=0.5:save=4:resume=1", f"L:fsdp:8:1:lr=0:load={out / 'F' / 'weights.safetensors'}"], 2)
+                  "I:fsdp:8:8:clip=0.5:save=4:resume=1", f"L:fsdp:8:1:lr=0:load={out / 'F' / 'weights.safetensors'}", "R:fsdp:8:8:clip=4:reclip=0.5"], 2)
     # a newer checkpoint with a truncated shard, named by `latest`: resume=True must skip it
     ckpts = out / "C" / "checkpoints"
     shutil.copytree(ckpts / "iter_4.dcp", ckpts / "iter_6.dcp")
@@ -72,6 +86,17 @@ def test_fsdp_two_processes_equal_one_process_with_clipping(out: Path) -> None:
     assert single["grad_norm"] > 0.5  # clipping did act
     for rank in (0, 1):  # the norm over every rank's shards, the same on each rank
         torch.testing.assert_close(_result(out, "A", rank)["grad_norm"], single["grad_norm"], atol=1e-6, rtol=1e-6)
+
+
+def test_clip_grad_assigned_after_prepare_keeps_the_sharded_norm(out: Path) -> None:
+    """optim_wrapper.clip_grad = dict(max_norm=0.5) in a hook's before_train (the run built with max_norm=4, already sharded):
+    the new threshold is used and grad_norm is still the global norm as a plain tensor, on both ranks == 1 process clipping at 0.5."""
+    single = _result(out, "F")
+    _assert_params_close(_result(out, "R"), single)
+    for rank in (0, 1):
+        r = _result(out, "R", rank)
+        assert r["grad_norm_type"] == "Tensor", r["grad_norm_type"]
+        torch.testing.assert_close(r["grad_norm"], single["grad_norm"], atol=1e-6, rtol=1e-6)
 
 
 def test_fsdp_accumulation_equals_the_big_batch(out: Path) -> None:
@@ -181,3 +206,24 @@ def test_load_from_full_weights_into_a_sharded_model(out: Path) -> None:
     assert loaded["params"].keys() == exported.keys()
     for k, v in exported.items():
         assert torch.equal(loaded["params"][k], v), k
+
+
+def test_later_trainers_in_one_torchrun_process_join_the_launchers_group(tmp_path: Path) -> None:
+    """One script under torchrun (2 processes) that makes no process group: a DDP Trainer, then two FSDP Trainers with async
+    checkpoints, one after the other. The first strategy joins the group from the launcher's environment; close() leaves it
+    for the next Trainer (initialising it again could hang), and it is destroyed at exit. Every run finishes; same spec, same weights."""
+    _launch(tmp_path, ["--trainer-group", "X:ddp:8:4:save=2", "Y:fsdp:8:4:save=2:async=1", "Z:fsdp:8:4:save=2:async=1"], 2, timeout=100)
+    for rank in (0, 1):
+        runs = [_result(tmp_path, name, rank) for name in "XYZ"]
+        assert [(r["strategy"], r["world_size"], r["iteration"], r["error"]) for r in runs] == [("ddp", 2, 4, None), ("fsdp", 2, 4, None), ("fsdp", 2, 4, None)]
+        assert all(r["group_after_close"] for r in runs)  # kept for the next Trainer
+        assert json.loads((tmp_path / f"exit_rank{rank}.json").read_text()) == {"initialized_at_exit": False}  # destroyed at exit
+    ddp, fsdp, again = (_result(tmp_path, name) for name in "XYZ")
+    _assert_params_close(fsdp, ddp)
+    for k, v in fsdp["params"].items():
+        assert torch.equal(again["params"][k], v), k
+    assert sorted(p.name for p in (tmp_path / "X" / "checkpoints").iterdir()) == ["iter_2.pth", "iter_4.pth", "latest"]
+    for name in "YZ":
+        ckpts = tmp_path / name / "checkpoints"
+        assert sorted(p.name for p in ckpts.iterdir()) == ["iter_2.dcp", "iter_4.dcp", "latest"]
+        assert (ckpts / "iter_4.dcp" / ".metadata").is_file()

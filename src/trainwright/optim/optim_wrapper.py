@@ -33,6 +33,10 @@ _VALUE_KEYS = {"type", "clip_value", "foreach"}
 
 #: ``model -> context manager`` that suppresses gradient synchronisation (DDP's ``no_sync``).
 NoSyncContext = Callable[[nn.Module], contextlib.AbstractContextManager]
+#: What ``step`` calls to clip: ``parameters -> total gradient norm`` (the config's arguments bound).
+ClipFn = Callable[[list[torch.Tensor]], torch.Tensor]
+#: ``clip function -> clip function``: a strategy's wrapper around clipping (see :attr:`OptimWrapper.clip_wrapper`).
+ClipWrapper = Callable[[ClipFn], ClipFn]
 
 
 def _check_clip_grad(clip_grad: Mapping[str, Any] | None) -> dict[str, Any] | None:
@@ -149,6 +153,7 @@ class OptimWrapper:
         self._inner_count = 0
         self._max_counts = -1
         self._no_sync_context: NoSyncContext | None = None
+        self._clip_wrapper: ClipWrapper | None = None
         self._bn_checked: nn.Module | None = None  # the model whose BatchNorm layers were looked for (once per model)
         #: With several param groups (per-parameter multipliers), a group that holds only the
         #: optimizer's defaults: schedulers move its ``lr`` like the others', and :meth:`get_lr`
@@ -167,9 +172,38 @@ class OptimWrapper:
 
     @clip_grad.setter
     def clip_grad(self, value: Mapping[str, Any] | None) -> None:
-        self._clip_grad = cfg = _check_clip_grad(value)
-        # What step calls with the parameters: the clip function with the config's arguments bound, or None.
-        self._clip = None if cfg is None else functools.partial(torch.nn.utils.clip_grad_norm_ if cfg["type"] == "norm" else _clip_grad_value, **{k: v for k, v in cfg.items() if k != "type"})
+        self._clip_grad = _check_clip_grad(value)
+        self._decide_clip()
+
+    @property
+    def clip_wrapper(self) -> ClipWrapper | None:
+        """Set by a strategy whose gradients need more than torch's clip functions: ``clip_fn -> clip_fn``.
+
+        The clip function (``parameters -> total norm``, the :attr:`clip_grad` arguments bound)
+        is passed through it whenever clipping is configured, now and at every later
+        assignment of :attr:`clip_grad`, so a strategy's fix survives a user's
+        ``optim_wrapper.clip_grad = dict(max_norm=...)`` after the run is prepared. The
+        composition is decided on assignment; ``step`` calls the result. The FSDP strategy
+        sets one that returns the total norm of the sharded (DTensor) gradients as a plain tensor.
+        """
+        return self._clip_wrapper
+
+    @clip_wrapper.setter
+    def clip_wrapper(self, value: ClipWrapper | None) -> None:
+        if value is not None and not callable(value):
+            raise TypeError(f"clip_wrapper must be a callable clip_fn -> clip_fn (or None), got {type(value).__name__}")
+        self._clip_wrapper = value
+        self._decide_clip()
+
+    def _decide_clip(self) -> None:
+        # What step calls with the parameters: the clip function with the config's arguments bound (through the strategy's wrapper), or None.
+        cfg = self._clip_grad
+        clip: ClipFn | None = None
+        if cfg is not None:
+            clip = functools.partial(torch.nn.utils.clip_grad_norm_ if cfg["type"] == "norm" else _clip_grad_value, **{k: v for k, v in cfg.items() if k != "type"})
+            if self._clip_wrapper is not None:
+                clip = self._clip_wrapper(clip)
+        self._clip = clip
 
     @property
     def precision(self) -> Precision:

@@ -97,7 +97,7 @@ class Strategy:
 
     # -- model ----------------------------------------------------------------------------
     def prepare(self, model: nn.Module, *, optim_wrapper: Any = None, param_scheduler: Any = None, compile: bool | Mapping[str, Any] = False, dispatch_kwargs: Mapping[str, Any] | None = None) -> nn.Module:
-        """Move ``model`` to the device, compile and wrap it; hook the optim wrapper's sync control.
+        """Move ``model`` to the device, compile and wrap it; hook the optim wrapper's sync control and clip wrapper.
 
         Returns:
             The model the loops should call (possibly wrapped).
@@ -112,6 +112,7 @@ class Strategy:
         if optim_wrapper is not None:
             for ow in (optim_wrapper.values() if hasattr(optim_wrapper, "values") else [optim_wrapper]):
                 ow.no_sync_context = self.no_sync_context()
+                ow.clip_wrapper = self.clip_wrapper()
         return model
 
     def model_to_device(self, model: nn.Module) -> nn.Module:
@@ -146,8 +147,16 @@ class Strategy:
         """A ``model -> context`` that suppresses gradient sync, or None when there is no sync."""
         return None
 
+    def clip_wrapper(self) -> Callable[[Callable[..., torch.Tensor]], Callable[..., torch.Tensor]] | None:
+        """What the optim wrapper passes its clip function through (its ``clip_wrapper``, kept across ``clip_grad`` changes); None: torch's as is."""
+        return None
+
     def teardown(self) -> None:
-        """Release what :meth:`setup_env` acquired (a process group); called by ``Trainer.close()``."""
+        """Release what this run acquired (a distributed wrapper, a pending write); called by ``Trainer.close()``.
+
+        A process group joined from a launcher's environment is not left here: later Trainers
+        of the process join it (see :class:`~trainwright.strategies.DDPStrategy`).
+        """
         self.wait_for_checkpoint()
 
     # -- collectives (identity on one process) ---------------------------------------------

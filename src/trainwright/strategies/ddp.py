@@ -17,14 +17,21 @@ What the rest of the engine sees (the seams of :class:`~trainwright.strategies.S
   (``all_gather_async``; ``any_true`` is the one-flag agreement for other decisions);
 * every rank shares rank 0's seed (``diff_rank_seed`` offsets it per rank);
 * rank 0 writes checkpoints and logs; every rank reads checkpoints.
+
+The process group described by the launcher's environment is joined once per process: a
+later Trainer in the same script (a test run after training, a sweep) joins the same group,
+and it is destroyed at interpreter exit. A group the script made itself
+(``dist.init_process_group`` before the Trainer) is joined and left to the script.
 """
 
 from __future__ import annotations
 
+import atexit
 import contextlib
 import datetime
 import gc
 import os
+import weakref
 from collections.abc import Callable, Mapping
 from typing import Any
 
@@ -37,6 +44,42 @@ from trainwright.registry import STRATEGIES
 from trainwright.strategies.base import Strategy
 
 _OPS = {"sum": dist.ReduceOp.SUM, "mean": dist.ReduceOp.SUM, "max": dist.ReduceOp.MAX, "min": dist.ReduceOp.MIN}
+
+#: The default process group joined from a launcher's environment (a weak reference: a group the user destroys is not kept
+#: alive here); it lives as long as the process, later Trainers join it.
+_launcher_group: weakref.ref[Any] | None = None
+#: The DDP wrappers made by the strategies of this process (a reducer that outlives its group aborts the process at exit).
+_live_wrappers: weakref.WeakSet[nn.Module] = weakref.WeakSet()
+
+
+def _join_launcher_group(backend: str, timeout_s: float, dist_cfg: Mapping[str, Any] | None) -> None:
+    """Initialise the default process group from the launcher's environment, once per process; it is destroyed at exit.
+
+    Initialising it again in the same process (the same ``MASTER_ADDR:MASTER_PORT``, a new
+    store under the same key prefix) is not reliable in torch: the second rendezvous can
+    wait forever. So it is never destroyed between Trainers.
+    """
+    global _launcher_group
+    dist.init_process_group(backend=backend, timeout=datetime.timedelta(seconds=timeout_s), **dict(dist_cfg or {}))
+    if _launcher_group is None:  # the first time in this process (the handler looks at whichever group is the launcher's then)
+        atexit.register(_leave_launcher_group)
+    _launcher_group = weakref.ref(dist.group.WORLD)
+
+
+def _is_launcher_group() -> bool:
+    """Whether the default process group is the one :func:`_join_launcher_group` made (not one the user's script made)."""
+    return _launcher_group is not None and dist.is_initialized() and dist.group.WORLD is _launcher_group()
+
+
+def _leave_launcher_group() -> None:
+    """At exit: destroy the launcher's group, unless the user destroyed it already or a DDP wrapper still uses it.
+
+    No barrier: a rank that failed may never come to it (the ranks met at each ``Trainer.close()``).
+    """
+    if _is_launcher_group():
+        gc.collect()
+        if not _live_wrappers:  # a trainer never closed: its reducer must not outlive the group (torch releases both as it exits)
+            dist.destroy_process_group()
 
 
 @STRATEGIES.register(name="ddp")
@@ -71,7 +114,7 @@ class DDPStrategy(Strategy):
         defaults = dict(find_unused_parameters=False, broadcast_buffers=True, gradient_as_bucket_view=False, static_graph=False, bucket_cap_mb=None)
         #: passed to DistributedDataParallel: only what differs from its defaults (some are deprecated there)
         self.ddp_kwargs: dict[str, Any] = {k: v for k, v in given.items() if v != defaults[k]}
-        self._owns_group = False
+        self._owns_group = False  # a one-process group this strategy made (FSDP without a launcher): destroyed at teardown
 
     # -- environment ----------------------------------------------------------------------
     def setup_env(self, *, launcher: str = "pytorch", cudnn_benchmark: bool = False, dist_cfg: Mapping[str, Any] | None = None, randomness: Mapping[str, Any] | None = None) -> None:
@@ -85,8 +128,7 @@ class DDPStrategy(Strategy):
                     "torchrun, e.g. `torchrun --nproc_per_node=2 train.py` (or srun / mpirun; with mpirun across several machines, "
                     "set MASTER_ADDR to the host of rank 0), or use strategy='single' for one process."
                 )
-            dist.init_process_group(backend=self.backend, timeout=datetime.timedelta(seconds=self.timeout_s), **dict(dist_cfg or {}))
-            self._owns_group = True
+            _join_launcher_group(self.backend, self.timeout_s, dist_cfg)
         randomness = dict(randomness or {})
         if randomness.get("seed") is None:  # one seed for all: rank 0 draws it
             randomness["seed"] = self.broadcast_object(int.from_bytes(os.urandom(4), "little") & 0x7FFFFFFF)
@@ -108,7 +150,9 @@ class DDPStrategy(Strategy):
         from trainwright.model.wrappers import DistributedDataParallelWrapper
 
         device_ids = [self.device.index] if self.device.type == "cuda" and self.device.index is not None else None
-        return DistributedDataParallelWrapper(model, device_ids=device_ids, **self.ddp_kwargs)
+        wrapper = DistributedDataParallelWrapper(model, device_ids=device_ids, **self.ddp_kwargs)
+        _live_wrappers.add(wrapper)
+        return wrapper
 
     def forward_caller(self, model: nn.Module) -> Callable[..., Any]:
         """The DDP wrapper: the training forward must go through it for gradients to be all-reduced."""
@@ -122,18 +166,24 @@ class DDPStrategy(Strategy):
         return lambda _model: wrapper.no_sync()  # type: ignore[operator]
 
     def teardown(self) -> None:
-        """Release the DDP wrapper, then leave the process group this strategy joined (after a final barrier).
+        """Release the DDP wrapper and wait for every rank; the launcher's process group stays for later Trainers.
 
-        The wrapper goes first: a DDP reducer that outlives its process group aborts the
-        process at exit ("terminate called without an active exception").
+        The group joined from a launcher's environment lives as long as the process: a later
+        Trainer in the same script joins it, and it is destroyed once at interpreter exit
+        (initialising it again from the same environment is not reliable in torch). A
+        one-process group this strategy made itself (FSDP without a launcher) is destroyed
+        here; a group the user's script made is the script's to destroy. The wrapper goes
+        first: a DDP reducer that outlives its process group aborts the process at exit
+        ("terminate called without an active exception").
         """
         super().teardown()
         self.model = None
         gc.collect()
         if self._owns_group and dist.is_initialized():
-            dist.barrier()
             dist.destroy_process_group()
             self._owns_group = False
+        elif _is_launcher_group():
+            dist.barrier()  # every rank has finished this run before any goes on to the next (or exits)
 
     # -- collectives ----------------------------------------------------------------------
     def reduce(self, tensor: torch.Tensor, op: str = "mean") -> torch.Tensor:

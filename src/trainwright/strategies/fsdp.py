@@ -14,7 +14,9 @@ What the rest of the engine sees (the seams of :class:`~trainwright.strategies.S
 * ``no_sync_context`` turns ``set_requires_gradient_sync(False)`` on inside accumulation
   windows: one reduce-scatter per update, not per micro-batch;
 * clipping by norm runs ``torch.nn.utils.clip_grad_norm_`` over the sharded (DTensor)
-  gradients: the norm is the global one (every rank's shards), the logged value a plain tensor;
+  gradients: the norm is the global one (every rank's shards), the logged value a plain tensor
+  (:meth:`FSDPStrategy.clip_wrapper`, the optim wrapper's ``clip_wrapper``: it holds for a
+  ``clip_grad`` assigned later too);
 * checkpoints are directories written with ``torch.distributed.checkpoint`` (see
   :mod:`trainwright.strategies.dcp_io`): each rank writes its shards, rank 0 the rest; they
   load at any world size (2 processes → 1 and back), and with ``strategy="single"`` too;
@@ -130,16 +132,24 @@ class FSDPStrategy(DDPStrategy):
         super().setup_env(launcher=launcher, cudnn_benchmark=cudnn_benchmark, dist_cfg=dist_cfg, randomness=randomness)
 
     def teardown(self) -> None:
-        """Finish a pending checkpoint write, then release the process group(s)."""
+        """Finish a pending checkpoint write, destroy the side group of the background writes, then leave as DDP does.
+
+        The side group is this run's own (the next Trainer makes its own): it is destroyed
+        once every rank's last write is complete, so no rank closes it under another's
+        collective. The default group stays for later Trainers (see :meth:`DDPStrategy.teardown`),
+        except the one-process group made without a launcher, destroyed here.
+        """
         self.wait_for_checkpoint()
-        if self._async_group is not None and dist.is_initialized():
-            dist.destroy_process_group(self._async_group)
+        if self._async_group is not None:
+            if dist.is_initialized():
+                dist.barrier()  # every rank's background write is done with the side group
+                dist.destroy_process_group(self._async_group)
             self._async_group = None
         super().teardown()
 
     # -- model ----------------------------------------------------------------------------
     def prepare(self, model: nn.Module, *, optim_wrapper: Any = None, param_scheduler: Any = None, compile: bool | Mapping[str, Any] = False, dispatch_kwargs: Mapping[str, Any] | None = None) -> nn.Module:
-        """Shard ``model`` in place, re-point the optimizers at the sharded parameters, set up clipping and sync control."""
+        """Shard ``model`` in place, re-point the optimizers at the sharded parameters, set up the scaler, clipping and sync control."""
         wrappers = _wrappers(optim_wrapper)
         dtypes = {ow.precision.dtype for ow in wrappers.values()}
         self._param_dtype = next(iter(dtypes)) if len(dtypes) == 1 else None
@@ -153,8 +163,6 @@ class FSDPStrategy(DDPStrategy):
             if ow.optimizer.state:
                 raise RuntimeError("strategy='fsdp' shards the parameters the optimizer holds, so the optimizer must not have state yet; "
                                    "let the Trainer build it (optim_wrapper=dict(optimizer=...)) or build it before any step")
-            if getattr(ow, "_clip", None) is not None and ow.clip_grad["type"] == "norm":
-                ow._clip = _full_norm(ow._clip)  # the norm over every rank's shards, as a plain tensor for logging
             scaler = getattr(ow.precision, "scaler", None)
             if scaler is not None and type(scaler) is torch.amp.GradScaler:
                 from torch.distributed.fsdp.sharded_grad_scaler import ShardedGradScaler
@@ -164,6 +172,10 @@ class FSDPStrategy(DDPStrategy):
                                                         growth_factor=scaler.get_growth_factor(), backoff_factor=scaler.get_backoff_factor(),
                                                         growth_interval=scaler.get_growth_interval(), enabled=scaler.is_enabled())
         return model
+
+    def clip_wrapper(self) -> Callable[[Callable[..., torch.Tensor]], Callable[..., torch.Tensor]]:
+        """The total norm over every rank's shards as a plain tensor (for logging), at every ``clip_grad`` the run is given."""
+        return _full_norm
 
     def _policy(self) -> Any:
         from torch.distributed.fsdp import MixedPrecisionPolicy
