@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import time
+import types
 from pathlib import Path
 from typing import Any
 
@@ -59,9 +60,15 @@ def test_negative_warmup_is_refused() -> None:
 # -- gather_metric_period -------------------------------------------------------------------
 
 
-def test_period_one_is_the_stores_own_record() -> None:
+def test_period_one_records_with_a_plain_list_append() -> None:
     store = MetricStore()
-    assert store.recorder(1) == store.record  # nothing wraps the hot path when the feature is off
+    record = store.recorder(1)
+    assert isinstance(record, types.BuiltinMethodType)  # nothing wraps the hot path when the feature is off: no Python frame
+    record((1, {"loss": torch.tensor(2.0)}, None, None))
+    store.flush()  # a flush empties the list in place: the recorder keeps feeding the store
+    record((2, {"loss": torch.tensor(4.0)}, None, None))
+    store.flush()
+    assert store.get("loss").history() == ([1, 2], [2.0, 4.0])
     with pytest.raises(ValueError, match="gather_metric_period"):
         store.recorder(0)
 
