@@ -99,7 +99,7 @@ class HookList:
     def __init__(self, hooks: Iterable[Hook] = (), timer: HookTimer | None = None) -> None:
         self._hooks: list[Hook] = []
         self._intervals: dict[int, Interval] = {}
-        self._periodic: tuple[tuple[Call, int], ...] = ()
+        self._periodic: tuple[tuple[Call, Interval], ...] = ()
         self._last_iter = 0
         self.timer = timer
         self.calls: dict[str, tuple[Call, ...]] = {}
@@ -139,7 +139,7 @@ class HookList:
             self._last_iter,
         )
 
-    def refresh(self, trainer: Any, last_iter: int = 0, periodic: Iterable[tuple[Call, int]] = ()) -> None:
+    def refresh(self, trainer: Any, last_iter: int = 0, periodic: Iterable[tuple[Call, Interval]] = ()) -> None:
         """Ask every hook for its :meth:`~Hook.train_iter_interval`; rebuild the per-iteration schedule.
 
         The train loop calls this after ``before_train`` (with ``last_iter``, the run's last
@@ -149,7 +149,7 @@ class HookList:
         Args:
             periodic: ``(call, interval)`` of the run's own periodic work that follows the
                 same schedule as the hooks' ``after_train_iter`` and runs after them (the
-                loop's: the metric store's flush every ``flush_every`` iterations); called
+                loop's: the metric store's flush at every ``flush_every``-th iteration); called
                 as ``call(trainer, batch_idx, data_batch, outputs)``. Dropped by ``refresh(None)``.
         """
         self._intervals = {}

@@ -62,14 +62,20 @@ class _TrainLoopBase:
         """Whether validation runs right after the current iteration's / epoch's hooks."""
         raise NotImplementedError
 
-    def _periodic(self) -> list[tuple[Any, int]]:
-        """The loop's own work on the hooks' schedule: the metric store's flush every ``flush_every`` iterations (bounds its memory)."""
+    def _periodic(self) -> list[tuple[Any, range]]:
+        """The loop's own work on the hooks' schedule: the metric store's flush at every ``flush_every``-th iteration (bounds its memory).
+
+        A window of exactly those iterations (an interval would also fire at epoch ends, where
+        the loops flush anyway, and at the end of each pass of an iteration-based loop, where
+        they do not).
+        """
         store = self.trainer.metric_store
 
         def flush_store(trainer: Any, batch_idx: int, data_batch: Any, outputs: Any) -> None:
             store.flush()
 
-        return [(flush_store, store.flush_every)]
+        n = store.flush_every
+        return [(flush_store, range(n, self.max_iters + 1, n))]
 
     def _run_iters(self, batches: Any, limit: int | None, val_every_iter: bool) -> bool:
         """Run iterations over ``batches``; return True if stopped early (stop request / limit)."""
