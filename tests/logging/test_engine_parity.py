@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import time
+import types
 from pathlib import Path
 from typing import Any
 
@@ -59,9 +60,15 @@ def test_negative_warmup_is_refused() -> None:
 # -- gather_metric_period -------------------------------------------------------------------
 
 
-def test_period_one_is_the_stores_own_record() -> None:
+def test_period_one_records_with_a_plain_list_append() -> None:
     store = MetricStore()
-    assert store.recorder(1) == store.record  # nothing wraps the hot path when the feature is off
+    record = store.recorder(1)
+    assert isinstance(record, types.BuiltinMethodType)  # nothing wraps the hot path when the feature is off: no Python frame
+    record((1, {"loss": torch.tensor(2.0)}, None, None))
+    store.flush()  # a flush empties the list in place: the recorder keeps feeding the store
+    record((2, {"loss": torch.tensor(4.0)}, None, None))
+    store.flush()
+    assert store.get("loss").history() == ([1, 2], [2.0, 4.0])
     with pytest.raises(ValueError, match="gather_metric_period"):
         store.recorder(0)
 
@@ -101,3 +108,28 @@ def test_invalid_period_is_refused_when_the_loop_is_built(trainer_factory: Any) 
     t = trainer_factory(train_cfg=dict(by_epoch=True, max_epochs=1, gather_metric_period=0))
     with pytest.raises(ValueError, match="gather_metric_period must be an int >= 1"):
         t.train()
+
+
+def test_the_train_loop_flushes_the_store_at_every_flush_every_th_iteration(trainer_factory: Any) -> None:
+    """The loop records with a plain append; the store's memory bound comes from the schedule: converted at iterations 5 and 10 only."""
+    import trainwright as tw
+
+    class Probe(tw.Hook):
+        priority = "LOWEST"
+
+        def __init__(self) -> None:
+            self.converted: list[int] = []
+
+        def after_train_iter(self, trainer: Any, batch_idx: int, data_batch: Any = None, outputs: Any = None) -> None:
+            self.converted.append(trainer.metric_store.buffer("loss").count)
+
+    probe = Probe()
+    t = trainer_factory(
+        dataset=regression_set(48), batch_size=4, train_cfg=dict(by_epoch=True, max_epochs=1),  # 12 iterations
+        default_hooks=dict(checkpoint=None, logger=dict(interval=1000, flush_secs=3600.0)), custom_hooks=[probe],
+    )
+    t.metric_store.flush_every = 5
+    t.train()
+    # the periodic flush runs after the hooks of its iteration: a hook at 6 sees the 5 rows converted at 5;
+    # at the epoch's last iteration the logger's line (more than flush_every iterations unwritten) flushes first
+    assert probe.converted == [0] * 5 + [5] * 5 + [10] + [12]

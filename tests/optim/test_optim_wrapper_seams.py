@@ -268,9 +268,15 @@ def test_context_free_follows_precision_no_sync_and_a_subclass_context() -> None
     ow.precision = Precision()
     assert ow.context_free
     ow.no_sync_context = lambda m: mock.MagicMock()
-    assert not ow.context_free
+    assert ow.context_free  # accumulative_counts=1: every backward closes its window and syncs, nothing to suppress
     ow.no_sync_context = None
     assert ow.context_free
+    acc = OptimWrapper(torch.optim.SGD(model.parameters(), lr=0.1), accumulative_counts=2)
+    assert acc.context_free
+    acc.no_sync_context = lambda m: mock.MagicMock()
+    assert not acc.context_free
+    acc.no_sync_context = None
+    assert acc.context_free
 
     class Traced(OptimWrapper):
         def optim_context(self, model: nn.Module) -> Any:

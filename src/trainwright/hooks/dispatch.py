@@ -99,6 +99,7 @@ class HookList:
     def __init__(self, hooks: Iterable[Hook] = (), timer: HookTimer | None = None) -> None:
         self._hooks: list[Hook] = []
         self._intervals: dict[int, Interval] = {}
+        self._periodic: tuple[tuple[Call, Interval], ...] = ()
         self._last_iter = 0
         self.timer = timer
         self.calls: dict[str, tuple[Call, ...]] = {}
@@ -134,19 +135,26 @@ class HookList:
         self.calls = {ev: tuple(getattr(h, ev) if timer is None else timer.wrap(h, ev, getattr(h, ev)) for h in hooks) for ev, hooks in active.items()}
         self.schedule = IterSchedule(
             [(fn, self._intervals.get(id(h), 1)) for h, fn in zip(active["before_train_iter"], self.calls["before_train_iter"])],
-            [(fn, self._intervals.get(id(h), 1)) for h, fn in zip(active["after_train_iter"], self.calls["after_train_iter"])],
+            [(fn, self._intervals.get(id(h), 1)) for h, fn in zip(active["after_train_iter"], self.calls["after_train_iter"])] + list(self._periodic),
             self._last_iter,
         )
 
-    def refresh(self, trainer: Any, last_iter: int = 0) -> None:
+    def refresh(self, trainer: Any, last_iter: int = 0, periodic: Iterable[tuple[Call, Interval]] = ()) -> None:
         """Ask every hook for its :meth:`~Hook.train_iter_interval`; rebuild the per-iteration schedule.
 
         The train loop calls this after ``before_train`` (with ``last_iter``, the run's last
         iteration: gated hooks are due there too) and with ``None`` after ``after_train``
         (every hook then gets every iteration event again, e.g. for a hand-driven loop).
+
+        Args:
+            periodic: ``(call, interval)`` of the run's own periodic work that follows the
+                same schedule as the hooks' ``after_train_iter`` and runs after them (the
+                loop's: the metric store's flush at every ``flush_every``-th iteration); called
+                as ``call(trainer, batch_idx, data_batch, outputs)``. Dropped by ``refresh(None)``.
         """
         self._intervals = {}
         self._last_iter = last_iter if trainer is not None else 0
+        self._periodic = tuple(periodic) if trainer is not None else ()
         if trainer is not None:
             for h in self._hooks:
                 n = h.train_iter_interval(trainer)

@@ -281,28 +281,31 @@ class MetricStore:
         if len(pending) >= self.flush_every:
             self.flush()
 
-    def recorder(self, period: int = 1) -> Callable[[int, Mapping[str, Any], float | None, float | None], None]:
-        """The callable the train loop records with, chosen once per run: :meth:`record` itself, or every ``period``-th iteration.
+    def recorder(self, period: int = 1) -> Callable[[Row], None]:
+        """The callable the train loop records a row ``(iteration, outputs, t_start, t_end)`` with, chosen once per run.
 
-        With ``period > 1`` only iterations whose number is a multiple of ``period`` are
-        recorded (detectron2's ``SimpleTrainer(gather_metric_period=...)``); the others keep
-        no reference to their outputs. A recorded iteration's ``data_time`` / ``time`` are
-        still its own (measured from the end of the iteration before it).
+        With ``period=1`` it is the append of the store's list of pending rows (no Python
+        frame per step): it does not flush, so its caller flushes every :attr:`flush_every`
+        iterations (the train loop does, on the hooks' schedule). With ``period > 1`` only
+        iterations whose number is a multiple of ``period`` are recorded (detectron2's
+        ``SimpleTrainer(gather_metric_period=...)``); the others keep no reference to their
+        outputs. A recorded iteration's ``data_time`` / ``time`` are still its own (measured
+        from the end of the iteration before it).
 
         Raises:
             ValueError: ``period`` is not an int >= 1.
         """
         if not isinstance(period, int) or period < 1:
             raise ValueError(f"gather_metric_period must be an int >= 1 (record step outputs every N iterations), got {period!r}")
+        pending = self._pending  # the one list of this store: a flush empties it in place
         if period == 1:
-            return self.record
-        record = self.record
+            return pending.append
 
-        def record_every(iteration: int, outputs: Mapping[str, Any], t_start: float | None, t_end: float | None) -> None:
-            if iteration % period == 0:
-                record(iteration, outputs, t_start, t_end)
-            elif t_end is not None and (self._prev_end is not None or self._clock_starts):  # timing: the next row counts from here
-                self._clock_starts[len(self._pending)] = t_end
+        def record_every(row: Row) -> None:
+            if row[0] % period == 0:
+                pending.append(row)
+            elif row[3] is not None and (self._prev_end is not None or self._clock_starts):  # timing: the next row counts from here
+                self._clock_starts[len(pending)] = row[3]
 
         return record_every
 
@@ -447,7 +450,8 @@ class MetricStore:
 
     def _take(self, raise_on_nonfinite: bool | None) -> _Batch:
         """The pending rows converted to numbers (one device→host transfer per device), with their times and the first non-finite loss."""
-        rows, self._pending = self._pending, []
+        rows = self._pending.copy()
+        self._pending.clear()  # in place: the train loop's recorder appends to this list
         batch = _Batch(rows, *self._derive_times(rows))
         if not rows:
             return batch
@@ -575,7 +579,7 @@ class MetricStore:
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Restore the buffers saved by :meth:`state_dict`."""
-        self._pending = []
+        self._pending.clear()
         self._in_flight = None
         self._prev_end = None
         self._clock_starts = {}

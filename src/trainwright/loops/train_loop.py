@@ -6,12 +6,14 @@ Pseudocode of one iteration (both loops)::
     for hook in due before_train_iter: hook(trainer, idx, batch)
     outputs = model.train_step(batch, optim_wrapper)   # forward, backward, maybe step
     progress.iteration += 1; progress.iter_in_epoch += 1
-    record(progress.iteration, outputs, t_start, perf_counter())   # tensors, no sync
+    record((progress.iteration, outputs, t_start, perf_counter()))   # tensors, no sync
     for hook in due after_train_iter: hook(trainer, idx, batch, outputs)
+    (every metric_store.flush_every iterations, after the hooks: metric_store.flush())
 
-``record`` is chosen once per epoch pass: ``metric_store.record`` itself, or with
-``train_cfg=dict(gather_metric_period=N)`` one that records every N-th iteration only
-(``MetricStore.recorder``).
+``record`` is chosen once per epoch pass (``MetricStore.recorder``): the append of the
+store's list of rows, or with ``train_cfg=dict(gather_metric_period=N)`` one that records
+every N-th iteration only. The store's periodic flush (which bounds its memory) follows the
+hooks' schedule, so a step records with one list append.
 
 Hooks that declare an interval (``Hook.train_iter_interval``, e.g. the logger's 10) see an
 iteration's ``before_train_iter`` / ``after_train_iter`` only at multiples of it, at an
@@ -60,6 +62,21 @@ class _TrainLoopBase:
         """Whether validation runs right after the current iteration's / epoch's hooks."""
         raise NotImplementedError
 
+    def _periodic(self) -> list[tuple[Any, range]]:
+        """The loop's own work on the hooks' schedule: the metric store's flush at every ``flush_every``-th iteration (bounds its memory).
+
+        A window of exactly those iterations (an interval would also fire at epoch ends, where
+        the loops flush anyway, and at the end of each pass of an iteration-based loop, where
+        they do not).
+        """
+        store = self.trainer.metric_store
+
+        def flush_store(trainer: Any, batch_idx: int, data_batch: Any, outputs: Any) -> None:
+            store.flush()
+
+        n = store.flush_every
+        return [(flush_store, range(n, self.max_iters + 1, n))]
+
     def _run_iters(self, batches: Any, limit: int | None, val_every_iter: bool) -> bool:
         """Run iterations over ``batches``; return True if stopped early (stop request / limit)."""
         t = self.trainer
@@ -71,7 +88,7 @@ class _TrainLoopBase:
         before_every, after_every = schedule.before_every, schedule.after_every
         last = len(self.dataloader) - 1
         train_step: Any = model.train_step
-        record = t.metric_store.recorder(self.gather_metric_period)  # the store's own record when it is 1
+        record = t.metric_store.recorder(self.gather_metric_period)  # the store's list append when it is 1
         validate = val_every_iter and t.val_loop is not None
         for batch in batches:
             t_start = _clock()
@@ -86,7 +103,7 @@ class _TrainLoopBase:
             outputs = train_step(batch, ow)
             progress.iteration = it
             progress.iter_in_epoch = idx + 1
-            record(it, outputs, t_start, _clock())  # tensors stay tensors; the store flushes by itself every flush_every
+            record((it, outputs, t_start, _clock()))  # tensors stay tensors; the schedule flushes the store every flush_every
             for fn in after:
                 fn(t, idx, batch, outputs)
             if validate and self.val_due():
@@ -126,7 +143,7 @@ class EpochBasedTrainLoop(_TrainLoopBase):
         """Run the remaining epochs (after a resume: from the saved position)."""
         t = self.trainer
         t.hooks.call("before_train", t)
-        t.hooks.refresh(t, self.max_iters)
+        t.hooks.refresh(t, self.max_iters, self._periodic())
         t.bind_step()
         while t.progress.epoch < self.max_epochs and not t.should_stop:
             self.run_epoch()
@@ -186,7 +203,7 @@ class IterBasedTrainLoop(_TrainLoopBase):
         t = self.trainer
         progress = t.progress
         t.hooks.call("before_train", t)
-        t.hooks.refresh(t, self.max_iters)
+        t.hooks.refresh(t, self.max_iters, self._periodic())
         t.bind_step()
         t.hooks.call("before_train_epoch", t)
         t.model.train()

@@ -9,6 +9,7 @@ synchronises gradients, and nothing is copied.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 from torch.nn.parallel import DistributedDataParallel
@@ -19,17 +20,22 @@ class DistributedDataParallelWrapper(DistributedDataParallel):
 
     ``train_step`` is the wrapped model's (its forward in ``"loss"`` mode runs through this
     wrapper once the strategy bound it); ``val_step`` / ``test_step`` call the model itself,
-    without gradient synchronisation, as in mmengine.
+    without gradient synchronisation, as in mmengine. The three are properties that hand out
+    the wrapped model's bound methods, not methods that delegate to them: the loops take
+    ``model.train_step`` once per run, so a step costs no extra Python frame under DDP.
     """
 
-    def train_step(self, data: Any, optim_wrapper: Any) -> Any:
+    @property
+    def train_step(self) -> Callable[[Any, Any], Any]:
         """The wrapped model's ``train_step`` (its forward goes through DDP)."""
-        return self.module.train_step(data, optim_wrapper)
+        return self.module.train_step
 
-    def val_step(self, data: Any) -> Any:
+    @property
+    def val_step(self) -> Callable[[Any], Any]:
         """The wrapped model's ``val_step``."""
-        return self.module.val_step(data)
+        return self.module.val_step
 
-    def test_step(self, data: Any) -> Any:
+    @property
+    def test_step(self) -> Callable[[Any], Any]:
         """The wrapped model's ``test_step``."""
-        return self.module.test_step(data)
+        return self.module.test_step

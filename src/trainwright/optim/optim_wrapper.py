@@ -123,7 +123,8 @@ class OptimWrapper:
         skipped_steps: Micro-batches skipped for a non-finite loss.
         skip_nonfinite: See above; may be switched at any time.
         context_free: Read-only. True when :meth:`optim_context` is a no-op (full precision,
-            no ``no_sync_context``): ``BaseModel.train_step`` then does not enter it.
+            and no ``no_sync_context`` or ``accumulative_counts=1``, so gradients always
+            sync): ``BaseModel.train_step`` then does not enter it.
 
     Example:
         >>> ow = OptimWrapper(torch.optim.SGD(model.parameters(), lr=0.1), accumulative_counts=4)
@@ -230,8 +231,11 @@ class OptimWrapper:
         self._decide_context_free()
 
     def _decide_context_free(self) -> None:
-        # optim_context would return a null context (a subclass's own optim_context is always entered).
-        self.context_free = self._no_sync_context is None and not self._precision.autocasts and type(self).optim_context is OptimWrapper.optim_context
+        # optim_context would return a null context (a subclass's own optim_context is always entered):
+        # nothing to autocast, and no gradient sync to suppress (no switch, or no window: with
+        # accumulative_counts=1 every backward closes its window and must sync).
+        no_window = self._no_sync_context is None or self._accumulative_counts == 1
+        self.context_free = no_window and not self._precision.autocasts and type(self).optim_context is OptimWrapper.optim_context
 
     # -- the step -------------------------------------------------------------------------
     def update_params(self, loss: torch.Tensor, step_kwargs: dict | None = None, zero_kwargs: dict | None = None) -> None:
