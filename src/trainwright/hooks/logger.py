@@ -133,11 +133,12 @@ class LoggerHook(Hook):
         self._processes = trainer.strategy.world_size
         device = trainer.strategy.device
         self._cuda = device if device.type == "cuda" else None
-        # Lines are due at least every flush_every iterations (see after_train_iter); under several
+        # Lines are due at least every flush_every iterations (see after_train_iter), so the values
+        # of the oldest pending line's interval are still in the store's buffers then. Under several
         # processes the due is carried by the next agreement point and written at the one after
-        # (points are at most flush_every apart, + an interval to reach a logging iteration), so the
-        # values of the oldest pending line's interval are still in the store's buffers then.
-        trainer.metric_store.keep_history(3 * trainer.metric_store.flush_every + 2 * self.interval)
+        # (points are at most flush_every apart, + an interval to reach a logging iteration).
+        store = trainer.metric_store
+        store.keep_history(3 * (store.flush_every + self.interval) if store.pipelined else store.flush_every + 2 * self.interval)
         self._last_write = time.perf_counter()
         trainer.hold_log_lines(lambda: self._write_lines(trainer))  # trainer.flush_logs() writes what is held
 

@@ -384,7 +384,7 @@ class MetricStore:
         For decisions taken from a process's own clock (the logger writes lines at most once a
         ``flush_secs``): the lines are written at the same iteration everywhere. On one
         process the store flushes only when ``due`` and answers at once. Under several
-        processes only a call at an agreement point (see :attr:`agree_secs`) does anything,
+        processes only a call at an agreement point (see ``agree_secs``) does anything,
         pipelined: it starts the collective of this call without waiting for it (the pending
         numbers, ``due`` - or'ed with the ``due`` of the calls since the previous point - and
         a :attr:`stop_requested` travel in it) and applies the answer of the previous point,
