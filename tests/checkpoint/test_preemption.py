@@ -91,6 +91,7 @@ def test_stop_is_decided_at_the_agreement_point_every_check_interval(tmp_path: P
     strategy = OtherRankSignalled(n=3)
     t = ct.build(str(tmp_path), strategy=strategy, default_hooks=dict(preemption=dict(check_interval=4, exit_code=None), checkpoint=dict(interval=-1, save_best=None)))
     strategy.trainer = t
+    t.metric_store.agree_secs = 0  # every check and logging iteration an agreement point: the exact iterations of the pipelined agreement
     t.train()
     assert strategy.asked_at == [4, 8, 10, 12]  # one collective per iteration that needs one: checks (4, 8, 12), the logger (10)
     assert t.preempted and t.progress.iteration == 12

@@ -79,7 +79,7 @@ def test_store_flushes_and_raises_at_the_same_iteration_on_both_ranks() -> None:
                 store.record(it, {"loss": torch.tensor(loss)}, None, None)
                 if it % 5 == 0:
                     try:
-                        if store.flush_if(due[r][it]):
+                        if store.flush_if(due[r][it], iteration=it):
                             flushed.append(it)
                     except FloatingPointError as e:
                         return flushed, applied, it, str(e)
@@ -192,7 +192,7 @@ class NaNAt(LinearReg):
         return out
 
 
-def _two_trainers(trainer_factory: Any, tmp_path: Any, flush_secs: tuple[float, float], nan_at: tuple[int | None, int | None]) -> list[tw.Trainer]:
+def _two_trainers(trainer_factory: Any, tmp_path: Any, flush_secs: tuple[float, float], nan_at: tuple[int | None, int | None], agree_secs: float) -> list[tw.Trainer]:
     gather = FakeGather()
     trainers = []
     for r in (0, 1):
@@ -202,13 +202,15 @@ def _two_trainers(trainer_factory: Any, tmp_path: Any, flush_secs: tuple[float, 
             train_cfg=dict(by_epoch=True, max_epochs=2), default_hooks=dict(checkpoint=None, logger=dict(interval=2, flush_secs=flush_secs[r])), log_level="INFO",
         )
         strategy.trainer = t
+        t.metric_store.agree_secs = agree_secs
         trainers.append(t)
     return trainers
 
 
 def test_trainers_with_different_clocks_agree_once_per_logging_iteration(trainer_factory: Any, tmp_path: Any) -> None:
     """Rank 0's clock always says "write now" (flush_secs=0), rank 1's never (an hour): one collective per logging iteration, none elsewhere."""
-    t0, t1 = _two_trainers(trainer_factory, tmp_path, flush_secs=(0.0, 3600.0), nan_at=(None, None))
+    # agree_secs=0: every logging iteration is an agreement point (the exact iterations of the pipelined agreement).
+    t0, t1 = _two_trainers(trainer_factory, tmp_path, flush_secs=(0.0, 3600.0), nan_at=(None, None), agree_secs=0.0)
     assert _run_ranks([t0.train, t1.train]) == [t0.unwrapped_model, t1.unwrapped_model]
     # 40 samples sharded over 2 ranks: 5 iterations per epoch; lines at 2, 4, the epoch's last (5), 6, 8, 10.
     # The preemption check (every 10) and the epoch-end flushes ride on the logger's collective.
@@ -226,7 +228,8 @@ def test_trainers_with_different_clocks_agree_once_per_logging_iteration(trainer
 
 def test_nan_on_one_rank_raises_on_both_at_the_same_iteration(trainer_factory: Any, tmp_path: Any) -> None:
     """Rank 0 sees the NaN (iteration 6) but its clock would wait an hour: the answer of logging iteration 6, applied at 8, raises on both."""
-    t0, t1 = _two_trainers(trainer_factory, tmp_path, flush_secs=(3600.0, 0.0), nan_at=(6, None))
+    # agree_secs=0: every logging iteration is an agreement point (the exact iterations of the pipelined agreement).
+    t0, t1 = _two_trainers(trainer_factory, tmp_path, flush_secs=(3600.0, 0.0), nan_at=(6, None), agree_secs=0.0)
     e0, e1 = _run_ranks([t0.train, t1.train])
     assert isinstance(e0, FloatingPointError) and isinstance(e1, FloatingPointError), (e0, e1)
     assert t0.progress.iteration == t1.progress.iteration == 8  # one logging interval after the NaN
@@ -236,3 +239,87 @@ def test_nan_on_one_rank_raises_on_both_at_the_same_iteration(trainer_factory: A
     lines = (t0.run_dir / "metrics.jsonl").read_text().splitlines()
     # The lines up to the NaN (5: the end of a 5-iteration epoch of this rank's shard), as a blocking agreement gives.
     assert [line.split('"iter": ')[1].split(",")[0] for line in lines] == ["2", "4", "5", "6"]
+
+
+def test_trainers_agree_at_the_cadence_and_raise_a_nan_at_the_next_settling_flush(trainer_factory: Any, tmp_path: Any) -> None:
+    """agree_secs=3600: after the first two agreements (no pace known before), no logging iteration agrees; the epoch ends settle everything."""
+    t0, t1 = _two_trainers(trainer_factory, tmp_path, flush_secs=(0.0, 3600.0), nan_at=(6, None), agree_secs=3600.0)
+    e0, e1 = _run_ranks([t0.train, t1.train])
+    assert isinstance(e0, FloatingPointError) and isinstance(e1, FloatingPointError), (e0, e1)
+    # 2: every call agrees (no pace yet); 4: the answer of 2 sets the gap (an hour's worth, capped at
+    # flush_every = 1000), so 5, 6, 8 and 10 start nothing; the epoch ends (5, 10) are blocking flushes.
+    assert t0.strategy.gathered_at == t1.strategy.gathered_at == [2, 4, 5, 10]  # type: ignore[attr-defined]
+    assert t0.strategy.waited_at == t1.strategy.waited_at == [4, 5, 5, 10]  # type: ignore[attr-defined]
+    assert t0.progress.iteration == t1.progress.iteration == 10  # the NaN of 6 raises at the epoch end, on both
+    assert "iteration 6: {'loss': nan}" in str(e0) and "another process" in str(e1)
+    t0.flush_logs()
+    lines = [json.loads(line) for line in (t0.run_dir / "metrics.jsonl").read_text().splitlines()]
+    assert [line["iter"] for line in lines] == [2, 4, 5, 6, 8, 10]  # every line, written at the settling flushes
+
+
+def _timed_ranks(gather: FakeGather, paces: tuple[float, float], agree_secs: tuple[float, float], flush_every: int, iters: int,
+                 due_at: int | None = None, nan_at: int | None = None) -> list[Any]:
+    """Two stores recording one row per iteration, ``paces[r]`` seconds apart; ``flush_if`` every 5 iterations.
+
+    Returns per rank: the iterations whose ``flush_if`` started a collective, those where it returned True,
+    and the iteration a FloatingPointError was raised at (None: none).
+    """
+
+    def rank(r: int) -> Callable[[], Any]:
+        def run() -> Any:
+            store = MetricStore(gather=gather.for_rank(r), agree_secs=agree_secs[r], flush_every=flush_every)
+            store.start_clock(0.0)
+            started, written = [], []
+            for it in range(1, iters + 1):
+                loss = float("nan") if (r == 1 and it == nan_at) else 1.0
+                try:
+                    store.record(it, {"loss": torch.tensor(loss)}, paces[r] * (it - 1), paces[r] * it)  # flushes every flush_every rows
+                    if it % 5 == 0:
+                        before = gather.calls[r]
+                        if store.flush_if(r == 0 and it == due_at, iteration=it):
+                            written.append(it)
+                        if gather.calls[r] > before:
+                            started.append(it)
+                except FloatingPointError:
+                    return started, written, it
+            return started, written, None
+
+        return run
+
+    return _run_ranks([rank(0), rank(1)])
+
+
+def test_agreement_points_are_spaced_by_the_slowest_rank_s_pace() -> None:
+    """Paces of 1/64 s and 1/32 s, agree_secs=1.25: the gap is 40 iterations (the minimum of 80 and 40) on both ranks."""
+    (s0, w0, _), (s1, w1, _) = _timed_ranks(FakeGather(), paces=(2**-6, 2**-5), agree_secs=(1.25, 1.25), flush_every=1000, iters=200, due_at=15)
+    # 5: no pace yet; 10 applies the answer of 5 (gap 40), so the next point is 50, then 90, 130, 170.
+    assert s0 == s1 == [5, 10, 50, 90, 130, 170]
+    # rank 0's "write" of 15 (between points) is held, carried at 50 and answered at 90 on both ranks.
+    assert w0 == w1 == [90]
+
+
+def test_a_nan_between_agreement_points_raises_on_both_ranks_one_point_later() -> None:
+    (s0, _, raised0), (s1, _, raised1) = _timed_ranks(FakeGather(), paces=(2**-6, 2**-6), agree_secs=(1.25, 1.25), flush_every=1000, iters=200, nan_at=12)
+    assert s0 == s1 == [5, 10, 90]  # gap 80: the NaN of 12 travels at 90 ...
+    assert raised0 == raised1 == 170  # ... and raises on both at the next point, 170, before its collective starts
+
+
+def test_the_gap_is_capped_by_flush_every() -> None:
+    """agree_secs of an hour: the gap is flush_every (30) on both ranks, and the store's own flush of 30 rows settles a NaN there."""
+    (s0, _, raised0), (s1, _, raised1) = _timed_ranks(FakeGather(), paces=(2**-6, 2**-6), agree_secs=(3600.0, 3600.0), flush_every=30, iters=100, nan_at=32)
+    assert s0 == s1 == [5, 10]  # next point: 10 + 30
+    assert raised0 == raised1 == 40  # at 40 the store flushes rows 11..40 (in record, blocking) and raises before the point
+    (s0, _, _), (s1, _, _) = _timed_ranks(FakeGather(), paces=(2**-6, 2**-6), agree_secs=(3600.0, 3600.0), flush_every=30, iters=100)
+    assert s0 == s1 == [5, 10, 40, 70, 100]  # without a NaN: a point every 30 iterations (after the store's own flush there)
+
+
+def test_agree_secs_0_on_any_rank_agrees_at_every_call() -> None:
+    """agree_secs=0 proposes no gap; the smallest proposal wins, so one rank's 0 makes every call an agreement point on both."""
+    for secs in ((0.0, 0.0), (1.0, 0.0)):
+        (s0, _, _), (s1, _, _) = _timed_ranks(FakeGather(), paces=(0.01, 0.01), agree_secs=secs, flush_every=1000, iters=40)
+        assert s0 == s1 == [5, 10, 15, 20, 25, 30, 35, 40], secs
+
+
+def test_agree_secs_must_not_be_negative() -> None:
+    with pytest.raises(ValueError, match="agree_secs must be >= 0"):
+        MetricStore(agree_secs=-1.0)

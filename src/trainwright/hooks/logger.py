@@ -14,11 +14,13 @@ Turning numbers into text is the costly part of logging (it runs on cold caches 
 training steps), so lines are written together, at most once per ``flush_secs`` while
 training runs fast, and right away when the previous batch is older than that (slow steps).
 Each process's clock only proposes a flush; :meth:`MetricStore.flush_if` makes it a decision
-shared by all processes (under several processes in the one collective of the logging
-iteration, which also reduces the logged numbers over the processes: rank 0's lines show
-the mean loss of all ranks and the slowest rank's ``data_time``; that collective is answered
-at the next logging iteration, so there the lines up to the previous one are written). Pending lines are also written at the end of each epoch, of
-training and of the run (also after an error) and before evaluation results, in order.
+shared by all processes (under several processes in the one collective of an agreement
+point - a logging iteration, about ``metric_store.agree_secs`` after the previous point -
+which also reduces the logged numbers over the processes: rank 0's lines show the mean loss
+of all ranks and the slowest rank's ``data_time``; that collective is answered at the next
+agreement point, so there the lines up to the previous one are written). Pending lines are
+also written at the end of each epoch, of training and of the run (also after an error) and
+before evaluation results, in order.
 
 The hook owns no numbers: the metric store keeps them (and is checkpointed), so a resumed
 run's first lines average over the same values as the uninterrupted run's.
@@ -86,10 +88,11 @@ class LoggerHook(Hook):
         flush_secs: While training runs faster than one line per ``flush_secs``, lines are
             written in batches at most this far apart (0 writes each line at once). With
             several processes lines are written when any of them proposes it, and at the
-            latest every ``metric_store.flush_every`` iterations; each logging iteration
+            latest every ``metric_store.flush_every`` iterations; a logging iteration that is
+            an agreement point of the store (about ``metric_store.agree_secs`` = 1 s apart)
             makes one small collective (the store's flush: the proposal, a stop request, the
             NaN check and the numbers, reduced over the processes - ``data_time`` the max,
-            the rest the mean), answered at the next logging iteration, and no other
+            the rest the mean), answered at the next agreement point, and no other
             iteration makes any.
     """
 
@@ -130,9 +133,12 @@ class LoggerHook(Hook):
         self._processes = trainer.strategy.world_size
         device = trainer.strategy.device
         self._cuda = device if device.type == "cuda" else None
-        # Lines are written at least every flush_every iterations (see after_train_iter), so the
-        # values of the oldest pending line's interval are still in the store's buffers then.
-        trainer.metric_store.keep_history(trainer.metric_store.flush_every + 2 * self.interval)
+        # Lines are due at least every flush_every iterations (see after_train_iter), so the values
+        # of the oldest pending line's interval are still in the store's buffers then. Under several
+        # processes the due is carried by the next agreement point and written at the one after
+        # (points are at most flush_every apart, + an interval to reach a logging iteration).
+        store = trainer.metric_store
+        store.keep_history(3 * (store.flush_every + self.interval) if store.pipelined else store.flush_every + 2 * self.interval)
         self._last_write = time.perf_counter()
         trainer.hold_log_lines(lambda: self._write_lines(trainer))  # trainer.flush_logs() writes what is held
 
@@ -157,14 +163,14 @@ class LoggerHook(Hook):
             store = trainer.metric_store
             due = time.perf_counter() - self._last_write >= self.flush_secs or p.iteration - self._written_to >= store.flush_every
             if store.pipelined:
-                # Several processes: flush_if applies the previous logging iteration's answer, which
-                # covers the lines held so far; a NaN in it raises before this iteration's line is held.
-                if store.flush_if(due):
+                # Several processes: flush_if applies (at an agreement point) the previous point's answer,
+                # which covers the lines held so far; a NaN in it raises before this iteration's line is held.
+                if store.flush_if(due, iteration=it):
                     self._write_lines(trainer)
                 self._requests.append(request)
             else:
                 self._requests.append(request)
-                if store.flush_if(due):
+                if store.flush_if(due, iteration=it):
                     self._write_lines(trainer)
 
     def after_train_epoch(self, trainer: TrainerView) -> None:  # noqa: D102

@@ -11,9 +11,11 @@ and the NaN check), and the decision is taken in one place,
 :meth:`PreemptionHook.after_train_iter`: at its check iterations every process reads
 ``metric_store.stop_agreed`` - after asking the store to agree (``agree()``) only
 when the logger has not flushed at this iteration already, so with the default intervals
-(both 10) the check costs no collective of its own. The store's collective is answered at
-its next agreement point (it is started without waiting), so a signal is acted on at most
-one check interval after the check that carried it. All ranks stop after the same step (no
+(both 10) the check costs no collective of its own. The store makes its collective only at
+agreement points, about ``metric_store.agree_secs`` (1 s) apart, and it is answered at the
+next point (it is started without waiting), so a signal is acted on within about two
+``agree_secs`` (at most ``2 * metric_store.flush_every`` iterations), or at the first check
+after an epoch end or checkpoint (their blocking flush settles it) if one comes first. All ranks stop after the same step (no
 rank waits forever in a collective of a step the others skipped). Then the loop ends, a checkpoint of that step is written by
 ``trainer.request_checkpoint()`` (served by the :class:`~trainwright.hooks.CheckpointHook`
 when there is one, so ``latest`` and keep-last-k apply; complete when it returns), the previous signal handlers are
@@ -65,8 +67,8 @@ class PreemptionHook(Hook):
         signals: The signals that mean preemption (default SIGTERM and SIGUSR1).
         check_interval: Iterations between checks of the agreement point; under several
             processes it defaults to 10 (the logger's default interval: the check reads the
-            agreement of the logger's flush; at an iteration where the logger did not flush, the
-            check is one small collective). With the
+            agreement of the logger's flush; at an agreement point where the logger did not
+            flush, the check is one small collective). With the
             default (None) on one process there is no check at all: the signal handler sets
             ``trainer.should_stop`` and the loop stops after the current step. Keep the wait
             (``check_interval`` steps) well inside the grace period between signal and kill.
@@ -138,7 +140,7 @@ class PreemptionHook(Hook):
         # THE agreement point: every rank reads it at the same iterations and gets the same answer.
         store = trainer.metric_store
         if store.synced_at < trainer.progress.iteration:  # the logger did not flush here: agree now (one collective)
-            store.agree()
+            store.agree(iteration=trainer.progress.iteration)
         if store.stop_agreed:
             self._stop(trainer)
 

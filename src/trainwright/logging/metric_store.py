@@ -17,12 +17,24 @@ holds everyone up - every other scalar the mean). So all processes convert, log 
 numbers, stop and raise at the same iteration, and none is left waiting in a collective.
 Between flushes nothing is exchanged.
 
-The collective of a logging iteration (:meth:`MetricStore.flush_if`) is pipelined: it is
-started without waiting, and its answer - complete by then - is applied at the next
-logging iteration, on every process at that same iteration. So the lines, the stop and the
-NaN error of logging iteration k are taken at logging iteration k + 1. The blocking flushes
-(epoch ends, the end of training, before evaluation results and checkpoints, error paths)
-first wait for the answer in flight, so nothing is lost.
+The collective of :meth:`MetricStore.flush_if` / :meth:`MetricStore.agree` (the logging
+and preemption-check iterations) is made only at *agreement points*, about ``agree_secs``
+apart (1 s by default): a call between two points exchanges nothing (a ``due`` proposal is
+held for the next point). The spacing is decided from data every process has: each
+collective also carries this process's proposal (how many iterations fit in ``agree_secs``
+at its measured pace, at most ``flush_every``); from an applied answer every process takes
+the same gap (the smallest proposal) and the next point is the current iteration + gap. So
+all processes agree at the same iterations. Until an answer with a pace was applied (the
+first calls of a run), and with ``agree_secs=0``, every call is an agreement point.
+
+The collective of an agreement point is pipelined: it is started without waiting, and its
+answer - complete by then - is applied at the next agreement point, on every process at
+that same iteration. So the lines, the stop and the NaN error carried by agreement k are
+taken at agreement k + 1: within about two ``agree_secs`` (at most 2 x ``flush_every``
+iterations) of the iteration concerned. The blocking flushes (epoch ends, the end of
+training, before evaluation results and checkpoints, every ``flush_every`` recorded rows,
+error paths) first wait for the answer in flight, so nothing is lost, and settle
+everything at once.
 """
 
 from __future__ import annotations
@@ -44,7 +56,7 @@ Row = tuple[int, Mapping[str, Any], float | None, float | None]
 #: process's tensor stacked in rank order, ``[world, n]`` (``Strategy.all_gather_async``).
 Gather = Callable[[torch.Tensor], Callable[[], torch.Tensor]]
 
-_HEADER = 4  # due, stop, non-finite, fingerprint
+_HEADER = 5  # due, stop, non-finite, fingerprint, proposed gap to the next agreement point
 
 
 class HistoryBuffer:
@@ -221,7 +233,8 @@ class MetricStore:
     training (the loops), before evaluation results are logged, before a checkpoint
     (:meth:`state_dict`). Each of these points is the same iteration on every process; under
     several processes each is one collective (see the module docstring; :meth:`flush_if`'s
-    is answered at the next call), on one process none.
+    only at agreement points, about ``agree_secs`` apart, answered at the next one), on one
+    process none.
 
     Args:
         window_size: Values ``median`` / ``mean`` of each buffer look at by default.
@@ -234,23 +247,31 @@ class MetricStore:
             (``Strategy.all_gather_async``, passed in by the trainer under several processes;
             None: one process, nothing to agree on). Every process calls it at the same
             flushes, with tensors of the same length: every process logs the same names.
+        agree_secs: Under several processes, the seconds between two agreement points of
+            :meth:`flush_if` / :meth:`agree` (see the module docstring); 0: every call agrees.
+            The same on every process is not required (the smallest proposal wins).
 
     Attributes:
         stop_requested: Set by this process (e.g. a preemption signal handler) to propose a
             stop; carried by the next flush.
         stop_agreed: True on every process from the applied answer that carried some
             process's request on (on one process: from the next :meth:`flush_if`; under
-            several: from the :meth:`flush_if` after the one that carried it, or a flush).
+            several: from the agreement point after the one that carried it, or a flush).
         synced_at: Iteration of the newest row an agreeing collective carries, started or
             applied (-1: none yet). A hook that needs an agreement at this iteration calls
-            ``flush_if(False)`` only when this is older, so an iteration has at most one collective.
+            :meth:`agree` only when this is older, so an iteration has at most one collective.
     """
 
-    def __init__(self, window_size: int = 20, flush_every: int = 1000, raise_on_nonfinite: bool = True, gather: Gather | None = None) -> None:
+    def __init__(
+        self, window_size: int = 20, flush_every: int = 1000, raise_on_nonfinite: bool = True, gather: Gather | None = None, agree_secs: float = 1.0
+    ) -> None:
+        if agree_secs < 0:
+            raise ValueError(f"MetricStore agree_secs must be >= 0 (seconds between agreement points; 0: agree at every call), got {agree_secs}")
         self.window_size = window_size
         self.flush_every = flush_every
         self.raise_on_nonfinite = raise_on_nonfinite
         self.gather = gather
+        self.agree_secs = agree_secs
         self.stop_requested = False
         self.stop_agreed = False
         self.synced_at = -1
@@ -262,6 +283,10 @@ class MetricStore:
         self._untimed_to = 0  # iterations up to this one get no data_time / time (the timer's warm-up)
         self._in_flight: tuple[_Batch, Callable[[], torch.Tensor]] | None = None  # the last flush_if's batch and collective
         self._write_agreed = False  # an applied answer said "write", not returned by flush_if yet
+        self._due = False  # a flush_if call between agreement points proposed "write"; carried by the next point
+        self._pace: float | None = None  # seconds per iteration of this process, from the last timed rows carried
+        self._gap = 0  # iterations between agreement points, from the last applied answer (0: every call)
+        self._next_agree = 0  # the next agreement point: the first call at this iteration or later agrees
 
     # -- recording --------------------------------------------------------------------------
     def record(self, iteration: int, outputs: Mapping[str, Any], t_start: float | None, t_end: float | None) -> None:
@@ -356,24 +381,31 @@ class MetricStore:
         """Whether :meth:`flush_if` answers one call late (several processes: the agreement is in flight between calls)."""
         return self.gather is not None
 
-    def flush_if(self, due: bool) -> bool:
+    def flush_if(self, due: bool, *, iteration: int) -> bool:
         """Flush, and agree whether ``due`` is true on any process; every process gets the same answer.
 
         For decisions taken from a process's own clock (the logger writes lines at most once a
         ``flush_secs``): the lines are written at the same iteration everywhere. On one
         process the store flushes only when ``due`` and answers at once. Under several
-        processes it is pipelined: each call starts the collective of this call without
-        waiting for it (the pending numbers, ``due`` and a :attr:`stop_requested` travel in
-        it) and applies the answer of the previous call, complete by now: the buffers then
-        hold the (reduced) numbers up to the previous call, :attr:`stop_agreed` and a
-        non-finite loss are decided from it, and the return value is its ``due`` (sticky
-        until a call returns it, so a call whose caller does not write lines loses no
-        decision; :meth:`agree` is the call for a caller that writes none). Every process
-        applies the answer of call k at call k + 1, the same iteration everywhere.
+        processes only a call at an agreement point (see ``agree_secs``) does anything,
+        pipelined: it starts the collective of this call without waiting for it (the pending
+        numbers, ``due`` - or'ed with the ``due`` of the calls since the previous point - and
+        a :attr:`stop_requested` travel in it) and applies the answer of the previous point,
+        complete by now: the buffers then hold the (reduced) numbers up to the previous point,
+        :attr:`stop_agreed` and a non-finite loss are decided from it, and the return value is
+        its ``due`` (sticky until a call returns it, so a call whose caller does not write
+        lines loses no decision; :meth:`agree` is the call for a caller that writes none).
+        Every process applies the answer of point k at point k + 1, the same iteration
+        everywhere. A call between two points returns False and exchanges nothing.
+
+        Args:
+            due: This process proposes to write lines now.
+            iteration: The current iteration (the same on every process); the agreement points
+                are counted in it.
 
         Returns:
-            Whether ``due`` was true on some process (several processes: at the previous call,
-            or at a call before it whose answer nobody returned yet).
+            Whether ``due`` was true on some process (several processes: at the previous
+            agreement point, or at one before it whose answer nobody returned yet).
 
         Raises:
             FloatingPointError: as :meth:`flush`, for the numbers of the applied answer.
@@ -383,22 +415,28 @@ class MetricStore:
             if due:
                 self.flush()
             return due
-        self.agree(due)
+        self.agree(due, iteration=iteration)
         write, self._write_agreed = self._write_agreed, False
         return write
 
-    def agree(self, due: bool = False) -> None:
+    def agree(self, due: bool = False, *, iteration: int) -> None:
         """:meth:`flush_if` for a caller that writes no lines (the preemption check): the agreed ``due`` waits for the next :meth:`flush_if`.
 
-        On one process it only turns :attr:`stop_requested` into :attr:`stop_agreed`.
+        On one process it only turns :attr:`stop_requested` into :attr:`stop_agreed`. Under
+        several, a call before the next agreement point does nothing (``due`` is held for it).
         """
         if self.gather is None:
             self.stop_agreed = self.stop_agreed or self.stop_requested
             return
-        self._settle(True)  # the previous call's answer: may raise, before this call's collective starts
+        if iteration < self._next_agree:  # between agreement points: nothing exchanged
+            self._due = self._due or due
+            return
+        self._settle(True)  # the previous point's answer (sets the gap): may raise, before this point's collective starts
         batch = self._take(None)
-        flat, batch.names = self._message(due, batch)
+        flat, batch.names = self._message(due or self._due, batch)
+        self._due = False
         self._in_flight = (batch, self.gather(flat))  # started, not waited for
+        self._next_agree = iteration + self._gap  # the same on every process: the gap comes from a gathered answer
         if batch.rows:
             self.synced_at = batch.rows[-1][0]
 
@@ -475,7 +513,12 @@ class MetricStore:
         """What one collective carries: the flags, a fingerprint of the names and counts, then the numbers."""
         names = "\0".join(f"{name}:{len(vals)}" for name, (_, vals) in batch.columns.items())
         fingerprint = zlib.crc32(f"{names}|{len(batch.data)}".encode())
-        flat = [float(due), float(self.stop_requested), float(batch.bad is not None), float(fingerprint)]
+        if batch.total:  # this process's pace, from the rows it carries (the last measured one otherwise)
+            self._pace = sum(batch.total) / len(batch.total)
+        proposal = 0  # unknown pace or agree_secs=0: agree at every call
+        if self._pace and self.agree_secs > 0:  # the iterations that fill agree_secs (rounded up: the logger's flush_secs has passed by then)
+            proposal = min(max(math.ceil(self.agree_secs / self._pace), 1), self.flush_every)
+        flat = [float(due), float(self.stop_requested), float(batch.bad is not None), float(fingerprint), float(proposal)]
         for _, vals in batch.columns.values():
             flat.extend(vals)
         flat.extend(batch.data)
@@ -505,6 +548,7 @@ class MetricStore:
                 "log the same names at the same iterations: log a value on every rank (e.g. 0 where it does not apply)."
             )
         flags = head[:, :3].amax(0).tolist()
+        self._gap = int(head[:, 4].amin())  # the same on every process: the slowest pace (0: some process has none yet)
         self._write_agreed = self._write_agreed or flags[0] > 0
         self.stop_agreed = self.stop_agreed or flags[1] > 0
         body = everyone[:, _HEADER:]
@@ -581,6 +625,7 @@ class MetricStore:
         """Restore the buffers saved by :meth:`state_dict`."""
         self._pending.clear()
         self._in_flight = None
+        self._gap = self._next_agree = 0  # every process loads the same checkpoint: agree at the next call, as at a start
         self._prev_end = None
         self._clock_starts = {}
         self._buffers = {}
