@@ -261,7 +261,7 @@ def _timed_ranks(gather: FakeGather, paces: tuple[float, float], agree_secs: tup
                  due_at: int | None = None, nan_at: int | None = None) -> list[Any]:
     """Two stores recording one row per iteration, ``paces[r]`` seconds apart; ``flush_if`` every 5 iterations.
 
-    Returns per rank: the iterations whose ``flush_if`` started a collective, those where it returned True,
+    Returns per rank: the iterations that made a collective (``flush_if``'s, or the store's own flush in ``record``), those where ``flush_if`` returned True,
     and the iteration a FloatingPointError was raised at (None: none).
     """
 
@@ -273,13 +273,12 @@ def _timed_ranks(gather: FakeGather, paces: tuple[float, float], agree_secs: tup
             for it in range(1, iters + 1):
                 loss = float("nan") if (r == 1 and it == nan_at) else 1.0
                 try:
+                    before = gather.calls[r]
                     store.record(it, {"loss": torch.tensor(loss)}, paces[r] * (it - 1), paces[r] * it)  # flushes every flush_every rows
-                    if it % 5 == 0:
-                        before = gather.calls[r]
-                        if store.flush_if(r == 0 and it == due_at, iteration=it):
-                            written.append(it)
-                        if gather.calls[r] > before:
-                            started.append(it)
+                    if it % 5 == 0 and store.flush_if(r == 0 and it == due_at, iteration=it):
+                        written.append(it)
+                    if gather.calls[r] > before:
+                        started.append(it)
                 except FloatingPointError:
                     return started, written, it
             return started, written, None
@@ -310,7 +309,9 @@ def test_the_gap_is_capped_by_flush_every() -> None:
     assert s0 == s1 == [5, 10]  # next point: 10 + 30
     assert raised0 == raised1 == 40  # at 40 the store flushes rows 11..40 (in record, blocking) and raises before the point
     (s0, _, _), (s1, _, _) = _timed_ranks(FakeGather(), paces=(2**-6, 2**-6), agree_secs=(3600.0, 3600.0), flush_every=30, iters=100)
-    assert s0 == s1 == [5, 10, 40, 70, 100]  # without a NaN: a point every 30 iterations (after the store's own flush there)
+    # without a NaN: one collective every 30 iterations, the store's own flush, which agrees on everything a point does
+    # (so the next point counts from it and always falls on the next flush, where the flush comes first and takes the rows)
+    assert s0 == s1 == [5, 10, 40, 70, 100]
 
 
 def test_agree_secs_0_on_any_rank_agrees_at_every_call() -> None:

@@ -64,9 +64,10 @@ def _worker(rank: int, init_file: str, out_dir: str, agree_secs: float) -> None:
         torch.distributed.destroy_process_group()
 
 
-# 3600 s: 10 and 20 agree (the answer of 10 brings the first pace: gap = the cap, 100); at 120, 220, ...,
-# 520 the store's own flush of 100 rows (in record) and the agreement point; the end of training's flush.
-CADENCE = [10, 20] + [it for p in range(120, ITERS, 100) for it in (p, p)] + [ITERS]
+# 3600 s: 10 and 20 agree (the answer of 10 brings the first pace: gap = the cap, 100, next point 120); the
+# store's own flush at 100 (the loop's, every flush_every-th iteration) agrees on everything a point does, so the
+# next point is 200, where the agreement takes the rows and the flush after it has none to exchange; and so on.
+CADENCE = [10, 20, *range(100, ITERS + 1, 100)]
 
 
 @pytest.mark.multiprocess

@@ -1,7 +1,8 @@
 """MetricStore: the one owner of logged numbers; tensors stay tensors until a flush.
 
 The train loop hands it each iteration's outputs (losses, other logged tensors) and two
-timestamps with one call, :meth:`MetricStore.record`. Tensors are kept as they are - no
+timestamps as one row, appended by :meth:`MetricStore.recorder`'s callable (outside the
+loop: :meth:`MetricStore.record`). Tensors are kept as they are - no
 ``.item()``, no host-device sync - and turned into numbers in one batch when the store is
 flushed. The flush also derives each iteration's ``data_time`` and ``time`` from the
 timestamps and detects a non-finite loss.
@@ -32,9 +33,12 @@ answer - complete by then - is applied at the next agreement point, on every pro
 that same iteration. So the lines, the stop and the NaN error carried by agreement k are
 taken at agreement k + 1: within about two ``agree_secs`` (at most 2 x ``flush_every``
 iterations) of the iteration concerned. The blocking flushes (epoch ends, the end of
-training, before evaluation results and checkpoints, every ``flush_every`` recorded rows,
-error paths) first wait for the answer in flight, so nothing is lost, and settle
-everything at once.
+training, before evaluation results and checkpoints, the train loop's flush at every
+``flush_every``-th iteration, error paths) first wait for the answer in flight, so nothing
+is lost, and settle everything at once; a blocking flush that exchanged rows agrees on
+everything a point does, so the next point counts from it (when the gap is capped at
+``flush_every``, the points fall on the loop's flushes: one collective per
+``flush_every`` iterations).
 """
 
 from __future__ import annotations
@@ -471,6 +475,8 @@ class MetricStore:
             everyone = self.gather(flat)()
             self.synced_at = batch.rows[-1][0]
         self._apply(batch, everyone, check)
+        if everyone is not None:  # this collective agreed on everything an agreement point does: the next point counts from here
+            self._next_agree = batch.rows[-1][0] + self._gap
 
     def _settle(self, check: bool) -> None:
         """Wait for the collective in flight (if any) and apply its answer; ``check=False``: an error path, never raise."""
