@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import logging
 import time
+import warnings
 from pathlib import Path
 from typing import Any
 
@@ -195,3 +196,34 @@ def test_flush_logs_writes_the_lines_held_for_their_batch(trainer_factory: Any) 
     t.train()
     assert probe.seen == [2, 4]
     assert sum("Epoch(train)" in ln for ln in (t.run_dir / "train.log").read_text().splitlines()) == 5
+
+
+def test_a_line_whose_values_left_the_store_s_history_warns(trainer_factory: Any) -> None:
+    """Lines held longer than the history the logger asked for (flush_every raised after it sized it): a warning names the line, the key and the fix, once."""
+
+    class RaiseFlushEvery(tw.Hook):
+        priority = "LOWEST"  # after the logger sized the store's history for flush_every=5
+
+        def before_train(self, trainer: Any) -> None:
+            trainer.metric_store.flush_every = 1000  # lines are now held until the epoch's end
+
+    t = trainer_factory(
+        dataset=regression_set(160), batch_size=4, train_cfg=dict(by_epoch=True, max_epochs=1),  # 40 iterations
+        default_hooks=dict(checkpoint=None, logger=dict(interval=3, flush_secs=3600.0)), custom_hooks=[RaiseFlushEvery()],
+    )
+    t.metric_store.flush_every = 5
+    with pytest.warns(RuntimeWarning, match=r"line of iteration 3 should average 'loss' over iterations 1\.\.3.*window_size") as caught:
+        t.train()
+    assert sum("LoggerHook: the line" in str(w.message) for w in caught) == 1
+
+
+def test_lines_within_the_store_s_history_do_not_warn(trainer_factory: Any) -> None:
+    t = trainer_factory(
+        dataset=regression_set(160), batch_size=4, train_cfg=dict(by_epoch=True, max_epochs=1),
+        default_hooks=dict(checkpoint=None, logger=dict(interval=3, flush_secs=3600.0)),
+    )
+    t.metric_store.flush_every = 5
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", RuntimeWarning)
+        t.train()
+    assert len(train_records(t.run_dir)) == 14

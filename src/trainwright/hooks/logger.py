@@ -31,6 +31,7 @@ from __future__ import annotations
 import bisect
 import functools
 import time
+import warnings
 from typing import TYPE_CHECKING, Any, NamedTuple
 
 import torch
@@ -117,6 +118,7 @@ class LoggerHook(Hook):
         self._line_iter = 0  # iteration of the latest line (requested), or the last one before the run started
         self._processes = 1
         self._cuda: Any = None  # the CUDA device whose peak memory is logged; None on CPU
+        self._warned_short = False  # warned once that a line's values had left the store's history
 
     # -- training ---------------------------------------------------------------------------
     def before_train(self, trainer: TrainerView) -> None:  # noqa: D102
@@ -215,19 +217,32 @@ class LoggerHook(Hook):
         for name in store.names():
             if name.startswith("val"):
                 continue
-            iters, values = store.get(name).history()
+            buf = store.get(name)
+            iters, values = buf.history()
+            dropped = buf.count > len(iters)  # older values left the buffer (it keeps the newest ones)
             if iters and min(iters) < 0:  # numbers recorded without an iteration belong to no line
                 values = [v for i, v in zip(iters, values) if i >= 0]
                 iters = [i for i in iters if i >= 0]
-            cols.append((name, iters, values, "loss" in name or name in _TIME_KEYS))
+            cols.append((name, iters, values, "loss" in name or name in _TIME_KEYS, dropped))
         out = []
         for r in requests:
             hi = r.iteration
             lo = r.since
             record: dict[str, Any] = {"mode": "train", "epoch": r.epoch, "iter": hi}
             times: dict[str, float] = {}
-            for name, iters, values, mean in cols:
+            for name, iters, values, mean, dropped in cols:
                 a, b = bisect.bisect_right(iters, lo), bisect.bisect_right(iters, hi)
+                if mean and dropped and a == 0 and (not iters or iters[0] > lo + 1) and not self._warned_short:
+                    self._warned_short = True
+                    warnings.warn(
+                        f"LoggerHook: the line of iteration {hi} should average {name!r} over iterations {lo + 1}..{hi}, but the "
+                        f"oldest value the metric store still holds is of iteration {iters[0] if iters else 'none'}: the others left "
+                        "its history before the line was written (lines were held too long for the store's buffers), so this line "
+                        "and possibly later ones average fewer values or lack the key. Raise trainer.metric_store.window_size (each "
+                        "buffer keeps at least that many values) or keep metric_store.flush_every small.",
+                        RuntimeWarning,
+                        stacklevel=2,
+                    )
                 if b > a:
                     v = sum(values[a:b]) / (b - a) if mean else values[b - 1]
                     if name in _TIME_KEYS:
