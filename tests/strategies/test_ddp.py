@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import os
 import socket
 import subprocess
 import sys
@@ -13,26 +12,16 @@ import pytest
 import torch
 
 import trainwright as tw
+from launch import Launched, gloo_env, launch
 from trainwright.checkpoint import read_latest
 
 SCRIPT = Path(__file__).with_name("ddp_train.py")
 pytestmark = [pytest.mark.multiprocess, pytest.mark.slow]
 
 
-def _env(tmp_path: Path) -> dict[str, str]:
-    env = dict(os.environ, TMPDIR=str(tmp_path), OMP_NUM_THREADS="1", TORCH_DISABLE_SHARE_RDZV_TCP_STORE="1")
-    for k in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT"):
-        env.pop(k, None)
-    return env
-
-
-def _launch(tmp_path: Path, out: str, args: list[str], nproc: int, *, script: Path = SCRIPT, torchrun: tuple[str, ...] = ("--standalone",), check: bool = True) -> subprocess.CompletedProcess:
+def _launch(tmp_path: Path, out: str, args: list[str], nproc: int, *, script: Path = SCRIPT, torchrun: tuple[str, ...] = ("--standalone",), check: bool = True) -> Launched:
     """``torchrun TORCHRUN --nproc_per_node=NPROC script OUT ARGS`` (plain python for one process), bounded."""
-    launcher = [sys.executable, "-m", "torch.distributed.run", *torchrun, f"--nproc_per_node={nproc}"] if nproc > 1 or torchrun != ("--standalone",) else [sys.executable]
-    proc = subprocess.run([*launcher, str(script), str(tmp_path / out), *args], env=_env(tmp_path), capture_output=True, text=True, timeout=180)
-    if check:
-        assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
-    return proc
+    return launch(script, [str(tmp_path / out), *args], tmp_path, nproc=nproc, torchrun=torchrun, check=check)
 
 
 def _results(tmp_path: Path, out: str, nproc: int) -> list[dict]:
@@ -135,7 +124,7 @@ def test_two_nodes_on_localhost_equal_one_node(tmp_path: Path, uninterrupted: li
     for node in (0, 1):
         torchrun = [sys.executable, "-m", "torch.distributed.run", "--nnodes=2", f"--node_rank={node}", "--nproc_per_node=1",
                     "--rdzv_backend=c10d", f"--rdzv_endpoint=localhost:{port}", "--rdzv_id=two-nodes"]
-        procs.append(subprocess.Popen([*torchrun, str(SCRIPT), str(tmp_path / "nodes"), "8", "--iters", "10"], env=_env(tmp_path), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True))
+        procs.append(subprocess.Popen([*torchrun, str(SCRIPT), str(tmp_path / "nodes"), "8", "--iters", "10"], env=gloo_env(tmp_path), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True))
     outs = [p.communicate(timeout=180)[0] for p in procs]
     assert [p.returncode for p in procs] == [0, 0], "\n".join(o[-3000:] for o in outs)
     res = _results(tmp_path, "nodes", 2)
@@ -154,7 +143,7 @@ def test_sigterm_saves_once_and_exits_cleanly_on_both_ranks(tmp_path: Path) -> N
     """
     proc = _launch(tmp_path, "term", ["8", "--iters", "20", "--signal-rank", "1", "--signal-at", "3", "--agree-secs", "0"], 2, check=False)
     res = _results(tmp_path, "term", 2)
-    assert [(r["exit_code"], r["iteration"], r["error"]) for r in res] == [(143, 8, None), (143, 8, None)], proc.stderr[-3000:]
+    assert [(r["exit_code"], r["iteration"], r["error"]) for r in res] == [(143, 8, None), (143, 8, None)], proc.output[-3000:]
     assert proc.returncode != 0  # torchrun reports the workers' status
     ckpts = tmp_path / "term" / "checkpoints"
     assert sorted(p.name for p in ckpts.glob("*.pth")) == ["iter_8.pth"]

@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import os
-import subprocess
 import sys
 from pathlib import Path
 
@@ -11,6 +9,7 @@ import pytest
 import torch
 
 import trainwright as tw
+from launch import launch
 
 SCRIPT = Path(__file__).with_name("ds_train.py")
 
@@ -37,12 +36,7 @@ def test_zero2_trains_digits_on_two_processes_and_resumes_exactly(tmp_path: Path
     2 epochs + a resumed 3rd (the engine's checkpoint directory) == 3 epochs, bit for bit."""
     pytest.importorskip("deepspeed")
     pytest.importorskip("sklearn")
-    env = dict(os.environ, TMPDIR=str(tmp_path), OMP_NUM_THREADS="1", TORCH_DISABLE_SHARE_RDZV_TCP_STORE="1")
-    for k in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT"):
-        env.pop(k, None)
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2", str(SCRIPT), str(tmp_path)]
-    proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=300)
-    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-5000:]
+    launch(SCRIPT, [str(tmp_path)], tmp_path, nproc=2, timeout=300)
     r0, r1 = (torch.load(tmp_path / "full" / f"result_rank{r}.pt", weights_only=True) for r in (0, 1))
     assert (r0["strategy"], r0["optimizer"]) == ("deepspeed", "DeepSpeedZeroOptimizer")
     assert r0["metrics"]["val/acc"] >= 0.9 and r0["metrics"] == r1["metrics"]

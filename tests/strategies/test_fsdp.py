@@ -8,14 +8,13 @@ compare (see fsdp_train.py); each test asserts one behaviour. Tolerance: paramet
 from __future__ import annotations
 
 import json
-import os
 import shutil
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 import torch
+
+from launch import launch
 
 SCRIPT = Path(__file__).with_name("fsdp_train.py")
 pytestmark = [pytest.mark.multiprocess, pytest.mark.slow]
@@ -23,24 +22,7 @@ ATOL = 1e-6
 
 
 def _launch(out: Path, runs: list[str], nproc: int, timeout: float = 240) -> None:
-    env = dict(os.environ, TMPDIR=str(out), OMP_NUM_THREADS="1", TORCH_DISABLE_SHARE_RDZV_TCP_STORE="1")
-    for k in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT"):
-        env.pop(k, None)
-    launcher = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={nproc}"] if nproc > 1 else [sys.executable]
-    log = out / f"launch_{len(list(out.glob('launch_*.log')))}.log"
-    with log.open("w") as f:  # a file, not a pipe: a worker left behind cannot block the read
-        proc = subprocess.Popen([*launcher, str(SCRIPT), str(out), *runs], env=env, stdout=f, stderr=subprocess.STDOUT)
-        try:
-            proc.wait(timeout=timeout)
-        except subprocess.TimeoutExpired:
-            proc.terminate()  # torchrun stops its workers on SIGTERM: a hung worker must not outlive the test
-            try:
-                proc.wait(timeout=30)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait()
-            pytest.fail(f"{' '.join(runs)} did not finish within {timeout} s:\n{log.read_text()[-6000:]}")
-    assert proc.returncode == 0, log.read_text()[-8000:]
+    launch(SCRIPT, [str(out), *runs], out, nproc=nproc, timeout=timeout)
 
 
 @pytest.fixture(scope="module")

@@ -558,7 +558,7 @@ class Trainer:
         self.close()
 
     def close(self) -> None:
-        """Close the writers and the log file; release the strategy's resources (a process group)."""
+        """Close the writers and the log file; release the strategy's resources (its model wrapper, a pending checkpoint write; a process group it made for this run only, not a launcher's, which later Trainers of the process join)."""
         self._lock.release()
         for w in self.writers:
             w.close()
