@@ -18,12 +18,23 @@ import pytest
 _LAUNCH_VARS = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT")
 
 
+_GLOO_VARS = {"OMP_NUM_THREADS": "1", "TORCH_DISABLE_SHARE_RDZV_TCP_STORE": "1"}
+
+
 def gloo_env(tmp: Path) -> dict[str, str]:
     """This process's environment for a child run: TMPDIR in ``tmp``, one thread per process, no launcher variables inherited."""
-    env = dict(os.environ, TMPDIR=str(tmp), OMP_NUM_THREADS="1", TORCH_DISABLE_SHARE_RDZV_TCP_STORE="1")
+    env = dict(os.environ, TMPDIR=str(tmp), **_GLOO_VARS)
     for k in _LAUNCH_VARS:
         env.pop(k, None)
     return env
+
+
+def use_gloo_env(monkeypatch: pytest.MonkeyPatch, tmp: Path) -> None:
+    """The same environment for processes this test starts itself (``torch.multiprocessing.spawn``), undone after the test."""
+    for k, v in {"TMPDIR": str(tmp), **_GLOO_VARS}.items():
+        monkeypatch.setenv(k, v)
+    for k in _LAUNCH_VARS:
+        monkeypatch.delenv(k, raising=False)
 
 
 @dataclass

@@ -23,6 +23,7 @@ import torch.multiprocessing as mp
 from torch.utils.data import DataLoader, TensorDataset
 
 import trainwright as tw
+from launch import use_gloo_env
 
 WORLD = 2
 
@@ -85,11 +86,7 @@ def _worker(rank: int, init_file: str, out_dir: str, nan_at: int, agree_secs: fl
 def test_two_process_nan_raises_on_both_ranks_at_the_same_iteration(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, nan_at: int, agree_secs: float, raised_at: int, lines: list[int], rank1_error: str
 ) -> None:
-    monkeypatch.setenv("TMPDIR", str(tmp_path))
-    monkeypatch.setenv("OMP_NUM_THREADS", "1")
-    monkeypatch.setenv("TORCH_DISABLE_SHARE_RDZV_TCP_STORE", "1")
-    for var in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT"):
-        monkeypatch.delenv(var, raising=False)
+    use_gloo_env(monkeypatch, tmp_path)
     mp.spawn(_worker, args=(str(tmp_path / "init"), str(tmp_path), nan_at, agree_secs), nprocs=WORLD, join=True)
     r0, r1 = (json.loads((tmp_path / f"rank{r}.json").read_text()) for r in range(WORLD))
     assert r0["iteration"] == r1["iteration"] == raised_at  # the same iteration on both

@@ -24,6 +24,7 @@ from torch.utils.data import DataLoader
 
 import trainwright as tw
 from conftest import LinearReg, RecordLosses, regression_set, train_records
+from launch import use_gloo_env
 from trainwright.strategies.ddp import DDPStrategy
 
 WORLD = 2
@@ -77,11 +78,7 @@ CADENCE = [10, 20, *range(100, ITERS + 1, 100)]
 def test_two_process_run_agrees_at_the_cadence_and_logs_every_line_exactly(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, agree_secs: float, gathered_at: list[int]
 ) -> None:
-    monkeypatch.setenv("TMPDIR", str(tmp_path))
-    monkeypatch.setenv("OMP_NUM_THREADS", "1")
-    monkeypatch.setenv("TORCH_DISABLE_SHARE_RDZV_TCP_STORE", "1")
-    for var in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT"):
-        monkeypatch.delenv(var, raising=False)
+    use_gloo_env(monkeypatch, tmp_path)
     mp.spawn(_worker, args=(str(tmp_path / "init"), str(tmp_path), agree_secs), nprocs=WORLD, join=True)
     r0, r1 = (json.loads((tmp_path / f"rank{r}.json").read_text()) for r in range(WORLD))
     assert r0["iteration"] == r1["iteration"] == ITERS

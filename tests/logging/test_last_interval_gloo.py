@@ -15,6 +15,7 @@ from torch.utils.data import DataLoader, TensorDataset
 
 import trainwright as tw
 from conftest import LinearReg
+from launch import use_gloo_env
 
 WORLD = 2
 
@@ -46,11 +47,7 @@ def _worker(rank: int, init_file: str, out_dir: str) -> None:
 @pytest.mark.slow
 @pytest.mark.timeout(120)
 def test_two_process_iteration_run_logs_its_last_short_interval(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setenv("TMPDIR", str(tmp_path))
-    monkeypatch.setenv("OMP_NUM_THREADS", "1")
-    monkeypatch.setenv("TORCH_DISABLE_SHARE_RDZV_TCP_STORE", "1")
-    for var in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT"):
-        monkeypatch.delenv(var, raising=False)
+    use_gloo_env(monkeypatch, tmp_path)
     mp.spawn(_worker, args=(str(tmp_path / "init"), str(tmp_path)), nprocs=WORLD, join=True)
     r0, r1 = (json.loads((tmp_path / f"rank{r}.json").read_text()) for r in range(WORLD))
     assert r0["iteration"] == r1["iteration"] == 7
