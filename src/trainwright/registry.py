@@ -88,22 +88,47 @@ class Registry:
             return False
         return True
 
-    def build(self, cfg: Mapping[str, Any] | Any, **default_args: Any) -> Any:
+    def build(self, cfg: Mapping[str, Any] | Any, *, default_args: Mapping[str, Any] | None = None, **kwargs: Any) -> Any:
         """Build an object from ``cfg``: a dict with ``type`` (a name or a class) and kwargs.
 
-        Anything that is not a mapping is returned unchanged (objects first, configs second).
-        ``default_args`` fill in keyword arguments the config does not give.
+        Anything that is not a mapping is returned unchanged (objects first, configs second;
+        mmengine raises a ``TypeError`` instead), whatever the defaults.
+
+        Defaults for the keys ``cfg`` does not give come two ways, usable together:
+        ``default_args=dict(optimizer=opt)`` as in mmengine's ``Registry.build`` /
+        ``build_from_cfg``, or plain keywords (``optimizer=opt``). ``cfg`` always wins over
+        both; on a key given both ways the plain keyword wins, as in ``dict(default_args, **kwargs)``.
+        As in mmengine, the defaults may carry the ``type`` when ``cfg`` has none; a ``type``
+        in the defaults is never passed to the constructor.
+
+        ``default_args`` is always the defaults mapping, never a constructor argument; a class
+        whose constructor takes a parameter named ``default_args`` gets it from ``cfg``
+        (``dict(type=..., default_args=...)``) or from ``default_args=dict(default_args=...)``.
         """
         if not isinstance(cfg, Mapping):
             return cfg
-        if "type" not in cfg:
-            raise KeyError(f"A {self.name} config needs a 'type' key, got keys {sorted(cfg)}; e.g. dict(type=..., ...)")
-        args = dict(cfg)
-        typ = args.pop("type")
+        if default_args is None:
+            defaults: dict[str, Any] = kwargs
+        elif isinstance(default_args, Mapping):
+            defaults = {**default_args, **kwargs}
+        else:
+            raise TypeError(
+                f"{self.name} build: default_args must be a mapping of defaults (or None), got {type(default_args).__name__}; "
+                "to pass a constructor argument named 'default_args', put it in the config or use default_args=dict(default_args=...)"
+            )
+        if "type" in cfg:
+            typ = cfg["type"]
+        elif "type" in defaults:
+            typ = defaults["type"]
+        else:
+            given = f"config keys {sorted(cfg)}" + (f" and default keys {sorted(defaults)}" if defaults else " and no default_args")
+            raise KeyError(f"A {self.name} config needs a 'type' key, in the config or in default_args; got {given}; e.g. dict(type=..., ...)")
+        args = {k: v for k, v in cfg.items() if k != "type"}
+        for k, v in defaults.items():
+            if k != "type":
+                args.setdefault(k, v)
         try:
             cls = self.get(typ) if isinstance(typ, str) else typ
-            for k, v in default_args.items():
-                args.setdefault(k, v)
             try:
                 return cls(**args)
             except TypeError as e:
