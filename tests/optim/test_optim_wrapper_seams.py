@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import copy
 import io
+import weakref
 from collections.abc import Callable
 from typing import Any
 from unittest import mock
@@ -325,3 +326,45 @@ def test_a_strategys_clip_wrapper_wraps_every_clip_grad_assigned_later() -> None
     assert len(seen) == 4 and ow.grad_norm is not seen[-1]
     with pytest.raises(TypeError, match="clip_wrapper must be a callable"):
         ow.clip_wrapper = "full_tensor"  # type: ignore[assignment]
+
+
+def _accumulator_hook(param: nn.Parameter, calls: list[int]) -> None:
+    """Register a hook on ``param``'s gradient accumulator, holding no reference to the accumulator itself.
+
+    The accumulator found this way is the one the last graph through ``param`` used, if that
+    graph is still alive; otherwise a new one, which dies with this function's view.
+    """
+    acc = param.view_as(param).grad_fn.next_functions[0][0]
+    acc.register_hook(lambda *_: calls.append(1))
+
+
+@pytest.mark.parametrize("precision", [Precision(), MixedPrecision("bfloat16")])
+def test_the_next_step_reuses_each_parameters_gradient_accumulator(precision: Precision) -> None:
+    # A hand-written loop keeps `loss` (and its spent graph) until the next forward, so autograd
+    # reuses each parameter's accumulator: a hook registered on it between steps fires in the next
+    # backward. The wrapper keeps the last loss the same way, so the same holds through it.
+    model = _model()
+    ow = OptimWrapper(torch.optim.SGD(model.parameters(), lr=0.1), precision=precision)
+    x, y = torch.randn(8, 4), torch.randint(0, 2, (8,))
+    ow.update_params(F.cross_entropy(model(x), y))
+    calls: list[int] = []
+    _accumulator_hook(model[0].weight, calls)
+    ow.update_params(F.cross_entropy(model(x), y))
+    assert calls == [1]
+    ow.update_params(F.cross_entropy(model(x), y))  # and from then on at every step
+    assert calls == [1, 1]
+
+
+def test_a_backward_that_keeps_its_graph_is_not_held_and_copies_drop_the_kept_loss() -> None:
+    model = _model()
+    ow = OptimWrapper(torch.optim.SGD(model.parameters(), lr=0.1))
+    x, y = torch.randn(8, 4), torch.randint(0, 2, (8,))
+    loss = F.cross_entropy(model(x), y)
+    ow.backward(loss, retain_graph=True)  # its saved tensors must not outlive the caller's reference
+    freed: list[bool] = []
+    weakref.finalize(loss, freed.append, True)
+    del loss
+    assert freed == [True]
+    ow.update_params(F.cross_entropy(model(x), y))  # a spent graph is kept ...
+    copied = copy.deepcopy(ow)  # ... but never copied (autograd cannot deep-copy a non-leaf tensor)
+    assert copied.optimizer.state_dict()["state"].keys() == ow.optimizer.state_dict()["state"].keys()
