@@ -1,16 +1,20 @@
-"""``Registry.build``: mmengine's ``default_args=`` (cfg wins, ``type`` may come from the defaults) next to the plain-keyword form."""
+"""``Registry``: mmengine's ``build(cfg, default_args=...)`` (cfg wins, ``type`` may come from the defaults) next to the plain-keyword form,
+mmengine's ``register_module`` and its configs' ``_scope_`` keys."""
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 import pytest
 import torch
 import torch.nn.functional as F
+from conftest import LinearReg, regression_set
 from torch import nn
 
+import trainwright as tw
 from trainwright.optim import OptimWrapper, build_optim_wrapper
-from trainwright.registry import OPTIM_WRAPPER_CONSTRUCTORS, OPTIM_WRAPPERS, OPTIMIZERS, Registry
+from trainwright.registry import DATASETS, MODELS, OPTIM_WRAPPER_CONSTRUCTORS, OPTIM_WRAPPERS, OPTIMIZERS, ConfigError, Registry
 
 
 class Widget:
@@ -160,3 +164,161 @@ def test_mmengine_ported_constructor_through_build_optim_wrapper() -> None:
     _steps(ow.update_params, model)
     ref = _hand_written(accumulative_counts=2)
     assert torch.equal(model.weight, ref.weight) and torch.equal(model.bias, ref.bias)
+
+
+# ---- mmengine's register_module and _scope_ ---------------------------------------------------------------------
+
+
+def test_register_module_as_decorator_returns_the_class() -> None:
+    r = Registry("widget")
+
+    @r.register_module()
+    class Plain:
+        pass
+
+    @r.register_module(name="Renamed")
+    class Original:
+        pass
+
+    assert r.get("Plain") is Plain and r.get("Renamed") is Original and "Original" not in r.names()
+
+
+def test_register_module_under_several_names() -> None:
+    r = Registry("widget")
+
+    @r.register_module(name=["Foo", "Bar"])
+    class Both:
+        pass
+
+    assert r.get("Foo") is Both and r.get("Bar") is Both and r.names() == ["Bar", "Foo"]
+    assert type(r.build(dict(type="Bar"))) is Both
+    r.register(Widget, name=("Small", "Little"))  # register takes the same names (any sequence of str, as mmengine)
+    assert r.get("Small") is r.get("Little") is Widget
+
+
+def test_register_module_with_module_registers_at_once() -> None:
+    r = Registry("widget")
+    assert r.register_module(module=Widget) is Widget and r.get("Widget") is Widget
+
+    def make_gadget(size: int) -> Gadget:
+        return Gadget(size)
+
+    assert r.register_module(name="gadget", module=make_gadget) is make_gadget  # a function, as mmengine allows
+    assert type(r.build(dict(type="gadget", size=2))) is Gadget
+
+
+def test_register_module_force_replaces_and_a_clash_registers_nothing() -> None:
+    r = Registry("widget")
+    r.register_module(module=Widget, name="W")
+    with pytest.raises(KeyError, match="'W' is already registered in the widget registry; pass force=True"):
+        r.register_module(name=["Free", "W"], module=Gadget)
+    assert "Free" not in r.names()  # no name of the list is taken when one clashes
+    assert r.register_module(name="W", force=True)(Gadget) is Gadget and r.get("W") is Gadget
+
+
+def test_register_module_errors_as_mmengine() -> None:
+    r = Registry("widget", import_name="my.WIDGETS")
+    with pytest.raises(TypeError, match="name must be None, a str or a list of str, got int"):
+        r.register_module(name=3)
+    with pytest.raises(TypeError, match="got list"):
+        r.register_module(name=["Foo", 3])
+    with pytest.raises(TypeError, match=r"got type; as a decorator, call it: @my.WIDGETS.register_module\(\)"):
+        r.register_module(Widget)  # @r.register_module without parentheses
+    with pytest.raises(TypeError, match="only a class or a function can be registered.*got int"):
+        r.register_module(name="answer", module=42)
+    with pytest.raises(TypeError, match="force must be a bool, got str"):
+        r.register_module(force="yes")
+    with pytest.raises(ValueError, match="empty list"):
+        r.register_module(name=[])
+    assert r.names() == []
+
+
+def test_scope_is_dropped_for_a_known_type(reg: Registry) -> None:
+    w = reg.build(dict(_scope_="mmdet", type="Widget", size=3))
+    assert type(w) is Widget and w.size == 3
+    assert type(reg.build(dict(size=1), default_args=dict(_scope_="mmpretrain", type="Gadget"))) is Gadget  # mmengine pops it from the defaults too
+
+
+def test_unknown_type_with_a_scope_says_the_scope_is_ignored(reg: Registry) -> None:
+    cfg = dict(_scope_="mmdet", type="Widgte", size=1)
+    with pytest.raises(KeyError, match=r"Did you mean 'Widget'.*\(The config's _scope_='mmdet' is ignored: trainwright has one registry per kind, so 'Widgte' must be registered in it .*custom_imports") as info:
+        reg.build(cfg)
+    assert info.value.failed_config is cfg
+    with pytest.raises(KeyError) as plain:
+        reg.build(dict(type="Widgte"))
+    assert "_scope_" not in str(plain.value)
+
+
+def test_a_nested_unknown_type_names_the_outer_scope(reg: Registry) -> None:
+    @reg.register_module()
+    class Holder:
+        def __init__(self, part: dict[str, Any]) -> None:
+            self.part = reg.build(part)
+
+    assert type(reg.build(dict(_scope_="mmdet", type="Holder", part=dict(type="Widget", size=1))).part) is Widget
+    with pytest.raises(KeyError, match=r"_scope_='mmdet' is ignored.*'Nope'") as info:
+        reg.build(dict(_scope_="mmdet", type="Holder", part=dict(type="Nope")))
+    assert str(info.value).count("is ignored") == 1
+    with pytest.raises(KeyError, match=r"_scope_='mmpretrain' is ignored") as inner:  # the innermost scope is the one named
+        reg.build(dict(_scope_="mmdet", type="Holder", part=dict(_scope_="mmpretrain", type="Nope")))
+    assert "'mmdet'" not in str(inner.value)
+
+
+@pytest.fixture
+def scratch_registries(monkeypatch: pytest.MonkeyPatch) -> None:
+    """MODELS and DATASETS with their current entries, restored after the test: its classes stay out of the global tables."""
+    monkeypatch.setattr(MODELS, "_table", dict(MODELS._table))
+    monkeypatch.setattr(DATASETS, "_table", dict(DATASETS._table))
+
+
+def _mmengine_config(work_dir: Path, model_type: str = "PortedRegressor") -> dict[str, Any]:
+    return dict(
+        default_scope="mmdet",
+        model=dict(_scope_="mmdet", type=model_type, d_in=4),
+        train_dataloader=dict(
+            batch_size=4,
+            num_workers=0,
+            sampler=dict(type="DefaultSampler", shuffle=False),
+            dataset=dict(_scope_="mmdet", type="RegressionSet", n=16),
+        ),
+        optim_wrapper=dict(type="OptimWrapper", optimizer=dict(type="SGD", lr=0.05)),
+        train_cfg=dict(type="EpochBasedTrainLoop", max_epochs=1),
+        default_hooks=dict(checkpoint=None),
+        log_level="WARNING",
+        randomness=dict(seed=0),
+        work_dir=str(work_dir),
+    )
+
+
+@pytest.mark.usefixtures("scratch_registries")
+def test_mmengine_style_config_with_scopes_trains_like_objects(tmp_path: Path, trainer_factory: Any) -> None:
+    @MODELS.register_module()
+    class PortedRegressor(LinearReg):
+        pass
+
+    DATASETS.register_module(name="RegressionSet", module=regression_set)
+    with pytest.warns(UserWarning, match="default_scope.*ignored"):
+        trainer = tw.Trainer.from_config(_mmengine_config(tmp_path / "cfg"))
+    try:
+        assert type(trainer.unwrapped_model) is PortedRegressor
+        trainer.train()
+        assert trainer.progress.epoch == 1 and trainer.progress.iteration == 4
+        # the same run from objects: the scopes changed nothing
+        ref = trainer_factory(model=LinearReg(d_in=4), dataset=regression_set(n=16), batch_size=4)
+        ref.train()
+        assert all(torch.equal(a, b) for a, b in zip(trainer.unwrapped_model.parameters(), ref.unwrapped_model.parameters(), strict=True))
+        assert not torch.equal(trainer.unwrapped_model.linear.weight, LinearReg(d_in=4).linear.weight)  # it did train
+    finally:
+        trainer.close()
+
+
+@pytest.mark.usefixtures("scratch_registries")
+def test_unknown_type_in_a_config_names_the_ignored_scopes(tmp_path: Path) -> None:
+    DATASETS.register_module(name="RegressionSet", module=regression_set)
+    cfg = _mmengine_config(tmp_path, model_type="FasterRCNN")
+    with pytest.raises(ConfigError, match=r"Building 'model' from the config failed: Unknown model type 'FasterRCNN'.*_scope_='mmdet' is ignored") as info:
+        tw.Trainer.from_config(cfg)
+    assert "default_scope" not in str(info.value)  # the config's own _scope_ is the one that applied, as in mmengine
+    del cfg["model"]["_scope_"]  # type: ignore[attr-defined]
+    with pytest.raises(ConfigError, match=r"Unknown model type 'FasterRCNN'.*The config's default_scope='mmdet' is ignored: trainwright has one registry per kind"):
+        tw.Trainer.from_config(cfg)

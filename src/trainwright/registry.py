@@ -10,7 +10,7 @@ from __future__ import annotations
 import difflib
 import os
 import sys
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any, TypeVar
 
 T = TypeVar("T")
@@ -41,25 +41,49 @@ class Registry:
         self._table: dict[str, Any] = {}
         self._fallback = fallback
 
-    def register(self, obj: T | None = None, *, name: str | None = None, force: bool = False) -> Any:
+    def register(self, obj: T | None = None, *, name: str | Sequence[str] | None = None, force: bool = False) -> Any:
         """Register ``obj`` under ``name`` (default: its ``__name__``); usable as a decorator.
 
-        A name taken by another object is an error unless ``force=True``; the same class
-        defined again (same module and qualified name: a config file or module run twice)
-        replaces the old one.
+        ``name`` may be a list of names (mmengine's ``register_module(name=[...])``): ``obj`` is
+        registered under each. ``obj`` must be callable (a class or a function: ``build`` calls it).
+        A name taken by another object is an error unless ``force=True``, and then nothing is
+        registered; the same class defined again (same module and qualified name: a config file
+        or module run twice) replaces the old one.
         """
+        if not isinstance(force, bool):
+            raise TypeError(f"{self.name} registry: force must be a bool, got {type(force).__name__}")
+        if not (name is None or isinstance(name, str) or (isinstance(name, Sequence) and all(isinstance(n, str) for n in name))):
+            hint = f"; as a decorator, call it: @{self.import_name or 'REGISTRY'}.register_module()" if callable(name) else ""
+            raise TypeError(f"{self.name} registry: name must be None, a str or a list of str, got {type(name).__name__}{hint}")
+        if name is not None and not isinstance(name, str) and not name:
+            raise ValueError(f"{self.name} registry: name is an empty list, which registers nothing; give at least one name, or None for the __name__")
 
         def _do(o: T) -> T:
-            key = name or o.__name__  # type: ignore[attr-defined]
-            if key in self._table and not force and self._table[key] is not o and not _same_definition(self._table[key], o):
-                raise KeyError(f"{key!r} is already registered in the {self.name} registry; pass force=True to replace it")
-            self._table[key] = o
+            if not callable(o):
+                raise TypeError(f"{self.name} registry: only a class or a function can be registered (build calls it), got {type(o).__name__}")
+            keys = [name or o.__name__] if name is None or isinstance(name, str) else list(name)  # type: ignore[attr-defined]
+            for key in keys:
+                if key in self._table and not force and self._table[key] is not o and not _same_definition(self._table[key], o):
+                    raise KeyError(f"{key!r} is already registered in the {self.name} registry; pass force=True to replace it")
+            for key in keys:
+                self._table[key] = o
             return o
 
         return _do(obj) if obj is not None else _do
 
+    def register_module(self, name: str | Sequence[str] | None = None, force: bool = False, module: Any = None) -> Any:
+        """mmengine's spelling of :meth:`register`, for ported code: ``@MODELS.register_module()``,
+        ``register_module(name="Foo")`` or ``name=["Foo", "Bar"]``, ``register_module(force=True)``,
+        ``MODELS.register_module(module=SomeClass)`` (registers at once and returns the class).
+
+        As in mmengine, a ``name`` that is not a str or a list of str and a ``module`` that is not
+        callable are ``TypeError``; unlike mmengine, the same class defined twice (a config run
+        twice) is not a name clash.
+        """
+        return self.register(module, name=name, force=force)
+
     def get(self, key: str) -> Any:
-        """Return the entry for ``key``; raise ``KeyError`` naming close matches if unknown."""
+        """Return the entry for ``key``; raise ``KeyError`` naming close matches if unknown (its ``unknown_type`` is ``key``)."""
         if key in self._table:
             return self._table[key]
         if self._fallback is not None:
@@ -71,7 +95,9 @@ class Registry:
             "(custom_imports = dict(imports=['my_module'])), or define it in a .py config."
             if self.import_name else ""
         )
-        raise KeyError(f"Unknown {self.name} type {key!r}.{did_you_mean(key, self.names())} Registered: {', '.join(sorted(self.names()))}.{how}")
+        error = KeyError(f"Unknown {self.name} type {key!r}.{did_you_mean(key, self.names())} Registered: {', '.join(sorted(self.names()))}.{how}")
+        error.unknown_type = key  # type: ignore[attr-defined]  # Trainer.from_config adds its default_scope hint to these
+        raise error
 
     def names(self) -> list[str]:
         """All names this registry can build (fallback names included where listable)."""
@@ -101,6 +127,11 @@ class Registry:
         As in mmengine, the defaults may carry the ``type`` when ``cfg`` has none; a ``type``
         in the defaults is never passed to the constructor.
 
+        A ``_scope_`` key (mmengine's registry scope, ``_scope_='mmdet'``), in ``cfg`` or in the
+        defaults, is dropped: trainwright has one registry per kind, so the type is looked up there
+        whatever the scope. If it, or a type its constructor builds, is unknown, the error says
+        that the scope was ignored.
+
         ``default_args`` is always the defaults mapping, never a constructor argument; a class
         whose constructor takes a parameter named ``default_args`` gets it from ``cfg``
         (``dict(type=..., default_args=...)``) or from ``default_args=dict(default_args=...)``.
@@ -127,6 +158,7 @@ class Registry:
         for k, v in defaults.items():
             if k != "type":
                 args.setdefault(k, v)
+        scope = args.pop("_scope_", None)
         try:
             cls = self.get(typ) if isinstance(typ, str) else typ
             try:
@@ -139,7 +171,19 @@ class Registry:
             if getattr(e, "failed_config", None) is None:
                 # the innermost config that failed; Trainer.from_config turns it into a key path (model.backbone)
                 e.failed_config = cfg  # type: ignore[attr-defined]
+            if scope is not None and getattr(e, "unknown_type", None) is not None and getattr(e, "ignored_scope", None) is None:
+                # this type, or one its constructor builds, would have been looked up in that scope by mmengine
+                e.args = (f"{e.args[0]}{ignored_scope_hint('_scope_', scope, e.unknown_type)}",)  # type: ignore[attr-defined]
+                e.ignored_scope = scope  # type: ignore[attr-defined]
             raise
+
+
+def ignored_scope_hint(key: str, scope: Any, typ: Any) -> str:
+    """The sentence an unknown-type error gets when the config names an mmengine scope (``key`` is ``"_scope_"`` or ``"default_scope"``)."""
+    return (
+        f" (The config's {key}={scope!r} is ignored: trainwright has one registry per kind, so {typ!r} must be registered in it by a module "
+        f"the config imports, e.g. through custom_imports; the registries of {scope!r} are not searched.)"
+    )
 
 
 def _same_definition(a: Any, b: Any) -> bool:
@@ -214,4 +258,4 @@ STRATEGIES = Registry("strategy", import_name="trainwright.registry.STRATEGIES")
 MODELS = Registry("model", import_name="trainwright.registry.MODELS")
 DATASETS = Registry("dataset", import_name="trainwright.registry.DATASETS")
 
-__all__ = ["ConfigError", "Registry", "check_keys", "did_you_mean", "OPTIMIZERS", "OPTIM_WRAPPERS", "OPTIM_WRAPPER_CONSTRUCTORS", "PARAM_SCHEDULERS", "HOOKS", "METRICS", "STRATEGIES", "MODELS", "DATASETS"]
+__all__ = ["ConfigError", "Registry", "check_keys", "did_you_mean", "ignored_scope_hint", "OPTIMIZERS", "OPTIM_WRAPPERS", "OPTIM_WRAPPER_CONSTRUCTORS", "PARAM_SCHEDULERS", "HOOKS", "METRICS", "STRATEGIES", "MODELS", "DATASETS"]

@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from trainwright.logging.writers import plain
-from trainwright.registry import DATASETS, MODELS, ConfigError, did_you_mean
+from trainwright.registry import DATASETS, MODELS, ConfigError, did_you_mean, ignored_scope_hint
 from trainwright.utils.seed import set_random_seed
 
 if TYPE_CHECKING:
@@ -75,14 +75,15 @@ def trainer_from_config(trainer_cls: type[Trainer], cfg: Mapping[str, Any], **ov
         # as mmengine: seed before the model is built, so its initial weights follow the seed too
         set_random_seed(int(randomness["seed"]), deterministic=bool(randomness.get("deterministic", False)))
     index = dict(_mappings(kwargs))
-    kwargs["model"] = _build(lambda: MODELS.build(kwargs["model"]), index, "model")
+    scope = args.get("default_scope")
+    kwargs["model"] = _build(lambda: MODELS.build(kwargs["model"]), index, "model", scope)
     for name in _LOADERS:
         loader = kwargs.get(name)
         if isinstance(loader, Mapping) and isinstance(loader.get("dataset"), Mapping):
             loader = dict(loader)
-            loader["dataset"] = _build(lambda: DATASETS.build(loader["dataset"]), index, f"{name}.dataset")  # noqa: B023 - called at once
+            loader["dataset"] = _build(lambda: DATASETS.build(loader["dataset"]), index, f"{name}.dataset", scope)  # noqa: B023 - called at once
             kwargs[name] = loader
-    trainer = _build(lambda: trainer_cls(**kwargs), index, None)
+    trainer = _build(lambda: trainer_cls(**kwargs), index, None, scope)
     if trainer.is_main_process:
         dump_config(_resolved(cfg, overrides), trainer.run_dir)
     return trainer
@@ -136,7 +137,7 @@ def config_path_of(cfg: Mapping[str, Any], error: BaseException) -> str | None:
     return _find(dict(_mappings(dict(cfg))), getattr(error, "failed_config", None))
 
 
-def _build(fn: Any, index: dict[str, Mapping[str, Any]], where: str | None) -> Any:
+def _build(fn: Any, index: dict[str, Mapping[str, Any]], where: str | None, default_scope: Any = None) -> Any:
     try:
         return fn()
     except ConfigError:
@@ -144,6 +145,9 @@ def _build(fn: Any, index: dict[str, Mapping[str, Any]], where: str | None) -> A
     except Exception as e:
         path = _find(index, getattr(e, "failed_config", None)) or where
         message = f"{type(e).__name__}: {e}" if not isinstance(e, KeyError) else f"{e.args[0] if e.args else e}"
+        if default_scope is not None and getattr(e, "unknown_type", None) is not None and getattr(e, "ignored_scope", None) is None:
+            # ignored like a _scope_ key (which, as in mmengine, comes before default_scope and has said so already)
+            message += ignored_scope_hint("default_scope", default_scope, e.unknown_type)  # type: ignore[attr-defined]
         prefix = f"Building {path!r} from the config failed" if path else "Building the trainer from the config failed"
         raise ConfigError(f"{prefix}: {message}") from e
 
