@@ -13,7 +13,7 @@ from conftest import LinearReg, regression_set
 from torch import nn
 
 import trainwright as tw
-from trainwright.optim import OptimWrapper, build_optim_wrapper
+from trainwright.optim import OptimWrapper, build_optim_wrapper, build_param_schedulers
 from trainwright.registry import DATASETS, MODELS, OPTIM_WRAPPER_CONSTRUCTORS, OPTIM_WRAPPERS, OPTIMIZERS, ConfigError, Registry
 
 
@@ -264,6 +264,44 @@ def test_a_nested_unknown_type_names_the_outer_scope(reg: Registry) -> None:
     assert "'mmdet'" not in str(inner.value)
 
 
+def test_scope_is_dropped_from_optim_wrapper_and_param_scheduler_configs() -> None:
+    # build_optim_wrapper and build_param_scheduler read the type and check the keys themselves, not through Registry.build
+    model = _model()
+    ow = build_optim_wrapper(model, dict(_scope_="mmdet", type="OptimWrapper", optimizer=dict(_scope_="mmdet", type="SGD", lr=0.1), accumulative_counts=2))
+    assert type(ow) is OptimWrapper and type(ow.optimizer) is torch.optim.SGD and ow.optimizer.defaults["lr"] == 0.1
+    [scheduler] = build_param_schedulers([dict(_scope_="mmdet", type="MultiStepLR", milestones=[1], by_epoch=False)], ow)
+    assert type(scheduler).__name__ == "MultiStepLR" and scheduler.milestones == {1: 1}
+    # a genuinely unknown key beside _scope_ is still refused, named
+    with pytest.raises(KeyError, match=r"Unknown optim_wrapper key 'acumulative_counts'. Did you mean 'accumulative_counts'\?") as info:
+        build_optim_wrapper(model, dict(_scope_="mmdet", type="OptimWrapper", optimizer=dict(type="SGD", lr=0.1), acumulative_counts=2))
+    assert "_scope_" not in str(info.value)
+    with pytest.raises(TypeError, match=r"MultiStepLR got unknown argument\(s\) \['milestone'\]. Did you mean 'milestones'\?") as bad:
+        build_param_schedulers([dict(_scope_="mmdet", type="MultiStepLR", milestone=[1])], ow)
+    assert "_scope_" not in str(bad.value)
+
+
+def test_an_unknown_optim_wrapper_optimizer_or_scheduler_type_names_the_ignored_scope() -> None:
+    model = _model()
+    hint = r"\(The config's _scope_='{}' is ignored: trainwright has one registry per kind, so '{}' must be registered in it"
+    with pytest.raises(KeyError, match=r"Unknown optim wrapper type 'OptimWrapperr'.*" + hint.format("mmdet", "OptimWrapperr")):
+        build_optim_wrapper(model, dict(_scope_="mmdet", type="OptimWrapperr", optimizer=dict(type="SGD", lr=0.1)))
+    with pytest.raises(KeyError, match=r"Unknown optim wrapper constructor type 'LayerDecayOptimizerConstructor'.*" + hint.format("mmdet", "LayerDecayOptimizerConstructor")):
+        build_optim_wrapper(model, dict(_scope_="mmdet", constructor="LayerDecayOptimizerConstructor", optimizer=dict(type="SGD", lr=0.1)))
+    with pytest.raises(KeyError, match=r"Unknown optimizer type 'SGDD'.*" + hint.format("mmdet", "SGDD")):
+        build_optim_wrapper(model, dict(optimizer=dict(_scope_="mmdet", type="SGDD", lr=0.1)))
+    with pytest.raises(KeyError, match=hint.format("mmdet", "SGDD")):  # the optimizer's type, built while building the wrapper
+        build_optim_wrapper(model, dict(_scope_="mmdet", optimizer=dict(type="SGDD", lr=0.1)))
+    with pytest.raises(KeyError, match=hint.format("mmpretrain", "SGDD")) as inner:  # the innermost scope is the one named
+        build_optim_wrapper(model, dict(_scope_="mmdet", optimizer=dict(_scope_="mmpretrain", type="SGDD", lr=0.1)))
+    assert str(inner.value).count("is ignored") == 1
+    ow = build_optim_wrapper(model, dict(optimizer=dict(type="SGD", lr=0.1)))
+    with pytest.raises(KeyError, match=r"Unknown param scheduler type 'MultiStepLRR'. Did you mean 'MultiStepLR'.*" + hint.format("mmdet", "MultiStepLRR")):
+        build_param_schedulers([dict(_scope_="mmdet", type="MultiStepLRR", milestones=[1])], ow)
+    with pytest.raises(KeyError) as plain:
+        build_param_schedulers([dict(type="MultiStepLRR", milestones=[1])], ow)
+    assert "_scope_" not in str(plain.value)
+
+
 @pytest.fixture
 def scratch_registries(monkeypatch: pytest.MonkeyPatch) -> None:
     """MODELS and DATASETS with their current entries, restored after the test: its classes stay out of the global tables."""
@@ -322,3 +360,45 @@ def test_unknown_type_in_a_config_names_the_ignored_scopes(tmp_path: Path) -> No
     del cfg["model"]["_scope_"]  # type: ignore[attr-defined]
     with pytest.raises(ConfigError, match=r"Unknown model type 'FasterRCNN'.*The config's default_scope='mmdet' is ignored: trainwright has one registry per kind"):
         tw.Trainer.from_config(cfg)
+
+
+def _without_scopes(value: Any) -> Any:
+    """``value`` with every ``_scope_`` key left out, at any depth."""
+    if isinstance(value, dict):
+        return {k: _without_scopes(v) for k, v in value.items() if k != "_scope_"}
+    if isinstance(value, list):
+        return [_without_scopes(v) for v in value]
+    return value
+
+
+@pytest.mark.usefixtures("scratch_registries")
+def test_scopes_in_optim_wrapper_optimizer_scheduler_and_loops_train_as_without_them(tmp_path: Path) -> None:
+    @MODELS.register_module()
+    class PortedRegressor(LinearReg):
+        pass
+
+    DATASETS.register_module(name="RegressionSet", module=regression_set)
+    cfg = _mmengine_config(tmp_path / "scoped")
+    cfg["optim_wrapper"] = dict(_scope_="mmdet", type="OptimWrapper", optimizer=dict(_scope_="mmdet", type="SGD", lr=0.05))
+    # 4 iterations: lr 0.05 for the first two, 0.005 after
+    cfg["param_scheduler"] = [dict(_scope_="mmdet", type="MultiStepLR", by_epoch=False, milestones=[2], gamma=0.1)]
+    # the loops' typed configs (mmengine's LOOPS registry) as a config inheriting across packages (_base_ = 'mmdet::...') dumps them
+    cfg["train_cfg"] = dict(_scope_="mmdet", type="EpochBasedTrainLoop", max_epochs=1)
+    cfg["val_cfg"] = dict(_scope_="mmdet", type="ValLoop")
+    plain = _without_scopes(cfg) | dict(work_dir=str(tmp_path / "plain"))
+    assert "_scope_" not in repr(plain) and repr(cfg).count("_scope_") == 7  # model, dataset, optim_wrapper, optimizer, param_scheduler, train_cfg, val_cfg
+    trainers = []
+    try:
+        for c in (cfg, plain):
+            with pytest.warns(UserWarning, match="default_scope.*ignored"):
+                trainers.append(tw.Trainer.from_config(c))
+            trainers[-1].train()
+        scoped, ref = trainers
+        assert type(scoped.unwrapped_model) is PortedRegressor and scoped.progress.iteration == ref.progress.iteration == 4
+        assert [g["lr"] for g in scoped.optim_wrapper.optimizer.param_groups] == pytest.approx([0.005])  # the scheduler ran
+        assert all(torch.equal(a, b) for a, b in zip(scoped.unwrapped_model.parameters(), ref.unwrapped_model.parameters(), strict=True))
+        assert [g["lr"] for g in ref.optim_wrapper.optimizer.param_groups] == [g["lr"] for g in scoped.optim_wrapper.optimizer.param_groups]
+        assert not torch.equal(scoped.unwrapped_model.linear.weight, LinearReg(d_in=4).linear.weight)  # it did train
+    finally:
+        for t in trainers:
+            t.close()

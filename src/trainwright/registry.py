@@ -7,10 +7,11 @@ layer above only parses files into such dicts.
 
 from __future__ import annotations
 
+import contextlib
 import difflib
 import os
 import sys
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any, TypeVar
 
 T = TypeVar("T")
@@ -158,24 +159,45 @@ class Registry:
         for k, v in defaults.items():
             if k != "type":
                 args.setdefault(k, v)
-        scope = args.pop("_scope_", None)
-        try:
-            cls = self.get(typ) if isinstance(typ, str) else typ
+        with dropping_scope(args):
             try:
-                return cls(**args)
-            except TypeError as e:
-                if getattr(e, "failed_config", None) is not None:
-                    raise  # a nested build failed: its message is the precise one
-                raise TypeError(f"Could not build {self.name} {getattr(cls, '__name__', cls)!r} from {dict(cfg)!r}: {e}") from e
-        except Exception as e:
-            if getattr(e, "failed_config", None) is None:
-                # the innermost config that failed; Trainer.from_config turns it into a key path (model.backbone)
-                e.failed_config = cfg  # type: ignore[attr-defined]
-            if scope is not None and getattr(e, "unknown_type", None) is not None and getattr(e, "ignored_scope", None) is None:
-                # this type, or one its constructor builds, would have been looked up in that scope by mmengine
-                e.args = (f"{e.args[0]}{ignored_scope_hint('_scope_', scope, e.unknown_type)}",)  # type: ignore[attr-defined]
-                e.ignored_scope = scope  # type: ignore[attr-defined]
-            raise
+                cls = self.get(typ) if isinstance(typ, str) else typ
+                try:
+                    return cls(**args)
+                except TypeError as e:
+                    if getattr(e, "failed_config", None) is not None:
+                        raise  # a nested build failed: its message is the precise one
+                    raise TypeError(f"Could not build {self.name} {getattr(cls, '__name__', cls)!r} from {dict(cfg)!r}: {e}") from e
+            except Exception as e:
+                if getattr(e, "failed_config", None) is None:
+                    # the innermost config that failed; Trainer.from_config turns it into a key path (model.backbone)
+                    e.failed_config = cfg  # type: ignore[attr-defined]
+                raise
+
+
+@contextlib.contextmanager
+def dropping_scope(args: dict[str, Any]) -> Iterator[Any]:
+    """Drop mmengine's ``_scope_`` key from the config arguments ``args`` (in place; yields the scope, None if absent),
+    and add to an unknown-type error raised inside that the scope is ignored.
+
+    trainwright has one registry per kind, so a scope selects nothing: the type is looked up in that registry
+    whatever the scope. An unknown-type ``KeyError`` (``Registry.get``'s) raised inside, for this config's type
+    or for one built while building it, gets :func:`ignored_scope_hint`'s sentence naming the scope, unless the
+    config of an inner build named its own (the innermost scope is the one mmengine would have used).
+
+    The one place of this rule: :meth:`Registry.build` and the code that reads a config's ``type`` itself
+    (``build_optim_wrapper``, ``DefaultOptimWrapperConstructor``, ``build_param_scheduler``, and
+    ``Trainer.from_config`` for the typed loop configs) all go through it.
+    """
+    scope = args.pop("_scope_", None)
+    try:
+        yield scope
+    except Exception as e:
+        if scope is not None and getattr(e, "unknown_type", None) is not None and getattr(e, "ignored_scope", None) is None:
+            # this type, or one its constructor builds, would have been looked up in that scope by mmengine
+            e.args = (f"{e.args[0]}{ignored_scope_hint('_scope_', scope, e.unknown_type)}",)  # type: ignore[attr-defined]
+            e.ignored_scope = scope  # type: ignore[attr-defined]
+        raise
 
 
 def ignored_scope_hint(key: str, scope: Any, typ: Any) -> str:
@@ -258,4 +280,4 @@ STRATEGIES = Registry("strategy", import_name="trainwright.registry.STRATEGIES")
 MODELS = Registry("model", import_name="trainwright.registry.MODELS")
 DATASETS = Registry("dataset", import_name="trainwright.registry.DATASETS")
 
-__all__ = ["ConfigError", "Registry", "check_keys", "did_you_mean", "ignored_scope_hint", "OPTIMIZERS", "OPTIM_WRAPPERS", "OPTIM_WRAPPER_CONSTRUCTORS", "PARAM_SCHEDULERS", "HOOKS", "METRICS", "STRATEGIES", "MODELS", "DATASETS"]
+__all__ = ["ConfigError", "Registry", "check_keys", "did_you_mean", "dropping_scope", "ignored_scope_hint", "OPTIMIZERS", "OPTIM_WRAPPERS", "OPTIM_WRAPPER_CONSTRUCTORS", "PARAM_SCHEDULERS", "HOOKS", "METRICS", "STRATEGIES", "MODELS", "DATASETS"]

@@ -12,7 +12,7 @@ from trainwright.amp.precision import Precision, build_precision
 from trainwright.optim.optim_wrapper import AmpOptimWrapper, OptimWrapper
 from trainwright.optim.optim_wrapper_dict import OptimWrapperDict
 from trainwright.optim.constructor import DefaultOptimWrapperConstructor, build_optimizer
-from trainwright.registry import OPTIM_WRAPPER_CONSTRUCTORS, OPTIM_WRAPPERS, check_keys
+from trainwright.registry import OPTIM_WRAPPER_CONSTRUCTORS, OPTIM_WRAPPERS, check_keys, dropping_scope
 
 _WRAPPER_KEYS = {"type", "optimizer", "accumulative_counts", "clip_grad", "dtype", "loss_scale", "skip_nonfinite", "device_type", "paramwise_cfg", "constructor"}
 
@@ -74,6 +74,7 @@ def build_optim_wrapper(model: nn.Module, cfg: Any, precision: str | Precision |
             clip_grad=None)`` (``type="AmpOptimWrapper"`` adds ``dtype`` and ``loss_scale``); or,
             for several optimizers, ``dict(generator=dict(optimizer=...),
             discriminator=dict(optimizer=...))`` whose keys name submodules of ``model``.
+            mmengine's ``_scope_`` key is dropped, as by ``Registry.build``.
         precision: Trainer precision (a name or a :class:`Precision`). A plain ``OptimWrapper``
             uses it (the same object, so the loops and the wrapper share one precision); an
             ``AmpOptimWrapper`` whose dtype differs from it is an error. With several
@@ -98,6 +99,13 @@ def build_optim_wrapper(model: nn.Module, cfg: Any, precision: str | Precision |
         return OptimWrapper(cfg, precision=trainer_precision)
     if not isinstance(cfg, Mapping):
         raise TypeError(f"optim_wrapper must be an OptimWrapper, a torch optimizer or a dict with an 'optimizer' key, got {type(cfg).__name__}")
+    args = dict(cfg)
+    with dropping_scope(args):  # mmengine's _scope_: dropped, as Registry.build does (also for the constructor and the optimizer it builds)
+        return _from_dict(model, args, trainer_precision, device_type)
+
+
+def _from_dict(model: nn.Module, cfg: dict[str, Any], trainer_precision: Precision, device_type: str) -> OptimWrapper | OptimWrapperDict:
+    """``build_optim_wrapper`` of a config dict (its ``_scope_`` already dropped)."""
     if "constructor" in cfg and cfg["constructor"] not in ("DefaultOptimWrapperConstructor", DefaultOptimWrapperConstructor):
         return _construct(model, cfg, trainer_precision, device_type)  # a custom constructor reads its own config
     if "optimizer" not in cfg:

@@ -32,7 +32,7 @@ import torch
 from torch import nn
 
 from trainwright.optim.optim_wrapper import OptimWrapper
-from trainwright.registry import OPTIM_WRAPPER_CONSTRUCTORS, OPTIM_WRAPPERS, OPTIMIZERS, check_keys
+from trainwright.registry import OPTIM_WRAPPER_CONSTRUCTORS, OPTIM_WRAPPERS, OPTIMIZERS, check_keys, dropping_scope
 
 #: ``paramwise_cfg`` keys and what each multiplies.
 PARAMWISE_KEYS = {
@@ -61,7 +61,8 @@ def _is_dcn(module: nn.Module) -> bool:
 def _optimizer_options(cfg: Mapping[str, Any]) -> tuple[set[str] | None, dict[str, Any]]:
     """The option names the optimizer class accepts (None: it takes ``**kwargs``) and their defaults."""
     typ = cfg.get("type")
-    cls = OPTIMIZERS.get(typ) if isinstance(typ, str) else typ
+    with dropping_scope(dict(cfg)):  # an unknown type names the config's _scope_, as in OPTIMIZERS.build, which drops it later
+        cls = OPTIMIZERS.get(typ) if isinstance(typ, str) else typ
     if not callable(cls):
         return None, {}
     try:

@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from trainwright.logging.writers import plain
-from trainwright.registry import DATASETS, MODELS, ConfigError, did_you_mean, ignored_scope_hint
+from trainwright.registry import DATASETS, MODELS, ConfigError, did_you_mean, dropping_scope, ignored_scope_hint
 from trainwright.utils.seed import set_random_seed
 
 if TYPE_CHECKING:
@@ -190,16 +190,20 @@ def _translate_mmengine(kwargs: dict[str, Any]) -> None:
     if isinstance(train_cfg, Mapping) and "type" in train_cfg:
         train_cfg = dict(train_cfg)
         typ = train_cfg.pop("type")
-        if typ not in _LOOP_TYPES:
-            raise ConfigError(f"train_cfg.type {typ!r} is not a loop trainwright has.{did_you_mean(str(typ), list(_LOOP_TYPES))} Use {list(_LOOP_TYPES)} or by_epoch=True/False")
+        with dropping_scope(train_cfg):  # mmengine builds a typed loop config through its LOOPS registry: _scope_ dropped, as Registry.build does
+            if typ not in _LOOP_TYPES:
+                raise ConfigError(f"train_cfg.type {typ!r} is not a loop trainwright has.{did_you_mean(str(typ), list(_LOOP_TYPES))} Use {list(_LOOP_TYPES)} or by_epoch=True/False")
         train_cfg.setdefault("by_epoch", _LOOP_TYPES[typ])
         kwargs["train_cfg"] = train_cfg
     for key, loop in _EVAL_LOOP_TYPES.items():
         value = kwargs.get(key)
         if isinstance(value, Mapping) and "type" in value:
-            if value["type"] != loop:
-                raise ConfigError(f"{key}.type {value['type']!r} is not a loop trainwright has; use {loop!r} or leave type out")
-            kwargs[key] = {k: v for k, v in value.items() if k != "type"}
+            value = dict(value)
+            typ = value.pop("type")
+            with dropping_scope(value):  # as train_cfg's
+                if typ != loop:
+                    raise ConfigError(f"{key}.type {typ!r} is not a loop trainwright has; use {loop!r} or leave type out")
+            kwargs[key] = value
         if key in ("val_cfg", "test_cfg") and isinstance(kwargs.get(key), Mapping):
             kwargs[key] = {k: v for k, v in kwargs[key].items() if k != "fp16"} | ({"autocast": True} if kwargs[key].get("fp16") else {})
     for name in _LOADERS:

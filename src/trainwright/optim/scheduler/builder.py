@@ -13,7 +13,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from trainwright.optim.scheduler.base import ParamScheduler
-from trainwright.registry import PARAM_SCHEDULERS, did_you_mean
+from trainwright.registry import PARAM_SCHEDULERS, did_you_mean, dropping_scope
 
 SchedulerCfg = Mapping[str, Any] | ParamScheduler
 
@@ -44,7 +44,8 @@ def build_param_scheduler(
 
     Args:
         cfg: ``dict(type=name_or_class, **kwargs)``, optionally with
-            ``convert_to_iter_based=True``; or a :class:`ParamScheduler`.
+            ``convert_to_iter_based=True``; or a :class:`ParamScheduler`. mmengine's
+            ``_scope_`` key is dropped, as by ``Registry.build``.
         optimizer: The optimizer (or wrapper) the scheduler drives.
         epoch_length: Iterations per epoch, needed by ``convert_to_iter_based``.
         max_epochs: Default ``end`` of an epoch-based config that gives none.
@@ -64,28 +65,29 @@ def build_param_scheduler(
         raise KeyError(f"A param scheduler config needs a 'type' key, got keys {sorted(cfg)}; e.g. dict(type='CosineAnnealingLR', T_max=10).")
     args = dict(cfg)
     typ = args.pop("type")
-    cls = PARAM_SCHEDULERS.get(typ) if isinstance(typ, str) else typ
-    name = getattr(cls, "__name__", str(typ))
-    convert = bool(args.pop("convert_to_iter_based", False))
-    accepted = _accepted_kwargs(cls)
-    unknown = sorted(set(args) - accepted)
-    if unknown:
-        hints = "".join(did_you_mean(k, accepted) for k in unknown)
-        raise TypeError(f"{name} got unknown argument(s) {unknown}.{hints} It accepts: {', '.join(sorted(accepted - {'optimizer'}))}.")
-    if "end" not in args:
-        default_end = max_epochs if args.get("by_epoch", True) else max_iters
-        if default_end is not None:
-            args["end"] = default_end
-    if convert:
-        if epoch_length is None:
-            raise ValueError(
-                f"{name}: convert_to_iter_based=True needs the number of iterations per epoch; "
-                "call build_param_schedulers(..., epoch_length=len(train_dataloader)) or drop convert_to_iter_based."
-            )
-        scheduler: ParamScheduler = cls.build_iter_from_epoch(optimizer, epoch_length=epoch_length, **args)
-    else:
-        scheduler = cls(optimizer, **args)
-    return scheduler
+    with dropping_scope(args):  # mmengine's _scope_: dropped, as Registry.build does
+        cls = PARAM_SCHEDULERS.get(typ) if isinstance(typ, str) else typ
+        name = getattr(cls, "__name__", str(typ))
+        convert = bool(args.pop("convert_to_iter_based", False))
+        accepted = _accepted_kwargs(cls)
+        unknown = sorted(set(args) - accepted)
+        if unknown:
+            hints = "".join(did_you_mean(k, accepted) for k in unknown)
+            raise TypeError(f"{name} got unknown argument(s) {unknown}.{hints} It accepts: {', '.join(sorted(accepted - {'optimizer'}))}.")
+        if "end" not in args:
+            default_end = max_epochs if args.get("by_epoch", True) else max_iters
+            if default_end is not None:
+                args["end"] = default_end
+        if convert:
+            if epoch_length is None:
+                raise ValueError(
+                    f"{name}: convert_to_iter_based=True needs the number of iterations per epoch; "
+                    "call build_param_schedulers(..., epoch_length=len(train_dataloader)) or drop convert_to_iter_based."
+                )
+            scheduler: ParamScheduler = cls.build_iter_from_epoch(optimizer, epoch_length=epoch_length, **args)
+        else:
+            scheduler = cls(optimizer, **args)
+        return scheduler
 
 
 def _is_named_optimizers(optimizer: Any) -> bool:
