@@ -10,7 +10,6 @@ from torch import nn
 
 from trainwright.amp.precision import Precision, build_precision
 from trainwright.checkpoint import Stateful
-from trainwright.checkpoint.lock import WorkDirBusyError, WorkDirLock
 from trainwright.hooks.dispatch import HookList
 from trainwright.hooks.hook import Hook
 from trainwright.hooks.timing import HookReport, HookTimer
@@ -23,9 +22,9 @@ from trainwright.model.base_model import ModuleAdapter, as_base_model
 from trainwright.registry import check_keys
 from trainwright.strategies import build_strategy
 from trainwright.trainer.build import EVAL_CFG_KEYS, TRAIN_CFG_KEYS, build_eval_loop, build_train
+from trainwright.trainer.checkpointer import Checkpointer
 from trainwright.trainer.hooks_config import build_hook, build_hooks
-from trainwright.trainer.runs import config_changes, new_run_dir
-from trainwright.trainer.state import BUILTIN_PIECES, collect_state, make_safe, restore_state, stateful_pieces
+from trainwright.trainer.runs import new_run_dir
 
 
 class Trainer:
@@ -135,8 +134,6 @@ class Trainer:
         self.preempted = False  # set by the PreemptionHook when a stop signal ended training
         self.hooks = HookList(build_hooks(default_hooks, custom_hooks), timer=HookTimer() if hook_timing else None)
         self._compile = compile
-        self._resume = resume
-        self._load_from = load_from
         self._optim_cfg = optim_wrapper
         self._scheduler_cfg = param_scheduler
         self._train_loader_cfg = train_dataloader
@@ -149,11 +146,9 @@ class Trainer:
         self.val_loop = build_eval_loop(self, val_dataloader, val_evaluator, "val", self.val_cfg)
         self.test_loop = build_eval_loop(self, test_dataloader, test_evaluator, "test", self.test_cfg)
         self._prepared = False
-        self._loaded = False
-        self._registered_stateful: dict[str, Stateful] = {}
-        self._checkpoint_server: Callable[[Trainer], Path | None] | None = None
         self._held_lines: Callable[[], None] | None = None  # see hold_log_lines
-        self._lock = WorkDirLock(self.ckpt_dir)  # held while train() runs (rank 0)
+        #: The checkpoint API (saving, resume / load_from, weights, the checkpoint folder's lock); the trainer's checkpoint methods delegate to it.
+        self.checkpointer = Checkpointer(self, resume=resume, load_from=load_from)
 
     @classmethod
     def from_config(cls, cfg: Mapping[str, Any], **overrides: Any) -> Trainer:
@@ -187,6 +182,11 @@ class Trainer:
         """The user's model: without DDP/FSDP wrappers and without the plain-module adapter."""
         model = self.unwrapped_base
         return model.module if isinstance(model, ModuleAdapter) else model
+
+    @property
+    def prepared(self) -> bool:
+        """True while the strategy holds the model prepared for runs (moved, compiled, wrapped); :meth:`close` undoes it."""
+        return self._prepared
 
     @property
     def ckpt_dir(self) -> Path:
@@ -223,49 +223,7 @@ class Trainer:
                 self._build_train()
             self.model = self.strategy.prepare(self.model, optim_wrapper=self.optim_wrapper, compile=self._compile)
             self._prepared = True
-        if not self._loaded:
-            self._loaded = True
-            self._load_or_resume()
-
-    def _load_or_resume(self) -> None:
-        """Apply ``resume`` (full state) or else ``load_from`` (weights only), once, before running.
-
-        ``resume=True`` takes the newest checkpoint of ``ckpt_dir`` that loads (the
-        strategy's ``find_resumable``: a corrupt one is skipped with a warning); when there
-        is none, the run starts fresh from ``load_from`` if given. Every file is read with
-        the safe loader and checked before anything in the trainer changes, so a refused,
-        broken or mismatched file leaves the trainer as it was.
-        """
-        resume = self._resume
-        if resume and self.train_loop is not None:
-            if resume is True:
-                found = self.strategy.find_resumable(self.ckpt_dir)
-                if found is None:
-                    self.logger.info(f"resume=True but no checkpoint in {self.ckpt_dir}; starting from scratch")
-                else:
-                    self._restore(*found)
-                    return
-            else:
-                self._restore(Path(resume), self.strategy.load_checkpoint(resume))
-                return
-        if self._load_from is not None:
-            self.load_weights(self._load_from)
-
-    def _restore(self, path: Path, ckpt: Any) -> None:
-        if not isinstance(ckpt, dict):
-            raise TypeError(f"Checkpoint {str(path)!r} holds a {type(ckpt).__name__}, not a trainwright checkpoint dict; use load_from= for weights")
-        restore_state(self, ckpt, path)
-        self.logger.info(f"Resumed from {path} at epoch {self.progress.epoch}, iteration {self.progress.iteration}")
-        meta = ckpt.get("meta")
-        changed = config_changes(meta.get("config") if isinstance(meta, Mapping) else None, self.config)
-        if changed:
-            self.logger.warning(
-                f"Resumed from {path}: the model, the optimizer state (its lr, momentum...), the schedulers, the progress, the data order "
-                "and the random streams come from the checkpoint. Settings that differ from the checkpoint's run: "
-                + "; ".join(f"{k}: {a!r} -> {b!r}" for k, (a, b) in changed.items())
-                + ". train_cfg, hooks, data and the other settings apply as given now; edited optimizer or scheduler values do not "
-                "(the checkpoint's win): to train with them, start a new run from these weights with load_from=."
-            )
+        self.checkpointer.load_or_resume()  # once (resume_from re-arms it)
 
     def adopt_seed(self, seed: int) -> None:
         """Use ``seed`` (a checkpoint's, when the run gave none) for the data order; the random streams come from the checkpoint."""
@@ -314,7 +272,7 @@ class Trainer:
             WorkDirBusyError: another live process (or Trainer) is training in this ``work_dir``
                 (the message names its pid); nothing was read or written.
         """
-        self._lock_work_dir()
+        self.checkpointer.lock_work_dir()
         try:
             self._build_train()
             self._prepare()
@@ -329,25 +287,10 @@ class Trainer:
                 )
             self._run(loop.run)
         finally:
-            self._lock.release()
+            self.checkpointer.unlock_work_dir()
         if self.hooks.timer is not None:
             self.logger.info(f"Time spent in hooks (calls and seconds per event, since the trainer was built):\n{self.hook_report()}")
         return self.unwrapped_model
-
-    def _lock_work_dir(self) -> None:
-        """Rank 0 takes the checkpoint folder's lock (see :mod:`trainwright.checkpoint.lock`); every rank gets its answer."""
-        error = stale = None
-        if self.is_main_process:
-            try:
-                stale = self._lock.acquire()
-            except WorkDirBusyError as e:
-                error = str(e)
-        if self.strategy.world_size > 1:
-            error = self.strategy.broadcast_object(error)
-        if error is not None:
-            raise WorkDirBusyError(error)
-        if stale is not None:
-            self.logger.warning(f"Took over the lock of {self.ckpt_dir} from {stale}: that process ended without releasing it (killed or crashed)")
 
     def val(self) -> dict[str, float]:
         """One validation pass; returns metrics like ``{"val/acc": 0.97}``."""
@@ -416,64 +359,47 @@ class Trainer:
         if ok and failed:
             raise next((e for _, e in failed if isinstance(e, SystemExit)), failed[0][1])
 
-    # -- checkpoints ----------------------------------------------------------------------
+    # -- checkpoints (the work is self.checkpointer's: trainer/checkpointer.py) -------------
     @property
     def stateful(self) -> dict[str, Stateful]:
-        """Every checkpointed piece by name, in load order: the one list that saving and resuming iterate.
-
-        ``model``, ``optim_wrapper``, ``param_schedulers``, ``progress``,
-        ``train_dataloader``, ``metric_store``, ``hooks`` (those that exist yet), the pieces
-        given to :meth:`register_stateful`, then ``rng``. See :mod:`trainwright.trainer.state`.
-        """
-        return stateful_pieces(self, self._registered_stateful)
+        """Every checkpointed piece by name, in load order: the one list that saving and resuming iterate (:attr:`Checkpointer.stateful`)."""
+        return self.checkpointer.stateful
 
     def register_stateful(self, name: str, obj: Stateful) -> None:
-        """Save ``obj.state_dict()`` in every checkpoint under ``name``; resume calls ``obj.load_state_dict``.
-
-        ``obj`` may also define ``check_state_dict(state)``, which resume calls before it
-        changes anything (raise to refuse a checkpoint). Register before ``train()`` /
-        ``resume_from()``; a checkpoint without ``name`` leaves ``obj`` as it is, with a warning.
-
-        Raises:
-            TypeError: ``obj`` lacks ``state_dict`` / ``load_state_dict``.
-            ValueError: ``name`` is taken (a built-in piece or an earlier registration).
-        """
-        if not isinstance(obj, Stateful):
-            raise TypeError(f"register_stateful({name!r}, ...) needs an object with state_dict() and load_state_dict(state), got {type(obj).__name__}")
-        if name in BUILTIN_PIECES or name in self._registered_stateful:
-            raise ValueError(f"register_stateful: the name {name!r} is already taken (built-in pieces: {list(BUILTIN_PIECES)}); register under another name")
-        self._registered_stateful[name] = obj
+        """Save ``obj.state_dict()`` in every checkpoint under ``name``; resume calls ``obj.load_state_dict`` (:meth:`Checkpointer.register`)."""
+        self.checkpointer.register(name, obj)
 
     def state_dict(self, save_optimizer: bool = True, save_param_scheduler: bool = True) -> dict[str, Any]:
-        """The full checkpoint dict: every piece of :attr:`stateful`, then the ``before_save_checkpoint`` hooks.
-
-        Raises:
-            TypeError: the dict (hooks' additions included) holds an object that the safe
-                loader would refuse; the message names its key path (NumPy values are converted).
-        """
-        ckpt = collect_state(self, save_optimizer, save_param_scheduler)
-        self.hooks.call("before_save_checkpoint", self, ckpt)
-        return make_safe(ckpt)  # type: ignore[no-any-return]
+        """The full checkpoint dict: every piece of :attr:`stateful`, then the ``before_save_checkpoint`` hooks (:meth:`Checkpointer.state_dict`)."""
+        return self.checkpointer.state_dict(save_optimizer, save_param_scheduler)
 
     def save_checkpoint(self, path: str | Path, save_optimizer: bool = True, save_param_scheduler: bool = True, *, async_save: bool = False, after: Callable[[], None] | None = None) -> Path:
-        """Write the full checkpoint through the strategy (relative names go under ``ckpt_dir``).
+        """Write the full checkpoint through the strategy (a bare name goes in ``ckpt_dir``) and return its path (:meth:`Checkpointer.save`)."""
+        return self.checkpointer.save(path, save_optimizer, save_param_scheduler, async_save=async_save, after=after)
 
-        Args:
-            path: The file; a bare name (``"x.pth"``) is put in ``ckpt_dir``.
-            save_optimizer / save_param_scheduler: Include those pieces (needed to resume exactly).
-            async_save: Return once the state is copied to CPU memory; the write runs in the
-                background (``strategy.wait_for_checkpoint()`` waits for it).
-            after: Runs on rank 0 once the file is complete (see ``Strategy.save_checkpoint``).
+    def set_checkpoint_server(self, server: Callable[[Trainer], Path | None] | None) -> None:
+        """Make ``server(trainer)`` serve :meth:`request_checkpoint` (the checkpoint hook does, while training); None: the trainer serves."""
+        self.checkpointer.set_server(server)
 
-        Returns:
-            The path written.
-        """
-        path = Path(path)
-        if not path.is_absolute() and path.parent == Path("."):
-            path = self.ckpt_dir / path
-        self.strategy.save_checkpoint(path, self.state_dict(save_optimizer, save_param_scheduler), async_save=async_save, after=after)
-        return path
+    def request_checkpoint(self) -> Path | None:
+        """Checkpoint the current state now (e.g. on preemption); returns the path once the file is complete, or None (:meth:`Checkpointer.request`)."""
+        return self.checkpointer.request()
 
+    def resume_from(self, path: str | Path) -> None:
+        """Load a full checkpoint now (builds the train loop and model first); ``train()`` continues from it."""
+        self._build_train()
+        self.checkpointer.set_resume(path)
+        self._prepare()
+
+    def load_weights(self, path: str | Path, strict: bool = False, revise_keys: Sequence[tuple[str, str]] = ((r"^module\.", ""),)) -> Any:
+        """Load model weights (``.pth`` or ``.safetensors``), reporting key mismatches by name (:meth:`Checkpointer.load_weights`)."""
+        return self.checkpointer.load_weights(path, strict, revise_keys)
+
+    def save_weights(self, path: str | Path) -> Path:
+        """Export the full model weights as safetensors; rank 0 writes, call it on every rank (:meth:`Checkpointer.save_weights`)."""
+        return self.checkpointer.save_weights(path)
+
+    # -- logs -----------------------------------------------------------------------------
     def hold_log_lines(self, write_pending: Callable[[], None] | None) -> None:
         """Register who holds log lines back to write them in batches (the logger hook, while it runs).
 
@@ -481,61 +407,6 @@ class Trainer:
         lines reach the writers before e.g. a checkpoint is written. ``None`` unregisters.
         """
         self._held_lines = write_pending
-
-    def set_checkpoint_server(self, server: Callable[[Trainer], Path | None] | None) -> None:
-        """Make ``server(trainer)`` serve :meth:`request_checkpoint` (the checkpoint hook does, while training); None: the trainer serves."""
-        self._checkpoint_server = server
-
-    def request_checkpoint(self) -> Path | None:
-        """Checkpoint the current state now (e.g. on preemption); returns once the file is complete.
-
-        Served by the checkpoint hook while it trains (its naming, ``latest`` and keep-k
-        rules apply; it returns None when this iteration is saved already); without one the
-        trainer writes ``ckpt_dir/iter_<N>.pth`` and points ``latest`` at it.
-
-        Returns:
-            The path written, or None when nothing new had to be written.
-        """
-        if self._checkpoint_server is not None:
-            path = self._checkpoint_server(self)
-        else:
-            from trainwright.checkpoint.io import write_latest
-
-            name = f"iter_{self.progress.iteration}{self.strategy.checkpoint_suffix}"
-            path = self.save_checkpoint(name, after=lambda: write_latest(self.ckpt_dir, name))
-        self.strategy.wait_for_checkpoint()
-        return path
-
-    def resume_from(self, path: str | Path) -> None:
-        """Load a full checkpoint now (builds the train loop and model first); ``train()`` continues from it."""
-        self._build_train()
-        self._resume = Path(path)
-        self._loaded = False
-        self._prepare()
-
-    def load_weights(self, path: str | Path, strict: bool = False, revise_keys: Sequence[tuple[str, str]] = ((r"^module\.", ""),)) -> Any:
-        """Load model weights (``.pth`` or ``.safetensors``), reporting key mismatches by name."""
-        from trainwright.checkpoint.weights import load_model_weights
-
-        # once prepared, the strategy copies the weights in (a sharded model takes full tensors only through it)
-        load = (lambda weights: self.strategy.load_model_state_dict(weights, strict=False)) if self._prepared else None
-        result = load_model_weights(self.unwrapped_model, self.strategy.load_checkpoint(path), strict=strict, revise_keys=list(revise_keys), load=load)
-        self.logger.info(f"Loaded weights from {path}")
-        return result
-
-    def save_weights(self, path: str | Path) -> Path:
-        """Export the full model weights as safetensors (rank 0 writes; call it on every rank).
-
-        Under a sharded strategy (FSDP) the weights are gathered to rank 0 first; the keys
-        are the model's own (no ``module.`` prefix), whatever the strategy.
-        """
-        from trainwright.checkpoint.weights import save_safetensors
-
-        path = Path(path)
-        state = self.strategy.full_model_state_dict() if self._prepared else self.unwrapped_model.state_dict()
-        if self.is_main_process:
-            save_safetensors(state, path)
-        return path
 
     def flush_logs(self) -> None:
         """Make everything logged so far visible on disk (log lines still pending, log file, ``metrics.jsonl``).
@@ -559,7 +430,7 @@ class Trainer:
 
     def close(self) -> None:
         """Close the writers and the log file; release the strategy's resources (its model wrapper, a pending checkpoint write; a process group it made for this run only, not a launcher's, which later Trainers of the process join)."""
-        self._lock.release()
+        self.checkpointer.unlock_work_dir()
         for w in self.writers:
             w.close()
         close_logger(self.logger)
