@@ -11,11 +11,13 @@ Workloads:
   A  MLP 32→64→10, batch 32, 2,000 SGD steps            (overhead-bound; target ≤ 1.05×)
   B  MLP 512→2048→2048→10, batch 256, 300 SGD steps      (compute-bound; target ≤ 1.01×)
   C  A with accumulation 4 + clip_grad_norm(1.0)         (target ≤ 1.05× a raw loop doing the same)
+  E  deep MLP: 32→64, 20×(64→64), 64→10 (44 parameters), batch 32, 1,000 SGD steps
+     (overhead-bound with many parameters: what the engine costs per parameter; target ≤ 1.05×)
   D  DDP on 2 gloo processes                             (its own script: benchmarks/ddp.py)
 
 Also: import time of trainwright on top of torch, and peak RSS of each side (subprocesses).
 
-Run:  python benchmarks/overhead.py [--rounds 15] [--only A,B,C] [--no-rss]
+Run:  python benchmarks/overhead.py [--rounds 15] [--only A,B,C,E] [--no-rss]
 """
 
 from __future__ import annotations
@@ -55,6 +57,7 @@ WORKLOADS = {
     "A": Workload("A", (32, 64, 10), 32, 2000, target=1.05),
     "B": Workload("B", (512, 2048, 2048, 10), 256, 300, target=1.01),
     "C": Workload("C", (32, 64, 10), 32, 2000, accum=4, clip=1.0, target=1.05),
+    "E": Workload("E", (32, *([64] * 21), 10), 32, 1000, target=1.05),
 }
 
 
@@ -251,7 +254,7 @@ def rss_child(side: str, name: str) -> None:
 def main() -> None:
     parser = argparse.ArgumentParser(description="trainwright per-step overhead vs a raw PyTorch loop")
     parser.add_argument("--rounds", type=int, default=15, help="alternating rounds per workload; the medians need ~15 on a noisy machine")
-    parser.add_argument("--only", default="A,B,C")
+    parser.add_argument("--only", default="A,B,C,E")
     parser.add_argument("--no-rss", action="store_true")
     parser.add_argument("--threads", type=int, default=0, help="torch intra-op threads (0: torch's default)")
     parser.add_argument("--json", help="also write the results here")
