@@ -28,9 +28,9 @@ def _run(args: list[str], tmp_path: Path, timeout: int) -> str:
 @pytest.mark.slow
 def test_overhead_benchmark_runs_and_both_sides_end_with_the_same_loss(tmp_path: Path) -> None:
     out_json = tmp_path / "overhead.json"
-    stdout = _run(["benchmarks/overhead.py", "--rounds", "1", "--only", "A,C", "--no-rss", "--json", str(out_json)], tmp_path, timeout=240)
+    stdout = _run(["benchmarks/overhead.py", "--rounds", "1", "--only", "A,C,E", "--no-rss", "--json", str(out_json)], tmp_path, timeout=240)
     results = json.loads(out_json.read_text())["results"]
-    assert [r["workload"] for r in results] == ["A", "C"]
+    assert [r["workload"] for r in results] == ["A", "C", "E"]
     for r in results:
         # The same model, data and optimizer: trainwright and the hand-written loop agree to the last bit.
         assert r["same_final_loss"] and r["raw_final_loss"] == r["trainwright_final_loss"], r
