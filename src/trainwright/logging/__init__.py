@@ -1,7 +1,8 @@
 """Logging: per-trainer logger, MetricStore (the one owner of logged numbers, lazy sync), writers."""
 
 from trainwright.logging.logger import close_logger, create_logger, log_lines
-from trainwright.logging.metric_store import HistoryBuffer, MetricStore
+from trainwright.logging.history_buffer import HistoryBuffer
+from trainwright.logging.metric_store import MetricStore
 from trainwright.logging.writers import DEFAULT_WRITERS, WRITERS, ConsoleWriter, JsonlWriter, LineInfo, Writer, build_writers
 from trainwright.logging.csv_writer import CsvWriter
 from trainwright.logging.mlflow_writer import MlflowWriter

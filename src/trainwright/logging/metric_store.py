@@ -44,180 +44,19 @@ everything a point does, so the next point counts from it (when the gap is cappe
 from __future__ import annotations
 
 import math
-import statistics
-import zlib
-from collections import deque
 from collections.abc import Callable, Mapping
 from typing import Any
 
 import torch
 
-#: One recorded iteration: ``(iteration, values, t_start, t_end)``; the timestamps are None
-#: for values recorded without timing (:meth:`MetricStore.update_dict`).
-Row = tuple[int, Mapping[str, Any], float | None, float | None]
+from trainwright.logging.flush_batch import FlushBatch, Row, derive_times
+from trainwright.logging.history_buffer import HistoryBuffer
+
+__all__ = ["Gather", "HistoryBuffer", "MetricStore", "Row"]
 
 #: ``gather(t)`` starts the collective of a 1-D float64 tensor and returns ``wait``; ``wait()`` gives every
 #: process's tensor stacked in rank order, ``[world, n]`` (``Strategy.all_gather_async``).
 Gather = Callable[[torch.Tensor], Callable[[], torch.Tensor]]
-
-_HEADER = 5  # due, stop, non-finite, fingerprint, proposed gap to the next agreement point
-
-
-class HistoryBuffer:
-    """The recent values of one scalar, the iterations they belong to, and the global sum and count.
-
-    Args:
-        window_size: How many recent values ``median`` / ``mean`` look at by default.
-        history: Keep at least this many recent values (with their iterations) for readers
-            that need more than the statistics window, e.g. the logger's interval means.
-    """
-
-    def __init__(self, window_size: int = 20, history: int = 0) -> None:
-        self.window_size = window_size
-        maxlen = max(window_size, history)
-        self._window: deque[float] = deque(maxlen=maxlen)
-        self._iters: deque[int] = deque(maxlen=maxlen)
-        self._sum = 0.0
-        self._count = 0
-
-    def update(self, value: float, iteration: int = -1) -> None:
-        """Append a number."""
-        self._window.append(value)
-        self._iters.append(iteration)
-        self._sum += value
-        self._count += 1
-
-    def extend(self, values: list[float], iterations: list[int]) -> None:
-        """Append several numbers at once (same result as :meth:`update` on each, in order)."""
-        self._window.extend(values)
-        self._iters.extend(iterations)
-        total = self._sum
-        for v in values:
-            total += v
-        self._sum = total
-        self._count += len(values)
-
-    def keep(self, history: int) -> None:
-        """Keep at least ``history`` recent values from now on (never fewer than before)."""
-        maxlen = max(self._window.maxlen or 0, history)
-        if maxlen != self._window.maxlen:
-            self._window = deque(self._window, maxlen=maxlen)
-            self._iters = deque(self._iters, maxlen=maxlen)
-
-    @property
-    def latest(self) -> float:
-        """The most recent value."""
-        return self._window[-1]
-
-    @property
-    def latest_iter(self) -> int:
-        """The iteration the most recent value belongs to."""
-        return self._iters[-1]
-
-    def history(self) -> tuple[list[int], list[float]]:
-        """Every kept ``(iterations, values)``, oldest first."""
-        return list(self._iters), list(self._window)
-
-    def median(self, window: int | None = None) -> float:
-        """Median of the last ``window`` values (``window_size`` by default)."""
-        return statistics.median(self._tail(window))
-
-    def mean(self, window: int | None = None) -> float:
-        """Mean of the last ``window`` values (``window_size`` by default)."""
-        vals = self._tail(window)
-        return sum(vals) / len(vals)
-
-    @property
-    def global_avg(self) -> float:
-        """Average over every value ever added."""
-        return self._sum / max(self._count, 1)
-
-    @property
-    def count(self) -> int:
-        """How many values were ever added."""
-        return self._count
-
-    def _tail(self, window: int | None) -> list[float]:
-        return list(self._window)[-(window or self.window_size) :]
-
-    def state_dict(self) -> dict[str, Any]:
-        """Kept values, their iterations and the running totals."""
-        return {"window": list(self._window), "iters": list(self._iters), "sum": self._sum, "count": self._count, "maxlen": self._window.maxlen}
-
-    def load_state_dict(self, state: dict[str, Any]) -> None:
-        """Restore what :meth:`state_dict` returned."""
-        self._window = deque(state["window"], maxlen=state["maxlen"])
-        self._iters = deque(state["iters"], maxlen=state["maxlen"])
-        self._sum = float(state["sum"])
-        self._count = int(state["count"])
-
-
-def _columns(pending: list[Row]) -> tuple[dict[str, tuple[list[int], list[Any]]], list[float]]:
-    """Pending rows → per name ``(iterations, refs)`` and the converted numbers.
-
-    A ref is an index into the returned numbers or, for a plain number, the float itself.
-    Every tensor is converted in one device→host transfer per device.
-    """
-    keys = list(pending[0][1])
-    n = len(pending)
-    if sum([len(row[1]) for row in pending]) == len(keys) * n:
-        # The usual case: every iteration logged the same scalar tensors. One stack, one transfer.
-        try:
-            flat = [row[1][name] for name in keys for row in pending]
-            stacked = torch.stack(flat)
-        except (KeyError, TypeError, RuntimeError):  # other keys, plain numbers, several devices
-            stacked = None
-        if stacked is not None and stacked.ndim == 1:
-            iters = [row[0] for row in pending]
-            numbers = stacked.float().tolist()
-            return {name: (iters, list(range(k * n, (k + 1) * n))) for k, name in enumerate(keys)}, numbers
-    tensors: list[torch.Tensor] = []
-    columns: dict[str, tuple[list[int], list[Any]]] = {}
-    for it, values, _, _ in pending:
-        for name, v in values.items():
-            entry = columns.get(name)
-            if entry is None:
-                entry = columns[name] = ([], [])
-            entry[0].append(it)
-            if isinstance(v, torch.Tensor):
-                entry[1].append(len(tensors))
-                tensors.append(v if v.ndim == 0 else v.detach().float().mean())
-            else:
-                entry[1].append(float(v))
-    return columns, _to_numbers(tensors)
-
-
-def _to_numbers(tensors: list[torch.Tensor]) -> list[float]:
-    """Floats of scalar tensors, with one transfer per device."""
-    if not tensors:
-        return []
-    try:
-        return torch.stack(tensors).float().tolist()  # type: ignore[no-any-return]
-    except RuntimeError:  # tensors on several devices (or dtypes stack refuses): group them
-        out: list[float] = [0.0] * len(tensors)
-        groups: dict[torch.device, list[int]] = {}
-        for i, t in enumerate(tensors):
-            groups.setdefault(t.device, []).append(i)
-        for idx in groups.values():
-            for i, v in zip(idx, torch.stack([tensors[i].float() for i in idx]).tolist()):
-                out[i] = v
-        return out
-
-
-class _Batch:
-    """Rows taken from the pending list for one flush: their numbers per name, their times, this process's first non-finite loss."""
-
-    __slots__ = ("rows", "iters", "data", "total", "columns", "bad", "local", "names")
-
-    def __init__(self, rows: list[Row], iters: list[int], data: list[float], total: list[float]) -> None:
-        self.rows = rows
-        self.iters = iters
-        self.data = data
-        self.total = total
-        self.columns: dict[str, tuple[list[int], list[float]]] = {}
-        self.bad: tuple[int, str] | None = None  # (iteration, name) of this process's first non-finite loss
-        self.local: dict[str, tuple[list[int], list[float]]] = {}  # this process's own numbers, kept when bad
-        self.names = ""  # what the collective's fingerprint covers, for the error message
 
 
 class MetricStore:
@@ -285,7 +124,7 @@ class MetricStore:
         self._prev_end: float | None = None  # end of the last timed iteration; None: not timing
         self._clock_starts: dict[int, float] = {}  # pending index → when the clock (re)started before it
         self._untimed_to = 0  # iterations up to this one get no data_time / time (the timer's warm-up)
-        self._in_flight: tuple[_Batch, Callable[[], torch.Tensor]] | None = None  # the last flush_if's batch and collective
+        self._in_flight: tuple[FlushBatch, Callable[[], torch.Tensor]] | None = None  # the last flush_if's batch and collective
         self._write_agreed = False  # an applied answer said "write", not returned by flush_if yet
         self._due = False  # a flush_if call between agreement points proposed "write"; carried by the next point
         self._pace: float | None = None  # seconds per iteration of this process, from the last timed rows carried
@@ -492,46 +331,26 @@ class MetricStore:
         except Exception:  # noqa: BLE001 - an error path (the wait failed, or the answers disagree): this process's own numbers
             self._apply(batch, None, False)
 
-    def _take(self, raise_on_nonfinite: bool | None) -> _Batch:
+    def _take(self, raise_on_nonfinite: bool | None) -> FlushBatch:
         """The pending rows converted to numbers (one device→host transfer per device), with their times and the first non-finite loss."""
         rows = self._pending.copy()
         self._pending.clear()  # in place: the train loop's recorder appends to this list
-        batch = _Batch(rows, *self._derive_times(rows))
-        if not rows:
-            return batch
-        check = self.raise_on_nonfinite if raise_on_nonfinite is None else raise_on_nonfinite
-        with torch.no_grad():  # a logged loss may still carry its (spent) graph: read it, don't extend it
-            refs_by_name, numbers = _columns(rows)
-        bad: tuple[int, str] | None = None
-        for name, (iters, refs) in refs_by_name.items():
-            vals = [numbers[r] if type(r) is int else r for r in refs]
-            batch.columns[name] = (iters, vals)
-            if check and "loss" in name and not all(map(math.isfinite, vals)):
-                first = next(i for i, v in zip(iters, vals) if not math.isfinite(v))
-                if bad is None or first < bad[0]:
-                    bad = (first, name)
-        if bad is not None:  # this process's own numbers, for the error message
-            batch.bad = bad
-            batch.local = {name: (iters, list(vals)) for name, (iters, vals) in batch.columns.items()}
+        starts, self._clock_starts = self._clock_starts, {}
+        iters, data, total, self._prev_end = derive_times(rows, starts, self._prev_end, self._untimed_to)
+        batch = FlushBatch(rows, iters, data, total)
+        batch.convert(self.raise_on_nonfinite if raise_on_nonfinite is None else raise_on_nonfinite)
         return batch
 
-    def _message(self, due: bool, batch: _Batch) -> tuple[torch.Tensor, str]:
-        """What one collective carries: the flags, a fingerprint of the names and counts, then the numbers."""
-        names = "\0".join(f"{name}:{len(vals)}" for name, (_, vals) in batch.columns.items())
-        fingerprint = zlib.crc32(f"{names}|{len(batch.data)}".encode())
+    def _message(self, due: bool, batch: FlushBatch) -> tuple[torch.Tensor, str]:
+        """What one collective carries (:meth:`FlushBatch.message`), with this process's proposed gap to the next agreement point."""
         if batch.total:  # this process's pace, from the rows it carries (the last measured one otherwise)
             self._pace = sum(batch.total) / len(batch.total)
         proposal = 0  # unknown pace or agree_secs=0: agree at every call
         if self._pace and self.agree_secs > 0:  # the iterations that fill agree_secs (rounded up: the logger's flush_secs has passed by then)
             proposal = min(max(math.ceil(self.agree_secs / self._pace), 1), self.flush_every)
-        flat = [float(due), float(self.stop_requested), float(batch.bad is not None), float(fingerprint), float(proposal)]
-        for _, vals in batch.columns.values():
-            flat.extend(vals)
-        flat.extend(batch.data)
-        flat.extend(batch.total)
-        return torch.tensor(flat, dtype=torch.float64), names
+        return batch.message(due, self.stop_requested, proposal)
 
-    def _apply(self, batch: _Batch, everyone: torch.Tensor | None, check: bool) -> None:
+    def _apply(self, batch: FlushBatch, everyone: torch.Tensor | None, check: bool) -> None:
         """Reduce the batch by the answer (when there is one), extend the buffers, take the decisions, raise."""
         any_bad = batch.bad is not None
         if everyone is not None:
@@ -544,29 +363,12 @@ class MetricStore:
         if check and any_bad:
             self._raise_nonfinite(batch.rows, batch.bad, batch.local)
 
-    def _reduce(self, batch: _Batch, everyone: torch.Tensor) -> bool:
+    def _reduce(self, batch: FlushBatch, everyone: torch.Tensor) -> bool:
         """Apply an answer ``[world, n]``: flags OR-ed, numbers reduced in place (``data_time`` max, the rest mean); whether a loss was non-finite somewhere."""
-        head = everyone[:, :_HEADER]
-        if bool((head[:, 3] != head[0, 3]).any()):
-            raise RuntimeError(
-                "The processes logged different values at this flush (other names, or a different number of "
-                f"iterations); this process logged {batch.names.replace(chr(0), ', ') or 'nothing'}. Every process must "
-                "log the same names at the same iterations: log a value on every rank (e.g. 0 where it does not apply)."
-            )
-        flags = head[:, :3].amax(0).tolist()
-        self._gap = int(head[:, 4].amin())  # the same on every process: the slowest pace (0: some process has none yet)
+        flags, self._gap = batch.agreed(everyone)  # the gap is the same on every process: the slowest pace (0: some process has none yet)
         self._write_agreed = self._write_agreed or flags[0] > 0
         self.stop_agreed = self.stop_agreed or flags[1] > 0
-        body = everyone[:, _HEADER:]
-        n_data = len(batch.data)
-        split = body.shape[1] - 2 * n_data
-        mean = body.mean(0).tolist()
-        k = 0
-        for _, vals in batch.columns.values():
-            vals[:] = mean[k : k + len(vals)]
-            k += len(vals)
-        batch.data = body[:, split : split + n_data].amax(0).tolist()
-        batch.total = mean[split + n_data :]
+        batch.reduce(everyone)
         return bool(flags[2] > 0)
 
     def _raise_nonfinite(self, rows: list[Row], bad: tuple[int, str] | None, local: dict[str, tuple[list[int], list[float]]]) -> None:
@@ -582,28 +384,6 @@ class MetricStore:
         it = bad[0]
         losses = {name: v for name, (iters, vals) in local.items() for i, v in zip(iters, vals) if i == it}
         raise FloatingPointError(f"Loss became infinite or NaN at iteration {it}: {losses}. {fixes}")
-
-    def _derive_times(self, rows: list[Row]) -> tuple[list[int], list[float], list[float]]:
-        """``data_time`` (previous end → start) and ``time`` (previous end → end) of the timed rows, with their iterations."""
-        starts, self._clock_starts = self._clock_starts, {}
-        prev = self._prev_end
-        iters: list[int] = []
-        data: list[float] = []
-        total: list[float] = []
-        untimed_to = self._untimed_to
-        for k, (it, _, t0, t1) in enumerate(rows):
-            prev = starts.get(k, prev)
-            if prev is None or t0 is None or t1 is None:
-                continue
-            if it <= untimed_to:  # warm-up: the clock runs on, no times for it
-                prev = t1
-                continue
-            iters.append(it)
-            data.append(t0 - prev)
-            total.append(t1 - prev)
-            prev = t1
-        self._prev_end = starts.get(len(rows), prev)
-        return iters, data, total
 
     # -- reading ----------------------------------------------------------------------------
     def get(self, name: str) -> HistoryBuffer:
