@@ -193,15 +193,23 @@ def dropping_scope(args: dict[str, Any]) -> Iterator[Any]:
     try:
         yield scope
     except Exception as e:
-        if scope is not None and getattr(e, "unknown_type", None) is not None and getattr(e, "ignored_scope", None) is None:
-            # this type, or one its constructor builds, would have been looked up in that scope by mmengine
-            e.args = (f"{e.args[0]}{ignored_scope_hint('_scope_', scope, e.unknown_type)}",)  # type: ignore[attr-defined]
-            e.ignored_scope = scope  # type: ignore[attr-defined]
+        hint = ignored_scope_hint(e, "_scope_", scope)  # this type, or one its constructor builds, would have been looked up in that scope by mmengine
+        if hint:
+            e.args = (f"{e.args[0]}{hint}",)
         raise
 
 
-def ignored_scope_hint(key: str, scope: Any, typ: Any) -> str:
-    """The sentence an unknown-type error gets when the config names an mmengine scope (``key`` is ``"_scope_"`` or ``"default_scope"``)."""
+def ignored_scope_hint(error: BaseException, key: str, scope: Any) -> str:
+    """The sentence an unknown-type ``error`` (``Registry.get``'s) gets when its config names an mmengine scope; "" when there is none to add.
+
+    ``key`` is ``"_scope_"`` or ``"default_scope"``. Nothing is added when ``scope`` is None, when
+    ``error`` is not an unknown-type error, or when a scope already explained it (the innermost
+    one, as mmengine would have used); otherwise the error is marked as explained by ``scope``.
+    """
+    typ = getattr(error, "unknown_type", None)
+    if scope is None or typ is None or getattr(error, "ignored_scope", None) is not None:
+        return ""
+    error.ignored_scope = scope  # type: ignore[attr-defined]
     return (
         f" (The config's {key}={scope!r} is ignored: trainwright has one registry per kind, so {typ!r} must be registered in it by a module "
         f"the config imports, e.g. through custom_imports; the registries of {scope!r} are not searched.)"

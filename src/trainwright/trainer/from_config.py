@@ -145,9 +145,8 @@ def _build(fn: Any, index: dict[str, Mapping[str, Any]], where: str | None, defa
     except Exception as e:
         path = _find(index, getattr(e, "failed_config", None)) or where
         message = f"{type(e).__name__}: {e}" if not isinstance(e, KeyError) else f"{e.args[0] if e.args else e}"
-        if default_scope is not None and getattr(e, "unknown_type", None) is not None and getattr(e, "ignored_scope", None) is None:
-            # ignored like a _scope_ key (which, as in mmengine, comes before default_scope and has said so already)
-            message += ignored_scope_hint("default_scope", default_scope, e.unknown_type)  # type: ignore[attr-defined]
+        # ignored like a _scope_ key (which, as in mmengine, comes before default_scope: then it has said so already)
+        message += ignored_scope_hint(e, "default_scope", default_scope)
         prefix = f"Building {path!r} from the config failed" if path else "Building the trainer from the config failed"
         raise ConfigError(f"{prefix}: {message}") from e
 
