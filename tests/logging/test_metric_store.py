@@ -170,3 +170,42 @@ def test_keep_history_keeps_values_beyond_the_statistics_window() -> None:
     other = MetricStore(window_size=4)
     other.load_state_dict(store.state_dict())
     assert other.get("loss").history() == buf.history()  # a resumed run has the same history
+
+
+def _times_by_hand(rows: list, starts: dict, prev_end: float | None, untimed_to: int) -> tuple:
+    """The definition of data_time / time, one row at a time (the reference for derive_times)."""
+    prev, iters, data, total = prev_end, [], [], []
+    for k, (it, _, t0, t1) in enumerate(rows):
+        if k in starts:
+            prev = starts[k]
+        if prev is None or t0 is None or t1 is None:
+            continue
+        if it > untimed_to:
+            iters.append(it)
+            data.append(t0 - prev)
+            total.append(t1 - prev)
+        prev = t1
+    return iters, data, total, starts.get(len(rows), prev)
+
+
+@pytest.mark.parametrize("seed", range(40))
+def test_derive_times_equals_the_row_by_row_definition(seed: int) -> None:
+    """Flushes of every shape (clock restarts inside, untimed rows, a warm-up, no clock yet) give each row's times as defined, bit for bit."""
+    from trainwright.logging.flush_batch import derive_times
+
+    rng = random.Random(seed)
+    n = rng.randint(1, 30)
+    t, rows = 100.0, []
+    for it in range(1, n + 1):
+        untimed = rng.random() < (0.3 if seed % 4 == 1 else 0.0)
+        t0, t1 = t + rng.random(), t + 1 + rng.random()
+        rows.append((it, {"loss": 1.0}, None if untimed else t0, None if untimed else t1))
+        t += 2
+    starts = {}
+    if seed % 4 == 2:
+        starts = {k: 50.0 + k for k in rng.sample(range(n + 1), rng.randint(1, 3))}
+    elif seed % 2 == 0:
+        starts = {k: 60.0 for k in rng.sample([0, n], rng.randint(0, 2))}
+    prev_end = None if seed % 8 == 3 else 99.5
+    untimed_to = rng.choice([0, 0, n // 2])
+    assert derive_times(rows, starts, prev_end, untimed_to) == _times_by_hand(rows, starts, prev_end, untimed_to)

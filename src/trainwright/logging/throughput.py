@@ -24,6 +24,11 @@ def batch_size(batch: Any) -> int | None:
     """The number of samples in ``batch`` (see the module docstring), or None when it cannot be told."""
     if isinstance(batch, torch.Tensor):
         return int(batch.shape[0]) if batch.dim() else None
+    if isinstance(batch, (list, tuple)):  # before Mapping: the default collate's batch, and no ABC check for it
+        for v in batch:
+            if isinstance(v, torch.Tensor) and v.dim():
+                return int(v.shape[0])
+        return len(batch) or None
     if isinstance(batch, Mapping):
         n = batch.get("batch_size")
         if isinstance(n, int) and not isinstance(n, bool):
@@ -34,11 +39,6 @@ def batch_size(batch: Any) -> int | None:
             if isinstance(v, (list, tuple)):
                 return len(v)
         return None
-    if isinstance(batch, (list, tuple)):
-        for v in batch:
-            if isinstance(v, torch.Tensor) and v.dim():
-                return int(v.shape[0])
-        return len(batch) or None
     return None
 
 
@@ -48,7 +48,7 @@ def num_tokens(batch: Any) -> Any:
     A tensor count is returned as a tensor so the caller converts it when it reads the other
     logged numbers (no extra host-device synchronisation).
     """
-    if not isinstance(batch, Mapping):
+    if isinstance(batch, (list, tuple)) or not isinstance(batch, Mapping):  # a list / tuple first: no ABC check for the usual batch
         return None
     n = batch.get("num_tokens")
     if n is not None:
