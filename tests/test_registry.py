@@ -354,12 +354,55 @@ def test_mmengine_style_config_with_scopes_trains_like_objects(tmp_path: Path, t
 def test_unknown_type_in_a_config_names_the_ignored_scopes(tmp_path: Path) -> None:
     DATASETS.register_module(name="RegressionSet", module=regression_set)
     cfg = _mmengine_config(tmp_path, model_type="FasterRCNN")
-    with pytest.raises(ConfigError, match=r"Building 'model' from the config failed: Unknown model type 'FasterRCNN'.*_scope_='mmdet' is ignored") as info:
+    ignored = pytest.warns(UserWarning, match=r"Config keys \['default_scope'\] are mmengine runtime settings trainwright does not use")
+    with ignored, pytest.raises(ConfigError, match=r"Building 'model' from the config failed: Unknown model type 'FasterRCNN'.*_scope_='mmdet' is ignored") as info:
         tw.Trainer.from_config(cfg)
     assert "default_scope" not in str(info.value)  # the config's own _scope_ is the one that applied, as in mmengine
     del cfg["model"]["_scope_"]  # type: ignore[attr-defined]
-    with pytest.raises(ConfigError, match=r"Unknown model type 'FasterRCNN'.*The config's default_scope='mmdet' is ignored: trainwright has one registry per kind"):
+    with ignored, pytest.raises(ConfigError, match=r"Unknown model type 'FasterRCNN'.*The config's default_scope='mmdet' is ignored: trainwright has one registry per kind"):
         tw.Trainer.from_config(cfg)
+    cfg["model"]["type"] = "mmdet.FasterRCNN"  # type: ignore[index]  # a scoped type name is the innermost scope
+    with ignored, pytest.raises(ConfigError, match=r"Unknown model type 'mmdet.FasterRCNN'.*The scope 'mmdet' of type='mmdet.FasterRCNN' is ignored") as scoped:
+        tw.Trainer.from_config(cfg)
+    assert "default_scope" not in str(scoped.value)
+
+
+def test_scoped_type_names_are_looked_up_without_their_scope(reg: Registry) -> None:
+    """mmengine's ``type='mmdet.RetinaNet'`` (scope, dot, name) builds the registered name, as a ``_scope_`` key is dropped."""
+    w = reg.build(dict(type="mmdet.Widget", size=3))
+    assert type(w) is Widget and w.size == 3
+    assert "mmpretrain.Gadget" in reg and type(reg.get("mmpretrain.Gadget")(size=1)) is Gadget
+    reg.register(Keeper, name="my.Keeper")  # a name registered with a dot is found as written
+    assert reg.get("my.Keeper") is Keeper
+    with pytest.raises(KeyError, match=r"Unknown widget type 'mmdet.Widgte'\. Did you mean 'Widget'.*\(The scope 'mmdet' of type='mmdet.Widgte' is ignored: trainwright has one registry per kind, so 'Widgte' must be registered") as info:
+        reg.build(dict(_scope_="mmpretrain", type="mmdet.Widgte", size=1))
+    assert "mmpretrain" not in str(info.value)  # the type's own scope is the innermost one, as in mmengine
+    for odd in ("Widget.", ".Widget"):  # no scope or no name around the dot: looked up as written
+        with pytest.raises(KeyError, match=f"Unknown widget type {odd!r}") as plain:
+            reg.get(odd)
+        assert "is ignored" not in str(plain.value)
+
+
+@pytest.mark.usefixtures("scratch_registries")
+def test_a_list_of_model_configs_builds_an_nn_sequential() -> None:
+    """mmengine's ``build_model_from_cfg``: a list config in MODELS builds each item (same defaults) into an ``nn.Sequential``."""
+
+    @MODELS.register_module()
+    class Scale(nn.Module):
+        def __init__(self, factor: float, bias: float = 0.0) -> None:
+            super().__init__()
+            self.factor, self.bias = factor, bias
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            return x * self.factor + self.bias
+
+    seq = MODELS.build([dict(type="Scale", factor=2.0), dict(type="mmdet.Scale", factor=3.0, bias=1.0), nn.ReLU()], default_args=dict(bias=0.5))
+    assert isinstance(seq, nn.Sequential) and [type(m) for m in seq] == [Scale, Scale, nn.ReLU]
+    assert [(m.factor, m.bias) for m in seq[:2]] == [(2.0, 0.5), (3.0, 1.0)]  # the defaults fill each item; an item's own value wins
+    x = torch.tensor([-1.0, 0.0, 2.0])
+    assert torch.equal(seq(x), torch.relu((x * 2.0 + 0.5) * 3.0 + 1.0))
+    assert isinstance(MODELS.build([[dict(type="Scale", factor=1.0)]])[0], nn.Sequential)  # nested lists nest
+    assert DATASETS.build([1, 2]) == [1, 2]  # other registries return a list unchanged, like any non-mapping
 
 
 def _without_scopes(value: Any) -> Any:

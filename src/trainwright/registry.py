@@ -34,13 +34,19 @@ class Registry:
             registered here (used to reach every ``torch.optim`` optimizer by name).
         import_name: Where the registry is importable from (``"trainwright.registry.MODELS"``),
             for the "how to register" hint of unknown names.
+        build_list: What :meth:`build` makes of a list of configs, given the built items
+            (``MODELS``: ``nn.Sequential``, as mmengine's ``build_model_from_cfg``); None: a
+            list is returned unchanged, like any other non-mapping.
     """
 
-    def __init__(self, name: str, fallback: Callable[[str], Any] | None = None, import_name: str | None = None) -> None:
+    def __init__(
+        self, name: str, fallback: Callable[[str], Any] | None = None, import_name: str | None = None, build_list: Callable[[list[Any]], Any] | None = None
+    ) -> None:
         self.name = name
         self.import_name = import_name
         self._table: dict[str, Any] = {}
         self._fallback = fallback
+        self._build_list = build_list
 
     def register(self, obj: T | None = None, *, name: str | Sequence[str] | None = None, force: bool = False) -> Any:
         """Register ``obj`` under ``name`` (default: its ``__name__``); usable as a decorator.
@@ -84,21 +90,39 @@ class Registry:
         return self.register(module, name=name, force=force)
 
     def get(self, key: str) -> Any:
-        """Return the entry for ``key``; raise ``KeyError`` naming close matches if unknown (its ``unknown_type`` is ``key``)."""
-        if key in self._table:
-            return self._table[key]
-        if self._fallback is not None:
-            found = self._fallback(key)
+        """Return the entry for ``key``; raise ``KeyError`` naming close matches if unknown (its ``unknown_type`` is ``key``).
+
+        A name with an mmengine scope (``"mmdet.RetinaNet"``: the scope, a dot, the name) that is
+        not registered as written is looked up without its scope, as a config's ``_scope_`` key
+        is dropped: trainwright has one registry per kind. When neither is known, the error says
+        the scope was ignored (it is the innermost scope, so a ``_scope_`` or ``default_scope``
+        around it is not named).
+        """
+        found = self._lookup(key)
+        if found is not None:
+            return found
+        scope, dot, bare = key.partition(".")
+        if dot and scope and bare:
+            found = self._lookup(bare)
             if found is not None:
                 return found
+        else:
+            bare = key
         how = (
             f" To add one, decorate its class with @{self.import_name}.register() in a module the config imports "
             "(custom_imports = dict(imports=['my_module'])), or define it in a .py config."
             if self.import_name else ""
         )
-        error = KeyError(f"Unknown {self.name} type {key!r}.{did_you_mean(key, self.names())} Registered: {', '.join(sorted(self.names()))}.{how}")
-        error.unknown_type = key  # type: ignore[attr-defined]  # Trainer.from_config adds its default_scope hint to these
+        error = KeyError(f"Unknown {self.name} type {key!r}.{did_you_mean(bare, self.names())} Registered: {', '.join(sorted(self.names()))}.{how}")
+        error.unknown_type = bare  # type: ignore[attr-defined]  # Trainer.from_config adds its default_scope hint to these
+        if bare != key:
+            error.args = (error.args[0] + ignored_scope_hint(error, "type", scope, subject=f"The scope {scope!r} of type={key!r}"),)
         raise error
+
+    def _lookup(self, key: str) -> Any:
+        if key in self._table:
+            return self._table[key]
+        return self._fallback(key) if self._fallback is not None else None
 
     def names(self) -> list[str]:
         """All names this registry can build (fallback names included where listable)."""
@@ -119,7 +143,10 @@ class Registry:
         """Build an object from ``cfg``: a dict with ``type`` (a name or a class) and kwargs.
 
         Anything that is not a mapping is returned unchanged (objects first, configs second;
-        mmengine raises a ``TypeError`` instead), whatever the defaults.
+        mmengine raises a ``TypeError`` instead), whatever the defaults; except a list in a
+        registry with ``build_list`` (``MODELS``): each item is built with the same defaults
+        and the list handed to it (``MODELS.build([dict(type="Conv"), dict(type="ReLU")])`` is
+        an ``nn.Sequential`` of the two, as in mmengine).
 
         Defaults for the keys ``cfg`` does not give come two ways, usable together:
         ``default_args=dict(optimizer=opt)`` as in mmengine's ``Registry.build`` /
@@ -137,6 +164,8 @@ class Registry:
         whose constructor takes a parameter named ``default_args`` gets it from ``cfg``
         (``dict(type=..., default_args=...)``) or from ``default_args=dict(default_args=...)``.
         """
+        if isinstance(cfg, list) and self._build_list is not None:
+            return self._build_list([self.build(item, default_args=default_args, **kwargs) for item in cfg])
         if not isinstance(cfg, Mapping):
             return cfg
         if default_args is None:
@@ -199,19 +228,23 @@ def dropping_scope(args: dict[str, Any]) -> Iterator[Any]:
         raise
 
 
-def ignored_scope_hint(error: BaseException, key: str, scope: Any) -> str:
+def ignored_scope_hint(error: BaseException, key: str, scope: Any, *, subject: str | None = None) -> str:
     """The sentence an unknown-type ``error`` (``Registry.get``'s) gets when its config names an mmengine scope; "" when there is none to add.
 
-    ``key`` is ``"_scope_"`` or ``"default_scope"``. Nothing is added when ``scope`` is None, when
-    ``error`` is not an unknown-type error, or when a scope already explained it (the innermost
-    one, as mmengine would have used); otherwise the error is marked as explained by ``scope``.
+    ``key`` is where the scope was given: ``"_scope_"``, ``"default_scope"`` (the sentence says
+    "The config's <key>=<scope>"), or ``"type"`` for a scoped type name, with ``subject`` saying
+    so. Nothing is added when ``scope`` is None, when ``error`` is not an unknown-type error, or
+    when a scope already explained it (the innermost one, as mmengine would have used);
+    otherwise the error is marked as explained by ``scope``.
     """
     typ = getattr(error, "unknown_type", None)
     if scope is None or typ is None or getattr(error, "ignored_scope", None) is not None:
         return ""
     error.ignored_scope = scope  # type: ignore[attr-defined]
+    if subject is None:
+        subject = f"The config's {key}={scope!r}"
     return (
-        f" (The config's {key}={scope!r} is ignored: trainwright has one registry per kind, so {typ!r} must be registered in it by a module "
+        f" ({subject} is ignored: trainwright has one registry per kind, so {typ!r} must be registered in it by a module "
         f"the config imports, e.g. through custom_imports; the registries of {scope!r} are not searched.)"
     )
 
@@ -285,7 +318,13 @@ PARAM_SCHEDULERS = Registry("param scheduler", import_name="trainwright.registry
 HOOKS = Registry("hook", import_name="trainwright.registry.HOOKS")
 METRICS = Registry("metric", import_name="trainwright.registry.METRICS")
 STRATEGIES = Registry("strategy", import_name="trainwright.registry.STRATEGIES")
-MODELS = Registry("model", import_name="trainwright.registry.MODELS")
+def _sequential(modules: list[Any]) -> Any:
+    from torch import nn
+
+    return nn.Sequential(*modules)
+
+
+MODELS = Registry("model", import_name="trainwright.registry.MODELS", build_list=_sequential)
 DATASETS = Registry("dataset", import_name="trainwright.registry.DATASETS")
 
 __all__ = ["ConfigError", "Registry", "check_keys", "did_you_mean", "dropping_scope", "ignored_scope_hint", "OPTIMIZERS", "OPTIM_WRAPPERS", "OPTIM_WRAPPER_CONSTRUCTORS", "PARAM_SCHEDULERS", "HOOKS", "METRICS", "STRATEGIES", "MODELS", "DATASETS"]
