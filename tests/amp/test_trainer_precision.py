@@ -74,6 +74,7 @@ def _trainer(tmp: Path, precision: str = "32", max_iters: int = 4, model: TinyNe
     )
 
 
+@pytest.mark.filterwarnings("ignore:val\\(\\) ran over the val_dataloader without a val_evaluator:UserWarning")  # on purpose: no metric here
 @pytest.mark.parametrize("precision", ["bf16-mixed", "16-mixed"])
 def test_autocast_covers_forward_and_loss_only(tmp_path: Path, precision: str) -> None:
     val = DataLoader(_data(), batch_size=16)
@@ -88,6 +89,7 @@ def test_autocast_covers_forward_and_loss_only(tmp_path: Path, precision: str) -
     assert log["predict"] and all(log["predict"])
 
 
+@pytest.mark.filterwarnings("ignore:val\\(\\) ran over the val_dataloader without a val_evaluator:UserWarning")  # on purpose: no metric here
 def test_val_without_autocast_cfg_runs_in_fp32(tmp_path: Path) -> None:
     trainer = _trainer(tmp_path, "bf16-mixed", val_dataloader=DataLoader(_data(), batch_size=16))
     trainer.val()
@@ -147,6 +149,7 @@ def test_trainer_precision_conflicting_with_amp_wrapper_is_an_error(tmp_path: Pa
         _trainer(tmp_path, "bf16-mixed", optim_wrapper=bad).train()
 
 
+@pytest.mark.filterwarnings("ignore:val\\(\\) ran over the val_dataloader without a val_evaluator:UserWarning")  # on purpose: no metric here
 def test_amp_wrapper_with_default_trainer_precision_drives_the_loops(tmp_path: Path) -> None:
     amp = dict(type="AmpOptimWrapper", dtype="bfloat16", optimizer=dict(type="SGD", lr=0.1))
     trainer = _trainer(tmp_path, optim_wrapper=amp, val_dataloader=DataLoader(_data(), batch_size=16), val_cfg=dict(autocast=True), default_hooks=dict(checkpoint=None))

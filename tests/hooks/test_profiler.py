@@ -28,6 +28,7 @@ def test_trace_of_the_active_iterations_is_written_as_json(trainer_factory):
     assert rows[("ProfilerHook", "after_train_iter")] == 4 and rows[("ProfilerHook", "before_train_iter")] == 4
 
 
+@pytest.mark.filterwarnings("ignore:Profiler won't be using warmup:UserWarning", "ignore:.*Profiler clears events at the end of each cycle:UserWarning")  # torch's own notes on the schedule under test
 def test_repeat_and_skip_first_write_one_trace_per_cycle(trainer_factory):
     prof = ProfilerHook(wait=1, warmup=0, active=1, repeat=2, skip_first=3)
     t = trainer_factory(custom_hooks=[prof], train_cfg=dict(max_epochs=2))
@@ -56,6 +57,7 @@ def test_tensorboard_plugin_format(trainer_factory, tmp_path):
     assert (tmp_path / "prof" / "trace_rank0_iter2-2.json").exists()
 
 
+@pytest.mark.filterwarnings("ignore:Profiler won't be using warmup:UserWarning", "ignore:.*Profiler clears events at the end of each cycle:UserWarning")  # torch's own notes on the schedule under test
 def test_configured_by_dict_from_the_registry(trainer_factory):
     t = trainer_factory(custom_hooks=[dict(type="ProfilerHook", wait=0, warmup=0, active=1)])
     t.train()

@@ -134,6 +134,7 @@ def test_wandb_offline_run_lands_in_the_run_folder(trainer_factory: Any, tmp_pat
     assert b"train/loss" in logs[0].read_bytes() and b"val/acc" in logs[0].read_bytes()
 
 
+@pytest.mark.filterwarnings("ignore::DeprecationWarning:mlflow.*", "ignore:.*noload.*loader strategy is deprecated")  # inside mlflow's own sqlalchemy store
 @pytest.mark.slow
 def test_mlflow_metrics_query_back_through_the_client(trainer_factory: Any) -> None:
     pytest.importorskip("mlflow")

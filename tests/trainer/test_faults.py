@@ -515,6 +515,7 @@ def test_sigterm_on_one_rank_during_validation_stops_both_ranks_at_the_same_batc
     assert tw.checkpoint.load_file(work / "checkpoints" / "epoch_1.pth")["progress"]["epoch"] == 1
 
 
+@pytest.mark.filterwarnings("ignore:val\\(\\) ran over the val_dataloader without a val_evaluator:UserWarning")  # on purpose: no metric here
 def test_val_before_train_with_resume_resumes_the_checkpoint(tmp_path: Path):
     """resume=True, then val() before train(): the pass evaluates the resumed weights and train() continues the run
     (it used to start from scratch: the checkpoint was looked for before the training pieces existed)."""
