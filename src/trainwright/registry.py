@@ -90,7 +90,7 @@ class Registry:
         return self.register(module, name=name, force=force)
 
     def get(self, key: str) -> Any:
-        """Return the entry for ``key``; raise ``KeyError`` naming close matches if unknown (its ``unknown_type`` is ``key``).
+        """Return the entry for ``key``; raise ``KeyError`` naming close matches if unknown (its ``unknown_type`` is the name looked for).
 
         A name with an mmengine scope (``"mmdet.RetinaNet"``: the scope, a dot, the name) that is
         not registered as written is looked up without its scope, as a config's ``_scope_`` key

@@ -190,7 +190,10 @@ def _times_by_hand(rows: list, starts: dict, prev_end: float | None, untimed_to:
 
 @pytest.mark.parametrize("seed", range(40))
 def test_derive_times_equals_the_row_by_row_definition(seed: int) -> None:
-    """Flushes of every shape (clock restarts inside, untimed rows, a warm-up, no clock yet) give each row's times as defined, bit for bit."""
+    """Flushes of every shape (clock restarts inside, untimed rows, a warm-up, no clock yet) give each row's times as defined, bit for bit.
+
+    The guard for any faster ``derive_times`` (a whole-column path for the usual flush was tried: docs/benchmarks.md, seventh pass).
+    """
     from trainwright.logging.flush_batch import derive_times
 
     rng = random.Random(seed)
