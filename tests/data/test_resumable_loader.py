@@ -84,3 +84,22 @@ def test_iterable_datasets_count_as_they_go_and_replay_to_resume() -> None:
         rest = [x.tolist() for x in b]
     assert head + rest == [t.tolist() for t in torch.arange(N).split(BS)]
     assert b.epoch == 1 and b.position == 0
+
+
+@pytest.mark.parametrize("shuffle", [False, True])
+def test_epoch_sampler_shards_as_distributed_sampler(shuffle: bool) -> None:
+    """Every rank's indices, padded shards included, are torch's ``DistributedSampler``'s (same seed and epoch), for every length and world size."""
+    from torch.utils.data import DistributedSampler
+
+    from trainwright.data.loader import EpochSampler
+
+    for n in (1, 2, 5, 7, 16, 33):
+        for replicas in (1, 2, 3, 4, 8):
+            for rank in range(replicas):
+                ours = EpochSampler(n, shuffle=shuffle, seed=3, num_replicas=replicas, rank=rank)
+                ref = DistributedSampler(range(n), num_replicas=replicas, rank=rank, shuffle=shuffle, seed=3)
+                for epoch in (0, 1):
+                    ours.set_epoch(epoch)
+                    ref.set_epoch(epoch)
+                    assert list(ours) == list(ref), (n, replicas, rank, epoch)
+                    assert len(ours) == len(ref)

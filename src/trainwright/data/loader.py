@@ -17,6 +17,7 @@ the samples draw from the main process's generators, which the checkpoint restor
 from __future__ import annotations
 
 import itertools
+import operator
 import random
 import warnings
 from collections.abc import Iterator, Mapping, Sized
@@ -60,17 +61,18 @@ class EpochSampler(Sampler[int]):
         self.epoch = epoch
 
     def __iter__(self) -> Iterator[int]:
-        if self.shuffle:
-            g = torch.Generator()
-            g.manual_seed(self.seed + self.epoch)
-            order = torch.randperm(self.num_samples, generator=g).tolist()
-        else:
-            order = list(range(self.num_samples))
-        if self.num_replicas == 1:
+        n, replicas = self.num_samples, self.num_replicas
+        total = len(self) * replicas  # the order padded to a multiple of the replicas: position k holds its (k % n)-th index
+        if not self.shuffle:  # position k holds index k % n: nothing to build (a list of n indices per epoch costs ~1 ms per 64k)
+            positions = range(self.rank, total, replicas)
+            return iter(positions) if total == n else map(operator.mod, positions, itertools.repeat(n))
+        g = torch.Generator()
+        g.manual_seed(self.seed + self.epoch)
+        order = torch.randperm(n, generator=g).tolist()
+        if replicas == 1:
             return iter(order)
-        total = len(self) * self.num_replicas
-        order += (order * (total // max(len(order), 1) + 1))[: total - len(order)]
-        return iter(order[self.rank : total : self.num_replicas])
+        order += (order * (total // max(n, 1) + 1))[: total - n]
+        return iter(order[self.rank : total : replicas])
 
     def __len__(self) -> int:
         return -(-self.num_samples // self.num_replicas)
