@@ -10,7 +10,7 @@ import pytest
 
 from trainwright.hooks.dispatch import HookList
 from trainwright.hooks.early_stopping import EarlyStoppingHook
-from trainwright.loops.progress import Progress
+from trainwright.utils.progress import Progress
 from trainwright.registry import HOOKS
 
 

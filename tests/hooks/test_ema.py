@@ -18,7 +18,7 @@ from trainwright.hooks.dispatch import HookList
 from trainwright.hooks.ema import EMAHook
 from trainwright.hooks.hook import Hook
 from trainwright.loops.eval_loop import EvalLoop
-from trainwright.loops.progress import Progress
+from trainwright.utils.progress import Progress
 from trainwright.model.base_model import BaseModel
 from trainwright.registry import HOOKS
 

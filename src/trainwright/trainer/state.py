@@ -45,7 +45,7 @@ from trainwright.version import __version__
 if TYPE_CHECKING:
     from trainwright.data.loader import ResumableLoader
     from trainwright.hooks.dispatch import HookList
-    from trainwright.loops.progress import Progress
+    from trainwright.utils.progress import Progress
     from trainwright.strategies.base import Strategy
     from trainwright.trainer.trainer import Trainer
 

@@ -16,7 +16,7 @@ from trainwright.hooks.timing import HookReport, HookTimer
 from trainwright.logging.logger import close_logger, create_logger
 from trainwright.logging.metric_store import MetricStore
 from trainwright.logging.writers import Writer, build_writers, plain
-from trainwright.loops.progress import Progress
+from trainwright.utils.progress import Progress
 from trainwright.loops.train_loop import EpochBasedTrainLoop, IterBasedTrainLoop
 from trainwright.model.base_model import ModuleAdapter, as_base_model
 from trainwright.registry import check_keys
