@@ -101,13 +101,13 @@ class Registry:
         found = self._lookup(key)
         if found is not None:
             return found
-        scope, dot, bare = key.partition(".")
-        if dot and scope and bare:
+        scope, dot, rest = key.partition(".")
+        scoped = bool(dot and scope and rest)  # "mmdet.RetinaNet"; not ".Foo" or "Foo."
+        bare = rest if scoped else key
+        if scoped:
             found = self._lookup(bare)
             if found is not None:
                 return found
-        else:
-            bare = key
         how = (
             f" To add one, decorate its class with @{self.import_name}.register() in a module the config imports "
             "(custom_imports = dict(imports=['my_module'])), or define it in a .py config."
@@ -115,7 +115,7 @@ class Registry:
         )
         error = KeyError(f"Unknown {self.name} type {key!r}.{did_you_mean(bare, self.names())} Registered: {', '.join(sorted(self.names()))}.{how}")
         error.unknown_type = bare  # type: ignore[attr-defined]  # Trainer.from_config adds its default_scope hint to these
-        if bare != key:
+        if scoped:
             error.args = (error.args[0] + ignored_scope_hint(error, "type", scope, subject=f"The scope {scope!r} of type={key!r}"),)
         raise error
 
