@@ -96,6 +96,15 @@ def test_cast_rejects_bad_types_with_a_fix() -> None:
         cast_tensor_type(torch.randn(2), torch.float32, "float16")  # type: ignore[arg-type]
     with pytest.raises(TypeError, match="pass src_type as a torch.dtype"):
         cast_tensor_type(torch.randn(2), torch.device("cpu"), torch.float16)
+    with pytest.raises(TypeError, match="torch.dtype or a torch.device"):
+        cast_tensor_type({"x": [torch.randn(2)]}, str, str)  # type: ignore[arg-type]
+
+
+def test_cast_with_nothing_to_cast_ignores_the_types() -> None:
+    # mmcv 1.x (and its tests): the types are only used on tensors
+    assert cast_tensor_type("tensor", str, str) == "tensor"  # type: ignore[arg-type]
+    batch = {"name": "a", "ids": [1, 2]}
+    assert cast_tensor_type(batch, str, str) is batch  # type: ignore[arg-type]
 
 
 # ----------------------------------------------------------------------------- patch_forward_method

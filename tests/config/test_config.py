@@ -194,6 +194,25 @@ def test_copy_and_pickle() -> None:
         assert cfg.a.b[0].c == 1
 
 
+@pytest.mark.parametrize("text", ["[1,2", "(1, 2", "[a,b", "[1,2)", "a,[b"])
+def test_parse_value_unbalanced_brackets(text: str) -> None:
+    with pytest.raises(ConfigError, match="unbalanced brackets"):
+        parse_value(text)
+    with pytest.raises(ConfigError, match="unbalanced brackets"):
+        parse_overrides([f"a={text}"])
+
+
+def test_parse_value_quoted_bracket_is_a_string() -> None:
+    assert parse_value("'x ]'") == "x ]"
+
+
+def test_fromstring_refuses_unknown_formats() -> None:
+    with pytest.raises(ConfigError, match=r"unknown config format '.toml'"):
+        Config.fromstring("a = 1", ".toml")
+    with pytest.raises(ConfigError, match=r"unknown config format 'py'"):
+        Config.fromstring("a = 1", "py")
+
+
 def test_fromstring() -> None:
     assert Config.fromstring("a = dict(b=1)\n_x = 2\n", ".py").to_dict() == {"a": {"b": 1}}
     assert Config.fromstring("a: {b: 1, _delete_: true}\n", ".yaml").to_dict() == {"a": {"b": 1}}

@@ -43,8 +43,9 @@ def cast_tensor_type(
         ``inputs`` with the matching tensors cast, container types preserved.
 
     Raises:
-        TypeError: If ``dst_type``/``src_type`` are not dtypes/devices, or a container
-            type cannot be rebuilt from its cast items.
+        TypeError: If ``dst_type``/``src_type`` are not dtypes/devices and ``inputs`` holds a
+            tensor (with nothing to cast they are not used, as in mmcv), or a container type
+            cannot be rebuilt from its cast items.
 
     Example:
         >>> batch = {"img": torch.ones(2, 3), "label": torch.tensor([1, 0])}
@@ -52,23 +53,13 @@ def cast_tensor_type(
         >>> out["img"].dtype, out["label"].dtype
         (torch.float16, torch.int64)
     """
-    if isinstance(dst_type, torch.device):
-        if src_type is not None and not isinstance(src_type, torch.device):
-            raise TypeError(
-                f"cast_tensor_type: dst_type is the device {dst_type} but src_type is {src_type!r}; "
-                "pass src_type as a torch.device (the device to move from) or None (move every tensor)"
-            )
-    elif isinstance(dst_type, torch.dtype):
-        if src_type is not None and not isinstance(src_type, torch.dtype):
-            raise TypeError(
-                f"cast_tensor_type: dst_type is the dtype {dst_type} but src_type is {src_type!r}; "
-                "pass src_type as a torch.dtype (e.g. torch.float32) or None (every floating-point tensor)"
-            )
-    else:
-        raise TypeError(
-            f"cast_tensor_type: dst_type must be a torch.dtype or a torch.device, got {dst_type!r} "
-            f"({type(dst_type).__name__}); write e.g. torch.float16 or torch.device('cuda')"
-        )
+    error = _type_error(src_type, dst_type)
+    if error is not None:
+        # mmcv semantics: with nothing to cast the types are never used (cast_tensor_type('x', str, str) == 'x')
+        def refuse(t: torch.Tensor) -> bool:
+            raise TypeError(error)
+
+        return _cast(inputs, refuse, dst_type)  # type: ignore[arg-type]
 
     if isinstance(dst_type, torch.device):
         src_dev = src_type if isinstance(src_type, torch.device) else None
@@ -89,6 +80,28 @@ def cast_tensor_type(
             return t.dtype == src_dtype
 
     return _cast(inputs, matches, dst_type)
+
+
+def _type_error(src_type: Any, dst_type: Any) -> str | None:
+    """Why ``src_type`` / ``dst_type`` cannot cast a tensor, or None when they can."""
+    if isinstance(dst_type, torch.device):
+        if src_type is not None and not isinstance(src_type, torch.device):
+            return (
+                f"cast_tensor_type: dst_type is the device {dst_type} but src_type is {src_type!r}; "
+                "pass src_type as a torch.device (the device to move from) or None (move every tensor)"
+            )
+    elif isinstance(dst_type, torch.dtype):
+        if src_type is not None and not isinstance(src_type, torch.dtype):
+            return (
+                f"cast_tensor_type: dst_type is the dtype {dst_type} but src_type is {src_type!r}; "
+                "pass src_type as a torch.dtype (e.g. torch.float32) or None (every floating-point tensor)"
+            )
+    else:
+        return (
+            f"cast_tensor_type: dst_type must be a torch.dtype or a torch.device, got {dst_type!r} "
+            f"({type(dst_type).__name__}); write e.g. torch.float16 or torch.device('cuda')"
+        )
+    return None
 
 
 def _cast(obj: Any, matches: Callable[[torch.Tensor], bool], dst: torch.dtype | torch.device) -> Any:

@@ -145,7 +145,13 @@ class Config(ConfigDict):
 
     @classmethod
     def fromstring(cls, text: str, suffix: str) -> Config:
-        """Parse ``text`` as a ``.py`` / ``.yaml`` / ``.json`` config (no ``_base_`` files)."""
+        """Parse ``text`` as a ``.py`` / ``.yaml`` / ``.json`` config (no ``_base_`` files).
+
+        Raises:
+            ConfigError: ``suffix`` is not one of those formats.
+        """
+        if suffix not in SUFFIXES:
+            raise ConfigError(f"Config.fromstring: unknown config format {suffix!r}; use one of {', '.join(SUFFIXES)} (with the dot)")
         data = _parse_text(text, suffix, Path(f"<string>{suffix}"))
         data.pop(BASE_KEY, None)
         return cls(_strip_delete(data))

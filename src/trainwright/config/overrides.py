@@ -26,12 +26,27 @@ def parse_value(text: str) -> Any:
         return ast.literal_eval(text)
     except (ValueError, SyntaxError, TypeError, MemoryError, RecursionError):
         pass
+    _check_brackets(text)
     if text[:1] in "[(" and text[-1:] in "])":  # a bracketed list of bare words: [a,b]
         items = [parse_value(t) for t in _split_top(text[1:-1])] if text[1:-1].strip() else []
         return items if text[0] == "[" else tuple(items)
     if "," in text:
         return [parse_value(t) for t in _split_top(text)]
     return text
+
+
+def _check_brackets(text: str) -> None:
+    """Raise a ConfigError naming ``text`` when its brackets do not pair up (``[1,2``, ``(a]``)."""
+    stack: list[str] = []
+    pairs = {")": "(", "]": "[", "}": "{"}
+    for ch in text:
+        if ch in "([{":
+            stack.append(ch)
+        elif ch in pairs and (not stack or stack.pop() != pairs[ch]):
+            stack.append(ch)
+            break
+    if stack:
+        raise ConfigError(f"the value {text!r} has unbalanced brackets; close each '[', '(' and '{{' (quote the whole option in the shell, e.g. 'a=[1,2]')")
 
 
 def _split_top(text: str) -> list[str]:
