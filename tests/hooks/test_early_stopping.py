@@ -131,3 +131,28 @@ def test_registered_stateful_and_dispatched() -> None:
     hooks.call("after_val_epoch", t, {"val/acc": 0.5})
     hooks.call("after_val_epoch", t, {"val/acc": 0.4})
     assert t.should_stop
+
+
+@pytest.mark.parametrize(("monitor", "rule"), [("val/Loss", "less"), ("val/LOSS_total", "less"), ("val/Acc", "greater"), ("accuracy/top1", "greater"), ("val/mAP", "greater")])
+def test_rule_is_inferred_by_mmengine_keys_case_insensitively(monitor: str, rule: str) -> None:
+    assert EarlyStoppingHook(monitor).rule == rule
+
+
+def test_a_falling_capitalised_loss_does_not_stop() -> None:
+    hook, t = EarlyStoppingHook("val/Loss", patience=1), _trainer()
+    assert _feed(hook, t, [1.0, 0.8, 0.6, 0.4]) is None
+    assert hook.best_score == 0.4
+
+
+def test_a_key_with_no_known_direction_needs_a_rule() -> None:
+    with pytest.raises(ValueError, match=r"cannot tell whether a higher or a lower 'val/recall' is better.*rule='greater'"):
+        EarlyStoppingHook("val/recall")
+    assert EarlyStoppingHook("val/recall", rule="greater").rule == "greater"
+
+
+def test_an_mmengine_key_without_the_val_prefix_is_found(recwarn: pytest.WarningsRecorder) -> None:
+    hook, t = EarlyStoppingHook("test/acc", patience=1), _trainer()
+    hook.after_val_epoch(t, {"val/test/acc": 0.5})
+    hook.after_val_epoch(t, {"val/test/acc": 0.4})
+    assert t.should_stop and hook.best_score == 0.5
+    assert not [w for w in recwarn if "not among the validation metrics" in str(w.message)]

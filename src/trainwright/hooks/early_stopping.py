@@ -9,7 +9,9 @@ from typing import TYPE_CHECKING, Any
 
 from typing_extensions import override
 
+from trainwright.hooks.checkpoint import DEFAULT_GREATER_KEYS, DEFAULT_LESS_KEYS, infer_rule
 from trainwright.hooks.hook import Hook
+from trainwright.optim.scheduler.plateau import VAL_PREFIX
 from trainwright.registry import HOOKS, did_you_mean
 
 if TYPE_CHECKING:
@@ -32,9 +34,13 @@ class EarlyStoppingHook(Hook):
     stops where the uninterrupted one would have.
 
     Args:
-        monitor: Metric key as the validation loop reports it, e.g. ``"val/acc"``.
-        rule: ``"greater"`` or ``"less"`` is better; ``None`` infers it from the name
-            (``"loss"`` in ``monitor`` → ``"less"``, otherwise ``"greater"``).
+        monitor: Metric key as the validation loop reports it, e.g. ``"val/acc"``; an mmengine
+            key without the ``val/`` prefix (``"accuracy/top1"``) is found as ``val/<monitor>``
+            too, as ``ReduceOnPlateau`` does.
+        rule: ``"greater"`` or ``"less"`` is better; ``None`` infers it from the name by
+            mmengine's keys, case-insensitively (``acc``, ``top``, ``auc``, ``precision``,
+            ``mAP``... → ``"greater"``; ``loss`` → ``"less"``); a name matching none (``"recall"``)
+            needs an explicit ``rule`` (a ``ValueError`` at construction, as in mmengine).
         min_delta: Smallest change that counts as an improvement (>= 0).
         patience: Bad validations in a row to tolerate before stopping (>= 1).
         strict: Raise if ``monitor`` is missing from the metrics (otherwise warn and skip).
@@ -60,7 +66,13 @@ class EarlyStoppingHook(Hook):
         if not isinstance(monitor, str) or not monitor:
             raise ValueError(f"EarlyStoppingHook monitor must be a metric key such as 'val/acc', got {monitor!r}")
         if rule is None:
-            rule = "less" if "loss" in monitor else "greater"
+            try:
+                rule = infer_rule(monitor)
+            except ValueError:
+                raise ValueError(
+                    f"EarlyStoppingHook cannot tell whether a higher or a lower {monitor!r} is better: it matches none of mmengine's "
+                    f"greater keys {list(DEFAULT_GREATER_KEYS)} nor less keys {list(DEFAULT_LESS_KEYS)}. Pass rule='greater' or rule='less'"
+                ) from None
         if rule not in ("greater", "less"):
             raise ValueError(f"EarlyStoppingHook rule must be 'greater', 'less' or None (inferred from the name), got {rule!r}")
         if min_delta < 0:
@@ -83,7 +95,8 @@ class EarlyStoppingHook(Hook):
         if metrics is None:
             return
         metrics = metrics or {}
-        if self.monitor not in metrics:
+        key = next((k for k in (self.monitor, VAL_PREFIX + self.monitor) if k in metrics), None)
+        if key is None:
             msg = (
                 f"EarlyStoppingHook: the metric {self.monitor!r} is not among the validation metrics "
                 f"{sorted(metrics)}.{did_you_mean(self.monitor, list(metrics))} Set `monitor` to one of them"
@@ -92,7 +105,7 @@ class EarlyStoppingHook(Hook):
                 raise KeyError(msg)
             warnings.warn(msg + " (early stopping skipped this validation).", stacklevel=2)
             return
-        reason = self._check(float(metrics[self.monitor]))
+        reason = self._check(float(metrics[key]))
         if reason:
             trainer.should_stop = True
             trainer.logger.info("Early stopping: %s", reason)

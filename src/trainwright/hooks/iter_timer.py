@@ -27,11 +27,12 @@ class IterTimerHook(Hook):
     without it (``default_hooks=dict(timer=None)``) no times are logged.
 
     Args:
-        warmup_iter: The first ``warmup_iter`` iterations of each ``train()`` (counted from
-            the iteration it starts or resumes at) get no ``data_time`` / ``time``, so start-up
-            costs (worker start, allocator and kernel warm-up, compilation) do not enter the
-            logged means or the ETA: detectron2's ``IterationTimer(warmup_iter=3)``. 0 (the
-            default, as mmengine's IterTimerHook) times every iteration.
+        warmup_iter: detectron2's ``IterationTimer(warmup_iter=...)``: an iteration is timed
+            once ``warmup_iter`` iterations of this ``train()`` (counted from the iteration it
+            starts or resumes at, the current one included) are done, so the first
+            ``warmup_iter - 1`` get no ``data_time`` / ``time`` and start-up costs (worker
+            start, allocator and kernel warm-up, compilation) stay out of the logged means and
+            the ETA. 0 (the default, as mmengine's IterTimerHook) and 1 time every iteration.
     """
 
     priority = "VERY_HIGH"
@@ -43,7 +44,8 @@ class IterTimerHook(Hook):
         self._v = 0.0
 
     def before_train(self, trainer: TrainerView) -> None:  # noqa: D102
-        trainer.metric_store.skip_times_until(trainer.progress.iteration + self.warmup_iter)
+        # detectron2 times an iteration when iter_done (1-based) >= warmup_iter
+        trainer.metric_store.skip_times_until(trainer.progress.iteration + max(self.warmup_iter - 1, 0))
 
     def before_train_epoch(self, trainer: TrainerView) -> None:  # noqa: D102
         trainer.metric_store.start_clock(_clock())
