@@ -132,3 +132,43 @@ def test_a_deep_copy_is_not_watched_through_the_original_optimizer() -> None:
     twin.optimizer.step()
     assert user_warnings(twin.step) == [] and twin.optimizer.param_groups[0]["lr"] == pytest.approx(0.09)
     assert len(user_warnings(sched.step)) == 1  # the original still checks its own optimizer
+
+
+ROUND_TRIP = [
+    lambda o: ExponentialLR(o, gamma=0.9),
+    lambda o: StepMomentum(o, step_size=1),
+    lambda o: CosineRestartLR(o, periods=[3], eta_min=0.0),
+    lambda o: OneCycleLR(o, eta_max=1.0, total_steps=10, cycle_momentum=True),
+    lambda o: ReduceOnPlateauLR(o, monitor="loss", patience=1),
+]
+
+
+@pytest.mark.parametrize("make", ROUND_TRIP)
+def test_state_dict_round_trip_leaves_every_attribute_equal_and_does_not_warn(make: Any) -> None:
+    # mmengine's scheduler tests compare scheduler.__dict__ (all but the optimizer) after load_state_dict
+    opt = sgd()
+    sched = make(opt)
+    for i in range(3):
+        opt.step()
+        sched.step({"loss": 1.0}) if sched.need_val_args else sched.step()
+    copy_opt = sgd()
+    copy_opt.load_state_dict(opt.state_dict())
+    copy = make(copy_opt)
+    copy.load_state_dict(sched.state_dict())
+    mine = {k: v for k, v in sched.__dict__.items() if k != "optimizer"}
+    theirs = {k: v for k, v in copy.__dict__.items() if k != "optimizer"}
+    assert mine == theirs
+    # restored mid-schedule: no misuse warning on its next step, though copy_opt has not stepped since
+    assert user_warnings(lambda: copy.step({"loss": 1.0}) if copy.need_val_args else copy.step()) == []
+
+
+@pytest.mark.parametrize("make", MAKERS)
+def test_misuse_warnings_carry_torchs_wording_and_link(make: Any) -> None:
+    before = user_warnings(make(sgd()).step)[0]
+    assert "Detected call of `" in before and "before `optimizer.step()`" in before
+    assert "https://pytorch.org/docs/stable/optim.html#how-to-adjust-learning-rate" in before
+    opt = sgd()
+    sched = make(opt)
+    opt.step = lambda *a, **k: None  # type: ignore[method-assign]
+    replaced = user_warnings(sched.step)[0]
+    assert "Seems like `optimizer.step()` has been overridden" in replaced and "optim.html#how-to-adjust-learning-rate" in replaced

@@ -172,8 +172,15 @@ class ParamScheduler:
         return {key: value for key, value in self.__dict__.items() if key not in _NOT_STATE}
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
-        """Restore the state returned by :meth:`state_dict` (load the optimizer's state too)."""
+        """Restore the state returned by :meth:`state_dict` (load the optimizer's state too).
+
+        A state that has stepped past construction restores a scheduler in mid-schedule: its
+        first-step misuse check is dropped (the order was the saved run's business), so every
+        attribute equals the saved scheduler's, as in mmengine.
+        """
         self.__dict__.update({k: v for k, v in state_dict.items() if k not in _NOT_STATE})
+        if self._global_step > 0:
+            self.disable_step_order_check()
 
     @classmethod
     def build_iter_from_epoch(
