@@ -85,6 +85,9 @@ def test_env(capsys: pytest.CaptureFixture[str]) -> None:
     out = capsys.readouterr().out
     for key in ("trainwright:", "Python:", "torch:", "CUDA available:", "Distributed backends:", "gloo=", "Packages:", "matplotlib"):
         assert key in out
+    # the optional packages a run may use are listed too, installed or not
+    for dist in ("wandb", "mlflow", "torchmetrics", "deepspeed", "rich", "torchao", "s3fs", "optuna"):
+        assert f"{dist} " in out.split("Packages:")[1]
 
 
 def _write(tmp_path: Path, name: str, text: str) -> str:

@@ -12,7 +12,11 @@ from trainwright.dist import available_backends, detect_launcher
 from trainwright.version import __version__
 
 #: Optional packages and the extra that installs each.
-EXTRAS = {"pyyaml": "yaml", "matplotlib": "(core)", "tensorboard": "tensorboard", "scikit-learn": "demo", "safetensors": "(core)", "numpy": "(core)"}
+EXTRAS = {
+    "numpy": "(core)", "safetensors": "(core)", "matplotlib": "(core)", "rich": "(core)", "pyyaml": "yaml", "scikit-learn": "demo",
+    "tensorboard": "tensorboard", "wandb": "wandb", "mlflow": "mlflow", "torchmetrics": "torchmetrics", "deepspeed": "deepspeed",
+    "torchao": "float8", "fsspec": "remote storage", "s3fs": "remote storage", "optuna": "sweeps",
+}
 
 
 def _version(dist: str) -> str:
