@@ -317,6 +317,7 @@ def _mmengine_config(work_dir: Path, model_type: str = "PortedRegressor") -> dic
             batch_size=4,
             num_workers=0,
             sampler=dict(type="DefaultSampler", shuffle=False),
+            collate_fn=dict(type="default_collate"),  # (mmengine's default would be pseudo_collate)
             dataset=dict(_scope_="mmdet", type="RegressionSet", n=16),
         ),
         optim_wrapper=dict(type="OptimWrapper", optimizer=dict(type="SGD", lr=0.05)),

@@ -326,5 +326,7 @@ def _sequential(modules: list[Any]) -> Any:
 
 MODELS = Registry("model", import_name="trainwright.registry.MODELS", build_list=_sequential)
 DATASETS = Registry("dataset", import_name="trainwright.registry.DATASETS")
+#: Plain functions built by name (mmengine's ``FUNCTIONS``): ``collate_fn=dict(type='pseudo_collate')``.
+FUNCTIONS = Registry("function", import_name="trainwright.registry.FUNCTIONS")
 
-__all__ = ["ConfigError", "Registry", "check_keys", "did_you_mean", "dropping_scope", "ignored_scope_hint", "OPTIMIZERS", "OPTIM_WRAPPERS", "OPTIM_WRAPPER_CONSTRUCTORS", "PARAM_SCHEDULERS", "HOOKS", "METRICS", "STRATEGIES", "MODELS", "DATASETS"]
+__all__ = ["ConfigError", "Registry", "check_keys", "did_you_mean", "dropping_scope", "ignored_scope_hint", "OPTIMIZERS", "OPTIM_WRAPPERS", "OPTIM_WRAPPER_CONSTRUCTORS", "PARAM_SCHEDULERS", "HOOKS", "METRICS", "STRATEGIES", "MODELS", "DATASETS", "FUNCTIONS"]

@@ -41,8 +41,16 @@ class TinyClassifier(tw.BaseModel):
         self.head = nn.Linear(self.backbone.fc.out_features, num_classes)
 
     def forward(self, x, y=None, mode="tensor"):
+        if isinstance(x, (list, tuple)):  # mmengine's pseudo_collate: a list of samples (an mmengine data preprocessor stacks them)
+            SEEN_BATCH_TYPES.add("pseudo")
+            x, y = torch.stack(list(x)), None if y is None else torch.stack(list(y))
+        else:
+            SEEN_BATCH_TYPES.add("stacked")
         logits = self.head(self.backbone(x))
         return {"loss": F.cross_entropy(logits, y)} if mode == "loss" else logits
+
+
+SEEN_BATCH_TYPES = set()
 
 
 @DATASETS.register()
@@ -156,11 +164,37 @@ def test_mmengine_style_config_loads_and_trains(tmp_path: Path, components: str)
         trainer.train()
         assert trainer.progress.epoch == 3
         assert trainer.val()["val/acc"] > 0.9
+        # train_dataloader names default_collate; val_dataloader names none: mmengine's default, pseudo_collate
+        assert __import__(components).SEEN_BATCH_TYPES == {"stacked", "pseudo"}
         assert trainer.optim_wrapper.optimizer.param_groups[0]["lr"] == pytest.approx(0.005)  # MultiStepLR at epoch 2
         dumped = Config.fromfile(tmp_path / "work" / "run" / "config.py")
         assert dumped.model.backbone.width == 32 and "_base_" not in dumped
     finally:
         trainer.close()
+
+
+def test_collate_fn_configs_build_mmengine_functions(tmp_path: Path) -> None:
+    from trainwright.data.collate import pseudo_collate
+
+    data = torch.utils.data.TensorDataset(torch.arange(6.0).view(3, 2), torch.arange(3))
+    built = {}
+    for name, loader in [
+        ("mm_default", dict(dataset=data, batch_size=3, sampler=dict(type="DefaultSampler", shuffle=False))),
+        ("named", dict(dataset=data, batch_size=3, collate_fn=dict(type="pseudo_collate"))),
+        ("plain", dict(dataset=data, batch_size=3)),
+    ]:
+        trainer = tw.Trainer.from_config(dict(model=nn.Linear(2, 1), work_dir=str(tmp_path / name), val_dataloader=loader))
+        try:
+            built[name] = next(iter(trainer.val_loop.dataloader))
+        finally:
+            trainer.close()
+    for name in ("mm_default", "named"):
+        xs, ys = built[name]
+        assert isinstance(xs, tuple) and len(xs) == 3 and torch.equal(xs[2], torch.tensor([4.0, 5.0])) and [int(y) for y in ys] == [0, 1, 2]
+    assert torch.equal(built["plain"][0], torch.arange(6.0).view(3, 2))  # a plain dict keeps torch's default_collate
+    assert pseudo_collate([{"a": 1, "b": "x"}, {"a": 2, "b": "y"}]) == {"a": [1, 2], "b": ["x", "y"]}
+    with pytest.raises(ConfigError, match="pseudo_colate"):
+        tw.Trainer.from_config(dict(model=nn.Linear(2, 1), work_dir=str(tmp_path / "bad"), val_dataloader=dict(dataset=data, collate_fn=dict(type="pseudo_colate"))))
 
 
 def test_unknown_top_level_key_has_close_match(tmp_path: Path) -> None:

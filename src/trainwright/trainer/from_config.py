@@ -5,7 +5,8 @@ the rest by the Trainer as for any dict argument. Every failure becomes a
 :class:`~trainwright.registry.ConfigError` naming the config path of the failing key
 (``model.backbone``, ``train_dataloader.dataset``) and the original error. mmengine spellings
 of the parts trainwright has are accepted (loop types in ``train_cfg`` / ``val_cfg`` /
-``test_cfg``, ``DefaultSampler`` / ``InfiniteSampler``, ``default_collate``); mmengine runtime
+``test_cfg``, ``DefaultSampler`` / ``InfiniteSampler``, ``collate_fn=dict(type=...)``, with
+mmengine's default ``pseudo_collate`` for a dataloader dict with such a sampler); mmengine runtime
 keys that trainwright has no use for are ignored with a warning.
 """
 
@@ -21,7 +22,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from trainwright.logging.writers import plain
-from trainwright.registry import DATASETS, MODELS, ConfigError, did_you_mean, dropping_scope, ignored_scope_hint
+from trainwright.registry import DATASETS, FUNCTIONS, MODELS, ConfigError, did_you_mean, dropping_scope, ignored_scope_hint
 from trainwright.utils.seed import set_random_seed
 
 if TYPE_CHECKING:
@@ -35,6 +36,23 @@ _LOADERS = ("train_dataloader", "val_dataloader", "test_dataloader")
 _LOOP_TYPES = {"EpochBasedTrainLoop": True, "IterBasedTrainLoop": False}
 _EVAL_LOOP_TYPES = {"val_cfg": "ValLoop", "test_cfg": "TestLoop"}
 _SAMPLERS = {"DefaultSampler", "InfiniteSampler"}
+
+
+def _collate_fn(loader: str, cfg: Mapping[str, Any]) -> Any:
+    """``collate_fn=dict(type=name, **kwargs)``: the function registered in ``FUNCTIONS`` with the kwargs bound (mmengine's)."""
+    import functools
+
+    import trainwright.data.collate  # noqa: F401  (registers pseudo_collate / default_collate)
+
+    cfg = {k: v for k, v in cfg.items() if k != "_scope_"}
+    if "type" not in cfg:
+        raise ConfigError(f"{loader}.collate_fn needs a 'type' (a function name such as 'pseudo_collate' or 'default_collate'), got {cfg}")
+    kind = cfg.pop("type")
+    try:
+        fn = kind if callable(kind) else FUNCTIONS.get(kind)
+    except KeyError as e:
+        raise ConfigError(f"{loader}.collate_fn: {e.args[0]}") from None
+    return functools.partial(fn, **cfg) if cfg else fn
 
 
 def trainer_keys(trainer_cls: type) -> list[str]:
@@ -211,12 +229,14 @@ def _translate_mmengine(kwargs: dict[str, Any]) -> None:
             continue
         loader = dict(loader)
         sampler = loader.get("sampler")
-        if isinstance(sampler, Mapping) and sampler.get("type") in _SAMPLERS:
+        mmengine_style = isinstance(sampler, Mapping) and sampler.get("type") in _SAMPLERS
+        if mmengine_style:
             loader.pop("sampler")
-            loader.setdefault("shuffle", bool(sampler.get("shuffle", True)))
-        collate = loader.get("collate_fn")
-        if isinstance(collate, Mapping) and collate.get("type") == "default_collate":
-            loader.pop("collate_fn")
+            loader.setdefault("shuffle", bool(sampler.get("shuffle", True)))  # type: ignore[union-attr]
+        # mmengine's Runner collates with pseudo_collate unless the config names another function
+        collate = loader.get("collate_fn", dict(type="pseudo_collate") if mmengine_style else None)
+        if isinstance(collate, Mapping):
+            loader["collate_fn"] = _collate_fn(name, collate)
         if not loader.get("num_workers"):
             loader.pop("persistent_workers", None)  # torch refuses persistent_workers without workers
         kwargs[name] = loader
