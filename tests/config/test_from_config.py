@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import textwrap
+import warnings
 from pathlib import Path
 
 import pytest
@@ -171,6 +172,40 @@ def test_mmengine_style_config_loads_and_trains(tmp_path: Path, components: str)
         assert dumped.model.backbone.width == 32 and "_base_" not in dumped
     finally:
         trainer.close()
+
+
+def test_mmengine_visualizer_backends_become_writers(tmp_path: Path, components: str) -> None:
+    pytest.importorskip("tensorboard")
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    path = _mm_config(tmp_path, components)
+    text = path.read_text() + (
+        "vis_backends = [dict(type='LocalVisBackend'), dict(type='TensorboardVisBackend')]\n"
+        "visualizer = dict(type='UniversalVisualizer', vis_backends=vis_backends, name='visualizer')\n"
+        "train_cfg = dict(max_epochs=1)\n"
+    )
+    path.write_text(text)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        trainer = tw.Trainer.from_config(Config.fromfile(path), experiment_name="vis")
+    try:
+        assert [type(w).__name__ for w in trainer.writers] == ["ConsoleWriter", "JsonlWriter", "TensorBoardWriter"]
+        trainer.train()
+    finally:
+        trainer.close()
+    acc = EventAccumulator(str(trainer.run_dir / "tensorboard"))
+    acc.Reload()
+    assert "train/loss" in acc.Tags()["scalars"] and "val/acc" in acc.Tags()["scalars"]
+    assert (trainer.run_dir / "metrics.jsonl").is_file()
+
+
+def test_unknown_visualizer_backend_is_refused_by_name(tmp_path: Path) -> None:
+    cfg = dict(model=nn.Linear(2, 1), work_dir=str(tmp_path), visualizer=dict(vis_backends=[dict(type="ClearMLVisBackend")]))
+    with pytest.raises(ConfigError, match=r"vis_backends\[0\]: 'ClearMLVisBackend' is not a visualizer backend"):
+        tw.Trainer.from_config(cfg)
+    cfg = dict(model=nn.Linear(2, 1), work_dir=str(tmp_path), vis_backends=[dict(type="WandbVisBackend", commit=True)])
+    with pytest.raises(ConfigError, match=r"no counterpart of \['commit'\]"):
+        tw.Trainer.from_config(cfg)
 
 
 def test_collate_fn_configs_build_mmengine_functions(tmp_path: Path) -> None:

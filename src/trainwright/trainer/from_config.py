@@ -38,6 +38,55 @@ _EVAL_LOOP_TYPES = {"val_cfg": "ValLoop", "test_cfg": "TestLoop"}
 _SAMPLERS = {"DefaultSampler", "InfiniteSampler"}
 
 
+#: mmengine's visualizer backends -> trainwright writer name and ``{their argument: ours}`` (None: accepted, not needed here).
+_VIS_BACKENDS: dict[str, tuple[str, dict[str, str | None]]] = {
+    "LocalVisBackend": ("jsonl", {"save_dir": None, "img_save_dir": None, "config_save_file": None, "scalar_save_file": None}),
+    "TensorboardVisBackend": ("tensorboard", {"save_dir": None}),
+    "WandbVisBackend": ("wandb", {"save_dir": None, "init_kwargs": "init_kwargs"}),
+    "MLflowVisBackend": ("mlflow", {"save_dir": None, "exp_name": "experiment_name", "run_name": "run_name", "tags": "tags", "tracking_uri": "tracking_uri"}),
+}
+#: Runtime keys of mmengine that are translated (not ignored) when they hold something.
+_TRANSLATED = frozenset({"visualizer", "vis_backends"})
+
+
+def _writers_from_visualizer(args: Mapping[str, Any]) -> list[Any] | None:
+    """mmengine's ``visualizer=dict(vis_backends=[...])`` (or a top-level ``vis_backends``) as ``writers``; None when there is none.
+
+    The console writer is always kept (mmengine's logger prints every line). Arguments trainwright
+    does not need (``save_dir``: files go into the run folder) are accepted; others are refused
+    by name. A config that also sets ``writers`` keeps its ``writers``, with a warning.
+    """
+    visualizer = args.get("visualizer")
+    backends = visualizer.get("vis_backends") if isinstance(visualizer, Mapping) else None
+    if backends is None:
+        backends = args.get("vis_backends")
+    if backends is None:
+        return None
+    if args.get("writers") is not None:
+        warnings.warn("The config sets both writers and visualizer.vis_backends; writers wins and vis_backends is ignored", stacklevel=3)
+        return None
+    if isinstance(backends, Mapping):
+        backends = [backends]
+    writers: list[Any] = ["console"]
+    for i, backend in enumerate(backends):
+        where = f"visualizer.vis_backends[{i}]"
+        kind = backend.get("type") if isinstance(backend, Mapping) else None
+        if kind not in _VIS_BACKENDS:
+            raise ConfigError(
+                f"{where}: {kind!r} is not a visualizer backend trainwright maps to a writer.{did_you_mean(str(kind), list(_VIS_BACKENDS))} "
+                f"Use one of {list(_VIS_BACKENDS)}, or give writers=[...] (trainwright.logging.WRITERS) instead of a visualizer"
+            )
+        name, known = _VIS_BACKENDS[kind]
+        unknown = sorted(k for k in backend if k not in known and k not in ("type", "_scope_"))
+        if unknown:
+            raise ConfigError(f"{where} ({kind}): trainwright's {name!r} writer has no counterpart of {unknown}; drop them (it takes {sorted(known)})")
+        mapped = {ours: backend[theirs] for theirs, ours in known.items() if ours is not None and theirs in backend}
+        item: Any = dict(type=name, **mapped) if mapped else name
+        if item not in writers:
+            writers.append(item)
+    return writers
+
+
 def _collate_fn(loader: str, cfg: Mapping[str, Any]) -> Any:
     """``collate_fn=dict(type=name, **kwargs)``: the function registered in ``FUNCTIONS`` with the kwargs bound (mmengine's)."""
     import functools
@@ -68,7 +117,10 @@ def trainer_from_config(trainer_cls: type[Trainer], cfg: Mapping[str, Any], **ov
     args.update(overrides)
     import_custom_modules(args.get("custom_imports"))
     allowed = trainer_keys(trainer_cls)
-    ignored = sorted(k for k in args if k in IGNORED_KEYS and args[k] is not None)
+    writers = _writers_from_visualizer(args)
+    if writers is not None:
+        args["writers"] = writers
+    ignored = sorted(k for k in args if k in IGNORED_KEYS and args[k] is not None and k not in _TRANSLATED)
     if ignored:
         warnings.warn(f"Config keys {ignored} are mmengine runtime settings trainwright does not use; they are ignored", stacklevel=2)
     helpers = []
