@@ -199,6 +199,37 @@ def test_mmengine_visualizer_backends_become_writers(tmp_path: Path, components:
     assert (trainer.run_dir / "metrics.jsonl").is_file()
 
 
+class _MseModel(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.fc = nn.Linear(2, 1)
+
+    def forward(self, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+        return torch.nn.functional.mse_loss(self.fc(x), y)
+
+
+@pytest.mark.parametrize(("enable", "world", "lr"), [(True, "1", 0.1 * 16 / 64), (True, "2", 0.1 * 32 / 64), (False, "1", 0.1)])
+def test_auto_scale_lr_scales_by_the_real_batch_size(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, enable: bool, world: str, lr: float) -> None:
+    # as if the launcher had started `world` processes (this one trains alone: strategy="single" joins no process group)
+    monkeypatch.setattr(tw.dist, "launched_world_size", lambda: int(world))
+    data = torch.utils.data.TensorDataset(torch.randn(32, 2), torch.randn(32, 1))
+    cfg = dict(
+        model=_MseModel(), work_dir=str(tmp_path), strategy="single", train_dataloader=dict(dataset=data, batch_size=16),
+        optim_wrapper=dict(optimizer=dict(type="SGD", lr=0.1)), train_cfg=dict(by_epoch=True, max_epochs=1),
+        auto_scale_lr=dict(enable=enable, base_batch_size=64),
+    )
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # translated, not "ignored with a warning"
+        trainer = tw.Trainer.from_config(cfg)
+    try:
+        trainer.train()
+        assert trainer.optim_wrapper.optimizer.param_groups[0]["lr"] == pytest.approx(lr)
+    finally:
+        trainer.close()
+    with pytest.raises(ConfigError, match="base_batch_size must be a positive int"):
+        tw.Trainer.from_config({**cfg, "auto_scale_lr": dict(enable=True)})
+
+
 def test_unknown_visualizer_backend_is_refused_by_name(tmp_path: Path) -> None:
     cfg = dict(model=nn.Linear(2, 1), work_dir=str(tmp_path), visualizer=dict(vis_backends=[dict(type="ClearMLVisBackend")]))
     with pytest.raises(ConfigError, match=r"vis_backends\[0\]: 'ClearMLVisBackend' is not a visualizer backend"):

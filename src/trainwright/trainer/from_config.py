@@ -46,7 +46,7 @@ _VIS_BACKENDS: dict[str, tuple[str, dict[str, str | None]]] = {
     "MLflowVisBackend": ("mlflow", {"save_dir": None, "exp_name": "experiment_name", "run_name": "run_name", "tags": "tags", "tracking_uri": "tracking_uri"}),
 }
 #: Runtime keys of mmengine that are translated (not ignored) when they hold something.
-_TRANSLATED = frozenset({"visualizer", "vis_backends"})
+_TRANSLATED = frozenset({"visualizer", "vis_backends", "auto_scale_lr"})
 
 
 def _writers_from_visualizer(args: Mapping[str, Any]) -> list[Any] | None:
@@ -85,6 +85,35 @@ def _writers_from_visualizer(args: Mapping[str, Any]) -> list[Any] | None:
         if item not in writers:
             writers.append(item)
     return writers
+
+
+def _auto_scale_lr(cfg: Any, kwargs: dict[str, Any]) -> str | None:
+    """mmengine's ``auto_scale_lr=dict(enable=True, base_batch_size=N)``: scale the optimizer's ``lr`` by the real batch size / N.
+
+    The real batch size is ``train_dataloader.batch_size`` times the number of processes the
+    launcher started (mmengine's ``_scale_lr``); per-group multipliers (``paramwise_cfg``)
+    follow. Returns the line to log, or None when nothing was scaled.
+    """
+    if not isinstance(cfg, Mapping) or not cfg.get("enable", False):
+        return None
+    from trainwright.dist import launched_world_size
+
+    base = cfg.get("base_batch_size")
+    if not isinstance(base, int) or isinstance(base, bool) or base <= 0:
+        raise ConfigError(f"auto_scale_lr.base_batch_size must be a positive int (the batch size the lr was tuned for), got {base!r}")
+    loader = kwargs.get("train_dataloader")
+    batch = loader.get("batch_size") if isinstance(loader, Mapping) else getattr(loader, "batch_size", None)
+    optim = kwargs.get("optim_wrapper")
+    optimizer = optim.get("optimizer") if isinstance(optim, Mapping) else None
+    if not isinstance(batch, int) or not isinstance(optimizer, Mapping) or not isinstance(optimizer.get("lr"), (int, float)):
+        raise ConfigError(
+            "auto_scale_lr=dict(enable=True) needs train_dataloader.batch_size and optim_wrapper.optimizer.lr in the config "
+            f"(got batch_size={batch!r}, lr={optimizer.get('lr') if isinstance(optimizer, Mapping) else None!r}); set them, or enable=False"
+        )
+    world = launched_world_size()
+    ratio = batch * world / base
+    kwargs["optim_wrapper"] = {**optim, "optimizer": {**optimizer, "lr": optimizer["lr"] * ratio}}  # type: ignore[dict-item]
+    return f"auto_scale_lr: lr {optimizer['lr']} -> {optimizer['lr'] * ratio:g} (batch size {batch} x {world} process(es) / base_batch_size {base})"
 
 
 def _collate_fn(loader: str, cfg: Mapping[str, Any]) -> Any:
@@ -140,6 +169,7 @@ def trainer_from_config(trainer_cls: type[Trainer], cfg: Mapping[str, Any], **ov
     if "model" not in kwargs or kwargs["model"] is None:
         raise ConfigError("The config has no 'model': add model = dict(type='MyModel', ...) (a class registered in trainwright.registry.MODELS)")
     _translate_mmengine(kwargs)
+    scaled = _auto_scale_lr(args.get("auto_scale_lr"), kwargs)
     randomness = kwargs.get("randomness") or {}
     if isinstance(randomness, Mapping) and randomness.get("seed") is not None:
         # as mmengine: seed before the model is built, so its initial weights follow the seed too
@@ -154,6 +184,8 @@ def trainer_from_config(trainer_cls: type[Trainer], cfg: Mapping[str, Any], **ov
             loader["dataset"] = _build(lambda: DATASETS.build(loader["dataset"]), index, f"{name}.dataset", scope)  # noqa: B023 - called at once
             kwargs[name] = loader
     trainer = _build(lambda: trainer_cls(**kwargs), index, None, scope)
+    if scaled:
+        trainer.logger.info(scaled)
     if trainer.is_main_process:
         dump_config(_resolved(cfg, overrides), trainer.run_dir)
     return trainer
