@@ -217,3 +217,76 @@ def test_fromstring() -> None:
     assert Config.fromstring("a = dict(b=1)\n_x = 2\n", ".py").to_dict() == {"a": {"b": 1}}
     assert Config.fromstring("a: {b: 1, _delete_: true}\n", ".yaml").to_dict() == {"a": {"b": 1}}
     assert Config.fromstring('{"a": [1, 2]}', ".json").a == [1, 2]
+
+
+# ----------------------------------------------------------------------------- mmengine's substitutions, text, diff, DictAction
+
+
+def test_predefined_and_environment_variables(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("TW_TEST_ROOT", "/data/set")
+    monkeypatch.delenv("TW_TEST_MISSING", raising=False)
+    path = tmp_path / "cfgs" / "exp_a.py"
+    path.parent.mkdir()
+    path.write_text(
+        "work_dir = '{{ fileDirname }}/work/{{ fileBasenameNoExtension }}'\n"
+        "names = ['{{ fileBasename }}', '{{ fileExtname }}']\n"
+        "data_root = '{{$TW_TEST_ROOT:/default}}'\n"
+        "other = '{{$TW_TEST_MISSING:/default/root}}'\n"
+    )
+    cfg = Config.fromfile(path)
+    assert cfg.work_dir == f"{path.parent}/work/exp_a"
+    assert cfg.names == ["exp_a.py", ".py"]
+    assert cfg.data_root == "/data/set" and cfg.other == "/default/root"
+
+
+def test_base_references_take_any_value_of_the_bases(tmp_path: Path) -> None:
+    (tmp_path / "base.py").write_text("model = dict(type='Net', depth=3)\nsizes = [8, 16]\nlr = 0.1\n")
+    (tmp_path / "child.py").write_text(
+        "_base_ = ['base.py']\n"
+        "teacher = {{_base_.model}}\n"
+        "width = {{ _base_.sizes.1 }}\n"
+        "optim = dict(lr={{_base_.lr}}, sizes={{_base_.sizes}})\n"
+    )
+    cfg = Config.fromfile(tmp_path / "child.py")
+    assert cfg.teacher.to_dict() == {"type": "Net", "depth": 3} and cfg.width == 16
+    assert cfg.optim.to_dict() == {"lr": 0.1, "sizes": [8, 16]}
+    (tmp_path / "bad.py").write_text("_base_ = ['base.py']\nx = {{_base_.modle}}\n")
+    with pytest.raises(ConfigError, match=r"_base_.modle.*refers to 'modle'"):
+        Config.fromfile(tmp_path / "bad.py")
+
+
+def test_text_holds_the_file_and_its_bases(tmp_path: Path) -> None:
+    (tmp_path / "base.py").write_text("a = 1\n")
+    (tmp_path / "child.py").write_text("_base_ = 'base.py'\nb = 2\n")
+    text = Config.fromfile(tmp_path / "child.py").text
+    assert text.index("a = 1") < text.index("b = 2") and str(tmp_path / "base.py") in text
+    assert Config(dict(a=1)).text == ""
+
+
+def test_diff_is_a_unified_diff_of_the_pretty_texts() -> None:
+    a, b = Config(dict(lr=0.1, model=dict(depth=3))), Config(dict(lr=0.2, model=dict(depth=3)))
+    diff = Config.diff(a, b)
+    changed = [line for line in diff.splitlines() if line[:1] in "+-" and not line.startswith(("+++", "---"))]
+    assert changed == ["-lr = 0.1", "+lr = 0.2"]
+    assert Config.diff(a, a) == ""
+
+
+def test_merge_from_dict_allow_list_keys() -> None:
+    cfg = Config(dict(layers=[dict(w=1), dict(w=2)]))
+    cfg.merge_from_dict({"layers.1.w": 5})
+    assert cfg.layers[1].w == 5
+    with pytest.raises(ConfigError, match="allow_list_keys=True"):
+        cfg.merge_from_dict({"layers.0.w": 7}, allow_list_keys=False)
+
+
+def test_dict_action_parses_and_merges_key_value_pairs() -> None:
+    import argparse
+
+    from trainwright.config import DictAction
+
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--cfg-options", nargs="+", action=DictAction)
+    args = parser.parse_args(["--cfg-options", "a.b=1", "c=[1,2]", "--cfg-options", "d=x", "a.b=2"])
+    assert args.cfg_options == {"a.b": 2, "c": [1, 2], "d": "x"}
+    with pytest.raises(SystemExit):
+        parser.parse_args(["--cfg-options", "noequals"])

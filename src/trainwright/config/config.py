@@ -24,6 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from trainwright.config.overrides import apply_overrides, parse_overrides
+from trainwright.config.substitute import resolve_base_refs, substitute_text
 from trainwright.registry import ConfigError, did_you_mean
 
 BASE_KEY = "_base_"
@@ -138,10 +139,13 @@ class Config(ConfigDict):
                 module cannot be imported.
         """
         path = Path(path)
-        data = _load_with_bases(path, chain=())
+        texts: list[str] = []
+        data = _load_with_bases(path, chain=(), texts=texts)
         if import_custom_modules:
             import_modules(data.get("custom_imports"), path)
-        return cls(data, filename=path)
+        cfg = cls(data, filename=path)
+        object.__setattr__(cfg, "_text", "\n".join(texts))
+        return cfg
 
     @classmethod
     def fromstring(cls, text: str, suffix: str) -> Config:
@@ -156,12 +160,26 @@ class Config(ConfigDict):
         data.pop(BASE_KEY, None)
         return cls(_strip_delete(data))
 
-    def merge_from_dict(self, options: Mapping[str, Any]) -> None:
+    def merge_from_dict(self, options: Mapping[str, Any], allow_list_keys: bool = True) -> None:
         """Apply dotted overrides: ``{"optim_wrapper.optimizer.lr": 0.01, "model.layers.0.width": 8}``.
 
-        Keys that do not exist yet are created; an integer part indexes into a list.
+        Keys that do not exist yet are created; an integer part indexes into a list
+        (``allow_list_keys=False`` refuses that, as mmengine's does).
         """
-        apply_overrides(self, options)
+        apply_overrides(self, options, allow_list_keys=allow_list_keys)
+
+    @property
+    def text(self) -> str:
+        """The text of the file and its ``_base_`` files (bases first, each after its path), as loaded; ``""`` for a config not read from a file."""
+        return str(self.__dict__.get("_text", ""))
+
+    @staticmethod
+    def diff(cfg1: Mapping[str, Any], cfg2: Mapping[str, Any]) -> str:
+        """A unified diff of the two configs' :attr:`pretty_text` (mmengine's ``Config.diff``); ``""`` when equal."""
+        import difflib
+
+        a, b = (c.pretty_text if isinstance(c, Config) else Config(c).pretty_text for c in (cfg1, cfg2))
+        return "".join(difflib.unified_diff(a.splitlines(keepends=True), b.splitlines(keepends=True), "cfg1", "cfg2"))
 
     def merge_from_args(self, options: Iterable[str]) -> None:
         """Apply ``KEY=VALUE`` strings as the command line gives them (``--cfg-options``)."""
@@ -198,8 +216,8 @@ class Config(ConfigDict):
 
 
 # -- loading ---------------------------------------------------------------------------------
-def _load_with_bases(path: Path, chain: tuple[Path, ...]) -> dict[str, Any]:
-    """The file's keys merged over its ``_base_`` files' (each resolved relative to ``path``)."""
+def _load_with_bases(path: Path, chain: tuple[Path, ...], texts: list[str] | None = None) -> dict[str, Any]:
+    """The file's keys merged over its ``_base_`` files' (each resolved relative to ``path``); ``texts`` collects the files' texts, bases first."""
     if not path.is_file():
         hint = " (a folder: name a config file inside it)" if path.is_dir() else ""
         raise ConfigError(f"Config file not found: {str(path)!r}{hint}; check the path (relative paths start at {str(Path.cwd())!r})")
@@ -209,9 +227,15 @@ def _load_with_bases(path: Path, chain: tuple[Path, ...]) -> dict[str, Any]:
     if resolved in chain:
         cycle = " -> ".join(str(p) for p in (*chain, resolved))
         raise ConfigError(f"_base_ cycle: {cycle}; a config cannot inherit from itself")
-    data = _parse_text(path.read_text(encoding="utf-8"), path.suffix, path)
+    raw = path.read_text(encoding="utf-8")
+    text, refs = substitute_text(raw, path)
+    data = _parse_text(text, path.suffix, path)
     bases = data.pop(BASE_KEY, None)
     if bases is None:
+        if refs:
+            raise ConfigError(f"{path}: {{{{_base_.{next(iter(refs.values()))}}}}} needs a _base_ file to refer to; add _base_ = [...]")
+        if texts is not None:
+            texts.append(f"{path}\n{raw}")
         return _strip_delete(data)
     if isinstance(bases, (str, Path)):
         bases = [bases]
@@ -219,12 +243,14 @@ def _load_with_bases(path: Path, chain: tuple[Path, ...]) -> dict[str, Any]:
         raise ConfigError(f"{path}: _base_ must be a file name or a list of file names, got {bases!r}")
     merged: dict[str, Any] = {}
     for base in bases:
-        base_data = _load_with_bases(path.parent / base, (*chain, resolved))
+        base_data = _load_with_bases(path.parent / base, (*chain, resolved), texts)
         clash = set(merged) & set(base_data)
         if clash:
             raise ConfigError(f"{path}: keys {sorted(clash)} are set by more than one _base_ file; set each in one base, or override it in {path.name}")
         merged.update(base_data)
-    return merge(merged, data)
+    if texts is not None:
+        texts.append(f"{path}\n{raw}")
+    return merge(merged, resolve_base_refs(data, refs, merged, path))
 
 
 def merge(base: Mapping[str, Any], child: Mapping[str, Any]) -> dict[str, Any]:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import argparse
 import ast
 from collections.abc import Iterable, Mapping, MutableMapping
 from typing import Any
@@ -84,14 +85,16 @@ def parse_overrides(options: Iterable[str]) -> dict[str, Any]:
     return out
 
 
-def apply_overrides(cfg: MutableMapping[str, Any], options: Mapping[str, Any]) -> None:
-    """Set each dotted key of ``options`` in ``cfg``; missing dicts on the way are created, integer parts index lists."""
+def apply_overrides(cfg: MutableMapping[str, Any], options: Mapping[str, Any], allow_list_keys: bool = True) -> None:
+    """Set each dotted key of ``options`` in ``cfg``; missing dicts on the way are created, integer parts index lists (unless not ``allow_list_keys``)."""
     for dotted, value in options.items():
         parts = dotted.split(".")
         node: Any = cfg
         for i, part in enumerate(parts):
             last = i == len(parts) - 1
             if isinstance(node, list):
+                if not allow_list_keys:
+                    raise ConfigError(f"override {dotted!r}: {'.'.join(parts[:i]) or 'the config'} is a list; indexing it needs allow_list_keys=True")
                 if not part.lstrip("-").isdigit() or not -len(node) <= int(part) < len(node):
                     raise ConfigError(f"override {dotted!r}: {'.'.join(parts[:i]) or 'the config'} is a list of {len(node)} items; {part!r} is not an index of it")
                 if last:
@@ -107,3 +110,19 @@ def apply_overrides(cfg: MutableMapping[str, Any], options: Mapping[str, Any]) -
                     node = node[part]
             else:
                 raise ConfigError(f"override {dotted!r}: {'.'.join(parts[:i])} is a {type(node).__name__} ({node!r}), not a dict or list; set {'.'.join(parts[:i])} itself")
+
+
+class DictAction(argparse.Action):
+    """argparse action for ``KEY=VALUE`` pairs, as mmengine's ``DictAction``: ``--cfg-options a.b=1 c=[1,2]`` -> ``{"a.b": 1, "c": [1, 2]}``.
+
+    Values are parsed by :func:`parse_value`; repeated options merge (later keys win). Use it with
+    ``nargs="+"`` and pass the result to :meth:`Config.merge_from_dict`.
+    """
+
+    def __call__(self, parser: argparse.ArgumentParser, namespace: argparse.Namespace, values: Any, option_string: str | None = None) -> None:
+        options = dict(getattr(namespace, self.dest, None) or {})
+        try:
+            options.update(parse_overrides([values] if isinstance(values, str) else values))
+        except ConfigError as e:
+            parser.error(str(e))
+        setattr(namespace, self.dest, options)
