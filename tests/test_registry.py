@@ -446,3 +446,72 @@ def test_scopes_in_optim_wrapper_optimizer_scheduler_and_loops_train_as_without_
     finally:
         for t in trainers:
             t.close()
+
+
+# ----------------------------------------------------------------------------- mmengine's registry tree, build_func, locations
+
+
+def test_child_registry_with_scope_falls_back_to_its_parent_and_is_found_by_scope() -> None:
+    root = Registry("thing", scope="rootpkg")
+    child = Registry("thing", parent=root, scope="mine")
+
+    @root.register()
+    class Base:
+        pass
+
+    @child.register()
+    class Mine:
+        def __init__(self, k: int = 0) -> None:
+            self.k = k
+
+    assert child.get("Base") is Base  # a child looks up what it lacks in its parent
+    assert "Mine" not in root and root.get("mine.Mine") is Mine  # the parent finds a child's name by its scope
+    assert isinstance(root.build(dict(type="mine.Mine", k=3)), Mine) and child.build(dict(type="Mine", k=2)).k == 2
+    assert root.children == {"mine": child} and child.parent is root
+    assert Registry.split_scope_key("mine.Mine") == ("mine", "Mine") and Registry.split_scope_key("Mine") == (None, "Mine")
+    with pytest.raises(KeyError, match="has a child of scope 'mine' already"):
+        Registry("thing", parent=root, scope="mine")
+
+
+def test_scope_defaults_to_the_callers_package() -> None:
+    assert Registry("x").scope == __name__.split(".")[0]
+
+
+def test_build_func_replaces_the_build_and_children_inherit_it() -> None:
+    from trainwright.registry import build_from_cfg
+
+    calls = []
+
+    def build_func(cfg: Any, registry: Registry, default_args: Any = None, **kwargs: Any) -> Any:
+        calls.append(cfg["type"])
+        return build_from_cfg(cfg, registry, default_args=default_args, **kwargs)
+
+    root = Registry("thing", scope="r2", build_func=build_func)
+    child = Registry("thing", parent=root, scope="c2")
+    child.register(dict, name="D")
+    assert child.build(dict(type="D", a=1)) == {"a": 1} and calls == ["D"]
+
+
+def test_locations_are_imported_at_the_first_lookup(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    reg = Registry("thing", scope="loc", locations=["tw_lazy_components"])
+    (tmp_path / "tw_lazy_components.py").write_text(
+        "from tests_registry_target import REG\n@REG.register()\nclass Lazy:\n    pass\n"
+    )
+    target = tmp_path / "tests_registry_target.py"
+    target.write_text("REG = None\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    import tests_registry_target  # type: ignore[import-not-found]
+
+    tests_registry_target.REG = reg
+    assert type(reg.build(dict(type="Lazy"))).__name__ == "Lazy"
+
+
+def test_import_modules_from_strings() -> None:
+    from trainwright.registry import import_modules_from_strings
+
+    assert import_modules_from_strings("json").__name__ == "json"
+    assert [m.__name__ for m in import_modules_from_strings(["os", "json"])] == ["os", "json"]
+    with pytest.warns(UserWarning, match="no_such_mod_tw failed to import"):
+        assert import_modules_from_strings(["no_such_mod_tw"], allow_failed_imports=True) == [None]
+    with pytest.raises(ImportError):
+        import_modules_from_strings("no_such_mod_tw")

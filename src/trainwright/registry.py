@@ -37,16 +37,59 @@ class Registry:
         build_list: What :meth:`build` makes of a list of configs, given the built items
             (``MODELS``: ``nn.Sequential``, as mmengine's ``build_model_from_cfg``); None: a
             list is returned unchanged, like any other non-mapping.
+        parent / scope: mmengine's registry tree: a child registry (``Registry("model",
+            parent=MODELS, scope="mine")``) looks up what it lacks in its parent, and a name
+            scoped with a child's scope (``type="mine.Net"``) is found in that child from
+            anywhere in the tree. ``scope`` defaults to the caller's top-level package.
+        locations: Modules imported the first time a name is looked up (they register into
+            this registry), as mmengine's ``locations``.
+        build_func: ``build_func(cfg, *args, registry=self, **kwargs)`` replaces :meth:`build`'s
+            default (:func:`build_from_cfg`); a child inherits its parent's.
     """
 
     def __init__(
-        self, name: str, fallback: Callable[[str], Any] | None = None, import_name: str | None = None, build_list: Callable[[list[Any]], Any] | None = None
+        self,
+        name: str,
+        fallback: Callable[[str], Any] | None = None,
+        import_name: str | None = None,
+        build_list: Callable[[list[Any]], Any] | None = None,
+        parent: Registry | None = None,
+        scope: str | None = None,
+        locations: Sequence[str] = (),
+        build_func: Callable[..., Any] | None = None,
     ) -> None:
         self.name = name
         self.import_name = import_name
         self._table: dict[str, Any] = {}
         self._fallback = fallback
         self._build_list = build_list
+        self.parent = parent
+        self.scope = scope if scope is not None else sys._getframe(1).f_globals.get("__name__", "").split(".")[0]  # noqa: SLF001 - mmengine's infer_scope
+        self.children: dict[str, Registry] = {}
+        self._locations = list(locations)
+        self.build_func: Callable[..., Any] | None = build_func if build_func is not None else (parent.build_func if parent is not None else None)
+        if parent is not None:
+            if self.scope in parent.children:
+                raise KeyError(f"The {parent.name} registry has a child of scope {self.scope!r} already; give this registry another scope=")
+            parent.children[self.scope] = self
+
+    @staticmethod
+    def split_scope_key(key: str) -> tuple[str | None, str]:
+        """``"mmdet.ResNet"`` -> ``("mmdet", "ResNet")``, ``"ResNet"`` -> ``(None, "ResNet")`` (mmengine's)."""
+        scope, dot, rest = key.partition(".")
+        return (scope, rest) if dot and scope and rest else (None, key)
+
+    def _root(self) -> Registry:
+        return self if self.parent is None else self.parent._root()
+
+    def _search_child(self, scope: str) -> Registry | None:
+        if self.scope == scope:
+            return self
+        for child in self.children.values():
+            found = child._search_child(scope)
+            if found is not None:
+                return found
+        return None
 
     def register(self, obj: T | None = None, *, name: str | Sequence[str] | None = None, force: bool = False) -> Any:
         """Register ``obj`` under ``name`` (default: its ``__name__``); usable as a decorator.
@@ -101,11 +144,11 @@ class Registry:
         found = self._lookup(key)
         if found is not None:
             return found
-        scope, dot, rest = key.partition(".")
-        scoped = bool(dot and scope and rest)  # "mmdet.RetinaNet"; not ".Foo" or "Foo."
-        bare = rest if scoped else key
+        scope, bare = self.split_scope_key(key)
+        scoped = scope is not None  # "mmdet.RetinaNet"; not ".Foo" or "Foo."
         if scoped:
-            found = self._lookup(bare)
+            owner = self._root()._search_child(scope)  # type: ignore[arg-type]  # a registry of that scope in this tree
+            found = (owner or self)._lookup(bare)
             if found is not None:
                 return found
         how = (
@@ -120,9 +163,16 @@ class Registry:
         raise error
 
     def _lookup(self, key: str) -> Any:
+        if self._locations:
+            modules, self._locations = self._locations, []
+            import_modules_from_strings(modules)
         if key in self._table:
             return self._table[key]
-        return self._fallback(key) if self._fallback is not None else None
+        if self._fallback is not None:
+            found = self._fallback(key)
+            if found is not None:
+                return found
+        return self.parent._lookup(key) if self.parent is not None else None
 
     def names(self) -> list[str]:
         """All names this registry can build (fallback names included where listable)."""
@@ -164,6 +214,11 @@ class Registry:
         whose constructor takes a parameter named ``default_args`` gets it from ``cfg``
         (``dict(type=..., default_args=...)``) or from ``default_args=dict(default_args=...)``.
         """
+        if self.build_func is not None:
+            return self.build_func(cfg, registry=self, default_args=default_args, **kwargs)
+        return build_from_cfg(cfg, self, default_args=default_args, **kwargs)
+
+    def _build(self, cfg: Mapping[str, Any] | Any, default_args: Mapping[str, Any] | None, kwargs: dict[str, Any]) -> Any:
         if isinstance(cfg, list) and self._build_list is not None:
             return self._build_list([self.build(item, default_args=default_args, **kwargs) for item in cfg])
         if not isinstance(cfg, Mapping):
@@ -202,6 +257,39 @@ class Registry:
                     # the innermost config that failed; Trainer.from_config turns it into a key path (model.backbone)
                     e.failed_config = cfg  # type: ignore[attr-defined]
                 raise
+
+
+def build_from_cfg(cfg: Mapping[str, Any] | Any, registry: Registry, default_args: Mapping[str, Any] | None = None, **kwargs: Any) -> Any:
+    """The default build of :meth:`Registry.build` (mmengine's ``build_from_cfg``): what a custom ``build_func`` delegates to."""
+    return registry._build(cfg, default_args, kwargs)  # noqa: SLF001
+
+
+def import_modules_from_strings(imports: str | Sequence[str] | None, allow_failed_imports: bool = False) -> Any:
+    """Import modules by name (mmengine's): one module for a str, a list for a list; None for a module that failed when allowed.
+
+    Raises:
+        ImportError: a module cannot be imported and ``allow_failed_imports`` is False.
+        TypeError: ``imports`` is neither a str nor a list of str.
+    """
+    import importlib
+    import warnings
+
+    if not imports:
+        return None
+    single = isinstance(imports, str)
+    names: list[Any] = [imports] if single else list(imports) if isinstance(imports, (list, tuple)) else []
+    if not names or not all(isinstance(n, str) for n in names):
+        raise TypeError(f"custom imports must be a str or a list of str, got {imports!r}")
+    modules: list[Any] = []
+    for name in names:
+        try:
+            modules.append(importlib.import_module(name))
+        except ImportError:
+            if not allow_failed_imports:
+                raise
+            warnings.warn(f"{name} failed to import and is ignored (allow_failed_imports=True)", UserWarning, stacklevel=2)
+            modules.append(None)
+    return modules[0] if single else modules
 
 
 @contextlib.contextmanager
@@ -329,4 +417,4 @@ DATASETS = Registry("dataset", import_name="trainwright.registry.DATASETS")
 #: Plain functions built by name (mmengine's ``FUNCTIONS``): ``collate_fn=dict(type='pseudo_collate')``.
 FUNCTIONS = Registry("function", import_name="trainwright.registry.FUNCTIONS")
 
-__all__ = ["ConfigError", "Registry", "check_keys", "did_you_mean", "dropping_scope", "ignored_scope_hint", "OPTIMIZERS", "OPTIM_WRAPPERS", "OPTIM_WRAPPER_CONSTRUCTORS", "PARAM_SCHEDULERS", "HOOKS", "METRICS", "STRATEGIES", "MODELS", "DATASETS", "FUNCTIONS"]
+__all__ = ["ConfigError", "Registry", "build_from_cfg", "import_modules_from_strings", "check_keys", "did_you_mean", "dropping_scope", "ignored_scope_hint", "OPTIMIZERS", "OPTIM_WRAPPERS", "OPTIM_WRAPPER_CONSTRUCTORS", "PARAM_SCHEDULERS", "HOOKS", "METRICS", "STRATEGIES", "MODELS", "DATASETS", "FUNCTIONS"]

@@ -38,7 +38,7 @@ def pseudo_collate(data_batch: Sequence[Any]) -> Any:
         if isinstance(first, tuple):
             return columns
         try:
-            return type(first)(columns)
+            return type(first)(columns)  # type: ignore[call-arg]
         except TypeError:
             return columns
     if isinstance(first, Mapping):
