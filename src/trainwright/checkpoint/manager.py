@@ -26,6 +26,7 @@ from trainwright.checkpoint.io import CHECKPOINT_SUFFIX, atomic_write_bytes, loa
 from trainwright.checkpoint.lock import WorkDirBusyError, WorkDirLock
 from trainwright.checkpoint.rng import get_rng_state, set_rng_state
 from trainwright.checkpoint.stateful import Stateful, check_state_dict, make_safe
+from trainwright.registry import did_you_mean
 
 _TMP_NAME = re.compile(r"^\..+\.tmp\.(?P<pid>\d+)\.[0-9a-f]+$")
 
@@ -251,8 +252,6 @@ class CheckpointManager:
     # -- publishing and cleaning ----------------------------------------------------------------
     def check_keys(self, keys: Sequence[str]) -> None:
         """Raise ValueError naming the first of ``keys`` that is no top-level key of these checkpoints."""
-        from trainwright.registry import did_you_mean
-
         names = list(self.stateful)
         for key in keys:
             if key not in names:
