@@ -1,4 +1,4 @@
-"""The Trainer's checkpoint API lives in its Checkpointer; the Trainer's public methods stay the override points."""
+"""The Trainer's checkpoint methods are aliases of its CheckpointManager (``trainer.checkpoints``)."""
 
 from __future__ import annotations
 
@@ -9,49 +9,34 @@ from conftest import LinearReg, regression_set
 from torch.utils.data import DataLoader
 
 import trainwright as tw
-from trainwright.checkpoint import read_latest
+from trainwright.checkpoint import load_file, read_latest
 
 
-class RecordingTrainer(tw.Trainer):
-    """Records the calls of the public checkpoint methods that the checkpoint API makes itself."""
-
-    def __init__(self, **kwargs: Any) -> None:
-        self.calls: list[str] = []
-        super().__init__(**kwargs)
-
-    def state_dict(self, save_optimizer: bool = True, save_param_scheduler: bool = True) -> dict[str, Any]:  # noqa: D102
-        self.calls.append("state_dict")
-        return super().state_dict(save_optimizer, save_param_scheduler)
-
-    def save_checkpoint(self, path: str | Path, *args: Any, **kwargs: Any) -> Path:  # noqa: D102
-        self.calls.append("save_checkpoint")
-        return super().save_checkpoint(path, *args, **kwargs)
-
-    def load_weights(self, path: str | Path, *args: Any, **kwargs: Any) -> Any:  # noqa: D102
-        self.calls.append("load_weights")
-        return super().load_weights(path, *args, **kwargs)
-
-
-def _trainer(work_dir: Path, **kwargs: Any) -> RecordingTrainer:
-    return RecordingTrainer(
+def _trainer(work_dir: Path, **kwargs: Any) -> tw.Trainer:
+    return tw.Trainer(
         model=LinearReg(), work_dir=work_dir, train_dataloader=DataLoader(regression_set(), batch_size=2),
         optim_wrapper=dict(optimizer=dict(type="SGD", lr=0.05)), train_cfg=dict(by_epoch=True, max_epochs=1),
-        default_hooks=dict(checkpoint=None), log_level="WARNING", randomness=dict(seed=0), **kwargs,
+        default_hooks=dict(checkpoint=None), randomness=dict(seed=0), **{"log_level": "WARNING", **kwargs},
     )
 
 
-def test_a_subclass_overriding_the_checkpoint_methods_sees_the_calls_the_checkpoint_api_makes(tmp_path: Path) -> None:
+def test_the_trainer_checkpoint_methods_go_to_its_manager(tmp_path: Path) -> None:
     with _trainer(tmp_path / "a") as t:
         assert not t.prepared
         t.train()
         assert t.prepared
-        t.calls.clear()
-        path = t.request_checkpoint()  # no checkpoint hook: the trainer serves, through save_checkpoint and state_dict
+        path = t.request_checkpoint()  # no checkpoint hook: the manager's default naming, and latest
         assert path == tmp_path / "a" / "checkpoints" / "iter_10.pth" and read_latest(path.parent) == "iter_10.pth"
-        assert t.calls == ["save_checkpoint", "state_dict"]
-        assert list(t.stateful) == list(t.checkpointer.stateful)
+        assert t.request_checkpoint() is None  # this iteration is saved already
+        assert list(t.stateful) == list(t.checkpoints.stateful) == [
+            "meta", "model", "optim_wrapper", "progress", "train_dataloader", "metric_store", "hooks", "rng",
+        ]
+        assert list(t.state_dict(save_optimizer=False)) == ["meta", "model", "progress", "train_dataloader", "metric_store", "hooks", "rng"]
+        other = t.save_checkpoint("other.pth", save_optimizer=False)
+        assert other == path.parent / "other.pth" and "optim_wrapper" not in load_file(other)
+        assert read_latest(path.parent) == "iter_10.pth"  # an explicit save does not move latest
     assert not t.prepared
 
-    with _trainer(tmp_path / "b", load_from=path) as t2:
+    with _trainer(tmp_path / "b", load_from=path, log_level="INFO") as t2:
         t2.train()
-        assert t2.calls[0] == "load_weights"
+    assert f"Loaded weights from {path}" in next((tmp_path / "b").glob("*/train.log")).read_text()

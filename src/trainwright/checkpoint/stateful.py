@@ -9,12 +9,18 @@ and load the same mapping its own way.
 A piece may also define ``check_state_dict(state)``: it raises (``ValueError`` /
 ``RuntimeError`` with a message that says what does not match and how to fix it) when
 ``state`` cannot be loaded into it. Resume runs every piece's check before it loads any
-piece, so a checkpoint that does not fit leaves everything as it was.
+piece, so a checkpoint that does not fit leaves everything as it was. :func:`make_safe`
+checks a finished checkpoint dict before it is written.
 """
 
 from __future__ import annotations
 
+from collections import OrderedDict
+from collections.abc import Mapping
 from typing import Any, Protocol, runtime_checkable
+
+import numpy as np
+import torch
 
 
 @runtime_checkable
@@ -40,3 +46,53 @@ def check_state_dict(piece: Any, state: Any) -> None:
     check = getattr(piece, "check_state_dict", None)
     if callable(check):
         check(state)
+
+
+_PLAIN = (str, int, float, bool, bytes, type(None), torch.dtype, torch.device, torch.Size)
+
+
+def _is_plain(obj: Any) -> bool:
+    # exact types: an IntEnum or a str subclass pickles as its class, which the safe loader refuses
+    return type(obj) in _PLAIN
+
+
+
+def make_safe(obj: Any, where: str = "checkpoint") -> Any:
+    """Return ``obj`` with NumPy values converted; raise if it would not load with ``weights_only=True``.
+
+    Args:
+        obj: A checkpoint (or any part of one).
+        where: The key path of ``obj``, for the error message.
+
+    Returns:
+        ``obj``, or a copy of the containers that held NumPy values.
+
+    Raises:
+        TypeError: ``obj`` holds an object the safe loader refuses (names its key path).
+    """
+    if isinstance(obj, torch.Tensor) or _is_plain(obj):
+        return obj
+    if isinstance(obj, np.generic):
+        return obj.item()
+    if isinstance(obj, np.ndarray):
+        return torch.from_numpy(np.ascontiguousarray(obj))
+    if isinstance(obj, Mapping):
+        pairs = [(k, v, make_safe(v, f"{where}[{k!r}]")) for k, v in obj.items()]
+        for k, _, _ in pairs:
+            if not _is_plain(k):
+                raise TypeError(f"{where} has a key of type {type(k).__name__} ({k!r}); checkpoint dict keys must be strings or numbers")
+        if all(new is old for _, old, new in pairs) and type(obj) in (dict, OrderedDict):
+            return obj  # unchanged: keep the object (and e.g. a state dict's _metadata)
+        return OrderedDict((k, new) for k, _, new in pairs) if isinstance(obj, OrderedDict) else {k: new for k, _, new in pairs}
+    if isinstance(obj, (list, tuple)):
+        items = [make_safe(v, f"{where}[{i}]") for i, v in enumerate(obj)]
+        if all(a is b for a, b in zip(items, obj)) and type(obj) in (list, tuple):
+            return obj
+        return items if isinstance(obj, list) else tuple(items)
+    if isinstance(obj, (set, frozenset)) and all(_is_plain(v) for v in obj):
+        return obj
+    raise TypeError(
+        f"{where} is a {type(obj).__module__}.{type(obj).__qualname__}, which a checkpoint cannot hold: "
+        "checkpoints are loaded with torch.load(weights_only=True), which only rebuilds tensors and plain "
+        "containers. Make the state_dict() that returns it store tensors, numbers, strings, lists and dicts instead."
+    )

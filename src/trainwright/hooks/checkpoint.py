@@ -1,53 +1,27 @@
-"""CheckpointHook: periodic, last and best checkpoints, written atomically, kept k at a time.
+"""CheckpointHook: the policy of when to save (periodic, last, best); ``trainer.checkpoints`` does the saving.
 
-What a run can rely on:
-
-* Every file is written through ``trainer.save_checkpoint`` (the strategy's
-  ``save_checkpoint``: atomic, rank 0, in the background with ``async_save``).
-* Every file is complete or absent (:func:`~trainwright.checkpoint.atomic_save`), the
-  ``latest`` pointer is updated only after its file is complete, and checkpoints that fall
-  out of the keep window are deleted only after that, so a ``kill -9`` at any moment
-  leaves at least one complete checkpoint that ``latest`` (or the directory listing) finds.
-* A checkpoint due at a point where validation also runs (the end of an epoch, or an
-  iteration that validates) is written **after** that validation, so it holds the best
-  score and the metrics of that validation and a resumed run does not validate twice or
-  skip one.
-* Validation during training does not move the training random streams (the train loop
-  puts the RNG states back after each validation pass), so a run resumed from a checkpoint
-  written before a validation it then skips draws the same random numbers as a run that did it.
-* While it trains, the hook serves :meth:`Trainer.request_checkpoint
-  <trainwright.Trainer.request_checkpoint>` (e.g. on preemption) with :meth:`CheckpointHook.save_now`.
+Its storage settings (``out_dir``, ``max_keep_ckpts``, ``async_save``, ``filename_tmpl``...)
+are handed to the :class:`~trainwright.checkpoint.manager.CheckpointManager` at
+``before_train``; the files it keeps (its :class:`SaveRecord`) are this hook's state. A
+checkpoint due where validation also runs (an epoch end, an iteration that validates) is
+written **after** that validation, so it holds its scores and a resumed run neither
+validates twice nor skips one (validation leaves the training random streams as it found them).
 """
 
 from __future__ import annotations
 
 import math
-import os
-import re
 from pathlib import Path
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
-from trainwright.checkpoint.io import CHECKPOINT_SUFFIX
+from trainwright.checkpoint.manager import SaveRecord
 from trainwright.hooks.hook import Hook
 from trainwright.hooks.view import require_train_loop
 from trainwright.registry import HOOKS, did_you_mean
 
 if TYPE_CHECKING:
     from trainwright.hooks.view import TrainerView, TrainLoopView
-
-_TMP_NAME = re.compile(r"^\..+\.tmp\.(?P<pid>\d+)\.[0-9a-f]+$")
-
-
-def _pid_alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except (PermissionError, OSError):
-        return True
-    return True
-
 
 def _train_loop(trainer: TrainerView) -> TrainLoopView:
     return require_train_loop(trainer, "CheckpointHook (it saves training checkpoints)")
@@ -196,11 +170,9 @@ class CheckpointHook(Hook):
         self._epoch_tmpl = filename_tmpl if filename_tmpl is not None and by_epoch else "epoch_{}.pth"
         self._iter_tmpl = filename_tmpl if filename_tmpl is not None and not by_epoch else "iter_{}.pth"
         self.published_keys = _str_list("published_keys", list(published_keys) if isinstance(published_keys, tuple) else published_keys, "['meta', 'model']")
-        self.kept: list[str] = []
-        #: Per monitored key, its kept best checkpoints ``(score, file name)``, best first.
-        self.best: dict[str, list[tuple[float, str]]] = {}
+        #: The files kept (periodic, best per key) and the last saved iteration: this hook's state, kept by the manager.
+        self.record = SaveRecord()
         self._keys: dict[str, str] | None = None  # metric key -> rule, resolved at the first validation
-        self._last_saved_iter = -1
         self._pending: str | None = None
         self._pending_best: list[tuple[str, float, str]] = []
         self._in_train = False
@@ -230,34 +202,30 @@ class CheckpointHook(Hook):
         return tmpl
 
     @property
+    def kept(self) -> list[str]:
+        """The periodic checkpoints kept, oldest first."""
+        return self.record.kept
+
+    @property
+    def best(self) -> dict[str, list[tuple[float, str]]]:
+        """Per monitored key, its kept best checkpoints ``(score, file name)``, best first."""
+        return self.record.best
+
+    @property
     def best_score(self) -> float | None:
         """The best score so far of the first ``save_best`` key (None before the first validation)."""
-        best = next(iter(self.best.values()), None)
-        return best[0][0] if best else None
+        return self.record.state_dict()["best_score"]  # type: ignore[no-any-return]
 
     @property
     def best_ckpt(self) -> str | None:
         """File name of the best checkpoint so far of the first ``save_best`` key."""
-        best = next(iter(self.best.values()), None)
-        return best[0][1] if best else None
+        return self.record.state_dict()["best_ckpt"]  # type: ignore[no-any-return]
 
-    # -- state (kept files, best scores survive resume) -------------------------------------
     def state_dict(self) -> dict[str, Any]:  # noqa: D102
-        # "best": [score, file, key] triples, best first per key (a list of [score, file] pairs before several keys)
-        best = [[s, n, k] for k, ranked in self.best.items() for s, n in ranked]
-        return {"kept": list(self.kept), "best": best, "best_score": self.best_score, "best_ckpt": self.best_ckpt, "last_saved_iter": self._last_saved_iter}
+        return self.record.state_dict()
 
     def load_state_dict(self, state: dict[str, Any]) -> None:  # noqa: D102
-        self.kept = list(state.get("kept", []))
-        entries = state.get("best")
-        if entries is None and state.get("best_score") is not None:
-            entries = [[state["best_score"], state.get("best_ckpt")]]
-        first = (self.save_best or ["auto"])[0]
-        self.best = {}
-        for entry in entries or []:
-            key = str(entry[2]) if len(entry) > 2 else first  # a checkpoint of one key: it is the first key's
-            self.best.setdefault(key, []).append((float(entry[0]), str(entry[1])))
-        self._last_saved_iter = int(state.get("last_saved_iter", -1))
+        self.record.load_state_dict(state, first_key=(self.save_best or ["auto"])[0])
 
     # -- events ---------------------------------------------------------------------------
     def before_train(self, trainer: TrainerView) -> None:  # noqa: D102
@@ -266,36 +234,29 @@ class CheckpointHook(Hook):
                 f"CheckpointHook save_best={self.save_best} needs validation metrics, but the trainer has no val_dataloader: no best "
                 "checkpoint will be written. Pass val_dataloader and val_evaluator, or set default_hooks=dict(checkpoint=dict(save_best=None))"
             )
+        m = trainer.checkpoints
         if self.published_keys:
-            pieces = ["meta", *trainer.stateful]
-            for key in self.published_keys:
-                if key not in pieces:
-                    hint = " (mmengine's 'state_dict' is trainwright's 'model')" if key == "state_dict" else ""
-                    raise ValueError(
-                        f"CheckpointHook published_keys: {key!r} is not a key of this trainer's checkpoints {pieces}{hint}.{did_you_mean(key, pieces)} "
-                        "Publish some of those, e.g. published_keys=['meta', 'model']"
-                    )
+            m.check_keys(self.published_keys)
         self._in_train = True
-        trainer.set_checkpoint_server(self.save_now)
-        if self.by_epoch and self.interval > 0 and not _train_loop(trainer).by_epoch:
+        loop = _train_loop(trainer)
+        if self.out_dir is not None:
+            m.configure(ckpt_dir=self.out_dir)
+        m.configure(
+            keep=self.max_keep_ckpts, async_save=self.async_save, epoch_tmpl=self._epoch_tmpl, iter_tmpl=self._iter_tmpl, epoch_names=loop.by_epoch, record=self.record,
+            exclude=[n for n, keep in (("optim_wrapper", self.save_optimizer), ("param_schedulers", self.save_param_scheduler)) if not keep],
+        )
+        if self.by_epoch and self.interval > 0 and not loop.by_epoch:
             trainer.logger.warning(
                 "CheckpointHook counts its interval in epochs (by_epoch=True) but training is iteration-based: only the final "
                 "checkpoint will be written. Set default_hooks=dict(checkpoint=dict(by_epoch=False, interval=N)) to save every N iterations."
             )
         if self.clean_stale_tmp and trainer.is_main_process:
-            self._clean_stale_tmp(trainer)
+            m.clean_stale_tmp()
 
     def train_iter_interval(self, trainer: TrainerView) -> int:  # noqa: D102
         # Epoch-interval saves are requested (and a pending one flushed) at epoch events only. Iteration saves fall on
         # save_begin + k * interval: all multiples of gcd(interval, save_begin) (of interval itself when save_begin is 0).
         return 0 if self.by_epoch or self.interval <= 0 else math.gcd(self.interval, self.save_begin)
-
-    @staticmethod
-    def _name(trainer: TrainerView, tmpl: str, n: int) -> str:
-        """The file name ``tmpl`` gives ``n``, with the strategy's suffix (``.pth``; a DCP directory's ``.dcp``...)."""
-        name = tmpl.format(n)
-        suffix = trainer.strategy.checkpoint_suffix
-        return name if suffix == CHECKPOINT_SUFFIX else name[: -len(CHECKPOINT_SUFFIX)] + suffix
 
     def _due(self, n: int) -> bool:
         """Whether a periodic save falls on epoch / iteration ``n`` (mmengine's ``every_n_*`` with ``start=save_begin``)."""
@@ -307,13 +268,13 @@ class CheckpointHook(Hook):
         it = trainer.progress.iteration
         if not self.by_epoch and self._due(it):
             loop = _train_loop(trainer)
-            self._request(trainer, self._name(trainer, self._iter_tmpl, it), not loop.by_epoch and loop.val_due())
+            self._request(trainer, trainer.checkpoints.name(self._iter_tmpl, it), not loop.by_epoch and loop.val_due())
 
     def after_train_epoch(self, trainer: TrainerView) -> None:  # noqa: D102
         loop = _train_loop(trainer)
         epoch = trainer.progress.epoch
         if self.by_epoch and loop.by_epoch and self._due(epoch):
-            self._request(trainer, self._name(trainer, self._epoch_tmpl, epoch), loop.val_due())
+            self._request(trainer, trainer.checkpoints.name(self._epoch_tmpl, epoch), loop.val_due())
 
     def before_train_epoch(self, trainer: TrainerView) -> None:  # noqa: D102
         self._flush_pending(trainer)
@@ -323,15 +284,11 @@ class CheckpointHook(Hook):
             return
         rules = self._resolve_keys(metrics)  # every key checked before any is used
         p = trainer.progress
-        stem = self._name(trainer, self._epoch_tmpl, p.epoch) if _train_loop(trainer).by_epoch else self._name(trainer, self._iter_tmpl, p.iteration)
-        for key, rule in rules.items():
+        stem = trainer.checkpoints.name(self._epoch_tmpl, p.epoch) if _train_loop(trainer).by_epoch else trainer.checkpoints.name(self._iter_tmpl, p.iteration)
+        for key in rules:
             score = float(metrics[key])
-            if math.isnan(score):
-                continue
-            ranked = self.best.get(key, [])
-            if len(ranked) >= self.max_keep_best and not (score > ranked[-1][0] if rule == "greater" else score < ranked[-1][0]):
-                continue
-            self._pending_best.append((key, score, f"best_{key.replace('/', '_')}_{stem}"))
+            if not math.isnan(score):
+                self._pending_best.append((key, score, f"best_{key.replace('/', '_')}_{stem}"))
 
     def _resolve_keys(self, metrics: dict[str, float]) -> dict[str, str]:
         """``{metric key: rule}`` of the ``save_best`` keys ("auto": the first metric, its rule inferred now).
@@ -360,79 +317,30 @@ class CheckpointHook(Hook):
             return
         pending, self._pending_best = self._pending_best, []
         for key, score, name in pending:
-            greater = (self._keys or {}).get(key) == "greater"
-            ranked = sorted([*[b for b in self.best.get(key, []) if b[1] != name], (score, name)], key=lambda b: -b[0] if greater else b[0])
-            self.best[key], dropped = ranked[: self.max_keep_best], [n for _, n in ranked[self.max_keep_best :]]
-            self._write(trainer, name, latest=False, remove=dropped)
-            trainer.logger.info(f"New best {key} {score:.4f}: saved {name}")
+            if trainer.checkpoints.save_best(key, score, name, greater=(self._keys or {}).get(key) == "greater", keep=self.max_keep_best):
+                trainer.logger.info(f"New best {key} {score:.4f}: saved {name}")
         self._flush_pending(trainer)
 
     def after_train(self, trainer: TrainerView) -> None:  # noqa: D102
         self._flush_pending(trainer)
         if self.save_last:
-            self.save_now(trainer)
+            trainer.checkpoints.save_now()
         trainer.strategy.wait_for_checkpoint()
         if self.published_keys and trainer.is_main_process:
             names = ([self.kept[-1]] if self.save_last and self.kept else []) + [ranked[0][1] for ranked in self.best.values() if ranked]
             for name in dict.fromkeys(names):
-                self.publish(trainer, self.ckpt_dir(trainer) / name)
+                trainer.checkpoints.publish(trainer.checkpoints.ckpt_dir / name, self.published_keys)
 
     def after_run(self, trainer: TrainerView) -> None:  # noqa: D102
-        if self._in_train:
-            trainer.set_checkpoint_server(None)
-            if self._pending is not None:
-                # The run ended by an error after a checkpoint was due but before the validation
-                # it waited for finished (a metric that raised): the epoch's training is not lost.
-                trainer.logger.warning(f"Writing {self._pending}, which was due before the run stopped (it waited for a validation that did not finish)")
-                self._flush_pending(trainer)
+        if self._in_train and self._pending is not None:
+            # The run ended by an error after a checkpoint was due but before the validation
+            # it waited for finished (a metric that raised): the epoch's training is not lost.
+            trainer.logger.warning(f"Writing {self._pending}, which was due before the run stopped (it waited for a validation that did not finish)")
+            self._flush_pending(trainer)
         self._in_train = False
         self._pending = None
         self._pending_best = []
         trainer.strategy.wait_for_checkpoint()
-
-    # -- public ---------------------------------------------------------------------------
-    def save_now(self, trainer: TrainerView) -> Path | None:
-        """Save the current state as a periodic checkpoint unless this iteration is saved already.
-
-        Used at the end of training and, as the trainer's checkpoint server, by
-        ``trainer.request_checkpoint()`` (preemption); returns the path written (or None).
-        """
-        self._flush_pending(trainer)
-        p = trainer.progress
-        if p.iteration == self._last_saved_iter:
-            return None
-        name = self._name(trainer, self._epoch_tmpl, p.epoch) if _train_loop(trainer).by_epoch and p.iter_in_epoch == 0 else self._name(trainer, self._iter_tmpl, p.iteration)
-        self._save_periodic(trainer, name)
-        return self.ckpt_dir(trainer) / name
-
-    def publish(self, trainer: TrainerView, path: Path) -> Path:
-        """Write ``path`` stripped to :attr:`published_keys` as ``<stem>-<sha256[:8]>.pth`` beside it (rank 0).
-
-        The hash is of the published file's bytes, so ``sha256sum`` (and ``torch.hub``'s
-        ``check_hash``) verify the name. Keys of the checkpoint that are not published are
-        logged by name.
-        """
-        import hashlib
-        import io
-
-        import torch
-
-        from trainwright.checkpoint.io import atomic_write_bytes, load_file
-
-        assert self.published_keys is not None
-        ckpt = load_file(path)
-        removed = [k for k in ckpt if k not in self.published_keys]
-        buf = io.BytesIO()
-        torch.save({k: ckpt[k] for k in self.published_keys if k in ckpt}, buf)
-        data = buf.getvalue()
-        out = path.with_name(f"{path.stem}-{hashlib.sha256(data).hexdigest()[:8]}.pth")
-        atomic_write_bytes(out, data)
-        trainer.logger.info(f"Published {path.name} as {out} with keys {self.published_keys}" + (f" (left out {removed})" if removed else ""))
-        return out
-
-    def ckpt_dir(self, trainer: TrainerView) -> Path:
-        """Where this hook writes."""
-        return self.out_dir if self.out_dir is not None else trainer.ckpt_dir
 
     def _request(self, trainer: TrainerView, name: str, after_val: bool) -> None:
         self._pending = name
@@ -442,48 +350,4 @@ class CheckpointHook(Hook):
     def _flush_pending(self, trainer: TrainerView) -> None:
         name, self._pending = self._pending, None
         if name is not None:
-            self._save_periodic(trainer, name)
-
-    # -- writing --------------------------------------------------------------------------
-    def _save_periodic(self, trainer: TrainerView, name: str) -> None:
-        kept = [k for k in self.kept if k != name] + [name]
-        dropped: list[str] = []
-        if self.max_keep_ckpts > 0 and len(kept) > self.max_keep_ckpts:
-            dropped, kept = kept[: -self.max_keep_ckpts], kept[-self.max_keep_ckpts :]
-        self.kept = kept
-        self._last_saved_iter = trainer.progress.iteration
-        # Log records up to this point must survive a kill: the resumed run will not log them again.
-        trainer.flush_logs()
-        self._write(trainer, name, latest=True, remove=dropped)
-
-    def _write(self, trainer: TrainerView, name: str, latest: bool, remove: list[str]) -> None:
-        from trainwright.checkpoint.io import write_latest
-
-        d = self.ckpt_dir(trainer)
-        # files still wanted (a name can be both dropped from one list and kept in the other)
-        wanted = set(self.kept) | {n for ranked in self.best.values() for _, n in ranked} | {name}
-        remove = [r for r in remove if r not in wanted]
-
-        def finish() -> None:  # rank 0, once the file is complete
-            if latest:
-                write_latest(d, name)
-            for old in remove:
-                trainer.strategy.remove_checkpoint(d / old)
-
-        path = trainer.save_checkpoint(d / name, self.save_optimizer, self.save_param_scheduler, async_save=self.async_save, after=finish)
-        trainer.logger.info(f"Saving checkpoint {path} in the background" if self.async_save else f"Saved checkpoint {path}")
-
-    def _clean_stale_tmp(self, trainer: TrainerView) -> None:
-        d = self.ckpt_dir(trainer)
-        if not d.is_dir():
-            return
-        trainer.strategy.wait_for_checkpoint()  # no write of this process is in flight: its temporary files are stale too
-        me = os.getpid()
-        for p in d.iterdir():
-            m = _TMP_NAME.match(p.name)
-            if m is None:
-                continue
-            pid = int(m["pid"])
-            if pid == me or not _pid_alive(pid):
-                trainer.strategy.remove_checkpoint(p)  # a file, or a sharded checkpoint's directory
-                trainer.logger.info(f"Removed {p.name}, left by a checkpoint write that was interrupted")
+            trainer.checkpoints.save_periodic(name)

@@ -17,8 +17,8 @@ next point (it is started without waiting), so a signal is acted on within about
 ``agree_secs`` (at most ``2 * metric_store.flush_every`` iterations), or at the first check
 after an epoch end or checkpoint (their blocking flush settles it) if one comes first. All ranks stop after the same step (no
 rank waits forever in a collective of a step the others skipped). Then the loop ends, a checkpoint of that step is written by
-``trainer.request_checkpoint()`` (served by the :class:`~trainwright.hooks.CheckpointHook`
-when there is one, so ``latest`` and keep-last-k apply; complete when it returns), the previous signal handlers are
+``trainer.checkpoints.save_now()`` (with the :class:`~trainwright.hooks.CheckpointHook`'s
+naming and keep-last-k when there is one; complete when it returns), the previous signal handlers are
 put back and the process exits with :attr:`exit_code` (by default ``128 + signal``, the
 status a shell reports for a process ended by that signal: 143 for SIGTERM, 138 for
 SIGUSR1). The next start with ``resume=True`` continues from that checkpoint.
@@ -165,7 +165,7 @@ class PreemptionHook(Hook):
                 self._stop(trainer)
         if not self.preempted:
             return
-        path = trainer.request_checkpoint()  # the checkpoint hook's rules when there is one; complete on return
+        path = trainer.checkpoints.save_now()  # the checkpoint hook's naming and keep-k when there is one; complete on return
         saved = f"checkpoint {path}" if path is not None else "this iteration was checkpointed already"
         trainer.logger.warning(f"Preempted at iteration {trainer.progress.iteration}: {saved}; restart with resume=True to continue")
 

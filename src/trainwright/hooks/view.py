@@ -10,9 +10,11 @@ passed as a view).
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
+
+from trainwright.checkpoint.manager import CheckpointManager
 
 if TYPE_CHECKING:
     from trainwright.hooks.dispatch import HookList
@@ -61,6 +63,7 @@ class TrainerView(Protocol):
         work_dir: The run's work directory.
         run_dir: This run's folder (``work_dir/<experiment_name>``: log, metrics, traces).
         writers: Where records go (empty on every process but rank 0).
+        checkpoints: Saving, naming, ``latest``, keep-k, save-now requests and restore.
     """
 
     progress: Progress
@@ -75,6 +78,7 @@ class TrainerView(Protocol):
     work_dir: Path
     run_dir: Path
     writers: list[Writer]
+    checkpoints: CheckpointManager
 
     @property
     def train_loop(self) -> TrainLoopView | None:
@@ -96,33 +100,11 @@ class TrainerView(Protocol):
     def unwrapped_model(self) -> Any:
         """The user's model, without distributed wrappers or the plain-module adapter."""
 
-    @property
-    def stateful(self) -> Mapping[str, Any]:
-        """Every checkpointed piece by name (the top-level keys of a checkpoint, with ``meta``)."""
-
-    @property
-    def ckpt_dir(self) -> Path:
-        """Where checkpoints go (``work_dir/checkpoints``)."""
-
     def flush_logs(self) -> None:
         """Make everything logged so far visible on disk."""
 
-    def state_dict(self, save_optimizer: bool = True, save_param_scheduler: bool = True) -> dict[str, Any]:
-        """The full checkpoint dict."""
-
-    def save_checkpoint(
-        self, path: str | Path, save_optimizer: bool = True, save_param_scheduler: bool = True, *, async_save: bool = False, after: Callable[[], None] | None = None
-    ) -> Path:
-        """Write the full checkpoint to ``path`` through the strategy (``after`` runs once the file is complete)."""
-
     def hold_log_lines(self, write_pending: Callable[[], None] | None) -> None:
         """Register who holds log lines back for batched writing; :meth:`flush_logs` calls it."""
-
-    def set_checkpoint_server(self, server: Callable[[Any], Path | None] | None) -> None:
-        """Make ``server(trainer)`` serve :meth:`request_checkpoint` (the checkpoint hook does, while training)."""
-
-    def request_checkpoint(self) -> Path | None:
-        """Checkpoint the current state now (e.g. on preemption); returns once the file is complete."""
 
 
 def require_train_loop(trainer: TrainerView, who: str) -> TrainLoopView:

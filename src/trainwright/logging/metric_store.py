@@ -403,8 +403,7 @@ class MetricStore:
         return {k: b.latest for k, b in self._buffers.items()}
 
     def state_dict(self) -> dict[str, Any]:
-        """Every buffer (pending tensors are flushed first): what a resumed run's first log lines average over."""
-        self.flush()
+        """Every buffer, as flushed so far (flush first): what a resumed run's first log lines average over."""
         return {k: b.state_dict() for k, b in self._buffers.items()}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:

@@ -1,45 +1,23 @@
-"""A checkpoint is the dict of every stateful piece, by name; resume loads each back.
+"""The trainer's checkpoint pieces: what each part of a run saves, checks and loads back.
 
-The trainer's pieces (:func:`stateful_pieces`, in load order): ``model`` and
-``optim_wrapper`` (through the strategy, which may shard them), ``param_schedulers``,
-``progress`` (epoch, iteration, position in the epoch: the one record of where training
-stands), ``train_dataloader`` (only the data-order seed: the loader is positioned from
-``progress``), ``metric_store`` (the logged windows), ``hooks`` (by ``state_key``), every
-object given to :meth:`Trainer.register_stateful <trainwright.Trainer.register_stateful>`,
-and ``rng`` (every global generator; per rank under several processes). ``meta``
-(version, time, seed, progress, world size) is written for people and tools.
-
-Three rules keep resume exact and safe:
-
-* **Everything loads with ``weights_only=True``.** :func:`make_safe` checks the finished
-  dict (after the ``before_save_checkpoint`` hooks) before it is written: NumPy scalars and
-  arrays become Python numbers and tensors, anything else that is not a tensor or a plain
-  container is a ``TypeError`` naming its key, at save time rather than at resume time.
-* **Nothing is changed before everything is checked.** :func:`restore_state` runs every
-  piece's ``check_state_dict`` (model keys and shapes, optimizer class and parameter
-  groups, scheduler count) before any ``load_state_dict``; a mismatch names the file.
-* **RNG last.** The generators are restored after every other piece and after the
-  ``after_load_checkpoint`` hooks, any of which may draw random numbers.
-
-A piece the checkpoint lacks keeps its fresh state, with a warning naming it; only
-``optim_wrapper`` and ``param_schedulers`` may be absent silently (a checkpoint saved with
-``save_optimizer=False`` / ``save_param_scheduler=False``). Entries of the checkpoint that
-no piece claims (e.g. added by a hook) are left to the hooks.
+``meta`` (version, time, seed, progress, world size, settings; on load: seed adoption),
+``model`` and ``optim_wrapper`` (through the strategy, which may shard them),
+``param_schedulers``, ``train_dataloader`` (the data order; positioned from ``progress``)
+and ``hooks`` (by ``state_key``). Their checks refuse a checkpoint that does not fit before
+anything loads. The :class:`~trainwright.checkpoint.manager.CheckpointManager` saves and
+restores the mapping the Trainer builds of them (see docs/checkpoints.md).
 """
 
 from __future__ import annotations
 
 import time
 import warnings
-from collections import OrderedDict
 from collections.abc import Mapping
-from pathlib import Path
 from typing import TYPE_CHECKING, Any, cast
 
-import numpy as np
 import torch
 
-from trainwright.checkpoint import Stateful, check_state_dict, get_rng_state, set_rng_state
+from trainwright.checkpoint import Stateful
 from trainwright.version import __version__
 
 if TYPE_CHECKING:
@@ -49,17 +27,10 @@ if TYPE_CHECKING:
     from trainwright.strategies.base import Strategy
     from trainwright.trainer.trainer import Trainer
 
-#: Names of the trainer's own pieces (and ``meta``): :meth:`Trainer.register_stateful` refuses them.
-BUILTIN_PIECES = ("meta", "model", "optim_wrapper", "param_schedulers", "progress", "train_dataloader", "metric_store", "hooks", "rng")
+#: The trainer's own piece names, in load order (``rng`` follows, appended by the manager).
+PIECES = ("meta", "model", "optim_wrapper", "param_schedulers", "progress", "train_dataloader", "metric_store", "hooks")
 #: Pieces a checkpoint may lack without a warning (``save_optimizer`` / ``save_param_scheduler=False``).
-OPTIONAL_PIECES = frozenset({"optim_wrapper", "param_schedulers"})
-
-_PLAIN = (str, int, float, bool, bytes, type(None), torch.dtype, torch.device, torch.Size)
-
-
-def _is_plain(obj: Any) -> bool:
-    # exact types: an IntEnum or a str subclass pickles as its class, which the safe loader refuses
-    return type(obj) in _PLAIN
+OPTIONAL_PIECES = ("meta", "optim_wrapper", "param_schedulers")
 
 
 def _scheduler_states(schedulers: Any) -> Any:
@@ -103,48 +74,6 @@ def _check_model(own: Mapping[str, Any], state: Mapping[str, Any]) -> None:
             "The checkpoint's model does not match the trainer's model, nothing was loaded:\n  " + "\n  ".join(lines)
             + "\nResume with the same model definition, or use load_from= (weights only, strict=False) to start a new run from these weights."
         )
-
-
-def make_safe(obj: Any, where: str = "checkpoint") -> Any:
-    """Return ``obj`` with NumPy values converted; raise if it would not load with ``weights_only=True``.
-
-    Args:
-        obj: A checkpoint (or any part of one).
-        where: The key path of ``obj``, for the error message.
-
-    Returns:
-        ``obj``, or a copy of the containers that held NumPy values.
-
-    Raises:
-        TypeError: ``obj`` holds an object the safe loader refuses (names its key path).
-    """
-    if isinstance(obj, torch.Tensor) or _is_plain(obj):
-        return obj
-    if isinstance(obj, np.generic):
-        return obj.item()
-    if isinstance(obj, np.ndarray):
-        return torch.from_numpy(np.ascontiguousarray(obj))
-    if isinstance(obj, Mapping):
-        pairs = [(k, v, make_safe(v, f"{where}[{k!r}]")) for k, v in obj.items()]
-        for k, _, _ in pairs:
-            if not _is_plain(k):
-                raise TypeError(f"{where} has a key of type {type(k).__name__} ({k!r}); checkpoint dict keys must be strings or numbers")
-        if all(new is old for _, old, new in pairs) and type(obj) in (dict, OrderedDict):
-            return obj  # unchanged: keep the object (and e.g. a state dict's _metadata)
-        return OrderedDict((k, new) for k, _, new in pairs) if isinstance(obj, OrderedDict) else {k: new for k, _, new in pairs}
-    if isinstance(obj, (list, tuple)):
-        items = [make_safe(v, f"{where}[{i}]") for i, v in enumerate(obj)]
-        if all(a is b for a, b in zip(items, obj)) and type(obj) in (list, tuple):
-            return obj
-        return items if isinstance(obj, list) else tuple(items)
-    if isinstance(obj, (set, frozenset)) and all(_is_plain(v) for v in obj):
-        return obj
-    raise TypeError(
-        f"{where} is a {type(obj).__module__}.{type(obj).__qualname__}, which a checkpoint cannot hold: "
-        "checkpoints are loaded with torch.load(weights_only=True), which only rebuilds tensors and plain "
-        "containers. Make the state_dict() that returns it store tensors, numbers, strings, lists and dicts instead."
-    )
-
 
 
 # --------------------------------------------------------------------------- pieces
@@ -264,113 +193,49 @@ class DataOrderState:
 
 
 class HookStates:
-    """The stateful hooks, as ``{state_key: hook.state_dict()}``; a hook the checkpoint lacks starts fresh, with a warning."""
+    """The stateful hooks of the list (as they are at each call), as ``{state_key: hook.state_dict()}``; a hook the checkpoint lacks starts fresh, with a warning."""
 
     def __init__(self, hooks: HookList) -> None:
-        self.hooks = {h.state_key: cast(Stateful, h) for h in hooks.stateful()}
+        self.hooks = hooks
+
+    def _stateful(self) -> dict[str, Stateful]:
+        return {h.state_key: cast(Stateful, h) for h in self.hooks.stateful()}
 
     def state_dict(self) -> dict[str, Any]:  # noqa: D102
-        return {key: h.state_dict() for key, h in self.hooks.items()}
+        return {key: h.state_dict() for key, h in self._stateful().items()}
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:  # noqa: D102
-        for key, h in self.hooks.items():
+        for key, h in self._stateful().items():
             if key in state:
                 h.load_state_dict(state[key])
             else:
                 warnings.warn(f"The checkpoint holds no state for hook {key!r}; it starts fresh", stacklevel=2)
 
 
-class RngState:
-    """Every global random generator; under several processes each rank's own."""
+class MetaState:
+    """``meta``: what people and tools read (version, time, seed, progress, world size, settings); loading it adopts the seed.
 
-    def __init__(self, strategy: Strategy) -> None:
-        self.strategy = strategy
+    Loaded first, after every piece was checked: a run that gave no seed takes the
+    checkpoint's (its data order); another world size is a warning. :attr:`loaded` keeps the
+    loaded entry (the trainer compares its settings).
+    """
+
+    def __init__(self, trainer: Trainer) -> None:
+        self.trainer = trainer
+        self.loaded: Mapping[str, Any] = {}
 
     def state_dict(self) -> dict[str, Any]:  # noqa: D102
-        rng = get_rng_state()
-        if self.strategy.world_size > 1:  # a collective: state_dict() runs on every rank
-            return {**rng, "per_rank": list(self.strategy.gather_object(rng))}
-        return rng
+        t, p = self.trainer, self.trainer.progress
+        return {
+            "trainwright_version": __version__, "time": time.strftime("%Y-%m-%d %H:%M:%S"), "seed": t.seed, "epoch": p.epoch,
+            "iteration": p.iteration, "world_size": t.strategy.world_size, "config": t.config,
+        }
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:  # noqa: D102
-        per_rank, rank = state.get("per_rank"), self.strategy.rank
-        set_rng_state(per_rank[rank] if per_rank and rank < len(per_rank) else dict(state))
-
-
-def stateful_pieces(trainer: Trainer, registered: Mapping[str, Stateful]) -> dict[str, Stateful]:
-    """The trainer's checkpointed pieces by name, in load order (``progress`` before ``train_dataloader``, ``rng`` last)."""
-    strategy = trainer.strategy
-    pieces: dict[str, Stateful] = {"model": ModelState(strategy)}
-    if trainer.optim_wrapper is not None:
-        pieces["optim_wrapper"] = OptimState(strategy, trainer.optim_wrapper)
-    if trainer.param_schedulers:
-        pieces["param_schedulers"] = SchedulerState(trainer.param_schedulers)
-    pieces["progress"] = trainer.progress
-    if trainer.train_loop is not None:
-        pieces["train_dataloader"] = DataOrderState(trainer.train_loop.dataloader, trainer.progress)
-    pieces["metric_store"] = trainer.metric_store
-    pieces["hooks"] = HookStates(trainer.hooks)
-    pieces.update(registered)
-    pieces["rng"] = RngState(strategy)
-    return pieces
-
-
-# --------------------------------------------------------------------------- collect / restore
-
-
-def collect_state(trainer: Trainer, save_optimizer: bool = True, save_param_scheduler: bool = True) -> dict[str, Any]:
-    """``{"meta": ..., name: piece.state_dict() for every piece}``, not yet checked by :func:`make_safe`.
-
-    Called on every rank (collecting may need collectives under sharded strategies); the
-    returned tensors may share memory with the live model, so copy them before training
-    goes on if they are written later (the async writer does).
-    """
-    p = trainer.progress
-    skip = {name for name, keep in (("optim_wrapper", save_optimizer), ("param_schedulers", save_param_scheduler)) if not keep}
-    ckpt: dict[str, Any] = {
-        "meta": {
-            "trainwright_version": __version__, "time": time.strftime("%Y-%m-%d %H:%M:%S"), "seed": trainer.seed, "epoch": p.epoch,
-            "iteration": p.iteration, "world_size": trainer.strategy.world_size, "config": trainer.config,
-        },
-    }
-    for name, piece in trainer.stateful.items():
-        if name not in skip:
-            ckpt[name] = piece.state_dict()
-    return ckpt
-
-
-def restore_state(trainer: Trainer, ckpt: Mapping[str, Any], path: str | Path) -> None:
-    """Load every piece of a :func:`collect_state` checkpoint (read from ``path``) back into the trainer.
-
-    Every piece's check runs before any piece is loaded; RNG states are restored last.
-
-    Raises:
-        KeyError: ``ckpt`` has no ``model`` or ``progress`` entry (not a training checkpoint).
-        ValueError, RuntimeError: a piece does not fit (the message names ``path``); nothing was changed.
-    """
-    for key in ("model", "progress"):
-        if key not in ckpt:
-            raise KeyError(f"Checkpoint {str(path)!r} has no {key!r} entry: it is not a trainwright training checkpoint (keys: {sorted(ckpt)}); use load_from= for weights only")
-    pieces = trainer.stateful
-    for name, piece in pieces.items():
-        if name in ckpt:
-            try:
-                check_state_dict(piece, ckpt[name])
-            except (ValueError, RuntimeError) as e:
-                raise type(e)(f"Checkpoint {str(path)!r} does not fit this trainer: {e}") from e
-    for name in [n for n in pieces if n not in ckpt and n not in OPTIONAL_PIECES]:
-        warnings.warn(f"Checkpoint {str(path)!r} holds no {name!r} state; {name} starts fresh", stacklevel=3)
-    saved_seed = ckpt.get("meta", {}).get("seed")
-    if isinstance(saved_seed, int) and saved_seed != trainer.seed and not trainer.seed_given:
-        trainer.adopt_seed(saved_seed)  # no seed given: continue the checkpoint's data order (mmengine semantics)
-    saved_world = int(ckpt.get("meta", {}).get("world_size", 1))
-    if saved_world != trainer.strategy.world_size:
-        trainer.logger.warning(f"Checkpoint was written by {saved_world} process(es), this run has {trainer.strategy.world_size}: the data order and random streams will differ from the original run")
-
-    rng = pieces.pop("rng")
-    for name, piece in pieces.items():
-        if name in ckpt:
-            piece.load_state_dict(ckpt[name])
-    trainer.hooks.call("after_load_checkpoint", trainer, ckpt)
-    if "rng" in ckpt:
-        rng.load_state_dict(ckpt["rng"])
+        t, self.loaded = self.trainer, state
+        saved_seed = state.get("seed")
+        if isinstance(saved_seed, int) and saved_seed != t.seed and not t.seed_given:
+            t.adopt_seed(saved_seed)  # no seed given: continue the checkpoint's data order (mmengine semantics)
+        saved_world = int(state.get("world_size", 1))
+        if saved_world != t.strategy.world_size:
+            t.logger.warning(f"Checkpoint was written by {saved_world} process(es), this run has {t.strategy.world_size}: the data order and random streams will differ from the original run")

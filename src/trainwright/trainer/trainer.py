@@ -9,7 +9,8 @@ from typing import TYPE_CHECKING, Any
 from torch import nn
 
 from trainwright.amp.precision import Precision, build_precision
-from trainwright.checkpoint import Stateful
+from trainwright.checkpoint import Stateful, load_model_weights, save_safetensors
+from trainwright.checkpoint.manager import CheckpointManager
 from trainwright.hooks.dispatch import HookList
 from trainwright.hooks.hook import Hook
 from trainwright.hooks.timing import HookReport, HookTimer
@@ -22,9 +23,9 @@ from trainwright.model.base_model import ModuleAdapter, as_base_model
 from trainwright.registry import check_keys
 from trainwright.strategies import build_strategy
 from trainwright.trainer.build import EVAL_CFG_KEYS, TRAIN_CFG_KEYS, build_eval_loop, build_train
-from trainwright.trainer.checkpointer import Checkpointer
 from trainwright.trainer.hooks_config import build_hook, build_hooks
-from trainwright.trainer.runs import new_run_dir
+from trainwright.trainer.runs import config_changes, new_run_dir
+from trainwright.trainer.state import OPTIONAL_PIECES, DataOrderState, HookStates, MetaState, ModelState, OptimState, SchedulerState
 
 
 class Trainer:
@@ -147,8 +148,18 @@ class Trainer:
         self.test_loop = build_eval_loop(self, test_dataloader, test_evaluator, "test", self.test_cfg)
         self._prepared = False
         self._held_lines: Callable[[], None] | None = None  # see hold_log_lines
-        #: The checkpoint API (saving, resume / load_from, weights, the checkpoint folder's lock); the trainer's checkpoint methods delegate to it.
-        self.checkpointer = Checkpointer(self, resume=resume, load_from=load_from)
+        self._resume, self._load_from = resume, load_from
+        self._restore_due = True  # resume / load_from are applied once, before the first run (resume_from re-arms it)
+        #: The checkpoints: saving, naming, ``latest``, keep-k, restore, the folder's lock (hooks reach it here).
+        self.checkpoints = CheckpointManager(
+            self.strategy,
+            {"meta": MetaState(self), "model": ModelState(self.strategy), "optim_wrapper": None, "param_schedulers": None,  # None: set by _build_train
+             "progress": self.progress, "train_dataloader": None, "metric_store": self.metric_store, "hooks": HookStates(self.hooks)},
+            self.ckpt_dir, progress=self.progress, logger=self.logger, flush=self.flush_logs,
+            before_save=lambda ckpt: self.hooks.call("before_save_checkpoint", self, ckpt),
+            after_load=lambda ckpt: self.hooks.call("after_load_checkpoint", self, ckpt),
+            required=("model", "progress"), optional=OPTIONAL_PIECES,
+        )
 
     @classmethod
     def from_config(cls, cfg: Mapping[str, Any], **overrides: Any) -> Trainer:
@@ -208,6 +219,11 @@ class Trainer:
             model=self.unwrapped_base, precision=self.precision, seed=self.seed, skip_nonfinite=self.nonfinite_loss == "skip",
         )
         self.optim_wrapper, self.precision, self.train_loop, self.param_schedulers = parts
+        self.checkpoints.pieces.update(
+            optim_wrapper=OptimState(self.strategy, self.optim_wrapper) if self.optim_wrapper is not None else None,
+            param_schedulers=SchedulerState(self.param_schedulers) if self.param_schedulers else None,
+            train_dataloader=DataOrderState(self.train_loop.dataloader, self.progress),
+        )
 
     @property
     def unwrapped_base(self) -> nn.Module:
@@ -223,7 +239,35 @@ class Trainer:
                 self._build_train()
             self.model = self.strategy.prepare(self.model, optim_wrapper=self.optim_wrapper, compile=self._compile)
             self._prepared = True
-        self.checkpointer.load_or_resume()  # once (resume_from re-arms it)
+        if self._restore_due:
+            self._restore_due = False
+            self._resume_or_load()
+
+    def _resume_or_load(self) -> None:
+        """Apply ``resume`` (full state; True: the newest checkpoint that loads) or else ``load_from`` (weights only).
+
+        Every piece is checked before anything changes (see :meth:`CheckpointManager.restore`).
+        """
+        resume = self._resume
+        if resume and self.train_loop is not None:
+            found = self.checkpoints.find_and_restore(None if resume is True else resume)
+            if found is not None:
+                path, ckpt = found
+                self.logger.info(f"Resumed from {path} at epoch {self.progress.epoch}, iteration {self.progress.iteration}")
+                meta = ckpt.get("meta")
+                changed = config_changes(meta.get("config") if isinstance(meta, Mapping) else None, self.config)
+                if changed:
+                    self.logger.warning(
+                        f"Resumed from {path}: the model, the optimizer state (its lr, momentum...), the schedulers, the progress, the data order "
+                        "and the random streams come from the checkpoint. Settings that differ from the checkpoint's run: "
+                        + "; ".join(f"{k}: {a!r} -> {b!r}" for k, (a, b) in changed.items())
+                        + ". train_cfg, hooks, data and the other settings apply as given now; edited optimizer or scheduler values do not "
+                        "(the checkpoint's win): to train with them, start a new run from these weights with load_from=."
+                    )
+                return
+            self.logger.info(f"resume=True but no checkpoint in {self.ckpt_dir}; starting from scratch")
+        if self._load_from is not None:
+            self.load_weights(self._load_from)
 
     def adopt_seed(self, seed: int) -> None:
         """Use ``seed`` (a checkpoint's, when the run gave none) for the data order; the random streams come from the checkpoint."""
@@ -272,7 +316,7 @@ class Trainer:
             WorkDirBusyError: another live process (or Trainer) is training in this ``work_dir``
                 (the message names its pid); nothing was read or written.
         """
-        self.checkpointer.lock_work_dir()
+        self.checkpoints.lock()
         try:
             self._build_train()
             self._prepare()
@@ -287,7 +331,7 @@ class Trainer:
                 )
             self._run(loop.run)
         finally:
-            self.checkpointer.unlock_work_dir()
+            self.checkpoints.unlock()
         if self.hooks.timer is not None:
             self.logger.info(f"Time spent in hooks (calls and seconds per event, since the trainer was built):\n{self.hook_report()}")
         return self.unwrapped_model
@@ -359,45 +403,54 @@ class Trainer:
         if ok and failed:
             raise next((e for _, e in failed if isinstance(e, SystemExit)), failed[0][1])
 
-    # -- checkpoints (the work is self.checkpointer's: trainer/checkpointer.py) -------------
+    # -- checkpoints (the work is self.checkpoints': checkpoint/manager.py) -------------------
     @property
     def stateful(self) -> dict[str, Stateful]:
-        """Every checkpointed piece by name, in load order: the one list that saving and resuming iterate (:attr:`Checkpointer.stateful`)."""
-        return self.checkpointer.stateful
+        """Every checkpointed piece by name, in load order (``meta`` first, ``rng`` last)."""
+        return self.checkpoints.stateful
 
     def register_stateful(self, name: str, obj: Stateful) -> None:
-        """Save ``obj.state_dict()`` in every checkpoint under ``name``; resume calls ``obj.load_state_dict`` (:meth:`Checkpointer.register`)."""
-        self.checkpointer.register(name, obj)
+        """Save ``obj.state_dict()`` in every checkpoint under ``name``; resume calls ``obj.load_state_dict``."""
+        self.checkpoints.add(name, obj)
 
     def state_dict(self, save_optimizer: bool = True, save_param_scheduler: bool = True) -> dict[str, Any]:
-        """The full checkpoint dict: every piece of :attr:`stateful`, then the ``before_save_checkpoint`` hooks (:meth:`Checkpointer.state_dict`)."""
-        return self.checkpointer.state_dict(save_optimizer, save_param_scheduler)
+        """The full checkpoint dict (the ``before_save_checkpoint`` hooks' additions included)."""
+        return self.checkpoints.state_dict(_excluded(save_optimizer, save_param_scheduler))
 
     def save_checkpoint(self, path: str | Path, save_optimizer: bool = True, save_param_scheduler: bool = True, *, async_save: bool = False, after: Callable[[], None] | None = None) -> Path:
-        """Write the full checkpoint through the strategy (a bare name goes in ``ckpt_dir``) and return its path (:meth:`Checkpointer.save`)."""
-        return self.checkpointer.save(path, save_optimizer, save_param_scheduler, async_save=async_save, after=after)
-
-    def set_checkpoint_server(self, server: Callable[[Trainer], Path | None] | None) -> None:
-        """Make ``server(trainer)`` serve :meth:`request_checkpoint` (the checkpoint hook does, while training); None: the trainer serves."""
-        self.checkpointer.set_server(server)
+        """Write the full checkpoint through the strategy (a bare name goes in ``ckpt_dir``) and return its path."""
+        return self.checkpoints.save(path, exclude=_excluded(save_optimizer, save_param_scheduler), async_save=async_save, after=after)
 
     def request_checkpoint(self) -> Path | None:
-        """Checkpoint the current state now (e.g. on preemption); returns the path once the file is complete, or None (:meth:`Checkpointer.request`)."""
-        return self.checkpointer.request()
+        """Checkpoint the current iteration now unless it is saved already; returns the path once complete, or None."""
+        return self.checkpoints.save_now()
 
     def resume_from(self, path: str | Path) -> None:
         """Load a full checkpoint now (builds the train loop and model first); ``train()`` continues from it."""
         self._build_train()
-        self.checkpointer.set_resume(path)
+        self._resume, self._restore_due = Path(path), True
         self._prepare()
 
     def load_weights(self, path: str | Path, strict: bool = False, revise_keys: Sequence[tuple[str, str]] = ((r"^module\.", ""),)) -> Any:
-        """Load model weights (``.pth`` or ``.safetensors``), reporting key mismatches by name (:meth:`Checkpointer.load_weights`)."""
-        return self.checkpointer.load_weights(path, strict, revise_keys)
+        """Load model weights (``.pth`` or ``.safetensors``), reporting key mismatches by name; returns the missing and unexpected keys.
+
+        Args:
+            path: The weights, or a checkpoint holding them under ``"model"`` / ``"state_dict"``.
+            strict: Whether missing or unexpected keys are an error (they are always listed).
+            revise_keys: ``(pattern, replacement)`` key renames applied first (default: drop DDP's ``module.``).
+        """
+        # once prepared, the strategy copies the weights in (a sharded model takes full tensors only through it)
+        load = (lambda weights: self.strategy.load_model_state_dict(weights, strict=False)) if self.prepared else None
+        result = load_model_weights(self.unwrapped_model, self.strategy.load_checkpoint(path), strict=strict, revise_keys=list(revise_keys), load=load)
+        self.logger.info(f"Loaded weights from {path}")
+        return result
 
     def save_weights(self, path: str | Path) -> Path:
-        """Export the full model weights as safetensors; rank 0 writes, call it on every rank (:meth:`Checkpointer.save_weights`)."""
-        return self.checkpointer.save_weights(path)
+        """Export the full model weights as safetensors (the model's own keys; gathered to rank 0 under FSDP; call it on every rank)."""
+        state = self.strategy.full_model_state_dict() if self.prepared else self.unwrapped_model.state_dict()
+        if self.is_main_process:
+            save_safetensors(state, path)
+        return Path(path)
 
     # -- logs -----------------------------------------------------------------------------
     def hold_log_lines(self, write_pending: Callable[[], None] | None) -> None:
@@ -430,7 +483,7 @@ class Trainer:
 
     def close(self) -> None:
         """Close the writers and the log file; release the strategy's resources (its model wrapper, a pending checkpoint write; a process group it made for this run only, not a launcher's, which later Trainers of the process join)."""
-        self.checkpointer.unlock_work_dir()
+        self.checkpoints.unlock()
         for w in self.writers:
             w.close()
         close_logger(self.logger)
@@ -438,6 +491,10 @@ class Trainer:
             self.model = self.unwrapped_base  # drop the distributed wrapper before the strategy leaves its process group
             self._prepared = False
         self.strategy.teardown()
+
+
+def _excluded(save_optimizer: bool, save_param_scheduler: bool) -> tuple[str, ...]:
+    return ("optim_wrapper",) * (not save_optimizer) + ("param_schedulers",) * (not save_param_scheduler)
 
 
 if TYPE_CHECKING:

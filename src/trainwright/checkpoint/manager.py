@@ -1,0 +1,367 @@
+"""CheckpointManager: the one owner of a run's checkpoint files, and of restoring them.
+
+It saves a mapping of named :class:`Stateful` pieces (plus ``rng``, always last) through
+the strategy, which owns the format; names files with the strategy's suffix; points
+``latest`` at each periodic save, then deletes what fell out of the keep-k / best-k
+windows; serves "save now" requests; publishes stripped copies; removes stale temporaries;
+holds the folder's lock; and restores: every piece checked before any loads, RNG last.
+Hooks decide *when* to save (:class:`~trainwright.hooks.CheckpointHook`); see docs/checkpoints.md.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import io
+import logging
+import os
+import re
+import warnings
+from collections.abc import Callable, Collection, Mapping, Sequence
+from pathlib import Path
+from typing import Any, Protocol
+
+import torch
+
+from trainwright.checkpoint.io import CHECKPOINT_SUFFIX, atomic_write_bytes, load_file, write_latest
+from trainwright.checkpoint.lock import WorkDirBusyError, WorkDirLock
+from trainwright.checkpoint.rng import get_rng_state, set_rng_state
+from trainwright.checkpoint.stateful import Stateful, check_state_dict, make_safe
+from trainwright.registry import did_you_mean
+
+_TMP_NAME = re.compile(r"^\..+\.tmp\.(?P<pid>\d+)\.[0-9a-f]+$")
+
+
+class CheckpointStrategy(Protocol):
+    """What the manager needs of a strategy (:class:`~trainwright.strategies.Strategy` has it all)."""
+
+    checkpoint_suffix: str
+
+    @property
+    def rank(self) -> int: ...  # noqa: D102
+    @property
+    def world_size(self) -> int: ...  # noqa: D102
+    @property
+    def is_main_process(self) -> bool: ...  # noqa: D102
+    def save_checkpoint(self, path: str | Path, state: Mapping[str, Any], *, async_save: bool = False, after: Callable[[], None] | None = None) -> None: ...  # noqa: D102
+    def wait_for_checkpoint(self) -> None: ...  # noqa: D102
+    def load_checkpoint(self, path: str | Path, map_location: Any = "cpu") -> dict[str, Any]: ...  # noqa: D102
+    def find_resumable(self, ckpt_dir: str | Path) -> tuple[Path, dict[str, Any]] | None: ...  # noqa: D102
+    def remove_checkpoint(self, path: str | Path) -> None: ...  # noqa: D102
+    def broadcast_object(self, obj: Any, src: int = 0) -> Any: ...  # noqa: D102
+    def gather_object(self, obj: Any) -> list[Any]: ...  # noqa: D102
+
+
+class Position(Protocol):
+    """Where training stands (:class:`~trainwright.utils.progress.Progress`)."""
+
+    epoch: int
+    iteration: int
+    iter_in_epoch: int
+
+
+class RngState:
+    """Every global random generator; under several processes each rank's own."""
+
+    def __init__(self, strategy: CheckpointStrategy) -> None:
+        self.strategy = strategy
+
+    def state_dict(self) -> dict[str, Any]:  # noqa: D102
+        rng = get_rng_state()
+        if self.strategy.world_size > 1:  # a collective: state_dict() runs on every rank
+            return {**rng, "per_rank": list(self.strategy.gather_object(rng))}
+        return rng
+
+    def load_state_dict(self, state: Mapping[str, Any]) -> None:  # noqa: D102
+        per_rank, rank = state.get("per_rank"), self.strategy.rank
+        set_rng_state(per_rank[rank] if per_rank and rank < len(per_rank) else dict(state))
+
+
+class SaveRecord:
+    """The files a run keeps: periodic ones (oldest first), the best per metric key (best first), the last saved iteration.
+
+    The checkpoint hook persists it as its state, so keep-k and best-k go on across a resume.
+    """
+
+    def __init__(self) -> None:
+        self.kept: list[str] = []
+        self.best: dict[str, list[tuple[float, str]]] = {}
+        self.last_saved_iter = -1
+
+    def names(self) -> set[str]:
+        """Every file still wanted."""
+        return set(self.kept) | {n for ranked in self.best.values() for _, n in ranked}
+
+    def state_dict(self) -> dict[str, Any]:  # noqa: D102
+        first = next(iter(self.best.values()), None)
+        return {
+            "kept": list(self.kept), "best": [[s, n, k] for k, ranked in self.best.items() for s, n in ranked],
+            "best_score": first[0][0] if first else None, "best_ckpt": first[0][1] if first else None, "last_saved_iter": self.last_saved_iter,
+        }
+
+    def load_state_dict(self, state: Mapping[str, Any], first_key: str = "auto") -> None:
+        """Restore; ``first_key`` owns ``[score, file]`` entries saved without a key."""
+        self.kept = list(state.get("kept", []))
+        self.best = {}
+        for entry in state.get("best") or []:
+            self.best.setdefault(str(entry[2]) if len(entry) > 2 else first_key, []).append((float(entry[0]), str(entry[1])))
+        self.last_saved_iter = int(state.get("last_saved_iter", -1))
+
+
+class CheckpointManager:
+    """Saves, names, keeps, publishes and restores one run's checkpoints.
+
+    Args:
+        strategy: Does the I/O (format, ranks, async writes).
+        pieces: Name -> :class:`Stateful`, in load order; a None value reserves a name for a
+            piece added later (``manager.pieces[name] = piece``). ``rng`` is appended by the manager.
+        ckpt_dir: Where files go (relative names are put there).
+        progress: Names and dates "save now" checkpoints.
+        keep: Periodic checkpoints kept (-1: all); older ones are deleted after the new ``latest``.
+        async_save: Write in a background thread (the loop waits for the copy to CPU memory).
+        logger: Where saves, publishing and resume messages go.
+        flush: Runs once before the pieces are collected (the trainer's log flush: a resumed
+            run does not log those lines again).
+        before_save: Gets the collected dict before it is checked and written (``before_save_checkpoint`` hooks).
+        after_load: Gets the loaded dict after every piece but ``rng`` is restored (``after_load_checkpoint`` hooks).
+        required: Pieces a checkpoint must hold to be restored here.
+        optional: Pieces a checkpoint may lack without a warning.
+    """
+
+    def __init__(
+        self, strategy: CheckpointStrategy, pieces: Mapping[str, Stateful | None], ckpt_dir: str | Path, *, progress: Position,
+        keep: int = -1, async_save: bool = False, logger: logging.Logger | None = None, flush: Callable[[], None] | None = None,
+        before_save: Callable[[dict[str, Any]], None] | None = None, after_load: Callable[[dict[str, Any]], None] | None = None,
+        required: Collection[str] = (), optional: Collection[str] = (),
+    ) -> None:
+        self.strategy = strategy
+        self.pieces: dict[str, Stateful | None] = dict(pieces)
+        self.ckpt_dir = Path(ckpt_dir)
+        self.progress = progress
+        self.keep = keep
+        self.async_save = async_save
+        self.logger = logger or logging.getLogger("trainwright")
+        self.flush, self.before_save, self.after_load = flush, before_save, after_load
+        self.required, self.optional = tuple(required), frozenset(optional)
+        #: Pieces left out of periodic, best and save-now checkpoints (e.g. ``optim_wrapper``).
+        self.exclude: tuple[str, ...] = ()
+        #: Templates of periodic names (one ``{}``); ``epoch_names``: a save at an epoch end takes the epoch name.
+        self.epoch_tmpl, self.iter_tmpl, self.epoch_names = "epoch_{}.pth", "iter_{}.pth", False
+        self.record = SaveRecord()
+        self._rng = RngState(strategy)
+        self._lock = WorkDirLock(self.ckpt_dir)
+
+    def configure(self, **settings: Any) -> None:
+        """Set storage settings by name (``ckpt_dir``, ``keep``, ``async_save``, ``exclude``, ``epoch_tmpl``, ``iter_tmpl``, ``epoch_names``, ``record``)."""
+        for k, v in settings.items():
+            if k not in ("ckpt_dir", "keep", "async_save", "exclude", "epoch_tmpl", "iter_tmpl", "epoch_names", "record"):
+                raise TypeError(f"CheckpointManager.configure: unknown setting {k!r}")
+            setattr(self, k, Path(v) if k == "ckpt_dir" else tuple(v) if k == "exclude" else v)
+
+    # -- the pieces ---------------------------------------------------------------------------
+    @property
+    def stateful(self) -> dict[str, Stateful]:
+        """Every checkpointed piece by name, in load order (``rng`` last)."""
+        return {**{k: p for k, p in self.pieces.items() if p is not None}, "rng": self._rng}
+
+    def add(self, name: str, piece: Stateful) -> None:
+        """Save ``piece`` in every checkpoint under ``name`` (before ``rng``); resume loads it back.
+
+        Raises:
+            TypeError: ``piece`` lacks ``state_dict`` / ``load_state_dict``.
+            ValueError: ``name`` is taken.
+        """
+        if not isinstance(piece, Stateful):
+            raise TypeError(f"register_stateful({name!r}, ...) needs an object with state_dict() and load_state_dict(state), got {type(piece).__name__}")
+        if name in self.pieces or name in ("meta", "rng"):
+            raise ValueError(f"register_stateful: the name {name!r} is already taken (taken: {[*self.pieces, 'rng']}); register under another name")
+        self.pieces[name] = piece
+
+    def state_dict(self, exclude: Collection[str] = ()) -> dict[str, Any]:
+        """The checkpoint dict: flush, every piece but ``exclude``, the ``before_save`` callable, made safe.
+
+        Raises:
+            TypeError: the dict holds an object the safe loader would refuse (names its key path).
+        """
+        if self.flush is not None:
+            self.flush()
+        ckpt = {name: piece.state_dict() for name, piece in self.stateful.items() if name not in exclude}
+        if self.before_save is not None:
+            self.before_save(ckpt)
+        return make_safe(ckpt)  # type: ignore[no-any-return]
+
+    # -- saving ---------------------------------------------------------------------------------
+    def name(self, tmpl: str, n: int) -> str:
+        """The file name ``tmpl`` gives ``n``, with the strategy's suffix (``.pth``; a DCP directory's ``.dcp``...)."""
+        name, suffix = tmpl.format(n), self.strategy.checkpoint_suffix
+        return name if suffix == CHECKPOINT_SUFFIX else name[: -len(CHECKPOINT_SUFFIX)] + suffix
+
+    def save(
+        self, name: str | Path, *, exclude: Collection[str] | None = None, async_save: bool = False,
+        latest: bool = False, remove: Sequence[str] = (), after: Callable[[], None] | None = None,
+    ) -> Path:
+        """Write one checkpoint (a bare name goes in ``ckpt_dir``); once complete, rank 0 points ``latest`` at it, deletes ``remove``, runs ``after``."""
+        path = Path(name)
+        if not path.is_absolute() and path.parent == Path("."):
+            path = self.ckpt_dir / path
+        wanted = self.record.names() | {path.name}
+        remove = [r for r in remove if r not in wanted]  # a name dropped from one list may be kept by the other
+
+        def finish() -> None:
+            if latest:
+                write_latest(path.parent, path.name)
+            for old in remove:
+                self.strategy.remove_checkpoint(path.parent / old)
+            if after is not None:
+                after()
+
+        state = self.state_dict(self.exclude if exclude is None else exclude)
+        self.strategy.save_checkpoint(path, state, async_save=async_save, after=finish)
+        return path
+
+    def save_periodic(self, name: str) -> Path:
+        """Save ``name`` as the newest periodic checkpoint: ``latest`` points at it, then the oldest beyond ``keep`` go."""
+        r = self.record
+        kept, dropped = [k for k in r.kept if k != name] + [name], []
+        if self.keep > 0 and len(kept) > self.keep:
+            dropped, kept = kept[: -self.keep], kept[-self.keep :]
+        r.kept, r.last_saved_iter = kept, self.progress.iteration
+        return self._write(name, latest=True, remove=dropped)
+
+    def save_best(self, key: str, score: float, name: str, *, greater: bool, keep: int = 1) -> Path | None:
+        """Save ``name`` if ``score`` is among the ``keep`` best of ``key``; the file that falls out goes. None: not among them."""
+        ranked = sorted([*[b for b in self.record.best.get(key, []) if b[1] != name], (score, name)], key=lambda b: -b[0] if greater else b[0])
+        if (score, name) not in ranked[:keep]:
+            return None
+        self.record.best[key] = ranked[:keep]
+        return self._write(name, latest=False, remove=[n for _, n in ranked[keep:]])
+
+    def save_now(self) -> Path | None:
+        """Checkpoint the current iteration now (preemption, end of training) unless it is saved already; complete on return."""
+        p = self.progress
+        if p.iteration == self.record.last_saved_iter:
+            return None
+        path = self.save_periodic(self.name(self.epoch_tmpl, p.epoch) if self.epoch_names and p.iter_in_epoch == 0 else self.name(self.iter_tmpl, p.iteration))
+        self.strategy.wait_for_checkpoint()
+        return path
+
+    def _write(self, name: str, latest: bool, remove: list[str]) -> Path:
+        path = self.save(name, async_save=self.async_save, latest=latest, remove=remove)
+        self.logger.info(f"Saving checkpoint {path} in the background" if self.async_save else f"Saved checkpoint {path}")
+        return path
+
+    # -- publishing and cleaning ----------------------------------------------------------------
+    def check_keys(self, keys: Sequence[str]) -> None:
+        """Raise ValueError naming the first of ``keys`` that is no top-level key of these checkpoints."""
+        names = list(self.stateful)
+        for key in keys:
+            if key not in names:
+                hint = " (mmengine's 'state_dict' is trainwright's 'model')" if key == "state_dict" else ""
+                raise ValueError(
+                    f"CheckpointHook published_keys: {key!r} is not a key of this trainer's checkpoints {names}{hint}.{did_you_mean(key, names)} "
+                    "Publish some of those, e.g. published_keys=['meta', 'model']"
+                )
+
+    def publish(self, path: Path, keys: Sequence[str]) -> Path:
+        """Write ``path`` stripped to ``keys`` as ``<stem>-<sha256[:8]>.pth`` beside it (call on rank 0); the hash is of the file's bytes."""
+        ckpt = load_file(path)
+        removed = [k for k in ckpt if k not in keys]
+        buf = io.BytesIO()
+        torch.save({k: ckpt[k] for k in keys if k in ckpt}, buf)
+        data = buf.getvalue()
+        out = path.with_name(f"{path.stem}-{hashlib.sha256(data).hexdigest()[:8]}.pth")
+        atomic_write_bytes(out, data)
+        self.logger.info(f"Published {path.name} as {out} with keys {list(keys)}" + (f" (left out {removed})" if removed else ""))
+        return out
+
+    def clean_stale_tmp(self) -> None:
+        """Remove temporaries that killed writers left in ``ckpt_dir`` (those of processes that no longer exist, and this one's)."""
+        d = self.ckpt_dir
+        if not d.is_dir():
+            return
+        self.strategy.wait_for_checkpoint()  # no write of this process is in flight: its temporary files are stale too
+        for p in d.iterdir():
+            m = _TMP_NAME.match(p.name)
+            if m is not None and (int(m["pid"]) == os.getpid() or not _pid_alive(int(m["pid"]))):
+                self.strategy.remove_checkpoint(p)  # a file, or a sharded checkpoint's directory
+                self.logger.info(f"Removed {p.name}, left by a checkpoint write that was interrupted")
+
+    # -- the folder's lock ----------------------------------------------------------------------
+    def lock(self) -> None:
+        """Rank 0 takes the folder's lock (:mod:`trainwright.checkpoint.lock`); every rank gets its answer.
+
+        Raises:
+            WorkDirBusyError: another live process holds it (on every rank).
+        """
+        error = stale = None
+        if self.strategy.is_main_process:
+            try:
+                stale = self._lock.acquire()
+            except WorkDirBusyError as e:
+                error = str(e)
+        if self.strategy.world_size > 1:
+            error = self.strategy.broadcast_object(error)
+        if error is not None:
+            raise WorkDirBusyError(error)
+        if stale is not None:
+            self.logger.warning(f"Took over the lock of {self._lock.path.parent} from {stale}: that process ended without releasing it (killed or crashed)")
+
+    def unlock(self) -> None:
+        """Release the lock if this process holds it."""
+        self._lock.release()
+
+    # -- restoring ------------------------------------------------------------------------------
+    def find_and_restore(self, path: str | Path | None = None) -> tuple[Path, dict[str, Any]] | None:
+        """Restore ``path``, or (None) the newest checkpoint of ``ckpt_dir`` that loads (a corrupt one is skipped, with a warning).
+
+        Returns:
+            ``(path, checkpoint)`` restored, or None when ``ckpt_dir`` holds no checkpoint.
+        """
+        if path is None:
+            found = self.strategy.find_resumable(self.ckpt_dir)
+            if found is None:
+                return None
+            path, ckpt = found
+        else:
+            ckpt = self.strategy.load_checkpoint(path)
+        self.restore(ckpt, Path(path))
+        return Path(path), ckpt
+
+    def restore(self, ckpt: Any, path: Path) -> None:
+        """Load every piece of ``ckpt`` (read from ``path``): all checked first, then loaded, ``after_load``, RNG last.
+
+        Raises:
+            TypeError, KeyError: ``ckpt`` is not a training checkpoint.
+            ValueError, RuntimeError: a piece does not fit (the message names ``path``); nothing was changed.
+        """
+        if not isinstance(ckpt, dict):
+            raise TypeError(f"Checkpoint {str(path)!r} holds a {type(ckpt).__name__}, not a trainwright checkpoint dict; use load_from= for weights")
+        for key in self.required:
+            if key not in ckpt:
+                raise KeyError(f"Checkpoint {str(path)!r} has no {key!r} entry: it is not a trainwright training checkpoint (keys: {sorted(ckpt)}); use load_from= for weights only")
+        pieces = self.stateful
+        for name, piece in pieces.items():
+            if name in ckpt:
+                try:
+                    check_state_dict(piece, ckpt[name])
+                except (ValueError, RuntimeError) as e:
+                    raise type(e)(f"Checkpoint {str(path)!r} does not fit this trainer: {e}") from e
+        for name in [n for n in pieces if n not in ckpt and n not in self.optional]:
+            warnings.warn(f"Checkpoint {str(path)!r} holds no {name!r} state; {name} starts fresh", stacklevel=3)
+        rng = pieces.pop("rng")
+        for name, piece in pieces.items():
+            if name in ckpt:
+                piece.load_state_dict(ckpt[name])
+        if self.after_load is not None:
+            self.after_load(ckpt)
+        if "rng" in ckpt:
+            rng.load_state_dict(ckpt["rng"])
+
+
+def _pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except OSError:
+        return True
+    return True
