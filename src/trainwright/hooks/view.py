@@ -16,6 +16,8 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 if TYPE_CHECKING:
     from trainwright.hooks.dispatch import HookList
+    from trainwright.logging.agreement import Agreement
+    from trainwright.logging.lines import PendingLines
     from trainwright.logging.metric_store import MetricStore
     from trainwright.logging.writers import Writer
     from trainwright.strategies.base import Strategy
@@ -54,6 +56,8 @@ class TrainerView(Protocol):
         preempted: True once a stop signal ended training (set by the preemption hook).
         logger: The run's logger (rank-aware).
         metric_store: Owner of every logged number.
+        agreement: The stop / NaN / write decisions every process takes together.
+        log_lines: Training log lines held for batched writing.
         strategy: Devices, processes, collectives and checkpoint I/O.
         optim_wrapper: The OptimWrapper (or OptimWrapperDict) of the run.
         param_schedulers: The parameter schedulers (list, or dict per optimizer).
@@ -68,6 +72,8 @@ class TrainerView(Protocol):
     preempted: bool
     logger: logging.Logger
     metric_store: MetricStore
+    agreement: Agreement
+    log_lines: PendingLines
     strategy: Strategy
     optim_wrapper: Any
     param_schedulers: Any
@@ -114,9 +120,6 @@ class TrainerView(Protocol):
         self, path: str | Path, save_optimizer: bool = True, save_param_scheduler: bool = True, *, async_save: bool = False, after: Callable[[], None] | None = None
     ) -> Path:
         """Write the full checkpoint to ``path`` through the strategy (``after`` runs once the file is complete)."""
-
-    def hold_log_lines(self, write_pending: Callable[[], None] | None) -> None:
-        """Register who holds log lines back for batched writing; :meth:`flush_logs` calls it."""
 
     def set_checkpoint_server(self, server: Callable[[Any], Path | None] | None) -> None:
         """Make ``server(trainer)`` serve :meth:`request_checkpoint` (the checkpoint hook does, while training)."""
