@@ -1,17 +1,12 @@
 """LoggerHook: a training record every ``interval`` iterations and one per evaluation, sent to every writer.
 
-Pseudocode (what makes a log line cost ~nothing on the training hot path)::
-
-    after_train_iter at a logging iteration:
-        trainer.log_lines.hold(LineRequest(it, epoch, lr, ...))   # no numbers yet
-        if flush_secs passed since the last write, or flush_every iterations unwritten:
-            one process: metric_store.flush(); log_lines.write()
-            several: agreement.propose_write()   # the loop's next agreement point writes them
-
-Turning numbers into text is the costly part of logging, so lines are written together, at
-most once per ``flush_secs`` while training runs fast. Held lines are also written at epoch
-ends, the end of training, before evaluation results and by ``Trainer.flush_logs()``. The
-hook owns no numbers: the metric store keeps them (and is checkpointed).
+At a logging iteration the hook holds a :class:`~trainwright.logging.lines.LineRequest` in
+``trainer.log_lines`` (no numbers yet). Turning numbers into text is the costly part of
+logging, so held lines are written together, at most once per ``flush_secs``: on one process
+the hook flushes the store and writes them; under several it proposes the write to
+``trainer.agreement`` and the train loop's next agreement point writes them. Epoch ends, the
+end of training, evaluations and ``Trainer.flush_logs()`` write what is held. The hook owns
+no numbers: the metric store keeps them (and is checkpointed).
 """
 
 from __future__ import annotations

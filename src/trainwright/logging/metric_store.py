@@ -2,13 +2,11 @@
 
 The train loop hands it each iteration's outputs (losses, other logged tensors) and two
 timestamps as one row, appended by :meth:`MetricStore.recorder`'s callable (outside the
-loop: :meth:`MetricStore.record`). Tensors are kept as they are - no ``.item()``, no
-host-device sync - and turned into numbers in one batch when the store is flushed. The flush
-also derives each iteration's ``data_time`` and ``time`` from the timestamps, and hands the
-batch to the :class:`~trainwright.logging.agreement.Agreement` (under several processes one
-collective: the numbers come back reduced, the stop / NaN / write decisions agreed), so a
-non-finite loss raises on every process at the same flush. Every flush happens at an
-iteration count that is the same on every process.
+loop: :meth:`MetricStore.record`) and keeps tensors as they are (no host-device sync) until a
+flush turns them into numbers in one batch, derives each iteration's ``data_time`` and ``time``
+and hands the batch to the :class:`~trainwright.logging.agreement.Agreement` (several
+processes: one collective, numbers reduced, decisions agreed), so a non-finite loss raises on
+every process at the same flush, an iteration count that is the same on every process.
 """
 
 from __future__ import annotations
