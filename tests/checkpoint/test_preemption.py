@@ -65,7 +65,7 @@ def test_exit_code_none_returns_normally_and_resume_continues(tmp_path: Path) ->
 
 
 class OtherRankSignalled(SingleDeviceStrategy):
-    """Rank 0 of two; from its ``n``-th collective on, the other rank's flush proposes a stop (a signal reached it)."""
+    """Rank 0 of two; from its ``n``-th collective on, the other rank proposes a stop (a signal reached it)."""
 
     def __init__(self, n: int) -> None:
         super().__init__("cpu")
@@ -82,18 +82,18 @@ class OtherRankSignalled(SingleDeviceStrategy):
         self.asked_at.append(self.trainer.progress.iteration)
         other = tensor.clone()
         if len(self.asked_at) >= self.n:
-            other[1] = 1.0  # the stop flag of the metric store's collective
+            other[1] = 1.0  # the stop proposal of the agreement's collective
         return torch.stack([tensor, other])
 
 
-def test_stop_is_decided_at_the_agreement_point_every_check_interval(tmp_path: Path) -> None:
-    """Checks every 4 iterations, lines every 10: the other rank's stop arrives with the logger's collective (10), both act at the next check (12)."""
+def test_stop_is_decided_at_the_agreement_point(tmp_path: Path) -> None:
+    """Agreement points every 4 iterations, lines every 10: the other rank's stop arrives with the third point (12), where both stop."""
     strategy = OtherRankSignalled(n=3)
-    t = ct.build(str(tmp_path), strategy=strategy, default_hooks=dict(preemption=dict(check_interval=4, exit_code=None), checkpoint=dict(interval=-1, save_best=None)))
+    t = ct.build(str(tmp_path), strategy=strategy, default_hooks=dict(preemption=dict(exit_code=None), checkpoint=dict(interval=-1, save_best=None)))
     strategy.trainer = t
-    t.metric_store.agree_secs = 0  # every check and logging iteration an agreement point: the exact iterations of the pipelined agreement
+    t.agreement.every = 4
     t.train()
-    assert strategy.asked_at == [4, 8, 10, 12]  # one collective per iteration that needs one: checks (4, 8, 12), the logger (10)
+    assert strategy.asked_at == [4, 8, 12]  # one collective per agreement point, none at the logging iteration 10
     assert t.preempted and t.progress.iteration == 12
     assert read_latest(tmp_path / "checkpoints") == "iter_12.pth"  # saved though no signal reached this process
 

@@ -1,9 +1,9 @@
-"""Flushes, the non-finite-loss decision and the logged numbers agree on every process.
+"""Stop, NaN and write decisions, and the logged numbers, agree on every process at a fixed cadence.
 
-Two "processes" are two threads; their collective is started as ``Strategy.all_gather_async``
-starts it (nothing waits) and its ``wait`` is a barrier that stacks both tensors of that
-collective. A rank that waited for a collective the other did not make would break the
-barrier (a hang under real processes) and fail the test.
+Two "processes" are two threads; their collective is a strategy's ``all_gather`` that meets the
+other thread's call of the same collective at a barrier and stacks both tensors. A rank that made
+a collective the other did not make would break the barrier (a hang under real processes) and
+fail the test.
 """
 
 from __future__ import annotations
@@ -18,31 +18,25 @@ import torch
 
 import trainwright as tw
 from conftest import LinearReg, regression_set
-from trainwright.logging import MetricStore
+from trainwright.logging import Agreement, MetricStore, Writer
 from trainwright.strategies.single_device import SingleDeviceStrategy
 
 
 class FakeGather:
-    """``all_gather_async`` for ``n`` threads: ``start(t)`` keeps ``t``; its ``wait()`` meets every thread's wait of the same call and stacks their tensors."""
+    """``all_gather`` for ``n`` threads: each call waits for every thread's call of the same collective and stacks their tensors."""
 
     def __init__(self, n: int = 2) -> None:
         self.barrier = threading.Barrier(n, timeout=20)
         self.sent: list[list[torch.Tensor]] = [[] for _ in range(n)]
-        self.calls = [0] * n
 
-    def for_rank(self, rank: int) -> Callable[[torch.Tensor], Callable[[], torch.Tensor]]:
-        def start(t: torch.Tensor) -> Callable[[], torch.Tensor]:
+    def for_rank(self, rank: int) -> Callable[[torch.Tensor], torch.Tensor]:
+        def gather(t: torch.Tensor) -> torch.Tensor:
             i = len(self.sent[rank])
             self.sent[rank].append(t.clone())
-            self.calls[rank] += 1
+            self.barrier.wait()  # every thread has sent its tensor of call i
+            return torch.stack([sent[i] for sent in self.sent])
 
-            def wait() -> torch.Tensor:
-                self.barrier.wait()  # every thread has started call i and waits for it now
-                return torch.stack([sent[i] for sent in self.sent])
-
-            return wait
-
-        return start
+        return gather
 
 
 def _run_ranks(fns: list[Callable[[], Any]]) -> list[Any]:
@@ -64,40 +58,8 @@ def _run_ranks(fns: list[Callable[[], Any]]) -> list[Any]:
     return results
 
 
-def test_store_flushes_and_raises_at_the_same_iteration_on_both_ranks() -> None:
-    """Different clocks propose different flushes, a NaN is seen by one rank only: both act together, one logging iteration later."""
-    gather = FakeGather()
-    # Each rank's own clock says "due" at different logging iterations (5: rank 0 only, 10: rank 1 only).
-    due = {0: {5: True, 10: False, 15: False}, 1: {5: False, 10: True, 15: False}}
-
-    def rank(r: int) -> Callable[[], Any]:
-        def run() -> Any:
-            store = MetricStore(gather=gather.for_rank(r))
-            flushed, applied = [], {}
-            for it in range(1, 16):
-                loss = float("nan") if (r == 0 and it == 7) else float(it)
-                store.record(it, {"loss": torch.tensor(loss)}, None, None)
-                if it % 5 == 0:
-                    try:
-                        if store.flush_if(due[r][it], iteration=it):
-                            flushed.append(it)
-                    except FloatingPointError as e:
-                        return flushed, applied, it, str(e)
-                    applied[it] = store.get("loss").latest_iter if "loss" in store else None
-            return flushed, applied, None, ""
-
-        return run
-
-    (flushed0, applied0, raised0, msg0), (flushed1, applied1, raised1, msg1) = _run_ranks([rank(0), rank(1)])
-    # The answer of logging iteration k is applied at the next one, k + 5: at 5 nothing is in the
-    # buffers yet, at 10 the (reduced) numbers up to 5 and rank 0's "write" proposal of 5.
-    assert applied0 == applied1 == {5: None, 10: 5}
-    assert flushed0 == flushed1 == [10]
-    # The NaN of iteration 7 travels in the collective of 10 and raises on both ranks at 15.
-    assert raised0 == raised1 == 15
-    assert "at iteration 7: {'loss': nan}" in msg0
-    assert "another process in iterations 6..10" in msg1 and "nonfinite_loss='skip'" in msg1
-    assert gather.calls == [2, 2]  # one collective per flush_if (5, 10), none per record; at 15 the answer raises before 15's starts
+def _store(gather: FakeGather, rank: int) -> MetricStore:
+    return MetricStore(agreement=Agreement(gather.for_rank(rank)))
 
 
 def test_flushed_numbers_are_reduced_over_the_processes() -> None:
@@ -106,7 +68,7 @@ def test_flushed_numbers_are_reduced_over_the_processes() -> None:
 
     def rank(r: int) -> Callable[[], Any]:
         def run() -> Any:
-            store = MetricStore(gather=gather.for_rank(r))
+            store = _store(gather, r)
             store.start_clock(0.0)
             end = 0.0
             for it in range(1, 5):
@@ -124,7 +86,30 @@ def test_flushed_numbers_are_reduced_over_the_processes() -> None:
     assert out0["acc"][1] == [0.5] * 4
     assert out0["data_time"][1] == pytest.approx([0.1, 0.2, 0.3, 0.4])  # max over ranks
     assert out0["time"][1] == pytest.approx([(1.1 + 1.05) / 2, (1.2 + 1.05) / 2, (1.3 + 1.05) / 2, (1.4 + 1.05) / 2])  # mean
-    assert gather.calls == [1, 1]
+    assert [len(s) for s in gather.sent] == [1, 1]  # one collective for the flush
+
+
+def test_a_nan_on_one_rank_raises_on_both_at_the_same_flush_naming_the_iteration() -> None:
+    gather = FakeGather()
+
+    def rank(r: int) -> Callable[[], Any]:
+        def run() -> Any:
+            store = _store(gather, r)
+            for it in range(1, 9):
+                store.record(it, {"loss": torch.tensor(float("nan") if (r == 1 and it == 7) else 1.0)}, None, None)
+                if it % 4 == 0:
+                    try:
+                        store.flush()
+                    except FloatingPointError as e:
+                        return it, str(e)
+            return None, ""
+
+        return run
+
+    (at0, msg0), (at1, msg1) = _run_ranks([rank(0), rank(1)])
+    assert at0 == at1 == 8
+    assert "at iteration 7 on another process" in msg0 and "nonfinite_loss='skip'" in msg0
+    assert "at iteration 7: {'loss': nan}" in msg1
 
 
 def test_processes_logging_different_names_get_a_clear_error() -> None:
@@ -132,7 +117,7 @@ def test_processes_logging_different_names_get_a_clear_error() -> None:
 
     def rank(r: int) -> Callable[[], Any]:
         def run() -> Any:
-            store = MetricStore(gather=gather.for_rank(r))
+            store = _store(gather, r)
             if r == 0:  # two values on each rank, under other names
                 store.record(1, {"loss": torch.tensor(1.0)}, None, None)
                 store.record(2, {"loss": torch.tensor(1.0)}, None, None)
@@ -147,16 +132,31 @@ def test_processes_logging_different_names_get_a_clear_error() -> None:
     assert "log the same names" in str(e0) and "extra" in str(e1)
 
 
-class Rank(SingleDeviceStrategy):
-    """A one-process strategy playing rank ``r`` of two, its collectives through a :class:`FakeGather`."""
+def test_one_process_decides_at_once_without_a_collective() -> None:
+    agreement = Agreement()
+    assert agreement.local
+    agreement.propose_stop()
+    assert agreement.stop  # nothing to agree on
+    store = MetricStore(agreement=agreement)
+    agreement.propose_write()
+    store.flush(agree=True)
+    assert agreement.write
+    store.flush(agree=True)
+    assert not agreement.write  # a write is decided per exchange
+    with pytest.raises(ValueError, match="every must be an int >= 1"):
+        Agreement(every=0)
 
-    def __init__(self, r: int, gather: Callable[[torch.Tensor], Callable[[], torch.Tensor]]) -> None:
+
+class Rank(SingleDeviceStrategy):
+    """A one-process strategy playing rank ``r`` of ``world`` (its collectives through a :class:`FakeGather`), counting them."""
+
+    def __init__(self, r: int, gather: Callable[[torch.Tensor], torch.Tensor] | None, world: int = 2) -> None:
         super().__init__(device="cpu")
         self._r = r
+        self._world = world
         self._gather = gather
         self.trainer: Any = None
-        self.gathered_at: list[int] = []  # the iterations collectives were started at
-        self.waited_at: list[int] = []  # the iterations their answers were waited for at, in the same order
+        self.gathered_at: list[int] = []  # the iterations collectives were made at
 
     @property
     def rank(self) -> int:
@@ -164,17 +164,11 @@ class Rank(SingleDeviceStrategy):
 
     @property
     def world_size(self) -> int:
-        return 2
+        return self._world
 
-    def all_gather_async(self, tensor: torch.Tensor) -> Callable[[], torch.Tensor]:
+    def all_gather(self, tensor: torch.Tensor) -> torch.Tensor:
         self.gathered_at.append(self.trainer.progress.iteration)
-        wait = self._gather(tensor)
-
-        def waited() -> torch.Tensor:
-            self.waited_at.append(self.trainer.progress.iteration)
-            return wait()
-
-        return waited
+        return self._gather(tensor) if self._gather is not None else super().all_gather(tensor)
 
 
 class NaNAt(LinearReg):
@@ -192,135 +186,93 @@ class NaNAt(LinearReg):
         return out
 
 
-def _two_trainers(trainer_factory: Any, tmp_path: Any, flush_secs: tuple[float, float], nan_at: tuple[int | None, int | None], agree_secs: float) -> list[tw.Trainer]:
+class StopAt(tw.Hook):
+    """Proposes a stop (as a preemption signal's handler does) before iteration ``at``."""
+
+    def __init__(self, at: int) -> None:
+        self.at = at
+
+    def before_train_iter(self, trainer: Any, batch_idx: int, data_batch: Any = None) -> None:
+        if trainer.progress.iteration + 1 == self.at:
+            trainer.agreement.propose_stop()
+
+
+class WrittenAt(Writer):
+    """Notes the iteration at which each training line reached the writers."""
+
+    def __init__(self) -> None:
+        self.trainer: Any = None
+        self.written: list[tuple[int, int]] = []  # (iteration of the line, iteration it was written at)
+
+    def write_train(self, records: list[dict[str, Any]], lines: Any) -> None:
+        self.written += [(r["iter"], self.trainer.progress.iteration) for r in records]
+
+
+def _two_trainers(trainer_factory: Any, tmp_path: Any, flush_secs: tuple[float, float], nan_at: tuple[int | None, int | None] = (None, None),
+                  stop_at: tuple[int | None, int | None] = (None, None), every: int = 4) -> tuple[list[tw.Trainer], WrittenAt]:
     gather = FakeGather()
     trainers = []
+    written = WrittenAt()
     for r in (0, 1):
         strategy = Rank(r, gather.for_rank(r))
         t = trainer_factory(
             model=NaNAt(nan_at[r]), work_dir=tmp_path / f"rank{r}", dataset=regression_set(40), batch_size=4, strategy=strategy,
-            train_cfg=dict(by_epoch=True, max_epochs=2), default_hooks=dict(checkpoint=None, logger=dict(interval=2, flush_secs=flush_secs[r])), log_level="INFO",
+            train_cfg=dict(by_epoch=True, max_epochs=2), default_hooks=dict(checkpoint=None, logger=dict(interval=2, flush_secs=flush_secs[r])),
+            custom_hooks=[StopAt(stop_at[r])] if stop_at[r] else None, writers=["jsonl", written], log_level="INFO",
         )
         strategy.trainer = t
-        t.metric_store.agree_secs = agree_secs
+        if r == 0:
+            written.trainer = t
+        t.agreement.every = every
         trainers.append(t)
-    return trainers
+    return trainers, written
 
 
-def test_trainers_with_different_clocks_agree_once_per_logging_iteration(trainer_factory: Any, tmp_path: Any) -> None:
-    """Rank 0's clock always says "write now" (flush_secs=0), rank 1's never (an hour): one collective per logging iteration, none elsewhere."""
-    # agree_secs=0: every logging iteration is an agreement point (the exact iterations of the pipelined agreement).
-    t0, t1 = _two_trainers(trainer_factory, tmp_path, flush_secs=(0.0, 3600.0), nan_at=(None, None), agree_secs=0.0)
+def test_trainers_with_different_clocks_agree_at_the_cadence_only(trainer_factory: Any, tmp_path: Any) -> None:
+    """Rank 0's clock always says "write now" (flush_secs=0), rank 1's never: collectives at the agreement points and epoch ends only."""
+    (t0, t1), written = _two_trainers(trainer_factory, tmp_path, flush_secs=(0.0, 3600.0))
     assert _run_ranks([t0.train, t1.train]) == [t0.unwrapped_model, t1.unwrapped_model]
     # 40 samples sharded over 2 ranks: 5 iterations per epoch; lines at 2, 4, the epoch's last (5), 6, 8, 10.
-    # The preemption check (every 10) and the epoch-end flushes ride on the logger's collective.
-    assert t0.strategy.gathered_at == t1.strategy.gathered_at == [2, 4, 5, 6, 8, 10]  # type: ignore[attr-defined]
-    # Each answer is waited for at the next logging iteration, or at the epoch end (5, 10) that follows it.
-    assert t0.strategy.waited_at == t1.strategy.waited_at == [4, 5, 5, 8, 10, 10]  # type: ignore[attr-defined]
-    t0.flush_logs()
-    assert (t0.run_dir / "metrics.jsonl").exists() and not (t1.run_dir / "metrics.jsonl").exists()
+    # Agreement points every 4 iterations (4, 8); the epoch ends (5, 10) flush the rows since: no collective elsewhere.
+    assert t0.strategy.gathered_at == t1.strategy.gathered_at == [4, 5, 8, 10]  # type: ignore[attr-defined]
+    # Rank 0's proposals are agreed at the points, which write the held lines; the epoch ends write theirs.
+    assert written.written == [(2, 4), (4, 4), (5, 5), (6, 8), (8, 8), (10, 10)]
+    assert not (t1.run_dir / "metrics.jsonl").exists()
     lines = [json.loads(line) for line in (t0.run_dir / "metrics.jsonl").read_text().splitlines()]
     assert [line["iter"] for line in lines] == [2, 4, 5, 6, 8, 10]
-    # rank 0 logs the mean loss of both ranks: the mean of the two ranks' own (local) loss buffers
-    own = [t.metric_store.get("loss").history()[1] for t in (t0, t1)]
-    assert own[0] == own[1]  # reduced, so the same on both
+    own = [t.metric_store.get("loss").history() for t in (t0, t1)]
+    assert own[0] == own[1]  # reduced: the same numbers on both ranks
+    loss = dict(zip(*own[0]))
+    assert lines[1]["loss"] == pytest.approx((loss[3] + loss[4]) / 2)  # the line of 4: the mean over its interval
 
 
 def test_nan_on_one_rank_raises_on_both_at_the_same_iteration(trainer_factory: Any, tmp_path: Any) -> None:
-    """Rank 0 sees the NaN (iteration 6) but its clock would wait an hour: the answer of logging iteration 6, applied at 8, raises on both."""
-    # agree_secs=0: every logging iteration is an agreement point (the exact iterations of the pipelined agreement).
-    t0, t1 = _two_trainers(trainer_factory, tmp_path, flush_secs=(3600.0, 0.0), nan_at=(6, None), agree_secs=0.0)
+    """Rank 0 sees the NaN at 6: the agreement point of 8 raises on both, naming iteration 6."""
+    (t0, t1), _ = _two_trainers(trainer_factory, tmp_path, flush_secs=(3600.0, 0.0), nan_at=(6, None))
     e0, e1 = _run_ranks([t0.train, t1.train])
     assert isinstance(e0, FloatingPointError) and isinstance(e1, FloatingPointError), (e0, e1)
-    assert t0.progress.iteration == t1.progress.iteration == 8  # one logging interval after the NaN
-    assert "iteration 6: {'loss': nan}" in str(e0) and "another process" in str(e1)
-    assert t0.strategy.gathered_at == t1.strategy.gathered_at == [2, 4, 5, 6]  # type: ignore[attr-defined]  # none started at 8
-    t0.flush_logs()
-    lines = (t0.run_dir / "metrics.jsonl").read_text().splitlines()
-    # The lines up to the NaN (5: the end of a 5-iteration epoch of this rank's shard), as a blocking agreement gives.
-    assert [line.split('"iter": ')[1].split(",")[0] for line in lines] == ["2", "4", "5", "6"]
-
-
-def test_trainers_agree_at_the_cadence_and_raise_a_nan_at_the_next_settling_flush(trainer_factory: Any, tmp_path: Any) -> None:
-    """agree_secs=3600: after the first two agreements (no pace known before), no logging iteration agrees; the epoch ends settle everything."""
-    t0, t1 = _two_trainers(trainer_factory, tmp_path, flush_secs=(0.0, 3600.0), nan_at=(6, None), agree_secs=3600.0)
-    e0, e1 = _run_ranks([t0.train, t1.train])
-    assert isinstance(e0, FloatingPointError) and isinstance(e1, FloatingPointError), (e0, e1)
-    # 2: every call agrees (no pace yet); 4: the answer of 2 sets the gap (an hour's worth, capped at
-    # flush_every = 1000), so 5, 6, 8 and 10 start nothing; the epoch ends (5, 10) are blocking flushes.
-    assert t0.strategy.gathered_at == t1.strategy.gathered_at == [2, 4, 5, 10]  # type: ignore[attr-defined]
-    assert t0.strategy.waited_at == t1.strategy.waited_at == [4, 5, 5, 10]  # type: ignore[attr-defined]
-    assert t0.progress.iteration == t1.progress.iteration == 10  # the NaN of 6 raises at the epoch end, on both
-    assert "iteration 6: {'loss': nan}" in str(e0) and "another process" in str(e1)
-    t0.flush_logs()
+    assert t0.progress.iteration == t1.progress.iteration == 8
+    assert "iteration 6: {'loss': nan}" in str(e0) and "iteration 6 on another process" in str(e1)
+    assert t0.strategy.gathered_at == t1.strategy.gathered_at == [4, 5, 8]  # type: ignore[attr-defined]  # none on the error path
     lines = [json.loads(line) for line in (t0.run_dir / "metrics.jsonl").read_text().splitlines()]
-    assert [line["iter"] for line in lines] == [2, 4, 5, 6, 8, 10]  # every line, written at the settling flushes
+    assert [line["iter"] for line in lines] == [2, 4, 5, 6, 8]  # the held lines reach the disk at the end of the run
 
 
-def _timed_ranks(gather: FakeGather, paces: tuple[float, float], agree_secs: tuple[float, float], flush_every: int, iters: int,
-                 due_at: int | None = None, nan_at: int | None = None) -> list[Any]:
-    """Two stores recording one row per iteration, ``paces[r]`` seconds apart; ``flush_if`` every 5 iterations.
-
-    Returns per rank: the iterations that made a collective (``flush_if``'s, or the store's own flush in ``record``), those where ``flush_if`` returned True,
-    and the iteration a FloatingPointError was raised at (None: none).
-    """
-
-    def rank(r: int) -> Callable[[], Any]:
-        def run() -> Any:
-            store = MetricStore(gather=gather.for_rank(r), agree_secs=agree_secs[r], flush_every=flush_every)
-            store.start_clock(0.0)
-            started, written = [], []
-            for it in range(1, iters + 1):
-                loss = float("nan") if (r == 1 and it == nan_at) else 1.0
-                try:
-                    before = gather.calls[r]
-                    store.record(it, {"loss": torch.tensor(loss)}, paces[r] * (it - 1), paces[r] * it)  # flushes every flush_every rows
-                    if it % 5 == 0 and store.flush_if(r == 0 and it == due_at, iteration=it):
-                        written.append(it)
-                    if gather.calls[r] > before:
-                        started.append(it)
-                except FloatingPointError:
-                    return started, written, it
-            return started, written, None
-
-        return run
-
-    return _run_ranks([rank(0), rank(1)])
+def test_a_stop_proposed_on_one_rank_ends_both_after_the_same_iteration(trainer_factory: Any, tmp_path: Any) -> None:
+    """Rank 1 proposes a stop before iteration 6 (a preemption signal): both stop after the point of 8, preempted, exit status 143."""
+    (t0, t1), _ = _two_trainers(trainer_factory, tmp_path, flush_secs=(1.0, 1.0), stop_at=(None, 6))
+    e0, e1 = _run_ranks([t0.train, t1.train])
+    assert isinstance(e0, SystemExit) and isinstance(e1, SystemExit) and e0.code == e1.code == 143, (e0, e1)
+    assert t0.progress.iteration == t1.progress.iteration == 8
+    assert t0.preempted and t1.preempted
+    assert t0.strategy.gathered_at == t1.strategy.gathered_at == [4, 5, 8]  # type: ignore[attr-defined]
 
 
-def test_agreement_points_are_spaced_by_the_slowest_rank_s_pace() -> None:
-    """Paces of 1/64 s and 1/32 s, agree_secs=1.25: the gap is 40 iterations (the minimum of 80 and 40) on both ranks."""
-    (s0, w0, _), (s1, w1, _) = _timed_ranks(FakeGather(), paces=(2**-6, 2**-5), agree_secs=(1.25, 1.25), flush_every=1000, iters=200, due_at=15)
-    # 5: no pace yet; 10 applies the answer of 5 (gap 40), so the next point is 50, then 90, 130, 170.
-    assert s0 == s1 == [5, 10, 50, 90, 130, 170]
-    # rank 0's "write" of 15 (between points) is held, carried at 50 and answered at 90 on both ranks.
-    assert w0 == w1 == [90]
-
-
-def test_a_nan_between_agreement_points_raises_on_both_ranks_one_point_later() -> None:
-    (s0, _, raised0), (s1, _, raised1) = _timed_ranks(FakeGather(), paces=(2**-6, 2**-6), agree_secs=(1.25, 1.25), flush_every=1000, iters=200, nan_at=12)
-    assert s0 == s1 == [5, 10, 90]  # gap 80: the NaN of 12 travels at 90 ...
-    assert raised0 == raised1 == 170  # ... and raises on both at the next point, 170, before its collective starts
-
-
-def test_the_gap_is_capped_by_flush_every() -> None:
-    """agree_secs of an hour: the gap is flush_every (30) on both ranks, and the store's own flush of 30 rows settles a NaN there."""
-    (s0, _, raised0), (s1, _, raised1) = _timed_ranks(FakeGather(), paces=(2**-6, 2**-6), agree_secs=(3600.0, 3600.0), flush_every=30, iters=100, nan_at=32)
-    assert s0 == s1 == [5, 10]  # next point: 10 + 30
-    assert raised0 == raised1 == 40  # at 40 the store flushes rows 11..40 (in record, blocking) and raises before the point
-    (s0, _, _), (s1, _, _) = _timed_ranks(FakeGather(), paces=(2**-6, 2**-6), agree_secs=(3600.0, 3600.0), flush_every=30, iters=100)
-    # without a NaN: one collective every 30 iterations, the store's own flush, which agrees on everything a point does
-    # (so the next point counts from it and always falls on the next flush, where the flush comes first and takes the rows)
-    assert s0 == s1 == [5, 10, 40, 70, 100]
-
-
-def test_agree_secs_0_on_any_rank_agrees_at_every_call() -> None:
-    """agree_secs=0 proposes no gap; the smallest proposal wins, so one rank's 0 makes every call an agreement point on both."""
-    for secs in ((0.0, 0.0), (1.0, 0.0)):
-        (s0, _, _), (s1, _, _) = _timed_ranks(FakeGather(), paces=(0.01, 0.01), agree_secs=secs, flush_every=1000, iters=40)
-        assert s0 == s1 == [5, 10, 15, 20, 25, 30, 35, 40], secs
-
-
-def test_agree_secs_must_not_be_negative() -> None:
-    with pytest.raises(ValueError, match="agree_secs must be >= 0"):
-        MetricStore(agree_secs=-1.0)
+def test_one_process_makes_no_collective(trainer_factory: Any, tmp_path: Any) -> None:
+    strategy = Rank(0, None, world=1)
+    t = trainer_factory(model=LinearReg(), dataset=regression_set(40), batch_size=4, strategy=strategy,
+                        train_cfg=dict(by_epoch=True, max_epochs=2), default_hooks=dict(logger=dict(interval=2, flush_secs=0)))
+    strategy.trainer = t
+    t.train()
+    assert strategy.gathered_at == []
+    assert [r["iter"] for r in map(json.loads, (t.run_dir / "metrics.jsonl").read_text().splitlines()) if r["mode"] == "train"] == list(range(2, 21, 2))

@@ -95,7 +95,6 @@ def main() -> None:
     p.add_argument("--kill-at", type=int, default=0)
     p.add_argument("--signal-rank", type=int, default=1)
     p.add_argument("--signal-at", type=int, default=0)
-    p.add_argument("--agree-secs", type=float, default=None, help="metric_store.agree_secs (default: the store's)")
     a = p.parse_args()
     rank = int(os.environ.get("RANK", 0))
     g = torch.Generator().manual_seed(1)
@@ -121,8 +120,6 @@ def main() -> None:
         randomness=dict(seed=0),
         log_level="WARNING",
     )
-    if a.agree_secs is not None:
-        trainer.metric_store.agree_secs = a.agree_secs
     error = None
     exit_code = None
     try:

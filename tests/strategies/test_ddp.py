@@ -82,10 +82,8 @@ def test_val_before_train_keeps_gradient_sync_control(tmp_path: Path) -> None:
 def test_nan_on_one_rank_stops_both_at_the_same_iteration(tmp_path: Path) -> None:
     """Rank 1's loss turns NaN at its 3rd step: both ranks raise FloatingPointError at the same iteration; nobody hangs.
 
-    The NaN travels in the collective of logging iteration 4 (lines every 2). With the default
-    agreement cadence (``agree_secs=1``) the answer of 2 set a gap of hundreds of iterations, so
-    6 is no agreement point and the end of training's flush raises, at 6; were the steps slower
-    than 0.5 s, 6 would be the next point and raise as well: both raise at 6.
+    The default agreement points are 10 iterations apart, so the end of training's flush (one
+    collective) carries the NaN and raises on both, at 6.
     """
     res = _run(tmp_path, "nan", ["8", "--nan-rank", "1", "--nan-at", "3"], 2)
     errors = [r["error"] for r in res]
@@ -133,21 +131,14 @@ def test_two_nodes_on_localhost_equal_one_node(tmp_path: Path, uninterrupted: li
 
 
 def test_sigterm_saves_once_and_exits_cleanly_on_both_ranks(tmp_path: Path) -> None:
-    """SIGTERM reaches rank 1 only, before step 3: both ranks stop at the same check, one checkpoint, exit status 143.
-
-    The stop request travels in the logger's collective of iteration 4 (lines every 2), whose
-    answer is applied at 6; the next check is the end of the second 4-step pass, 8. ``agree_secs=0``
-    keeps every logging iteration an agreement point: with the default cadence this 20-step run
-    (milliseconds a step) reaches no further point, and the stop is acted on only at 20, where the
-    final checkpoint's flush settles the answer of 4.
-    """
-    proc = _launch(tmp_path, "term", ["8", "--iters", "20", "--signal-rank", "1", "--signal-at", "3", "--agree-secs", "0"], 2, check=False)
+    """SIGTERM reaches rank 1 only, before step 3: both ranks stop at the next agreement point (10, the default cadence), one checkpoint, exit status 143."""
+    proc = _launch(tmp_path, "term", ["8", "--iters", "20", "--signal-rank", "1", "--signal-at", "3"], 2, check=False)
     res = _results(tmp_path, "term", 2)
-    assert [(r["exit_code"], r["iteration"], r["error"]) for r in res] == [(143, 8, None), (143, 8, None)], proc.output[-3000:]
+    assert [(r["exit_code"], r["iteration"], r["error"]) for r in res] == [(143, 10, None), (143, 10, None)], proc.output[-3000:]
     assert proc.returncode != 0  # torchrun reports the workers' status
     ckpts = tmp_path / "term" / "checkpoints"
-    assert sorted(p.name for p in ckpts.glob("*.pth")) == ["iter_8.pth"]
-    assert read_latest(ckpts) == "iter_8.pth"
+    assert sorted(p.name for p in ckpts.glob("*.pth")) == ["iter_10.pth"]
+    assert read_latest(ckpts) == "iter_10.pth"
 
 
 def test_val_and_test_on_two_processes_equal_one_process_and_ddp_wraps_the_compiled_module(tmp_path: Path) -> None:

@@ -1,35 +1,14 @@
 """PreemptionHook: on SIGTERM / SIGUSR1, finish the step, save a checkpoint and exit.
 
-Clusters announce preemption with a signal some time before they kill the job (SLURM
-sends SIGTERM, or the signal given with ``--signal=USR1@90``; Kubernetes and most cloud
-spot instances send SIGTERM). The hook's signal handler only records the signal (in a
-one-process run it also sets ``trainer.should_stop``, which the loop reads at every step
-boundary: nothing to agree on, so no per-iteration check). With several processes the
-handler also proposes a stop to the metric store (``metric_store.stop_requested``), whose
-next flush carries it in the one collective it makes anyway (with the log lines' numbers
-and the NaN check), and the decision is taken in one place,
-:meth:`PreemptionHook.after_train_iter`: at its check iterations every process reads
-``metric_store.stop_agreed`` - after asking the store to agree (``agree()``) only
-when the logger has not flushed at this iteration already, so with the default intervals
-(both 10) the check costs no collective of its own. The store makes its collective only at
-agreement points, about ``metric_store.agree_secs`` (1 s) apart, and it is answered at the
-next point (it is started without waiting), so a signal is acted on within about two
-``agree_secs`` (at most ``2 * metric_store.flush_every`` iterations), or at the first check
-after an epoch end or checkpoint (their blocking flush settles it) if one comes first. All ranks stop after the same step (no
-rank waits forever in a collective of a step the others skipped). Then the loop ends, a checkpoint of that step is written by
-``trainer.checkpoints.save_now()`` (with the :class:`~trainwright.hooks.CheckpointHook`'s
-naming and keep-last-k when there is one; complete when it returns), the previous signal handlers are
-put back and the process exits with :attr:`exit_code` (by default ``128 + signal``, the
-status a shell reports for a process ended by that signal: 143 for SIGTERM, 138 for
-SIGUSR1). The next start with ``resume=True`` continues from that checkpoint.
-
-A signal during a validation inside training ends the pass at the next batch (one process:
-the eval loop reads ``trainer.should_stop``; several: the same agreement point, every
-``check_interval`` validation batches): the pass reports no metrics, the checkpoint due
-at that point is written, and the run exits as above.
-
-With ``exit_code=None`` ``train()`` returns normally instead, with
-``trainer.preempted = True`` (useful in notebooks and tests).
+Clusters announce preemption with a signal some time before they kill the job (SLURM sends
+SIGTERM, or the signal given with ``--signal=USR1@90``; Kubernetes and spot instances send
+SIGTERM). The signal handler only records the signal and proposes a stop to the trainer's
+:class:`~trainwright.logging.agreement.Agreement`: one process stops after the current step;
+several stop together after the train loop's next agreement point (every
+``trainer.agreement.every`` iterations), the same iteration on every rank. A validation inside
+training is cut too. Then a checkpoint of that step is written
+(``trainer.checkpoints.save_now()``, with the checkpoint hook's naming and keep-k) and the process exits with
+:attr:`exit_code` (``128 + signal`` by default); ``resume=True`` continues from it.
 """
 
 from __future__ import annotations
@@ -65,13 +44,10 @@ class PreemptionHook(Hook):
 
     Args:
         signals: The signals that mean preemption (default SIGTERM and SIGUSR1).
-        check_interval: Iterations between checks of the agreement point; under several
-            processes it defaults to 10 (the logger's default interval: the check reads the
-            agreement of the logger's flush; at an agreement point where the logger did not
-            flush, the check is one small collective). With the
-            default (None) on one process there is no check at all: the signal handler sets
-            ``trainer.should_stop`` and the loop stops after the current step. Keep the wait
-            (``check_interval`` steps) well inside the grace period between signal and kill.
+        check_interval: Under several processes, validation batches between two checks of a
+            validation inside training (one small collective each; default 10). Training
+            itself stops at the agreement points (``trainer.agreement.every``; keep that many
+            steps well inside the grace period between signal and kill).
         exit_code: Exit status after the checkpoint is saved: an int, ``"signal"`` (default:
             ``128 + signum``) or None (``train()`` returns normally, ``trainer.preempted`` is True).
     """
@@ -87,12 +63,12 @@ class PreemptionHook(Hook):
         self.check_interval = check_interval
         self.exit_code = exit_code
         self.received: signal.Signals | None = None
-        self._interval = 1
+        self._interval = 10
         self.preempted = False
         self._previous: dict[signal.Signals, Any] = {}
         self._trainer_ref: weakref.ref | None = None  # set when one process trains: the handler stops it
-        self._in_train = False  # validations inside training check the agreement point too
-        self._store: Any = None  # the trainer's metric store while training: the handler proposes the stop to it
+        self._in_train = False  # validations inside training are cut too
+        self._agreement: Any = None  # the trainer's agreement while training: the handler proposes the stop to it
 
     # -- signal handling ------------------------------------------------------------------
     def _handler(self, signum: int, frame: FrameType | None) -> None:
@@ -102,8 +78,8 @@ class PreemptionHook(Hook):
             trainer = self._trainer_ref() if self._trainer_ref is not None else None
             if trainer is not None:  # one process: nothing to agree on, the loop stops at the step boundary
                 trainer.should_stop = True
-            if self._store is not None:  # carried by the store's next agreeing flush
-                self._store.stop_requested = True
+            if self._agreement is not None:
+                self._agreement.propose_stop()
 
     def install(self) -> None:
         """Install the handlers (main thread only; elsewhere signals cannot be caught)."""
@@ -125,24 +101,12 @@ class PreemptionHook(Hook):
         trainer.preempted = False
         if threading.current_thread() is not threading.main_thread():
             trainer.logger.warning("PreemptionHook: train() runs outside the main thread, so SIGTERM/SIGUSR1 cannot be caught; preemption will not save a checkpoint")
-        self._interval = self.check_interval or (1 if trainer.strategy.world_size == 1 else 10)
+        self._interval = self.check_interval or 10
         self._in_train = True
-        self._trainer_ref = weakref.ref(trainer) if trainer.strategy.world_size == 1 and self.check_interval is None else None
-        self._store = trainer.metric_store
-        self._store.stop_requested = self._store.stop_agreed = False
+        self._trainer_ref = weakref.ref(trainer) if trainer.strategy.world_size == 1 else None
+        self._agreement = trainer.agreement
+        self._agreement.reset()
         self.install()
-
-    def train_iter_interval(self, trainer: TrainerView) -> int:  # noqa: D102
-        # One process: the signal handler sets trainer.should_stop itself; no per-iteration check.
-        return 0 if self._trainer_ref is not None else self._interval
-
-    def after_train_iter(self, trainer: TrainerView, batch_idx: int, data_batch: Any = None, outputs: dict | None = None) -> None:  # noqa: D102
-        # THE agreement point: every rank reads it at the same iterations and gets the same answer.
-        store = trainer.metric_store
-        if store.synced_at < trainer.progress.iteration:  # the logger did not flush here: agree now (one collective)
-            store.agree(iteration=trainer.progress.iteration)
-        if store.stop_agreed:
-            self._stop(trainer)
 
     def after_val_iter(self, trainer: TrainerView, batch_idx: int, data_batch: Any = None, outputs: Any = None) -> None:  # noqa: D102
         # A validation inside training is cut at the next check too (the grace period may be shorter
@@ -159,10 +123,9 @@ class PreemptionHook(Hook):
 
     def after_train(self, trainer: TrainerView) -> None:  # noqa: D102
         self._in_train = False
-        if self._trainer_ref is not None:
-            self._trainer_ref = None
-            if self.received is not None and not self.preempted:
-                self._stop(trainer)
+        self._trainer_ref = None
+        if self._agreement is not None and self._agreement.stop and not self.preempted:  # the same decision on every rank
+            self._stop(trainer)
         if not self.preempted:
             return
         path = trainer.checkpoints.save_now()  # the checkpoint hook's naming and keep-k when there is one; complete on return
@@ -172,7 +135,7 @@ class PreemptionHook(Hook):
     def after_run(self, trainer: TrainerView) -> None:  # noqa: D102
         self._in_train = False
         self.uninstall()
-        self._store = None
+        self._agreement = None
         if not self.preempted:
             return
         self.preempted = False

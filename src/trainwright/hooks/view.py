@@ -18,6 +18,8 @@ from trainwright.checkpoint.manager import CheckpointManager
 
 if TYPE_CHECKING:
     from trainwright.hooks.dispatch import HookList
+    from trainwright.logging.agreement import Agreement
+    from trainwright.logging.lines import PendingLines
     from trainwright.logging.metric_store import MetricStore
     from trainwright.logging.writers import Writer
     from trainwright.strategies.base import Strategy
@@ -56,6 +58,8 @@ class TrainerView(Protocol):
         preempted: True once a stop signal ended training (set by the preemption hook).
         logger: The run's logger (rank-aware).
         metric_store: Owner of every logged number.
+        agreement: The stop / NaN / write decisions every process takes together.
+        log_lines: Training log lines held for batched writing.
         strategy: Devices, processes, collectives and checkpoint I/O.
         optim_wrapper: The OptimWrapper (or OptimWrapperDict) of the run.
         param_schedulers: The parameter schedulers (list, or dict per optimizer).
@@ -71,6 +75,8 @@ class TrainerView(Protocol):
     preempted: bool
     logger: logging.Logger
     metric_store: MetricStore
+    agreement: Agreement
+    log_lines: PendingLines
     strategy: Strategy
     optim_wrapper: Any
     param_schedulers: Any
@@ -103,8 +109,6 @@ class TrainerView(Protocol):
     def flush_logs(self) -> None:
         """Make everything logged so far visible on disk."""
 
-    def hold_log_lines(self, write_pending: Callable[[], None] | None) -> None:
-        """Register who holds log lines back for batched writing; :meth:`flush_logs` calls it."""
 
 
 def require_train_loop(trainer: TrainerView, who: str) -> TrainLoopView:

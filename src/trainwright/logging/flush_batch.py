@@ -2,11 +2,10 @@
 
 The pending rows' tensors are converted in one device→host transfer per device, the rows'
 timestamps become each iteration's ``data_time`` and ``time`` (:func:`derive_times`), and
-this process's first non-finite loss is noted. Under several processes the batch is also
-the collective's message: :meth:`FlushBatch.message` lays out the flags, a fingerprint and
-the numbers, :meth:`FlushBatch.agreed` reads the answer's flags, :meth:`FlushBatch.reduce`
-its numbers. Nothing here keeps state between flushes or decides anything: the store owns
-the pending list, the clock and the agreement points, and passes in what a batch needs.
+this process's first non-finite loss is noted. Under several processes the batch's numbers
+travel in the :class:`~trainwright.logging.agreement.Agreement`'s collective
+(:meth:`FlushBatch.message`) and come back reduced (:meth:`FlushBatch.reduce`). Nothing here
+keeps state between flushes or decides anything.
 """
 
 from __future__ import annotations
@@ -21,9 +20,6 @@ import torch
 #: One recorded iteration: ``(iteration, values, t_start, t_end)``; the timestamps are None
 #: for values recorded without timing (:meth:`MetricStore.update_dict`).
 Row = tuple[int, Mapping[str, Any], float | None, float | None]
-
-_HEADER = 5  # due, stop, non-finite, fingerprint, proposed gap to the next agreement point
-
 
 def _columns(pending: list[Row]) -> tuple[dict[str, tuple[list[int], list[Any]]], list[float]]:
     """Pending rows → per name ``(iterations, refs)`` and the converted numbers.
@@ -78,7 +74,7 @@ def _to_numbers(tensors: list[torch.Tensor]) -> list[float]:
 
 
 class FlushBatch:
-    """Rows taken from the pending list for one flush: their numbers per name, their times, this process's first non-finite loss, and the collective's message."""
+    """Rows taken from the pending list for one flush: their numbers per name, their times and this process's first non-finite loss."""
 
     __slots__ = ("rows", "iters", "data", "total", "columns", "bad", "local", "names")
 
@@ -90,7 +86,7 @@ class FlushBatch:
         self.columns: dict[str, tuple[list[int], list[float]]] = {}
         self.bad: tuple[int, str] | None = None  # (iteration, name) of this process's first non-finite loss
         self.local: dict[str, tuple[list[int], list[float]]] = {}  # this process's own numbers, kept when bad
-        self.names = ""  # what the collective's fingerprint covers, for the error message
+        self.names = ""  # what the fingerprint covers, for the error message
 
     def convert(self, check: bool) -> None:
         """Turn the rows' values into numbers per name (one device→host transfer per device); ``check``: note this process's first non-finite loss."""
@@ -110,35 +106,18 @@ class FlushBatch:
             self.bad = bad
             self.local = {name: (iters, list(vals)) for name, (iters, vals) in self.columns.items()}
 
-    def message(self, due: bool, stop: bool, proposal: int) -> tuple[torch.Tensor, str]:
-        """What one collective carries: the flags, a fingerprint of the names and counts, then the numbers; and the names the fingerprint covers."""
-        names = "\0".join(f"{name}:{len(vals)}" for name, (_, vals) in self.columns.items())
-        fingerprint = zlib.crc32(f"{names}|{len(self.data)}".encode())
-        flat = [float(due), float(stop), float(self.bad is not None), float(fingerprint), float(proposal)]
+    def message(self) -> tuple[list[float], int]:
+        """What the agreement's collective carries of this batch: the numbers (names in order, then the times) and a fingerprint of the names and counts."""
+        self.names = "\0".join(f"{name}:{len(vals)}" for name, (_, vals) in self.columns.items())
+        flat: list[float] = []
         for _, vals in self.columns.values():
             flat.extend(vals)
         flat.extend(self.data)
         flat.extend(self.total)
-        return torch.tensor(flat, dtype=torch.float64), names
+        return flat, zlib.crc32(f"{self.names}|{len(self.data)}".encode())
 
-    def agreed(self, everyone: torch.Tensor) -> tuple[list[float], int]:
-        """The header of an answer ``[world, n]``: the flags (due, stop, non-finite) OR-ed over the processes, and the smallest proposed gap.
-
-        Raises:
-            RuntimeError: the processes' fingerprints differ (they logged other names or counts).
-        """
-        head = everyone[:, :_HEADER]
-        if bool((head[:, 3] != head[0, 3]).any()):
-            raise RuntimeError(
-                "The processes logged different values at this flush (other names, or a different number of "
-                f"iterations); this process logged {self.names.replace(chr(0), ', ') or 'nothing'}. Every process must "
-                "log the same names at the same iterations: log a value on every rank (e.g. 0 where it does not apply)."
-            )
-        return head[:, :3].amax(0).tolist(), int(head[:, 4].amin())
-
-    def reduce(self, everyone: torch.Tensor) -> None:
-        """Replace this process's numbers, in place, by the answer's reduced over the processes: ``data_time`` the maximum, the rest the mean."""
-        body = everyone[:, _HEADER:]
+    def reduce(self, body: torch.Tensor) -> None:
+        """Replace this process's numbers, in place, by every process's ``[world, n]`` reduced: ``data_time`` the maximum, the rest the mean."""
         n_data = len(self.data)
         split = body.shape[1] - 2 * n_data
         mean = body.mean(0).tolist()

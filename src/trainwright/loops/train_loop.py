@@ -8,7 +8,8 @@ Pseudocode of one iteration (both loops)::
     progress.iteration += 1; progress.iter_in_epoch += 1
     record((progress.iteration, outputs, t_start, perf_counter()))   # tensors, no sync
     for hook in due after_train_iter: hook(trainer, idx, batch, outputs)
-    (every metric_store.flush_every iterations, after the hooks: metric_store.flush())
+    (every metric_store.flush_every iterations - several processes: every agreement.every -,
+     after the hooks: metric_store.flush(), the agreed decisions applied)
 
 ``record`` is chosen once per epoch pass (``MetricStore.recorder``): the append of the
 store's list of rows, or with ``train_cfg=dict(gather_metric_period=N)`` one that records
@@ -63,18 +64,23 @@ class _TrainLoopBase:
         raise NotImplementedError
 
     def _periodic(self) -> list[tuple[Any, range]]:
-        """The loop's own work on the hooks' schedule: the metric store's flush at every ``flush_every``-th iteration (bounds its memory).
+        """The loop's own work on the hooks' schedule: the metric store's flush, where the agreed decisions are applied.
 
-        A window of exactly those iterations (an interval would also fire at epoch ends, where
-        the loops flush anyway, and at the end of each pass of an iteration-based loop, where
-        they do not).
+        One process: every ``flush_every``-th iteration (bounds the store's memory). Several:
+        every ``agreement.every``-th, an agreement point (one collective: the numbers, a NaN -
+        raised here on every process -, a stop, writing the held log lines).
         """
-        store = self.trainer.metric_store
+        t = self.trainer
+        store, agreement = t.metric_store, t.agreement
 
         def flush_store(trainer: Any, batch_idx: int, data_batch: Any, outputs: Any) -> None:
-            store.flush()
+            store.flush(agree=True)
+            if agreement.write:
+                trainer.flush_logs()
+            if agreement.stop:
+                trainer.should_stop = True
 
-        n = store.flush_every
+        n = store.flush_every if agreement.local else agreement.every
         return [(flush_store, range(n, self.max_iters + 1, n))]
 
     def _run_iters(self, batches: Any, limit: int | None, val_every_iter: bool) -> bool:

@@ -175,18 +175,9 @@ class Strategy:
     def all_gather(self, tensor: torch.Tensor) -> torch.Tensor:
         """Every process's ``tensor`` (same shape everywhere), stacked in rank order on the CPU: ``[world, *shape]``.
 
-        The metric store's one collective per flush (flags and logged numbers together).
+        The agreement's one collective per metric-store flush (decisions and logged numbers together).
         """
         return tensor.detach().unsqueeze(0)
-
-    def all_gather_async(self, tensor: torch.Tensor) -> Callable[[], torch.Tensor]:
-        """Start :meth:`all_gather` without waiting for it; call the result to get its ``[world, *shape]``.
-
-        The metric store's pipelined agreement: started at one logging iteration, waited for
-        at the next. Here (and in a strategy that only overrides :meth:`all_gather`) it runs now.
-        """
-        out = self.all_gather(tensor)
-        return lambda: out
 
     def barrier(self) -> None:
         """Wait for every process (no-op here)."""

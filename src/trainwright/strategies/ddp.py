@@ -11,10 +11,9 @@ What the rest of the engine sees (the seams of :class:`~trainwright.strategies.S
   and is the training step's forward caller, so gradients are all-reduced;
 * ``no_sync_context`` lets the optim wrapper skip the all-reduce inside an accumulation
   window (one all-reduce per update, not per micro-batch);
-* the metric store's flushes are one ``all_gather`` of a small tensor each: the stop, NaN and
-  write decisions agree and the logged numbers are reduced over the ranks, at logging
-  iterations only, started at one logging iteration and waited for at the next
-  (``all_gather_async``; ``any_true`` is the one-flag agreement for other decisions);
+* each metric-store flush is one ``all_gather`` of a small tensor (the trainer's
+  ``Agreement``): the stop, NaN and write decisions agree and the logged numbers are reduced
+  over the ranks; ``any_true`` is the one-flag agreement for other decisions;
 * every rank shares rank 0's seed (``diff_rank_seed`` offsets it per rank);
 * rank 0 writes checkpoints and logs; every rank reads checkpoints.
 
@@ -212,18 +211,6 @@ class DDPStrategy(Strategy):
         out = [torch.empty_like(t) for _ in range(self.world_size)]
         dist.all_gather(out, t)
         return torch.stack(out).cpu()
-
-    def all_gather_async(self, tensor: torch.Tensor) -> Callable[[], torch.Tensor]:
-        """Start :meth:`all_gather` (``async_op=True``); the returned callable waits for it and returns the stack."""
-        t = tensor.detach().to(self._comm_device)
-        out = [torch.empty_like(t) for _ in range(self.world_size)]
-        work = dist.all_gather(out, t, async_op=True)
-
-        def wait(sent: torch.Tensor = t) -> torch.Tensor:  # holds the sent tensor until the collective is done
-            work.wait()
-            return torch.stack(out).cpu()
-
-        return wait
 
     @property
     def _comm_device(self) -> torch.device:

@@ -14,6 +14,8 @@ from trainwright.checkpoint.manager import CheckpointManager
 from trainwright.hooks.dispatch import HookList
 from trainwright.hooks.hook import Hook
 from trainwright.hooks.timing import HookReport, HookTimer
+from trainwright.logging.agreement import Agreement
+from trainwright.logging.lines import PendingLines
 from trainwright.logging.logger import close_logger, create_logger
 from trainwright.logging.metric_store import MetricStore
 from trainwright.logging.writers import Writer, build_writers, plain
@@ -117,9 +119,11 @@ class Trainer:
         self.logger.info(f"Environment: {self.strategy.collect_env()}")
         self.logger.info(f"Random seed: {self.seed}")
         self.nonfinite_loss = nonfinite_loss
-        # Several processes: each store flush is one collective (write / stop / NaN decisions, logged numbers reduced); one has nothing to agree on.
-        gather = self.strategy.all_gather_async if self.strategy.world_size > 1 else None
-        self.metric_store = MetricStore(raise_on_nonfinite=nonfinite_loss == "raise", gather=gather)
+        #: The stop / NaN / write decisions every process takes together (several processes: one collective per store flush).
+        self.agreement = Agreement(self.strategy.all_gather if self.strategy.world_size > 1 else None)
+        self.metric_store = MetricStore(raise_on_nonfinite=nonfinite_loss == "raise", agreement=self.agreement)
+        #: The training log lines held for batched writing (the logger hook fills it; :meth:`flush_logs` writes it).
+        self.log_lines = PendingLines(self.metric_store, self.writers, self.strategy.world_size)
         config = plain(dict(
             work_dir=self.work_dir, experiment_name=self.experiment_name, train_cfg=self.train_cfg, val_cfg=self.val_cfg, test_cfg=self.test_cfg,
             optim_wrapper=optim_wrapper, param_scheduler=param_scheduler, default_hooks=default_hooks, custom_hooks=custom_hooks, precision=precision,
@@ -147,7 +151,6 @@ class Trainer:
         self.val_loop = build_eval_loop(self, val_dataloader, val_evaluator, "val", self.val_cfg)
         self.test_loop = build_eval_loop(self, test_dataloader, test_evaluator, "test", self.test_cfg)
         self._prepared = False
-        self._held_lines: Callable[[], None] | None = None  # see hold_log_lines
         self._resume, self._load_from = resume, load_from
         self._restore_due = True  # resume / load_from are applied once, before the first run (resume_from re-arms it)
         #: The checkpoints: saving, naming, ``latest``, keep-k, restore, the folder's lock (hooks reach it here).
@@ -453,14 +456,6 @@ class Trainer:
         return Path(path)
 
     # -- logs -----------------------------------------------------------------------------
-    def hold_log_lines(self, write_pending: Callable[[], None] | None) -> None:
-        """Register who holds log lines back to write them in batches (the logger hook, while it runs).
-
-        :meth:`flush_logs` calls ``write_pending()`` after flushing the metric store, so held
-        lines reach the writers before e.g. a checkpoint is written. ``None`` unregisters.
-        """
-        self._held_lines = write_pending
-
     def flush_logs(self) -> None:
         """Make everything logged so far visible on disk (log lines still pending, log file, ``metrics.jsonl``).
 
@@ -468,8 +463,7 @@ class Trainer:
             FloatingPointError: a loss logged since the last flush is NaN/Inf (see ``nonfinite_loss``).
         """
         self.metric_store.flush()
-        if self._held_lines is not None:
-            self._held_lines()  # lines held back for their batch (the logger hook's flush_secs)
+        self.log_lines.write()
         for w in self.writers:
             w.flush()
         for h in self.logger.handlers:

@@ -1,0 +1,147 @@
+"""PendingLines: training log lines asked for but not written yet, turned into records when they are written.
+
+The logger hook holds one :class:`LineRequest` per logging iteration (no numbers yet: the
+store's tensors are converted at its next flush); :meth:`PendingLines.write`, called after a
+flush (by the logger hook, the train loop's agreement point, ``Trainer.flush_logs``), builds
+each line's record from the metric store's buffers - the mean of every loss and of the times
+over the line's interval, the latest other values - and hands them to every writer at once.
+"""
+
+from __future__ import annotations
+
+import bisect
+import time
+import warnings
+from typing import Any, NamedTuple
+
+from trainwright.logging.metric_store import MetricStore
+from trainwright.logging.writers import LineInfo, Writer
+
+__all__ = ["LineRequest", "PendingLines"]
+
+_TIME_KEYS = ("time", "data_time")
+
+
+class LineRequest(NamedTuple):
+    """What a training record needs that is only known at its iteration."""
+
+    line: LineInfo
+    iteration: int
+    epoch: int
+    lr: dict[str, list[float]]  # OptimWrapper.get_lr() at that iteration
+    grad_norm: Any  # a tensor (converted when the record is built) or None
+    loss_scale: float | None
+    since: int  # iteration of the previous line: this line's means cover (since, iteration]
+    samples: int | None  # samples in this iteration's batch (this process), None: unknown
+    tokens: Any  # tokens in it (a number, a tensor converted later, or None)
+    memory: float | None  # peak CUDA memory allocated so far on this process's device, MiB
+
+
+class PendingLines:
+    """The held training lines of a run, written to ``writers`` from ``store``'s numbers.
+
+    Args:
+        store: Where the lines' numbers are (flushed before :meth:`write`).
+        writers: The trainer's writers (empty on every process but the main one: lines are dropped there).
+        processes: Processes of the run (throughput counts every process's batch).
+
+    Attributes:
+        last_write: ``time.perf_counter()`` of the last :meth:`write` (or :meth:`start`).
+        written_to: Iteration of the last written line (or where training started).
+    """
+
+    def __init__(self, store: MetricStore, writers: list[Writer], processes: int = 1) -> None:
+        self.store = store
+        self.writers = writers
+        self.processes = processes
+        self.last_write = 0.0
+        self.written_to = 0
+        self._held: list[LineRequest] = []
+        self._warned_short = False  # warned once that a line's values had left the store's history
+
+    def start(self, iteration: int) -> None:
+        """A training run starts at ``iteration``: nothing held, the clock of :attr:`last_write` restarts."""
+        self._held = []
+        self.written_to = iteration
+        self.last_write = time.perf_counter()
+
+    def hold(self, request: LineRequest) -> None:
+        """Keep a line until the next :meth:`write`."""
+        self._held.append(request)
+
+    def write(self) -> None:
+        """Build the held lines' records from the store's buffers (flushed by the caller) and hand them to every writer."""
+        requests, self._held = self._held, []
+        self.last_write = time.perf_counter()
+        if not requests:
+            return
+        self.written_to = requests[-1].iteration
+        if not self.writers:  # not the main process
+            return
+        records = self._records(requests)
+        lines = [r.line for r in requests]
+        for w in self.writers:
+            w.write_train(records, lines)
+
+    def _records(self, requests: list[LineRequest]) -> list[dict[str, Any]]:
+        """Per request: loss and time means over its interval and the latest other values, from the store."""
+        store = self.store
+        cols = []
+        for name in store.names():
+            if name.startswith("val"):
+                continue
+            buf = store.get(name)
+            iters, values = buf.history()
+            dropped = buf.count > len(iters)  # older values left the buffer (it keeps the newest ones)
+            if iters and min(iters) < 0:  # numbers recorded without an iteration belong to no line
+                values = [v for i, v in zip(iters, values) if i >= 0]
+                iters = [i for i in iters if i >= 0]
+            cols.append((name, iters, values, "loss" in name or name in _TIME_KEYS, dropped))
+        out = []
+        for r in requests:
+            hi = r.iteration
+            lo = r.since
+            record: dict[str, Any] = {"mode": "train", "epoch": r.epoch, "iter": hi}
+            times: dict[str, float] = {}
+            for name, iters, values, mean, dropped in cols:
+                a, b = bisect.bisect_right(iters, lo), bisect.bisect_right(iters, hi)
+                if mean and dropped and a == 0 and (not iters or iters[0] > lo + 1) and not self._warned_short:
+                    self._warned_short = True
+                    warnings.warn(
+                        f"LoggerHook: the line of iteration {hi} should average {name!r} over iterations {lo + 1}..{hi}, but the "
+                        f"oldest value the metric store still holds is of iteration {iters[0] if iters else 'none'}: the others left "
+                        "its history before the line was written (lines were held too long for the store's buffers), so this line "
+                        "and possibly later ones average fewer values or lack the key. Raise trainer.metric_store.window_size (each "
+                        "buffer keeps at least that many values) or keep metric_store.flush_every small.",
+                        RuntimeWarning,
+                        stacklevel=3,
+                    )
+                if b > a:
+                    v = sum(values[a:b]) / (b - a) if mean else values[b - 1]
+                    if name in _TIME_KEYS:
+                        times[name] = v
+                    else:
+                        record[name] = v
+            for k, lrs in r.lr.items():
+                record[k] = lrs[0]
+            if r.grad_norm is not None:
+                record["grad_norm"] = float(r.grad_norm)
+            if r.loss_scale is not None:
+                record["loss_scale"] = r.loss_scale
+            if "time" in times:
+                record["time"] = times["time"]
+                record["data_time"] = times.get("data_time", 0.0)
+                self._throughput(record, r, times["time"])
+            if r.memory is not None:
+                record["max_memory_mb"] = r.memory
+            out.append(record)
+        return out
+
+    def _throughput(self, record: dict[str, Any], r: LineRequest, seconds: float) -> None:
+        """``samples_per_s`` / ``tokens_per_s`` of the line: the logged batch's counts × processes / mean iteration time."""
+        if seconds <= 0:
+            return
+        if r.samples is not None:
+            record["samples_per_s"] = r.samples * self.processes / seconds
+        if r.tokens is not None:
+            record["tokens_per_s"] = float(r.tokens) * self.processes / seconds
