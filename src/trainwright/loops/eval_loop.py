@@ -49,7 +49,6 @@ class EvalLoop:
         t = self.trainer
         m = self.mode
         t.hooks.call(f"before_{m}", t)
-        t.bind_step()
         t.hooks.call(f"before_{m}_epoch", t)
         model = t.model
         was_training = model.training

@@ -150,7 +150,6 @@ class EpochBasedTrainLoop(_TrainLoopBase):
         t = self.trainer
         t.hooks.call("before_train", t)
         t.hooks.refresh(t, self.max_iters, self._periodic())
-        t.bind_step()
         while t.progress.epoch < self.max_epochs and not t.should_stop:
             self.run_epoch()
             if t.should_stop:
@@ -210,7 +209,6 @@ class IterBasedTrainLoop(_TrainLoopBase):
         progress = t.progress
         t.hooks.call("before_train", t)
         t.hooks.refresh(t, self.max_iters, self._periodic())
-        t.bind_step()
         t.hooks.call("before_train_epoch", t)
         t.model.train()
         t.optim_wrapper.initialize_count_status(t.model, progress.iteration, self._max_iters)

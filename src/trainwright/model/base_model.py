@@ -8,30 +8,9 @@ from typing import Any
 
 import torch
 from torch import nn
-from torch.nn.modules import module as _torch_module
 
 from trainwright.model.data_preprocessor import BaseDataPreprocessor
 from trainwright.registry import MODELS
-
-
-_HOOK_DICTS = ("_forward_hooks", "_forward_pre_hooks", "_backward_hooks", "_backward_pre_hooks")
-
-
-def call_is_forward(module: nn.Module) -> bool:
-    """True when ``module(...)`` would only call ``module.forward(...)``.
-
-    That is: no forward / backward hooks on the module or registered globally (FSDP2, for one,
-    works through forward hooks), no ``module.compile()``, no TorchScript tracing. Asked once
-    per run (see :meth:`BaseModel.set_forward_caller`), never per step: then the loops call
-    ``forward`` directly and save ``nn.Module.__call__``'s two extra Python frames.
-    """
-    global_hooks = [getattr(_torch_module, f"_global{name}", None) for name in _HOOK_DICTS]
-    if not all(isinstance(g, dict) for g in global_hooks):  # a torch that lays modules out otherwise: always __call__
-        return False
-    own = [getattr(module, name, None) for name in _HOOK_DICTS]
-    return not (
-        any(own) or any(global_hooks) or getattr(module, "_compiled_call_impl", None) is not None or torch._C._get_tracing_state()  # noqa: SLF001
-    )
 
 
 def _run_forward(fn: Callable[..., Any], data: Any, mode: str) -> Any:
@@ -43,8 +22,7 @@ def _run_forward(fn: Callable[..., Any], data: Any, mode: str) -> Any:
     """
     try:
         if isinstance(data, (list, tuple)):
-            # the usual (inputs, targets) batch without ``*`` unpacking, which takes Python's slow call path
-            return fn(data[0], data[1], mode=mode) if len(data) == 2 else fn(*data, mode=mode)
+            return fn(*data, mode=mode)
         if isinstance(data, dict):
             return fn(**data, mode=mode)
         return fn(data, mode=mode)
@@ -119,18 +97,16 @@ class BaseModel(nn.Module):
     def train_step(self, data: Any, optim_wrapper: Any) -> dict[str, torch.Tensor]:
         """Preprocess → forward in ``"loss"`` mode under ``optim_context`` → parse losses → update params.
 
+        The forward runs through the strategy's forward caller (:meth:`set_forward_caller`:
+        its DDP wrapper, which must see the forward to synchronise gradients), else this model.
+
         Returns:
             The log tensors (``loss`` and each loss term) on the device, as :meth:`parse_losses`
             returns them.
         """
-        pre, forward, _ = self.__dict__.get("_step_plan") or self._safe_plan()
-        if pre is not None:
-            data = pre(data, True)
-        if getattr(optim_wrapper, "context_free", False):  # full precision, no gradient-sync switch: nothing to enter
-            losses = _run_forward(forward, data, "loss")
-        else:
-            with optim_wrapper.optim_context(self):
-                losses = _run_forward(forward, data, "loss")
+        data = self.data_preprocessor(data, True)
+        with optim_wrapper.optim_context(self):
+            losses = _run_forward(self.forward_caller or self, data, "loss")
         loss, log_vars = self.parse_losses(losses)
         try:
             optim_wrapper.update_params(loss)
@@ -142,48 +118,32 @@ class BaseModel(nn.Module):
 
     def val_step(self, data: Any) -> Any:
         """Preprocess → forward in ``"predict"`` mode."""
-        return self._predict(data)
+        return self._run_forward(self.data_preprocessor(data, False), "predict")
 
     def test_step(self, data: Any) -> Any:
         """Preprocess → forward in ``"predict"`` mode."""
-        return self._predict(data)
+        return self._run_forward(self.data_preprocessor(data, False), "predict")
 
-    def _predict(self, data: Any) -> Any:
-        pre, _, forward = self.__dict__.get("_step_plan") or self._safe_plan()
-        return _run_forward(forward, data if pre is None else pre(data, False), "predict")
+    def _run_forward(self, data: Any, mode: str) -> Any:
+        """``self(**data, mode=mode)`` for a dict batch, ``self(*data, mode=mode)`` for a tuple / list, else ``self(data, mode=mode)`` (mmengine's)."""
+        return _run_forward(self, data, mode)
 
-    def set_forward_caller(self, train: Callable[..., Any] | None = None) -> None:
-        """Decide how the steps run for the run about to start; asked once per run, not per step.
+    #: What :meth:`train_step` calls for the forward pass instead of this model (see :meth:`set_forward_caller`).
+    forward_caller: Callable[..., Any] | None = None
 
-        Args:
-            train: What ``train_step`` calls for the forward pass: the strategy's answer (its
-                DDP wrapper, which must see the forward to synchronise gradients; or this
-                model). ``None`` drops the decision: outside a run every step takes the safe
-                path (``nn.Module.__call__``, the data preprocessor always called).
+    def set_forward_caller(self, caller: Callable[..., Any] | None = None) -> None:
+        """Route the training forward through ``caller`` (a strategy's DDP wrapper or DeepSpeed engine); None: this model.
 
-        Validation and testing call the model itself (never a DDP wrapper, as in mmengine).
-        Whenever the chosen callable is this model and :func:`call_is_forward` holds (no
-        hooks, not compiled, not tracing), its ``forward`` is called directly; a data
-        preprocessor with nothing to do (``passthrough``: CPU batches for a CPU model) is
-        not called. The trainer asks again at the start of every run and pass, after the
-        hooks' ``before_*`` events.
+        The strategy sets it when it wraps the model and clears it at teardown. Validation and
+        testing call the model itself (never a DDP wrapper, as in mmengine). The caller is kept
+        outside ``nn.Module``'s registries: a wrapper that holds this model is not its submodule.
         """
-        if train is None:
-            self.__dict__.pop("_step_plan", None)
-            return
-        pre: Any = self._modules["data_preprocessor"]  # what nn.Module.__getattr__ would return, minus its cost
-        own = self.forward if call_is_forward(self) else self
-        # Not an nn.Module attribute: a DDP wrapper is a module that holds this model.
-        self.__dict__["_step_plan"] = (None if getattr(pre, "passthrough", False) else pre, own if train is self else train, own)
-
-    def _safe_plan(self) -> tuple[Any, Callable[..., Any], Callable[..., Any]]:
-        """How the steps run outside a run (no decision taken): every call through ``__call__``."""
-        return self._modules["data_preprocessor"], self, self
+        object.__setattr__(self, "forward_caller", caller)
 
     def __getstate__(self) -> dict[str, Any]:
-        """Pickle / deepcopy without the per-run decision (it refers to wrappers)."""
+        """Pickle / deepcopy without the forward caller (it refers to a wrapper of this model)."""
         state = dict(super().__getstate__())
-        state.pop("_step_plan", None)
+        state.pop("forward_caller", None)
         return state
 
     def parse_losses(self, losses: Any) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:

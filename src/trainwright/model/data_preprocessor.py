@@ -32,15 +32,9 @@ def cast_data(data: Any, device: torch.device, non_blocking: bool = False) -> An
 class BaseDataPreprocessor(nn.Module):
     """Moves a batch to :attr:`device`; subclasses normalise or augment on the device.
 
-    While the model lives on the CPU this class itself has nothing to do (data loaders yield
-    CPU tensors), so :attr:`passthrough` is True and ``BaseModel`` skips the call; subclasses
-    that override ``forward`` are always called.
-
     Args:
         non_blocking: Use non-blocking host→device copies (pinned memory on CUDA).
     """
-
-    passthrough: bool = False
 
     def __init__(self, non_blocking: bool = False) -> None:
         super().__init__()
@@ -55,7 +49,6 @@ class BaseDataPreprocessor(nn.Module):
     @device.setter
     def device(self, value: torch.device | str) -> None:
         self._device = torch.device(value)
-        self.passthrough = self._device.type == "cpu" and type(self).forward is BaseDataPreprocessor.forward
 
     def forward(self, data: Any, training: bool = False) -> Any:
         """Return ``data`` on the model's device."""

@@ -1,8 +1,8 @@
 """Model wrappers that keep the step contract (``train_step`` / ``val_step`` / ``test_step``).
 
 mmengine's ``MMDistributedDataParallel`` copies ``BaseModel.train_step`` with itself as the
-forward callable. Here the model's own ``train_step`` runs: the strategy tells the model,
-once per run, that its training forward goes through the wrapper
+forward callable. Here the model's own ``train_step`` runs: when the strategy wraps the
+model it tells it that its training forward goes through the wrapper
 (:meth:`~trainwright.BaseModel.set_forward_caller`), so DDP sees every forward and
 synchronises gradients, and nothing is copied.
 """
@@ -19,10 +19,8 @@ class DistributedDataParallelWrapper(DistributedDataParallel):
     """``DistributedDataParallel`` with the model's step methods.
 
     ``train_step`` is the wrapped model's (its forward in ``"loss"`` mode runs through this
-    wrapper once the strategy bound it); ``val_step`` / ``test_step`` call the model itself,
-    without gradient synchronisation, as in mmengine. The three are properties that hand out
-    the wrapped model's bound methods, not methods that delegate to them: the loops take
-    ``model.train_step`` once per run, so a step costs no extra Python frame under DDP.
+    wrapper); ``val_step`` / ``test_step`` call the model itself, without gradient
+    synchronisation, as in mmengine.
     """
 
     @property

@@ -109,6 +109,10 @@ class Strategy:
             model.compile(**kwargs)
         model = self.wrap_model(model)
         self.model = model
+        if model is not self.unwrapped:  # a wrapper (DDP, an engine): the training forward goes through it
+            set_caller = getattr(self.unwrapped, "set_forward_caller", None)
+            if set_caller is not None:
+                set_caller(model)
         if optim_wrapper is not None:
             for ow in (optim_wrapper.values() if hasattr(optim_wrapper, "values") else [optim_wrapper]):
                 ow.no_sync_context = self.no_sync_context()
@@ -135,14 +139,6 @@ class Strategy:
             raise RuntimeError("Strategy.prepare(model) has not run yet")
         return self.unwrapped
 
-    def forward_caller(self, model: nn.Module) -> Callable[..., Any]:
-        """What the training step calls to run ``model``'s forward pass.
-
-        A wrapper that must see the forward (DDP synchronises gradients through it) returns
-        itself; here, the model. Asked once per run (``Trainer.bind_step``), not per step.
-        """
-        return model
-
     def no_sync_context(self) -> Callable[[nn.Module], contextlib.AbstractContextManager] | None:
         """A ``model -> context`` that suppresses gradient sync, or None when there is no sync."""
         return None
@@ -158,6 +154,10 @@ class Strategy:
         of the process join it (see :class:`~trainwright.strategies.DDPStrategy`).
         """
         self.wait_for_checkpoint()
+        if self.model is not None:
+            set_caller = getattr(self.unwrapped, "set_forward_caller", None)
+            if set_caller is not None:
+                set_caller(None)
 
     # -- collectives (identity on one process) ---------------------------------------------
     def reduce(self, tensor: torch.Tensor, op: str = "mean") -> torch.Tensor:

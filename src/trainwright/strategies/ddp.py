@@ -153,10 +153,6 @@ class DDPStrategy(Strategy):
         _live_wrappers.add(wrapper)
         return wrapper
 
-    def forward_caller(self, model: nn.Module) -> Callable[..., Any]:
-        """The DDP wrapper: the training forward must go through it for gradients to be all-reduced."""
-        return self.model if self.model is not None else model
-
     def no_sync_context(self) -> Callable[[nn.Module], contextlib.AbstractContextManager] | None:
         """``model -> ddp.no_sync()``: the optim wrapper enters it inside accumulation windows."""
         wrapper = self.model

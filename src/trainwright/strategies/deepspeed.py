@@ -124,13 +124,11 @@ class DeepSpeedStrategy(DDPStrategy):
         ow = wrappers[0] if wrappers else None
         engine, _, _, _ = deepspeed.initialize(model=model, optimizer=None if ow is None else ow.optimizer, config=self.ds_config(optim_wrapper))
         self.engine = self.model = engine
+        if hasattr(model, "set_forward_caller"):
+            model.set_forward_caller(engine)
         if ow is not None:
             ow.update_params = lambda loss, step_kwargs=None, zero_kwargs=None: _engine_update(ow, engine, loss)
         return engine  # type: ignore[no-any-return]
-
-    def forward_caller(self, model: nn.Module) -> Callable[..., Any]:
-        """The engine (its forward runs the module, with its hooks)."""
-        return self.engine if self.engine is not None else model
 
     def no_sync_context(self) -> None:
         """None: the engine decides when to reduce gradients (its ``gradient_accumulation_steps``)."""

@@ -210,10 +210,6 @@ class FSDPStrategy(DDPStrategy):
             return model
         return super().unwrap_model()
 
-    def forward_caller(self, model: nn.Module) -> Callable[..., Any]:
-        """The sharded module itself: its forward hooks gather the parameters."""
-        return model
-
     def no_sync_context(self) -> Callable[[nn.Module], contextlib.AbstractContextManager] | None:
         """``set_requires_gradient_sync(False)`` for the micro-batches inside an accumulation window."""
         model = self.model

@@ -355,22 +355,6 @@ class Trainer:
         self.should_stop = False
         return self._run(self.test_loop.run)
 
-    def bind_step(self) -> None:
-        """Decide which callable runs the model's forward for the run or pass about to start.
-
-        The strategy answers (its DDP/FSDP wrapper when it has one, else the model); the loops
-        call this once, right after the ``before_train`` / ``before_val`` / ``before_test``
-        hooks, so the training step does not re-check torch internals every iteration.
-        """
-        base = self.unwrapped_base
-        self._set_forward_caller(self.strategy.forward_caller(base))
-
-    def _set_forward_caller(self, caller: Any) -> None:
-        """Hand the model its step plan (None: drop it); models without the step contract have none."""
-        setter = getattr(self.unwrapped_base, "set_forward_caller", None)
-        if setter is not None:
-            setter(caller)
-
     def _run(self, fn: Any) -> Any:
         self.hooks.call("before_run", self)
         ok = False
@@ -385,7 +369,6 @@ class Trainer:
                 self.logger.error(f"Stopped by {type(e).__name__} at epoch {p.epoch}, iteration {p.iteration}: {e}", exc_info=e)
             raise
         finally:
-            self._set_forward_caller(None)  # outside a run the model is called the safe way (hooks added later fire)
             try:
                 # Lines still pending go out first; on an error path a NaN must not raise a second error.
                 self.metric_store.flush(raise_on_nonfinite=None if ok else False)
