@@ -11,6 +11,7 @@ import torch.nn.functional as F
 from conftest import LinearReg, regression_set
 from torch import nn
 
+from trainwright.optim.engine import UpdateEngine
 from trainwright.optim import OptimWrapper, OptimWrapperDict, build_optim_wrapper
 
 
@@ -128,7 +129,11 @@ def test_optim_context_suppresses_sync_inside_window_only():
         entered.append(ow.inner_count)
         yield
 
-    ow.no_sync_context = no_sync
+    class Syncing(UpdateEngine):
+        def no_sync_context(self):
+            return no_sync
+
+    ow.strategy = Syncing()
     ow.initialize_count_status(model, 0, 7)
     x, y = regression_set(14).tensors
     for i in range(7):

@@ -7,6 +7,7 @@ are the ones ``update_params`` runs. References are hand-written torch loops.
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import io
 import weakref
@@ -21,6 +22,7 @@ from torch import nn
 
 from trainwright.amp import MixedPrecision, Precision
 from trainwright.optim import OptimWrapper
+from trainwright.optim.engine import UpdateEngine
 
 LR_BACKBONE, LR_HEAD = 0.1, 0.05
 
@@ -260,6 +262,13 @@ def test_scale_loss_and_should_update_are_asked_per_micro_batch_when_accumulatin
     assert all(a is b for a, b in zip(seen, losses)) and step.call_count == 3
 
 
+class _NoSync(UpdateEngine):
+    """A strategy that can suppress gradient sync (as DDP does)."""
+
+    def no_sync_context(self) -> Any:
+        return lambda m: contextlib.nullcontext()
+
+
 def test_context_free_follows_precision_no_sync_and_a_subclass_context() -> None:
     model = _model()
     ow = OptimWrapper(torch.optim.SGD(model.parameters(), lr=0.1))
@@ -268,15 +277,16 @@ def test_context_free_follows_precision_no_sync_and_a_subclass_context() -> None
     assert not ow.context_free
     ow.precision = Precision()
     assert ow.context_free
-    ow.no_sync_context = lambda m: mock.MagicMock()
+    syncing = _NoSync()
+    ow.strategy = syncing
     assert ow.context_free  # accumulative_counts=1: every backward closes its window and syncs, nothing to suppress
-    ow.no_sync_context = None
+    ow.strategy = UpdateEngine()
     assert ow.context_free
     acc = OptimWrapper(torch.optim.SGD(model.parameters(), lr=0.1), accumulative_counts=2)
     assert acc.context_free
-    acc.no_sync_context = lambda m: mock.MagicMock()
+    acc.strategy = syncing
     assert not acc.context_free
-    acc.no_sync_context = None
+    acc.strategy = UpdateEngine()
     assert acc.context_free
 
     class Traced(OptimWrapper):
@@ -288,24 +298,21 @@ def test_context_free_follows_precision_no_sync_and_a_subclass_context() -> None
         ow.precision = "16-mixed"  # type: ignore[assignment]
 
 
-def test_a_strategys_clip_wrapper_wraps_every_clip_grad_assigned_later() -> None:
-    """``clip_wrapper`` (a strategy's, e.g. FSDP's "the sharded total norm as a plain tensor") wraps the clip function of the
+def test_a_strategys_clip_grad_serves_every_clip_grad_assigned_later() -> None:
+    """A strategy's ``clip_grad`` (e.g. FSDP's "the sharded total norm as a plain tensor") is called with the clip function of the
     ``clip_grad`` already set and of every one assigned afterwards (as a hook does after the run is prepared); the clipping
     itself stays torch's: the same norms and weights as ``clip_grad_norm_`` at each step's threshold."""
     model = _model()
     ref = copy.deepcopy(model)
     ref_opt = torch.optim.SGD(ref.parameters(), lr=0.1)
-    ow = OptimWrapper(torch.optim.SGD(model.parameters(), lr=0.1), clip_grad=dict(max_norm=5.0))
     seen: list[torch.Tensor] = []
 
-    def record(clip: Callable[[list[torch.Tensor]], torch.Tensor]) -> Callable[[list[torch.Tensor]], torch.Tensor]:
-        def clip_and_record(params: list[torch.Tensor]) -> torch.Tensor:
+    class Recording(UpdateEngine):
+        def clip_grad(self, clip: Callable[[list[torch.Tensor]], torch.Tensor], params: list[torch.Tensor]) -> torch.Tensor:
             seen.append(clip(params))
             return seen[-1]
 
-        return clip_and_record
-
-    ow.clip_wrapper = record
+    ow = OptimWrapper(torch.optim.SGD(model.parameters(), lr=0.1), clip_grad=dict(max_norm=5.0), strategy=Recording())
     for max_norm, batch in zip((5.0, 0.5, 0.25), _batches(3)):
         ow.clip_grad = dict(max_norm=max_norm)
         ow.update_params(_loss(model, batch))
@@ -321,11 +328,11 @@ def test_a_strategys_clip_wrapper_wraps_every_clip_grad_assigned_later() -> None
     ow.clip_grad = dict(type="value", clip_value=0.01)  # value clipping goes through it too
     ow.update_params(_loss(model, _batches(1)[0]))
     assert len(seen) == 4 and seen[-1] is ow.grad_norm
-    ow.clip_wrapper = None  # torch's function as is again
+    ow.strategy = UpdateEngine()  # torch's function as is again
     ow.update_params(_loss(model, _batches(1)[0]))
     assert len(seen) == 4 and ow.grad_norm is not seen[-1]
-    with pytest.raises(TypeError, match="clip_wrapper must be a callable"):
-        ow.clip_wrapper = "full_tensor"  # type: ignore[assignment]
+    with pytest.raises(TypeError, match="strategy must be a trainwright Strategy"):
+        ow.strategy = "fsdp"  # type: ignore[assignment]
 
 
 def _accumulator_hook(param: nn.Parameter, calls: list[int]) -> None:

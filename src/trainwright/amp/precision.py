@@ -19,16 +19,13 @@ Pseudocode of one float16 update (what :class:`~trainwright.optim.OptimWrapper` 
 from __future__ import annotations
 
 import contextlib
-import operator
 import warnings
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from typing import Any
 
 import torch
 
 _NULL = contextlib.nullcontext()
-_BACKWARD = operator.methodcaller("backward")
-_STEP = operator.methodcaller("step")
 
 #: Trainer ``precision=`` names → autocast dtype (None: full precision).
 PRECISIONS: dict[str, torch.dtype | None] = {
@@ -72,33 +69,19 @@ class Precision:
 
     def backward(self, loss: torch.Tensor, **kwargs: Any) -> None:
         """Back-propagate ``loss`` (scaled first when a scaler is active)."""
-        loss.backward(**kwargs) if kwargs else loss.backward()
+        loss.backward(**kwargs)
 
     def unscale_(self, optimizer: torch.optim.Optimizer) -> None:
         """Bring gradients back to their true scale before clipping (no-op here)."""
 
     def optimizer_step(self, optimizer: torch.optim.Optimizer, **kwargs: Any) -> None:
         """Step the optimizer (float16: skipped when gradients are not finite)."""
-        optimizer.step(**kwargs) if kwargs else optimizer.step()
+        optimizer.step(**kwargs)
 
     @property
     def loss_scale(self) -> torch.Tensor | None:
         """The current loss scale, or None when no scaler is used."""
         return None
-
-    def step_callables(self) -> tuple[Callable[[torch.Tensor], Any], Callable[[torch.optim.Optimizer], Any]]:
-        """``(backward(loss), optimizer_step(optimizer))`` for a step without extra arguments.
-
-        Asked once, when an optim wrapper is given this precision, so each step does not pass
-        through a method that adds nothing: for full precision these are ``loss.backward()``
-        and ``optimizer.step()`` themselves (looked up on the objects at call time, so a
-        patched ``optimizer.step`` still runs); a precision that overrides :meth:`backward` /
-        :meth:`optimizer_step` (a GradScaler's) gets its own methods.
-        """
-        cls = type(self)
-        backward = _BACKWARD if cls.backward is Precision.backward else self.backward
-        step = _STEP if cls.optimizer_step is Precision.optimizer_step else self.optimizer_step
-        return backward, step
 
     def clone(self) -> Precision:
         """A fresh object with the same settings and no state (one per optimizer)."""
@@ -195,7 +178,7 @@ class MixedPrecision(Precision):
         """Scale (float16) and back-propagate."""
         if self.scaler is not None:
             loss = self.scaler.scale(loss)
-        loss.backward(**kwargs) if kwargs else loss.backward()
+        loss.backward(**kwargs)
 
     def unscale_(self, optimizer: torch.optim.Optimizer) -> None:
         """Unscale gradients in place so clipping sees their true values."""
@@ -209,7 +192,7 @@ class MixedPrecision(Precision):
         non-finite loss) is a no-op, as a plain ``optimizer.step()`` would be.
         """
         if self.scaler is None:
-            optimizer.step(**kwargs) if kwargs else optimizer.step()
+            optimizer.step(**kwargs)
             return
         if not any(p.grad is not None for group in optimizer.param_groups for p in group["params"]):
             return

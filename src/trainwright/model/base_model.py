@@ -88,7 +88,7 @@ class BaseModel(nn.Module):
             data_preprocessor = BaseDataPreprocessor()
         elif isinstance(data_preprocessor, Mapping):
             data_preprocessor = MODELS.build(data_preprocessor)
-        self.data_preprocessor = data_preprocessor
+        self.data_preprocessor: nn.Module = data_preprocessor  # type: ignore[assignment]  # built from a dict above
 
     def forward(self, *inputs: Any, mode: str = "tensor") -> Any:  # pragma: no cover - abstract
         """Compute losses, predictions or raw outputs; see the class docstring."""

@@ -8,7 +8,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from trainwright.amp.precision import Precision, build_precision
+from trainwright.amp.precision import MixedPrecision, Precision, build_precision
 from trainwright.optim.optim_wrapper import AmpOptimWrapper, OptimWrapper
 from trainwright.optim.optim_wrapper_dict import OptimWrapperDict
 from trainwright.optim.constructor import DefaultOptimWrapperConstructor, build_optimizer
@@ -17,7 +17,7 @@ from trainwright.registry import OPTIM_WRAPPER_CONSTRUCTORS, OPTIM_WRAPPERS, che
 _WRAPPER_KEYS = {"type", "optimizer", "accumulative_counts", "clip_grad", "dtype", "loss_scale", "skip_nonfinite", "device_type", "paramwise_cfg", "constructor"}
 
 
-__all__ = ["build_optim_wrapper", "build_optimizer", "loop_precision"]
+__all__ = ["build_optim_wrapper", "build_optimizer", "loop_precision", "run_precision"]
 
 
 def _check_owns(model: nn.Module, optimizer: torch.optim.Optimizer) -> None:
@@ -62,6 +62,30 @@ def loop_precision(optim_wrapper: OptimWrapper | OptimWrapperDict, default: Prec
         if ow.precision.dtype is not None:
             return ow.precision
     return default
+
+
+def run_precision(cfg: Any, precision: str | Precision | None, device_type: str = "cpu") -> Precision:
+    """The run's precision, known before the optim wrapper is built: ``precision``, or the one an ``AmpOptimWrapper`` names.
+
+    An ``AmpOptimWrapper`` object brings its own (that object); a config dict with
+    ``type="AmpOptimWrapper"`` names a dtype (float16 by default). A conflict with a mixed
+    ``precision`` is reported when the wrapper is built (:func:`build_optim_wrapper`).
+    """
+    trainer_precision = build_precision(precision, device_type)
+    if trainer_precision.dtype is not None:
+        return trainer_precision
+    if isinstance(cfg, (OptimWrapper, OptimWrapperDict)):
+        return loop_precision(cfg, trainer_precision)
+    if isinstance(cfg, Mapping):
+        typ = cfg.get("type", "OptimWrapper")
+        try:
+            cls = OPTIM_WRAPPERS.get(typ) if isinstance(typ, str) else typ
+        except KeyError:
+            return trainer_precision  # reported when the wrapper is built
+        if isinstance(cls, type) and issubclass(cls, AmpOptimWrapper):
+            dtype = cfg.get("dtype") or "float16"
+            return MixedPrecision(dtype, cfg.get("device_type") or device_type) if dtype not in ("float32", "float64", torch.float32, torch.float64) else trainer_precision
+    return trainer_precision
 
 
 def build_optim_wrapper(model: nn.Module, cfg: Any, precision: str | Precision | None = None, device_type: str = "cpu") -> OptimWrapper | OptimWrapperDict:

@@ -5,12 +5,10 @@ mmengine semantics, with one fix: the short last accumulation window is handled 
 epoch's length), so every epoch's tail is stepped and scaled by its true size.
 
 There is one update path, :meth:`OptimWrapper.update_params`, built from the public methods
-(``scale_loss`` → ``backward`` → ``should_update`` → ``step`` → ``zero_grad``), each looked up
-on the instance, so a subclass's override or a method replaced on the instance takes part.
-What depends only on a setting (the clip function, whether the precision has a GradScaler,
-whether ``optim_context`` is a no-op) is decided when the setting is assigned, not per step.
-Parameters are read from ``optimizer.param_groups`` when needed, so a group added later with
-``optimizer.add_param_group`` is clipped and checkpointed like the others.
+(``scale_loss`` → ``backward`` → ``should_update`` → ``step`` → ``zero_grad``). The wrapper
+decides *when*; its :attr:`~OptimWrapper.strategy` (an :class:`~trainwright.optim.engine.UpdateEngine`:
+one process by default, the Trainer's strategy in a run) decides *how* backward, clipping,
+the step and gradient sync happen.
 """
 
 from __future__ import annotations
@@ -18,25 +16,19 @@ from __future__ import annotations
 import contextlib
 import functools
 import warnings
-from collections.abc import Callable, Iterable, Iterator, Mapping
+from collections.abc import Iterable, Iterator, Mapping
 from typing import Any
 
 import torch
 from torch import nn
 
 from trainwright.amp.precision import MixedPrecision, Precision
+from trainwright.optim.engine import LOCAL, ClipFn, NoSyncContext, UpdateEngine
 from trainwright.registry import OPTIM_WRAPPERS, check_keys
 
 _NULL = contextlib.nullcontext()
 _NORM_KEYS = {"type", "max_norm", "norm_type", "error_if_nonfinite", "foreach"}
 _VALUE_KEYS = {"type", "clip_value", "foreach"}
-
-#: ``model -> context manager`` that suppresses gradient synchronisation (DDP's ``no_sync``).
-NoSyncContext = Callable[[nn.Module], contextlib.AbstractContextManager]
-#: What ``step`` calls to clip: ``parameters -> total gradient norm`` (the config's arguments bound).
-ClipFn = Callable[[list[torch.Tensor]], torch.Tensor]
-#: ``clip function -> clip function``: a strategy's wrapper around clipping (see :attr:`OptimWrapper.clip_wrapper`).
-ClipWrapper = Callable[[ClipFn], ClipFn]
 
 
 def _check_clip_grad(clip_grad: Mapping[str, Any] | None) -> dict[str, Any] | None:
@@ -117,14 +109,16 @@ class OptimWrapper:
         precision: A :class:`~trainwright.amp.precision.Precision`; full fp32 by default.
         skip_nonfinite: Skip the backward pass of micro-batches whose loss is NaN/Inf
             instead of letting them poison the weights. Costs one host sync per step.
+        strategy: The :class:`~trainwright.optim.engine.UpdateEngine` that carries out
+            backward, clipping, the step and gradient sync; default: one process. The
+            Trainer gives every wrapper its strategy.
 
     Attributes:
         grad_norm: Total gradient norm of the last clipped step (a tensor), or None.
         skipped_steps: Micro-batches skipped for a non-finite loss.
         skip_nonfinite: See above; may be switched at any time.
         context_free: Read-only. True when :meth:`optim_context` is a no-op (full precision,
-            and no ``no_sync_context`` or ``accumulative_counts=1``, so gradients always
-            sync): ``BaseModel.train_step`` then does not enter it.
+            and no gradient sync to suppress or ``accumulative_counts=1``).
 
     Example:
         >>> ow = OptimWrapper(torch.optim.SGD(model.parameters(), lr=0.1), accumulative_counts=4)
@@ -140,6 +134,7 @@ class OptimWrapper:
         clip_grad: Mapping[str, Any] | None = None,
         precision: Precision | None = None,
         skip_nonfinite: bool = False,
+        strategy: UpdateEngine | None = None,
     ) -> None:
         if not isinstance(optimizer, torch.optim.Optimizer):
             raise TypeError(f"OptimWrapper needs a torch.optim.Optimizer, got {type(optimizer).__name__}; pass optimizer=dict(type='SGD', lr=...) to the Trainer to build one")
@@ -155,7 +150,7 @@ class OptimWrapper:
         self._inner_count = 0
         self._max_counts = -1
         self._no_sync_context: NoSyncContext | None = None
-        self._clip_wrapper: ClipWrapper | None = None
+        self._strategy: UpdateEngine = LOCAL
         self._bn_checked: nn.Module | None = None  # the model whose BatchNorm layers were looked for (once per model)
         #: With several param groups (per-parameter multipliers), a group that holds only the
         #: optimizer's defaults: schedulers move its ``lr`` like the others', and :meth:`get_lr`
@@ -165,6 +160,8 @@ class OptimWrapper:
         )
         self.clip_grad = clip_grad  # type: ignore[assignment]  # validated into a dict by the setter
         self.precision = precision if precision is not None else Precision()
+        if strategy is not None:
+            self.strategy = strategy
 
     # -- settings: each decides, when assigned, what the step reads ----------------------------
     @property
@@ -177,34 +174,12 @@ class OptimWrapper:
         self._clip_grad = _check_clip_grad(value)
         self._decide_clip()
 
-    @property
-    def clip_wrapper(self) -> ClipWrapper | None:
-        """Set by a strategy whose gradients need more than torch's clip functions: ``clip_fn -> clip_fn``.
-
-        The clip function (``parameters -> total norm``, the :attr:`clip_grad` arguments bound)
-        is passed through it whenever clipping is configured, now and at every later
-        assignment of :attr:`clip_grad`, so a strategy's fix survives a user's
-        ``optim_wrapper.clip_grad = dict(max_norm=...)`` after the run is prepared. The
-        composition is decided on assignment; ``step`` calls the result. The FSDP strategy
-        sets one that returns the total norm of the sharded (DTensor) gradients as a plain tensor.
-        """
-        return self._clip_wrapper
-
-    @clip_wrapper.setter
-    def clip_wrapper(self, value: ClipWrapper | None) -> None:
-        if value is not None and not callable(value):
-            raise TypeError(f"clip_wrapper must be a callable clip_fn -> clip_fn (or None), got {type(value).__name__}")
-        self._clip_wrapper = value
-        self._decide_clip()
-
     def _decide_clip(self) -> None:
-        # What step calls with the parameters: the clip function with the config's arguments bound (through the strategy's wrapper), or None.
+        # What step calls with the parameters: the clip function with the config's arguments bound, or None.
         cfg = self._clip_grad
         clip: ClipFn | None = None
         if cfg is not None:
             clip = functools.partial(torch.nn.utils.clip_grad_norm_ if cfg["type"] == "norm" else _clip_grad_value, **{k: v for k, v in cfg.items() if k != "type"})
-            if self._clip_wrapper is not None:
-                clip = self._clip_wrapper(clip)
         self._clip = clip
 
     @property
@@ -217,19 +192,25 @@ class OptimWrapper:
         if not isinstance(value, Precision):
             raise TypeError(f"precision must be a trainwright.amp.Precision, got {type(value).__name__}; use build_precision('16-mixed'), MixedPrecision(...) or Precision() for float32")
         self._precision = value
-        # What backward and step call when given no extra arguments (plain fp32: torch's own methods).
-        self._backward_fn, self._step_fn = value.step_callables()
         self._decide_context_free()
 
     @property
-    def no_sync_context(self) -> NoSyncContext | None:
-        """Set by a strategy that can suppress gradient sync (DDP): ``model -> context manager``."""
-        return self._no_sync_context
+    def strategy(self) -> UpdateEngine:
+        """What carries out backward, clipping, the optimizer step and gradient sync (the run's strategy).
 
-    @no_sync_context.setter
-    def no_sync_context(self, value: NoSyncContext | None) -> None:
-        self._no_sync_context = value
-        self._decide_context_free()
+        Assigning it asks its capabilities once: the precision it needs
+        (:meth:`~trainwright.optim.engine.UpdateEngine.adapt_precision`, e.g. FSDP's sharded
+        GradScaler) and whether gradient sync can be suppressed inside accumulation windows.
+        """
+        return self._strategy
+
+    @strategy.setter
+    def strategy(self, value: UpdateEngine) -> None:
+        if not isinstance(value, UpdateEngine):
+            raise TypeError(f"strategy must be a trainwright Strategy (an UpdateEngine), got {type(value).__name__}")
+        self._strategy = value
+        self._no_sync_context = value.no_sync_context()
+        self.precision = value.adapt_precision(self._precision)
 
     def _decide_context_free(self) -> None:
         # optim_context would return a null context (a subclass's own optim_context is always entered):
@@ -243,29 +224,12 @@ class OptimWrapper:
         """``scale_loss`` → ``backward`` → if ``should_update()``: ``step`` → ``zero_grad``.
 
         ``step`` unscales (float16) and clips when clipping is on, then steps the optimizer.
-        Every method is looked up on ``self``: overrides and methods replaced on the instance
-        are honoured. ``step_kwargs`` / ``zero_kwargs`` are passed to ``step`` / ``zero_grad``.
-
-        With ``accumulative_counts=1`` every micro-batch is a whole window: there is nothing to
-        scale and every call updates, so ``scale_loss`` and ``should_update`` are not asked
-        (a subclass that overrides them to shape its own windows sets
-        ``accumulative_counts > 1``).
+        ``step_kwargs`` / ``zero_kwargs`` are passed to ``step`` / ``zero_grad``.
         """
-        if self._accumulative_counts == 1:
-            self.backward(loss)
-        else:
-            self.backward(self.scale_loss(loss))
-            if not self.should_update():
-                return
-        # (calls without ``**{}``: an empty unpacking still takes Python's slow call path)
-        if step_kwargs:
-            self.step(**step_kwargs)
-        else:
-            self.step()
-        if zero_kwargs:
-            self.zero_grad(**zero_kwargs)
-        else:
-            self.zero_grad()
+        self.backward(self.scale_loss(loss))
+        if self.should_update():
+            self.step(**(step_kwargs or {}))
+            self.zero_grad(**(zero_kwargs or {}))
 
     def scale_loss(self, loss: torch.Tensor) -> torch.Tensor:
         """Divide ``loss`` by the size of its accumulation window (the short last one by its own size)."""
@@ -294,12 +258,9 @@ class OptimWrapper:
         if self.skip_nonfinite and not bool(torch.isfinite(loss).all()):
             self.skipped_steps += 1
             warnings.warn(f"Skipping a micro-batch with non-finite loss {loss.detach()} (skip_nonfinite=True)", RuntimeWarning, stacklevel=3)
-        elif kwargs:
-            self._precision.backward(loss, **kwargs)
-            self._spent_loss = None if kwargs.get("retain_graph") or kwargs.get("create_graph") else loss
         else:
-            self._backward_fn(loss)
-            self._spent_loss = loss
+            self._strategy.backward(loss, self, **kwargs)
+            self._spent_loss = None if kwargs.get("retain_graph") or kwargs.get("create_graph") else loss
         self._inner_count += 1
 
     def step(self, **kwargs: Any) -> None:
@@ -307,15 +268,14 @@ class OptimWrapper:
 
         With a GradScaler the step is skipped when gradients overflowed, and the scale adapts.
         """
-        clip = self._clip
-        if clip is not None:
+        if self._clip is not None:
             self._precision.unscale_(self.optimizer)
-            self.grad_norm = clip(_live_params(self.optimizer))
-        self._precision.optimizer_step(self.optimizer, **kwargs) if kwargs else self._step_fn(self.optimizer)
+            self.grad_norm = self._strategy.clip_grad(self._clip, _live_params(self.optimizer))
+        self._strategy.optimizer_step(self, **kwargs)
 
     def zero_grad(self, **kwargs: Any) -> None:
         """Zero (by default: set to None) the gradients."""
-        self.optimizer.zero_grad(**kwargs) if kwargs else self.optimizer.zero_grad()
+        self.optimizer.zero_grad(**kwargs)
 
     # -- accumulation ---------------------------------------------------------------------
     def initialize_count_status(self, model: nn.Module | None, init_counts: int, max_counts: int) -> None:

@@ -1,33 +1,16 @@
-"""Strategy: where the model lives and how its state is saved — the only device-aware layer.
+"""Strategy: where the model lives, how it steps and how its state is saved — the only device-aware layer.
 
-The loops know nothing of devices or processes; they call the strategy. Subclasses
-(single device here; DDP, FSDP and DeepSpeed in their own modules) override the parts
-that differ: ``setup_env``, ``wrap_model``, ``no_sync``, the state methods and the
-collective read-outs.
-
-Checkpoints. The trainer collects the checkpoint itself (a dict ``name -> state`` of its
-:class:`~trainwright.checkpoint.Stateful` pieces, see :mod:`trainwright.trainer.state`) and
-hands every read and write to the strategy, so a sharded strategy owns its I/O:
-
-* ``model_state_dict()`` / ``load_model_state_dict(state, strict)`` and
-  ``optim_state_dict(optim_wrapper)`` / ``load_optim_state_dict(optim_wrapper, state)``:
-  the states the model and optimizer pieces save and load (here: full, unsharded
-  ``state_dict()`` s; a sharded strategy may return its shards or full states gathered to
-  rank 0).
-* ``save_checkpoint(path, state, *, async_save=False, after=None)``: write the whole dict
-  (here: rank 0 writes one file atomically, ``after`` runs once it is complete; with
-  ``async_save`` in a background thread, one write in flight at a time).
-* ``wait_for_checkpoint()``: block until a background write is complete; re-raise its error.
-* ``load_checkpoint(path, map_location="cpu") -> dict``: read a checkpoint without running
-  code from it (here: ``torch.load(weights_only=True)``).
-* ``find_resumable(ckpt_dir) -> (path, checkpoint) | None``: the newest checkpoint of a
-  directory that loads (here: ``*.pth`` files and the ``latest`` pointer; a DCP strategy
-  would list checkpoint directories).
+A strategy is an :class:`~trainwright.optim.engine.UpdateEngine`: optim wrappers call its
+``backward`` / ``clip_grad`` / ``optimizer_step`` and ask its ``no_sync_context`` once. The
+base class runs on one process; :class:`~trainwright.strategies.process_group.ProcessGroupStrategy`
+adds the process group and collectives, and DDP, FSDP2 and DeepSpeed are its siblings.
+Order of a run: ``setup_env`` → ``prepare(model)`` (move, compile, wrap or shard) →
+``setup_optim_wrapper(ow)`` (the optimizer is built over the prepared model) → steps. Every
+checkpoint read and write goes through the strategy, so a sharded strategy owns its format.
 """
 
 from __future__ import annotations
 
-import contextlib
 import warnings
 from collections.abc import Callable, Mapping
 from pathlib import Path
@@ -36,14 +19,17 @@ from typing import TYPE_CHECKING, Any
 import torch
 from torch import nn
 
+from trainwright.amp.precision import Precision
 from trainwright.model.base_model import BaseDataPreprocessor
+from trainwright.optim.engine import UpdateEngine
+from trainwright.optim.optim_wrapper_dict import optim_wrappers_of
 from trainwright.registry import check_keys
 
 if TYPE_CHECKING:
     from trainwright.checkpoint.async_writer import AsyncCheckpointWriter
 
 
-class Strategy:
+class Strategy(UpdateEngine):
     """Base strategy: one process; subclasses add devices and process groups.
 
     Args:
@@ -65,6 +51,8 @@ class Strategy:
         self.device = torch.device(device)
         self.model: nn.Module | None = None
         self.seed: int | None = None
+        #: The run's precision: what the model is prepared with (FSDP's policy) and evaluation autocasts with (set by the Trainer).
+        self.precision: Precision = Precision()
         self._ckpt_writer: AsyncCheckpointWriter | None = None  # created by the first async save
 
     # -- environment ----------------------------------------------------------------------
@@ -96,28 +84,32 @@ class Strategy:
         return self.rank == 0
 
     # -- model ----------------------------------------------------------------------------
-    def prepare(self, model: nn.Module, *, optim_wrapper: Any = None, param_scheduler: Any = None, compile: bool | Mapping[str, Any] = False, dispatch_kwargs: Mapping[str, Any] | None = None) -> nn.Module:
-        """Move ``model`` to the device, compile and wrap it; hook the optim wrapper's sync control and clip wrapper.
+    def prepare(self, model: nn.Module, *, compile: bool | Mapping[str, Any] = False) -> nn.Module:
+        """Move ``model`` to the device, compile and wrap (or shard) it; route its training forward through the wrapper.
 
         Returns:
-            The model the loops should call (possibly wrapped).
+            The model the loops call (possibly a wrapper); the optimizer is built after this,
+            over :meth:`unwrap_model`'s parameters.
         """
         model = self.model_to_device(model)
         self.unwrapped = model
         if compile:
-            kwargs = dict(compile) if isinstance(compile, Mapping) else {}
-            model.compile(**kwargs)
-        model = self.wrap_model(model)
-        self.model = model
-        if model is not self.unwrapped:  # a wrapper (DDP, an engine): the training forward goes through it
-            set_caller = getattr(self.unwrapped, "set_forward_caller", None)
-            if set_caller is not None:
-                set_caller(model)
-        if optim_wrapper is not None:
-            for ow in (optim_wrapper.values() if hasattr(optim_wrapper, "values") else [optim_wrapper]):
-                ow.no_sync_context = self.no_sync_context()
-                ow.clip_wrapper = self.clip_wrapper()
-        return model
+            model.compile(**(dict(compile) if isinstance(compile, Mapping) else {}))
+        self.model = self.wrap_model(model)
+        self._route_forward(self.model)
+        return self.model
+
+    def _route_forward(self, caller: nn.Module | None) -> None:
+        """Tell the user's model that its training forward goes through ``caller`` (a wrapper holding it; None: itself)."""
+        set_caller = getattr(self.unwrapped, "set_forward_caller", None)
+        if set_caller is not None:
+            set_caller(None if caller is self.unwrapped else caller)
+
+    def setup_optim_wrapper(self, optim_wrapper: Any) -> Any:
+        """Make this strategy carry out the updates of ``optim_wrapper`` (a wrapper or an OptimWrapperDict); returns it."""
+        for ow in optim_wrappers_of(optim_wrapper).values():
+            ow.strategy = self
+        return optim_wrapper
 
     def model_to_device(self, model: nn.Module) -> nn.Module:
         """Move the model (and tell its data preprocessor the device)."""
@@ -139,14 +131,6 @@ class Strategy:
             raise RuntimeError("Strategy.prepare(model) has not run yet")
         return self.unwrapped
 
-    def no_sync_context(self) -> Callable[[nn.Module], contextlib.AbstractContextManager] | None:
-        """A ``model -> context`` that suppresses gradient sync, or None when there is no sync."""
-        return None
-
-    def clip_wrapper(self) -> Callable[[Callable[..., torch.Tensor]], Callable[..., torch.Tensor]] | None:
-        """What the optim wrapper passes its clip function through (its ``clip_wrapper``, kept across ``clip_grad`` changes); None: torch's as is."""
-        return None
-
     def teardown(self) -> None:
         """Release what this run acquired (a distributed wrapper, a pending write); called by ``Trainer.close()``.
 
@@ -155,9 +139,7 @@ class Strategy:
         """
         self.wait_for_checkpoint()
         if self.model is not None:
-            set_caller = getattr(self.unwrapped, "set_forward_caller", None)
-            if set_caller is not None:
-                set_caller(None)
+            self._route_forward(None)
 
     # -- collectives (identity on one process) ---------------------------------------------
     def reduce(self, tensor: torch.Tensor, op: str = "mean") -> torch.Tensor:

@@ -4,16 +4,17 @@ Launch with torchrun as for DDP; the strategy joins the process group (gloo on C
 CUDA) and hands the model and optimizer to ``deepspeed.initialize`` with a config dict.
 What the trainer's settings become in that config (keys you set yourself win):
 
-* ``accumulative_counts`` → ``gradient_accumulation_steps`` (DeepSpeed scales the loss and
-  steps at window ends; the optim wrapper counts micro-batches as usual);
+* ``accumulative_counts`` → ``gradient_accumulation_steps`` (for DeepSpeed's batch-size
+  bookkeeping; the optim wrapper scales the loss and tells the engine where windows end);
 * ``clip_grad=dict(max_norm=...)`` → ``gradient_clipping``;
 * ``precision="bf16-mixed"`` / ``"16-mixed"`` → ``bf16`` / ``fp16`` enabled;
 * ``train_micro_batch_size_per_gpu`` defaults to 1 (DeepSpeed only reports with it: the
   trainer's loader decides the batch) and ``zero_allow_untested_optimizer`` to True (any
   ``torch.optim`` optimizer).
 
-The training step's backward and step go through the engine (``engine.backward(loss)``,
-``engine.step()``). Checkpoints are directories (``iter_8.ds``) written by
+The strategy is the optim wrapper's update engine: its ``backward`` is ``engine.backward``
+(the window boundary set first, the loss already scaled by the wrapper) and its
+``optimizer_step`` is ``engine.step()``. Checkpoints are directories (``iter_8.ds``) written by
 ``engine.save_checkpoint`` (each rank its optimizer partition) into a temporary directory
 that rank 0 renames into place; they resume at the same world size. DeepSpeed reads its
 files with ``torch.load(weights_only=False)``: resume only from directories you wrote.
@@ -30,8 +31,11 @@ from typing import Any
 import torch
 from torch import nn
 
+from trainwright.amp.precision import MixedPrecision, Precision
+from trainwright.optim.engine import ClipFn
+from trainwright.optim.optim_wrapper_dict import optim_wrappers_of
 from trainwright.registry import STRATEGIES
-from trainwright.strategies.ddp import DDPStrategy
+from trainwright.strategies.process_group import ProcessGroupStrategy
 
 _MISSING = (
     "strategy='deepspeed' needs DeepSpeed, which is not installed. Install the extra: "
@@ -41,27 +45,17 @@ _MISSING = (
 _TAG = "state"  # the one tag inside each checkpoint directory
 
 
-def _wrappers(optim_wrapper: Any) -> list[Any]:
-    if optim_wrapper is None:
-        return []
-    return list(optim_wrapper.optim_wrappers.values()) if hasattr(optim_wrapper, "optim_wrappers") else [optim_wrapper]
-
-
-def _engine_update(ow: Any, engine: Any, loss: torch.Tensor, step_kwargs: dict | None = None, zero_kwargs: dict | None = None) -> None:
-    """The optim wrapper's ``update_params`` under DeepSpeed: the engine scales, reduces, clips and steps (at window ends)."""
-    engine.backward(loss)
-    engine.step()
-    ow._inner_count += 1  # the window position that the trainer's Progress mirrors
-
-
 @STRATEGIES.register(name="deepspeed")
-class DeepSpeedStrategy(DDPStrategy):
+class DeepSpeedStrategy(ProcessGroupStrategy):
     """DeepSpeed ZeRO (stage 1 or 2) over the processes a launcher started.
 
     Args:
         config: DeepSpeed config dict (``zero_optimization=dict(stage=2)``, ...); the
             trainer's accumulation, clipping and precision fill the keys it leaves out.
         device / backend / timeout_s: As for :class:`~trainwright.strategies.DDPStrategy`.
+
+    ``prepare`` moves (and compiles) the model; the engine is built by
+    :meth:`setup_optim_wrapper`, around the model and the optimizer built over it.
 
     Raises:
         ImportError: DeepSpeed is not installed (the message says how to install it).
@@ -94,7 +88,7 @@ class DeepSpeedStrategy(DDPStrategy):
         cfg = dict(self.config)
         cfg.setdefault("train_micro_batch_size_per_gpu", 1)
         cfg.setdefault("zero_allow_untested_optimizer", True)
-        wrappers = _wrappers(optim_wrapper)
+        wrappers = list(optim_wrappers_of(optim_wrapper).values())
         if len(wrappers) == 1:
             ow = wrappers[0]
             cfg.setdefault("gradient_accumulation_steps", ow.accumulative_counts)
@@ -110,29 +104,41 @@ class DeepSpeedStrategy(DDPStrategy):
                 cfg.setdefault("fp16", {"enabled": True})
         return cfg
 
-    def prepare(self, model: nn.Module, *, optim_wrapper: Any = None, param_scheduler: Any = None, compile: bool | Mapping[str, Any] = False, dispatch_kwargs: Mapping[str, Any] | None = None) -> nn.Module:
-        """Build the DeepSpeed engine around the model and the (single) optimizer; route the optim wrapper's updates through it."""
+    def wrap_model(self, model: nn.Module) -> nn.Module:
+        """Nothing yet: the engine needs the optimizer (see :meth:`setup_optim_wrapper`)."""
+        return model
+
+    def setup_optim_wrapper(self, optim_wrapper: Any) -> Any:
+        """Build the DeepSpeed engine around the model and the (single) optimizer; the wrapper's updates go through it."""
         import deepspeed
 
-        wrappers = _wrappers(optim_wrapper)
-        if len(wrappers) > 1:
+        wrappers = list(optim_wrappers_of(optim_wrapper).values())
+        if len(wrappers) != 1:
             raise ValueError("strategy='deepspeed' drives one optimizer; use one optim_wrapper (param groups for different settings)")
-        model = self.model_to_device(model)
-        if compile:
-            model.compile(**(dict(compile) if isinstance(compile, Mapping) else {}))
-        self.unwrapped = model
-        ow = wrappers[0] if wrappers else None
-        engine, _, _, _ = deepspeed.initialize(model=model, optimizer=None if ow is None else ow.optimizer, config=self.ds_config(optim_wrapper))
+        config = self.ds_config(optim_wrapper)  # before the wrapper adopts this strategy's precision (the engine's own)
+        engine, _, _, _ = deepspeed.initialize(model=self.unwrapped, optimizer=wrappers[0].optimizer, config=config)
         self.engine = self.model = engine
-        if hasattr(model, "set_forward_caller"):
-            model.set_forward_caller(engine)
-        if ow is not None:
-            ow.update_params = lambda loss, step_kwargs=None, zero_kwargs=None: _engine_update(ow, engine, loss)
-        return engine  # type: ignore[no-any-return]
+        self._route_forward(engine)
+        return super().setup_optim_wrapper(optim_wrapper)
 
-    def no_sync_context(self) -> None:
-        """None: the engine decides when to reduce gradients (its ``gradient_accumulation_steps``)."""
+    def adapt_precision(self, precision: Precision) -> Precision:
+        """The wrapper keeps autocast but no active GradScaler: the engine scales the loss as its config asks."""
+        if precision.scaler is None:
+            return precision
+        return MixedPrecision(torch.float16, precision.device_type, loss_scale={"enabled": False})  # type: ignore[attr-defined]
+
+    def backward(self, loss: torch.Tensor, optim_wrapper: Any, **kwargs: Any) -> None:
+        """``engine.backward`` with the accumulation boundary the wrapper decides (its loss is already scaled by the window)."""
+        self.engine.set_gradient_accumulation_boundary(optim_wrapper.should_sync())
+        self.engine.backward(loss, scale_wrt_gas=False, **kwargs)
+
+    def clip_grad(self, clip: ClipFn, params: list[torch.Tensor]) -> torch.Tensor | None:
+        """None: the engine clips inside its step (``gradient_clipping``)."""
         return None
+
+    def optimizer_step(self, optim_wrapper: Any, **kwargs: Any) -> None:
+        """``engine.step()``: reduces, clips and steps at the window's end."""
+        self.engine.step(**kwargs)
 
     def teardown(self) -> None:
         """Drop the engine, then leave the process group."""

@@ -1,26 +1,12 @@
 """FSDPStrategy: fully sharded data parallel (PyTorch FSDP2, ``torch.distributed.fsdp.fully_shard``).
 
 Every rank holds a shard (dim 0) of each parameter, of its gradient and of the optimizer
-state; a module's full parameters exist only around its forward and backward. Launch as
-for DDP (``torchrun --nproc_per_node=N``); without a launcher the strategy starts a
-one-process group itself, so a sharded run can continue on one process.
-
-What the rest of the engine sees (the seams of :class:`~trainwright.strategies.Strategy`):
-
-* ``prepare`` shards the model in place (``fully_shard`` on the modules named by
-  ``shard_modules``, then the root) and points the optimizer's parameter groups at the
-  sharded parameters; the trainer's precision becomes FSDP's ``MixedPrecisionPolicy``
-  (``bf16-mixed``: parameters gathered in bfloat16, gradients reduced in float32);
-* ``no_sync_context`` turns ``set_requires_gradient_sync(False)`` on inside accumulation
-  windows: one reduce-scatter per update, not per micro-batch;
-* clipping by norm runs ``torch.nn.utils.clip_grad_norm_`` over the sharded (DTensor)
-  gradients: the norm is the global one (every rank's shards), the logged value a plain tensor
-  (:meth:`FSDPStrategy.clip_wrapper`, the optim wrapper's ``clip_wrapper``: it holds for a
-  ``clip_grad`` assigned later too);
-* checkpoints are directories written with ``torch.distributed.checkpoint`` (see
-  :mod:`trainwright.strategies.dcp_io`): each rank writes its shards, rank 0 the rest; they
-  load at any world size (2 processes → 1 and back), and with ``strategy="single"`` too;
-* ``full_model_state_dict`` gathers the full weights to rank 0 (``Trainer.save_weights``).
+state. ``prepare`` shards the model in place (the ``shard_modules`` units, then the root) with
+a ``MixedPrecisionPolicy`` from the run's precision; the optimizer is built afterwards over the
+sharded parameters. Inside accumulation windows gradient sync is off; clipping by norm uses the
+global norm of the sharded gradients; float16 uses a ``ShardedGradScaler``. Checkpoints are DCP
+directories (:mod:`trainwright.strategies.dcp_io`) that load at any world size. Without a
+launcher the strategy starts a one-process group, so a sharded run can continue on one process.
 """
 
 from __future__ import annotations
@@ -36,25 +22,11 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
+from trainwright.amp.precision import Precision
+from trainwright.optim.engine import ClipFn
+from trainwright.optim.optim_wrapper_dict import optim_wrappers_of
 from trainwright.registry import STRATEGIES
-from trainwright.strategies.ddp import DDPStrategy
-
-
-def _wrappers(optim_wrapper: Any) -> dict[str, Any]:
-    """``{name: OptimWrapper}`` of an OptimWrapperDict, ``{"": wrapper}`` of a single wrapper, ``{}`` of None."""
-    if optim_wrapper is None:
-        return {}
-    return dict(optim_wrapper.optim_wrappers) if hasattr(optim_wrapper, "optim_wrappers") else {"": optim_wrapper}
-
-
-def _full_norm(clip: Callable[..., torch.Tensor]) -> Callable[..., torch.Tensor]:
-    """``clip`` returning the total norm as a plain (replicated) tensor, not a DTensor that must still be reduced."""
-
-    def clip_sharded(params: Any) -> torch.Tensor:
-        total = clip(params)
-        return total.full_tensor() if hasattr(total, "full_tensor") else total
-
-    return clip_sharded
+from trainwright.strategies.process_group import ProcessGroupStrategy
 
 
 def _copy_tensors(obj: Any) -> Any:
@@ -78,7 +50,7 @@ def _no_grad_sync(model: nn.Module) -> Iterator[None]:
 
 
 @STRATEGIES.register(name="fsdp")
-class FSDPStrategy(DDPStrategy):
+class FSDPStrategy(ProcessGroupStrategy):
     """Fully sharded data parallel (FSDP2) over the processes a launcher started (or one process).
 
     Args:
@@ -91,12 +63,12 @@ class FSDPStrategy(DDPStrategy):
         reshard_after_forward: Free the gathered parameters after the forward (and gather
             them again for the backward): less memory, more communication.
         mixed_precision: ``MixedPrecisionPolicy`` arguments (``param_dtype``,
-            ``reduce_dtype``, ...; dtypes or their names); default: from the trainer's precision (``bf16-mixed`` →
+            ``reduce_dtype``, ...; dtypes or their names); default: from the run's precision (``bf16-mixed`` →
             ``param_dtype=torch.bfloat16, reduce_dtype=torch.float32``; ``16-mixed`` →
             float16 / float32; ``32``: none).
-        async_checkpoint: Write checkpoints with ``dcp.async_save`` (every ``async_save``
-            request of the checkpoint hook): training goes on once the shards are copied
-            to CPU memory; at most one write in flight.
+
+    An ``async_save`` request of the checkpoint hook writes with ``dcp.async_save``: training
+    goes on once the shards are copied to CPU memory; at most one write in flight.
     """
 
     name = "fsdp"
@@ -116,10 +88,9 @@ class FSDPStrategy(DDPStrategy):
         self.shard_modules = tuple(shard_modules)
         self.reshard_after_forward = reshard_after_forward
         self.mixed_precision = dict(mixed_precision) if mixed_precision is not None else None
-        self._param_dtype: torch.dtype | None = None
         self._async_group: Any = None
         self._pending: tuple[Any, Callable[[], None]] | None = None  # (future, finish) of an async save
-        self._optim_wrapper: Any = None  # given to prepare: the optimizers whose state a checkpoint holds
+        self._optim_wrapper: Any = None  # the optimizers whose state a checkpoint holds (setup_optim_wrapper)
 
     # -- environment ----------------------------------------------------------------------
     def setup_env(self, *, launcher: str = "pytorch", cudnn_benchmark: bool = False, dist_cfg: Mapping[str, Any] | None = None, randomness: Mapping[str, Any] | None = None) -> None:
@@ -136,7 +107,7 @@ class FSDPStrategy(DDPStrategy):
 
         The side group is this run's own (the next Trainer makes its own): it is destroyed
         once every rank's last write is complete, so no rank closes it under another's
-        collective. The default group stays for later Trainers (see :meth:`DDPStrategy.teardown`),
+        collective. The default group stays for later Trainers (see :meth:`ProcessGroupStrategy.teardown`),
         except the one-process group made without a launcher, destroyed here.
         """
         self.wait_for_checkpoint()
@@ -148,43 +119,39 @@ class FSDPStrategy(DDPStrategy):
         super().teardown()
 
     # -- model ----------------------------------------------------------------------------
-    def prepare(self, model: nn.Module, *, optim_wrapper: Any = None, param_scheduler: Any = None, compile: bool | Mapping[str, Any] = False, dispatch_kwargs: Mapping[str, Any] | None = None) -> nn.Module:
-        """Shard ``model`` in place, re-point the optimizers at the sharded parameters, set up the scaler, clipping and sync control."""
-        wrappers = _wrappers(optim_wrapper)
-        dtypes = {ow.precision.dtype for ow in wrappers.values()}
-        self._param_dtype = next(iter(dtypes)) if len(dtypes) == 1 else None
-        names = {id(p): n for n, p in model.named_parameters()}
-        self._optim_wrapper = optim_wrapper
-        model = super().prepare(model, optim_wrapper=optim_wrapper, param_scheduler=param_scheduler, compile=compile, dispatch_kwargs=dispatch_kwargs)
-        sharded = dict(self.unwrapped.named_parameters())
-        for ow in wrappers.values():
-            for group in ow.optimizer.param_groups:
-                group["params"] = [sharded[names[id(p)]] if id(p) in names else p for p in group["params"]]
+    def setup_optim_wrapper(self, optim_wrapper: Any) -> Any:
+        """Carry out the wrappers' updates; refuse an optimizer that already has state (it would not match the shards)."""
+        for ow in optim_wrappers_of(optim_wrapper).values():
             if ow.optimizer.state:
                 raise RuntimeError("strategy='fsdp' shards the parameters the optimizer holds, so the optimizer must not have state yet; "
                                    "let the Trainer build it (optim_wrapper=dict(optimizer=...)) or build it before any step")
-            scaler = getattr(ow.precision, "scaler", None)
-            if scaler is not None and type(scaler) is torch.amp.GradScaler:
-                from torch.distributed.fsdp.sharded_grad_scaler import ShardedGradScaler
+        self._optim_wrapper = optim_wrapper
+        return super().setup_optim_wrapper(optim_wrapper)
 
-                # ranks agree on skipping a step whose gradients overflowed (found_inf is all-reduced)
-                ow.precision.scaler = ShardedGradScaler(self.device.type, init_scale=scaler.get_scale() if scaler.is_enabled() else 2.0**16,
-                                                        growth_factor=scaler.get_growth_factor(), backoff_factor=scaler.get_backoff_factor(),
-                                                        growth_interval=scaler.get_growth_interval(), enabled=scaler.is_enabled())
-        return model
+    def adapt_precision(self, precision: Precision) -> Precision:
+        """float16: a ``ShardedGradScaler`` (ranks agree on skipping a step whose gradients overflowed), with the scaler's settings."""
+        scaler = precision.scaler
+        if scaler is not None and type(scaler) is torch.amp.GradScaler:
+            from torch.distributed.fsdp.sharded_grad_scaler import ShardedGradScaler
 
-    def clip_wrapper(self) -> Callable[[Callable[..., torch.Tensor]], Callable[..., torch.Tensor]]:
-        """The total norm over every rank's shards as a plain tensor (for logging), at every ``clip_grad`` the run is given."""
-        return _full_norm
+            precision.scaler = ShardedGradScaler(self.device.type, init_scale=scaler.get_scale() if scaler.is_enabled() else 2.0**16,
+                                                 growth_factor=scaler.get_growth_factor(), backoff_factor=scaler.get_backoff_factor(),
+                                                 growth_interval=scaler.get_growth_interval(), enabled=scaler.is_enabled())
+        return precision
+
+    def clip_grad(self, clip: ClipFn, params: list[torch.Tensor]) -> torch.Tensor | None:
+        """Clip with the global norm over every rank's shards; return it as a plain (replicated) tensor, not a DTensor."""
+        total = clip(params)
+        return total.full_tensor() if hasattr(total, "full_tensor") else total
 
     def _policy(self) -> Any:
         from torch.distributed.fsdp import MixedPrecisionPolicy
 
         if self.mixed_precision is not None:  # dtypes may be given by name in a config file ("bfloat16")
             return MixedPrecisionPolicy(**{k: getattr(torch, v) if isinstance(v, str) and k.endswith("_dtype") else v for k, v in self.mixed_precision.items()})
-        if self._param_dtype is None:
+        if self.precision.dtype is None:
             return MixedPrecisionPolicy()
-        return MixedPrecisionPolicy(param_dtype=self._param_dtype, reduce_dtype=torch.float32)
+        return MixedPrecisionPolicy(param_dtype=self.precision.dtype, reduce_dtype=torch.float32)
 
     def wrap_model(self, model: nn.Module) -> nn.Module:
         """``fully_shard`` every module of a ``shard_modules`` class, then the root (in place; the same object is returned)."""
@@ -256,7 +223,7 @@ class FSDPStrategy(DDPStrategy):
 
         module = self._state_module(self.unwrap_model())
         out: dict[str, Any] = {}
-        for name, ow in _wrappers(optim_wrapper).items():
+        for name, ow in optim_wrappers_of(optim_wrapper).items():
             if not ow.should_update():
                 raise RuntimeError(
                     f"strategy='fsdp' cannot checkpoint inside a gradient accumulation window (micro-batch {ow.inner_count % ow.accumulative_counts} of "
@@ -276,7 +243,7 @@ class FSDPStrategy(DDPStrategy):
         from torch.distributed.tensor import DTensor
 
         module = self._state_module(self.unwrap_model())
-        for name, ow in _wrappers(optim_wrapper).items():
+        for name, ow in optim_wrappers_of(optim_wrapper).items():
             sub = state[name] if name else state
             opt = sub["optimizer"]
             full = not any(isinstance(v, DTensor) for s in opt.get("state", {}).values() for v in s.values())
@@ -363,7 +330,7 @@ class FSDPStrategy(DDPStrategy):
         sharded: dict[str, Any] = {"model": self.model_state_dict()}
         optim = rest.get("optim_wrapper")
         if isinstance(optim, Mapping):
-            wrappers = _wrappers(self._optim_wrapper)
+            wrappers = optim_wrappers_of(self._optim_wrapper)
             sharded["optim"] = {name: get_optimizer_state_dict(module, ow.optimizer) for name, ow in wrappers.items() if (name in optim if name else True)}
         sharded = _copy_tensors(sharded)
         dcp_io.load_into(p, sharded)

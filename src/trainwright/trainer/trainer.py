@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING, Any
 
 from torch import nn
 
-from trainwright.amp.precision import Precision, build_precision
+from trainwright.amp.precision import Precision
 from trainwright.checkpoint import Stateful, load_model_weights, save_safetensors
 from trainwright.checkpoint.manager import CheckpointManager
 from trainwright.hooks.dispatch import HookList
@@ -24,6 +24,7 @@ from trainwright.loops.train_loop import EpochBasedTrainLoop, IterBasedTrainLoop
 from trainwright.model.base_model import ModuleAdapter, as_base_model
 from trainwright.registry import check_keys
 from trainwright.strategies import build_strategy
+from trainwright.optim.builder import run_precision
 from trainwright.trainer.build import EVAL_CFG_KEYS, TRAIN_CFG_KEYS, build_eval_loop, build_train
 from trainwright.trainer.hooks_config import build_hook, build_hooks
 from trainwright.trainer.runs import config_changes, new_run_dir
@@ -144,7 +145,8 @@ class Trainer:
         self._train_loader_cfg = train_dataloader
         base = as_base_model(model)
         self.model: nn.Module = base  # the strategy moves (once), compiles and wraps it when a run first needs it
-        self.precision: Precision = build_precision(precision or "32", self.strategy.device.type)
+        # the one precision of the run (the strategy prepares the model with it; a plain optim wrapper uses this object)
+        self.strategy.precision = run_precision(optim_wrapper, precision or "32", self.strategy.device.type)
         self.optim_wrapper: Any = None
         self.param_schedulers: Any = None
         self.train_loop: EpochBasedTrainLoop | IterBasedTrainLoop | None = None
@@ -152,7 +154,7 @@ class Trainer:
         self.test_loop = build_eval_loop(self, test_dataloader, test_evaluator, "test", self.test_cfg)
         self._prepared = False
         self._resume, self._load_from = resume, load_from
-        self._restore_due = True  # resume / load_from are applied once, before the first run (resume_from re-arms it)
+        self._restore_due = True  # resume / load_from: applied before the first run, and again by train() if that run had no optimizer
         #: The checkpoints: saving, naming, ``latest``, keep-k, restore, the folder's lock (hooks reach it here).
         self.checkpoints = CheckpointManager(
             self.strategy,
@@ -213,15 +215,23 @@ class Trainer:
         return self.train_loop.max_iters if self.train_loop is not None else 0
 
     # -- building -------------------------------------------------------------------------
+    @property
+    def precision(self) -> Precision:
+        """The run's precision (``trainer.strategy.precision``): autocast, GradScaler; the optim wrapper's own when it is mixed."""
+        return self.strategy.precision
+
     def _build_train(self) -> None:
-        """Build the train loader, optim wrapper, train loop and schedulers, once (see :mod:`trainwright.trainer.build`)."""
+        """Build the train loader, optim wrapper (over the prepared model), train loop and schedulers, once (see :mod:`trainwright.trainer.build`)."""
         if self.train_loop is not None:
             return
+        self._prepare_model()
         parts = build_train(
             self, self.train_cfg, self._train_loader_cfg, self._optim_cfg, self._scheduler_cfg,
-            model=self.unwrapped_base, precision=self.precision, seed=self.seed, skip_nonfinite=self.nonfinite_loss == "skip",
+            model=self.unwrapped_base, precision=self.strategy.precision, seed=self.seed, skip_nonfinite=self.nonfinite_loss == "skip",
         )
-        self.optim_wrapper, self.precision, self.train_loop, self.param_schedulers = parts
+        self.optim_wrapper, self.strategy.precision, self.train_loop, self.param_schedulers = parts
+        self.strategy.setup_optim_wrapper(self.optim_wrapper)
+        self.model = self.strategy.model  # type: ignore[assignment]  # a strategy whose wrapper needs the optimizer (DeepSpeed) made it now
         self.checkpoints.pieces.update(
             optim_wrapper=OptimState(self.strategy, self.optim_wrapper) if self.optim_wrapper is not None else None,
             param_schedulers=SchedulerState(self.param_schedulers) if self.param_schedulers else None,
@@ -229,21 +239,26 @@ class Trainer:
         )
 
     @property
+    def _trains(self) -> bool:
+        """Whether this trainer can train (a train loader and an optim wrapper were given): ``resume`` applies then."""
+        return self._train_loader_cfg is not None and self._optim_cfg is not None
+
+    @property
     def unwrapped_base(self) -> nn.Module:
         """The BaseModel the loops call, without distributed wrappers."""
         return self.strategy.unwrap_model(self.model) if self._prepared else self.model
 
-    def _prepare(self) -> None:
+    def _prepare_model(self) -> None:
+        """Have the strategy move, compile and wrap (or shard) the model, once."""
         if not self._prepared:
-            if self._train_loader_cfg is not None and self._optim_cfg is not None:
-                # val() / test() before train(): the training pieces exist first, so the strategy prepares the
-                # model with its optimizer (DDP / FSDP sync, sharded parameters) and resume=True restores the full
-                # state before the pass (else a later train() would start from scratch)
-                self._build_train()
-            self.model = self.strategy.prepare(self.model, optim_wrapper=self.optim_wrapper, compile=self._compile)
+            self.model = self.strategy.prepare(self.model, compile=self._compile)
             self._prepared = True
+
+    def _prepare(self) -> None:
+        """The model prepared, then ``resume`` / ``load_from`` applied if due (a pass before ``train()`` restores what exists; ``train()`` again, with its optimizer)."""
+        self._prepare_model()
         if self._restore_due:
-            self._restore_due = False
+            self._restore_due = self.train_loop is None and self._trains
             self._resume_or_load()
 
     def _resume_or_load(self) -> None:
@@ -252,7 +267,7 @@ class Trainer:
         Every piece is checked before anything changes (see :meth:`CheckpointManager.restore`).
         """
         resume = self._resume
-        if resume and self.train_loop is not None:
+        if resume and self._trains:
             found = self.checkpoints.find_and_restore(None if resume is True else resume)
             if found is not None:
                 path, ckpt = found

@@ -1,0 +1,56 @@
+"""UpdateEngine: how an optim wrapper's update is carried out (backward, clipping, step, gradient sync).
+
+The optim wrapper decides *when* (accumulation windows, clipping config); the engine decides
+*how*. This class is the one-process engine every wrapper starts with; every
+:class:`~trainwright.strategies.Strategy` is one, and a distributed strategy overrides the
+methods whose behaviour differs (Lightning Fabric's ``Strategy.backward`` /
+``optimizer_step``). Capabilities (:meth:`no_sync_context`, :meth:`adapt_precision`) are
+asked once, when a wrapper is given the engine; the other methods run every update.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
+
+import torch
+from torch import nn
+
+from trainwright.amp.precision import Precision
+
+if TYPE_CHECKING:
+    from trainwright.optim.optim_wrapper import OptimWrapper
+
+#: ``model -> context manager`` that suppresses gradient synchronisation (DDP's ``no_sync``).
+NoSyncContext = Callable[[nn.Module], contextlib.AbstractContextManager]
+#: ``parameters -> total gradient norm``: the clip function with the ``clip_grad`` arguments bound.
+ClipFn = Callable[[list[torch.Tensor]], torch.Tensor]
+
+
+class UpdateEngine:
+    """Backward, clipping, optimizer step and gradient sync on one process (the default of every optim wrapper)."""
+
+    def backward(self, loss: torch.Tensor, optim_wrapper: OptimWrapper, **kwargs: Any) -> None:
+        """Back-propagate ``loss`` through the wrapper's precision (a GradScaler scales it first)."""
+        optim_wrapper.precision.backward(loss, **kwargs)
+
+    def clip_grad(self, clip: ClipFn, params: list[torch.Tensor]) -> torch.Tensor | None:
+        """Clip ``params``' gradients with ``clip`` and return their total norm (a tensor; None: not known here)."""
+        return clip(params)
+
+    def optimizer_step(self, optim_wrapper: OptimWrapper, **kwargs: Any) -> None:
+        """Step the wrapper's optimizer through its precision (float16: skipped on inf/NaN gradients)."""
+        optim_wrapper.precision.optimizer_step(optim_wrapper.optimizer, **kwargs)
+
+    def no_sync_context(self) -> NoSyncContext | None:
+        """A ``model -> context`` that suppresses gradient sync inside accumulation windows; None: nothing to suppress."""
+        return None
+
+    def adapt_precision(self, precision: Precision) -> Precision:
+        """The precision a wrapper uses under this engine (e.g. with a sharded GradScaler); here ``precision`` itself."""
+        return precision
+
+
+#: The engine of an optim wrapper that no strategy has been given (one process).
+LOCAL = UpdateEngine()

@@ -1,0 +1,172 @@
+"""ProcessGroupStrategy: the base of every strategy that runs as several processes (DDP, FSDP2, DeepSpeed).
+
+It joins the process group that a launcher's environment describes (torchrun's ``RANK``,
+``WORLD_SIZE``, ``LOCAL_RANK``, ``MASTER_ADDR``, ``MASTER_PORT``; srun / mpirun through
+:func:`~trainwright.dist.utils.export_launcher_env`): NCCL on CUDA, gloo on CPU. It holds the
+ranks and the collectives (the agreement's ``all_gather``, ``any_true``, object gather /
+broadcast). Subclasses add how the model is wrapped and how gradients meet. The launcher's
+group is joined once per process and destroyed at interpreter exit (later Trainers of the
+process join it); a group the user's script made is joined and left to the script.
+"""
+
+from __future__ import annotations
+
+import atexit
+import datetime
+import gc
+import os
+import weakref
+from collections.abc import Mapping
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from torch import nn
+
+from trainwright.dist.utils import export_launcher_env
+from trainwright.strategies.base import Strategy
+
+_OPS = {"sum": dist.ReduceOp.SUM, "mean": dist.ReduceOp.SUM, "max": dist.ReduceOp.MAX, "min": dist.ReduceOp.MIN}
+
+#: The default process group joined from a launcher's environment (a weak reference: a group the user destroys is not kept
+#: alive here); it lives as long as the process, later Trainers join it.
+_launcher_group: weakref.ref[Any] | None = None
+#: The DDP wrappers made by the strategies of this process (a reducer that outlives its group aborts the process at exit).
+live_model_wrappers: weakref.WeakSet[nn.Module] = weakref.WeakSet()
+
+
+def _join_launcher_group(backend: str, timeout_s: float, dist_cfg: Mapping[str, Any] | None) -> None:
+    """Initialise the default process group from the launcher's environment, once per process; it is destroyed at exit.
+
+    Initialising it again in the same process (the same ``MASTER_ADDR:MASTER_PORT``, a new
+    store under the same key prefix) is not reliable in torch: the second rendezvous can
+    wait forever. So it is never destroyed between Trainers.
+    """
+    global _launcher_group
+    dist.init_process_group(backend=backend, timeout=datetime.timedelta(seconds=timeout_s), **dict(dist_cfg or {}))
+    if _launcher_group is None:  # the first time in this process (the handler looks at whichever group is the launcher's then)
+        atexit.register(_leave_launcher_group)
+    _launcher_group = weakref.ref(dist.group.WORLD)
+
+
+def _is_launcher_group() -> bool:
+    """Whether the default process group is the one :func:`_join_launcher_group` made (not one the user's script made)."""
+    return _launcher_group is not None and dist.is_initialized() and dist.group.WORLD is _launcher_group()
+
+
+def _leave_launcher_group() -> None:
+    """At exit: destroy the launcher's group, unless the user destroyed it already or a DDP wrapper still uses it.
+
+    No barrier: a rank that failed may never come to it (the ranks met at each ``Trainer.close()``).
+    """
+    if _is_launcher_group():
+        gc.collect()
+        if not live_model_wrappers:  # a trainer never closed: its reducer must not outlive the group (torch releases both as it exits)
+            dist.destroy_process_group()
+
+
+class ProcessGroupStrategy(Strategy):
+    """Setup, ranks and collectives over the processes a launcher started.
+
+    Args:
+        device: Default: ``cuda:LOCAL_RANK`` when CUDA is available, else CPU.
+        backend: Process-group backend; default ``"nccl"`` on CUDA, ``"gloo"`` on CPU.
+        timeout_s: How long a collective may wait for the other ranks before failing.
+    """
+
+    name = "process_group"
+
+    def __init__(self, device: str | torch.device | None = None, backend: str | None = None, timeout_s: float = 1800.0) -> None:
+        super().__init__(device)
+        self.backend = backend or ("nccl" if self.device.type == "cuda" else "gloo")
+        self.timeout_s = timeout_s
+        self._owns_group = False  # a one-process group this strategy made (FSDP without a launcher): destroyed at teardown
+
+    # -- environment ----------------------------------------------------------------------
+    def setup_env(self, *, launcher: str = "pytorch", cudnn_benchmark: bool = False, dist_cfg: Mapping[str, Any] | None = None, randomness: Mapping[str, Any] | None = None) -> None:
+        """Join the process group (from the launcher's environment), then seed every rank with rank 0's seed."""
+        if not dist.is_initialized():
+            export_launcher_env()
+            missing = [k for k in ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT") if k not in os.environ]
+            if missing:
+                raise RuntimeError(
+                    f"strategy='ddp' needs the environment a launcher sets, but {missing} are not set. Start the script with "
+                    "torchrun, e.g. `torchrun --nproc_per_node=2 train.py` (or srun / mpirun; with mpirun across several machines, "
+                    "set MASTER_ADDR to the host of rank 0), or use strategy='single' for one process."
+                )
+            _join_launcher_group(self.backend, self.timeout_s, dist_cfg)
+        randomness = dict(randomness or {})
+        if randomness.get("seed") is None:  # one seed for all: rank 0 draws it
+            randomness["seed"] = self.broadcast_object(int.from_bytes(os.urandom(4), "little") & 0x7FFFFFFF)
+        super().setup_env(launcher=launcher, cudnn_benchmark=cudnn_benchmark, dist_cfg=dist_cfg, randomness=randomness)
+
+    @property
+    def rank(self) -> int:
+        """This process's global rank."""
+        return dist.get_rank() if dist.is_initialized() else int(os.environ.get("RANK", 0))
+
+    @property
+    def world_size(self) -> int:
+        """Number of processes."""
+        return dist.get_world_size() if dist.is_initialized() else int(os.environ.get("WORLD_SIZE", 1))
+
+    def teardown(self) -> None:
+        """Release the model wrapper and wait for every rank; the launcher's process group stays for later Trainers.
+
+        Initialising the launcher's group again from the same environment is not reliable in
+        torch, so it lives as long as the process. A one-process group this strategy made
+        itself (FSDP without a launcher) is destroyed here; a group the user's script made is
+        the script's to destroy. The wrapper goes first: a DDP reducer that outlives its
+        process group aborts the process at exit.
+        """
+        super().teardown()
+        self.model = None
+        gc.collect()
+        if self._owns_group and dist.is_initialized():
+            dist.destroy_process_group()
+            self._owns_group = False
+        elif _is_launcher_group():
+            dist.barrier()  # every rank has finished this run before any goes on to the next (or exits)
+
+    # -- collectives ----------------------------------------------------------------------
+    def reduce(self, tensor: torch.Tensor, op: str = "mean") -> torch.Tensor:
+        """All-reduce a copy of ``tensor`` (``"mean"``, ``"sum"``, ``"max"``, ``"min"``)."""
+        if op not in _OPS:
+            raise ValueError(f"reduce op must be one of {sorted(_OPS)}, got {op!r}")
+        out = tensor.detach().clone()
+        dist.all_reduce(out, op=_OPS[op])
+        return out / self.world_size if op == "mean" else out
+
+    def gather_object(self, obj: Any) -> list[Any]:
+        """``obj`` of every rank, in rank order."""
+        out: list[Any] = [None] * self.world_size
+        dist.all_gather_object(out, obj)
+        return out
+
+    def broadcast_object(self, obj: Any, src: int = 0) -> Any:
+        """Rank ``src``'s ``obj`` on every rank."""
+        box = [obj]
+        dist.broadcast_object_list(box, src=src)
+        return box[0]
+
+    def all_gather(self, tensor: torch.Tensor) -> torch.Tensor:
+        """Every rank's ``tensor`` stacked in rank order, on the CPU: one collective."""
+        t = tensor.detach().to(self._comm_device)
+        out = [torch.empty_like(t) for _ in range(self.world_size)]
+        dist.all_gather(out, t)
+        return torch.stack(out).cpu()
+
+    @property
+    def _comm_device(self) -> torch.device:
+        """Where small tensors must live for a collective of this backend (NCCL: the GPU)."""
+        return self.device if self.backend == "nccl" else torch.device("cpu")
+
+    def barrier(self) -> None:
+        """Wait for every rank."""
+        dist.barrier()
+
+    def any_true(self, flag: bool) -> bool:
+        """True on every rank if ``flag`` is true on any: one all-reduce of one number."""
+        t = torch.tensor([1 if flag else 0], dtype=torch.int32, device=self._comm_device)
+        dist.all_reduce(t, op=dist.ReduceOp.MAX)
+        return bool(t.item())
