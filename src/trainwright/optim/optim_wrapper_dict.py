@@ -125,3 +125,12 @@ class OptimWrapperDict:
 
     def __repr__(self) -> str:
         return f"OptimWrapperDict({', '.join(f'{n}={ow!r}' for n, ow in self.optim_wrappers.items())})"
+
+
+def optim_wrappers_of(optim_wrapper: OptimWrapper | OptimWrapperDict | None) -> dict[str, OptimWrapper]:
+    """``{name: wrapper}`` of an :class:`OptimWrapperDict`, ``{"": wrapper}`` of a single wrapper, ``{}`` of None."""
+    if optim_wrapper is None:
+        return {}
+    if isinstance(optim_wrapper, OptimWrapperDict):
+        return dict(optim_wrapper.optim_wrappers)
+    return {"": optim_wrapper}

@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING, Any, cast
 import torch
 
 from trainwright.checkpoint import Stateful
+from trainwright.optim.optim_wrapper_dict import optim_wrappers_of
 from trainwright.version import __version__
 
 if TYPE_CHECKING:
@@ -95,11 +96,6 @@ class ModelState:
         self.strategy.load_model_state_dict(state, strict=True)
 
 
-def _wrappers(optim_wrapper: Any) -> dict[str, Any]:
-    """``{name: OptimWrapper}`` of an OptimWrapperDict, ``{"": wrapper}`` of a single wrapper."""
-    return dict(optim_wrapper.optim_wrappers) if hasattr(optim_wrapper, "optim_wrappers") else {"": optim_wrapper}
-
-
 class OptimState:
     """The optim wrapper(s), through the strategy; the saved state names each optimizer's class.
 
@@ -114,7 +110,7 @@ class OptimState:
 
     def state_dict(self) -> dict[str, Any]:  # noqa: D102
         state = dict(self.strategy.optim_state_dict(self.optim_wrapper))
-        for name, ow in _wrappers(self.optim_wrapper).items():
+        for name, ow in optim_wrappers_of(self.optim_wrapper).items():
             if name:
                 state[name] = {**state[name], "optimizer_class": type(ow.optimizer).__name__}
             else:
@@ -122,7 +118,7 @@ class OptimState:
         return state
 
     def check_state_dict(self, state: Mapping[str, Any]) -> None:  # noqa: D102
-        for name, ow in _wrappers(self.optim_wrapper).items():
+        for name, ow in optim_wrappers_of(self.optim_wrapper).items():
             where = f"optim_wrapper {name!r}" if name else "optimizer"
             saved = state.get(name) if name else state
             if not isinstance(saved, Mapping):
