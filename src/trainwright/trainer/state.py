@@ -175,8 +175,8 @@ class DataOrderState:
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:  # noqa: D102
         p = self.progress
-        saved, now = state.get("shape"), self.loader.shape()
-        if p.iter_in_epoch and isinstance(saved, Mapping) and dict(saved) != now:
+        saved, now = state["shape"], self.loader.shape()
+        if p.iter_in_epoch and dict(saved) != now:
             differ = {k: (saved.get(k), v) for k, v in now.items() if saved.get(k) != v}
             warnings.warn(
                 f"Resuming in the middle of epoch {p.epoch + 1} (after batch {p.iter_in_epoch}) with a train_dataloader of another shape: "
@@ -185,7 +185,7 @@ class DataOrderState:
                 "Resume with the same batch_size, dataset, drop_last and number of processes, or from a checkpoint at an epoch end.",
                 stacklevel=3,
             )
-        self.loader.load_state_dict({"epoch": p.epoch, "position": p.iter_in_epoch, "seed": state.get("seed", self.loader.seed)})
+        self.loader.load_state_dict({"epoch": p.epoch, "position": p.iter_in_epoch, "seed": state["seed"]})
 
 
 class HookStates:
