@@ -40,25 +40,16 @@ def _scheduler_states(schedulers: Any) -> Any:
     return [s.state_dict() for s in schedulers or []]
 
 
-def _check_scheduler_states(schedulers: Any, states: Any) -> None:
+def _scheduler_pairs(schedulers: Any, states: Any) -> list[tuple[Any, Any]]:
+    """``(scheduler, its saved state)`` of every scheduler; a ValueError when the checkpoint holds other schedulers."""
     if isinstance(schedulers, dict):
         if not isinstance(states, Mapping) or set(states) != set(schedulers):
             raise ValueError(f"Checkpoint param schedulers {sorted(states) if isinstance(states, Mapping) else type(states).__name__} do not match the trainer's {sorted(schedulers)}; resume with the same param_scheduler config")
-        for k, v in schedulers.items():
-            _check_scheduler_states(v, states[k])
-        return
+        return [pair for k, v in schedulers.items() for pair in _scheduler_pairs(v, states[k])]
     schedulers = schedulers or []
     if len(states) != len(schedulers):
         raise ValueError(f"Checkpoint holds {len(states)} param schedulers but the trainer has {len(schedulers)}; resume with the same param_scheduler config")
-
-
-def _load_scheduler_states(schedulers: Any, states: Any) -> None:
-    if isinstance(schedulers, dict):
-        for k, v in schedulers.items():
-            _load_scheduler_states(v, states[k])
-        return
-    for s, st in zip(schedulers or [], states):
-        s.load_state_dict(st)
+    return list(zip(schedulers, states))
 
 
 def _check_model(own: Mapping[str, Any], state: Mapping[str, Any]) -> None:
@@ -148,10 +139,11 @@ class SchedulerState:
         return _scheduler_states(self.schedulers)
 
     def check_state_dict(self, state: Any) -> None:  # noqa: D102
-        _check_scheduler_states(self.schedulers, state)
+        _scheduler_pairs(self.schedulers, state)
 
     def load_state_dict(self, state: Any) -> None:  # noqa: D102
-        _load_scheduler_states(self.schedulers, state)
+        for scheduler, saved in _scheduler_pairs(self.schedulers, state):
+            scheduler.load_state_dict(saved)
 
 
 class DataOrderState:
