@@ -298,17 +298,3 @@ def test_register_hook_and_dict_priority_like_mmengine(trainer_factory):
         t.register_hook(Mark(), priority="SOMETIMES")
     with pytest.raises(TypeError, match="must subclass trainwright.Hook"):
         t.register_hook(object())  # type: ignore[arg-type]
-
-
-def test_idle_events_of_older_hooks_still_mean_never_with_a_deprecation_warning(trainer_factory):
-    """A hook written against the removed ``idle_events`` keeps working (as interval 0) and is told how to update."""
-
-    class Old(IterLog):
-        def idle_events(self, trainer):
-            return ("after_train_iter",)
-
-    log: list = []
-    t = _trainer(trainer_factory, dict(by_epoch=False, max_iters=6), Old("old", 1, log))
-    with pytest.warns(DeprecationWarning, match="train_iter_interval"):
-        t.train()
-    assert log == []

@@ -1,19 +1,12 @@
 """Write checkpoints in a background thread so training only waits for a copy to host memory.
 
-Saving a checkpoint has two parts with very different costs:
-
-1. **Snapshot** (blocks the loop): copy every tensor of the state to CPU memory. The loop
-   must wait for it, because the next optimizer step changes the tensors in place.
-2. **Write** (in the background): serialise, write to a temporary file, fsync, rename,
-   then update the ``latest`` pointer and delete checkpoints that fell out of the keep
-   window. These run in a writer thread, in that order, so every promise of the
-   synchronous path holds: a checkpoint is complete or absent, ``latest`` only ever names
-   a complete file, and old files are deleted only after the new one is complete.
-
-At most one write is in flight: submitting another first waits for the previous one (a
-run that checkpoints faster than the disk can write slows down to the disk's pace rather
-than piling up snapshots in memory). :meth:`AsyncCheckpointWriter.wait` waits for the
-pending write and re-raises its error, if any; call it before the process exits.
+The loop waits for the **snapshot** (every tensor copied to CPU memory: the next optimizer step
+changes them in place). The **write** (serialise, temporary file, fsync, rename, then the
+``latest`` pointer and keep-k deletions) runs in a writer thread in that order, so the
+synchronous path's promises hold: complete or absent, ``latest`` names a complete file, old
+files go only after the new one is complete. At most one write is in flight (a run that saves
+faster than the disk slows to the disk's pace); :meth:`AsyncCheckpointWriter.wait` waits for
+it and re-raises its error: call it before the process exits.
 """
 
 from __future__ import annotations

@@ -1,23 +1,13 @@
 """Checkpoint files on disk: atomic writes, safe loads, and finding what to resume from.
 
-Two promises hold for every file written here:
+* **Complete or absent.** Written under a hidden temporary name (``.<name>.tmp.<...>``, never
+  picked up by a loader), fsynced, renamed onto the target, directory fsynced: a killed
+  process leaves the previous file or the new one, never a torn one.
+* **Loading never runs code.** ``torch.load(..., weights_only=True)``; a pickle that would
+  import or call objects raises :class:`UnsafeCheckpointError`.
 
-* **Complete or absent.** A file is written under a hidden temporary name in the same
-  directory, flushed, fsynced and renamed onto its target (``os.replace`` is atomic on
-  POSIX and Windows), then the directory is fsynced so the rename itself survives a power
-  cut. A process killed at any moment leaves the previous file or the new one, never a
-  torn one. Temporary names start with ``.`` and contain ``.tmp.``; no loader here ever
-  picks them up.
-* **Loading never runs code.** ``torch.load(..., weights_only=True)`` refuses pickles
-  that would import or call arbitrary objects; such a file raises
-  :class:`UnsafeCheckpointError` instead of being executed.
-
-Resume candidates are the ``*.pth`` files of a checkpoint directory (``epoch_N.pth``,
-``iter_N.pth``, ...), newest first, with the file named by the ``latest`` text file in
-front. ``best_*.pth`` files, written when a metric improves, are not resume candidates:
-they are usually older than the last checkpoint and resuming from them would silently
-throw training away. Nor are published files (``<name>-<8 hex digits>.pth``, stripped to a
-few keys for release by the checkpoint hook's ``published_keys``).
+Resume candidates are a folder's ``*.pth`` files, newest first, the ``latest`` one in front;
+``best_*.pth`` and published files (``<name>-<8 hex>.pth``) are not candidates.
 """
 
 from __future__ import annotations

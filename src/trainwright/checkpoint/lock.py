@@ -1,18 +1,11 @@
 """WorkDirLock: one training run at a time per checkpoint folder.
 
-Two runs on one ``work_dir`` (a requeued job while the old one still runs, a notebook cell
-run twice) would overwrite each other's ``epoch_N.pth`` and ``latest``, and a later resume
-would continue a mix of both. While a run trains, it holds an exclusive ``flock`` on
-``<ckpt_dir>/.lock``, a small text file naming its pid, host and start time:
-
-* a second run finds the lock held and refuses to start, naming the other process;
-* the kernel releases the lock when its process ends, however it ends (``kill -9``
-  included), so a lock file whose lock nobody holds is stale: the next run takes it over
-  and says whose it was.
-
-The file is removed when the run ends (a process that locked it just before checks that
-the path still names the file it locked, and tries again if not). Where ``fcntl`` does
-not exist (Windows) there is no lock.
+Two runs on one ``work_dir`` (a requeued job while the old one runs, a notebook cell run
+twice) would overwrite each other's checkpoints and ``latest``. A training run holds an
+exclusive ``flock`` on ``<ckpt_dir>/.lock`` (a text file naming its pid, host and start time):
+a second run refuses to start, naming the holder; the kernel releases the lock however the
+process ends (``kill -9`` too), so a lock file nobody holds is stale and is taken over. The
+file is removed when the run ends. Where ``fcntl`` does not exist (Windows) there is no lock.
 """
 
 from __future__ import annotations

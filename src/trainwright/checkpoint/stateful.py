@@ -1,16 +1,11 @@
 """The Stateful protocol: anything a checkpoint saves and restores by name.
 
-A trainer's checkpoint is a dict ``name -> piece.state_dict()`` over one mapping of
-named pieces (model, optimizer, schedulers, progress, hooks, RNG, user objects...); resume
-calls ``piece.load_state_dict(checkpoint[name])`` for each. This is torchtnt's ``Stateful``
-(and the shape ``torch.distributed.checkpoint`` expects), so a sharded strategy can save
-and load the same mapping its own way.
-
-A piece may also define ``check_state_dict(state)``: it raises (``ValueError`` /
-``RuntimeError`` with a message that says what does not match and how to fix it) when
-``state`` cannot be loaded into it. Resume runs every piece's check before it loads any
-piece, so a checkpoint that does not fit leaves everything as it was. :func:`make_safe`
-checks a finished checkpoint dict before it is written.
+A checkpoint is ``{name: piece.state_dict()}`` over one mapping of named pieces (model,
+optimizer, schedulers, progress, hooks, RNG, user objects...); resume calls
+``piece.load_state_dict(checkpoint[name])``. This is torchtnt's ``Stateful`` (the shape
+``torch.distributed.checkpoint`` expects). A piece may define ``check_state_dict(state)``,
+raising with what does not match and how to fix it: resume checks every piece before it
+loads any. :func:`make_safe` checks a finished checkpoint dict before it is written.
 """
 
 from __future__ import annotations

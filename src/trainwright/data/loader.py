@@ -1,17 +1,12 @@
 """Resumable data loading: a deterministic per-epoch order that can restart at any batch.
 
-:func:`make_resumable` rebuilds the user's ``DataLoader`` around a sampler whose order
-depends only on ``(seed, epoch)`` and a batch sampler that can skip the batches already
-consumed, keeping the dataset, batch size, shuffle/sampler, collate function and worker
-settings. Resuming mid-epoch therefore never replays data and never touches the global
-RNG (the loader gets its own generator, re-seeded every epoch, for worker seeds).
-
-With worker processes, the random state a sample is loaded under (augmentations drawing
-from ``random``, NumPy or torch) must not depend on which worker happens to load it: a
-resumed epoch starts its batches on worker 0, not where the original run had them. Each
-batch therefore carries a seed derived from ``(seed, epoch, batch index)`` and the worker
-re-seeds ``random``, NumPy and torch with it before loading the batch. Without workers
-the samples draw from the main process's generators, which the checkpoint restores.
+:func:`make_resumable` rebuilds the user's ``DataLoader`` around a sampler whose order depends
+only on ``(seed, epoch)`` and a batch sampler that skips the batches already consumed (same
+dataset, batch size, sampler, collate and worker settings); the global RNG is never touched.
+With workers, each batch carries a seed derived from ``(seed, epoch, batch index)`` and the
+worker re-seeds ``random``, NumPy and torch with it, so a sample's augmentation does not
+depend on which worker loads it (a resumed epoch starts on worker 0). Without workers the
+samples draw from the main process's generators, which the checkpoint restores.
 """
 
 from __future__ import annotations
@@ -63,7 +58,7 @@ class EpochSampler(Sampler[int]):
     def __iter__(self) -> Iterator[int]:
         n, replicas = self.num_samples, self.num_replicas
         total = len(self) * replicas  # the order padded to a multiple of the replicas: position k holds its (k % n)-th index
-        if not self.shuffle:  # position k holds index k % n: nothing to build (a list of n indices per epoch costs ~1 ms per 64k)
+        if not self.shuffle:  # position k holds index k % n: nothing to build
             positions = range(self.rank, total, replicas)
             return iter(positions) if total == n else map(operator.mod, positions, itertools.repeat(n))
         g = torch.Generator()

@@ -11,6 +11,7 @@ validates twice nor skips one (validation leaves the training random streams as 
 from __future__ import annotations
 
 import math
+import sys
 from pathlib import Path
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
@@ -253,10 +254,9 @@ class CheckpointHook(Hook):
         if self.clean_stale_tmp and trainer.is_main_process:
             m.clean_stale_tmp()
 
-    def train_iter_interval(self, trainer: TrainerView) -> int:  # noqa: D102
-        # Epoch-interval saves are requested (and a pending one flushed) at epoch events only. Iteration saves fall on
-        # save_begin + k * interval: all multiples of gcd(interval, save_begin) (of interval itself when save_begin is 0).
-        return 0 if self.by_epoch or self.interval <= 0 else math.gcd(self.interval, self.save_begin)
+    def train_iter_interval(self, trainer: TrainerView) -> int | range:  # noqa: D102
+        # Epoch-interval saves are requested (and a pending one flushed) at epoch events only; iteration saves at save_begin + k * interval.
+        return 0 if self.by_epoch or self.interval <= 0 else range(self.save_begin or self.interval, sys.maxsize, self.interval)
 
     def _due(self, n: int) -> bool:
         """Whether a periodic save falls on epoch / iteration ``n`` (mmengine's ``every_n_*`` with ``start=save_begin``)."""

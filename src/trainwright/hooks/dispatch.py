@@ -7,7 +7,6 @@ Per-iteration training events follow each hook's :meth:`~trainwright.Hook.train_
 
 from __future__ import annotations
 
-import warnings
 from collections.abc import Callable, Iterable, Iterator
 from typing import Any
 
@@ -44,7 +43,6 @@ class IterSchedule:
         self.after_every: tuple[Call, ...] = tuple(fn for fn, n in self._after if n == 1)
         self._gated = sorted({n for _, n in self._before + self._after if isinstance(n, int) and n > 1})
         self._windows = list(dict.fromkeys(n for _, n in self._before + self._after if isinstance(n, range)))
-        self._cache: dict[Any, tuple[tuple[Call, ...], tuple[Call, ...]]] = {}  # per set of due intervals
         #: The next iteration (run-wide, 1-based) at which a gated hook is due; 0 until the
         #: first :meth:`due` call places it (so a run resumed at any iteration starts right).
         self.next_due: float = 0
@@ -53,17 +51,11 @@ class IterSchedule:
         """``(before calls, after calls)`` for ``iteration`` (1-based); moves :attr:`next_due` past it."""
         self.next_due = self._next_after(iteration)
         epoch_end = epoch_end or iteration == self.last_iter  # the run's end is due like an epoch's
-        key: Any = -1 if epoch_end else tuple(n for n in self._gated if iteration % n == 0)  # which intervals are due
-        if self._windows:
-            key = (key, tuple(w for w in self._windows if iteration in w))  # and which windows
-        calls = self._cache.get(key)
-        if calls is None:
 
-            def pick(hooks: list[tuple[Call, Interval]]) -> tuple[Call, ...]:
-                return tuple(fn for fn, n in hooks if n == 1 or (iteration in n if isinstance(n, range) else epoch_end or iteration % n == 0))
+        def pick(hooks: list[tuple[Call, Interval]]) -> tuple[Call, ...]:
+            return tuple(fn for fn, n in hooks if n == 1 or (iteration in n if isinstance(n, range) else epoch_end or iteration % n == 0))
 
-            calls = self._cache[key] = (pick(self._before), pick(self._after))
-        return calls
+        return pick(self._before), pick(self._after)
 
     def _next_after(self, iteration: int) -> float:
         nxt: float = min((iteration // n + 1) * n for n in self._gated) if self._gated else float("inf")
@@ -158,14 +150,6 @@ class HookList:
         if trainer is not None:
             for h in self._hooks:
                 n = h.train_iter_interval(trainer)
-                if n == 1 and callable(getattr(h, "idle_events", None)) and _ITER_EVENTS & set(h.idle_events(trainer)):  # type: ignore[attr-defined]
-                    warnings.warn(
-                        f"{type(h).__name__}.idle_events() is deprecated and will be removed: return 0 from train_iter_interval(trainer) "
-                        "instead (no per-iteration calls in this run). It is honoured this time.",
-                        DeprecationWarning,
-                        stacklevel=2,
-                    )
-                    n = 0
                 if isinstance(n, range):
                     if n and (n.start < 1 or n.step < 1):
                         raise ValueError(f"{type(h).__name__}.train_iter_interval() returned {n!r}: a window holds iteration numbers >= 1 in increasing order, e.g. range(11, 16)")
@@ -212,7 +196,4 @@ class HookList:
 
     def __len__(self) -> int:
         return len(self._hooks)
-
-
-_ITER_EVENTS = frozenset({"before_train_iter", "after_train_iter"})
 

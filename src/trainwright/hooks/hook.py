@@ -176,11 +176,11 @@ class Hook:
         return 1
 
     def every_n_iters(self, trainer: TrainerView, n: int) -> bool:
-        """True when the iteration just finished is a multiple of ``n`` (run-wide count)."""
+        """True when the iteration just finished is a multiple of ``n`` (run-wide count); mmcv's / early mmengine's helper, for ported hooks."""
         return n > 0 and trainer.progress.iteration % n == 0
 
     def every_n_epochs(self, trainer: TrainerView, n: int) -> bool:
-        """True when the epoch just finished is a multiple of ``n``."""
+        """True when the epoch just finished is a multiple of ``n``; mmengine's helper, for ported hooks."""
         return n > 0 and trainer.progress.epoch % n == 0
 
     def __repr__(self) -> str:

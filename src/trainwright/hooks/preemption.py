@@ -1,14 +1,11 @@
 """PreemptionHook: on SIGTERM / SIGUSR1, finish the step, save a checkpoint and exit.
 
-Clusters announce preemption with a signal some time before they kill the job (SLURM sends
-SIGTERM, or the signal given with ``--signal=USR1@90``; Kubernetes and spot instances send
-SIGTERM). The signal handler only records the signal and proposes a stop to the trainer's
-:class:`~trainwright.logging.agreement.Agreement`: one process stops after the current step;
-several stop together after the train loop's next agreement point (every
-``trainer.agreement.every`` iterations), the same iteration on every rank. A validation inside
-training is cut too. Then a checkpoint of that step is written
-(``trainer.checkpoints.save_now()``, with the checkpoint hook's naming and keep-k) and the process exits with
-:attr:`exit_code` (``128 + signal`` by default); ``resume=True`` continues from it.
+Clusters announce preemption with a signal before they kill the job (SLURM: SIGTERM or
+``--signal=USR1@90``; Kubernetes, spot instances: SIGTERM). The handler only proposes a stop
+to ``trainer.agreement``: one process stops after the current step, several together at the
+loop's next agreement point (the same iteration on every rank); a validation inside training
+is cut too. Then ``trainer.checkpoints.save_now()`` writes that step and the process exits
+with :attr:`exit_code` (``128 + signal`` by default); ``resume=True`` continues from it.
 """
 
 from __future__ import annotations

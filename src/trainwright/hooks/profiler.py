@@ -4,12 +4,9 @@ Pseudocode::
 
     train_iter_interval → range(first, last + 1)    # the dispatcher calls the hook only inside it
     before_train_iter(first):  prof = torch.profiler.profile(schedule=torch's schedule(wait, warmup, active, repeat)).start()
-    after_train_iter(i):       prof.step()          # records / saves as the schedule says
-                               i == last: prof.stop()
+    after_train_iter(i):       prof.step(); i == last: prof.stop()
     each recorded cycle → run_dir/profiler/trace_rank<r>_iter<a>-<b>.json (Chrome trace)
                           (+ run_dir/profiler/tensorboard/ for TensorBoard's profiler plugin)
-
-Outside the window the hook is never called: it costs nothing per iteration.
 """
 
 from __future__ import annotations

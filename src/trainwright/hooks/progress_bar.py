@@ -1,15 +1,11 @@
 """ProgressBarHook: a live progress bar on a terminal, plain log lines everywhere else.
 
 Decided once per run (``before_run``): on the main process, when the console log goes to a
-terminal (or ``enable=True``), a bar for training and one for each validation / test pass
-are drawn by rich's own thread; log lines, ``print()`` and warnings are printed above them.
-Elsewhere (CI, ``nohup``, SLURM logs, other ranks) nothing changes: the logger hook's lines
-at its interval. ``train.log`` never receives the bar (no carriage return, no escape code).
-
-Cost: the training bar reads ``trainer.progress`` when it is drawn, so no training
-iteration calls this hook; the loss and lr shown come with the logger hook's records (as a
-writer). Evaluation bars count iterations in ``after_val_iter`` / ``after_test_iter`` (an
-increment).
+terminal (or ``enable=True``), rich's own thread draws a bar for training and one per
+validation / test pass; log lines, ``print()`` and warnings are printed above them.
+Elsewhere (CI, ``nohup``, SLURM logs, other ranks) nothing changes, and ``train.log`` never
+receives the bar. The training bar reads ``trainer.progress`` when it is drawn (no training
+iteration calls this hook); loss and lr come with the logger hook's records.
 """
 
 from __future__ import annotations

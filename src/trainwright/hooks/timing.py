@@ -1,14 +1,10 @@
 """Per-hook timing: how long each hook spends in each event, measured on every call.
 
 :class:`HookTimer` wraps the bound methods of a :class:`~trainwright.hooks.dispatch.HookList`'s
-dispatch lists once, when the lists are built: the loops call the wrappers exactly as they
-would call the methods, so nothing in a loop changes and nothing is decided per step. A
-wrapper adds two ``time.perf_counter()`` reads and two additions to each hook call (about
-0.2 µs); a hook that is not called (not overridden, or not due at an iteration) costs
-nothing. With timing off (``Trainer(hook_timing=False)``) the lists hold the plain methods.
-
-Times are inclusive: a hook whose event triggers other hooks (a checkpoint written from
-``after_train_epoch`` runs the ``before_save_checkpoint`` hooks) counts their time too.
+dispatch lists once, when the lists are built; the loops call the wrappers as they would the
+methods. A hook that is not called (not overridden, or not due) is not timed. With timing off
+(``Trainer(hook_timing=False)``) the lists hold the plain methods. Times are inclusive: a hook
+whose event triggers other hooks (a checkpoint runs ``before_save_checkpoint``) counts theirs.
 """
 
 from __future__ import annotations

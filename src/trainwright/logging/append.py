@@ -1,17 +1,12 @@
-"""AppendFile: a log file that is appended to whole lines at a time, holds no descriptor, and never breaks training.
+"""AppendFile: a log file appended to whole lines at a time, holding no descriptor, never breaking training.
 
-``train.log`` and ``metrics.jsonl`` go through it. What it promises:
+``train.log`` and ``metrics.jsonl`` go through it:
 
-* **No torn lines.** Buffered text is written with one ``os.write`` per flush (looping on
-  short writes); if any part fails (the disk is full, the quota is exceeded), the file is
-  truncated back to its size before the flush, so it never ends in half a line.
-* **Failures are reported at once, and training goes on.** A failed flush warns
-  (``UserWarning``) with the path and the OS error; the lines of that flush are dropped (a
-  full disk would otherwise fill memory). When a later flush succeeds, one more warning
-  says how many lines were lost meanwhile.
-* **No descriptor is held between flushes.** The file is opened, appended and closed per
-  flush (at most once a second, see the writers), so no number of trainers in one process
-  can exhaust the descriptor limit.
+* **No torn lines.** One ``os.write`` per flush (looping on short writes); a failed flush
+  truncates the file back to its size before it.
+* **Failures warn, training goes on.** The lines of a failed flush (full disk, quota) are
+  dropped with a warning naming the path; the next good flush says how many were lost.
+* **No descriptor held.** Opened, appended and closed per flush.
 """
 
 from __future__ import annotations

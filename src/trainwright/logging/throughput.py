@@ -1,15 +1,12 @@
 """How many samples and tokens a batch holds: what the throughput fields of log records count.
 
-Read from the batch the loader yielded, at logging iterations only (never per step).
+Read from the loader's batch at logging iterations only.
 
-* **Samples** — a tensor: its first dimension; a dict: its ``"batch_size"`` entry if it is an
-  int, else its first value that is a tensor (first dimension) or a list / tuple (its length,
-  e.g. mmengine's ``{"inputs": [img, ...], "data_samples": [...]}``); a list / tuple: the
-  first dimension of its first tensor (``(inputs, targets)`` from the default collate), else
-  its length (a list of samples). Nothing found: no ``samples_per_s`` field.
-* **Tokens** — only when a dict batch says so: its ``"num_tokens"`` entry (a number or a
-  0-dim tensor), else the number of non-zero entries of its ``"attention_mask"`` (padding not
-  counted), else the number of elements of its ``"input_ids"``. Otherwise no ``tokens_per_s``.
+* **Samples** — a tensor: its first dimension; a dict: an int ``"batch_size"``, else its first
+  tensor (first dimension) or list / tuple value (length); a list / tuple: the first dimension
+  of its first tensor, else its length. Nothing found: no ``samples_per_s``.
+* **Tokens** — a dict's ``"num_tokens"`` (number or 0-dim tensor), else the non-zero entries of
+  ``"attention_mask"``, else the elements of ``"input_ids"``. Otherwise no ``tokens_per_s``.
 """
 
 from __future__ import annotations

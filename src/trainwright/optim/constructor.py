@@ -1,25 +1,11 @@
 """Optim-wrapper constructors: model + config → optimizer param groups → optim wrapper.
 
-:class:`DefaultOptimWrapperConstructor` is mmengine's ``DefaultOptimWrapperConstructor``:
-``paramwise_cfg`` gives per-parameter learning-rate / weight-decay multipliers by rule (bias,
-normalization, depthwise conv, 1-d, deformable-conv offsets) or by name (``custom_keys``).
-
-Pseudocode of :meth:`DefaultOptimWrapperConstructor.__call__`::
-
-    if no paramwise_cfg:  optimizer over model's trainable parameters (one group)
-    else:
-        for each module (prefix = its dotted name), each own trainable parameter:
-            options = custom_keys[longest key contained in f"{prefix}.{name}"]   # ties: alphabetical
-                      or the rules (bias → bias_lr_mult; norm → norm_decay_mult, elif bias →
-                      bias_decay_mult, elif depthwise conv → dwconv_decay_mult, elif 1-d → flat_decay_mult)
-        merge parameters with equal options into one group (first-appearance order)
-    optimizer = OPTIMIZERS.build(optimizer_cfg, params=groups); wrapper = OPTIM_WRAPPERS.build(...)
-
-mmengine makes one group per parameter; merging groups whose options are equal gives every
-parameter the same lr / weight decay and the same update (torch's optimizers update each
-parameter from its own group's options only), with a handful of groups instead of hundreds:
-the optimizer's per-group Python loop is the same for any model size. Pass
-``paramwise_cfg=dict(..., merge_groups=False)`` for mmengine's layout.
+:class:`DefaultOptimWrapperConstructor` is mmengine's: ``paramwise_cfg`` gives per-parameter
+lr / weight-decay multipliers by rule (bias, normalization, depthwise conv, 1-d,
+deformable-conv offsets) or by name (``custom_keys``, the longest contained key wins).
+Parameters with equal options are merged into one group (first-appearance order): the same
+update as mmengine's one group per parameter, with a handful of groups instead of hundreds.
+``paramwise_cfg=dict(..., merge_groups=False)`` gives mmengine's layout.
 """
 
 from __future__ import annotations

@@ -14,6 +14,7 @@ from trainwright.data.loader import build_dataloader, make_dataloader, make_resu
 from trainwright.loops.eval_loop import EvalLoop
 from trainwright.loops.train_loop import EpochBasedTrainLoop, IterBasedTrainLoop
 from trainwright.optim.builder import build_optim_wrapper, loop_precision
+from trainwright.optim.optim_wrapper_dict import optim_wrappers_of
 from trainwright.optim.scheduler.base import INF
 
 if TYPE_CHECKING:
@@ -74,7 +75,7 @@ def build_train(
     optim_wrapper = build_optim_wrapper(model, optim_cfg, precision, strategy.device.type)
     precision = loop_precision(optim_wrapper, precision)
     if skip_nonfinite:
-        for ow in optim_wrapper.values() if hasattr(optim_wrapper, "values") else [optim_wrapper]:
+        for ow in optim_wrappers_of(optim_wrapper).values():
             ow.skip_nonfinite = True
     loop: EpochBasedTrainLoop | IterBasedTrainLoop
     if by_epoch:
@@ -89,9 +90,8 @@ def build_train(
     if scheduler_cfg:
         from trainwright.optim.scheduler import build_param_schedulers
 
-        target = optim_wrapper.optim_wrappers if hasattr(optim_wrapper, "optim_wrappers") else optim_wrapper
         schedulers = build_param_schedulers(
-            scheduler_cfg, target, epoch_length=len(loader),
+            scheduler_cfg, optim_wrapper, epoch_length=len(loader),
             max_epochs=getattr(loop, "max_epochs", None), max_iters=None if loop.by_epoch else loop.max_iters,
         )
         if not loop.by_epoch:

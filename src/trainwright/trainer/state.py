@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING, Any, cast
 import torch
 
 from trainwright.checkpoint import Stateful
+from trainwright.optim.optim_wrapper_dict import optim_wrappers_of
 from trainwright.version import __version__
 
 if TYPE_CHECKING:
@@ -39,25 +40,16 @@ def _scheduler_states(schedulers: Any) -> Any:
     return [s.state_dict() for s in schedulers or []]
 
 
-def _check_scheduler_states(schedulers: Any, states: Any) -> None:
+def _scheduler_pairs(schedulers: Any, states: Any) -> list[tuple[Any, Any]]:
+    """``(scheduler, its saved state)`` of every scheduler; a ValueError when the checkpoint holds other schedulers."""
     if isinstance(schedulers, dict):
         if not isinstance(states, Mapping) or set(states) != set(schedulers):
             raise ValueError(f"Checkpoint param schedulers {sorted(states) if isinstance(states, Mapping) else type(states).__name__} do not match the trainer's {sorted(schedulers)}; resume with the same param_scheduler config")
-        for k, v in schedulers.items():
-            _check_scheduler_states(v, states[k])
-        return
+        return [pair for k, v in schedulers.items() for pair in _scheduler_pairs(v, states[k])]
     schedulers = schedulers or []
     if len(states) != len(schedulers):
         raise ValueError(f"Checkpoint holds {len(states)} param schedulers but the trainer has {len(schedulers)}; resume with the same param_scheduler config")
-
-
-def _load_scheduler_states(schedulers: Any, states: Any) -> None:
-    if isinstance(schedulers, dict):
-        for k, v in schedulers.items():
-            _load_scheduler_states(v, states[k])
-        return
-    for s, st in zip(schedulers or [], states):
-        s.load_state_dict(st)
+    return list(zip(schedulers, states))
 
 
 def _check_model(own: Mapping[str, Any], state: Mapping[str, Any]) -> None:
@@ -95,11 +87,6 @@ class ModelState:
         self.strategy.load_model_state_dict(state, strict=True)
 
 
-def _wrappers(optim_wrapper: Any) -> dict[str, Any]:
-    """``{name: OptimWrapper}`` of an OptimWrapperDict, ``{"": wrapper}`` of a single wrapper."""
-    return dict(optim_wrapper.optim_wrappers) if hasattr(optim_wrapper, "optim_wrappers") else {"": optim_wrapper}
-
-
 class OptimState:
     """The optim wrapper(s), through the strategy; the saved state names each optimizer's class.
 
@@ -114,7 +101,7 @@ class OptimState:
 
     def state_dict(self) -> dict[str, Any]:  # noqa: D102
         state = dict(self.strategy.optim_state_dict(self.optim_wrapper))
-        for name, ow in _wrappers(self.optim_wrapper).items():
+        for name, ow in optim_wrappers_of(self.optim_wrapper).items():
             if name:
                 state[name] = {**state[name], "optimizer_class": type(ow.optimizer).__name__}
             else:
@@ -122,7 +109,7 @@ class OptimState:
         return state
 
     def check_state_dict(self, state: Mapping[str, Any]) -> None:  # noqa: D102
-        for name, ow in _wrappers(self.optim_wrapper).items():
+        for name, ow in optim_wrappers_of(self.optim_wrapper).items():
             where = f"optim_wrapper {name!r}" if name else "optimizer"
             saved = state.get(name) if name else state
             if not isinstance(saved, Mapping):
@@ -152,10 +139,11 @@ class SchedulerState:
         return _scheduler_states(self.schedulers)
 
     def check_state_dict(self, state: Any) -> None:  # noqa: D102
-        _check_scheduler_states(self.schedulers, state)
+        _scheduler_pairs(self.schedulers, state)
 
     def load_state_dict(self, state: Any) -> None:  # noqa: D102
-        _load_scheduler_states(self.schedulers, state)
+        for scheduler, saved in _scheduler_pairs(self.schedulers, state):
+            scheduler.load_state_dict(saved)
 
 
 class DataOrderState:
@@ -179,8 +167,8 @@ class DataOrderState:
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:  # noqa: D102
         p = self.progress
-        saved, now = state.get("shape"), self.loader.shape()
-        if p.iter_in_epoch and isinstance(saved, Mapping) and dict(saved) != now:
+        saved, now = state["shape"], self.loader.shape()
+        if p.iter_in_epoch and dict(saved) != now:
             differ = {k: (saved.get(k), v) for k, v in now.items() if saved.get(k) != v}
             warnings.warn(
                 f"Resuming in the middle of epoch {p.epoch + 1} (after batch {p.iter_in_epoch}) with a train_dataloader of another shape: "
@@ -189,7 +177,7 @@ class DataOrderState:
                 "Resume with the same batch_size, dataset, drop_last and number of processes, or from a checkpoint at an epoch end.",
                 stacklevel=3,
             )
-        self.loader.load_state_dict({"epoch": p.epoch, "position": p.iter_in_epoch, "seed": state.get("seed", self.loader.seed)})
+        self.loader.load_state_dict({"epoch": p.epoch, "position": p.iter_in_epoch, "seed": state["seed"]})
 
 
 class HookStates:

@@ -1,15 +1,11 @@
 """The parameter-scheduler base class: a chainable, windowed, resumable value schedule.
 
-A parameter scheduler changes one hyper-parameter (``lr``, ``momentum``, ``weight_decay``…)
-in every param group of an optimizer, one *unit* per :meth:`ParamScheduler.step` call. A unit
-is an epoch when ``by_epoch=True`` and an iteration otherwise; the caller (the param-scheduler
-hook) decides when to call ``step``. Schedules follow mmengine's semantics:
-
-* Each scheduler acts only inside its window ``begin <= global step < end``; outside it the
-  value is left alone, so several schedulers can be placed one after another.
-* Values are computed in *chainable* (recursive) form from the value currently in the param
-  group, so schedulers whose windows overlap compose multiplicatively (e.g. a linear warmup
-  over iterations on top of a cosine decay over epochs).
+A scheduler changes one hyper-parameter (``lr``, ``momentum``, ``weight_decay``…) in every
+param group, one *unit* (an epoch when ``by_epoch=True``, else an iteration) per
+:meth:`ParamScheduler.step`; the param-scheduler hook decides when to step. As in mmengine,
+each acts only inside its window ``begin <= global step < end``, and values are computed in
+chainable form from the current value, so overlapping schedulers compose multiplicatively
+(e.g. a linear warmup over iterations on top of a cosine decay over epochs).
 """
 
 from __future__ import annotations

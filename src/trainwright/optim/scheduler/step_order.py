@@ -1,16 +1,11 @@
 """Misuse warnings for hand-written loops, as torch and mmengine give them.
 
-Two mistakes make a schedule silently wrong: calling ``scheduler.step()`` before the first
-``optimizer.step()`` (the step-0 value is never used), and replacing ``optimizer.step``
-after the scheduler was built (so nothing can tell the order any more). torch wraps
-``optimizer.step`` to notice them, which costs a Python call on every optimizer step.
-
-Here a :class:`StepOrderWatch` registers one step post-hook on the torch optimizer; the
-check runs once, at the scheduler's first :meth:`~ParamScheduler.step` after its
-construction, and removes the hook. Nothing remains on any later step. The param-scheduler
-hook turns the check off before training: the trainer orders the calls itself, and a run may
-legitimately step a scheduler before the optimizer's first real step (gradient accumulation,
-an fp16 step skipped for an overflow).
+Two mistakes make a schedule silently wrong: ``scheduler.step()`` before the first
+``optimizer.step()``, and replacing ``optimizer.step`` after the scheduler was built. A
+:class:`StepOrderWatch` registers one step post-hook on the torch optimizer; the check runs
+once, at the scheduler's first :meth:`~ParamScheduler.step`, and removes the hook. The
+param-scheduler hook turns the check off before training (the trainer orders the calls, and
+may step a scheduler before the first real optimizer step: accumulation, a skipped fp16 step).
 """
 
 from __future__ import annotations
