@@ -17,6 +17,7 @@ from trainwright.evaluation.metric import Metric
 from trainwright.hooks.dispatch import HookList
 from trainwright.hooks.ema import EMAHook
 from trainwright.hooks.hook import Hook
+from trainwright.loops.context import LoopContext
 from trainwright.loops.eval_loop import EvalLoop
 from trainwright.utils.progress import Progress
 from trainwright.model.base_model import BaseModel
@@ -57,8 +58,9 @@ def _trainer(*hooks: Hook, seed: int = 0) -> types.SimpleNamespace:
     t.optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
     t.train_loader = DataLoader(_data(1), batch_size=4)
     t.train_loop = types.SimpleNamespace(by_epoch=True, dataloader=t.train_loader, max_iters=600, max_epochs=100)
-    t.val_loop = EvalLoop(t, DataLoader(_data(2), batch_size=5), Evaluator(MSE()), mode="val")
-    t.test_loop = EvalLoop(t, DataLoader(_data(3), batch_size=5), Evaluator(MSE()), mode="test")
+    t.val_loop = EvalLoop(DataLoader(_data(2), batch_size=5), Evaluator(MSE()), mode="val")
+    t.test_loop = EvalLoop(DataLoader(_data(3), batch_size=5), Evaluator(MSE()), mode="test")
+    t.ctx = LoopContext(view=t, model=model, hooks=t.hooks, progress=t.progress, logger=t.logger)
     return t
 
 
@@ -165,7 +167,7 @@ def test_evaluates_the_average_then_restores_training_weights(mode: str) -> None
     ref, training = _train_beside_reference(t, hook, 0.3)
     loop = t.val_loop if mode == "val" else t.test_loop
 
-    metrics = loop.run()
+    metrics = loop.run(t.ctx)
 
     for seen in probe.seen:
         for k, v in ref.avg.items():
@@ -182,7 +184,7 @@ def test_evaluate_on_both_reports_training_weights_too() -> None:
     t = _trainer(hook)
     ref, training = _train_beside_reference(t, hook, 0.3)
 
-    metrics = t.val_loop.run()
+    metrics = t.val_loop.run(t.ctx)
 
     assert set(metrics) == {"val/mse", "val/raw/mse"}
     assert metrics["val/mse"] == pytest.approx(_mse_with(ref.avg, t.val_loop), rel=1e-5)
@@ -196,7 +198,7 @@ def test_before_averaging_starts_the_model_itself_is_evaluated(evaluate_on: str)
     t = _trainer(hook)
     hook.before_train(t)
     _train(t, 3)
-    metrics = t.val_loop.run()
+    metrics = t.val_loop.run(t.ctx)
     expected = _mse_with(_weights(t.model), t.val_loop)
     assert metrics["val/mse"] == pytest.approx(expected, rel=1e-5)
     if evaluate_on == "both":
@@ -257,7 +259,7 @@ def test_loaded_average_is_used_for_evaluation_without_training() -> None:
     fresh = EMAHook(momentum=0.3)
     v = _trainer(fresh, seed=5)
     fresh.load_state_dict(state)
-    metrics = v.val_loop.run()  # no before_train: a standalone validation
+    metrics = v.val_loop.run(v.ctx)  # no before_train: a standalone validation
     assert metrics["val/mse"] == pytest.approx(_mse_with(averaged, v.val_loop), rel=1e-5)
 
 

@@ -87,7 +87,7 @@ class LoggerHook(Hook):
         # Lines are due at least every flush_every iterations (see after_train_iter), written at the latest at the
         # next agreement point: the values of the oldest held line's interval are still in the store's buffers then.
         store = trainer.metric_store
-        store.keep_history(store.flush_every + trainer.agreement.every + 2 * self.interval)
+        store.keep_history(store.flush_every + store.agreement.every + 2 * self.interval)
         trainer.log_lines.start(trainer.progress.iteration)
 
     def train_iter_interval(self, trainer: TrainerView) -> int:  # noqa: D102
@@ -111,10 +111,10 @@ class LoggerHook(Hook):
             ))
             self._line_iter = it
             if time.perf_counter() - lines.last_write >= self.flush_secs or it - lines.written_to >= trainer.metric_store.flush_every:
-                if trainer.agreement.local:
+                if trainer.metric_store.agreement.local:
                     self.write_pending(trainer)
                 else:
-                    trainer.agreement.propose_write()
+                    trainer.metric_store.agreement.propose_write()
 
     def after_train_epoch(self, trainer: TrainerView) -> None:  # noqa: D102
         self.write_pending(trainer)  # the loop flushed the store: the epoch's last lines go out now
@@ -147,5 +147,5 @@ class LoggerHook(Hook):
         self.write_pending(trainer)  # pending training lines first, in order
         p = trainer.progress
         record = {"mode": mode, "epoch": p.epoch, "iter": p.iteration, **{k: float(v) for k, v in metrics.items()}}
-        for w in trainer.writers:
+        for w in trainer.log_lines.writers:
             w.write_eval(record)

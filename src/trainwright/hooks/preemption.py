@@ -101,7 +101,7 @@ class PreemptionHook(Hook):
         self._interval = self.check_interval or 10
         self._in_train = True
         self._trainer_ref = weakref.ref(trainer) if trainer.strategy.world_size == 1 else None
-        self._agreement = trainer.agreement
+        self._agreement = trainer.metric_store.agreement
         self._agreement.reset()
         self.install()
 

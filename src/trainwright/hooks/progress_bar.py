@@ -117,14 +117,14 @@ class ProgressBarHook(Hook):
 
         self._train_task = bar.add_source(source, total)
         self._writer = _BarWriter(bar, self._train_task)
-        trainer.writers.append(self._writer)  # the logger hook's records bring the loss and lr
+        trainer.log_lines.writers.append(self._writer)  # the logger hook's records bring the loss and lr
 
     def after_train(self, trainer: TrainerView) -> None:  # noqa: D102
         self._drop_writer(trainer)
 
     def _drop_writer(self, trainer: TrainerView) -> None:
-        if self._writer is not None and self._writer in trainer.writers:
-            trainer.writers.remove(self._writer)
+        if self._writer is not None and self._writer in trainer.log_lines.writers:
+            trainer.log_lines.writers.remove(self._writer)
         self._writer = None
 
     # -- validation and test --------------------------------------------------------------

@@ -1,4 +1,4 @@
-"""TrainerView: the narrow view of the trainer that hooks (and loops) are typed against.
+"""TrainerView: the narrow view of the trainer that hooks are typed against.
 
 Hooks receive the trainer as an argument at every event. They are typed against this
 Protocol rather than the ``Trainer`` class, so the hooks layer does not depend on the
@@ -10,18 +10,14 @@ passed as a view).
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
 
 from trainwright.checkpoint.manager import CheckpointManager
 
 if TYPE_CHECKING:
-    from trainwright.hooks.dispatch import HookList
-    from trainwright.logging.agreement import Agreement
     from trainwright.logging.lines import PendingLines
     from trainwright.logging.metric_store import MetricStore
-    from trainwright.logging.writers import Writer
     from trainwright.strategies.base import Strategy
     from trainwright.utils.progress import Progress
 
@@ -50,23 +46,21 @@ class EvalLoopView(Protocol):
 
 
 class TrainerView(Protocol):
-    """The trainer as hooks see it: state, collaborators and the few requests a hook may make.
+    """The trainer as hooks see it: state, the objects that hold it, and the few requests a hook may make.
 
     Attributes:
         progress: Epoch, iteration and position in the epoch (the one source of the position).
         should_stop: Set to True to end training after the current iteration.
         preempted: True once a stop signal ended training (set by the preemption hook).
         logger: The run's logger (rank-aware).
-        metric_store: Owner of every logged number.
-        agreement: The stop / NaN / write decisions every process takes together.
-        log_lines: Training log lines held for batched writing.
+        metric_store: Owner of every logged number; its ``agreement`` holds the stop / NaN / write
+            decisions every process takes together.
+        log_lines: Training log lines held for batched writing; its ``writers`` are where records
+            go (empty on every process but rank 0).
         strategy: Devices, processes, collectives and checkpoint I/O.
         optim_wrapper: The OptimWrapper (or OptimWrapperDict) of the run.
         param_schedulers: The parameter schedulers (list, or dict per optimizer).
-        hooks: The hook list.
-        work_dir: The run's work directory.
         run_dir: This run's folder (``work_dir/<experiment_name>``: log, metrics, traces).
-        writers: Where records go (empty on every process but rank 0).
         checkpoints: Saving, naming, ``latest``, keep-k, save-now requests and restore.
     """
 
@@ -75,15 +69,11 @@ class TrainerView(Protocol):
     preempted: bool
     logger: logging.Logger
     metric_store: MetricStore
-    agreement: Agreement
     log_lines: PendingLines
     strategy: Strategy
     optim_wrapper: Any
     param_schedulers: Any
-    hooks: HookList
-    work_dir: Path
     run_dir: Path
-    writers: list[Writer]
     checkpoints: CheckpointManager
 
     @property

@@ -13,50 +13,51 @@ import torch
 from trainwright.checkpoint.rng import get_rng_state, set_rng_state
 
 if TYPE_CHECKING:
-    from trainwright.trainer.trainer import Trainer
+    from trainwright.loops.context import LoopContext
 
 
 class EvalLoop:
     """Runs ``model.val_step`` (or ``test_step``) over a loader and evaluates.
 
     Args:
-        trainer: The trainer (hooks, model, strategy, logger).
         dataloader: Any iterable of batches (a DataLoader).
         evaluator: An :class:`~trainwright.evaluation.Evaluator`, or None (only losses /
             hooks run, metrics are empty).
         mode: ``"val"`` or ``"test"``; metric keys are prefixed ``"<mode>/"``.
-        autocast: Run under the training precision's autocast (mixed precision only).
+        autocast: Run under the context's ``precision.autocast()`` (mixed precision only).
     """
 
-    def __init__(self, trainer: Trainer, dataloader: Any, evaluator: Any = None, mode: str = "val", autocast: bool = False) -> None:
+    #: The context of the current (or last) run, set by :meth:`run` (the Trainer sets it at the start of every run).
+    ctx: LoopContext | None = None
+
+    def __init__(self, dataloader: Any, evaluator: Any = None, mode: str = "val", autocast: bool = False) -> None:
         if mode not in ("val", "test"):
             raise ValueError(f"mode must be 'val' or 'test', got {mode!r}")
-        self.trainer = trainer
         self.dataloader = dataloader
         self.evaluator = evaluator
         self.mode = mode
         self.autocast = autocast
         self._warned_no_evaluator = False
 
-    def run(self) -> dict[str, float]:
+    def run(self, ctx: LoopContext) -> dict[str, float]:
         """One pass; returns the metrics (keys like ``"val/acc"``) and hands them to hooks.
 
-        A stop request (``trainer.should_stop``: preemption, or a hook) ends the pass at the
+        A stop request (``ctx.view.should_stop``: preemption, or a hook) ends the pass at the
         next batch; then there are no metrics: ``after_<mode>_epoch`` gets ``None`` (hooks
         still clean up, e.g. EMA swaps the training weights back), ``after_<mode>`` runs (a
         checkpoint due at this point is written) and ``{}`` is returned.
         """
-        t = self.trainer
-        m = self.mode
-        t.hooks.call(f"before_{m}", t)
-        t.hooks.call(f"before_{m}_epoch", t)
-        model = t.model
+        self.ctx = ctx
+        view, hooks, m = ctx.view, ctx.hooks, self.mode
+        hooks.call(f"before_{m}", view)
+        hooks.call(f"before_{m}_epoch", view)
+        model = ctx.model
         was_training = model.training
         model.eval()
         raw = self.run_pass()
         metrics = None if raw is None else {f"{m}/{k}": v for k, v in raw.items()}
-        t.hooks.call(f"after_{m}_epoch", t, metrics)
-        t.hooks.call(f"after_{m}", t)
+        hooks.call(f"after_{m}_epoch", view, metrics)
+        hooks.call(f"after_{m}", view)
         model.train(was_training)
         return metrics or {}
 
@@ -67,26 +68,28 @@ class EvalLoop:
         model a second time from inside an epoch event uses that). Returns None when a stop
         request ended the pass early (the partial results are dropped).
         """
-        t = self.trainer
-        m = self.mode
-        step: Callable[[Any], Any] = getattr(t.model, f"{m}_step")
-        before, after = (t.hooks.calls[f"before_{m}_iter"], t.hooks.calls[f"after_{m}_iter"]) if with_hooks else ((), ())
-        ctx = t.precision.autocast() if self.autocast else contextlib.nullcontext()
+        ctx = self.ctx
+        if ctx is None:
+            raise RuntimeError(f"{type(self).__name__}.run_pass() needs a run's context: call run(ctx) first, or run_pass from a hook during a run")
+        view, m = ctx.view, self.mode
+        step: Callable[[Any], Any] = getattr(ctx.model, f"{m}_step")
+        before, after = (ctx.hooks.calls[f"before_{m}_iter"], ctx.hooks.calls[f"after_{m}_iter"]) if with_hooks else ((), ())
+        autocast = ctx.precision.autocast() if self.autocast else contextlib.nullcontext()
         n = 0
         cut = False
         rng = get_rng_state()
         try:
-            with torch.no_grad(), ctx:
+            with torch.no_grad(), autocast:
                 for idx, batch in enumerate(self.dataloader):
                     for fn in before:
-                        fn(t, idx, batch)
+                        fn(view, idx, batch)
                     outputs = step(batch)
                     if self.evaluator is not None:
                         self.evaluator.process(batch, outputs)
                     for fn in after:
-                        fn(t, idx, batch, outputs)
+                        fn(view, idx, batch, outputs)
                     n += 1
-                    if t.should_stop:  # a stop request (preemption) ends the pass here, on every rank at the same batch
+                    if view.should_stop:  # a stop request (preemption) ends the pass here, on every rank at the same batch
                         cut = True
                         break
         finally:
@@ -97,7 +100,7 @@ class EvalLoop:
         if cut:
             if self.evaluator is not None:
                 self.evaluator.reset()
-            t.logger.warning(f"{m} stopped after batch {n} by a stop request (trainer.should_stop, e.g. preemption): this pass has no metrics")
+            ctx.logger.warning(f"{m} stopped after batch {n} by a stop request (trainer.should_stop, e.g. preemption): this pass has no metrics")
             return None
         if n == 0:
             raise ValueError(f"{m}_dataloader is empty (0 batches); check its dataset and batch_size")

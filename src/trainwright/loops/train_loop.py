@@ -3,11 +3,11 @@
 Pseudocode of one iteration (both loops)::
 
     t_start = perf_counter()
-    for hook in due before_train_iter: hook(trainer, idx, batch)
+    for hook in due before_train_iter: hook(view, idx, batch)
     outputs = model.train_step(batch, optim_wrapper)   # forward, backward, maybe step
     progress.iteration += 1; progress.iter_in_epoch += 1
     record((progress.iteration, outputs, t_start, perf_counter()))   # tensors, no sync
-    for hook in due after_train_iter: hook(trainer, idx, batch, outputs)
+    for hook in due after_train_iter: hook(view, idx, batch, outputs)
     (every metric_store.flush_every iterations - several processes: every agreement.every -,
      after the hooks: metric_store.flush(), the agreed decisions applied)
 
@@ -20,7 +20,8 @@ Hooks that declare an interval (``Hook.train_iter_interval``, e.g. the logger's 
 iteration's ``before_train_iter`` / ``after_train_iter`` only at multiples of it, at an
 epoch's last batch and at the run's last iteration (``hooks.schedule``: one comparison per step).
 
-The loops know nothing of devices or processes; the hook lists are precomputed.
+The loops know nothing of devices or processes; the hook lists are precomputed. What they
+use comes in the :class:`~trainwright.loops.context.LoopContext` given to ``run(ctx)``.
 """
 
 from __future__ import annotations
@@ -30,15 +31,17 @@ from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from trainwright.data.loader import ResumableLoader
-    from trainwright.trainer.trainer import Trainer
+    from trainwright.loops.context import LoopContext
 
 
 class _TrainLoopBase:
     """Shared parts of the two train loops."""
 
     by_epoch: bool
+    #: The context of the current (or last) run, set by ``run(ctx)``; :meth:`val_due` reads it.
+    ctx: LoopContext | None = None
 
-    def __init__(self, trainer: Trainer, dataloader: ResumableLoader, val_begin: int = 1, val_interval: int = 1, gather_metric_period: int = 1) -> None:
+    def __init__(self, dataloader: ResumableLoader, val_begin: int = 1, val_interval: int = 1, gather_metric_period: int = 1) -> None:
         if len(dataloader) == 0:
             raise ValueError(
                 "train_dataloader is empty (0 batches): check the dataset length, and that batch_size <= len(dataset) when drop_last=True"
@@ -47,7 +50,6 @@ class _TrainLoopBase:
             raise ValueError(f"val_interval must be >= 1, got {val_interval}")
         if not isinstance(gather_metric_period, int) or gather_metric_period < 1:
             raise ValueError(f"train_cfg gather_metric_period must be an int >= 1 (record step outputs every N iterations), got {gather_metric_period!r}")
-        self.trainer = trainer
         self.dataloader = dataloader
         self.val_begin = val_begin
         self.val_interval = val_interval
@@ -63,15 +65,26 @@ class _TrainLoopBase:
         """Whether validation runs right after the current iteration's / epoch's hooks."""
         raise NotImplementedError
 
-    def _periodic(self) -> list[tuple[Any, range]]:
+    def _start(self, ctx: LoopContext) -> None:
+        """``before_train``, then the hooks' per-iteration schedule for this run."""
+        self.ctx = ctx
+        ctx.hooks.call("before_train", ctx.view)
+        ctx.hooks.refresh(ctx.view, self.max_iters, self._periodic(ctx))
+
+    def _finish(self, ctx: LoopContext) -> None:
+        """The schedule back to every event, then ``after_train``."""
+        ctx.hooks.refresh(None)
+        ctx.hooks.call("after_train", ctx.view)
+
+    def _periodic(self, ctx: LoopContext) -> list[tuple[Any, range]]:
         """The loop's own work on the hooks' schedule: the metric store's flush, where the agreed decisions are applied.
 
         One process: every ``flush_every``-th iteration (bounds the store's memory). Several:
         every ``agreement.every``-th, an agreement point (one collective: the numbers, a NaN -
         raised here on every process -, a stop, writing the held log lines).
         """
-        t = self.trainer
-        store, agreement = t.metric_store, t.agreement
+        store = ctx.metric_store
+        agreement = store.agreement
 
         def flush_store(trainer: Any, batch_idx: int, data_batch: Any, outputs: Any) -> None:
             store.flush(agree=True)
@@ -83,20 +96,18 @@ class _TrainLoopBase:
         n = store.flush_every if agreement.local else agreement.every
         return [(flush_store, range(n, self.max_iters + 1, n))]
 
-    def _run_iters(self, batches: Any, limit: int | None, val_every_iter: bool) -> bool:
-        """Run iterations over ``batches``; return True if stopped early (stop request / limit)."""
-        t = self.trainer
-        progress = t.progress
-        model = t.model
-        ow = t.optim_wrapper
-        hooks = t.hooks
-        schedule = hooks.schedule
+    def _run_iters(self, ctx: LoopContext, limit: int | None, val_every_iter: bool) -> bool:
+        """Run iterations over the loader; return True if stopped early (stop request / limit)."""
+        view = ctx.view
+        progress = ctx.progress
+        ow = ctx.optim_wrapper
+        schedule = ctx.hooks.schedule
         before_every, after_every = schedule.before_every, schedule.after_every
         last = len(self.dataloader) - 1
-        train_step: Any = model.train_step
-        record = t.metric_store.recorder(self.gather_metric_period)  # the store's list append when it is 1
-        validate = val_every_iter and t.val_loop is not None
-        for batch in batches:
+        train_step: Any = ctx.model.train_step
+        record = ctx.metric_store.recorder(self.gather_metric_period)  # the store's list append when it is 1
+        validate = ctx.validate if val_every_iter else None
+        for batch in self.dataloader:
             t_start = _clock()
             idx = progress.iter_in_epoch
             it = progress.iteration + 1
@@ -105,16 +116,16 @@ class _TrainLoopBase:
             else:
                 before, after = before_every, after_every
             for fn in before:
-                fn(t, idx, batch)
+                fn(view, idx, batch)
             outputs = train_step(batch, ow)
             progress.iteration = it
             progress.iter_in_epoch = idx + 1
             record((it, outputs, t_start, _clock()))  # tensors stay tensors; the schedule flushes the store every flush_every
             for fn in after:
-                fn(t, idx, batch, outputs)
-            if validate and self.val_due():
-                self.trainer.val_loop.run()  # type: ignore[union-attr]
-            if t.should_stop or (limit is not None and progress.iteration >= limit):
+                fn(view, idx, batch, outputs)
+            if validate is not None and self.val_due():
+                validate()
+            if view.should_stop or (limit is not None and progress.iteration >= limit):
                 return True
         return False
 
@@ -128,8 +139,8 @@ class EpochBasedTrainLoop(_TrainLoopBase):
 
     by_epoch = True
 
-    def __init__(self, trainer: Trainer, dataloader: ResumableLoader, max_epochs: int, val_begin: int = 1, val_interval: int = 1, gather_metric_period: int = 1) -> None:
-        super().__init__(trainer, dataloader, val_begin, val_interval, gather_metric_period)
+    def __init__(self, dataloader: ResumableLoader, max_epochs: int, val_begin: int = 1, val_interval: int = 1, gather_metric_period: int = 1) -> None:
+        super().__init__(dataloader, val_begin, val_interval, gather_metric_period)
         if not isinstance(max_epochs, int) or max_epochs < 1:
             raise ValueError(f"train_cfg max_epochs must be an int >= 1, got {max_epochs!r}")
         self.max_epochs = max_epochs
@@ -141,39 +152,38 @@ class EpochBasedTrainLoop(_TrainLoopBase):
 
     def val_due(self) -> bool:
         """After an epoch: every ``val_interval`` epochs from ``val_begin``, and after the last."""
-        t = self.trainer
-        e = t.progress.epoch
-        return t.val_loop is not None and not t.should_stop and e >= self.val_begin and (e % self.val_interval == 0 or e == self.max_epochs)
+        ctx = self.ctx
+        if ctx is None or ctx.validate is None or ctx.view.should_stop:
+            return False
+        e = ctx.progress.epoch
+        return e >= self.val_begin and (e % self.val_interval == 0 or e == self.max_epochs)
 
-    def run(self) -> None:
+    def run(self, ctx: LoopContext) -> None:
         """Run the remaining epochs (after a resume: from the saved position)."""
-        t = self.trainer
-        t.hooks.call("before_train", t)
-        t.hooks.refresh(t, self.max_iters, self._periodic())
-        while t.progress.epoch < self.max_epochs and not t.should_stop:
-            self.run_epoch()
-            if t.should_stop:
+        self._start(ctx)
+        view = ctx.view
+        while ctx.progress.epoch < self.max_epochs and not view.should_stop:
+            self.run_epoch(ctx)
+            if view.should_stop:
                 break
-            if self.val_due():
-                self.trainer.val_loop.run()  # type: ignore[union-attr]
-        t.metric_store.flush()
-        t.hooks.refresh(None)
-        t.hooks.call("after_train", t)
+            if ctx.validate is not None and self.val_due():
+                ctx.validate()
+        ctx.metric_store.flush()
+        self._finish(ctx)
 
-    def run_epoch(self) -> None:
+    def run_epoch(self, ctx: LoopContext) -> None:
         """One epoch (or what is left of it after a mid-epoch resume)."""
-        t = self.trainer
-        progress = t.progress
-        t.hooks.call("before_train_epoch", t)
-        t.model.train()
-        t.optim_wrapper.initialize_count_status(t.model, progress.iter_in_epoch, len(self.dataloader))
-        stopped = self._run_iters(self.dataloader, None, False)
+        progress = ctx.progress
+        ctx.hooks.call("before_train_epoch", ctx.view)
+        ctx.model.train()
+        ctx.optim_wrapper.initialize_count_status(ctx.model, progress.iter_in_epoch, len(self.dataloader))
+        stopped = self._run_iters(ctx, None, False)
         if stopped and progress.iter_in_epoch < len(self.dataloader):
             return
         progress.epoch += 1
         progress.iter_in_epoch = 0
-        t.metric_store.flush()
-        t.hooks.call("after_train_epoch", t)
+        ctx.metric_store.flush()
+        ctx.hooks.call("after_train_epoch", ctx.view)
 
 
 class IterBasedTrainLoop(_TrainLoopBase):
@@ -186,8 +196,8 @@ class IterBasedTrainLoop(_TrainLoopBase):
 
     by_epoch = False
 
-    def __init__(self, trainer: Trainer, dataloader: ResumableLoader, max_iters: int, val_begin: int = 1, val_interval: int = 1000, gather_metric_period: int = 1) -> None:
-        super().__init__(trainer, dataloader, val_begin, val_interval, gather_metric_period)
+    def __init__(self, dataloader: ResumableLoader, max_iters: int, val_begin: int = 1, val_interval: int = 1000, gather_metric_period: int = 1) -> None:
+        super().__init__(dataloader, val_begin, val_interval, gather_metric_period)
         if not isinstance(max_iters, int) or max_iters < 1:
             raise ValueError(f"train_cfg max_iters must be an int >= 1, got {max_iters!r}")
         self._max_iters = max_iters
@@ -199,24 +209,23 @@ class IterBasedTrainLoop(_TrainLoopBase):
 
     def val_due(self) -> bool:
         """After an iteration: every ``val_interval`` iterations from ``val_begin``, and at ``max_iters``."""
-        t = self.trainer
-        it = t.progress.iteration
-        return t.val_loop is not None and not t.should_stop and it >= self.val_begin and (it % self.val_interval == 0 or it == self._max_iters)
+        ctx = self.ctx
+        if ctx is None or ctx.validate is None or ctx.view.should_stop:
+            return False
+        it = ctx.progress.iteration
+        return it >= self.val_begin and (it % self.val_interval == 0 or it == self._max_iters)
 
-    def run(self) -> None:
+    def run(self, ctx: LoopContext) -> None:
         """Run until ``max_iters`` (after a resume: the remaining ones)."""
-        t = self.trainer
-        progress = t.progress
-        t.hooks.call("before_train", t)
-        t.hooks.refresh(t, self.max_iters, self._periodic())
-        t.hooks.call("before_train_epoch", t)
-        t.model.train()
-        t.optim_wrapper.initialize_count_status(t.model, progress.iteration, self._max_iters)
-        while progress.iteration < self._max_iters and not t.should_stop:
-            if not self._run_iters(self.dataloader, self._max_iters, t.val_loop is not None):
+        self._start(ctx)
+        view, progress = ctx.view, ctx.progress
+        ctx.hooks.call("before_train_epoch", view)
+        ctx.model.train()
+        ctx.optim_wrapper.initialize_count_status(ctx.model, progress.iteration, self._max_iters)
+        while progress.iteration < self._max_iters and not view.should_stop:
+            if not self._run_iters(ctx, self._max_iters, ctx.validate is not None):
                 progress.epoch += 1  # a pass over the data ended (the loader closed its epoch too)
                 progress.iter_in_epoch = 0
-        t.metric_store.flush()
-        t.hooks.call("after_train_epoch", t)
-        t.hooks.refresh(None)
-        t.hooks.call("after_train", t)
+        ctx.metric_store.flush()
+        ctx.hooks.call("after_train_epoch", view)
+        self._finish(ctx)

@@ -81,11 +81,11 @@ def build_train(
     if by_epoch:
         if "max_epochs" not in cfg:
             raise KeyError("train_cfg with by_epoch=True needs max_epochs, e.g. train_cfg=dict(by_epoch=True, max_epochs=10)")
-        loop = EpochBasedTrainLoop(trainer, loader, **cfg)
+        loop = EpochBasedTrainLoop(loader, **cfg)
     else:
         if "max_iters" not in cfg:
             raise KeyError("train_cfg with by_epoch=False needs max_iters, e.g. train_cfg=dict(by_epoch=False, max_iters=2000)")
-        loop = IterBasedTrainLoop(trainer, loader, **cfg)
+        loop = IterBasedTrainLoop(loader, **cfg)
     schedulers = None
     if scheduler_cfg:
         from trainwright.optim.scheduler import build_param_schedulers
@@ -140,4 +140,4 @@ def build_eval_loop(trainer: Trainer, loader: Any, evaluator: Any, mode: str, cf
         from trainwright.evaluation import Evaluator
 
         evaluator = evaluator if isinstance(evaluator, Evaluator) else Evaluator(evaluator)
-    return EvalLoop(trainer, loader, evaluator, mode, autocast=bool(cfg.get("autocast", False)))
+    return EvalLoop(loader, evaluator, mode, autocast=bool(cfg.get("autocast", False)))

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
+from functools import partial
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -20,6 +21,7 @@ from trainwright.logging.logger import close_logger, create_logger
 from trainwright.logging.metric_store import MetricStore
 from trainwright.logging.writers import Writer, build_writers, plain
 from trainwright.utils.progress import Progress
+from trainwright.loops.context import LoopContext
 from trainwright.loops.train_loop import EpochBasedTrainLoop, IterBasedTrainLoop
 from trainwright.model.base_model import ModuleAdapter, as_base_model
 from trainwright.registry import check_keys
@@ -347,7 +349,7 @@ class Trainer:
                     f"Nothing to train: training is complete at iteration {self.progress.iteration} of max_iters {loop.max_iters} "
                     f"(epoch {self.progress.epoch}). Raise train_cfg max_epochs / max_iters to train further, or use a new work_dir for a new run."
                 )
-            self._run(loop.run)
+            self._run(partial(loop.run, self._loop_context()))
         finally:
             self.checkpoints.unlock()
         if self.hooks.timer is not None:
@@ -360,7 +362,7 @@ class Trainer:
             raise ValueError("val() needs a val_dataloader (and usually a val_evaluator)")
         self._prepare()
         self.should_stop = False  # a stop request of an earlier run does not cut this pass
-        return self._run(self.val_loop.run)
+        return self._run(partial(self.val_loop.run, self._loop_context()))
 
     def test(self) -> dict[str, float]:
         """One test pass; returns metrics like ``{"test/acc": 0.97}``."""
@@ -368,7 +370,20 @@ class Trainer:
             raise ValueError("test() needs a test_dataloader (and usually a test_evaluator)")
         self._prepare()
         self.should_stop = False
-        return self._run(self.test_loop.run)
+        return self._run(partial(self.test_loop.run, self._loop_context()))
+
+    def _loop_context(self) -> LoopContext:
+        """What the loops use in one run (the model as prepared); the eval loops hold it from the start, so a hook can call ``run_pass`` at any event."""
+        ctx = LoopContext(
+            view=self, model=self.model, hooks=self.hooks, progress=self.progress, optim_wrapper=self.optim_wrapper,
+            metric_store=self.metric_store, precision=self.precision, logger=self.logger,
+        )
+        if self.val_loop is not None:
+            ctx.validate = partial(self.val_loop.run, ctx)
+        for loop in (self.val_loop, self.test_loop):
+            if loop is not None:
+                loop.ctx = ctx
+        return ctx
 
     def _run(self, fn: Any) -> Any:
         self.hooks.call("before_run", self)
