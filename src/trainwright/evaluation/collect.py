@@ -11,13 +11,49 @@ a metric declares its layout (see :class:`~trainwright.evaluation.Metric`).
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from typing import Any
+from typing import Any, Protocol
 
 import torch
 
-from trainwright.dist import all_gather_object, get_world_size
+from trainwright import dist
 
 Device = str | torch.device
+
+
+class Collectives(Protocol):
+    """What evaluation needs of a process group: the Trainer's strategy is one (evaluation follows its group)."""
+
+    @property
+    def world_size(self) -> int: ...  # noqa: D102
+
+    @property
+    def is_main_process(self) -> bool: ...  # noqa: D102
+
+    def gather_object(self, obj: Any) -> list[Any]: ...  # noqa: D102
+
+    def broadcast_object(self, obj: Any, src: int = 0) -> Any: ...  # noqa: D102
+
+
+class DefaultGroup:
+    """The process's default group (``torch.distributed``'s, or one process): a metric evaluated outside a Trainer."""
+
+    @property
+    def world_size(self) -> int:  # noqa: D102
+        return dist.get_world_size()
+
+    @property
+    def is_main_process(self) -> bool:  # noqa: D102
+        return dist.is_main_process()
+
+    def gather_object(self, obj: Any) -> list[Any]:  # noqa: D102
+        return dist.all_gather_object(obj)
+
+    def broadcast_object(self, obj: Any, src: int = 0) -> Any:  # noqa: D102
+        return dist.broadcast_object(obj, src=src)
+
+
+#: The collectives of a metric no Trainer has placed in a strategy's group.
+DEFAULT_GROUP = DefaultGroup()
 
 
 def resolve_device(device: Device) -> torch.device:
@@ -119,7 +155,7 @@ def merge_rank_results(parts: Sequence[Sequence[Any]], size: int, *, batched: bo
     return [_take(_cat(merged_parts, "results"), order)]
 
 
-def collect_results(results: list[Any], size: int, *, batched: bool = False, device: Device = "cpu") -> list[Any]:
+def collect_results(results: list[Any], size: int, *, batched: bool = False, device: Device = "cpu", collectives: Collectives = DEFAULT_GROUP) -> list[Any]:
     """Gather ``results`` from every rank, restore dataset order, drop padding, place on ``device``.
 
     Objects travel between ranks as CPU pickles (so any rank can unpickle them, across
@@ -130,6 +166,7 @@ def collect_results(results: list[Any], size: int, *, batched: bool = False, dev
         size: Number of samples in the whole dataset.
         batched: See :func:`merge_rank_results`.
         device: Where the returned tensors live (``"cpu"``, ``"gpu"``, a ``torch.device``).
+        collectives: The process group to gather over (the Trainer's strategy; default: the process's default group).
     """
     if size < 0:
         raise ValueError(f"size must be the number of samples in the dataset (>= 0), got {size}")
@@ -137,8 +174,8 @@ def collect_results(results: list[Any], size: int, *, batched: bool = False, dev
     cpu = torch.device("cpu")
     local: list[Any] = [_cat(results, "results[0]")] if batched and results else list(results)
     local = to_device(local, cpu)
-    parts = all_gather_object(local) if get_world_size() > 1 else [local]
+    parts = collectives.gather_object(local) if collectives.world_size > 1 else [local]
     return to_device(merge_rank_results(parts, size, batched=batched), target)
 
 
-__all__ = ["collect_results", "merge_rank_results", "resolve_device", "to_device"]
+__all__ = ["Collectives", "DEFAULT_GROUP", "collect_results", "merge_rank_results", "resolve_device", "to_device"]

@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from trainwright.evaluation.collect import Collectives
 from trainwright.evaluation.metric import Metric
 from trainwright.evaluation.torchmetrics_adapter import TorchMetric, is_torchmetric
 from trainwright.registry import METRICS
@@ -33,6 +34,11 @@ class Evaluator:
             if not isinstance(metric, Metric):
                 raise TypeError(f"Evaluator metrics must be Metric instances or METRICS config dicts; got {type(metric).__name__}. Subclass trainwright.evaluation.Metric.")
             self.metrics.append(metric)
+
+    def use_collectives(self, collectives: Collectives) -> None:
+        """Gather every metric's results over ``collectives`` (the Trainer's strategy) instead of the default group."""
+        for metric in self.metrics:
+            metric.collectives = collectives
 
     def process(self, data_batch: Any, outputs: Any) -> None:
         """Feed one batch and the model's outputs for it to every metric."""

@@ -15,8 +15,7 @@ from typing import Any, ClassVar
 
 import torch
 
-from trainwright.dist import broadcast_object, get_world_size, is_main_process
-from trainwright.evaluation.collect import Device, collect_results
+from trainwright.evaluation.collect import DEFAULT_GROUP, Collectives, Device, collect_results
 
 
 class Metric(ABC):
@@ -52,6 +51,8 @@ class Metric(ABC):
 
     batched_results: ClassVar[bool] = False
     default_prefix: ClassVar[str | None] = None
+    #: The process group :meth:`evaluate` gathers over: the Trainer sets its strategy (through the Evaluator); default: the process's default group.
+    collectives: Collectives = DEFAULT_GROUP
 
     def __init__(self, collect_device: Device = "cpu", prefix: str | None = None) -> None:
         self.collect_device = collect_device
@@ -86,7 +87,7 @@ class Metric(ABC):
         """
         name = type(self).__name__
         try:
-            results = collect_results(self.results, size, batched=self.batched_results, device=self.collect_device)
+            results = collect_results(self.results, size, batched=self.batched_results, device=self.collect_device, collectives=self.collectives)
         finally:
             self.results.clear()
         if not results:
@@ -94,14 +95,15 @@ class Metric(ABC):
             raise ValueError(f"{name} has no results to evaluate: process() was never called with any sample. Check that the validation data loader is not empty.")
         metrics: dict[str, float] | None = None
         error: BaseException | None = None
-        if is_main_process():
+        group = self.collectives
+        if group.is_main_process:
             try:
                 metrics = _as_numbers(self.compute(results), name)
             except Exception as exc:  # re-raised below, after the other ranks are told
                 error = exc
-        if get_world_size() > 1:
+        if group.world_size > 1:
             # tell the other ranks what happened, so that none of them waits forever
-            metrics, message = broadcast_object((metrics, None if error is None else f"{type(error).__name__}: {error}"))
+            metrics, message = group.broadcast_object((metrics, None if error is None else f"{type(error).__name__}: {error}"))
             if error is None and message is not None:
                 raise RuntimeError(f"{name}.compute() failed on rank 0 ({message}); see rank 0's traceback.")
         if error is not None:

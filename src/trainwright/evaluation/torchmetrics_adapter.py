@@ -16,7 +16,6 @@ from typing import Any
 
 import torch
 
-from trainwright.dist import all_gather_object, get_world_size
 from trainwright.evaluation.inputs import pred_and_target
 from trainwright.evaluation.metric import Metric, _as_numbers
 from trainwright.registry import METRICS
@@ -116,7 +115,8 @@ class TorchMetric(Metric):
 
     def evaluate(self, size: int) -> dict[str, float]:
         """``compute()`` (torchmetrics synchronises the processes), then reset; the same dict on every process."""
-        updates = self._updates if get_world_size() == 1 else sum(all_gather_object(self._updates))
+        group = self.collectives
+        updates = self._updates if group.world_size == 1 else sum(group.gather_object(self._updates))
         try:
             if updates == 0:
                 raise ValueError(f"TorchMetric({self.key}) has no results to evaluate: process() was never called. Check that the validation data loader is not empty.")

@@ -10,7 +10,7 @@ from torch import nn
 
 from trainwright.amp.precision import MixedPrecision, Precision, build_precision
 from trainwright.optim.optim_wrapper import AmpOptimWrapper, OptimWrapper
-from trainwright.optim.optim_wrapper_dict import OptimWrapperDict
+from trainwright.optim.optim_wrapper_dict import OptimWrapperDict, optim_wrappers_of
 from trainwright.optim.constructor import DefaultOptimWrapperConstructor, build_optimizer
 from trainwright.registry import OPTIM_WRAPPER_CONSTRUCTORS, OPTIM_WRAPPERS, check_keys, dropping_scope
 
@@ -57,8 +57,7 @@ def _reconcile(wrapper: OptimWrapper, trainer_precision: Precision) -> None:
 
 def loop_precision(optim_wrapper: OptimWrapper | OptimWrapperDict, default: Precision) -> Precision:
     """The precision the loops use (val/test autocast): the optim wrapper's, if it is mixed."""
-    wrappers = list(optim_wrapper.values()) if isinstance(optim_wrapper, OptimWrapperDict) else [optim_wrapper]
-    for ow in wrappers:
+    for ow in optim_wrappers_of(optim_wrapper).values():
         if ow.precision.dtype is not None:
             return ow.precision
     return default
@@ -162,8 +161,7 @@ def _construct(model: nn.Module, cfg: Mapping[str, Any], trainer_precision: Prec
         args.setdefault("device_type", device_type)  # the model is still on the CPU here; autocast / GradScaler need the run's device
     builder = OPTIM_WRAPPER_CONSTRUCTORS.build(dict(type=constructor, optim_wrapper_cfg=args, paramwise_cfg=paramwise_cfg))
     wrapper = builder(model)
-    wrappers = list(wrapper.values()) if isinstance(wrapper, OptimWrapperDict) else [wrapper] if isinstance(wrapper, OptimWrapper) else []
-    for i, ow in enumerate(wrappers):
+    for i, ow in enumerate(optim_wrappers_of(wrapper if isinstance(wrapper, (OptimWrapper, OptimWrapperDict)) else None).values()):
         _check_owns(model, ow.optimizer)
         _reconcile(ow, trainer_precision if i == 0 else trainer_precision.clone())
     return wrapper

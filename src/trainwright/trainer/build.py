@@ -140,4 +140,5 @@ def build_eval_loop(trainer: Trainer, loader: Any, evaluator: Any, mode: str, cf
         from trainwright.evaluation import Evaluator
 
         evaluator = evaluator if isinstance(evaluator, Evaluator) else Evaluator(evaluator)
+        evaluator.use_collectives(strategy)  # results are gathered over the strategy's process group
     return EvalLoop(loader, evaluator, mode, autocast=bool(cfg.get("autocast", False)))
