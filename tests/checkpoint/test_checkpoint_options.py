@@ -164,7 +164,7 @@ def test_save_best_without_validation_says_so_at_start(tmp_path: Path) -> None:
 
 def test_state_of_a_single_key_checkpoint_loads() -> None:
     hook = CheckpointHook(save_best="val/acc")
-    hook.load_state_dict({"kept": ["epoch_3.pth"], "best": [[0.7, "best_val_acc_epoch_3.pth"]], "last_saved_iter": 45})
+    hook.load_state_dict({"kept": ["epoch_3.pth"], "best": [[0.7, "best_val_acc_epoch_3.pth", "val/acc"]], "last_saved_iter": 45})
     assert hook.best == {"val/acc": [(0.7, "best_val_acc_epoch_3.pth")]}
     assert hook.best_score == 0.7 and hook.best_ckpt == "best_val_acc_epoch_3.pth"
     again = CheckpointHook(save_best="val/acc")

@@ -1,16 +1,11 @@
 """mmcv-compatible fp16 utilities: ``cast_tensor_type``, ``auto_fp16``, ``force_fp32``,
 ``wrap_fp16_model``, ``patch_norm_fp32`` and ``patch_forward_method``.
 
-These keep models written for mmcv 1.x (mmdet 2.x, mmseg 0.x, ...) working after mmcv 2
-dropped them. They follow mmcv's documented behaviour for PyTorch >= 1.6, i.e. they rely on
-``torch.autocast`` rather than converting weights to half, and go one step further: every
-decorator takes a ``dtype`` so the same model code runs in ``torch.bfloat16`` too, on any
-device that has autocast (CPU included).
-
-How they fit together: a module opts in with an ``fp16_enabled = False`` attribute and
-decorates its methods; ``wrap_fp16_model(model)`` flips every such flag to ``True``. While a
-flag is false the decorators are a plain call, so the same model trains in full precision
-unchanged.
+They keep models written for mmcv 1.x working after mmcv 2 dropped them, with mmcv's
+behaviour for PyTorch >= 1.6 (``torch.autocast``, not half weights); every decorator also
+takes a ``dtype``, so the same code runs in bfloat16 on any device with autocast. A module
+opts in with ``fp16_enabled = False`` and decorated methods; ``wrap_fp16_model(model)`` flips
+the flags to ``True``; while a flag is false the decorators are a plain call.
 """
 
 from __future__ import annotations

@@ -1,19 +1,10 @@
 """Precision: the one object that says how a training step handles dtypes.
 
-``Precision`` (fp32) does nothing; ``MixedPrecision`` enters autocast around the forward
-pass and loss and, for float16, owns the ``torch.amp.GradScaler`` that scales the loss before
-backward, unscales gradients before clipping, skips steps whose gradients overflowed and
-adapts the scale. The optim wrapper and the loops call it; there is no second copy of the
-training step for AMP.
-
-Pseudocode of one float16 update (what :class:`~trainwright.optim.OptimWrapper` does)::
-
-    with precision.autocast():            # forward + loss only
-        loss = model(x, y, mode="loss")
-    precision.backward(loss)              # scaler.scale(loss).backward(), outside autocast
-    precision.unscale_(optimizer)         # only when clipping: true-scale grads
-    clip_grad_norm_(params, max_norm)
-    precision.optimizer_step(optimizer)   # scaler.step (skipped on inf/NaN) + scaler.update
+``Precision`` (fp32) does nothing; ``MixedPrecision`` enters autocast around the forward pass
+and loss and, for float16, owns the ``torch.amp.GradScaler`` (scale before backward, unscale
+before clipping, skip steps whose gradients overflowed, adapt the scale). The optim wrapper's
+strategy calls it (``backward``, ``unscale_``, ``optimizer_step``); there is no second copy of
+the training step for AMP.
 """
 
 from __future__ import annotations

@@ -1,8 +1,7 @@
 """Checkpoint files on disk: atomic writes, safe loads, and finding what to resume from.
 
-* **Complete or absent.** Written under a hidden temporary name (``.<name>.tmp.<...>``, never
-  picked up by a loader), fsynced, renamed onto the target, directory fsynced: a killed
-  process leaves the previous file or the new one, never a torn one.
+* **Complete or absent.** Written under a hidden temporary name, fsynced, renamed onto the
+  target, directory fsynced: a killed process leaves the previous file or the new one.
 * **Loading never runs code.** ``torch.load(..., weights_only=True)``; a pickle that would
   import or call objects raises :class:`UnsafeCheckpointError`.
 

@@ -98,12 +98,11 @@ class SaveRecord:
             "best_score": first[0][0] if first else None, "best_ckpt": first[0][1] if first else None, "last_saved_iter": self.last_saved_iter,
         }
 
-    def load_state_dict(self, state: Mapping[str, Any], first_key: str = "auto") -> None:
-        """Restore; ``first_key`` owns ``[score, file]`` entries saved without a key."""
+    def load_state_dict(self, state: Mapping[str, Any]) -> None:  # noqa: D102
         self.kept = list(state.get("kept", []))
         self.best = {}
-        for entry in state.get("best") or []:
-            self.best.setdefault(str(entry[2]) if len(entry) > 2 else first_key, []).append((float(entry[0]), str(entry[1])))
+        for score, name, key in state.get("best") or []:
+            self.best.setdefault(str(key), []).append((float(score), str(name)))
         self.last_saved_iter = int(state.get("last_saved_iter", -1))
 
 

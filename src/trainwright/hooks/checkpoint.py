@@ -226,7 +226,7 @@ class CheckpointHook(Hook):
         return self.record.state_dict()
 
     def load_state_dict(self, state: dict[str, Any]) -> None:  # noqa: D102
-        self.record.load_state_dict(state, first_key=(self.save_best or ["auto"])[0])
+        self.record.load_state_dict(state)
 
     # -- events ---------------------------------------------------------------------------
     def before_train(self, trainer: TrainerView) -> None:  # noqa: D102
@@ -302,8 +302,6 @@ class CheckpointHook(Hook):
             self._keys = {
                 first if k == "auto" else k: self.rule[k] or infer_rule(first, self.greater_keys, self.less_keys) for k in self.save_best
             }
-            if "auto" in self.best:  # loaded from a checkpoint of one key, saved before it was resolved
-                self.best.setdefault(first, self.best.pop("auto"))
         for key in self._keys:
             if key not in metrics:
                 raise KeyError(

@@ -11,17 +11,10 @@ Pseudocode of one iteration (both loops)::
     (every metric_store.flush_every iterations - several processes: every agreement.every -,
      after the hooks: metric_store.flush(), the agreed decisions applied)
 
-``record`` is chosen once per epoch pass (``MetricStore.recorder``): the append of the
-store's list of rows, or with ``train_cfg=dict(gather_metric_period=N)`` one that records
-every N-th iteration only. The store's periodic flush (which bounds its memory) follows the
-hooks' schedule, so a step records with one list append.
-
-Hooks that declare an interval (``Hook.train_iter_interval``, e.g. the logger's 10) see an
-iteration's ``before_train_iter`` / ``after_train_iter`` only at multiples of it, at an
-epoch's last batch and at the run's last iteration (``hooks.schedule``: one comparison per step).
-
-The loops know nothing of devices or processes; the hook lists are precomputed. What they
-use comes in the :class:`~trainwright.loops.context.LoopContext` given to ``run(ctx)``.
+``record`` (``MetricStore.recorder``) is a list append, every N-th iteration with
+``train_cfg=dict(gather_metric_period=N)``. Hooks with an interval (``Hook.train_iter_interval``)
+are called only when due (``hooks.schedule``: one comparison per step). What the loops use
+comes in the :class:`~trainwright.loops.context.LoopContext` given to ``run(ctx)``.
 """
 
 from __future__ import annotations

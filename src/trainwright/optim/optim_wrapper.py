@@ -1,14 +1,11 @@
-"""OptimWrapper: one object for backward, accumulation, clipping, precision and the step.
+"""OptimWrapper: backward, accumulation, clipping and the step of one optimizer (mmengine's semantics).
 
-mmengine semantics, with one fix: the short last accumulation window is handled per epoch
-(the loop calls :meth:`OptimWrapper.initialize_count_status` at each epoch start with the
-epoch's length), so every epoch's tail is stepped and scaled by its true size.
-
-There is one update path, :meth:`OptimWrapper.update_params`, built from the public methods
+One fix over mmengine: the short last accumulation window is handled per epoch (the loop
+calls :meth:`OptimWrapper.initialize_count_status` at each epoch start), so every epoch's tail
+is stepped and scaled by its true size. There is one update path, :meth:`OptimWrapper.update_params`
 (``scale_loss`` → ``backward`` → ``should_update`` → ``step`` → ``zero_grad``). The wrapper
 decides *when*; its :attr:`~OptimWrapper.strategy` (an :class:`~trainwright.optim.engine.UpdateEngine`:
-one process by default, the Trainer's strategy in a run) decides *how* backward, clipping,
-the step and gradient sync happen.
+one process by default, the Trainer's strategy in a run) decides *how*.
 """
 
 from __future__ import annotations

@@ -1,21 +1,11 @@
 """Checkpoint directories written with ``torch.distributed.checkpoint`` (DCP): the I/O of sharded strategies.
 
-A sharded checkpoint is a directory (``iter_8.dcp/``) that holds
-
-* the DCP files: every rank's shards of the model and optimizer (``__<rank>_0.distcp``) and
-  ``.metadata`` (the global shape of every tensor and where its pieces are);
-* ``trainer_state.pth``: everything else the trainer saves (progress, schedulers, hooks,
-  metric store, every rank's RNG state, precision state), written by rank 0 with
-  ``torch.save`` and read back with the safe loader.
-
-The promises of single-file checkpoints hold for directories:
-
-* **Complete or absent.** Every rank writes into a hidden temporary directory
-  (``.iter_8.dcp.tmp.<pid>.<hex>``, DCP fsyncs each file); once every rank's shards and the
-  metadata are written, rank 0 renames it onto its target and fsyncs the parent.
-* **Resharding.** DCP stores global shapes: a checkpoint written by N processes loads into
-  M processes (each reads the pieces its own shards need), or into one process without a
-  process group (:func:`load_full`, full tensors).
+A sharded checkpoint (``iter_8.dcp/``) holds the DCP files (every rank's shards of the model
+and optimizer, and ``.metadata``) and ``trainer_state.pth`` (everything else, written by rank
+0, read with the safe loader). Complete or absent: every rank writes into a hidden temporary
+directory that rank 0 renames onto the target once all shards are written. DCP stores global
+shapes, so a checkpoint of N processes loads into M, or into one process without a process
+group (:func:`load_full`).
 """
 
 from __future__ import annotations

@@ -1,24 +1,13 @@
 """DeepSpeedStrategy: ZeRO stages 1 and 2 through DeepSpeed's engine (optional extra ``trainwright[deepspeed]``).
 
-Launch with torchrun as for DDP; the strategy joins the process group (gloo on CPU, nccl on
-CUDA) and hands the model and optimizer to ``deepspeed.initialize`` with a config dict.
-What the trainer's settings become in that config (keys you set yourself win):
-
-* ``accumulative_counts`` → ``gradient_accumulation_steps`` (for DeepSpeed's batch-size
-  bookkeeping; the optim wrapper scales the loss and tells the engine where windows end);
-* ``clip_grad=dict(max_norm=...)`` → ``gradient_clipping``;
-* ``precision="bf16-mixed"`` / ``"16-mixed"`` → ``bf16`` / ``fp16`` enabled;
-* ``train_micro_batch_size_per_gpu`` defaults to 1 (DeepSpeed only reports with it: the
-  trainer's loader decides the batch) and ``zero_allow_untested_optimizer`` to True (any
-  ``torch.optim`` optimizer).
-
-The strategy is the optim wrapper's update engine: its ``backward`` is ``engine.backward``
-(the window boundary set first, the loss already scaled by the wrapper) and its
-``optimizer_step`` is ``engine.step()``. Checkpoints are directories (``iter_8.ds``) written by
-``engine.save_checkpoint`` (each rank its optimizer partition) into a temporary directory
-that rank 0 renames into place; they resume at the same world size. DeepSpeed reads its
-files with ``torch.load(weights_only=False)``: resume only from directories you wrote.
-ZeRO-3 is not supported here (use ``strategy="fsdp"``).
+Launch with torchrun as for DDP. The engine is built in ``setup_optim_wrapper`` from the
+model, the optimizer and a config completed from the trainer's settings (keys you set win):
+``accumulative_counts`` → ``gradient_accumulation_steps``, ``clip_grad=dict(max_norm)`` →
+``gradient_clipping``, ``bf16-mixed`` / ``16-mixed`` → ``bf16`` / ``fp16``. The strategy's
+``backward`` is ``engine.backward`` (window boundary set first, loss scaled by the wrapper)
+and its ``optimizer_step`` is ``engine.step()``. Checkpoints are directories (``iter_8.ds``)
+that resume at the same world size; DeepSpeed reads them with ``weights_only=False``, so
+resume only from directories you wrote. ZeRO-3 is not supported (use ``strategy="fsdp"``).
 """
 
 from __future__ import annotations

@@ -1,13 +1,11 @@
 """``Trainer.from_config``: a trainer from a config mapping (a :class:`~trainwright.config.Config` or a dict).
 
 The model and the datasets are built here through the registries (``MODELS``, ``DATASETS``),
-the rest by the Trainer as for any dict argument. Every failure becomes a
-:class:`~trainwright.registry.ConfigError` naming the config path of the failing key
-(``model.backbone``, ``train_dataloader.dataset``) and the original error. mmengine spellings
-of the parts trainwright has are accepted (loop types in ``train_cfg`` / ``val_cfg`` /
-``test_cfg``, ``DefaultSampler`` / ``InfiniteSampler``, ``collate_fn=dict(type=...)``, with
-mmengine's default ``pseudo_collate`` for a dataloader dict with such a sampler); mmengine runtime
-keys that trainwright has no use for are ignored with a warning.
+the rest by the Trainer as for any dict argument. A failure becomes a
+:class:`~trainwright.registry.ConfigError` naming the config path of the failing key and the
+original error. mmengine spellings of the parts trainwright has are accepted (loop types,
+``DefaultSampler`` / ``InfiniteSampler``, ``collate_fn=dict(type=...)``); mmengine runtime
+keys trainwright has no use for are ignored with a warning.
 """
 
 from __future__ import annotations
