@@ -105,7 +105,7 @@ def test_decision_main_process_and_terminal_only(trainer_factory):
     assert not ProgressBarHook().shows_bar(t)  # pytest's captured stdout is not a terminal
     assert ProgressBarHook(enable=True).shows_bar(t)
     assert not ProgressBarHook(enable=False).shows_bar(t)
-    other_rank = SimpleNamespace(is_main_process=False, logger=t.logger)
+    other_rank = SimpleNamespace(strategy=SimpleNamespace(is_main_process=False), logger=t.logger)
     assert not ProgressBarHook(enable=True).shows_bar(other_rank)  # type: ignore[arg-type]
 
 

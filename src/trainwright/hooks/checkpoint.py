@@ -251,7 +251,7 @@ class CheckpointHook(Hook):
                 "CheckpointHook counts its interval in epochs (by_epoch=True) but training is iteration-based: only the final "
                 "checkpoint will be written. Set default_hooks=dict(checkpoint=dict(by_epoch=False, interval=N)) to save every N iterations."
             )
-        if self.clean_stale_tmp and trainer.is_main_process:
+        if self.clean_stale_tmp and trainer.strategy.is_main_process:
             m.clean_stale_tmp()
 
     def train_iter_interval(self, trainer: TrainerView) -> int | range:  # noqa: D102
@@ -324,7 +324,7 @@ class CheckpointHook(Hook):
         if self.save_last:
             trainer.checkpoints.save_now()
         trainer.strategy.wait_for_checkpoint()
-        if self.published_keys and trainer.is_main_process:
+        if self.published_keys and trainer.strategy.is_main_process:
             names = ([self.kept[-1]] if self.save_last and self.kept else []) + [ranked[0][1] for ranked in self.best.values() if ranked]
             for name in dict.fromkeys(names):
                 trainer.checkpoints.publish(trainer.checkpoints.ckpt_dir / name, self.published_keys)

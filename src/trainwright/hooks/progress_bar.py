@@ -61,7 +61,7 @@ class ProgressBarHook(Hook):
 
     def shows_bar(self, trainer: TrainerView) -> bool:
         """The decision :meth:`before_run` takes: main process, and a terminal (``"auto"``) or ``enable=True``."""
-        if self.enable is False or not trainer.is_main_process:
+        if self.enable is False or not trainer.strategy.is_main_process:
             return False
         stream = console_stream(trainer.logger)
         if stream is None:

@@ -89,10 +89,6 @@ class TrainerView(Protocol):
         """The test loop, if a test_dataloader was given."""
 
     @property
-    def is_main_process(self) -> bool:
-        """True on rank 0 (the process that writes logs and checkpoints)."""
-
-    @property
     def unwrapped_model(self) -> Any:
         """The user's model, without distributed wrappers or the plain-module adapter."""
 
