@@ -39,6 +39,8 @@ def run(out: Path, epochs: int, resume: bool) -> None:
         "strategy": trainer.strategy.name,
         "optimizer": type(trainer.strategy.engine.optimizer).__name__,
         "iteration": trainer.progress.iteration,
+        # the engine carries out the updates as the wrapper's strategy; nothing of the wrapper is replaced
+        "wrapper_untouched": "update_params" not in vars(trainer.optim_wrapper) and trainer.optim_wrapper.strategy is trainer.strategy,
     }
     trainer.close()
     torch.save(result, out / f"result_rank{os.environ.get('RANK', '0')}.pt")

@@ -39,6 +39,7 @@ def test_zero2_trains_digits_on_two_processes_and_resumes_exactly(tmp_path: Path
     launch(SCRIPT, [str(tmp_path)], tmp_path, nproc=2, timeout=300)
     r0, r1 = (torch.load(tmp_path / "full" / f"result_rank{r}.pt", weights_only=True) for r in (0, 1))
     assert (r0["strategy"], r0["optimizer"]) == ("deepspeed", "DeepSpeedZeroOptimizer")
+    assert r0["wrapper_untouched"] and r1["wrapper_untouched"]
     assert r0["metrics"]["val/acc"] >= 0.9 and r0["metrics"] == r1["metrics"]
     for k, v in r0["params"].items():
         assert torch.equal(v, r1["params"][k]), k

@@ -239,18 +239,13 @@ class OptimWrapper:
         return loss if size == 1 else loss / size
 
     def backward(self, loss: torch.Tensor, **kwargs: Any) -> None:
-        """Back-propagate ``loss`` (scaled by the GradScaler, if any) and count the micro-batch.
+        """Back-propagate ``loss`` through the strategy (scaled by the GradScaler, if any) and count the micro-batch.
 
-        With :attr:`skip_nonfinite`, a NaN/Inf loss is counted but not back-propagated.
-
-        The loss is kept until the next backward, as a hand-written loop's ``loss`` variable
-        is kept until the next forward has run: its spent graph (buffers freed by backward)
-        still holds each parameter's gradient accumulator, so the next forward reuses those
-        instead of building one per parameter again (measured: ~0.4 µs per parameter per
-        step on CPU; docs/benchmarks.md), and hooks registered on a parameter's accumulator
-        keep firing from step to step. A backward that keeps its graph (``retain_graph`` /
-        ``create_graph``) is not held on to: its saved tensors would stay alive through the
-        next forward.
+        With :attr:`skip_nonfinite`, a NaN/Inf loss is counted but not back-propagated. The loss
+        is kept until the next backward, as a hand-written loop's ``loss`` variable is: its spent
+        graph still holds each parameter's gradient accumulator, which the next forward reuses
+        (see docs/benchmarks.md). A backward that keeps its graph (``retain_graph`` /
+        ``create_graph``) is not held on to.
         """
         if self.skip_nonfinite and not bool(torch.isfinite(loss).all()):
             self.skipped_steps += 1
