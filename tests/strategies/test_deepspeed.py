@@ -55,3 +55,15 @@ def test_zero2_trains_digits_on_two_processes_and_resumes_exactly(tmp_path: Path
 
     weights = load_file(tmp_path / "full" / "weights.safetensors")
     assert weights.keys() == r0["params"].keys() and all(torch.equal(weights[k], v) for k, v in r0["params"].items())
+
+
+@pytest.mark.multiprocess
+@pytest.mark.slow
+def test_zero2_with_accumulation_and_clipping_equals_ddp(tmp_path: Path) -> None:
+    """The optim wrapper decides the windows (the engine is told each boundary, the loss comes scaled): ZeRO-2 with
+    accumulative_counts=2 and clipping ends with DDP's weights."""
+    pytest.importorskip("deepspeed")
+    launch(Path(__file__).with_name("ds_accum_train.py"), [str(tmp_path)], tmp_path, nproc=2, timeout=300)
+    w = torch.load(tmp_path / "weights.pt", weights_only=True)
+    for k, v in w["ddp"].items():
+        torch.testing.assert_close(w["deepspeed"][k], v, rtol=1e-6, atol=1e-7)

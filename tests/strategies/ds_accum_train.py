@@ -1,0 +1,44 @@
+"""Train the regression model with accumulation and clipping under DDP and under DeepSpeed ZeRO-2 (torchrun, 2 processes); save rank 0's weights.
+
+Usage: torchrun --nproc_per_node=2 ds_accum_train.py OUT_DIR
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+import trainwright as tw  # noqa: E402
+from conftest import LinearReg, regression_set  # noqa: E402
+
+
+def run(strategy: dict, out: Path) -> dict[str, torch.Tensor]:
+    trainer = tw.Trainer(
+        model=LinearReg(), work_dir=out, strategy=strategy, randomness=dict(seed=0), log_level="WARNING",
+        train_dataloader=dict(dataset=regression_set(24), batch_size=2, shuffle=False),
+        optim_wrapper=dict(optimizer=dict(type="SGD", lr=0.05), accumulative_counts=2, clip_grad=dict(max_norm=0.3)),
+        train_cfg=dict(by_epoch=True, max_epochs=2), default_hooks=dict(checkpoint=None),
+    )
+    trainer.train()
+    weights = {k: v.detach().clone() for k, v in trainer.unwrapped_model.state_dict().items()}
+    trainer.close()
+    return weights
+
+
+def main() -> None:
+    out = Path(sys.argv[1])
+    dist.init_process_group("gloo")  # one group for both trainers
+    ddp = run(dict(type="ddp"), out / "ddp")
+    ds = run(dict(type="deepspeed", config=dict(zero_optimization=dict(stage=2))), out / "ds")
+    if dist.get_rank() == 0:
+        torch.save({"ddp": ddp, "deepspeed": ds}, out / "weights.pt")
+    dist.destroy_process_group()
+
+
+if __name__ == "__main__":
+    main()
