@@ -537,6 +537,7 @@ def test_val_before_train_with_resume_resumes_the_checkpoint(tmp_path: Path):
         with trainer(tmp_path / "a", 8, True) as val_first:
             val_first.val()
             assert val_first.progress.iteration == 4  # restored before the pass
+            assert val_first.train_loop is None and val_first.optim_wrapper is None  # a pass does not build the training pieces
             assert all(torch.equal(v, after4[k]) for k, v in val_first.unwrapped_model.state_dict().items()), "val() saw other weights"
             val_first.train()
     with trainer(tmp_path / "b", 8, True) as train_only:
