@@ -30,6 +30,8 @@ class DDPStrategy(ProcessGroupStrategy):
         timeout_s: How long a collective may wait for the other ranks before failing.
         find_unused_parameters / broadcast_buffers / bucket_cap_mb / gradient_as_bucket_view /
             static_graph: passed to ``DistributedDataParallel``.
+        detect_anomalous_params: Warn at every training forward naming the parameters the loss
+            does not depend on (mmengine's; see :class:`~trainwright.model.wrappers.DistributedDataParallelWrapper`).
     """
 
     name = "ddp"
@@ -44,19 +46,21 @@ class DDPStrategy(ProcessGroupStrategy):
         bucket_cap_mb: float | None = None,
         gradient_as_bucket_view: bool = False,
         static_graph: bool = False,
+        detect_anomalous_params: bool = False,
     ) -> None:
         super().__init__(device, backend=backend, timeout_s=timeout_s)
         given = dict(find_unused_parameters=find_unused_parameters, broadcast_buffers=broadcast_buffers, gradient_as_bucket_view=gradient_as_bucket_view, static_graph=static_graph, bucket_cap_mb=bucket_cap_mb)
         defaults = dict(find_unused_parameters=False, broadcast_buffers=True, gradient_as_bucket_view=False, static_graph=False, bucket_cap_mb=None)
         #: passed to DistributedDataParallel: only what differs from its defaults (some are deprecated there)
         self.ddp_kwargs: dict[str, object] = {k: v for k, v in given.items() if v != defaults[k]}
+        self.detect_anomalous_params = detect_anomalous_params
 
     def wrap_model(self, model: nn.Module) -> nn.Module:
         """``DistributedDataParallelWrapper(model)`` (keeps ``train_step`` / ``val_step`` / ``test_step``)."""
         from trainwright.model.wrappers import DistributedDataParallelWrapper
 
         device_ids = [self.device.index] if self.device.type == "cuda" and self.device.index is not None else None
-        wrapper = DistributedDataParallelWrapper(model, device_ids=device_ids, **self.ddp_kwargs)  # type: ignore[arg-type]
+        wrapper = DistributedDataParallelWrapper(model, detect_anomalous_params=self.detect_anomalous_params, device_ids=device_ids, **self.ddp_kwargs)  # type: ignore[arg-type]
         live_model_wrappers.add(wrapper)
         return wrapper
 

@@ -44,7 +44,10 @@ _VIS_BACKENDS: dict[str, tuple[str, dict[str, str | None]]] = {
     "MLflowVisBackend": ("mlflow", {"save_dir": None, "exp_name": "experiment_name", "run_name": "run_name", "tags": "tags", "tracking_uri": "tracking_uri"}),
 }
 #: Runtime keys of mmengine that are translated (not ignored) when they hold something.
-_TRANSLATED = frozenset({"visualizer", "vis_backends", "auto_scale_lr"})
+_TRANSLATED = frozenset({"visualizer", "vis_backends", "auto_scale_lr", "model_wrapper_cfg"})
+#: mmengine's DDP wrapper names in ``model_wrapper_cfg``, and the arguments the DDP strategy takes from it.
+_DDP_WRAPPERS = frozenset({"MMDistributedDataParallel", "DistributedDataParallelWrapper"})
+_DDP_WRAPPER_KEYS = frozenset({"find_unused_parameters", "broadcast_buffers", "bucket_cap_mb", "gradient_as_bucket_view", "static_graph", "detect_anomalous_params"})
 
 
 def _writers_from_visualizer(args: Mapping[str, Any]) -> list[Any] | None:
@@ -83,6 +86,30 @@ def _writers_from_visualizer(args: Mapping[str, Any]) -> list[Any] | None:
         if item not in writers:
             writers.append(item)
     return writers
+
+
+def _model_wrapper(cfg: Any, kwargs: dict[str, Any]) -> None:
+    """mmengine's ``model_wrapper_cfg=dict(type='MMDistributedDataParallel', find_unused_parameters=..., ...)``: the DDP strategy's arguments.
+
+    Applied when the run is DDP (``strategy='ddp'``, or ``'auto'`` under a launcher with several
+    processes); on one process there is no wrapper, as in mmengine. Other wrapper types are refused.
+    """
+    if not cfg:
+        return
+    from trainwright.dist import launched_world_size
+
+    wrapper = dict(cfg)
+    typ = wrapper.pop("type", "MMDistributedDataParallel")
+    if typ not in _DDP_WRAPPERS:
+        raise ConfigError(f"model_wrapper_cfg type={typ!r} is not supported: trainwright's DDP wrapper answers to {sorted(_DDP_WRAPPERS)}; "
+                          "for sharding use strategy=dict(type='fsdp', ...) instead of an FSDP model wrapper")
+    unknown = sorted(set(wrapper) - _DDP_WRAPPER_KEYS)
+    if unknown:
+        raise ConfigError(f"model_wrapper_cfg keys {unknown} are not supported; allowed: {sorted(_DDP_WRAPPER_KEYS)}")
+    strategy = kwargs.get("strategy", "auto")
+    name = strategy.get("type") if isinstance(strategy, Mapping) else strategy
+    if name == "ddp" or (name in (None, "auto") and launched_world_size() > 1):
+        kwargs["strategy"] = {**wrapper, **(dict(strategy) if isinstance(strategy, Mapping) else {}), "type": "ddp"}
 
 
 def _auto_scale_lr(cfg: Any, kwargs: dict[str, Any]) -> str | None:
@@ -168,6 +195,7 @@ def trainer_from_config(trainer_cls: type[Trainer], cfg: Mapping[str, Any], **ov
         raise ConfigError("The config has no 'model': add model = dict(type='MyModel', ...) (a class registered in trainwright.registry.MODELS)")
     _translate_mmengine(kwargs)
     scaled = _auto_scale_lr(args.get("auto_scale_lr"), kwargs)
+    _model_wrapper(args.get("model_wrapper_cfg"), kwargs)
     randomness = kwargs.get("randomness") or {}
     if isinstance(randomness, Mapping) and randomness.get("seed") is not None:
         # as mmengine: seed before the model is built, so its initial weights follow the seed too
