@@ -157,7 +157,7 @@ def test_mmengine_style_config_loads_and_trains(tmp_path: Path, components: str)
     cfg = Config.fromfile(_mm_config(tmp_path, components))
     assert cfg.model.backbone.to_dict() == {"type": "TinyBackbone", "in_channels": 8, "width": 32}
     assert cfg.optim_wrapper.optimizer.momentum == 0.9 and cfg.optim_wrapper.optimizer.lr == 0.05
-    with pytest.warns(UserWarning, match="default_scope.*env_cfg.*ignored"):
+    with pytest.warns(UserWarning, match="default_scope.*ignored"):
         trainer = tw.Trainer.from_config(cfg, experiment_name="run")
     try:
         assert type(trainer.unwrapped_model).__name__ == "TinyClassifier"
@@ -382,7 +382,7 @@ def test_mmengine_config_with_restart_cosine_and_plateau_trains_end_to_end(tmp_p
 
     path = _mm_config(tmp_path, components)
     _write(tmp_path / "configs/_base_/schedules/toy_sgd.py", MM_RESTART_PLATEAU_SCHEDULE)
-    with pytest.warns(UserWarning, match="default_scope.*env_cfg.*ignored"):
+    with pytest.warns(UserWarning, match="default_scope.*ignored"):
         trainer = tw.Trainer.from_config(Config.fromfile(path), experiment_name="restart_plateau")
     try:
         with warnings.catch_warnings():

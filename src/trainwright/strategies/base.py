@@ -58,9 +58,9 @@ class Strategy(UpdateEngine):
     # -- environment ----------------------------------------------------------------------
     def setup_env(self, *, launcher: str = "none", cudnn_benchmark: bool = False, dist_cfg: Mapping[str, Any] | None = None, randomness: Mapping[str, Any] | None = None) -> None:
         """Set cudnn flags and seed every RNG (``randomness=dict(seed, deterministic, diff_rank_seed)``)."""
+        torch.backends.cudnn.benchmark = cudnn_benchmark  # as mmengine: set whatever the device (cudnn reads it on CUDA)
         if self.device.type == "cuda":
             torch.cuda.set_device(self.device)
-            torch.backends.cudnn.benchmark = cudnn_benchmark
         randomness = dict(randomness or {})
         check_keys("randomness", randomness, {"seed", "deterministic", "diff_rank_seed"})
         from trainwright.utils.seed import set_random_seed

@@ -27,7 +27,7 @@ if TYPE_CHECKING:
     from trainwright.trainer.trainer import Trainer
 
 #: mmengine runtime keys accepted and ignored (trainwright has no such part, or sets it itself).
-IGNORED_KEYS = frozenset({"default_scope", "env_cfg", "log_processor", "visualizer", "vis_backends", "launcher", "model_wrapper_cfg", "auto_scale_lr", "dist_params"})
+IGNORED_KEYS = frozenset({"default_scope", "log_processor", "visualizer", "vis_backends", "launcher", "model_wrapper_cfg", "auto_scale_lr", "dist_params"})
 #: Keys used while loading, not by the trainer.
 LOADING_KEYS = frozenset({"custom_imports"})
 _LOADERS = ("train_dataloader", "val_dataloader", "test_dataloader")

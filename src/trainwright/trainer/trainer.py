@@ -27,6 +27,7 @@ from trainwright.model.base_model import ModuleAdapter, as_base_model
 from trainwright.registry import check_keys
 from trainwright.strategies import build_strategy
 from trainwright.optim.builder import run_precision
+from trainwright.trainer.env_cfg import apply_env_cfg
 from trainwright.trainer.build import EVAL_CFG_KEYS, TRAIN_CFG_KEYS, build_eval_loop, build_train
 from trainwright.trainer.hooks_config import build_hook, build_hooks
 from trainwright.trainer.runs import config_changes, new_run_dir
@@ -69,6 +70,9 @@ class Trainer:
         hook_timing: Time every hook call per event (about 0.2 µs per call; hooks that are not
             called cost nothing): :meth:`hook_report`, and a table in the log when training
             ends. False: no timing at all.
+        env_cfg: mmengine's ``dict(cudnn_benchmark=..., mp_cfg=dict(mp_start_method=...,
+            opencv_num_threads=...), dist_cfg=dict(backend=..., timeout=...))`` (see
+            :mod:`trainwright.trainer.env_cfg`).
     """
 
     def __init__(
@@ -98,6 +102,7 @@ class Trainer:
         experiment_name: str | None = None,
         writers: Sequence[Writer | str | Mapping[str, Any]] | None = None,
         hook_timing: bool = True,
+        env_cfg: Mapping[str, Any] | None = None,
     ) -> None:
         if nonfinite_loss not in ("raise", "skip"):
             raise ValueError(f"nonfinite_loss must be 'raise' or 'skip', got {nonfinite_loss!r}")
@@ -109,7 +114,7 @@ class Trainer:
         check_keys("test_cfg", self.test_cfg, EVAL_CFG_KEYS)
         self.work_dir = Path(work_dir)
         self.strategy = build_strategy(strategy)
-        self.strategy.setup_env(randomness=randomness)
+        self.strategy.setup_env(randomness=randomness, **apply_env_cfg(self.strategy, env_cfg))
         self.seed: int = self.strategy.seed  # type: ignore[assignment]
         #: True when ``randomness`` named the seed; otherwise a resumed run adopts its checkpoint's seed.
         self.seed_given = bool(randomness and randomness.get("seed") is not None)
