@@ -5,20 +5,11 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 from trainwright.hooks.hook import Hook
+from trainwright.optim.scheduler.builder import flatten_schedulers
 from trainwright.registry import HOOKS
 
 if TYPE_CHECKING:
     from trainwright.hooks.view import TrainerView
-
-
-def _flatten(schedulers: Any) -> list[Any]:
-    if not schedulers:
-        return []
-    if isinstance(schedulers, dict):
-        return [s for v in schedulers.values() for s in _flatten(v)]
-    if isinstance(schedulers, (list, tuple)):
-        return list(schedulers)
-    return [schedulers]
 
 
 @HOOKS.register
@@ -40,7 +31,7 @@ class ParamSchedulerHook(Hook):
         self._in_train = False
 
     def before_train(self, trainer: TrainerView) -> None:  # noqa: D102
-        all_s = _flatten(trainer.param_schedulers)
+        all_s = flatten_schedulers(trainer.param_schedulers)
         for s in all_s:
             s.disable_step_order_check()
         self._iter = [s for s in all_s if not s.by_epoch]

@@ -16,6 +16,7 @@ from trainwright.loops.train_loop import EpochBasedTrainLoop, IterBasedTrainLoop
 from trainwright.optim.builder import build_optim_wrapper, loop_precision
 from trainwright.optim.optim_wrapper_dict import optim_wrappers_of
 from trainwright.optim.scheduler.base import INF
+from trainwright.optim.scheduler.builder import flatten_schedulers
 
 if TYPE_CHECKING:
     from trainwright.trainer.trainer import Trainer
@@ -101,7 +102,7 @@ def build_train(
 
 def _warn_epoch_schedulers(schedulers: Any) -> None:
     """An epoch-based scheduler in an iteration-based run would never step (one 'epoch' spans the run)."""
-    flat = [s for group in schedulers.values() for s in group] if isinstance(schedulers, Mapping) else list(schedulers or [])
+    flat = flatten_schedulers(schedulers)
     # A metric-driven scheduler steps at validations; with its default window its epoch count does not matter.
     stuck = [type(s).__name__ for s in flat if getattr(s, "by_epoch", False) and not (s.need_val_args and s.begin == 0 and s.end == INF)]
     if stuck:

@@ -147,4 +147,15 @@ def _build_list(cfgs: Any, optimizer: Any, epoch_length: int | None, kw: dict[st
     return [build_param_scheduler(c, optimizer, epoch_length, **kw) for c in items]
 
 
-__all__ = ["build_param_scheduler", "build_param_schedulers"]
+def flatten_schedulers(schedulers: Any) -> list[Any]:
+    """Every scheduler of what :func:`build_param_schedulers` returns (a list, a dict of lists per optimizer, one scheduler, or None)."""
+    if not schedulers:
+        return []
+    if isinstance(schedulers, dict):
+        return [s for v in schedulers.values() for s in flatten_schedulers(v)]
+    if isinstance(schedulers, (list, tuple)):
+        return list(schedulers)
+    return [schedulers]
+
+
+__all__ = ["build_param_scheduler", "build_param_schedulers", "flatten_schedulers"]
