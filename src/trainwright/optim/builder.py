@@ -30,7 +30,8 @@ def _check_owns(model: nn.Module, optimizer: torch.optim.Optimizer) -> None:
             f"The {type(optimizer).__name__} given as optim_wrapper holds {foreign} of its {len(params)} parameters that are not the model's "
             f"({type(model).__name__}), so training would not change them. Build it over this model's parameters, "
             "e.g. torch.optim.SGD(model.parameters(), lr=0.1) with the same model object passed to the Trainer, or pass "
-            "optim_wrapper=dict(optimizer=dict(type='SGD', lr=0.1)) and let the Trainer build it."
+            "optim_wrapper=dict(optimizer=dict(type='SGD', lr=0.1)) and let the Trainer build it (a sharding strategy such as "
+            "strategy='fsdp' replaces the parameters with their shards, so it needs the Trainer to build the optimizer)."
         )
 
 
@@ -161,7 +162,8 @@ def _construct(model: nn.Module, cfg: Mapping[str, Any], trainer_precision: Prec
         args.setdefault("device_type", device_type)  # the model is still on the CPU here; autocast / GradScaler need the run's device
     builder = OPTIM_WRAPPER_CONSTRUCTORS.build(dict(type=constructor, optim_wrapper_cfg=args, paramwise_cfg=paramwise_cfg))
     wrapper = builder(model)
-    for i, ow in enumerate(optim_wrappers_of(wrapper if isinstance(wrapper, (OptimWrapper, OptimWrapperDict)) else None).values()):
+    wrappers = optim_wrappers_of(wrapper) if isinstance(wrapper, (OptimWrapper, OptimWrapperDict)) else {}  # a custom constructor's own object: as it is
+    for i, ow in enumerate(wrappers.values()):
         _check_owns(model, ow.optimizer)
         _reconcile(ow, trainer_precision if i == 0 else trainer_precision.clone())
     return wrapper

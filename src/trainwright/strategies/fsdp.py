@@ -120,11 +120,7 @@ class FSDPStrategy(ProcessGroupStrategy):
 
     # -- model ----------------------------------------------------------------------------
     def setup_optim_wrapper(self, optim_wrapper: Any) -> Any:
-        """Carry out the wrappers' updates; refuse an optimizer that already has state (it would not match the shards)."""
-        for ow in optim_wrappers_of(optim_wrapper).values():
-            if ow.optimizer.state:
-                raise RuntimeError("strategy='fsdp' shards the parameters the optimizer holds, so the optimizer must not have state yet; "
-                                   "let the Trainer build it (optim_wrapper=dict(optimizer=...)) or build it before any step")
+        """Carry out the wrappers' updates (built over the sharded parameters); keep them for the checkpoint's optimizer shards."""
         self._optim_wrapper = optim_wrapper
         return super().setup_optim_wrapper(optim_wrapper)
 
