@@ -58,6 +58,9 @@ class Precision:
         """Context for the forward pass and loss computation."""
         return _NULL
 
+    def convert_module(self, model: torch.nn.Module) -> None:
+        """Convert the model's layers in place before it is parallelized and compiled (float8 swaps its Linear layers); nothing here."""
+
     def backward(self, loss: torch.Tensor, **kwargs: Any) -> None:
         """Back-propagate ``loss`` (scaled first when a scaler is active)."""
         loss.backward(**kwargs)

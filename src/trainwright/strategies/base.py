@@ -4,7 +4,7 @@ A strategy is an :class:`~trainwright.optim.engine.UpdateEngine`: optim wrappers
 ``backward`` / ``clip_grad`` / ``optimizer_step`` and ask its ``no_sync_context`` once. The
 base class runs on one process; :class:`~trainwright.strategies.process_group.ProcessGroupStrategy`
 adds the process group and collectives, and DDP, FSDP2 and DeepSpeed are its siblings.
-Order of a run: ``setup_env`` → ``prepare(model)`` (move, compile, wrap or shard) →
+Order of a run: ``setup_env`` → ``prepare(model)`` (move, convert, parallelize, checkpoint, compile, wrap) →
 ``setup_optim_wrapper(ow)`` (the optimizer is built over the prepared model) → steps. Every
 checkpoint read and write goes through the strategy, so a sharded strategy owns its format.
 """
@@ -12,7 +12,7 @@ checkpoint read and write goes through the strategy, so a sharded strategy owns 
 from __future__ import annotations
 
 import warnings
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -84,17 +84,27 @@ class Strategy(UpdateEngine):
         return self.rank == 0
 
     # -- model ----------------------------------------------------------------------------
-    def prepare(self, model: nn.Module, *, compile: bool | Mapping[str, Any] = False) -> nn.Module:
-        """Move ``model`` to the device, compile and wrap (or shard) it; route its training forward through the wrapper.
+    def prepare(self, model: nn.Module, *, compile: bool | Mapping[str, Any] = False, activation_checkpointing: Sequence[type[nn.Module] | str] = ()) -> nn.Module:
+        """Make ``model`` ready for the run, in torchtitan's order; route its training forward through the wrapper.
+
+        Move to the device → the precision's module conversion (float8) → :meth:`parallelize`
+        (tensor parallel) → activation checkpointing → compile (whole or per block) →
+        :meth:`wrap_model` (DDP / FSDP sharding). Every step but the last edits the user's
+        model in place.
 
         Returns:
             The model the loops call (possibly a wrapper); the optimizer is built after this,
             over :meth:`unwrap_model`'s parameters.
         """
+        from trainwright.model.activation_checkpointing import apply_activation_checkpointing
+        from trainwright.model.compile import apply_compile
+
         model = self.model_to_device(model)
         self.unwrapped = model
-        if compile:
-            model.compile(**(dict(compile) if isinstance(compile, Mapping) else {}))
+        self.precision.convert_module(model)
+        self.parallelize(model)
+        apply_activation_checkpointing(model, activation_checkpointing)
+        apply_compile(model, compile)
         self.model = self.wrap_model(model)
         self._route_forward(self.model)
         return self.model
@@ -118,6 +128,9 @@ class Strategy(UpdateEngine):
         if isinstance(pre, BaseDataPreprocessor):
             pre.device = self.device
         return model
+
+    def parallelize(self, model: nn.Module) -> None:
+        """Split layers across devices in place (tensor parallel); nothing here."""
 
     def wrap_model(self, model: nn.Module) -> nn.Module:
         """Wrap for distribution (DDP/FSDP); identity here."""
