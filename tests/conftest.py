@@ -18,6 +18,28 @@ import trainwright as tw
 
 _names = itertools.count()
 
+#: Whether this machine has a GPU (read once, before any test can hide it).
+HAS_CUDA = torch.cuda.is_available()
+
+
+def pytest_collection_modifyitems(config: Any, items: list[Any]) -> None:
+    """Tests marked ``cuda`` need a GPU: skipped without one."""
+    for item in items:
+        if not HAS_CUDA and item.get_closest_marker("cuda") is not None:
+            item.add_marker(pytest.mark.skip(reason="needs a CUDA device"))
+
+
+@pytest.fixture(autouse=True)
+def _cpu_unless_marked_cuda(request: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    """On a GPU machine, tests not marked ``cuda`` run as on a CPU-only one (their reference loops run on the CPU).
+
+    The Trainer, as a user gets it, takes the GPU when there is one; these tests compare it
+    with CPU tensors, so they hide the GPU from trainwright and from the processes they start.
+    """
+    if HAS_CUDA and request.node.get_closest_marker("cuda") is None:
+        monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+        monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "")
+
 
 class LinearReg(tw.BaseModel):
     """``y = W x + b`` with a mean-squared-error loss; deterministic, no dropout."""

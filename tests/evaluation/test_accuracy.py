@@ -158,7 +158,7 @@ def test_process_does_not_sync_with_the_host(sync_calls: Counter[str], monkeypat
     assert metric.evaluate(128)  # the sync happens here, once
 
 
-@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+@pytest.mark.cuda
 def test_process_on_cuda_makes_no_stream_synchronisation() -> None:
     scores, y = torch.randn(64, 10, device="cuda"), torch.randint(0, 10, (64,))
     metric = Accuracy(topk=(1, 5))

@@ -102,7 +102,7 @@ def test_throughput_fields_count_the_logged_batch_per_second(trainer_factory: An
         assert "max_memory_mb" not in r  # CPU: no CUDA memory to report
 
 
-@pytest.mark.skipif(not torch.cuda.is_available(), reason="peak CUDA memory needs a GPU")
+@pytest.mark.cuda
 def test_peak_cuda_memory_is_logged_on_gpu(trainer_factory: Any) -> None:
     t = trainer_factory(dataset=regression_set(16), batch_size=4, default_hooks=dict(checkpoint=None, logger=dict(interval=2)))
     t.train()

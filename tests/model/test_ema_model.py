@@ -101,7 +101,7 @@ def test_update_does_no_host_sync(sync_calls: Counter[str], dtype: torch.dtype) 
     assert sync_calls["__bool__"] == before.get("__bool__", 0) + 1 and sync_calls["__float__"] == before.get("__float__", 0) + 1
 
 
-@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+@pytest.mark.cuda
 def test_update_does_no_cuda_sync() -> None:
     model = _net().cuda()
     ema = ExponentialMovingAverage(model, momentum=0.1, update_buffers=True, interval=2)

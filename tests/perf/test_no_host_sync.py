@@ -108,7 +108,7 @@ class _SyncDebugOff(tw.Hook):
         torch.cuda.set_sync_debug_mode("default")
 
 
-@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+@pytest.mark.cuda
 @pytest.mark.parametrize("precision", ["32", "bf16-mixed"])
 def test_cuda_non_logging_iterations_pass_sync_debug_error(tmp_path: Any, precision: str) -> None:
     """On a GPU, non-logging iterations run under ``set_sync_debug_mode("error")``: any sync raises.

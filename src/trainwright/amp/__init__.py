@@ -8,10 +8,12 @@ from trainwright.amp.fp16_utils import (
     patch_norm_fp32,
     wrap_fp16_model,
 )
+from trainwright.amp.float8 import Float8Precision
 from trainwright.amp.precision import PRECISIONS, MixedPrecision, Precision, build_precision
 
 __all__ = [
     "PRECISIONS",
+    "Float8Precision",
     "MixedPrecision",
     "Precision",
     "auto_fp16",

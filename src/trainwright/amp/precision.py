@@ -221,7 +221,7 @@ class MixedPrecision(Precision):
 
 
 def build_precision(precision: str | Precision | None, device_type: str = "cpu") -> Precision:
-    """Build a precision object from a Trainer-style name (``"32"``, ``"bf16-mixed"``, ``"16-mixed"``).
+    """Build a precision object from a Trainer-style name (``"32"``, ``"bf16-mixed"``, ``"16-mixed"``, ``"float8"``).
 
     A :class:`Precision` object is returned as is; None means full precision.
     """
@@ -230,9 +230,14 @@ def build_precision(precision: str | Precision | None, device_type: str = "cpu")
     if precision is None:
         return Precision()
     key = str(precision)
+    if key == "float8":
+        from trainwright.amp.float8 import Float8Precision
+
+        return Float8Precision(device_type)
     if key not in PRECISIONS:
         from trainwright.registry import did_you_mean
 
-        raise ValueError(f"Unknown precision {precision!r}.{did_you_mean(key, list(PRECISIONS))} Use one of {list(PRECISIONS)}")
+        names = [*PRECISIONS, "float8"]
+        raise ValueError(f"Unknown precision {precision!r}.{did_you_mean(key, names)} Use one of {names}")
     dtype = PRECISIONS[key]
     return Precision() if dtype is None else MixedPrecision(dtype, device_type)

@@ -53,7 +53,7 @@ class Trainer:
         default_hooks: Configure or disable (None) stock hooks by name: ``timer``,
             ``logger``, ``param_scheduler``, ``checkpoint``, ``sampler_seed``, ``preemption``, ``progress_bar``.
         custom_hooks: More hooks (objects or dicts with ``type``).
-        precision: ``"32"``, ``"bf16-mixed"`` or ``"16-mixed"``.
+        precision: ``"32"``, ``"bf16-mixed"``, ``"16-mixed"`` or ``"float8"`` (CUDA, compute capability ≥ 8.9, torchao; see :mod:`trainwright.amp.float8`).
         strategy: ``"auto"`` (default), ``"single"``, a dict or a Strategy.
         compile: ``True`` or ``torch.compile`` kwargs.
         resume: False, True (latest complete checkpoint in ``work_dir``) or a path.
@@ -114,6 +114,9 @@ class Trainer:
         check_keys("test_cfg", self.test_cfg, EVAL_CFG_KEYS)
         self.work_dir = Path(work_dir)
         self.strategy = build_strategy(strategy)
+        # the one precision of the run (the strategy prepares the model with it; a plain optim wrapper uses this object);
+        # resolved first, so a precision this machine cannot run (float8 without its GPU) fails before anything is created
+        self.strategy.precision = run_precision(optim_wrapper, precision or "32", self.strategy.device.type)
         self.strategy.setup_env(randomness=randomness, **apply_env_cfg(self.strategy, env_cfg))
         self.seed: int = self.strategy.seed  # type: ignore[assignment]
         #: True when ``randomness`` named the seed; otherwise a resumed run adopts its checkpoint's seed.
@@ -152,8 +155,6 @@ class Trainer:
         self._train_loader_cfg = train_dataloader
         base = as_base_model(model)
         self.model: nn.Module = base  # the strategy moves (once), compiles and wraps it when a run first needs it
-        # the one precision of the run (the strategy prepares the model with it; a plain optim wrapper uses this object)
-        self.strategy.precision = run_precision(optim_wrapper, precision or "32", self.strategy.device.type)
         self.optim_wrapper: Any = None
         self.param_schedulers: Any = None
         self.train_loop: EpochBasedTrainLoop | IterBasedTrainLoop | None = None
