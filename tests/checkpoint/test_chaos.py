@@ -161,3 +161,18 @@ def test_preemption_signal_saves_exits_and_resumes_bitwise(tmp_path: Path, sig: 
     assert "done" not in out
     _run_to_end(tmp_path, work, "second")
     _assert_same_run(ref, work)
+
+
+@pytest.mark.slow
+@pytest.mark.multiprocess
+@pytest.mark.timeout(240)
+def test_immediate_restart_after_sigkill_with_loader_workers_is_not_refused(tmp_path: Path) -> None:
+    """Forked DataLoader workers outlive a ``kill -9`` of their parent for a few seconds; they must not hold its work-dir lock."""
+    ref, work = tmp_path / "ref", tmp_path / "work"
+    _run_to_end(tmp_path, ref, "ref", workers=2)
+    p = _start(tmp_path, work, "killed", workers=2, CHAOS_ITER_SLEEP="0.02")
+    assert _wait_for_iter(p, 8) is not None, p.stderr.read() if p.stderr else ""
+    p.send_signal(signal.SIGKILL)
+    p.wait(timeout=30)
+    _run_to_end(tmp_path, work, "restarted", workers=2)  # at once: the killed run's workers may still be alive
+    _assert_same_run(ref, work)

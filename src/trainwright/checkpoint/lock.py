@@ -4,8 +4,9 @@ Two runs on one ``work_dir`` (a requeued job while the old one runs, a notebook 
 twice) would overwrite each other's checkpoints and ``latest``. A training run holds an
 exclusive ``flock`` on ``<ckpt_dir>/.lock`` (a text file naming its pid, host and start time):
 a second run refuses to start, naming the holder; the kernel releases the lock however the
-process ends (``kill -9`` too), so a lock file nobody holds is stale and is taken over. The
-file is removed when the run ends. Where ``fcntl`` does not exist (Windows) there is no lock.
+process ends (``kill -9`` too), so a lock file nobody holds is stale and is taken over; forked
+children (DataLoader workers) close their copy of the descriptor, so they never keep a killed
+run's lock. The file is removed when the run ends. Where ``fcntl`` does not exist (Windows) there is no lock.
 """
 
 from __future__ import annotations
@@ -21,6 +22,28 @@ except ImportError:  # pragma: no cover - Windows
     fcntl = None  # type: ignore[assignment]
 
 LOCK_FILENAME = ".lock"
+
+#: Descriptors of the locks this process holds: a forked child closes its copies (see :func:`_close_in_child`).
+_HELD: set[int] = set()
+
+
+def _close_in_child() -> None:
+    """In a forked child (a DataLoader worker): close the inherited lock descriptors.
+
+    ``flock`` belongs to the open file, which a fork shares: a worker that kept it would hold
+    the lock after its parent was killed until it noticed (seconds), and an immediate restart
+    would find the folder busy.
+    """
+    for fd in _HELD:
+        try:
+            os.close(fd)
+        except OSError:
+            pass
+    _HELD.clear()
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_close_in_child)
 
 
 class WorkDirBusyError(RuntimeError):
@@ -79,6 +102,7 @@ class WorkDirLock:
         os.ftruncate(fd, 0)
         os.pwrite(fd, f"pid {os.getpid()} on {socket.gethostname()}, since {time.strftime('%Y-%m-%d %H:%M:%S')}\n".encode(), 0)
         self._fd = fd
+        _HELD.add(fd)
         return previous or None
 
     def release(self) -> None:
@@ -86,6 +110,7 @@ class WorkDirLock:
         fd, self._fd = self._fd, None
         if fd is None:
             return
+        _HELD.discard(fd)
         try:
             if _same_file(fd, self.path):
                 self.path.unlink()
