@@ -17,7 +17,7 @@ Workloads:
 
 Also: import time of trainwright on top of torch, and peak RSS of each side (subprocesses).
 
-Run:  python benchmarks/overhead.py [--rounds 15] [--only A,B,C,E] [--no-rss]
+Run:  python benchmarks/overhead.py [--rounds 15] [--only A,B,C,E] [--no-rss] [--steps N]
 """
 
 from __future__ import annotations
@@ -262,8 +262,11 @@ def main() -> None:
     parser.add_argument("--no-rss", action="store_true")
     parser.add_argument("--threads", type=int, default=0, help="torch intra-op threads (0: torch's default)")
     parser.add_argument("--json", help="also write the results here")
+    parser.add_argument("--steps", type=int, default=0, help="steps per run of every workload (0: each workload's own; fewer for a quick check)")
     parser.add_argument("--rss-child", help=argparse.SUPPRESS)
     args = parser.parse_args()
+    for w in WORKLOADS.values():
+        w.steps = args.steps or w.steps
     if args.threads:
         torch.set_num_threads(args.threads)
     if args.rss_child:

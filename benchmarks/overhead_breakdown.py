@@ -89,7 +89,9 @@ def trainer_loop(default_hooks: dict | None, init: dict, data, work_dir: str) ->
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rounds", type=int, default=5)
+    parser.add_argument("--steps", type=int, default=0, help="steps of workload A per run (0: its own; fewer for a quick check)")
     args = parser.parse_args()
+    W.steps = args.steps or W.steps
     torch.manual_seed(0)
     init = ov.make_mlp(W.sizes).state_dict()
     data = ov.make_data(W)

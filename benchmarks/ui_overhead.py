@@ -215,7 +215,9 @@ def main() -> None:
     parser.add_argument("--instr", action="store_true", help="instructions per step under callgrind (slow: minutes)")
     parser.add_argument("--threads", type=int, default=0, help="torch intra-op threads (0: torch's default; 1 steadies a busy machine)")
     parser.add_argument("--instr-child", action="store_true", help=argparse.SUPPRESS)
+    parser.add_argument("--steps", type=int, default=0, help="steps of workload A per run (0: its own; fewer for a quick check)")
     args = parser.parse_args()
+    W.steps = args.steps or W.steps
     if args.threads:
         torch.set_num_threads(args.threads)
     if args.instr_child:
