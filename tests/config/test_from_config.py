@@ -183,16 +183,20 @@ def test_mmengine_visualizer_backends_become_writers(tmp_path: Path, components:
         "vis_backends = [dict(type='LocalVisBackend'), dict(type='TensorboardVisBackend')]\n"
         "visualizer = dict(type='UniversalVisualizer', vis_backends=vis_backends, name='visualizer')\n"
         "train_cfg = dict(max_epochs=1)\n"
+        "env_cfg = dict(cudnn_benchmark=True, mp_cfg=dict(mp_start_method='fork', opencv_num_threads=0), dist_cfg=dict(backend='nccl'))\n"
     )
     path.write_text(text)
+    benchmark_before = torch.backends.cudnn.benchmark
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         trainer = tw.Trainer.from_config(Config.fromfile(path), experiment_name="vis")
     try:
+        assert torch.backends.cudnn.benchmark is True  # env_cfg honoured, as mmengine's Runner does
         assert [type(w).__name__ for w in trainer.writers] == ["ConsoleWriter", "JsonlWriter", "TensorBoardWriter"]
         trainer.train()
     finally:
         trainer.close()
+        torch.backends.cudnn.benchmark = benchmark_before
     acc = EventAccumulator(str(trainer.run_dir / "tensorboard"))
     acc.Reload()
     assert "train/loss" in acc.Tags()["scalars"] and "val/acc" in acc.Tags()["scalars"]
