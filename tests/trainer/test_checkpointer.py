@@ -29,9 +29,9 @@ def test_the_trainer_checkpoint_methods_go_to_its_manager(tmp_path: Path) -> Non
         assert path == tmp_path / "a" / "checkpoints" / "iter_10.pth" and read_latest(path.parent) == "iter_10.pth"
         assert t.request_checkpoint() is None  # this iteration is saved already
         assert list(t.stateful) == list(t.checkpoints.stateful) == [
-            "meta", "model", "optim_wrapper", "progress", "train_dataloader", "metric_store", "hooks", "rng",
+            "meta", "model", "optim_wrapper", "progress", "train_dataloader", "metric_store", "message_hub", "hooks", "rng",
         ]
-        assert list(t.state_dict(save_optimizer=False)) == ["meta", "model", "progress", "train_dataloader", "metric_store", "hooks", "rng"]
+        assert list(t.state_dict(save_optimizer=False)) == ["meta", "model", "progress", "train_dataloader", "metric_store", "message_hub", "hooks", "rng"]
         other = t.save_checkpoint("other.pth", save_optimizer=False)
         assert other == path.parent / "other.pth" and "optim_wrapper" not in load_file(other)
         assert read_latest(path.parent) == "iter_10.pth"  # an explicit save does not move latest

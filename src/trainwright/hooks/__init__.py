@@ -11,6 +11,7 @@ from trainwright.hooks.param_scheduler import ParamSchedulerHook
 from trainwright.hooks.preemption import PreemptionHook
 from trainwright.hooks.profiler import ProfilerHook
 from trainwright.hooks.progress_bar import ProgressBarHook
+from trainwright.hooks.runtime_info import RuntimeInfoHook
 from trainwright.hooks.sampler_seed import DistSamplerSeedHook
 
-__all__ = ["Hook", "HookList", "EVENTS", "CheckpointHook", "IterTimerHook", "LoggerHook", "ParamSchedulerHook", "DistSamplerSeedHook", "EMAHook", "EarlyStoppingHook", "PreemptionHook", "ProfilerHook", "ProgressBarHook"]
+__all__ = ["Hook", "HookList", "EVENTS", "CheckpointHook", "IterTimerHook", "LoggerHook", "ParamSchedulerHook", "DistSamplerSeedHook", "EMAHook", "EarlyStoppingHook", "PreemptionHook", "ProfilerHook", "ProgressBarHook", "RuntimeInfoHook"]

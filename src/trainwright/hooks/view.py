@@ -17,6 +17,7 @@ from trainwright.checkpoint.manager import CheckpointManager
 
 if TYPE_CHECKING:
     from trainwright.logging.lines import PendingLines
+    from trainwright.logging.message_hub import MessageHub
     from trainwright.logging.metric_store import MetricStore
     from trainwright.strategies.base import Strategy
     from trainwright.utils.progress import Progress
@@ -62,6 +63,7 @@ class TrainerView(Protocol):
         param_schedulers: The parameter schedulers (list, or dict per optimizer).
         run_dir: This run's folder (``work_dir/<experiment_name>``: log, metrics, traces).
         checkpoints: Saving, naming, ``latest``, keep-k, save-now requests and restore.
+        message_hub: mmengine's message hub: the run's facts, logged scalars, what hooks write.
     """
 
     progress: Progress
@@ -75,6 +77,7 @@ class TrainerView(Protocol):
     param_schedulers: Any
     run_dir: Path
     checkpoints: CheckpointManager
+    message_hub: MessageHub
 
     @property
     def train_loop(self) -> TrainLoopView | None:

@@ -58,6 +58,18 @@ class HistoryBuffer:
         """The iteration the most recent value belongs to."""
         return self._iters[-1]
 
+    def current(self) -> float:
+        """The most recent value (mmengine's ``HistoryBuffer.current()``)."""
+        return self._window[-1]
+
+    def min(self, window: int | None = None) -> float:
+        """Smallest of the last ``window`` values (``window_size`` by default)."""
+        return min(self._tail(window))
+
+    def max(self, window: int | None = None) -> float:
+        """Largest of the last ``window`` values (``window_size`` by default)."""
+        return max(self._tail(window))
+
     def history(self) -> tuple[list[int], list[float]]:
         """Every kept ``(iterations, values)``, oldest first."""
         return list(self._iters), list(self._window)

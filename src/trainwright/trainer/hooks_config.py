@@ -7,11 +7,13 @@ from typing import Any
 
 import trainwright.hooks.preemption  # noqa: F401 - registers PreemptionHook
 import trainwright.hooks.progress_bar  # noqa: F401 - registers ProgressBarHook
+import trainwright.hooks.runtime_info  # noqa: F401 - registers RuntimeInfoHook
 from trainwright.hooks.hook import Hook, get_priority, require_hook
 from trainwright.registry import HOOKS, did_you_mean
 
 #: The stock hooks a trainer has unless switched off by name (value None).
 DEFAULT_HOOKS: dict[str, dict[str, Any]] = {
+    "runtime_info": dict(type="RuntimeInfoHook"),
     "timer": dict(type="IterTimerHook"),
     "logger": dict(type="LoggerHook", interval=10),
     "param_scheduler": dict(type="ParamSchedulerHook"),

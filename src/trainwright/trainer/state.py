@@ -31,7 +31,7 @@ if TYPE_CHECKING:
 #: The trainer's own piece names, in load order (``rng`` follows, appended by the manager).
 PIECES = ("meta", "model", "optim_wrapper", "param_schedulers", "progress", "train_dataloader", "metric_store", "hooks")
 #: Pieces a checkpoint may lack without a warning (``save_optimizer`` / ``save_param_scheduler=False``).
-OPTIONAL_PIECES = ("meta", "optim_wrapper", "param_schedulers")
+OPTIONAL_PIECES = ("meta", "optim_wrapper", "param_schedulers", "message_hub")
 
 
 def _scheduler_states(schedulers: Any) -> Any:

@@ -19,6 +19,7 @@ from trainwright.logging.agreement import Agreement
 from trainwright.logging.lines import PendingLines
 from trainwright.logging.logger import close_logger, create_logger
 from trainwright.logging.metric_store import MetricStore
+from trainwright.logging.message_hub import MessageHub
 from trainwright.logging.writers import Writer, build_writers, plain
 from trainwright.utils.progress import Progress
 from trainwright.loops.context import LoopContext
@@ -133,6 +134,12 @@ class Trainer:
         #: The stop / NaN / write decisions every process takes together (several processes: one collective per store flush).
         self.agreement = Agreement(self.strategy.all_gather if self.strategy.world_size > 1 else None)
         self.metric_store = MetricStore(raise_on_nonfinite=nonfinite_loss == "raise", agreement=self.agreement)
+        #: mmengine's message hub: the run's facts read live, the logged scalars, and what hooks and models write (checkpointed).
+        self.message_hub = MessageHub(self.experiment_name, live={
+            "epoch": lambda: self.progress.epoch, "iter": lambda: self.progress.iteration, "max_iters": lambda: self.max_iters,
+            "max_epochs": lambda: getattr(self.train_loop, "max_epochs", 1 if self.train_loop is not None else 0),
+            "experiment_name": lambda: self.experiment_name, "seed": lambda: self.seed,
+        }, scalars=lambda name: self.metric_store.get(name) if name in self.metric_store else None)
         #: The training log lines held for batched writing (the logger hook fills it; :meth:`flush_logs` writes it).
         self.log_lines = PendingLines(self.metric_store, self.writers, self.strategy.world_size)
         config = plain(dict(
@@ -167,7 +174,7 @@ class Trainer:
         self.checkpoints = CheckpointManager(
             self.strategy,
             {"meta": MetaState(self), "model": ModelState(self.strategy), "optim_wrapper": None, "param_schedulers": None,  # None: set by _build_train
-             "progress": self.progress, "train_dataloader": None, "metric_store": self.metric_store, "hooks": HookStates(self.hooks)},
+             "progress": self.progress, "train_dataloader": None, "metric_store": self.metric_store, "message_hub": self.message_hub, "hooks": HookStates(self.hooks)},
             self.ckpt_dir, progress=self.progress, logger=self.logger, flush=self.flush_logs,
             before_save=lambda ckpt: self.hooks.call("before_save_checkpoint", self, ckpt),
             after_load=lambda ckpt: self.hooks.call("after_load_checkpoint", self, ckpt),
