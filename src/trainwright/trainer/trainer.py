@@ -131,7 +131,7 @@ class Trainer:
         self.agreement = Agreement(self.strategy.all_gather if self.strategy.world_size > 1 else None)
         self.metric_store = MetricStore(raise_on_nonfinite=nonfinite_loss == "raise", agreement=self.agreement)
         #: The training log lines held for batched writing (the logger hook fills it; :meth:`flush_logs` writes it).
-        self.log_lines = PendingLines(self.metric_store, self.writers, self.strategy.world_size)
+        self.log_lines = PendingLines(self.metric_store, self.writers, self.strategy.data_parallel_size)  # throughput: batches per step
         config = plain(dict(
             work_dir=self.work_dir, experiment_name=self.experiment_name, train_cfg=self.train_cfg, val_cfg=self.val_cfg, test_cfg=self.test_cfg,
             optim_wrapper=optim_wrapper, param_scheduler=param_scheduler, default_hooks=default_hooks, custom_hooks=custom_hooks, precision=precision,
