@@ -2,7 +2,7 @@
 
 Two process starts run every training the multi-process tests compare (see tp_train.py):
 4 processes run examples/char_gpt.py's model (tiny) as a 2x2 (dp, tp) mesh with checkpoints,
-resume its checkpoint as 4x1, and hit the two start-up errors; one process runs the
+resume its checkpoint as 4x1, load its gathered weights into another 2x2 run, and hit the two start-up errors; one process runs the
 full-batch reference and resumes the 2x2 checkpoint as 1x1 (FSDP without a launcher, and
 strategy='single' through load_full). Tolerances, float32: losses within 1e-5 relative,
 parameters within 1e-6 + 1e-5 relative after 6 SGD-momentum steps with clipping (measured: ~1e-7).
@@ -28,8 +28,10 @@ def out(tmp_path_factory: pytest.TempPathFactory) -> Path:
     out = tmp_path_factory.mktemp("tp")
     ckpt = out / "T" / "checkpoints" / "iter_3.dcp"
     # 4 processes: 2x2 with checkpoints at 3 and 6; its iteration-3 checkpoint resumed as 4x1 (tensor_parallel size 1, plan kept);
+    # its gathered weights loaded (load_from) into a 2x2 run that does not move them (lr=0);
     # a callable plan; a plan pattern that matches nothing; tensor_parallel size 3 (does not divide 4)
-    launch(SCRIPT, [str(out), "T:tp2:8:6:save=3", f"U:tp1:4:6:resume={ckpt}", "C:tp2:8:2:plan=callable", "B:tp2:8:1:plan=bad", "X:tp3:8:1"], out, nproc=4, timeout=420)
+    launch(SCRIPT, [str(out), "T:tp2:8:6:save=3:weights=1", f"U:tp1:4:6:resume={ckpt}", f"L:tp2:8:1:lr=0:load={out / 'T' / 'weights.safetensors'}",
+                    "C:tp2:8:2:plan=callable", "B:tp2:8:1:plan=bad", "X:tp3:8:1"], out, nproc=4, timeout=420)
     # 1 process: the full-batch reference; the 2x2 checkpoint resumed as a 1-process FSDP run and by strategy='single'
     launch(SCRIPT, [str(out), "F:single:16:6", f"O:fsdp:16:6:resume={ckpt}", f"S:single:16:6:resume={ckpt}"], out, nproc=1, timeout=240)
     return out
@@ -84,6 +86,22 @@ def test_2x2_checkpoint_resumes_at_4x1_and_1x1(out: Path) -> None:
         _assert_params_close(resumed, uninterrupted)
         _assert_params_close(resumed, single)
         assert resumed["val"][0]["val/loss"] == pytest.approx(single["val"][0]["val/loss"], rel=RTOL)
+
+
+@pytest.mark.multiprocess
+@pytest.mark.slow
+def test_full_weights_gathered_from_2x2_and_loaded_into_2x2(out: Path) -> None:
+    """save_weights of the 2x2 run holds the full weights (equal to the one-process run's), and load_from= that file on a 2x2 mesh
+    (one step at lr=0) gives every rank its slices back: the gathered model equals the file exactly."""
+    from safetensors.torch import load_file
+
+    saved, single = load_file(out / "T" / "weights.safetensors"), _result(out, "F")
+    assert saved.keys() == single["params"].keys() and saved["blocks.0.mlp.fc1.weight"].shape == (64, 16)  # whole, not a shard
+    _assert_params_close({"params": saved}, single)
+    loaded = _result(out, "L")
+    assert loaded["error"] is None
+    for k, v in saved.items():
+        assert torch.equal(loaded["params"][k], v), k
 
 
 @pytest.mark.multiprocess

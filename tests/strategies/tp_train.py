@@ -6,7 +6,8 @@ tensor parallelism), ``tp1`` (``tensor_parallel=dict(size=1, plan=...)``: the pl
 applied), ``tp2`` / ``tp3`` (the example's plan over 2 / 3 ranks); ``batch`` is per data shard.
 FSDP shards each Block as a unit. Options: ``save=N`` (checkpoint every N iterations),
 ``resume=PATH``, ``plan=bad`` (the example's plan and a pattern that matches nothing),
-``plan=callable`` (a function that splits the first block's MLP itself). Every run clips gradients at max_norm 0.5 and validates
+``plan=callable`` (a function that splits the first block's MLP itself), ``weights=1``
+(``save_weights`` after training), ``load=PATH`` (``load_from``), ``lr=X`` (default 0.5). Every run clips gradients at max_norm 0.5 and validates
 once at the end on 10 sequences (two data shards of 5, one padded).
 Under torchrun the script makes the process group and destroys it after the runs.
 Writes OUT_DIR/NAME/result_rank<r>.pt: the train records of metrics.jsonl (rank 0), the
@@ -71,11 +72,12 @@ def run(out: Path, spec: str) -> None:
                 train_dataloader=dict(dataset=data(64, 1), batch_size=int(batch), shuffle=True),
                 val_dataloader=dict(dataset=data(10, 2), batch_size=2),
                 val_evaluator=dict(type="CharLoss"),
-                optim_wrapper=dict(optimizer=dict(type="SGD", lr=0.5, momentum=0.9), clip_grad=dict(max_norm=0.5)),
+                optim_wrapper=dict(optimizer=dict(type="SGD", lr=float(o.get("lr", 0.5)), momentum=0.9), clip_grad=dict(max_norm=0.5)),
                 train_cfg=dict(by_epoch=False, max_iters=int(iters), val_interval=int(iters)),
                 default_hooks=dict(logger=dict(interval=1, flush_secs=0), checkpoint=dict(by_epoch=False, interval=save or -1, save_last=bool(save))),
                 strategy=strategy,
                 resume=o.get("resume", False),
+                load_from=o.get("load"),
                 randomness=dict(seed=0),
                 log_level="WARNING",
             )
@@ -89,6 +91,8 @@ def run(out: Path, spec: str) -> None:
                 result["error"] = str(e)
     if trainer is not None:
         if result["error"] is None:
+            if o.get("weights") == "1":
+                trainer.save_weights(out / name / "weights.safetensors")
             full = trainer.strategy.full_model_state_dict()
             ow = trainer.optim_wrapper
             records = [json.loads(line) for line in (out / name / "run" / "metrics.jsonl").read_text().splitlines()] if rank == 0 else []
