@@ -62,21 +62,47 @@ class PythonHelpText(Dataset):
         return chunk[:-1], chunk[1:]
 
 
+class Attention(nn.Module):
+    """Causal multi-head self-attention with separate ``q`` / ``k`` / ``v`` projections.
+
+    Separate projections (not one fused ``qkv``) so that tensor parallelism can split each
+    column-wise by heads; the reshape uses ``-1`` heads, so a rank holding a slice of the
+    heads runs the same code (as torchtitan's attention does).
+    """
+
+    def __init__(self, dim: int, heads: int) -> None:
+        super().__init__()
+        self.head_dim = dim // heads
+        self.q, self.k, self.v, self.proj = (nn.Linear(dim, dim) for _ in range(4))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        b, t, _ = x.shape
+        q, k, v = (f(x).view(b, t, -1, self.head_dim).transpose(1, 2) for f in (self.q, self.k, self.v))
+        att = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+        return self.proj(att.transpose(1, 2).reshape(b, t, -1))
+
+
+class MLP(nn.Module):
+    """``fc2(gelu(fc1(x)))`` with a 4x wider hidden layer."""
+
+    def __init__(self, dim: int) -> None:
+        super().__init__()
+        self.fc1, self.fc2 = nn.Linear(dim, 4 * dim), nn.Linear(4 * dim, dim)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.fc2(F.gelu(self.fc1(x)))
+
+
 class Block(nn.Module):
     """Pre-norm transformer block: causal self-attention, then an MLP."""
 
     def __init__(self, dim: int, heads: int) -> None:
         super().__init__()
-        self.heads = heads
         self.ln1, self.ln2 = nn.LayerNorm(dim), nn.LayerNorm(dim)
-        self.qkv, self.proj = nn.Linear(dim, 3 * dim), nn.Linear(dim, dim)
-        self.mlp = nn.Sequential(nn.Linear(dim, 4 * dim), nn.GELU(), nn.Linear(4 * dim, dim))
+        self.attn, self.mlp = Attention(dim, heads), MLP(dim)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        b, t, d = x.shape
-        q, k, v = self.qkv(self.ln1(x)).view(b, t, 3, self.heads, d // self.heads).permute(2, 0, 3, 1, 4)
-        att = F.scaled_dot_product_attention(q, k, v, is_causal=True)
-        x = x + self.proj(att.transpose(1, 2).reshape(b, t, d))
+        x = x + self.attn(self.ln1(x))
         return x + self.mlp(self.ln2(x))
 
 
@@ -157,3 +183,14 @@ default_hooks = dict(logger=dict(interval=10), checkpoint=dict(by_epoch=False, i
 custom_hooks = [dict(type="SampleTextHook", prompt="The ")]
 precision = "bf16-mixed"
 randomness = dict(seed=0)
+
+# 2-D parallelism (docs/parallelism.md): FSDP over `dp`, each block's attention and MLP split over `tp` ranks.
+# Column-wise layers give each rank a slice of the heads / hidden units, the row-wise layer after them sums the slices.
+_tp_plan = {  # a helper variable (leading underscore: not a Trainer argument)
+    "blocks.*.attn.q": "colwise", "blocks.*.attn.k": "colwise", "blocks.*.attn.v": "colwise", "blocks.*.attn.proj": "rowwise",
+    "blocks.*.mlp.fc1": "colwise", "blocks.*.mlp.fc2": "rowwise",
+}
+# Uncomment and start 4 processes (a 2 x 2 mesh: 2 data shards of 16 samples, each model split over 2 ranks):
+#   trainwright train examples/char_gpt.py --nproc 4
+# strategy = dict(type="fsdp", tensor_parallel=dict(size=2, plan=_tp_plan))
+# train_dataloader = {**train_dataloader, "batch_size": 16}  # per data shard: 2 shards x 16 = the 32 above

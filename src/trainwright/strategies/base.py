@@ -83,6 +83,22 @@ class Strategy(UpdateEngine):
         """True on rank 0."""
         return self.rank == 0
 
+    # -- data parallelism: how many different batches a step sees ---------------------------
+    @property
+    def data_parallel_size(self) -> int:
+        """Number of data shards: processes that see different batches (the world size; less with tensor parallelism).
+
+        The train and evaluation loaders are sharded this many ways and the logged throughput
+        counts this many batches per step. Processes of one model replica (a tensor-parallel
+        group) share a shard: they must receive the same batch.
+        """
+        return self.world_size
+
+    @property
+    def data_parallel_rank(self) -> int:
+        """This process's data shard, in ``range(data_parallel_size)`` (its rank; with tensor parallelism its replica's index)."""
+        return self.rank
+
     # -- model ----------------------------------------------------------------------------
     def prepare(self, model: nn.Module, *, compile: bool | Mapping[str, Any] = False, activation_checkpointing: Sequence[type[nn.Module] | str] = ()) -> nn.Module:
         """Make ``model`` ready for the run, in torchtitan's order; route its training forward through the wrapper.

@@ -7,6 +7,9 @@ sharded parameters. Inside accumulation windows gradient sync is off; clipping b
 global norm of the sharded gradients; float16 uses a ``ShardedGradScaler``. Checkpoints are DCP
 directories (:mod:`trainwright.strategies.dcp_io`) that load at any world size. Without a
 launcher the strategy starts a one-process group, so a sharded run can continue on one process.
+With ``tensor_parallel`` the processes form a ``(dp, tp)`` mesh: ``parallelize`` splits the
+plan's layers over ``tp`` (:mod:`trainwright.strategies.tensor_parallel`), FSDP shards over
+``dp``, and the data is sharded over ``dp`` only (docs/parallelism.md).
 """
 
 from __future__ import annotations
@@ -27,6 +30,7 @@ from trainwright.optim.engine import ClipFn
 from trainwright.optim.optim_wrapper_dict import optim_wrappers_of
 from trainwright.registry import STRATEGIES
 from trainwright.strategies.process_group import ProcessGroupStrategy
+from trainwright.strategies.tensor_parallel import TensorParallel, apply_plan, check_divisible, grads_on_mesh
 
 
 def _copy_tensors(obj: Any) -> Any:
@@ -66,6 +70,11 @@ class FSDPStrategy(ProcessGroupStrategy):
             ``reduce_dtype``, ...; dtypes or their names); default: from the run's precision (``bf16-mixed`` →
             ``param_dtype=torch.bfloat16, reduce_dtype=torch.float32``; ``16-mixed`` →
             float16 / float32; ``32``: none).
+        tensor_parallel: ``dict(size=N, plan=...)``: 2-D parallelism on a ``(dp, tp)`` mesh of
+            ``(world_size / N, N)``. ``plan`` maps module path patterns (``*``: one path
+            component) to ``"colwise"``, ``"rowwise"``, ``"sequence"`` or a ``ParallelStyle``,
+            or is a callable ``plan(model, tp_mesh)``. ``size`` 1 (or None): no tensor
+            parallelism, the plan is not applied. See docs/parallelism.md.
 
     An ``async_save`` request of the checkpoint hook writes with ``dcp.async_save``: training
     goes on once the shards are copied to CPU memory; at most one write in flight.
@@ -83,8 +92,12 @@ class FSDPStrategy(ProcessGroupStrategy):
         shard_modules: Sequence[type[nn.Module] | str] = (),
         reshard_after_forward: bool = True,
         mixed_precision: Mapping[str, Any] | None = None,
+        tensor_parallel: Mapping[str, Any] | None = None,
     ) -> None:
         super().__init__(device, backend=backend, timeout_s=timeout_s)
+        self.tensor_parallel = TensorParallel.from_config(tensor_parallel)
+        #: The ``(dp, tp)`` mesh of a tensor-parallel run (made by :meth:`setup_env`); None without tensor parallelism.
+        self.device_mesh: Any = None
         self.shard_modules = tuple(shard_modules)
         self.reshard_after_forward = reshard_after_forward
         self.mixed_precision = dict(mixed_precision) if mixed_precision is not None else None
@@ -94,13 +107,46 @@ class FSDPStrategy(ProcessGroupStrategy):
 
     # -- environment ----------------------------------------------------------------------
     def setup_env(self, *, launcher: str = "pytorch", cudnn_benchmark: bool = False, dist_cfg: Mapping[str, Any] | None = None, randomness: Mapping[str, Any] | None = None) -> None:
-        """Join the launcher's process group, or start a one-process group when no launcher started this process."""
+        """Join the launcher's process group (or start a one-process group when no launcher started this process); with tensor parallelism, make the ``(dp, tp)`` mesh.
+
+        Raises:
+            ValueError: with tensor parallelism, a world size its size does not divide, or
+                ``randomness.diff_rank_seed`` (checked before any process group is joined).
+        """
         from trainwright.dist.utils import launched_world_size
 
-        if not dist.is_initialized() and launched_world_size() <= 1 and "MASTER_ADDR" not in os.environ:
+        world = dist.get_world_size() if dist.is_initialized() else launched_world_size()
+        if self.tensor_parallel.size > 1 and (randomness or {}).get("diff_rank_seed"):
+            raise ValueError("randomness.diff_rank_seed=True cannot be used with tensor_parallel: the ranks of a tensor-parallel group compute one "
+                             "model replica and must draw the same random numbers (dropout on replicated activations). Drop diff_rank_seed; "
+                             "the data shards still differ per data-parallel rank.")
+        check_divisible(world, self.tensor_parallel.size)  # before any process group is joined
+        if not dist.is_initialized() and world <= 1 and "MASTER_ADDR" not in os.environ:
             dist.init_process_group(backend=self.backend, store=dist.HashStore(), rank=0, world_size=1, timeout=datetime.timedelta(seconds=self.timeout_s))
             self._owns_group = True
         super().setup_env(launcher=launcher, cudnn_benchmark=cudnn_benchmark, dist_cfg=dist_cfg, randomness=randomness)
+        if self.tensor_parallel.size > 1:
+            from torch.distributed.device_mesh import init_device_mesh
+
+            self.device_mesh = init_device_mesh(self.device.type, (self.data_parallel_size, self.tensor_parallel.size), mesh_dim_names=("dp", "tp"))
+
+    # -- process facts --------------------------------------------------------------------
+    @property
+    def data_parallel_size(self) -> int:
+        """Data shards: the world size, or with tensor parallelism the ``dp`` size of the mesh (world size / tp size)."""
+        return self.world_size // self.tensor_parallel.size
+
+    @property
+    def data_parallel_rank(self) -> int:
+        """This process's data shard: its rank, or with tensor parallelism its ``dp`` coordinate (``init_device_mesh`` puts ranks row-major: rank // tp size)."""
+        return self.rank // self.tensor_parallel.size
+
+    def collect_env(self) -> dict[str, Any]:
+        """The base facts, and the ``(dp, tp)`` mesh of a tensor-parallel run."""
+        env = super().collect_env()
+        if self.tensor_parallel.size > 1:
+            env["device_mesh"] = {"dp": self.data_parallel_size, "tp": self.tensor_parallel.size}
+        return env
 
     def teardown(self) -> None:
         """Finish a pending checkpoint write, destroy the side group of the background writes, then leave as DDP does.
@@ -136,7 +182,13 @@ class FSDPStrategy(ProcessGroupStrategy):
         return precision
 
     def clip_grad(self, clip: ClipFn, params: list[torch.Tensor]) -> torch.Tensor | None:
-        """Clip with the global norm over every rank's shards; return it as a plain (replicated) tensor, not a DTensor."""
+        """Clip with the global norm over every rank's shards; return it as a plain (replicated) tensor, not a DTensor.
+
+        With tensor parallelism the gradients live on the 2-D mesh and its ``dp`` sub-mesh:
+        the clip function sees them all on the 2-D mesh (:func:`~trainwright.strategies.tensor_parallel.grads_on_mesh`).
+        """
+        if self.device_mesh is not None:
+            params = grads_on_mesh(params, self.device_mesh)
         total = clip(params)
         return total.full_tensor() if hasattr(total, "full_tensor") else total
 
@@ -149,12 +201,24 @@ class FSDPStrategy(ProcessGroupStrategy):
             return MixedPrecisionPolicy()
         return MixedPrecisionPolicy(param_dtype=self.precision.dtype, reduce_dtype=torch.float32)
 
+    def parallelize(self, model: nn.Module) -> None:
+        """Tensor parallelism: split the plan's layers over the mesh's ``tp`` dimension (in place); nothing without it.
+
+        Raises:
+            ValueError: a plan pattern matches no module (the message names paths that exist).
+        """
+        if self.device_mesh is None or self.tensor_parallel.plan is None:  # a plan is required with size > 1 (checked with the config)
+            return
+        apply_plan(self._state_module(model), self.tensor_parallel.plan, self.device_mesh["tp"])
+
     def wrap_model(self, model: nn.Module) -> nn.Module:
-        """``fully_shard`` every module of a ``shard_modules`` class, then the root (in place; the same object is returned)."""
+        """``fully_shard`` every module of a ``shard_modules`` class, then the root, over the ``dp`` mesh (in place; the same object is returned)."""
         from torch.distributed.fsdp import fully_shard
 
         kwargs = dict(reshard_after_forward=self.reshard_after_forward, mp_policy=self._policy())
-        if self.device.type == "cuda":
+        if self.device_mesh is not None:
+            kwargs["mesh"] = self.device_mesh["dp"]
+        elif self.device.type == "cuda":
             from torch.distributed.device_mesh import init_device_mesh
 
             kwargs["mesh"] = init_device_mesh("cuda", (self.world_size,))

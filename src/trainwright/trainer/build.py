@@ -61,7 +61,7 @@ def build_train(
         )
     by_epoch = cfg.pop("by_epoch", "max_iters" not in cfg)
     strategy = trainer.strategy
-    loader = build_dataloader(loader_cfg, seed=seed, num_replicas=strategy.world_size, rank=strategy.rank)  # this rank's shard
+    loader = build_dataloader(loader_cfg, seed=seed, num_replicas=strategy.data_parallel_size, rank=strategy.data_parallel_rank)  # this rank's shard
     try:
         len(loader)
     except TypeError as e:
@@ -114,6 +114,36 @@ def _warn_epoch_schedulers(schedulers: Any) -> None:
         )
 
 
+class DataParallelGroup:
+    """Evaluation's collectives when several processes share a data shard (tensor parallelism): one member per shard.
+
+    Every process takes part in each gather; the result holds the first object of each data
+    shard, in shard order (the layout :func:`~trainwright.evaluation.collect.merge_rank_results`
+    expects of ``world_size`` ranks).
+    """
+
+    def __init__(self, strategy: Any) -> None:
+        self.strategy = strategy
+
+    @property
+    def world_size(self) -> int:  # noqa: D102 - see Collectives
+        return int(self.strategy.data_parallel_size)
+
+    @property
+    def is_main_process(self) -> bool:  # noqa: D102 - see Collectives
+        return bool(self.strategy.is_main_process)
+
+    def gather_object(self, obj: Any) -> list[Any]:
+        """``obj`` of one process per data shard (the first of each), in shard order."""
+        out: dict[int, Any] = {}
+        for shard, value in self.strategy.gather_object((self.strategy.data_parallel_rank, obj)):
+            out.setdefault(shard, value)
+        return [out[s] for s in range(self.world_size)]
+
+    def broadcast_object(self, obj: Any, src: int = 0) -> Any:  # noqa: D102 - see Collectives
+        return self.strategy.broadcast_object(obj, src=src)
+
+
 def build_eval_loop(trainer: Trainer, loader: Any, evaluator: Any, mode: str, cfg: Mapping[str, Any]) -> EvalLoop | None:
     """A val / test loop from a DataLoader (or its dict) and a metric / list of metrics / Evaluator; None without a loader.
 
@@ -121,15 +151,17 @@ def build_eval_loop(trainer: Trainer, loader: Any, evaluator: Any, mode: str, cf
     equal lengths, ``DistributedSampler`` semantics; a sampler that shards itself is kept):
     every rank evaluates its part and the metrics gather the results without the padding,
     so the numbers equal one process's. Any other iterable of batches is used as given.
+    The shards are the strategy's data-parallel ones: the processes of one tensor-parallel
+    group evaluate the same batches, and the metrics take one result list per shard.
     """
     if loader is None:
         return None
     if isinstance(loader, Mapping):
         loader = make_dataloader(loader, f"{mode}_dataloader")
     strategy = trainer.strategy
-    if strategy.world_size > 1:
+    if strategy.data_parallel_size > 1:
         if isinstance(loader, DataLoader) and not isinstance(loader.dataset, IterableDataset):
-            loader = make_resumable(loader, 0, strategy.world_size, strategy.rank, f"{mode}_dataloader")
+            loader = make_resumable(loader, 0, strategy.data_parallel_size, strategy.data_parallel_rank, f"{mode}_dataloader")
         else:
             warnings.warn(
                 f"The {mode}_dataloader ({type(loader).__name__}) cannot be sharded by trainwright, so under {strategy.world_size} "
@@ -141,5 +173,6 @@ def build_eval_loop(trainer: Trainer, loader: Any, evaluator: Any, mode: str, cf
         from trainwright.evaluation import Evaluator
 
         evaluator = evaluator if isinstance(evaluator, Evaluator) else Evaluator(evaluator)
-        evaluator.use_collectives(strategy)  # results are gathered over the strategy's process group
+        # results are gathered over the strategy's process group, one list per data shard
+        evaluator.use_collectives(strategy if strategy.data_parallel_size == strategy.world_size else DataParallelGroup(strategy))
     return EvalLoop(loader, evaluator, mode, autocast=bool(cfg.get("autocast", False)))

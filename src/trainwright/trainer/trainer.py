@@ -141,7 +141,7 @@ class Trainer:
             "experiment_name": lambda: self.experiment_name, "seed": lambda: self.seed,
         }, scalars=lambda name: self.metric_store.get(name) if name in self.metric_store else None)
         #: The training log lines held for batched writing (the logger hook fills it; :meth:`flush_logs` writes it).
-        self.log_lines = PendingLines(self.metric_store, self.writers, self.strategy.world_size)
+        self.log_lines = PendingLines(self.metric_store, self.writers, self.strategy.data_parallel_size)  # throughput: batches per step
         config = plain(dict(
             work_dir=self.work_dir, experiment_name=self.experiment_name, train_cfg=self.train_cfg, val_cfg=self.val_cfg, test_cfg=self.test_cfg,
             optim_wrapper=optim_wrapper, param_scheduler=param_scheduler, default_hooks=default_hooks, custom_hooks=custom_hooks, precision=precision,
