@@ -103,9 +103,12 @@ def check_static_batches(compile: bool | Mapping[str, Any] | None, dataloader: A
     """
     if not uses_cuda_graphs(compile) or dataloader is None:
         return
-    get = dataloader.get if isinstance(dataloader, Mapping) else lambda k, d=None: getattr(dataloader, k, d)
-    batch_size, drop_last, dataset = get("batch_size", 1), get("drop_last", False), get("dataset")
-    if drop_last or not isinstance(batch_size, int) or isinstance(dataset, Mapping) or get("batch_sampler") is not None:
+    if isinstance(dataloader, Mapping):  # the Trainer's dict of DataLoader arguments
+        batch_size = dataloader.get("batch_size", 1) if dataloader.get("batch_sampler") is None else None
+        drop_last, dataset = dataloader.get("drop_last", False), dataloader.get("dataset")
+    else:  # a DataLoader: batch_size is None under a custom batch sampler
+        batch_size, drop_last, dataset = getattr(dataloader, "batch_size", None), getattr(dataloader, "drop_last", False), getattr(dataloader, "dataset", None)
+    if drop_last or not isinstance(batch_size, int) or dataset is None or isinstance(dataset, Mapping):  # a dataset config: its size is not known yet
         return
     try:
         n = len(dataset)  # type: ignore[arg-type]
