@@ -14,7 +14,7 @@ from trainwright.optim.optim_wrapper_dict import OptimWrapperDict, optim_wrapper
 from trainwright.optim.constructor import DefaultOptimWrapperConstructor, build_optimizer
 from trainwright.registry import OPTIM_WRAPPER_CONSTRUCTORS, OPTIM_WRAPPERS, check_keys, dropping_scope
 
-_WRAPPER_KEYS = {"type", "optimizer", "accumulative_counts", "clip_grad", "dtype", "loss_scale", "skip_nonfinite", "device_type", "paramwise_cfg", "constructor"}
+_WRAPPER_KEYS = {"type", "optimizer", "accumulative_counts", "clip_grad", "dtype", "loss_scale", "skip_nonfinite", "device_type", "paramwise_cfg", "constructor", "compile"}
 
 
 __all__ = ["build_optim_wrapper", "build_optimizer", "loop_precision", "run_precision"]

@@ -20,6 +20,7 @@ import torch
 from torch import nn
 
 from trainwright.amp.precision import MixedPrecision, Precision
+from trainwright.optim.compiled_step import CompiledStep, compile_step
 from trainwright.optim.engine import LOCAL, ClipFn, NoSyncContext, UpdateEngine
 from trainwright.registry import OPTIM_WRAPPERS, check_keys
 
@@ -109,6 +110,10 @@ class OptimWrapper:
         strategy: The :class:`~trainwright.optim.engine.UpdateEngine` that carries out
             backward, clipping, the step and gradient sync; default: one process. The
             Trainer gives every wrapper its strategy.
+        compile: Compile the optimizer's step (``True``, or a dict of ``torch.compile``
+            arguments): torch's compiled-optimizer recipe, installed as ``optimizer.step``
+            (see :mod:`trainwright.optim.compiled_step`; the learning rate is passed as a
+            tensor, so schedules do not recompile it).
 
     Attributes:
         grad_norm: Total gradient norm of the last clipped step (a tensor), or None.
@@ -132,6 +137,7 @@ class OptimWrapper:
         precision: Precision | None = None,
         skip_nonfinite: bool = False,
         strategy: UpdateEngine | None = None,
+        compile: bool | Mapping[str, Any] = False,
     ) -> None:
         if not isinstance(optimizer, torch.optim.Optimizer):
             raise TypeError(f"OptimWrapper needs a torch.optim.Optimizer, got {type(optimizer).__name__}; pass optimizer=dict(type='SGD', lr=...) to the Trainer to build one")
@@ -159,6 +165,8 @@ class OptimWrapper:
         self.precision = precision if precision is not None else Precision()
         if strategy is not None:
             self.strategy = strategy
+        #: The compiled step installed as ``optimizer.step`` (``compile=``), or None.
+        self.compiled_step: CompiledStep | None = compile_step(optimizer, compile)
 
     # -- settings: each decides, when assigned, what the step reads ----------------------------
     @property
@@ -415,7 +423,8 @@ class OptimWrapper:
         return state
 
     def __repr__(self) -> str:
-        return f"{type(self).__name__}(optimizer={type(self.optimizer).__name__}, accumulative_counts={self._accumulative_counts}, clip_grad={self.clip_grad}, precision={self._precision.name})"
+        compiled = "" if self.compiled_step is None else ", compile=True"
+        return f"{type(self).__name__}(optimizer={type(self.optimizer).__name__}, accumulative_counts={self._accumulative_counts}, clip_grad={self.clip_grad}, precision={self._precision.name}{compiled})"
 
 
 @OPTIM_WRAPPERS.register
@@ -438,7 +447,7 @@ class AmpOptimWrapper(OptimWrapper):
         loss_scale: float16 only: ``"dynamic"``, a fixed float, or a dict of GradScaler
             arguments (``init_scale``, ``growth_factor``, ``backoff_factor``, ``growth_interval``).
         device_type: Autocast / GradScaler device; by default the device of the first parameter.
-        **kwargs: ``accumulative_counts``, ``clip_grad``, ``skip_nonfinite``.
+        **kwargs: ``accumulative_counts``, ``clip_grad``, ``skip_nonfinite``, ``compile``.
     """
 
     def __init__(self, optimizer: torch.optim.Optimizer, dtype: str | torch.dtype | None = "float16", loss_scale: str | float | Mapping[str, Any] = "dynamic", device_type: str | None = None, **kwargs: Any) -> None:

@@ -25,6 +25,7 @@ from trainwright.utils.progress import Progress
 from trainwright.loops.context import LoopContext
 from trainwright.loops.train_loop import EpochBasedTrainLoop, IterBasedTrainLoop
 from trainwright.model.base_model import ModuleAdapter, as_base_model
+from trainwright.model.compile import check_static_batches
 from trainwright.registry import check_keys
 from trainwright.strategies import build_strategy
 from trainwright.optim.builder import run_precision
@@ -56,7 +57,11 @@ class Trainer:
         custom_hooks: More hooks (objects or dicts with ``type``).
         precision: ``"32"``, ``"bf16-mixed"``, ``"16-mixed"`` or ``"float8"`` (CUDA, compute capability ≥ 8.9, torchao; see :mod:`trainwright.amp.float8`).
         strategy: ``"auto"`` (default), ``"single"``, a dict or a Strategy.
-        compile: ``True`` or ``torch.compile`` kwargs.
+        compile: ``True`` (the whole model), or a dict of ``torch.compile`` arguments, where
+            ``regions=["Block"]`` compiles each module of those classes (or paths) instead of the
+            whole model (see docs/performance.md).
+        activation_checkpointing: Module classes, class names or module paths whose activations
+            are recomputed in the backward pass instead of kept (``["Block"]``; mmengine's config key).
         resume: False, True (latest complete checkpoint in ``work_dir``) or a path.
         load_from: A checkpoint to load weights from (weights only).
         randomness: ``dict(seed=..., deterministic=False, diff_rank_seed=False)``.
@@ -95,6 +100,7 @@ class Trainer:
         precision: str | Precision = "32",
         strategy: Any = "auto",
         compile: bool | Mapping[str, Any] = False,
+        activation_checkpointing: Sequence[type[nn.Module] | str] | str | None = None,
         resume: bool | str | Path = False,
         load_from: str | Path | None = None,
         randomness: Mapping[str, Any] | None = None,
@@ -146,6 +152,7 @@ class Trainer:
             work_dir=self.work_dir, experiment_name=self.experiment_name, train_cfg=self.train_cfg, val_cfg=self.val_cfg, test_cfg=self.test_cfg,
             optim_wrapper=optim_wrapper, param_scheduler=param_scheduler, default_hooks=default_hooks, custom_hooks=custom_hooks, precision=precision,
             strategy=self.strategy.name, world_size=self.strategy.world_size, seed=self.seed, randomness=randomness, compile=compile,
+            activation_checkpointing=activation_checkpointing,
             resume=resume, load_from=load_from, nonfinite_loss=nonfinite_loss,
         ))
         #: The trainer's settings as plain values (written to the writers and into every checkpoint's ``meta``).
@@ -157,6 +164,7 @@ class Trainer:
         self.preempted = False  # set by the PreemptionHook when a stop signal ended training
         self.hooks = HookList(build_hooks(default_hooks, custom_hooks), timer=HookTimer() if hook_timing else None)
         self._compile = compile
+        self._activation_checkpointing = [activation_checkpointing] if isinstance(activation_checkpointing, (str, type)) else list(activation_checkpointing or ())
         self._optim_cfg = optim_wrapper
         self._scheduler_cfg = param_scheduler
         self._train_loader_cfg = train_dataloader
@@ -266,7 +274,8 @@ class Trainer:
     def _prepare_model(self) -> None:
         """Have the strategy move, compile and wrap (or shard) the model, once."""
         if not self._prepared:
-            self.model = self.strategy.prepare(self.model, compile=self._compile)
+            check_static_batches(self._compile, self._train_loader_cfg)
+            self.model = self.strategy.prepare(self.model, compile=self._compile, activation_checkpointing=self._activation_checkpointing)
             self._prepared = True
 
     def _prepare(self) -> None:

@@ -1,0 +1,84 @@
+"""A compiled optimizer step (torch's "compiling the optimizer" recipe), installed by ``OptimWrapper(compile=True)``.
+
+The step is ``torch.compile(optimizer.step)``, set as the optimizer's ``step`` so every caller
+(the strategy, a float16 ``GradScaler.step``) runs the compiled one. A compiled step guards
+on Python floats, so a scheduler changing a group's ``lr`` would recompile it every step;
+torch's recipe makes ``lr`` a tensor. Here each group's ``lr`` is a tensor only while the
+step runs: it is written into one 0-dim tensor per group just before, and the group gets its
+float back just after. Schedulers, logging and checkpoints see floats, so checkpoints of runs
+with and without a compiled step are interchangeable. Other hyper-parameters (momentum,
+betas, weight decay) stay floats: scheduling them recompiles the step.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+import torch
+
+from trainwright.registry import check_keys
+
+#: ``torch.compile`` arguments accepted by ``compile=dict(...)`` of an optim wrapper.
+STEP_COMPILE_KEYS = frozenset({"fullgraph", "dynamic", "backend", "mode", "options", "disable"})
+
+
+class CompiledStep:
+    """``optimizer.step`` compiled once; callable as the step itself (``closure`` is not supported).
+
+    Args:
+        optimizer: The optimizer whose step is compiled (its class's ``step``, bound to it).
+        kwargs: ``torch.compile`` arguments.
+    """
+
+    def __init__(self, optimizer: torch.optim.Optimizer, kwargs: Mapping[str, Any] | None = None) -> None:
+        self.optimizer = optimizer
+        self.eager_step = optimizer.step
+        self.kwargs = dict(kwargs or {})
+        self._compiled = torch.compile(self.eager_step, **self.kwargs)
+        self._lrs: list[torch.Tensor] = []
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        """Step with each group's ``lr`` as a tensor (one per group, reused: no recompilation when it changes)."""
+        if args or kwargs:
+            raise TypeError("the compiled optimizer step takes no closure or arguments; drop optim_wrapper compile=True to pass them")
+        groups = self.optimizer.param_groups
+        lrs = self._lrs
+        if len(lrs) != len(groups):  # first call, or a group was added: new tensors (compiled again once)
+            lrs[:] = [torch.tensor(0.0, dtype=torch.float64) for _ in groups]
+        floats = [g["lr"] for g in groups]
+        for group, lr, value in zip(groups, lrs, floats):
+            lr.fill_(value)
+            group["lr"] = lr
+        try:
+            return self._compiled()
+        finally:
+            for group, value in zip(groups, floats):
+                group["lr"] = value
+
+    def __getstate__(self) -> dict[str, Any]:
+        """Pickle / deepcopy without the compiled function (compiled again on unpickling)."""
+        return {"optimizer": self.optimizer, "kwargs": self.kwargs}
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__init__(state["optimizer"], state["kwargs"])  # type: ignore[misc]
+
+
+def compile_step(optimizer: torch.optim.Optimizer, compile: bool | Mapping[str, Any]) -> CompiledStep | None:
+    """Install a :class:`CompiledStep` as ``optimizer.step`` when ``compile`` asks for it; returns it (None: not compiled).
+
+    Raises:
+        ValueError: an unknown ``torch.compile`` argument.
+    """
+    if not compile:
+        return None
+    if isinstance(optimizer.__dict__.get("step"), CompiledStep):
+        return optimizer.__dict__["step"]  # type: ignore[no-any-return]
+    kwargs = dict(compile) if isinstance(compile, Mapping) else {}
+    check_keys("optim_wrapper compile", kwargs, STEP_COMPILE_KEYS, ValueError)
+    step = CompiledStep(optimizer, kwargs)
+    vars(optimizer)["step"] = step
+    return step
+
+
+__all__ = ["STEP_COMPILE_KEYS", "CompiledStep", "compile_step"]
