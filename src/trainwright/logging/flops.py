@@ -13,7 +13,7 @@ import re
 from typing import Any, NamedTuple
 
 import torch
-from torch.utils.flop_counter import FlopCounterMode, sdpa_backward_flop_count, sdpa_flop_count
+from torch.utils.flop_counter import FlopCounterMode, flop_registry, sdpa_backward_flop_count, sdpa_flop_count
 
 __all__ = ["FORMULAS", "PEAKS", "Peak", "StepFlops", "flop_counter", "matmul_precision", "peak_tflops"]
 
@@ -36,9 +36,76 @@ FORMULAS: dict[Any, Any] = {
 }
 
 
+def _map(fn: Any, obj: Any) -> Any:
+    """``fn`` applied to every leaf of nested tuples, lists and dicts (an op's arguments)."""
+    if isinstance(obj, (tuple, list)):
+        items = [_map(fn, x) for x in obj]
+        return items if isinstance(obj, list) else torch.Size(items) if isinstance(obj, torch.Size) else tuple(items)
+    if isinstance(obj, dict):
+        return {k: _map(fn, v) for k, v in obj.items()}
+    return fn(obj)
+
+
+def _has_dtensor(obj: Any) -> bool:
+    if isinstance(obj, (tuple, list)):
+        return any(_has_dtensor(x) for x in obj)
+    if isinstance(obj, dict):
+        return any(_has_dtensor(x) for x in obj.values())
+    return _is_dtensor(obj)
+
+
+def _is_dtensor(x: Any) -> bool:
+    return type(x).__name__ == "DTensor" and hasattr(x, "placements")  # by name: only strategies/ and dist/ import torch.distributed
+
+
+def _local_shape(x: Any) -> Any:
+    """A tensor's shape on this device: a DTensor's global shape divided along its sharded dimensions (rank 0's, the larger, chunk)."""
+    if not isinstance(x, torch.Tensor):
+        return x
+    if not _is_dtensor(x):
+        return x.shape
+    shape = list(x.shape)
+    dtensor: Any = x
+    for size, placement in zip(dtensor.device_mesh.shape, dtensor.placements):
+        if placement.is_shard():
+            shape[placement.dim] = -(-shape[placement.dim] // size)
+    return torch.Size(shape)
+
+
+def _per_device(formula: Any) -> Any:
+    """``formula`` counting what this device computes: an op on DTensors (tensor parallelism) is counted on its local shards.
+
+    The counter meets a DTensor op before DTensor splits it, with global shapes; the local
+    shapes give this device's share. Ops on plain tensors are counted as torch counts them.
+    """
+
+    def count(*args: Any, out_val: Any = None, **kwargs: Any) -> Any:
+        if _has_dtensor((args, kwargs)):
+            args, kwargs, out_val = _map(_local_shape, (args, kwargs, out_val))  # shapes pass through torch's formulas unchanged
+        return formula(*args, out_val=out_val, **kwargs)
+
+    count._get_raw = True  # type: ignore[attr-defined]  # FlopCounterMode's custom_mapping convention: called with the op's arguments
+    return count
+
+
 def flop_counter() -> FlopCounterMode:
-    """A ``torch.utils.flop_counter.FlopCounterMode`` that prints nothing and also counts CPU fused attention (:data:`FORMULAS`)."""
-    return FlopCounterMode(display=False, custom_mapping=FORMULAS)
+    """The ``torch.utils.flop_counter.FlopCounterMode`` a training iteration is counted with.
+
+    It prints nothing, also counts CPU fused attention (:data:`FORMULAS`), and counts per
+    device: an op on DTensors (tensor parallelism) by its local shards.
+    """
+    formulas = {**flop_registry, **{op: _raw(fn) for op, fn in FORMULAS.items()}}
+    return FlopCounterMode(display=False, custom_mapping={op: _per_device(fn) for op, fn in formulas.items()})
+
+
+def _raw(formula: Any) -> Any:
+    """A shape formula made callable with the op's arguments (what torch's registry holds)."""
+
+    def call(*args: Any, out_val: Any = None, **kwargs: Any) -> Any:
+        args, kwargs, out_shape = _map(lambda x: x.shape if isinstance(x, torch.Tensor) else x, (args, kwargs, out_val))
+        return formula(*args, out_shape=out_shape, **kwargs)
+
+    return call
 
 
 class Peak(NamedTuple):
