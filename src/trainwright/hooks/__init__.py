@@ -4,6 +4,7 @@ from trainwright.hooks.checkpoint import CheckpointHook
 from trainwright.hooks.dispatch import HookList
 from trainwright.hooks.early_stopping import EarlyStoppingHook
 from trainwright.hooks.ema import EMAHook
+from trainwright.hooks.flops import FlopsHook
 from trainwright.hooks.hook import EVENTS, Hook
 from trainwright.hooks.iter_timer import IterTimerHook
 from trainwright.hooks.logger import LoggerHook
@@ -14,4 +15,4 @@ from trainwright.hooks.progress_bar import ProgressBarHook
 from trainwright.hooks.runtime_info import RuntimeInfoHook
 from trainwright.hooks.sampler_seed import DistSamplerSeedHook
 
-__all__ = ["Hook", "HookList", "EVENTS", "CheckpointHook", "IterTimerHook", "LoggerHook", "ParamSchedulerHook", "DistSamplerSeedHook", "EMAHook", "EarlyStoppingHook", "PreemptionHook", "ProfilerHook", "ProgressBarHook", "RuntimeInfoHook"]
+__all__ = ["Hook", "HookList", "EVENTS", "CheckpointHook", "IterTimerHook", "LoggerHook", "ParamSchedulerHook", "DistSamplerSeedHook", "EMAHook", "EarlyStoppingHook", "FlopsHook", "PreemptionHook", "ProfilerHook", "ProgressBarHook", "RuntimeInfoHook"]

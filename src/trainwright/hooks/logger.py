@@ -12,6 +12,7 @@ no numbers: the metric store keeps them (and is checkpointed).
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 import torch
@@ -19,7 +20,7 @@ import torch
 from trainwright.hooks.hook import Hook
 from trainwright.hooks.view import require_train_loop
 from trainwright.logging.lines import LineRequest
-from trainwright.logging.throughput import batch_size, num_tokens
+from trainwright.logging.throughput import batch_size, num_tokens, tokens_counter
 from trainwright.logging.writers import LineInfo
 from trainwright.registry import HOOKS
 
@@ -35,8 +36,10 @@ class LoggerHook(Hook):
     iterations since the previous line (``interval`` of them, fewer for an epoch's or the
     run's short tail), the latest value of other logged outputs, the learning rate, the grad
     norm, the loss scale and the throughput: ``samples_per_s`` (samples of the logged
-    iteration's batch × processes / mean iteration time), ``tokens_per_s`` when the batch
-    says how many tokens it holds (see :mod:`trainwright.logging.throughput`) and, on CUDA,
+    iteration's batch × processes / mean iteration time), ``tokens_per_s`` when the model
+    (its ``count_tokens(data_batch)`` method) or the batch says how many tokens it holds (see
+    :mod:`trainwright.logging.throughput`), ``tflops`` / ``mfu`` when the ``flops`` hook
+    counted an iteration (see :class:`~trainwright.hooks.flops.FlopsHook`) and, on CUDA,
     ``max_memory_mb`` (``torch.cuda.max_memory_allocated`` of this process's device, MiB).
     The writers of ``trainer.writers`` show it (the console adds the ETA) or store it.
 
@@ -71,6 +74,7 @@ class LoggerHook(Hook):
         self._log_scale = False
         self._line_iter = 0  # iteration of the latest line (requested), or the last one before the run started
         self._cuda: Any = None  # the CUDA device whose peak memory is logged; None on CPU
+        self._tokens: Callable[[Any], Any] = num_tokens  # the model's count_tokens, else the batch's own count
 
     # -- training ---------------------------------------------------------------------------
     def before_train(self, trainer: TrainerView) -> None:  # noqa: D102
@@ -84,6 +88,7 @@ class LoggerHook(Hook):
         self._line_iter = self._line_at_or_before(trainer.progress.iteration)
         device = trainer.strategy.device
         self._cuda = device if device.type == "cuda" else None
+        self._tokens = tokens_counter(trainer.unwrapped_model)
         # Lines are due at least every flush_every iterations (see after_train_iter), written at the latest at the
         # next agreement point: the values of the oldest held line's interval are still in the store's buffers then.
         store = trainer.metric_store
@@ -107,7 +112,7 @@ class LoggerHook(Hook):
             lines = trainer.log_lines
             lines.hold(LineRequest(
                 line, it, p.epoch + 1 if self._by_epoch else p.epoch, ow.get_lr(), getattr(ow, "grad_norm", None), scale,
-                self._line_iter, batch_size(data_batch), num_tokens(data_batch), memory,
+                self._line_iter, batch_size(data_batch), self._tokens(data_batch), memory,
             ))
             self._line_iter = it
             if time.perf_counter() - lines.last_write >= self.flush_secs or it - lines.written_to >= trainer.metric_store.flush_every:

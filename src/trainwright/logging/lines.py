@@ -14,6 +14,7 @@ import time
 import warnings
 from typing import Any, NamedTuple
 
+from trainwright.logging.flops import StepFlops
 from trainwright.logging.metric_store import MetricStore
 from trainwright.logging.writers import LineInfo, Writer
 
@@ -48,6 +49,8 @@ class PendingLines:
     Attributes:
         last_write: ``time.perf_counter()`` of the last :meth:`write` (or :meth:`start`).
         written_to: Iteration of the last written line (or where training started).
+        flops: This process's FLOPs of one training iteration, set once per ``train()`` by the
+            ``flops`` hook (None: not counted, no ``tflops`` / ``mfu`` in the records).
     """
 
     def __init__(self, store: MetricStore, writers: list[Writer], processes: int = 1) -> None:
@@ -56,6 +59,7 @@ class PendingLines:
         self.processes = processes
         self.last_write = 0.0
         self.written_to = 0
+        self.flops: StepFlops | None = None
         self._held: list[LineRequest] = []
         self._warned_short = False  # warned once that a line's values had left the store's history
 
@@ -138,10 +142,20 @@ class PendingLines:
         return out
 
     def _throughput(self, record: dict[str, Any], r: LineRequest, seconds: float) -> None:
-        """``samples_per_s`` / ``tokens_per_s`` of the line: the logged batch's counts × processes / mean iteration time."""
+        """The line's throughput from the logged batch and the mean iteration time.
+
+        ``samples_per_s`` / ``tokens_per_s``: the batch's counts × processes / time. ``tflops``
+        (per device): the counted iteration's FLOPs, scaled by this batch's samples over the
+        counted batch's, / time; ``mfu``: ``tflops`` / the peak, when the peak is known.
+        """
         if seconds <= 0:
             return
         if r.samples is not None:
             record["samples_per_s"] = r.samples * self.processes / seconds
         if r.tokens is not None:
             record["tokens_per_s"] = float(r.tokens) * self.processes / seconds
+        flops = self.flops
+        if flops is not None:
+            tflops = record["tflops"] = flops.tflops(r.samples, seconds)
+            if flops.peak_tflops:
+                record["mfu"] = tflops / flops.peak_tflops

@@ -5,13 +5,15 @@ Read from the loader's batch at logging iterations only.
 * **Samples** — a tensor: its first dimension; a dict: an int ``"batch_size"``, else its first
   tensor (first dimension) or list / tuple value (length); a list / tuple: the first dimension
   of its first tensor, else its length. Nothing found: no ``samples_per_s``.
-* **Tokens** — a dict's ``"num_tokens"`` (number or 0-dim tensor), else the non-zero entries of
-  ``"attention_mask"``, else the elements of ``"input_ids"``. Otherwise no ``tokens_per_s``.
+* **Tokens** — the model's ``count_tokens(data_batch)`` when it has that method (see
+  :func:`tokens_counter`); else a dict's ``"num_tokens"`` (number or 0-dim tensor), else the
+  non-zero entries of ``"attention_mask"``, else the elements of ``"input_ids"``. Otherwise no
+  ``tokens_per_s``.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import torch
@@ -57,3 +59,16 @@ def num_tokens(batch: Any) -> Any:
     if isinstance(ids, torch.Tensor):
         return ids.numel()
     return None
+
+
+def tokens_counter(model: Any) -> Callable[[Any], Any]:
+    """How the logger counts a batch's tokens: ``model.count_tokens`` when the model defines it, else :func:`num_tokens`.
+
+    A model declares its tokens per batch with a method ``count_tokens(self, data_batch)``
+    that returns the number of tokens the batch feeds it (an int, a 0-dim tensor - read when
+    the line's other numbers are - or None for "unknown"); ``data_batch`` is the batch as the
+    loader yields it. It is called at logging iterations only. E.g. a language model over
+    ``(ids, targets)`` batches: ``return data_batch[0].numel()``.
+    """
+    count = getattr(model, "count_tokens", None)
+    return count if callable(count) else num_tokens

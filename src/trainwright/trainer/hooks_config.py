@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+import trainwright.hooks.flops  # noqa: F401 - registers FlopsHook
 import trainwright.hooks.preemption  # noqa: F401 - registers PreemptionHook
 import trainwright.hooks.progress_bar  # noqa: F401 - registers ProgressBarHook
 import trainwright.hooks.runtime_info  # noqa: F401 - registers RuntimeInfoHook
@@ -16,6 +17,7 @@ DEFAULT_HOOKS: dict[str, dict[str, Any]] = {
     "runtime_info": dict(type="RuntimeInfoHook"),
     "timer": dict(type="IterTimerHook"),
     "logger": dict(type="LoggerHook", interval=10),
+    "flops": dict(type="FlopsHook"),
     "param_scheduler": dict(type="ParamSchedulerHook"),
     "checkpoint": dict(type="CheckpointHook", interval=1, by_epoch=True),
     "sampler_seed": dict(type="DistSamplerSeedHook"),

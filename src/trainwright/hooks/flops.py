@@ -1,0 +1,154 @@
+"""FlopsHook: counts one training iteration's FLOPs, once per ``train()``, for the ``tflops`` / ``mfu`` of log records.
+
+The first iteration of each ``train()`` runs under ``torch.utils.flop_counter.FlopCounterMode``
+(a dispatch mode that reads shapes only: no host sync, same numbers); the count goes to
+``trainer.log_lines`` (:class:`~trainwright.logging.flops.StepFlops`), which turns it into
+each record's ``tflops`` and ``mfu``. The hook is called at that one iteration only.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+import torch
+from torch import nn
+from torch.utils.flop_counter import FlopCounterMode
+
+from trainwright.hooks.hook import Hook
+from trainwright.logging.flops import StepFlops, flop_counter, matmul_precision, peak_tflops
+from trainwright.logging.throughput import batch_size
+from trainwright.optim.optim_wrapper_dict import optim_wrappers_of
+from trainwright.registry import HOOKS
+
+if TYPE_CHECKING:
+    from trainwright.hooks.view import TrainerView
+
+
+@HOOKS.register
+class FlopsHook(Hook):
+    """Counts the FLOPs of the first training iteration of each ``train()``; records then carry ``tflops`` and ``mfu``.
+
+    An iteration is one ``train_step``: forward and backward of one batch (under gradient
+    accumulation, one micro-batch; the optimizer step is not counted: its element-wise ops
+    are no FLOPs ``torch.utils.flop_counter`` counts, which are matmuls, convolutions and
+    attention). Each process counts its own iteration, so ``tflops`` is per device:
+
+    * ``tflops`` = the counted FLOPs × (logged batch's samples / counted batch's samples) /
+      the line's mean iteration time / 1e12;
+    * ``mfu`` = ``tflops`` / ``peak_tflops``, when the peak is known: the argument, else the
+      table of :data:`trainwright.logging.flops.PEAKS` for the CUDA device
+      (``torch.cuda.get_device_name``) at the run's matmul precision (bf16 / fp16 autocast,
+      else the parameters' dtype; float32 as TF32 when ``torch.set_float32_matmul_precision``
+      allows it; float8 runs against the bf16 peak, as torchtitan does).
+
+    Without a known peak (a CPU, a GPU missing from the table) records carry ``tflops`` and
+    no ``mfu``, and the trainer's logger says so once. A compiled model or optimizer step
+    is not counted: ``torch.compile`` gives up compiling code that first runs under a
+    dispatch mode (it would run eagerly for the rest of the process), so records then carry
+    neither field and the logger says so once.
+
+    Args:
+        peak_tflops: The device's dense peak TFLOP/s at the run's precision; overrides the
+            table (any device, CPU included).
+    """
+
+    priority = "HIGHEST"  # the count starts before any other hook's before_train_iter and ends right after the step
+
+    def __init__(self, peak_tflops: float | None = None) -> None:
+        if peak_tflops is not None and (isinstance(peak_tflops, bool) or not isinstance(peak_tflops, (int, float)) or not peak_tflops > 0):
+            raise ValueError(f"FlopsHook peak_tflops must be a number > 0 (the device's dense peak TFLOP/s at the run's precision), got {peak_tflops!r}")
+        self.peak_tflops = float(peak_tflops) if peak_tflops is not None else None
+        self._window = range(0)  # the iteration counted in this train() (empty: none)
+        self._peak: float | None = None
+        self._counter: FlopCounterMode | None = None
+        self._said: set[str] = set()  # messages already logged (once per hook)
+
+    def before_train(self, trainer: TrainerView) -> None:  # noqa: D102
+        trainer.log_lines.flops = None
+        self._window = range(0)
+        compiled = _compiled_parts(trainer.unwrapped_model, trainer.optim_wrapper)
+        if compiled:
+            self._say(
+                trainer, "compiled",
+                f"FlopsHook: records carry no tflops / mfu in this run: {' and '.join(compiled)} {'are' if len(compiled) > 1 else 'is'} compiled with torch.compile, and FLOPs are "
+                "counted under torch.utils.flop_counter.FlopCounterMode, under which torch.compile would give up compiling (the code would "
+                "run eagerly for the rest of the process). To see tflops / mfu, run a few iterations without compile; to silence this, "
+                "default_hooks=dict(flops=None).",
+                warn=self.peak_tflops is not None,
+            )
+            return
+        self._peak = self.peak_tflops if self.peak_tflops is not None else self._table_peak(trainer)
+        first = trainer.progress.iteration + 1
+        self._window = range(first, first + 1)
+
+    def train_iter_interval(self, trainer: TrainerView) -> range:  # noqa: D102
+        return self._window  # called around the counted iteration only
+
+    def before_train_iter(self, trainer: TrainerView, batch_idx: int, data_batch: Any = None) -> None:  # noqa: D102
+        self._counter = flop_counter()
+        self._counter.__enter__()
+
+    def after_train_iter(self, trainer: TrainerView, batch_idx: int, data_batch: Any = None, outputs: dict | None = None) -> None:  # noqa: D102
+        flops = self._stop()
+        if flops is None:
+            return
+        if flops == 0:
+            self._say(trainer, "zero", "FlopsHook: the first iteration ran no op that torch.utils.flop_counter counts (matmuls, convolutions, attention): records carry no tflops / mfu.")
+            return
+        trainer.log_lines.flops = StepFlops(flops, batch_size(data_batch), self._peak)
+
+    def after_train(self, trainer: TrainerView) -> None:  # noqa: D102
+        self._stop()  # the counted iteration raised or was cut short: leave the mode
+
+    def after_run(self, trainer: TrainerView) -> None:  # noqa: D102
+        self._stop()
+
+    def _stop(self) -> int | None:
+        """Leave the counting mode; the FLOPs counted (None: it was not entered)."""
+        counter, self._counter = self._counter, None
+        if counter is None:
+            return None
+        counter.__exit__(None, None, None)
+        return int(counter.get_total_flops())
+
+    def _table_peak(self, trainer: TrainerView) -> float | None:
+        """The table's peak for this process's device and the run's precision (None, said once, when unknown)."""
+        device = trainer.strategy.device
+        precision = trainer.strategy.precision
+        name = getattr(precision, "name", "")
+        if "float8" in name or "fp8" in name:
+            column = "bf16"
+        else:
+            param = next((p for p in trainer.unwrapped_model.parameters() if p.is_floating_point()), None)
+            column = matmul_precision(precision.dtype if precision.autocasts else None, param.dtype if param is not None else None)
+        device_name = torch.cuda.get_device_name(device) if device.type == "cuda" else device.type
+        peak = peak_tflops(device_name, column) if device.type == "cuda" else None
+        if peak is None:
+            self._say(
+                trainer, "peak",
+                f"FlopsHook: the peak TFLOP/s of {device_name!r} at {column} is not in trainwright.logging.flops.PEAKS, so records carry "
+                "tflops but no mfu. Give the device's dense peak at the run's precision: default_hooks=dict(flops=dict(peak_tflops=...)).",
+                warn=device.type != "cpu",
+            )
+        return peak
+
+    def _say(self, trainer: TrainerView, key: str, message: str, warn: bool = False) -> None:
+        """Log ``message`` once per hook (a warning when the user asked for what cannot be given, else info)."""
+        if key not in self._said:
+            self._said.add(key)
+            (trainer.logger.warning if warn else trainer.logger.info)(message)
+
+
+def _compiled_parts(model: nn.Module, optim_wrapper: Any) -> list[str]:
+    """What of the run is compiled: ``"the model"``, ``"the optimizer step"``, both or none.
+
+    Read once, before training (never on the step path): ``nn.Module.compile`` keeps the
+    compiled call in the module's ``_compiled_call_impl``, and ``torch.compile(module)`` returns
+    an ``OptimizedModule`` (held as a submodule); the optim wrapper's ``compiled_step``.
+    """
+    parts = []
+    if any(getattr(m, "_compiled_call_impl", None) is not None or type(m).__name__ == "OptimizedModule" for m in model.modules()):
+        parts.append("the model")
+    if any(getattr(ow, "compiled_step", None) is not None for ow in optim_wrappers_of(optim_wrapper).values()):
+        parts.append("the optimizer step")
+    return parts
