@@ -191,7 +191,14 @@ def trainwright_loop(s: Setup, init: dict, data: Subset, compiled: bool, work_di
         )
         trainer.train()
     trainer.close()
+    records = [json.loads(line) for line in (trainer.run_dir / "metrics.jsonl").read_text().splitlines()]
+    last = [r for r in records if r.get("mode") == "train"][-1]
+    LOGGED["tw_compiled" if compiled else "tw_eager"] = {k: last[k] for k in ("tflops", "mfu", "tokens_per_s") if k in last}
     return watch.t1 - watch.t0, watch.t1 - watch.t_start, trainer.metric_store.get("loss").latest, watch.c1 - watch.c0
+
+
+#: What trainwright logged in the last line of each side's last run (``tflops``, ``mfu``: the FlopsHook's; absent when compiled).
+LOGGED: dict[str, dict[str, float]] = {}
 
 
 SIDES = {"raw_eager": (raw_loop, False), "tw_eager": (trainwright_loop, False), "raw_compiled": (raw_loop, True), "tw_compiled": (trainwright_loop, True)}
@@ -244,7 +251,7 @@ def bench(s: Setup, rounds: int, sides: list[str]) -> dict:
             "final_loss_trainwright": losses[a], "final_loss_reference": losses[b],
             "same_final_loss": abs(losses[a] - losses[b]) <= tol * max(1.0, abs(losses[b])),
         })
-    return {"setup": asdict(s), "rounds": rounds, "rows": rows, "compile_s": compile_s, "median_s": {k: statistics.median(v) for k, v in times.items()}}
+    return {"setup": asdict(s), "rounds": rounds, "rows": rows, "compile_s": compile_s, "median_s": {k: statistics.median(v) for k, v in times.items()}, "logged": LOGGED}
 
 
 def main() -> None:
@@ -285,6 +292,8 @@ def main() -> None:
         ok = "OK" if r["ratio_paired_median"] <= r["target"] else "MISS"
         print(f"{r['row']:<9} {r['trainwright']:<12} {r['reference']:<13} {r['trainwright_s']:>7.3f} {r['reference_s']:>7.3f} {r['ratio']:>6.3f} "
               f"{r['ratio_paired_median']:>6.3f} {r['tokens_per_s_trainwright']:>9.0f} {'≤' + format(r['target'], '.2f') + ' ' + ok:>11} {str(r['same_final_loss']):>9} {r['cpu_ratio_paired_median']:>10.3f}")
+    for name, logged in result["logged"].items():
+        print(f"{name} logged: " + ", ".join(f"{k} {v:.4g}" for k, v in logged.items()))
     for name, c in result["compile_s"].items():
         print(f"compile time {name}: {c:.1f} s (first run of the process minus a steady run)")
     if args.json:

@@ -132,7 +132,7 @@ def test_cuda_graph_mode_checks_at_start(tmp_path: Path) -> None:
             apply_compile(Net(), cudagraphs)
 
 
-@pytest.mark.skipif(not torch.cuda.is_available(), reason="CUDA graphs (mode='reduce-overhead') need a CUDA GPU")
+@pytest.mark.cuda
 def test_cuda_regional_reduce_overhead_with_compiled_optimizer_trains_as_eager(tmp_path: Path) -> None:
     def run(name: str, compile: Any, compile_step: bool) -> dict[str, torch.Tensor]:
         tw.seed_everything(0)
