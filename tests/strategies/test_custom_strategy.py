@@ -105,3 +105,13 @@ def test_a_strategy_of_the_public_interface_checkpoints_and_resumes_bitwise(tmp_
     assert strategy.ledger.count("step") == 3  # one epoch of 3 updates after the resume
     for a, b in zip(resumed.parameters(), full.parameters()):
         torch.testing.assert_close(a, b, atol=0, rtol=0)
+
+
+def test_a_cuda_device_without_an_index_means_this_process_gpu(monkeypatch: Any) -> None:
+    """``device="cuda"`` gets the index torch.cuda.set_device needs (the local rank), without touching CUDA."""
+    from trainwright.strategies import SingleDeviceStrategy
+
+    assert SingleDeviceStrategy("cuda").device == torch.device("cuda", 0)
+    monkeypatch.setenv("LOCAL_RANK", "1")
+    assert SingleDeviceStrategy("cuda").device == torch.device("cuda", 1)
+    assert SingleDeviceStrategy("cuda:0").device == torch.device("cuda", 0)

@@ -44,11 +44,13 @@ class Strategy(UpdateEngine):
     resumable_suffixes: tuple[str, ...] = (".pth", ".dcp")
 
     def __init__(self, device: str | torch.device | None = None) -> None:
-        if device is None:
-            from trainwright.dist.utils import get_local_rank
+        from trainwright.dist.utils import get_local_rank
 
+        if device is None:
             device = f"cuda:{get_local_rank()}" if torch.cuda.is_available() else "cpu"
         self.device = torch.device(device)
+        if self.device.type == "cuda" and self.device.index is None:  # "cuda": this process's GPU (torch.cuda.set_device needs the index)
+            self.device = torch.device("cuda", get_local_rank())
         self.model: nn.Module | None = None
         self.seed: int | None = None
         #: The run's precision: what the model is prepared with (FSDP's policy) and evaluation autocasts with (set by the Trainer).
