@@ -266,7 +266,7 @@ def main() -> None:
     parser.add_argument("--batch-size", type=int, default=8)
     parser.add_argument("--steps", type=int, default=30, help="steps per run (one epoch over steps x batch-size windows)")
     parser.add_argument("--warmup", type=int, default=3, help="first steps of each run left out of its time")
-    parser.add_argument("--rounds", type=int, default=5, help="alternating rounds; the medians need ~5 or more on a noisy machine")
+    parser.add_argument("--rounds", type=int, default=3, help="alternating rounds (each compiled run recompiles its new optimizer's step, ~5 s here); more on a noisy machine")
     parser.add_argument("--sides", default=",".join(SIDES), help="which of raw_eager,tw_eager,raw_compiled,tw_compiled to run")
     parser.add_argument("--threads", type=int, default=0, help="torch intra-op threads (0: torch's default)")
     parser.add_argument("--json", help="also write the results here")
