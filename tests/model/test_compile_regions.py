@@ -45,11 +45,12 @@ def _record(module: nn.Module, args: Any) -> None:
     COMPILED_CALLS.append(torch.compiler.is_compiling())
 
 
-def _net() -> Net:
+def _net(record: bool = True) -> Net:
     tw.seed_everything(0)
     net = Net(dim=8, depth=2)
     for block in net.blocks:
-        block.register_forward_pre_hook(_record)
+        if record:
+            block.register_forward_pre_hook(_record)
     return net
 
 
@@ -137,7 +138,9 @@ def test_cuda_regional_reduce_overhead_with_compiled_optimizer_trains_as_eager(t
     def run(name: str, compile: Any, compile_step: bool) -> dict[str, torch.Tensor]:
         tw.seed_everything(0)
         trainer = tw.Trainer(
-            model=_net(), work_dir=tmp_path / name, train_dataloader=dict(dataset=data(64), batch_size=8, shuffle=True, drop_last=True),
+            # no recording hook: on an H200 (torch 2.11) it was compiled as a frame of its own, once per block and mode,
+            # until dynamo's recompile limit, which fullgraph=True turns into an error
+            model=_net(record=False), work_dir=tmp_path / name, train_dataloader=dict(dataset=data(64), batch_size=8, shuffle=True, drop_last=True),
             optim_wrapper=dict(optimizer=dict(type="AdamW", lr=1e-2), compile=compile_step), train_cfg=dict(by_epoch=False, max_iters=12),
             param_scheduler=dict(type="LinearLR", start_factor=0.1, by_epoch=False, begin=0, end=6),
             default_hooks=dict(checkpoint=None, logger=dict(interval=2)), compile=compile, strategy=dict(type="single", device="cuda"),
