@@ -56,7 +56,11 @@ def test_float8_trains_the_linear_layers_in_float8_close_to_bf16(tmp_path: Path)
         t = tw.Trainer(MLP(), work_dir=tmp_path / precision, train_dataloader=_loader(), train_cfg=dict(by_epoch=True, max_epochs=3),
                        optim_wrapper=dict(optimizer=dict(type="AdamW", lr=1e-3)), precision=precision, randomness=dict(seed=0),
                        default_hooks=dict(checkpoint=dict(interval=3)))
-        t.train()
+        if precision == "float8":
+            with pytest.warns(UserWarning, match="without compilation"):
+                t.train()
+        else:
+            t.train()
         kinds = {name: type(m).__name__ for name, m in t.unwrapped_model.named_modules() if isinstance(m, nn.Linear)}
         if precision == "float8":  # the 10-way head is left in bf16 (10 is not a multiple of 16)
             assert kinds == {"fc1": "Float8Linear", "fc2": "Float8Linear", "head": "Linear"}

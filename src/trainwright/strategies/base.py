@@ -120,6 +120,13 @@ class Strategy(UpdateEngine):
         model = self.model_to_device(model)
         self.unwrapped = model
         self.precision.convert_module(model)
+        if self.precision.name == "float8" and not compile:
+            warnings.warn(
+                "precision='float8' without compilation: float8's scaling and casts run as separate kernels, which made a GPT-2-small step "
+                "5x slower than bf16-mixed on an H200 (docs/benchmarks.md). Compile the repeated blocks: compile=dict(regions=['Block']).",
+                UserWarning,
+                stacklevel=2,
+            )
         self.parallelize(model)
         apply_activation_checkpointing(model, activation_checkpointing)
         apply_compile(model, compile)
