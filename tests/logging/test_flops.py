@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import importlib.util
 import math
 from pathlib import Path
 from typing import Any
@@ -145,6 +146,24 @@ def test_transformer_count_matches_6_params_tokens(trainer_factory: Any) -> None
         assert r["tflops"] == pytest.approx(counted / r["time"] / 1e12, rel=1e-9)
         assert r["tokens_per_s"] == pytest.approx(tokens / r["time"], rel=1e-9)  # the model's count_tokens
         assert "mfu" not in r  # no peak on a CPU unless given
+
+
+def test_the_examples_char_gpt_counts_as_the_formula_says(trainer_factory: Any) -> None:
+    """examples/char_gpt.py's CharGPT (imported, not copied): the same count, 6 · W · T + attention, within 3 % of 6 · P · T."""
+    spec = importlib.util.spec_from_file_location("char_gpt_for_flops", Path(__file__).resolve().parents[2] / "examples" / "char_gpt.py")
+    assert spec is not None and spec.loader is not None
+    example = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(example)
+    d, layers, seq, batch = 128, 2, 16, 4
+    g = torch.Generator().manual_seed(0)
+    ids = torch.randint(0, 96, (8, seq + 1), generator=g)
+    t = trainer_factory(model=example.CharGPT(block_size=seq, dim=d, depth=layers, heads=4), train_dataloader=DataLoader(TensorDataset(ids[:, :-1], ids[:, 1:]), batch_size=batch))
+    t.train()
+    model, tokens = t.unwrapped_model, batch * seq
+    matmul_weights = sum(m.weight.numel() for m in model.modules() if isinstance(m, nn.Linear))
+    non_embedding = sum(p.numel() for n, p in model.named_parameters() if n not in ("tok.weight", "pos"))
+    assert t.log_lines.flops.flops == 6 * matmul_weights * tokens + 14 * layers * seq * d * tokens
+    assert t.log_lines.flops.flops == pytest.approx(6 * non_embedding * tokens, rel=0.03)
 
 
 def test_gradient_accumulation_counts_one_micro_batch(trainer_factory: Any) -> None:

@@ -45,7 +45,9 @@ class FlopsHook(Hook):
     no ``mfu``, and the trainer's logger says so once. A compiled model or optimizer step
     is not counted: ``torch.compile`` gives up compiling code that first runs under a
     dispatch mode (it would run eagerly for the rest of the process), so records then carry
-    neither field and the logger says so once.
+    neither field and the logger says so once. A ``torch.compile``d function called inside
+    ``forward`` cannot be seen before the run: switch the hook off for such a model
+    (``default_hooks=dict(flops=None)``), or that function runs eagerly.
 
     Args:
         peak_tflops: The device's dense peak TFLOP/s at the run's precision; overrides the
