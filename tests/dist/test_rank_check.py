@@ -8,6 +8,8 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+import pytest
+
 from conftest import LinearReg, regression_set
 import trainwright as tw
 from trainwright.trainer.rank_check import check_ranks_agree, describe_rank, disagreements
@@ -41,8 +43,10 @@ def test_the_same_checkpoint_in_other_work_dirs_agrees_and_a_setting_one_rank_la
     assert disagreements([_rank(), _rank(**{"train_cfg.max_iters": "10"})]) == ["train_cfg.max_iters differs: rank 0 <not set>, rank 1 10"]
 
 
-def test_a_description_leaves_out_what_may_differ_per_rank(tmp_path: Path) -> None:
+def test_a_description_leaves_out_what_may_differ_per_rank(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """work_dir, the run's name, the seed, custom hooks and objects shown by address are not compared; one process checks nothing."""
+    for key in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT"):  # one process, whatever an earlier test left
+        monkeypatch.delenv(key, raising=False)
     t = tw.Trainer(
         model=LinearReg(), work_dir=tmp_path, train_dataloader=dict(dataset=regression_set(), batch_size=4),
         optim_wrapper=dict(optimizer=dict(type="SGD", lr=0.1)), train_cfg=dict(by_epoch=False, max_iters=2),

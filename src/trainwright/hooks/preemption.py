@@ -211,6 +211,10 @@ class _Watchdog:
         """Stand down, put back the previous wakeup fd (main thread)."""
         self._done.set()
         signal.set_wakeup_fd(self._previous_fd)
+        try:
+            self._write.send(b"\0")  # wakes the thread (0 is no signal number)
+        except OSError:
+            pass
         self._thread.join(timeout=1.0)
         self._read.close()
         self._write.close()
@@ -225,10 +229,13 @@ class _Watchdog:
         deadline = beat = None
         while not self._done.is_set():
             try:
-                ready, _, _ = select.select([self._read], [], [], 0.2)
+                # no wake-ups while no signal came (the training step pays nothing); then 5 a second
+                ready, _, _ = select.select([self._read], [], [], None if deadline is None else 0.2)
                 got = self._read.recv(64) if ready else b""
             except OSError:
                 return  # closed by stop()
+            if self._done.is_set():
+                return
             for signum in (b for b in got if b in ours):
                 if first is not None:
                     self._exit(signum, f"a second {signal.Signals(signum).name} arrived before the stop was reached")
