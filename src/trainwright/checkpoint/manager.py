@@ -31,10 +31,18 @@ from trainwright.registry import did_you_mean
 _TMP_NAME = re.compile(r"^\..+\.tmp\.(?P<pid>\d+)\.[0-9a-f]+$")
 
 
+class ResumeDisagreeError(RuntimeError):
+    """Under several processes, the ranks would resume from different checkpoints (raised on every rank, before any reads one)."""
+
+    #: Raised on every rank at the same point: the ranks can still meet in collectives.
+    raised_on_every_rank = True
+
+
 class CheckpointStrategy(Protocol):
     """What the manager needs of a strategy (:class:`~trainwright.strategies.Strategy` has it all)."""
 
     checkpoint_suffix: str
+    resumable_suffixes: tuple[str, ...]
     run_failed: bool
 
     @property
@@ -342,7 +350,14 @@ class CheckpointManager:
 
         Returns:
             ``(path, checkpoint)`` restored, or None when ``ckpt_dir`` holds no checkpoint.
+
+        Raises:
+            ResumeDisagreeError: under several processes, the ranks' newest checkpoints differ
+                (one collective first, before any rank reads one: a sharded read is a
+                collective itself, which the ranks that found another would not join).
         """
+        if path is None and self.strategy.world_size > 1:
+            self._agree_on_newest()
         if path is None:
             found = self.strategy.find_resumable(self.ckpt_dir)
             if found is None:
@@ -353,6 +368,20 @@ class CheckpointManager:
         self.restore(ckpt, Path(path))
         self.restored = (Path(path), self.progress.iteration)
         return Path(path), ckpt
+
+    def _agree_on_newest(self) -> None:
+        """Every rank must see the same newest checkpoint (by name: work dirs may be node-local copies under other paths)."""
+        from trainwright.checkpoint.io import list_checkpoints
+
+        found = list_checkpoints(self.ckpt_dir, suffix=self.strategy.resumable_suffixes)
+        everyone = self.strategy.gather_object(str(found[0]) if found else None)
+        if len({None if f is None else Path(f).name for f in everyone}) > 1:
+            raise ResumeDisagreeError(
+                "The processes of this run would resume from different checkpoints: "
+                + "; ".join(f"rank {r} finds no checkpoint" if f is None else f"rank {r} would resume from {f}" for r, f in enumerate(everyone))
+                + ". Every rank must see the same checkpoints (one shared work_dir, or a copy of its checkpoints folder on every node); "
+                "nothing was loaded or trained."
+            )
 
     def restore(self, ckpt: Any, path: Path) -> None:
         """Load every piece of ``ckpt`` (read from ``path``): all checked first, then loaded, ``after_load``, RNG last.
