@@ -61,3 +61,16 @@ def test_a_dcp_directory_without_trainer_state_is_a_checkpoint_error(tmp_path: P
     (d / ".metadata").write_bytes(b"")
     with pytest.raises(CheckpointError, match="no trainer_state.pth"):
         SingleDeviceStrategy().load_checkpoint(d)
+
+
+def test_a_failed_shard_write_is_an_oserror_naming_the_path_and_replaces_nothing(tmp_path: Path) -> None:
+    """DCP's CheckpointException (a BaseException, a pasted traceback) becomes an OSError with the path; the old checkpoint stays."""
+    import torch
+
+    target = _dir(tmp_path / "iter_4.dcp", "old")
+    blocked = dcp_io.temp_dir(target, "ab12")
+    blocked.write_text("a file where the temporary directory goes")  # the shard write cannot create its directory
+    with pytest.raises(OSError, match=r"Cannot write checkpoint '.*iter_4\.dcp': writing its shards failed \(CheckpointException: FileExistsError.*Nothing was replaced"):
+        dcp_io.save_shards({"model": {"w": torch.ones(2)}}, blocked, target)
+    assert (target / "f").read_text() == "old"
+    assert [p.name for p in tmp_path.iterdir()] == ["iter_4.dcp"]  # no temporary left

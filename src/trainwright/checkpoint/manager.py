@@ -22,7 +22,7 @@ from typing import Any, Protocol
 
 import torch
 
-from trainwright.checkpoint.io import CHECKPOINT_SUFFIX, atomic_write_bytes, load_file, write_latest
+from trainwright.checkpoint.io import CHECKPOINT_SUFFIX, atomic_write_bytes, load_file, read_latest, write_latest
 from trainwright.checkpoint.lock import WorkDirBusyError, WorkDirLock
 from trainwright.checkpoint.rng import get_rng_state, set_rng_state
 from trainwright.checkpoint.stateful import Stateful, check_state_dict, make_safe
@@ -31,10 +31,19 @@ from trainwright.registry import did_you_mean
 _TMP_NAME = re.compile(r"^\..+\.tmp\.(?P<pid>\d+)\.[0-9a-f]+$")
 
 
+class ResumeDisagreeError(RuntimeError):
+    """Under several processes, the ranks would resume from different checkpoints (raised on every rank, before any reads one)."""
+
+    #: Raised on every rank at the same point: the ranks can still meet in collectives.
+    raised_on_every_rank = True
+
+
 class CheckpointStrategy(Protocol):
     """What the manager needs of a strategy (:class:`~trainwright.strategies.Strategy` has it all)."""
 
     checkpoint_suffix: str
+    resumable_suffixes: tuple[str, ...]
+    run_failed: bool
 
     @property
     def rank(self) -> int: ...  # noqa: D102
@@ -148,6 +157,8 @@ class CheckpointManager:
         self.record = SaveRecord()
         self._rng = RngState(strategy)
         self._lock = WorkDirLock(self.ckpt_dir)
+        #: The checkpoint restored last and the iteration it put training at (None: none was restored).
+        self.restored: tuple[Path, int] | None = None
 
     def configure(self, **settings: Any) -> None:
         """Set storage settings by name (``ckpt_dir``, ``keep``, ``async_save``, ``exclude``, ``epoch_tmpl``, ``iter_tmpl``, ``epoch_names``, ``record``)."""
@@ -198,10 +209,19 @@ class CheckpointManager:
         self, name: str | Path, *, exclude: Collection[str] | None = None, async_save: bool = False,
         latest: bool = False, remove: Sequence[str] = (), after: Callable[[], None] | None = None,
     ) -> Path:
-        """Write one checkpoint (a bare name goes in ``ckpt_dir``); once complete, rank 0 points ``latest`` at it, deletes ``remove``, runs ``after``."""
+        """Write one checkpoint (a bare name goes in ``ckpt_dir``); once complete, rank 0 points ``latest`` at it, deletes ``remove``, runs ``after``.
+
+        Raises:
+            RuntimeError: under several processes, after this process's run failed (the
+                strategy's ``run_failed``): a save is a collective (every rank's pieces, RNG
+                states gathered) that the other processes are not in, so nothing is written.
+        """
         path = Path(name)
         if not path.is_absolute() and path.parent == Path("."):
             path = self.ckpt_dir / path
+        refused = self.refusal(path)
+        if refused is not None:
+            raise RuntimeError(refused)
         wanted = self.record.names() | {path.name}
         remove = [r for r in remove if r not in wanted]  # a name dropped from one list may be kept by the other
 
@@ -216,6 +236,22 @@ class CheckpointManager:
         state = self.state_dict(self.exclude if exclude is None else exclude)
         self.strategy.save_checkpoint(path, state, async_save=async_save, after=finish)
         return path
+
+    def refusal(self, name: str | Path) -> str | None:
+        """Why ``name`` cannot be saved now (None: it can): under several processes, after this process's run failed.
+
+        A save is a collective then (every rank's pieces; the RNG states gathered) that the
+        other processes are not in: they may be waiting in one of their own, which would
+        receive this one's data.
+        """
+        if not (self.strategy.run_failed and self.strategy.world_size > 1):
+            return None
+        latest = read_latest(self.ckpt_dir)
+        return (
+            f"Not writing checkpoint {Path(name).name}: the run failed on this process (rank {self.strategy.rank}), and under several processes "
+            "a save is a collective that the other processes are not in. Nothing was written; "
+            + (f"the last complete checkpoint is {self.ckpt_dir / latest}: resume=True continues from it." if latest else "no checkpoint was written before.")
+        )
 
     def save_periodic(self, name: str) -> Path:
         """Save ``name`` as the newest periodic checkpoint: ``latest`` points at it, then the oldest beyond ``keep`` go."""
@@ -314,7 +350,14 @@ class CheckpointManager:
 
         Returns:
             ``(path, checkpoint)`` restored, or None when ``ckpt_dir`` holds no checkpoint.
+
+        Raises:
+            ResumeDisagreeError: under several processes, the ranks' newest checkpoints differ
+                (one collective first, before any rank reads one: a sharded read is a
+                collective itself, which the ranks that found another would not join).
         """
+        if path is None and self.strategy.world_size > 1:
+            self._agree_on_newest()
         if path is None:
             found = self.strategy.find_resumable(self.ckpt_dir)
             if found is None:
@@ -323,7 +366,22 @@ class CheckpointManager:
         else:
             ckpt = self.strategy.load_checkpoint(path)
         self.restore(ckpt, Path(path))
+        self.restored = (Path(path), self.progress.iteration)
         return Path(path), ckpt
+
+    def _agree_on_newest(self) -> None:
+        """Every rank must see the same newest checkpoint (by name: work dirs may be node-local copies under other paths)."""
+        from trainwright.checkpoint.io import list_checkpoints
+
+        found = list_checkpoints(self.ckpt_dir, suffix=self.strategy.resumable_suffixes)
+        everyone = self.strategy.gather_object(str(found[0]) if found else None)
+        if len({None if f is None else Path(f).name for f in everyone}) > 1:
+            raise ResumeDisagreeError(
+                "The processes of this run would resume from different checkpoints: "
+                + "; ".join(f"rank {r} finds no checkpoint" if f is None else f"rank {r} would resume from {f}" for r, f in enumerate(everyone))
+                + ". Every rank must see the same checkpoints (one shared work_dir, or a copy of its checkpoints folder on every node); "
+                "nothing was loaded or trained."
+            )
 
     def restore(self, ckpt: Any, path: Path) -> None:
         """Load every piece of ``ckpt`` (read from ``path``): all checked first, then loaded, ``after_load``, RNG last.

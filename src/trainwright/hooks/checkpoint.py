@@ -330,7 +330,10 @@ class CheckpointHook(Hook):
                 trainer.checkpoints.publish(trainer.checkpoints.ckpt_dir / name, self.published_keys)
 
     def after_run(self, trainer: TrainerView) -> None:  # noqa: D102
-        if self._in_train and self._pending is not None:
+        refused = trainer.checkpoints.refusal(self._pending) if self._in_train and self._pending is not None else None
+        if refused is not None:  # several processes: no collective after a failure
+            trainer.logger.warning(f"{refused} (it was due before the run stopped, waiting for a validation that did not finish)")
+        elif self._in_train and self._pending is not None:
             # The run ended by an error after a checkpoint was due but before the validation
             # it waited for finished (a metric that raised): the epoch's training is not lost.
             trainer.logger.warning(f"Writing {self._pending}, which was due before the run stopped (it waited for a validation that did not finish)")

@@ -6,12 +6,22 @@ to ``trainer.agreement``: one process stops after the current step, several toge
 loop's next agreement point (the same iteration on every rank); a validation inside training
 is cut too. Then ``trainer.checkpoints.save_now()`` writes that step and the process exits
 with :attr:`exit_code` (``128 + signal`` by default); ``resume=True`` continues from it.
+
+A process that cannot reach a step boundary (stuck in a collective whose peer is gone) never
+runs that handler, so a watchdog thread sees the signal too (``signal.set_wakeup_fd``): if
+no step boundary comes within ``grace_s`` of the first signal, or a second signal arrives,
+the process exits with ``128 + signal`` at once, without a checkpoint.
 """
 
 from __future__ import annotations
 
+import os
+import select
 import signal
+import socket
+import sys
 import threading
+import time
 import weakref
 from collections.abc import Sequence
 from types import FrameType
@@ -47,13 +57,25 @@ class PreemptionHook(Hook):
             steps well inside the grace period between signal and kill).
         exit_code: Exit status after the checkpoint is saved: an int, ``"signal"`` (default:
             ``128 + signum``) or None (``train()`` returns normally, ``trainer.preempted`` is True).
+        grace_s: After the first signal, seconds to wait for a step boundary (a training
+            iteration or validation batch completing; each one restarts the wait) until the
+            stop is reached; when none comes - the process is stuck, e.g. in a collective whose
+            peer has gone - it exits with ``128 + signum`` without a checkpoint. A second
+            signal exits at once. Default 15 s: below torchrun's 30 s between its SIGTERM and
+            SIGKILL, so a failed job ends (and an elastic restart begins) sooner; raise it for
+            steps slower than that. None: wait for the boundary however long it takes.
     """
 
     priority = "LOWEST"
 
-    def __init__(self, signals: Sequence[int | str] = ("SIGTERM", "SIGUSR1"), check_interval: int | None = None, exit_code: int | str | None = _DEFAULT) -> None:
+    def __init__(
+        self, signals: Sequence[int | str] = ("SIGTERM", "SIGUSR1"), check_interval: int | None = None, exit_code: int | str | None = _DEFAULT,
+        grace_s: float | None = 15.0,
+    ) -> None:
         if check_interval is not None and check_interval < 1:
             raise ValueError(f"PreemptionHook check_interval must be >= 1, got {check_interval}")
+        if grace_s is not None and not grace_s > 0:
+            raise ValueError(f"PreemptionHook grace_s must be > 0 seconds (or None: no limit), got {grace_s!r}")
         if isinstance(exit_code, str) and exit_code != _DEFAULT:
             raise ValueError(f"PreemptionHook exit_code must be an int, 'signal' or None, got {exit_code!r}")
         self.signals = [_signum(s) for s in signals]
@@ -66,6 +88,11 @@ class PreemptionHook(Hook):
         self._trainer_ref: weakref.ref | None = None  # set when one process trains: the handler stops it
         self._in_train = False  # validations inside training are cut too
         self._agreement: Any = None  # the trainer's agreement while training: the handler proposes the stop to it
+        self.grace_s = grace_s
+        self._watchdog: _Watchdog | None = None  # while installed: exits a process that no step boundary reaches after a signal
+        self._view: Any = None  # the trainer while training (the watchdog reads its progress and logger)
+        self._beats = 0  # step boundaries the iteration count does not show (validation batches, saves)
+        self._reached = False  # the stop point was reached: the watchdog stands down
 
     # -- signal handling ------------------------------------------------------------------
     def _handler(self, signum: int, frame: FrameType | None) -> None:
@@ -84,9 +111,14 @@ class PreemptionHook(Hook):
             return
         for s in self.signals:
             self._previous[s] = signal.signal(s, self._handler)
+        if self.grace_s is not None and self._watchdog is None:
+            self._watchdog = _Watchdog(self, self.grace_s)
 
     def uninstall(self) -> None:
-        """Put back the handlers that were there before :meth:`install`."""
+        """Put back the handlers that were there before :meth:`install` (and stop the watchdog)."""
+        if self._watchdog is not None:
+            self._watchdog.stop()
+            self._watchdog = None
         for s, prev in self._previous.items():
             signal.signal(s, prev if prev is not None else signal.SIG_DFL)
         self._previous = {}
@@ -103,15 +135,23 @@ class PreemptionHook(Hook):
         self._trainer_ref = weakref.ref(trainer) if trainer.strategy.world_size == 1 else None
         self._agreement = trainer.metric_store.agreement
         self._agreement.reset()
+        self._view = trainer
+        self._beats = 0
+        self._reached = False
         self.install()
 
     def after_val_iter(self, trainer: TrainerView, batch_idx: int, data_batch: Any = None, outputs: Any = None) -> None:  # noqa: D102
+        self._beats += 1  # a step boundary (the watchdog's heartbeat inside a validation)
         # A validation inside training is cut at the next check too (the grace period may be shorter
         # than a pass). One process: the handler already set trainer.should_stop, which the eval loop reads.
         if self._in_train and self._trainer_ref is None and (batch_idx + 1) % self._interval == 0 and trainer.strategy.any_true(self.received is not None):
             self._stop(trainer)
 
+    def before_save_checkpoint(self, trainer: TrainerView, checkpoint: dict) -> None:  # noqa: D102
+        self._beats += 1  # a save in progress is not a stuck process
+
     def _stop(self, trainer: TrainerView) -> None:
+        self._reached = True  # the stop point: the watchdog stands down (the save may take longer than the grace)
         self.preempted = True
         trainer.preempted = True
         trainer.should_stop = True
@@ -133,6 +173,7 @@ class PreemptionHook(Hook):
         self._in_train = False
         self.uninstall()
         self._agreement = None
+        self._view = None
         if not self.preempted:
             return
         self.preempted = False
@@ -144,3 +185,85 @@ class PreemptionHook(Hook):
         trainer.logger.warning(f"Exiting with status {code} after preemption")
         trainer.flush_logs()  # buffered log records must reach the disk
         raise SystemExit(int(code))
+
+
+class _Watchdog:
+    """A thread that sees the hook's signals even while the main thread is stuck in C code (``signal.set_wakeup_fd``).
+
+    After the first signal it waits for step boundaries (the progress's iteration, the hook's
+    heartbeats); each restarts the wait, until the stop is reached (the agreed stop, or on one
+    process the first boundary after the signal). If ``grace_s`` pass without one, or a second
+    signal arrives, it logs why and ends the process with ``128 + signum`` (``os._exit``: the
+    main thread cannot be interrupted).
+    """
+
+    def __init__(self, hook: PreemptionHook, grace_s: float) -> None:
+        self.hook, self.grace_s = hook, grace_s
+        self._read, self._write = socket.socketpair()
+        self._read.setblocking(False)
+        self._write.setblocking(False)
+        self._previous_fd = signal.set_wakeup_fd(self._write.fileno(), warn_on_full_buffer=False)
+        self._done = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="trainwright-preemption-watchdog", daemon=True)
+        self._thread.start()
+
+    def stop(self) -> None:
+        """Stand down, put back the previous wakeup fd (main thread)."""
+        self._done.set()
+        signal.set_wakeup_fd(self._previous_fd)
+        try:
+            self._write.send(b"\0")  # wakes the thread (0 is no signal number)
+        except OSError:
+            pass
+        self._thread.join(timeout=1.0)
+        self._read.close()
+        self._write.close()
+
+    def _beat(self) -> tuple[int, int]:
+        view = self.hook._view
+        return (getattr(getattr(view, "progress", None), "iteration", -1), self.hook._beats)
+
+    def _run(self) -> None:
+        ours = {int(s) for s in self.hook.signals}
+        first: int | None = None
+        deadline = beat = None
+        while not self._done.is_set():
+            try:
+                # no wake-ups while no signal came (the training step pays nothing); then 5 a second
+                ready, _, _ = select.select([self._read], [], [], None if deadline is None else 0.2)
+                got = self._read.recv(64) if ready else b""
+            except OSError:
+                return  # closed by stop()
+            if self._done.is_set():
+                return
+            for signum in (b for b in got if b in ours):
+                if first is not None:
+                    self._exit(signum, f"a second {signal.Signals(signum).name} arrived before the stop was reached")
+                first, deadline, beat = signum, time.monotonic() + self.grace_s, self._beat()
+            if first is None or deadline is None:
+                continue
+            now_beat = self._beat()
+            if now_beat != beat or self.hook._reached:  # a step boundary came: the process is alive
+                agreement = self.hook._agreement
+                if self.hook._reached or agreement is None or agreement.local or agreement.stop:
+                    deadline = None  # the stop point (one process: the first boundary; several: the agreed stop): stand down
+                    continue
+                beat, deadline = now_beat, time.monotonic() + self.grace_s
+            elif deadline is not None and time.monotonic() > deadline:
+                self._exit(first, f"no step boundary within grace_s={self.grace_s} s after {signal.Signals(first).name} (the process is stuck, e.g. in a collective whose peer has gone)")
+
+    def _exit(self, signum: int, why: str) -> None:
+        code = 128 + signum
+        msg = f"PreemptionHook: {why}: exiting now with status {code}, without a checkpoint"
+        logger = getattr(self.hook._view, "logger", None)
+        try:
+            if logger is not None:
+                logger.error(msg)
+                for h in logger.handlers:
+                    h.flush()
+            else:
+                sys.stderr.write(msg + "\n")
+            sys.stdout.flush()
+            sys.stderr.flush()
+        finally:
+            os._exit(code)

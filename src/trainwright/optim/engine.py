@@ -35,6 +35,10 @@ class UpdateEngine:
         """Back-propagate ``loss`` through the wrapper's precision (a GradScaler scales it first)."""
         optim_wrapper.precision.backward(loss, **kwargs)
 
+    def skip_nonfinite(self, loss: torch.Tensor, optim_wrapper: OptimWrapper) -> bool:
+        """Whether to skip the micro-batch of ``loss`` (``skip_nonfinite``): it is NaN/Inf (several processes: on any of them, agreed)."""
+        return not bool(torch.isfinite(loss).all())
+
     def clip_grad(self, clip: ClipFn, params: list[torch.Tensor]) -> torch.Tensor | None:
         """Clip ``params``' gradients with ``clip`` and return their total norm (a tensor; None: not known here)."""
         return clip(params)

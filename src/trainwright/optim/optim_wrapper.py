@@ -255,9 +255,9 @@ class OptimWrapper:
         (see docs/benchmarks.md). A backward that keeps its graph (``retain_graph`` /
         ``create_graph``) is not held on to.
         """
-        if self.skip_nonfinite and not bool(torch.isfinite(loss).all()):
+        if self.skip_nonfinite and self._strategy.skip_nonfinite(loss, self):  # several processes: agreed, so every rank skips it
             self.skipped_steps += 1
-            warnings.warn(f"Skipping a micro-batch with non-finite loss {loss.detach()} (skip_nonfinite=True)", RuntimeWarning, stacklevel=3)
+            warnings.warn(f"Skipping a micro-batch with non-finite loss (here {loss.detach()}; under several processes: on any of them) (skip_nonfinite=True)", RuntimeWarning, stacklevel=3)
         else:
             self._strategy.backward(loss, self, **kwargs)
             self._spent_loss = None if kwargs.get("retain_graph") or kwargs.get("create_graph") else loss

@@ -42,6 +42,9 @@ class Strategy(UpdateEngine):
     checkpoint_suffix = ".pth"
     #: What ``resume=True`` looks for: full files, and a sharded run's directories (read whole, see :meth:`load_checkpoint`).
     resumable_suffixes: tuple[str, ...] = (".pth", ".dcp")
+    #: Set by the Trainer when a run of this process ended by an exception (reset when the next run starts): the other
+    #: processes may be anywhere (in a collective of their own), so teardown and checkpoint saves make no collective then.
+    run_failed = False
 
     def __init__(self, device: str | torch.device | None = None) -> None:
         from trainwright.dist.utils import get_local_rank

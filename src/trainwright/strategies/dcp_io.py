@@ -61,6 +61,30 @@ def publish(tmp: Path, target: Path) -> None:
         shutil.rmtree(old, ignore_errors=True)
 
 
+def save_shards(sharded: Mapping[str, Any], tmp: Path, target: Path, **save_kwargs: Any) -> None:
+    """``dcp.save`` the shards into the temporary directory ``tmp`` of ``target`` (every rank); a failed write is an OSError.
+
+    DCP reports a failed shard write on every rank as its ``CheckpointException`` (a
+    ``BaseException``, its message a pasted traceback). Here it becomes an ``OSError`` naming
+    ``target`` and the first failure, raised on every rank alike; the temporary directory is
+    removed (rank 0, or the one process) and nothing was replaced.
+
+    Raises:
+        OSError: a shard could not be written (a full or read-only disk, a missing directory...).
+    """
+    try:
+        dcp.save(sharded, storage_writer=dcp.FileSystemWriter(str(tmp)), **save_kwargs)
+    except (Exception, CheckpointException) as e:  # noqa: BLE001 - CheckpointException is a BaseException
+        first = str(e).strip().splitlines()
+        cause = next((line.strip() for line in reversed(first) if "Error" in line), first[-1].strip() if first else type(e).__name__)
+        if not torch.distributed.is_initialized() or torch.distributed.get_rank() == 0:
+            remove(tmp)
+        raise OSError(
+            f"Cannot write checkpoint {str(target)!r}: writing its shards failed ({type(e).__name__}: {cause[:300]}). Nothing was replaced: "
+            f"{target.name} and `latest` are as they were before this save. Check the free space and permissions of {str(target.parent)!r}."
+        ) from e
+
+
 def remove(path: Path) -> None:
     """Delete a checkpoint: a directory with its files, or a file; a missing one is fine."""
     if path.is_dir():

@@ -158,7 +158,7 @@ class FSDPStrategy(ProcessGroupStrategy):
         """
         self.wait_for_checkpoint()
         if self._async_group is not None:
-            if dist.is_initialized():
+            if dist.is_initialized() and not self.run_failed:  # after a failed run: no collective (see ProcessGroupStrategy.teardown)
                 dist.barrier()  # every rank's background write is done with the side group
                 dist.destroy_process_group(self._async_group)
             self._async_group = None
@@ -346,7 +346,7 @@ class FSDPStrategy(ProcessGroupStrategy):
             future = dcp.async_save(sharded, storage_writer=writer, process_group=self._async_group)
             self._pending = (future, finish)
             return
-        dcp.save(sharded, storage_writer=writer)
+        dcp_io.save_shards(sharded, tmp, target)  # a failed shard write: OSError naming the path, nothing replaced
         finish()
         self.barrier()
 

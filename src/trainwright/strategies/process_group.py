@@ -6,7 +6,9 @@ It joins the process group that a launcher's environment describes (torchrun's `
 ranks and the collectives (the agreement's ``all_gather``, ``any_true``, object gather /
 broadcast). Subclasses add how the model is wrapped and how gradients meet. The launcher's
 group is joined once per process and destroyed at interpreter exit (later Trainers of the
-process join it); a group the user's script made is joined and left to the script.
+process join it); a group the user's script made is joined and left to the script. After a
+run fails on a process, it makes no collective (the others may be in one of their own): it
+leaves its error in the launcher's store, where a peer whose collective then fails reads it.
 """
 
 from __future__ import annotations
@@ -15,6 +17,7 @@ import atexit
 import datetime
 import gc
 import os
+import warnings
 import weakref
 from collections.abc import Mapping
 from typing import Any
@@ -22,6 +25,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 from torch import nn
+from torch.nn.parallel import DistributedDataParallel
 
 from trainwright.dist.utils import export_launcher_env
 from trainwright.strategies.base import Strategy
@@ -81,10 +85,16 @@ class ProcessGroupStrategy(Strategy):
         self.backend = backend or ("nccl" if self.device.type == "cuda" else "gloo")
         self.timeout_s = timeout_s
         self._owns_group = False  # a one-process group this strategy made (FSDP without a launcher): destroyed at teardown
+        self._store: Any = None  # a client of the launcher's store, opened on an error path (see report_failure)
 
     # -- environment ----------------------------------------------------------------------
     def setup_env(self, *, launcher: str = "pytorch", cudnn_benchmark: bool = False, dist_cfg: Mapping[str, Any] | None = None, randomness: Mapping[str, Any] | None = None) -> None:
-        """Join the process group (from the launcher's environment), then seed every rank with rank 0's seed."""
+        """Join the process group (from the launcher's environment), then seed every rank with rank 0's seed.
+
+        The seed is always rank 0's (one broadcast): a rank given another seed (an explicit
+        per-process seed) warns and uses rank 0's, so every rank shuffles the same way. With
+        ``diff_rank_seed`` each rank adds its rank to rank 0's seed.
+        """
         if not dist.is_initialized():
             export_launcher_env()
             missing = [k for k in ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT") if k not in os.environ]
@@ -96,8 +106,14 @@ class ProcessGroupStrategy(Strategy):
                 )
             _join_launcher_group(self.backend, self.timeout_s, dist_cfg)
         randomness = dict(randomness or {})
-        if randomness.get("seed") is None:  # one seed for all: rank 0 draws it
-            randomness["seed"] = self.broadcast_object(int.from_bytes(os.urandom(4), "little") & 0x7FFFFFFF)
+        given = randomness.get("seed")
+        randomness["seed"] = self.broadcast_object(int.from_bytes(os.urandom(4), "little") & 0x7FFFFFFF if given is None else given)
+        if given is not None and given != randomness["seed"]:
+            warnings.warn(
+                f"rank {self.rank} was given seed {given}, rank 0 seed {randomness['seed']}: every rank uses rank 0's seed, so that all ranks "
+                "shuffle the data the same way (each its own shard). For per-rank augmentation use randomness=dict(diff_rank_seed=True).",
+                stacklevel=2,
+            )
         super().setup_env(launcher=launcher, cudnn_benchmark=cudnn_benchmark, dist_cfg=dist_cfg, randomness=randomness)
 
     @property
@@ -111,13 +127,16 @@ class ProcessGroupStrategy(Strategy):
         return dist.get_world_size() if dist.is_initialized() else int(os.environ.get("WORLD_SIZE", 1))
 
     def teardown(self) -> None:
-        """Release the model wrapper and wait for every rank; the launcher's process group stays for later Trainers.
+        """Release the model wrapper and wait for every rank (not after a failed run); the launcher's process group stays for later Trainers.
 
         Initialising the launcher's group again from the same environment is not reliable in
         torch, so it lives as long as the process. A one-process group this strategy made
         itself (FSDP without a launcher) is destroyed here; a group the user's script made is
         the script's to destroy. The wrapper goes first: a DDP reducer that outlives its
-        process group aborts the process at exit.
+        process group aborts the process at exit. After a failed run (:attr:`run_failed`)
+        there is no barrier: the other ranks may be waiting in a collective of the run, which
+        fails as soon as this process exits, so the job stops in seconds, not after the
+        collective timeout.
         """
         super().teardown()
         self.model = None
@@ -125,8 +144,64 @@ class ProcessGroupStrategy(Strategy):
         if self._owns_group and dist.is_initialized():
             dist.destroy_process_group()
             self._owns_group = False
-        elif _is_launcher_group():
+        elif _is_launcher_group() and not self.run_failed:
             dist.barrier()  # every rank has finished this run before any goes on to the next (or exits)
+
+    # -- updates --------------------------------------------------------------------------
+    def skip_nonfinite(self, loss: torch.Tensor, optim_wrapper: Any) -> bool:
+        """Whether every rank skips this micro-batch: its loss is NaN/Inf on any rank (one all-reduce of one number).
+
+        Agreed, so no rank back-propagates (and all-reduces gradients) while another skips:
+        the ranks' collectives stay paired and their weights equal. When the skipped
+        micro-batch was the one to synchronise its accumulation window, the gradients the
+        window accumulated without sync (DDP's ``no_sync``) are averaged over the ranks here,
+        as DDP's backward would have done.
+        """
+        skip = self.any_true(not bool(torch.isfinite(loss).all()))
+        if skip and optim_wrapper.accumulative_counts > 1 and optim_wrapper.should_sync() and isinstance(self.model, DistributedDataParallel):
+            for p in self.model.parameters():
+                if p.grad is not None:
+                    dist.all_reduce(p.grad)
+                    p.grad /= self.world_size
+        return skip
+
+    # -- failures -------------------------------------------------------------------------
+    def report_failure(self, error: BaseException, where: str = "") -> str:
+        """After this process's run failed: mark it (:attr:`run_failed`), leave its error for the others, return theirs.
+
+        No collective. The error goes into the launcher's key-value store (the rendezvous
+        store at ``MASTER_ADDR:MASTER_PORT``), a best effort with a 2 s bound; then the errors
+        other ranks left there are read, so the rank whose collective failed because a peer
+        stopped names that peer's error in its own log.
+
+        Returns:
+            ``"; rank 1 failed: ValueError: ..."`` for each other rank that left an error ("" when none did).
+        """
+        self.run_failed = True
+        store = self._open_store()
+        if store is None:
+            return ""
+        prefix = f"trainwright/failed/{os.environ.get('TORCHELASTIC_RESTART_COUNT', '0')}/"
+        mine = f"{type(error).__name__}{' ' + where if where else ''}: {str(error)[:500]}"
+        try:
+            store.set(prefix + str(self.rank), mine)
+            others = [r for r in range(self.world_size) if r != self.rank]
+            found = [r for r in others if store.check([prefix + str(r)])]
+            return "".join(f"; rank {r} failed: {store.get(prefix + str(r)).decode(errors='replace')}" for r in found)
+        except Exception:  # noqa: BLE001 - a store that is gone (its host process exited) only loses the note
+            return ""
+
+    def _open_store(self) -> Any:
+        """A client of the launcher's store (None when there is none or it does not answer within 2 s)."""
+        if self._store is None:
+            host, port = os.environ.get("MASTER_ADDR"), os.environ.get("MASTER_PORT")
+            if not host or not port or not dist.is_initialized() or self.world_size == 1:
+                return None
+            try:
+                self._store = dist.TCPStore(host, int(port), is_master=False, timeout=datetime.timedelta(seconds=2), wait_for_workers=False)
+            except Exception:  # noqa: BLE001 - unreachable: no note, the error itself is still raised
+                return None
+        return self._store
 
     # -- collectives ----------------------------------------------------------------------
     def reduce(self, tensor: torch.Tensor, op: str = "mean") -> torch.Tensor:

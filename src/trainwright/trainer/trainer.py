@@ -28,10 +28,12 @@ from trainwright.model.base_model import ModuleAdapter, as_base_model
 from trainwright.model.compile import check_static_batches
 from trainwright.registry import check_keys
 from trainwright.strategies import build_strategy
+from trainwright.strategies.process_group import ProcessGroupStrategy
 from trainwright.optim.builder import run_precision
 from trainwright.trainer.env_cfg import apply_env_cfg
 from trainwright.trainer.build import EVAL_CFG_KEYS, TRAIN_CFG_KEYS, build_eval_loop, build_train
 from trainwright.trainer.hooks_config import build_hook, build_hooks
+from trainwright.trainer.rank_check import check_ranks_agree
 from trainwright.trainer.runs import config_changes, new_run_dir
 from trainwright.trainer.state import OPTIONAL_PIECES, DataOrderState, HookStates, MetaState, ModelState, OptimState, SchedulerState
 
@@ -359,10 +361,12 @@ class Trainer:
                 (the message names its pid); nothing was read or written.
         """
         self.checkpoints.lock()
+        self.strategy.run_failed = False
         try:
             self._build_train()
             self._prepare()
             assert self.train_loop is not None
+            check_ranks_agree(self)  # one collective: every rank's settings, data shape and resumed checkpoint
             self.should_stop = False
             self.preempted = False
             loop = self.train_loop
@@ -372,6 +376,10 @@ class Trainer:
                     f"(epoch {self.progress.epoch}). Raise train_cfg max_epochs / max_iters to train further, or use a new work_dir for a new run."
                 )
             self._run(partial(loop.run, self._loop_context()))
+        except BaseException as e:
+            if not self.strategy.run_failed and not isinstance(e, SystemExit):  # failed before the loop ran (building, resuming, the ranks' check); not a preemption's agreed exit
+                self._note_failure(e)
+            raise
         finally:
             self.checkpoints.unlock()
         if self.hooks.timer is not None:
@@ -408,6 +416,7 @@ class Trainer:
         return ctx
 
     def _run(self, fn: Any) -> Any:
+        self.strategy.run_failed = False
         self.hooks.call("before_run", self)
         ok = False
         try:
@@ -415,10 +424,7 @@ class Trainer:
             ok = True
             return out
         except BaseException as e:
-            if not isinstance(e, SystemExit):  # (a preemption exit is logged by its hook)
-                p = self.progress
-                # the reason reaches train.log too, not only the terminal that may be gone
-                self.logger.error(f"Stopped by {type(e).__name__} at epoch {p.epoch}, iteration {p.iteration}: {e}", exc_info=e)
+            self._note_failure(e)
             raise
         finally:
             try:
@@ -426,6 +432,25 @@ class Trainer:
                 self.metric_store.flush(raise_on_nonfinite=None if ok else False)
             finally:
                 self._clean_up(ok)
+
+    def _note_failure(self, e: BaseException) -> None:
+        """A run failed on this process: no collective from here on (see ``Strategy.run_failed``); log why, with the errors other ranks left.
+
+        The reason reaches ``train.log`` too, not only the terminal that may be gone. Under
+        several processes the error is left for the other ranks (the launcher's store), and
+        theirs are named here: a rank whose collective failed because a peer stopped names
+        that peer's error.
+        """
+        p = self.progress
+        where = f"at epoch {p.epoch}, iteration {p.iteration}"
+        if getattr(e, "raised_on_every_rank", False):  # the ranks are together (e.g. their settings differ): nothing to leave for the others
+            self.logger.error(f"Stopped by {type(e).__name__} {where}: {e}")
+            return
+        others = self.strategy.report_failure(e, where) if isinstance(self.strategy, ProcessGroupStrategy) else ""
+        self.strategy.run_failed = True
+        if not isinstance(e, SystemExit):  # (a preemption exit is logged by its hook)
+            rank = f" on rank {self.strategy.rank}" if self.strategy.world_size > 1 else ""
+            self.logger.error(f"Stopped by {type(e).__name__}{rank} {where}: {e}{others}", exc_info=e)
 
     def _clean_up(self, ok: bool) -> None:
         """Run every hook's ``after_run`` even if some raise; then the original error (if any) goes on.
@@ -508,10 +533,17 @@ class Trainer:
         return self
 
     def __exit__(self, *exc: object) -> None:
+        if exc[0] is not None:  # leaving by an exception: the other processes may be anywhere, teardown makes no collective
+            self.strategy.run_failed = True
         self.close()
 
     def close(self) -> None:
-        """Close the writers and the log file; release the strategy's resources (its model wrapper, a pending checkpoint write; a process group it made for this run only, not a launcher's, which later Trainers of the process join)."""
+        """Close the writers and the log file; release the strategy's resources (its model wrapper, a pending checkpoint write; a process group it made for this run only, not a launcher's, which later Trainers of the process join).
+
+        Under several processes the ranks wait for each other here, unless the last run (or the
+        ``with`` block) ended by an exception: then no collective is made, so the other ranks'
+        collectives fail as soon as this process exits instead of waiting for the timeout.
+        """
         self.checkpoints.unlock()
         for w in self.writers:
             w.close()
