@@ -134,7 +134,10 @@ def test_first_slurm_host_of_a_broken_list_names_the_fix() -> None:
 def test_export_launcher_env_fills_in_what_torch_distributed_reads(monkeypatch: pytest.MonkeyPatch) -> None:
     import os
 
-    for key in [k for k in os.environ if k.startswith(("SLURM_", "OMPI_")) or k in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT")]:
+    for key in [k for k in os.environ if k.startswith(("SLURM_", "OMPI_"))]:
+        monkeypatch.delenv(key)
+    for key in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT"):  # export_launcher_env sets them: undone after the test
+        monkeypatch.setenv(key, "")
         monkeypatch.delenv(key)
     for key, value in SLURM_2x2.items():
         monkeypatch.setenv(key, value)
