@@ -401,3 +401,14 @@ def test_mmengine_config_with_restart_cosine_and_plateau_trains_end_to_end(tmp_p
         assert trainer.optim_wrapper.optimizer.param_groups[0]["lr"] == pytest.approx(want, rel=1e-12)
     finally:
         trainer.close()
+
+
+def test_auto_scale_lr_counts_data_shards_under_tensor_parallelism(monkeypatch: pytest.MonkeyPatch) -> None:
+    from trainwright.trainer.from_config import _auto_scale_lr
+
+    monkeypatch.setattr(tw.dist, "launched_world_size", lambda: 4)
+    kwargs: dict = dict(train_dataloader=dict(batch_size=16), optim_wrapper=dict(optimizer=dict(type="SGD", lr=0.1)),
+                        strategy=dict(type="fsdp", tensor_parallel=dict(size=2, plan={})))
+    line = _auto_scale_lr(dict(enable=True, base_batch_size=64), kwargs)
+    assert kwargs["optim_wrapper"]["optimizer"]["lr"] == pytest.approx(0.1 * 16 * 2 / 64)  # 4 processes, 2 data shards
+    assert line is not None and "16 x 2 data shard(s)" in line

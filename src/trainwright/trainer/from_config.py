@@ -115,9 +115,10 @@ def _model_wrapper(cfg: Any, kwargs: dict[str, Any]) -> None:
 def _auto_scale_lr(cfg: Any, kwargs: dict[str, Any]) -> str | None:
     """mmengine's ``auto_scale_lr=dict(enable=True, base_batch_size=N)``: scale the optimizer's ``lr`` by the real batch size / N.
 
-    The real batch size is ``train_dataloader.batch_size`` times the number of processes the
-    launcher started (mmengine's ``_scale_lr``); per-group multipliers (``paramwise_cfg``)
-    follow. Returns the line to log, or None when nothing was scaled.
+    The real batch size is ``train_dataloader.batch_size`` times the number of data shards: the
+    processes the launcher started (mmengine's ``_scale_lr``), divided by the tensor-parallel
+    size when the strategy has one (its ranks share batches); per-group multipliers
+    (``paramwise_cfg``) follow. Returns the line to log, or None when nothing was scaled.
     """
     if not isinstance(cfg, Mapping) or not cfg.get("enable", False):
         return None
@@ -135,10 +136,13 @@ def _auto_scale_lr(cfg: Any, kwargs: dict[str, Any]) -> str | None:
             "auto_scale_lr=dict(enable=True) needs train_dataloader.batch_size and optim_wrapper.optimizer.lr in the config "
             f"(got batch_size={batch!r}, lr={optimizer.get('lr') if isinstance(optimizer, Mapping) else None!r}); set them, or enable=False"
         )
-    world = launched_world_size()
-    ratio = batch * world / base
+    strategy = kwargs.get("strategy")
+    tp = strategy.get("tensor_parallel") if isinstance(strategy, Mapping) else None
+    tp_size = tp.get("size", 1) if isinstance(tp, Mapping) else 1
+    shards = max(1, launched_world_size() // tp_size) if isinstance(tp_size, int) and tp_size > 0 else launched_world_size()
+    ratio = batch * shards / base
     kwargs["optim_wrapper"] = {**optim, "optimizer": {**optimizer, "lr": optimizer["lr"] * ratio}}  # type: ignore[dict-item]
-    return f"auto_scale_lr: lr {optimizer['lr']} -> {optimizer['lr'] * ratio:g} (batch size {batch} x {world} process(es) / base_batch_size {base})"
+    return f"auto_scale_lr: lr {optimizer['lr']} -> {optimizer['lr'] * ratio:g} (batch size {batch} x {shards} data shard(s) / base_batch_size {base})"
 
 
 def _collate_fn(loader: str, cfg: Mapping[str, Any]) -> Any:
