@@ -12,6 +12,7 @@ every process at the same flush, an iteration count that is the same on every pr
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
+from types import MappingProxyType
 from typing import Any
 
 from trainwright.logging.agreement import Agreement
@@ -20,6 +21,9 @@ from trainwright.logging.history_buffer import HistoryBuffer
 
 __all__ = ["HistoryBuffer", "MetricStore", "Row"]
 
+
+#: The outputs of an iteration that gather_metric_period leaves out: its times are still recorded.
+_NO_OUTPUTS: Mapping[str, Any] = MappingProxyType({})
 
 class MetricStore:
     """Named :class:`HistoryBuffer` s fed with tensors that are converted lazily.
@@ -84,11 +88,11 @@ class MetricStore:
 
         With ``period=1`` it is the append of the store's list of pending rows (no Python
         frame per step): it does not flush, so its caller flushes every :attr:`flush_every`
-        iterations (the train loop does, on the hooks' schedule). With ``period > 1`` only
-        iterations whose number is a multiple of ``period`` are recorded (detectron2's
-        ``SimpleTrainer(gather_metric_period=...)``); the others keep no reference to their
-        outputs. A recorded iteration's ``data_time`` / ``time`` are still its own (measured
-        from the end of the iteration before it).
+        iterations (the train loop does, on the hooks' schedule). With ``period > 1`` the
+        outputs of iterations whose number is a multiple of ``period`` are recorded
+        (detectron2's ``SimpleTrainer(gather_metric_period=...)``); the others keep no
+        reference to their outputs but, as detectron2's timer, still record their
+        ``data_time`` / ``time``.
 
         Raises:
             ValueError: ``period`` is not an int >= 1.
@@ -100,10 +104,7 @@ class MetricStore:
             return pending.append
 
         def record_every(row: Row) -> None:
-            if row[0] % period == 0:
-                pending.append(row)
-            elif row[3] is not None and (self._prev_end is not None or self._clock_starts):  # timing: the next row counts from here
-                self._clock_starts[len(pending)] = row[3]
+            pending.append(row if row[0] % period == 0 else (row[0], _NO_OUTPUTS, row[2], row[3]))
 
         return record_every
 
