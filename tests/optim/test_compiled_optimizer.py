@@ -100,3 +100,13 @@ def test_unknown_compile_argument_is_an_error() -> None:
     opt = torch.optim.SGD(nn.Linear(2, 1).parameters(), lr=0.1)
     with pytest.raises(ValueError, match=r"Unknown optim_wrapper compile key 'mod'.*mode"):
         tw.OptimWrapper(opt, compile=dict(mod="max-autotune"))
+
+
+def test_foreach_on_the_cpu_keeps_a_float_lr_with_a_warning_and_trains_as_eager(tmp_path: Path) -> None:
+    """torch refuses a tensor lr in a non-capturable foreach step (the CPU): the step keeps floats there, and says what it costs."""
+    opt = dict(type="AdamW", lr=0.05, weight_decay=0.01, foreach=True)
+    with pytest.warns(UserWarning, match="foreach=True on the CPU"):
+        _, _, compiled = _run(tmp_path, "compiled", True, optim_wrapper=dict(optimizer=opt, compile=True))
+    _, _, eager = _run(tmp_path, "eager", False, optim_wrapper=dict(optimizer=opt))
+    for k in eager:
+        torch.testing.assert_close(compiled[k], eager[k], rtol=1e-5, atol=1e-6)

@@ -4,8 +4,8 @@ The step is ``torch.compile(optimizer.step)``, set as the optimizer's ``step`` s
 (the strategy, a float16 ``GradScaler.step``) runs the compiled one. A compiled step guards
 on Python floats, so a scheduler changing a group's ``lr`` would recompile it every step;
 torch's recipe makes ``lr`` a tensor. Here each group's ``lr`` is a tensor only while the
-step runs: it is written into one 0-dim tensor per group just before, and the group gets its
-float back just after. Schedulers, logging and checkpoints see floats, so checkpoints of runs
+step runs: it is written into one 0-dim tensor per group (on the group's device) just before,
+and the group gets its float back just after. Schedulers, logging and checkpoints see floats, so checkpoints of runs
 with and without a compiled step are interchangeable. Other hyper-parameters (momentum,
 betas, weight decay) stay floats: scheduling them recompiles the step.
 """
@@ -36,7 +36,7 @@ class CompiledStep:
         self.eager_step = optimizer.step
         self.kwargs = dict(kwargs or {})
         self._compiled = torch.compile(self.eager_step, **self.kwargs)
-        self._lrs: list[torch.Tensor] = []
+        self._lrs: list[torch.Tensor | None] = []
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         """Step with each group's ``lr`` as a tensor (one per group, reused: no recompilation when it changes)."""
@@ -45,11 +45,12 @@ class CompiledStep:
         groups = self.optimizer.param_groups
         lrs = self._lrs
         if len(lrs) != len(groups):  # first call, or a group was added: new tensors (compiled again once)
-            lrs[:] = [torch.tensor(0.0, dtype=torch.float64) for _ in groups]
+            lrs[:] = [_lr_tensor(g) for g in groups]
         floats = [g["lr"] for g in groups]
         for group, lr, value in zip(groups, lrs, floats):
-            lr.fill_(value)
-            group["lr"] = lr
+            if lr is not None:
+                lr.fill_(value)
+                group["lr"] = lr
         try:
             return self._compiled()
         finally:
@@ -62,6 +63,29 @@ class CompiledStep:
 
     def __setstate__(self, state: dict[str, Any]) -> None:
         self.__init__(state["optimizer"], state["kwargs"])  # type: ignore[misc]
+
+
+def _lr_tensor(group: Mapping[str, Any]) -> torch.Tensor | None:
+    """The 0-dim tensor a group's ``lr`` becomes during the step, on its parameters' device; None where torch refuses a tensor lr.
+
+    torch's multi-tensor (``foreach``) implementations accept a tensor ``lr`` only when
+    ``capturable``, which the compiler turns on for CUDA parameters but not on the CPU: there
+    the group keeps its float (a changed ``lr`` then compiles the step again; ``foreach=False``
+    avoids it).
+    """
+    params = group["params"]
+    device = params[0].device if params else torch.device("cpu")
+    if group.get("foreach") and not group.get("capturable") and device.type == "cpu":
+        import warnings
+
+        warnings.warn(
+            "optim_wrapper compile=True with foreach=True on the CPU: torch accepts no tensor lr there, so each new lr value compiles the "
+            "optimizer step again (a scheduled lr recompiles until torch's limit, then runs eagerly). Pass foreach=False to the optimizer.",
+            UserWarning,
+            stacklevel=4,
+        )
+        return None
+    return torch.tensor(0.0, dtype=torch.float64, device=device)
 
 
 def compile_step(optimizer: torch.optim.Optimizer, compile: bool | Mapping[str, Any]) -> CompiledStep | None:

@@ -55,7 +55,8 @@ class Trainer:
         param_scheduler: A scheduler, a dict or a list of dicts (``type``, ``by_epoch``, ``begin``, ``end``...).
         val_evaluator / test_evaluator: A Metric, an Evaluator, or dict(s) of metrics.
         default_hooks: Configure or disable (None) stock hooks by name: ``timer``,
-            ``logger``, ``param_scheduler``, ``checkpoint``, ``sampler_seed``, ``preemption``, ``progress_bar``.
+            ``logger``, ``param_scheduler``, ``checkpoint``, ``sampler_seed``, ``preemption``, ``progress_bar``,
+            ``runtime_info`` (the message hub's evaluation metrics), ``flops`` (``tflops`` / ``mfu``).
         custom_hooks: More hooks (objects or dicts with ``type``).
         precision: ``"32"``, ``"bf16-mixed"``, ``"16-mixed"`` or ``"float8"`` (CUDA, compute capability ≥ 8.9, torchao; see :mod:`trainwright.amp.float8`).
         strategy: ``"auto"`` (default), ``"single"``, a dict or a Strategy.
