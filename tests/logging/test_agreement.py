@@ -232,14 +232,15 @@ def test_trainers_with_different_clocks_agree_at_the_cadence_only(trainer_factor
     """Rank 0's clock always says "write now" (flush_secs=0), rank 1's never: collectives at the agreement points and epoch ends only."""
     (t0, t1), written = _two_trainers(trainer_factory, tmp_path, flush_secs=(0.0, 3600.0))
     assert _run_ranks([t0.train, t1.train]) == [t0.unwrapped_model, t1.unwrapped_model]
-    # 40 samples sharded over 2 ranks: 5 iterations per epoch; lines at 2, 4, the epoch's last (5), 6, 8, 10.
+    # 40 samples sharded over 2 ranks: 5 iterations per epoch; lines every 2 counted within the epoch (mmengine's):
+    # 2, 4, the epoch's last (5), 7, 9, 10.
     # Agreement points every 4 iterations (4, 8); the epoch ends (5, 10) flush the rows since: no collective elsewhere.
     assert t0.strategy.gathered_at == t1.strategy.gathered_at == [4, 5, 8, 10]  # type: ignore[attr-defined]
     # Rank 0's proposals are agreed at the points, which write the held lines; the epoch ends write theirs.
-    assert written.written == [(2, 4), (4, 4), (5, 5), (6, 8), (8, 8), (10, 10)]
+    assert written.written == [(2, 4), (4, 4), (5, 5), (7, 8), (9, 10), (10, 10)]
     assert not (t1.run_dir / "metrics.jsonl").exists()
     lines = [json.loads(line) for line in (t0.run_dir / "metrics.jsonl").read_text().splitlines()]
-    assert [line["iter"] for line in lines] == [2, 4, 5, 6, 8, 10]
+    assert [line["iter"] for line in lines] == [2, 4, 5, 7, 9, 10]
     own = [t.metric_store.get("loss").history() for t in (t0, t1)]
     assert own[0] == own[1]  # reduced: the same numbers on both ranks
     loss = dict(zip(*own[0]))
@@ -255,7 +256,7 @@ def test_nan_on_one_rank_raises_on_both_at_the_same_iteration(trainer_factory: A
     assert "iteration 6: {'loss': nan}" in str(e0) and "iteration 6 on another process" in str(e1)
     assert t0.strategy.gathered_at == t1.strategy.gathered_at == [4, 5, 8]  # type: ignore[attr-defined]  # none on the error path
     lines = [json.loads(line) for line in (t0.run_dir / "metrics.jsonl").read_text().splitlines()]
-    assert [line["iter"] for line in lines] == [2, 4, 5, 6, 8]  # the held lines reach the disk at the end of the run
+    assert [line["iter"] for line in lines] == [2, 4, 5, 7]  # the held lines reach the disk at the end of the run
 
 
 def test_a_stop_proposed_on_one_rank_ends_both_after_the_same_iteration(trainer_factory: Any, tmp_path: Any) -> None:

@@ -135,3 +135,13 @@ def test_the_train_loop_flushes_the_store_at_every_flush_every_th_iteration(trai
     # the periodic flush runs after the hooks of its iteration: a hook at 6 sees the 5 rows converted at 5;
     # at the epoch's last iteration the logger's line (more than flush_every iterations unwritten) flushes first
     assert probe.converted == [0] * 5 + [5] * 5 + [10] + [12]
+
+
+def test_the_logger_interval_counts_within_the_epoch_as_mmengines(trainer_factory: Any) -> None:
+    """mmengine's LoggerHook(interval=10) on 45 iterations per epoch logs epoch 2 at [2][10/45], [2][20/45]... (every_n_inner_iters)."""
+    t = trainer_factory(dataset=regression_set(45), batch_size=1, train_cfg=dict(by_epoch=True, max_epochs=2), log_level="INFO",
+                        default_hooks=dict(checkpoint=None, logger=dict(interval=10)))
+    t.train()
+    assert [r["iter"] for r in train_records(t.run_dir)] == [10, 20, 30, 40, 45, 55, 65, 75, 85, 90]
+    log = (t.run_dir / "train.log").read_text()
+    assert "[2][10/45]" in log and "[2][5/45]" not in log

@@ -11,11 +11,11 @@ from collections.abc import Callable, Iterable, Iterator
 from typing import Any
 
 from trainwright.checkpoint.stateful import Stateful
-from trainwright.hooks.hook import EVENTS, Hook, get_priority, require_hook
+from trainwright.hooks.hook import EVENTS, EveryInEpoch, Hook, get_priority, require_hook
 from trainwright.hooks.timing import HookTimer
 
 Call = Callable[..., Any]
-Interval = int | range  # see Hook.train_iter_interval
+Interval = int | range | EveryInEpoch  # see Hook.train_iter_interval
 
 
 class IterSchedule:
@@ -23,8 +23,9 @@ class IterSchedule:
 
     Each hook has an interval ``n`` (see :meth:`Hook.train_iter_interval`): ``1`` every
     iteration, ``n > 1`` at multiples of ``n``, at an epoch's last iteration and at the run's
-    last iteration (``last_iter``), ``0`` never; or a window, a ``range`` of iteration
-    numbers: exactly at those.
+    last iteration (``last_iter``), ``0`` never; a window, a ``range`` of iteration
+    numbers: exactly at those; or :class:`~trainwright.hooks.hook.EveryInEpoch`: multiples
+    counted within each epoch, epoch ends and the run's last iteration.
     The loop reads :attr:`before_every` / :attr:`after_every` (the interval-1 hooks) at most
     iterations and asks :meth:`due` only when :attr:`next_due` is reached or an epoch ends:
     one comparison per step, and hooks are called exactly when due, in priority order.
@@ -43,6 +44,7 @@ class IterSchedule:
         self.after_every: tuple[Call, ...] = tuple(fn for fn, n in self._after if n == 1)
         self._gated = sorted({n for _, n in self._before + self._after if isinstance(n, int) and n > 1})
         self._windows = list(dict.fromkeys(n for _, n in self._before + self._after if isinstance(n, range)))
+        self._in_epoch = list(dict.fromkeys(n for _, n in self._before + self._after if isinstance(n, EveryInEpoch)))
         #: The next iteration (run-wide, 1-based) at which a gated hook is due; 0 until the
         #: first :meth:`due` call places it (so a run resumed at any iteration starts right).
         self.next_due: float = 0
@@ -53,13 +55,16 @@ class IterSchedule:
         epoch_end = epoch_end or iteration == self.last_iter  # the run's end is due like an epoch's
 
         def pick(hooks: list[tuple[Call, Interval]]) -> tuple[Call, ...]:
-            return tuple(fn for fn, n in hooks if n == 1 or (iteration in n if isinstance(n, range) else epoch_end or iteration % n == 0))
+            return tuple(fn for fn, n in hooks if n == 1 or (iteration in n if isinstance(n, range) else epoch_end or (
+                iteration in n if isinstance(n, EveryInEpoch) else iteration % n == 0)))
 
         return pick(self._before), pick(self._after)
 
     def _next_after(self, iteration: int) -> float:
         nxt: float = min((iteration // n + 1) * n for n in self._gated) if self._gated else float("inf")
-        if self._gated and iteration < self.last_iter:
+        for e in self._in_epoch:
+            nxt = min(nxt, e.next_after(iteration))
+        if (self._gated or self._in_epoch) and iteration < self.last_iter:
             nxt = min(nxt, self.last_iter)
         for w in self._windows:
             nxt = min(nxt, _next_in(w, iteration))
@@ -150,7 +155,9 @@ class HookList:
         if trainer is not None:
             for h in self._hooks:
                 n = h.train_iter_interval(trainer)
-                if isinstance(n, range):
+                if isinstance(n, EveryInEpoch):
+                    pass
+                elif isinstance(n, range):
                     if n and (n.start < 1 or n.step < 1):
                         raise ValueError(f"{type(h).__name__}.train_iter_interval() returned {n!r}: a window holds iteration numbers >= 1 in increasing order, e.g. range(11, 16)")
                 elif not isinstance(n, int) or isinstance(n, bool) or n < 0:

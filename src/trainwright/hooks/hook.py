@@ -65,6 +65,41 @@ def get_priority(priority: int | str) -> int:
     raise ValueError(f"Unknown hook priority {priority!r}; use an int in 0..100 or one of {list(PRIORITIES)}")
 
 
+
+class EveryInEpoch:
+    """An interval counted within each epoch: the ``n``-th, ``2n``-th... iteration of every epoch of ``epoch_len`` iterations.
+
+    What :meth:`Hook.train_iter_interval` returns for mmengine's ``every_n_inner_iters`` (its
+    LoggerHook counts its interval within the epoch): with 45 iterations per epoch and
+    ``n=10``, epoch 2's lines are at its 10th, 20th, 30th and 40th iteration (run-wide 55, 65,
+    75, 85), plus its end.
+    """
+
+    __slots__ = ("n", "epoch_len")
+
+    def __init__(self, n: int, epoch_len: int) -> None:
+        if n < 1 or epoch_len < 1:
+            raise ValueError(f"EveryInEpoch needs n >= 1 and epoch_len >= 1, got n={n}, epoch_len={epoch_len}")
+        self.n, self.epoch_len = n, epoch_len
+
+    def __contains__(self, iteration: int) -> bool:
+        return ((iteration - 1) % self.epoch_len + 1) % self.n == 0
+
+    def next_after(self, iteration: int) -> int:
+        """The first such run-wide iteration (1-based) after ``iteration``."""
+        start = iteration - iteration % self.epoch_len  # the iterations before this epoch's first
+        nxt = (iteration - start) // self.n * self.n + self.n
+        return start + nxt if nxt <= self.epoch_len else start + self.epoch_len + self.n
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, EveryInEpoch) and (self.n, self.epoch_len) == (other.n, other.epoch_len)
+
+    def __hash__(self) -> int:
+        return hash((self.n, self.epoch_len))
+
+    def __repr__(self) -> str:
+        return f"EveryInEpoch({self.n}, {self.epoch_len})"
+
 class Hook:
     """Base class for hooks: override the events you need, nothing else costs anything.
 
@@ -157,7 +192,7 @@ class Hook:
     def after_load_checkpoint(self, trainer: TrainerView, checkpoint: dict) -> None:
         """Called after a checkpoint has been loaded for resume."""
 
-    def train_iter_interval(self, trainer: TrainerView) -> int | range:
+    def train_iter_interval(self, trainer: TrainerView) -> int | range | EveryInEpoch:
         """Every how many iterations this hook's per-iteration training events have work, in this ``train()``.
 
         The one way to gate a hook by iterations. Asked once, right after ``before_train``:
@@ -168,7 +203,9 @@ class Hook:
           (an interval's short tail);
         * ``0``: never in this run (the hook has nothing to do per iteration);
         * a ``range`` of run-wide iteration numbers (1-based): around exactly those, e.g.
-          ``range(101, 111)`` for a window of ten (epoch ends outside it do not count).
+          ``range(101, 111)`` for a window of ten (epoch ends outside it do not count);
+        * :class:`EveryInEpoch` ``(n, epoch_len)``: every ``n``-th iteration counted within
+          each epoch, each epoch's last iteration and the run's last (mmengine's logger).
 
         Hooks due at the same iteration run in priority order. A hook called only when due
         costs nothing at the other iterations, which matters on small models.

@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from trainwright.hooks.hook import Hook
+from trainwright.hooks.hook import EveryInEpoch, Hook
 from trainwright.hooks.view import require_train_loop
 from trainwright.logging.lines import LineRequest
 from trainwright.logging.throughput import batch_size, num_tokens, tokens_counter
@@ -47,8 +47,11 @@ class LoggerHook(Hook):
     20 give lines at 20, 40 and 50, the last averaging 41-50).
 
     Args:
-        interval: Iterations between log lines.
-        ignore_last: Skip the log line for an epoch's last, shorter interval (not the run's last).
+        interval: Iterations between log lines; in an epoch-based run counted within the epoch,
+            as mmengine's (45 iterations per epoch, ``interval=10``: lines after each epoch's
+            10th, 20th, 30th and 40th iteration and at its end).
+        ignore_last: Skip the log line for an epoch's last, shorter interval (not the run's
+            last; as mmengine, only when the epoch is longer than the interval).
         flush_secs: While training runs faster than one line per ``flush_secs``, lines are
             written in batches at most this far apart (0 writes each line at once). With
             several processes any process's proposal is agreed at the train loop's next
@@ -84,7 +87,8 @@ class LoggerHook(Hook):
         self._max_iters = loop.max_iters
         # Only a float16 GradScaler has a loss scale to log (it may not exist before the first step).
         self._log_scale = getattr(getattr(trainer.optim_wrapper, "precision", None), "scaler", None) is not None
-        self._last_idx = self._epoch_len - 1 if loop.by_epoch and not self.ignore_last else -1
+        # as mmengine: an epoch's last, short interval is logged unless ignore_last (and the epoch is longer than the interval)
+        self._last_idx = self._epoch_len - 1 if loop.by_epoch and (not self.ignore_last or self._epoch_len <= self.interval) else -1
         self._line_iter = self._line_at_or_before(trainer.progress.iteration)
         device = trainer.strategy.device
         self._cuda = device if device.type == "cuda" else None
@@ -95,12 +99,16 @@ class LoggerHook(Hook):
         store.keep_history(store.flush_every + store.agreement.every + 2 * self.interval)
         trainer.log_lines.start(trainer.progress.iteration)
 
-    def train_iter_interval(self, trainer: TrainerView) -> int:  # noqa: D102
-        return self.interval  # the loop calls after_train_iter at multiples of it, epoch ends and the run's last iteration only
+    def train_iter_interval(self, trainer: TrainerView) -> int | EveryInEpoch:  # noqa: D102
+        # the loop calls after_train_iter at multiples of the interval (counted within the epoch in an epoch-based run,
+        # as mmengine's every_n_inner_iters), at epoch ends and at the run's last iteration only
+        if self._by_epoch and self._epoch_len % self.interval:
+            return EveryInEpoch(self.interval, self._epoch_len)
+        return self.interval
 
     def after_train_iter(self, trainer: TrainerView, batch_idx: int, data_batch: Any = None, outputs: dict | None = None) -> None:  # noqa: D102
         it = trainer.progress.iteration
-        if it % self.interval == 0 or batch_idx == self._last_idx or it == self._max_iters:
+        if (batch_idx + 1 if self._by_epoch else it) % self.interval == 0 or batch_idx == self._last_idx or it == self._max_iters:
             # Runs once per interval, so its code is cold each time: keep it to reading values.
             p = trainer.progress
             ow = trainer.optim_wrapper
@@ -134,10 +142,16 @@ class LoggerHook(Hook):
 
     def _line_at_or_before(self, iteration: int) -> int:
         """The iteration of the last line at or before ``iteration`` (a resumed run's first line averages from there)."""
-        last = iteration - iteration % self.interval
-        if self._by_epoch and not self.ignore_last and self._epoch_len:
-            last = max(last, iteration - iteration % self._epoch_len)
-        return last
+        n, length = self.interval, self._epoch_len
+        if not (self._by_epoch and length):
+            return iteration - iteration % n
+        start = iteration - iteration % length  # the previous epoch's end
+        pos = iteration - start
+        if pos >= n or start == 0:
+            return start + pos - pos % n
+        if self._last_idx >= 0:  # the previous epoch's end had a line
+            return start
+        return start - length + length // n * n  # its last multiple of the interval
 
     # -- evaluation -------------------------------------------------------------------------
     def after_val_epoch(self, trainer: TrainerView, metrics: dict[str, float] | None = None) -> None:  # noqa: D102
