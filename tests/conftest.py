@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import itertools
 import json
+import shutil
 from collections import Counter
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -20,6 +22,20 @@ _names = itertools.count()
 
 #: Whether this machine has a GPU (read once, before any test can hide it).
 HAS_CUDA = torch.cuda.is_available()
+
+
+#: Marks for a module whose tests compile with torch.compile (inductor on the CPU needs a C++ compiler).
+NEEDS_COMPILER = [pytest.mark.slow, pytest.mark.skipif(shutil.which("g++") is None and shutil.which("c++") is None,
+                                                      reason="torch.compile (inductor) on CPU needs a C++ compiler; none (g++ / c++) on PATH"),
+                  pytest.mark.usefixtures("inductor_cache")]
+
+
+@pytest.fixture(scope="module")
+def inductor_cache(tmp_path_factory: pytest.TempPathFactory) -> Iterator[None]:
+    """One inductor cache folder per test module (compiled kernels are reused by its later tests)."""
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("TORCHINDUCTOR_CACHE_DIR", str(tmp_path_factory.mktemp("inductor")))
+        yield
 
 
 def pytest_collection_modifyitems(config: Any, items: list[Any]) -> None:

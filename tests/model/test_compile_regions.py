@@ -10,8 +10,6 @@ temporary folder), so later tests reuse the first compile.
 
 from __future__ import annotations
 
-import shutil
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -22,19 +20,11 @@ from torch.utils.data import DataLoader
 
 import trainwright as tw
 from ac_train import Net, data
+from conftest import NEEDS_COMPILER
 from trainwright.model.compile import apply_compile
 
-pytestmark = [pytest.mark.slow, pytest.mark.skipif(shutil.which("g++") is None and shutil.which("c++") is None,
-                                                   reason="torch.compile (inductor) on CPU needs a C++ compiler; none (g++ / c++) on PATH")]
+pytestmark = NEEDS_COMPILER
 TOL = 1e-5
-
-
-@pytest.fixture(scope="module", autouse=True)
-def inductor_cache(tmp_path_factory: pytest.TempPathFactory) -> Iterator[None]:
-    """One inductor / triton cache folder for the module (compiled kernels are reused by later tests)."""
-    with pytest.MonkeyPatch.context() as mp:
-        mp.setenv("TORCHINDUCTOR_CACHE_DIR", str(tmp_path_factory.mktemp("inductor")))
-        yield
 
 
 #: Whether each Block call ran inside compiled code (a forward pre-hook records it: a hook is part of the compiled call).

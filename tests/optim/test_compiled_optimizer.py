@@ -10,8 +10,6 @@ GradScaler steps through the compiled step too. torch.compile on CPU needs a C++
 
 from __future__ import annotations
 
-import shutil
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -20,20 +18,11 @@ import torch
 from torch import nn
 
 import trainwright as tw
-from conftest import LinearReg, make_trainer
+from conftest import NEEDS_COMPILER, LinearReg, make_trainer
 from trainwright.optim.compiled_step import CompiledStep
 
-pytestmark = [pytest.mark.slow, pytest.mark.skipif(shutil.which("g++") is None and shutil.which("c++") is None,
-                                                   reason="torch.compile (inductor) on CPU needs a C++ compiler; none (g++ / c++) on PATH")]
+pytestmark = NEEDS_COMPILER
 TOL = 1e-5
-
-
-@pytest.fixture(scope="module", autouse=True)
-def inductor_cache(tmp_path_factory: pytest.TempPathFactory) -> Iterator[None]:
-    """One inductor cache folder for the module, in its own temporary folder."""
-    with pytest.MonkeyPatch.context() as mp:
-        mp.setenv("TORCHINDUCTOR_CACHE_DIR", str(tmp_path_factory.mktemp("inductor")))
-        yield
 
 
 class LrLog(tw.Hook):
