@@ -9,7 +9,9 @@ from __future__ import annotations
 
 import contextlib
 import difflib
+import inspect
 import os
+import re
 import sys
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any, TypeVar
@@ -251,7 +253,8 @@ class Registry:
                 except TypeError as e:
                     if getattr(e, "failed_config", None) is not None:
                         raise  # a nested build failed: its message is the precise one
-                    raise TypeError(f"Could not build {self.name} {getattr(cls, '__name__', cls)!r} from {dict(cfg)!r}: {e}") from e
+                    hint = keyword_hint(cls, e, args)
+                    raise TypeError(f"Could not build {self.name} {getattr(cls, '__name__', cls)!r} from {dict(cfg)!r}: {e}{hint}") from e
             except Exception as e:
                 if getattr(e, "failed_config", None) is None:
                     # the innermost config that failed; Trainer.from_config turns it into a key path (model.backbone)
@@ -364,6 +367,48 @@ def did_you_mean(key: str, options: list[str] | Any) -> str:
     return f" Did you mean {' or '.join(repr(c) for c in close)}?" if close else ""
 
 
+def accepted_kwargs(obj: Any) -> set[str] | None:
+    """The keyword names ``obj(...)`` accepts (a class: its ``__init__``, following ``*args/**kwargs`` mixins up the MRO); None if unknown."""
+    if not isinstance(obj, type):
+        try:
+            params = inspect.signature(obj).parameters.values()
+        except (TypeError, ValueError):
+            return None
+        if any(p.kind is p.VAR_KEYWORD for p in params):
+            return None
+        return {p.name for p in params if p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)}
+    names: set[str] = set()
+    for klass in obj.__mro__:
+        init = klass.__dict__.get("__init__")
+        if init is None or klass is object:
+            continue
+        try:
+            params = inspect.signature(init).parameters.values()
+        except (TypeError, ValueError):
+            return None
+        names.update(p.name for p in params if p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY) and p.name != "self")
+        if not any(p.kind is p.VAR_KEYWORD for p in params):
+            break
+    return names
+
+
+_UNEXPECTED = re.compile(r"unexpected keyword argument '(\w+)'")
+
+
+def keyword_hint(obj: Any, error: TypeError, args: Mapping[str, Any]) -> str:
+    """For a constructor's "unexpected keyword argument 'x'" ``error``: ``" Did you mean 'y'? It accepts: ..."``, else ``""``.
+
+    Only when ``x`` is one of the config's ``args`` and not a keyword ``obj`` accepts (a
+    TypeError raised deeper inside the constructor is left as it is).
+    """
+    m = _UNEXPECTED.search(str(error))
+    accepted = accepted_kwargs(obj)
+    if m is None or accepted is None or m.group(1) not in args or m.group(1) in accepted:
+        return ""
+    options = sorted(accepted - {"params", "optimizer"})
+    return f".{did_you_mean(m.group(1), options)} {getattr(obj, '__name__', obj)} accepts: {', '.join(options)}."
+
+
 def check_keys(what: str, cfg: Mapping[str, Any] | Any, allowed: Any, error: type[Exception] = KeyError, hint: str | None = None) -> None:
     """Raise ``error`` for the first key of ``cfg`` not in ``allowed``, naming it, the closest match and the choices.
 
@@ -417,4 +462,4 @@ DATASETS = Registry("dataset", import_name="trainwright.registry.DATASETS")
 #: Plain functions built by name (mmengine's ``FUNCTIONS``): ``collate_fn=dict(type='pseudo_collate')``.
 FUNCTIONS = Registry("function", import_name="trainwright.registry.FUNCTIONS")
 
-__all__ = ["ConfigError", "Registry", "build_from_cfg", "import_modules_from_strings", "check_keys", "did_you_mean", "dropping_scope", "ignored_scope_hint", "OPTIMIZERS", "OPTIM_WRAPPERS", "OPTIM_WRAPPER_CONSTRUCTORS", "PARAM_SCHEDULERS", "HOOKS", "METRICS", "STRATEGIES", "MODELS", "DATASETS", "FUNCTIONS"]
+__all__ = ["ConfigError", "Registry", "build_from_cfg", "import_modules_from_strings", "accepted_kwargs", "check_keys", "did_you_mean", "keyword_hint", "dropping_scope", "ignored_scope_hint", "OPTIMIZERS", "OPTIM_WRAPPERS", "OPTIM_WRAPPER_CONSTRUCTORS", "PARAM_SCHEDULERS", "HOOKS", "METRICS", "STRATEGIES", "MODELS", "DATASETS", "FUNCTIONS"]

@@ -65,7 +65,7 @@ def test_every_active_hook_is_listed_with_its_events(trainer_factory):
 
 
 def test_table_is_logged_when_training_ends(trainer_factory):
-    t = trainer_factory(custom_hooks=[Sleeper(0.01, 0.0)], log_level="INFO")
+    t = trainer_factory(custom_hooks=[Sleeper(0.01, 0.0)], log_level="INFO", hook_timing=True)  # by default: at DEBUG only
     t.train()
     t.flush_logs()
     log = (t.run_dir / "train.log").read_text()

@@ -27,19 +27,34 @@ def find_metric_files(path: str | Path) -> list[Path]:
     return files
 
 
+def _read(file: Path) -> list[dict[str, Any]]:
+    records = []
+    for line in file.read_text(encoding="utf-8").splitlines():
+        if not line.strip():
+            continue
+        try:
+            rec = json.loads(line)
+        except json.JSONDecodeError:
+            continue  # a line cut short by a crash
+        if isinstance(rec, dict) and "iter" in rec:
+            records.append(rec)
+    return records
+
+
 def load_records(path: str | Path) -> list[dict[str, Any]]:
-    """The records of one run: its run folders' ``metrics.jsonl`` merged (a resumed run continues the curve), by iteration."""
+    """The records of one run: its run folders' ``metrics.jsonl`` merged (a resumed run continues the curve), by iteration.
+
+    Run folders of standalone evaluations (``trainwright val`` / ``test``, ``trainer.val()``
+    without training: no training record) are left out when the work dir holds a training
+    run: their iteration is that of the weights they loaded (0), not a point of the training
+    curves. Give such a run folder itself to plot it.
+    """
+    files = [(f, _read(f)) for f in find_metric_files(path)]
+    trained = [(f, recs) for f, recs in files if any(r.get("mode", "train") == "train" for r in recs)]
     by_key: dict[tuple[str, int], dict[str, Any]] = {}
-    for file in find_metric_files(path):
-        for n, line in enumerate(file.read_text(encoding="utf-8").splitlines(), 1):
-            if not line.strip():
-                continue
-            try:
-                rec = json.loads(line)
-            except json.JSONDecodeError:
-                continue  # a line cut short by a crash
-            if isinstance(rec, dict) and "iter" in rec:
-                by_key[(str(rec.get("mode", "train")), int(rec["iter"]))] = rec  # a later run folder wins (resume)
+    for _, recs in trained or files:
+        for rec in recs:
+            by_key[(str(rec.get("mode", "train")), int(rec["iter"]))] = rec  # a later run folder wins (resume)
     return sorted(by_key.values(), key=lambda r: (int(r["iter"]), r.get("mode") != "train"))
 
 

@@ -83,6 +83,12 @@ def run_command(args: argparse.Namespace, argv: Sequence[str]) -> int:
         cfg.resume = False
         cfg.train_dataloader = None  # an evaluation pass needs neither the training data nor its loader
     trainer = Trainer.from_config(cfg)
+    if args.command == "val" and not cfg.get("load_from"):
+        trainer.logger.warning(
+            f"trainwright val: no --checkpoint and no load_from in {args.config}: evaluating the model as the config builds it, with its "
+            "initial (untrained) weights. Pass --checkpoint PATH (a checkpoint in the training run's work_dir/checkpoints/, or weights) or set "
+            "load_from in the config to evaluate trained weights."
+        )
     try:
         result = _run(trainer, args.command, cfg, args.debug)
     finally:

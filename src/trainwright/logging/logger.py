@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import itertools
 import logging
+import re
 import sys
 import time
+import warnings
 from pathlib import Path
 from typing import TextIO
 
@@ -103,20 +105,67 @@ class _Formatter(logging.Formatter):
 
 
 def create_logger(name: str = "trainwright", log_file: str | Path | None = None, level: str | int = "INFO", rank: int = 0) -> logging.Logger:
-    """A logger writing to stdout and ``log_file`` on rank 0; warnings and errors only elsewhere.
+    """A logger writing to stdout and ``log_file`` on rank 0; elsewhere errors, and the warnings that name that rank.
 
+    Every rank trains the same run (compared at ``train()`` start), so a warning about the run
+    is rank 0's to print; the other ranks printing it too would show each one once per process.
+    A warning about one process names its rank (``"... on this process (rank 1) ..."``) and is
+    printed by that rank. On a rank other than 0 this also installs :func:`rank_zero_warnings`
+    (the same rule for Python warnings) for the process.
     Each call returns a fresh logger (unique name) so two trainers never share handlers.
     """
     logger = logging.getLogger(f"{name}.{next(_ids)}")
     logger.propagate = False
     logger.setLevel(level if rank == 0 else logging.WARNING)
+    if rank != 0:
+        rank_zero_warnings(rank)
     if log_file is not None and rank == 0:
         Path(log_file).parent.mkdir(parents=True, exist_ok=True)
         Path(log_file).touch()  # the run's log exists from the start, even before its first line
     handler = _TeeHandler(sys.stdout, log_file if rank == 0 else None)
     handler.setFormatter(_Formatter())
+    if rank != 0:
+        handler.addFilter(lambda r: r.levelno >= logging.ERROR or _names_rank(r.getMessage(), rank))
     logger.addHandler(handler)
     return logger
+
+
+def rank_zero_warnings(rank: int) -> None:
+    """On rank ``rank`` (not 0), stop printing the Python warnings trainwright's own code emits, unless they name this rank.
+
+    A warning trainwright gives about the run (a scheduler that never applies, a config key
+    that is not used, ...) is the same on every rank; rank 0 prints it, once. A warning about
+    one process names its rank (``"rank 1 was given seed ..."``) and is printed by that rank.
+    Warnings of other code (torch, the user's) are untouched, and so is recording them
+    (``warnings.catch_warnings(record=True)``, ``pytest.warns``). Installed once per process
+    (``warnings.showwarning``, which it wraps); a later call only updates the rank.
+    """
+    current = warnings.showwarning
+    if getattr(current, "trainwright_rank", None) is not None:
+        current.trainwright_rank = rank  # type: ignore[attr-defined]
+        return
+
+    def showwarning(message: Warning | str, category: type[Warning], filename: str, lineno: int, file: TextIO | None = None, line: str | None = None) -> None:
+        own_rank = showwarning.trainwright_rank  # type: ignore[attr-defined]
+        if _emitted_by_trainwright() and not _names_rank(str(message), own_rank):
+            return
+        current(message, category, filename, lineno, file, line)
+
+    showwarning.trainwright_rank = rank  # type: ignore[attr-defined]
+    warnings.showwarning = showwarning
+
+
+def _names_rank(message: str, rank: int) -> bool:
+    """Whether ``message`` is about process ``rank``: it says ``rank N`` (not ``rank N0``...)."""
+    return re.search(rf"\brank {rank}\b", message) is not None
+
+
+def _emitted_by_trainwright() -> bool:
+    """Whether the code that called ``warnings.warn`` (the first frame outside this module and ``warnings``) is trainwright's."""
+    frame = sys._getframe(2)  # noqa: SLF001 - the caller of showwarning's caller; no public way to the emitting frame
+    while frame is not None and frame.f_code.co_filename in (__file__, warnings.__file__):
+        frame = frame.f_back  # type: ignore[assignment]
+    return frame is not None and str(frame.f_globals.get("__name__", "")).split(".")[0] == "trainwright"
 
 
 def close_logger(logger: logging.Logger) -> None:

@@ -64,6 +64,8 @@ class MetricStore:
         self._prev_end: float | None = None  # end of the last timed iteration; None: not timing
         self._clock_starts: dict[int, float] = {}  # pending index → when the clock (re)started before it
         self._untimed_to = 0  # iterations up to this one get no data_time / time (the timer's warm-up)
+        #: Whether gradient clipping is on (the trainer sets it; read when a NaN is raised, whose advice depends on it).
+        self.clipping: Callable[[], bool] = lambda: False
 
     # -- recording --------------------------------------------------------------------------
     def record(self, iteration: int, outputs: Mapping[str, Any], t_start: float | None, t_end: float | None) -> None:
@@ -187,10 +189,17 @@ class MetricStore:
             self._raise_nonfinite(bad, batch)
 
     def _raise_nonfinite(self, it: int, batch: FlushBatch) -> None:
-        fixes = (
-            "Lower the learning rate, enable gradient clipping (optim_wrapper=dict(clip_grad=dict(max_norm=1.0))), "
-            "check the data for NaN/Inf, or pass nonfinite_loss='skip' to the Trainer to skip such steps."
-        )
+        if self.clipping():  # clipping bounds the update, not the loss: advise what it does not cover
+            fixes = (
+                "Gradient clipping is on already (it bounds each update, not the loss): lower the learning rate, check the data and the loss "
+                "for NaN/Inf (a log or division of 0, an overflow under 16-bit precision: try bf16-mixed or 32), "
+                "or pass nonfinite_loss='skip' to the Trainer to skip such steps."
+            )
+        else:
+            fixes = (
+                "Lower the learning rate, enable gradient clipping (optim_wrapper=dict(clip_grad=dict(max_norm=1.0))), "
+                "check the data for NaN/Inf, or pass nonfinite_loss='skip' to the Trainer to skip such steps."
+            )
         if batch.bad is None or batch.bad[0] != it:
             raise FloatingPointError(f"Loss became infinite or NaN at iteration {it} on another process; that process's error names its losses. {fixes}")
         losses = {name: v for name, (iters, vals) in batch.local.items() for i, v in zip(iters, vals) if i == it}

@@ -10,6 +10,7 @@ update as mmengine's one group per parameter, with a handful of groups instead o
 
 from __future__ import annotations
 
+import difflib
 import inspect
 from collections.abc import Mapping
 from typing import Any
@@ -228,6 +229,26 @@ class DefaultOptimWrapperConstructor:
         elif param.ndim == 1 and not in_dcn and "flat_decay_mult" in cfg:
             group["weight_decay"] = base_wd * cfg["flat_decay_mult"]
 
+    def _check_custom_keys(self, model: nn.Module) -> None:
+        """Every ``custom_keys`` key must be contained in some parameter's name: a typo would leave the parameters it meant at the default options (a layer meant to be frozen trains at full lr)."""
+        custom = self.paramwise_cfg.get("custom_keys", {})
+        if not custom:
+            return
+        # the string add_params matches against: f"{prefix}.{name}" (".weight" for a parameter of the model itself)
+        names = [n if "." in n else f".{n}" for n, _ in model.named_parameters(remove_duplicate=False)]
+        for key in sorted(custom):
+            if any(key in n for n in names):
+                continue
+            parts = {".".join(p[i:j]) for p in (n.lstrip(".").split(".") for n in names) for i in range(len(p)) for j in range(i + 1, len(p) + 1)}
+            close = difflib.get_close_matches(key, sorted(parts), n=3, cutoff=0.6)
+            shown = [n.lstrip(".") for n in names[:6]]
+            raise KeyError(
+                f"paramwise_cfg custom_keys[{key!r}] matches no parameter of {type(model).__name__}: a key applies to every parameter whose "
+                f"dotted name contains it, so its options {dict(custom[key])!r} would apply to nothing and the parameters meant would train with the "
+                f"default options. " + (f"Close names: {', '.join(repr(c) for c in close)}. " if close else "")
+                + f"Parameter names: {', '.join(repr(n) for n in shown)}{', ...' if len(names) > len(shown) else ''} ({len(names)} in all)."
+            )
+
     def param_groups(self, model: nn.Module) -> list[dict[str, Any]]:
         """The optimizer's param groups for ``model`` (merged by equal options unless ``merge_groups=False``).
 
@@ -235,6 +256,7 @@ class DefaultOptimWrapperConstructor:
         keeps them in the optimizer's ``state_dict``); dropped from every group when a
         subclass's :meth:`add_params` adds groups without them.
         """
+        self._check_custom_keys(model)
         groups: list[dict[str, Any]] = []
         self._seen = {}
         self.add_params(groups, model)

@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable, Mapping, Sequence
 from functools import partial
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+import torch
 from torch import nn
 
 from trainwright.amp.precision import Precision
@@ -26,10 +28,11 @@ from trainwright.loops.context import LoopContext
 from trainwright.loops.train_loop import EpochBasedTrainLoop, IterBasedTrainLoop
 from trainwright.model.base_model import ModuleAdapter, as_base_model
 from trainwright.model.compile import check_static_batches
-from trainwright.registry import check_keys
+from trainwright.registry import MODELS, check_keys
 from trainwright.strategies import build_strategy
 from trainwright.strategies.process_group import ProcessGroupStrategy
 from trainwright.optim.builder import run_precision
+from trainwright.optim.optim_wrapper_dict import optim_wrappers_of
 from trainwright.trainer.env_cfg import apply_env_cfg
 from trainwright.trainer.build import EVAL_CFG_KEYS, TRAIN_CFG_KEYS, build_eval_loop, build_train
 from trainwright.trainer.hooks_config import build_hook, build_hooks
@@ -43,7 +46,10 @@ class Trainer:
 
     Args:
         model: A :class:`~trainwright.BaseModel`, or a plain ``nn.Module`` whose forward
-            returns a loss tensor or a dict of losses.
+            returns a loss tensor or a dict of losses; or ``dict(type=...)`` of
+            ``trainwright.registry.MODELS``, built after the Trainer seeded (so its initial
+            weights follow ``randomness``'s seed; a model built before the Trainer does only
+            when it was built after ``tw.seed_everything(seed)``, which the log notes).
         work_dir: Where checkpoints (``checkpoints/``) and run folders (log, ``metrics.jsonl``) go.
         train_dataloader / val_dataloader / test_dataloader: ``DataLoader`` s or dicts of
             ``DataLoader`` arguments (``dict(dataset=..., batch_size=..., shuffle=...)``).
@@ -77,8 +83,9 @@ class Trainer:
             ``"tensorboard"``, ``"wandb"``, ``"mlflow"``) and dicts ``dict(type=name, **arguments)``
             (``writers=["console", "jsonl", "tensorboard", MyWriter()]``).
         hook_timing: Time every hook call per event (about 0.2 µs per call; hooks that are not
-            called cost nothing): :meth:`hook_report`, and a table in the log when training
-            ends. False: no timing at all.
+            called cost nothing) for :meth:`hook_report`. None (default): timed, and the table
+            is logged when training ends at the DEBUG level only (``log_level="DEBUG"``);
+            True: logged at INFO too; False: no timing at all.
         env_cfg: mmengine's ``dict(cudnn_benchmark=..., mp_cfg=dict(mp_start_method=...,
             opencv_num_threads=...), dist_cfg=dict(backend=..., timeout=...))`` (see
             :mod:`trainwright.trainer.env_cfg`).
@@ -86,7 +93,7 @@ class Trainer:
 
     def __init__(
         self,
-        model: nn.Module,
+        model: nn.Module | Mapping[str, Any],
         work_dir: str | Path = "work_dirs/default",
         train_dataloader: Any = None,
         val_dataloader: Any = None,
@@ -111,9 +118,11 @@ class Trainer:
         log_level: str | int = "INFO",
         experiment_name: str | None = None,
         writers: Sequence[Writer | str | Mapping[str, Any]] | None = None,
-        hook_timing: bool = True,
+        hook_timing: bool | None = None,
         env_cfg: Mapping[str, Any] | None = None,
     ) -> None:
+        # read before the Trainer seeds: whether a model given built was drawn from an unseeded generator
+        built_unseeded = not isinstance(model, Mapping) and not _torch_seeded()
         if nonfinite_loss not in ("raise", "skip"):
             raise ValueError(f"nonfinite_loss must be 'raise' or 'skip', got {nonfinite_loss!r}")
         self.train_cfg = dict(train_cfg or {})
@@ -131,6 +140,8 @@ class Trainer:
         self.seed: int = self.strategy.seed  # type: ignore[assignment]
         #: True when ``randomness`` named the seed; otherwise a resumed run adopts its checkpoint's seed.
         self.seed_given = bool(randomness and randomness.get("seed") is not None)
+        # a model dict is built now, after the seed: its initial weights follow randomness's seed
+        module: nn.Module = MODELS.build(model) if isinstance(model, Mapping) else model
         # rank 0 names (and creates) the run folder: every rank agrees even when their clocks straddle a second
         self.experiment_name: str = self.strategy.broadcast_object(experiment_name or (new_run_dir(self.work_dir).name if self.is_main_process else None))
         self.run_dir = self.work_dir / self.experiment_name
@@ -139,10 +150,18 @@ class Trainer:
         self.writers: list[Writer] = build_writers(writers, self.run_dir, self.logger) if self.is_main_process else []
         self.logger.info(f"Environment: {self.strategy.collect_env()}")
         self.logger.info(f"Random seed: {self.seed}")
+        if built_unseeded and self.seed_given and load_from is None:
+            self.logger.info(
+                f"The model was built before the Trainer seeded torch with seed {self.seed}, and torch had not been seeded in this process: its "
+                "initial weights come from an unseeded generator, so two runs of this script start from different weights (unless they are "
+                f"loaded, e.g. resumed). To make them follow the seed, build the model after tw.seed_everything({self.seed}), or pass "
+                "model=dict(type=...) (a class in trainwright.registry.MODELS), which the Trainer builds after seeding."
+            )
         self.nonfinite_loss = nonfinite_loss
         #: The stop / NaN / write decisions every process takes together (several processes: one collective per store flush).
         self.agreement = Agreement(self.strategy.all_gather if self.strategy.world_size > 1 else None)
         self.metric_store = MetricStore(raise_on_nonfinite=nonfinite_loss == "raise", agreement=self.agreement)
+        self.metric_store.clipping = lambda: any(getattr(ow, "clip_grad", None) for ow in optim_wrappers_of(self.optim_wrapper).values())  # the NaN error's advice
         #: mmengine's message hub: the run's facts read live, the logged scalars, and what hooks and models write (checkpointed).
         self.message_hub = MessageHub(self.experiment_name, live={
             "epoch": lambda: self.progress.epoch, "iter": lambda: self.progress.iteration, "max_iters": lambda: self.max_iters,
@@ -165,13 +184,14 @@ class Trainer:
         self.progress = Progress()
         self.should_stop = False
         self.preempted = False  # set by the PreemptionHook when a stop signal ended training
-        self.hooks = HookList(build_hooks(default_hooks, custom_hooks), timer=HookTimer() if hook_timing else None)
+        self.hooks = HookList(build_hooks(default_hooks, custom_hooks), timer=HookTimer() if hook_timing is not False else None)
+        self._hook_table_level = logging.INFO if hook_timing else logging.DEBUG  # the table after train(): asked for, or the debug level
         self._compile = compile
         self._activation_checkpointing = [activation_checkpointing] if isinstance(activation_checkpointing, (str, type)) else list(activation_checkpointing or ())
         self._optim_cfg = optim_wrapper
         self._scheduler_cfg = param_scheduler
         self._train_loader_cfg = train_dataloader
-        base = as_base_model(model)
+        base = as_base_model(module)
         self.model: nn.Module = base  # the strategy moves (once), compiles and wraps it when a run first needs it
         self.optim_wrapper: Any = None
         self.param_schedulers: Any = None
@@ -285,8 +305,8 @@ class Trainer:
         """The model prepared, then ``resume`` / ``load_from`` applied if due (a pass before ``train()`` restores what exists; ``train()`` again, with its optimizer)."""
         self._prepare_model()
         if self._restore_due:
+            self._resume_or_load()  # marked done only once it succeeded: a failed restore is tried (and fails) again, never skipped
             self._restore_due = self.train_loop is None and self._trains
-            self._resume_or_load()
 
     def _resume_or_load(self) -> None:
         """Apply ``resume`` (full state; True: the newest checkpoint that loads) or else ``load_from`` (weights only).
@@ -350,7 +370,7 @@ class Trainer:
             RuntimeError: the trainer was built with ``hook_timing=False``.
         """
         if self.hooks.timer is None:
-            raise RuntimeError("hook_report() needs hook timing, which this trainer was built without: pass Trainer(hook_timing=True) (the default)")
+            raise RuntimeError("hook_report() needs hook timing, which this trainer was built without: pass Trainer(hook_timing=True) (or leave it at its default, None)")
         return self.hooks.timer.report(self.hooks)
 
     # -- running --------------------------------------------------------------------------
@@ -383,8 +403,8 @@ class Trainer:
             raise
         finally:
             self.checkpoints.unlock()
-        if self.hooks.timer is not None:
-            self.logger.info(f"Time spent in hooks (calls and seconds per event, since the trainer was built):\n{self.hook_report()}")
+        if self.hooks.timer is not None and self.logger.isEnabledFor(self._hook_table_level):
+            self.logger.log(self._hook_table_level, f"Time spent in hooks (calls and seconds per event, since the trainer was built):\n{self.hook_report()}")
         return self.unwrapped_model
 
     def val(self) -> dict[str, float]:
@@ -553,6 +573,11 @@ class Trainer:
             self.model = self.unwrapped_base  # drop the distributed wrapper before the strategy leaves its process group
             self._prepared = False
         self.strategy.teardown()
+
+
+def _torch_seeded() -> bool:
+    """Whether torch's default generator was seeded in this process: a seed someone set (``tw.seed_everything``, ``torch.manual_seed``) is below 2**32 in practice; the one torch draws at start-up is a random 64-bit number."""
+    return torch.initial_seed() < 2**32
 
 
 def _excluded(save_optimizer: bool, save_param_scheduler: bool) -> tuple[str, ...]:

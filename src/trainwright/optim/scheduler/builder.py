@@ -8,28 +8,14 @@ which is passed through. Dict entries are resolved through ``PARAM_SCHEDULERS``;
 
 from __future__ import annotations
 
-import inspect
+import warnings
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from trainwright.optim.scheduler.base import ParamScheduler
-from trainwright.registry import PARAM_SCHEDULERS, did_you_mean, dropping_scope
+from trainwright.optim.scheduler.base import INF, ParamScheduler
+from trainwright.registry import PARAM_SCHEDULERS, accepted_kwargs, did_you_mean, dropping_scope
 
 SchedulerCfg = Mapping[str, Any] | ParamScheduler
-
-
-def _accepted_kwargs(cls: type) -> set[str]:
-    """Keyword names ``cls(...)`` accepts, following ``*args/**kwargs`` mixins up the MRO."""
-    names: set[str] = set()
-    for klass in cls.__mro__:
-        init = klass.__dict__.get("__init__")
-        if init is None or klass is object:
-            continue
-        params = inspect.signature(init).parameters.values()
-        names.update(p.name for p in params if p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY) and p.name != "self")
-        if not any(p.kind is p.VAR_KEYWORD for p in params):
-            break
-    return names
 
 
 def build_param_scheduler(
@@ -69,14 +55,14 @@ def build_param_scheduler(
         cls = PARAM_SCHEDULERS.get(typ) if isinstance(typ, str) else typ
         name = getattr(cls, "__name__", str(typ))
         convert = bool(args.pop("convert_to_iter_based", False))
-        accepted = _accepted_kwargs(cls)
+        accepted = accepted_kwargs(cls) or set()
         unknown = sorted(set(args) - accepted)
         if unknown:
             hints = "".join(did_you_mean(k, accepted) for k in unknown)
             raise TypeError(f"{name} got unknown argument(s) {unknown}.{hints} It accepts: {', '.join(sorted(accepted - {'optimizer'}))}.")
         if "end" not in args:
             default_end = max_epochs if args.get("by_epoch", True) else max_iters
-            if default_end is not None:
+            if default_end is not None and args.get("begin", 0) < default_end:  # (a window beginning after the run: warned about by warn_outside_run)
                 args["end"] = default_end
         if convert:
             if epoch_length is None:
@@ -138,8 +124,45 @@ def build_param_schedulers(
             if key not in names:
                 raise KeyError(f"param scheduler config for optimizer {key!r}, but there is no such optimizer.{did_you_mean(key, names)} Optimizers: {names}.")
             built[key] = _build_list(sub, optimizer[key], epoch_length, kw)
+        warn_outside_run(flatten_schedulers(built), max_epochs=max_epochs, max_iters=max_iters, epoch_length=epoch_length)
         return built
-    return _build_list(cfgs, optimizer, epoch_length, kw)
+    schedulers = _build_list(cfgs, optimizer, epoch_length, kw)
+    warn_outside_run(schedulers, max_epochs=max_epochs, max_iters=max_iters, epoch_length=epoch_length)
+    return schedulers
+
+
+def warn_outside_run(schedulers: Sequence[Any], *, max_epochs: int | None, max_iters: int | None, epoch_length: int | None) -> list[Any]:
+    """Warn about each scheduler whose window ``[begin, end)`` begins at or after the end of training: it would never apply.
+
+    The run's length is counted in each scheduler's unit: ``max_epochs`` for an epoch-based
+    one, ``max_iters`` (or ``max_epochs * epoch_length``) for an iteration-based one; a unit
+    whose length is not known is not checked. Returns the schedulers warned about.
+    """
+    outside = []
+    for s in schedulers:
+        by_epoch = bool(getattr(s, "by_epoch", True))
+        if by_epoch:
+            total, unit = max_epochs, f"max_epochs={max_epochs}"
+        elif max_iters is not None:
+            total, unit = max_iters, f"max_iters={max_iters}"
+        elif max_epochs is not None and epoch_length is not None:
+            total, unit = max_epochs * epoch_length, f"{max_epochs} epochs of {epoch_length} iterations = {max_epochs * epoch_length} iterations"
+        else:
+            continue
+        begin = getattr(s, "begin", 0)
+        if total is None or not isinstance(begin, int) or begin < total:
+            continue
+        outside.append(s)
+        end = getattr(s, "end", None)
+        window = f"[{begin}, {'inf' if end is None or end >= INF else end})"
+        warnings.warn(
+            f"param_scheduler {type(s).__name__}(param_name={getattr(s, 'param_name', '?')!r}, begin={begin}, by_epoch={by_epoch}) never applies: "
+            f"its window {window} (in {'epochs' if by_epoch else 'iterations'}) begins at or after the end of training ({unit}). "
+            "Fix its begin / end (in the unit of its by_epoch; convert_to_iter_based=True turns an epoch window into iterations), or train longer.",
+            UserWarning,
+            stacklevel=3,
+        )
+    return outside
 
 
 def _build_list(cfgs: Any, optimizer: Any, epoch_length: int | None, kw: dict[str, Any]) -> list[ParamScheduler]:
@@ -158,4 +181,4 @@ def flatten_schedulers(schedulers: Any) -> list[Any]:
     return [schedulers]
 
 
-__all__ = ["build_param_scheduler", "build_param_schedulers", "flatten_schedulers"]
+__all__ = ["build_param_scheduler", "build_param_schedulers", "flatten_schedulers", "warn_outside_run"]
