@@ -101,6 +101,15 @@ def test_writers_fail_raise_raises_after_the_due_checkpoint_is_written(tmp_path:
     assert "Stopped by WriterError at epoch 2, iteration 10: Writer Flaky failed" in lines[-1]
 
 
+def test_writers_fail_raise_at_the_last_epoch_end_waits_for_the_last_checkpoint(tmp_path: Path) -> None:
+    """No periodic save at epoch 3 (interval 2): the error at that epoch end waits for the final checkpoint (save_last)."""
+    t = _trainer(tmp_path, Flaky(at=3), writers_fail="raise", default_hooks=dict(logger=dict(interval=100), checkpoint=dict(interval=2)))
+    with t, pytest.warns(RuntimeWarning), pytest.raises(WriterError):
+        t.train()
+    assert _ckpts(tmp_path) == ["epoch_2.pth", "epoch_3.pth"]
+    assert (tmp_path / "checkpoints" / "latest").read_text().strip() == "epoch_3.pth"
+
+
 def test_writers_fail_raise_with_validation_due_waits_for_the_checkpoint_after_it(tmp_path: Path) -> None:
     """The epoch's checkpoint waits for its validation: a writer's error at the epoch end waits for both."""
     t = _trainer(

@@ -277,9 +277,15 @@ class CheckpointHook(Hook):
             or (not self.by_epoch and self._due(p.iteration))
         )
 
-    def _writers_error(self, trainer: TrainerView) -> None:
-        """After this event's save: raise a writer's error held for it (``writers_fail="raise"``), unless a save still waits for its validation."""
-        if self._pending is None:
+    def _writers_error(self, trainer: TrainerView, final: bool = False) -> None:
+        """After this event's save: raise a writer's error held for it (``writers_fail="raise"``).
+
+        Not while a save waits for its validation, nor before ``after_train`` (``final``) once the
+        run's last iteration is done: the last checkpoint (``save_last``) is written there.
+        """
+        loop = trainer.train_loop
+        last = loop is not None and trainer.progress.iteration >= loop.max_iters
+        if self._pending is None and (final or not last):
             trainer.log_lines.writers.raise_held()
 
     def _due(self, n: int) -> bool:
@@ -356,7 +362,7 @@ class CheckpointHook(Hook):
             names = ([self.kept[-1]] if self.save_last and self.kept else []) + [ranked[0][1] for ranked in self.best.values() if ranked]
             for name in dict.fromkeys(names):
                 trainer.checkpoints.publish(trainer.checkpoints.ckpt_dir / name, self.published_keys)
-        self._writers_error(trainer)
+        self._writers_error(trainer, final=True)
 
     def after_run(self, trainer: TrainerView) -> None:  # noqa: D102
         refused = trainer.checkpoints.refusal(self._pending) if self._in_train and self._pending is not None else None
