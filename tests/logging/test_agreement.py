@@ -108,8 +108,8 @@ def test_a_nan_on_one_rank_raises_on_both_at_the_same_flush_naming_the_iteration
 
     (at0, msg0), (at1, msg1) = _run_ranks([rank(0), rank(1)])
     assert at0 == at1 == 8
-    assert "at iteration 7 on another process" in msg0 and "nonfinite_loss='skip'" in msg0
-    assert "at iteration 7: {'loss': nan}" in msg1
+    assert "at iteration 7 on rank 1; that process's error names its losses" in msg0 and "nonfinite_loss='skip'" in msg0
+    assert "at iteration 7 on rank 1: {'loss': nan}" in msg1
 
 
 def test_processes_logging_different_names_get_a_clear_error() -> None:
@@ -253,7 +253,7 @@ def test_nan_on_one_rank_raises_on_both_at_the_same_iteration(trainer_factory: A
     e0, e1 = _run_ranks([t0.train, t1.train])
     assert isinstance(e0, FloatingPointError) and isinstance(e1, FloatingPointError), (e0, e1)
     assert t0.progress.iteration == t1.progress.iteration == 8
-    assert "iteration 6: {'loss': nan}" in str(e0) and "iteration 6 on another process" in str(e1)
+    assert "iteration 6 on rank 0: {'loss': nan}" in str(e0) and "iteration 6 on rank 0; " in str(e1)
     assert t0.strategy.gathered_at == t1.strategy.gathered_at == [4, 5, 8]  # type: ignore[attr-defined]  # none on the error path
     lines = [json.loads(line) for line in (t0.run_dir / "metrics.jsonl").read_text().splitlines()]
     assert [line["iter"] for line in lines] == [2, 4, 5, 7]  # the held lines reach the disk at the end of the run

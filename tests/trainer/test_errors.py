@@ -171,7 +171,7 @@ def test_the_reason_a_run_stopped_reaches_train_log(trainer_factory):
         t.train()
     t.close()
     log = (t.run_dir / "train.log").read_text()
-    assert "Stopped by RuntimeError at epoch 0, iteration 0: the data loader lost its disk" in log
+    assert "Stopped by RuntimeError at epoch 1, iteration 0: the data loader lost its disk" in log  # epochs numbered from 1, as the log lines
 
 
 def test_trainer_is_a_context_manager_that_closes_its_files(tmp_path):

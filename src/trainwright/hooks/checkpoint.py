@@ -6,12 +6,17 @@ are handed to the :class:`~trainwright.checkpoint.manager.CheckpointManager` at
 checkpoint due where validation also runs (an epoch end, an iteration that validates) is
 written **after** that validation, so it holds its scores and a resumed run neither
 validates twice nor skips one (validation leaves the training random streams as it found them).
+
+A writer that raises never costs a checkpoint: with ``Trainer(writers_fail="raise")`` its
+error waits while a save may be due (this hook tells the writers when) and is raised at the
+end of this hook's event, after the save.
 """
 
 from __future__ import annotations
 
 import math
 import sys
+from functools import partial
 from pathlib import Path
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
@@ -239,6 +244,7 @@ class CheckpointHook(Hook):
         if self.published_keys:
             m.check_keys(self.published_keys)
         self._in_train = True
+        trainer.log_lines.writers.hold = partial(self._save_may_follow, trainer)
         loop = _train_loop(trainer)
         if self.out_dir is not None:
             m.configure(ckpt_dir=self.out_dir)
@@ -258,6 +264,30 @@ class CheckpointHook(Hook):
         # Epoch-interval saves are requested (and a pending one flushed) at epoch events only; iteration saves at save_begin + k * interval.
         return 0 if self.by_epoch or self.interval <= 0 else range(self.save_begin or self.interval, sys.maxsize, self.interval)
 
+    def _save_may_follow(self, trainer: TrainerView) -> bool:
+        """Whether this hook may still save at the current point (a writer's error then waits for :meth:`_writers_error`).
+
+        Between epochs and at the run's end (epoch events, validation, ``after_train``), while a save waits
+        for its validation, and at an iteration with an iteration-interval save due.
+        """
+        p = trainer.progress
+        loop = trainer.train_loop
+        return (
+            self._pending is not None or p.iter_in_epoch == 0 or (loop is not None and p.iteration >= loop.max_iters)
+            or (not self.by_epoch and self._due(p.iteration))
+        )
+
+    def _writers_error(self, trainer: TrainerView, final: bool = False) -> None:
+        """After this event's save: raise a writer's error held for it (``writers_fail="raise"``).
+
+        Not while a save waits for its validation, nor before ``after_train`` (``final``) once the
+        run's last iteration is done: the last checkpoint (``save_last``) is written there.
+        """
+        loop = trainer.train_loop
+        last = loop is not None and trainer.progress.iteration >= loop.max_iters
+        if self._pending is None and (final or not last):
+            trainer.log_lines.writers.raise_held()
+
     def _due(self, n: int) -> bool:
         """Whether a periodic save falls on epoch / iteration ``n`` (mmengine's ``every_n_*`` with ``start=save_begin``)."""
         return self.interval > 0 and n >= self.save_begin and (n - self.save_begin) % self.interval == 0
@@ -269,15 +299,18 @@ class CheckpointHook(Hook):
         if not self.by_epoch and self._due(it):
             loop = _train_loop(trainer)
             self._request(trainer, trainer.checkpoints.name(self._iter_tmpl, it), not loop.by_epoch and loop.val_due())
+        self._writers_error(trainer)
 
     def after_train_epoch(self, trainer: TrainerView) -> None:  # noqa: D102
         loop = _train_loop(trainer)
         epoch = trainer.progress.epoch
         if self.by_epoch and loop.by_epoch and self._due(epoch):
             self._request(trainer, trainer.checkpoints.name(self._epoch_tmpl, epoch), loop.val_due())
+        self._writers_error(trainer)
 
     def before_train_epoch(self, trainer: TrainerView) -> None:  # noqa: D102
         self._flush_pending(trainer)
+        self._writers_error(trainer)
 
     def after_val_epoch(self, trainer: TrainerView, metrics: dict[str, float] | None = None) -> None:  # noqa: D102
         if not self.save_best or not metrics or not self._in_train:
@@ -318,6 +351,7 @@ class CheckpointHook(Hook):
             if trainer.checkpoints.save_best(key, score, name, greater=(self._keys or {}).get(key) == "greater", keep=self.max_keep_best):
                 trainer.logger.info(f"New best {key} {score:.4f}: saved {name}")
         self._flush_pending(trainer)
+        self._writers_error(trainer)
 
     def after_train(self, trainer: TrainerView) -> None:  # noqa: D102
         self._flush_pending(trainer)
@@ -328,6 +362,7 @@ class CheckpointHook(Hook):
             names = ([self.kept[-1]] if self.save_last and self.kept else []) + [ranked[0][1] for ranked in self.best.values() if ranked]
             for name in dict.fromkeys(names):
                 trainer.checkpoints.publish(trainer.checkpoints.ckpt_dir / name, self.published_keys)
+        self._writers_error(trainer, final=True)
 
     def after_run(self, trainer: TrainerView) -> None:  # noqa: D102
         refused = trainer.checkpoints.refusal(self._pending) if self._in_train and self._pending is not None else None
@@ -339,6 +374,7 @@ class CheckpointHook(Hook):
             trainer.logger.warning(f"Writing {self._pending}, which was due before the run stopped (it waited for a validation that did not finish)")
             self._flush_pending(trainer)
         self._in_train = False
+        trainer.log_lines.writers.hold = None
         self._pending = None
         self._pending_best = []
         trainer.strategy.wait_for_checkpoint()

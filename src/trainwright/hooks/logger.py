@@ -166,5 +166,4 @@ class LoggerHook(Hook):
         self.write_pending(trainer)  # pending training lines first, in order
         p = trainer.progress
         record = {"mode": mode, "epoch": p.epoch, "iter": p.iteration, **{k: float(v) for k, v in metrics.items()}}
-        for w in trainer.log_lines.writers:
-            w.write_eval(record)
+        trainer.log_lines.write_eval(record)

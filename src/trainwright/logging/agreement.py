@@ -13,17 +13,25 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable
+from typing import NamedTuple
 
 import torch
 
 from trainwright.logging.flush_batch import FlushBatch
 
-__all__ = ["Agreement", "Gather"]
+__all__ = ["Agreement", "Gather", "NonFinite"]
 
 #: ``gather(t)``: every process's 1-D float64 tensor ``t`` stacked in rank order, ``[world, n]`` (``Strategy.all_gather``).
 Gather = Callable[[torch.Tensor], torch.Tensor]
 
 _HEADER = 4  # write, stop, first non-finite iteration (inf: none), fingerprint
+
+
+class NonFinite(NamedTuple):
+    """The first iteration whose loss was non-finite on some process, and which processes saw it there."""
+
+    iteration: int
+    ranks: tuple[int, ...]  # the ranks whose loss was non-finite at ``iteration`` (empty on one process)
 
 
 class Agreement:
@@ -70,17 +78,19 @@ class Agreement:
         """This process asks for the held log lines to be written at the next exchange."""
         self._write_proposed = True
 
-    def exchange(self, batch: FlushBatch) -> int | None:
+    def exchange(self, batch: FlushBatch) -> NonFinite | None:
         """Decide from every process's proposals, and reduce ``batch``'s numbers in place over the processes.
 
         Returns:
-            The first iteration whose loss was non-finite on some process (None: none).
+            The first iteration whose loss was non-finite on some process and the ranks that saw
+            it there, the same on every process (None: none).
 
         Raises:
             RuntimeError: the processes logged different names or counts of values.
         """
         write, stop = self._write_proposed, self._stop_proposed
         bad: float = batch.bad[0] if batch.bad is not None else math.inf
+        ranks: tuple[int, ...] = ()
         self._write_proposed = False
         if self.gather is not None:
             numbers, fingerprint = batch.message()
@@ -94,7 +104,8 @@ class Agreement:
                 )
             write, stop = bool(head[:, 0].any()), bool(head[:, 1].any())
             bad = float(head[:, 2].amin())
+            ranks = tuple(int(r) for r in (head[:, 2] == bad).nonzero().flatten().tolist())
             batch.reduce(everyone[:, _HEADER:])
         self.write = write
         self.stop = self.stop or stop
-        return None if math.isinf(bad) else int(bad)
+        return None if math.isinf(bad) else NonFinite(int(bad), ranks)

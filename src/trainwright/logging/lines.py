@@ -4,7 +4,8 @@ The logger hook holds one :class:`LineRequest` per logging iteration (no numbers
 store's tensors are converted at its next flush); :meth:`PendingLines.write`, called after a
 flush (by the logger hook, the train loop's agreement point, ``Trainer.flush_logs``), builds
 each line's record from the metric store's buffers - the mean of every loss and of the times
-over the line's interval, the latest other values - and hands them to every writer at once.
+over the line's interval, the latest other values - and hands them to every writer at once
+(through :class:`~trainwright.logging.writers.Writers`: a writer that raises costs nothing else).
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ from typing import Any, NamedTuple
 
 from trainwright.logging.flops import StepFlops
 from trainwright.logging.metric_store import MetricStore
-from trainwright.logging.writers import LineInfo, Writer
+from trainwright.logging.writers import LineInfo, Writer, Writers
 
 __all__ = ["LineRequest", "PendingLines"]
 
@@ -43,7 +44,8 @@ class PendingLines:
 
     Args:
         store: Where the lines' numbers are (flushed before :meth:`write`).
-        writers: The trainer's writers (empty on every process but the main one: lines are dropped there).
+        writers: The trainer's writers (empty on every process but the main one: lines are dropped there);
+            a plain list is wrapped in a :class:`~trainwright.logging.writers.Writers`.
         processes: Processes of the run (throughput counts every process's batch).
 
     Attributes:
@@ -53,9 +55,9 @@ class PendingLines:
             ``flops`` hook (None: not counted, no ``tflops`` / ``mfu`` in the records).
     """
 
-    def __init__(self, store: MetricStore, writers: list[Writer], processes: int = 1) -> None:
+    def __init__(self, store: MetricStore, writers: Writers | list[Writer], processes: int = 1) -> None:
         self.store = store
-        self.writers = writers
+        self.writers: Writers = writers if isinstance(writers, Writers) else Writers(writers)
         self.processes = processes
         self.last_write = 0.0
         self.written_to = 0
@@ -83,9 +85,11 @@ class PendingLines:
         if not self.writers:  # not the main process
             return
         records = self._records(requests)
-        lines = [r.line for r in requests]
-        for w in self.writers:
-            w.write_train(records, lines)
+        self.writers.write_train(records, [r.line for r in requests])
+
+    def write_eval(self, record: dict[str, Any]) -> None:
+        """Hand an evaluation record to every writer (the held training lines should be written first, in order)."""
+        self.writers.write_eval(record)
 
     def _records(self, requests: list[LineRequest]) -> list[dict[str, Any]]:
         """Per request: loss and time means over its interval and the latest other values, from the store."""

@@ -15,7 +15,7 @@ from collections.abc import Callable, Mapping
 from types import MappingProxyType
 from typing import Any
 
-from trainwright.logging.agreement import Agreement
+from trainwright.logging.agreement import Agreement, NonFinite
 from trainwright.logging.flush_batch import FlushBatch, Row, derive_times
 from trainwright.logging.history_buffer import HistoryBuffer
 
@@ -188,7 +188,7 @@ class MetricStore:
         if check and bad is not None:
             self._raise_nonfinite(bad, batch)
 
-    def _raise_nonfinite(self, it: int, batch: FlushBatch) -> None:
+    def _raise_nonfinite(self, bad: NonFinite, batch: FlushBatch) -> None:
         if self.clipping():  # clipping bounds the update, not the loss: advise what it does not cover
             fixes = (
                 "Gradient clipping is on already (it bounds each update, not the loss): lower the learning rate, check the data and the loss "
@@ -200,10 +200,13 @@ class MetricStore:
                 "Lower the learning rate, enable gradient clipping (optim_wrapper=dict(clip_grad=dict(max_norm=1.0))), "
                 "check the data for NaN/Inf, or pass nonfinite_loss='skip' to the Trainer to skip such steps."
             )
+        it = bad.iteration
+        # the first bad iteration and the rank(s) that saw it, the same on every process
+        where = f"at iteration {it}" + (f" on rank{'s' * (len(bad.ranks) > 1)} {', '.join(map(str, bad.ranks))}" if bad.ranks else "")
         if batch.bad is None or batch.bad[0] != it:
-            raise FloatingPointError(f"Loss became infinite or NaN at iteration {it} on another process; that process's error names its losses. {fixes}")
+            raise FloatingPointError(f"Loss became infinite or NaN {where}; that process's error names its losses. {fixes}")
         losses = {name: v for name, (iters, vals) in batch.local.items() for i, v in zip(iters, vals) if i == it}
-        raise FloatingPointError(f"Loss became infinite or NaN at iteration {it}: {losses}. {fixes}")
+        raise FloatingPointError(f"Loss became infinite or NaN {where}: {losses}. {fixes}")
 
     # -- reading ----------------------------------------------------------------------------
     def get(self, name: str) -> HistoryBuffer:

@@ -1,12 +1,15 @@
 """Writers: where logged numbers go (the console, ``metrics.jsonl``; CSV, TensorBoard, W&B, MLflow in their own modules).
 
 The logger hook builds each training record once and hands the same objects to every
-writer of ``trainer.writers``. Only the main process has writers - the trainer builds the
-list there and nowhere else - so no writer ever checks the rank.
+writer of ``trainer.writers``, a :class:`Writers` list: its methods are the one fan-out
+point, where a writer that raises is reported and disabled (or its error held until the
+checkpoint due is written), so a writer never costs a checkpoint. Only the main process has
+writers - the trainer builds the list there and nowhere else - so no writer ever checks the rank.
 """
 
 from __future__ import annotations
 
+import contextlib
 import datetime
 import importlib
 import inspect
@@ -14,7 +17,8 @@ import json
 import logging
 import math
 import time
-from collections.abc import Callable, Mapping, Sequence
+import warnings
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any, NamedTuple, Protocol, runtime_checkable
 
@@ -197,6 +201,135 @@ class ConsoleWriter(Writer):
         if "lr" in rec and "time" in rec:  # the ETA follows the lr
             values.insert(keys.index("lr") - len(_META) + 1, datetime.timedelta(seconds=int(rec["time"] * (info.max_iters - rec["iter"]))))
         return head + template.format(*values)
+
+
+# -- the fan-out point -------------------------------------------------------------------------
+#: What ``Trainer(writers_fail=...)`` accepts.
+WRITERS_FAIL = ("warn", "raise")
+
+
+class WriterError(RuntimeError):
+    """A writer raised (``writers_fail="raise"``); raised after the checkpoint due at that point was written.
+
+    Attributes:
+        writer: The writer that failed.
+    """
+
+    def __init__(self, message: str, writer: Writer) -> None:
+        super().__init__(message)
+        self.writer = writer
+
+
+class Writers(list[Writer]):
+    """The writers of a run, and the one point where records fan out to them.
+
+    A list of :class:`Writer` objects (index, iterate, ``append`` as any list); its
+    :meth:`write_train`, :meth:`write_eval`, :meth:`write_config`, :meth:`flush` and
+    :meth:`close` call each writer in turn, and a writer that raises never stops the others
+    nor the caller:
+
+    * ``fail="warn"`` (default): the error is reported once - in the log (``train.log``) and as a
+      warning (stderr) - naming the writer and the error, and the writer gets nothing more
+      (except :meth:`close`). Training and its checkpoints go on.
+    * ``fail="raise"``: reported the same way, then raised as a :class:`WriterError` once
+      every writer was served - unless a checkpoint may be due at this point: while
+      :attr:`hold` says so (the checkpoint hook sets it while training) or inside
+      :meth:`holding` (the flush before a checkpoint is written), the error is kept until
+      :meth:`raise_held` (the checkpoint hook calls it after its save) or the next call
+      outside such a point.
+
+    Args:
+        writers: The writers.
+        logger: Where failures are reported (the trainer's logger); None: warnings only.
+        fail: ``"warn"`` or ``"raise"``.
+    """
+
+    def __init__(self, writers: Iterable[Writer] = (), logger: logging.Logger | None = None, fail: str = "warn") -> None:
+        super().__init__(writers)
+        if fail not in WRITERS_FAIL:
+            raise ValueError(f"writers_fail must be 'warn' (report a failing writer and disable it) or 'raise' (stop the run after the due checkpoint), got {fail!r}")
+        self.logger = logger
+        self.fail = fail
+        #: Whether a checkpoint may be due at this point (a ``"raise"`` error then waits for :meth:`raise_held`); None: never.
+        self.hold: Callable[[], bool] | None = None
+        self._holding = 0
+        self._failed: dict[int, BaseException] = {}  # id(writer) -> its error: it gets nothing more
+        self._held: WriterError | None = None
+
+    @property
+    def failed(self) -> list[tuple[Writer, BaseException]]:
+        """The writers that raised, with their errors (they are called no more, :meth:`close` apart)."""
+        return [(w, self._failed[id(w)]) for w in self if id(w) in self._failed]
+
+    def write_train(self, records: list[dict[str, Any]], lines: list[LineInfo]) -> None:
+        """:meth:`Writer.write_train` of every writer that has not failed."""
+        self._each("write_train", records, lines)
+
+    def write_eval(self, record: dict[str, Any]) -> None:
+        """:meth:`Writer.write_eval` of every writer that has not failed."""
+        self._each("write_eval", record)
+
+    def write_config(self, config: dict[str, Any]) -> None:
+        """:meth:`Writer.write_config` of every writer that has not failed."""
+        self._each("write_config", config)
+
+    def flush(self) -> None:
+        """:meth:`Writer.flush` of every writer that has not failed."""
+        self._each("flush")
+
+    def close(self) -> None:
+        """:meth:`Writer.close` of every writer, failed ones included (to release their files); an error there is logged, never raised."""
+        for w in list(self):
+            try:
+                w.close()
+            except Exception as e:  # noqa: BLE001 - closing one writer must not keep the others open
+                if id(w) not in self._failed and self.logger is not None:
+                    self.logger.warning(f"Writer {_name(w)} failed while closing: {type(e).__name__}: {e}")
+
+    def raise_held(self) -> None:
+        """Raise the held error of a failed writer (``fail="raise"``), once; nothing when none is held."""
+        held, self._held = self._held, None
+        if held is not None:
+            raise held
+
+    @contextlib.contextmanager
+    def holding(self) -> Iterator[None]:
+        """Keep a ``"raise"`` error inside this block (e.g. the flush before a checkpoint): :meth:`raise_held` raises it later."""
+        self._holding += 1
+        try:
+            yield
+        finally:
+            self._holding -= 1
+
+    def _each(self, method: str, *args: Any) -> None:
+        for w in list(self):
+            if id(w) in self._failed:
+                continue
+            try:
+                getattr(w, method)(*args)
+            except Exception as e:  # noqa: BLE001 - a writer must never cost the run (see the class docstring)
+                self._report(w, method, e)
+        if self._held is not None and not self._holding and not (self.hold is not None and self.hold()):
+            self.raise_held()
+
+    def _report(self, w: Writer, method: str, e: Exception) -> None:
+        self._failed[id(w)] = e
+        what = f"Writer {_name(w)} failed in {method}: {type(e).__name__}: {e}."
+        if self.fail == "warn":
+            msg = (f"{what} It gets no more records in this run; the other writers and training go on. Pass "
+                   "Trainer(writers_fail='raise') to stop the run instead (after the checkpoint due), or fix or remove the writer.")
+        else:
+            msg = f"{what} writers_fail='raise': the run stops here, once a checkpoint due at this point is written."
+            if self._held is None:
+                self._held = WriterError(msg, w)
+                self._held.__cause__ = e
+        if self.logger is not None:
+            self.logger.error(msg, exc_info=e)
+        warnings.warn(msg, RuntimeWarning, stacklevel=4)
+
+
+def _name(w: Writer) -> str:
+    return type(w).__name__
 
 
 # -- by name ----------------------------------------------------------------------------------

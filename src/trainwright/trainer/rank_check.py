@@ -6,7 +6,8 @@ its iteration. One ``all_gather_object`` brings every rank's description to ever
 they differ, every rank raises :class:`RanksDisagreeError` naming the keys and the ranks.
 Settings that may differ per rank are left out: the work dir and the run's name (rank 0
 names the run), the seed (always rank 0's, broadcast at start-up), ``custom_hooks`` (a
-script may add a hook on some ranks only) and objects shown only by their address. One process: nothing is compared.
+script may add a hook on some ranks only), when a rank writes (``flush_secs``) and objects
+shown only by their address. One process: nothing is compared.
 """
 
 from __future__ import annotations
@@ -24,6 +25,8 @@ __all__ = ["RanksDisagreeError", "check_ranks_agree", "describe_rank", "disagree
 #: Settings that may differ per rank (paths of node-local disks, the run's name, the seed that rank 0's replaces, hooks a
 #: script adds on some ranks only, e.g. a profiler on rank 0).
 _PER_RANK = frozenset({"work_dir", "experiment_name", "seed", "randomness.seed", "resume", "custom_hooks"})
+#: Keys, wherever they sit, that say when a rank writes, not what it computes (a logger's ``flush_secs``).
+_PER_RANK_LEAVES = frozenset({"flush_secs"})
 _MAX_LISTED = 12
 
 
@@ -40,7 +43,7 @@ def _flatten(value: Any, prefix: str, out: dict[str, str]) -> None:
             _flatten(v, f"{prefix}{k}.", out)
         return
     key = prefix[:-1]
-    if key in _PER_RANK:
+    if key in _PER_RANK or key.rsplit(".", 1)[-1] in _PER_RANK_LEAVES:
         return
     text = repr(value)
     if " at 0x" not in text:  # an object shown by its address differs on every process; it is not compared

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import time
 from collections.abc import Mapping
 from pathlib import Path
@@ -39,3 +40,35 @@ def new_run_dir(work_dir: Path) -> Path:
             continue
         return d
     raise FileExistsError(f"No free run folder name for {base} in {work_dir}")
+
+
+#: What a trainer writes into its run folder before anything runs: the log, the records file, the config.
+_BEFORE_A_RUN = ("train.log", "metrics.jsonl", "config.")
+
+
+def remove_unused_run_dir(run_dir: Path, logger: logging.Logger) -> bool:
+    """Remove ``run_dir`` when it holds only what a trainer writes before its first run (a job refused at ``train()``).
+
+    Only plain files named ``train.log``, ``metrics.jsonl`` or ``config.*`` are removed, and the
+    folder only when nothing else is in it; a folder with anything else (a writer's
+    sub-folder, a file of the user's) is kept as it is. ``logger`` is flushed first (a later
+    line would create the log again).
+
+    Returns:
+        True when the folder was removed.
+    """
+    try:
+        entries = list(run_dir.iterdir())
+    except OSError:
+        return False
+    if any(not e.is_file() or not e.name.startswith(_BEFORE_A_RUN) for e in entries):
+        return False
+    for h in logger.handlers:
+        h.flush()
+    try:
+        for e in entries:
+            e.unlink()
+        run_dir.rmdir()
+    except OSError:
+        return False
+    return True

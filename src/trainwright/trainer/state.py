@@ -11,6 +11,7 @@ restores the mapping the Trainer builds of them (see docs/checkpoints.md).
 from __future__ import annotations
 
 import time
+import logging
 import warnings
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any, cast
@@ -155,12 +156,14 @@ class DataOrderState:
     ``batches``: :meth:`ResumableLoader.shape`) says what the position means: a resume in
     the middle of an epoch with a loader of another shape continues at the same *batch*
     index, which skips or repeats samples of that epoch, so it warns naming both shapes (a
-    resume at an epoch end is not affected).
+    resume at an epoch end is not affected). The warning goes to ``logger`` (the trainer's:
+    ``train.log``), else through :mod:`warnings`.
     """
 
-    def __init__(self, loader: ResumableLoader, progress: Progress) -> None:
+    def __init__(self, loader: ResumableLoader, progress: Progress, logger: logging.Logger | None = None) -> None:
         self.loader = loader
         self.progress = progress
+        self.logger = logger
 
     def state_dict(self) -> dict[str, Any]:  # noqa: D102
         return {"seed": self.loader.seed, "shape": self.loader.shape()}
@@ -170,13 +173,16 @@ class DataOrderState:
         saved, now = state["shape"], self.loader.shape()
         if p.iter_in_epoch and dict(saved) != now:
             differ = {k: (saved.get(k), v) for k, v in now.items() if saved.get(k) != v}
-            warnings.warn(
+            msg = (
                 f"Resuming in the middle of epoch {p.epoch + 1} (after batch {p.iter_in_epoch}) with a train_dataloader of another shape: "
                 + ", ".join(f"{k} {a} in the checkpoint, {b} now" for k, (a, b) in differ.items())
                 + f". The epoch continues at batch {p.iter_in_epoch} of the new loader, so samples of this epoch are skipped or seen twice. "
-                "Resume with the same batch_size, dataset, drop_last and number of processes, or from a checkpoint at an epoch end.",
-                stacklevel=3,
+                "Resume with the same batch_size, dataset, drop_last and number of processes, or from a checkpoint at an epoch end."
             )
+            if self.logger is not None:
+                self.logger.warning(msg)
+            else:
+                warnings.warn(msg, stacklevel=3)
         self.loader.load_state_dict({"epoch": p.epoch, "position": p.iter_in_epoch, "seed": state["seed"]})
 
 

@@ -13,6 +13,7 @@ from torch import nn
 
 from trainwright.amp.precision import Precision
 from trainwright.checkpoint import Stateful, load_model_weights, save_safetensors
+from trainwright.checkpoint.lock import WorkDirBusyError
 from trainwright.checkpoint.manager import CheckpointManager
 from trainwright.hooks.dispatch import HookList
 from trainwright.hooks.hook import Hook
@@ -22,7 +23,7 @@ from trainwright.logging.lines import PendingLines
 from trainwright.logging.logger import close_logger, create_logger
 from trainwright.logging.metric_store import MetricStore
 from trainwright.logging.message_hub import MessageHub
-from trainwright.logging.writers import Writer, build_writers, plain
+from trainwright.logging.writers import Writer, Writers, build_writers, plain
 from trainwright.utils.progress import Progress
 from trainwright.loops.context import LoopContext
 from trainwright.loops.train_loop import EpochBasedTrainLoop, IterBasedTrainLoop
@@ -37,7 +38,7 @@ from trainwright.trainer.env_cfg import apply_env_cfg
 from trainwright.trainer.build import EVAL_CFG_KEYS, TRAIN_CFG_KEYS, build_eval_loop, build_train
 from trainwright.trainer.hooks_config import build_hook, build_hooks
 from trainwright.trainer.rank_check import check_ranks_agree
-from trainwright.trainer.runs import config_changes, new_run_dir
+from trainwright.trainer.runs import config_changes, new_run_dir, remove_unused_run_dir
 from trainwright.trainer.state import OPTIONAL_PIECES, DataOrderState, HookStates, MetaState, ModelState, OptimState, SchedulerState
 
 
@@ -82,6 +83,10 @@ class Trainer:
             ``trainwright.logging.WRITERS`` (``"console"``, ``"jsonl"``, ``"csv"``,
             ``"tensorboard"``, ``"wandb"``, ``"mlflow"``) and dicts ``dict(type=name, **arguments)``
             (``writers=["console", "jsonl", "tensorboard", MyWriter()]``).
+        writers_fail: What a writer that raises does to the run: ``"warn"`` (default: reported
+            once, in ``train.log`` and as a warning, and the writer gets nothing more; training
+            goes on) or ``"raise"`` (the run stops with a :class:`~trainwright.logging.WriterError`
+            after the checkpoint due at that point is written). A writer never costs a checkpoint.
         hook_timing: Time every hook call per event (about 0.2 µs per call; hooks that are not
             called cost nothing) for :meth:`hook_report`. None (default): timed, and the table
             is logged when training ends at the DEBUG level only (``log_level="DEBUG"``);
@@ -118,6 +123,7 @@ class Trainer:
         log_level: str | int = "INFO",
         experiment_name: str | None = None,
         writers: Sequence[Writer | str | Mapping[str, Any]] | None = None,
+        writers_fail: str = "warn",
         hook_timing: bool | None = None,
         env_cfg: Mapping[str, Any] | None = None,
     ) -> None:
@@ -125,6 +131,7 @@ class Trainer:
         built_unseeded = not isinstance(model, Mapping) and not _torch_seeded()
         if nonfinite_loss not in ("raise", "skip"):
             raise ValueError(f"nonfinite_loss must be 'raise' or 'skip', got {nonfinite_loss!r}")
+        Writers(fail=writers_fail)  # checks the value before anything is created
         self.train_cfg = dict(train_cfg or {})
         check_keys("train_cfg", self.train_cfg, TRAIN_CFG_KEYS)
         self.val_cfg = dict(val_cfg or {})
@@ -144,10 +151,13 @@ class Trainer:
         module: nn.Module = MODELS.build(model) if isinstance(model, Mapping) else model
         # rank 0 names (and creates) the run folder: every rank agrees even when their clocks straddle a second
         self.experiment_name: str = self.strategy.broadcast_object(experiment_name or (new_run_dir(self.work_dir).name if self.is_main_process else None))
+        self._run_dir_created = experiment_name is None  # this trainer made the folder (a given name may be an earlier run's)
+        self._ran = False  # a run (train / val / test) started: the run folder holds its traces
         self.run_dir = self.work_dir / self.experiment_name
         self.logger = create_logger(log_file=self.run_dir / "train.log" if self.is_main_process else None, level=log_level, rank=self.strategy.rank)
         # THE rank decision of logging: only the main process has writers; hooks just fan out to this list.
-        self.writers: list[Writer] = build_writers(writers, self.run_dir, self.logger) if self.is_main_process else []
+        #: The one fan-out point: a writer that raises is reported and disabled (or stops the run after the due checkpoint).
+        self.writers = Writers(build_writers(writers, self.run_dir, self.logger) if self.is_main_process else [], self.logger, writers_fail)
         self.logger.info(f"Environment: {self.strategy.collect_env()}")
         self.logger.info(f"Random seed: {self.seed}")
         if built_unseeded and self.seed_given and load_from is None:
@@ -179,8 +189,7 @@ class Trainer:
         ))
         #: The trainer's settings as plain values (written to the writers and into every checkpoint's ``meta``).
         self.config: dict[str, Any] = config
-        for w in self.writers:
-            w.write_config(config)
+        self.writers.write_config(config)
         self.progress = Progress()
         self.should_stop = False
         self.preempted = False  # set by the PreemptionHook when a stop signal ended training
@@ -206,7 +215,7 @@ class Trainer:
             self.strategy,
             {"meta": MetaState(self), "model": ModelState(self.strategy), "optim_wrapper": None, "param_schedulers": None,  # None: set by _build_train
              "progress": self.progress, "train_dataloader": None, "metric_store": self.metric_store, "message_hub": self.message_hub, "hooks": HookStates(self.hooks)},
-            self.ckpt_dir, progress=self.progress, logger=self.logger, flush=self.flush_logs,
+            self.ckpt_dir, progress=self.progress, logger=self.logger, flush=self._flush_before_save,
             before_save=lambda ckpt: self.hooks.call("before_save_checkpoint", self, ckpt),
             after_load=lambda ckpt: self.hooks.call("after_load_checkpoint", self, ckpt),
             required=("model", "progress"), optional=OPTIONAL_PIECES,
@@ -281,7 +290,7 @@ class Trainer:
         self.checkpoints.pieces.update(
             optim_wrapper=OptimState(self.strategy, self.optim_wrapper) if self.optim_wrapper is not None else None,
             param_schedulers=SchedulerState(self.param_schedulers) if self.param_schedulers else None,
-            train_dataloader=DataOrderState(self.train_loop.dataloader, self.progress),
+            train_dataloader=DataOrderState(self.train_loop.dataloader, self.progress, self.logger),
         )
 
     @property
@@ -381,7 +390,13 @@ class Trainer:
             WorkDirBusyError: another live process (or Trainer) is training in this ``work_dir``
                 (the message names its pid); nothing was read or written.
         """
-        self.checkpoints.lock()
+        try:
+            self.checkpoints.lock()
+        except WorkDirBusyError:
+            if self._run_dir_created and not self._ran and self.is_main_process:
+                self.writers.flush()
+                remove_unused_run_dir(self.run_dir, self.logger)  # nothing ran in it: a refused job leaves no run folder
+            raise
         self.strategy.run_failed = False
         try:
             self._build_train()
@@ -399,7 +414,7 @@ class Trainer:
             self._run(partial(loop.run, self._loop_context()))
         except BaseException as e:
             if not self.strategy.run_failed and not isinstance(e, SystemExit):  # failed before the loop ran (building, resuming, the ranks' check); not a preemption's agreed exit
-                self._note_failure(e)
+                self._log_failure(e, self._note_failure(e))
             raise
         finally:
             self.checkpoints.unlock()
@@ -437,41 +452,74 @@ class Trainer:
         return ctx
 
     def _run(self, fn: Any) -> Any:
+        """Run ``fn`` between ``before_run`` and the clean-up; on an error, ``train.log`` ends with its reason.
+
+        The order on an error path: the failure is noted at once (no collective from here on;
+        under several processes the error is left for the other ranks), the held log lines and
+        the hooks' clean-up are written, and the reason is logged last, so ``tail train.log``
+        shows why the run stopped.
+        """
         self.strategy.run_failed = False
+        self._ran = True
         self.hooks.call("before_run", self)
         ok = False
+        failure: tuple[BaseException, str | None] | None = None
         try:
             out = fn()
+            self.metric_store.flush()  # lines still pending go out first (a NaN among them is the run's error)
             ok = True
             return out
         except BaseException as e:
-            self._note_failure(e)
+            failure = (e, self._note_failure(e))
             raise
         finally:
             try:
-                # Lines still pending go out first; on an error path a NaN must not raise a second error.
-                self.metric_store.flush(raise_on_nonfinite=None if ok else False)
+                if not ok:  # the held lines' numbers, this process's own: nothing is exchanged, a NaN raises no second error
+                    self.metric_store.flush(raise_on_nonfinite=False)
             finally:
-                self._clean_up(ok)
+                try:
+                    self._clean_up(ok)
+                finally:
+                    if failure is not None:
+                        self._log_failure(*failure)
+            if ok:
+                self.writers.raise_held()  # writers_fail="raise": an error held for a checkpoint still due at the end
 
-    def _note_failure(self, e: BaseException) -> None:
-        """A run failed on this process: no collective from here on (see ``Strategy.run_failed``); log why, with the errors other ranks left.
-
-        The reason reaches ``train.log`` too, not only the terminal that may be gone. Under
-        several processes the error is left for the other ranks (the launcher's store), and
-        theirs are named here: a rank whose collective failed because a peer stopped names
-        that peer's error.
-        """
+    def _where(self) -> str:
+        """Where the run stands, numbered as its log lines: the last completed iteration and its epoch (1-based)."""
         p = self.progress
-        where = f"at epoch {p.epoch}, iteration {p.iteration}"
+        if self.train_loop is not None and not self.train_loop.by_epoch:
+            return f"at iteration {p.iteration}"
+        epoch = p.epoch + 1 if p.iter_in_epoch or not p.epoch else p.epoch  # between epochs: the epoch just completed
+        return f"at epoch {epoch}, iteration {p.iteration}"
+
+    def _note_failure(self, e: BaseException) -> str | None:
+        """A run failed on this process: no collective from here on (see ``Strategy.run_failed``); returns the line that says why (None: nothing to log).
+
+        Under several processes the error is left for the other ranks (the launcher's store),
+        and theirs are named in the line: a rank whose collective failed because a peer
+        stopped names that peer's error. :meth:`_log_failure` writes the line, after the held
+        log lines, so the reason is the last thing in ``train.log``.
+        """
+        where = self._where()
         if getattr(e, "raised_on_every_rank", False):  # the ranks are together (e.g. their settings differ): nothing to leave for the others
-            self.logger.error(f"Stopped by {type(e).__name__} {where}: {e}")
-            return
+            return f"Stopped by {type(e).__name__} {where}: {e}"
         others = self.strategy.report_failure(e, where) if isinstance(self.strategy, ProcessGroupStrategy) else ""
         self.strategy.run_failed = True
-        if not isinstance(e, SystemExit):  # (a preemption exit is logged by its hook)
-            rank = f" on rank {self.strategy.rank}" if self.strategy.world_size > 1 else ""
-            self.logger.error(f"Stopped by {type(e).__name__}{rank} {where}: {e}{others}", exc_info=e)
+        if isinstance(e, SystemExit):  # a preemption exit is logged by its hook
+            return None
+        rank = f" on rank {self.strategy.rank}" if self.strategy.world_size > 1 else ""
+        return f"Stopped by {type(e).__name__}{rank} {where}: {e}{others}"
+
+    def _log_failure(self, e: BaseException, line: str | None) -> None:
+        """Log the error's traceback, then ``line`` (the reason) as the last line, and make both visible on disk."""
+        if line is None:
+            return
+        if not getattr(e, "raised_on_every_rank", False):
+            self.logger.error(f"Traceback of the {type(e).__name__} that stopped the run:", exc_info=e)
+        self.logger.error(line)
+        for h in self.logger.handlers:
+            h.flush()
 
     def _clean_up(self, ok: bool) -> None:
         """Run every hook's ``after_run`` even if some raise; then the original error (if any) goes on.
@@ -483,7 +531,8 @@ class Trainer:
         for fn, e in failed:
             if not isinstance(e, SystemExit):
                 self.logger.error(f"{getattr(fn, '__qualname__', fn)} failed while the run was cleaning up: {type(e).__name__}: {e}", exc_info=e)
-        self.flush_logs()
+        with self.writers.holding():  # a writer's error (writers_fail="raise") never hides the run's own; _run raises it after a success
+            self.flush_logs()
         if ok and failed:
             raise next((e for _, e in failed if isinstance(e, SystemExit)), failed[0][1])
 
@@ -545,10 +594,14 @@ class Trainer:
         """
         self.metric_store.flush()
         self.log_lines.write()
-        for w in self.writers:
-            w.flush()
+        self.writers.flush()
         for h in self.logger.handlers:
             h.flush()
+
+    def _flush_before_save(self) -> None:
+        """:meth:`flush_logs` before a checkpoint is written: a writer's error (``writers_fail="raise"``) waits until the checkpoint exists."""
+        with self.writers.holding():
+            self.flush_logs()
 
     def __enter__(self) -> Trainer:
         return self
@@ -566,8 +619,7 @@ class Trainer:
         collectives fail as soon as this process exits instead of waiting for the timeout.
         """
         self.checkpoints.unlock()
-        for w in self.writers:
-            w.close()
+        self.writers.close()
         close_logger(self.logger)
         if self._prepared:
             self.model = self.unwrapped_base  # drop the distributed wrapper before the strategy leaves its process group
