@@ -12,14 +12,14 @@ no numbers: the metric store keeps them (and is checkpointed).
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 import torch
 
 from trainwright.hooks.hook import EveryInEpoch, Hook
 from trainwright.hooks.view import require_train_loop
-from trainwright.logging.lines import LineRequest
+from trainwright.logging.lines import CustomStat, LineRequest
 from trainwright.logging.throughput import batch_size, num_tokens, tokens_counter
 from trainwright.logging.writers import LineInfo
 from trainwright.registry import HOOKS
@@ -52,6 +52,13 @@ class LoggerHook(Hook):
             10th, 20th, 30th and 40th iteration and at its end).
         ignore_last: Skip the log line for an epoch's last, shorter interval (not the run's
             last; as mmengine, only when the epoch is longer than the interval).
+        window_size: mmengine's ``log_processor.window_size``: losses and times are averaged
+            over this many iterations ending at each line (lines then overlap or skip
+            iterations, as mmengine's); None (default): over the line's own iterations.
+        custom_cfg: mmengine's ``log_processor.custom_cfg``: more numbers per record, each
+            ``dict(data_src=..., method_name="mean" | "min" | "max" | "current",
+            window_size=int | "epoch" | "global", log_name=...)`` (see
+            :class:`~trainwright.logging.lines.CustomStat`).
         flush_secs: While training runs faster than one line per ``flush_secs``, lines are
             written in batches at most this far apart (0 writes each line at once). With
             several processes any process's proposal is agreed at the train loop's next
@@ -62,9 +69,14 @@ class LoggerHook(Hook):
 
     priority = "BELOW_NORMAL"
 
-    def __init__(self, interval: int = 10, ignore_last: bool = False, flush_secs: float = 1.0) -> None:
+    def __init__(self, interval: int = 10, ignore_last: bool = False, flush_secs: float = 1.0, window_size: int | None = None,
+                 custom_cfg: Sequence[Mapping[str, Any]] | None = None) -> None:
         if interval < 1:
             raise ValueError(f"LoggerHook interval must be >= 1, got {interval}")
+        if window_size is not None and (isinstance(window_size, bool) or not isinstance(window_size, int) or window_size < 1):
+            raise ValueError(f"LoggerHook window_size must be None (the line's own iterations) or an int >= 1, got {window_size!r}")
+        self.window_size = window_size
+        self.custom = tuple(_custom_stat(i, c) for i, c in enumerate(custom_cfg or ()))
         if flush_secs < 0:
             raise ValueError(f"LoggerHook flush_secs must be >= 0, got {flush_secs}")
         self.interval = interval
@@ -96,7 +108,11 @@ class LoggerHook(Hook):
         # Lines are due at least every flush_every iterations (see after_train_iter), written at the latest at the
         # next agreement point: the values of the oldest held line's interval are still in the store's buffers then.
         store = trainer.metric_store
-        store.keep_history(store.flush_every + store.agreement.every + 2 * self.interval)
+        windows = [w for w in (self.window_size, *(c.window_size for c in self.custom)) if isinstance(w, int)]
+        windows += [self._epoch_len for c in self.custom if c.window_size == "epoch"]
+        store.keep_history(store.flush_every + store.agreement.every + 2 * self.interval + max(windows, default=0))
+        trainer.log_lines.window_size = self.window_size
+        trainer.log_lines.custom = self.custom
         trainer.log_lines.start(trainer.progress.iteration)
 
     def train_iter_interval(self, trainer: TrainerView) -> int | EveryInEpoch:  # noqa: D102
@@ -167,3 +183,26 @@ class LoggerHook(Hook):
         p = trainer.progress
         record = {"mode": mode, "epoch": p.epoch, "iter": p.iteration, **{k: float(v) for k, v in metrics.items()}}
         trainer.log_lines.write_eval(record)
+
+
+_CUSTOM_KEYS = {"data_src", "method_name", "window_size", "log_name"}
+_METHODS = ("mean", "min", "max", "current")
+
+
+def _custom_stat(i: int, cfg: Mapping[str, Any]) -> CustomStat:
+    """One ``custom_cfg`` entry checked (mmengine's rules), with a message naming the entry and the fix."""
+    where = f"LoggerHook custom_cfg[{i}]"
+    if not isinstance(cfg, Mapping) or "data_src" not in cfg:
+        raise ValueError(f"{where} must be a dict with at least data_src (the logged name, e.g. 'loss'), got {cfg!r}")
+    bad = set(cfg) - _CUSTOM_KEYS
+    if bad:
+        raise ValueError(f"{where}: unknown keys {sorted(bad)}; allowed: {sorted(_CUSTOM_KEYS)}")
+    method = cfg.get("method_name", "mean")
+    if method not in _METHODS:
+        raise ValueError(f"{where}: method_name must be one of {list(_METHODS)}, got {method!r}")
+    window = cfg.get("window_size")
+    if not (window is None or window in ("epoch", "global") or (isinstance(window, int) and not isinstance(window, bool) and window >= 1)):
+        raise ValueError(f"{where}: window_size must be an int >= 1, 'epoch' or 'global', got {window!r}")
+    if window == "global" and method != "mean":
+        raise ValueError(f"{where}: window_size='global' supports method_name='mean' only (the run's values are kept as a running sum); use 'epoch' or a number")
+    return CustomStat(str(cfg["data_src"]), method, window, cfg.get("log_name"))

@@ -19,9 +19,24 @@ from trainwright.logging.flops import StepFlops
 from trainwright.logging.metric_store import MetricStore
 from trainwright.logging.writers import LineInfo, Writer, Writers
 
-__all__ = ["LineRequest", "PendingLines"]
+__all__ = ["CustomStat", "LineRequest", "PendingLines"]
 
 _TIME_KEYS = ("time", "data_time")
+
+
+class CustomStat(NamedTuple):
+    """One more number in each training record (an entry of mmengine's ``log_processor.custom_cfg``).
+
+    ``method_name`` (``"mean"``, ``"min"``, ``"max"``, ``"current"``) of the logged scalar
+    ``data_src`` over ``window_size``: a number of iterations ending at the line's, ``"epoch"``
+    (this epoch's iterations so far) or ``"global"`` (the run's, ``"mean"`` only); None: the
+    line's own iterations. Written as ``log_name`` (default: ``data_src``, replacing it).
+    """
+
+    data_src: str
+    method_name: str = "mean"
+    window_size: int | str | None = None
+    log_name: str | None = None
 
 
 class LineRequest(NamedTuple):
@@ -58,6 +73,11 @@ class PendingLines:
     def __init__(self, store: MetricStore, writers: Writers | list[Writer], processes: int = 1) -> None:
         self.store = store
         self.writers: Writers = writers if isinstance(writers, Writers) else Writers(writers)
+        #: Average losses and times over this many iterations ending at each line (mmengine's ``log_processor.window_size``);
+        #: None: over the line's own iterations (since the previous line).
+        self.window_size: int | None = None
+        #: More numbers per record (``log_processor.custom_cfg``).
+        self.custom: tuple[CustomStat, ...] = ()
         self.processes = processes
         self.last_write = 0.0
         self.written_to = 0
@@ -108,7 +128,7 @@ class PendingLines:
         out = []
         for r in requests:
             hi = r.iteration
-            lo = r.since
+            lo = r.since if self.window_size is None else max(hi - self.window_size, 0)
             record: dict[str, Any] = {"mode": "train", "epoch": r.epoch, "iter": hi}
             times: dict[str, float] = {}
             for name, iters, values, mean, dropped in cols:
@@ -142,8 +162,41 @@ class PendingLines:
                 self._throughput(record, r, times["time"])
             if r.memory is not None:
                 record["max_memory_mb"] = r.memory
+            for c in self.custom:
+                value = self._custom(c, r)
+                if value is not None:
+                    record[c.log_name or c.data_src] = value
             out.append(record)
         return out
+
+    def _custom(self, c: CustomStat, r: LineRequest) -> float | None:
+        """The value of one custom statistic for the line of ``r`` (None: no value of ``c.data_src`` in the window)."""
+        if c.data_src not in self.store:
+            return None
+        buf = self.store.get(c.data_src)
+        iters, values = buf.history()
+        hi = r.iteration
+        b = bisect.bisect_right(iters, hi)
+        if c.window_size == "global":  # every value up to the line's iteration, from the running sum
+            after = values[b:]
+            n = buf.count - len(after)
+            return (buf.global_avg * buf.count - sum(after)) / n if n > 0 else None
+        if c.window_size is None:
+            lo = r.since
+        elif c.window_size == "epoch":
+            lo = hi - r.line.batch
+        else:
+            lo = hi - int(c.window_size)
+        window = values[bisect.bisect_right(iters, lo) : b]
+        if not window:
+            return None
+        if c.method_name == "mean":
+            return sum(window) / len(window)
+        if c.method_name == "min":
+            return min(window)
+        if c.method_name == "max":
+            return max(window)
+        return window[-1]  # "current"
 
     def _throughput(self, record: dict[str, Any], r: LineRequest, seconds: float) -> None:
         """The line's throughput from the logged batch and the mean iteration time.

@@ -44,10 +44,49 @@ _VIS_BACKENDS: dict[str, tuple[str, dict[str, str | None]]] = {
     "MLflowVisBackend": ("mlflow", {"save_dir": None, "exp_name": "experiment_name", "run_name": "run_name", "tags": "tags", "tracking_uri": "tracking_uri"}),
 }
 #: Runtime keys of mmengine that are translated (not ignored) when they hold something.
-_TRANSLATED = frozenset({"visualizer", "vis_backends", "auto_scale_lr", "model_wrapper_cfg"})
+_TRANSLATED = frozenset({"visualizer", "vis_backends", "auto_scale_lr", "model_wrapper_cfg", "log_processor"})
 #: mmengine's DDP wrapper names in ``model_wrapper_cfg``, and the arguments the DDP strategy takes from it.
 _DDP_WRAPPERS = frozenset({"MMDistributedDataParallel", "DistributedDataParallelWrapper"})
 _DDP_WRAPPER_KEYS = frozenset({"find_unused_parameters", "broadcast_buffers", "bucket_cap_mb", "gradient_as_bucket_view", "static_graph", "detect_anomalous_params"})
+
+
+_LOG_PROCESSOR_KEYS = {"type", "window_size", "by_epoch", "custom_cfg", "num_digits", "log_with_hierarchy", "mean_pattern", "_scope_"}
+
+
+def _logger_from_log_processor(args: dict[str, Any]) -> None:
+    """mmengine's ``log_processor=dict(window_size=..., by_epoch=..., custom_cfg=[...])`` as the logger hook's arguments.
+
+    ``window_size`` and ``custom_cfg`` become ``default_hooks.logger``'s (a value the config
+    gives the logger itself wins); ``by_epoch`` must agree with ``train_cfg.by_epoch`` (the
+    lines follow the loop: a warning otherwise); ``num_digits``, ``log_with_hierarchy`` and
+    ``mean_pattern`` are formatting trainwright does not have (a warning names them).
+    """
+    lp = args.get("log_processor")
+    if lp is None:
+        return
+    if not isinstance(lp, Mapping):
+        raise ConfigError(f"log_processor must be a dict (mmengine's LogProcessor arguments), got {type(lp).__name__}")
+    bad = set(lp) - _LOG_PROCESSOR_KEYS
+    if bad:
+        raise ConfigError(f"log_processor: unknown keys {sorted(bad)}; mmengine's LogProcessor takes {sorted(_LOG_PROCESSOR_KEYS - {'_scope_'})}")
+    if lp.get("type", "LogProcessor") != "LogProcessor":
+        raise ConfigError(f"log_processor type {lp.get('type')!r}: only mmengine's 'LogProcessor' is understood (its window_size, custom_cfg, by_epoch)")
+    hooks = dict(args.get("default_hooks") or {})
+    if "logger" in hooks and hooks["logger"] is None:
+        return  # the logger is switched off: nothing to configure
+    logger = dict(hooks.get("logger") or {})
+    for key in ("window_size", "custom_cfg"):
+        if lp.get(key) is not None:
+            logger.setdefault(key, [dict(c) for c in lp[key]] if key == "custom_cfg" else lp[key])
+    hooks["logger"] = logger
+    args["default_hooks"] = hooks
+    train_cfg = args.get("train_cfg") or {}
+    loop_by_epoch = train_cfg.get("by_epoch", True) if isinstance(train_cfg, Mapping) else True
+    if "by_epoch" in lp and bool(lp["by_epoch"]) != bool(loop_by_epoch):
+        warnings.warn(f"log_processor.by_epoch={lp['by_epoch']} but train_cfg.by_epoch={loop_by_epoch}: the log lines follow the training loop", stacklevel=3)
+    unused = sorted(k for k in ("num_digits", "log_with_hierarchy", "mean_pattern") if k in lp)
+    if unused:
+        warnings.warn(f"log_processor {unused}: formatting trainwright's writers do not have; ignored", stacklevel=3)
 
 
 def _writers_from_visualizer(args: Mapping[str, Any]) -> list[Any] | None:
@@ -178,6 +217,7 @@ def trainer_from_config(trainer_cls: type[Trainer], cfg: Mapping[str, Any], **ov
     writers = _writers_from_visualizer(args)
     if writers is not None:
         args["writers"] = writers
+    _logger_from_log_processor(args)
     ignored = sorted(k for k in args if k in IGNORED_KEYS and args[k] is not None and k not in _TRANSLATED)
     if ignored:
         warnings.warn(f"Config keys {ignored} are mmengine runtime settings trainwright does not use; they are ignored", stacklevel=2)
