@@ -61,9 +61,17 @@ def test_zero2_trains_digits_on_two_processes_and_resumes_exactly(tmp_path: Path
 @pytest.mark.slow
 def test_zero2_with_accumulation_and_clipping_equals_ddp(tmp_path: Path) -> None:
     """The optim wrapper decides the windows (the engine is told each boundary, the loss comes scaled): ZeRO-2 with
-    accumulative_counts=2 and clipping ends with DDP's weights."""
+    accumulative_counts=2 and clipping ends with DDP's weights; and the default config with momentum and no clip_grad
+    (2 processes x 8) ends with DDP's too (DDP 2x8 equals one process on the full batch: tests/strategies/test_ddp*)."""
     pytest.importorskip("deepspeed")
     launch(Path(__file__).with_name("ds_accum_train.py"), [str(tmp_path)], tmp_path, nproc=2, timeout=300)
     w = torch.load(tmp_path / "weights.pt", weights_only=True)
     for k, v in w["ddp"].items():
         torch.testing.assert_close(w["deepspeed"][k], v, rtol=1e-6, atol=1e-7)
+    # the default config without clip_grad: no clipping (DeepSpeed's own default clips at 1.0, which made 2x8 drift from DDP)
+    from ds_accum_train import run
+
+    single = run(dict(type="single", device="cpu"), tmp_path / "single", plain=True, batch=16)  # 1 x 16: the same samples per step
+    for k, v in single.items():  # 2 x 8 under DeepSpeed and under DDP equal 1 x 16 on one process
+        torch.testing.assert_close(w["ddp_plain"][k], v, rtol=1e-5, atol=1e-6)
+        torch.testing.assert_close(w["deepspeed_plain"][k], v, rtol=1e-5, atol=1e-6)

@@ -82,10 +82,10 @@ class DeepSpeedStrategy(ProcessGroupStrategy):
             ow = wrappers[0]
             cfg.setdefault("gradient_accumulation_steps", ow.accumulative_counts)
             clip = ow.clip_grad
-            if clip is not None and clip["type"] == "norm":
-                cfg.setdefault("gradient_clipping", float(clip["max_norm"]))
-            elif clip is not None:
+            if clip is not None and clip["type"] != "norm":
                 raise ValueError("strategy='deepspeed' clips by norm only (DeepSpeed's gradient_clipping); use clip_grad=dict(max_norm=...)")
+            # DeepSpeed clips at 1.0 when its config does not say: no clip_grad must mean no clipping
+            cfg.setdefault("gradient_clipping", float(clip["max_norm"]) if clip is not None else 0.0)
             dtype = ow.precision.dtype
             if dtype is torch.bfloat16:
                 cfg.setdefault("bf16", {"enabled": True})
