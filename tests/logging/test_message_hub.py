@@ -81,3 +81,17 @@ def test_hook_written_info_is_resumed_and_the_runs_facts_cannot_be_set(tmp_path:
     assert resumed.message_hub.get_info("scratch") is None  # written with resumed=False: not saved
     assert resumed.message_hub.get_scalar("val/acc").count == 3  # epochs 1 and 2 from the checkpoint, epoch 3 from this run
     resumed.close()
+
+
+def test_the_hub_does_not_keep_a_closed_trainer_alive(tmp_path: Path) -> None:
+    """The class-level registry holds hubs weakly: a closed trainer (its model, a DDP wrapper, its process group) can be freed."""
+    import gc
+    import weakref
+
+    t = _trainer(tmp_path, 1)
+    t.train()
+    t.close()
+    gone = weakref.ref(t)
+    del t
+    gc.collect()
+    assert gone() is None

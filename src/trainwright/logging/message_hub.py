@@ -8,6 +8,7 @@ models write (``update_info`` / ``update_scalar``) is kept here and saved with t
 
 from __future__ import annotations
 
+import weakref
 from collections.abc import Callable, Mapping
 from typing import Any, ClassVar
 
@@ -29,8 +30,9 @@ class MessageHub:
             ``"val/acc"``); None when there is none.
     """
 
-    _instances: ClassVar[dict[str, MessageHub]] = {}
-    _current: ClassVar[MessageHub | None] = None
+    # weak: a hub (whose facts are read from its trainer) must not keep a closed trainer, its model and its process group alive
+    _instances: ClassVar[weakref.WeakValueDictionary[str, MessageHub]] = weakref.WeakValueDictionary()
+    _current: ClassVar[weakref.ref[MessageHub] | None] = None
 
     def __init__(self, name: str = "trainwright", live: Mapping[str, Callable[[], Any]] | None = None, scalars: Callable[[str], HistoryBuffer | None] | None = None) -> None:
         self.instance_name = name
@@ -41,18 +43,20 @@ class MessageHub:
         self._scalars: dict[str, HistoryBuffer] = {}
         self._resumed_scalars: set[str] = set()
         MessageHub._instances[name] = self
-        MessageHub._current = self
+        MessageHub._current = weakref.ref(self)
 
     # -- instances (mmengine's ManagerMixin) ---------------------------------------------------
     @classmethod
     def get_current_instance(cls) -> MessageHub:
-        """The hub of the trainer built last; an empty hub when there is none yet."""
-        return cls._current if cls._current is not None else cls()
+        """The hub of the trainer built last (while that trainer exists); an empty hub when there is none."""
+        hub = cls._current() if cls._current is not None else None
+        return hub if hub is not None else cls()
 
     @classmethod
     def get_instance(cls, name: str, **kwargs: Any) -> MessageHub:
         """The hub called ``name``, created (with ``kwargs``) when there is none."""
-        return cls._instances[name] if name in cls._instances else cls(name, **kwargs)
+        hub = cls._instances.get(name)
+        return hub if hub is not None else cls(name, **kwargs)
 
     # -- information ------------------------------------------------------------------------
     def update_info(self, key: str, value: Any, resumed: bool = True) -> None:
