@@ -199,6 +199,16 @@ class CheckpointManager:
             self.before_save(ckpt)
         return make_safe(ckpt)  # type: ignore[no-any-return]
 
+    def capture(self, exclude: Collection[str] = ()) -> dict[str, Any]:
+        """An in-memory checkpoint: :meth:`state_dict` with every tensor copied, so later steps leave it unchanged.
+
+        ``restore(captured, Path("<memory>"))`` puts the trainer back where it was (LR finder,
+        spike-guard rollback, NaN replay). Under several processes this is a collective, as a save is.
+        """
+        from trainwright.checkpoint.async_writer import snapshot
+
+        return snapshot(self.state_dict(exclude))  # type: ignore[no-any-return]
+
     # -- saving ---------------------------------------------------------------------------------
     def name(self, tmpl: str, n: int) -> str:
         """The file name ``tmpl`` gives ``n``, with the strategy's suffix (``.pth``; a DCP directory's ``.dcp``...)."""
