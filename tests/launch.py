@@ -7,9 +7,12 @@ the log's tail, so a hung worker never outlives its test.
 
 from __future__ import annotations
 
+import gc
 import os
 import subprocess
 import sys
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -35,6 +38,26 @@ def use_gloo_env(monkeypatch: pytest.MonkeyPatch, tmp: Path) -> None:
         monkeypatch.setenv(k, v)
     for k in _LAUNCH_VARS:
         monkeypatch.delenv(k, raising=False)
+
+
+@contextmanager
+def gloo_group(rank: int, init_file: str, world_size: int) -> Iterator[None]:
+    """A ``torch.multiprocessing.spawn`` worker's gloo group (file rendezvous, one thread), torn down in order even when the body fails.
+
+    Teardown: garbage-collect first (a Trainer's DDP wrapper must not outlive the group), a
+    barrier (no rank destroys the group while another still uses it), then destroy it.
+    """
+    import torch
+    import torch.distributed as dist
+
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank, world_size=world_size)
+    try:
+        yield
+    finally:
+        gc.collect()
+        dist.barrier()
+        dist.destroy_process_group()
 
 
 @dataclass

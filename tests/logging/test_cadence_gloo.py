@@ -8,20 +8,18 @@ rank 0's ``metrics.jsonl`` holds every logging iteration's mean loss over both r
 
 from __future__ import annotations
 
-import gc
 import json
 from pathlib import Path
 from typing import Any
 
 import pytest
 import torch
-import torch.distributed
 import torch.multiprocessing as mp
 from torch.utils.data import DataLoader
 
 import trainwright as tw
 from conftest import LinearReg, RecordLosses, regression_set, train_records
-from launch import use_gloo_env
+from launch import gloo_group, use_gloo_env
 from trainwright.strategies.ddp import DDPStrategy
 
 WORLD = 2
@@ -42,9 +40,7 @@ class CountingDDP(DDPStrategy):
 
 
 def _worker(rank: int, init_file: str, out_dir: str, every: int) -> None:
-    torch.set_num_threads(1)
-    torch.distributed.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank, world_size=WORLD)
-    try:
+    with gloo_group(rank, init_file, WORLD):
         losses = RecordLosses()
         strategy = CountingDDP()
         trainer = tw.Trainer(
@@ -61,10 +57,6 @@ def _worker(rank: int, init_file: str, out_dir: str, every: int) -> None:
         trainer.close()
         trainer = strategy = None  # the DDP wrapper must not outlive the process group
         (Path(out_dir) / f"rank{rank}.json").write_text(json.dumps(report))
-    finally:
-        gc.collect()
-        torch.distributed.barrier()
-        torch.distributed.destroy_process_group()
 
 
 @pytest.mark.multiprocess

@@ -2,21 +2,19 @@
 
 from __future__ import annotations
 
-import gc
 import json
 from pathlib import Path
 from typing import Any
 
 import pytest
 import torch
-import torch.distributed
 import torch.multiprocessing as mp
 import torch.nn.functional as F
 from torch import nn
 from torch.utils.data import DataLoader, TensorDataset
 
 import trainwright as tw
-from launch import use_gloo_env
+from launch import gloo_group, use_gloo_env
 
 WORLD = 2
 D_IN, HIDDEN, BATCH = 16, 64, 8
@@ -33,9 +31,7 @@ class Mlp(tw.BaseModel):
 
 
 def _worker(rank: int, init_file: str, out_dir: str) -> None:
-    torch.set_num_threads(1)
-    torch.distributed.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank, world_size=WORLD)
-    try:
+    with gloo_group(rank, init_file, WORLD):
         g = torch.Generator().manual_seed(0)
         data = TensorDataset(torch.randn(32, D_IN, generator=g), torch.randn(32, 1, generator=g))
         torch.manual_seed(0)
@@ -50,10 +46,6 @@ def _worker(rank: int, init_file: str, out_dir: str) -> None:
         (Path(out_dir) / f"rank{rank}.json").write_text(json.dumps({"flops": flops.flops if flops else None}))
         t.close()
         del t
-    finally:
-        gc.collect()
-        torch.distributed.barrier()
-        torch.distributed.destroy_process_group()
 
 
 @pytest.mark.multiprocess

@@ -2,28 +2,24 @@
 
 from __future__ import annotations
 
-import gc
 import json
 from pathlib import Path
 from typing import Any
 
 import pytest
 import torch
-import torch.distributed
 import torch.multiprocessing as mp
 from torch.utils.data import DataLoader, TensorDataset
 
 import trainwright as tw
 from conftest import LinearReg
-from launch import use_gloo_env
+from launch import gloo_group, use_gloo_env
 
 WORLD = 2
 
 
 def _worker(rank: int, init_file: str, out_dir: str) -> None:
-    torch.set_num_threads(1)
-    torch.distributed.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank, world_size=WORLD)
-    try:
+    with gloo_group(rank, init_file, WORLD):
         g = torch.Generator().manual_seed(0)
         data = TensorDataset(torch.randn(40, 4, generator=g), torch.randn(40, 1, generator=g))
         # Rank 0's clock would hold lines for an hour, rank 1's writes each: the flushes are still agreed.
@@ -37,10 +33,6 @@ def _worker(rank: int, init_file: str, out_dir: str) -> None:
         t.close()
         del t  # the DDP wrapper must not outlive the process group
         (Path(out_dir) / f"rank{rank}.json").write_text(json.dumps(report))
-    finally:
-        gc.collect()
-        torch.distributed.barrier()
-        torch.distributed.destroy_process_group()
 
 
 @pytest.mark.multiprocess
