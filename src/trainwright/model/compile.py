@@ -68,7 +68,7 @@ def apply_compile(model: nn.Module, compile: bool | Mapping[str, Any] | None) ->
     if settings is None:
         return []
     regions, kwargs = settings
-    if kwargs.get("mode") in CUDA_GRAPH_MODES:
+    if uses_cuda_graphs(kwargs):
         kwargs.setdefault("fullgraph", True)
         device = next((p.device for p in model.parameters()), None)
         if device is not None and device.type != "cuda":

@@ -12,6 +12,7 @@ betas, weight decay) stay floats: scheduling them recompiles the step.
 
 from __future__ import annotations
 
+import warnings
 from collections.abc import Mapping
 from typing import Any
 
@@ -76,8 +77,6 @@ def _lr_tensor(group: Mapping[str, Any]) -> torch.Tensor | None:
     params = group["params"]
     device = params[0].device if params else torch.device("cpu")
     if group.get("foreach") and not group.get("capturable") and device.type == "cpu":
-        import warnings
-
         warnings.warn(
             "optim_wrapper compile=True with foreach=True on the CPU: torch accepts no tensor lr there, so each new lr value compiles the "
             "optimizer step again (a scheduled lr recompiles until torch's limit, then runs eagerly). Pass foreach=False to the optimizer.",
