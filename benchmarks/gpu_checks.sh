@@ -18,8 +18,12 @@ echo "== gpt2-small bf16 eager"
 timeout ${GPT_TIMEOUT:-120} $gpt --precision bf16-mixed --sides raw_eager,tw_eager --rounds 3 --json "$out/gpt_bf16_eager.json" 2>&1 | tail -6
 echo "== gpt2-small float8 eager"
 timeout ${GPT_TIMEOUT:-120} $gpt --precision float8 --sides raw_eager,tw_eager --rounds 3 --json "$out/gpt_float8_eager.json" 2>&1 | tail -6
-echo "== gpt2-small bf16 compiled (regional compile + compiled optimizer step)"
-timeout ${COMPILED_TIMEOUT:-200} $gpt --precision bf16-mixed --sides raw_compiled,tw_compiled --rounds 1 --json "$out/gpt_bf16_compiled.json" 2>&1 | tail -6
+echo "== gpt2-small bf16 compiled (regional compile + compiled optimizer step; recompiles and graph breaks in compiled_logs.txt)"
+TORCH_LOGS=recompiles,graph_breaks timeout ${COMPILED_TIMEOUT:-200} $gpt --precision bf16-mixed --sides raw_eager,raw_compiled,tw_compiled --rounds 1 \
+    --json "$out/gpt_bf16_compiled.json" 2>"$out/compiled_logs.txt" | tail -8
+grep -c "Recompiling function" "$out/compiled_logs.txt"
+echo "== gpt2-small float8 compiled"
+timeout ${COMPILED_TIMEOUT:-200} $gpt --precision float8 --sides raw_compiled,tw_compiled --rounds 1 --json "$out/gpt_float8_compiled.json" 2>&1 | tail -6
 if [ -z "${SKIP_QUICK:-}" ]; then
     echo "== quick suite on a GPU machine (unmarked tests run as on a CPU-only one)"
     timeout 300 $py -m pytest -q -n 12 -m "not slow and not multiprocess and not cuda" -p no:cacheprovider tests 2>&1 | tee "$out/quick.log" | grep -E "FAILED|passed|failed" | tail -15
