@@ -35,7 +35,9 @@ from trainwright.logging.metric_store import MetricStore
 
 if TYPE_CHECKING:
     from trainwright.data.loader import ResumableLoader
-    from trainwright.trainer.trainer import Trainer
+
+#: The Trainer (this layer sits below it: typed by what is used).
+Trainer = Any
 
 __all__ = ["Finding", "Watch", "explain_nonfinite"]
 

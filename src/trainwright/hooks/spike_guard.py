@@ -40,27 +40,19 @@ class SpikeGuardHook(Hook):
         self.guard = guard
         self._captured: dict[str, Any] | None = None  # the in-memory checkpoint (capture_every)
         self._captured_at = -1
-        self._trainer: TrainerView | None = None
 
     # -- set-up -------------------------------------------------------------------------------
     def before_train(self, trainer: TrainerView) -> None:  # noqa: D102
         g = self.guard
-        self._trainer = trainer
         g.iteration = lambda: trainer.progress.iteration + 1
-        g.log = self._on_spike
-        trainer.metric_store.update_scalar("spike_skipped", g.skipped, trainer.progress.iteration)
+        g.log = trainer.logger.warning
+        store = trainer.metric_store
+        g.count = lambda it, n: store.update_scalar("spike_skipped", n, it)  # a list append per step: every record carries the count
         if g.action == "rollback" and g.capture_every is not None:
             self._capture(trainer)
 
     def train_iter_interval(self, trainer: TrainerView) -> int:  # noqa: D102
         return 1 if self.guard.action == "rollback" else 0
-
-    def _on_spike(self, message: str) -> None:
-        t = self._trainer
-        if t is None:
-            return
-        t.logger.warning(message)
-        t.metric_store.update_scalar("spike_skipped", self.guard.skipped, t.progress.iteration + 1)
 
     def _capture(self, trainer: TrainerView) -> None:
         self._captured = trainer.checkpoints.capture()
@@ -98,7 +90,6 @@ class SpikeGuardHook(Hook):
             source = str(found[0])
         s = trainer.progress.iteration
         g.rollbacks, g.skipped, g.skip_through, g.last = rollbacks, skipped, k, None  # the restore put back the guard's state of iteration s
-        trainer.metric_store.update_scalar("spike_skipped", g.skipped, s)
         trainer.logger.warning(
             f"spike_guard rolled back to iteration {s} ({source}) after the loss spike at iteration {k}: iterations {s + 1}..{k} run again without "
             f"updates (their batches skipped), training goes on from iteration {k + 1} (rollback {rollbacks} of at most {g.max_rollbacks})"

@@ -84,6 +84,8 @@ class SpikeGuard:
         self.iteration: Callable[[], int] = lambda: 0
         #: Called with the message of each spike (the trainer's logger).
         self.log: Callable[[str], None] = lambda msg: None
+        #: Called at every judged step with ``(iteration, skipped)`` (the hook records ``spike_skipped`` for the log records).
+        self.count: Callable[[int, int], None] = lambda it, n: None
 
     @classmethod
     def build(cls, cfg: SpikeGuard | Mapping[str, Any] | None) -> SpikeGuard | None:
@@ -118,6 +120,7 @@ class SpikeGuard:
         A non-finite loss is neither judged nor remembered (``nonfinite_loss`` decides about it).
         """
         it = self.iteration()
+        self.count(it, self.skipped)
         if it <= self.skip_through:
             return True
         value = float(loss.detach().float().mean())
@@ -130,6 +133,7 @@ class SpikeGuard:
             med = _median(sorted(self.losses))
             self.last = (it, value, med, limit)
             self.skipped += 1
+            self.count(it, self.skipped)
             self.log(
                 f"Loss spike at iteration {it}: loss {value:.6g} > {limit:.6g} (median {med:.6g} + {self.threshold:g} robust deviations "
                 f"over the last {len(self.losses)} losses): " + ("its update is skipped" if self.action == "skip" else "rolling back")
