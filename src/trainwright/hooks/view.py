@@ -36,6 +36,9 @@ class TrainLoopView(Protocol):
     def val_due(self) -> bool:
         """Whether validation runs right after the current iteration's / epoch's hooks."""
 
+    def request_restart(self) -> None:
+        """After this iteration, go on from the position ``progress`` holds now (a hook restored an earlier state: the spike guard's rollback)."""
+
 
 class EvalLoopView(Protocol):
     """What hooks read of a validation / test loop."""

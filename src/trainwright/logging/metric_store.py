@@ -66,6 +66,9 @@ class MetricStore:
         self._untimed_to = 0  # iterations up to this one get no data_time / time (the timer's warm-up)
         #: Whether gradient clipping is on (the trainer sets it; read when a NaN is raised, whose advice depends on it).
         self.clipping: Callable[[], bool] = lambda: False
+        #: Where the non-finite loss of an iteration came from, as text for the error (the trainer sets it: a replay,
+        #: :func:`trainwright.diagnose.explain_nonfinite`); called only when the error is raised. None: not explained.
+        self.explain: Callable[[int], str] | None = None
 
     # -- recording --------------------------------------------------------------------------
     def record(self, iteration: int, outputs: Mapping[str, Any], t_start: float | None, t_end: float | None) -> None:
@@ -201,12 +204,13 @@ class MetricStore:
                 "check the data for NaN/Inf, or pass nonfinite_loss='skip' to the Trainer to skip such steps."
             )
         it = bad.iteration
+        fixes = (self.explain(it) + " " if self.explain is not None else " ") + fixes  # every process (the same path): each replays its own batch
         # the first bad iteration and the rank(s) that saw it, the same on every process
         where = f"at iteration {it}" + (f" on rank{'s' * (len(bad.ranks) > 1)} {', '.join(map(str, bad.ranks))}" if bad.ranks else "")
         if batch.bad is None or batch.bad[0] != it:
-            raise FloatingPointError(f"Loss became infinite or NaN {where}; that process's error names its losses. {fixes}")
+            raise FloatingPointError(f"Loss became infinite or NaN {where}; that process's error names its losses.{fixes}")
         losses = {name: v for name, (iters, vals) in batch.local.items() for i, v in zip(iters, vals) if i == it}
-        raise FloatingPointError(f"Loss became infinite or NaN {where}: {losses}. {fixes}")
+        raise FloatingPointError(f"Loss became infinite or NaN {where}: {losses}.{fixes}")
 
     # -- reading ----------------------------------------------------------------------------
     def get(self, name: str) -> HistoryBuffer:

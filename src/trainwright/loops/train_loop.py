@@ -33,6 +33,8 @@ class _TrainLoopBase:
     by_epoch: bool
     #: The context of the current (or last) run, set by ``run(ctx)``; :meth:`val_due` reads it.
     ctx: LoopContext | None = None
+    #: A hook restored an earlier state: after this iteration the loop goes on from ``progress`` (:meth:`request_restart`).
+    restart_requested = False
 
     def __init__(self, dataloader: ResumableLoader, val_begin: int = 1, val_interval: int = 1, gather_metric_period: int = 1) -> None:
         if len(dataloader) == 0:
@@ -57,6 +59,26 @@ class _TrainLoopBase:
     def val_due(self) -> bool:
         """Whether validation runs right after the current iteration's / epoch's hooks."""
         raise NotImplementedError
+
+    def request_restart(self) -> None:
+        """Go on from the position ``progress`` holds now, after this iteration's hooks (the spike guard's rollback restored an earlier checkpoint).
+
+        The requester also sets ``should_stop`` so the loop leaves the loader's pass; the loop
+        then clears it (unless a stop was agreed meanwhile), rebuilds the hooks' schedule
+        from the restored iteration and iterates the loader from its restored position.
+        """
+        self.restart_requested = True
+
+    def _restarted(self, ctx: LoopContext) -> bool:
+        """Whether the loop goes on after a stop because a restart was requested (and no stop was agreed)."""
+        if not self.restart_requested:
+            return False
+        self.restart_requested = False
+        if ctx.metric_store.agreement.stop or ctx.view.preempted:
+            return False
+        ctx.view.should_stop = False
+        ctx.hooks.refresh(ctx.view, self.max_iters, self._periodic(ctx))
+        return True
 
     def _start(self, ctx: LoopContext) -> None:
         """``before_train``, then the hooks' per-iteration schedule for this run."""
@@ -158,6 +180,8 @@ class EpochBasedTrainLoop(_TrainLoopBase):
         while ctx.progress.epoch < self.max_epochs and not view.should_stop:
             self.run_epoch(ctx)
             if view.should_stop:
+                if self._restarted(ctx):
+                    continue
                 break
             if ctx.validate is not None and self.val_due():
                 ctx.validate()
@@ -219,6 +243,8 @@ class IterBasedTrainLoop(_TrainLoopBase):
             if not self._run_iters(ctx, self._max_iters, ctx.validate is not None):
                 progress.epoch += 1  # a pass over the data ended (the loader closed its epoch too)
                 progress.iter_in_epoch = 0
+            elif view.should_stop and self._restarted(ctx):
+                ctx.optim_wrapper.initialize_count_status(ctx.model, progress.iteration, self._max_iters)
         ctx.metric_store.flush()
         ctx.hooks.call("after_train_epoch", view)
         self._finish(ctx)

@@ -22,6 +22,7 @@ from torch import nn
 from trainwright.amp.precision import MixedPrecision, Precision
 from trainwright.optim.compiled_step import CompiledStep, compile_step
 from trainwright.optim.engine import LOCAL, ClipFn, NoSyncContext, UpdateEngine
+from trainwright.optim.spike_guard import SpikeGuard
 from trainwright.registry import OPTIM_WRAPPERS, check_keys
 
 _NULL = contextlib.nullcontext()
@@ -119,6 +120,9 @@ class OptimWrapper:
         grad_norm: Total gradient norm of the last clipped step (a tensor), or None.
         skipped_steps: Micro-batches skipped for a non-finite loss.
         skip_nonfinite: See above; may be switched at any time.
+        spike_guard: A :class:`~trainwright.optim.spike_guard.SpikeGuard` asked before each
+            backward (None: not asked; ``update_params`` is then the plain path). A spike's
+            whole accumulation window is not stepped.
         context_free: Read-only. True when :meth:`optim_context` is a no-op (full precision,
             and no gradient sync to suppress or ``accumulative_counts=1``).
 
@@ -149,6 +153,8 @@ class OptimWrapper:
         self.grad_norm: torch.Tensor | None = None
         self.skipped_steps = 0
         self._spent_loss: torch.Tensor | None = None  # the last back-propagated loss, kept until the next one (see backward)
+        self._spike_guard: SpikeGuard | None = None
+        self._skip_window = False  # the spike guard skips the current accumulation window's step
         # Position in the current span (see initialize_count_status).
         self._inner_count = 0
         self._max_counts = -1
@@ -224,6 +230,21 @@ class OptimWrapper:
         no_window = self._no_sync_context is None or self._accumulative_counts == 1
         self.context_free = no_window and not self._precision.autocasts and type(self).optim_context is OptimWrapper.optim_context
 
+    @property
+    def spike_guard(self) -> SpikeGuard | None:
+        """The loss-spike guard asked before each backward, or None; assigning it chooses :meth:`update_params` once."""
+        return self._spike_guard
+
+    @spike_guard.setter
+    def spike_guard(self, value: SpikeGuard | None) -> None:
+        if value is not None and not isinstance(value, SpikeGuard):
+            raise TypeError(f"spike_guard must be a trainwright SpikeGuard or None, got {type(value).__name__}; pass Trainer(spike_guard=dict(...))")
+        self._spike_guard = value
+        if value is None:
+            self.__dict__.pop("update_params", None)  # the class's plain path
+        else:
+            self.update_params = self._guarded_update_params  # type: ignore[method-assign]
+
     # -- the step -------------------------------------------------------------------------
     def update_params(self, loss: torch.Tensor, step_kwargs: dict | None = None, zero_kwargs: dict | None = None) -> None:
         """``scale_loss`` → ``backward`` → if ``should_update()``: ``step`` → ``zero_grad``.
@@ -234,6 +255,26 @@ class OptimWrapper:
         self.backward(self.scale_loss(loss))
         if self.should_update():
             self.step(**(step_kwargs or {}))
+            self.zero_grad(**(zero_kwargs or {}))
+
+    def _guarded_update_params(self, loss: torch.Tensor, step_kwargs: dict | None = None, zero_kwargs: dict | None = None) -> None:
+        """:meth:`update_params` with the spike guard: a spike's micro-batch is counted, not back-propagated, and its window not stepped.
+
+        The guard's answer is the same on every rank (it judges the largest loss over them), so
+        no rank back-propagates (and all-reduces gradients) while another skips.
+        """
+        guard = self._spike_guard
+        assert guard is not None
+        if guard.check(loss):
+            self._skip_window = True
+            self._inner_count += 1
+        else:
+            self.backward(self.scale_loss(loss))
+        if self.should_update():
+            if self._skip_window:
+                self._skip_window = False
+            else:
+                self.step(**(step_kwargs or {}))
             self.zero_grad(**(zero_kwargs or {}))
 
     def scale_loss(self, loss: torch.Tensor) -> torch.Tensor:
@@ -388,6 +429,8 @@ class OptimWrapper:
             state["base_param_settings"] = {k: v for k, v in self.base_param_settings.items() if k != "params"}
         if not self.should_update():
             state["partial_grads"] = [None if p.grad is None else p.grad.detach().clone() for p in _live_params(self.optimizer)]
+            if self._skip_window:
+                state["skip_window"] = True  # the spike guard skips this window's step
         return state
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
@@ -415,12 +458,20 @@ class OptimWrapper:
         if grads is not None:
             for p, g in zip(params, grads):
                 p.grad = None if g is None else g.to(device=p.device, dtype=p.dtype).clone()
+        self._skip_window = bool(state.get("skip_window", False))
 
     def __getstate__(self) -> dict[str, Any]:
         """Pickle / deepcopy without the spent loss kept by :meth:`backward` (a graph, not state; autograd cannot copy it)."""
         state = self.__dict__.copy()
         state["_spent_loss"] = None
+        state.pop("update_params", None)  # the guarded path is chosen again from _spike_guard
         return state
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        """Unpickle / deepcopy: the update path chosen again from the spike guard."""
+        self.__dict__.update(state)
+        if state.get("_spike_guard") is not None:
+            self.update_params = self._guarded_update_params  # type: ignore[method-assign]
 
     def __repr__(self) -> str:
         compiled = "" if self.compiled_step is None else ", compile=True"

@@ -17,6 +17,7 @@ from trainwright.optim.builder import build_optim_wrapper, loop_precision
 from trainwright.optim.optim_wrapper_dict import optim_wrappers_of
 from trainwright.optim.scheduler.base import INF
 from trainwright.optim.scheduler.builder import flatten_schedulers
+from trainwright.optim.spike_guard import SpikeGuard
 
 if TYPE_CHECKING:
     from trainwright.trainer.trainer import Trainer
@@ -38,7 +39,7 @@ class TrainParts(NamedTuple):
 
 def build_train(
     trainer: Trainer, train_cfg: Mapping[str, Any], loader_cfg: Any, optim_cfg: Any, scheduler_cfg: Any, *,
-    model: nn.Module, precision: Precision, seed: int, skip_nonfinite: bool,
+    model: nn.Module, precision: Precision, seed: int, skip_nonfinite: bool, spike_guard: SpikeGuard | None = None,
 ) -> TrainParts:
     """The resumable train loader, the optim wrapper over ``model``, the train loop and the param schedulers.
 
@@ -78,6 +79,8 @@ def build_train(
     if skip_nonfinite:
         for ow in optim_wrappers_of(optim_wrapper).values():
             ow.skip_nonfinite = True
+    if spike_guard is not None:
+        _attach_spike_guard(trainer, optim_wrapper, spike_guard)
     loop: EpochBasedTrainLoop | IterBasedTrainLoop
     if by_epoch:
         if "max_epochs" not in cfg:
@@ -98,6 +101,26 @@ def build_train(
         if not loop.by_epoch:
             _warn_epoch_schedulers(schedulers)
     return TrainParts(optim_wrapper, precision, loop, schedulers)
+
+
+def _attach_spike_guard(trainer: Trainer, optim_wrapper: Any, guard: SpikeGuard) -> None:
+    """Give the run's one optim wrapper the guard; a rollback needs something to roll back to (checked before training starts)."""
+    wrappers = optim_wrappers_of(optim_wrapper)
+    if len(wrappers) != 1:
+        raise ValueError(
+            f"spike_guard judges the loss of one optim wrapper; this run has {len(wrappers)} ({sorted(wrappers)}). "
+            "Drop spike_guard, or use one optim wrapper."
+        )
+    if guard.action == "rollback" and guard.capture_every is None:
+        ckpt = trainer.hooks.get("CheckpointHook")
+        if ckpt is None or getattr(ckpt, "interval", 1) <= 0:
+            raise ValueError(
+                "spike_guard action='rollback' has no checkpoint to roll back to: "
+                + ("there is no CheckpointHook (default_hooks checkpoint=None)" if ckpt is None else "the CheckpointHook saves no periodic checkpoints (interval <= 0)")
+                + ". Keep one (e.g. default_hooks=dict(checkpoint=dict(interval=500, by_epoch=False))), or keep one in memory with "
+                "spike_guard=dict(action='rollback', capture_every=500), or use action='skip'."
+            )
+    next(iter(wrappers.values())).spike_guard = guard
 
 
 def _warn_epoch_schedulers(schedulers: Any) -> None:

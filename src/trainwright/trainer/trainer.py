@@ -33,6 +33,7 @@ from trainwright.registry import MODELS, check_keys
 from trainwright.strategies import build_strategy
 from trainwright.strategies.process_group import ProcessGroupStrategy
 from trainwright.optim.builder import run_precision
+from trainwright.optim.spike_guard import SpikeGuard
 from trainwright.optim.optim_wrapper_dict import optim_wrappers_of
 from trainwright.trainer.env_cfg import apply_env_cfg
 from trainwright.trainer.build import EVAL_CFG_KEYS, TRAIN_CFG_KEYS, build_eval_loop, build_train
@@ -94,6 +95,11 @@ class Trainer:
         env_cfg: mmengine's ``dict(cudnn_benchmark=..., mp_cfg=dict(mp_start_method=...,
             opencv_num_threads=...), dist_cfg=dict(backend=..., timeout=...))`` (see
             :mod:`trainwright.trainer.env_cfg`).
+        spike_guard: Skip the update of a loss spike, or roll back to the last checkpoint:
+            ``dict(window=200, threshold=6.0, action="skip" | "rollback", max_rollbacks=3,
+            capture_every=None)`` (see :class:`~trainwright.optim.spike_guard.SpikeGuard`,
+            docs/diagnose.md). Costs one host read of the loss per step (and under several
+            processes one small all-gather); None (default): the step path is unchanged.
     """
 
     def __init__(
@@ -126,12 +132,15 @@ class Trainer:
         writers_fail: str = "warn",
         hook_timing: bool | None = None,
         env_cfg: Mapping[str, Any] | None = None,
+        spike_guard: Mapping[str, Any] | SpikeGuard | None = None,
     ) -> None:
         # read before the Trainer seeds: whether a model given built was drawn from an unseeded generator
         built_unseeded = not isinstance(model, Mapping) and not _torch_seeded()
         if nonfinite_loss not in ("raise", "skip"):
             raise ValueError(f"nonfinite_loss must be 'raise' or 'skip', got {nonfinite_loss!r}")
         Writers(fail=writers_fail)  # checks the value before anything is created
+        #: The loss-spike guard (``spike_guard=``), or None; checked before anything is created.
+        self.spike_guard = SpikeGuard.build(spike_guard)
         self.train_cfg = dict(train_cfg or {})
         check_keys("train_cfg", self.train_cfg, TRAIN_CFG_KEYS)
         self.val_cfg = dict(val_cfg or {})
@@ -172,6 +181,7 @@ class Trainer:
         self.agreement = Agreement(self.strategy.all_gather if self.strategy.world_size > 1 else None)
         self.metric_store = MetricStore(raise_on_nonfinite=nonfinite_loss == "raise", agreement=self.agreement)
         self.metric_store.clipping = lambda: any(getattr(ow, "clip_grad", None) for ow in optim_wrappers_of(self.optim_wrapper).values())  # the NaN error's advice
+        self.metric_store.explain = partial(_explain_nonfinite, self)  # the NaN error names where it came from (a replay, only then)
         #: mmengine's message hub: the run's facts read live, the logged scalars, and what hooks and models write (checkpointed).
         self.message_hub = MessageHub(self.experiment_name, live={
             "epoch": lambda: self.progress.epoch, "iter": lambda: self.progress.iteration, "max_iters": lambda: self.max_iters,
@@ -186,6 +196,7 @@ class Trainer:
             strategy=self.strategy.name, world_size=self.strategy.world_size, seed=self.seed, randomness=randomness, compile=compile,
             activation_checkpointing=activation_checkpointing,
             resume=resume, load_from=load_from, nonfinite_loss=nonfinite_loss,
+            **({"spike_guard": spike_guard} if spike_guard is not None else {}),
         ))
         #: The trainer's settings as plain values (written to the writers and into every checkpoint's ``meta``).
         self.config: dict[str, Any] = config
@@ -194,6 +205,11 @@ class Trainer:
         self.should_stop = False
         self.preempted = False  # set by the PreemptionHook when a stop signal ended training
         self.hooks = HookList(build_hooks(default_hooks, custom_hooks), timer=HookTimer() if hook_timing is not False else None)
+        if self.spike_guard is not None:
+            from trainwright.hooks.spike_guard import SpikeGuardHook
+
+            self.spike_guard.gather = self.strategy.all_gather if self.strategy.world_size > 1 else None
+            self.hooks.add(SpikeGuardHook(self.spike_guard))
         self._hook_table_level = logging.INFO if hook_timing else logging.DEBUG  # the table after train(): asked for, or the debug level
         self._compile = compile
         self._activation_checkpointing = [activation_checkpointing] if isinstance(activation_checkpointing, (str, type)) else list(activation_checkpointing or ())
@@ -283,6 +299,7 @@ class Trainer:
         parts = build_train(
             self, self.train_cfg, self._train_loader_cfg, self._optim_cfg, self._scheduler_cfg,
             model=self.unwrapped_base, precision=self.strategy.precision, seed=self.seed, skip_nonfinite=self.nonfinite_loss == "skip",
+            spike_guard=self.spike_guard,
         )
         self.optim_wrapper, self.strategy.precision, self.train_loop, self.param_schedulers = parts
         self.strategy.setup_optim_wrapper(self.optim_wrapper)
@@ -625,6 +642,13 @@ class Trainer:
             self.model = self.unwrapped_base  # drop the distributed wrapper before the strategy leaves its process group
             self._prepared = False
         self.strategy.teardown()
+
+
+def _explain_nonfinite(trainer: Trainer, iteration: int) -> str:
+    """Where the non-finite loss of ``iteration`` came from (:func:`trainwright.diagnose.explain_nonfinite`), imported when first needed."""
+    from trainwright.diagnose import explain_nonfinite
+
+    return explain_nonfinite(trainer, iteration)
 
 
 def _torch_seeded() -> bool:

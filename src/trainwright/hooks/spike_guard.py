@@ -1,0 +1,109 @@
+"""SpikeGuardHook: the run-level half of the loss-spike guard (its log line and counter, rollbacks).
+
+The :class:`~trainwright.optim.spike_guard.SpikeGuard` decides inside the optim wrapper's
+update whether a loss is a spike (its window is not stepped). This hook, built by the trainer
+for ``Trainer(spike_guard=...)``, logs each spike and records ``spike_skipped`` in the log
+records; with ``action="rollback"`` it keeps the checkpoint to go back to (in memory every
+``capture_every`` iterations, else the latest one on disk), puts the run back there after a
+spike and has the loop go on from there, the updates up to the spike skipped. See docs/diagnose.md.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from trainwright.hooks.hook import Hook
+from trainwright.optim.spike_guard import SpikeGuard
+
+if TYPE_CHECKING:
+    from trainwright.hooks.view import TrainerView
+
+
+class SpikeRollbackError(RuntimeError):
+    """The spike guard rolled back ``max_rollbacks`` times and met another spike (raised on every rank at the same iteration)."""
+
+    #: The guard's decision is the same on every rank: the ranks stay together.
+    raised_on_every_rank = True
+
+
+class SpikeGuardHook(Hook):
+    """Logs the guard's spikes, counts them in the records and carries out ``action="rollback"``.
+
+    Args:
+        guard: The optim wrapper's guard.
+    """
+
+    priority = "LOWEST"  # a rollback comes after every other hook of the spike's iteration (its checkpoint included)
+
+    def __init__(self, guard: SpikeGuard) -> None:
+        self.guard = guard
+        self._captured: dict[str, Any] | None = None  # the in-memory checkpoint (capture_every)
+        self._captured_at = -1
+
+    # -- set-up -------------------------------------------------------------------------------
+    def before_train(self, trainer: TrainerView) -> None:  # noqa: D102
+        g = self.guard
+        g.iteration = lambda: trainer.progress.iteration + 1
+        g.log = trainer.logger.warning
+        store = trainer.metric_store
+        g.count = lambda it, n: store.update_scalar("spike_skipped", n, it)  # a list append per step: every record carries the count
+        if g.action == "rollback" and g.capture_every is not None:
+            self._capture(trainer)
+
+    def train_iter_interval(self, trainer: TrainerView) -> int:  # noqa: D102
+        return 1 if self.guard.action == "rollback" else 0
+
+    def _capture(self, trainer: TrainerView) -> None:
+        self._captured = trainer.checkpoints.capture()
+        self._captured_at = trainer.progress.iteration
+
+    # -- rollback -----------------------------------------------------------------------------
+    def after_train_iter(self, trainer: TrainerView, batch_idx: int, data_batch: Any = None, outputs: dict | None = None) -> None:  # noqa: D102
+        g, it = self.guard, trainer.progress.iteration
+        if g.last is not None and g.last[0] == it:
+            self._roll_back(trainer, it)
+        elif g.capture_every is not None and it % g.capture_every == 0:
+            self._capture(trainer)
+
+    def _roll_back(self, trainer: TrainerView, k: int) -> None:
+        g = self.guard
+        assert g.last is not None
+        _, loss, med, limit = g.last
+        if g.rollbacks >= g.max_rollbacks:
+            raise SpikeRollbackError(
+                f"Loss spike at iteration {k} (loss {loss:.6g} > {limit:.6g}, median {med:.6g}) after {g.rollbacks} rollback(s): spike_guard "
+                f"max_rollbacks={g.max_rollbacks} is spent. The run is unstable at this point: lower the learning rate, raise the warm-up, "
+                "enable gradient clipping or check the data around these iterations; or raise max_rollbacks / threshold."
+            )
+        rollbacks, skipped = g.rollbacks + 1, g.skipped
+        if self._captured is not None:
+            trainer.checkpoints.restore(self._captured, Path("<memory>"))
+            source = f"the in-memory checkpoint of iteration {self._captured_at}"
+        else:
+            found = trainer.checkpoints.find_and_restore()
+            if found is None:
+                raise RuntimeError(
+                    f"Loss spike at iteration {k}: spike_guard action='rollback' found no checkpoint in {trainer.checkpoints.ckpt_dir} to roll back to "
+                    "(none was saved yet). Save earlier (a smaller CheckpointHook interval), keep one in memory with capture_every=N, or use action='skip'."
+                )
+            source = str(found[0])
+        s = trainer.progress.iteration
+        g.rollbacks, g.skipped, g.skip_through, g.last = rollbacks, skipped, k, None  # the restore put back the guard's state of iteration s
+        trainer.logger.warning(
+            f"spike_guard rolled back to iteration {s} ({source}) after the loss spike at iteration {k}: iterations {s + 1}..{k} run again without "
+            f"updates (their batches skipped), training goes on from iteration {k + 1} (rollback {rollbacks} of at most {g.max_rollbacks})"
+        )
+        loop = trainer.train_loop
+        assert loop is not None
+        loop.request_restart()
+        trainer.should_stop = True  # leave the loader's pass: the loop goes on from the restored position
+
+    # -- state --------------------------------------------------------------------------------
+    def state_dict(self) -> dict[str, Any]:
+        """The guard's recent losses and counters (an exact resume judges the next loss as the uninterrupted run would)."""
+        return self.guard.state_dict()
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Restore :meth:`state_dict`."""
+        self.guard.load_state_dict(state)

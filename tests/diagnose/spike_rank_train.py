@@ -1,0 +1,60 @@
+"""A loss spike on rank 1 only of a 2-process DDP run (torchrun, gloo): the worker of tests/diagnose/test_spike_guard_gloo.py.
+
+Usage: spike_rank_train.py OUT_DIR
+64 samples, batch 4 per rank, shuffle=False: rank r's batch b holds samples 8b + 2j + r. The
+targets of rank 1's batch 5 (iteration 6 of each epoch) are 1e4. Each rank writes its final
+weights and its guard's counters to OUT_DIR/rank<r>.pt.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+from torch.utils.data import TensorDataset
+
+import trainwright as tw
+
+RANK = int(os.environ.get("RANK", 0))
+
+
+class Reg(tw.BaseModel):
+    def __init__(self) -> None:
+        super().__init__()
+        torch.manual_seed(0)
+        self.linear = nn.Linear(4, 1)
+
+    def forward(self, x, y=None, mode="tensor"):
+        out = self.linear(x)
+        return {"loss": F.mse_loss(out, y)} if mode == "loss" else out
+
+
+def data() -> TensorDataset:
+    g = torch.Generator().manual_seed(3)
+    x = torch.randn(64, 4, generator=g)
+    y = x @ torch.randn(4, 1, generator=g) + 0.1 * torch.randn(64, 1, generator=g)
+    y[[8 * 5 + 2 * j + 1 for j in range(4)]] = 1e4  # rank 1's batch 5
+    return TensorDataset(x, y)
+
+
+def main() -> None:
+    out = Path(sys.argv[1])
+    out.mkdir(parents=True, exist_ok=True)
+    t = tw.Trainer(
+        model=Reg(), work_dir=out / "work", experiment_name="run", strategy="ddp",
+        train_dataloader=dict(dataset=data(), batch_size=4, shuffle=False),
+        optim_wrapper=dict(optimizer=dict(type="SGD", lr=0.02, momentum=0.9)), train_cfg=dict(by_epoch=True, max_epochs=2),
+        default_hooks=dict(logger=dict(interval=4), checkpoint=None), randomness=dict(seed=0), log_level="WARNING",
+        spike_guard=dict(window=4, threshold=6.0, action="skip", min_history=4),
+    )
+    with t:
+        model = t.train()
+        torch.save({"params": [p.detach().clone() for p in model.parameters()], "skipped": t.spike_guard.skipped}, out / f"rank{RANK}.pt")
+
+
+if __name__ == "__main__":
+    main()
