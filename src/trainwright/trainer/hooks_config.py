@@ -6,6 +6,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 import trainwright.hooks.flops  # noqa: F401 - registers FlopsHook
+import trainwright.hooks.norms  # noqa: F401 - registers NormsHook
 import trainwright.hooks.preemption  # noqa: F401 - registers PreemptionHook
 import trainwright.hooks.progress_bar  # noqa: F401 - registers ProgressBarHook
 import trainwright.hooks.runtime_info  # noqa: F401 - registers RuntimeInfoHook
@@ -25,12 +26,18 @@ DEFAULT_HOOKS: dict[str, dict[str, Any]] = {
     "progress_bar": dict(type="ProgressBarHook"),
 }
 
+#: Stock hooks a trainer has only when named in ``default_hooks`` (``dict(norms=dict(interval=100))``).
+OPTIONAL_HOOKS: dict[str, dict[str, Any]] = {
+    "norms": dict(type="NormsHook"),
+}
+
 
 def build_hooks(default_hooks: Mapping[str, Any] | None, custom_hooks: Sequence[Any] | None) -> list[Hook]:
     """Merge user settings into the stock hooks and build everything.
 
     ``default_hooks`` maps a stock name to: a dict of arguments (merged into the default;
-    with ``type`` it replaces the hook), a Hook object, or None (disabled). Unknown names
+    with ``type`` it replaces the hook), a Hook object, or None (disabled). The names of
+    :data:`OPTIONAL_HOOKS` are off until given a dict (``norms=dict()``: its defaults). Unknown names
     are added as extra hooks only if they carry a ``type``.
     """
     merged: dict[str, Any] = {k: dict(v) for k, v in DEFAULT_HOOKS.items()}
@@ -40,10 +47,12 @@ def build_hooks(default_hooks: Mapping[str, Any] | None, custom_hooks: Sequence[
         elif isinstance(value, Mapping):
             if name in merged and merged[name] is not None and "type" not in value:
                 merged[name] = {**merged[name], **value}
+            elif name in OPTIONAL_HOOKS and "type" not in value:  # switched on by naming it
+                merged[name] = {**OPTIONAL_HOOKS[name], **value}
             elif "type" in value:
                 merged[name] = dict(value)
             else:
-                raise KeyError(f"Unknown default hook {name!r}.{did_you_mean(name, list(DEFAULT_HOOKS))} Stock hooks: {list(DEFAULT_HOOKS)}; to add another hook give it a 'type' or use custom_hooks")
+                raise KeyError(f"Unknown default hook {name!r}.{did_you_mean(name, [*DEFAULT_HOOKS, *OPTIONAL_HOOKS])} Stock hooks: {list(DEFAULT_HOOKS)}, off unless named: {list(OPTIONAL_HOOKS)}; to add another hook give it a 'type' or use custom_hooks")
         else:
             raise TypeError(f"default_hooks[{name!r}] must be a dict, a Hook or None, got {type(value).__name__}")
     hooks = [build_hook(v) for v in merged.values() if v is not None]
