@@ -108,7 +108,8 @@ def test_peak_cuda_memory_is_logged_on_gpu(trainer_factory: Any) -> None:
     t.train()
     for r in train_records(t.run_dir):
         assert r["max_memory_mb"] > 0
-    assert train_records(t.run_dir)[-1]["max_memory_mb"] <= torch.cuda.max_memory_allocated() / 2**20
+    weights = sum(p.numel() * p.element_size() for p in t.unwrapped_model.parameters()) / 2**20
+    assert all(r["max_memory_mb"] >= weights for r in train_records(t.run_dir))  # each line's own peak holds at least the weights
 
 
 def test_batch_size_and_token_rules() -> None:

@@ -8,6 +8,7 @@ from trainwright.hooks.flops import FlopsHook
 from trainwright.hooks.hook import EVENTS, Hook
 from trainwright.hooks.iter_timer import IterTimerHook
 from trainwright.hooks.logger import LoggerHook
+from trainwright.hooks.memory import MemorySnapshotHook
 from trainwright.hooks.norms import NormsHook
 from trainwright.hooks.param_scheduler import ParamSchedulerHook
 from trainwright.hooks.preemption import PreemptionHook
@@ -16,4 +17,4 @@ from trainwright.hooks.progress_bar import ProgressBarHook
 from trainwright.hooks.runtime_info import RuntimeInfoHook
 from trainwright.hooks.sampler_seed import DistSamplerSeedHook
 
-__all__ = ["Hook", "HookList", "EVENTS", "CheckpointHook", "IterTimerHook", "LoggerHook", "ParamSchedulerHook", "DistSamplerSeedHook", "EMAHook", "EarlyStoppingHook", "FlopsHook", "PreemptionHook", "ProfilerHook", "ProgressBarHook", "RuntimeInfoHook", "NormsHook"]
+__all__ = ["Hook", "HookList", "EVENTS", "CheckpointHook", "IterTimerHook", "LoggerHook", "ParamSchedulerHook", "DistSamplerSeedHook", "EMAHook", "EarlyStoppingHook", "FlopsHook", "PreemptionHook", "ProfilerHook", "ProgressBarHook", "RuntimeInfoHook", "NormsHook", "MemorySnapshotHook"]

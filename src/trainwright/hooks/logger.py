@@ -15,9 +15,9 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
-import torch
 
 from trainwright.hooks.hook import EveryInEpoch, Hook
+from trainwright.hooks.memory import PhasePeaks
 from trainwright.hooks.view import require_train_loop
 from trainwright.logging.lines import CustomStat, LineRequest
 from trainwright.logging.throughput import batch_size, num_tokens, tokens_counter
@@ -39,8 +39,12 @@ class LoggerHook(Hook):
     iteration's batch × processes / mean iteration time), ``tokens_per_s`` when the model
     (its ``count_tokens(data_batch)`` method) or the batch says how many tokens it holds (see
     :mod:`trainwright.logging.throughput`), ``tflops`` / ``mfu`` when the ``flops`` hook
-    counted an iteration (see :class:`~trainwright.hooks.flops.FlopsHook`) and, on CUDA,
-    ``max_memory_mb`` (``torch.cuda.max_memory_allocated`` of this process's device, MiB).
+    counted an iteration (see :class:`~trainwright.hooks.flops.FlopsHook`) and, on a device
+    whose allocator reports a peak (CUDA, ``torch.accelerator`` devices), ``max_memory_mb``:
+    the peak memory allocated during the line's training iterations (MiB; validation and
+    checkpoint saves left out: see :class:`~trainwright.hooks.memory.PhasePeaks`). Validation
+    and test records carry the pass's own ``max_memory_mb``; a checkpoint save's peak is
+    logged as a message when the phase after it starts (validation, the next epoch, the end).
     The writers of ``trainer.writers`` show it (the console adds the ETA) or store it.
 
     The run's last iteration always gets a line (iteration-based: 50 iterations logged every
@@ -88,7 +92,7 @@ class LoggerHook(Hook):
         self._max_iters = 0
         self._log_scale = False
         self._line_iter = 0  # iteration of the latest line (requested), or the last one before the run started
-        self._cuda: Any = None  # the CUDA device whose peak memory is logged; None on CPU
+        self._peaks: PhasePeaks | None = None  # the device's peak memory per phase; None where it reports none (CPU)
         self._tokens: Callable[[Any], Any] = num_tokens  # the model's count_tokens, else the batch's own count
 
     # -- training ---------------------------------------------------------------------------
@@ -102,8 +106,9 @@ class LoggerHook(Hook):
         # as mmengine: an epoch's last, short interval is logged unless ignore_last (and the epoch is longer than the interval)
         self._last_idx = self._epoch_len - 1 if loop.by_epoch and (not self.ignore_last or self._epoch_len <= self.interval) else -1
         self._line_iter = self._line_at_or_before(trainer.progress.iteration)
-        device = trainer.strategy.device
-        self._cuda = device if device.type == "cuda" else None
+        self._peaks = PhasePeaks.of(trainer.strategy.device)
+        if self._peaks is not None:
+            self._peaks.start()
         self._tokens = tokens_counter(trainer.unwrapped_model)
         # Lines are due at least every flush_every iterations (see after_train_iter), written at the latest at the
         # next agreement point: the values of the oldest held line's interval are still in the store's buffers then.
@@ -131,7 +136,7 @@ class LoggerHook(Hook):
             scale = ow.loss_scale if self._log_scale else None
             if scale is not None:
                 scale = float(scale)
-            memory = torch.cuda.max_memory_allocated(self._cuda) / 2**20 if self._cuda is not None else None
+            memory = self._peaks.train_peak() if self._peaks is not None else None
             line = LineInfo(time.time(), batch_idx + 1, self._by_epoch, self._epoch_len, self._max_iters)
             lines = trainer.log_lines
             lines.hold(LineRequest(
@@ -150,6 +155,28 @@ class LoggerHook(Hook):
 
     def after_train(self, trainer: TrainerView) -> None:  # noqa: D102
         self.write_pending(trainer)
+        self._phase(trainer, "train")
+
+    # -- peak memory per phase (training, evaluation, checkpoint saves) ----------------------
+    def before_train_epoch(self, trainer: TrainerView) -> None:  # noqa: D102
+        self._phase(trainer, "train")  # ends a save at the previous epoch's end
+
+    def before_save_checkpoint(self, trainer: TrainerView, checkpoint: dict) -> None:  # noqa: D102
+        self._phase(trainer, "save")
+
+    def _phase(self, trainer: TrainerView, phase: str) -> float | None:
+        """Begin ``phase`` of the peak counter; the peak of the evaluation it ends (a save's is logged here, with its iteration)."""
+        if self._peaks is None:
+            if phase != "eval":
+                return None
+            self._peaks = PhasePeaks.of(trainer.strategy.device)  # val() / test() without training
+            if self._peaks is None:
+                return None
+            self._peaks.start()
+        ended, peak = self._peaks.phase, self._peaks.begin(phase)
+        if ended == "save" and peak is not None:
+            trainer.logger.info(f"Checkpoint save at iteration {trainer.progress.iteration}: peak memory allocated {peak:.1f} MiB")
+        return peak if ended == "eval" else None
 
     def write_pending(self, trainer: TrainerView) -> None:
         """Flush the store (a no-op when nothing is pending) and write every held line; at the same point on every process, as any store flush."""
@@ -170,18 +197,28 @@ class LoggerHook(Hook):
         return start - length + length // n * n  # its last multiple of the interval
 
     # -- evaluation -------------------------------------------------------------------------
+    def before_val_epoch(self, trainer: TrainerView) -> None:  # noqa: D102
+        self._phase(trainer, "eval")
+
+    def before_test_epoch(self, trainer: TrainerView) -> None:  # noqa: D102
+        self._phase(trainer, "eval")
+
     def after_val_epoch(self, trainer: TrainerView, metrics: dict[str, float] | None = None) -> None:  # noqa: D102
+        memory = self._phase(trainer, "train")
         if metrics is not None:  # None: a stop request cut the pass, there is nothing to log
-            self._log_eval(trainer, "val", metrics)
+            self._log_eval(trainer, "val", metrics, memory)
 
     def after_test_epoch(self, trainer: TrainerView, metrics: dict[str, float] | None = None) -> None:  # noqa: D102
+        memory = self._phase(trainer, "train")
         if metrics is not None:
-            self._log_eval(trainer, "test", metrics)
+            self._log_eval(trainer, "test", metrics, memory)
 
-    def _log_eval(self, trainer: TrainerView, mode: str, metrics: dict[str, float]) -> None:
+    def _log_eval(self, trainer: TrainerView, mode: str, metrics: dict[str, float], memory: float | None = None) -> None:
         self.write_pending(trainer)  # pending training lines first, in order
         p = trainer.progress
         record = {"mode": mode, "epoch": p.epoch, "iter": p.iteration, **{k: float(v) for k, v in metrics.items()}}
+        if memory is not None:
+            record["max_memory_mb"] = memory
         trainer.log_lines.write_eval(record)
 
 

@@ -51,7 +51,7 @@ class LineRequest(NamedTuple):
     since: int  # iteration of the previous line: this line's means cover (since, iteration]
     samples: int | None  # samples in this iteration's batch (this process), None: unknown
     tokens: Any  # tokens in it (a number, a tensor converted later, or None)
-    memory: float | None  # peak CUDA memory allocated so far on this process's device, MiB
+    memory: float | None  # peak device memory allocated during the line's training iterations on this process, MiB
 
 
 class PendingLines:
