@@ -1,0 +1,244 @@
+"""SWAHook: stochastic weight averaging with torch's ``AveragedModel`` and ``SWALR``; the run ends with the averaged model.
+
+From ``begin_epoch`` on, each epoch's end folds the weights into a
+``torch.optim.swa_utils.AveragedModel`` and steps a ``SWALR`` schedule per optimizer (torch's
+recipe). After the last epoch the average's BatchNorm statistics are recomputed over the
+training data (as ``torch.optim.swa_utils.update_bn``) and the averaged weights are copied into
+the model for good, before the final validation and checkpoint.
+"""
+
+from __future__ import annotations
+
+import copy
+from collections.abc import Iterable, Mapping
+from typing import TYPE_CHECKING, Any
+
+import torch
+from torch import nn
+from torch.optim.swa_utils import SWALR, AveragedModel
+
+from trainwright.hooks.hook import Hook
+from trainwright.hooks.view import require_train_loop
+from trainwright.optim.optim_wrapper_dict import optim_wrappers_of
+from trainwright.registry import HOOKS
+
+if TYPE_CHECKING:
+    from trainwright.hooks.view import TrainerView
+
+
+def update_bn(batches: Iterable[Any], model: nn.Module, forward: Any) -> None:
+    """``torch.optim.swa_utils.update_bn`` with the batch passed by ``forward(model, batch)``.
+
+    Resets every BatchNorm layer's running statistics, sets its momentum to None (a
+    cumulative average over the batches), runs every batch through ``model`` in training mode
+    without gradients, then restores the momenta and the model's mode. Does nothing for a
+    model without BatchNorm layers.
+    """
+    momenta: dict[nn.modules.batchnorm._BatchNorm, float | None] = {}
+    for module in model.modules():
+        if isinstance(module, nn.modules.batchnorm._BatchNorm):
+            module.reset_running_stats()
+            momenta[module] = module.momentum
+    if not momenta:
+        return
+    was_training = model.training
+    model.train()
+    for module in momenta:
+        module.momentum = None
+    with torch.no_grad():
+        for batch in batches:
+            forward(model, batch)
+    for module, momentum in momenta.items():
+        module.momentum = momentum
+    model.train(was_training)
+
+
+def _base_forward(model: nn.Module, batch: Any) -> None:
+    """A batch through a trainwright model the way training feeds it (its data preprocessor, ``mode="tensor"``); else ``model(batch)``."""
+    preprocess = getattr(model, "data_preprocessor", None)
+    run = getattr(model, "_run_forward", None)
+    if preprocess is not None and run is not None:
+        run(preprocess(batch, True), "tensor")
+    else:
+        model(batch[0] if isinstance(batch, (list, tuple)) else batch)
+
+
+def _copy_of(model: nn.Module) -> nn.Module:
+    """A deep copy of ``model`` without what a strategy attached to it (the DDP / DeepSpeed forward caller)."""
+    caller = model.__dict__.pop("forward_caller", None)
+    try:
+        return copy.deepcopy(model)
+    finally:
+        if caller is not None:
+            model.__dict__["forward_caller"] = caller
+
+
+@HOOKS.register
+class SWAHook(Hook):
+    """Stochastic weight averaging (Izmailov et al., 2018) as torch's ``swa_utils`` recipe, in an epoch-based run.
+
+    torch's loop, which this hook carries out::
+
+        swa_model = AveragedModel(model)
+        for epoch in range(max_epochs):
+            if epoch == begin_epoch - 1: swa_scheduler = SWALR(optimizer, swa_lr, anneal_epochs, anneal_strategy)
+            train_one_epoch()
+            if epoch >= begin_epoch - 1:
+                swa_model.update_parameters(model)
+                swa_scheduler.step()
+        update_bn(train_loader, swa_model)
+
+    The averaged model is what the run ends with: after the last epoch's average update the
+    BatchNorm statistics of the average are recomputed over the training data (each batch
+    through the model's data preprocessor, ``mode="tensor"``), and the averaged parameters and
+    BatchNorm statistics are copied into ``trainer.unwrapped_model`` for good. The final
+    validation, the final checkpoint (``model``) and a later ``trainer.test()`` therefore use the
+    averaged weights. Validations before the end evaluate the training weights (an average
+    whose BatchNorm statistics are not recomputed would evaluate wrongly). A run stopped early
+    (a stop request, early stopping) gets the same treatment at its end, once averaging began.
+
+    The ``SWALR`` schedule moves each param group's ``lr`` to ``swa_lr`` over ``anneal_epochs``
+    epochs; other parameter schedulers must end before ``begin_epoch`` (a scheduler still
+    running would fight it: the hook says so when training starts). With several optimizers
+    (``OptimWrapperDict``) each gets its own ``SWALR``.
+
+    Resume is exact: checkpoints hold the averaged parameters, ``n_averaged``, each
+    ``SWALR``'s state and whether the average was applied (the hook's ``state_dict``).
+
+    Args:
+        begin_epoch: The 1-based epoch at whose end the first average update happens (>= 1).
+        swa_lr: The learning rate SWALR anneals to (a number, or one per param group).
+        anneal_epochs: Epochs of annealing from the current lr to ``swa_lr`` (0: at once).
+        anneal_strategy: ``"cos"`` or ``"linear"``.
+    """
+
+    priority = "NORMAL"  # at an epoch's end, before the checkpoint hook (VERY_LOW) saves it
+
+    def __init__(self, begin_epoch: int, swa_lr: float | list[float], anneal_epochs: int = 10, anneal_strategy: str = "cos") -> None:
+        if isinstance(begin_epoch, bool) or not isinstance(begin_epoch, int) or begin_epoch < 1:
+            raise ValueError(f"SWAHook begin_epoch must be an int >= 1 (the 1-based epoch whose end makes the first average update), got {begin_epoch!r}")
+        if isinstance(anneal_epochs, bool) or not isinstance(anneal_epochs, int) or anneal_epochs < 0:
+            raise ValueError(f"SWAHook anneal_epochs must be an int >= 0, got {anneal_epochs!r}")
+        if anneal_strategy not in ("cos", "linear"):
+            raise ValueError(f"SWAHook anneal_strategy must be 'cos' or 'linear', got {anneal_strategy!r}")
+        lrs = swa_lr if isinstance(swa_lr, (list, tuple)) else [swa_lr]
+        if not lrs or not all(isinstance(v, (int, float)) and not isinstance(v, bool) and v > 0 for v in lrs):
+            raise ValueError(f"SWAHook swa_lr must be a number > 0 or a list of them (one per param group), got {swa_lr!r}")
+        self.begin_epoch = begin_epoch
+        self.swa_lr = swa_lr
+        self.anneal_epochs = anneal_epochs
+        self.anneal_strategy = anneal_strategy
+        #: The average (``torch.optim.swa_utils.AveragedModel``), built when training starts.
+        self.averaged: AveragedModel | None = None
+        #: One ``SWALR`` per optimizer (``""`` for a single one), built when averaging begins.
+        self.schedulers: dict[str, SWALR] = {}
+        #: Whether the average has been copied into the model (the run's end).
+        self.applied = False
+        self._pending: Mapping[str, Any] | None = None
+        self._max_epochs = 0
+
+    def before_train(self, trainer: TrainerView) -> None:
+        """Check the run (epoch-based, long enough, no scheduler past ``begin_epoch``); build the average (and resume it)."""
+        loop = require_train_loop(trainer, "SWAHook.before_train")
+        if not loop.by_epoch:
+            raise ValueError("SWAHook averages once per epoch with a per-epoch SWALR schedule: use an epoch-based run, train_cfg=dict(by_epoch=True, max_epochs=...)")
+        self._max_epochs = int(getattr(loop, "max_epochs"))
+        if self.begin_epoch > self._max_epochs:
+            raise ValueError(
+                f"SWAHook begin_epoch={self.begin_epoch} starts averaging after epoch {self.begin_epoch}, but the run has {self._max_epochs} epochs: "
+                "the average would never be updated. Lower begin_epoch or train longer"
+            )
+        self._warn_schedulers(trainer, len(loop.dataloader))
+        if self.averaged is None:
+            self.averaged = AveragedModel(_copy_of(trainer.unwrapped_model))
+        if self._pending is not None:
+            pending, self._pending = self._pending, None
+            self.averaged.load_state_dict(pending["averaged"])
+            self.applied = bool(pending.get("applied", False))
+            saved = pending.get("schedulers") or {}
+            if saved:
+                self._build_schedulers(trainer)
+                for name, sched in self.schedulers.items():
+                    sched.load_state_dict(saved[name])
+
+    def before_train_epoch(self, trainer: TrainerView) -> None:
+        """At the start of ``begin_epoch`` (or later, resumed without a schedule): build the SWALR schedules."""
+        if trainer.progress.epoch + 1 >= self.begin_epoch and not self.schedulers:
+            self._build_schedulers(trainer)
+
+    def after_train_epoch(self, trainer: TrainerView) -> None:
+        """Fold the weights into the average and step SWALR; after the last epoch, apply the average."""
+        epoch = trainer.progress.epoch  # the epoch just finished, 1-based
+        if epoch < self.begin_epoch or self.averaged is None:
+            return
+        self.averaged.update_parameters(trainer.unwrapped_model)
+        for sched in self.schedulers.values():
+            sched.step()
+        if epoch >= self._max_epochs:
+            self.apply(trainer)
+
+    def after_train(self, trainer: TrainerView) -> None:
+        """A run stopped early, after averaging began: apply the average now."""
+        if self.averaged is not None and not self.applied and int(self.averaged.n_averaged) > 0:
+            self.apply(trainer)
+
+    def apply(self, trainer: TrainerView) -> None:
+        """Recompute the average's BatchNorm statistics over the training data and copy the average into the model."""
+        assert self.averaged is not None
+        model = trainer.unwrapped_model
+        loop = require_train_loop(trainer, "SWAHook.apply")
+        batches = getattr(loop.dataloader, "loader", loop.dataloader)  # the torch DataLoader: the run's data order is left alone
+        update_bn(batches, self.averaged.module, _base_forward)
+        averaged = self.averaged.module
+        with torch.no_grad():
+            for p, q in zip(model.parameters(), averaged.parameters()):
+                p.copy_(q)
+            for m, a in zip(model.modules(), averaged.modules()):
+                if isinstance(m, nn.modules.batchnorm._BatchNorm):
+                    for name, buf in m.named_buffers(recurse=False):
+                        buf.copy_(getattr(a, name))
+        self.applied = True
+        trainer.logger.info(f"SWAHook: the model now holds the average of {int(self.averaged.n_averaged)} epochs' weights, BatchNorm statistics recomputed")
+
+    def state_dict(self) -> dict[str, Any]:
+        """The averaged model's state (parameters, buffers, ``n_averaged``), each SWALR's state, whether it was applied."""
+        if self.averaged is None:
+            return dict(self._pending) if self._pending is not None else {}
+        return {
+            "averaged": self.averaged.state_dict(),
+            "schedulers": {name: s.state_dict() for name, s in self.schedulers.items()},
+            "applied": self.applied,
+        }
+
+    def load_state_dict(self, state_dict: Mapping[str, Any]) -> None:
+        """Restore :meth:`state_dict`'s state when training starts (the average is built from the resumed model then)."""
+        if state_dict:
+            self._pending = state_dict
+            self.averaged = None
+            self.schedulers = {}
+
+    def _build_schedulers(self, trainer: TrainerView) -> None:
+        for name, ow in optim_wrappers_of(trainer.optim_wrapper).items():
+            self.schedulers[name] = SWALR(ow.optimizer, self.swa_lr, anneal_epochs=self.anneal_epochs, anneal_strategy=self.anneal_strategy)  # type: ignore[arg-type]
+
+    def _warn_schedulers(self, trainer: TrainerView, epoch_len: int) -> None:
+        """A parameter scheduler still moving the lr after averaging begins fights SWALR: say which."""
+        scheds = trainer.param_schedulers
+        flat = [s for group in scheds.values() for s in group] if isinstance(scheds, Mapping) else list(scheds or [])
+        begin_iter = (self.begin_epoch - 1) * epoch_len
+        late = []
+        for s in flat:
+            end = getattr(s, "end", None)
+            if end is None or getattr(s, "param_name", "lr") != "lr":
+                continue
+            end_iter = end * epoch_len if getattr(s, "by_epoch", False) else end
+            if end_iter > begin_iter:
+                late.append(type(s).__name__)
+        if late:
+            trainer.logger.warning(
+                f"SWAHook begins averaging in epoch {self.begin_epoch}, but the learning-rate schedulers {late} run past its start and would "
+                f"fight SWALR: end them at epoch {self.begin_epoch - 1} (param_scheduler end=...) or begin SWA later"
+            )
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}(begin_epoch={self.begin_epoch}, swa_lr={self.swa_lr}, anneal_epochs={self.anneal_epochs}, anneal_strategy={self.anneal_strategy!r})"
