@@ -192,3 +192,34 @@ def test_off_by_default_and_on_by_name(tmp_path: Path) -> None:
 def test_bad_arguments_name_the_problem(kwargs: dict[str, Any], words: str) -> None:
     with pytest.raises(ValueError, match=words):
         NormsHook(**kwargs)
+
+
+def test_compiled_step_is_measured_without_compiling_it_again(tmp_path: Path) -> None:
+    """With ``OptimWrapper(compile=...)`` the numbers equal the eager run's and the step compiles as often as without the hook (step hooks would recompile it per measured step)."""
+    from torch._dynamo.utils import counters
+
+    def run(compiled: bool, norms: bool) -> tuple[dict[int, dict[str, float]], int]:
+        torch._dynamo.reset()
+        counters.clear()
+        optim: dict[str, Any] = dict(optimizer=dict(type="SGD", lr=0.1, momentum=0.9))
+        if compiled:
+            optim["compile"] = dict(backend="eager")  # dynamo only: no C++ compiler needed
+        t = tw.Trainer(
+            model=Blocks(), work_dir=tmp_path / f"{compiled}{norms}", train_dataloader=DataLoader(_data(), batch_size=2), optim_wrapper=optim,
+            train_cfg=dict(by_epoch=False, max_iters=20), log_level="WARNING", randomness=dict(seed=0),
+            default_hooks=dict(checkpoint=None, logger=dict(interval=2), norms=dict(interval=2) if norms else None),
+        )
+        t.train()
+        t.close()
+        graphs = counters["stats"]["unique_graphs"]
+        torch._dynamo.reset()
+        return {r["iter"]: {k: v for k, v in r.items() if k.startswith(("grad_norm/", "update_ratio/"))} for r in _records(t.run_dir)}, graphs
+
+    eager, _ = run(False, True)
+    measured, graphs = run(True, True)
+    _, graphs_without_hook = run(True, False)
+    assert sorted(measured) == sorted(eager) == list(range(2, 21, 2))
+    for i in eager:
+        assert len(measured[i]) == 8
+        assert measured[i] == pytest.approx(eager[i], rel=1e-4), i  # the compiled step rounds differently; drift over 20 steps
+    assert graphs == graphs_without_hook, (graphs, graphs_without_hook)

@@ -71,6 +71,17 @@ class _Capture:
             self.before = [p.detach().clone() for p in params]
 
 
+class _Restore:
+    """Puts a compiled step back as ``optimizer.step`` (what a step hook's handle is for eager steps)."""
+
+    def __init__(self, optimizer: torch.optim.Optimizer, step: Any) -> None:
+        self.optimizer = optimizer
+        self.step = step
+
+    def remove(self) -> None:
+        self.optimizer.step = self.step  # type: ignore[method-assign]
+
+
 @HOOKS.register
 class NormsHook(Hook):
     """Logs per-group gradient norms, parameter norms and update ratios every ``interval`` iterations.
@@ -94,6 +105,10 @@ class NormsHook(Hook):
     hook: the next step that is taken is measured. With several optimizers (an
     ``OptimWrapperDict``) each optimizer's parameters are measured at its own step; ``per="global"``
     then gives one group per optimizer, named by the optimizer (``grad_norm/generator``).
+
+    A compiled optimizer step (``OptimWrapper(compile=...)``) is measured around the compiled
+    function rather than through step hooks (hooks inside it would make torch compile it
+    again at every measured step).
 
     Cost: at a due step, three norm kernels per parameter and a copy of the parameters
     (for the update), all on the device; nothing at other iterations. The numbers reach the
@@ -119,7 +134,7 @@ class NormsHook(Hook):
         self.interval = interval
         self.per = per
         self.depth = depth
-        self._handles: dict[str, list[RemovableHandle]] = {}  # optimizer name -> its step hooks, while a due step is awaited
+        self._handles: dict[str, list[RemovableHandle | _Restore]] = {}  # optimizer name -> its step hooks, while a due step is awaited
         self._names: dict[int, str] = {}  # id(parameter) -> its name in the model
 
     def before_train(self, trainer: TrainerView) -> None:  # noqa: D102
@@ -137,7 +152,7 @@ class NormsHook(Hook):
         wrappers = optim_wrappers_of(trainer.optim_wrapper)
         several = len(wrappers) > 1
         for name, ow in wrappers.items():
-            self._arm(trainer, name, ow.optimizer, name if several else "")
+            self._arm(trainer, name, ow.optimizer, name if several else "", getattr(ow, "compiled_step", None))
 
     def after_train(self, trainer: TrainerView) -> None:  # noqa: D102
         self._remove()  # a due window the run did not reach the end of
@@ -145,7 +160,7 @@ class NormsHook(Hook):
     def after_run(self, trainer: TrainerView) -> None:  # noqa: D102
         self._remove()
 
-    def _arm(self, trainer: TrainerView, name: str, optimizer: torch.optim.Optimizer, label: str) -> None:
+    def _arm(self, trainer: TrainerView, name: str, optimizer: torch.optim.Optimizer, label: str, compiled: Any = None) -> None:
         captured: list[_Capture] = []
 
         def pre(opt: torch.optim.Optimizer, args: Any, kwargs: Any) -> None:
@@ -159,7 +174,19 @@ class NormsHook(Hook):
                 values = self._values(captured.pop(), label)
                 trainer.metric_store.update_dict(values, trainer.progress.iteration + 1)  # the step runs inside the iteration
 
-        self._handles[name] = [optimizer.register_step_pre_hook(pre), optimizer.register_step_post_hook(post)]
+        if compiled is None:
+            self._handles[name] = [optimizer.register_step_pre_hook(pre), optimizer.register_step_post_hook(post)]
+            return
+        # A compiled step (OptimWrapper(compile=...), installed as optimizer.step) guards on the optimizer's step hooks:
+        # registering them would compile it again at every measured step. Measure around it instead, once.
+        def measured(*args: Any, **kwargs: Any) -> Any:
+            pre(optimizer, args, kwargs)
+            out = compiled(*args, **kwargs)
+            post(optimizer, args, kwargs)
+            return out
+
+        optimizer.step = measured  # type: ignore[method-assign]
+        self._handles[name] = [_Restore(optimizer, compiled)]
 
     def _values(self, c: _Capture, label: str) -> dict[str, torch.Tensor]:
         """``grad_norm/<group>``, ``param_norm/<group>``, ``update_ratio/<group>`` of one optimizer's step, as device tensors."""
