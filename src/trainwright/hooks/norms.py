@@ -10,13 +10,14 @@ sync at any iteration, due or not.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
 import torch
 from torch.utils.hooks import RemovableHandle
 
 from trainwright.hooks.hook import Hook
+from trainwright.logging.flush_batch import Row
 from trainwright.optim.optim_wrapper_dict import optim_wrappers_of
 from trainwright.registry import HOOKS
 
@@ -136,10 +137,12 @@ class NormsHook(Hook):
         self.depth = depth
         self._handles: dict[str, list[RemovableHandle | _Restore]] = {}  # optimizer name -> its step hooks, while a due step is awaited
         self._names: dict[int, str] = {}  # id(parameter) -> its name in the model
+        self._record: Callable[[Row], None] = lambda row: None  # the metric store's row append, set when training starts
 
     def before_train(self, trainer: TrainerView) -> None:  # noqa: D102
         self._remove()
         self._names = {id(p): n for n, p in trainer.unwrapped_model.named_parameters()}
+        self._record = trainer.metric_store.recorder()
 
     def train_iter_interval(self, trainer: TrainerView) -> int:  # noqa: D102
         return self.interval
@@ -172,7 +175,8 @@ class NormsHook(Hook):
                 h.remove()
             if captured:
                 values = self._values(captured.pop(), label)
-                trainer.metric_store.update_dict(values, trainer.progress.iteration + 1)  # the step runs inside the iteration
+                # the step runs inside the iteration; appended untimed, as the loop's rows (no flush inside the step)
+                self._record((trainer.progress.iteration + 1, values, None, None))
 
         if compiled is None:
             self._handles[name] = [optimizer.register_step_pre_hook(pre), optimizer.register_step_post_hook(post)]
