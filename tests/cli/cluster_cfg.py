@@ -4,7 +4,7 @@ A small MLP with dropout on shuffled Gaussian blobs, 2 epochs, checkpoints every
 iterations, resumed from the work dir when there is one. ``ClusterReport`` prints
 ``iter <n>`` after every iteration (flushed: the test times its signals by it), sleeps
 ``CLUSTER_ITER_SLEEP`` seconds per step, and when training ends without preemption writes
-``result_rank<r>.pt`` (the final model state) into the work dir.
+``result_rank<r>.pt`` (the final model state, whether torchrun started it) into the work dir.
 """
 
 from __future__ import annotations
@@ -60,10 +60,11 @@ class ClusterReport(tw.Hook):
     def after_train_iter(self, trainer, batch_idx, data_batch=None, outputs=None) -> None:  # noqa: D102
         print(f"iter {trainer.progress.iteration} rank {trainer.strategy.rank}", flush=True)
 
-    def after_train(self, trainer) -> None:  # noqa: D102
+    def after_run(self, trainer) -> None:  # noqa: D102 - after the PreemptionHook's after_train decided
         if not trainer.preempted:
             state = {k: v.detach().cpu().clone() for k, v in trainer.unwrapped_model.state_dict().items()}
-            torch.save({"model": state, "iteration": trainer.progress.iteration, "world_size": trainer.strategy.world_size},
+            torch.save({"model": state, "iteration": trainer.progress.iteration, "world_size": trainer.strategy.world_size,
+                        "torchrun": "TORCHELASTIC_RUN_ID" in os.environ},
                        Path(trainer.work_dir) / f"result_rank{trainer.strategy.rank}.pt")
 
 
@@ -72,7 +73,7 @@ train_dataloader = dict(dataset=dict(type="ClusterBlobs"), batch_size=8, shuffle
 optim_wrapper = dict(optimizer=dict(type="SGD", lr=0.1, momentum=0.9))
 param_scheduler = [dict(type="LinearLR", start_factor=0.2, by_epoch=False, begin=0, end=10)]
 train_cfg = dict(by_epoch=True, max_epochs=2)
-default_hooks = dict(checkpoint=dict(interval=4, by_epoch=False), logger=dict(interval=4))
+default_hooks = dict(checkpoint=dict(interval=4, by_epoch=False, max_keep_ckpts=2), logger=dict(interval=4))
 custom_hooks = [dict(type="ClusterReport")]
 randomness = dict(seed=0)
 resume = True
