@@ -308,7 +308,7 @@ def resolve_nodes(env: Mapping[str, str] | None = None) -> NodeLayout:
     if not is_launched_worker(env) and all(k in env for k in ("RANK", "WORLD_SIZE", "MASTER_ADDR")):
         world = _int_of(env, "WORLD_SIZE") or 1
         return NodeLayout("pytorchjob", world, _int_of(env, "RANK"), addr, port or DEFAULT_MASTER_PORT, None, world)
-    return NodeLayout("none", 1, 0, addr, port, None, 1)
+    return NodeLayout("none", 1, None, addr, port, None, 1)
 
 
 def launched_world_size() -> int:

@@ -235,8 +235,11 @@ class PreemptionHook(Hook):
             self.requeued = True
             trainer.logger.warning(f"Preempted at iteration {trainer.progress.iteration}: {saved}; SLURM job {job_id} requeued (scontrol requeue {job_id}); it continues with resume=True")
             return
+        if self.received is None:  # another rank got the signal: exit with the status it has
+            self.received = REQUEUE_SIGNAL
+        it = trainer.progress.iteration
         trainer.logger.error(
-            f"Preempted at iteration {trainer.progress.iteration}: {saved} is kept, but SLURM job {job_id} was NOT requeued: {failed}. "
+            f"Preempted at iteration {it}: the checkpoint of iteration {it} is kept, but SLURM job {job_id} was NOT requeued: {failed}. "
             f"Requeue it by hand with `scontrol requeue {job_id}` (or submit the job script again; it continues with resume=True), "
             "or pass default_hooks=dict(preemption=dict(requeue=False)) to only save and exit"
         )
