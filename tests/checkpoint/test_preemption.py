@@ -125,3 +125,76 @@ def test_bad_arguments() -> None:
         PreemptionHook(signals=["SIGNOPE"])
     with pytest.raises(ValueError, match="exit_code"):
         PreemptionHook(exit_code="requeue")
+
+
+# -- SLURM requeue (SIGUSR1 with SLURM_JOB_ID set) ------------------------------------------------
+def fake_scontrol(bin_dir: Path, status: int = 0) -> Path:
+    """A ``scontrol`` on PATH that appends its arguments to ``bin_dir/scontrol.args`` and exits with ``status``."""
+    bin_dir.mkdir(parents=True, exist_ok=True)
+    record = bin_dir / "scontrol.args"
+    script = bin_dir / "scontrol"
+    script.write_text(f'#!/bin/sh\necho "$@" >> "{record}"\n' + (f'echo "scontrol: error: Requested operation is presently disabled" >&2\nexit {status}\n' if status else ""))
+    script.chmod(0o755)
+    return record
+
+
+def _slurm_env(monkeypatch: pytest.MonkeyPatch, bin_dir: Path | None) -> None:
+    monkeypatch.setenv("SLURM_JOB_ID", "4242")
+    for k in ("SLURM_ARRAY_JOB_ID", "SLURM_ARRAY_TASK_ID"):
+        monkeypatch.delenv(k, raising=False)
+    monkeypatch.setenv("PATH", f"{bin_dir}{os.pathsep}/usr/bin{os.pathsep}/bin" if bin_dir is not None else "/nonexistent")
+
+
+def _train_until_signal(tmp_path: Path, sig: int = signal.SIGUSR1, **preemption: Any) -> tuple[tw.Trainer, int, str]:
+    t = ct.build(str(tmp_path / "w"), hooks=[SendSignal(at=6, sig=sig)], default_hooks=dict(preemption=preemption, checkpoint=dict(interval=4, by_epoch=False, save_best=None)))
+    with pytest.raises(SystemExit) as exc:
+        t.train()
+    t.flush_logs()
+    (log,) = (tmp_path / "w").glob("*/train.log")
+    return t, int(exc.value.code), log.read_text()
+
+
+def test_sigusr1_under_slurm_requeues_the_job_and_exits_0(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    record = fake_scontrol(tmp_path / "bin")
+    _slurm_env(monkeypatch, tmp_path / "bin")
+    t, code, log = _train_until_signal(tmp_path)
+    assert code == 0 and t.progress.iteration == 6
+    assert record.read_text().split() == ["requeue", "4242"]
+    assert read_latest(tmp_path / "w" / "checkpoints") == "iter_6.pth"
+    assert "SLURM job 4242 requeued" in log
+
+
+def test_array_task_is_requeued_by_its_array_id(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    record = fake_scontrol(tmp_path / "bin")
+    _slurm_env(monkeypatch, tmp_path / "bin")
+    monkeypatch.setenv("SLURM_ARRAY_JOB_ID", "4240")
+    monkeypatch.setenv("SLURM_ARRAY_TASK_ID", "2")
+    assert _train_until_signal(tmp_path)[1] == 0
+    assert record.read_text().split() == ["requeue", "4240_2"]
+
+
+@pytest.mark.parametrize("case", ["scontrol fails", "no scontrol"])
+def test_a_failed_requeue_is_reported_with_the_manual_command_and_keeps_the_checkpoint(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, case: str) -> None:
+    if case == "scontrol fails":
+        record = fake_scontrol(tmp_path / "bin", status=1)
+        _slurm_env(monkeypatch, tmp_path / "bin")
+    else:
+        _slurm_env(monkeypatch, None)
+    _, code, log = _train_until_signal(tmp_path)
+    assert code == 138  # as without requeue: the job does not come back
+    assert "SLURM job 4242 was NOT requeued" in log and "`scontrol requeue 4242`" in log
+    assert ("scontrol exited with status 1: scontrol: error: Requested operation is presently disabled" if case == "scontrol fails" else "scontrol is not on PATH") in log
+    if case == "scontrol fails":
+        assert record.read_text().split() == ["requeue", "4242"]
+    assert read_latest(tmp_path / "w" / "checkpoints") == "iter_6.pth"
+    assert (tmp_path / "w" / "checkpoints" / "iter_6.pth").is_file()
+
+
+@pytest.mark.parametrize(("sig", "preemption"), [(signal.SIGUSR1, dict(requeue=False)), (signal.SIGTERM, {})])
+def test_no_requeue_when_switched_off_or_on_sigterm(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, sig: int, preemption: dict) -> None:
+    record = fake_scontrol(tmp_path / "bin")
+    _slurm_env(monkeypatch, tmp_path / "bin")
+    _, code, log = _train_until_signal(tmp_path, sig, **preemption)
+    assert code == 128 + sig
+    assert not record.exists() and "requeue" not in log
+    assert read_latest(tmp_path / "w" / "checkpoints") == "iter_6.pth"

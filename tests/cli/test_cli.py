@@ -165,3 +165,61 @@ def test_nproc_2_hands_over_to_torch_distributed_run(tmp_path: Path) -> None:
     assert out.returncode == 0, out.stderr[-3000:]
     assert (tmp_path / "wd" / "checkpoints" / "epoch_1.pth").is_file()
     assert len(list((tmp_path / "wd").glob("*/metrics.jsonl"))) == 1  # one run folder: rank 0 writes
+
+
+# -- launching on clusters: the plan (fast; tests/cli/test_cluster.py runs the launches) -------
+def _plan(argv: list[str], env: dict[str, str]):
+    from trainwright.cli.main import build_parser
+    from trainwright.cli.run import launch_plan
+
+    return launch_plan(build_parser().parse_args(["train", "cfg.py", *argv]), env)
+
+
+SLURM_TASK = {"SLURM_JOB_ID": "9", "SLURM_PROCID": "1", "SLURM_NTASKS": "2", "SLURM_NNODES": "2", "SLURM_NODEID": "1", "SLURM_LOCALID": "0", "SLURM_JOB_NODELIST": "gpu[007-008]"}
+POD = {"MASTER_ADDR": "job-master-0", "MASTER_PORT": "23456", "WORLD_SIZE": "8", "RANK": "1", "PET_NNODES": "2", "PET_NODE_RANK": "1",
+       "PET_NPROC_PER_NODE": "4", "PET_MASTER_ADDR": "job-master-0", "PET_MASTER_PORT": "23456"}
+
+
+@pytest.mark.parametrize(
+    ("argv", "env", "plan"),
+    [
+        ([], {}, None),  # a plain run
+        (["--nproc", "2"], {}, (2, 1, 0, None)),
+        (["--nproc", "2"], {"LOCAL_RANK": "0", "RANK": "0", "WORLD_SIZE": "2", "MASTER_ADDR": "h"}, None),  # already a torchrun worker
+        (["--nnodes", "2", "--node-rank", "1", "--rdzv-endpoint", "h0:29400"], {}, (1, 2, 1, "h0:29400")),
+        ([], SLURM_TASK, None),  # srun started every process
+        (["--nproc", "4"], SLURM_TASK, (4, 2, 1, "gpu007:29500")),  # srun --ntasks-per-node=1 trainwright train --nproc 4
+        ([], POD, (4, 2, 1, "job-master-0:23456")),  # PyTorchJob with nprocPerNode: 4 processes in this pod
+        ([], {k: v for k, v in POD.items() if not k.startswith("PET_")} | {"WORLD_SIZE": "2"}, None),  # one process per pod
+        (["--nproc", "2"], {"MASTER_ADDR": "m", "MASTER_PORT": "5", "WORLD_SIZE": "3", "RANK": "2"}, (2, 3, 2, "m:5")),  # a pod without PET_*
+    ],
+)
+def test_launch_plan_reads_the_flags_then_the_job(argv: list[str], env: dict[str, str], plan: tuple | None) -> None:
+    assert _plan(argv, env) == plan
+
+
+@pytest.mark.parametrize(
+    ("argv", "env", "error"),
+    [
+        (["--nnodes", "2", "--rdzv-endpoint", "h:1"], {}, r"--nnodes 2 needs --node-rank R"),
+        (["--nnodes", "2", "--node-rank", "0"], {}, r"--nnodes 2 needs --rdzv-endpoint HOST:PORT"),
+        (["--nnodes", "2", "--node-rank", "2", "--rdzv-endpoint", "h:1"], {}, r"--node-rank 2 is outside 0\.\.1"),
+        (["--nnodes", "2", "--node-rank", "0", "--rdzv-endpoint", "h"], {}, r"--rdzv-endpoint 'h' is not HOST:PORT"),
+        (["--nproc", "0"], {}, r"--nproc must be at least 1"),
+        (["--nproc", "4"], {**SLURM_TASK, "SLURM_NTASKS": "8"}, r"srun started 8 tasks on 2 nodes.*srun --ntasks-per-node=1"),
+        ([], {**POD, "PET_NNODES": "1:4"}, r"PET_NNODES='1:4' is not a whole number"),
+    ],
+)
+def test_launch_plan_errors_name_the_fix(argv: list[str], env: dict[str, str], error: str) -> None:
+    from trainwright.registry import ConfigError
+
+    with pytest.raises(ConfigError, match=error):
+        _plan(argv, env)
+
+
+def test_torchrun_argv_for_several_nodes() -> None:
+    argv = ["train", "cfg.py", "--nproc", "4", "--nnodes", "2", "--node-rank=1", "--rdzv-endpoint", "[::1]:29400"]
+    assert torchrun_argv(argv, 4, 2, 1, "[::1]:29400") == [
+        sys.executable, "-m", "torch.distributed.run", "--nnodes=2", "--node-rank=1", "--master-addr=::1", "--master-port=29400", "--nproc_per_node=4",
+        "-m", "trainwright", "train", "cfg.py", "--launcher", "pytorch",
+    ]

@@ -36,8 +36,16 @@ def build_parser() -> argparse.ArgumentParser:
     train.add_argument("--resume", nargs="?", const=True, default=None, metavar="PATH", help="resume from PATH, or (no PATH) from the latest checkpoint of the work dir")
     train.add_argument("--load-from", metavar="PATH", help="initialise the model from these weights (no optimizer state)")
     train.add_argument(
-        "--nproc", type=int, default=1, metavar="N",
-        help="start N processes on this machine through torch.distributed.run (torchrun --standalone --nproc_per_node=N -m trainwright train ... --launcher pytorch)",
+        "--nproc", type=int, default=None, metavar="N",
+        help="start N processes on this machine through torch.distributed.run (torchrun --standalone --nproc_per_node=N -m trainwright train ... --launcher pytorch); "
+        "default 1, or PET_NPROC_PER_NODE in a Kubernetes PyTorchJob",
+    )
+    # several machines (docs/clusters.md): one `trainwright train --nproc N` per machine, static rendezvous at node 0's HOST:PORT
+    train.add_argument("--nnodes", type=int, default=None, metavar="N", help="machines in the run, one launch each (default 1, or what SLURM / a PyTorchJob says)")
+    train.add_argument("--node-rank", type=int, default=None, metavar="R", help="this machine's index, 0..nnodes-1 (default: SLURM_NODEID, PET_NODE_RANK)")
+    train.add_argument(
+        "--rdzv-endpoint", default=None, metavar="HOST:PORT",
+        help="node 0's address and a free port there (default: MASTER_ADDR:MASTER_PORT, PET_MASTER_ADDR:PET_MASTER_PORT, SLURM's first node:29500)",
     )
     for name, what in (("test", "test"), ("val", "validation")):
         p = sub.add_parser(name, parents=[common], help=f"one {what} pass over {name}_dataloader", description=f"Run one {what} pass and print the metrics as JSON.")

@@ -1,9 +1,17 @@
-"""``trainwright train / test / val``: load the config, apply the command line, build the trainer, run."""
+"""``trainwright train / test / val``: load the config, apply the command line, build the trainer, run.
+
+``train --nproc N`` (and ``--nnodes``) hands over to ``torch.distributed.run`` in a child
+process and stays as the launcher: SIGUSR1 / SIGTERM / SIGHUP sent to it go to the workers
+(torchrun itself ignores SIGUSR1, which would otherwise kill it), so a SLURM ``--signal``
+reaches the PreemptionHook whether it is sent to the launcher or to every process.
+"""
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
+import signal
 import subprocess
 import sys
 from collections.abc import Sequence
@@ -11,7 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from trainwright.config import Config
-from trainwright.dist import detect_launcher
+from trainwright.dist import DEFAULT_MASTER_PORT, NodeLayout, detect_launcher, is_launched_worker, resolve_nodes
 from trainwright.registry import ConfigError
 from trainwright.trainer import Trainer
 from trainwright.trainer.from_config import config_path_of
@@ -38,25 +46,160 @@ def load_config(args: argparse.Namespace) -> Config:
     return cfg
 
 
-def torchrun_argv(argv: Sequence[str], nproc: int) -> list[str]:
-    """The command that hands ``trainwright train ...`` over to ``torch.distributed.run`` with ``nproc`` processes.
+def torchrun_argv(argv: Sequence[str], nproc: int, nnodes: int = 1, node_rank: int = 0, endpoint: str | None = None) -> list[str]:
+    """The command that hands ``trainwright train ...`` over to ``torch.distributed.run`` with ``nproc`` processes per node.
 
-    ``--nproc`` and any ``--launcher`` are dropped from ``argv`` and ``--launcher pytorch`` is
-    added: ``python -m torch.distributed.run --standalone --nproc_per_node=N -m trainwright train CONFIG ... --launcher pytorch``.
+    ``--nproc``, ``--nnodes``, ``--node-rank``, ``--rdzv-endpoint`` and any ``--launcher`` are
+    dropped from ``argv`` and ``--launcher pytorch`` is added. One node:
+    ``python -m torch.distributed.run --standalone --nproc_per_node=N -m trainwright train CONFIG ... --launcher pytorch``;
+    several: ``--nnodes=M --node-rank=R --master-addr=HOST --master-port=PORT`` (torchrun's static
+    rendezvous: node R's processes are ranks ``R*N .. R*N+N-1``, node 0 hosts the store at HOST:PORT).
     """
     rest: list[str] = []
     skip = False
+    dropped = ("--nproc", "--launcher", "--nnodes", "--node-rank", "--rdzv-endpoint")
     for tok in argv:
         if skip:
             skip = False
             continue
-        if tok in ("--nproc", "--launcher"):
+        if tok in dropped:
             skip = True
             continue
-        if tok.startswith(("--nproc=", "--launcher=")):
+        if tok.startswith(tuple(f"{d}=" for d in dropped)):
             continue
         rest.append(tok)
-    return [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={nproc}", "-m", "trainwright", *rest, "--launcher", "pytorch"]
+    if nnodes == 1:
+        where = ["--standalone"]
+    else:
+        if endpoint is None:
+            raise ConfigError(f"--nnodes {nnodes} needs --rdzv-endpoint HOST:PORT (node 0's address)")
+        host, port = split_endpoint(endpoint)
+        where = [f"--nnodes={nnodes}", f"--node-rank={node_rank}", f"--master-addr={host}", f"--master-port={port}"]
+    return [sys.executable, "-m", "torch.distributed.run", *where, f"--nproc_per_node={nproc}", "-m", "trainwright", *rest, "--launcher", "pytorch"]
+
+
+def split_endpoint(endpoint: str) -> tuple[str, int]:
+    """``"host:port"`` → ``("host", port)`` (``"[::1]:29500"`` too); a clear error otherwise."""
+    host, sep, port = endpoint.rpartition(":")
+    host = host.strip("[]")
+    if not sep or not host or not port.isdigit() or not 0 < int(port) < 65536:
+        raise ConfigError(f"--rdzv-endpoint {endpoint!r} is not HOST:PORT (node 0's address and a free port there, e.g. node001:29500)")
+    return host, int(port)
+
+
+def launch_plan(args: argparse.Namespace, env: Any = None) -> tuple[int, int, int, str | None] | None:
+    """``(nproc, nnodes, node_rank, endpoint)`` when ``train`` must start its processes through torchrun; None: train in this process.
+
+    In this process: a worker that torchrun started, or one process on one node (a plain run,
+    a task ``srun`` started, a pod of one process). Otherwise what the flags do not say comes
+    from the job (:func:`trainwright.dist.resolve_nodes`: SLURM, a Kubernetes PyTorchJob).
+    """
+    env = os.environ if env is None else env
+    if is_launched_worker(env):
+        return None
+    try:
+        nodes: NodeLayout = resolve_nodes(env)
+    except ValueError as e:
+        raise ConfigError(str(e)) from None
+    nproc = args.nproc if args.nproc is not None else (nodes.nproc_per_node or 1)
+    if nproc < 1:
+        raise ConfigError(f"--nproc must be at least 1, got {nproc}")
+    if args.nnodes is not None and args.nnodes < 1:
+        raise ConfigError(f"--nnodes must be at least 1, got {args.nnodes}")
+    asked_nodes = args.nnodes is not None or args.node_rank is not None or args.rdzv_endpoint is not None
+    if nproc == 1 and not asked_nodes and (nodes.source != "pytorchjob" or nodes.nproc_per_node is None):
+        return None  # one process here; srun / a PyTorchJob pod of one process each: the launcher's variables describe it
+    nnodes = args.nnodes if args.nnodes is not None else nodes.nnodes
+    if nodes.source == "slurm" and args.nnodes is None and nodes.ntasks != nodes.nnodes:
+        raise ConfigError(
+            f"srun started {nodes.ntasks} tasks on {nodes.nnodes} nodes and each would start --nproc {nproc} processes: with --nproc start one task per node "
+            f"(srun --ntasks-per-node=1 trainwright train ... --nproc {nproc}), or drop --nproc and let srun start every process (srun --ntasks-per-node={nproc})"
+        )
+    if nnodes == 1:
+        return nproc, 1, 0, None
+    node_rank = args.node_rank if args.node_rank is not None else nodes.node_rank
+    if node_rank is None:
+        raise ConfigError(f"--nnodes {nnodes} needs --node-rank R (0 on the machine at --rdzv-endpoint, 1..{nnodes - 1} on the others)")
+    if not 0 <= node_rank < nnodes:
+        raise ConfigError(f"--node-rank {node_rank} is outside 0..{nnodes - 1} (--nnodes {nnodes})")
+    endpoint = args.rdzv_endpoint
+    if endpoint is None and nodes.master_addr:
+        endpoint = f"{nodes.master_addr}:{nodes.master_port or DEFAULT_MASTER_PORT}"
+    if endpoint is None:
+        raise ConfigError(f"--nnodes {nnodes} needs --rdzv-endpoint HOST:PORT: node 0's address and a free port there, the same on every node")
+    split_endpoint(endpoint)
+    return nproc, nnodes, node_rank, endpoint
+
+
+#: What the launcher passes on to the workers (SIGINT only when it did not come from the terminal, which signals torchrun too).
+FORWARDED_SIGNALS = (signal.SIGUSR1, signal.SIGTERM, signal.SIGHUP, signal.SIGINT)
+
+
+def worker_pids(launcher_pid: int) -> list[int]:
+    """The processes whose parent is ``launcher_pid`` (torchrun's workers), from ``/proc``; empty where there is no ``/proc``."""
+    found = []
+    try:
+        entries = os.listdir("/proc")
+    except OSError:
+        return []
+    for name in entries:
+        if not name.isdigit():
+            continue
+        try:
+            with open(f"/proc/{name}/stat", encoding="utf-8", errors="replace") as f:
+                stat = f.read()
+        except OSError:
+            continue  # gone meanwhile
+        fields = stat.rpartition(")")[2].split()  # the command name in parentheses may hold spaces
+        if len(fields) > 1 and fields[1] == str(launcher_pid):
+            found.append(int(name))
+    return sorted(found)
+
+
+def _from_terminal() -> bool:
+    """Whether this process is in the terminal's foreground group (a Ctrl-C reached torchrun too)."""
+    try:
+        return os.tcgetpgrp(sys.stdin.fileno()) == os.getpgrp()
+    except (OSError, ValueError, AttributeError):
+        return False
+
+
+def _ignore_sigusr1() -> None:
+    signal.signal(signal.SIGUSR1, signal.SIG_IGN)  # kept across exec: torchrun (and its workers until their hook installs) survive it
+
+
+def run_launcher(cmd: Sequence[str]) -> int:
+    """Run ``torch.distributed.run`` (``cmd``) as a child and stay as the launcher; return its exit status.
+
+    torchrun forwards SIGTERM / SIGINT / SIGHUP / SIGQUIT to its workers but dies of SIGUSR1,
+    SLURM's usual early warning, and leaves them unsupervised. So the child starts with
+    SIGUSR1 ignored (what SLURM sends to every process of a job step kills nothing), and this
+    process sends the signals it gets (:data:`FORWARDED_SIGNALS`) to the workers, where the
+    PreemptionHook saves a checkpoint (and under SLURM requeues the job). A copy that reaches
+    a worker twice, from SLURM and from here, counts once there.
+    """
+    proc: subprocess.Popen[bytes] | None = None
+
+    def forward(signum: int, frame: Any) -> None:
+        if proc is None or (signum == signal.SIGINT and _from_terminal()):
+            return
+        pids = worker_pids(proc.pid)
+        for pid in pids:
+            try:
+                os.kill(pid, signum)
+            except ProcessLookupError:
+                pass
+        name = signal.Signals(signum).name
+        print(f"trainwright: {name} forwarded to the workers {pids}" if pids else f"trainwright: {name} received, but torchrun has no workers (yet) to forward it to", file=sys.stderr, flush=True)
+
+    previous = {s: signal.signal(s, forward) for s in FORWARDED_SIGNALS}
+    try:
+        proc = subprocess.Popen(list(cmd), preexec_fn=_ignore_sigusr1)  # noqa: PLW1509 - only a signal disposition, set before exec
+        code = proc.wait()
+    finally:
+        for s, prev in previous.items():
+            signal.signal(s, prev if prev is not None else signal.SIG_DFL)
+    return 128 - code if code < 0 else code
 
 
 def _check_launcher(launcher: str | None) -> None:
@@ -72,10 +215,9 @@ def _check_launcher(launcher: str | None) -> None:
 def run_command(args: argparse.Namespace, argv: Sequence[str]) -> int:
     """Run ``train``, ``test`` or ``val``; return the exit status."""
     if args.command == "train":
-        if args.nproc < 1:
-            raise ConfigError(f"--nproc must be at least 1, got {args.nproc}")
-        if args.nproc > 1 and detect_launcher() == "none":
-            return subprocess.run(torchrun_argv(argv, args.nproc), check=False).returncode
+        plan = launch_plan(args)
+        if plan is not None:
+            return run_launcher(torchrun_argv(argv, *plan))
     _check_launcher(args.launcher)
     cfg = load_config(args)
     if args.command != "train":

@@ -6,6 +6,9 @@ from trainwright.dist import utils
 from trainwright.dist.utils import (
     DEFAULT_MASTER_PORT,
     LaunchInfo,
+    NodeLayout,
+    is_launched_worker,
+    resolve_nodes,
     export_launcher_env,
     first_slurm_host,
     launched_world_size,

@@ -247,6 +247,70 @@ def resolve_launch(env: Mapping[str, str] | None = None) -> LaunchInfo:
     return LaunchInfo(launcher, rank, world, local, addr, port)
 
 
+def is_launched_worker(env: Mapping[str, str] | None = None) -> bool:
+    """Whether torchrun (torchelastic) started this process as one of its workers (``TORCHELASTIC_RUN_ID`` or ``LOCAL_RANK`` set)."""
+    env = os.environ if env is None else env
+    return "TORCHELASTIC_RUN_ID" in env or "LOCAL_RANK" in env
+
+
+class NodeLayout(NamedTuple):
+    """What a job's environment says about the machines (nodes) of a run, for a launcher that starts one node's processes.
+
+    ``source`` names where it came from: ``"pytorchjob"`` (Kubernetes PyTorchJob: ``PET_*``, or
+    ``RANK`` / ``WORLD_SIZE`` / ``MASTER_ADDR`` per pod), ``"slurm"`` (an ``srun`` task),
+    ``"none"`` (one node). ``ntasks``: how many copies of the command the job started (one per
+    node is what a launcher per node needs).
+    """
+
+    source: Literal["pytorchjob", "slurm", "none"]
+    nnodes: int
+    node_rank: int | None
+    master_addr: str | None
+    master_port: str | None
+    nproc_per_node: int | None
+    ntasks: int
+
+
+def _int_of(env: Mapping[str, str], key: str) -> int | None:
+    value = env.get(key, "").strip()
+    if not value:
+        return None
+    try:
+        return int(value)
+    except ValueError:
+        raise ValueError(f"{key}={value!r} is not a whole number; this launcher needs a fixed count (e.g. {key}=2)") from None
+
+
+def resolve_nodes(env: Mapping[str, str] | None = None) -> NodeLayout:
+    """The node layout of this job, read from the environment (see :class:`NodeLayout`).
+
+    - Kubernetes PyTorchJob (Kubeflow training operator): ``PET_NNODES``, ``PET_NODE_RANK``,
+      ``PET_MASTER_ADDR``, ``PET_MASTER_PORT``, ``PET_NPROC_PER_NODE`` (what torchrun reads);
+      without ``PET_*``, one process per pod: ``WORLD_SIZE`` pods, this one ``RANK``, ``MASTER_ADDR``, ``MASTER_PORT``.
+    - SLURM (a task of ``srun``): ``SLURM_NNODES`` nodes, this one ``SLURM_NODEID``, ``SLURM_NTASKS``
+      tasks; the address as in :func:`resolve_launch` (``MASTER_ADDR``, else the first host of the node list; port 29500).
+    - Otherwise one node; ``MASTER_ADDR`` / ``MASTER_PORT`` if set.
+
+    A worker that torchrun started (:func:`is_launched_worker`) is not a node: its variables describe processes.
+    """
+    env = os.environ if env is None else env
+    addr, port = env.get("MASTER_ADDR"), env.get("MASTER_PORT")
+    if "PET_NNODES" in env:
+        return NodeLayout(
+            "pytorchjob", _int_of(env, "PET_NNODES") or 1, _int_of(env, "PET_NODE_RANK") if "PET_NODE_RANK" in env else _int_of(env, "RANK"),
+            env.get("PET_MASTER_ADDR") or addr, env.get("PET_MASTER_PORT") or port, _int_of(env, "PET_NPROC_PER_NODE"), _int_of(env, "PET_NNODES") or 1,
+        )
+    if "SLURM_PROCID" in env and "SLURM_NTASKS" in env:
+        nodelist = env.get("SLURM_JOB_NODELIST") or env.get("SLURM_NODELIST")
+        nnodes = _int_of(env, "SLURM_NNODES") or _int_of(env, "SLURM_JOB_NUM_NODES") or 1
+        return NodeLayout("slurm", nnodes, _int_of(env, "SLURM_NODEID") or 0, addr or (first_slurm_host(nodelist) if nodelist else None),
+                          port or DEFAULT_MASTER_PORT, None, _int_of(env, "SLURM_NTASKS") or 1)
+    if not is_launched_worker(env) and all(k in env for k in ("RANK", "WORLD_SIZE", "MASTER_ADDR")):
+        world = _int_of(env, "WORLD_SIZE") or 1
+        return NodeLayout("pytorchjob", world, _int_of(env, "RANK"), addr, port or DEFAULT_MASTER_PORT, None, world)
+    return NodeLayout("none", 1, None, addr, port, None, 1)
+
+
 def launched_world_size() -> int:
     """How many processes the launcher says it started (1 when none did): ``WORLD_SIZE``, ``SLURM_NTASKS`` or ``OMPI_COMM_WORLD_SIZE``."""
     return resolve_launch().world_size
@@ -271,6 +335,9 @@ def export_launcher_env() -> None:
 __all__ = [
     "DEFAULT_MASTER_PORT",
     "LaunchInfo",
+    "NodeLayout",
+    "is_launched_worker",
+    "resolve_nodes",
     "export_launcher_env",
     "first_slurm_host",
     "resolve_launch",

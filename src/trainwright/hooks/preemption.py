@@ -11,14 +11,21 @@ A process that cannot reach a step boundary (stuck in a collective whose peer is
 runs that handler, so a watchdog thread sees the signal too (``signal.set_wakeup_fd``): if
 no step boundary comes within ``grace_s`` of the first signal, or a second signal arrives,
 the process exits with ``128 + signal`` at once, without a checkpoint.
+
+Under SLURM (``SLURM_JOB_ID`` set), SIGUSR1 (``#SBATCH --signal=USR1@90``) also requeues the
+job: after the checkpoint, one process (rank 0) runs ``scontrol requeue <job id>`` and every
+process exits with status 0; the requeued job runs the same command and continues with
+``resume=True``. ``requeue=False`` turns this off.
 """
 
 from __future__ import annotations
 
 import os
 import select
+import shutil
 import signal
 import socket
+import subprocess
 import sys
 import threading
 import time
@@ -34,6 +41,39 @@ if TYPE_CHECKING:
     from trainwright.hooks.view import TrainerView
 
 _DEFAULT = "signal"
+
+#: The signal that asks for a requeue under SLURM (what ``#SBATCH --signal=USR1@90`` sends).
+REQUEUE_SIGNAL = signal.SIGUSR1
+
+#: Copies of one signal that arrive within this many seconds count once: SLURM signals every process of a job step, so a
+#: worker gets the signal itself and again from a launcher that forwards it, and forked DataLoader workers report theirs
+#: through the same wake-up socket.
+SAME_SIGNAL_S = 0.25
+
+
+def slurm_job_id(env: Any = None) -> str | None:
+    """The id ``scontrol requeue`` takes for this job: ``ARRAYID_TASKID`` for an array task, else ``SLURM_JOB_ID``; None outside SLURM."""
+    env = os.environ if env is None else env
+    job = env.get("SLURM_JOB_ID")
+    if not job:
+        return None
+    array, task = env.get("SLURM_ARRAY_JOB_ID"), env.get("SLURM_ARRAY_TASK_ID")
+    return f"{array}_{task}" if array and task else job
+
+
+def requeue_slurm_job(job_id: str, timeout_s: float = 60.0) -> str | None:
+    """Run ``scontrol requeue JOB_ID``; return None when it succeeded, else why it failed (a sentence)."""
+    exe = shutil.which("scontrol")
+    if exe is None:
+        return "scontrol is not on PATH"
+    try:
+        done = subprocess.run([exe, "requeue", job_id], capture_output=True, text=True, timeout=timeout_s, check=False)
+    except (OSError, subprocess.TimeoutExpired) as e:
+        return f"running scontrol failed: {type(e).__name__}: {e}"
+    if done.returncode != 0:
+        said = (done.stderr or done.stdout).strip()
+        return f"scontrol exited with status {done.returncode}" + (f": {said}" if said else "")
+    return None
 
 
 def _signum(sig: int | str | signal.Signals) -> signal.Signals:
@@ -64,13 +104,20 @@ class PreemptionHook(Hook):
             signal exits at once. Default 15 s: below torchrun's 30 s between its SIGTERM and
             SIGKILL, so a failed job ends (and an elastic restart begins) sooner; raise it for
             steps slower than that. None: wait for the boundary however long it takes.
+            Copies of one signal within 0.25 s count once (SLURM signals the launcher and the
+            workers, and the launcher forwards it).
+        requeue: Under SLURM (``SLURM_JOB_ID`` set), after saving on SIGUSR1: rank 0 runs
+            ``scontrol requeue <job id>`` and every process exits with status 0 (``train()``
+            returns normally with ``exit_code=None``). A requeue that fails is logged with the
+            command to run by hand, the checkpoint is kept, and the process exits as without
+            ``requeue`` (``128 + signum``). Default True.
     """
 
     priority = "LOWEST"
 
     def __init__(
         self, signals: Sequence[int | str] = ("SIGTERM", "SIGUSR1"), check_interval: int | None = None, exit_code: int | str | None = _DEFAULT,
-        grace_s: float | None = 15.0,
+        grace_s: float | None = 15.0, requeue: bool = True,
     ) -> None:
         if check_interval is not None and check_interval < 1:
             raise ValueError(f"PreemptionHook check_interval must be >= 1, got {check_interval}")
@@ -89,6 +136,8 @@ class PreemptionHook(Hook):
         self._in_train = False  # validations inside training are cut too
         self._agreement: Any = None  # the trainer's agreement while training: the handler proposes the stop to it
         self.grace_s = grace_s
+        self.requeue = bool(requeue)
+        self.requeued = False  # scontrol requeue succeeded for this run (rank 0) / the requeue was decided (every rank)
         self._watchdog: _Watchdog | None = None  # while installed: exits a process that no step boundary reaches after a signal
         self._view: Any = None  # the trainer while training (the watchdog reads its progress and logger)
         self._beats = 0  # step boundaries the iteration count does not show (validation batches, saves)
@@ -127,6 +176,7 @@ class PreemptionHook(Hook):
     def before_train(self, trainer: TrainerView) -> None:  # noqa: D102
         self.received = None
         self.preempted = False
+        self.requeued = False
         trainer.preempted = False
         if threading.current_thread() is not threading.main_thread():
             trainer.logger.warning("PreemptionHook: train() runs outside the main thread, so SIGTERM/SIGUSR1 cannot be caught; preemption will not save a checkpoint")
@@ -167,7 +217,32 @@ class PreemptionHook(Hook):
             return
         path = trainer.checkpoints.save_now()  # the checkpoint hook's naming and keep-k when there is one; complete on return
         saved = f"checkpoint {path}" if path is not None else "this iteration was checkpointed already"
+        job_id = slurm_job_id() if self.requeue else None
+        # the same answer on every rank: the requeue signal reached at least one of them
+        if job_id is not None and trainer.strategy.any_true(self.received == REQUEUE_SIGNAL):
+            self._requeue(trainer, job_id, saved)
+            return
         trainer.logger.warning(f"Preempted at iteration {trainer.progress.iteration}: {saved}; restart with resume=True to continue")
+
+    def _requeue(self, trainer: TrainerView, job_id: str, saved: str) -> None:
+        """Every rank's checkpoint is complete (barrier), then rank 0 asks SLURM to requeue the job."""
+        trainer.strategy.barrier()
+        failed = None
+        if trainer.strategy.is_main_process:
+            failed = requeue_slurm_job(job_id)
+        failed = trainer.strategy.broadcast_object(failed)
+        if failed is None:
+            self.requeued = True
+            trainer.logger.warning(f"Preempted at iteration {trainer.progress.iteration}: {saved}; SLURM job {job_id} requeued (scontrol requeue {job_id}); it continues with resume=True")
+            return
+        if self.received is None:  # another rank got the signal: exit with the status it has
+            self.received = REQUEUE_SIGNAL
+        it = trainer.progress.iteration
+        trainer.logger.error(
+            f"Preempted at iteration {it}: the checkpoint of iteration {it} is kept, but SLURM job {job_id} was NOT requeued: {failed}. "
+            f"Requeue it by hand with `scontrol requeue {job_id}` (or submit the job script again; it continues with resume=True), "
+            "or pass default_hooks=dict(preemption=dict(requeue=False)) to only save and exit"
+        )
 
     def after_run(self, trainer: TrainerView) -> None:  # noqa: D102
         self._in_train = False
@@ -180,7 +255,9 @@ class PreemptionHook(Hook):
         code = self.exit_code
         if code is None:
             return
-        if code == _DEFAULT:
+        if self.requeued:
+            code = 0  # the job comes back: a clean exit (a non-zero one would make torchrun restart the workers)
+        elif code == _DEFAULT:
             code = 128 + int(self.received) if self.received is not None else 143
         trainer.logger.warning(f"Exiting with status {code} after preemption")
         trainer.flush_logs()  # buffered log records must reach the disk
@@ -226,6 +303,7 @@ class _Watchdog:
     def _run(self) -> None:
         ours = {int(s) for s in self.hook.signals}
         first: int | None = None
+        first_at = 0.0
         deadline = beat = None
         while not self._done.is_set():
             try:
@@ -236,10 +314,13 @@ class _Watchdog:
                 return  # closed by stop()
             if self._done.is_set():
                 return
+            now = time.monotonic()
             for signum in (b for b in got if b in ours):
                 if first is not None:
+                    if now - first_at < SAME_SIGNAL_S:
+                        continue  # one signal delivered several ways (SLURM and a forwarding launcher, DataLoader workers)
                     self._exit(signum, f"a second {signal.Signals(signum).name} arrived before the stop was reached")
-                first, deadline, beat = signum, time.monotonic() + self.grace_s, self._beat()
+                first, first_at, deadline, beat = signum, now, now + self.grace_s, self._beat()
             if first is None or deadline is None:
                 continue
             now_beat = self._beat()
