@@ -8,6 +8,7 @@ before anything trains, with a message that names the fix.
 from __future__ import annotations
 
 import csv
+import os
 import signal
 import subprocess
 import sys
@@ -132,47 +133,71 @@ def _run_until(tmp_path: Path, cmd: list[str], started: Path | None, sig: int | 
 
 @pytest.mark.slow
 @pytest.mark.multiprocess
-def test_sweep_command_resumes_after_sigterm_and_sigkill(tmp_path):
+def test_sweep_command_resumes_after_being_killed(tmp_path):
     cmd = _sweep_cmd(tmp_path)
     out = tmp_path / "sweep"
     storage = f"sqlite:///{tmp_path / 'sweep.db'}"
 
-    rc, text = _run_until(tmp_path, cmd, out / "trial_2", signal.SIGTERM, "run1")  # preempted while trial 2 trains
-    assert rc != 0, text[-3000:]
+    rc, text = _run_until(tmp_path, cmd, out / "trial_3", signal.SIGKILL, "run1")  # killed outright while trial 3 trains
+    assert rc == -signal.SIGKILL, text[-3000:]
     first = optuna.load_study(study_name="digits", storage=storage).trials
+    assert [t.state.name for t in first][3:] == ["RUNNING"]  # nobody could mark it
     finished_1 = {t.number: t.value for t in first if t.state.name in ("COMPLETE", "PRUNED")}
-    assert set(finished_1) == {0, 1}, [(t.number, t.state.name) for t in first]
+    assert set(finished_1) == {0, 1, 2}, [(t.number, t.state.name) for t in first]
     mtimes = {n: sorted((p.name, p.stat().st_mtime_ns) for p in (out / f"trial_{n}").rglob("*")) for n in finished_1}
 
-    rc, text = _run_until(tmp_path, cmd, out / "trial_5", signal.SIGKILL, "run2")  # killed outright while trial 5 trains
-    assert rc == -signal.SIGKILL, text[-3000:]
-    assert "continuing; 2 of 8 trials finished already" in text
-    assert optuna.load_study(study_name="digits", storage=storage).trials[5].state.name == "RUNNING"  # nobody could mark it
-
-    rc, text = _run_until(tmp_path, cmd, None, None, "run3")
+    rc, text = _run_until(tmp_path, cmd, None, None, "run2")
     assert rc == 0, text[-3000:]
-    assert "trial 5 was running when the sweep was interrupted" in text
+    assert "trial 3 was running when the sweep was interrupted" in text and "continuing; 3 of 8 trials finished already" in text
 
     trials = optuna.load_study(study_name="digits", storage=storage).trials
     states = [t.state.name for t in trials]
     assert sum(s in ("COMPLETE", "PRUNED") for s in states) == 8
-    failed = [t for t in trials if t.state.name == "FAIL"]
-    assert [t.number for t in failed] == [2, 5] and len(trials) == 10  # the two interrupted ones, nothing else ran twice
-    for t in failed:  # each interrupted trial ran again with its values, as a new trial
-        (again,) = [u for u in trials if u.user_attrs.get("rerun_of") == t.number]
-        assert again.params == t.params and again.number > t.number and again.state.name in ("COMPLETE", "PRUNED")
-    # the trials finished before the first interruption were not run again: same values, their folders untouched
+    assert len(trials) == 9 and states[3] == "FAIL"  # the killed trial; nothing else ran twice
+    (again,) = [u for u in trials if u.user_attrs.get("rerun_of") == 3]  # it ran again with its values, as the next trial
+    assert again.number == 4 and again.params == trials[3].params and again.state.name in ("COMPLETE", "PRUNED")
+    # the trials finished before the kill were not run again: same values, their folders untouched
     for n, value in finished_1.items():
         assert trials[n].value == value
         assert sorted((p.name, p.stat().st_mtime_ns) for p in (out / f"trial_{n}").rglob("*")) == mtimes[n]
 
     rows = _rows(out / "results.csv")
     assert [r["state"] for r in rows] == states
-    assert "interrupted" in rows[2]["note"] and "re-runs interrupted trial 2" in rows[3]["note"]
+    assert "killed while it ran" in rows[3]["note"] and "re-runs interrupted trial 3" in rows[4]["note"]
     best = max((t for t in trials if t.state.name == "COMPLETE"), key=lambda t: t.value)
     assert best.value >= 0.9
     cfg = Config.fromfile(out / "best_config.py")
     assert cfg.optim_wrapper.optimizer.lr == best.params["optim_wrapper.optimizer.lr"] and cfg.model.hidden == best.params["model.hidden"]
+
+
+class _PreemptTrial(tw.Hook):
+    """Sends this process SIGTERM (a cluster's preemption notice) at the 5th iteration of trial 1."""
+
+    fired = False
+
+    def after_train_iter(self, trainer, batch_idx, data_batch=None, outputs=None):
+        if not _PreemptTrial.fired and trainer.run_dir.parent.name == "trial_1" and trainer.progress.iteration == 5:
+            _PreemptTrial.fired = True
+            os.kill(os.getpid(), signal.SIGTERM)
+
+
+@pytest.mark.slow
+def test_preempted_sweep_exits_and_runs_the_trial_again(tmp_path, one_thread):
+    storage = f"sqlite:///{tmp_path / 'sweep.db'}"
+    cfg = _digits(**{"train_cfg.max_epochs": 1, "custom_hooks": [_PreemptTrial()]})
+    args = dict(trials=3, metric="val/acc", storage=storage, study_name="s", seed=0, work_dir=tmp_path / "out", log=None)
+    with pytest.raises(SystemExit) as e:  # the trainer's PreemptionHook: finish the step, save, exit 128 + SIGTERM
+        run_sweep(cfg, PARAMS, **args)
+    assert e.value.code == 128 + signal.SIGTERM
+    trials = optuna.load_study(study_name="s", storage=storage).trials
+    assert [t.state.name for t in trials] == ["COMPLETE", "FAIL", "WAITING"]
+    assert trials[1].user_attrs["error"] == "interrupted" and trials[2].user_attrs["rerun_of"] == 1
+    assert (tmp_path / "out" / "trial_1" / "checkpoints" / "iter_5.pth").exists()
+
+    result = run_sweep(cfg, PARAMS, **args)  # the same call again continues the study
+    assert [(t.number, t.state) for t in result.trials][:2] == [(0, "COMPLETE"), (1, "FAIL")]
+    assert result.trials[2].params == trials[1].params and result.trials[2].state in ("COMPLETE", "PRUNED")
+    assert len(result.trials) == 4 and result.count("COMPLETE") + result.count("PRUNED") == 3
 
 
 # -- bad input: refused before anything trains ------------------------------------------------------------------------
@@ -288,3 +313,18 @@ def test_command_line_errors_exit_2_before_training(tmp_path, capsys):
     with pytest.raises(SystemExit):  # argparse: --trials is required
         main(["sweep", DIGITS, "--param", "model.hidden=choice:32,64", "--metric", "val/acc"])
     assert "the following arguments are required: --trials" in capsys.readouterr().err
+
+
+def test_trial_whose_config_does_not_build_names_the_trial(tmp_path):
+    out = tmp_path / "out"
+    with pytest.raises(ConfigError) as e:
+        run_sweep(_digits(), ["model.hidden=choice:-5"], trials=2, metric="val/acc", work_dir=out, log=None)
+    assert str(e.value).startswith("trial 0 with {'model.hidden': -5}: Building 'model' from the config failed")
+    assert [(r["number"], r["state"]) for r in _rows(out / "results.csv")] == [("0", "FAIL")]
+
+
+def test_sweep_under_a_launcher_with_several_processes_is_refused(tmp_path, monkeypatch):
+    for k, v in {"RANK": "0", "WORLD_SIZE": "2", "LOCAL_RANK": "0", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": "29500"}.items():
+        monkeypatch.setenv(k, v)
+    with pytest.raises(ConfigError, match="runs its trials one after another in one process, but pytorch started 2 processes; start it once"):
+        run_sweep(Config.fromfile(DIGITS), ["model.hidden=choice:32,64"], trials=2, metric="val/acc", work_dir=tmp_path / "out", log=None)

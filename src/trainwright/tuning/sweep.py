@@ -424,11 +424,14 @@ def _check_validation(cfg: Mapping[str, Any]) -> None:
 
 
 def _check_one_process() -> None:
-    from trainwright.dist import detect_launcher
+    from trainwright.dist import detect_launcher, launched_world_size
 
-    launcher = detect_launcher()
-    if launcher != "none":
-        raise ConfigError(f"trainwright sweep runs its trials one after another in this one process, but it was started by a launcher ({launcher}); start it without torchrun / srun")
+    n = launched_world_size()
+    if n > 1:
+        raise ConfigError(
+            f"trainwright sweep runs its trials one after another in one process, but {detect_launcher()} started {n} processes; "
+            "start it once, without torchrun / srun / mpirun"
+        )
 
 
 def _open_study(optuna: Any, url: str, name: str, direction: str, metric: str, params: Sequence[Param], pruner: Any, startup: int, seed: int | None, sampler: Any) -> Any:
@@ -437,7 +440,7 @@ def _open_study(optuna: Any, url: str, name: str, direction: str, metric: str, p
             raise ConfigError(f"--pruner {pruner!r} is not a pruner.{did_you_mean(pruner, list(_PRUNERS))} Use one of {list(_PRUNERS)}")
         pruner = optuna.pruners.MedianPruner(n_startup_trials=startup, n_warmup_steps=0) if pruner == "median" else optuna.pruners.NopPruner()
     try:
-        existing = [s.study_name for s in optuna.get_all_study_summaries(storage=url)]
+        existing = optuna.study.get_all_study_names(storage=url)
     except Exception as e:
         raise ConfigError(f"cannot open the sweep storage {url!r}: {type(e).__name__}: {e}. Give --storage as an Optuna storage URL, e.g. sqlite:///sweep.db") from e
     resumed = name in existing
@@ -507,6 +510,10 @@ def _run_trial(optuna: Any, study: Any, trial: Any, base: Config, trial_dir: Pat
         return
     except BaseException as e:
         interrupted = isinstance(e, (KeyboardInterrupt, SystemExit))
+        if isinstance(e, ConfigError):  # the config does not build (or train) with these values: say which
+            trial.set_user_attr("error", f"ConfigError: {str(e).splitlines()[0][:200]}")
+            study.tell(trial, state=TrialState.FAIL)
+            raise ConfigError(f"trial {trial.number} with {dict(trial.params)}: {e}") from e
         trial.set_user_attr("error", "interrupted" if interrupted else f"{type(e).__name__}: {str(e).splitlines()[0][:200] if str(e) else ''}")
         study.tell(trial, state=TrialState.FAIL)
         if interrupted:
