@@ -1,0 +1,1 @@
+"""Tuning helpers: hyper-parameter sweeps (:mod:`trainwright.tuning.sweep`)."""
