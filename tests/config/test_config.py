@@ -142,6 +142,67 @@ def test_dump_round_trip(tmp_path: Path, suffix: str) -> None:
         cfg.dump(tmp_path / "x.toml")
 
 
+@pytest.mark.slow
+@pytest.mark.timeout(240)
+@pytest.mark.parametrize("suffix", [".py", ".json"])
+def test_dump_of_a_config_that_defines_its_model_trains_in_a_new_process(tmp_path: Path, suffix: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The dump names the files that define classes in custom_imports: `trainwright train dump` builds the same model; a moved file is named."""
+    import os
+    import subprocess
+    import sys
+
+    net, data = f"DumpNet{suffix[1:]}", f"DumpData{suffix[1:]}"  # registered once per process: a name per case
+    write(tmp_path / "src" / "net_cfg.py", f"""
+        import torch
+        from torch import nn
+        import trainwright as tw
+        from trainwright.registry import MODELS
+
+        @MODELS.register()
+        class {net}(tw.BaseModel):
+            def __init__(self):
+                super().__init__()
+                self.fc = nn.Linear(4, 1)
+
+            def forward(self, x, y=None, mode="tensor"):
+                out = self.fc(x)
+                return {{"loss": ((out - y) ** 2).mean()}} if mode == "loss" else out
+
+        g = torch.Generator().manual_seed(0)
+        model = dict(type="{net}")
+        train_dataloader = dict(dataset=torch.utils.data.TensorDataset(torch.randn(16, 4, generator=g), torch.randn(16, 1, generator=g)), batch_size=8)
+        optim_wrapper = dict(optimizer=dict(type="SGD", lr=0.1))
+        train_cfg = dict(by_epoch=True, max_epochs=1)
+    """)
+    write(tmp_path / "src" / "child.py", "_base_ = 'net_cfg.py'\noptim_wrapper = dict(optimizer=dict(lr=0.05))\n")
+    cfg = Config.fromfile(tmp_path / "src" / "child.py")
+    cfg.train_dataloader = dict(dataset=dict(type="TensorDataset"), batch_size=8)  # the dump cannot hold a Dataset object: a registered one
+    cfg.merge_from_dict({"train_dataloader.dataset": dict(type=data)})
+    write(tmp_path / "src" / f"extra_{suffix[1:]}.py", f"""
+        import torch
+        from trainwright.registry import DATASETS
+
+        @DATASETS.register()
+        class {data}(torch.utils.data.TensorDataset):
+            def __init__(self):
+                g = torch.Generator().manual_seed(0)
+                super().__init__(torch.randn(16, 4, generator=g), torch.randn(16, 1, generator=g))
+    """)
+    cfg.custom_imports = dict(imports=[f"extra_{suffix[1:]}"])  # a module next to the config: kept, and the defining file added
+    out = cfg.dump(tmp_path / "dumped" / f"cfg{suffix}")
+    again = Config.fromfile(out, import_custom_modules=False)
+    assert again.custom_imports["imports"] == [f"extra_{suffix[1:]}", str((tmp_path / "src" / "net_cfg.py").resolve())]
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(tmp_path / "src"), os.environ.get("PYTHONPATH", "")]))
+    run = subprocess.run([sys.executable, "-m", "trainwright", "train", str(out), "--work-dir", str(tmp_path / "w")], env=env, cwd=tmp_path,
+                         capture_output=True, text=True, timeout=200)
+    assert run.returncode == 0, run.stderr[-3000:]
+    assert (tmp_path / "w" / "checkpoints" / "epoch_1.pth").is_file()
+    (tmp_path / "src" / "net_cfg.py").rename(tmp_path / "src" / "moved.py")
+    monkeypatch.syspath_prepend(str(tmp_path / "src"))
+    with pytest.raises(ConfigError, match="custom_imports: no file .*net_cfg.py.*moved or deleted"):
+        Config.fromfile(out)
+
+
 def test_dump_writes_objects_as_strings(tmp_path: Path) -> None:
     import torch
 

@@ -4,7 +4,8 @@ The format follows OpenMMLab mmengine: a ``.py`` config is its module-level vari
 (names starting with ``_`` and modules, functions and classes are left out); ``_base_``
 names the file(s) it inherits from; a dict holding ``_delete_=True`` replaces the inherited
 dict instead of being merged into it; ``custom_imports = dict(imports=[...])`` imports modules
-that register components.
+(or runs ``.py`` files) that register components. A dump of a config whose files define classes
+names those files in ``custom_imports``, so it builds the same components.
 """
 
 from __future__ import annotations
@@ -12,12 +13,8 @@ from __future__ import annotations
 import __future__
 import ast
 import copy
-import hashlib
-import importlib
 import json
 import pprint
-import sys
-import traceback
 import types
 from collections.abc import Iterable, Mapping
 from pathlib import Path
@@ -26,6 +23,7 @@ from typing import Any
 from trainwright.config.overrides import apply_overrides, parse_overrides
 from trainwright.config.substitute import resolve_base_refs, substitute_text
 from trainwright.registry import ConfigError, did_you_mean
+from trainwright.utils.imports import import_modules, run_code
 
 BASE_KEY = "_base_"
 DELETE_KEY = "_delete_"
@@ -139,12 +137,13 @@ class Config(ConfigDict):
                 module cannot be imported.
         """
         path = Path(path)
-        texts: list[str] = []
-        data = _load_with_bases(path, chain=(), texts=texts)
+        sources: list[tuple[Path, str]] = []
+        data = _load_with_bases(path, chain=(), sources=sources)
         if import_custom_modules:
             import_modules(data.get("custom_imports"), path)
         cfg = cls(data, filename=path)
-        object.__setattr__(cfg, "_text", "\n".join(texts))
+        object.__setattr__(cfg, "_text", "\n".join(f"{p}\n{raw}" for p, raw in sources))
+        object.__setattr__(cfg, "_code_files", [str(p.resolve()) for p, raw in sources if p.suffix == ".py" and _defines_code(raw)])
         return cfg
 
     @classmethod
@@ -199,8 +198,11 @@ class Config(ConfigDict):
         path = Path(path)
         path.parent.mkdir(parents=True, exist_ok=True)
         data = _literal(self)
+        code = [f for f in self.__dict__.get("_code_files", ()) if f not in _import_list(data.get("custom_imports"))]
+        if code:  # the classes / functions its files define: the dump runs those files (custom_imports), so it builds as the original did
+            data["custom_imports"] = {"imports": [*_import_list(data.get("custom_imports")), *code]}
         if path.suffix == ".py":
-            text = self.pretty_text
+            text = Config(data).pretty_text
         elif path.suffix in (".yaml", ".yml"):
             yaml = _require_yaml(path)
             text = yaml.safe_dump(_jsonable(data), sort_keys=False, default_flow_style=None)
@@ -216,8 +218,8 @@ class Config(ConfigDict):
 
 
 # -- loading ---------------------------------------------------------------------------------
-def _load_with_bases(path: Path, chain: tuple[Path, ...], texts: list[str] | None = None) -> dict[str, Any]:
-    """The file's keys merged over its ``_base_`` files' (each resolved relative to ``path``); ``texts`` collects the files' texts, bases first."""
+def _load_with_bases(path: Path, chain: tuple[Path, ...], sources: list[tuple[Path, str]] | None = None) -> dict[str, Any]:
+    """The file's keys merged over its ``_base_`` files' (each resolved relative to ``path``); ``sources`` collects each file and its text, bases first."""
     if not path.is_file():
         hint = " (a folder: name a config file inside it)" if path.is_dir() else ""
         raise ConfigError(f"Config file not found: {str(path)!r}{hint}; check the path (relative paths start at {str(Path.cwd())!r})")
@@ -234,8 +236,8 @@ def _load_with_bases(path: Path, chain: tuple[Path, ...], texts: list[str] | Non
     if bases is None:
         if refs:
             raise ConfigError(f"{path}: {{{{_base_.{next(iter(refs.values()))}}}}} needs a _base_ file to refer to; add _base_ = [...]")
-        if texts is not None:
-            texts.append(f"{path}\n{raw}")
+        if sources is not None:
+            sources.append((path, raw))
         return _strip_delete(data)
     if isinstance(bases, (str, Path)):
         bases = [bases]
@@ -243,13 +245,13 @@ def _load_with_bases(path: Path, chain: tuple[Path, ...], texts: list[str] | Non
         raise ConfigError(f"{path}: _base_ must be a file name or a list of file names, got {bases!r}")
     merged: dict[str, Any] = {}
     for base in bases:
-        base_data = _load_with_bases(path.parent / base, (*chain, resolved), texts)
+        base_data = _load_with_bases(path.parent / base, (*chain, resolved), sources)
         clash = set(merged) & set(base_data)
         if clash:
             raise ConfigError(f"{path}: keys {sorted(clash)} are set by more than one _base_ file; set each in one base, or override it in {path.name}")
         merged.update(base_data)
-    if texts is not None:
-        texts.append(f"{path}\n{raw}")
+    if sources is not None:
+        sources.append((path, raw))
     return merge(merged, resolve_base_refs(data, refs, merged, path))
 
 
@@ -306,21 +308,27 @@ def _parse_py(text: str, path: Path) -> dict[str, Any]:
     except SyntaxError as e:
         line = f"\n    {e.text.rstrip()}" if e.text else ""
         raise ConfigError(f"{path}:{e.lineno}: syntax error: {e.msg}{line}") from e
-    name = "trainwright_config_" + hashlib.sha1(str(path.resolve()).encode()).hexdigest()[:12]
-    module = types.ModuleType(name)
-    module.__file__ = str(path)
-    sys.modules[name] = module  # classes defined in the config pickle and register by a stable module name
-    try:
-        exec(code, module.__dict__)  # noqa: S102 - a config file is code the user asked to run
-    except Exception as e:
-        lineno = next((f.lineno for f in reversed(traceback.extract_tb(e.__traceback__)) if f.filename == str(path)), None)
-        where = f"{path}:{lineno}" if lineno is not None else str(path)
-        raise ConfigError(f"{where}: running the config failed: {type(e).__name__}: {e}") from e
+    module = run_code(code, path)
     imported = _imported_names(ast.parse(text))
     return {
         k: v for k, v in module.__dict__.items()
         if (not k.startswith("_") or k == BASE_KEY) and k not in imported and not isinstance(v, (types.ModuleType, types.FunctionType, type, __future__._Feature))
     }
+
+
+def _defines_code(text: str) -> bool:
+    """Whether a ``.py`` config defines classes or functions at module level (a dump leaves them out, so it names the file to run)."""
+    try:
+        tree = ast.parse(text)
+    except SyntaxError:
+        return False
+    return any(isinstance(n, (ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef)) for n in tree.body)
+
+
+def _import_list(custom_imports: Any) -> list[str]:
+    """The entries of a ``custom_imports`` value (a dict with ``imports``, a list, or one name)."""
+    imports = custom_imports.get("imports", []) if isinstance(custom_imports, Mapping) else custom_imports or []
+    return [imports] if isinstance(imports, str) else list(imports)
 
 
 def _imported_names(node: ast.AST) -> set[str]:
@@ -340,40 +348,6 @@ def _require_yaml(path: Path) -> Any:
     except ImportError as e:
         raise ConfigError(f"{path}: YAML configs need PyYAML: pip install 'trainwright[yaml]' (or pyyaml)") from e
     return yaml
-
-
-def import_modules(custom_imports: Any, path: Path | None = None) -> None:
-    """Import the modules of ``custom_imports = dict(imports=[...], allow_failed_imports=False)``.
-
-    The config file's folder and the current folder are searched too, so a module next to the
-    config is found however trainwright was started.
-    """
-    if not custom_imports:
-        return
-    if isinstance(custom_imports, Mapping):
-        imports = custom_imports.get("imports", [])
-        allow_failed = bool(custom_imports.get("allow_failed_imports", False))
-    else:
-        imports, allow_failed = custom_imports, False
-    if isinstance(imports, str):
-        imports = [imports]
-    extra = [str(p) for p in ([path.resolve().parent] if path is not None else []) + [Path.cwd()] if str(p) not in sys.path]
-    sys.path.extend(extra)
-    try:
-        for mod in imports:
-            try:
-                importlib.import_module(mod)
-            except ImportError as e:
-                if allow_failed:
-                    continue
-                raise ConfigError(
-                    f"custom_imports: cannot import {mod!r} ({e}); make it importable (install it, or add its folder to PYTHONPATH), "
-                    "or set custom_imports=dict(imports=[...], allow_failed_imports=True)"
-                ) from e
-    finally:
-        for p in extra:
-            if p in sys.path:
-                sys.path.remove(p)
 
 
 # -- dumping ---------------------------------------------------------------------------------

@@ -11,7 +11,6 @@ keys trainwright has no use for are ignored with a warning.
 from __future__ import annotations
 
 import copy
-import importlib
 import inspect
 import json
 import warnings
@@ -20,6 +19,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from trainwright.logging.writers import plain
+from trainwright.utils.imports import import_modules
 from trainwright.registry import DATASETS, FUNCTIONS, MODELS, ConfigError, did_you_mean, dropping_scope, ignored_scope_hint
 from trainwright.utils.seed import set_random_seed
 
@@ -212,7 +212,8 @@ def trainer_from_config(trainer_cls: type[Trainer], cfg: Mapping[str, Any], **ov
         raise ConfigError(f"Trainer.from_config needs a Config or a dict, got {type(cfg).__name__}; load files with trainwright.config.Config.fromfile(path)")
     args = dict(cfg)
     args.update(overrides)
-    import_custom_modules(args.get("custom_imports"))
+    filename = getattr(cfg, "filename", None)
+    import_modules(args.get("custom_imports"), Path(filename) if filename else None)  # Config.fromfile has usually done it already
     allowed = trainer_keys(trainer_cls)
     writers = _writers_from_visualizer(args)
     if writers is not None:
@@ -284,20 +285,6 @@ def dump_config(cfg: Mapping[str, Any], run_dir: Path) -> Path:
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps(plain(cfg), indent=2) + "\n", encoding="utf-8")
     return path
-
-
-def import_custom_modules(custom_imports: Any) -> None:
-    """Import ``custom_imports = dict(imports=[...])`` (``Config.fromfile`` has usually done it already)."""
-    if not custom_imports:
-        return
-    imports = custom_imports.get("imports", []) if isinstance(custom_imports, Mapping) else custom_imports
-    allow_failed = bool(custom_imports.get("allow_failed_imports", False)) if isinstance(custom_imports, Mapping) else False
-    for mod in [imports] if isinstance(imports, str) else imports:
-        try:
-            importlib.import_module(mod)
-        except ImportError as e:
-            if not allow_failed:
-                raise ConfigError(f"custom_imports: cannot import {mod!r} ({e}); install it or add its folder to PYTHONPATH") from e
 
 
 def config_path_of(cfg: Mapping[str, Any], error: BaseException) -> str | None:
