@@ -49,6 +49,10 @@ def build_parser() -> argparse.ArgumentParser:
     plot.add_argument("--out", default="curves.png", metavar="PNG", help="the image to write (default: curves.png)")
     plot.add_argument("--debug", action="store_true", help="show full tracebacks")
 
+    from trainwright.cli.tune import add_tune_lr_parser
+
+    add_tune_lr_parser(sub, common)
+
     env = sub.add_parser("env", help="show the environment (python, torch, CUDA, devices, backends, extras)")
     env.add_argument("--debug", action="store_true", help="show full tracebacks")
     return parser
@@ -69,6 +73,10 @@ def main(argv: Sequence[str] | None = None) -> int:
             out = plot_runs(args.work_dirs, args.keys, args.out)
             print(f"wrote {out}")
             return 0
+        if args.command == "tune-lr":
+            from trainwright.cli.tune import tune_lr_command
+
+            return tune_lr_command(args)
         from trainwright.cli.env import collect_env_info
 
         print(collect_env_info())
