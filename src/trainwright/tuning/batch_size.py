@@ -92,6 +92,7 @@ def _fits(trainer: TunableTrainer, batch_size: int, steps: int) -> bool:
     for w in wrappers.values():
         w.initialize_count_status(model, 0, steps * w.accumulative_counts)
     acc = max(w.accumulative_counts for w in wrappers.values())
+    torch.cuda.empty_cache()  # what the last trial left cached (an out-of-memory one included) goes back first
     try:
         done = 0
         while done < steps * acc:
