@@ -257,3 +257,22 @@ def test_cli_tune_lr_prints_the_suggestion(tmp_path: Path, monkeypatch: pytest.M
 
     assert main(["tune-lr", str(DIGITS), "--work-dir", "wd", "--num-steps", "1"]) == 2
     assert "num_steps must be an int >= 2" in capsys.readouterr().err
+
+
+def test_spike_guard_skips_none_of_the_finders_updates(trainer_factory: Any) -> None:
+    model = nn.Linear(4, 1)
+    opt = RecordingSGD(model.parameters(), lr=0.01)
+
+    class Reg(tw.BaseModel):
+        def __init__(self) -> None:
+            super().__init__()
+            self.m = model
+
+        def forward(self, x: torch.Tensor, y: torch.Tensor | None = None, mode: str = "tensor") -> Any:
+            return {"loss": F.mse_loss(self.m(x), y)} if mode == "loss" else self.m(x)
+
+    trainer = trainer_factory(model=Reg(), batch_size=4, optim_wrapper=tw.OptimWrapper(opt), spike_guard=dict(window=5, threshold=0.5, min_history=3))
+    result = trainer.find_lr(min_lr=1e-3, max_lr=1e3, num_steps=40)  # the loss grows by orders of magnitude: spikes for the guard
+    assert result.stopped_early and len(opt.steps) == len(result.lrs)  # every update stepped
+    assert trainer.spike_guard is not None and trainer.spike_guard.skipped == 0
+    assert trainer.optim_wrapper.spike_guard is trainer.spike_guard  # attached again afterwards

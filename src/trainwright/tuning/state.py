@@ -5,7 +5,9 @@
 plus what a checkpoint does not hold but the tuner's steps change: every parameter's
 ``.grad`` (also of parameters outside the optimizer, which ``zero_grad`` never clears), every
 buffer (non-persistent ones are not in a state dict), each module's ``training`` flag and the
-optim wrappers' counters (window position, ``grad_norm``, ``skipped_steps``).
+optim wrappers' counters (window position, ``grad_norm``, ``skipped_steps``). While the
+tuner runs, the wrappers' spike guards (``Trainer(spike_guard=...)``) are detached: its steps
+take the plain update path.
 """
 
 from __future__ import annotations
@@ -86,10 +88,16 @@ def preserved(trainer: TunableTrainer) -> Iterator[None]:
     """
     runtime = _runtime_state(trainer)
     captured = trainer.checkpoints.capture()
+    wrappers = optim_wrappers_of(trainer.optim_wrapper).values()
+    guards = [(ow, ow.spike_guard) for ow in wrappers if getattr(ow, "spike_guard", None) is not None]
     try:
+        for ow, _ in guards:
+            ow.spike_guard = None  # the plain update path: an lr ramp makes loss spikes on purpose, none may be skipped or rolled back
         yield
     finally:
-        for ow in optim_wrappers_of(trainer.optim_wrapper).values():
+        for ow, guard in guards:
+            ow.spike_guard = guard
+        for ow in wrappers:
             ow.zero_grad(set_to_none=True)  # the tuner's gradients go before the state comes back (less memory at the peak)
         trainer.checkpoints.restore(captured, MEMORY)
         _put_back(trainer, runtime)
