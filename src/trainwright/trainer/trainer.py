@@ -468,7 +468,7 @@ class Trainer:
         stopping once it exceeds ``diverge`` x its best. Model, optimizer, schedulers, data
         position, RNG and hook states are restored afterwards, so a following :meth:`train`
         gives what it gives without the test; no hook runs, nothing is logged per step and no
-        checkpoint is written. See docs/tuning.md.
+        checkpoint is written. See docs/diagnose.md.
 
         Returns:
             The curve (``lrs``, ``losses``), ``suggestion`` (steepest descent of the smoothed
@@ -490,7 +490,7 @@ class Trainer:
         Doubles the batch size from ``init`` until ``torch.cuda.OutOfMemoryError`` (``mode="power"``;
         ``"binsearch"`` then bisects), at most ``max_trials`` sizes. ``apply=True`` makes the
         train loader use the size found (the loader, optimizer, schedulers and loop are built
-        again by :meth:`train`; only before training started). See docs/tuning.md.
+        again by :meth:`train`; only before training started). See docs/diagnose.md.
 
         Raises:
             RuntimeError: the device is not CUDA (it must report out-of-memory), several processes

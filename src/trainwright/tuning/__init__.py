@@ -1,7 +1,7 @@
 """Tuners: the learning-rate range test and the batch-size finder, each leaving the trainer exactly as it was.
 
 ``Trainer.find_lr`` / ``Trainer.find_batch_size`` build the train parts and call these; the
-state they change is put back by :func:`~trainwright.tuning.state.preserved`. See docs/tuning.md.
+state they change is put back by :func:`~trainwright.tuning.state.preserved`. See docs/diagnose.md.
 """
 
 from trainwright.tuning.batch_size import find_batch_size, with_batch_size

@@ -5,7 +5,7 @@ training steps at each size through the run's update path, until the device repo
 out-of-memory (``torch.cuda.OutOfMemoryError``); ``mode="binsearch"`` then narrows between the
 last size that fit and the first that did not. The trainer is put back bitwise afterwards
 (:func:`~trainwright.tuning.state.preserved`). Only a device that raises out-of-memory (CUDA)
-can be probed: on the CPU the process would swap or be killed instead. See docs/tuning.md.
+can be probed: on the CPU the process would swap or be killed instead. See docs/diagnose.md.
 """
 
 from __future__ import annotations

@@ -5,7 +5,7 @@ run's one update path (``model.train_step`` â†’ ``OptimWrapper.update_params`` â
 the lr set on every param group before each update; it stops early when the smoothed loss
 passes ``diverge`` times the best so far, and puts the trainer back bitwise afterwards
 (:func:`~trainwright.tuning.state.preserved`). :class:`LRFinderResult` holds the curve, the
-suggestion (the steepest descent of the smoothed loss) and draws it. See docs/tuning.md.
+suggestion (the steepest descent of the smoothed loss) and draws it. See docs/diagnose.md.
 """
 
 from __future__ import annotations
