@@ -11,7 +11,7 @@ suggestion (the steepest descent of the smoothed loss) and draws it. See docs/di
 from __future__ import annotations
 
 import math
-from collections.abc import Iterator
+from collections.abc import Generator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -137,7 +137,7 @@ class LRFinderResult:
         return path
 
 
-def _batches(loader: Any) -> Iterator[Any]:
+def _batches(loader: Any) -> Generator[Any, None, None]:
     """The loader's batches, starting a new pass whenever one ends (the position is restored afterwards)."""
     while True:
         empty = True
@@ -201,34 +201,40 @@ def find_lr(
         batches = _batches(trainer.train_loop.dataloader)
         train_step: Any = model.train_step
         avg, best = 0.0, math.inf
-        for i, lr in enumerate(lrs_planned):
-            for g, ratio in groups:
-                g["lr"] = lr * ratio
-            total = None
-            for _ in range(acc):
-                out = train_step(next(batches), ow)
-                loss = out["loss"] if isinstance(out, dict) and "loss" in out else None
-                if not isinstance(loss, torch.Tensor):
-                    raise TypeError(f"find_lr needs the loss of each step: train_step returned {type(out).__name__} without a 'loss' tensor; return dict(loss=...) from forward(mode='loss')")
-                total = loss.detach().float() if total is None else total + loss.detach().float()
-            assert total is not None
-            mean = total / acc
-            if strategy.world_size > 1:
-                mean = strategy.reduce(mean, "mean")
-            value = float(mean)  # one host sync per update: the stop decision needs the number
-            lrs.append(lr)
-            raw.append(value)
-            if not math.isfinite(value):
-                losses.append(math.nan)
-                stopped = i < num_steps - 1
-                break
-            avg = beta * avg + smooth * value
-            smoothed = avg / (1.0 - beta ** (i + 1))
-            losses.append(smoothed)
-            if diverge is not None and i > 0 and smoothed > diverge * best:
-                stopped = i < num_steps - 1
-                break
-            best = min(best, smoothed)
+        try:
+            for i, lr in enumerate(lrs_planned):
+                for g, ratio in groups:
+                    if isinstance(g["lr"], torch.Tensor):  # a tensor lr (capturable optimizers) stays one
+                        g["lr"].fill_(lr * ratio)
+                    else:
+                        g["lr"] = lr * ratio
+                total = None
+                for _ in range(acc):
+                    out = train_step(next(batches), ow)
+                    loss = out["loss"] if isinstance(out, dict) and "loss" in out else None
+                    if not isinstance(loss, torch.Tensor):
+                        raise TypeError(f"find_lr needs the loss of each step: train_step returned {type(out).__name__} without a 'loss' tensor; return dict(loss=...) from forward(mode='loss')")
+                    total = loss.detach().float() if total is None else total + loss.detach().float()
+                assert total is not None
+                mean = total / acc
+                if strategy.world_size > 1:
+                    mean = strategy.reduce(mean, "mean")
+                value = float(mean)  # one host sync per update: the stop decision needs the number
+                lrs.append(lr)
+                raw.append(value)
+                if not math.isfinite(value):
+                    losses.append(math.nan)
+                    stopped = i < num_steps - 1
+                    break
+                avg = beta * avg + smooth * value
+                smoothed = avg / (1.0 - beta ** (i + 1))
+                losses.append(smoothed)
+                if diverge is not None and i > 0 and smoothed > diverge * best:
+                    stopped = i < num_steps - 1
+                    break
+                best = min(best, smoothed)
+        finally:
+            batches.close()  # the loader's pass ends here (its workers stop) before its position is restored
     result = LRFinderResult(lrs, losses, raw, mode, stopped)
     suggestion = result.suggestion
     trainer.logger.info(
