@@ -22,7 +22,7 @@ import trainwright as tw
 from trainwright.cli import main
 from trainwright.config import Config
 from trainwright.registry import ConfigError
-from trainwright.tuning.sweep import parse_param, run_sweep
+from trainwright.sweeps import parse_param, run_sweep
 
 from launch import gloo_env
 

@@ -60,6 +60,9 @@ def build_parser() -> argparse.ArgumentParser:
     from trainwright.cli.sweep import add_sweep_parser
 
     add_sweep_parser(sub)
+    from trainwright.cli.tune import add_tune_lr_parser
+
+    add_tune_lr_parser(sub, common)
 
     env = sub.add_parser("env", help="show the environment (python, torch, CUDA, devices, backends, extras)")
     env.add_argument("--debug", action="store_true", help="show full tracebacks")
@@ -85,6 +88,10 @@ def main(argv: Sequence[str] | None = None) -> int:
             from trainwright.cli.sweep import sweep_command
 
             return sweep_command(args)
+        if args.command == "tune-lr":
+            from trainwright.cli.tune import tune_lr_command
+
+            return tune_lr_command(args)
         from trainwright.cli.env import collect_env_info
 
         print(collect_env_info())

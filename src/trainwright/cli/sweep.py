@@ -1,4 +1,4 @@
-"""``trainwright sweep``: a hyper-parameter sweep of a config (the arguments of :func:`trainwright.tuning.sweep.run_sweep`)."""
+"""``trainwright sweep``: a hyper-parameter sweep of a config (the arguments of :func:`trainwright.sweeps.run_sweep`)."""
 
 from __future__ import annotations
 
@@ -35,7 +35,7 @@ def add_sweep_parser(sub: argparse._SubParsersAction) -> None:  # type: ignore[t
 
 def sweep_command(args: argparse.Namespace) -> int:
     """Run ``trainwright sweep``; return the exit status."""
-    from trainwright.tuning.sweep import run_sweep
+    from trainwright.sweeps import run_sweep
 
     cfg = Config.fromfile(args.config)
     cfg.merge_from_args(args.cfg_options)

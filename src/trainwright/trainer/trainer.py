@@ -455,6 +455,67 @@ class Trainer:
         self.should_stop = False
         return self._run(partial(self.test_loop.run, self._loop_context()))
 
+    # -- tuning (the work is trainwright.tuning's: lr_finder.py, batch_size.py) -----------------
+    def find_lr(
+        self, min_lr: float = 1e-6, max_lr: float = 1.0, num_steps: int = 100, mode: str = "exp", smooth: float = 0.05, diverge: float | None = 4.0,
+    ) -> LRFinderResult:
+        """The learning-rate range test (Lightning's ``Tuner.lr_find``); the trainer is left bitwise as it was.
+
+        Builds what :meth:`train` builds (resume / ``load_from`` applied), then runs up to
+        ``num_steps`` updates on the train loader with the lr ramped from ``min_lr`` to
+        ``max_lr`` (``mode="exp"`` or ``"linear"``) on every param group (keeping each group's
+        ratio to the optimizer's lr), smoothing the loss (``smooth``: the new loss's weight) and
+        stopping once it exceeds ``diverge`` x its best. Model, optimizer, schedulers, data
+        position, RNG and hook states are restored afterwards, so a following :meth:`train`
+        gives what it gives without the test; no hook runs, nothing is logged per step and no
+        checkpoint is written. See docs/diagnose.md.
+
+        Returns:
+            The curve (``lrs``, ``losses``), ``suggestion`` (steepest descent of the smoothed
+            loss, Lightning's rule) and ``plot(path)`` (a PNG).
+
+        Raises:
+            ValueError: ``min_lr >= max_lr``, ``num_steps < 2`` or another argument out of range (checked first).
+        """
+        from trainwright.tuning.lr_finder import check_lr_args, find_lr
+
+        check_lr_args(min_lr, max_lr, num_steps, mode, smooth, diverge)
+        self._build_train()
+        self._prepare()
+        return find_lr(self, min_lr=min_lr, max_lr=max_lr, num_steps=num_steps, mode=mode, smooth=smooth, diverge=diverge)
+
+    def find_batch_size(self, mode: str = "power", init: int = 2, max_trials: int = 25, steps_per_trial: int = 3, apply: bool = False) -> int:
+        """The largest batch size (per process) that ``steps_per_trial`` training steps fit in device memory (CUDA); the trainer is left as it was.
+
+        Doubles the batch size from ``init`` until ``torch.cuda.OutOfMemoryError`` (``mode="power"``;
+        ``"binsearch"`` then bisects), at most ``max_trials`` sizes. ``apply=True`` makes the
+        train loader use the size found (the loader, optimizer, schedulers and loop are built
+        again by :meth:`train`; only before training started). See docs/diagnose.md.
+
+        Raises:
+            RuntimeError: the device is not CUDA (it must report out-of-memory), several processes
+                run, or ``init`` does not fit.
+            ValueError: an argument out of range; ``apply=True`` after training started.
+        """
+        from trainwright.tuning.batch_size import check_batch_size_args, find_batch_size, with_batch_size
+
+        check_batch_size_args(self.strategy.device, self.strategy.world_size, mode, init, max_trials, steps_per_trial)
+        if apply:
+            if self.strategy.name == "deepspeed":
+                raise ValueError("find_batch_size(apply=True) cannot rebuild DeepSpeed's engine: set the size it returns as train_dataloader batch_size")
+            with_batch_size(self._train_loader_cfg, init)  # a loader whose size cannot be set fails before the search
+        self._build_train()
+        self._prepare()
+        if apply and self.progress.iteration:
+            raise ValueError(f"find_batch_size(apply=True) changes the train loader, which only works before training (this trainer is at iteration {self.progress.iteration}); set the size it returns in the config")
+        size = find_batch_size(self, mode=mode, init=init, max_trials=max_trials, steps_per_trial=steps_per_trial)
+        if apply:
+            self._train_loader_cfg = with_batch_size(self._train_loader_cfg, size)
+            self.train_loop = self.optim_wrapper = self.param_schedulers = None  # train() builds them again for the new size
+            self.checkpoints.pieces.update(optim_wrapper=None, param_schedulers=None, train_dataloader=None)
+            self.logger.info(f"train_dataloader batch_size set to {size}")
+        return size
+
     def _loop_context(self) -> LoopContext:
         """What the loops use in one run (the model as prepared); the eval loops hold it from the start, so a hook can call ``run_pass`` at any event."""
         ctx = LoopContext(
@@ -662,6 +723,7 @@ def _excluded(save_optimizer: bool, save_param_scheduler: bool) -> tuple[str, ..
 
 if TYPE_CHECKING:
     from trainwright.hooks.view import TrainerView
+    from trainwright.tuning.lr_finder import LRFinderResult
 
     def _trainer_is_a_view(trainer: Trainer) -> TrainerView:
         return trainer  # mypy checks that the Trainer offers everything hooks are typed against

@@ -1,0 +1,67 @@
+"""find_lr under 2 DDP processes (torchrun, gloo): the worker of tests/tuning/test_lr_finder_gloo.py.
+
+Usage: lr_rank_train.py OUT_DIR
+Each rank trains twice in this process: once after find_lr, once without; it writes both final
+weights and the finder's curve to OUT_DIR/rank<r>.pt.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+from torch.utils.data import TensorDataset
+
+import trainwright as tw
+
+RANK = int(os.environ.get("RANK", 0))
+
+
+class Net(tw.BaseModel):
+    def __init__(self) -> None:
+        super().__init__()
+        torch.manual_seed(0)
+        self.net = nn.Sequential(nn.Linear(4, 16), nn.ReLU(), nn.Dropout(0.2), nn.Linear(16, 1))
+
+    def forward(self, x, y=None, mode="tensor"):
+        out = self.net(x)
+        return {"loss": F.mse_loss(out, y)} if mode == "loss" else out
+
+
+def data() -> TensorDataset:
+    g = torch.Generator().manual_seed(3)
+    x = torch.randn(64, 4, generator=g)
+    return TensorDataset(x, x @ torch.randn(4, 1, generator=g) + 0.1 * torch.randn(64, 1, generator=g))
+
+
+def run(work_dir: Path, tune: bool) -> tuple[list[torch.Tensor], dict]:
+    t = tw.Trainer(
+        model=Net(), work_dir=work_dir, experiment_name="run", strategy="ddp",
+        train_dataloader=dict(dataset=data(), batch_size=4, shuffle=True),  # 8 batches per rank and epoch
+        optim_wrapper=dict(optimizer=dict(type="SGD", lr=0.05, momentum=0.9)), train_cfg=dict(by_epoch=True, max_epochs=2),
+        param_scheduler=dict(type="LinearLR", start_factor=0.2, by_epoch=False, begin=0, end=6),
+        default_hooks=dict(checkpoint=None), randomness=dict(seed=0), log_level="WARNING",
+    )
+    with t:
+        curve = {}
+        if tune:
+            r = t.find_lr(min_lr=1e-4, max_lr=10.0, num_steps=12)  # more updates than an epoch: the loader starts a second pass
+            curve = {"lrs": r.lrs, "losses": r.losses, "suggestion": r.suggestion}
+        model = t.train()
+        return [p.detach().clone() for p in model.parameters()], curve
+
+
+def main() -> None:
+    out = Path(sys.argv[1])
+    out.mkdir(parents=True, exist_ok=True)
+    tuned, curve = run(out / "tuned", True)
+    plain, _ = run(out / "plain", False)
+    torch.save({"tuned": tuned, "plain": plain, **curve}, out / f"rank{RANK}.pt")
+
+
+if __name__ == "__main__":
+    main()
