@@ -135,7 +135,7 @@ class RemoteStore:
             self.fs.pipe_file(probe, b"ok")
             self.fs.rm_file(probe)
         except Exception as e:  # noqa: BLE001 - classified below
-            raise OSError(f"Cannot write {purpose} to {self.url}: {self.explain(e)}. Nothing was trained or written.") from e
+            raise OSError(f"Cannot write to {self.url} ({purpose}): {self.explain(e)}. Nothing was trained or written.") from e
         self.checked = True
 
     def explain(self, e: BaseException) -> str:
