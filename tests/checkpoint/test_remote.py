@@ -194,12 +194,13 @@ def test_sharded_fsdp_checkpoints_on_s3_skip_an_incomplete_one_and_resume_equal(
 # --------------------------------------------------------------------------- in this process
 
 
-def _trainer(work: Path, out_dir: str, options: dict[str, Any] | None = None, keep: int = -1, **kw: Any) -> tw.Trainer:
+def _trainer(work: Path, out_dir: str, options: dict[str, Any] | None = None, keep: int = -1, logs: str | None = None, **kw: Any) -> tw.Trainer:
     from conftest import make_trainer
 
     ckpt = dict(out_dir=out_dir, max_keep_ckpts=keep, **({"storage_options": options} if options else {}))
     kw.setdefault("train_cfg", dict(by_epoch=True, max_epochs=2))
-    return make_trainer(work, default_hooks=dict(checkpoint=ckpt), **kw)
+    hooks: dict[str, Any] = dict(checkpoint=ckpt, **({"logger": dict(out_dir=logs)} if logs else {}))
+    return make_trainer(work, default_hooks=hooks, **kw)
 
 
 def _fast(endpoint: str) -> dict[str, Any]:
@@ -250,11 +251,16 @@ def test_an_unreachable_endpoint_fails_at_start_naming_the_url(tmp_path: Path) -
 
 
 def test_a_missing_fsspec_backend_names_the_extra_to_install(tmp_path: Path) -> None:
-    code = ("import sys; sys.modules['s3fs'] = None\n"
+    """fsspec missing: the ``fsspec`` extra; s3fs missing for s3://: the ``s3`` extra (a fresh process that cannot import them)."""
+    code = ("import sys; sys.modules['fsspec'] = None\n"
             "from trainwright.hooks import CheckpointHook\n"
+            "try:\n    CheckpointHook(out_dir='memory://bucket/run')\nexcept ImportError as e:\n    print(e)\n"
+            "del sys.modules['fsspec']; sys.modules['s3fs'] = None\n"
             "try:\n    CheckpointHook(out_dir='s3://bucket/run')\nexcept ImportError as e:\n    print(e)\n")
     p = subprocess.run([sys.executable, "-c", code], env=_env(tmp_path), capture_output=True, text=True, timeout=120)
-    assert "s3://bucket/run" in p.stdout and "pip install 'trainwright[s3]'" in p.stdout, p.stdout + p.stderr
+    first, second = p.stdout.strip().splitlines()
+    assert "memory://bucket/run" in first and "fsspec, which is not installed" in first and "pip install 'trainwright[fsspec]'" in first, p.stdout + p.stderr
+    assert "s3://bucket/run" in second and "pip install 'trainwright[s3]'" in second, p.stdout + p.stderr
 
 
 def test_the_endpoint_going_away_mid_run_keeps_the_checkpoints_locally_and_training_goes_on(tmp_path: Path) -> None:
@@ -285,14 +291,16 @@ def test_the_endpoint_going_away_mid_run_keeps_the_checkpoints_locally_and_train
 
 
 def test_memory_url_round_trip_with_keep_k_and_resume(tmp_path: Path) -> None:
-    """memory:// (fsspec's in-process store): keep-k deletes after the new ``latest``; resume=True finds the newest there."""
+    """memory:// (fsspec's in-process store): keep-k deletes after the new ``latest``; resume=True finds the newest there; logs are copied."""
     import fsspec
 
-    t = _trainer(tmp_path, "memory://round/trip", keep=2, train_cfg=dict(by_epoch=True, max_epochs=3))
+    t = _trainer(tmp_path, "memory://round/trip", keep=2, logs="memory://round/logs", train_cfg=dict(by_epoch=True, max_epochs=3))
     t.train()
     t.close()
     fs = fsspec.filesystem("memory")
     assert sorted(Path(f).name for f in fs.ls("/round/trip", detail=False)) == ["epoch_2.pth", "epoch_3.pth", "latest"]
+    copied = fs.cat(f"memory://round/logs/{t.run_dir.name}/metrics.jsonl")
+    assert copied == (t.run_dir / "metrics.jsonl").read_bytes() and b'"epoch": 3' in copied  # the end of the run is in the copy
     fs.pipe_file("memory://round/trip/epoch_4.pth", b"not a checkpoint")  # a corrupt newest one, named by latest, is skipped
     fs.pipe_file("memory://round/trip/latest", b"epoch_4.pth\n")
     t2 = _trainer(tmp_path, "memory://round/trip", train_cfg=dict(by_epoch=True, max_epochs=4), resume=True)

@@ -185,6 +185,11 @@ class CheckpointManager:
         """``ckpt_dir`` as a local Path or a RemotePath (decided here, once); a remote store learns where failed uploads go."""
         loc = location(ckpt_dir)
         if isinstance(loc, RemotePath):
+            if not getattr(self.strategy, "remote_checkpoints", True):
+                raise ValueError(
+                    f"Checkpoints in {loc.url}: strategy {getattr(self.strategy, 'name', type(self.strategy).__name__)!r} writes its checkpoints to local disk "
+                    "only. Give CheckpointHook a local out_dir (and copy the folder to object storage yourself), or use strategy='fsdp' / 'ddp'"
+                )
             loc.store.fallback_dir = self.unuploaded_dir
         return loc
 

@@ -43,6 +43,8 @@ class Strategy(UpdateEngine):
     checkpoint_suffix = ".pth"
     #: What ``resume=True`` looks for: full files, and a sharded run's directories (read whole, see :meth:`load_checkpoint`).
     resumable_suffixes: tuple[str, ...] = (".pth", ".dcp")
+    #: Whether :meth:`save_checkpoint` / :meth:`load_checkpoint` take an fsspec URL (``s3://...``, see ``checkpoint/storage.py``).
+    remote_checkpoints = True
     #: Set by the Trainer when a run of this process ended by an exception (reset when the next run starts): the other
     #: processes may be anywhere (in a collective of their own), so teardown and checkpoint saves make no collective then.
     run_failed = False

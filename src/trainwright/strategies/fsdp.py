@@ -438,11 +438,15 @@ class FSDPStrategy(ProcessGroupStrategy):
         if pending is None:
             return
         future, finish, remote = pending
+        if remote is None:
+            (future.upload_completion if hasattr(future, "upload_completion") else future).result()
+            finish()
+            return
+        from torch.distributed.checkpoint.api import CheckpointException
+
         try:
             (future.upload_completion if hasattr(future, "upload_completion") else future).result()
-        except BaseException as e:
-            if remote is None:
-                raise
+        except (Exception, CheckpointException) as e:  # noqa: BLE001 - DCP's CheckpointException is a BaseException
             import warnings
 
             warnings.warn(f"Writing checkpoint {remote.url} in the background failed ({remote.store.explain(e)}); it is lost (its staged copy is gone). "
