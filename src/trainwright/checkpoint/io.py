@@ -6,7 +6,9 @@
   import or call objects raises :class:`UnsafeCheckpointError`.
 
 Resume candidates are a folder's ``*.pth`` files, newest first, the ``latest`` one in front;
-``best_*.pth`` and published files (``<name>-<8 hex>.pth``) are not candidates.
+``best_*.pth`` and published files (``<name>-<8 hex>.pth``) are not candidates. A folder may be
+an fsspec URL (:mod:`trainwright.checkpoint.storage`): :func:`save_remote` uploads one object,
+and loading, listing and ``latest`` take URLs.
 """
 
 from __future__ import annotations

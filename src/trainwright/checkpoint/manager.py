@@ -148,8 +148,9 @@ class CheckpointManager:
     ) -> None:
         self.strategy = strategy
         self.pieces: dict[str, Stateful | None] = dict(pieces)
-        self._local_dir = Path(ckpt_dir) if not isinstance(ckpt_dir, (RemotePath, str)) or "://" not in str(ckpt_dir) else None
-        self.ckpt_dir: Location = self._where(ckpt_dir)
+        first = location(ckpt_dir)
+        self._local_dir = first if isinstance(first, Path) else None  # the lock's folder; its parent holds checkpoints_unuploaded
+        self.ckpt_dir: Location = self._where(first)
         self.progress = progress
         self.keep = keep
         self.async_save = async_save
