@@ -75,7 +75,10 @@ class AsyncCheckpointWriter:
         """True while a write is in flight."""
         return self._thread is not None and self._thread.is_alive()
 
-    def submit(self, state: Mapping[str, Any], path: str | Path, after: Callable[[], None] | None = None, copy: bool = True) -> None:
+    def submit(
+        self, state: Mapping[str, Any], path: str | Path, after: Callable[[], None] | None = None, copy: bool = True,
+        write: Callable[[Mapping[str, Any], Any], object] | None = None,
+    ) -> None:
         """Wait for the previous write, snapshot ``state`` and write it to ``path`` in the background.
 
         Args:
@@ -85,19 +88,21 @@ class AsyncCheckpointWriter:
                 deleting old checkpoints); skipped if the write failed.
             copy: Snapshot the tensors first (set False only if ``state`` is already a
                 private copy).
+            write: Writes the snapshot to ``path`` in the thread (default :func:`atomic_save`;
+                a remote checkpoint's upload, whose ``path`` is a URL object, is another).
 
         Raises:
             BaseException: the previous write's error, if it failed.
         """
         self.wait()
         data = snapshot(state) if copy else state
-        target = Path(path)
-        self._thread = threading.Thread(target=self._write, args=(data, target, after), name=f"checkpoint-writer:{target.name}", daemon=False)
+        target = Path(path) if write is None else path
+        self._thread = threading.Thread(target=self._write, args=(data, target, after, write), name=f"checkpoint-writer:{getattr(target, 'name', target)}", daemon=False)
         self._thread.start()
 
-    def _write(self, data: Mapping[str, Any], path: Path, after: Callable[[], None] | None) -> None:
+    def _write(self, data: Mapping[str, Any], path: Any, after: Callable[[], None] | None, write: Callable[[Mapping[str, Any], Any], object] | None = None) -> None:
         try:
-            atomic_save(data, path)
+            (write or atomic_save)(data, path)
             self.last_path = path
             if after is not None:
                 after()

@@ -6,7 +6,9 @@
   import or call objects raises :class:`UnsafeCheckpointError`.
 
 Resume candidates are a folder's ``*.pth`` files, newest first, the ``latest`` one in front;
-``best_*.pth`` and published files (``<name>-<8 hex>.pth``) are not candidates.
+``best_*.pth`` and published files (``<name>-<8 hex>.pth``) are not candidates. A folder may be
+an fsspec URL (:mod:`trainwright.checkpoint.storage`): :func:`save_remote` uploads one object,
+and loading, listing and ``latest`` take URLs.
 """
 
 from __future__ import annotations
@@ -23,6 +25,8 @@ from pathlib import Path
 from typing import IO, Any, Union
 
 import torch
+
+from trainwright.checkpoint.storage import Location, RemotePath, location
 
 PathLike = Union[str, "os.PathLike[str]"]
 MapLocation = Union[str, torch.device, Callable[..., Any], dict[str, str], None]
@@ -165,6 +169,52 @@ def atomic_save(obj: Mapping[str, Any], path: PathLike) -> None:
     atomic_write(path, lambda f: torch.save(obj, f))
 
 
+def save_remote(obj: Mapping[str, Any], target: RemotePath, after: Callable[[], None] | None = None) -> Location:
+    """``torch.save`` ``obj`` to the remote ``target``: one upload (complete or absent), retried; then ``after``.
+
+    The checkpoint is serialised into a local temporary file first (``TMPDIR``), then uploaded
+    as one object. If the upload still fails after the store's tries (the endpoint went away),
+    the file is kept in ``target.store.fallback_dir`` (``work_dir/checkpoints_unuploaded``) with a
+    warning naming it, and ``after`` (the ``latest`` pointer, keep-k deletions) does not run:
+    ``latest`` and the older checkpoints stay as they were and training goes on. An error of
+    ``after`` (``latest`` could not be written) is a warning too.
+
+    Returns:
+        Where the checkpoint is: ``target``, or the local file it was kept in.
+    """
+    import shutil
+    import tempfile
+
+    fd, tmp_name = tempfile.mkstemp(prefix=f".{target.name}.upload.", suffix=".tmp")
+    os.close(fd)
+    tmp = Path(tmp_name)
+    try:
+        atomic_save(obj, tmp)
+        try:
+            target.upload(tmp)
+        except Exception as e:  # noqa: BLE001 - any storage error: keep the checkpoint here instead
+            fallback = target.store.fallback_dir or Path.cwd() / "checkpoints_unuploaded"
+            fallback.mkdir(parents=True, exist_ok=True)
+            kept = fallback / target.name
+            shutil.move(str(tmp), kept)
+            warnings.warn(
+                f"Could not upload checkpoint {target.url} ({target.store.explain(e)}); kept it locally as {kept}. Training goes on; "
+                f"`latest` in {target.parent.url} still names the previous checkpoint. Copy the file there once the storage is back "
+                f"(e.g. `aws s3 cp {kept} {target.url}`), or resume from it with resume={str(kept)!r}.",
+                stacklevel=2,
+            )
+            return kept
+    finally:
+        tmp.unlink(missing_ok=True)
+    if after is not None:
+        try:
+            after()
+        except Exception as e:  # noqa: BLE001 - the checkpoint itself is safe; say what is stale
+            warnings.warn(f"Checkpoint {target.url} was uploaded, but updating `latest` / deleting old checkpoints failed ({target.store.explain(e)}); "
+                          "resume=True still finds the newest complete checkpoint by its name.", stacklevel=2)
+    return target
+
+
 def atomic_write_bytes(path: PathLike, data: bytes) -> None:
     """Write ``data`` to ``path`` atomically (see :func:`atomic_write`)."""
     atomic_write(path, lambda f: f.write(data))
@@ -213,7 +263,7 @@ def read_safetensors(path: PathLike, map_location: MapLocation = "cpu") -> dict[
         raise _broken(p, f"not a valid safetensors file ({e})") from e
 
 
-def load_file(path: PathLike, map_location: MapLocation = "cpu") -> dict[str, Any]:
+def load_file(path: PathLike | RemotePath, map_location: MapLocation = "cpu") -> dict[str, Any]:
     """Load a checkpoint file without executing any code from it.
 
     ``.safetensors`` files are read with safetensors (a dict of tensors); anything else
@@ -232,7 +282,31 @@ def load_file(path: PathLike, map_location: MapLocation = "cpu") -> dict[str, An
         UnsafeCheckpointError: the file would need to unpickle arbitrary objects.
         CheckpointError: the file is truncated, corrupt or not a checkpoint.
     """
-    p = Path(path)
+    loc = location(path)
+    if isinstance(loc, RemotePath):
+        return _load_remote(loc, map_location)
+    return _load_local(loc, map_location)
+
+
+def _load_remote(src: RemotePath, map_location: MapLocation) -> dict[str, Any]:
+    """Download ``src`` into a temporary file and load that; messages name the URL."""
+    import tempfile
+
+    if not src.is_file():
+        raise FileNotFoundError(f"Checkpoint {src.url!r} does not exist" + (" (it is a folder)" if src.is_dir() else "") + ". Check the URL, or pass resume=True to pick the newest checkpoint of a folder.")
+    with tempfile.TemporaryDirectory(prefix="trainwright-download-") as d:
+        local = Path(d) / src.name
+        src.download(local)
+        return _load_local(local, map_location, shown=src.url)
+
+
+def _load_local(p: Path, map_location: MapLocation, shown: str | None = None) -> dict[str, Any]:
+    """:func:`load_file` of a local file; ``shown`` is the name messages give it (a URL it was downloaded from)."""
+    if shown is not None:
+        try:
+            return _load_local(p, map_location)
+        except (CheckpointError, FileNotFoundError) as e:
+            raise type(e)(str(e).replace(repr(str(p)), repr(shown)).replace(str(p), shown)) from e
     if not p.is_file():
         raise FileNotFoundError(
             f"Checkpoint file {str(p)!r} does not exist"
@@ -301,25 +375,29 @@ def _archive_damage(p: Path) -> str | None:
 # --------------------------------------------------------------------------- directory
 
 
-def write_latest(ckpt_dir: PathLike, filename: str) -> None:
+def write_latest(ckpt_dir: PathLike | RemotePath, filename: str) -> None:
     """Record ``filename`` (a name inside ``ckpt_dir``) as the last checkpoint written.
 
     The pointer is a small text file named ``latest``, not a symlink: it works on every
-    filesystem and survives copying the directory.
+    filesystem and survives copying the directory. In a remote folder it is one object (one PUT).
     """
-    atomic_write_text(Path(ckpt_dir) / LATEST_FILENAME, Path(filename).name + "\n")
+    d = location(ckpt_dir)
+    if isinstance(d, RemotePath):
+        (d / LATEST_FILENAME).write_text(Path(filename).name + "\n")
+    else:
+        atomic_write_text(d / LATEST_FILENAME, Path(filename).name + "\n")
 
 
-def read_latest(ckpt_dir: PathLike) -> str | None:
+def read_latest(ckpt_dir: PathLike | RemotePath) -> str | None:
     """Return the file name recorded by :func:`write_latest`, or ``None`` if there is none."""
     try:
-        name = (Path(ckpt_dir) / LATEST_FILENAME).read_text(encoding="utf-8").strip()
+        name = (location(ckpt_dir) / LATEST_FILENAME).read_text(encoding="utf-8").strip()
     except (FileNotFoundError, NotADirectoryError):
         return None
     return Path(name).name or None
 
 
-def _is_resume_candidate(p: Path, suffix: str | tuple[str, ...] = CHECKPOINT_SUFFIX) -> bool:
+def _is_resume_candidate(p: Location, suffix: str | tuple[str, ...] = CHECKPOINT_SUFFIX) -> bool:
     name = p.name
     return (
         name.endswith(suffix)
@@ -331,7 +409,7 @@ def _is_resume_candidate(p: Path, suffix: str | tuple[str, ...] = CHECKPOINT_SUF
     )
 
 
-def _order_key(p: Path) -> tuple[int, int, int]:
+def _order_key(p: Location) -> tuple[int, int, int]:
     m = _STEP_NAME.match(p.name)
     try:
         mtime = p.stat().st_mtime_ns
@@ -340,7 +418,7 @@ def _order_key(p: Path) -> tuple[int, int, int]:
     return (1, int(m["step"]), mtime) if m else (0, 0, mtime)
 
 
-def list_checkpoints(ckpt_dir: PathLike, suffix: str | tuple[str, ...] = CHECKPOINT_SUFFIX) -> list[Path]:
+def list_checkpoints(ckpt_dir: PathLike | RemotePath, suffix: str | tuple[str, ...] = CHECKPOINT_SUFFIX) -> list[Location]:
     """List the complete checkpoints of ``ckpt_dir`` that a run can resume from, newest first.
 
     Candidates are the ``*.pth`` files, except temporary files of writes in progress (or
@@ -352,17 +430,17 @@ def list_checkpoints(ckpt_dir: PathLike, suffix: str | tuple[str, ...] = CHECKPO
     the ``latest`` pointer is what puts the right one first.
 
     Args:
-        ckpt_dir: The checkpoint directory; a missing directory has no checkpoints.
+        ckpt_dir: The checkpoint directory (a path, or a URL / :class:`~trainwright.checkpoint.storage.RemotePath`); a missing directory has no checkpoints.
         suffix: The candidates' suffix: ``.pth`` files, or e.g. ``.dcp`` for the checkpoint
             directories of sharded strategies; a tuple for several kinds.
 
     Returns:
         Paths of the candidates, newest first.
     """
-    d = Path(ckpt_dir)
+    d = location(ckpt_dir)
     if not d.is_dir():
         return []
-    found = sorted((p for p in d.iterdir() if _is_resume_candidate(p, suffix)), key=_order_key, reverse=True)
+    found: list[Location] = sorted((p for p in d.iterdir() if _is_resume_candidate(p, suffix)), key=_order_key, reverse=True)
     latest = read_latest(d)
     if latest is not None and _is_resume_candidate(d / latest, suffix):
         found = [d / latest] + [p for p in found if p.name != latest]
@@ -370,12 +448,12 @@ def list_checkpoints(ckpt_dir: PathLike, suffix: str | tuple[str, ...] = CHECKPO
 
 
 def find_resumable(
-    ckpt_dir: PathLike,
+    ckpt_dir: PathLike | RemotePath,
     map_location: MapLocation = "cpu",
     *,
     suffix: str | tuple[str, ...] = CHECKPOINT_SUFFIX,
-    load: Callable[[Path], dict[str, Any]] | None = None,
-) -> tuple[Path, dict[str, Any]] | None:
+    load: Callable[[Location], dict[str, Any]] | None = None,
+) -> tuple[Location, dict[str, Any]] | None:
     """Load the newest checkpoint of ``ckpt_dir`` that can be read.
 
     Candidates come from :func:`list_checkpoints`. One that is truncated or corrupt is

@@ -5,6 +5,8 @@ the strategy, which owns the format; names files with the strategy's suffix; poi
 ``latest`` at each periodic save, then deletes what fell out of the keep-k / best-k
 windows; serves "save now" requests; publishes stripped copies; removes stale temporaries;
 holds the folder's lock; and restores: every piece checked before any loads, RNG last.
+The folder may be remote (an fsspec URL, :mod:`trainwright.checkpoint.storage`): decided once,
+when it is configured; the lock then guards the local ``work_dir`` only.
 Hooks decide *when* to save (:class:`~trainwright.hooks.CheckpointHook`); see docs/checkpoints.md.
 """
 
@@ -26,6 +28,7 @@ from trainwright.checkpoint.io import CHECKPOINT_SUFFIX, atomic_write_bytes, loa
 from trainwright.checkpoint.lock import WorkDirBusyError, WorkDirLock
 from trainwright.checkpoint.rng import get_rng_state, set_rng_state
 from trainwright.checkpoint.stateful import Stateful, check_state_dict, make_safe
+from trainwright.checkpoint.storage import Location, RemotePath, location
 from trainwright.registry import did_you_mean
 
 _TMP_NAME = re.compile(r"^\..+\.tmp\.(?P<pid>\d+)\.[0-9a-f]+$")
@@ -54,7 +57,7 @@ class CheckpointStrategy(Protocol):
     def save_checkpoint(self, path: str | Path, state: Mapping[str, Any], *, async_save: bool = False, after: Callable[[], None] | None = None) -> None: ...  # noqa: D102
     def wait_for_checkpoint(self) -> None: ...  # noqa: D102
     def load_checkpoint(self, path: str | Path, map_location: Any = "cpu") -> dict[str, Any]: ...  # noqa: D102
-    def find_resumable(self, ckpt_dir: str | Path) -> tuple[Path, dict[str, Any]] | None: ...  # noqa: D102
+    def find_resumable(self, ckpt_dir: str | Path) -> tuple[Location, dict[str, Any]] | None: ...  # noqa: D102
     def remove_checkpoint(self, path: str | Path) -> None: ...  # noqa: D102
     def broadcast_object(self, obj: Any, src: int = 0) -> Any: ...  # noqa: D102
     def gather_object(self, obj: Any) -> list[Any]: ...  # noqa: D102
@@ -122,7 +125,9 @@ class CheckpointManager:
         strategy: Does the I/O (format, ranks, async writes).
         pieces: Name -> :class:`Stateful`, in load order; a None value reserves a name for a
             piece added later (``manager.pieces[name] = piece``). ``rng`` is appended by the manager.
-        ckpt_dir: Where files go (relative names are put there).
+        ckpt_dir: Where files go (relative names are put there): a local folder, or a URL / :class:`RemotePath`
+            (``s3://bucket/run``); a checkpoint whose upload keeps failing is kept in ``<ckpt_dir's parent>/checkpoints_unuploaded``
+            of the local folder given here.
         progress: Names and dates "save now" checkpoints.
         keep: Periodic checkpoints kept (-1: all); older ones are deleted after the new ``latest``.
         async_save: Write in a background thread (the loop waits for the copy to CPU memory).
@@ -143,7 +148,9 @@ class CheckpointManager:
     ) -> None:
         self.strategy = strategy
         self.pieces: dict[str, Stateful | None] = dict(pieces)
-        self.ckpt_dir = Path(ckpt_dir)
+        first = location(ckpt_dir)
+        self._local_dir = first if isinstance(first, Path) else None  # the lock's folder; its parent holds checkpoints_unuploaded
+        self.ckpt_dir: Location = self._where(first)
         self.progress = progress
         self.keep = keep
         self.async_save = async_save
@@ -156,16 +163,36 @@ class CheckpointManager:
         self.epoch_tmpl, self.iter_tmpl, self.epoch_names = "epoch_{}.pth", "iter_{}.pth", False
         self.record = SaveRecord()
         self._rng = RngState(strategy)
-        self._lock = WorkDirLock(self.ckpt_dir)
+        # the lock guards the local folder (work_dir/checkpoints) even when the files go to a remote out_dir; a manager made on a URL has none
+        self._lock = WorkDirLock(self._local_dir) if self._local_dir is not None else None
+        #: Called with the path after each periodic or best save (e.g. the logger hook uploads the run's logs then).
+        self.on_saved: list[Callable[[Location], None]] = []
         #: The checkpoint restored last and the iteration it put training at (None: none was restored).
-        self.restored: tuple[Path, int] | None = None
+        self.restored: tuple[Location, int] | None = None
 
     def configure(self, **settings: Any) -> None:
         """Set storage settings by name (``ckpt_dir``, ``keep``, ``async_save``, ``exclude``, ``epoch_tmpl``, ``iter_tmpl``, ``epoch_names``, ``record``)."""
         for k, v in settings.items():
             if k not in ("ckpt_dir", "keep", "async_save", "exclude", "epoch_tmpl", "iter_tmpl", "epoch_names", "record"):
                 raise TypeError(f"CheckpointManager.configure: unknown setting {k!r}")
-            setattr(self, k, Path(v) if k == "ckpt_dir" else tuple(v) if k == "exclude" else v)
+            setattr(self, k, self._where(v) if k == "ckpt_dir" else tuple(v) if k == "exclude" else v)
+
+    @property
+    def unuploaded_dir(self) -> Path:
+        """Where a checkpoint whose upload to a remote ``ckpt_dir`` kept failing is written instead (``work_dir/checkpoints_unuploaded``)."""
+        return (self._local_dir.parent if self._local_dir is not None else Path.cwd()) / "checkpoints_unuploaded"
+
+    def _where(self, ckpt_dir: str | Path | RemotePath) -> Location:
+        """``ckpt_dir`` as a local Path or a RemotePath (decided here, once); a remote store learns where failed uploads go."""
+        loc = location(ckpt_dir)
+        if isinstance(loc, RemotePath):
+            if not getattr(self.strategy, "remote_checkpoints", True):
+                raise ValueError(
+                    f"Checkpoints in {loc.url}: strategy {getattr(self.strategy, 'name', type(self.strategy).__name__)!r} writes its checkpoints to local disk "
+                    "only. Give CheckpointHook a local out_dir (and copy the folder to object storage yourself), or use strategy='fsdp' / 'ddp'"
+                )
+            loc.store.fallback_dir = self.unuploaded_dir
+        return loc
 
     # -- the pieces ---------------------------------------------------------------------------
     @property
@@ -218,17 +245,20 @@ class CheckpointManager:
     def save(
         self, name: str | Path, *, exclude: Collection[str] | None = None, async_save: bool = False,
         latest: bool = False, remove: Sequence[str] = (), after: Callable[[], None] | None = None,
-    ) -> Path:
+    ) -> Location:
         """Write one checkpoint (a bare name goes in ``ckpt_dir``); once complete, rank 0 points ``latest`` at it, deletes ``remove``, runs ``after``.
+
+        In a remote ``ckpt_dir`` "complete" means uploaded: an upload that keeps failing leaves the
+        file in :attr:`unuploaded_dir` with a warning, and ``latest`` and the old files as they were.
 
         Raises:
             RuntimeError: under several processes, after this process's run failed (the
                 strategy's ``run_failed``): a save is a collective (every rank's pieces, RNG
                 states gathered) that the other processes are not in, so nothing is written.
         """
-        path = Path(name)
-        if not path.is_absolute() and path.parent == Path("."):
-            path = self.ckpt_dir / path
+        path = location(name)
+        if isinstance(path, Path) and not path.is_absolute() and path.parent == Path("."):
+            path = self.ckpt_dir / path.name
         refused = self.refusal(path)
         if refused is not None:
             raise RuntimeError(refused)
@@ -239,15 +269,15 @@ class CheckpointManager:
             if latest:
                 write_latest(path.parent, path.name)
             for old in remove:
-                self.strategy.remove_checkpoint(path.parent / old)
+                self.strategy.remove_checkpoint(_arg(path.parent / old))
             if after is not None:
                 after()
 
         state = self.state_dict(self.exclude if exclude is None else exclude)
-        self.strategy.save_checkpoint(path, state, async_save=async_save, after=finish)
+        self.strategy.save_checkpoint(_arg(path), state, async_save=async_save, after=finish)
         return path
 
-    def refusal(self, name: str | Path) -> str | None:
+    def refusal(self, name: str | Path | RemotePath) -> str | None:
         """Why ``name`` cannot be saved now (None: it can): under several processes, after this process's run failed.
 
         A save is a collective then (every rank's pieces; the RNG states gathered) that the
@@ -258,12 +288,12 @@ class CheckpointManager:
             return None
         latest = read_latest(self.ckpt_dir)
         return (
-            f"Not writing checkpoint {Path(name).name}: the run failed on this process (rank {self.strategy.rank}), and under several processes "
+            f"Not writing checkpoint {location(name).name}: the run failed on this process (rank {self.strategy.rank}), and under several processes "
             "a save is a collective that the other processes are not in. Nothing was written; "
             + (f"the last complete checkpoint is {self.ckpt_dir / latest}: resume=True continues from it." if latest else "no checkpoint was written before.")
         )
 
-    def save_periodic(self, name: str) -> Path:
+    def save_periodic(self, name: str) -> Location:
         """Save ``name`` as the newest periodic checkpoint: ``latest`` points at it, then the oldest beyond ``keep`` go."""
         r = self.record
         kept, dropped = [k for k in r.kept if k != name] + [name], []
@@ -272,7 +302,7 @@ class CheckpointManager:
         r.kept, r.last_saved_iter = kept, self.progress.iteration
         return self._write(name, latest=True, remove=dropped)
 
-    def save_best(self, key: str, score: float, name: str, *, greater: bool, keep: int = 1) -> Path | None:
+    def save_best(self, key: str, score: float, name: str, *, greater: bool, keep: int = 1) -> Location | None:
         """Save ``name`` if ``score`` is among the ``keep`` best of ``key``; the file that falls out goes. None: not among them."""
         ranked = sorted([*[b for b in self.record.best.get(key, []) if b[1] != name], (score, name)], key=lambda b: -b[0] if greater else b[0])
         if (score, name) not in ranked[:keep]:
@@ -280,7 +310,7 @@ class CheckpointManager:
         self.record.best[key] = ranked[:keep]
         return self._write(name, latest=False, remove=[n for _, n in ranked[keep:]])
 
-    def save_now(self) -> Path | None:
+    def save_now(self) -> Location | None:
         """Checkpoint the current iteration now (preemption, end of training) unless it is saved already; complete on return."""
         p = self.progress
         if p.iteration == self.record.last_saved_iter:
@@ -289,9 +319,11 @@ class CheckpointManager:
         self.strategy.wait_for_checkpoint()
         return path
 
-    def _write(self, name: str, latest: bool, remove: list[str]) -> Path:
+    def _write(self, name: str, latest: bool, remove: list[str]) -> Location:
         path = self.save(name, async_save=self.async_save, latest=latest, remove=remove)
         self.logger.info(f"Saving checkpoint {path} in the background" if self.async_save else f"Saved checkpoint {path}")
+        for fn in self.on_saved:
+            fn(path)
         return path
 
     # -- publishing and cleaning ----------------------------------------------------------------
@@ -306,7 +338,7 @@ class CheckpointManager:
                     "Publish some of those, e.g. published_keys=['meta', 'model']"
                 )
 
-    def publish(self, path: Path, keys: Sequence[str]) -> Path:
+    def publish(self, path: Location, keys: Sequence[str]) -> Location:
         """Write ``path`` stripped to ``keys`` as ``<stem>-<sha256[:8]>.pth`` beside it (call on rank 0); the hash is of the file's bytes."""
         ckpt = load_file(path)
         removed = [k for k in ckpt if k not in keys]
@@ -314,20 +346,23 @@ class CheckpointManager:
         torch.save({k: ckpt[k] for k in keys if k in ckpt}, buf)
         data = buf.getvalue()
         out = path.with_name(f"{path.stem}-{hashlib.sha256(data).hexdigest()[:8]}.pth")
-        atomic_write_bytes(out, data)
+        if isinstance(out, RemotePath):
+            out.write_bytes(data)
+        else:
+            atomic_write_bytes(out, data)
         self.logger.info(f"Published {path.name} as {out} with keys {list(keys)}" + (f" (left out {removed})" if removed else ""))
         return out
 
     def clean_stale_tmp(self) -> None:
         """Remove temporaries that killed writers left in ``ckpt_dir`` (those of processes that no longer exist, and this one's)."""
         d = self.ckpt_dir
-        if not d.is_dir():
+        if isinstance(d, RemotePath) or not d.is_dir():  # a remote folder holds no temporaries: an object is complete or absent
             return
         self.strategy.wait_for_checkpoint()  # no write of this process is in flight: its temporary files are stale too
         for p in d.iterdir():
             m = _TMP_NAME.match(p.name)
             if m is not None and (int(m["pid"]) == os.getpid() or not _pid_alive(int(m["pid"]))):
-                self.strategy.remove_checkpoint(p)  # a file, or a sharded checkpoint's directory
+                self.strategy.remove_checkpoint(_arg(p))  # a file, or a sharded checkpoint's directory
                 self.logger.info(f"Removed {p.name}, left by a checkpoint write that was interrupted")
 
     # -- the folder's lock ----------------------------------------------------------------------
@@ -338,6 +373,8 @@ class CheckpointManager:
             WorkDirBusyError: another live process holds it (on every rank).
         """
         error = stale = None
+        if self._lock is None:
+            return
         if self.strategy.is_main_process:
             try:
                 stale = self._lock.acquire()
@@ -347,15 +384,16 @@ class CheckpointManager:
             error = self.strategy.broadcast_object(error)
         if error is not None:
             raise WorkDirBusyError(error)
-        if stale is not None:
+        if stale is not None and self._lock is not None:
             self.logger.warning(f"Took over the lock of {self._lock.path.parent} from {stale}: that process ended without releasing it (killed or crashed)")
 
     def unlock(self) -> None:
         """Release the lock if this process holds it."""
-        self._lock.release()
+        if self._lock is not None:
+            self._lock.release()
 
     # -- restoring ------------------------------------------------------------------------------
-    def find_and_restore(self, path: str | Path | None = None) -> tuple[Path, dict[str, Any]] | None:
+    def find_and_restore(self, path: str | Path | RemotePath | None = None) -> tuple[Location, dict[str, Any]] | None:
         """Restore ``path``, or (None) the newest checkpoint of ``ckpt_dir`` that loads (a corrupt one is skipped, with a warning).
 
         Returns:
@@ -369,15 +407,16 @@ class CheckpointManager:
         if path is None and self.strategy.world_size > 1:
             self._agree_on_newest()
         if path is None:
-            found = self.strategy.find_resumable(self.ckpt_dir)
+            found = self.strategy.find_resumable(_arg(self.ckpt_dir))
             if found is None:
                 return None
             path, ckpt = found
         else:
-            ckpt = self.strategy.load_checkpoint(path)
-        self.restore(ckpt, Path(path))
-        self.restored = (Path(path), self.progress.iteration)
-        return Path(path), ckpt
+            ckpt = self.strategy.load_checkpoint(_arg(path))
+        where = location(path)
+        self.restore(ckpt, where)
+        self.restored = (where, self.progress.iteration)
+        return where, ckpt
 
     def _agree_on_newest(self) -> None:
         """Every rank must see the same newest checkpoint (by name: work dirs may be node-local copies under other paths)."""
@@ -393,7 +432,7 @@ class CheckpointManager:
                 "nothing was loaded or trained."
             )
 
-    def restore(self, ckpt: Any, path: Path) -> None:
+    def restore(self, ckpt: Any, path: Location) -> None:
         """Load every piece of ``ckpt`` (read from ``path``): all checked first, then loaded, ``after_load``, RNG last.
 
         Raises:
@@ -422,6 +461,11 @@ class CheckpointManager:
             self.after_load(ckpt)
         if "rng" in ckpt:
             rng.load_state_dict(ckpt["rng"])
+
+
+def _arg(path: str | Path | RemotePath) -> str | Path:
+    """How the strategy gets a path: a remote one as its URL (the strategy finds its store again, see :func:`location`)."""
+    return path.url if isinstance(path, RemotePath) else path
 
 
 def _pid_alive(pid: int) -> bool:

@@ -22,6 +22,7 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
 from trainwright.checkpoint.manager import SaveRecord
+from trainwright.checkpoint.storage import Location, RemotePath, RemoteStore, location
 from trainwright.hooks.hook import Hook
 from trainwright.hooks.view import require_train_loop
 from trainwright.registry import HOOKS, did_you_mean
@@ -103,7 +104,15 @@ class CheckpointHook(Hook):
         greater_keys / less_keys: Names that infer ``"greater"`` / ``"less"`` (mmengine's
             :data:`DEFAULT_GREATER_KEYS` / :data:`DEFAULT_LESS_KEYS` when None).
         max_keep_best: How many best checkpoints to keep per key (the k best scores).
-        out_dir: Directory for the files (default ``work_dir/checkpoints``).
+        out_dir: Directory for the files (default ``work_dir/checkpoints``): a local folder or an
+            fsspec URL (``s3://bucket/run``, ``gs://...``, ``memory://...``; see "Checkpoints on object
+            storage" in docs/checkpoints.md). The trainer checks a URL when it is built (a probe
+            object is written and deleted): a missing bucket, refused credentials or an
+            unreachable endpoint fail there, naming the URL. ``resume=True`` looks here.
+        storage_options: fsspec options of a URL ``out_dir`` (mmengine's name), e.g. s3fs's
+            ``dict(client_kwargs=dict(endpoint_url="http://minio:9000"))``; credentials otherwise
+            come from the environment (``AWS_ACCESS_KEY_ID``...). Rather not put secrets here:
+            the trainer's settings are written into the run folder and every checkpoint.
         async_save: Write in a background thread; the loop only waits for the copy of the
             state to CPU memory (see :mod:`trainwright.checkpoint.async_writer`).
         clean_stale_tmp: At the start of training, rank 0 deletes temporary files that
@@ -136,6 +145,7 @@ class CheckpointHook(Hook):
         rule: str | list[str | None] | None = None,
         max_keep_best: int = 1,
         out_dir: str | Path | None = None,
+        storage_options: dict[str, Any] | None = None,
         async_save: bool = False,
         clean_stale_tmp: bool = True,
         save_begin: int = 0,
@@ -168,7 +178,12 @@ class CheckpointHook(Hook):
         #: The rule of each ``save_best`` key (None: inferred; for ``"auto"`` at the first validation).
         self.rule = {k: r or (None if k == "auto" else infer_rule(k, self.greater_keys, self.less_keys)) for k, r in zip(keys or [], rules)}
         self.max_keep_best = max_keep_best
-        self.out_dir = Path(out_dir) if out_dir is not None else None
+        if storage_options is not None and not (isinstance(out_dir, str) and "://" in out_dir):
+            raise ValueError(f"CheckpointHook storage_options apply to a URL out_dir (s3://..., memory://...), but out_dir is {out_dir!r}; drop storage_options or give a URL")
+        #: Where the checkpoints go (None: ``work_dir/checkpoints``); a URL is decided here, once (a missing fsspec backend fails now).
+        self.out_dir: Location | None = location(out_dir, storage_options) if out_dir is not None else None
+        #: The remote store of a URL ``out_dir`` (checked by the trainer at start), else None.
+        self.store: RemoteStore | None = self.out_dir.store if isinstance(self.out_dir, RemotePath) else None
         self.async_save = async_save
         self.clean_stale_tmp = clean_stale_tmp
         self.save_begin = save_begin
@@ -246,6 +261,8 @@ class CheckpointHook(Hook):
         self._in_train = True
         trainer.log_lines.writers.hold = partial(self._save_may_follow, trainer)
         loop = _train_loop(trainer)
+        if self.store is not None and not self.store.checked:  # a hook registered after the trainer was built
+            self.store.check("CheckpointHook out_dir")
         if self.out_dir is not None:
             m.configure(ckpt_dir=self.out_dir)
         m.configure(

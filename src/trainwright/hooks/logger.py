@@ -6,15 +6,22 @@ logging, so held lines are written together, at most once per ``flush_secs``: on
 the hook flushes the store and writes them; under several it proposes the write to
 ``trainer.agreement`` and the train loop's next agreement point writes them. Epoch ends, the
 end of training, evaluations and ``Trainer.flush_logs()`` write what is held. The hook owns
-no numbers: the metric store keeps them (and is checkpointed).
+no numbers: the metric store keeps them (and is checkpointed). With ``out_dir`` the run
+folder's logs are copied there (a folder or an fsspec URL) at each checkpoint and at the end of
+each run, never per step.
 """
 
 from __future__ import annotations
 
+import shutil
 import time
+import warnings
 from collections.abc import Callable, Mapping, Sequence
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+
+from trainwright.checkpoint.storage import Location, RemotePath, RemoteStore, location
 
 from trainwright.hooks.hook import EveryInEpoch, Hook
 from trainwright.hooks.memory import PhasePeaks
@@ -69,12 +76,29 @@ class LoggerHook(Hook):
             agreement point (every ``trainer.agreement.every`` iterations), which writes
             the lines, with the numbers reduced over the processes (``data_time`` the
             maximum, the rest the mean).
+        out_dir: Also keep the run folder's logs (``train.log``, ``metrics.jsonl``, the config
+            dump: the files ending in ``out_suffix``) in ``out_dir/<run folder name>/``: a local
+            folder or an fsspec URL (``s3://bucket/logs``; mmengine's name). They are copied at
+            each checkpoint and at the end of each run (by the main process), never per step; a
+            failed upload is a warning (the files stay in the run folder) and is tried again next time.
+        out_suffix: Which files of the run folder go to ``out_dir`` (by how their names end).
+        storage_options: fsspec options of a URL ``out_dir`` (e.g. s3fs's
+            ``dict(client_kwargs=dict(endpoint_url=...))``); credentials otherwise from the environment.
     """
 
     priority = "BELOW_NORMAL"
 
     def __init__(self, interval: int = 10, ignore_last: bool = False, flush_secs: float = 1.0, window_size: int | None = None,
-                 custom_cfg: Sequence[Mapping[str, Any]] | None = None) -> None:
+                 custom_cfg: Sequence[Mapping[str, Any]] | None = None, out_dir: str | Path | None = None,
+                 out_suffix: str | Sequence[str] = (".json", ".jsonl", ".log", ".py", ".yaml"), storage_options: dict[str, Any] | None = None) -> None:
+        if storage_options is not None and not (isinstance(out_dir, str) and "://" in out_dir):
+            raise ValueError(f"LoggerHook storage_options apply to a URL out_dir (s3://..., memory://...), but out_dir is {out_dir!r}; drop storage_options or give a URL")
+        #: Where the run folder's logs are copied (None: nowhere); a URL is decided here, once.
+        self.out_dir: Location | None = location(out_dir, storage_options) if out_dir is not None else None
+        #: The remote store of a URL ``out_dir`` (checked by the trainer at start), else None.
+        self.store: RemoteStore | None = self.out_dir.store if isinstance(self.out_dir, RemotePath) else None
+        self.out_suffix = (out_suffix,) if isinstance(out_suffix, str) else tuple(out_suffix)
+        self._on_saved: Callable[[Any], None] | None = None
         if interval < 1:
             raise ValueError(f"LoggerHook interval must be >= 1, got {interval}")
         if window_size is not None and (isinstance(window_size, bool) or not isinstance(window_size, int) or window_size < 1):
@@ -119,6 +143,9 @@ class LoggerHook(Hook):
         trainer.log_lines.window_size = self.window_size
         trainer.log_lines.custom = self.custom
         trainer.log_lines.start(trainer.progress.iteration)
+        if self.out_dir is not None and self._on_saved is None:
+            self._on_saved = lambda _path: self.copy_logs(trainer)
+            trainer.checkpoints.on_saved.append(self._on_saved)
 
     def train_iter_interval(self, trainer: TrainerView) -> int | EveryInEpoch:  # noqa: D102
         # the loop calls after_train_iter at multiples of the interval (counted within the epoch in an epoch-based run,
@@ -195,6 +222,36 @@ class LoggerHook(Hook):
         if self._last_idx >= 0:  # the previous epoch's end had a line
             return start
         return start - length + length // n * n  # its last multiple of the interval
+
+    # -- copies of the logs -----------------------------------------------------------------
+    def after_run(self, trainer: TrainerView) -> None:  # noqa: D102
+        if self._on_saved is not None:
+            if self._on_saved in trainer.checkpoints.on_saved:
+                trainer.checkpoints.on_saved.remove(self._on_saved)
+            self._on_saved = None
+        if self.out_dir is not None:
+            self.copy_logs(trainer)
+
+    def copy_logs(self, trainer: TrainerView) -> None:
+        """Copy the run folder's logs to ``out_dir/<run folder name>/`` (main process); a failure is a warning."""
+        if self.out_dir is None or not trainer.strategy.is_main_process:
+            return
+        trainer.log_lines.writers.flush()
+        for h in trainer.logger.handlers:
+            h.flush()
+        run_dir = trainer.run_dir
+        dest = self.out_dir / run_dir.name
+        try:
+            for f in sorted(run_dir.iterdir()):
+                if f.is_file() and f.name.endswith(self.out_suffix):
+                    if isinstance(dest, RemotePath):
+                        (dest / f.name).upload(f)
+                    else:
+                        dest.mkdir(parents=True, exist_ok=True)
+                        shutil.copy2(f, dest / f.name)
+        except Exception as e:  # noqa: BLE001 - a copy of the logs never stops training
+            why = self.store.explain(e) if self.store is not None else f"{type(e).__name__}: {e}"
+            warnings.warn(f"LoggerHook could not copy the logs of {run_dir} to {dest} ({why}); they are in {run_dir}, and the copy is tried again at the next checkpoint.", stacklevel=2)
 
     # -- evaluation -------------------------------------------------------------------------
     def before_val_epoch(self, trainer: TrainerView) -> None:  # noqa: D102

@@ -27,6 +27,7 @@ from trainwright.registry import check_keys
 
 if TYPE_CHECKING:
     from trainwright.checkpoint.async_writer import AsyncCheckpointWriter
+    from trainwright.checkpoint.storage import Location
 
 
 class Strategy(UpdateEngine):
@@ -42,6 +43,8 @@ class Strategy(UpdateEngine):
     checkpoint_suffix = ".pth"
     #: What ``resume=True`` looks for: full files, and a sharded run's directories (read whole, see :meth:`load_checkpoint`).
     resumable_suffixes: tuple[str, ...] = (".pth", ".dcp")
+    #: Whether :meth:`save_checkpoint` / :meth:`load_checkpoint` take an fsspec URL (``s3://...``, see ``checkpoint/storage.py``).
+    remote_checkpoints = True
     #: Set by the Trainer when a run of this process ended by an exception (reset when the next run starts): the other
     #: processes may be anywhere (in a collective of their own), so teardown and checkpoint saves make no collective then.
     run_failed = False
@@ -244,6 +247,11 @@ class Strategy(UpdateEngine):
         ``after`` run in a background thread, at most one write in flight (see
         :mod:`trainwright.checkpoint.async_writer`).
 
+        A URL ``path`` (``s3://...``, :func:`~trainwright.checkpoint.storage.location`) is serialised
+        locally and uploaded as one object (in the background thread with ``async_save``); an
+        upload that keeps failing leaves the file in ``work_dir/checkpoints_unuploaded`` and skips
+        ``after`` (see :func:`~trainwright.checkpoint.io.save_remote`).
+
         Args:
             path: The target file.
             state: The checkpoint dict (may share tensors with the live model).
@@ -251,7 +259,23 @@ class Strategy(UpdateEngine):
             after: Runs on rank 0 once the file is complete (e.g. updates the ``latest``
                 pointer, deletes old checkpoints); skipped if the write failed.
         """
-        if self.is_main_process:
+        from trainwright.checkpoint.storage import RemotePath, location
+
+        remote = location(path) if isinstance(path, str) else None  # a URL string: its store (see storage.location)
+        if self.is_main_process and isinstance(remote, RemotePath):
+            from trainwright.checkpoint.io import save_remote
+
+            target = remote
+            if async_save:
+                if self._ckpt_writer is None:
+                    from trainwright.checkpoint.async_writer import AsyncCheckpointWriter
+
+                    self._ckpt_writer = AsyncCheckpointWriter()
+                self._ckpt_writer.submit(state, target.url, write=lambda data, _url: save_remote(data, target, after))
+            else:
+                self.wait_for_checkpoint()
+                save_remote(state, target, after)
+        elif self.is_main_process:
             if async_save:
                 if self._ckpt_writer is None:
                     from trainwright.checkpoint.async_writer import AsyncCheckpointWriter
@@ -278,27 +302,34 @@ class Strategy(UpdateEngine):
 
         A sharded checkpoint directory (``iter_8.dcp``, written by the FSDP strategy) is read
         into this one process as full tensors, without a process group (see
-        :func:`trainwright.strategies.dcp_io.load_full`).
+        :func:`trainwright.strategies.dcp_io.load_full`). ``path`` may be a URL (``s3://...``).
         """
-        if (Path(path) / ".metadata").is_file():  # a DCP directory (dcp_io.is_dcp_checkpoint, without importing DCP)
+        from trainwright.checkpoint.storage import location
+
+        loc = location(path)
+        if (loc / ".metadata").is_file():  # a DCP directory (dcp_io.is_dcp_checkpoint, without importing DCP)
             from trainwright.strategies.dcp_io import load_full
 
-            return load_full(path)
+            return load_full(loc)
         from trainwright.checkpoint.io import load_file
 
-        return load_file(path, map_location=map_location)
+        return load_file(loc, map_location=map_location)
 
     def remove_checkpoint(self, path: str | Path) -> None:
         """Delete a checkpoint this strategy wrote (a file here; a directory under a sharded strategy); missing is fine."""
-        path = Path(path)
-        if path.is_dir():
+        from trainwright.checkpoint.storage import RemotePath, location
+
+        loc = location(path)
+        if isinstance(loc, RemotePath):
+            loc.remove()
+        elif loc.is_dir():
             from trainwright.strategies.dcp_io import remove
 
-            remove(path)
+            remove(loc)
         else:
-            path.unlink(missing_ok=True)
+            loc.unlink(missing_ok=True)
 
-    def find_resumable(self, ckpt_dir: str | Path) -> tuple[Path, dict[str, Any]] | None:
+    def find_resumable(self, ckpt_dir: str | Path) -> tuple[Location, dict[str, Any]] | None:
         """The newest checkpoint of ``ckpt_dir`` that loads, as ``(path, checkpoint)``; None when there is none.
 
         See :func:`~trainwright.checkpoint.find_resumable`: corrupt files are skipped with a
@@ -313,7 +344,7 @@ class Strategy(UpdateEngine):
         with warnings.catch_warnings():
             if not self.is_main_process:
                 warnings.simplefilter("ignore")
-            return find_resumable(ckpt_dir, suffix=self.resumable_suffixes, load=self.load_checkpoint)
+            return find_resumable(ckpt_dir, suffix=self.resumable_suffixes, load=lambda p: self.load_checkpoint(p if isinstance(p, Path) else p.url))
 
     def collect_env(self) -> dict[str, Any]:
         """Facts about the environment worth logging at start."""

@@ -5,7 +5,9 @@ and optimizer, and ``.metadata``) and ``trainer_state.pth`` (everything else, wr
 0, read with the safe loader). Complete or absent: every rank writes into a hidden temporary
 directory that rank 0 renames onto the target once all shards are written. DCP stores global
 shapes, so a checkpoint of N processes loads into M, or into one process without a process
-group (:func:`load_full`).
+group (:func:`load_full`). A remote checkpoint (an fsspec URL, :class:`~trainwright.checkpoint.storage.RemotePath`)
+is written in place through torch's ``FsspecWriter``: DCP writes ``.metadata`` last, so a
+remote directory without it is incomplete (and skipped by resume).
 """
 
 from __future__ import annotations
@@ -23,15 +25,34 @@ from torch.distributed.checkpoint.api import CheckpointException
 from torch.distributed.checkpoint.default_planner import _EmptyStateDictLoadPlanner
 
 from trainwright.checkpoint.io import CheckpointError, _fsync_dir, load_file
+from trainwright.checkpoint.storage import Location, RemotePath, location
 
 TRAINER_STATE = "trainer_state.pth"
 """The file of a checkpoint directory that holds the trainer's non-sharded state."""
 METADATA = ".metadata"
 
 
-def is_dcp_checkpoint(path: str | os.PathLike[str]) -> bool:
+def is_dcp_checkpoint(path: str | os.PathLike[str] | RemotePath) -> bool:
     """True when ``path`` is a directory written by DCP (it has a ``.metadata`` file)."""
-    return (Path(path) / METADATA).is_file()
+    return (location(path) / METADATA).is_file()
+
+
+def storage_writer(path: Location) -> Any:
+    """DCP's writer for ``path``: ``FileSystemWriter`` (local), ``FsspecWriter`` with the store's options (remote)."""
+    if isinstance(path, RemotePath):
+        from torch.distributed.checkpoint._fsspec_filesystem import FsspecWriter  # not re-exported by torch.distributed.checkpoint
+
+        return FsspecWriter(path.url, sync_files=False, **path.store.options)  # an object store's PUT is durable; there is no fsync
+    return dcp.FileSystemWriter(str(path))
+
+
+def storage_reader(path: Location) -> Any:
+    """DCP's reader for ``path`` (see :func:`storage_writer`)."""
+    if isinstance(path, RemotePath):
+        from torch.distributed.checkpoint._fsspec_filesystem import FsspecReader
+
+        return FsspecReader(path.url, **path.store.options)
+    return dcp.FileSystemReader(str(path))
 
 
 def temp_dir(target: Path, token: str) -> Path:
@@ -61,39 +82,46 @@ def publish(tmp: Path, target: Path) -> None:
         shutil.rmtree(old, ignore_errors=True)
 
 
-def save_shards(sharded: Mapping[str, Any], tmp: Path, target: Path, **save_kwargs: Any) -> None:
+def save_shards(sharded: Mapping[str, Any], tmp: Location, target: Location, **save_kwargs: Any) -> None:
     """``dcp.save`` the shards into the temporary directory ``tmp`` of ``target`` (every rank); a failed write is an OSError.
 
     DCP reports a failed shard write on every rank as its ``CheckpointException`` (a
     ``BaseException``, its message a pasted traceback). Here it becomes an ``OSError`` naming
     ``target`` and the first failure, raised on every rank alike; the temporary directory is
-    removed (rank 0, or the one process) and nothing was replaced.
+    removed (rank 0, or the one process) and nothing was replaced. A remote ``tmp`` is the
+    target itself (written in place; without ``.metadata`` it is incomplete).
 
     Raises:
         OSError: a shard could not be written (a full or read-only disk, a missing directory...).
     """
     try:
-        dcp.save(sharded, storage_writer=dcp.FileSystemWriter(str(tmp)), **save_kwargs)
+        dcp.save(sharded, storage_writer=storage_writer(tmp), **save_kwargs)
     except (Exception, CheckpointException) as e:  # noqa: BLE001 - CheckpointException is a BaseException
         first = str(e).strip().splitlines()
         cause = next((line.strip() for line in reversed(first) if "Error" in line), first[-1].strip() if first else type(e).__name__)
         if not torch.distributed.is_initialized() or torch.distributed.get_rank() == 0:
-            remove(tmp)
+            try:
+                remove(tmp)
+            except Exception:  # noqa: BLE001 - a store that went away: the partial folder has no .metadata, resume skips it
+                pass
         raise OSError(
             f"Cannot write checkpoint {str(target)!r}: writing its shards failed ({type(e).__name__}: {cause[:300]}). Nothing was replaced: "
-            f"{target.name} and `latest` are as they were before this save. Check the free space and permissions of {str(target.parent)!r}."
+            f"{target.name} and `latest` are as they were before this save. Check the free space and permissions of {str(target.parent)!r}"
+            + (" (and that its storage endpoint is reachable)." if isinstance(target, RemotePath) else ".")
         ) from e
 
 
-def remove(path: Path) -> None:
+def remove(path: Location) -> None:
     """Delete a checkpoint: a directory with its files, or a file; a missing one is fine."""
-    if path.is_dir():
+    if isinstance(path, RemotePath):
+        path.remove()
+    elif path.is_dir():
         shutil.rmtree(path, ignore_errors=True)
     else:
         path.unlink(missing_ok=True)
 
 
-def saved_shapes(path: Path, prefix: str) -> dict[str, tuple[int, ...]]:
+def saved_shapes(path: Location, prefix: str) -> dict[str, tuple[int, ...]]:
     """``{key: global shape}`` of the tensors stored under ``prefix`` (e.g. ``"model."``), from the DCP metadata.
 
     Raises:
@@ -102,14 +130,14 @@ def saved_shapes(path: Path, prefix: str) -> dict[str, tuple[int, ...]]:
     from torch.distributed.checkpoint.metadata import TensorStorageMetadata
 
     try:
-        meta = dcp.FileSystemReader(str(path)).read_metadata()
+        meta = storage_reader(path).read_metadata()
     except Exception as e:  # noqa: BLE001 - any failure to read the index means the directory is unusable
         raise CheckpointError(f"Cannot read checkpoint {str(path)!r}: its DCP metadata is missing or corrupt ({type(e).__name__}: {e}). "
                               "Resume from the previous checkpoint (delete or move this directory, or point `resume=` at an older one).") from e
     return {k[len(prefix):]: tuple(v.size) for k, v in meta.state_dict_metadata.items() if k.startswith(prefix) and isinstance(v, TensorStorageMetadata)}
 
 
-def read_trainer_state(path: Path) -> dict[str, Any]:
+def read_trainer_state(path: Location) -> dict[str, Any]:
     """The ``trainer_state.pth`` of a checkpoint directory (safe loader; CheckpointError when missing or corrupt)."""
     try:
         return load_file(path / TRAINER_STATE)
@@ -118,7 +146,7 @@ def read_trainer_state(path: Path) -> dict[str, Any]:
                               "Resume from the previous checkpoint (delete or move this directory, or point `resume=` at an older one).") from e
 
 
-def load_into(path: Path, template: dict[str, Any], *, everything: bool = False) -> None:
+def load_into(path: Location, template: dict[str, Any], *, everything: bool = False) -> None:
     """``dcp.load`` the tensors of ``template`` (its own shards on each rank) in place; CheckpointError when the files are broken.
 
     ``everything``: read every entry of the checkpoint into the empty ``template``, as full
@@ -129,22 +157,22 @@ def load_into(path: Path, template: dict[str, Any], *, everything: bool = False)
         if everything:
             from torch.distributed.checkpoint.state_dict_loader import _load_state_dict
 
-            _load_state_dict(template, storage_reader=dcp.FileSystemReader(str(path)), planner=_EmptyStateDictLoadPlanner(), no_dist=True)
+            _load_state_dict(template, storage_reader=storage_reader(path), planner=_EmptyStateDictLoadPlanner(), no_dist=True)
         else:
-            dcp.load(template, checkpoint_id=str(path))
+            dcp.load(template, storage_reader=storage_reader(path))
     except (Exception, CheckpointException) as e:  # noqa: BLE001 - DCP raises CheckpointException (a BaseException, on every rank) for unreadable shards
         raise CheckpointError(f"Cannot read checkpoint {str(path)!r}: {type(e).__name__}: {str(e)[:500]}. "
                               "Resume from the previous checkpoint (delete or move this directory, or point `resume=` at an older one).") from e
 
 
-def load_full(path: str | os.PathLike[str]) -> dict[str, Any]:
+def load_full(path: str | os.PathLike[str] | RemotePath) -> dict[str, Any]:
     """Read a sharded checkpoint directory into one process as full (unsharded) tensors; no process group needed.
 
     Returns the trainer's checkpoint dict: ``trainer_state.pth`` with the full model weights
     under ``"model"`` and each optimizer's state (keyed by parameter name, which
     ``torch.optim.Optimizer.load_state_dict`` maps by position) put back in its place.
     """
-    p = Path(path)
+    p = location(path)
     state = read_trainer_state(p)
     sharded: dict[str, Any] = {}
     load_into(p, sharded, everything=True)

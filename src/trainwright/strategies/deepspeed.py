@@ -54,6 +54,7 @@ class DeepSpeedStrategy(ProcessGroupStrategy):
     name = "deepspeed"
     checkpoint_suffix = ".ds"
     resumable_suffixes = (".ds",)
+    remote_checkpoints = False  # DeepSpeed's engine writes its own folders to local disk
 
     def __init__(self, config: Mapping[str, Any] | None = None, device: str | torch.device | None = None, backend: str | None = None, timeout_s: float = 1800.0) -> None:
         if importlib.util.find_spec("deepspeed") is None:

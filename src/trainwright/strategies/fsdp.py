@@ -16,10 +16,12 @@ from __future__ import annotations
 
 import contextlib
 import datetime
+import io
 import os
+import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 import torch.distributed as dist
@@ -31,6 +33,9 @@ from trainwright.optim.optim_wrapper_dict import optim_wrappers_of
 from trainwright.registry import STRATEGIES
 from trainwright.strategies.process_group import ProcessGroupStrategy
 from trainwright.strategies.tensor_parallel import TensorParallel, apply_plan, check_divisible, grads_on_mesh
+
+if TYPE_CHECKING:
+    from trainwright.checkpoint.storage import Location, RemotePath
 
 
 def _copy_tensors(obj: Any) -> Any:
@@ -102,7 +107,7 @@ class FSDPStrategy(ProcessGroupStrategy):
         self.reshard_after_forward = reshard_after_forward
         self.mixed_precision = dict(mixed_precision) if mixed_precision is not None else None
         self._async_group: Any = None
-        self._pending: tuple[Any, Callable[[], None]] | None = None  # (future, finish) of an async save
+        self._pending: tuple[Any, Callable[[], None], RemotePath | None] | None = None  # (future, finish, remote target) of an async save
         self._optim_wrapper: Any = None  # the optimizers whose state a checkpoint holds (setup_optim_wrapper)
 
     # -- environment ----------------------------------------------------------------------
@@ -317,14 +322,20 @@ class FSDPStrategy(ProcessGroupStrategy):
         Called on every rank with the same ``path`` (a directory; the checkpoint hook names it ``iter_N.dcp``). With
         ``async_save`` the call returns once the shards are staged in CPU memory; the files
         are published (renamed into place) and ``after`` runs when the write is waited for:
-        at the next save, at the end of training, or by :meth:`wait_for_checkpoint`.
+        at the next save, at the end of training, or by :meth:`wait_for_checkpoint`. A remote
+        ``path`` is written in place (see :meth:`_save_remote`).
         """
         import torch.distributed.checkpoint as dcp
 
         from trainwright.checkpoint.io import atomic_save
+        from trainwright.checkpoint.storage import RemotePath, location
         from trainwright.strategies import dcp_io
 
         self.wait_for_checkpoint()
+        remote = location(path) if isinstance(path, str) else None  # a URL string: its store (see storage.location)
+        if isinstance(remote, RemotePath):
+            self._save_remote(remote, state, async_save=async_save, after=after)
+            return
         target = Path(path)
         tmp = Path(self.broadcast_object(str(dcp_io.temp_dir(target, dcp_io.new_token()))))
         sharded, rest = dcp_io.split(state)
@@ -344,19 +355,104 @@ class FSDPStrategy(ProcessGroupStrategy):
             if self._async_group is None:  # the background write's collectives must not share the training group
                 self._async_group = dist.new_group(backend="gloo")
             future = dcp.async_save(sharded, storage_writer=writer, process_group=self._async_group)
-            self._pending = (future, finish)
+            self._pending = (future, finish, None)
             return
         dcp_io.save_shards(sharded, tmp, target)  # a failed shard write: OSError naming the path, nothing replaced
         finish()
         self.barrier()
+
+    def _save_remote(self, target: RemotePath, state: Mapping[str, Any], *, async_save: bool, after: Callable[[], None] | None) -> None:
+        """Write a checkpoint directory on an fsspec URL in place: rank 0 ``trainer_state.pth``, then the shards, ``.metadata`` last.
+
+        DCP (``FsspecWriter``) writes ``.metadata`` once every shard is written: a directory
+        without it is incomplete and resume skips it. A failed write is tried again (the
+        store's tries, every rank together: DCP reports a failure on every rank); if it still
+        fails, the checkpoint is written into ``work_dir/checkpoints_unuploaded`` instead, with a
+        warning, ``after`` does not run (``latest`` and the older checkpoints stay) and training
+        goes on. A background (``async_save``) write that fails is a warning: its staged copy is
+        gone, the checkpoint is lost, ``latest`` names the previous one.
+        """
+        import warnings
+
+        import torch.distributed.checkpoint as dcp
+
+        from trainwright.strategies import dcp_io
+
+        store = target.store
+        sharded, rest = dcp_io.split(state)
+
+        def finish() -> None:
+            if self.is_main_process and after is not None:
+                try:
+                    after()
+                except Exception as e:  # noqa: BLE001 - the checkpoint is complete; only the pointer is stale
+                    warnings.warn(f"Checkpoint {target.url} was written, but updating `latest` / deleting old checkpoints failed ({store.explain(e)})", stacklevel=3)
+
+        error: Exception | None = None
+        for attempt in range(store.tries):
+            error = None
+            if self.is_main_process:
+                try:
+                    if target.exists():  # an incomplete folder of that name (an earlier write that was killed)
+                        target.remove()
+                    buf = io.BytesIO()
+                    torch.save(dcp_io.as_cpu(rest), buf)
+                    store.fs.pipe_file((target / dcp_io.TRAINER_STATE).url, buf.getvalue())  # one PUT; before the shards and .metadata
+                except Exception as e:  # noqa: BLE001 - handled together on every rank below
+                    error = e
+            if self.any_true(error is not None):
+                error = error or OSError(f"rank 0 could not write {target.url}/{dcp_io.TRAINER_STATE}")
+                if attempt + 1 < store.tries:
+                    time.sleep(store.backoff_s * 2**attempt)
+                continue
+            if async_save:
+                if self._async_group is None:
+                    self._async_group = dist.new_group(backend="gloo")
+                future = dcp.async_save(sharded, storage_writer=dcp_io.storage_writer(target), process_group=self._async_group)
+                self._pending = (future, finish, target)
+                return
+            try:
+                dcp_io.save_shards(sharded, target, target)
+                finish()
+                self.barrier()
+                return
+            except OSError as e:
+                error = e
+                if attempt + 1 < store.tries:
+                    warnings.warn(f"Writing checkpoint {target.url} failed ({e}); trying again ({attempt + 2} of {store.tries})", stacklevel=3)
+                    time.sleep(store.backoff_s * 2**attempt)
+        # the store keeps failing: the checkpoint goes to the local fallback folder, written as a local sharded checkpoint
+        local = (store.fallback_dir or Path.cwd() / "checkpoints_unuploaded") / target.name
+        self.save_checkpoint(local, state)
+        if self.is_main_process:
+            warnings.warn(
+                f"Could not write checkpoint {target.url} ({store.explain(error) if error is not None else 'unknown error'}); kept it locally as {local}. "
+                f"Training goes on; `latest` in {target.parent.url} still names the previous checkpoint. Copy the folder there once the storage "
+                f"is back, or resume from it with resume={str(local)!r}.",
+                stacklevel=3,
+            )
 
     def wait_for_checkpoint(self) -> None:
         """Block until a background write is complete, then publish it (rank 0) and run its ``after``; re-raise its error."""
         pending, self._pending = self._pending, None
         if pending is None:
             return
-        future, finish = pending
-        (future.upload_completion if hasattr(future, "upload_completion") else future).result()
+        future, finish, remote = pending
+        if remote is None:
+            (future.upload_completion if hasattr(future, "upload_completion") else future).result()
+            finish()
+            return
+        from torch.distributed.checkpoint.api import CheckpointException
+
+        try:
+            (future.upload_completion if hasattr(future, "upload_completion") else future).result()
+        except (Exception, CheckpointException) as e:  # noqa: BLE001 - DCP's CheckpointException is a BaseException
+            import warnings
+
+            warnings.warn(f"Writing checkpoint {remote.url} in the background failed ({remote.store.explain(e)}); it is lost (its staged copy is gone). "
+                          f"Training goes on; `latest` in {remote.parent.url} still names the previous checkpoint. async_save=False keeps a "
+                          "checkpoint whose upload fails in work_dir/checkpoints_unuploaded.", stacklevel=2)
+            return
         finish()
 
     def load_checkpoint(self, path: str | Path, map_location: Any = "cpu") -> dict[str, Any]:
@@ -370,11 +466,12 @@ class FSDPStrategy(ProcessGroupStrategy):
         from torch.distributed.checkpoint.state_dict import get_optimizer_state_dict
 
         from trainwright.checkpoint.io import CheckpointError
+        from trainwright.checkpoint.storage import location
         from trainwright.strategies import dcp_io
 
-        p = Path(path)
+        p = location(path)
         if p.is_file():
-            return super().load_checkpoint(p, map_location)  # a single-file (full) checkpoint
+            return super().load_checkpoint(path, map_location)  # a single-file (full) checkpoint
         if not p.is_dir():
             raise FileNotFoundError(f"Checkpoint {str(p)!r} does not exist. Check the path, or pass resume=True to pick the newest checkpoint in a directory.")
         error: Exception | None = None
@@ -396,7 +493,7 @@ class FSDPStrategy(ProcessGroupStrategy):
         dcp_io.load_into(p, sharded)
         return dcp_io.merge(rest, sharded)
 
-    def _check_model_shapes(self, path: Path, saved: Mapping[str, tuple[int, ...]]) -> None:
+    def _check_model_shapes(self, path: Location, saved: Mapping[str, tuple[int, ...]]) -> None:
         own = {k: tuple(v.shape) for k, v in self.model_state_dict().items() if isinstance(v, torch.Tensor)}
         missing = sorted(set(own) - set(saved))
         unexpected = sorted(set(saved) - set(own))
@@ -407,10 +504,11 @@ class FSDPStrategy(ProcessGroupStrategy):
                                + "\nResume with the same model definition, or use load_from= (weights only, strict=False) to start a new run from these weights.")
 
     def remove_checkpoint(self, path: str | Path) -> None:
-        """Delete a checkpoint directory (or file)."""
+        """Delete a checkpoint directory (or file), local or remote."""
+        from trainwright.checkpoint.storage import location
         from trainwright.strategies.dcp_io import remove
 
-        remove(Path(path))
+        remove(location(path))
 
 
 STRATEGIES.register(FSDPStrategy)

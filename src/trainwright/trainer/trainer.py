@@ -15,6 +15,8 @@ from trainwright.amp.precision import Precision
 from trainwright.checkpoint import Stateful, load_model_weights, save_safetensors
 from trainwright.checkpoint.lock import WorkDirBusyError
 from trainwright.checkpoint.manager import CheckpointManager
+from trainwright.checkpoint.storage import Location, RemoteStore
+from trainwright.hooks.checkpoint import CheckpointHook
 from trainwright.hooks.dispatch import HookList
 from trainwright.hooks.hook import Hook
 from trainwright.hooks.timing import HookReport, HookTimer
@@ -158,6 +160,9 @@ class Trainer:
         self.seed_given = bool(randomness and randomness.get("seed") is not None)
         # a model dict is built now, after the seed: its initial weights follow randomness's seed
         module: nn.Module = MODELS.build(model) if isinstance(model, Mapping) else model
+        # the hooks are built before the run folder: a remote out_dir (checkpoints, logs) is checked first, so a bad URL leaves no folder
+        hooks = build_hooks(default_hooks, custom_hooks)
+        _check_storage(hooks)
         # rank 0 names (and creates) the run folder: every rank agrees even when their clocks straddle a second
         self.experiment_name: str = self.strategy.broadcast_object(experiment_name or (new_run_dir(self.work_dir).name if self.is_main_process else None))
         self._run_dir_created = experiment_name is None  # this trainer made the folder (a given name may be an earlier run's)
@@ -204,7 +209,7 @@ class Trainer:
         self.progress = Progress()
         self.should_stop = False
         self.preempted = False  # set by the PreemptionHook when a stop signal ended training
-        self.hooks = HookList(build_hooks(default_hooks, custom_hooks), timer=HookTimer() if hook_timing is not False else None)
+        self.hooks = HookList(hooks, timer=HookTimer() if hook_timing is not False else None)
         if self.spike_guard is not None:
             from trainwright.hooks.spike_guard import SpikeGuardHook
 
@@ -236,6 +241,10 @@ class Trainer:
             after_load=lambda ckpt: self.hooks.call("after_load_checkpoint", self, ckpt),
             required=("model", "progress"), optional=OPTIONAL_PIECES,
         )
+        # where checkpoints live is decided once, here: the checkpoint hook's out_dir (a folder or a URL) is where resume looks too
+        out_dir = next((h.out_dir for h in hooks if isinstance(h, CheckpointHook) and h.out_dir is not None), None)
+        if out_dir is not None:
+            self.checkpoints.configure(ckpt_dir=out_dir)
 
     @classmethod
     def from_config(cls, cfg: Mapping[str, Any], **overrides: Any) -> Trainer:
@@ -356,7 +365,7 @@ class Trainer:
                         "(the checkpoint's win): to train with them, start a new run from these weights with load_from=."
                     )
                 return
-            self.logger.info(f"resume=True but no checkpoint in {self.ckpt_dir}; starting from scratch")
+            self.logger.info(f"resume=True but no checkpoint in {self.checkpoints.ckpt_dir}; starting from scratch")
         if self._load_from is not None:
             self.load_weights(self._load_from)
 
@@ -628,11 +637,11 @@ class Trainer:
         """The full checkpoint dict (the ``before_save_checkpoint`` hooks' additions included)."""
         return self.checkpoints.state_dict(_excluded(save_optimizer, save_param_scheduler))
 
-    def save_checkpoint(self, path: str | Path, save_optimizer: bool = True, save_param_scheduler: bool = True, *, async_save: bool = False, after: Callable[[], None] | None = None) -> Path:
+    def save_checkpoint(self, path: str | Path, save_optimizer: bool = True, save_param_scheduler: bool = True, *, async_save: bool = False, after: Callable[[], None] | None = None) -> Location:
         """Write the full checkpoint through the strategy (a bare name goes in ``ckpt_dir``) and return its path."""
         return self.checkpoints.save(path, exclude=_excluded(save_optimizer, save_param_scheduler), async_save=async_save, after=after)
 
-    def request_checkpoint(self) -> Path | None:
+    def request_checkpoint(self) -> Location | None:
         """Checkpoint the current iteration now unless it is saved already; returns the path once complete, or None."""
         return self.checkpoints.save_now()
 
@@ -710,6 +719,14 @@ def _explain_nonfinite(trainer: Trainer, iteration: int) -> str:
     from trainwright.diagnose import explain_nonfinite
 
     return explain_nonfinite(trainer, iteration)
+
+
+def _check_storage(hooks: Sequence[Hook]) -> None:
+    """Probe every remote ``out_dir`` of the hooks (bucket, credentials, endpoint): an OSError naming the URL and the fix, before anything is created."""
+    for h in hooks:
+        store = getattr(h, "store", None)
+        if isinstance(store, RemoteStore) and not store.checked:
+            store.check(f"{type(h).__name__} out_dir")
 
 
 def _torch_seeded() -> bool:

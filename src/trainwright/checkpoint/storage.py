@@ -1,0 +1,292 @@
+"""Where checkpoints live: a local folder (:class:`~pathlib.Path`) or an fsspec URL (:class:`RemotePath`).
+
+:func:`location` decides once per path: a local path or a ``file://`` URL stays a ``Path`` (the
+local code, unchanged), any other URL (``s3://``, ``gs://``, ``memory://``...) becomes a
+:class:`RemotePath` on a :class:`RemoteStore` (one fsspec filesystem, its options, the upload
+retries and the local folder where an upload that keeps failing leaves the checkpoint).
+A ``RemotePath`` offers the few ``pathlib`` operations the checkpoint code uses (``/``,
+``name``, ``parent``, ``exists``, ``iterdir``...) and no ``__fspath__``: nothing can open it as a
+local file by accident (a local folder named ``s3:``). One object is written by one PUT,
+which S3, GCS and Azure make visible only when complete.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import secrets
+import time
+import warnings
+from collections.abc import Callable, Iterator, Mapping
+from pathlib import Path
+from types import SimpleNamespace
+from typing import Any, TypeVar, Union
+
+_SCHEME = re.compile(r"^(?P<scheme>[A-Za-z][A-Za-z0-9+.\-]*)://")
+#: ``pip install`` extra per URL scheme (anything else: the ``fsspec`` extra plus that scheme's fsspec backend).
+_EXTRAS = {"s3": "s3", "s3a": "s3"}
+_T = TypeVar("_T")
+#: The stores made in this process by root URL (the newest per root): a URL under one of them uses its options.
+_STORES: dict[str, RemoteStore] = {}
+
+
+def is_url(path: object) -> bool:
+    """True for a URL that is not a local path: ``s3://...``, ``memory://...`` (a ``file://`` URL is local)."""
+    if not isinstance(path, str):
+        return isinstance(path, RemotePath)
+    m = _SCHEME.match(path)
+    return m is not None and m["scheme"].lower() != "file"
+
+
+def location(path: str | os.PathLike[str] | RemotePath, storage_options: Mapping[str, Any] | None = None) -> Path | RemotePath:
+    """``path`` as a :class:`RemotePath` (a URL) or a ``Path`` (a local path, or a ``file://`` URL).
+
+    A URL under the root of a store made before (the checkpoint hook's ``out_dir`` with its
+    ``storage_options``) is a path of that store, so a URL string is all the strategies and
+    ``load_from=`` need; otherwise a new store reads its credentials and endpoint from
+    ``storage_options`` or the environment (s3fs: ``AWS_ACCESS_KEY_ID`` ..., ``AWS_ENDPOINT_URL``).
+
+    Raises:
+        ImportError: the URL's fsspec backend is not installed (names the extra to install).
+    """
+    if isinstance(path, RemotePath):
+        return path
+    if isinstance(path, str):
+        m = _SCHEME.match(path)
+        if m is not None:
+            if m["scheme"].lower() == "file":
+                return Path(path[len(m[0]):])
+            url = path.rstrip("/")
+            if storage_options is None:
+                roots = [r for r in _STORES if url == r or url.startswith(r + "/")]
+                if roots:
+                    return RemotePath(_STORES[max(roots, key=len)], url)
+            return RemoteStore(url, storage_options).root
+    return Path(path)
+
+
+def _filesystem(url: str, protocol: str, options: Mapping[str, Any]) -> Any:
+    extra = _EXTRAS.get(protocol, "fsspec")
+    try:
+        import fsspec
+    except ImportError as e:
+        raise ImportError(f"{url}: checkpoints and logs on an fsspec URL need fsspec, which is not installed. pip install 'trainwright[{extra}]'") from e
+    try:
+        return fsspec.filesystem(protocol, **dict(options))
+    except ImportError as e:
+        raise ImportError(
+            f"{url}: the fsspec backend of {protocol}:// is not installed ({e}). "
+            + (f"pip install 'trainwright[{extra}]'" if protocol in _EXTRAS else "Install that backend (see fsspec's list of known implementations)")
+        ) from e
+    except ValueError as e:
+        raise ValueError(f"{url}: fsspec does not know the protocol {protocol!r} ({e}). Check the URL, or install that protocol's fsspec backend") from e
+
+
+class RemoteStore:
+    """An fsspec filesystem for one URL root; uploads are retried, then kept in ``fallback_dir``.
+
+    Args:
+        url: The root, e.g. ``s3://bucket/run/checkpoints``.
+        storage_options: fsspec options (s3fs: ``key``, ``secret``, ``client_kwargs=dict(endpoint_url=...)``).
+        tries: Attempts per upload (one write or one delete) before giving up.
+        backoff_s: Sleep before the second attempt, doubled for each further one.
+    """
+
+    def __init__(self, url: str, storage_options: Mapping[str, Any] | None = None, *, tries: int = 3, backoff_s: float = 0.5) -> None:
+        m = _SCHEME.match(url)
+        if m is None:
+            raise ValueError(f"{url!r} is not a URL (scheme://...)")
+        self.url = url.rstrip("/")
+        self.protocol = m["scheme"].lower()
+        self.options: dict[str, Any] = dict(storage_options or {})
+        self.fs = _filesystem(url, self.protocol, self.options)
+        self.tries, self.backoff_s = max(1, tries), backoff_s
+        #: Where a checkpoint whose upload keeps failing is written instead (set by the checkpoint manager: ``work_dir/checkpoints_unuploaded``).
+        self.fallback_dir: Path | None = None
+        #: True once :meth:`check` passed.
+        self.checked = False
+        _STORES[self.url] = self
+
+    @property
+    def root(self) -> RemotePath:
+        """The store's root URL as a path."""
+        return RemotePath(self, self.url)
+
+    def retry(self, what: str, fn: Callable[[], _T]) -> _T:
+        """``fn()``, tried ``tries`` times with a short backoff; the last error propagates."""
+        for attempt in range(self.tries):
+            try:
+                return fn()
+            except Exception as e:  # noqa: BLE001 - network and service errors come in many types
+                if attempt + 1 == self.tries:
+                    raise
+                warnings.warn(f"{what} failed ({type(e).__name__}: {e}); trying again ({attempt + 2} of {self.tries})", stacklevel=3)
+                time.sleep(self.backoff_s * 2**attempt)
+        raise AssertionError("unreachable")
+
+    def check(self, purpose: str = "checkpoints") -> None:
+        """Write and delete a small probe object under the root: the bucket exists, the credentials may write, the endpoint answers.
+
+        Raises:
+            OSError: naming the URL, what is wrong and the fix.
+        """
+        probe = f"{self.url}/.trainwright-write-check-{secrets.token_hex(4)}"
+        try:
+            self.fs.pipe_file(probe, b"ok")
+            self.fs.rm_file(probe)
+        except Exception as e:  # noqa: BLE001 - classified below
+            raise OSError(f"Cannot write to {self.url} ({purpose}): {self.explain(e)}. Nothing was trained or written.") from e
+        self.checked = True
+
+    def explain(self, e: BaseException) -> str:
+        """What an error of this store means and how to fix it (bucket, credentials, endpoint)."""
+        text = f"{type(e).__name__}: {e}"
+        low = text.lower()
+        endpoint = (self.options.get("client_kwargs") or {}).get("endpoint_url") or self.options.get("endpoint_url") or os.environ.get("AWS_ENDPOINT_URL")
+        if isinstance(e, FileNotFoundError) or "nosuchbucket" in low or "bucket does not exist" in low:
+            return f"the bucket does not exist ({text}). Create it (e.g. `aws s3 mb {self.url.split('/')[0]}//{self.url.split('/')[2]}`) or fix the URL"
+        if isinstance(e, PermissionError) or any(s in low for s in ("accessdenied", "access denied", "invalidaccesskeyid", "signaturedoesnotmatch", "forbidden", "credentials")):
+            return (f"access denied ({text}). Check the credentials (AWS_ACCESS_KEY_ID / AWS_SECRET_ACCESS_KEY or AWS_PROFILE in the environment, "
+                    "or storage_options=dict(key=..., secret=...)) and that they may write to this bucket")
+        if any(s in low for s in ("connect", "endpoint", "timeout", "timed out", "unreachable", "name resolution")):
+            return (f"cannot reach the storage endpoint{f' {endpoint}' if endpoint else ''} ({text}). Check the endpoint "
+                    "(storage_options=dict(client_kwargs=dict(endpoint_url=...)) or AWS_ENDPOINT_URL) and the network")
+        return f"{text}. Check the URL, the credentials and the endpoint (storage_options= or the AWS_* environment variables)"
+
+
+class RemotePath:
+    """A file or folder of a :class:`RemoteStore`, addressed by URL; the ``pathlib`` subset the checkpoint code needs.
+
+    ``str()`` is the URL. It has no ``__fspath__``: local file functions refuse it.
+    """
+
+    __slots__ = ("store", "url", "_info")
+
+    def __init__(self, store: RemoteStore, url: str, info: Mapping[str, Any] | None = None) -> None:
+        self.store = store
+        self.url = url.rstrip("/")
+        self._info = info
+
+    # -- names --------------------------------------------------------------------------
+    def __str__(self) -> str:
+        return self.url
+
+    def __repr__(self) -> str:
+        return f"RemotePath({self.url!r})"
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, RemotePath) and other.url == self.url
+
+    def __hash__(self) -> int:
+        return hash(self.url)
+
+    def __truediv__(self, name: str) -> RemotePath:
+        return RemotePath(self.store, f"{self.url}/{str(name).strip('/')}")
+
+    @property
+    def name(self) -> str:  # noqa: D102
+        return self.url.rsplit("/", 1)[-1]
+
+    @property
+    def suffix(self) -> str:  # noqa: D102
+        return Path(self.name).suffix
+
+    @property
+    def stem(self) -> str:  # noqa: D102
+        return Path(self.name).stem
+
+    @property
+    def parent(self) -> RemotePath:  # noqa: D102
+        return RemotePath(self.store, self.url.rsplit("/", 1)[0])
+
+    def with_name(self, name: str) -> RemotePath:  # noqa: D102
+        return self.parent / name
+
+    def is_absolute(self) -> bool:  # noqa: D102
+        return True
+
+    # -- queries ------------------------------------------------------------------------
+    def _details(self) -> Mapping[str, Any] | None:
+        if self._info is None:
+            try:
+                self._info = self.store.fs.info(self.url)
+            except (FileNotFoundError, NotADirectoryError):
+                return None
+        return self._info
+
+    def exists(self) -> bool:  # noqa: D102
+        return self._details() is not None
+
+    def is_file(self) -> bool:  # noqa: D102
+        info = self._details()
+        return info is not None and info.get("type") == "file"
+
+    def is_dir(self) -> bool:  # noqa: D102
+        info = self._details()
+        return info is not None and info.get("type") == "directory"
+
+    def stat(self) -> SimpleNamespace:
+        """``st_mtime_ns`` (0 where the store keeps none, e.g. an S3 prefix) and ``st_size``."""
+        info = self._details() or {}
+        mtime = info.get("LastModified") or info.get("mtime") or info.get("created") or info.get("updated")
+        stamp = float(mtime.timestamp()) if mtime is not None and hasattr(mtime, "timestamp") else float(mtime or 0)
+        return SimpleNamespace(st_mtime_ns=int(stamp * 1e9), st_size=int(info.get("size") or 0))
+
+    def iterdir(self) -> Iterator[RemotePath]:
+        """The entries of this folder (with their details, so queries on them cost no request); fresh from the store."""
+        fs = self.store.fs
+        fs.invalidate_cache(self.url)
+        try:
+            entries = fs.ls(self.url, detail=True)
+        except FileNotFoundError:
+            return iter(())
+        base = self.url.split("://", 1)[0] + "://"
+        out = []
+        for info in entries:
+            name = str(info["name"]).rstrip("/")
+            child = self / name.rsplit("/", 1)[-1] if "/" in name else RemotePath(self.store, base + name)
+            if child.url != self.url:
+                out.append(RemotePath(self.store, child.url, info))
+        return iter(out)
+
+    # -- content ------------------------------------------------------------------------
+    def read_bytes(self) -> bytes:  # noqa: D102
+        return self.store.fs.cat_file(self.url)  # type: ignore[no-any-return]
+
+    def read_text(self, encoding: str = "utf-8") -> str:  # noqa: D102
+        return self.read_bytes().decode(encoding)
+
+    def write_bytes(self, data: bytes) -> None:
+        """One PUT (visible only when complete on S3/GCS/Azure), retried."""
+        self.store.retry(f"Writing {self.url}", lambda: self.store.fs.pipe_file(self.url, data))
+        self._info = None
+
+    def write_text(self, text: str, encoding: str = "utf-8") -> None:  # noqa: D102
+        self.write_bytes(text.encode(encoding))
+
+    def upload(self, local: Path) -> None:
+        """Upload the local file ``local`` to this path (one object, complete or absent), retried."""
+        self.store.retry(f"Uploading {self.url}", lambda: self.store.fs.put_file(str(local), self.url))
+        self._info = None
+
+    def download(self, local: Path) -> None:
+        """Copy this object into the local file ``local``."""
+        self.store.fs.get_file(self.url, str(local))
+
+    def remove(self) -> None:
+        """Delete this object, or this folder with everything under it; a missing one is fine."""
+        fs = self.store.fs
+
+        def rm() -> None:
+            try:
+                fs.rm(self.url, recursive=True)
+            except FileNotFoundError:
+                pass
+
+        self.store.retry(f"Deleting {self.url}", rm)
+        fs.invalidate_cache(self.parent.url)
+        self._info = None
+
+
+Location = Union[Path, RemotePath]
+"""Where a checkpoint (file or folder) lives."""

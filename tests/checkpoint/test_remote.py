@@ -1,0 +1,311 @@
+"""Checkpoints and logs on object storage: a real S3 server (``moto_server`` on 127.0.0.1) through s3fs.
+
+Nothing inside trainwright is mocked. Training runs are subprocesses of remote_train.py (a run
+resumed in a new process must end bitwise equal to one that never stopped); the fault tests
+start and kill their own servers.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+
+import trainwright as tw
+from trainwright.checkpoint import load_file
+from trainwright.strategies import Strategy
+
+pytest.importorskip("s3fs")
+pytest.importorskip("moto")
+
+SCRIPT = Path(__file__).with_name("remote_train.py")
+_CREDENTIALS = {"AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing", "AWS_DEFAULT_REGION": "us-east-1"}
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+class MotoServer:
+    """``moto_server -H 127.0.0.1 -p PORT`` in a subprocess (``auth``: only known access keys are accepted)."""
+
+    def __init__(self, log: Path, auth: bool = False) -> None:
+        self.port = _free_port()
+        self.endpoint = f"http://127.0.0.1:{self.port}"
+        env = dict(os.environ, **_CREDENTIALS, **({"INITIAL_NO_AUTH_ACTION_COUNT": "0"} if auth else {}))
+        exe = Path(sys.executable).with_name("moto_server")
+        cmd = [str(exe)] if exe.exists() else [sys.executable, "-m", "moto.server"]
+        self._log = log.open("w")
+        self.proc = subprocess.Popen([*cmd, "-H", "127.0.0.1", "-p", str(self.port)], stdout=self._log, stderr=subprocess.STDOUT, env=env)
+        deadline = time.monotonic() + 60
+        while True:
+            try:
+                urllib.request.urlopen(f"{self.endpoint}/moto-api/", timeout=2)
+                break
+            except OSError:
+                if self.proc.poll() is not None or time.monotonic() > deadline:
+                    raise RuntimeError(f"moto_server did not start: {log.read_text()[-2000:]}") from None
+                time.sleep(0.2)
+
+    def fs(self) -> Any:
+        import s3fs
+
+        return s3fs.S3FileSystem(key="testing", secret="testing", client_kwargs=dict(endpoint_url=self.endpoint), skip_instance_cache=True)
+
+    def bucket(self, name: str) -> str:
+        self.fs().mkdir(name)
+        return name
+
+    def stop(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.kill()
+            self.proc.wait(timeout=30)
+        self._log.close()
+
+
+@pytest.fixture(scope="module")
+def moto(tmp_path_factory: pytest.TempPathFactory) -> Iterator[MotoServer]:
+    server = MotoServer(tmp_path_factory.mktemp("moto") / "moto.log")
+    yield server
+    server.stop()
+
+
+@pytest.fixture(autouse=True)
+def _credentials(monkeypatch: pytest.MonkeyPatch) -> None:
+    for k, v in _CREDENTIALS.items():
+        monkeypatch.setenv(k, v)
+    monkeypatch.delenv("AWS_ENDPOINT_URL", raising=False)
+
+
+def _env(tmp: Path) -> dict[str, str]:
+    (tmp / "tmp").mkdir(exist_ok=True)
+    return dict(os.environ, **_CREDENTIALS, TMPDIR=str(tmp / "tmp"), OMP_NUM_THREADS="1", PYTHONUNBUFFERED="1")
+
+
+def _train(tmp: Path, work: str, *args: str) -> subprocess.CompletedProcess[str]:
+    p = subprocess.run([sys.executable, str(SCRIPT), work, *args], cwd=tmp, env=_env(tmp), capture_output=True, text=True, timeout=240)
+    assert p.returncode == 0, f"run failed ({p.returncode}):\n{p.stdout[-2000:]}\n{p.stderr[-4000:]}"
+    return p
+
+
+def _weights(work: Path) -> dict[str, torch.Tensor]:
+    return torch.load(work / "result.pt", weights_only=True)["model"]  # type: ignore[no-any-return]
+
+
+def _assert_equal(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor]) -> None:
+    assert a.keys() == b.keys()
+    for k in a:
+        assert torch.equal(a[k], b[k]), f"{k} differs by {(a[k] - b[k]).abs().max().item()}"
+
+
+def _no_local_url_folder(*roots: Path) -> None:
+    for root in roots:
+        odd = [p for p in root.rglob("*") if p.name.endswith(":") or p.name in ("s3:", "memory:")]
+        assert not odd, f"a URL became a local folder: {odd}"
+
+
+@pytest.fixture(scope="module")
+def reference(tmp_path_factory: pytest.TempPathFactory) -> dict[str, torch.Tensor]:
+    """The weights of a 4-epoch run on local disk that never stopped."""
+    tmp = tmp_path_factory.mktemp("reference")
+    _train(tmp, "ref", "--epochs", "4")
+    return _weights(tmp / "ref")
+
+
+@pytest.mark.slow
+@pytest.mark.multiprocess
+def test_killed_during_an_upload_then_resumed_in_a_new_process_equals_an_uninterrupted_run(
+    tmp_path: Path, moto: MotoServer, reference: dict[str, torch.Tensor], monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Epochs 1-2 are checkpointed on S3; a SIGKILL while epoch 3's checkpoint is half uploaded leaves ``latest`` at epoch 2;
+    a new process resumes from the bucket (background uploads this time) and ends bitwise equal to a 4-epoch run."""
+    bucket = moto.bucket("killed")
+    url = f"s3://{bucket}/run"
+    args = ["--out-dir", url, "--endpoint", moto.endpoint, "--epochs", "4"]
+    p = subprocess.Popen([sys.executable, str(SCRIPT), "work", *args, "--hang-in-upload", "epoch_3.pth"], cwd=tmp_path, env=_env(tmp_path),
+                         stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    assert p.stdout is not None
+    lines = []
+    try:
+        for line in p.stdout:
+            lines.append(line)
+            if line.startswith("uploading epoch_3.pth"):
+                p.send_signal(signal.SIGKILL)
+                break
+    finally:
+        p.kill()
+        p.wait(timeout=60)
+    assert any(line.startswith("uploading") for line in lines), "".join(lines[-40:])
+    fs = moto.fs()
+    names = sorted(Path(f).name for f in fs.ls(f"{bucket}/run"))
+    assert names == ["epoch_1.pth", "epoch_2.pth", "latest"]  # the half-sent epoch_3.pth is not visible
+    assert fs.cat(f"{bucket}/run/latest") == b"epoch_2.pth\n"
+    assert fs.list_multipart_uploads(bucket)  # the killed upload is still open on the server: nothing completed it
+    assert fs.cat(f"{bucket}/run-logs/run/metrics.jsonl")  # the logs were copied at the checkpoints
+
+    out = _train(tmp_path, "work", *args, "--async-save")
+    assert "start 20" in out.stdout  # resumed at the end of epoch 2, from the bucket
+    _assert_equal(_weights(tmp_path / "work"), reference)
+    assert sorted(Path(f).name for f in fs.ls(f"{bucket}/run", refresh=True)) == ["epoch_3.pth", "epoch_4.pth", "latest"]  # keep 2
+    assert fs.cat(f"{bucket}/run/latest") == b"epoch_4.pth\n"
+    monkeypatch.setenv("AWS_ENDPOINT_URL", moto.endpoint)
+    assert load_file(f"s3://{bucket}/run/epoch_4.pth")["progress"]["epoch"] == 4
+    records = fs.cat(f"{bucket}/run-logs/run/metrics.jsonl").decode().splitlines()
+    assert any('"epoch": 4' in r for r in records)  # copied again at the end of the run
+    _no_local_url_folder(tmp_path)
+
+
+@pytest.mark.slow
+@pytest.mark.multiprocess
+def test_sharded_fsdp_checkpoints_on_s3_skip_an_incomplete_one_and_resume_equal(
+    tmp_path: Path, moto: MotoServer, reference: dict[str, torch.Tensor], monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """DCP through FsspecWriter: a ``.dcp`` folder without ``.metadata`` is incomplete, skipped with a warning; resume from the one before."""
+    bucket = moto.bucket("sharded")
+    args = ["--out-dir", f"s3://{bucket}/run", "--endpoint", moto.endpoint, "--strategy", "fsdp"]
+    _train(tmp_path, "work", *args, "--epochs", "2")
+    fs = moto.fs()
+    assert fs.cat(f"{bucket}/run/latest") == b"epoch_2.dcp\n"
+    assert {Path(f).name for f in fs.find(f"{bucket}/run/epoch_2.dcp")} >= {".metadata", "trainer_state.pth"}
+    # one process reads the sharded checkpoint whole, from the bucket (no process group)
+    monkeypatch.setenv("AWS_ENDPOINT_URL", moto.endpoint)
+    full = Strategy("cpu").load_checkpoint(f"s3://{bucket}/run/epoch_2.dcp")
+    _assert_equal(full["model"], _weights(tmp_path / "work"))
+    fs.rm(f"{bucket}/run/epoch_2.dcp/.metadata")  # as if the run died before DCP wrote its index
+    out = _train(tmp_path, "work", *args, "--epochs", "4")
+    assert "Skipping checkpoint 's3://sharded/run/epoch_2.dcp'" in out.stderr and "start 10" in out.stdout
+    _assert_equal(_weights(tmp_path / "work"), reference)  # one FSDP process trains as the single-device reference
+    assert fs.cat(f"{bucket}/run/latest") == b"epoch_4.dcp\n"
+    _no_local_url_folder(tmp_path)
+
+
+# --------------------------------------------------------------------------- in this process
+
+
+def _trainer(work: Path, out_dir: str, options: dict[str, Any] | None = None, keep: int = -1, logs: str | None = None, **kw: Any) -> tw.Trainer:
+    from conftest import make_trainer
+
+    ckpt = dict(out_dir=out_dir, max_keep_ckpts=keep, **({"storage_options": options} if options else {}))
+    kw.setdefault("train_cfg", dict(by_epoch=True, max_epochs=2))
+    hooks: dict[str, Any] = dict(checkpoint=ckpt, **({"logger": dict(out_dir=logs)} if logs else {}))
+    return make_trainer(work, default_hooks=hooks, **kw)
+
+
+def _fast(endpoint: str) -> dict[str, Any]:
+    """s3fs options for a test: one try per request, a short connect timeout (a dead endpoint fails in a second, not after botocore's retries)."""
+    return dict(client_kwargs=dict(endpoint_url=endpoint), config_kwargs=dict(retries=dict(max_attempts=1), connect_timeout=1, read_timeout=5))
+
+
+def test_load_from_an_s3_url_and_no_local_folder_named_after_it(tmp_path: Path, moto: MotoServer, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.chdir(tmp_path)
+    bucket = moto.bucket("weights")
+    t = _trainer(tmp_path / "a", f"s3://{bucket}/run", dict(client_kwargs=dict(endpoint_url=moto.endpoint)))
+    t.train()
+    t.close()
+    saved = load_file(f"s3://{bucket}/run/epoch_2.pth")["model"]
+    monkeypatch.setenv("AWS_ENDPOINT_URL", moto.endpoint)  # a plain URL: credentials and endpoint from the environment
+    t2 = _trainer(tmp_path / "b", f"s3://{bucket}/other", load_from=f"s3://{bucket}/run/epoch_2.pth",
+                  optim_wrapper=dict(optimizer=dict(type="SGD", lr=0.0)), train_cfg=dict(by_epoch=True, max_epochs=1))
+    t2.train()
+    t2.close()
+    _assert_equal(dict(t2.unwrapped_model.state_dict()), saved)
+    assert "epoch_2.pth" not in saved and not (tmp_path / "s3:").exists()
+    _no_local_url_folder(tmp_path)
+    with pytest.raises(FileNotFoundError, match=f"s3://{bucket}/run/epoch_9.pth"):
+        load_file(f"s3://{bucket}/run/epoch_9.pth")
+
+
+def test_a_missing_bucket_fails_at_start_naming_the_url_and_creates_nothing(tmp_path: Path, moto: MotoServer) -> None:
+    with pytest.raises(OSError, match=r"s3://no-such-bucket/run .*the bucket does not exist.*Create it"):
+        _trainer(tmp_path / "work", "s3://no-such-bucket/run", dict(client_kwargs=dict(endpoint_url=moto.endpoint)))
+    assert not (tmp_path / "work").exists()
+
+
+def test_wrong_credentials_fail_at_start_naming_the_url(tmp_path: Path) -> None:
+    server = MotoServer(tmp_path / "auth.log", auth=True)  # accepts only access keys it issued: "testing" is not one
+    try:
+        with pytest.raises(OSError, match=r"s3://locked/run .*access denied.*AWS_ACCESS_KEY_ID"):
+            _trainer(tmp_path / "work", "s3://locked/run", dict(client_kwargs=dict(endpoint_url=server.endpoint)))
+    finally:
+        server.stop()
+    assert not (tmp_path / "work").exists()
+
+
+def test_an_unreachable_endpoint_fails_at_start_naming_the_url(tmp_path: Path) -> None:
+    dead = f"http://127.0.0.1:{_free_port()}"
+    with pytest.raises(OSError, match=rf"s3://bucket/run .*cannot reach the storage endpoint {dead}.*endpoint_url"):
+        _trainer(tmp_path / "work", "s3://bucket/run", _fast(dead))
+    assert not (tmp_path / "work").exists()
+
+
+def test_a_missing_fsspec_backend_names_the_extra_to_install(tmp_path: Path) -> None:
+    """fsspec missing: the ``fsspec`` extra; s3fs missing for s3://: the ``s3`` extra (a fresh process that cannot import them)."""
+    code = ("import sys; sys.modules['fsspec'] = None\n"
+            "from trainwright.hooks import CheckpointHook\n"
+            "try:\n    CheckpointHook(out_dir='memory://bucket/run')\nexcept ImportError as e:\n    print(e)\n"
+            "del sys.modules['fsspec']; sys.modules['s3fs'] = None\n"
+            "try:\n    CheckpointHook(out_dir='s3://bucket/run')\nexcept ImportError as e:\n    print(e)\n")
+    p = subprocess.run([sys.executable, "-c", code], env=_env(tmp_path), capture_output=True, text=True, timeout=120)
+    first, second = p.stdout.strip().splitlines()
+    assert "memory://bucket/run" in first and "fsspec, which is not installed" in first and "pip install 'trainwright[fsspec]'" in first, p.stdout + p.stderr
+    assert "s3://bucket/run" in second and "pip install 'trainwright[s3]'" in second, p.stdout + p.stderr
+
+
+def test_the_endpoint_going_away_mid_run_keeps_the_checkpoints_locally_and_training_goes_on(tmp_path: Path) -> None:
+    server = MotoServer(tmp_path / "moto.log")
+    bucket = server.bucket("flaky")
+
+    class StopServerAfterEpoch1(tw.Hook):
+        def before_train_epoch(self, trainer: Any) -> None:
+            if trainer.progress.epoch == 1:
+                server.stop()
+
+    try:
+        t = _trainer(tmp_path / "work", f"s3://{bucket}/run", _fast(server.endpoint), train_cfg=dict(by_epoch=True, max_epochs=3), custom_hooks=[StopServerAfterEpoch1()])
+        with pytest.warns(UserWarning, match=r"Could not upload checkpoint s3://flaky/run/epoch_2.pth .*kept it locally as .*checkpoints_unuploaded/epoch_2.pth"):
+            t.train()
+        t.close()
+    finally:
+        server.stop()
+    assert t.progress.epoch == 3  # training went on
+    kept = tmp_path / "work" / "checkpoints_unuploaded"
+    assert sorted(p.name for p in kept.iterdir()) == ["epoch_2.pth", "epoch_3.pth"]
+    assert load_file(kept / "epoch_3.pth")["progress"]["epoch"] == 3
+    # the kept file is a checkpoint like any other: a run resumes from it
+    t2 = _trainer(tmp_path / "work2", str(tmp_path / "local"), resume=str(kept / "epoch_3.pth"), train_cfg=dict(by_epoch=True, max_epochs=3))
+    t2.train()
+    _assert_equal(dict(t2.unwrapped_model.state_dict()), dict(t.unwrapped_model.state_dict()))
+    t2.close()
+
+
+def test_memory_url_round_trip_with_keep_k_and_resume(tmp_path: Path) -> None:
+    """memory:// (fsspec's in-process store): keep-k deletes after the new ``latest``; resume=True finds the newest there; logs are copied."""
+    import fsspec
+
+    t = _trainer(tmp_path, "memory://round/trip", keep=2, logs="memory://round/logs", train_cfg=dict(by_epoch=True, max_epochs=3))
+    t.train()
+    t.close()
+    fs = fsspec.filesystem("memory")
+    assert sorted(Path(f).name for f in fs.ls("/round/trip", detail=False)) == ["epoch_2.pth", "epoch_3.pth", "latest"]
+    copied = fs.cat(f"memory://round/logs/{t.run_dir.name}/metrics.jsonl")
+    assert copied == (t.run_dir / "metrics.jsonl").read_bytes() and b'"epoch": 3' in copied  # the end of the run is in the copy
+    fs.pipe_file("memory://round/trip/epoch_4.pth", b"not a checkpoint")  # a corrupt newest one, named by latest, is skipped
+    fs.pipe_file("memory://round/trip/latest", b"epoch_4.pth\n")
+    t2 = _trainer(tmp_path, "memory://round/trip", train_cfg=dict(by_epoch=True, max_epochs=4), resume=True)
+    with pytest.warns(UserWarning, match="Skipping checkpoint 'memory://round/trip/epoch_4.pth'"):
+        t2.train()
+    t2.close()
+    assert t2.checkpoints.restored is not None and str(t2.checkpoints.restored[0]) == "memory://round/trip/epoch_3.pth"
+    _no_local_url_folder(tmp_path)
