@@ -28,6 +28,7 @@ from typing import TYPE_CHECKING, Any, NamedTuple
 import torch
 from torch import nn
 
+from trainwright.checkpoint.storage import Location
 from trainwright.hooks.dispatch import HookList
 from trainwright.hooks.hook import Hook
 from trainwright.loops.context import LoopContext
@@ -271,7 +272,7 @@ class _ReplayWatch(Hook):
             raise _Found(finding)
 
 
-def _checkpoint_before(trainer: Trainer, k: int) -> tuple[Path, dict[str, Any]] | None:
+def _checkpoint_before(trainer: Trainer, k: int) -> tuple[Location, dict[str, Any]] | None:
     """The newest checkpoint of the run saved before iteration ``k`` (one that loads), with its contents."""
     from trainwright.checkpoint.io import list_checkpoints
 
@@ -286,7 +287,7 @@ def _checkpoint_before(trainer: Trainer, k: int) -> tuple[Path, dict[str, Any]] 
     return None
 
 
-def _replay(trainer: Trainer, path: Path, ckpt: dict[str, Any], k: int) -> str:
+def _replay(trainer: Trainer, path: Location, ckpt: dict[str, Any], k: int) -> str:
     """Restore ``ckpt``, train on through the train loop (the hooks that change training only) under a watch; put the trainer back."""
     loop = trainer.train_loop
     assert loop is not None

@@ -236,7 +236,7 @@ class Trainer:
             self.strategy,
             {"meta": MetaState(self), "model": ModelState(self.strategy), "optim_wrapper": None, "param_schedulers": None,  # None: set by _build_train
              "progress": self.progress, "train_dataloader": None, "metric_store": self.metric_store, "message_hub": self.message_hub, "hooks": HookStates(self.hooks)},
-            self.ckpt_dir, progress=self.progress, logger=self.logger, flush=self._flush_before_save,
+            self.work_dir / "checkpoints", progress=self.progress, logger=self.logger, flush=self._flush_before_save,
             before_save=lambda ckpt: self.hooks.call("before_save_checkpoint", self, ckpt),
             after_load=lambda ckpt: self.hooks.call("after_load_checkpoint", self, ckpt),
             required=("model", "progress"), optional=OPTIONAL_PIECES,
@@ -285,9 +285,9 @@ class Trainer:
         return self._prepared
 
     @property
-    def ckpt_dir(self) -> Path:
-        """``work_dir/checkpoints``."""
-        return self.work_dir / "checkpoints"
+    def ckpt_dir(self) -> Location:
+        """Where this run's checkpoints live: the checkpoint hook's ``out_dir`` (a folder or a URL), else ``work_dir/checkpoints``."""
+        return self.checkpoints.ckpt_dir
 
     @property
     def max_iters(self) -> int:
