@@ -7,8 +7,8 @@
 
 Resume candidates are a folder's ``*.pth`` files, newest first, the ``latest`` one in front;
 ``best_*.pth`` and published files (``<name>-<8 hex>.pth``) are not candidates. A folder may be
-an fsspec URL (:mod:`trainwright.checkpoint.storage`): :func:`save_remote` uploads one object,
-and loading, listing and ``latest`` take URLs.
+an fsspec URL (:mod:`trainwright.checkpoint.storage`): :func:`~trainwright.checkpoint.remote_io.save_remote` uploads
+one object, and loading, listing and ``latest`` take URLs.
 """
 
 from __future__ import annotations
@@ -169,52 +169,6 @@ def atomic_save(obj: Mapping[str, Any], path: PathLike) -> None:
     atomic_write(path, lambda f: torch.save(obj, f))
 
 
-def save_remote(obj: Mapping[str, Any], target: RemotePath, after: Callable[[], None] | None = None) -> Location:
-    """``torch.save`` ``obj`` to the remote ``target``: one upload (complete or absent), retried; then ``after``.
-
-    The checkpoint is serialised into a local temporary file first (``TMPDIR``), then uploaded
-    as one object. If the upload still fails after the store's tries (the endpoint went away),
-    the file is kept in ``target.store.fallback_dir`` (``work_dir/checkpoints_unuploaded``) with a
-    warning naming it, and ``after`` (the ``latest`` pointer, keep-k deletions) does not run:
-    ``latest`` and the older checkpoints stay as they were and training goes on. An error of
-    ``after`` (``latest`` could not be written) is a warning too.
-
-    Returns:
-        Where the checkpoint is: ``target``, or the local file it was kept in.
-    """
-    import shutil
-    import tempfile
-
-    fd, tmp_name = tempfile.mkstemp(prefix=f".{target.name}.upload.", suffix=".tmp")
-    os.close(fd)
-    tmp = Path(tmp_name)
-    try:
-        atomic_save(obj, tmp)
-        try:
-            target.upload(tmp)
-        except Exception as e:  # noqa: BLE001 - any storage error: keep the checkpoint here instead
-            fallback = target.store.fallback_dir or Path.cwd() / "checkpoints_unuploaded"
-            fallback.mkdir(parents=True, exist_ok=True)
-            kept = fallback / target.name
-            shutil.move(str(tmp), kept)
-            warnings.warn(
-                f"Could not upload checkpoint {target.url} ({target.store.explain(e)}); kept it locally as {kept}. Training goes on; "
-                f"`latest` in {target.parent.url} still names the previous checkpoint. Copy the file there once the storage is back "
-                f"(e.g. `aws s3 cp {kept} {target.url}`), or resume from it with resume={str(kept)!r}.",
-                stacklevel=2,
-            )
-            return kept
-    finally:
-        tmp.unlink(missing_ok=True)
-    if after is not None:
-        try:
-            after()
-        except Exception as e:  # noqa: BLE001 - the checkpoint itself is safe; say what is stale
-            warnings.warn(f"Checkpoint {target.url} was uploaded, but updating `latest` / deleting old checkpoints failed ({target.store.explain(e)}); "
-                          "resume=True still finds the newest complete checkpoint by its name.", stacklevel=2)
-    return target
-
-
 def atomic_write_bytes(path: PathLike, data: bytes) -> None:
     """Write ``data`` to ``path`` atomically (see :func:`atomic_write`)."""
     atomic_write(path, lambda f: f.write(data))
@@ -284,27 +238,17 @@ def load_file(path: PathLike | RemotePath, map_location: MapLocation = "cpu") ->
     """
     loc = location(path)
     if isinstance(loc, RemotePath):
-        return _load_remote(loc, map_location)
-    return _load_local(loc, map_location)
+        from trainwright.checkpoint.remote_io import load_remote  # here: remote_io imports this module
+
+        return load_remote(loc, map_location)
+    return load_local(loc, map_location)
 
 
-def _load_remote(src: RemotePath, map_location: MapLocation) -> dict[str, Any]:
-    """Download ``src`` into a temporary file and load that; messages name the URL."""
-    import tempfile
-
-    if not src.is_file():
-        raise FileNotFoundError(f"Checkpoint {src.url!r} does not exist" + (" (it is a folder)" if src.is_dir() else "") + ". Check the URL, or pass resume=True to pick the newest checkpoint of a folder.")
-    with tempfile.TemporaryDirectory(prefix="trainwright-download-") as d:
-        local = Path(d) / src.name
-        src.download(local)
-        return _load_local(local, map_location, shown=src.url)
-
-
-def _load_local(p: Path, map_location: MapLocation, shown: str | None = None) -> dict[str, Any]:
+def load_local(p: Path, map_location: MapLocation, shown: str | None = None) -> dict[str, Any]:
     """:func:`load_file` of a local file; ``shown`` is the name messages give it (a URL it was downloaded from)."""
     if shown is not None:
         try:
-            return _load_local(p, map_location)
+            return load_local(p, map_location)
         except (CheckpointError, FileNotFoundError) as e:
             raise type(e)(str(e).replace(repr(str(p)), repr(shown)).replace(str(p), shown)) from e
     if not p.is_file():

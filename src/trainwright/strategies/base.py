@@ -250,7 +250,7 @@ class Strategy(UpdateEngine):
         A URL ``path`` (``s3://...``, :func:`~trainwright.checkpoint.storage.location`) is serialised
         locally and uploaded as one object (in the background thread with ``async_save``); an
         upload that keeps failing leaves the file in ``work_dir/checkpoints_unuploaded`` and skips
-        ``after`` (see :func:`~trainwright.checkpoint.io.save_remote`).
+        ``after`` (see :func:`~trainwright.checkpoint.remote_io.save_remote`).
 
         Args:
             path: The target file.
@@ -263,7 +263,7 @@ class Strategy(UpdateEngine):
 
         remote = location(path) if isinstance(path, str) else None  # a URL string: its store (see storage.location)
         if self.is_main_process and isinstance(remote, RemotePath):
-            from trainwright.checkpoint.io import save_remote
+            from trainwright.checkpoint.remote_io import save_remote
 
             target = remote
             if async_save:
