@@ -1,18 +1,26 @@
 """Write checkpoints in a background thread so training only waits for a copy to host memory.
 
-The loop waits for the **snapshot** (every tensor copied to CPU memory: the next optimizer step
-changes them in place). The **write** (serialise, temporary file, fsync, rename, then the
-``latest`` pointer and keep-k deletions) runs in a writer thread in that order, so the
-synchronous path's promises hold: complete or absent, ``latest`` names a complete file, old
-files go only after the new one is complete. At most one write is in flight (a run that saves
-faster than the disk slows to the disk's pace); :meth:`AsyncCheckpointWriter.wait` waits for
-it and re-raises its error: call it before the process exits.
+The loop waits for the **snapshot**: every tensor copied into CPU staging buffers (the next
+optimizer step changes them in place). The buffers are allocated by the first save and
+reused by the next ones while the state keeps its structure (tensor shapes, dtypes,
+devices), so a save is one memory copy without new allocations; they are pinned when the
+tensors are on a GPU, and hold as much host memory as the checkpoint's tensors for as long
+as the writer lives (:meth:`AsyncCheckpointWriter.release` frees them). The **write**
+(serialise, temporary file, fsync, rename, then the ``latest`` pointer and keep-k deletions)
+runs in a writer thread in that order, so the synchronous path's promises hold: complete or
+absent, ``latest`` names a complete file, old files go only after the new one is complete.
+The file holds the state as it was when :meth:`~AsyncCheckpointWriter.submit` returned. At
+most one write is in flight: a save waits for the previous write before it refills the
+buffers (a run that saves faster than the disk slows to the disk's pace);
+:meth:`AsyncCheckpointWriter.wait` waits for it and re-raises its error: call it before the
+process exits.
 """
 
 from __future__ import annotations
 
 import threading
-from collections.abc import Callable, Mapping
+import weakref
+from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -22,28 +30,51 @@ from trainwright.checkpoint.io import atomic_save
 
 
 def snapshot(obj: Any) -> Any:
-    """A copy of ``obj`` whose tensors are CPU copies that no later training step can change.
+    """A copy of ``obj`` whose tensors are fresh CPU copies that no later training step can change.
 
     Containers are rebuilt (dicts keep their type for ``OrderedDict`` state dicts and their
     ``_metadata``); non-tensor leaves are shared (they are immutable or rebuilt by the
-    ``state_dict()`` calls that produced them).
+    ``state_dict()`` calls that produced them). The copy is the caller's to keep
+    (:meth:`~trainwright.checkpoint.CheckpointManager.capture`); a background save copies
+    into reused buffers instead (:class:`AsyncCheckpointWriter`).
     """
+    return _rebuild(obj, _fresh_copy)
+
+
+def _fresh_copy(t: torch.Tensor) -> torch.Tensor:
+    t = t.detach()
+    return t.to("cpu", copy=True) if t.device.type != "cpu" else t.clone()
+
+
+def _rebuild(obj: Any, leaf: Callable[[torch.Tensor], torch.Tensor]) -> Any:
+    """``obj`` with containers rebuilt and every tensor replaced by ``leaf(tensor)``, depth first in order."""
     if isinstance(obj, torch.Tensor):
-        t = obj.detach()
-        return t.to("cpu", copy=True) if t.device.type != "cpu" else t.clone()
+        return leaf(obj)
     if isinstance(obj, Mapping):
         out: Any = type(obj)() if type(obj) is not dict and _default_constructible(type(obj)) else {}
         for k, v in obj.items():
-            out[k] = snapshot(v)
+            out[k] = _rebuild(v, leaf)
         meta = getattr(obj, "_metadata", None)
         if meta is not None:
             out._metadata = meta  # type: ignore[attr-defined]
         return out
     if isinstance(obj, list):
-        return [snapshot(v) for v in obj]
+        return [_rebuild(v, leaf) for v in obj]
     if isinstance(obj, tuple):
-        return tuple(snapshot(v) for v in obj)
+        return tuple(_rebuild(v, leaf) for v in obj)
     return obj
+
+
+def _tensors(obj: Any) -> Iterator[torch.Tensor]:
+    """The tensors of ``obj`` in the order :func:`_rebuild` visits them."""
+    if isinstance(obj, torch.Tensor):
+        yield obj
+    elif isinstance(obj, Mapping):
+        for v in obj.values():
+            yield from _tensors(v)
+    elif isinstance(obj, (list, tuple)):
+        for v in obj:
+            yield from _tensors(v)
 
 
 def _default_constructible(cls: type) -> bool:
@@ -52,6 +83,129 @@ def _default_constructible(cls: type) -> bool:
     except Exception:  # noqa: BLE001 - any failure means "use a plain dict"
         return False
     return True
+
+
+_ALIGN = 64  # bytes between staged tensors in an arena (any dtype's alignment, a cache line)
+_INT_DTYPES = frozenset({torch.bool, torch.uint8, torch.int8, torch.int16, torch.int32, torch.int64, torch.uint16, torch.uint32, torch.uint64})
+
+
+def _stageable(t: torch.Tensor) -> bool:
+    """A plain dense tensor of a byte-addressable dtype (others are copied fresh each save, as :func:`snapshot` does)."""
+    return (
+        type(t) is torch.Tensor and t.layout == torch.strided and not t.is_nested and not t.is_quantized and t.device.type != "meta"
+        and (t.dtype.is_floating_point or t.dtype.is_complex or t.dtype in _INT_DTYPES)
+    )
+
+
+def _dense_strides(t: torch.Tensor) -> tuple[int, ...]:
+    """``t``'s strides if it covers its memory without gaps or overlaps (any dim order), else contiguous strides."""
+    dims = sorted((st, sz) for sz, st in zip(t.shape, t.stride()) if sz != 1)
+    expected = 1
+    for st, sz in dims:
+        if st != expected:
+            break
+        expected *= sz
+    else:
+        return tuple(t.stride())
+    strides, acc = [0] * t.dim(), 1
+    for i in reversed(range(t.dim())):
+        strides[i], acc = acc, acc * max(t.shape[i], 1)
+    return tuple(strides)
+
+
+class _Staging:
+    """CPU buffers for one state structure: filled by every save, reallocated only when the structure changes.
+
+    The staged tensors live in one byte arena per kind (pageable for CPU tensors, pinned for
+    GPU ones); each is a tensor with its own storage over its part of the arena, so
+    ``torch.save`` writes each one alone, as it writes the live tensors. A tensor that
+    appears twice (tied weights) is staged once and saved shared, as ``torch.save`` saves it.
+    """
+
+    def __init__(self) -> None:
+        self.layout: list[tuple[Any, ...] | None] | None = None
+        self.targets: list[torch.Tensor | None] = []
+        self.nbytes = 0
+        self.allocations = 0
+        self._unpin: Callable[[], None] | None = None
+
+    def copy(self, obj: Any) -> Any:
+        """``obj`` rebuilt with every tensor copied into the staging buffers; blocks until the copies are complete."""
+        leaves = [t.detach() for t in _tensors(obj)]
+        layout: list[tuple[Any, ...] | None] = []
+        first: dict[tuple[Any, ...], int] = {}
+        for i, t in enumerate(leaves):
+            if not _stageable(t):
+                layout.append(None)
+                continue
+            key = (t.data_ptr(), t.shape, t.stride(), t.dtype, t.device)
+            owner = first.setdefault(key, i) if t.numel() else i
+            layout.append((t.dtype, t.device, t.shape, t.stride(), owner))
+        if layout != self.layout:
+            self._allocate(leaves, layout)
+        out: list[torch.Tensor] = []
+        cuda: set[torch.device] = set()
+        for i, (t, dst, entry) in enumerate(zip(leaves, self.targets, layout)):
+            if dst is None or entry is None:
+                out.append(_fresh_copy(t))
+                continue
+            if entry[-1] == i:
+                dst.copy_(t, non_blocking=t.device.type == "cuda")
+                if t.device.type == "cuda":
+                    cuda.add(t.device)
+            out.append(dst)
+        for device in cuda:  # the copies were queued on the current stream, behind every step already queued
+            torch.cuda.current_stream(device).synchronize()
+        staged = iter(out)
+        return _rebuild(obj, lambda _: next(staged))
+
+    def _allocate(self, leaves: list[torch.Tensor], layout: list[tuple[Any, ...] | None]) -> None:
+        self.release()
+        offsets: dict[int, int] = {}
+        size = {False: 0, True: 0}  # by "pinned"
+        for i, (t, entry) in enumerate(zip(leaves, layout)):
+            if entry is not None and entry[-1] == i:
+                pinned = t.device.type == "cuda"
+                offsets[i] = -(-size[pinned] // _ALIGN) * _ALIGN
+                size[pinned] = offsets[i] + t.numel() * t.element_size()
+        arenas = {pinned: torch.empty(max(n, 1), dtype=torch.uint8) for pinned, n in size.items() if n}
+        if True in arenas:
+            self._unpin = _pin(self, arenas[True])
+        views = {pinned: a.numpy() for pinned, a in arenas.items()}
+        targets: list[torch.Tensor | None] = []
+        for i, (t, entry) in enumerate(zip(leaves, layout)):
+            if entry is None:
+                targets.append(None)
+            elif entry[-1] != i:
+                targets.append(targets[entry[-1]])
+            else:
+                nbytes = t.numel() * t.element_size()
+                raw = torch.from_numpy(views[t.device.type == "cuda"][offsets[i] : offsets[i] + nbytes])
+                targets.append(raw.view(t.dtype).as_strided(t.shape, _dense_strides(t)))
+        self.layout, self.targets = layout, targets
+        self.nbytes = sum(size.values())
+        self.allocations += 1
+
+    def release(self) -> None:
+        """Drop the buffers (the next save allocates new ones); a pinned arena is unpinned first."""
+        if self._unpin is not None:
+            self._unpin()
+            self._unpin = None
+        self.layout, self.targets, self.nbytes = None, [], 0
+
+
+def _pin(owner: object, arena: torch.Tensor) -> Callable[[], None] | None:
+    """Page-lock ``arena`` for fast, asynchronous copies from the GPU until the returned callable (or ``owner``'s end) unpins it.
+
+    ``cudaHostRegister`` on memory we allocated keeps its exact size (``pin_memory=True``
+    rounds an allocation up to a power of two), as torch's own DCP staging does. Returns
+    None if the memory could not be pinned: the copies are then slower, and as correct.
+    """
+    cudart = torch.cuda.cudart()
+    if int(cudart.cudaHostRegister(arena.data_ptr(), arena.numel(), 0)) != 0:
+        return None
+    # the finalizer holds the arena until it has unregistered it: memory is never freed while pinned
+    return weakref.finalize(owner, lambda a: cudart.cudaHostUnregister(a.data_ptr()), arena)
 
 
 class AsyncCheckpointWriter:
@@ -68,12 +222,23 @@ class AsyncCheckpointWriter:
     def __init__(self) -> None:
         self._thread: threading.Thread | None = None
         self._error: BaseException | None = None
+        self._staging = _Staging()
         self.last_path: Path | None = None
 
     @property
     def pending(self) -> bool:
         """True while a write is in flight."""
         return self._thread is not None and self._thread.is_alive()
+
+    @property
+    def staged_bytes(self) -> int:
+        """Host memory the staging buffers hold (0 before the first save and after :meth:`release`)."""
+        return self._staging.nbytes
+
+    @property
+    def staging_allocations(self) -> int:
+        """How many times the staging buffers were allocated: once per run, again only when the state's structure changed."""
+        return self._staging.allocations
 
     def submit(self, state: Mapping[str, Any], path: str | Path, after: Callable[[], None] | None = None, copy: bool = True) -> None:
         """Wait for the previous write, snapshot ``state`` and write it to ``path`` in the background.
@@ -89,8 +254,8 @@ class AsyncCheckpointWriter:
         Raises:
             BaseException: the previous write's error, if it failed.
         """
-        self.wait()
-        data = snapshot(state) if copy else state
+        self.wait()  # the previous write no longer reads the staging buffers
+        data = self._staging.copy(state) if copy else state
         target = Path(path)
         self._thread = threading.Thread(target=self._write, args=(data, target, after), name=f"checkpoint-writer:{target.name}", daemon=False)
         self._thread.start()
@@ -114,3 +279,10 @@ class AsyncCheckpointWriter:
             raise error  # names the file, says nothing was replaced and what to do (atomic_write)
         if error is not None:
             raise RuntimeError(f"Writing a checkpoint in the background failed: {error}. The previous complete checkpoint is still on disk; check free space and permissions of the checkpoint directory.") from error
+
+    def release(self) -> None:
+        """Wait for the pending write (re-raising its error), then free the staging buffers; a later save allocates them again."""
+        try:
+            self.wait()
+        finally:
+            self._staging.release()
