@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import threading
 import weakref
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -65,16 +65,17 @@ def _rebuild(obj: Any, leaf: Callable[[torch.Tensor], torch.Tensor]) -> Any:
     return obj
 
 
-def _tensors(obj: Any) -> Iterator[torch.Tensor]:
-    """The tensors of ``obj`` in the order :func:`_rebuild` visits them."""
+def _tensors(obj: Any, out: list[torch.Tensor]) -> list[torch.Tensor]:
+    """Append the tensors of ``obj`` to ``out`` in the order :func:`_rebuild` visits them."""
     if isinstance(obj, torch.Tensor):
-        yield obj
+        out.append(obj)
     elif isinstance(obj, Mapping):
         for v in obj.values():
-            yield from _tensors(v)
+            _tensors(v, out)
     elif isinstance(obj, (list, tuple)):
         for v in obj:
-            yield from _tensors(v)
+            _tensors(v, out)
+    return out
 
 
 def _default_constructible(cls: type) -> bool:
@@ -86,13 +87,14 @@ def _default_constructible(cls: type) -> bool:
 
 
 _ALIGN = 64  # bytes between staged tensors in an arena (any dtype's alignment, a cache line)
+_COPY, _COPY_CUDA, _SHARED, _FRESH = range(4)  # how a leaf is staged (see _Staging.kinds)
 _INT_DTYPES = frozenset({torch.bool, torch.uint8, torch.int8, torch.int16, torch.int32, torch.int64, torch.uint16, torch.uint32, torch.uint64})
 
 
 def _stageable(t: torch.Tensor) -> bool:
-    """A plain dense tensor of a byte-addressable dtype (others are copied fresh each save, as :func:`snapshot` does)."""
+    """A dense tensor of a byte-addressable dtype (others are copied fresh each save, as :func:`snapshot` does)."""
     return (
-        type(t) is torch.Tensor and t.layout == torch.strided and not t.is_nested and not t.is_quantized and t.device.type != "meta"
+        t.layout == torch.strided and not t.is_nested and not t.is_quantized and t.device.type != "meta"
         and (t.dtype.is_floating_point or t.dtype.is_complex or t.dtype in _INT_DTYPES)
     )
 
@@ -125,64 +127,80 @@ class _Staging:
     def __init__(self) -> None:
         self.layout: list[tuple[Any, ...] | None] | None = None
         self.targets: list[torch.Tensor | None] = []
+        self.kinds: list[int] = []  # per leaf: _COPY, _COPY_CUDA, _SHARED (staged with an earlier leaf), _FRESH
+        self.cuda_devices: set[torch.device] = set()
         self.nbytes = 0
         self.allocations = 0
         self._unpin: Callable[[], None] | None = None
 
     def copy(self, obj: Any) -> Any:
         """``obj`` rebuilt with every tensor copied into the staging buffers; blocks until the copies are complete."""
-        leaves = [t.detach() for t in _tensors(obj)]
+        leaves = _tensors(obj, [])
         layout: list[tuple[Any, ...] | None] = []
         first: dict[tuple[Any, ...], int] = {}
         for i, t in enumerate(leaves):
-            if not _stageable(t):
+            if type(t) is not torch.Tensor and type(t) is not torch.nn.Parameter:  # subclasses (DTensor...): copied fresh
                 layout.append(None)
                 continue
-            key = (t.data_ptr(), t.shape, t.stride(), t.dtype, t.device)
-            owner = first.setdefault(key, i) if t.numel() else i
-            layout.append((t.dtype, t.device, t.shape, t.stride(), owner))
+            try:
+                entry = (t.dtype, t.device, t.shape, None if t.is_contiguous() else t.stride())
+                ptr = t.data_ptr()
+            except RuntimeError:  # sparse, nested...: no strides or no single storage, copied fresh
+                layout.append(None)
+                continue
+            layout.append((*entry, first.setdefault((ptr, *entry), i)))  # the first leaf over the same memory
         if layout != self.layout:
             self._allocate(leaves, layout)
         out: list[torch.Tensor] = []
-        cuda: set[torch.device] = set()
-        for i, (t, dst, entry) in enumerate(zip(leaves, self.targets, layout)):
-            if dst is None or entry is None:
-                out.append(_fresh_copy(t))
-                continue
-            if entry[-1] == i:
-                dst.copy_(t, non_blocking=t.device.type == "cuda")
-                if t.device.type == "cuda":
-                    cuda.add(t.device)
-            out.append(dst)
-        for device in cuda:  # the copies were queued on the current stream, behind every step already queued
+        with torch.no_grad():
+            for t, dst, kind in zip(leaves, self.targets, self.kinds):
+                if dst is None:
+                    out.append(_fresh_copy(t))
+                    continue
+                if kind == _COPY:
+                    dst.copy_(t)
+                elif kind == _COPY_CUDA:
+                    dst.copy_(t, non_blocking=True)
+                out.append(dst)
+        for device in self.cuda_devices:  # the copies were queued on the current stream, behind every step already queued
             torch.cuda.current_stream(device).synchronize()
         staged = iter(out)
         return _rebuild(obj, lambda _: next(staged))
 
     def _allocate(self, leaves: list[torch.Tensor], layout: list[tuple[Any, ...] | None]) -> None:
         self.release()
+        kinds: list[int] = []
         offsets: dict[int, int] = {}
-        size = {False: 0, True: 0}  # by "pinned"
+        size = {False: 0, True: 0}  # arena bytes, by "pinned"
         for i, (t, entry) in enumerate(zip(leaves, layout)):
-            if entry is not None and entry[-1] == i:
+            if entry is None or not _stageable(t) or (entry[-1] != i and kinds[entry[-1]] == _FRESH):
+                kinds.append(_FRESH)
+            elif entry[-1] != i:
+                kinds.append(_SHARED)
+            else:
                 pinned = t.device.type == "cuda"
+                kinds.append(_COPY_CUDA if pinned else _COPY)
                 offsets[i] = -(-size[pinned] // _ALIGN) * _ALIGN
                 size[pinned] = offsets[i] + t.numel() * t.element_size()
-        arenas = {pinned: torch.empty(max(n, 1), dtype=torch.uint8) for pinned, n in size.items() if n}
+        arenas = {pinned: torch.empty(n, dtype=torch.uint8) for pinned, n in size.items() if n}
         if True in arenas:
             self._unpin = _pin(self, arenas[True])
         views = {pinned: a.numpy() for pinned, a in arenas.items()}
         targets: list[torch.Tensor | None] = []
-        for i, (t, entry) in enumerate(zip(leaves, layout)):
-            if entry is None:
+        for i, (t, entry, kind) in enumerate(zip(leaves, layout, kinds)):
+            if kind == _FRESH or entry is None:
                 targets.append(None)
-            elif entry[-1] != i:
+            elif kind == _SHARED:
                 targets.append(targets[entry[-1]])
             else:
                 nbytes = t.numel() * t.element_size()
-                raw = torch.from_numpy(views[t.device.type == "cuda"][offsets[i] : offsets[i] + nbytes])
+                if nbytes:
+                    raw = torch.from_numpy(views[kind == _COPY_CUDA][offsets[i] : offsets[i] + nbytes])
+                else:
+                    raw = torch.empty(0, dtype=torch.uint8)
                 targets.append(raw.view(t.dtype).as_strided(t.shape, _dense_strides(t)))
-        self.layout, self.targets = layout, targets
+        self.layout, self.targets, self.kinds = layout, targets, kinds
+        self.cuda_devices = {t.device for t, kind in zip(leaves, kinds) if kind == _COPY_CUDA}
         self.nbytes = sum(size.values())
         self.allocations += 1
 
@@ -191,7 +209,7 @@ class _Staging:
         if self._unpin is not None:
             self._unpin()
             self._unpin = None
-        self.layout, self.targets, self.nbytes = None, [], 0
+        self.layout, self.targets, self.kinds, self.cuda_devices, self.nbytes = None, [], [], set(), 0
 
 
 def _pin(owner: object, arena: torch.Tensor) -> Callable[[], None] | None:
@@ -202,7 +220,7 @@ def _pin(owner: object, arena: torch.Tensor) -> Callable[[], None] | None:
     None if the memory could not be pinned: the copies are then slower, and as correct.
     """
     cudart = torch.cuda.cudart()
-    if int(cudart.cudaHostRegister(arena.data_ptr(), arena.numel(), 0)) != 0:
+    if int(cudart.cudaHostRegister(arena.data_ptr(), arena.numel(), 1)) != 0:
         return None
     # the finalizer holds the arena until it has unregistered it: memory is never freed while pinned
     return weakref.finalize(owner, lambda a: cudart.cudaHostUnregister(a.data_ptr()), arena)
