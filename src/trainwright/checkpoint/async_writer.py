@@ -212,16 +212,22 @@ class _Staging:
         self.layout, self.targets, self.kinds, self.cuda_devices, self.nbytes = None, [], [], set(), 0
 
 
-def _pin(owner: object, arena: torch.Tensor) -> Callable[[], None] | None:
+def _pin(owner: object, arena: torch.Tensor) -> Callable[[], None]:
     """Page-lock ``arena`` for fast, asynchronous copies from the GPU until the returned callable (or ``owner``'s end) unpins it.
 
     ``cudaHostRegister`` on memory we allocated keeps its exact size (``pin_memory=True``
-    rounds an allocation up to a power of two), as torch's own DCP staging does. Returns
-    None if the memory could not be pinned: the copies are then slower, and as correct.
+    rounds an allocation up to a power of two), as torch's own DCP staging does.
+
+    Raises:
+        RuntimeError: the memory could not be page-locked (names the CUDA error).
     """
     cudart = torch.cuda.cudart()
-    if int(cudart.cudaHostRegister(arena.data_ptr(), arena.numel(), 1)) != 0:
-        return None
+    err = int(cudart.cudaHostRegister(arena.data_ptr(), arena.numel(), 1))  # 1: cudaHostRegisterPortable (every device)
+    if err != 0:
+        raise RuntimeError(
+            f"Could not page-lock {arena.numel() / 2**20:.0f} MiB of host memory for the async checkpoint's staging buffers "
+            f"(cudaHostRegister returned cudaError {err}). Free host memory, or save synchronously (async_save=False)."
+        )
     # the finalizer holds the arena until it has unregistered it: memory is never freed while pinned
     return weakref.finalize(owner, lambda a: cudart.cudaHostUnregister(a.data_ptr()), arena)
 
@@ -259,7 +265,10 @@ class AsyncCheckpointWriter:
         return self._staging.allocations
 
     def submit(self, state: Mapping[str, Any], path: str | Path, after: Callable[[], None] | None = None, copy: bool = True) -> None:
-        """Wait for the previous write, snapshot ``state`` and write it to ``path`` in the background.
+        """Wait for the previous write, copy ``state`` into the staging buffers and write it to ``path`` in the background.
+
+        Returns once the copy is complete: from then on training may change the live tensors.
+        The staged copy belongs to the writer thread until the next ``submit`` refills it.
 
         Args:
             state: The checkpoint dict (may share tensors with the live model).
