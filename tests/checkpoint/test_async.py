@@ -126,7 +126,7 @@ def _state(model: torch.nn.Module, opt: torch.optim.Optimizer) -> dict:
 
 
 def _bytes(t: torch.Tensor) -> torch.Tensor:
-    return t.detach().cpu().contiguous().reshape(-1).view(torch.uint8)
+    return t.detach().cpu().resolve_conj().resolve_neg().contiguous().reshape(-1).view(torch.uint8)
 
 
 def _assert_bitwise(got: object, want: object, where: str = "checkpoint") -> None:
@@ -217,7 +217,8 @@ def test_every_kind_of_tensor_is_saved_as_a_synchronous_save_saves_it(tmp_path: 
         "transposed": torch.randn(3, 5).t(),  # dense, not contiguous: strides kept
         "strided": torch.randn(4, 6)[:, ::2],  # gaps: saved contiguous
         "bf16": torch.randn(7).bfloat16(), "bool": torch.tensor([True, False]), "int8": torch.tensor([-3, 7], dtype=torch.int8),
-        "complex": torch.randn(3, dtype=torch.complex64), "empty": torch.empty(0, 3), "scalar": torch.tensor(3.5),
+        "complex": torch.randn(3, dtype=torch.complex64), "conj": torch.randn(4, dtype=torch.complex64).conj(),  # a lazy conjugate
+        "empty": torch.empty(0, 3), "scalar": torch.tensor(3.5),
         "sparse": torch.eye(3).to_sparse(),  # not staged: copied fresh, as snapshot() does
         "nested": [1, ("x", torch.full((2,), float("nan")))],
     }
