@@ -292,6 +292,11 @@ def _pin(owner: object, arena: torch.Tensor) -> Callable[[], None]:
     return weakref.finalize(owner, lambda a: cudart.cudaHostUnregister(a.data_ptr()), arena)
 
 
+def _after(event: threading.Event, fn: Callable[..., None], *args: Any) -> None:
+    event.wait()
+    fn(*args)
+
+
 class AsyncCheckpointWriter:
     """One background thread at a time that writes a snapshot and then runs follow-up work.
 
@@ -344,8 +349,10 @@ class AsyncCheckpointWriter:
         self.wait()  # the previous write no longer reads the staging buffers
         data = self._staging.copy(state) if copy else state
         target = Path(path)
-        self._thread = threading.Thread(target=self._write, args=(data, target, after), name=f"checkpoint-writer:{target.name}", daemon=False)
+        go = threading.Event()  # the writer starts once submit has returned the GIL to the training thread
+        self._thread = threading.Thread(target=_after, args=(go, self._write, data, target, after), name=f"checkpoint-writer:{target.name}", daemon=False)
         self._thread.start()
+        go.set()
 
     def _write(self, data: Mapping[str, Any], path: Path, after: Callable[[], None] | None) -> None:
         try:
