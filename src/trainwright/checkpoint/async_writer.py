@@ -90,7 +90,7 @@ def _default_constructible(cls: type) -> bool:
 
 _ALIGN = 64  # bytes between staged tensors in an arena (any dtype's alignment, a cache line)
 _BYTES, _COPY, _COPY_CUDA, _SHARED, _FRESH = range(5)  # how a leaf is staged (see _Staging.kinds)
-_SPLIT_BYTES = 4 << 20  # below this, the byte copies run on the calling thread alone
+_SPLIT_BYTES = 64 << 20  # below this the byte copies run on the calling thread alone (faster there: docs/benchmarks.md)
 _INT_DTYPES = frozenset({torch.bool, torch.uint8, torch.int8, torch.int16, torch.int32, torch.int64, torch.uint16, torch.uint32, torch.uint64})
 
 
