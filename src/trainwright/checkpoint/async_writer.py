@@ -18,11 +18,9 @@ process exits.
 
 from __future__ import annotations
 
-import ctypes
 import threading
 import weakref
 from collections.abc import Callable, Mapping
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -89,8 +87,7 @@ def _default_constructible(cls: type) -> bool:
 
 
 _ALIGN = 64  # bytes between staged tensors in an arena (any dtype's alignment, a cache line)
-_BYTES, _COPY, _COPY_CUDA, _SHARED, _FRESH = range(5)  # how a leaf is staged (see _Staging.kinds)
-_SPLIT_BYTES = 64 << 20  # below this the byte copies run on the calling thread alone (faster there: docs/benchmarks.md)
+_COPY, _COPY_CUDA, _SHARED, _FRESH = range(4)  # how a leaf is staged (see _Staging.kinds)
 _INT_DTYPES = frozenset({torch.bool, torch.uint8, torch.int8, torch.int16, torch.int32, torch.int64, torch.uint16, torch.uint32, torch.uint64})
 
 
@@ -130,16 +127,11 @@ class _Staging:
     def __init__(self) -> None:
         self.layout: list[tuple[Any, ...] | None] | None = None
         self.targets: list[torch.Tensor | None] = []
-        #: per leaf: _BYTES (a CPU tensor whose memory is one dense block: copied with memmove, which unlike
-        #: torch's copy_ never spins waiting for a preempted intra-op thread), _COPY (other layouts and devices:
-        #: ``copy_``), _COPY_CUDA (``copy_`` into pinned memory), _SHARED (staged with an earlier leaf over the
-        #: same memory), _FRESH (not stageable: copied fresh)
+        #: per leaf: _COPY (``copy_`` into pageable memory), _COPY_CUDA (``copy_`` into pinned memory, queued
+        #: on the current stream), _SHARED (staged with an earlier leaf over the same memory), _FRESH (not
+        #: stageable: copied fresh)
         self.kinds: list[int] = []
         self.cuda_devices: set[torch.device] = set()
-        #: the _BYTES copies cut into one contiguous share of the bytes per thread: (leaf, offset, size)
-        self.shares: list[list[tuple[int, int, int]]] = []
-        self.dst_ptrs: list[int] = []
-        self._pool: ThreadPoolExecutor | None = None
         self.nbytes = 0
         self.allocations = 0
         self._unpin: Callable[[], None] | None = None
@@ -148,20 +140,19 @@ class _Staging:
         """``obj`` rebuilt with every tensor copied into the staging buffers; blocks until the copies are complete."""
         leaves = _tensors(obj, [])
         layout: list[tuple[Any, ...] | None] = []
-        ptrs: list[int] = []
         first: dict[tuple[Any, ...], int] = {}
         for i, t in enumerate(leaves):
-            ptr = 0
-            if type(t) is torch.Tensor or type(t) is torch.nn.Parameter:  # subclasses (DTensor...) are copied fresh
-                try:
-                    entry = (t.dtype, t.device, t.shape, None if t.is_contiguous() else t.stride(), t.dtype.is_complex and (t.is_conj() or t.is_neg()))
-                    ptr = t.data_ptr()
-                    layout.append((*entry, first.setdefault((ptr, *entry), i)))  # the first leaf over the same memory
-                except RuntimeError:  # sparse, nested...: no strides or no single storage, copied fresh
-                    layout.append(None)
-            else:
+            if type(t) is not torch.Tensor and type(t) is not torch.nn.Parameter:  # subclasses (DTensor...): copied fresh
                 layout.append(None)
-            ptrs.append(ptr)
+                continue
+            try:
+                lazy = t.dtype.is_complex and (t.is_conj() or t.is_neg())  # a lazy conjugate is other values over the same memory
+                entry = (t.dtype, t.device, t.shape, None if t.is_contiguous() else t.stride(), lazy)
+                ptr = t.data_ptr()
+            except RuntimeError:  # sparse, nested...: no strides or no single storage, copied fresh
+                layout.append(None)
+                continue
+            layout.append((*entry, first.setdefault((ptr, *entry), i)))  # the first leaf over the same memory
         if layout != self.layout:
             self._allocate(leaves, layout)
         with torch.no_grad():
@@ -175,28 +166,10 @@ class _Staging:
                 elif kind == _COPY_CUDA:
                     dst.copy_(t, non_blocking=True)
                 out.append(dst)
-        self._copy_bytes(ptrs)
         for device in self.cuda_devices:  # the copies were queued on the current stream, behind every step already queued
             torch.cuda.current_stream(device).synchronize()
         staged = iter(out)
         return _rebuild(obj, lambda _: next(staged))
-
-    def _copy_bytes(self, src: list[int]) -> None:
-        """Copy the _BYTES leaves (``src``: their data pointers in this save) with memmove, one share per thread, the GIL released."""
-        dst = self.dst_ptrs
-
-        def run(share: list[tuple[int, int, int]]) -> None:
-            for i, off, n in share:
-                ctypes.memmove(dst[i] + off, src[i] + off, n)
-
-        if not self.shares:
-            return
-        if len(self.shares) > 1 and self._pool is None:
-            self._pool = ThreadPoolExecutor(len(self.shares) - 1, thread_name_prefix="checkpoint-staging")
-        futures = [self._pool.submit(run, share) for share in self.shares[1:]] if self._pool is not None else []
-        run(self.shares[0])
-        for f in futures:
-            f.result()
 
     def _allocate(self, leaves: list[torch.Tensor], layout: list[tuple[Any, ...] | None]) -> None:
         self.release()
@@ -210,8 +183,7 @@ class _Staging:
                 kinds.append(_SHARED)
             else:
                 pinned = t.device.type == "cuda"
-                raw_bytes = t.device.type == "cpu" and not (t.is_conj() or t.is_neg()) and _dense_strides(t) == tuple(t.stride())
-                kinds.append(_COPY_CUDA if pinned else _BYTES if raw_bytes else _COPY)
+                kinds.append(_COPY_CUDA if pinned else _COPY)
                 offsets[i] = -(-size[pinned] // _ALIGN) * _ALIGN
                 size[pinned] = offsets[i] + t.numel() * t.element_size()
         arenas = {pinned: torch.empty(n, dtype=torch.uint8) for pinned, n in size.items() if n}
@@ -233,8 +205,6 @@ class _Staging:
                 targets.append(raw.view(t.dtype).as_strided(t.shape, _dense_strides(t)))
         self.layout, self.targets, self.kinds = layout, targets, kinds
         self.cuda_devices = {t.device for t, kind in zip(leaves, kinds) if kind == _COPY_CUDA}
-        self.dst_ptrs = [0 if d is None else d.data_ptr() for d in targets]
-        self.shares = _shares([(i, t.numel() * t.element_size()) for i, (t, k) in enumerate(zip(leaves, kinds)) if k == _BYTES])
         self.nbytes = sum(size.values())
         self.allocations += 1
 
@@ -244,32 +214,6 @@ class _Staging:
             self._unpin()
             self._unpin = None
         self.layout, self.targets, self.kinds, self.cuda_devices, self.nbytes = None, [], [], set(), 0
-        self.shares, self.dst_ptrs = [], []
-        if self._pool is not None:
-            self._pool.shutdown()
-            self._pool = None
-
-
-def _shares(blocks: list[tuple[int, int]]) -> list[list[tuple[int, int, int]]]:
-    """Cut the byte blocks ``(leaf, size)``, taken as one stream, into one contiguous share per copy thread.
-
-    As many threads as torch's intra-op threads (at most 8), one alone below ``_SPLIT_BYTES``.
-    """
-    total = sum(n for _, n in blocks)
-    threads = max(1, min(8, torch.get_num_threads())) if total >= _SPLIT_BYTES else 1
-    per = -(-total // threads) if total else 0
-    shares: list[list[tuple[int, int, int]]] = [[] for _ in range(threads)]
-    k, room = 0, per
-    for i, n in blocks:
-        off = 0
-        while off < n:
-            take = min(n - off, room) if k < threads - 1 else n - off
-            shares[k].append((i, off, take))
-            off += take
-            room -= take
-            if room == 0 and k < threads - 1:
-                k, room = k + 1, per
-    return [share for share in shares if share]
 
 
 def _pin(owner: object, arena: torch.Tensor) -> Callable[[], None]:
