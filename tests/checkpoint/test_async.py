@@ -87,3 +87,196 @@ def test_async_and_sync_runs_write_the_same_checkpoints(tmp_path: Path) -> None:
         a.pop("meta"), b.pop("meta")
         a.pop("metric_store"), b.pop("metric_store")  # holds iteration times (the logger hook keeps no copy)
         _assert_same_tensors(a, b, name)
+
+
+# -- staging buffers: the file is the state at submit, buffers reused, a new structure reallocated ----------
+
+
+def _hold_writes(monkeypatch: pytest.MonkeyPatch) -> threading.Event:
+    """Writer threads wait for the returned event before they read the snapshot (a slow disk, made deterministic)."""
+    from trainwright.checkpoint import async_writer
+
+    release, real = threading.Event(), async_writer.atomic_save
+
+    def held(obj: object, path: object) -> None:
+        assert release.wait(30), "test never released the write"
+        real(obj, path)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(async_writer, "atomic_save", held)
+    return release
+
+
+def _train_state() -> tuple[torch.nn.Module, torch.optim.Optimizer]:
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.BatchNorm1d(16), torch.nn.Linear(16, 2))
+    opt = torch.optim.AdamW(model.parameters(), lr=0.1)
+    _step(model, opt)
+    return model, opt
+
+
+def _step(model: torch.nn.Module, opt: torch.optim.Optimizer) -> None:
+    """One training step: the forward changes BatchNorm's buffers, the step changes params and Adam's state in place."""
+    model(torch.randn(32, 8)).square().mean().backward()
+    opt.step()
+    opt.zero_grad()
+
+
+def _state(model: torch.nn.Module, opt: torch.optim.Optimizer) -> dict:
+    return {"model": model.state_dict(), "optimizer": opt.state_dict()}
+
+
+def _bytes(t: torch.Tensor) -> torch.Tensor:
+    return t.detach().cpu().resolve_conj().resolve_neg().contiguous().reshape(-1).view(torch.uint8)
+
+
+def _assert_bitwise(got: object, want: object, where: str = "checkpoint") -> None:
+    if isinstance(want, torch.Tensor):
+        assert isinstance(got, torch.Tensor) and got.dtype == want.dtype and got.shape == want.shape, where
+        assert torch.equal(_bytes(got), _bytes(want)), where
+    elif isinstance(want, dict):
+        assert isinstance(got, dict) and list(got) == list(want), where
+        for k in want:
+            _assert_bitwise(got[k], want[k], f"{where}[{k!r}]")
+    elif isinstance(want, (list, tuple)):
+        assert type(got) is type(want) and len(got) == len(want), where
+        for i, (a, b) in enumerate(zip(got, want)):
+            _assert_bitwise(a, b, f"{where}[{i}]")
+    else:
+        assert got == want, where
+
+
+def test_file_is_the_state_at_submit_while_training_goes_on(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    release = _hold_writes(monkeypatch)
+    model, opt = _train_state()
+    w = AsyncCheckpointWriter()
+    expected = snapshot(_state(model, opt))
+    w.submit(_state(model, opt), tmp_path / "a.pth")
+    for _ in range(3):  # training goes on before the writer thread has read anything
+        _step(model, opt)
+    release.set()
+    w.wait()
+    _assert_bitwise(load_file(tmp_path / "a.pth"), expected)
+
+
+def test_second_save_waits_for_the_first_write_before_reusing_the_buffers(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    release = _hold_writes(monkeypatch)
+    model, opt = _train_state()
+    w = AsyncCheckpointWriter()
+    first = snapshot(_state(model, opt))
+    w.submit(_state(model, opt), tmp_path / "1.pth")
+    _step(model, opt)
+    second = snapshot(_state(model, opt))
+    t = threading.Thread(target=w.submit, args=(_state(model, opt), tmp_path / "2.pth"))
+    t.start()
+    time.sleep(0.2)
+    assert t.is_alive(), "the second save refilled the buffers while the first write had not read them"
+    release.set()
+    t.join(10)
+    _step(model, opt)  # after the second submit returned: must not reach the second file
+    w.wait()
+    _assert_bitwise(load_file(tmp_path / "1.pth"), first)
+    _assert_bitwise(load_file(tmp_path / "2.pth"), second)
+    assert w.staging_allocations == 1  # the second save reused the first one's buffers
+    assert w.staged_bytes >= sum(t.numel() * t.element_size() for t in second["model"].values())
+
+
+def test_a_changed_structure_gets_fresh_buffers(tmp_path: Path) -> None:
+    w = AsyncCheckpointWriter()
+    states = [
+        {"w": torch.arange(6.0).reshape(2, 3), "n": 1},
+        {"w": torch.arange(6.0).reshape(2, 3) + 1, "n": 2},  # same structure: reused
+        {"w": torch.arange(12.0).reshape(3, 4), "n": 3},  # another shape
+        {"w": torch.arange(12.0).reshape(3, 4).double(), "n": 4},  # another dtype
+        {"w": torch.arange(12.0).reshape(3, 4).double(), "extra": torch.ones(5, dtype=torch.int64), "n": 5},  # one more tensor
+        {"w": torch.arange(12.0).reshape(4, 3).double().t(), "extra": torch.ones(5, dtype=torch.int64), "n": 6},  # other strides
+    ]
+    allocations = []
+    for i, state in enumerate(states):
+        w.submit(state, tmp_path / f"{i}.pth")
+        w.wait()
+        _assert_bitwise(load_file(tmp_path / f"{i}.pth"), state)
+        allocations.append(w.staging_allocations)
+    assert allocations == [1, 1, 2, 3, 4, 5]
+    w.release()
+    assert w.staged_bytes == 0
+    w.submit(states[0], tmp_path / "again.pth")  # a save after release allocates again
+    w.wait()
+    _assert_bitwise(load_file(tmp_path / "again.pth"), states[0])
+    assert w.staging_allocations == 6
+
+
+def test_every_kind_of_tensor_is_saved_as_a_synchronous_save_saves_it(tmp_path: Path) -> None:
+    from trainwright.checkpoint.io import atomic_save
+
+    emb = torch.nn.Embedding(10, 4)
+    head = torch.nn.Linear(4, 10, bias=False)
+    head.weight = emb.weight  # tied weights: one storage, saved once
+    sd = torch.nn.Sequential(emb, head, torch.nn.BatchNorm1d(10)).state_dict()
+    c = torch.randn(4, dtype=torch.complex64)
+    state = {
+        "model": sd, "c": c, "c_conj": c.conj(),  # the same memory, other values
+        "transposed": torch.randn(3, 5).t(),  # dense, not contiguous: strides kept
+        "strided": torch.randn(4, 6)[:, ::2],  # gaps: saved contiguous
+        "bf16": torch.randn(7).bfloat16(), "bool": torch.tensor([True, False]), "int8": torch.tensor([-3, 7], dtype=torch.int8),
+        "complex": torch.randn(3, dtype=torch.complex64), "complex_conj": torch.randn(4, dtype=torch.complex64).conj(),  # a lazy conjugate
+        "empty": torch.empty(0, 3), "scalar": torch.tensor(3.5),
+        "sparse": torch.eye(3).to_sparse(),  # not staged: copied fresh, as snapshot() does
+        "nested": [1, ("x", torch.full((2,), float("nan")))],
+    }
+    w = AsyncCheckpointWriter()
+    for name in ("1.pth", "2.pth"):
+        w.submit(state, tmp_path / name)
+        w.wait()
+    atomic_save(state, tmp_path / "sync.pth")
+    got, want = load_file(tmp_path / "2.pth"), load_file(tmp_path / "sync.pth")
+    assert w.staging_allocations == 1
+    assert type(got["model"]) is type(sd) and got["model"]._metadata == sd._metadata
+    assert got["model"]["0.weight"].data_ptr() == got["model"]["1.weight"].data_ptr()  # still tied after loading
+    assert got["transposed"].stride() == want["transposed"].stride() == (1, 5)
+    got["sparse"], want["sparse"] = got["sparse"].to_dense(), want["sparse"].to_dense()
+    _assert_bitwise(got, want)
+
+
+def test_a_large_state_with_odd_sizes_and_layouts_is_exact(tmp_path: Path) -> None:
+    torch.manual_seed(0)
+    state = {  # ~7 MiB of odd sizes, dtypes and layouts, changed in place between the saves
+        "a": torch.randn(1_000_003), "b": torch.randn(333, 1001).t(), "c": torch.randint(0, 2**31, (500_001,), dtype=torch.int64),
+        "d": torch.randn(2_000_001).bfloat16(), "e": torch.randn(700, 600)[::2, ::3], "f": torch.randn(3, 1, 5),
+    }
+    w = AsyncCheckpointWriter()
+    for i in range(2):
+        w.submit(state, tmp_path / f"{i}.pth")
+        w.wait()
+        _assert_bitwise(load_file(tmp_path / f"{i}.pth"), state)
+        for v in state.values():
+            v.add_(1)
+    assert w.staging_allocations == 1
+
+
+@pytest.mark.cuda
+def test_cuda_state_is_staged_at_submit_and_buffers_reused(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    release = _hold_writes(monkeypatch)
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(64, 256), torch.nn.BatchNorm1d(256), torch.nn.Linear(256, 4)).cuda()
+    opt = torch.optim.AdamW(model.parameters(), lr=0.1)
+
+    def step() -> None:
+        model(torch.randn(32, 64, device="cuda")).square().mean().backward()
+        opt.step()
+        opt.zero_grad()
+
+    step()
+    w = AsyncCheckpointWriter()
+    for i in range(2):
+        expected = snapshot(_state(model, opt))  # CPU copies, complete before submit
+        w.submit(_state(model, opt), tmp_path / f"{i}.pth")
+        for _ in range(3):  # queued on the GPU right behind the staging copies
+            step()
+        release.set()
+        w.wait()
+        release.clear()
+        _assert_bitwise(load_file(tmp_path / f"{i}.pth"), expected)
+    assert w.staging_allocations == 1
+    release.set()
+    w.release()
+    assert w.staged_bytes == 0

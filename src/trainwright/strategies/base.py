@@ -182,6 +182,8 @@ class Strategy(UpdateEngine):
         of the process join it (see :class:`~trainwright.strategies.DDPStrategy`).
         """
         self.wait_for_checkpoint()
+        if self._ckpt_writer is not None:
+            self._ckpt_writer.release()  # the staging buffers: one checkpoint's worth of host memory
         if self.model is not None:
             self._route_forward(None)
 
@@ -267,21 +269,13 @@ class Strategy(UpdateEngine):
 
             target = remote
             if async_save:
-                if self._ckpt_writer is None:
-                    from trainwright.checkpoint.async_writer import AsyncCheckpointWriter
-
-                    self._ckpt_writer = AsyncCheckpointWriter()
-                self._ckpt_writer.submit(state, target.url, write=lambda data, _url: save_remote(data, target, after))
+                self._async_writer().submit(state, target.url, write=lambda data, _url: save_remote(data, target, after))
             else:
                 self.wait_for_checkpoint()
                 save_remote(state, target, after)
         elif self.is_main_process:
             if async_save:
-                if self._ckpt_writer is None:
-                    from trainwright.checkpoint.async_writer import AsyncCheckpointWriter
-
-                    self._ckpt_writer = AsyncCheckpointWriter()
-                self._ckpt_writer.submit(state, path, after=after)
+                self._async_writer().submit(state, path, after=after)
             else:
                 from trainwright.checkpoint.io import atomic_save
 
@@ -291,6 +285,14 @@ class Strategy(UpdateEngine):
                     after()
         if not async_save:
             self.barrier()
+
+    def _async_writer(self) -> AsyncCheckpointWriter:
+        """The background writer, made by the first async save (its staging buffers are reused by the next ones)."""
+        if self._ckpt_writer is None:
+            from trainwright.checkpoint.async_writer import AsyncCheckpointWriter
+
+            self._ckpt_writer = AsyncCheckpointWriter()
+        return self._ckpt_writer
 
     def wait_for_checkpoint(self) -> None:
         """Block until a background write (if any) is complete; re-raise its error."""
