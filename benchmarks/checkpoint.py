@@ -27,7 +27,8 @@ import torch
 from torch import nn
 
 from trainwright.checkpoint.async_writer import AsyncCheckpointWriter, snapshot
-from trainwright.checkpoint.io import atomic_save, write_latest
+from trainwright.checkpoint.io import atomic_save
+from trainwright.checkpoint.listing import write_latest
 from trainwright.checkpoint.stateful import make_safe
 
 

@@ -6,7 +6,8 @@ from pathlib import Path
 
 import pytest
 
-from trainwright.checkpoint.io import CheckpointError, find_resumable, list_checkpoints
+from trainwright.checkpoint.io import CheckpointError
+from trainwright.checkpoint.listing import find_resumable, list_checkpoints
 from trainwright.strategies import dcp_io
 from trainwright.strategies.single_device import SingleDeviceStrategy
 

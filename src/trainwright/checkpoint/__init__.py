@@ -1,20 +1,16 @@
-"""Checkpoint files and state: the Stateful protocol, atomic writes, safe loading, weights, RNG state."""
+"""Checkpoint files and state: the Stateful protocol, atomic writes, safe loading, a folder's checkpoints, weights, RNG state."""
 
 from trainwright.checkpoint.io import (
-    LATEST_FILENAME,
     CheckpointError,
     UnsafeCheckpointError,
     atomic_save,
     atomic_write,
     atomic_write_bytes,
     atomic_write_text,
-    find_resumable,
-    list_checkpoints,
     load_file,
-    read_latest,
     read_safetensors,
-    write_latest,
 )
+from trainwright.checkpoint.listing import LATEST_FILENAME, find_resumable, list_checkpoints, read_latest, write_latest
 from trainwright.checkpoint.lock import WorkDirBusyError, WorkDirLock
 from trainwright.checkpoint.rng import get_rng_state, set_rng_state
 from trainwright.checkpoint.stateful import Stateful, check_state_dict

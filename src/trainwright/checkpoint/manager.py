@@ -24,7 +24,8 @@ from typing import Any, Protocol
 
 import torch
 
-from trainwright.checkpoint.io import CHECKPOINT_SUFFIX, atomic_write_bytes, load_file, read_latest, write_latest
+from trainwright.checkpoint.io import CHECKPOINT_SUFFIX, atomic_write_bytes, load_file
+from trainwright.checkpoint.listing import read_latest, write_latest
 from trainwright.checkpoint.lock import WorkDirBusyError, WorkDirLock
 from trainwright.checkpoint.rng import get_rng_state, set_rng_state
 from trainwright.checkpoint.stateful import Stateful, check_state_dict, make_safe
@@ -420,7 +421,7 @@ class CheckpointManager:
 
     def _agree_on_newest(self) -> None:
         """Every rank must see the same newest checkpoint (by name: work dirs may be node-local copies under other paths)."""
-        from trainwright.checkpoint.io import list_checkpoints
+        from trainwright.checkpoint.listing import list_checkpoints
 
         found = list_checkpoints(self.ckpt_dir, suffix=self.strategy.resumable_suffixes)
         everyone = self.strategy.gather_object(str(found[0]) if found else None)

@@ -274,7 +274,7 @@ class _ReplayWatch(Hook):
 
 def _checkpoint_before(trainer: Trainer, k: int) -> tuple[Location, dict[str, Any]] | None:
     """The newest checkpoint of the run saved before iteration ``k`` (one that loads), with its contents."""
-    from trainwright.checkpoint.io import list_checkpoints
+    from trainwright.checkpoint.listing import list_checkpoints
 
     for path in list_checkpoints(trainer.ckpt_dir, suffix=trainer.strategy.resumable_suffixes):
         try:

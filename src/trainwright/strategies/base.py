@@ -341,7 +341,7 @@ class Strategy(UpdateEngine):
         (:meth:`load_checkpoint`), so a run continues on one process, or under DDP, where a
         sharded run stopped.
         """
-        from trainwright.checkpoint.io import find_resumable
+        from trainwright.checkpoint.listing import find_resumable
 
         with warnings.catch_warnings():
             if not self.is_main_process:
