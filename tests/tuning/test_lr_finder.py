@@ -240,6 +240,24 @@ def test_bad_arguments_are_refused_before_anything_is_built(trainer_factory: Any
     assert trainer.train_loop is None and not trainer.prepared
 
 
+def test_tuners_refuse_to_start_inside_a_run(trainer_factory: Any) -> None:
+    """Called from a hook while train() runs: a clear error (the run's loader and optimizer are in use), raised out of train()."""
+    calls: list[str] = []
+
+    class TuneMidRun(tw.Hook):
+        def after_train_iter(self, trainer: Any, batch_idx: int, data_batch: Any = None, outputs: Any = None) -> None:
+            for name, call in (("find_lr", trainer.find_lr), ("find_batch_size", trainer.find_batch_size)):
+                with pytest.raises(RuntimeError, match=rf"{name}\(\) was called while train\(\) / val\(\) / test\(\) runs .*before train\(\) or after it returns"):
+                    call()
+                calls.append(name)
+            trainer.should_stop = True
+
+    trainer = trainer_factory(custom_hooks=[TuneMidRun()])
+    trainer.train()
+    assert calls == ["find_lr", "find_batch_size"]
+    assert trainer.find_lr(num_steps=3, diverge=None).lrs  # after the run returned: allowed
+
+
 def test_linear_ramp(trainer_factory: Any) -> None:
     result = trainer_factory(batch_size=4).find_lr(min_lr=0.0, max_lr=0.1, num_steps=5, mode="linear", diverge=None)
     assert result.lrs == pytest.approx([0.0, 0.025, 0.05, 0.075, 0.1])

@@ -167,6 +167,7 @@ class Trainer:
         self.experiment_name: str = self.strategy.broadcast_object(experiment_name or (new_run_dir(self.work_dir).name if self.is_main_process else None))
         self._run_dir_created = experiment_name is None  # this trainer made the folder (a given name may be an earlier run's)
         self._ran = False  # a run (train / val / test) started: the run folder holds its traces
+        self._running = False  # a run is in progress (the tuners refuse to start inside one)
         self.run_dir = self.work_dir / self.experiment_name
         self.logger = create_logger(log_file=self.run_dir / "train.log" if self.is_main_process else None, level=log_level, rank=self.strategy.rank)
         # THE rank decision of logging: only the main process has writers; hooks just fan out to this list.
@@ -485,13 +486,23 @@ class Trainer:
 
         Raises:
             ValueError: ``min_lr >= max_lr``, ``num_steps < 2`` or another argument out of range (checked first).
+            RuntimeError: called while a run is in progress (from a hook).
         """
         from trainwright.tuning.lr_finder import check_lr_args, find_lr
 
+        self._refuse_inside_run("find_lr")
         check_lr_args(min_lr, max_lr, num_steps, mode, smooth, diverge)
         self._build_train()
         self._prepare()
         return find_lr(self, min_lr=min_lr, max_lr=max_lr, num_steps=num_steps, mode=mode, smooth=smooth, diverge=diverge)
+
+    def _refuse_inside_run(self, name: str) -> None:
+        """A tuner replaces the train loader's iterator and the optimizer's state for a while: not while a run uses them."""
+        if self._running:
+            raise RuntimeError(
+                f"{name}() was called while train() / val() / test() runs (from a hook?): the running loop holds the train loader's "
+                f"iterator and the optimizer, which {name} would change under it. Call it before train() or after it returns."
+            )
 
     def find_batch_size(self, mode: str = "power", init: int = 2, max_trials: int = 25, steps_per_trial: int = 3, apply: bool = False) -> int:
         """The largest batch size (per process) that ``steps_per_trial`` training steps fit in device memory (CUDA); the trainer is left as it was.
@@ -508,6 +519,7 @@ class Trainer:
         """
         from trainwright.tuning.batch_size import check_batch_size_args, find_batch_size, with_batch_size
 
+        self._refuse_inside_run("find_batch_size")
         check_batch_size_args(self.strategy.device, self.strategy.world_size, mode, init, max_trials, steps_per_trial)
         if apply:
             if self.strategy.name == "deepspeed":
@@ -547,7 +559,7 @@ class Trainer:
         shows why the run stopped.
         """
         self.strategy.run_failed = False
-        self._ran = True
+        self._ran = self._running = True
         self.hooks.call("before_run", self)
         ok = False
         failure: tuple[BaseException, str | None] | None = None
@@ -569,6 +581,7 @@ class Trainer:
                 finally:
                     if failure is not None:
                         self._log_failure(*failure)
+            self._running = False
             if ok:
                 self.writers.raise_held()  # writers_fail="raise": an error held for a checkpoint still due at the end
 
