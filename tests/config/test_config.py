@@ -203,6 +203,18 @@ def test_dump_of_a_config_that_defines_its_model_trains_in_a_new_process(tmp_pat
         Config.fromfile(out)
 
 
+def test_dump_adds_the_defining_file_and_keeps_the_other_custom_imports_settings(tmp_path: Path) -> None:
+    cfg = Config.fromfile(write(tmp_path / "c.py", """
+        def scale(x):
+            return 2 * x
+        custom_imports = dict(imports=["json"], allow_failed_imports=True)
+        lr = scale(0.05)
+    """))
+    again = Config.fromfile(cfg.dump(tmp_path / "out" / "c.py"))
+    assert again.custom_imports == {"imports": ["json", str((tmp_path / "c.py").resolve())], "allow_failed_imports": True}
+    assert again.lr == pytest.approx(0.1)
+
+
 def test_dump_writes_objects_as_strings(tmp_path: Path) -> None:
     import torch
 

@@ -23,7 +23,7 @@ from typing import Any
 from trainwright.config.overrides import apply_overrides, parse_overrides
 from trainwright.config.substitute import resolve_base_refs, substitute_text
 from trainwright.registry import ConfigError, did_you_mean
-from trainwright.utils.imports import import_modules, run_code
+from trainwright.utils.imports import import_list, import_modules, run_code
 
 BASE_KEY = "_base_"
 DELETE_KEY = "_delete_"
@@ -198,9 +198,10 @@ class Config(ConfigDict):
         path = Path(path)
         path.parent.mkdir(parents=True, exist_ok=True)
         data = _literal(self)
-        code = [f for f in self.__dict__.get("_code_files", ()) if f not in _import_list(data.get("custom_imports"))]
+        given = data.get("custom_imports")
+        code = [f for f in self.__dict__.get("_code_files", ()) if f not in import_list(given)]
         if code:  # the classes / functions its files define: the dump runs those files (custom_imports), so it builds as the original did
-            data["custom_imports"] = {"imports": [*_import_list(data.get("custom_imports")), *code]}
+            data["custom_imports"] = {**(given if isinstance(given, Mapping) else {}), "imports": [*import_list(given), *code]}
         if path.suffix == ".py":
             text = Config(data).pretty_text
         elif path.suffix in (".yaml", ".yml"):
@@ -323,12 +324,6 @@ def _defines_code(text: str) -> bool:
     except SyntaxError:
         return False
     return any(isinstance(n, (ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef)) for n in tree.body)
-
-
-def _import_list(custom_imports: Any) -> list[str]:
-    """The entries of a ``custom_imports`` value (a dict with ``imports``, a list, or one name)."""
-    imports = custom_imports.get("imports", []) if isinstance(custom_imports, Mapping) else custom_imports or []
-    return [imports] if isinstance(imports, str) else list(imports)
 
 
 def _imported_names(node: ast.AST) -> set[str]:

@@ -33,6 +33,12 @@ def run_code(code: types.CodeType, path: Path) -> types.ModuleType:
     return module
 
 
+def import_list(custom_imports: Any) -> list[str]:
+    """The entries of a ``custom_imports`` value (a dict with ``imports``, a list, or one name)."""
+    imports = custom_imports.get("imports", []) if isinstance(custom_imports, Mapping) else custom_imports or []
+    return [imports] if isinstance(imports, str) else list(imports)
+
+
 def import_modules(custom_imports: Any, path: Path | None = None) -> None:
     """Import the modules of ``custom_imports = dict(imports=[...], allow_failed_imports=False)``.
 
@@ -42,13 +48,8 @@ def import_modules(custom_imports: Any, path: Path | None = None) -> None:
     """
     if not custom_imports:
         return
-    if isinstance(custom_imports, Mapping):
-        imports = custom_imports.get("imports", [])
-        allow_failed = bool(custom_imports.get("allow_failed_imports", False))
-    else:
-        imports, allow_failed = custom_imports, False
-    if isinstance(imports, str):
-        imports = [imports]
+    imports = import_list(custom_imports)
+    allow_failed = isinstance(custom_imports, Mapping) and bool(custom_imports.get("allow_failed_imports", False))
     extra = [str(p) for p in ([path.resolve().parent] if path is not None else []) + [Path.cwd()] if str(p) not in sys.path]
     sys.path.extend(extra)
     try:
@@ -76,4 +77,4 @@ def import_modules(custom_imports: Any, path: Path | None = None) -> None:
             if p in sys.path:
                 sys.path.remove(p)
 
-__all__ = ["import_modules", "run_code"]
+__all__ = ["import_list", "import_modules", "run_code"]
