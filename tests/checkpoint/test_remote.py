@@ -172,13 +172,15 @@ def test_killed_during_an_upload_then_resumed_in_a_new_process_equals_an_uninter
 def test_sharded_fsdp_checkpoints_on_s3_skip_an_incomplete_one_and_resume_equal(
     tmp_path: Path, moto: MotoServer, reference: dict[str, torch.Tensor], monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    """DCP through FsspecWriter: a ``.dcp`` folder without ``.metadata`` is incomplete, skipped with a warning; resume from the one before."""
+    """DCP on S3 (async: local copy then upload; sync: FsspecWriter): a folder without ``.metadata`` is incomplete, skipped; resume from the one before."""
     bucket = moto.bucket("sharded")
     args = ["--out-dir", f"s3://{bucket}/run", "--endpoint", moto.endpoint, "--strategy", "fsdp"]
-    _train(tmp_path, "work", *args, "--epochs", "2")
+    _train(tmp_path, "work", *args, "--epochs", "2", "--async-save")  # in the background: written locally, then uploaded
     fs = moto.fs()
     assert fs.cat(f"{bucket}/run/latest") == b"epoch_2.dcp\n"
     assert {Path(f).name for f in fs.find(f"{bucket}/run/epoch_2.dcp")} >= {".metadata", "trainer_state.pth"}
+    staged = tmp_path / "work" / "checkpoints_unuploaded"
+    assert not staged.exists() or not any(staged.iterdir())  # the local copies are gone once uploaded
     # one process reads the sharded checkpoint whole, from the bucket (no process group)
     monkeypatch.setenv("AWS_ENDPOINT_URL", moto.endpoint)
     full = Strategy("cpu").load_checkpoint(f"s3://{bucket}/run/epoch_2.dcp")
@@ -194,10 +196,10 @@ def test_sharded_fsdp_checkpoints_on_s3_skip_an_incomplete_one_and_resume_equal(
 # --------------------------------------------------------------------------- in this process
 
 
-def _trainer(work: Path, out_dir: str, options: dict[str, Any] | None = None, keep: int = -1, logs: str | None = None, **kw: Any) -> tw.Trainer:
+def _trainer(work: Path, out_dir: str, options: dict[str, Any] | None = None, keep: int = -1, logs: str | None = None, async_save: bool = False, **kw: Any) -> tw.Trainer:
     from conftest import make_trainer
 
-    ckpt = dict(out_dir=out_dir, max_keep_ckpts=keep, **({"storage_options": options} if options else {}))
+    ckpt = dict(out_dir=out_dir, max_keep_ckpts=keep, async_save=async_save, **({"storage_options": options} if options else {}))
     kw.setdefault("train_cfg", dict(by_epoch=True, max_epochs=2))
     hooks: dict[str, Any] = dict(checkpoint=ckpt, **({"logger": dict(out_dir=logs)} if logs else {}))
     return make_trainer(work, default_hooks=hooks, **kw)
@@ -287,6 +289,42 @@ def test_the_endpoint_going_away_mid_run_keeps_the_checkpoints_locally_and_train
     t2 = _trainer(tmp_path / "work2", str(tmp_path / "local"), resume=str(kept / "epoch_3.pth"), train_cfg=dict(by_epoch=True, max_epochs=3))
     t2.train()
     _assert_equal(dict(t2.unwrapped_model.state_dict()), dict(t.unwrapped_model.state_dict()))
+    t2.close()
+
+
+@pytest.mark.slow
+def test_a_failed_background_sharded_upload_keeps_a_complete_local_copy_that_resumes(tmp_path: Path) -> None:
+    """FSDP + async_save on S3: the directory is written locally, then uploaded; when the endpoint is gone, the local copy is kept whole."""
+    server = MotoServer(tmp_path / "moto.log")
+    bucket = server.bucket("flaky-dcp")
+
+    uploaded: set[str] = set()
+
+    class StopServerAfterEpoch1(tw.Hook):
+        def before_train_epoch(self, trainer: Any) -> None:
+            if trainer.progress.epoch == 1:
+                trainer.strategy.wait_for_checkpoint()  # epoch_1's upload finishes while the server is up
+                uploaded.update(Path(f).name for f in server.fs().find(f"{bucket}/run/epoch_1.dcp"))
+                server.stop()
+
+    try:
+        t = _trainer(tmp_path / "work", f"s3://{bucket}/run", _fast(server.endpoint), async_save=True, strategy="fsdp",
+                     train_cfg=dict(by_epoch=True, max_epochs=3), custom_hooks=[StopServerAfterEpoch1()])
+        with pytest.warns(UserWarning, match=r"Could not upload checkpoint s3://flaky-dcp/run/epoch_2.dcp .*kept it locally as .*checkpoints_unuploaded/epoch_2.dcp"):
+            t.train()
+        final = {k: v.clone() for k, v in t.unwrapped_model.state_dict().items()}
+        t.close()
+    finally:
+        server.stop()
+    assert t.progress.epoch == 3  # training went on
+    assert {".metadata", "trainer_state.pth"} <= uploaded  # the upload before the fault is complete
+    kept = tmp_path / "work" / "checkpoints_unuploaded"
+    assert sorted(p.name for p in kept.iterdir()) == ["epoch_2.dcp", "epoch_3.dcp"]  # complete copies, no staging folder left
+    assert (kept / "epoch_3.dcp" / ".metadata").is_file()
+    # the kept folder is a checkpoint like any other: a run resumes from it and ends where the first one did
+    t2 = _trainer(tmp_path / "work2", str(tmp_path / "local"), resume=str(kept / "epoch_3.dcp"), strategy="fsdp", train_cfg=dict(by_epoch=True, max_epochs=3))
+    t2.train()
+    _assert_equal(dict(t2.unwrapped_model.state_dict()), final)
     t2.close()
 
 

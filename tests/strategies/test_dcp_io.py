@@ -75,3 +75,24 @@ def test_a_failed_shard_write_is_an_oserror_naming_the_path_and_replaces_nothing
         dcp_io.save_shards({"model": {"w": torch.ones(2)}}, blocked, target)
     assert (target / "f").read_text() == "old"
     assert [p.name for p in tmp_path.iterdir()] == ["iter_4.dcp"]  # no temporary left
+
+
+def test_a_one_process_fsdp_run_with_plain_sgd_resumes_equal_to_an_uninterrupted_one(tmp_path: Path) -> None:
+    """Plain SGD keeps no optimizer state: its sharded checkpoint resumes (torch's full-state loader needs a tensor to learn the device from)."""
+    import torch
+    from conftest import make_trainer
+
+    def run(name: str, epochs: int, **kw: object) -> dict[str, torch.Tensor]:
+        t = make_trainer(tmp_path / name, strategy="fsdp", train_cfg=dict(by_epoch=True, max_epochs=epochs), **kw)  # type: ignore[arg-type]
+        t.train()
+        weights = {k: v.detach().clone() for k, v in t.strategy.full_model_state_dict().items()}  # gathered, while the group lives
+        t.close()
+        return weights
+
+    reference = run("ref", 2)
+    run("first", 1, default_hooks=dict(checkpoint=dict(interval=1)))
+    (saved,) = (tmp_path / "first").rglob("epoch_1.dcp")
+    resumed = run("resumed", 2, resume=str(saved))
+    assert reference.keys() == resumed.keys()
+    for k in reference:
+        assert torch.equal(reference[k], resumed[k]), k

@@ -41,7 +41,7 @@ def save_remote(obj: Mapping[str, Any], target: RemotePath, after: Callable[[], 
         try:
             target.upload(tmp)
         except Exception as e:  # noqa: BLE001 - any storage error: keep the checkpoint here instead
-            fallback = target.store.fallback_dir or Path.cwd() / "checkpoints_unuploaded"
+            fallback = target.store.local_fallback()
             fallback.mkdir(parents=True, exist_ok=True)
             kept = fallback / target.name
             shutil.move(str(tmp), kept)

@@ -112,6 +112,10 @@ class RemoteStore:
         """The store's root URL as a path."""
         return RemotePath(self, self.url)
 
+    def local_fallback(self) -> Path:
+        """The local folder a checkpoint whose upload keeps failing is kept in: :attr:`fallback_dir`, else ``./checkpoints_unuploaded``."""
+        return self.fallback_dir or Path.cwd() / "checkpoints_unuploaded"
+
     def retry(self, what: str, fn: Callable[[], _T]) -> _T:
         """``fn()``, tried ``tries`` times with a short backoff; the last error propagates."""
         for attempt in range(self.tries):

@@ -19,7 +19,7 @@ import datetime
 import os
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import torch
 import torch.distributed as dist
@@ -32,9 +32,6 @@ from trainwright.registry import STRATEGIES
 from trainwright.strategies import fsdp_checkpoint
 from trainwright.strategies.process_group import ProcessGroupStrategy
 from trainwright.strategies.tensor_parallel import TensorParallel, apply_plan, check_divisible, grads_on_mesh
-
-if TYPE_CHECKING:
-    from trainwright.checkpoint.storage import RemotePath
 
 
 @contextlib.contextmanager
@@ -94,8 +91,7 @@ class FSDPStrategy(ProcessGroupStrategy):
         self.shard_modules = tuple(shard_modules)
         self.reshard_after_forward = reshard_after_forward
         self.mixed_precision = dict(mixed_precision) if mixed_precision is not None else None
-        self._async_group: Any = None
-        self._pending: tuple[Any, Callable[[], None], RemotePath | None] | None = None  # (future, finish, remote target) of an async save
+        self._writes = fsdp_checkpoint.ShardedWrites()  # the background write in flight and its side process group
         self._optim_wrapper: Any = None  # the optimizers whose state a checkpoint holds (setup_optim_wrapper)
 
     # -- environment ----------------------------------------------------------------------
@@ -149,12 +145,7 @@ class FSDPStrategy(ProcessGroupStrategy):
         collective. The default group stays for later Trainers (see :meth:`ProcessGroupStrategy.teardown`),
         except the one-process group made without a launcher, destroyed here.
         """
-        self.wait_for_checkpoint()
-        if self._async_group is not None:
-            if dist.is_initialized() and not self.run_failed:  # after a failed run: no collective (see ProcessGroupStrategy.teardown)
-                dist.barrier()  # every rank's background write is done with the side group
-                dist.destroy_process_group(self._async_group)
-            self._async_group = None
+        self._writes.close(self)  # after a failed run: no collective (see ProcessGroupStrategy.teardown)
         super().teardown()
 
     # -- model ----------------------------------------------------------------------------
@@ -299,7 +290,9 @@ class FSDPStrategy(ProcessGroupStrategy):
         for name, ow in optim_wrappers_of(optim_wrapper).items():
             sub = state[name] if name else state
             opt = sub["optimizer"]
-            full = not any(isinstance(v, DTensor) for s in opt.get("state", {}).values() for v in s.values())
+            # full tensors keyed by name (a single-file checkpoint), else shards; an empty state (plain SGD) loads as shards:
+            # torch's full-state path needs a tensor to learn the device from
+            full = bool(opt.get("state")) and not any(isinstance(v, DTensor) for s in opt["state"].values() for v in s.values())
             set_optimizer_state_dict(module, ow.optimizer, opt, options=StateDictOptions(full_state_dict=full))
             ow.precision.load_state_dict(sub.get("precision", {}))
 
@@ -311,13 +304,15 @@ class FSDPStrategy(ProcessGroupStrategy):
         ``async_save`` the call returns once the shards are staged in CPU memory; the files
         are published (renamed into place) and ``after`` runs when the write is waited for:
         at the next save, at the end of training, or by :meth:`wait_for_checkpoint`. A remote
-        ``path`` is written in place (see :func:`~trainwright.strategies.fsdp_checkpoint.save_remote`).
+        ``path`` (a URL) is written in place (see :func:`~trainwright.strategies.fsdp_checkpoint.save_remote`);
+        in the background, it is written locally first and uploaded from a thread, so a failed
+        upload leaves a complete local copy in ``work_dir/checkpoints_unuploaded``.
         """
-        fsdp_checkpoint.save(self, path, state, async_save=async_save, after=after)
+        self._writes.save(self, path, state, async_save=async_save, after=after)
 
     def wait_for_checkpoint(self) -> None:
         """Block until a background write is complete, then publish it (rank 0) and run its ``after``; re-raise its error."""
-        fsdp_checkpoint.wait(self)
+        self._writes.wait(self)
 
     def load_checkpoint(self, path: str | Path, map_location: Any = "cpu") -> dict[str, Any]:
         """Read a checkpoint directory: each rank loads the shards it owns now (at any world size); the rest from ``trainer_state.pth``.
