@@ -6,7 +6,8 @@ Each RUN is ``name:strategy:batch:iters[:opt=value...]`` with options ``accum=N`
 before_train, after the strategy prepared the run), ``save=N`` (checkpoint every N
 iterations), ``keep=K``, ``async=1``, ``resume=1`` (newest in work_dir) or ``resume=PATH``,
 ``weights=1`` (save_weights), ``precision=bf16-mixed``, ``lr=X``, ``load=PATH`` (load_from),
-``work=NAME`` (work_dir name, default: the run's name).
+``work=NAME`` (work_dir name, default: the run's name), ``norms=1`` (NormsHook every 2 iterations,
+per module), ``ema=1`` (EMAHook, momentum 0.1), ``swa=E`` (SWAHook from epoch E, swa_lr 0.05), ``epochs=N`` (an epoch-based run of N epochs; ITERS unused).
 Under torchrun the script makes the process group itself and destroys it after the runs;
 with ``--trainer-group`` it does not: the first Trainer's strategy joins the group from the
 launcher's environment and the later ones find it. OUT_DIR/exit_rank<r>.json then tells
@@ -77,20 +78,22 @@ def run(out: Path, spec: str) -> None:
     resume: bool | str = o.get("resume", "0")
     resume = True if resume == "1" else (False if resume == "0" else resume)
     save = int(o.get("save", 0))
+    ema = tw.hooks.EMAHook(momentum=0.1) if o.get("ema") == "1" else None
     trainer = tw.Trainer(
         model=model,
         work_dir=out / o.get("work", name),
         train_dataloader=dict(dataset=ds, batch_size=int(batch), shuffle=True),
         optim_wrapper=dict(optimizer=dict(type="SGD", lr=float(o.get("lr", 0.1)), momentum=0.9), accumulative_counts=int(o.get("accum", 1)),
                            clip_grad=dict(max_norm=float(o["clip"])) if "clip" in o else None),
-        train_cfg=dict(by_epoch=False, max_iters=int(iters)),
-        default_hooks=dict(logger=dict(interval=2, flush_secs=0),
+        train_cfg=dict(by_epoch=True, max_epochs=int(o["epochs"])) if "epochs" in o else dict(by_epoch=False, max_iters=int(iters)),
+        default_hooks=dict(logger=dict(interval=2, flush_secs=0), **({"norms": dict(interval=2)} if o.get("norms") == "1" else {}),
                            checkpoint=dict(by_epoch=False, interval=save or -1, save_last=bool(save), max_keep_ckpts=int(o.get("keep", -1)), async_save=o.get("async") == "1")),
         strategy=dict(type="fsdp", shard_modules=["Linear"]) if strategy == "fsdp" else strategy,
         precision=o.get("precision", "32"),
         resume=resume,
         load_from=o.get("load"),
-        custom_hooks=[Reclip(float(o["reclip"]))] if "reclip" in o else [],
+        custom_hooks=([Reclip(float(o["reclip"]))] if "reclip" in o else []) + ([tw.hooks.SWAHook(int(o["swa"]), swa_lr=0.05, anneal_epochs=1)] if "swa" in o else [])
+        + ([ema] if ema is not None else []),
         randomness=dict(seed=0),
         log_level="WARNING",
     )
@@ -104,6 +107,7 @@ def run(out: Path, spec: str) -> None:
     if o.get("weights") == "1":
         trainer.save_weights(out / name / "weights.safetensors")
     full = trainer.strategy.full_model_state_dict()
+    averaged = ema.state_dict()["averaged"] if ema is not None and ema.ema is not None else {}  # gathered: a collective on every rank
     ow = trainer.optim_wrapper
     result = {
         "params": {k: v.detach().clone() for k, v in full.items()},
@@ -117,11 +121,20 @@ def run(out: Path, spec: str) -> None:
         "warnings": [str(w.message) for w in caught],
         "error": error,
         "scaler": type(getattr(ow.precision, "scaler", None)).__name__,
+        "restored": str(trainer.checkpoints.restored[0]) if trainer.checkpoints.restored else None,
+        "ema": {k: v.detach().cpu().clone() for k, v in averaged.items()},
+        "norms": [n for n in ({k: v for k, v in r.items() if k.split("/")[0] in ("grad_norm", "param_norm", "update_ratio")} for r in _records(trainer)) if n],
     }
     trainer.close()
     result["group_after_close"] = dist.is_initialized()
     (out / name).mkdir(parents=True, exist_ok=True)
     torch.save(result, out / name / f"result_rank{rank}.pt")
+
+
+def _records(trainer: tw.Trainer) -> list[dict]:
+    """The training records of metrics.jsonl (rank 0 writes it; other ranks read none)."""
+    path = trainer.run_dir / "metrics.jsonl"
+    return [r for r in map(json.loads, path.read_text().splitlines()) if r.get("mode") == "train"] if path.exists() else []
 
 
 def main() -> None:

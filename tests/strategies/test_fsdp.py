@@ -31,11 +31,13 @@ def out(tmp_path_factory: pytest.TempPathFactory) -> Path:
     # one process: references (single) and the 1-process FSDP checkpoint that 2 processes resume
     # (H writes asynchronously, then P, Q, W are more FSDP Trainers in the same process: each makes and destroys its one-process group)
     _launch(out, ["F:single:16:8:clip=0.5:weights=1", "G:single:16:4", "H:fsdp:16:4:clip=0.5:save=4:async=1", "P:fsdp:16:2:precision=bf16-mixed",
-                  "Q:fsdp:16:3:precision=16-mixed:clip=0.5", "W:fsdp:16:3:accum=2:save=1"], 1)
+                  "Q:fsdp:16:3:precision=16-mixed:clip=0.5", "W:fsdp:16:3:accum=2:save=1",
+                  "N:single:16:8:norms=1", "V:single:16:8:ema=1"], 1)
     shutil.copytree(out / "H" / "checkpoints", out / "I" / "checkpoints")
     # two processes x half the batch (R: clip_grad re-assigned in before_train, after the strategy prepared the run)
     _launch(out, ["A:fsdp:8:8:clip=0.5:save=2:keep=2:async=1:weights=1", "B:fsdp:4:8:accum=2", "C:fsdp:8:4:clip=0.5:save=4",
-                  "I:fsdp:8:8:clip=0.5:save=4:resume=1", f"L:fsdp:8:1:lr=0:load={out / 'F' / 'weights.safetensors'}", "R:fsdp:8:8:clip=4:reclip=0.5"], 2)
+                  "I:fsdp:8:8:clip=0.5:save=4:resume=1", f"L:fsdp:8:1:lr=0:load={out / 'F' / 'weights.safetensors'}", "R:fsdp:8:8:clip=4:reclip=0.5",
+                  "M:fsdp:8:8:norms=1", "X:fsdp:8:8:ema=1:save=4", f"Y:fsdp:8:8:ema=1:resume={out / 'X' / 'checkpoints' / 'iter_4.dcp'}"], 2)
     # a newer checkpoint with a truncated shard, named by `latest`: resume=True must skip it
     ckpts = out / "C" / "checkpoints"
     shutil.copytree(ckpts / "iter_4.dcp", ckpts / "iter_6.dcp")
@@ -209,3 +211,25 @@ def test_later_trainers_in_one_torchrun_process_join_the_launchers_group(tmp_pat
         ckpts = tmp_path / name / "checkpoints"
         assert sorted(p.name for p in ckpts.iterdir()) == ["iter_2.dcp", "iter_4.dcp", "latest"]
         assert (ckpts / "iter_4.dcp" / ".metadata").is_file()
+
+
+def test_norms_hook_under_fsdp_equals_one_process(out: Path) -> None:
+    """NormsHook on sharded parameters (DTensor norms combined over the shards) logs what one process logs on the full batch."""
+    one, two = _result(out, "N")["norms"], _result(out, "M")["norms"]
+    assert len(one) == len(two) == 4  # every 2nd of 8 iterations
+    for a, b in zip(one, two):
+        assert a.keys() == b.keys() and {"grad_norm/l1", "param_norm/l2", "update_ratio/l1"} <= a.keys()
+        for k in a:
+            assert abs(a[k] - b[k]) <= 1e-5 * abs(a[k]), (k, a[k], b[k])  # measured: within 3e-7 relative
+
+
+def test_ema_hook_under_fsdp_averages_the_shards_and_resumes(out: Path) -> None:
+    """EMAHook on a sharded model: each rank averages its shards; the gathered average equals one process's, also resumed from a sharded checkpoint."""
+    reference = _result(out, "V")["ema"]
+    assert reference.keys() == {"l1.weight", "l1.bias", "l2.weight", "l2.bias"}
+    for name in ("X", "Y"):  # two processes; two processes resumed at iteration 4 (the average's state came through the checkpoint)
+        got = _result(out, name)
+        assert got["iteration"] == 8 and got["error"] is None
+        assert (got["restored"] or "").endswith("iter_4.dcp") == (name == "Y")  # Y trained iterations 5-8 only: its average at 4 came from X's checkpoint
+        for k, v in reference.items():
+            torch.testing.assert_close(got["ema"][k], v, atol=ATOL, rtol=0, msg=f"{name} {k}")  # measured: within 3e-8

@@ -149,6 +149,12 @@ class SWAHook(Hook):
                 "the average would never be updated. Lower begin_epoch or train longer"
             )
         self._warn_schedulers(trainer, len(loop.dataloader))
+        if any(type(p).__name__ == "DTensor" for p in trainer.unwrapped_model.parameters()):
+            raise ValueError(
+                f"SWAHook cannot average a sharded model (strategy={trainer.strategy.name!r}: its parameters are DTensors): torch's AveragedModel "
+                "keeps a copy of the module, and FSDP modules cannot be copied. Use strategy='ddp' (or 'single') for SWA, or EMAHook, which "
+                "averages the shards in place."
+            )
         if self.averaged is None:
             self.averaged = AveragedModel(_copy_of(trainer.unwrapped_model))
         if self._pending is not None:

@@ -27,6 +27,12 @@ class ExponentialMovingAverage:
     Updates use ``torch._foreach_*`` kernels on tensors that stay where they are: with the
     average on the model's device, :meth:`update_parameters` never waits for the device.
 
+    A sharded model (FSDP2: parameters are DTensors) keeps a sharded average: each process
+    averages its own shard (the average is elementwise, so the shards together are the
+    average of the whole), and :meth:`state_dict` gathers full tensors (a collective: every
+    process calls it, as checkpoints do), so a checkpoint's average loads at any world size
+    and into an unsharded model.
+
     Args:
         model: The module to average (the user's module, not a DDP / compile wrapper, so that
             the keys match its checkpoint).
@@ -65,13 +71,15 @@ class ExponentialMovingAverage:
                     dtype, averaged = t.dtype, False
                 self.averaged[key] = t.to(device=self.device or t.device, dtype=dtype, copy=True)
                 (self._avg_keys if averaged else self._copy_keys).append(key)
-        self._avg = [self.averaged[k] for k in self._avg_keys]
-        self._copied = [self.averaged[k] for k in self._copy_keys]
+        #: Whether the model is sharded (DTensor entries): the foreach kernels then run on each process's shards.
+        self.sharded = any(_is_dtensor(t) for t in self.averaged.values())
+        self._avg = self._locals([self.averaged[k] for k in self._avg_keys])
+        self._copied = self._locals([self.averaged[k] for k in self._copy_keys])
 
     def update_parameters(self, model: nn.Module) -> None:
         """Fold the model's current weights into the average (one call per training step)."""
         source = self._source(model)
-        src_avg = [source[k] for k in self._avg_keys]
+        src_avg = self._locals([source[k] for k in self._avg_keys])
         with torch.no_grad():
             if self.steps == 0:
                 if src_avg:
@@ -79,20 +87,20 @@ class ExponentialMovingAverage:
             elif self.steps % self.interval == 0 and src_avg:
                 torch._foreach_lerp_(self._avg, [_like(s, a) for s, a in zip(src_avg, self._avg)], self.momentum)
             if self._copied:
-                torch._foreach_copy_(self._copied, [source[k] for k in self._copy_keys])
+                torch._foreach_copy_(self._copied, self._locals([source[k] for k in self._copy_keys]))
         self.steps += 1
 
     def sync_from(self, model: nn.Module) -> None:
         """Overwrite the average with the model's current weights (``steps`` is unchanged)."""
         source = self._source(model)
         with torch.no_grad():
-            torch._foreach_copy_(list(self.averaged.values()), [source[k] for k in self.averaged])
+            torch._foreach_copy_(self._locals(list(self.averaged.values())), self._locals([source[k] for k in self.averaged]))
 
     def copy_to(self, model: nn.Module) -> None:
         """Write the averaged weights into ``model`` for good (e.g. before exporting it)."""
         targets = self._targets(model)
         with torch.no_grad():
-            torch._foreach_copy_(targets, list(self.averaged.values()))
+            torch._foreach_copy_(targets, self._locals(list(self.averaged.values())))
 
     def swap_in(self, model: nn.Module) -> None:
         """Put the averaged weights into ``model``, keeping a copy of its own to restore.
@@ -105,7 +113,7 @@ class ExponentialMovingAverage:
         targets = self._targets(model)
         self._backup = [t.clone() for t in targets]
         with torch.no_grad():
-            torch._foreach_copy_(targets, list(self.averaged.values()))
+            torch._foreach_copy_(targets, self._locals(list(self.averaged.values())))
 
     def swap_out(self, model: nn.Module) -> None:
         """Restore the weights ``model`` had before :meth:`swap_in`, bit for bit.
@@ -135,7 +143,9 @@ class ExponentialMovingAverage:
             self.swap_out(model)
 
     def state_dict(self) -> dict[str, Any]:
-        """The step count and the averaged tensors (references, as ``nn.Module.state_dict``)."""
+        """The step count and the averaged tensors (references, as ``nn.Module.state_dict``; a sharded average: gathered full tensors)."""
+        if self.sharded:
+            return {"steps": self.steps, "averaged": {k: v.full_tensor() if _is_dtensor(v) else v for k, v in self.averaged.items()}}  # type: ignore[attr-defined]
         return {"steps": self.steps, "averaged": dict(self.averaged)}
 
     def load_state_dict(self, state_dict: Mapping[str, Any]) -> None:
@@ -158,7 +168,7 @@ class ExponentialMovingAverage:
             raise ValueError("Shape mismatch loading the EMA state (build the EMA from the same model that was saved): " + "; ".join(bad))
         with torch.no_grad():
             for key, tensor in self.averaged.items():
-                tensor.copy_(saved[key])
+                _load_into(tensor, saved[key])
         self.steps = int(state_dict["steps"])
 
     def _source(self, model: nn.Module) -> dict[str, torch.Tensor]:
@@ -174,10 +184,29 @@ class ExponentialMovingAverage:
 
     def _targets(self, model: nn.Module) -> list[torch.Tensor]:
         source = self._source(model)
-        return [source[k].detach() for k in self.averaged]
+        return self._locals([source[k].detach() for k in self.averaged])
+
+    def _locals(self, tensors: list[torch.Tensor]) -> list[torch.Tensor]:
+        """``tensors`` as the foreach kernels take them: each DTensor's local shard (a view: in-place updates reach it)."""
+        return [t.to_local() if _is_dtensor(t) else t for t in tensors] if self.sharded else tensors  # type: ignore[attr-defined]
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}(momentum={self.momentum}, interval={self.interval}, update_buffers={self.update_buffers}, steps={self.steps})"
+
+
+def _is_dtensor(t: torch.Tensor) -> bool:
+    """Whether ``t`` is a ``torch.distributed.tensor.DTensor`` (without importing torch.distributed)."""
+    return type(t).__name__ == "DTensor" and hasattr(t, "to_local")
+
+
+def _load_into(target: torch.Tensor, saved: torch.Tensor) -> None:
+    """Copy ``saved`` into ``target``; a full tensor into a DTensor goes to this process's shard of it (no communication)."""
+    if _is_dtensor(target) and not _is_dtensor(saved):
+        from torch.distributed.tensor import distribute_tensor
+
+        mesh, placements = target.device_mesh, target.placements  # type: ignore[attr-defined]
+        saved = distribute_tensor(saved.to(device=target.device, dtype=target.dtype), mesh, placements, src_data_rank=None)
+    target.copy_(saved)
 
 
 def _like(src: torch.Tensor, ref: torch.Tensor) -> torch.Tensor:
