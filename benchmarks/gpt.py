@@ -16,6 +16,9 @@ Rows:
   compiled   trainwright compile=dict(regions=["Block"]) + compiled optimizer step
                                                                       vs the hand-written loop compiled the same way
   vs eager   the same trainwright compiled run                        vs hand-written eager
+  blocks     trainwright compile=dict(regions=["Block"]), eager optimizer step
+                                                                      vs the hand-written loop compiled the same way
+             (sides tw_blocks / raw_blocks, not run by default: they tell the blocks' share from the optimizer's)
 
 Run:  python benchmarks/gpt.py                                   # CPU, small model, ~3 minutes
       python benchmarks/gpt.py --device cuda --preset gpt2-small --precision bf16-mixed --steps 30
@@ -62,6 +65,7 @@ class Setup:
     batch_size: int
     steps: int
     warmup: int
+    backend: str = "inductor"  # torch.compile's backend for the compiled sides ("aot_eager": no code generation, for a quick check)
 
 
 def make_data(s: Setup) -> Subset:
@@ -92,15 +96,18 @@ def _autocast(s: Setup) -> Any:
     return contextlib.nullcontext()
 
 
-def _compile_step(opt: torch.optim.Optimizer) -> Any:
+def _compile_step(opt: torch.optim.Optimizer, backend: str) -> Any:
     """torch's compiled-optimizer recipe for a hand-written loop: the lr as a tensor, the step compiled."""
     for g in opt.param_groups:
         g["lr"] = torch.tensor(float(g["lr"]), dtype=torch.float64)
-    return torch.compile(opt.step)
+    return torch.compile(opt.step, backend=backend)
 
 
-def raw_loop(s: Setup, init: dict, data: Subset, compiled: bool) -> tuple[float, float, float, float]:
-    """The hand-written loop; returns (time of the steps after warm-up, time of all steps, final loss, CPU time of the steps after warm-up)."""
+def raw_loop(s: Setup, init: dict, data: Subset, compiled: bool, compile_step: bool = True) -> tuple[float, float, float, float]:
+    """The hand-written loop; returns (time of the steps after warm-up, time of all steps, final loss, CPU time of the steps after warm-up).
+
+    ``compiled``: each Block compiled, and the optimizer step too unless ``compile_step`` is False.
+    """
     torch.manual_seed(0)
     model = make_model(s)
     model.load_state_dict(init)
@@ -111,10 +118,10 @@ def raw_loop(s: Setup, init: dict, data: Subset, compiled: bool) -> tuple[float,
         convert_to_float8_training(model)
     if compiled:
         for block in model.blocks:
-            block.compile()
+            block.compile(backend=s.backend)
     opt = torch.optim.AdamW(model.parameters(), **OPTIMIZER)
-    if compiled:
-        opt.step = _compile_step(opt)  # type: ignore[method-assign]  # what GradScaler.step calls, too
+    if compiled and compile_step:
+        opt.step = _compile_step(opt, s.backend)  # type: ignore[method-assign]  # what GradScaler.step calls, too
     step = opt.step
     scaler = torch.amp.GradScaler(torch.device(s.device).type) if s.precision == "16-mixed" else None
     loader = DataLoader(data, batch_size=s.batch_size, shuffle=False, drop_last=True)
@@ -147,7 +154,7 @@ def raw_loop(s: Setup, init: dict, data: Subset, compiled: bool) -> tuple[float,
     return t1 - t0, t1 - t_start, last, time.process_time() - c0
 
 
-def trainwright_loop(s: Setup, init: dict, data: Subset, compiled: bool, work_dir: str) -> tuple[float, float, float, float]:
+def trainwright_loop(s: Setup, init: dict, data: Subset, compiled: bool, work_dir: str, compile_step: bool = True) -> tuple[float, float, float, float]:
     """The same training through trainwright's Trainer (default hooks); returns what :func:`raw_loop` returns."""
     import trainwright as tw
 
@@ -179,11 +186,11 @@ def trainwright_loop(s: Setup, init: dict, data: Subset, compiled: bool, work_di
             model=model,
             work_dir=work_dir,
             train_dataloader=DataLoader(data, batch_size=s.batch_size, shuffle=False, drop_last=True),
-            optim_wrapper=dict(optimizer=dict(type="AdamW", **OPTIMIZER), clip_grad=dict(max_norm=CLIP), compile=compiled),
+            optim_wrapper=dict(optimizer=dict(type="AdamW", **OPTIMIZER), clip_grad=dict(max_norm=CLIP), compile=dict(backend=s.backend) if compiled and compile_step else False),
             train_cfg=dict(by_epoch=True, max_epochs=1),
             precision=s.precision,
             strategy=dict(type="single", device=s.device),
-            compile=dict(regions=["Block"]) if compiled else False,
+            compile=dict(regions=["Block"], backend=s.backend) if compiled else False,
             default_hooks=dict(checkpoint=None),
             randomness=dict(seed=0),
             custom_hooks=[watch],
@@ -193,7 +200,7 @@ def trainwright_loop(s: Setup, init: dict, data: Subset, compiled: bool, work_di
     trainer.close()
     records = [json.loads(line) for line in (trainer.run_dir / "metrics.jsonl").read_text().splitlines()]
     last = [r for r in records if r.get("mode") == "train"][-1]
-    LOGGED["tw_compiled" if compiled else "tw_eager"] = {k: last[k] for k in ("tflops", "mfu", "tokens_per_s") if k in last}
+    LOGGED[("tw_compiled" if compile_step else "tw_blocks") if compiled else "tw_eager"] = {k: last[k] for k in ("tflops", "mfu", "tokens_per_s") if k in last}
     return watch.t1 - watch.t0, watch.t1 - watch.t_start, trainer.metric_store.get("loss").latest, watch.c1 - watch.c0
 
 
@@ -201,15 +208,19 @@ def trainwright_loop(s: Setup, init: dict, data: Subset, compiled: bool, work_di
 LOGGED: dict[str, dict[str, float]] = {}
 
 
-SIDES = {"raw_eager": (raw_loop, False), "tw_eager": (trainwright_loop, False), "raw_compiled": (raw_loop, True), "tw_compiled": (trainwright_loop, True)}
-ROWS = [("eager", "tw_eager", "raw_eager", 1.02), ("compiled", "tw_compiled", "raw_compiled", 1.02), ("vs eager", "tw_compiled", "raw_eager", 1.0)]
+#: side -> (loop, blocks compiled, optimizer step compiled)
+SIDES = {"raw_eager": (raw_loop, False, False), "tw_eager": (trainwright_loop, False, False), "raw_compiled": (raw_loop, True, True), "tw_compiled": (trainwright_loop, True, True),
+         "raw_blocks": (raw_loop, True, False), "tw_blocks": (trainwright_loop, True, False)}
+DEFAULT_SIDES = "raw_eager,tw_eager,raw_compiled,tw_compiled"
+ROWS = [("eager", "tw_eager", "raw_eager", 1.02), ("compiled", "tw_compiled", "raw_compiled", 1.02), ("vs eager", "tw_compiled", "raw_eager", 1.0),
+        ("blocks", "tw_blocks", "raw_blocks", 1.02)]
 
 
 def run_side(name: str, s: Setup, init: dict, data: Subset, tmp: str, r: int) -> tuple[float, float, float, float]:
-    fn, compiled = SIDES[name]
+    fn, compiled, compile_step = SIDES[name]
     if fn is raw_loop:
-        return raw_loop(s, init, data, compiled)
-    return trainwright_loop(s, init, data, compiled, os.path.join(tmp, f"{name}{r}"))
+        return raw_loop(s, init, data, compiled, compile_step)
+    return trainwright_loop(s, init, data, compiled, os.path.join(tmp, f"{name}{r}"), compile_step)
 
 
 def bench(s: Setup, rounds: int, sides: list[str]) -> dict:
@@ -223,10 +234,10 @@ def bench(s: Setup, rounds: int, sides: list[str]) -> dict:
     sink = io.StringIO()
     with tempfile.TemporaryDirectory() as tmp, contextlib.redirect_stdout(sink):
         for name in sorted(sides, key=lambda n: n != "tw_compiled"):  # warm-up run of each side: the compiled ones compile here
-            if name.endswith("compiled"):
+            if SIDES[name][1]:
                 torch._dynamo.reset()  # each compiled side compiles from scratch (the on-disk cache of this run is shared)
             _, total, _, _ = run_side(name, s, init, data, tmp, -1)
-            if name.endswith("compiled"):
+            if SIDES[name][1]:
                 _, steady, _, _ = run_side(name, s, init, data, tmp, -2)
                 compile_s[name] = total - steady
         for r in range(rounds):
@@ -267,7 +278,8 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=30, help="steps per run (one epoch over steps x batch-size windows)")
     parser.add_argument("--warmup", type=int, default=3, help="first steps of each run left out of its time")
     parser.add_argument("--rounds", type=int, default=3, help="alternating rounds (each compiled run recompiles its new optimizer's step, ~5 s here); more on a noisy machine")
-    parser.add_argument("--sides", default=",".join(SIDES), help="which of raw_eager,tw_eager,raw_compiled,tw_compiled to run")
+    parser.add_argument("--sides", default=DEFAULT_SIDES, help=f"which of {','.join(SIDES)} to run")
+    parser.add_argument("--backend", default="inductor", help="torch.compile backend of the compiled sides (aot_eager: a quick check without code generation)")
     parser.add_argument("--threads", type=int, default=0, help="torch intra-op threads (0: torch's default)")
     parser.add_argument("--json", help="also write the results here")
     args = parser.parse_args()
@@ -283,7 +295,7 @@ def main() -> None:
     # every run builds a new optimizer, and a compiled optimizer step is specialised to its optimizer object:
     # allow one compiled entry per run, as a process that trains once never needs
     torch._dynamo.config.recompile_limit = max(torch._dynamo.config.recompile_limit, 4 * (args.rounds + 2))
-    s = Setup(device=args.device, precision=args.precision, steps=args.steps, warmup=args.warmup, batch_size=args.batch_size, **shape)
+    s = Setup(device=args.device, precision=args.precision, steps=args.steps, warmup=args.warmup, batch_size=args.batch_size, backend=args.backend, **shape)
     print(f"torch {torch.__version__}, {os.cpu_count()} CPUs, {torch.get_num_threads()} threads, device {s.device}, precision {s.precision}, "
           f"dim {s.dim} depth {s.depth} heads {s.heads} block {s.block_size} batch {s.batch_size}, {s.steps} steps ({s.warmup} untimed), {args.rounds} rounds")
     result = bench(s, args.rounds, args.sides.split(","))

@@ -30,7 +30,7 @@ def _run(args: list[str], tmp_path: Path, timeout: int) -> str:
 @pytest.mark.timeout(1000)
 def test_overhead_benchmark_runs_and_both_sides_end_with_the_same_loss(tmp_path: Path) -> None:
     out_json = tmp_path / "overhead.json"
-    stdout = _run(["benchmarks/overhead.py", "--rounds", "1", "--only", "A,C,E", "--no-rss", "--steps", "200", "--json", str(out_json)], tmp_path, timeout=900)
+    stdout = _run(["benchmarks/overhead.py", "--rounds", "1", "--only", "A,C,E", "--no-rss", "--import-reps", "1", "--steps", "200", "--json", str(out_json)], tmp_path, timeout=900)
     results = json.loads(out_json.read_text())["results"]
     assert [r["workload"] for r in results] == ["A", "C", "E"]
     for r in results:
