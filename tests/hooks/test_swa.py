@@ -125,13 +125,6 @@ def test_iteration_based_run_is_refused(tmp_path: Path) -> None:
     t.close()
 
 
-def test_a_sharded_fsdp_model_is_refused_naming_the_alternatives(tmp_path: Path) -> None:
-    t = _trainer(tmp_path, BNNet(), _data(), strategy="fsdp", default_hooks=dict(checkpoint=None))
-    with pytest.raises(ValueError, match=r"SWAHook cannot average a sharded model \(strategy='fsdp'.*FSDP modules cannot be copied.*strategy='ddp'.*EMAHook"):
-        t.train()
-    t.close()
-
-
 def test_begin_after_the_run_is_refused(tmp_path: Path) -> None:
     t = _trainer(tmp_path, BNNet(), _data(), epochs=2, default_hooks=dict(checkpoint=None))
     with pytest.raises(ValueError, match="begin_epoch=3 starts averaging after epoch 3, but the run has 2 epochs"):

@@ -32,12 +32,14 @@ def out(tmp_path_factory: pytest.TempPathFactory) -> Path:
     # (H writes asynchronously, then P, Q, W are more FSDP Trainers in the same process: each makes and destroys its one-process group)
     _launch(out, ["F:single:16:8:clip=0.5:weights=1", "G:single:16:4", "H:fsdp:16:4:clip=0.5:save=4:async=1", "P:fsdp:16:2:precision=bf16-mixed",
                   "Q:fsdp:16:3:precision=16-mixed:clip=0.5", "W:fsdp:16:3:accum=2:save=1",
-                  "N:single:16:8:norms=1", "V:single:16:8:ema=1"], 1)
+                  "N:single:16:8:norms=1", "V:single:16:8:ema=1",
+                  "U:single:16:0:swa=2:epochs=3"], 1)
     shutil.copytree(out / "H" / "checkpoints", out / "I" / "checkpoints")
     # two processes x half the batch (R: clip_grad re-assigned in before_train, after the strategy prepared the run)
     _launch(out, ["A:fsdp:8:8:clip=0.5:save=2:keep=2:async=1:weights=1", "B:fsdp:4:8:accum=2", "C:fsdp:8:4:clip=0.5:save=4",
                   "I:fsdp:8:8:clip=0.5:save=4:resume=1", f"L:fsdp:8:1:lr=0:load={out / 'F' / 'weights.safetensors'}", "R:fsdp:8:8:clip=4:reclip=0.5",
-                  "M:fsdp:8:8:norms=1", "X:fsdp:8:8:ema=1:save=4", f"Y:fsdp:8:8:ema=1:resume={out / 'X' / 'checkpoints' / 'iter_4.dcp'}"], 2)
+                  "M:fsdp:8:8:norms=1", "X:fsdp:8:8:ema=1:save=4", f"Y:fsdp:8:8:ema=1:resume={out / 'X' / 'checkpoints' / 'iter_4.dcp'}",
+                  "T:fsdp:8:0:swa=2:epochs=3:save=10", f"Z:fsdp:8:0:swa=2:epochs=3:resume={out / 'T' / 'checkpoints' / 'iter_10.dcp'}"], 2)
     # a newer checkpoint with a truncated shard, named by `latest`: resume=True must skip it
     ckpts = out / "C" / "checkpoints"
     shutil.copytree(ckpts / "iter_4.dcp", ckpts / "iter_6.dcp")
@@ -233,3 +235,13 @@ def test_ema_hook_under_fsdp_averages_the_shards_and_resumes(out: Path) -> None:
         assert (got["restored"] or "").endswith("iter_4.dcp") == (name == "Y")  # Y trained iterations 5-8 only: its average at 4 came from X's checkpoint
         for k, v in reference.items():
             torch.testing.assert_close(got["ema"][k], v, atol=ATOL, rtol=0, msg=f"{name} {k}")  # measured: within 3e-8
+
+
+def test_swa_hook_under_fsdp_equals_one_process_and_resumes(out: Path) -> None:
+    """SWAHook on a sharded model: the per-shard average equals one process's, also resumed mid-SWA from a sharded checkpoint (iteration 10: one update in)."""
+    reference = _result(out, "U")
+    for name in ("T", "Z"):
+        got = _result(out, name)
+        assert got["iteration"] == 12 and got["error"] is None
+        assert (got["restored"] or "").endswith("iter_10.dcp") == (name == "Z")
+        _assert_params_close(got, reference)

@@ -1,21 +1,22 @@
-"""SWAHook: stochastic weight averaging with torch's ``AveragedModel`` and ``SWALR``; the run ends with the averaged model.
+"""SWAHook: stochastic weight averaging as torch's ``swa_utils`` recipe (the average, ``SWALR``, ``update_bn``); the run ends with the averaged model.
 
-From ``begin_epoch`` on, each epoch's end folds the weights into a
-``torch.optim.swa_utils.AveragedModel`` and steps a ``SWALR`` schedule per optimizer (torch's
-recipe). After the last epoch the average's BatchNorm statistics are recomputed over the
-training data (as ``torch.optim.swa_utils.update_bn``) and the averaged weights are copied into
-the model for good, before the final validation and checkpoint.
+From ``begin_epoch`` on, each epoch's end folds the weights into an equal-weight running mean of
+the parameters (what torch's ``AveragedModel`` keeps for SWA; per shard under FSDP) and steps a
+``SWALR`` schedule per optimizer. After the last epoch the average is copied into the model and
+its BatchNorm statistics are recomputed over the training data (as ``torch.optim.swa_utils.update_bn``),
+before the final validation and checkpoint.
 """
 
 from __future__ import annotations
 
-import copy
 from collections.abc import Iterable, Mapping
 from typing import TYPE_CHECKING, Any
 
 import torch
 from torch import nn
-from torch.optim.swa_utils import SWALR, AveragedModel
+from torch.optim.swa_utils import SWALR
+
+from trainwright.dist.shards import gathered, load_into, locals_of
 
 from trainwright.hooks.hook import Hook
 from trainwright.hooks.view import require_train_loop
@@ -63,14 +64,56 @@ def _base_forward(model: nn.Module, batch: Any) -> None:
         model(batch[0] if isinstance(batch, (list, tuple)) else batch)
 
 
-def _copy_of(model: nn.Module) -> nn.Module:
-    """A deep copy of ``model`` without what a strategy attached to it (the DDP / DeepSpeed forward caller)."""
-    caller = model.__dict__.pop("forward_caller", None)
-    try:
-        return copy.deepcopy(model)
-    finally:
-        if caller is not None:
-            model.__dict__["forward_caller"] = caller
+class Average:
+    """The equal-weight running mean of a model's parameters: what torch's ``AveragedModel`` keeps for SWA (``use_buffers=False``).
+
+    The first :meth:`update` copies the parameters; the n-th (n > 1) moves the average by
+    1/n towards them (``torch._foreach_lerp_``). The tensors are the parameters' own kind: under
+    FSDP each process keeps and updates its shards (no communication); :meth:`state_dict`
+    gathers them (a collective: every process calls it, as checkpoints do).
+    """
+
+    def __init__(self, model: nn.Module) -> None:
+        named = list(model.named_parameters())
+        #: The parameters' names, in ``model.parameters()`` order.
+        self.names = [n for n, _ in named]
+        with torch.no_grad():
+            self.tensors = [p.detach().clone() for _, p in named]
+        #: How many updates the average holds (torch's ``AveragedModel.n_averaged``, a Python int here).
+        self.n_averaged = 0
+
+    def update(self, model: nn.Module) -> None:
+        """Fold ``model``'s current parameters into the average."""
+        avg, cur = locals_of(self.tensors), locals_of([p.detach() for p in model.parameters()])
+        with torch.no_grad():
+            if self.n_averaged == 0:
+                torch._foreach_copy_(avg, cur)
+            else:
+                torch._foreach_lerp_(avg, cur, 1.0 / (self.n_averaged + 1))
+        self.n_averaged += 1
+
+    def copy_to(self, model: nn.Module) -> None:
+        """Write the averaged parameters into ``model``."""
+        with torch.no_grad():
+            torch._foreach_copy_(locals_of([p.detach() for p in model.parameters()]), locals_of(self.tensors))
+
+    def state_dict(self) -> dict[str, Any]:
+        """``{"params": {name: whole tensor}, "n_averaged": int}`` (the params load into the model with ``strict=False``)."""
+        return {"params": {n: gathered(t) for n, t in zip(self.names, self.tensors)}, "n_averaged": self.n_averaged}
+
+    def load_state_dict(self, state: Mapping[str, Any]) -> None:
+        """Restore :meth:`state_dict`'s state (into this process's shards under FSDP).
+
+        Raises:
+            KeyError: the saved parameter names differ from the model's (names the differences).
+        """
+        saved = state["params"]
+        if list(saved) != self.names:
+            missing, unexpected = sorted(set(self.names) - set(saved)), sorted(set(saved) - set(self.names))
+            raise KeyError(f"SWAHook: the saved average does not match the model (missing {missing}, unexpected {unexpected}); resume with the model it was saved from")
+        for t, name in zip(self.tensors, self.names):
+            load_into(t, saved[name])
+        self.n_averaged = int(state["n_averaged"])
 
 
 @HOOKS.register
@@ -128,8 +171,8 @@ class SWAHook(Hook):
         self.swa_lr = swa_lr
         self.anneal_epochs = anneal_epochs
         self.anneal_strategy = anneal_strategy
-        #: The average (``torch.optim.swa_utils.AveragedModel``), built when training starts.
-        self.averaged: AveragedModel | None = None
+        #: The average (:class:`Average`), built when training starts.
+        self.averaged: Average | None = None
         #: One ``SWALR`` per optimizer (``""`` for a single one), built when averaging begins.
         self.schedulers: dict[str, SWALR] = {}
         #: Whether the average has been copied into the model (the run's end).
@@ -149,14 +192,8 @@ class SWAHook(Hook):
                 "the average would never be updated. Lower begin_epoch or train longer"
             )
         self._warn_schedulers(trainer, len(loop.dataloader))
-        if any(type(p).__name__ == "DTensor" for p in trainer.unwrapped_model.parameters()):
-            raise ValueError(
-                f"SWAHook cannot average a sharded model (strategy={trainer.strategy.name!r}: its parameters are DTensors): torch's AveragedModel "
-                "keeps a copy of the module, and FSDP modules cannot be copied. Use strategy='ddp' (or 'single') for SWA, or EMAHook, which "
-                "averages the shards in place."
-            )
         if self.averaged is None:
-            self.averaged = AveragedModel(_copy_of(trainer.unwrapped_model))
+            self.averaged = Average(trainer.unwrapped_model)
         if self._pending is not None:
             pending, self._pending = self._pending, None
             self.averaged.load_state_dict(pending["averaged"])
@@ -177,7 +214,7 @@ class SWAHook(Hook):
         epoch = trainer.progress.epoch  # the epoch just finished, 1-based
         if epoch < self.begin_epoch or self.averaged is None:
             return
-        self.averaged.update_parameters(trainer.unwrapped_model)
+        self.averaged.update(trainer.unwrapped_model)
         for sched in self.schedulers.values():
             sched.step()
         if epoch >= self._max_epochs:
@@ -185,29 +222,22 @@ class SWAHook(Hook):
 
     def after_train(self, trainer: TrainerView) -> None:
         """A run stopped early, after averaging began: apply the average now."""
-        if self.averaged is not None and not self.applied and int(self.averaged.n_averaged) > 0:
+        if self.averaged is not None and not self.applied and self.averaged.n_averaged > 0:
             self.apply(trainer)
 
     def apply(self, trainer: TrainerView) -> None:
-        """Recompute the average's BatchNorm statistics over the training data and copy the average into the model."""
+        """Copy the average into the model and recompute its BatchNorm statistics over the training data."""
         assert self.averaged is not None
         model = trainer.unwrapped_model
         loop = require_train_loop(trainer, "SWAHook.apply")
         batches = getattr(loop.dataloader, "loader", loop.dataloader)  # the torch DataLoader: the run's data order is left alone
-        update_bn(batches, self.averaged.module, _base_forward)
-        averaged = self.averaged.module
-        with torch.no_grad():
-            for p, q in zip(model.parameters(), averaged.parameters()):
-                p.copy_(q)
-            for m, a in zip(model.modules(), averaged.modules()):
-                if isinstance(m, nn.modules.batchnorm._BatchNorm):
-                    for name, buf in m.named_buffers(recurse=False):
-                        buf.copy_(getattr(a, name))
+        self.averaged.copy_to(model)
+        update_bn(batches, model, _base_forward)
         self.applied = True
-        trainer.logger.info(f"SWAHook: the model now holds the average of {int(self.averaged.n_averaged)} epochs' weights, BatchNorm statistics recomputed")
+        trainer.logger.info(f"SWAHook: the model now holds the average of {self.averaged.n_averaged} epochs' weights, BatchNorm statistics recomputed")
 
     def state_dict(self) -> dict[str, Any]:
-        """The averaged model's state (parameters, buffers, ``n_averaged``), each SWALR's state, whether it was applied."""
+        """The average's state (its parameters, gathered whole, and ``n_averaged``), each SWALR's state, whether it was applied."""
         if self.averaged is None:
             return dict(self._pending) if self._pending is not None else {}
         return {

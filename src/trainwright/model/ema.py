@@ -9,6 +9,8 @@ from typing import Any
 import torch
 from torch import nn
 
+from trainwright.dist.shards import gathered, is_sharded, load_into, locals_of
+
 
 class ExponentialMovingAverage:
     """A float32 running average of a model's parameters (and optionally its buffers).
@@ -72,7 +74,7 @@ class ExponentialMovingAverage:
                 self.averaged[key] = t.to(device=self.device or t.device, dtype=dtype, copy=True)
                 (self._avg_keys if averaged else self._copy_keys).append(key)
         #: Whether the model is sharded (DTensor entries): the foreach kernels then run on each process's shards.
-        self.sharded = any(_is_dtensor(t) for t in self.averaged.values())
+        self.sharded = any(is_sharded(t) for t in self.averaged.values())
         self._avg = self._locals([self.averaged[k] for k in self._avg_keys])
         self._copied = self._locals([self.averaged[k] for k in self._copy_keys])
 
@@ -145,7 +147,7 @@ class ExponentialMovingAverage:
     def state_dict(self) -> dict[str, Any]:
         """The step count and the averaged tensors (references, as ``nn.Module.state_dict``; a sharded average: gathered full tensors)."""
         if self.sharded:
-            return {"steps": self.steps, "averaged": {k: v.full_tensor() if _is_dtensor(v) else v for k, v in self.averaged.items()}}  # type: ignore[attr-defined]
+            return {"steps": self.steps, "averaged": {k: gathered(v) for k, v in self.averaged.items()}}
         return {"steps": self.steps, "averaged": dict(self.averaged)}
 
     def load_state_dict(self, state_dict: Mapping[str, Any]) -> None:
@@ -168,7 +170,7 @@ class ExponentialMovingAverage:
             raise ValueError("Shape mismatch loading the EMA state (build the EMA from the same model that was saved): " + "; ".join(bad))
         with torch.no_grad():
             for key, tensor in self.averaged.items():
-                _load_into(tensor, saved[key])
+                load_into(tensor, saved[key])
         self.steps = int(state_dict["steps"])
 
     def _source(self, model: nn.Module) -> dict[str, torch.Tensor]:
@@ -188,25 +190,10 @@ class ExponentialMovingAverage:
 
     def _locals(self, tensors: list[torch.Tensor]) -> list[torch.Tensor]:
         """``tensors`` as the foreach kernels take them: each DTensor's local shard (a view: in-place updates reach it)."""
-        return [t.to_local() if _is_dtensor(t) else t for t in tensors] if self.sharded else tensors  # type: ignore[attr-defined]
+        return locals_of(tensors) if self.sharded else tensors
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}(momentum={self.momentum}, interval={self.interval}, update_buffers={self.update_buffers}, steps={self.steps})"
-
-
-def _is_dtensor(t: torch.Tensor) -> bool:
-    """Whether ``t`` is a ``torch.distributed.tensor.DTensor`` (without importing torch.distributed)."""
-    return type(t).__name__ == "DTensor" and hasattr(t, "to_local")
-
-
-def _load_into(target: torch.Tensor, saved: torch.Tensor) -> None:
-    """Copy ``saved`` into ``target``; a full tensor into a DTensor goes to this process's shard of it (no communication)."""
-    if _is_dtensor(target) and not _is_dtensor(saved):
-        from torch.distributed.tensor import distribute_tensor
-
-        mesh, placements = target.device_mesh, target.placements  # type: ignore[attr-defined]
-        saved = distribute_tensor(saved.to(device=target.device, dtype=target.dtype), mesh, placements, src_data_rank=None)
-    target.copy_(saved)
 
 
 def _like(src: torch.Tensor, ref: torch.Tensor) -> torch.Tensor:

@@ -1,0 +1,46 @@
+"""Tensors that may be sharded (``DTensor``: FSDP2 and tensor-parallel parameters): the local shard, the gathered whole, a whole loaded into a shard.
+
+Elementwise work on a model's weights (averages, copies) runs on each process's local shards:
+no communication, and the shards together are the result for the whole tensor. What leaves
+the run (a checkpoint entry) is gathered, so it loads at any world size or unsharded.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import torch
+
+
+def is_sharded(t: torch.Tensor) -> bool:
+    """Whether ``t`` is a ``torch.distributed.tensor.DTensor``."""
+    return type(t).__name__ == "DTensor" and hasattr(t, "to_local")
+
+
+def local(t: torch.Tensor) -> torch.Tensor:
+    """This process's shard of ``t`` (a view: in-place changes reach ``t``); ``t`` itself when it is not sharded."""
+    return t.to_local() if is_sharded(t) else t  # type: ignore[attr-defined, no-any-return]
+
+
+def locals_of(tensors: Sequence[torch.Tensor]) -> list[torch.Tensor]:
+    """:func:`local` of each tensor (for the ``torch._foreach_*`` kernels, which take no DTensors)."""
+    return [local(t) for t in tensors]
+
+
+def gathered(t: torch.Tensor) -> torch.Tensor:
+    """The whole of ``t`` on every process (a collective when it is sharded: every process calls it); ``t`` itself otherwise."""
+    return t.full_tensor() if is_sharded(t) else t  # type: ignore[attr-defined, no-any-return]
+
+
+def load_into(target: torch.Tensor, saved: torch.Tensor) -> None:
+    """Copy ``saved`` into ``target``; a whole tensor into a sharded one goes to this process's shard of it (no communication)."""
+    if is_sharded(target) and not is_sharded(saved):
+        from torch.distributed.tensor import distribute_tensor
+
+        mesh, placements = target.device_mesh, target.placements  # type: ignore[attr-defined]
+        saved = distribute_tensor(saved.to(device=target.device, dtype=target.dtype), mesh, placements, src_data_rank=None)
+    with torch.no_grad():
+        target.copy_(saved)
+
+
+__all__ = ["gathered", "is_sharded", "load_into", "local", "locals_of"]
