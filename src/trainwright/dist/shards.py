@@ -28,8 +28,12 @@ def locals_of(tensors: Sequence[torch.Tensor]) -> list[torch.Tensor]:
 
 
 def gathered(t: torch.Tensor) -> torch.Tensor:
-    """The whole of ``t`` on every process (a collective when it is sharded: every process calls it); ``t`` itself otherwise."""
-    return t.full_tensor() if is_sharded(t) else t  # type: ignore[attr-defined, no-any-return]
+    """The whole of ``t`` on every process, on the CPU, when it is sharded (a collective: every process calls it); ``t`` itself otherwise.
+
+    Moved to the CPU at once, so gathering a model's worth of tensors one by one holds one whole
+    tensor at a time on the device (the whole model's worth then sits in each process's host memory).
+    """
+    return t.full_tensor().cpu() if is_sharded(t) else t  # type: ignore[attr-defined, no-any-return]
 
 
 def load_into(target: torch.Tensor, saved: torch.Tensor) -> None:
