@@ -204,7 +204,7 @@ def trainwright_loop(s: Setup, init: dict, data: Subset, compiled: bool, work_di
     return watch.t1 - watch.t0, watch.t1 - watch.t_start, trainer.metric_store.get("loss").latest, watch.c1 - watch.c0
 
 
-#: What trainwright logged in the last line of each side's last run (``tflops``, ``mfu``: the FlopsHook's; absent when compiled).
+#: What trainwright logged in the last line of each side's last run (``tflops``, ``mfu``: the FlopsHook's).
 LOGGED: dict[str, dict[str, float]] = {}
 
 

@@ -281,17 +281,62 @@ def test_peak_tflops_must_be_a_positive_number(trainer_factory: Any) -> None:
 # -- compiled models ------------------------------------------------------------------------------
 
 
-def test_compiled_model_is_not_counted_and_the_log_says_why(trainer_factory: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    """torch.compile stops compiling code first run under a dispatch mode: the counter never wraps a compiled model."""
+class RecordingBackend:
+    """A torch.compile backend that notes each graph it is given and runs it as traced (no code generation)."""
+
+    def __init__(self) -> None:
+        self.graphs = 0
+
+    def __call__(self, gm: torch.fx.GraphModule, example_inputs: Any) -> Any:
+        self.graphs += 1
+        return gm.forward
+
+
+def _compiled_trainer(trainer_factory: Any, work_dir: Path, backend: Any, **kw: Any) -> tw.Trainer:
+    kw.setdefault("default_hooks", dict(checkpoint=dict(interval=1), logger=dict(interval=2, flush_secs=0), flops=dict(peak_tflops=1.0)))
+    return trainer_factory(
+        work_dir=work_dir, model=Linears(), dataset=regression_set(16), batch_size=4, compile=dict(backend=backend), log_level="INFO",
+        optim_wrapper=dict(optimizer=dict(type="SGD", lr=0.002, momentum=0.9), compile=dict(backend=backend)), **kw,
+    )
+
+
+def test_a_compiled_run_counts_its_first_iteration_eagerly_then_compiles(trainer_factory: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The counted iteration runs eagerly (dynamo would give up on code first run under the counter); the next ones are compiled."""
     monkeypatch.setenv("TMPDIR", str(tmp_path))
     PROBE_COUNTS.clear()
-    t = trainer_factory(
-        model=Linears(), dataset=regression_set(16), batch_size=4, compile=dict(backend="eager"), log_level="INFO",
-        default_hooks=dict(checkpoint=None, logger=dict(interval=2), flops=dict(peak_tflops=1.0)),
-    )
+    backend = RecordingBackend()
+    t = _compiled_trainer(trainer_factory, tmp_path / "a", backend, train_cfg=dict(by_epoch=True, max_epochs=2))
     t.train()
-    assert PROBE_COUNTS == []
-    assert t.log_lines.flops is None
-    assert all("tflops" not in r and "mfu" not in r for r in train_records(t.run_dir))
-    log = (t.run_dir / "train.log").read_text()
-    assert log.count("records carry no tflops / mfu in this run: the model is compiled with torch.compile") == 1
+    assert len(PROBE_COUNTS) == 1  # counted once, eagerly (the probe runs inside the model's forward)
+    assert backend.graphs >= 2  # the model and the optimizer step were compiled after it
+    params = sum(p.numel() for p in t.unwrapped_model.parameters())
+    recs = train_records(t.run_dir)
+    assert recs and all(r["tflops"] == pytest.approx(6 * params * 4 / r["time"] / 1e12, rel=0.02) and r["mfu"] == pytest.approx(r["tflops"]) for r in recs)
+    assert "records carry no tflops" not in (t.run_dir / "train.log").read_text()
+    t.train()  # a second train() of the same run reuses the count: no eager iteration
+    assert len(PROBE_COUNTS) == 1
+
+
+def test_a_resumed_compiled_run_reuses_the_checkpoints_count_and_equals_the_uninterrupted_run(trainer_factory: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("TMPDIR", str(tmp_path))
+    PROBE_COUNTS.clear()
+    full = _compiled_trainer(trainer_factory, tmp_path / "full", RecordingBackend(), train_cfg=dict(by_epoch=True, max_epochs=2))
+    full.train()
+    assert len(PROBE_COUNTS) == 1
+    resumed = _compiled_trainer(trainer_factory, tmp_path / "resumed", RecordingBackend(), train_cfg=dict(by_epoch=True, max_epochs=2),
+                                resume=str(full.ckpt_dir / "epoch_1.pth"))
+    resumed.train()
+    assert len(PROBE_COUNTS) == 1  # not counted again: the count came with the checkpoint
+    assert [r["tflops"] for r in train_records(resumed.run_dir)][-1] > 0
+    for a, b in zip(full.unwrapped_model.parameters(), resumed.unwrapped_model.parameters()):
+        assert torch.equal(a, b)
+    # a checkpoint without a count (written with the hook off): no eager iteration, no tflops, and the log says why
+    off = _compiled_trainer(trainer_factory, tmp_path / "off", RecordingBackend(), train_cfg=dict(by_epoch=True, max_epochs=1),
+                            default_hooks=dict(checkpoint=dict(interval=1), flops=None))
+    off.train()
+    later = _compiled_trainer(trainer_factory, tmp_path / "later", RecordingBackend(), train_cfg=dict(by_epoch=True, max_epochs=2),
+                              resume=str(off.ckpt_dir / "epoch_1.pth"))
+    later.train()
+    assert len(PROBE_COUNTS) == 1
+    assert all("tflops" not in r for r in train_records(later.run_dir))
+    assert "the checkpoint it resumed from holds no FLOP count" in (later.run_dir / "train.log").read_text()

@@ -88,7 +88,11 @@ def test_regional_compile_trains_as_eager(tmp_path: Path, ac: bool) -> None:
         states[name] = _train(_trainer(tmp_path / name, 4, compile=compile, custom_hooks=[hook], **extra))
         records[name] = hook.losses
         calls = list(COMPILED_CALLS)
-        assert calls and all(calls) == (name == "compiled"), calls  # each block ran compiled (or eager) every time
+        blocks = 2  # the model's depth (_trainer)
+        if name == "compiled":  # the first iteration runs eagerly (the FlopsHook counts it), every later block call compiled
+            assert not any(calls[:blocks]) and all(calls[blocks:]) and len(calls) > blocks, calls
+        else:
+            assert calls and not any(calls), calls
     assert records["compiled"] == pytest.approx(records["eager"], abs=TOL)
     _assert_close(states["compiled"], states["eager"], TOL)
 

@@ -3,11 +3,14 @@
 The first iteration of each ``train()`` runs under ``torch.utils.flop_counter.FlopCounterMode``
 (a dispatch mode that reads shapes only: no host sync, same numbers); the count goes to
 ``trainer.log_lines`` (:class:`~trainwright.logging.flops.StepFlops`), which turns it into
-each record's ``tflops`` and ``mfu``. The hook is called at that one iteration only.
+each record's ``tflops`` and ``mfu``. The hook is called at that one iteration only. A compiled
+run counts its first iteration run eagerly, once, and keeps the count in its checkpoints.
 """
 
 from __future__ import annotations
 
+import contextlib
+from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
 import torch
@@ -42,12 +45,19 @@ class FlopsHook(Hook):
       allows it; float8 runs against the bf16 peak, as torchtitan does).
 
     Without a known peak (a CPU, a GPU missing from the table) records carry ``tflops`` and
-    no ``mfu``, and the trainer's logger says so once. A compiled model or optimizer step
-    is not counted: ``torch.compile`` gives up compiling code that first runs under a
-    dispatch mode (it would run eagerly for the rest of the process), so records then carry
-    neither field and the logger says so once. A ``torch.compile``d function called inside
-    ``forward`` cannot be seen before the run: switch the hook off for such a model
-    (``default_hooks=dict(flops=None)``), or that function runs eagerly.
+    no ``mfu``, and the trainer's logger says so once.
+
+    A compiled run (``compile=``, a compiled optimizer step) is counted too: ``torch.compile``
+    gives up compiling code that first runs under a dispatch mode, so the counted iteration
+    runs eagerly (``torch.compiler.set_stance("force_eager")``; a compiled optimizer step runs
+    the optimizer's own step) and compilation starts at the next one. That happens once per
+    run, at its first iteration: the count is kept in the hook's state (checkpoints hold it),
+    so a later ``train()`` and a resumed run reuse it and run no iteration eagerly (a resumed
+    run therefore equals the uninterrupted one bit for bit). A compiled run resumed from a
+    checkpoint without a count carries no ``tflops`` / ``mfu``, and the logger says why. A
+    ``torch.compile``d function called inside ``forward`` that the hook cannot see (compiled
+    parts are found on the model and optim wrapper) would run eagerly for the rest of the process:
+    switch the hook off for such a model (``default_hooks=dict(flops=None)``).
 
     Args:
         peak_tflops: The device's dense peak TFLOP/s at the run's precision; overrides the
@@ -63,23 +73,29 @@ class FlopsHook(Hook):
         self._window = range(0)  # the iteration counted in this train() (empty: none)
         self._peak: float | None = None
         self._counter: FlopCounterMode | None = None
+        self._eager: contextlib.ExitStack | None = None  # a compiled run's counted iteration: run eagerly
+        self._compiled: list[str] = []  # what of this train() is compiled (see _compiled_parts)
+        #: ``(flops, samples)`` of the counted iteration (None: not counted yet); the hook's state.
+        self.count: tuple[int, int | None] | None = None
         self._said: set[str] = set()  # messages already logged (once per hook)
 
     def before_train(self, trainer: TrainerView) -> None:  # noqa: D102
         trainer.log_lines.flops = None
         self._window = range(0)
-        compiled = _compiled_parts(trainer.unwrapped_model, trainer.optim_wrapper)
-        if compiled:
+        self._peak = self.peak_tflops if self.peak_tflops is not None else self._table_peak(trainer)
+        self._compiled = _compiled_parts(trainer.unwrapped_model, trainer.optim_wrapper)
+        if self._compiled and self.count is not None:  # counted earlier in this run, or restored from its checkpoint
+            trainer.log_lines.flops = StepFlops(self.count[0], self.count[1], self._peak)
+            return
+        if self._compiled and trainer.progress.iteration > 0:
             self._say(
-                trainer, "compiled",
-                f"FlopsHook: records carry no tflops / mfu in this run: {' and '.join(compiled)} {'are' if len(compiled) > 1 else 'is'} compiled with torch.compile, and FLOPs are "
-                "counted under torch.utils.flop_counter.FlopCounterMode, under which torch.compile would give up compiling (the code would "
-                "run eagerly for the rest of the process). To see tflops / mfu, run a few iterations without compile; to silence this, "
-                "default_hooks=dict(flops=None).",
+                trainer, "resumed",
+                f"FlopsHook: records carry no tflops / mfu in this run: {' and '.join(self._compiled)} {'are' if len(self._compiled) > 1 else 'is'} compiled, "
+                "and the checkpoint it resumed from holds no FLOP count (counting now would run one iteration eagerly, and the resumed run would "
+                "no longer equal an uninterrupted one). A run started from iteration 0 counts its first iteration and keeps the count in its checkpoints.",
                 warn=self.peak_tflops is not None,
             )
             return
-        self._peak = self.peak_tflops if self.peak_tflops is not None else self._table_peak(trainer)
         first = trainer.progress.iteration + 1
         self._window = range(first, first + 1)
 
@@ -87,6 +103,13 @@ class FlopsHook(Hook):
         return self._window  # called around the counted iteration only
 
     def before_train_iter(self, trainer: TrainerView, batch_idx: int, data_batch: Any = None) -> None:  # noqa: D102
+        if self._compiled:  # under the counter compiled code must run eagerly (dynamo would give up compiling it for good)
+            self._eager = contextlib.ExitStack()
+            self._eager.enter_context(torch.compiler.set_stance("force_eager"))
+            for ow in optim_wrappers_of(trainer.optim_wrapper).values():
+                step = getattr(ow, "compiled_step", None)
+                if step is not None:
+                    self._eager.enter_context(step.eager())
         self._counter = flop_counter()
         self._counter.__enter__()
 
@@ -97,7 +120,16 @@ class FlopsHook(Hook):
         if flops == 0:
             self._say(trainer, "zero", "FlopsHook: the first iteration ran no op that torch.utils.flop_counter counts (matmuls, convolutions, attention): records carry no tflops / mfu.")
             return
-        trainer.log_lines.flops = StepFlops(flops, batch_size(data_batch), self._peak)
+        self.count = (flops, batch_size(data_batch))
+        trainer.log_lines.flops = StepFlops(flops, self.count[1], self._peak)
+
+    def state_dict(self) -> dict[str, Any]:
+        """The count (``flops``, ``samples``) once taken: a resumed compiled run reuses it instead of running an iteration eagerly."""
+        return {} if self.count is None else {"flops": self.count[0], "samples": self.count[1]}
+
+    def load_state_dict(self, state_dict: Mapping[str, Any]) -> None:
+        """Restore :meth:`state_dict`'s count (an empty state: none)."""
+        self.count = (int(state_dict["flops"]), state_dict.get("samples")) if state_dict.get("flops") else None
 
     def after_train(self, trainer: TrainerView) -> None:  # noqa: D102
         self._stop()  # the counted iteration raised or was cut short: leave the mode
@@ -106,12 +138,14 @@ class FlopsHook(Hook):
         self._stop()
 
     def _stop(self) -> int | None:
-        """Leave the counting mode; the FLOPs counted (None: it was not entered)."""
+        """Leave the counting mode (and a compiled run's eager iteration); the FLOPs counted (None: it was not entered)."""
         counter, self._counter = self._counter, None
-        if counter is None:
-            return None
-        counter.__exit__(None, None, None)
-        return int(counter.get_total_flops())
+        eager, self._eager = self._eager, None
+        if counter is not None:
+            counter.__exit__(None, None, None)
+        if eager is not None:
+            eager.close()
+        return None if counter is None else int(counter.get_total_flops())
 
     def _table_peak(self, trainer: TrainerView) -> float | None:
         """The table's peak for this process's device and the run's precision (None, said once, when unknown)."""

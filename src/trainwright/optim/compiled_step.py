@@ -12,8 +12,9 @@ betas, weight decay) stay floats: scheduling them recompiles the step.
 
 from __future__ import annotations
 
+import contextlib
 import warnings
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from typing import Any
 
 import torch
@@ -38,11 +39,24 @@ class CompiledStep:
         self.kwargs = dict(kwargs or {})
         self._compiled = torch.compile(self.eager_step, **self.kwargs)
         self._lrs: list[torch.Tensor | None] = []
+        #: True: the next calls run the optimizer's own eager step, floats as they are (see :meth:`eager`).
+        self.run_eagerly = False
+
+    @contextlib.contextmanager
+    def eager(self) -> Iterator[None]:
+        """Inside, the step runs eagerly (the optimizer's own step, its ``lr`` floats untouched): e.g. one iteration counted by the FlopsHook."""
+        before, self.run_eagerly = self.run_eagerly, True
+        try:
+            yield
+        finally:
+            self.run_eagerly = before
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         """Step with each group's ``lr`` as a tensor (one per group, reused: no recompilation when it changes)."""
         if args or kwargs:
             raise TypeError("the compiled optimizer step takes no closure or arguments; drop optim_wrapper compile=True to pass them")
+        if self.run_eagerly:
+            return self.eager_step()
         groups = self.optimizer.param_groups
         lrs = self._lrs
         if len(lrs) != len(groups):  # first call, or a group was added: new tensors (compiled again once)
