@@ -107,7 +107,8 @@ def run(out: Path, spec: str) -> None:
     if o.get("weights") == "1":
         trainer.save_weights(out / name / "weights.safetensors")
     full = trainer.strategy.full_model_state_dict()
-    averaged = ema.state_dict()["averaged"] if ema is not None and ema.ema is not None else {}  # gathered: a collective on every rank
+    averaged = ema.state_dict()["averaged"] if ema is not None and ema.ema is not None else {}  # DTensors under FSDP: whole ones below (a collective)
+    averaged = {k: v.full_tensor() if hasattr(v, "full_tensor") else v for k, v in averaged.items()}
     ow = trainer.optim_wrapper
     result = {
         "params": {k: v.detach().clone() for k, v in full.items()},

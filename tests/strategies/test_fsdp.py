@@ -50,7 +50,8 @@ def out(tmp_path_factory: pytest.TempPathFactory) -> Path:
     # one process resumes the 2-process checkpoint: without a process group (single), and as a 1-process FSDP run
     # ... and the async checkpoint of iteration 6
     _launch(out, [f"E:single:16:8:clip=0.5:resume={ckpts / 'iter_4.dcp'}", "S:single:16:8:clip=0.5:resume=1", "D:fsdp:16:8:clip=0.5:save=4:resume=1:work=C",
-                  f"K:single:16:8:clip=0.5:resume={out / 'A' / 'checkpoints' / 'iter_6.dcp'}"], 1)
+                  f"K:single:16:8:clip=0.5:resume={out / 'A' / 'checkpoints' / 'iter_6.dcp'}",
+                  f"J:single:16:8:ema=1:resume={out / 'X' / 'checkpoints' / 'iter_4.dcp'}"], 1)
     return out
 
 
@@ -229,10 +230,10 @@ def test_ema_hook_under_fsdp_averages_the_shards_and_resumes(out: Path) -> None:
     """EMAHook on a sharded model: each rank averages its shards; the gathered average equals one process's, also resumed from a sharded checkpoint."""
     reference = _result(out, "V")["ema"]
     assert reference.keys() == {"l1.weight", "l1.bias", "l2.weight", "l2.bias"}
-    for name in ("X", "Y"):  # two processes; two processes resumed at iteration 4 (the average's state came through the checkpoint)
+    for name in ("X", "Y", "J"):  # two processes; resumed at iteration 4 by two processes and by one (the average came through the DCP files)
         got = _result(out, name)
         assert got["iteration"] == 8 and got["error"] is None
-        assert (got["restored"] or "").endswith("iter_4.dcp") == (name == "Y")  # Y trained iterations 5-8 only: its average at 4 came from X's checkpoint
+        assert (got["restored"] or "").endswith("iter_4.dcp") == (name != "X")  # Y and J trained iterations 5-8 only: the average at 4 came from X's checkpoint
         for k, v in reference.items():
             torch.testing.assert_close(got["ema"][k], v, atol=ATOL, rtol=0, msg=f"{name} {k}")  # measured: within 3e-8
 

@@ -1,8 +1,9 @@
-"""Tensors that may be sharded (``DTensor``: FSDP2 and tensor-parallel parameters): the local shard, the gathered whole, a whole loaded into a shard.
+"""Tensors that may be sharded (``DTensor``: FSDP2 and tensor-parallel parameters): the local shard, a whole tensor loaded into a shard.
 
 Elementwise work on a model's weights (averages, copies) runs on each process's local shards:
-no communication, and the shards together are the result for the whole tensor. What leaves
-the run (a checkpoint entry) is gathered, so it loads at any world size or unsharded.
+no communication, and the shards together are the result for the whole tensor. A sharded
+checkpoint writes such DTensors with the model's shards (DCP) and reads them back whole, each
+process keeping its shard (:func:`load_into`).
 """
 
 from __future__ import annotations
@@ -27,15 +28,6 @@ def locals_of(tensors: Sequence[torch.Tensor]) -> list[torch.Tensor]:
     return [local(t) for t in tensors]
 
 
-def gathered(t: torch.Tensor) -> torch.Tensor:
-    """The whole of ``t`` on every process, on the CPU, when it is sharded (a collective: every process calls it); ``t`` itself otherwise.
-
-    Moved to the CPU at once, so gathering a model's worth of tensors one by one holds one whole
-    tensor at a time on the device (the whole model's worth then sits in each process's host memory).
-    """
-    return t.full_tensor().cpu() if is_sharded(t) else t  # type: ignore[attr-defined, no-any-return]
-
-
 def load_into(target: torch.Tensor, saved: torch.Tensor) -> None:
     """Copy ``saved`` into ``target``; a whole tensor into a sharded one goes to this process's shard of it (no communication)."""
     if is_sharded(target) and not is_sharded(saved):
@@ -47,4 +39,4 @@ def load_into(target: torch.Tensor, saved: torch.Tensor) -> None:
         target.copy_(saved)
 
 
-__all__ = ["gathered", "is_sharded", "load_into", "local", "locals_of"]
+__all__ = ["is_sharded", "load_into", "local", "locals_of"]

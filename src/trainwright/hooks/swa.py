@@ -16,7 +16,7 @@ import torch
 from torch import nn
 from torch.optim.swa_utils import SWALR
 
-from trainwright.dist.shards import gathered, load_into, locals_of
+from trainwright.dist.shards import load_into, locals_of
 
 from trainwright.hooks.hook import Hook
 from trainwright.hooks.view import require_train_loop
@@ -69,8 +69,8 @@ class Average:
 
     The first :meth:`update` copies the parameters; the n-th (n > 1) moves the average by
     1/n towards them (``torch._foreach_lerp_``). The tensors are the parameters' own kind: under
-    FSDP each process keeps and updates its shards (no communication); :meth:`state_dict`
-    gathers them (a collective: every process calls it, as checkpoints do).
+    FSDP each process keeps and updates its shards (no communication), and a sharded checkpoint
+    writes them with the model's shards (DCP).
     """
 
     def __init__(self, model: nn.Module) -> None:
@@ -98,8 +98,8 @@ class Average:
             torch._foreach_copy_(locals_of([p.detach() for p in model.parameters()]), locals_of(self.tensors))
 
     def state_dict(self) -> dict[str, Any]:
-        """``{"params": {name: whole tensor}, "n_averaged": int}`` (the params load into the model with ``strict=False``)."""
-        return {"params": {n: gathered(t) for n, t in zip(self.names, self.tensors)}, "n_averaged": self.n_averaged}
+        """``{"params": {name: tensor}, "n_averaged": int}``: references, as ``nn.Module.state_dict`` (DTensors under FSDP; the params load into the model with ``strict=False``)."""
+        return {"params": dict(zip(self.names, self.tensors)), "n_averaged": self.n_averaged}
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
         """Restore :meth:`state_dict`'s state (into this process's shards under FSDP).
@@ -237,7 +237,7 @@ class SWAHook(Hook):
         trainer.logger.info(f"SWAHook: the model now holds the average of {self.averaged.n_averaged} epochs' weights, BatchNorm statistics recomputed")
 
     def state_dict(self) -> dict[str, Any]:
-        """The average's state (its parameters, gathered whole, and ``n_averaged``), each SWALR's state, whether it was applied."""
+        """The average's state (its parameters and ``n_averaged``), each SWALR's state, whether it was applied."""
         if self.averaged is None:
             return dict(self._pending) if self._pending is not None else {}
         return {

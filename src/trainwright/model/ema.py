@@ -9,7 +9,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from trainwright.dist.shards import gathered, is_sharded, load_into, locals_of
+from trainwright.dist.shards import is_sharded, load_into, locals_of
 
 
 class ExponentialMovingAverage:
@@ -31,9 +31,9 @@ class ExponentialMovingAverage:
 
     A sharded model (FSDP2: parameters are DTensors) keeps a sharded average: each process
     averages its own shard (the average is elementwise, so the shards together are the
-    average of the whole), and :meth:`state_dict` gathers full tensors (a collective: every
-    process calls it, as checkpoints do), so a checkpoint's average loads at any world size
-    and into an unsharded model.
+    average of the whole). :meth:`state_dict` holds those DTensors, which a sharded checkpoint
+    writes with the model's shards (DCP), so it loads at any world size and into an unsharded
+    model; :meth:`load_state_dict` takes DTensors or whole tensors.
 
     Args:
         model: The module to average (the user's module, not a DDP / compile wrapper, so that
@@ -145,9 +145,7 @@ class ExponentialMovingAverage:
             self.swap_out(model)
 
     def state_dict(self) -> dict[str, Any]:
-        """The step count and the averaged tensors (references, as ``nn.Module.state_dict``; a sharded average: gathered full tensors)."""
-        if self.sharded:
-            return {"steps": self.steps, "averaged": {k: gathered(v) for k, v in self.averaged.items()}}
+        """The step count and the averaged tensors (references, as ``nn.Module.state_dict``: a sharded model's are DTensors, like its own state dict's)."""
         return {"steps": self.steps, "averaged": dict(self.averaged)}
 
     def load_state_dict(self, state_dict: Mapping[str, Any]) -> None:

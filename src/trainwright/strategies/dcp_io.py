@@ -12,6 +12,7 @@ remote directory without it is incomplete (and skipped by resume).
 
 from __future__ import annotations
 
+import json
 import os
 import secrets
 import shutil
@@ -179,8 +180,18 @@ def load_full(path: str | os.PathLike[str] | RemotePath) -> dict[str, Any]:
     return merge(state, sharded)
 
 
+EXTRA = "extra"
+"""The part of the DCP files holding sharded tensors from outside the model and optimizers (an EMA or SWA average of FSDP shards)."""
+_EXTRA_PATHS = "_dcp_extra"  # the key of trainer_state.pth listing where those tensors belong
+
+
 def split(state: Mapping[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
-    """``(sharded, rest)``: the model and optimizer states for DCP, everything else for ``trainer_state.pth``."""
+    """``(sharded, rest)``: the model and optimizer states for DCP, everything else for ``trainer_state.pth``.
+
+    A DTensor anywhere else in the state (a hook's average of the model's shards) goes to DCP
+    too, under :data:`EXTRA`, keyed by its path: nothing sharded is pickled into ``trainer_state.pth``
+    (rank 0 alone writes it), and nothing is gathered to save it.
+    """
     rest = dict(state)
     sharded: dict[str, Any] = {"model": rest.pop("model")}
     ow = rest.get("optim_wrapper")
@@ -196,12 +207,59 @@ def split(state: Mapping[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
                     sharded["optim"][name] = sub.pop("optimizer")
                     ow[name] = sub
         rest["optim_wrapper"] = ow
+    extras: dict[str, Any] = {}
+    rest = _pull_sharded(rest, (), extras)
+    if extras:
+        sharded[EXTRA] = extras
+        rest[_EXTRA_PATHS] = sorted(extras)
     return sharded, rest
 
 
+def _pull_sharded(obj: Any, path: tuple[str, ...], out: dict[str, Any]) -> Any:
+    """``obj`` with each DTensor leaf moved into ``out`` (key: the JSON of its path of mapping keys) and None left in its place.
+
+    Only the mappings on a path to a DTensor are copied (as dicts); everything else is ``obj``'s own.
+    """
+    if type(obj).__name__ == "DTensor":
+        out[json.dumps(path)] = obj
+        return None
+    if not isinstance(obj, Mapping):
+        return obj
+    before = len(out)
+    pulled = {k: _pull_sharded(v, (*path, k), out) if isinstance(k, str) else v for k, v in obj.items()}
+    return pulled if len(out) > before else obj
+
+
+def has_extras(rest: Mapping[str, Any]) -> bool:
+    """Whether a checkpoint's ``trainer_state.pth`` (``rest``) names :data:`EXTRA` tensors in the DCP files."""
+    return bool(rest.get(_EXTRA_PATHS))
+
+
+def extra_templates(path: Location) -> dict[str, torch.Tensor]:
+    """Whole (unsharded) CPU tensors shaped as the checkpoint's :data:`EXTRA` entries, for ``dcp.load`` to fill on every process.
+
+    Raises:
+        CheckpointError: the metadata is missing or unreadable.
+    """
+    from torch.distributed.checkpoint.metadata import TensorStorageMetadata
+
+    meta = storage_reader(path).read_metadata()
+    prefix = EXTRA + "."
+    return {k[len(prefix):]: torch.empty(tuple(v.size), dtype=v.properties.dtype) for k, v in meta.state_dict_metadata.items()
+            if k.startswith(prefix) and isinstance(v, TensorStorageMetadata)}
+
+
 def merge(rest: dict[str, Any], sharded: Mapping[str, Any]) -> dict[str, Any]:
-    """The inverse of :func:`split`."""
+    """The inverse of :func:`split` (each :data:`EXTRA` tensor back at its path)."""
     out = dict(rest)
+    extras = dict(sharded.get(EXTRA, {}))
+    for key in out.pop(_EXTRA_PATHS, []):
+        *parents, leaf = json.loads(key)
+        node = out
+        for name in parents:
+            node[name] = dict(node[name])  # copies along the path: the caller's dicts stay as they were
+            node = node[name]
+        node[leaf] = extras[key]
     out["model"] = sharded["model"]
     for name, opt in dict(sharded.get("optim", {})).items():
         if name:
