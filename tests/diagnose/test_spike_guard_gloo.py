@@ -1,7 +1,8 @@
 """Spike guard under 2 gloo processes: a spike on rank 1 only makes both ranks skip (DDP), or roll back (DDP and FSDP, in memory
-and from a sharded checkpoint on disk); weights equal across ranks, across strategies and to a reference loop.
+and from a sharded checkpoint on disk, also one still written in the background); weights equal across ranks, across strategies
+and to a reference loop.
 
-One torchrun start runs the four trainings (spike_rank_train.py).
+One torchrun start runs the five trainings (spike_rank_train.py).
 """
 
 from __future__ import annotations
@@ -17,7 +18,8 @@ from launch import launch
 
 SCRIPT = Path(__file__).with_name("spike_rank_train.py")
 pytestmark = [pytest.mark.multiprocess, pytest.mark.slow]
-RUNS = ["skip:ddp:skip", "ddp_mem:ddp:rollback:capture=4", "fsdp_mem:fsdp:rollback:capture=4", "fsdp_disk:fsdp:rollback:save=4"]
+RUNS = ["skip:ddp:skip", "ddp_mem:ddp:rollback:capture=4", "fsdp_mem:fsdp:rollback:capture=4", "fsdp_disk:fsdp:rollback:save=4",
+        "fsdp_async:fsdp:rollback:save=4:async=1"]
 
 
 @pytest.fixture(scope="module")
@@ -65,16 +67,19 @@ def test_a_spike_on_one_rank_skips_the_update_on_both(out: Path) -> None:
 
 def test_rollback_under_fsdp_equals_ddp_in_memory_and_from_a_sharded_checkpoint(out: Path) -> None:
     """Spikes at iterations 6 and 14: each run goes back to iteration 4 / 12 (capture_every=4, or the .dcp checkpoints saved every 4)
-    and skips the updates of 5-6 / 13-14. FSDP (both ways) equals DDP bitwise; DDP equals one process skipping those batches."""
+    and skips the updates of 5-6 / 13-14. FSDP (every way) equals DDP bitwise; DDP equals one process skipping those batches.
+    With async_save the checkpoint of iteration 4 is still being written at the spike: the rollback waits for it (it used to
+    find none and stop the run, or go back to an older one)."""
     ddp = _results(out, "ddp_mem")
     assert all(torch.equal(ddp[0]["params"][k], ddp[1]["params"][k]) for k in ddp[0]["params"])
-    for name in ("ddp_mem", "fsdp_mem", "fsdp_disk"):
+    for name in ("ddp_mem", "fsdp_mem", "fsdp_disk", "fsdp_async"):
         for rank, r in enumerate(_results(out, name)):
             assert (r["skipped"], r["rollbacks"], r["iteration"]) == (2, 2, 16), (name, rank, r)
-    for name in ("fsdp_mem", "fsdp_disk"):
+    for name in ("fsdp_mem", "fsdp_disk", "fsdp_async"):
         fsdp = _results(out, name)[0]["params"]  # gathered on rank 0
         assert fsdp.keys() == ddp[0]["params"].keys()
         for k, v in ddp[0]["params"].items():
             assert torch.equal(fsdp[k], v), (name, k)
-    assert sorted(p.name for p in (out / "fsdp_disk" / "work" / "checkpoints").glob("*.dcp")) == ["iter_12.dcp", "iter_16.dcp", "iter_4.dcp", "iter_8.dcp"]
+    for name in ("fsdp_disk", "fsdp_async"):
+        assert sorted(p.name for p in (out / name / "work" / "checkpoints").glob("*.dcp")) == ["iter_12.dcp", "iter_16.dcp", "iter_4.dcp", "iter_8.dcp"]
     _assert_close(ddp[0]["params"], _reference(skipped_batches=(4, 5)))
