@@ -8,7 +8,9 @@ iterations), ``keep=K``, ``async=1``, ``resume=1`` (newest in work_dir) or ``res
 ``weights=1`` (save_weights), ``precision=bf16-mixed``, ``lr=X``, ``load=PATH`` (load_from),
 ``work=NAME`` (work_dir name, default: the run's name), ``norms=1`` (NormsHook every 2 iterations,
 per module), ``ema=1`` (EMAHook, momentum 0.1), ``swa=E`` (SWAHook from epoch E, swa_lr 0.05), ``epochs=N`` (an epoch-based run of N epochs; ITERS unused),
-``nanat=K`` (rank 1's K-th training loss is NaN; the FloatingPointError is recorded), ``es=P`` (validation every epoch on 16
+``nanat=K`` (rank 1's K-th training loss is NaN; the FloatingPointError is recorded; with ``skipnan=1``:
+nonfinite_loss="skip"), ``sigterm=K`` (rank 1 sends itself SIGTERM before its K-th step: the preemption hook saves
+and asks to exit; the exit status is recorded). ``es=P`` (validation every epoch on 16
 samples with an MSE metric, EarlyStoppingHook(val/mse, patience P), save_best val/mse and published_keys meta, model; with
 ``ema=1`` the validation reports the training weights as val/raw/mse too).
 Under torchrun the script makes the process group itself and destroys it after the runs;
@@ -25,6 +27,7 @@ from __future__ import annotations
 import atexit
 import json
 import os
+import signal
 import sys
 import warnings
 from pathlib import Path
@@ -57,6 +60,17 @@ class Reclip(tw.Hook):
 
     def before_train(self, trainer) -> None:
         trainer.optim_wrapper.clip_grad = dict(max_norm=self.max_norm)
+
+
+class SigtermAt(tw.Hook):
+    """Sends this process SIGTERM before its ``at``-th step (as a scheduler preempting one node)."""
+
+    def __init__(self, at: int) -> None:
+        self.at = at
+
+    def before_train_iter(self, trainer, batch_idx, data_batch=None) -> None:
+        if trainer.progress.iteration + 1 == self.at:
+            os.kill(os.getpid(), signal.SIGTERM)
 
 
 class MLP(tw.BaseModel):
@@ -118,18 +132,21 @@ def run(out: Path, spec: str) -> None:
         resume=resume,
         load_from=o.get("load"),
         custom_hooks=([Reclip(float(o["reclip"]))] if "reclip" in o else []) + ([tw.hooks.SWAHook(int(o["swa"]), swa_lr=0.05, anneal_epochs=1)] if "swa" in o else [])
-        + ([ema] if ema is not None else []) + ([tw.hooks.EarlyStoppingHook("val/mse", rule="less", patience=es)] if es else []),
+        + ([ema] if ema is not None else []) + ([SigtermAt(int(o["sigterm"]))] if "sigterm" in o and rank == 1 else []) + ([tw.hooks.EarlyStoppingHook("val/mse", rule="less", patience=es)] if es else []),
         **val,
         randomness=dict(seed=0),
         log_level="WARNING",
+        nonfinite_loss="skip" if o.get("skipnan") == "1" else "raise",
     )
-    error = None
+    error = exit_code = None
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         try:
             trainer.train()
         except (RuntimeError, FloatingPointError) as e:  # recorded for the test (e.g. a checkpoint refused inside an accumulation window)
             error = f"{type(e).__name__}: {e}"
+        except SystemExit as e:  # preempted: the checkpoint is written, the hook asks to exit with 128 + signal
+            exit_code = e.code
     if o.get("weights") == "1":
         trainer.save_weights(out / name / "weights.safetensors")
     full = trainer.strategy.full_model_state_dict()
@@ -146,6 +163,8 @@ def run(out: Path, spec: str) -> None:
         "iteration": trainer.progress.iteration,
         "warnings": [str(w.message) for w in caught],
         "error": error,
+        "skipped": ow.skipped_steps,
+        "exit_code": exit_code,
         "scaler": type(getattr(ow.precision, "scaler", None)).__name__,
         "restored": str(trainer.checkpoints.restored[0]) if trainer.checkpoints.restored else None,
         "ema": {k: v.detach().cpu().clone() for k, v in averaged.items()},

@@ -1,7 +1,7 @@
 """FSDP2 on real gloo processes against one process: parity, accumulation, clipping, sharded checkpoints across world sizes, save_weights.
 
 Also the features users combine with a multi-process strategy (DDP runs share the launch): early stopping, best checkpoints
-and publishing under FSDP, EMA validation under DDP, a non-finite loss on one rank.
+and publishing under FSDP, EMA validation under DDP, a non-finite loss on one rank (raised, or skipped), preemption under FSDP.
 
 Three process starts (one torchrun, two single processes) run every training the tests
 compare (see fsdp_train.py); each test asserts one behaviour. Tolerance: parameters within
@@ -43,7 +43,8 @@ def out(tmp_path_factory: pytest.TempPathFactory) -> Path:
                   "I:fsdp:8:8:clip=0.5:save=4:resume=1", f"L:fsdp:8:1:lr=0:load={out / 'F' / 'weights.safetensors'}", "R:fsdp:8:8:clip=4:reclip=0.5",
                   "M:fsdp:8:8:norms=1", "X:fsdp:8:8:ema=1:save=4", f"Y:fsdp:8:8:ema=1:resume={out / 'X' / 'checkpoints' / 'iter_4.dcp'}",
                   "T:fsdp:8:0:swa=2:epochs=3:save=10", f"Z:fsdp:8:0:swa=2:epochs=3:resume={out / 'T' / 'checkpoints' / 'iter_10.dcp'}",
-                  "ET:fsdp:8:0:epochs=8:es=1:ema=1", "EU:ddp:8:0:epochs=8:es=1:ema=1", "NA:ddp:8:12:accum=4:nanat=9", "NB:fsdp:8:8:nanat=3"], 2)
+                  "ET:fsdp:8:0:epochs=8:es=1:ema=1", "EU:ddp:8:0:epochs=8:es=1:ema=1", "NA:ddp:8:12:accum=4:nanat=9", "NB:fsdp:8:8:nanat=3",
+                  "SD:ddp:8:8:accum=2:nanat=4:skipnan=1", "SF:fsdp:8:8:accum=2:nanat=4:skipnan=1", "PT:fsdp:8:20:sigterm=3:save=100"], 2)
     # a newer checkpoint with a truncated shard, named by `latest`: resume=True must skip it
     ckpts = out / "C" / "checkpoints"
     shutil.copytree(ckpts / "iter_4.dcp", ckpts / "iter_6.dcp")
@@ -296,3 +297,24 @@ def test_nonfinite_loss_on_one_rank_raises_on_both_at_the_same_iteration(out: Pa
             assert r["iteration"] == stop, (name, rank, r["iteration"])  # the same agreement point on both ranks
             assert r["error"].startswith(f"FloatingPointError: Loss became infinite or NaN at iteration {nan_at} on rank 1"), (name, rank, r["error"])
             assert said in r["error"], (name, rank, r["error"])
+
+
+def test_nonfinite_loss_skip_under_fsdp_equals_ddp(out: Path) -> None:
+    """nonfinite_loss="skip", accumulating 2, rank 1's 4th loss NaN (the micro-batch that ends its window): both ranks skip it
+    (agreed) and step on the window's first micro-batch; FSDP's weights equal DDP's."""
+    ddp, fsdp = _result(out, "SD"), _result(out, "SF")
+    for name in ("SD", "SF"):
+        for rank in (0, 1):
+            r = _result(out, name, rank)
+            assert (r["error"], r["iteration"], r["skipped"]) == (None, 8, 1), (name, rank)
+    assert all(torch.isfinite(v).all() for v in fsdp["params"].values())
+    _assert_params_close(fsdp, ddp)
+
+
+def test_sigterm_on_one_fsdp_rank_saves_a_sharded_checkpoint_and_exits_on_both(out: Path) -> None:
+    """SIGTERM reaches rank 1 only, before its 3rd step: both ranks stop at the next agreement point (10), write one .dcp
+    checkpoint together, and ask to exit with 143."""
+    assert [(r["iteration"], r["error"], r["exit_code"]) for r in (_result(out, "PT", rank) for rank in (0, 1))] == [(10, None, 143)] * 2
+    ckpts = out / "PT" / "checkpoints"
+    assert sorted(p.name for p in ckpts.iterdir()) == ["iter_10.dcp", "latest"]
+    assert (ckpts / "iter_10.dcp" / ".metadata").is_file()
