@@ -4,7 +4,7 @@ Usage: spike_rank_train.py OUT_DIR RUN [RUN ...]
 Each RUN is ``name:strategy:action[:capture=N][:save=N]`` (strategy ``ddp`` or ``fsdp``;
 action ``skip`` or ``rollback``; ``capture=N``: spike_guard capture_every=N; ``save=N``: a
 CheckpointHook saving every N iterations, which a rollback without ``capture`` goes back to;
-``async=1``: those saves written in the background).
+``async=1``: those saves written in the background; ``accum=N``: accumulative_counts=N).
 The runs share one process group, made by the first Trainer (later ones join it).
 64 samples, batch 4 per rank, shuffle=False: rank r's batch b holds samples 8b + 2j + r. The
 targets of rank 1's batch 5 (iteration 6 of each epoch) are 1e4. Each rank writes the run's
@@ -53,7 +53,7 @@ def run(out: Path, spec: str) -> None:
     t = tw.Trainer(
         model=Reg(), work_dir=out / name / "work", experiment_name="run", strategy=strategy,
         train_dataloader=dict(dataset=data(), batch_size=4, shuffle=False),
-        optim_wrapper=dict(optimizer=dict(type="SGD", lr=0.02, momentum=0.9)), train_cfg=dict(by_epoch=True, max_epochs=2),
+        optim_wrapper=dict(optimizer=dict(type="SGD", lr=0.02, momentum=0.9), accumulative_counts=o.get("accum", 1)), train_cfg=dict(by_epoch=True, max_epochs=2),
         default_hooks=dict(logger=dict(interval=4), checkpoint=dict(by_epoch=False, interval=save, async_save=bool(o.get("async"))) if save else None),
         randomness=dict(seed=0), log_level="WARNING",
         spike_guard=dict(window=4, threshold=6.0, action=action, min_history=4, capture_every=o.get("capture")),

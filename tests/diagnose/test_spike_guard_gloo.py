@@ -2,7 +2,7 @@
 and from a sharded checkpoint on disk, also one still written in the background); weights equal across ranks, across strategies
 and to a reference loop.
 
-One torchrun start runs the five trainings (spike_rank_train.py).
+One torchrun start runs the seven trainings (spike_rank_train.py).
 """
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ from launch import launch
 SCRIPT = Path(__file__).with_name("spike_rank_train.py")
 pytestmark = [pytest.mark.multiprocess, pytest.mark.slow]
 RUNS = ["skip:ddp:skip", "ddp_mem:ddp:rollback:capture=4", "fsdp_mem:fsdp:rollback:capture=4", "fsdp_disk:fsdp:rollback:save=4",
-        "fsdp_async:fsdp:rollback:save=4:async=1"]
+        "fsdp_async:fsdp:rollback:save=4:async=1", "ddp_accum:ddp:skip:accum=2", "fsdp_accum:fsdp:skip:accum=2"]
 
 
 @pytest.fixture(scope="module")
@@ -33,19 +33,23 @@ def _results(out: Path, name: str) -> list[dict]:
     return [torch.load(out / name / f"rank{r}.pt") for r in range(2)]
 
 
-def _reference(skipped_batches: tuple[int, ...]) -> dict[str, torch.Tensor]:
-    """One process on the union of the ranks' batches (samples 8b..8b+7), the batches ``skipped_batches`` of each epoch not trained on."""
+def _reference(skipped_batches: tuple[int, ...], per_step: int = 1) -> dict[str, torch.Tensor]:
+    """One process on the union of the ranks' batches (samples 8b..8b+7), the batches ``skipped_batches`` of each epoch not trained on.
+
+    ``per_step``: batches per optimizer step (accumulation: one step on their union; ``skipped_batches`` then counts steps).
+    """
     sys.path.insert(0, str(SCRIPT.parent))
     from spike_rank_train import Reg, data
 
     model = Reg()
     opt = torch.optim.SGD(model.parameters(), lr=0.02, momentum=0.9)
     x, y = data().tensors
+    n = 8 * per_step
     for _epoch in range(2):
-        for b in range(8):
+        for b in range(8 // per_step):
             if b in skipped_batches:
                 continue
-            loss = F.mse_loss(model(x[8 * b : 8 * b + 8]), y[8 * b : 8 * b + 8])
+            loss = F.mse_loss(model(x[n * b : n * b + n]), y[n * b : n * b + n])
             opt.zero_grad()
             loss.backward()
             opt.step()
@@ -83,3 +87,15 @@ def test_rollback_under_fsdp_equals_ddp_in_memory_and_from_a_sharded_checkpoint(
     for name in ("fsdp_disk", "fsdp_async"):
         assert sorted(p.name for p in (out / name / "work" / "checkpoints").glob("*.dcp")) == ["iter_12.dcp", "iter_16.dcp", "iter_4.dcp", "iter_8.dcp"]
     _assert_close(ddp[0]["params"], _reference(skipped_batches=(4, 5)))
+
+
+def test_a_spike_ending_an_accumulation_window_skips_the_window_under_fsdp_as_under_ddp(out: Path) -> None:
+    """accumulative_counts=2: the spike at iteration 6 is the micro-batch that ends window 5-6 (the one that would reduce the window's
+    gradients). The window is not stepped and its first micro-batch's gradients do not leak into the next window: FSDP equals DDP
+    bitwise, and one process stepping on 16 samples at a time, that window left out."""
+    ddp, fsdp = _results(out, "ddp_accum")[0], _results(out, "fsdp_accum")[0]
+    assert (ddp["skipped"], fsdp["skipped"]) == (2, 2)
+    assert fsdp["params"].keys() == ddp["params"].keys()
+    for k, v in ddp["params"].items():
+        assert torch.equal(fsdp["params"][k], v), k
+    _assert_close(ddp["params"], _reference(skipped_batches=(2,), per_step=2))
