@@ -18,8 +18,8 @@ from launch import launch
 
 SCRIPT = Path(__file__).with_name("spike_rank_train.py")
 pytestmark = [pytest.mark.multiprocess, pytest.mark.slow]
-RUNS = ["skip:ddp:skip", "ddp_mem:ddp:rollback:capture=4", "fsdp_mem:fsdp:rollback:capture=4", "fsdp_disk:fsdp:rollback:save=4",
-        "fsdp_async:fsdp:rollback:save=4:async=1", "ddp_accum:ddp:skip:accum=2", "fsdp_accum:fsdp:skip:accum=2"]
+RUNS = ["skip:ddp:skip", "ddp_mem:ddp:rollback:capture=4:ema=1", "fsdp_mem:fsdp:rollback:capture=4:ema=1", "fsdp_disk:fsdp:rollback:save=4:ema=1",
+        "fsdp_async:fsdp:rollback:save=4:async=1:ema=1", "ddp_accum:ddp:skip:accum=2", "fsdp_accum:fsdp:skip:accum=2"]
 
 
 @pytest.fixture(scope="module")
@@ -73,7 +73,8 @@ def test_rollback_under_fsdp_equals_ddp_in_memory_and_from_a_sharded_checkpoint(
     """Spikes at iterations 6 and 14: each run goes back to iteration 4 / 12 (capture_every=4, or the .dcp checkpoints saved every 4)
     and skips the updates of 5-6 / 13-14. FSDP (every way) equals DDP bitwise; DDP equals one process skipping those batches.
     With async_save the checkpoint of iteration 4 is still being written at the spike: the rollback waits for it (it used to
-    find none and stop the run, or go back to an older one)."""
+    find none and stop the run, or go back to an older one). An EMAHook's average (sharded under FSDP) is rolled back with the
+    weights: equal to DDP's bitwise too."""
     ddp = _results(out, "ddp_mem")
     assert all(torch.equal(ddp[0]["params"][k], ddp[1]["params"][k]) for k in ddp[0]["params"])
     for name in ("ddp_mem", "fsdp_mem", "fsdp_disk", "fsdp_async"):
@@ -84,6 +85,10 @@ def test_rollback_under_fsdp_equals_ddp_in_memory_and_from_a_sharded_checkpoint(
         assert fsdp.keys() == ddp[0]["params"].keys()
         for k, v in ddp[0]["params"].items():
             assert torch.equal(fsdp[k], v), (name, k)
+        ema = _results(out, name)[0]["ema"]
+        assert ema.keys() == ddp[0]["ema"].keys() == {"linear.weight", "linear.bias"}
+        for k, v in ddp[0]["ema"].items():
+            assert torch.equal(ema[k], v), (name, "ema", k)
     for name in ("fsdp_disk", "fsdp_async"):
         assert sorted(p.name for p in (out / name / "work" / "checkpoints").glob("*.dcp")) == ["iter_12.dcp", "iter_16.dcp", "iter_4.dcp", "iter_8.dcp"]
     _assert_close(ddp[0]["params"], _reference(skipped_batches=(4, 5)))
