@@ -10,7 +10,7 @@ iterations), ``keep=K``, ``async=1``, ``resume=1`` (newest in work_dir) or ``res
 per module), ``ema=1`` (EMAHook, momentum 0.1), ``swa=E`` (SWAHook from epoch E, swa_lr 0.05), ``epochs=N`` (an epoch-based run of N epochs; ITERS unused),
 ``nanat=K`` (rank 1's K-th training loss is NaN; the FloatingPointError is recorded; with ``skipnan=1``:
 nonfinite_loss="skip"), ``sigterm=K`` (rank 1 sends itself SIGTERM before its K-th step: the preemption hook saves
-and asks to exit; the exit status is recorded). ``es=P`` (validation every epoch on 16
+and asks to exit; the exit status is recorded), ``prof=1`` (ProfilerHook recording iterations 2-3; the trace files are listed). ``es=P`` (validation every epoch on 16
 samples with an MSE metric, EarlyStoppingHook(val/mse, patience P), save_best val/mse and published_keys meta, model; with
 ``ema=1`` the validation reports the training weights as val/raw/mse too).
 Under torchrun the script makes the process group itself and destroys it after the runs;
@@ -132,7 +132,7 @@ def run(out: Path, spec: str) -> None:
         resume=resume,
         load_from=o.get("load"),
         custom_hooks=([Reclip(float(o["reclip"]))] if "reclip" in o else []) + ([tw.hooks.SWAHook(int(o["swa"]), swa_lr=0.05, anneal_epochs=1)] if "swa" in o else [])
-        + ([ema] if ema is not None else []) + ([SigtermAt(int(o["sigterm"]))] if "sigterm" in o and rank == 1 else []) + ([tw.hooks.EarlyStoppingHook("val/mse", rule="less", patience=es)] if es else []),
+        + ([tw.hooks.ProfilerHook(wait=0, warmup=1, active=2)] if o.get("prof") == "1" else []) + ([ema] if ema is not None else []) + ([SigtermAt(int(o["sigterm"]))] if "sigterm" in o and rank == 1 else []) + ([tw.hooks.EarlyStoppingHook("val/mse", rule="less", patience=es)] if es else []),
         **val,
         randomness=dict(seed=0),
         log_level="WARNING",
@@ -165,6 +165,7 @@ def run(out: Path, spec: str) -> None:
         "error": error,
         "skipped": ow.skipped_steps,
         "exit_code": exit_code,
+        "traces": sorted(str(p.relative_to(out)) for p in (out / o.get("work", name)).rglob("trace_rank*.json")),
         "scaler": type(getattr(ow.precision, "scaler", None)).__name__,
         "restored": str(trainer.checkpoints.restored[0]) if trainer.checkpoints.restored else None,
         "ema": {k: v.detach().cpu().clone() for k, v in averaged.items()},

@@ -1,7 +1,7 @@
 """FSDP2 on real gloo processes against one process: parity, accumulation, clipping, sharded checkpoints across world sizes, save_weights.
 
 Also the features users combine with a multi-process strategy (DDP runs share the launch): early stopping, best checkpoints
-and publishing under FSDP, EMA validation under DDP, a non-finite loss on one rank (raised, or skipped), preemption under FSDP.
+and publishing under FSDP, EMA validation under DDP, a non-finite loss on one rank (raised, or skipped), preemption and the profiler under FSDP.
 
 Three process starts (one torchrun, two single processes) run every training the tests
 compare (see fsdp_train.py); each test asserts one behaviour. Tolerance: parameters within
@@ -44,7 +44,8 @@ def out(tmp_path_factory: pytest.TempPathFactory) -> Path:
                   "M:fsdp:8:8:norms=1", "X:fsdp:8:8:ema=1:save=4", f"Y:fsdp:8:8:ema=1:resume={out / 'X' / 'checkpoints' / 'iter_4.dcp'}",
                   "T:fsdp:8:0:swa=2:epochs=3:save=10", f"Z:fsdp:8:0:swa=2:epochs=3:resume={out / 'T' / 'checkpoints' / 'iter_10.dcp'}",
                   "ET:fsdp:8:0:epochs=8:es=1:ema=1", "EU:ddp:8:0:epochs=8:es=1:ema=1", "NA:ddp:8:12:accum=4:nanat=9", "NB:fsdp:8:8:nanat=3",
-                  "SD:ddp:8:8:accum=2:nanat=4:skipnan=1", "SF:fsdp:8:8:accum=2:nanat=4:skipnan=1", "PT:fsdp:8:20:sigterm=3:save=100"], 2)
+                  "SD:ddp:8:8:accum=2:nanat=4:skipnan=1", "SF:fsdp:8:8:accum=2:nanat=4:skipnan=1", "PT:fsdp:8:20:sigterm=3:save=100",
+                  "QA:fsdp:8:4:prof=1"], 2)
     # a newer checkpoint with a truncated shard, named by `latest`: resume=True must skip it
     ckpts = out / "C" / "checkpoints"
     shutil.copytree(ckpts / "iter_4.dcp", ckpts / "iter_6.dcp")
@@ -318,3 +319,13 @@ def test_sigterm_on_one_fsdp_rank_saves_a_sharded_checkpoint_and_exits_on_both(o
     ckpts = out / "PT" / "checkpoints"
     assert sorted(p.name for p in ckpts.iterdir()) == ["iter_10.dcp", "latest"]
     assert (ckpts / "iter_10.dcp" / ".metadata").is_file()
+
+
+def test_profiler_under_fsdp_writes_one_trace_per_rank_in_the_run_folder(out: Path) -> None:
+    """ProfilerHook(wait=0, warmup=1, active=2) on 2 FSDP processes: iterations 2-3 of each rank, side by side in the one run folder."""
+    r = _result(out, "QA")
+    assert r["error"] is None and len(r["traces"]) == 2, r["traces"]
+    assert [Path(t).name for t in r["traces"]] == ["trace_rank0_iter2-3.json", "trace_rank1_iter2-3.json"]
+    assert Path(r["traces"][0]).parent == Path(r["traces"][1]).parent
+    for t in r["traces"]:
+        assert "ProfilerStep#" in (out / t).read_text()
