@@ -7,7 +7,12 @@ before_train, after the strategy prepared the run), ``save=N`` (checkpoint every
 iterations), ``keep=K``, ``async=1``, ``resume=1`` (newest in work_dir) or ``resume=PATH``,
 ``weights=1`` (save_weights), ``precision=bf16-mixed``, ``lr=X``, ``load=PATH`` (load_from),
 ``work=NAME`` (work_dir name, default: the run's name), ``norms=1`` (NormsHook every 2 iterations,
-per module), ``ema=1`` (EMAHook, momentum 0.1), ``swa=E`` (SWAHook from epoch E, swa_lr 0.05), ``epochs=N`` (an epoch-based run of N epochs; ITERS unused).
+per module), ``ema=1`` (EMAHook, momentum 0.1), ``swa=E`` (SWAHook from epoch E, swa_lr 0.05), ``epochs=N`` (an epoch-based run of N epochs; ITERS unused),
+``nanat=K`` (rank 1's K-th training loss is NaN; the FloatingPointError is recorded; with ``skipnan=1``:
+nonfinite_loss="skip"), ``sigterm=K`` (rank 1 sends itself SIGTERM before its K-th step: the preemption hook saves
+and asks to exit; the exit status is recorded), ``prof=1`` (ProfilerHook recording iterations 2-3; the trace files are listed). ``es=P`` (validation every epoch on 16
+samples with an MSE metric, EarlyStoppingHook(val/mse, patience P), save_best val/mse and published_keys meta, model; with
+``ema=1`` the validation reports the training weights as val/raw/mse too).
 Under torchrun the script makes the process group itself and destroys it after the runs;
 with ``--trainer-group`` it does not: the first Trainer's strategy joins the group from the
 launcher's environment and the later ones find it. OUT_DIR/exit_rank<r>.json then tells
@@ -22,6 +27,7 @@ from __future__ import annotations
 import atexit
 import json
 import os
+import signal
 import sys
 import warnings
 from pathlib import Path
@@ -33,6 +39,7 @@ from torch import nn
 from torch.utils.data import TensorDataset
 
 import trainwright as tw
+from trainwright.evaluation.metric import Metric
 
 
 class Linear(nn.Linear):
@@ -55,15 +62,43 @@ class Reclip(tw.Hook):
         trainer.optim_wrapper.clip_grad = dict(max_norm=self.max_norm)
 
 
+class SigtermAt(tw.Hook):
+    """Sends this process SIGTERM before its ``at``-th step (as a scheduler preempting one node)."""
+
+    def __init__(self, at: int) -> None:
+        self.at = at
+
+    def before_train_iter(self, trainer, batch_idx, data_batch=None) -> None:
+        if trainer.progress.iteration + 1 == self.at:
+            os.kill(os.getpid(), signal.SIGTERM)
+
+
 class MLP(tw.BaseModel):
-    def __init__(self) -> None:
+    def __init__(self, nan_at: int = -1) -> None:
         super().__init__()
         self.l1 = Linear(4, 8)
         self.l2 = Linear(8, 1)
+        self.nan_at, self.calls = nan_at, 0
 
     def forward(self, x, y=None, mode="tensor"):
         out = self.l2(torch.tanh(self.l1(x)))
-        return {"loss": F.mse_loss(out.float(), y)} if mode == "loss" else out
+        if mode != "loss":
+            return out
+        loss = F.mse_loss(out.float(), y)
+        self.calls += 1
+        return {"loss": loss * float("nan") if self.calls == self.nan_at else loss}
+
+
+class MSE(Metric):
+    """Mean squared error over the validation set (every rank's samples)."""
+
+    batched_results = True
+
+    def process(self, data_batch, outputs) -> None:
+        self.results.append(((outputs.float() - data_batch[1]) ** 2).mean(1))
+
+    def compute(self, results) -> dict[str, float]:
+        return {"mse": float(torch.cat(results).mean())}
 
 
 def run(out: Path, spec: str) -> None:
@@ -74,11 +109,15 @@ def run(out: Path, spec: str) -> None:
     x = torch.randn(64, 4, generator=g)
     ds = TensorDataset(x, torch.sin(x @ torch.randn(4, 1, generator=g)) + 0.1 * torch.randn(64, 1, generator=g))
     tw.seed_everything(0)
-    model = MLP()  # same initial weights everywhere (seeded)
+    model = MLP(nan_at=int(o["nanat"]) if "nanat" in o and rank == 1 else -1)  # same initial weights everywhere (seeded)
     resume: bool | str = o.get("resume", "0")
     resume = True if resume == "1" else (False if resume == "0" else resume)
     save = int(o.get("save", 0))
-    ema = tw.hooks.EMAHook(momentum=0.1) if o.get("ema") == "1" else None
+    ema = tw.hooks.EMAHook(momentum=0.1, evaluate_on="both") if o.get("ema") == "1" else None
+    es = int(o.get("es", 0))
+    xv = torch.randn(16, 4, generator=g)
+    val = dict(val_dataloader=dict(dataset=TensorDataset(xv, torch.sin(xv @ torch.ones(4, 1))), batch_size=int(batch) // 2), val_evaluator=MSE(), val_cfg=dict()) if es else {}
+    best = dict(save_best="val/mse", rule="less", published_keys=["meta", "model"]) if es else {}
     trainer = tw.Trainer(
         model=model,
         work_dir=out / o.get("work", name),
@@ -87,23 +126,27 @@ def run(out: Path, spec: str) -> None:
                            clip_grad=dict(max_norm=float(o["clip"])) if "clip" in o else None),
         train_cfg=dict(by_epoch=True, max_epochs=int(o["epochs"])) if "epochs" in o else dict(by_epoch=False, max_iters=int(iters)),
         default_hooks=dict(logger=dict(interval=2, flush_secs=0), **({"norms": dict(interval=2)} if o.get("norms") == "1" else {}),
-                           checkpoint=dict(by_epoch=False, interval=save or -1, save_last=bool(save), max_keep_ckpts=int(o.get("keep", -1)), async_save=o.get("async") == "1")),
+                           checkpoint=dict(by_epoch=False, interval=save or -1, save_last=bool(save), max_keep_ckpts=int(o.get("keep", -1)), async_save=o.get("async") == "1", **best)),
         strategy=dict(type="fsdp", shard_modules=["Linear"]) if strategy == "fsdp" else strategy,
         precision=o.get("precision", "32"),
         resume=resume,
         load_from=o.get("load"),
         custom_hooks=([Reclip(float(o["reclip"]))] if "reclip" in o else []) + ([tw.hooks.SWAHook(int(o["swa"]), swa_lr=0.05, anneal_epochs=1)] if "swa" in o else [])
-        + ([ema] if ema is not None else []),
+        + ([tw.hooks.ProfilerHook(wait=0, warmup=1, active=2)] if o.get("prof") == "1" else []) + ([ema] if ema is not None else []) + ([SigtermAt(int(o["sigterm"]))] if "sigterm" in o and rank == 1 else []) + ([tw.hooks.EarlyStoppingHook("val/mse", rule="less", patience=es)] if es else []),
+        **val,
         randomness=dict(seed=0),
         log_level="WARNING",
+        nonfinite_loss="skip" if o.get("skipnan") == "1" else "raise",
     )
-    error = None
+    error = exit_code = None
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         try:
             trainer.train()
-        except RuntimeError as e:  # recorded for the test (e.g. a checkpoint refused inside an accumulation window)
-            error = str(e)
+        except (RuntimeError, FloatingPointError) as e:  # recorded for the test (e.g. a checkpoint refused inside an accumulation window)
+            error = f"{type(e).__name__}: {e}"
+        except SystemExit as e:  # preempted: the checkpoint is written, the hook asks to exit with 128 + signal
+            exit_code = e.code
     if o.get("weights") == "1":
         trainer.save_weights(out / name / "weights.safetensors")
     full = trainer.strategy.full_model_state_dict()
@@ -121,9 +164,14 @@ def run(out: Path, spec: str) -> None:
         "iteration": trainer.progress.iteration,
         "warnings": [str(w.message) for w in caught],
         "error": error,
+        "skipped": ow.skipped_steps,
+        "exit_code": exit_code,
+        "traces": sorted(str(p.relative_to(out)) for p in (out / o.get("work", name)).rglob("trace_rank*.json")),
         "scaler": type(getattr(ow.precision, "scaler", None)).__name__,
         "restored": str(trainer.checkpoints.restored[0]) if trainer.checkpoints.restored else None,
         "ema": {k: v.detach().cpu().clone() for k, v in averaged.items()},
+        "val": [{k: v for k, v in r.items() if k.startswith("val/")} for r in _records(trainer, "val")],
+        "epoch": trainer.progress.epoch,
         "norms": [n for n in ({k: v for k, v in r.items() if k.split("/")[0] in ("grad_norm", "param_norm", "update_ratio")} for r in _records(trainer)) if n],
     }
     trainer.close()
@@ -132,10 +180,10 @@ def run(out: Path, spec: str) -> None:
     torch.save(result, out / name / f"result_rank{rank}.pt")
 
 
-def _records(trainer: tw.Trainer) -> list[dict]:
-    """The training records of metrics.jsonl (rank 0 writes it; other ranks read none)."""
+def _records(trainer: tw.Trainer, mode: str = "train") -> list[dict]:
+    """The training (or validation) records of metrics.jsonl (rank 0 writes it; other ranks read none)."""
     path = trainer.run_dir / "metrics.jsonl"
-    return [r for r in map(json.loads, path.read_text().splitlines()) if r.get("mode") == "train"] if path.exists() else []
+    return [r for r in map(json.loads, path.read_text().splitlines()) if r.get("mode") == mode] if path.exists() else []
 
 
 def main() -> None:

@@ -1,5 +1,8 @@
 """FSDP2 on real gloo processes against one process: parity, accumulation, clipping, sharded checkpoints across world sizes, save_weights.
 
+Also the features users combine with a multi-process strategy (DDP runs share the launch): early stopping, best checkpoints
+and publishing under FSDP, EMA validation under DDP, a non-finite loss on one rank (raised, or skipped), preemption and the profiler under FSDP.
+
 Three process starts (one torchrun, two single processes) run every training the tests
 compare (see fsdp_train.py); each test asserts one behaviour. Tolerance: parameters within
 1e-6 after 8 SGD-momentum steps (the sharded runs reduce in another order; measured ~6e-8).
@@ -32,14 +35,17 @@ def out(tmp_path_factory: pytest.TempPathFactory) -> Path:
     # (H writes asynchronously, then P, Q, W are more FSDP Trainers in the same process: each makes and destroys its one-process group)
     _launch(out, ["F:single:16:8:clip=0.5:weights=1", "G:single:16:4", "H:fsdp:16:4:clip=0.5:save=4:async=1", "P:fsdp:16:2:precision=bf16-mixed",
                   "Q:fsdp:16:3:precision=16-mixed:clip=0.5", "W:fsdp:16:3:accum=2:save=1",
-                  "N:single:16:8:norms=1", "V:single:16:8:ema=1",
+                  "N:single:16:8:norms=1", "V:single:16:8:ema=1", "ES:single:16:0:epochs=8:es=1:ema=1",
                   "U:single:16:0:swa=2:epochs=3"], 1)
     shutil.copytree(out / "H" / "checkpoints", out / "I" / "checkpoints")
     # two processes x half the batch (R: clip_grad re-assigned in before_train, after the strategy prepared the run)
     _launch(out, ["A:fsdp:8:8:clip=0.5:save=2:keep=2:async=1:weights=1", "B:fsdp:4:8:accum=2", "C:fsdp:8:4:clip=0.5:save=4",
                   "I:fsdp:8:8:clip=0.5:save=4:resume=1", f"L:fsdp:8:1:lr=0:load={out / 'F' / 'weights.safetensors'}", "R:fsdp:8:8:clip=4:reclip=0.5",
                   "M:fsdp:8:8:norms=1", "X:fsdp:8:8:ema=1:save=4", f"Y:fsdp:8:8:ema=1:resume={out / 'X' / 'checkpoints' / 'iter_4.dcp'}",
-                  "T:fsdp:8:0:swa=2:epochs=3:save=10", f"Z:fsdp:8:0:swa=2:epochs=3:resume={out / 'T' / 'checkpoints' / 'iter_10.dcp'}"], 2)
+                  "T:fsdp:8:0:swa=2:epochs=3:save=10", f"Z:fsdp:8:0:swa=2:epochs=3:resume={out / 'T' / 'checkpoints' / 'iter_10.dcp'}",
+                  "ET:fsdp:8:0:epochs=8:es=1:ema=1", "EU:ddp:8:0:epochs=8:es=1:ema=1", "NA:ddp:8:12:accum=4:nanat=9", "NB:fsdp:8:8:nanat=3",
+                  "SD:ddp:8:8:accum=2:nanat=4:skipnan=1", "SF:fsdp:8:8:accum=2:nanat=4:skipnan=1", "PT:fsdp:8:20:sigterm=3:save=100",
+                  "QA:fsdp:8:4:prof=1"], 2)
     # a newer checkpoint with a truncated shard, named by `latest`: resume=True must skip it
     ckpts = out / "C" / "checkpoints"
     shutil.copytree(ckpts / "iter_4.dcp", ckpts / "iter_6.dcp")
@@ -246,3 +252,81 @@ def test_swa_hook_under_fsdp_equals_one_process_and_resumes(out: Path) -> None:
         assert got["iteration"] == 12 and got["error"] is None
         assert (got["restored"] or "").endswith("iter_10.dcp") == (name == "Z")
         _assert_params_close(got, reference)
+
+
+def _val_close(a: list[dict], b: list[dict]) -> None:
+    assert [r.keys() for r in a] == [r.keys() for r in b]
+    for ra, rb in zip(a, b):
+        for k in rb:
+            assert abs(ra[k] - rb[k]) <= 1e-5 * abs(rb[k]), (k, ra[k], rb[k])
+
+
+def test_early_stopping_and_best_checkpoints_under_fsdp_equal_one_process(out: Path) -> None:
+    """EarlyStoppingHook(val/mse, patience 1), save_best val/mse and published_keys under 2 FSDP processes: the same validations,
+    the same stop (epoch 2 of 8), the best checkpoint as a .dcp directory, and its published copy a single .pth file with the
+    full weights of the one-process run's (publishing read the sharded directory whole on rank 0; it used to fail reading it as a file)."""
+    one, two = _result(out, "ES"), _result(out, "ET")
+    for r in (one, two):
+        assert (r["error"], r["epoch"], r["iteration"]) == (None, 2, 8)  # stopped early: val/mse got worse at epoch 2
+    _val_close(two["val"], one["val"])
+    names = sorted(p.name for p in (out / "ET" / "checkpoints").iterdir())
+    assert len(names) == 2 and names[1] == "best_val_mse_epoch_1.dcp" and names[0].startswith("best_val_mse_epoch_1-") and names[0].endswith(".pth"), names
+    published = torch.load(out / "ET" / "checkpoints" / names[0], weights_only=True)
+    reference = torch.load(next((out / "ES" / "checkpoints").glob("best_val_mse_epoch_1-*.pth")), weights_only=True)
+    assert published.keys() == {"meta", "model"} and published["model"].keys() == reference["model"].keys()
+    for k, v in reference["model"].items():
+        torch.testing.assert_close(published["model"][k], v, atol=ATOL, rtol=0, msg=k)  # full tensors, not shards
+
+
+def test_ema_validation_under_ddp_reports_averaged_and_raw_metrics_as_one_process(out: Path) -> None:
+    """EMAHook(evaluate_on="both") under 2 DDP processes (and 2 FSDP ones): val/mse of the averaged weights and val/raw/mse of
+    the training weights equal one process's on the full batch; the average itself too."""
+    one = _result(out, "ES")
+    assert {"val/mse", "val/raw/mse"} <= one["val"][0].keys()
+    for name in ("EU", "ET"):
+        _val_close(_result(out, name)["val"], one["val"])
+        for k, v in one["ema"].items():
+            torch.testing.assert_close(_result(out, name)["ema"][k], v, atol=ATOL, rtol=0, msg=f"{name} {k}")
+
+
+def test_nonfinite_loss_on_one_rank_raises_on_both_at_the_same_iteration(out: Path) -> None:
+    """Rank 1's loss turns NaN: both ranks raise FloatingPointError at the same flush, nobody hangs, and each message says what was
+    replayed. DDP inside an accumulation window (weights still finite): each rank replays its own batch on the current weights;
+    FSDP: no replay (a forward of the sharded model is a collective), said so."""
+    for name, nan_at, stop, said in (("NA", 9, 10, "Replayed on the current weights"), ("NB", 3, 8, "No replay under the fsdp strategy with several processes")):
+        for rank in (0, 1):
+            r = _result(out, name, rank)
+            assert r["iteration"] == stop, (name, rank, r["iteration"])  # the same agreement point on both ranks
+            assert r["error"].startswith(f"FloatingPointError: Loss became infinite or NaN at iteration {nan_at} on rank 1"), (name, rank, r["error"])
+            assert said in r["error"], (name, rank, r["error"])
+
+
+def test_nonfinite_loss_skip_under_fsdp_equals_ddp(out: Path) -> None:
+    """nonfinite_loss="skip", accumulating 2, rank 1's 4th loss NaN (the micro-batch that ends its window): both ranks skip it
+    (agreed) and step on the window's first micro-batch; FSDP's weights equal DDP's."""
+    ddp, fsdp = _result(out, "SD"), _result(out, "SF")
+    for name in ("SD", "SF"):
+        for rank in (0, 1):
+            r = _result(out, name, rank)
+            assert (r["error"], r["iteration"], r["skipped"]) == (None, 8, 1), (name, rank)
+    assert all(torch.isfinite(v).all() for v in fsdp["params"].values())
+    _assert_params_close(fsdp, ddp)
+
+
+def test_sigterm_on_one_fsdp_rank_saves_a_sharded_checkpoint_and_exits_on_both(out: Path) -> None:
+    """SIGTERM reaches rank 1 only, before its 3rd step: both ranks stop at the next agreement point (10), write one .dcp
+    checkpoint together, and ask to exit with 143."""
+    assert [(r["iteration"], r["error"], r["exit_code"]) for r in (_result(out, "PT", rank) for rank in (0, 1))] == [(10, None, 143)] * 2
+    ckpts = out / "PT" / "checkpoints"
+    assert sorted(p.name for p in ckpts.iterdir()) == ["iter_10.dcp", "latest"]
+    assert (ckpts / "iter_10.dcp" / ".metadata").is_file()
+
+
+def test_profiler_under_fsdp_writes_one_trace_per_rank_in_the_run_folder(out: Path) -> None:
+    """ProfilerHook(wait=0, warmup=1, active=2) on 2 FSDP processes: iterations 2-3 of each rank, side by side in the one run folder."""
+    r = _result(out, "QA")
+    assert r["error"] is None and len(r["traces"]) == 2, r["traces"]
+    assert [Path(t).name for t in r["traces"]] == ["trace_rank0_iter2-3.json", "trace_rank1_iter2-3.json"]
+    assert Path(r["traces"][0]).parent == Path(r["traces"][1]).parent
+    for t in r["traces"]:
+        assert "ProfilerStep#" in (out / t).read_text()

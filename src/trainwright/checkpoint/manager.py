@@ -24,7 +24,7 @@ from typing import Any, Protocol
 
 import torch
 
-from trainwright.checkpoint.io import CHECKPOINT_SUFFIX, atomic_write_bytes, load_file
+from trainwright.checkpoint.io import CHECKPOINT_SUFFIX, atomic_write_bytes
 from trainwright.checkpoint.listing import read_latest, write_latest
 from trainwright.checkpoint.lock import WorkDirBusyError, WorkDirLock
 from trainwright.checkpoint.rng import get_rng_state, set_rng_state
@@ -58,6 +58,7 @@ class CheckpointStrategy(Protocol):
     def save_checkpoint(self, path: str | Path, state: Mapping[str, Any], *, async_save: bool = False, after: Callable[[], None] | None = None) -> None: ...  # noqa: D102
     def wait_for_checkpoint(self) -> None: ...  # noqa: D102
     def load_checkpoint(self, path: str | Path, map_location: Any = "cpu") -> dict[str, Any]: ...  # noqa: D102
+    def read_checkpoint(self, path: str | Path, map_location: Any = "cpu") -> dict[str, Any]: ...  # noqa: D102
     def find_resumable(self, ckpt_dir: str | Path) -> tuple[Location, dict[str, Any]] | None: ...  # noqa: D102
     def remove_checkpoint(self, path: str | Path) -> None: ...  # noqa: D102
     def broadcast_object(self, obj: Any, src: int = 0) -> Any: ...  # noqa: D102
@@ -340,8 +341,13 @@ class CheckpointManager:
                 )
 
     def publish(self, path: Location, keys: Sequence[str]) -> Location:
-        """Write ``path`` stripped to ``keys`` as ``<stem>-<sha256[:8]>.pth`` beside it (call on rank 0); the hash is of the file's bytes."""
-        ckpt = load_file(path)
+        """Write ``path`` stripped to ``keys`` as ``<stem>-<sha256[:8]>.pth`` beside it (call on rank 0); the hash is of the file's bytes.
+
+        A sharded checkpoint (an FSDP ``.dcp`` directory) is read whole on this rank alone (the
+        strategy's ``read_checkpoint``: full tensors, no collective), so its published file is a
+        single ``.pth`` with the full weights.
+        """
+        ckpt = self.strategy.read_checkpoint(_arg(path))
         removed = [k for k in ckpt if k not in keys]
         buf = io.BytesIO()
         torch.save({k: ckpt[k] for k in keys if k in ckpt}, buf)

@@ -81,6 +81,10 @@ class SpikeGuardHook(Hook):
             trainer.checkpoints.restore(self._captured, Path("<memory>"))
             source = f"the in-memory checkpoint of iteration {self._captured_at}"
         else:
+            strategy = trainer.strategy
+            strategy.wait_for_checkpoint()  # a save still written in the background (async_save) is the latest one: finish it first
+            if strategy.world_size > 1:
+                strategy.barrier()  # rank 0 put it in place and wrote `latest`: every rank lists it before they agree on the newest
             found = trainer.checkpoints.find_and_restore()
             if found is None:
                 raise RuntimeError(

@@ -300,11 +300,20 @@ class Strategy(UpdateEngine):
             self._ckpt_writer.wait()
 
     def load_checkpoint(self, path: str | Path, map_location: Any = "cpu") -> dict[str, Any]:
-        """Read the checkpoint at ``path`` without executing code from it (see :func:`~trainwright.checkpoint.load_file`).
+        """Read the checkpoint at ``path`` to restore it (resume, rollback): here :meth:`read_checkpoint`.
 
-        A sharded checkpoint directory (``iter_8.dcp``, written by the FSDP strategy) is read
-        into this one process as full tensors, without a process group (see
-        :func:`trainwright.strategies.dcp_io.load_full`). ``path`` may be a URL (``s3://...``).
+        Sharded strategies override it: each rank loads the shards it owns, a collective.
+        """
+        return self.read_checkpoint(path, map_location)
+
+    def read_checkpoint(self, path: str | Path, map_location: Any = "cpu") -> dict[str, Any]:
+        """Read the checkpoint at ``path`` whole, in this process alone (no collective), without executing code from it.
+
+        See :func:`~trainwright.checkpoint.load_file`. A sharded checkpoint directory
+        (``iter_8.dcp``, written by the FSDP strategy) is read into this one process as full
+        tensors, without a process group (see :func:`trainwright.strategies.dcp_io.load_full`):
+        what one rank reads alone (publishing a checkpoint) under every strategy. ``path`` may
+        be a URL (``s3://...``).
         """
         from trainwright.checkpoint.storage import location
 
