@@ -194,6 +194,21 @@ def test_published_files_are_stripped_and_named_by_the_hash_of_their_content(tmp
     assert read_latest(d) == "epoch_2.pth"
 
 
+def test_published_keys_under_a_strategy_whose_checkpoints_cannot_be_read_whole_is_refused_at_start(tmp_path: Path) -> None:
+    """DeepSpeed's folders are read by its engine on every rank: publishing (rank 0 alone) cannot read them; said before training, with the alternative."""
+    from trainwright.strategies.single_device import SingleDeviceStrategy
+
+    class EngineFolders(SingleDeviceStrategy):  # the one property DeepSpeedStrategy sets (deepspeed is not installed here)
+        name = "engine"
+        readable_whole = False
+
+    t = ct.build(str(tmp_path), epochs=1, strategy=EngineFolders("cpu"), checkpoint=dict(published_keys=["meta", "model"]))
+    with pytest.raises(ValueError, match=r"published_keys=\['meta', 'model'\] cannot publish under strategy='engine'.*trainer.save_weights"):
+        t.train()
+    assert t.progress.iteration == 0
+    t.close()
+
+
 def test_published_keys_must_name_checkpoint_entries(tmp_path: Path) -> None:
     t = ct.build(str(tmp_path), epochs=1, checkpoint=dict(published_keys=["meta", "state_dict"]))
     with pytest.raises(ValueError, match="'state_dict' is not a key of this trainer's checkpoints.*trainwright's 'model'"):

@@ -257,6 +257,12 @@ class CheckpointHook(Hook):
             )
         m = trainer.checkpoints
         if self.published_keys:
+            if not trainer.strategy.readable_whole:
+                raise ValueError(
+                    f"CheckpointHook published_keys={self.published_keys} cannot publish under strategy={trainer.strategy.name!r}: its checkpoints "
+                    f"({trainer.strategy.checkpoint_suffix} folders) are read by its engine on every rank, not whole by one process. Drop "
+                    "published_keys and export the weights after training with trainer.save_weights('model.safetensors') (every rank calls it)."
+                )
             m.check_keys(self.published_keys)
         self._in_train = True
         trainer.log_lines.writers.hold = partial(self._save_may_follow, trainer)

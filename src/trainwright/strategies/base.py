@@ -45,6 +45,8 @@ class Strategy(UpdateEngine):
     resumable_suffixes: tuple[str, ...] = (".pth", ".dcp")
     #: Whether :meth:`save_checkpoint` / :meth:`load_checkpoint` take an fsspec URL (``s3://...``, see ``checkpoint/storage.py``).
     remote_checkpoints = True
+    #: Whether :meth:`read_checkpoint` reads this strategy's checkpoints whole in one process (what publishing one needs).
+    readable_whole = True
     #: Set by the Trainer when a run of this process ended by an exception (reset when the next run starts): the other
     #: processes may be anywhere (in a collective of their own), so teardown and checkpoint saves make no collective then.
     run_failed = False

@@ -55,6 +55,7 @@ class DeepSpeedStrategy(ProcessGroupStrategy):
     checkpoint_suffix = ".ds"
     resumable_suffixes = (".ds",)
     remote_checkpoints = False  # DeepSpeed's engine writes its own folders to local disk
+    readable_whole = False  # its folders are read by DeepSpeed's engine, on every rank
 
     def __init__(self, config: Mapping[str, Any] | None = None, device: str | torch.device | None = None, backend: str | None = None, timeout_s: float = 1800.0) -> None:
         if importlib.util.find_spec("deepspeed") is None:
