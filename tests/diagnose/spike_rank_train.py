@@ -64,7 +64,8 @@ def run(out: Path, spec: str) -> None:
         g = t.spike_guard
         full = t.strategy.full_model_state_dict()  # gathered under FSDP: a collective on every rank
         ema = [h for h in t.hooks if isinstance(h, tw.hooks.EMAHook)]
-        averaged = ema[0].state_dict()["averaged"] if ema else {}  # gathered: a collective on every rank
+        averaged = ema[0].state_dict()["averaged"] if ema else {}  # DTensors under FSDP: whole ones below (a collective on every rank)
+        averaged = {k: v.full_tensor() if hasattr(v, "full_tensor") else v for k, v in averaged.items()}
         result = {"params": {k: v.detach().clone() for k, v in full.items()}, "skipped": g.skipped, "rollbacks": g.rollbacks,
                   "iteration": t.progress.iteration,
                   "ema": {k: v.detach().cpu().clone() for k, v in averaged.items()}}
