@@ -115,7 +115,7 @@ def test_weights_still_finite_replay_batch_k_on_them(tmp_path: Path) -> None:
         t.train()
     msg = str(err.value)
     assert "at iteration 5" in msg and "batch 4 of epoch 1's data order" in msg and "dataset indices [16, 17, 18, 19]" in msg
-    assert "Replayed on the current weights" in msg and "module 'blocks.2' (Block)" in msg
+    assert "Replayed the batch on the current weights (still finite: the update after it was not taken" in msg and "module 'blocks.2' (Block)" in msg
     t.close()
 
 

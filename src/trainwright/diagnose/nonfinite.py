@@ -210,7 +210,10 @@ def _explain(trainer: Trainer, k: int) -> str:
     bad = [n for n, p in model.named_parameters() if _nonfinite(p)]
     if not bad:
         finding = _probe(trainer, _fetch(loader, *_position(loader, k)), k)
-        return head + f" Replayed on the current weights (still finite; the GradScaler may have skipped its step): {finding.describe()}."
+        why = "the update after it was not taken: inside an accumulation window, or skipped by the float16 GradScaler"
+        whose = ("this process's own batch; with several processes the non-finite loss may have been another process's, whose log names its batch"
+                 if several else "the batch")
+        return head + f" Replayed {whose} on the current weights (still finite: {why}): {finding.describe()}."
     shown = ", ".join(bad[:8]) + (f" and {len(bad) - 8} more" if len(bad) > 8 else "")
     if several:
         return head + (
