@@ -152,7 +152,7 @@ def test_disk_full_during_a_checkpoint_write_raises_the_oserror_with_the_path(ti
 
 
 CTRL_C_SCRIPT = r"""
-import os, sys, signal, threading, time
+import os, random, sys, signal, threading, time
 sys.path.insert(0, {tests!r})
 import torch
 from conftest import LinearReg, regression_set
@@ -163,17 +163,19 @@ t = tw.Trainer(model=LinearReg(d_in=1000, d_out=2000), work_dir={work!r}, experi
                train_dataloader=DataLoader(regression_set(4, d_in=1000, d_out=2000), batch_size=2), optim_wrapper=dict(optimizer=dict(type="SGD", lr=0.01)),
                train_cfg=dict(by_epoch=True, max_epochs=1))
 t.train()  # epoch_1.pth and latest
-start = time.perf_counter()
-t.save_checkpoint("iter_99.pth")  # how long one write of ~8 MB takes here
-half = (time.perf_counter() - start) / 2
-for attempt in range(50):
+durations = []
+random.seed(0)
+for attempt in range(100):
     in_save = False
     try:
-        threading.Timer(half, os.kill, (os.getpid(), signal.SIGINT)).start()  # Ctrl-C, halfway through the write
+        start = time.perf_counter()
+        if durations:  # Ctrl-C somewhere inside a write of ~8 MB, timed from the recent ones (a loaded machine's times drift)
+            threading.Timer(min(durations[-3:]) * random.uniform(0.1, 0.9), os.kill, (os.getpid(), signal.SIGINT)).start()
         in_save = True
         t.save_checkpoint("iter_99.pth")
         in_save = False
-        time.sleep(half * 4)
+        durations.append(time.perf_counter() - start)
+        time.sleep(min(durations[-3:]) * 2)  # a late signal lands here, outside the write
     except BaseException as e:
         if in_save:
             print("RAISED", type(e).__name__, flush=True)
