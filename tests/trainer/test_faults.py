@@ -153,6 +153,7 @@ def test_disk_full_during_a_checkpoint_write_raises_the_oserror_with_the_path(ti
 
 CTRL_C_SCRIPT = r"""
 import os, random, sys, signal, threading, time
+signal.signal(signal.SIGINT, signal.default_int_handler)  # Ctrl-C as an interactive python has it, whatever this process inherited
 sys.path.insert(0, {tests!r})
 import torch
 from conftest import LinearReg, regression_set
@@ -180,6 +181,10 @@ for attempt in range(100):
         if in_save:
             print("RAISED", type(e).__name__, flush=True)
             break
+else:  # say why no signal landed inside a write
+    print("NO SIGNAL INSIDE A WRITE: writes took", [round(d, 4) for d in durations[-5:]], "s; SIGINT handler", signal.getsignal(signal.SIGINT),
+          "; launcher variables", {{k: v for k, v in os.environ.items() if k in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT") or k.startswith(("SLURM_", "TORCHELASTIC"))}},
+          "; strategy", t.strategy.name, flush=True)
 """
 
 
@@ -187,7 +192,9 @@ for attempt in range(100):
 def test_ctrl_c_during_a_checkpoint_write_stays_a_keyboard_interrupt(tmp_path: Path):
     work = tmp_path / "work"
     script = CTRL_C_SCRIPT.format(tests=str(Path(__file__).parents[1]), work=str(work))
-    env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=os.pathsep.join([str(Path(tw.__file__).parents[1]), os.environ.get("PYTHONPATH", "")]))
+    launcher = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT")  # a plain one-process script, whatever this process has
+    env = {k: v for k, v in os.environ.items() if k not in launcher and not k.startswith(("SLURM_", "TORCHELASTIC"))}
+    env.update(OMP_NUM_THREADS="1", PYTHONPATH=os.pathsep.join([str(Path(tw.__file__).parents[1]), os.environ.get("PYTHONPATH", "")]))
     p = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120, env=env)
     assert "RAISED KeyboardInterrupt" in p.stdout, p.stdout + p.stderr[-3000:]
     assert "unexpected pos" not in p.stderr
