@@ -4,7 +4,7 @@
 # optimizer step, and blocks only), float8 compiled, then the tests marked `cuda`, bf16 / float8 eager with the
 # MFU trainwright logs, and the quick suite on a GPU machine.
 # Usage: OUT=dir bash benchmarks/gpu_checks.sh      (torchao must be importable for the float8 rows;
-#        SKIP_QUICK=1 leaves out the quick suite; GPT_TIMEOUT / COMPILED_TIMEOUT bound the benchmark runs)
+#        SKIP_QUICK=1 leaves out the quick suite; GPT_TIMEOUT / COMPILED_TIMEOUT / CUDA_TESTS_TIMEOUT bound the parts)
 set -uo pipefail
 out=${OUT:-gpu_out}
 mkdir -p "$out"
@@ -20,7 +20,7 @@ grep -c "Recompiling function" "$out/compiled_logs.txt"
 echo "== gpt2-small float8 compiled"
 timeout ${COMPILED_TIMEOUT:-300} $gpt --precision float8 --sides raw_compiled,tw_compiled --rounds 1 --json "$out/gpt_float8_compiled.json" 2>&1 | tail -6
 echo "== tests marked cuda"
-timeout 240 $py -m pytest -q -rs -m cuda -p no:cacheprovider tests 2>&1 | tee "$out/cuda_tests.log" | tail -15
+timeout ${CUDA_TESTS_TIMEOUT:-240} $py -m pytest -q -rs -m cuda -p no:cacheprovider tests 2>&1 | tee "$out/cuda_tests.log" | tail -15
 echo "== gpt2-small bf16 eager"
 timeout ${GPT_TIMEOUT:-120} $gpt --precision bf16-mixed --sides raw_eager,tw_eager --rounds 3 --json "$out/gpt_bf16_eager.json" 2>&1 | tail -6
 echo "== gpt2-small float8 eager"
