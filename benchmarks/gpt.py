@@ -223,6 +223,11 @@ def run_side(name: str, s: Setup, init: dict, data: Subset, tmp: str, r: int) ->
     return trainwright_loop(s, init, data, compiled, os.path.join(tmp, f"{name}{r}"), compile_step)
 
 
+def _progress(line: str) -> None:
+    """One line per finished run on stderr (stdout is captured while the sides run): a run cut off by a time limit still shows how far it got."""
+    print(f"[{time.strftime('%H:%M:%S')}] {line}", file=sys.stderr, flush=True)
+
+
 def bench(s: Setup, rounds: int, sides: list[str]) -> dict:
     torch.manual_seed(0)
     init = make_model(s).state_dict()
@@ -237,15 +242,18 @@ def bench(s: Setup, rounds: int, sides: list[str]) -> dict:
             if SIDES[name][1]:
                 torch._dynamo.reset()  # each compiled side compiles from scratch (the on-disk cache of this run is shared)
             _, total, _, _ = run_side(name, s, init, data, tmp, -1)
+            _progress(f"{name} first run {total:.1f} s")
             if SIDES[name][1]:
                 _, steady, _, _ = run_side(name, s, init, data, tmp, -2)
                 compile_s[name] = total - steady
+                _progress(f"{name} steady run {steady:.1f} s")
         for r in range(rounds):
             order = sides if r % 2 == 0 else sides[::-1]
             for name in order:
                 t, _, losses[name], c = run_side(name, s, init, data, tmp, r)
                 times[name].append(t)
                 cpu[name].append(c)
+                _progress(f"round {r + 1} {name} {t:.3f} s timed")
     timed_tokens = (s.steps - s.warmup) * s.batch_size * s.block_size
     tol = 1e-4 if s.precision == "32" else 2e-2
     rows = []

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import warnings
 from pathlib import Path
 from typing import Any
 
@@ -71,3 +72,23 @@ def test_float8_trains_the_linear_layers_in_float8_close_to_bf16(tmp_path: Path)
         plain.load_state_dict(torch.load(ckpt, map_location="cpu", weights_only=True)["model"])
     assert len(losses["float8"]) == len(losses["bf16-mixed"]) > 0
     assert losses["float8"] == pytest.approx(losses["bf16-mixed"], rel=0.1)  # float8 rounding: close to bf16, not equal
+
+
+@pytest.mark.cuda
+def test_float8_compiled_trains_close_to_bf16_without_the_eager_warning(tmp_path: Path) -> None:
+    """float8 is meant to run compiled (its scaling fused into the matmuls): the compiled run trains as the eager one."""
+    pytest.importorskip("torchao.float8")
+    if torch.cuda.get_device_capability() < (8, 9):
+        pytest.skip("float8 matmuls need compute capability 8.9")
+    losses: dict[str, list[float]] = {}
+    for name, precision, compile in (("bf16", "bf16-mixed", False), ("float8", "float8", True)):
+        t = tw.Trainer(MLP(), work_dir=tmp_path / name, train_dataloader=_loader(), train_cfg=dict(by_epoch=True, max_epochs=3),
+                       optim_wrapper=dict(optimizer=dict(type="AdamW", lr=1e-3)), precision=precision, compile=compile,
+                       randomness=dict(seed=0), default_hooks=dict(checkpoint=None))
+        with warnings.catch_warnings():
+            warnings.filterwarnings("error", message=".*without compilation.*")
+            t.train()
+        losses[name] = [r["loss"] for r in train_records(t.run_dir)]
+        t.close()
+    assert len(losses["float8"]) == len(losses["bf16"]) > 0
+    assert losses["float8"] == pytest.approx(losses["bf16"], rel=0.1)

@@ -132,8 +132,10 @@ def test_cuda_snapshot_and_peaks_per_phase(tmp_path: Path) -> None:
     recs = [json.loads(line) for line in (t.run_dir / "metrics.jsonl").read_text().splitlines()]
     train = [r["max_memory_mb"] for r in recs if r["mode"] == "train"]
     val = [r["max_memory_mb"] for r in recs if r["mode"] == "val"]
-    assert len(val) == 2 and all(v >= 64 for v in val)
-    assert train and all(0 < m < 64 for m in train), train  # the evaluation's scratch tensor is not in the training lines
+    # the evaluation's 64 MiB scratch tensor is in the evaluation lines, not in the training lines; both hold what stays
+    # allocated (on an H100 the cuBLAS workspaces, about 64 MiB, made the training peak 66.4 MiB)
+    assert train and all(m > 0 for m in train), train
+    assert len(val) == 2 and all(v >= max(train) + 63 for v in val), (train, val)
     log = (t.run_dir / "train.log").read_text()
     assert "Wrote the CUDA memory snapshot of iterations 2-3" in log and "Checkpoint save at iteration 4: peak memory allocated" in log
 
