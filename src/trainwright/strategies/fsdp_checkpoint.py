@@ -183,8 +183,8 @@ class _Upload:
 def _finish_upload(strategy: FSDPStrategy, upload: _Upload, after: Callable[[], None] | None) -> None:
     """Complete a background remote write on every rank: all uploads done, rank 0 puts ``.metadata`` and runs ``after``.
 
-    Two agreements (one boolean each) on the training group: every rank's files are up;
-    then rank 0's ``.metadata``. Any failure keeps the local copy as
+    Two agreements (one boolean each) on the training group: every rank's files are up; then
+    rank 0's ``.metadata`` (or, when the first failed, whether every local write succeeded). Any failure keeps the local copy as
     ``fallback/<name>`` (a complete checkpoint, unless the local write itself failed) with a
     warning naming it, deletes the partial remote folder (best effort: without ``.metadata``
     resume skips it anyway) and leaves ``latest`` as it was. After a failed run there is no
@@ -198,24 +198,20 @@ def _finish_upload(strategy: FSDPStrategy, upload: _Upload, after: Callable[[], 
     upload.join()
     target, store = upload.target, upload.target.store
     error: BaseException | None = upload.write_error or upload.upload_error
-    if strategy.run_failed:
-        failed = True
-    else:
-        failed = strategy.any_true(error is not None)
-        if not failed and strategy.is_main_process:
+    if strategy.run_failed:  # no collective: the other ranks may be gone
+        failed, written = True, upload.write_error is None
+    elif strategy.any_true(error is not None):
+        failed, written = True, not strategy.any_true(upload.write_error is not None)
+    else:  # every rank wrote and uploaded its files
+        if strategy.is_main_process:
             try:
                 (target / dcp_io.METADATA).upload(upload.local / dcp_io.METADATA)  # last: the directory is complete from here on
             except Exception as e:  # noqa: BLE001 - any storage error: the local copy is kept
                 error = e
-        failed = strategy.any_true(error is not None)
-    written = not strategy.any_true(upload.write_error is not None) if not strategy.run_failed else upload.write_error is None
+        failed, written = strategy.any_true(error is not None), True
     if not failed:
         shutil.rmtree(upload.local, ignore_errors=True)
-        if strategy.is_main_process and after is not None:
-            try:
-                after()
-            except Exception as e:  # noqa: BLE001 - the checkpoint is complete; only the pointer is stale
-                warnings.warn(f"Checkpoint {target.url} was written, but updating `latest` / deleting old checkpoints failed ({store.explain(e)})", stacklevel=4)
+        _after_written(strategy, target, after)
         return
     if strategy.is_main_process:
         try:
@@ -237,6 +233,18 @@ def _finish_upload(strategy: FSDPStrategy, upload: _Upload, after: Callable[[], 
             f"there once the storage is back, or resume from it with resume={str(kept)!r}.",
             stacklevel=4,
         )
+
+
+def _after_written(strategy: FSDPStrategy, target: RemotePath, after: Callable[[], None] | None) -> None:
+    """Rank 0, once the checkpoint at ``target`` is complete: run ``after`` (``latest``, old checkpoints); its failure only warns."""
+    import warnings
+
+    if not strategy.is_main_process or after is None:
+        return
+    try:
+        after()
+    except Exception as e:  # noqa: BLE001 - the checkpoint is complete; only the pointer is stale
+        warnings.warn(f"Checkpoint {target.url} was written, but updating `latest` / deleting old checkpoints failed ({target.store.explain(e)})", stacklevel=5)
 
 
 def _stage_locally(strategy: FSDPStrategy, target: Path, state: Mapping[str, Any]) -> tuple[Path, dict[str, Any]]:
@@ -288,11 +296,7 @@ def save_remote(strategy: FSDPStrategy, target: RemotePath, state: Mapping[str, 
             continue
         try:
             dcp_io.save_shards(sharded, target, target)
-            if strategy.is_main_process and after is not None:
-                try:
-                    after()
-                except Exception as e:  # noqa: BLE001 - the checkpoint is complete; only the pointer is stale
-                    warnings.warn(f"Checkpoint {target.url} was written, but updating `latest` / deleting old checkpoints failed ({store.explain(e)})", stacklevel=4)
+            _after_written(strategy, target, after)
             strategy.barrier()
             return
         except OSError as e:
