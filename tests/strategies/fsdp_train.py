@@ -152,6 +152,9 @@ def run(out: Path, spec: str) -> None:
     full = trainer.strategy.full_model_state_dict()
     averaged = ema.state_dict()["averaged"] if ema is not None and ema.ema is not None else {}  # DTensors under FSDP: whole ones below (a collective)
     averaged = {k: v.full_tensor() if hasattr(v, "full_tensor") else v for k, v in averaged.items()}
+    loaded = {}  # a resumed sharded run: how the checkpoint's hook averages come back from strategy.load_checkpoint (sharded or whole)
+    if trainer.checkpoints.restored and trainer.strategy.name == "fsdp" and str(trainer.checkpoints.restored[0]).endswith(".dcp"):
+        loaded = _tensor_leaves(trainer.strategy.load_checkpoint(trainer.checkpoints.restored[0])["hooks"])
     ow = trainer.optim_wrapper
     result = {
         "params": {k: v.detach().clone() for k, v in full.items()},
@@ -172,12 +175,23 @@ def run(out: Path, spec: str) -> None:
         "ema": {k: v.detach().cpu().clone() for k, v in averaged.items()},
         "val": [{k: v for k, v in r.items() if k.startswith("val/")} for r in _records(trainer, "val")],
         "epoch": trainer.progress.epoch,
+        "loaded_hook_tensors": loaded,
         "norms": [n for n in ({k: v for k, v in r.items() if k.split("/")[0] in ("grad_norm", "param_norm", "update_ratio")} for r in _records(trainer)) if n],
     }
     trainer.close()
     result["group_after_close"] = dist.is_initialized()
     (out / name).mkdir(parents=True, exist_ok=True)
     torch.save(result, out / name / f"result_rank{rank}.pt")
+
+
+def _tensor_leaves(obj, path: str = "") -> dict:
+    """``{path: (type name, global shape, this process's shape)}`` of each tensor in ``obj``."""
+    if isinstance(obj, torch.Tensor):
+        local = obj.to_local() if hasattr(obj, "to_local") else obj
+        return {path: (type(obj).__name__, tuple(obj.shape), tuple(local.shape))}
+    if isinstance(obj, dict):
+        return {k: v for key, sub in obj.items() for k, v in _tensor_leaves(sub, f"{path}/{key}").items()}
+    return {}
 
 
 def _records(trainer: tw.Trainer, mode: str = "train") -> list[dict]:

@@ -242,6 +242,16 @@ def test_ema_hook_under_fsdp_averages_the_shards_and_resumes(out: Path) -> None:
         assert (got["restored"] or "").endswith("iter_4.dcp") == (name != "X")  # Y and J trained iterations 5-8 only: the average at 4 came from X's checkpoint
         for k, v in reference.items():
             torch.testing.assert_close(got["ema"][k], v, atol=ATOL, rtol=0, msg=f"{name} {k}")  # measured: within 3e-8
+    _assert_read_as_shards(out, "Y", 4)
+
+
+def _assert_read_as_shards(out: Path, name: str, count: int) -> None:
+    """A 2-process resume read each rank's shard of a hook's average (as the model's parameter of the same name), not the whole tensor."""
+    ranks = [_result(out, name, rank)["loaded_hook_tensors"] for rank in (0, 1)]
+    assert ranks[0].keys() == ranks[1].keys() and len(ranks[0]) == count, ranks[0]
+    for path, (kind, whole, own) in ranks[0].items():
+        other = ranks[1][path][2]
+        assert kind == "DTensor" and own[0] + other[0] == whole[0] and own[1:] == other[1:] == whole[1:], (path, whole, own, other)
 
 
 def test_swa_hook_under_fsdp_equals_one_process_and_resumes(out: Path) -> None:
@@ -252,6 +262,7 @@ def test_swa_hook_under_fsdp_equals_one_process_and_resumes(out: Path) -> None:
         assert got["iteration"] == 12 and got["error"] is None
         assert (got["restored"] or "").endswith("iter_10.dcp") == (name == "Z")
         _assert_params_close(got, reference)
+    _assert_read_as_shards(out, "Z", 4)
 
 
 def _val_close(a: list[dict], b: list[dict]) -> None:

@@ -30,10 +30,10 @@ def out(tmp_path_factory: pytest.TempPathFactory) -> Path:
     # 4 processes: 2x2 with checkpoints at 3 and 6; its iteration-3 checkpoint resumed as 4x1 (tensor_parallel size 1, plan kept);
     # its gathered weights loaded (load_from) into a 2x2 run that does not move them (lr=0);
     # a callable plan; a plan pattern that matches nothing; tensor_parallel size 3 (does not divide 4)
-    launch(SCRIPT, [str(out), "T:tp2:8:6:save=3:weights=1", f"U:tp1:4:6:resume={ckpt}", f"L:tp2:8:1:lr=0:load={out / 'T' / 'weights.safetensors'}",
+    launch(SCRIPT, [str(out), "T:tp2:8:6:save=3:weights=1:ema=1", f"U:tp1:4:6:resume={ckpt}:ema=1", f"L:tp2:8:1:lr=0:load={out / 'T' / 'weights.safetensors'}",
                     "C:tp2:8:2:plan=callable", "B:tp2:8:1:plan=bad", "X:tp3:8:1"], out, nproc=4, timeout=420)
     # 1 process: the full-batch reference; the 2x2 checkpoint resumed as a 1-process FSDP run and by strategy='single'
-    launch(SCRIPT, [str(out), "F:single:16:6", f"O:fsdp:16:6:resume={ckpt}", f"S:single:16:6:resume={ckpt}"], out, nproc=1, timeout=240)
+    launch(SCRIPT, [str(out), "F:single:16:6:ema=1", f"O:fsdp:16:6:resume={ckpt}:ema=1", f"S:single:16:6:resume={ckpt}:ema=1"], out, nproc=1, timeout=240)
     return out
 
 
@@ -76,15 +76,19 @@ def test_2x2_mesh_trains_as_one_process_on_the_full_batch(out: Path) -> None:
 @pytest.mark.slow
 def test_2x2_checkpoint_resumes_at_4x1_and_1x1(out: Path) -> None:
     """Steps 1-3 at 2x2, 4-6 at 4x1 (tensor_parallel size 1), at 1x1 as FSDP, and on one device without a process group:
-    the losses of steps 4-6 and the final weights equal the uninterrupted runs (2x2 and the one-process reference)."""
+    the losses of steps 4-6, the final weights and the EMAHook's average equal the uninterrupted runs (2x2 and the one-process reference)."""
     single, uninterrupted = _result(out, "F"), _result(out, "T")
     assert sorted(p.name for p in (out / "T" / "checkpoints" / "iter_3.dcp").iterdir()) == [".metadata", "__0_0.distcp", "__1_0.distcp", "__2_0.distcp", "__3_0.distcp", "trainer_state.pth"]
+    assert single["ema"].keys() == single["params"].keys()
     for name, dp in (("U", 4), ("O", 1), ("S", 1)):
         resumed = _result(out, name)
         assert (resumed["error"], resumed["iteration"], resumed["data_parallel_size"]) == (None, 6, dp), name
         torch.testing.assert_close(_losses(resumed), _losses(single)[3:], rtol=RTOL, atol=0, msg=name)
         _assert_params_close(resumed, uninterrupted)
         _assert_params_close(resumed, single)
+        for k, v in single["ema"].items():  # the EMA of the sharded blocks: averaged per shard at 2x2, resharded by the checkpoint
+            torch.testing.assert_close(resumed["ema"][k], v, atol=ATOL, rtol=RTOL, msg=f"{name} ema {k}")
+            torch.testing.assert_close(uninterrupted["ema"][k], v, atol=ATOL, rtol=RTOL, msg=f"T ema {k}")
         assert resumed["val"][0]["val/loss"] == pytest.approx(single["val"][0]["val/loss"], rel=RTOL)
 
 

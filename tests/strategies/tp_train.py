@@ -7,7 +7,7 @@ applied), ``tp2`` / ``tp3`` (the example's plan over 2 / 3 ranks); ``batch`` is 
 FSDP shards each Block as a unit. Options: ``save=N`` (checkpoint every N iterations),
 ``resume=PATH``, ``plan=bad`` (the example's plan and a pattern that matches nothing),
 ``plan=callable`` (a function that splits the first block's MLP itself), ``weights=1``
-(``save_weights`` after training), ``load=PATH`` (``load_from``), ``lr=X`` (default 0.5). Every run clips gradients at max_norm 0.5 and validates
+(``save_weights`` after training), ``load=PATH`` (``load_from``), ``lr=X`` (default 0.5), ``ema=1`` (EMAHook, momentum 0.1; the gathered average is recorded). Every run clips gradients at max_norm 0.5 and validates
 once at the end on 10 sequences (two data shards of 5, one padded).
 Under torchrun the script makes the process group and destroys it after the runs.
 Writes OUT_DIR/NAME/result_rank<r>.pt: the train records of metrics.jsonl (rank 0), the
@@ -61,6 +61,7 @@ def run(out: Path, spec: str) -> None:
     tw.seed_everything(0)
     model = gpt.CharGPT(block_size=8, dim=16, depth=2, heads=4)  # same initial weights everywhere (seeded)
     save = int(o.get("save", 0))
+    ema = tw.hooks.EMAHook(momentum=0.1) if o.get("ema") == "1" else None
     result: dict = {"error": None}
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
@@ -80,6 +81,7 @@ def run(out: Path, spec: str) -> None:
                 load_from=o.get("load"),
                 randomness=dict(seed=0),
                 log_level="WARNING",
+                custom_hooks=[ema] if ema is not None else [],
             )
         except ValueError as e:  # recorded for the test (a world size the tensor-parallel size does not divide)
             result["error"] = str(e)
@@ -95,6 +97,8 @@ def run(out: Path, spec: str) -> None:
                 trainer.save_weights(out / name / "weights.safetensors")
             full = trainer.strategy.full_model_state_dict()
             ow = trainer.optim_wrapper
+            averaged = ema.state_dict()["averaged"] if ema is not None else {}  # DTensors on the (dp, tp) mesh: gathered (a collective)
+            result["ema"] = {k: (v.full_tensor() if hasattr(v, "full_tensor") else v).detach().clone() for k, v in averaged.items()}
             records = [json.loads(line) for line in (out / name / "run" / "metrics.jsonl").read_text().splitlines()] if rank == 0 else []
             result.update(
                 params={k: v.detach().clone() for k, v in full.items()},

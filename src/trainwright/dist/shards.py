@@ -2,8 +2,8 @@
 
 Elementwise work on a model's weights (averages, copies) runs on each process's local shards:
 no communication, and the shards together are the result for the whole tensor. A sharded
-checkpoint writes such DTensors with the model's shards (DCP) and reads them back whole, each
-process keeping its shard (:func:`load_into`).
+checkpoint writes such DTensors with the model's shards (DCP) and reads each back sharded as
+the model's tensor of the same name, else whole; :func:`load_into` takes either.
 """
 
 from __future__ import annotations
@@ -29,8 +29,18 @@ def locals_of(tensors: Sequence[torch.Tensor]) -> list[torch.Tensor]:
 
 
 def load_into(target: torch.Tensor, saved: torch.Tensor) -> None:
-    """Copy ``saved`` into ``target``; a whole tensor into a sharded one goes to this process's shard of it (no communication)."""
-    if is_sharded(target) and not is_sharded(saved):
+    """Copy ``saved`` into ``target``; a whole tensor into a sharded one goes to this process's shard of it (no communication).
+
+    A sharded ``saved`` laid out as ``target`` is copied shard to shard; laid out otherwise, it is
+    gathered first (a collective: every process loads the same pieces).
+    """
+    if is_sharded(saved):
+        if is_sharded(target) and (saved.device_mesh, saved.placements) == (target.device_mesh, target.placements):  # type: ignore[attr-defined]
+            with torch.no_grad():
+                local(target).copy_(local(saved))
+            return
+        saved = saved.full_tensor()  # type: ignore[attr-defined]
+    if is_sharded(target):
         from torch.distributed.tensor import distribute_tensor
 
         mesh, placements = target.device_mesh, target.placements  # type: ignore[attr-defined]

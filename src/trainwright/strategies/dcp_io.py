@@ -235,8 +235,13 @@ def has_extras(rest: Mapping[str, Any]) -> bool:
     return bool(rest.get(_EXTRA_PATHS))
 
 
-def extra_templates(path: Location) -> dict[str, torch.Tensor]:
-    """Whole (unsharded) CPU tensors shaped as the checkpoint's :data:`EXTRA` entries, for ``dcp.load`` to fill on every process.
+def extra_templates(path: Location, like: Mapping[str, Any]) -> dict[str, torch.Tensor]:
+    """Empty tensors for ``dcp.load`` to fill with the checkpoint's :data:`EXTRA` entries, each process its part.
+
+    An entry whose path ends in a name of ``like`` (this run's model state dict) with the same
+    shape is read sharded as that tensor is: an EMA or SWA average of parameter ``fc.weight``
+    comes back as this process's shard of it, at any world size or layout. Any other entry is
+    read whole, on every process.
 
     Raises:
         CheckpointError: the metadata is missing or unreadable.
@@ -245,8 +250,17 @@ def extra_templates(path: Location) -> dict[str, torch.Tensor]:
 
     meta = storage_reader(path).read_metadata()
     prefix = EXTRA + "."
-    return {k[len(prefix):]: torch.empty(tuple(v.size), dtype=v.properties.dtype) for k, v in meta.state_dict_metadata.items()
-            if k.startswith(prefix) and isinstance(v, TensorStorageMetadata)}
+    out: dict[str, torch.Tensor] = {}
+    for k, v in meta.state_dict_metadata.items():
+        if not k.startswith(prefix) or not isinstance(v, TensorStorageMetadata):
+            continue
+        key = k[len(prefix):]
+        model_t = like.get(json.loads(key)[-1])
+        if isinstance(model_t, torch.Tensor) and type(model_t).__name__ == "DTensor" and tuple(model_t.shape) == tuple(v.size):
+            out[key] = torch.empty_like(model_t, dtype=v.properties.dtype)
+        else:
+            out[key] = torch.empty(tuple(v.size), dtype=v.properties.dtype)
+    return out
 
 
 def merge(rest: dict[str, Any], sharded: Mapping[str, Any]) -> dict[str, Any]:

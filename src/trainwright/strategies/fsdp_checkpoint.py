@@ -341,8 +341,8 @@ def load(strategy: FSDPStrategy, p: Location) -> dict[str, Any]:
         wrappers = optim_wrappers_of(strategy._optim_wrapper)
         sharded["optim"] = {name: get_optimizer_state_dict(module, ow.optimizer) for name, ow in wrappers.items() if (name in optim if name else True)}
     sharded = copy_tensors(sharded)
-    if dcp_io.has_extras(rest):  # sharded tensors of other pieces (a hook's average): read whole on every rank, each piece takes its shard
-        sharded[dcp_io.EXTRA] = dcp_io.extra_templates(p)
+    if dcp_io.has_extras(rest):  # sharded tensors of other pieces (a hook's average): read as the model's tensor of the same name is
+        sharded[dcp_io.EXTRA] = dcp_io.extra_templates(p, like=sharded["model"])
     dcp_io.load_into(p, sharded)
     return dcp_io.merge(rest, sharded)
 
