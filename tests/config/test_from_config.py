@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import sys
 import textwrap
 import warnings
 from pathlib import Path
 
 import pytest
 import torch
+import torch.nn.functional as F
 from torch import nn
 
 import trainwright as tw
@@ -265,6 +267,48 @@ def test_collate_fn_configs_build_mmengine_functions(tmp_path: Path) -> None:
     assert pseudo_collate([{"a": 1, "b": "x"}, {"a": 2, "b": "y"}]) == {"a": [1, 2], "b": ["x", "y"]}
     with pytest.raises(ConfigError, match="pseudo_colate"):
         tw.Trainer.from_config(dict(model=nn.Linear(2, 1), work_dir=str(tmp_path / "bad"), val_dataloader=dict(dataset=data, collate_fn=dict(type="pseudo_colate"))))
+
+
+class _StackedOnly(tw.BaseModel):
+    """A model written for stacked tensors (torch's default_collate), as most plain PyTorch models are."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.fc = nn.Linear(2, 3)
+
+    def forward(self, x, y=None, mode="tensor"):
+        out = self.fc(x)
+        return {"loss": F.cross_entropy(out, y)} if mode == "loss" else out
+
+
+def test_a_model_given_pseudo_collate_lists_is_told_why_and_what_to_change(tmp_path: Path) -> None:
+    """mmengine's Runner collates an mmengine-style dataloader with pseudo_collate (so does trainwright); a model that expects
+    tensors fails inside torch with a TypeError about a tuple. The error and the log's last line name the cause and the fix."""
+    data = torch.utils.data.TensorDataset(torch.randn(8, 2), torch.randint(0, 3, (8,)))
+    loader = dict(dataset=data, batch_size=4, sampler=dict(type="DefaultSampler", shuffle=True))
+    cfg = dict(model=_StackedOnly(), work_dir=str(tmp_path / "mm"), train_dataloader=loader, train_cfg=dict(by_epoch=True, max_epochs=1),
+               optim_wrapper=dict(optimizer=dict(type="SGD", lr=0.1)))
+    trainer = tw.Trainer.from_config(cfg)
+    with pytest.raises(TypeError, match="not tuple") as info:
+        trainer.train()
+    fix = "collate_fn=dict(type='default_collate')"
+    last = (trainer.run_dir / "train.log").read_text().splitlines()[-1]
+    trainer.close()
+    assert "Stopped by TypeError" in last and "pseudo_collate" in last and fix in last, last
+    if sys.version_info >= (3, 11):
+        assert any(fix in note for note in info.value.__notes__)
+    # the fix it names trains
+    trainer = tw.Trainer.from_config({**cfg, "work_dir": str(tmp_path / "fixed"), "train_dataloader": {**loader, "collate_fn": dict(type="default_collate")}})
+    trainer.train()
+    assert trainer.progress.iteration == 2
+    trainer.close()
+    # a plain dataloader (torch's default_collate) gets no such hint for a TypeError of its own
+    trainer = tw.Trainer.from_config({**cfg, "work_dir": str(tmp_path / "plain"), "train_dataloader": dict(dataset=[([1.0, 2.0], 0)] * 4, batch_size=2)})
+    with pytest.raises(TypeError):
+        trainer.train()
+    last = (trainer.run_dir / "train.log").read_text().splitlines()[-1]
+    trainer.close()
+    assert "Stopped by TypeError" in last and "pseudo_collate" not in last, last
 
 
 def test_unknown_top_level_key_has_close_match(tmp_path: Path) -> None:

@@ -7,7 +7,7 @@ arguments bound) builds the loader's collate function.
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
 from torch.utils.data import default_collate
@@ -46,7 +46,25 @@ def pseudo_collate(data_batch: Sequence[Any]) -> Any:
     return data_batch
 
 
+def pseudo_collate_hint(error: BaseException, loaders: Iterable[Any]) -> str:
+    """What to change when ``error`` looks like a model given :func:`pseudo_collate`'s lists for tensors ('' otherwise).
+
+    A dataloader configured mmengine-style (``sampler=dict(type='DefaultSampler')``) collates
+    with :func:`pseudo_collate`, as mmengine's Runner does; a model written for stacked tensors
+    then fails with a ``TypeError`` about a list or tuple, which names neither cause nor fix.
+    """
+    if not isinstance(error, TypeError) or not any(word in str(error) for word in ("list", "tuple")):
+        return ""
+    for loader in loaders:
+        fn = getattr(getattr(loader, "loader", loader), "collate_fn", None)
+        if getattr(fn, "func", fn) is pseudo_collate:
+            return ("the batch came from pseudo_collate, mmengine's collate of a dataloader configured mmengine-style, which keeps a "
+                    "batch's samples as lists: stack them in the model's data_preprocessor, or give the dataloader "
+                    "collate_fn=dict(type='default_collate')")
+    return ""
+
+
 FUNCTIONS.register(pseudo_collate, name="pseudo_collate")
 FUNCTIONS.register(default_collate, name="default_collate")
 
-__all__ = ["default_collate", "pseudo_collate"]
+__all__ = ["default_collate", "pseudo_collate", "pseudo_collate_hint"]

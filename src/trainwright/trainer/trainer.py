@@ -28,6 +28,7 @@ from trainwright.logging.message_hub import MessageHub
 from trainwright.logging.writers import Writer, Writers, build_writers, plain
 from trainwright.utils.progress import Progress
 from trainwright.loops.context import LoopContext
+from trainwright.data.collate import pseudo_collate_hint
 from trainwright.loops.train_loop import EpochBasedTrainLoop, IterBasedTrainLoop
 from trainwright.model.base_model import ModuleAdapter, as_base_model
 from trainwright.model.compile import check_static_batches
@@ -602,6 +603,11 @@ class Trainer:
         log lines, so the reason is the last thing in ``train.log``.
         """
         where = self._where()
+        loops = (self.train_loop, self.val_loop, self.test_loop)
+        hint = pseudo_collate_hint(e, [loop.dataloader for loop in loops if loop is not None])
+        if hint and hasattr(e, "add_note"):  # shown with the traceback too (Python 3.11+)
+            e.add_note(hint)
+        hint = f" ({hint})" if hint else ""
         if getattr(e, "raised_on_every_rank", False):  # the ranks are together (e.g. their settings differ): nothing to leave for the others
             return f"Stopped by {type(e).__name__} {where}: {e}"
         others = self.strategy.report_failure(e, where) if isinstance(self.strategy, ProcessGroupStrategy) else ""
@@ -609,7 +615,7 @@ class Trainer:
         if isinstance(e, SystemExit):  # a preemption exit is logged by its hook
             return None
         rank = f" on rank {self.strategy.rank}" if self.strategy.world_size > 1 else ""
-        return f"Stopped by {type(e).__name__}{rank} {where}: {e}{others}"
+        return f"Stopped by {type(e).__name__}{rank} {where}: {e}{hint}{others}"
 
     def _log_failure(self, e: BaseException, line: str | None) -> None:
         """Log the error's traceback, then ``line`` (the reason) as the last line, and make both visible on disk."""
