@@ -86,13 +86,14 @@ def test_ties_are_broken_like_argmax() -> None:
         (lambda x, y: {"inputs": x, "labels": y}, lambda s, y: s, {}),
         (lambda x, y: {"inputs": x, "y": y}, lambda s, y: s, {}),
         (lambda x, y: {"inputs": x, "cls": y}, lambda s, y: s, {"target_key": "cls"}),
+        (lambda x, y: {"inputs": x, "data_samples": y}, lambda s, y: s, {}),
         (lambda x, y: {"inputs": x}, lambda s, y: {"logits": s, "target": y}, {}),
         (lambda x, y: {"inputs": x, "label": torch.zeros_like(y)}, lambda s, y: {"pred": s, "label": y}, {}),  # outputs win
         (lambda x, y: (x, y.unsqueeze(1)), lambda s, y: s, {}),
         (lambda x, y: (x, torch.nn.functional.one_hot(y, 6)), lambda s, y: s, {}),
         (lambda x, y: (x, y.tolist()), lambda s, y: s, {}),
     ],
-    ids=["tuple", "list-last", "dict-labels", "dict-y", "dict-target_key", "outputs-dict", "outputs-dict-over-batch", "target-N1", "one-hot", "python-list"],
+    ids=["tuple", "list-last", "dict-labels", "dict-y", "dict-target_key", "dict-mmengine-data_samples", "outputs-dict", "outputs-dict-over-batch", "target-N1", "one-hot", "python-list"],
 )
 def test_target_is_found_in_every_supported_batch_layout(make_batch: Callable[..., Any], make_outputs: Callable[..., Any], kwargs: dict[str, Any]) -> None:
     g = torch.Generator().manual_seed(4)
@@ -108,6 +109,8 @@ def test_bad_inputs_name_the_problem_and_the_fix() -> None:
     scores, y = torch.randn(4, 3), torch.tensor([0, 1, 2, 0])
     with pytest.raises(KeyError, match="target_key"):
         Accuracy().process({"inputs": scores, "cls": y}, scores)
+    with pytest.raises(KeyError, match="a tensor in data_samples.*target_key"):  # mmengine data-sample objects are not read
+        Accuracy().process({"inputs": scores, "data_samples": [object()] * 4}, scores)
     with pytest.raises(ValueError, match="use topk=1"):
         Accuracy(topk=(1, 2)).process((scores, y), scores.argmax(1))
     with pytest.raises(ValueError, match="only 3 classes"):

@@ -5,6 +5,8 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+import torch
+
 TARGET_KEYS = ("label", "labels", "target", "targets", "y")
 PRED_KEYS = ("pred", "preds", "logits", "scores")
 
@@ -16,7 +18,8 @@ def pred_and_target(data_batch: Any, outputs: Any, target_key: str | None, who: 
     ``"logits"`` or ``"scores"``. The target: from a dict ``outputs`` when it holds a target
     key, else from ``data_batch``: its last element for a tuple / list batch; for a dict batch
     the entry ``target_key``, or the first of ``"label"``, ``"labels"``, ``"target"``,
-    ``"targets"``, ``"y"``.
+    ``"targets"``, ``"y"``, else ``"data_samples"`` when it is a tensor (mmengine's name for
+    what goes with the ``"inputs"``; its data-sample objects are not read).
 
     Args:
         data_batch: The batch as the data loader yielded it.
@@ -39,8 +42,11 @@ def pred_and_target(data_batch: Any, outputs: Any, target_key: str | None, who: 
     if target is None:
         if isinstance(data_batch, Mapping):
             target = first(data_batch, target_keys)
+            if target is None and target_key is None and isinstance(data_batch.get("data_samples"), torch.Tensor):
+                target = data_batch["data_samples"]  # mmengine's name for what goes with the inputs: a tensor of targets here
             if target is None:
-                raise KeyError(f"{who} found no target in the batch keys {sorted(data_batch)} (looked for {tuple(target_keys)}); pass {who}(target_key=...) naming it.")
+                raise KeyError(f"{who} found no target in the batch keys {sorted(data_batch)} (looked for {tuple(target_keys)}"
+                               f"{', and a tensor in data_samples' if target_key is None else ''}); pass {who}(target_key=...) naming it.")
         elif isinstance(data_batch, (list, tuple)) and len(data_batch) > 0:
             target = data_batch[-1]
         else:
