@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import atexit
 import json
+import logging
 import os
 import signal
 import sys
@@ -71,6 +72,34 @@ class SigtermAt(tw.Hook):
     def before_train_iter(self, trainer, batch_idx, data_batch=None) -> None:
         if trainer.progress.iteration + 1 == self.at:
             os.kill(os.getpid(), signal.SIGTERM)
+
+
+class StuckBefore(tw.Hook):
+    """Waits 2.5 s before this process's ``at``-th step (a rank stuck in user code while the others wait in a collective)."""
+
+    def __init__(self, at: int) -> None:
+        self.at = at
+
+    def before_train_iter(self, trainer, batch_idx, data_batch=None) -> None:
+        if trainer.progress.iteration + 1 == self.at:
+            stuck_in_user_code()
+
+
+def stuck_in_user_code() -> None:
+    import time
+
+    time.sleep(2.5)
+
+
+class _Messages(logging.Handler):
+    """Keeps the messages of a trainer's logger that reach this rank's output."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.messages: list[str] = []
+
+    def emit(self, record: logging.LogRecord) -> None:
+        self.messages.append(record.getMessage())
 
 
 class MLP(tw.BaseModel):
@@ -126,18 +155,21 @@ def run(out: Path, spec: str) -> None:
                            clip_grad=dict(max_norm=float(o["clip"])) if "clip" in o else None),
         train_cfg=dict(by_epoch=True, max_epochs=int(o["epochs"])) if "epochs" in o else dict(by_epoch=False, max_iters=int(iters)),
         default_hooks=dict(logger=dict(interval=2, flush_secs=0), **({"norms": dict(interval=2)} if o.get("norms") == "1" else {}),
+                           **({"stall": dict(timeout_s=1.0)} if "stall" in o else {}),
                            checkpoint=dict(by_epoch=False, interval=save or -1, save_last=bool(save), max_keep_ckpts=int(o.get("keep", -1)), async_save=o.get("async") == "1", **best)),
         strategy=dict(type="fsdp", shard_modules=["Linear"]) if strategy == "fsdp" else strategy,
         precision=o.get("precision", "32"),
         resume=resume,
         load_from=o.get("load"),
         custom_hooks=([Reclip(float(o["reclip"]))] if "reclip" in o else []) + ([tw.hooks.SWAHook(int(o["swa"]), swa_lr=0.05, anneal_epochs=1)] if "swa" in o else [])
-        + ([tw.hooks.ProfilerHook(wait=0, warmup=1, active=2)] if o.get("prof") == "1" else []) + ([ema] if ema is not None else []) + ([SigtermAt(int(o["sigterm"]))] if "sigterm" in o and rank == 1 else []) + ([tw.hooks.EarlyStoppingHook("val/mse", rule="less", patience=es)] if es else []),
+        + ([tw.hooks.ProfilerHook(wait=0, warmup=1, active=2)] if o.get("prof") == "1" else []) + ([ema] if ema is not None else []) + ([SigtermAt(int(o["sigterm"]))] if "sigterm" in o and rank == 1 else []) + ([StuckBefore(int(o["stall"]))] if "stall" in o and rank == 1 else []) + ([tw.hooks.EarlyStoppingHook("val/mse", rule="less", patience=es)] if es else []),
         **val,
         randomness=dict(seed=0),
         log_level="WARNING",
         nonfinite_loss="skip" if o.get("skipnan") == "1" else "raise",
     )
+    messages = _Messages()
+    trainer.logger.addHandler(messages)
     error = exit_code = None
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
@@ -176,6 +208,7 @@ def run(out: Path, spec: str) -> None:
         "val": [{k: v for k, v in r.items() if k.startswith("val/")} for r in _records(trainer, "val")],
         "epoch": trainer.progress.epoch,
         "loaded_hook_tensors": loaded,
+        "logged": messages.messages,
         "norms": [n for n in ({k: v for k, v in r.items() if k.split("/")[0] in ("grad_norm", "param_norm", "update_ratio")} for r in _records(trainer)) if n],
     }
     trainer.close()

@@ -45,7 +45,7 @@ def out(tmp_path_factory: pytest.TempPathFactory) -> Path:
                   "T:fsdp:8:0:swa=2:epochs=3:save=10", f"Z:fsdp:8:0:swa=2:epochs=3:resume={out / 'T' / 'checkpoints' / 'iter_10.dcp'}",
                   "ET:fsdp:8:0:epochs=8:es=1:ema=1", "EU:ddp:8:0:epochs=8:es=1:ema=1", "NA:ddp:8:12:accum=4:nanat=9", "NB:fsdp:8:8:nanat=3",
                   "SD:ddp:8:8:accum=2:nanat=4:skipnan=1", "SF:fsdp:8:8:accum=2:nanat=4:skipnan=1", "PT:fsdp:8:20:sigterm=3:save=100",
-                  "QA:fsdp:8:4:prof=1"], 2)
+                  "QA:fsdp:8:4:prof=1", "ST:ddp:8:6:stall=3"], 2)
     # a newer checkpoint with a truncated shard, named by `latest`: resume=True must skip it
     ckpts = out / "C" / "checkpoints"
     shutil.copytree(ckpts / "iter_4.dcp", ckpts / "iter_6.dcp")
@@ -341,3 +341,20 @@ def test_profiler_under_fsdp_writes_one_trace_per_rank_in_the_run_folder(out: Pa
     assert Path(r["traces"][0]).parent == Path(r["traces"][1]).parent
     for t in r["traces"]:
         assert "ProfilerStep#" in (out / t).read_text()
+
+
+def test_a_rank_stuck_in_user_code_and_the_rank_waiting_for_it_both_log_where_they_are(out: Path) -> None:
+    """StallHook under DDP: rank 1 waits 2.5 s in a hook before step 3, rank 0 waits for it in that step's collective; with timeout_s=1
+    each rank logs its own report, naming its rank and showing where its main thread waits; then the run ends normally."""
+    reports = {}
+    for rank in (0, 1):
+        got = _result(out, "ST", rank)
+        assert got["error"] is None and got["iteration"] == 6
+        found = [m for m in got["logged"] if m.startswith("No iteration finished")]
+        assert len(found) == 1, got["logged"]
+        reports[rank] = found[0]
+    assert "on rank 1 " in reports[1] and "in stuck_in_user_code" in reports[1], reports[1]
+    assert "on rank 0 " in reports[0] and "in stuck_in_user_code" not in reports[0] and "in backward" in reports[0], reports[0]  # DDP's all-reduce
+    assert "(the run stands at iteration 2)" in reports[0] and "(the run stands at iteration 2)" in reports[1]
+    (log,) = (out / "ST").glob("*/train.log")
+    assert "No iteration finished on rank 0" in log.read_text()  # rank 0's report is in the run's log too

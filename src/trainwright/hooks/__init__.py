@@ -16,6 +16,7 @@ from trainwright.hooks.profiler import ProfilerHook
 from trainwright.hooks.progress_bar import ProgressBarHook
 from trainwright.hooks.runtime_info import RuntimeInfoHook
 from trainwright.hooks.sampler_seed import DistSamplerSeedHook
+from trainwright.hooks.stall import StallHook
 from trainwright.hooks.swa import SWAHook
 
-__all__ = ["Hook", "HookList", "EVENTS", "CheckpointHook", "IterTimerHook", "LoggerHook", "ParamSchedulerHook", "DistSamplerSeedHook", "EMAHook", "EarlyStoppingHook", "FlopsHook", "PreemptionHook", "ProfilerHook", "ProgressBarHook", "RuntimeInfoHook", "NormsHook", "MemorySnapshotHook", "SWAHook"]
+__all__ = ["Hook", "HookList", "EVENTS", "CheckpointHook", "IterTimerHook", "LoggerHook", "ParamSchedulerHook", "DistSamplerSeedHook", "EMAHook", "EarlyStoppingHook", "FlopsHook", "PreemptionHook", "ProfilerHook", "ProgressBarHook", "RuntimeInfoHook", "NormsHook", "MemorySnapshotHook", "SWAHook", "StallHook"]

@@ -10,6 +10,7 @@ import trainwright.hooks.norms  # noqa: F401 - registers NormsHook
 import trainwright.hooks.preemption  # noqa: F401 - registers PreemptionHook
 import trainwright.hooks.progress_bar  # noqa: F401 - registers ProgressBarHook
 import trainwright.hooks.runtime_info  # noqa: F401 - registers RuntimeInfoHook
+import trainwright.hooks.stall  # noqa: F401 - registers StallHook
 from trainwright.hooks.hook import Hook, get_priority, require_hook
 from trainwright.registry import HOOKS, did_you_mean
 
@@ -24,6 +25,7 @@ DEFAULT_HOOKS: dict[str, dict[str, Any]] = {
     "sampler_seed": dict(type="DistSamplerSeedHook"),
     "preemption": dict(type="PreemptionHook"),
     "progress_bar": dict(type="ProgressBarHook"),
+    "stall": dict(type="StallHook", timeout_s=600.0),
 }
 
 #: Stock hooks a trainer has only when named in ``default_hooks`` (``dict(norms=dict(interval=100))``).

@@ -67,7 +67,8 @@ class Trainer:
         val_evaluator / test_evaluator: A Metric, an Evaluator, or dict(s) of metrics.
         default_hooks: Configure or disable (None) stock hooks by name: ``timer``,
             ``logger``, ``param_scheduler``, ``checkpoint``, ``sampler_seed``, ``preemption``, ``progress_bar``,
-            ``runtime_info`` (the message hub's evaluation metrics), ``flops`` (``tflops`` / ``mfu``).
+            ``runtime_info`` (the message hub's evaluation metrics), ``flops`` (``tflops`` / ``mfu``), ``stall``
+            (every thread's stack when no iteration finishes for 10 minutes).
         custom_hooks: More hooks (objects or dicts with ``type``).
         precision: ``"32"``, ``"bf16-mixed"``, ``"16-mixed"`` or ``"float8"`` (CUDA, compute capability ≥ 8.9, torchao; see :mod:`trainwright.amp.float8`).
         strategy: ``"auto"`` (default), ``"single"``, a dict or a Strategy.
@@ -588,11 +589,7 @@ class Trainer:
 
     def _where(self) -> str:
         """Where the run stands, numbered as its log lines: the last completed iteration and its epoch (1-based)."""
-        p = self.progress
-        if self.train_loop is not None and not self.train_loop.by_epoch:
-            return f"at iteration {p.iteration}"
-        epoch = p.epoch + 1 if p.iter_in_epoch or not p.epoch else p.epoch  # between epochs: the epoch just completed
-        return f"at epoch {epoch}, iteration {p.iteration}"
+        return self.progress.where(self.train_loop is None or self.train_loop.by_epoch)
 
     def _note_failure(self, e: BaseException) -> str | None:
         """A run failed on this process: no collective from here on (see ``Strategy.run_failed``); returns the line that says why (None: nothing to log).
