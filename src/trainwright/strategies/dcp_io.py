@@ -27,6 +27,7 @@ from torch.distributed.checkpoint.default_planner import _EmptyStateDictLoadPlan
 
 from trainwright.checkpoint.io import CheckpointError, _fsync_dir, load_file
 from trainwright.checkpoint.storage import Location, RemotePath, location
+from trainwright.dist.shards import is_sharded
 
 TRAINER_STATE = "trainer_state.pth"
 """The file of a checkpoint directory that holds the trainer's non-sharded state."""
@@ -220,7 +221,7 @@ def _pull_sharded(obj: Any, path: tuple[str, ...], out: dict[str, Any]) -> Any:
 
     Only the mappings on a path to a DTensor are copied (as dicts); everything else is ``obj``'s own.
     """
-    if type(obj).__name__ == "DTensor":
+    if is_sharded(obj):
         out[json.dumps(path)] = obj
         return None
     if not isinstance(obj, Mapping):
@@ -256,7 +257,7 @@ def extra_templates(path: Location, like: Mapping[str, Any]) -> dict[str, torch.
             continue
         key = k[len(prefix):]
         model_t = like.get(json.loads(key)[-1])
-        if isinstance(model_t, torch.Tensor) and type(model_t).__name__ == "DTensor" and tuple(model_t.shape) == tuple(v.size):
+        if isinstance(model_t, torch.Tensor) and is_sharded(model_t) and tuple(model_t.shape) == tuple(v.size):
             out[key] = torch.empty_like(model_t, dtype=v.properties.dtype)
         else:
             out[key] = torch.empty(tuple(v.size), dtype=v.properties.dtype)
