@@ -235,25 +235,24 @@ def bench(s: Setup, rounds: int, sides: list[str]) -> dict:
     times: dict[str, list[float]] = {k: [] for k in sides}
     cpu: dict[str, list[float]] = {k: [] for k in sides}
     losses: dict[str, float] = {}
-    compile_s: dict[str, float] = {}
     sink = io.StringIO()
     with tempfile.TemporaryDirectory() as tmp, contextlib.redirect_stdout(sink):
+        first: dict[str, float] = {}
+        totals: dict[str, list[float]] = {k: [] for k in sides}
         for name in sorted(sides, key=lambda n: n != "tw_compiled"):  # warm-up run of each side: the compiled ones compile here
             if SIDES[name][1]:
                 torch._dynamo.reset()  # each compiled side compiles from scratch (the on-disk cache of this run is shared)
-            _, total, _, _ = run_side(name, s, init, data, tmp, -1)
-            _progress(f"{name} first run {total:.1f} s")
-            if SIDES[name][1]:
-                _, steady, _, _ = run_side(name, s, init, data, tmp, -2)
-                compile_s[name] = total - steady
-                _progress(f"{name} steady run {steady:.1f} s")
+            _, first[name], _, _ = run_side(name, s, init, data, tmp, -1)
+            _progress(f"{name} first run {first[name]:.1f} s")
         for r in range(rounds):
             order = sides if r % 2 == 0 else sides[::-1]
             for name in order:
-                t, _, losses[name], c = run_side(name, s, init, data, tmp, r)
+                t, total, losses[name], c = run_side(name, s, init, data, tmp, r)
                 times[name].append(t)
+                totals[name].append(total)
                 cpu[name].append(c)
                 _progress(f"round {r + 1} {name} {t:.3f} s timed")
+        compile_s = {name: first[name] - statistics.median(totals[name]) for name in sides if SIDES[name][1]}
     timed_tokens = (s.steps - s.warmup) * s.batch_size * s.block_size
     tol = 1e-4 if s.precision == "32" else 2e-2
     rows = []
@@ -315,7 +314,7 @@ def main() -> None:
     for name, logged in result["logged"].items():
         print(f"{name} logged: " + ", ".join(f"{k} {v:.4g}" for k, v in logged.items()))
     for name, c in result["compile_s"].items():
-        print(f"compile time {name}: {c:.1f} s (first run of the process minus a steady run)")
+        print(f"compile time {name}: {c:.1f} s (first run of the process minus the median of its timed runs)")
     if args.json:
         Path(args.json).write_text(json.dumps(result, indent=2))
 
