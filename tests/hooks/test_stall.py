@@ -58,12 +58,12 @@ def test_a_stall_logs_each_threads_stack_once_and_the_run_goes_on(tmp_path: Path
 
 
 def test_validation_iterations_count_as_progress_and_a_stalled_one_is_reported(tmp_path: Path) -> None:
-    stall = StallHook(timeout_s=0.5)
-    val = DataLoader(regression_set(40), batch_size=4)
+    stall = StallHook(timeout_s=1.0)
+    val = DataLoader(regression_set(40), batch_size=2)
 
-    class _SlowValBatch(tw.Hook):  # 10 validation iterations of 0.15 s each: 1.5 s of validation, never 0.5 s without one
+    class _SlowValBatch(tw.Hook):  # 20 validation iterations of 0.1 s each: 2 s of validation, never 1 s without one
         def after_val_iter(self, trainer, batch_idx, data_batch=None, outputs=None):
-            time.sleep(0.15)
+            time.sleep(0.1)
 
     from trainwright.evaluation.metric import Metric
 
