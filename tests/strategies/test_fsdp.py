@@ -350,11 +350,10 @@ def test_a_rank_stuck_in_user_code_and_the_rank_waiting_for_it_both_log_where_th
     for rank in (0, 1):
         got = _result(out, "ST", rank)
         assert got["error"] is None and got["iteration"] == 6
-        found = [m for m in got["logged"] if m.startswith("No iteration finished")]
-        assert len(found) == 1, got["logged"]
+        found = [m for m in got["logged"] if m.startswith("No iteration finished") and "(the run stands at iteration 2)" in m]
+        assert len(found) == 1, got["logged"]  # (a slow start on a loaded machine may add a report before iteration 1)
         reports[rank] = found[0]
     assert "on rank 1 " in reports[1] and "in stuck_in_user_code" in reports[1], reports[1]
     assert "on rank 0 " in reports[0] and "in stuck_in_user_code" not in reports[0] and "in backward" in reports[0], reports[0]  # DDP's all-reduce
-    assert "(the run stands at iteration 2)" in reports[0] and "(the run stands at iteration 2)" in reports[1]
     (log,) = (out / "ST").glob("*/train.log")
     assert "No iteration finished on rank 0" in log.read_text()  # rank 0's report is in the run's log too
