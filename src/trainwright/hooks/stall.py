@@ -48,6 +48,7 @@ class StallHook(Hook):
 
     def before_run(self, trainer: TrainerView) -> None:
         """Start watching (one daemon thread per run call)."""
+        self.after_run(trainer)  # a watcher left running (a run call inside another) is replaced, never leaked
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._watch, args=(trainer, self._stop), name="trainwright-stall-watch", daemon=True)
         self._thread.start()
