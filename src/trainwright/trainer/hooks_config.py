@@ -25,7 +25,7 @@ DEFAULT_HOOKS: dict[str, dict[str, Any]] = {
     "sampler_seed": dict(type="DistSamplerSeedHook"),
     "preemption": dict(type="PreemptionHook"),
     "progress_bar": dict(type="ProgressBarHook"),
-    "stall": dict(type="StallHook", timeout_s=600.0),
+    "stall": dict(type="StallHook"),
 }
 
 #: Stock hooks a trainer has only when named in ``default_hooks`` (``dict(norms=dict(interval=100))``).
