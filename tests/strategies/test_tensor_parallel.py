@@ -2,7 +2,9 @@
 
 Two process starts run every training the multi-process tests compare (see tp_train.py):
 4 processes run examples/char_gpt.py's model (tiny) as a 2x2 (dp, tp) mesh with checkpoints,
-resume its checkpoint as 4x1, load its gathered weights into another 2x2 run, and hit the two start-up errors; one process runs the
+resume its checkpoint as 4x1, load its gathered weights into another 2x2 run, train and resume it with each Block compiled
+(``compile=dict(regions=["Block"])``, backend aot_eager: dynamo and AOTAutograd over FSDP2 and DTensor without C++ code
+generation, which four processes on this machine's two cores would take a minute for), and hit the two start-up errors; one process runs the
 full-batch reference and resumes the 2x2 checkpoint as 1x1 (FSDP without a launcher, and
 strategy='single' through load_full). Tolerances, float32: losses within 1e-5 relative,
 parameters within 1e-6 + 1e-5 relative after 6 SGD-momentum steps with clipping (measured: ~1e-7).
@@ -30,8 +32,10 @@ def out(tmp_path_factory: pytest.TempPathFactory) -> Path:
     # 4 processes: 2x2 with checkpoints at 3 and 6; its iteration-3 checkpoint resumed as 4x1 (tensor_parallel size 1, plan kept);
     # its gathered weights loaded (load_from) into a 2x2 run that does not move them (lr=0);
     # a callable plan; a plan pattern that matches nothing; tensor_parallel size 3 (does not divide 4)
+    # the 2x2 run with each Block compiled (checkpoint at 3) and its resume from iteration 3
+    compiled = ["K:tp2:8:6:save=3:compile=aot_eager", f"R:tp2:8:6:compile=aot_eager:resume={out / 'K' / 'checkpoints' / 'iter_3.dcp'}"]
     launch(SCRIPT, [str(out), "T:tp2:8:6:save=3:weights=1:ema=1", f"U:tp1:4:6:resume={ckpt}:ema=1", f"L:tp2:8:1:lr=0:load={out / 'T' / 'weights.safetensors'}",
-                    "C:tp2:8:2:plan=callable", "B:tp2:8:1:plan=bad", "X:tp3:8:1"], out, nproc=4, timeout=420)
+                    "C:tp2:8:2:plan=callable", "B:tp2:8:1:plan=bad", "X:tp3:8:1", *compiled], out, nproc=4, timeout=480)
     # 1 process: the full-batch reference; the 2x2 checkpoint resumed as a 1-process FSDP run and by strategy='single'
     launch(SCRIPT, [str(out), "F:single:16:6:ema=1", f"O:fsdp:16:6:resume={ckpt}:ema=1", f"S:single:16:6:resume={ckpt}:ema=1"], out, nproc=1, timeout=240)
     return out
@@ -90,6 +94,21 @@ def test_2x2_checkpoint_resumes_at_4x1_and_1x1(out: Path) -> None:
             torch.testing.assert_close(resumed["ema"][k], v, atol=ATOL, rtol=RTOL, msg=f"{name} ema {k}")
             torch.testing.assert_close(uninterrupted["ema"][k], v, atol=ATOL, rtol=RTOL, msg=f"T ema {k}")
         assert resumed["val"][0]["val/loss"] == pytest.approx(single["val"][0]["val/loss"], rel=RTOL)
+
+
+@pytest.mark.multiprocess
+@pytest.mark.slow
+def test_2x2_with_compiled_blocks_trains_as_eager_and_resumes_exactly(out: Path) -> None:
+    """Each Block compiled before FSDP shards it, on the 2x2 mesh: the losses and weights of the eager 2x2 run (within the
+    tolerances; measured equal), and a resume from its iteration-3 checkpoint ends with its weights bitwise."""
+    eager, compiled, resumed = _result(out, "T"), _result(out, "K"), _result(out, "R")
+    assert (compiled["error"], resumed["error"]) == (None, None)
+    assert compiled["graphs"] > 0 and resumed["graphs"] > 0  # the blocks did run as compiled graphs
+    torch.testing.assert_close(_losses(compiled), _losses(eager), rtol=RTOL, atol=0)
+    _assert_params_close(compiled, eager)
+    assert _losses(resumed) == _losses(compiled)[3:]
+    for k, v in compiled["params"].items():
+        assert torch.equal(resumed["params"][k], v), k
 
 
 @pytest.mark.multiprocess

@@ -7,7 +7,9 @@ applied), ``tp2`` / ``tp3`` (the example's plan over 2 / 3 ranks); ``batch`` is 
 FSDP shards each Block as a unit. Options: ``save=N`` (checkpoint every N iterations),
 ``resume=PATH``, ``plan=bad`` (the example's plan and a pattern that matches nothing),
 ``plan=callable`` (a function that splits the first block's MLP itself), ``weights=1``
-(``save_weights`` after training), ``load=PATH`` (``load_from``), ``lr=X`` (default 0.5), ``ema=1`` (EMAHook, momentum 0.1; the gathered average is recorded). Every run clips gradients at max_norm 0.5 and validates
+(``save_weights`` after training), ``load=PATH`` (``load_from``), ``lr=X`` (default 0.5), ``ema=1`` (EMAHook, momentum 0.1; the gathered average is recorded),
+``compile=BACKEND`` (``compile=dict(regions=["Block"], backend=BACKEND)``: each Block compiled before FSDP shards it; the
+number of graphs the backend compiled is recorded). Every run clips gradients at max_norm 0.5 and validates
 once at the end on 10 sequences (two data shards of 5, one padded).
 Under torchrun the script makes the process group and destroys it after the runs.
 Writes OUT_DIR/NAME/result_rank<r>.pt: the train records of metrics.jsonl (rank 0), the
@@ -50,8 +52,25 @@ def split_first_mlp(model, mesh) -> None:
     parallelize_module(model.blocks[0].mlp, mesh, {"fc1": ColwiseParallel(), "fc2": RowwiseParallel()})
 
 
+GRAPHS: list = []
+
+
+def _counting(backend: str):
+    """``backend``, counting the graphs it is handed (each compiled frame: forward and backward come as one)."""
+    from torch._dynamo import lookup_backend
+
+    inner = lookup_backend(backend)
+
+    def counting(gm, example_inputs):
+        GRAPHS.append(gm)
+        return inner(gm, example_inputs)
+
+    return counting
+
+
 def run(out: Path, spec: str) -> None:
     name, kind, batch, iters, *opts = spec.split(":")
+    GRAPHS.clear()
     o = dict(kv.split("=", 1) for kv in opts)
     rank = int(os.environ.get("RANK", 0))
     plan = {"bad": {**gpt._tp_plan, "blocks.*.attn.qkv": "colwise"}, "callable": split_first_mlp}.get(o.get("plan", ""), gpt._tp_plan)
@@ -82,6 +101,7 @@ def run(out: Path, spec: str) -> None:
                 randomness=dict(seed=0),
                 log_level="WARNING",
                 custom_hooks=[ema] if ema is not None else [],
+                compile=dict(regions=["Block"], backend=_counting(o["compile"])) if "compile" in o else False,
             )
         except ValueError as e:  # recorded for the test (a world size the tensor-parallel size does not divide)
             result["error"] = str(e)
@@ -106,6 +126,7 @@ def run(out: Path, spec: str) -> None:
                 train=[r for r in records if r["mode"] == "train"],
                 val=[r for r in records if r["mode"] == "val"],
                 iteration=trainer.progress.iteration,
+                graphs=len(GRAPHS),
             )
         result.update(world_size=trainer.strategy.world_size, data_parallel_size=trainer.strategy.data_parallel_size,
                       data_parallel_rank=trainer.strategy.data_parallel_rank)
