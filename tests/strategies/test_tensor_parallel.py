@@ -78,6 +78,18 @@ def test_2x2_mesh_trains_as_one_process_on_the_full_batch(out: Path) -> None:
 
 @pytest.mark.multiprocess
 @pytest.mark.slow
+def test_later_trainers_of_one_layout_reuse_the_mesh_and_its_process_groups(out: Path) -> None:
+    """Six 2x2 Trainers (and a 4x1 one) ran one after another in each process: the process holds as many process groups after
+    the last as after the first (a new mesh per Trainer would add its dp and tp groups each time, kept until the process exits)."""
+    first, last = _result(out, "T"), _result(out, "R")
+    assert first["groups"] >= 3  # the default group and the mesh's dp and tp groups
+    for rank in range(4):
+        assert _result(out, "R", rank)["groups"] == _result(out, "T", rank)["groups"] == first["groups"], rank
+    assert last["groups"] == first["groups"]
+
+
+@pytest.mark.multiprocess
+@pytest.mark.slow
 def test_2x2_checkpoint_resumes_at_4x1_and_1x1(out: Path) -> None:
     """Steps 1-3 at 2x2, 4-6 at 4x1 (tensor_parallel size 1), at 1x1 as FSDP, and on one device without a process group:
     the losses of steps 4-6, the final weights and the EMAHook's average equal the uninterrupted runs (2x2 and the one-process reference)."""

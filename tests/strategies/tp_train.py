@@ -14,7 +14,8 @@ once at the end on 10 sequences (two data shards of 5, one padded).
 Under torchrun the script makes the process group and destroys it after the runs.
 Writes OUT_DIR/NAME/result_rank<r>.pt: the train records of metrics.jsonl (rank 0), the
 validation loss, the full parameters (gathered), the last gradient norm, the strategy's
-data-parallel size and rank, warnings, and the error a run stopped with (its message).
+data-parallel size and rank, warnings, the error a run stopped with (its message), and the number of process groups the
+process holds after the run.
 """
 
 from __future__ import annotations
@@ -131,6 +132,8 @@ def run(out: Path, spec: str) -> None:
         result.update(world_size=trainer.strategy.world_size, data_parallel_size=trainer.strategy.data_parallel_size,
                       data_parallel_rank=trainer.strategy.data_parallel_rank)
         trainer.close()
+    if dist.is_initialized():  # the process groups this process holds after the run (torch keeps them until the default group goes)
+        result["groups"] = len(dist.distributed_c10d._world.pg_map)
     result["warnings"] = [str(w.message) for w in caught]
     (out / name).mkdir(parents=True, exist_ok=True)
     torch.save(result, out / name / f"result_rank{rank}.pt")

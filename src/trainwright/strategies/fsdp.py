@@ -31,7 +31,7 @@ from trainwright.optim.optim_wrapper_dict import optim_wrappers_of
 from trainwright.registry import STRATEGIES
 from trainwright.strategies import fsdp_checkpoint
 from trainwright.strategies.process_group import ProcessGroupStrategy
-from trainwright.strategies.tensor_parallel import TensorParallel, apply_plan, check_divisible, grads_on_mesh
+from trainwright.strategies.tensor_parallel import TensorParallel, apply_plan, check_divisible, grads_on_mesh, mesh_for
 
 
 @contextlib.contextmanager
@@ -115,9 +115,7 @@ class FSDPStrategy(ProcessGroupStrategy):
             self._owns_group = True
         super().setup_env(launcher=launcher, cudnn_benchmark=cudnn_benchmark, dist_cfg=dist_cfg, randomness=randomness)
         if self.tensor_parallel.size > 1:
-            from torch.distributed.device_mesh import init_device_mesh
-
-            self.device_mesh = init_device_mesh(self.device.type, (self.data_parallel_size, self.tensor_parallel.size), mesh_dim_names=("dp", "tp"))
+            self.device_mesh = mesh_for(self.device.type, self.data_parallel_size, self.tensor_parallel.size)
 
     # -- process facts --------------------------------------------------------------------
     @property

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import difflib
 import fnmatch
+import weakref
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Union
@@ -126,6 +127,32 @@ def apply_plan(model: nn.Module, plan: Plan, tp_mesh: DeviceMesh) -> None:
         return
     for path, style in resolve_plan(model, plan).items():
         parallelize_module(model.get_submodule(path), tp_mesh, style)
+
+
+#: The ``(dp, tp)`` meshes made in this process, by device type and shape, with the default process group each was made
+#: in (a weak reference): later Trainers of one layout share a mesh, as they share the launcher's group.
+_meshes: dict[tuple[str, int, int], tuple[weakref.ref[Any], DeviceMesh]] = {}
+
+
+def mesh_for(device_type: str, dp: int, tp: int) -> DeviceMesh:
+    """The ``(dp, tp)`` mesh (dimension names ``"dp"``, ``"tp"``) of this process's default group, made once per layout.
+
+    Each new mesh makes new process groups for its dimensions, which torch keeps until the
+    default group goes: a process that builds many Trainers (a sweep under torchrun) would
+    gather groups, and under NCCL their communicators' device memory. So the mesh of a layout
+    is made once and reused while the default group it was made in lives; a model's DTensors
+    stay usable after its Trainer closed.
+    """
+    import torch.distributed as dist
+    from torch.distributed.device_mesh import init_device_mesh
+
+    key, world = (device_type, dp, tp), dist.group.WORLD
+    made = _meshes.get(key)
+    if made is not None and made[0]() is world:
+        return made[1]
+    mesh = init_device_mesh(device_type, (dp, tp), mesh_dim_names=("dp", "tp"))
+    _meshes[key] = (weakref.ref(world), mesh)
+    return mesh
 
 
 def check_divisible(world_size: int, size: int) -> None:
