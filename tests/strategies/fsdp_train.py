@@ -10,7 +10,8 @@ iterations), ``keep=K``, ``async=1``, ``resume=1`` (newest in work_dir) or ``res
 per module), ``ema=1`` (EMAHook, momentum 0.1), ``swa=E`` (SWAHook from epoch E, swa_lr 0.05), ``epochs=N`` (an epoch-based run of N epochs; ITERS unused),
 ``nanat=K`` (rank 1's K-th training loss is NaN; the FloatingPointError is recorded; with ``skipnan=1``:
 nonfinite_loss="skip"), ``sigterm=K`` (rank 1 sends itself SIGTERM before its K-th step: the preemption hook saves
-and asks to exit; the exit status is recorded), ``prof=1`` (ProfilerHook recording iterations 2-3; the trace files are listed). ``es=P`` (validation every epoch on 16
+and asks to exit; the exit status is recorded), ``prof=1`` (ProfilerHook recording iterations 2-3; the trace files are listed), ``unseeded=1`` (the model built
+from seed 100 + rank: each process draws its own initial weights, as a script that does not seed). ``es=P`` (validation every epoch on 16
 samples with an MSE metric, EarlyStoppingHook(val/mse, patience P), save_best val/mse and published_keys meta, model; with
 ``ema=1`` the validation reports the training weights as val/raw/mse too).
 Under torchrun the script makes the process group itself and destroys it after the runs;
@@ -137,7 +138,7 @@ def run(out: Path, spec: str) -> None:
     g = torch.Generator().manual_seed(1)
     x = torch.randn(64, 4, generator=g)
     ds = TensorDataset(x, torch.sin(x @ torch.randn(4, 1, generator=g)) + 0.1 * torch.randn(64, 1, generator=g))
-    tw.seed_everything(0)
+    tw.seed_everything(100 + rank if o.get("unseeded") == "1" else 0)  # unseeded=1: another draw on each rank, as a script that does not seed
     model = MLP(nan_at=int(o["nanat"]) if "nanat" in o and rank == 1 else -1)  # same initial weights everywhere (seeded)
     resume: bool | str = o.get("resume", "0")
     resume = True if resume == "1" else (False if resume == "0" else resume)

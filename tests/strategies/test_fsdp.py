@@ -36,7 +36,7 @@ def out(tmp_path_factory: pytest.TempPathFactory) -> Path:
     _launch(out, ["F:single:16:8:clip=0.5:weights=1", "G:single:16:4", "H:fsdp:16:4:clip=0.5:save=4:async=1", "P:fsdp:16:2:precision=bf16-mixed",
                   "Q:fsdp:16:3:precision=16-mixed:clip=0.5", "W:fsdp:16:3:accum=2:save=1",
                   "N:single:16:8:norms=1", "V:single:16:8:ema=1", "ES:single:16:0:epochs=8:es=1:ema=1",
-                  "U:single:16:0:swa=2:epochs=3"], 1)
+                  "U:single:16:0:swa=2:epochs=3", "OS:single:16:4:unseeded=1"], 1)
     shutil.copytree(out / "H" / "checkpoints", out / "I" / "checkpoints")
     # two processes x half the batch (R: clip_grad re-assigned in before_train, after the strategy prepared the run)
     _launch(out, ["A:fsdp:8:8:clip=0.5:save=2:keep=2:async=1:weights=1", "B:fsdp:4:8:accum=2", "C:fsdp:8:4:clip=0.5:save=4",
@@ -45,7 +45,7 @@ def out(tmp_path_factory: pytest.TempPathFactory) -> Path:
                   "T:fsdp:8:0:swa=2:epochs=3:save=10", f"Z:fsdp:8:0:swa=2:epochs=3:resume={out / 'T' / 'checkpoints' / 'iter_10.dcp'}",
                   "ET:fsdp:8:0:epochs=8:es=1:ema=1", "EU:ddp:8:0:epochs=8:es=1:ema=1", "NA:ddp:8:12:accum=4:nanat=9", "NB:fsdp:8:8:nanat=3",
                   "SD:ddp:8:8:accum=2:nanat=4:skipnan=1", "SF:fsdp:8:8:accum=2:nanat=4:skipnan=1", "PT:fsdp:8:20:sigterm=3:save=100",
-                  "QA:fsdp:8:4:prof=1", "ST:ddp:8:6:stall=3"], 2)
+                  "QA:fsdp:8:4:prof=1", "ST:ddp:8:6:stall=3", "OF:fsdp:8:4:unseeded=1", "OD:ddp:8:4:unseeded=1"], 2)
     # a newer checkpoint with a truncated shard, named by `latest`: resume=True must skip it
     ckpts = out / "C" / "checkpoints"
     shutil.copytree(ckpts / "iter_4.dcp", ckpts / "iter_6.dcp")
@@ -79,6 +79,14 @@ def test_fsdp_two_processes_equal_one_process_with_clipping(out: Path) -> None:
     assert single["grad_norm"] > 0.5  # clipping did act
     for rank in (0, 1):  # the norm over every rank's shards, the same on each rank
         torch.testing.assert_close(_result(out, "A", rank)["grad_norm"], single["grad_norm"], atol=1e-6, rtol=1e-6)
+
+
+def test_ranks_that_drew_different_initial_weights_train_rank_0s_as_ddp_does(out: Path) -> None:
+    """Each process built the model from its own draw (a script that does not seed): FSDP, like DDP, trains rank 0's initial
+    weights (one process with batch 16 from rank 0's draw); before, each rank kept its own shard of its own draw."""
+    fsdp, ddp, single = _result(out, "OF"), _result(out, "OD"), _result(out, "OS")
+    _assert_params_close(fsdp, ddp)
+    _assert_params_close(fsdp, single)
 
 
 def test_clip_grad_assigned_after_prepare_keeps_the_sharded_norm(out: Path) -> None:

@@ -35,9 +35,10 @@ def out(tmp_path_factory: pytest.TempPathFactory) -> Path:
     # the 2x2 run with each Block compiled (checkpoint at 3) and its resume from iteration 3
     compiled = ["K:tp2:8:6:save=3:compile=aot_eager", f"R:tp2:8:6:compile=aot_eager:resume={out / 'K' / 'checkpoints' / 'iter_3.dcp'}"]
     launch(SCRIPT, [str(out), "T:tp2:8:6:save=3:weights=1:ema=1", f"U:tp1:4:6:resume={ckpt}:ema=1", f"L:tp2:8:1:lr=0:load={out / 'T' / 'weights.safetensors'}",
-                    "C:tp2:8:2:plan=callable", "B:tp2:8:1:plan=bad", "X:tp3:8:1", *compiled], out, nproc=4, timeout=480)
+                    "C:tp2:8:2:plan=callable", "B:tp2:8:1:plan=bad", "X:tp3:8:1", *compiled, "V:tp2:8:3:unseeded=1"], out, nproc=4, timeout=480)
     # 1 process: the full-batch reference; the 2x2 checkpoint resumed as a 1-process FSDP run and by strategy='single'
-    launch(SCRIPT, [str(out), "F:single:16:6:ema=1", f"O:fsdp:16:6:resume={ckpt}:ema=1", f"S:single:16:6:resume={ckpt}:ema=1"], out, nproc=1, timeout=240)
+    launch(SCRIPT, [str(out), "F:single:16:6:ema=1", f"O:fsdp:16:6:resume={ckpt}:ema=1", f"S:single:16:6:resume={ckpt}:ema=1",
+                    "W:single:16:3:unseeded=1"], out, nproc=1, timeout=240)
     return out
 
 
@@ -74,6 +75,15 @@ def test_2x2_mesh_trains_as_one_process_on_the_full_batch(out: Path) -> None:
     assert tp["val"][0]["val/loss"] == pytest.approx(single["val"][0]["val/loss"], rel=RTOL)
     for rec in tp["train"]:  # samples per step: 2 data shards x 8, not 4 processes x 8
         assert rec["samples_per_s"] * rec["time"] == pytest.approx(16, rel=1e-6)
+
+
+@pytest.mark.multiprocess
+@pytest.mark.slow
+def test_ranks_that_drew_different_initial_weights_train_rank_0s(out: Path) -> None:
+    """Each of the 4 processes built the model from its own draw (a script that does not seed): the 2x2 run trains rank 0's
+    initial weights, equal to one process with batch 16 from that draw (before, the tp replicas held different weights)."""
+    _assert_params_close(_result(out, "V"), _result(out, "W"))
+    torch.testing.assert_close(_losses(_result(out, "V")), _losses(_result(out, "W")), rtol=RTOL, atol=0)
 
 
 @pytest.mark.multiprocess

@@ -8,7 +8,7 @@ FSDP shards each Block as a unit. Options: ``save=N`` (checkpoint every N iterat
 ``resume=PATH``, ``plan=bad`` (the example's plan and a pattern that matches nothing),
 ``plan=callable`` (a function that splits the first block's MLP itself), ``weights=1``
 (``save_weights`` after training), ``load=PATH`` (``load_from``), ``lr=X`` (default 0.5), ``ema=1`` (EMAHook, momentum 0.1; the gathered average is recorded),
-``compile=BACKEND`` (``compile=dict(regions=["Block"], backend=BACKEND)``: each Block compiled before FSDP shards it; the
+``unseeded=1`` (the model built from seed 100 + rank: each process draws its own initial weights), ``compile=BACKEND`` (``compile=dict(regions=["Block"], backend=BACKEND)``: each Block compiled before FSDP shards it; the
 number of graphs the backend compiled is recorded). Every run clips gradients at max_norm 0.5 and validates
 once at the end on 10 sequences (two data shards of 5, one padded).
 Under torchrun the script makes the process group and destroys it after the runs.
@@ -36,6 +36,7 @@ import trainwright as tw
 EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "char_gpt.py"
 _spec = importlib.util.spec_from_file_location("char_gpt_example", EXAMPLE)
 gpt = importlib.util.module_from_spec(_spec)
+sys.modules[_spec.name] = gpt  # importable by name, as trainwright runs a config file (dynamo looks modules up by name)
 _spec.loader.exec_module(gpt)  # registers CharLoss; the plan is the config's
 
 
@@ -78,7 +79,7 @@ def run(out: Path, spec: str) -> None:
     strategy = "single" if kind == "single" else dict(type="fsdp", shard_modules=["Block"])
     if kind.startswith("tp"):
         strategy["tensor_parallel"] = dict(size=int(kind[2:]), plan=plan)
-    tw.seed_everything(0)
+    tw.seed_everything(100 + rank if o.get("unseeded") == "1" else 0)  # unseeded=1: another draw on each rank (a script that does not seed)
     model = gpt.CharGPT(block_size=8, dim=16, depth=2, heads=4)  # same initial weights everywhere (seeded)
     save = int(o.get("save", 0))
     ema = tw.hooks.EMAHook(momentum=0.1) if o.get("ema") == "1" else None

@@ -113,7 +113,8 @@ class Strategy(UpdateEngine):
     def prepare(self, model: nn.Module, *, compile: bool | Mapping[str, Any] = False, activation_checkpointing: Sequence[type[nn.Module] | str] = ()) -> nn.Module:
         """Make ``model`` ready for the run, in torchtitan's order; route its training forward through the wrapper.
 
-        Move to the device → the precision's module conversion (float8) → :meth:`parallelize`
+        Move to the device (:meth:`model_to_device`; FSDP: every rank takes rank 0's weights) →
+        the precision's module conversion (float8) → :meth:`parallelize`
         (tensor parallel) → activation checkpointing → compile (whole or per block) →
         :meth:`wrap_model` (DDP / FSDP sharding). Every step but the last edits the user's
         model in place.

@@ -43,6 +43,17 @@ def _no_grad_sync(model: nn.Module) -> Iterator[None]:
         model.set_requires_gradient_sync(True)  # type: ignore[operator]
 
 
+def _take_rank0_state(model: nn.Module) -> None:
+    """Overwrite ``model``'s parameters and buffers with rank 0's, in place (sharded or meta tensors are left as they are)."""
+    from trainwright.dist.shards import is_sharded
+
+    tensors = [t for t in (*model.parameters(), *model.buffers()) if not is_sharded(t) and not t.is_meta]
+    with torch.no_grad():
+        works = [dist.broadcast(t.detach(), src=0, async_op=True) for t in tensors]
+        for work in works:
+            work.wait()  # type: ignore[union-attr]
+
+
 @STRATEGIES.register(name="fsdp")
 class FSDPStrategy(ProcessGroupStrategy):
     """Fully sharded data parallel (FSDP2) over the processes a launcher started (or one process).
@@ -182,6 +193,19 @@ class FSDPStrategy(ProcessGroupStrategy):
         if self.precision.dtype is None:
             return MixedPrecisionPolicy()
         return MixedPrecisionPolicy(param_dtype=self.precision.dtype, reduce_dtype=torch.float32)
+
+    def model_to_device(self, model: nn.Module) -> nn.Module:
+        """Move the model, then give every rank rank 0's parameters and buffers, as DDP does when it wraps a model.
+
+        ``fully_shard`` keeps each rank's own values of its shard: ranks that built the model
+        from different random draws (a script that does not seed, ``diff_rank_seed``) would
+        otherwise train a mix of their draws, and under tensor parallelism hold replicas that
+        disagree. One broadcast per tensor, once per run; nothing with one process.
+        """
+        model = super().model_to_device(model)
+        if self.world_size > 1:
+            _take_rank0_state(model)
+        return model
 
     def parallelize(self, model: nn.Module) -> None:
         """Tensor parallelism: split the plan's layers over the mesh's ``tp`` dimension (in place); nothing without it.
