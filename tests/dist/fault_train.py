@@ -3,7 +3,8 @@
 Usage: fault_train.py OUT_DIR SCENARIO
   hook-error   rank 1 raises in a hook at iteration 3, inside ``with Trainer(...)``; default (30 min) collective timeout
   val-error    rank 1's metric raises during the validation after epoch 1, with that epoch's checkpoint due
-  settings     several Trainers in turn, each given something else on rank 1 (lr, batch size, seed, an empty work dir to resume from)
+  settings     several Trainers in turn, each given something else on rank 1 (lr, batch size, seed, an FSDP model without a bias,
+               an empty work dir to resume from)
   nan-skip     nonfinite_loss="skip", a NaN loss on rank 1 at iteration 3
   stuck        rank 0 stops stepping at iteration 3 (rank 1 waits in the all-reduce); rank 1 then gets SIGTERM
   second-signal  (one process) a SIGTERM inside iteration 3, which then hangs; a second SIGTERM 0.5 s later
@@ -148,6 +149,10 @@ def settings(out: Path) -> None:
     case("lr", optim_wrapper=dict(optimizer=dict(type="SGD", lr=0.1 if RANK == 0 else 0.2)))
     case("batch", train_dataloader=dict(dataset=data(), batch_size=8 if RANK == 0 else 4, shuffle=True))
     seeded = case("seed", randomness=dict(seed=0 if RANK == 0 else 5), train_cfg=dict(by_epoch=True, max_epochs=1))
+    other = Reg()
+    if RANK == 1:  # a model built from a rank-dependent config
+        other.linear = nn.Linear(4, 1, bias=False)
+    case("model", model=other, strategy="fsdp")
     case("save", default_hooks=dict(checkpoint=dict(by_epoch=False, interval=4)), train_cfg=dict(by_epoch=False, max_iters=4))
     # rank 1's work dir is empty (a node-local disk); rank 0's holds iter_4.pth
     case("resume", work_dir=out / ("save" if RANK == 0 else "empty") / "work", resume=True, train_cfg=dict(by_epoch=False, max_iters=8))

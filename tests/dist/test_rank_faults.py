@@ -57,7 +57,8 @@ def test_a_validation_error_on_one_rank_makes_no_crossed_collective(tmp_path: Pa
 
 
 def test_ranks_given_other_settings_or_checkpoints_are_refused_at_start_and_the_seed_is_rank_0s(tmp_path: Path) -> None:
-    """Another lr, batch size or resumed checkpoint on rank 1: an error on every rank at train() start naming it; another seed: rank 0's is used."""
+    """Another lr, batch size, FSDP model or resumed checkpoint on rank 1: an error on every rank at train() start naming it; another seed:
+    rank 0's is used."""
     _launch(tmp_path, "settings", timeout=240, check=True)
     results = [torch.load(tmp_path / "out" / f"settings_rank{r}.pt", weights_only=True) for r in range(2)]
     e0, e1 = results[0]["errors"], results[1]["errors"]
@@ -66,6 +67,9 @@ def test_ranks_given_other_settings_or_checkpoints_are_refused_at_start_and_the_
     assert "optim_wrapper.optimizer.lr differs: rank 0 0.1, rank 1 0.2" in e0["lr"]
     assert "train_dataloader batches per epoch differs: rank 0 4, rank 1 8" in e0["batch"]
     assert "train_dataloader batch_size differs: rank 0 8, rank 1 4" in e0["batch"]
+    assert e0["model"] == ("ModelsDisagreeError: The processes built different models: 'linear.bias' is of shape (1,), float32 on rank 0 "
+                           "and absent on rank 1 (2 vs 1 tensors). Build the same model on every process (the config or the code that "
+                           "builds it must not depend on the rank).")
     assert e0["save"] is None
     resume = e0["resume"]  # compared before any rank reads a checkpoint (a sharded read is a collective)
     assert resume.startswith("ResumeDisagreeError: The processes of this run would resume from different checkpoints: rank 0 would resume from ")

@@ -43,13 +43,39 @@ def _no_grad_sync(model: nn.Module) -> Iterator[None]:
         model.set_requires_gradient_sync(True)  # type: ignore[operator]
 
 
-def _take_rank0_state(model: nn.Module) -> None:
-    """Overwrite ``model``'s parameters and buffers with rank 0's, in place (sharded or meta tensors are left as they are)."""
+def _described(layout: tuple[tuple[int, ...], str] | None) -> str:
+    return "absent" if layout is None else f"of shape {layout[0]}, {layout[1]}"
+
+
+class ModelsDisagreeError(RuntimeError):
+    """The processes built models whose parameters or buffers differ in name, shape or dtype (raised on every rank at once)."""
+
+    #: Raised on every rank at the same point: the ranks can still meet in collectives.
+    raised_on_every_rank = True
+
+
+def _take_rank0_state(model: nn.Module, gather_object: Callable[[Any], list[Any]]) -> None:
+    """Overwrite ``model``'s parameters and buffers with rank 0's, in place (sharded or meta tensors are left as they are).
+
+    Every rank's tensor names, shapes and dtypes are compared first (one gather, as DDP
+    verifies parameter shapes): a mismatch is a :class:`ModelsDisagreeError` on every rank
+    naming the first tensor that differs, not a broadcast of mismatched tensors.
+    """
     from trainwright.dist.shards import is_sharded
 
-    tensors = [t for t in (*model.parameters(), *model.buffers()) if not is_sharded(t) and not t.is_meta]
+    named = [(n, t) for n, t in (*model.named_parameters(), *model.named_buffers()) if not is_sharded(t) and not t.is_meta]
+    layouts = gather_object([(n, tuple(t.shape), str(t.dtype).removeprefix("torch.")) for n, t in named])
+    for rank, layout in enumerate(layouts):
+        if layout != layouts[0]:
+            ours, theirs = ({n: (shape, dtype) for n, shape, dtype in lay} for lay in (layouts[0], layout))
+            name = next((n for n in {**ours, **theirs} if ours.get(n) != theirs.get(n)), None)
+            raise ModelsDisagreeError(
+                f"The processes built different models: {name!r} is {_described(ours.get(name))} on rank 0 and {_described(theirs.get(name))} "
+                f"on rank {rank} ({len(layouts[0])} vs {len(layout)} tensors). Build the same model on every process (the config "
+                "or the code that builds it must not depend on the rank)."
+            )
     with torch.no_grad():
-        works = [dist.broadcast(t.detach(), src=0, async_op=True) for t in tensors]
+        works = [dist.broadcast(t.detach(), src=0, async_op=True) for _, t in named]
         for work in works:
             work.wait()  # type: ignore[union-attr]
 
@@ -200,11 +226,12 @@ class FSDPStrategy(ProcessGroupStrategy):
         ``fully_shard`` keeps each rank's own values of its shard: ranks that built the model
         from different random draws (a script that does not seed, ``diff_rank_seed``) would
         otherwise train a mix of their draws, and under tensor parallelism hold replicas that
-        disagree. One broadcast per tensor, once per run; nothing with one process.
+        disagree. One broadcast per tensor, once per run, after a check that every rank built
+        the same tensors (:class:`ModelsDisagreeError`); nothing with one process.
         """
         model = super().model_to_device(model)
         if self.world_size > 1:
-            _take_rank0_state(model)
+            _take_rank0_state(model, self.gather_object)
         return model
 
     def parallelize(self, model: nn.Module) -> None:
