@@ -26,6 +26,7 @@ import torch.distributed as dist
 from torch import nn
 
 from trainwright.amp.precision import Precision
+from trainwright.dist.shards import is_sharded
 from trainwright.optim.engine import ClipFn
 from trainwright.optim.optim_wrapper_dict import optim_wrappers_of
 from trainwright.registry import STRATEGIES
@@ -61,8 +62,6 @@ def _take_rank0_state(model: nn.Module, gather_object: Callable[[Any], list[Any]
     verifies parameter shapes): a mismatch is a :class:`ModelsDisagreeError` on every rank
     naming the first tensor that differs, not a broadcast of mismatched tensors.
     """
-    from trainwright.dist.shards import is_sharded
-
     named = [(n, t) for n, t in (*model.named_parameters(), *model.named_buffers()) if not is_sharded(t) and not t.is_meta]
     layouts = gather_object([(n, tuple(t.shape), str(t.dtype).removeprefix("torch.")) for n, t in named])
     for rank, layout in enumerate(layouts):
