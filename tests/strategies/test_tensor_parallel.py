@@ -91,11 +91,10 @@ def test_ranks_that_drew_different_initial_weights_train_rank_0s(out: Path) -> N
 def test_later_trainers_of_one_layout_reuse_the_mesh_and_its_process_groups(out: Path) -> None:
     """Six 2x2 Trainers (and a 4x1 one) ran one after another in each process: the process holds as many process groups after
     the last as after the first (a new mesh per Trainer would add its dp and tp groups each time, kept until the process exits)."""
-    first, last = _result(out, "T"), _result(out, "R")
+    first = _result(out, "T")
     assert first["groups"] >= 3  # the default group and the mesh's dp and tp groups
     for rank in range(4):
         assert _result(out, "R", rank)["groups"] == _result(out, "T", rank)["groups"] == first["groups"], rank
-    assert last["groups"] == first["groups"]
 
 
 @pytest.mark.multiprocess
