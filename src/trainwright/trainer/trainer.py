@@ -28,13 +28,11 @@ from trainwright.logging.message_hub import MessageHub
 from trainwright.logging.writers import Writer, Writers, build_writers, plain
 from trainwright.utils.progress import Progress
 from trainwright.loops.context import LoopContext
-from trainwright.data.collate import pseudo_collate_hint
 from trainwright.loops.train_loop import EpochBasedTrainLoop, IterBasedTrainLoop
 from trainwright.model.base_model import ModuleAdapter, as_base_model
 from trainwright.model.compile import check_static_batches
 from trainwright.registry import MODELS, check_keys
 from trainwright.strategies import build_strategy
-from trainwright.strategies.process_group import ProcessGroupStrategy
 from trainwright.optim.builder import run_precision
 from trainwright.optim.spike_guard import SpikeGuard
 from trainwright.optim.optim_wrapper_dict import optim_wrappers_of
@@ -42,6 +40,7 @@ from trainwright.trainer.env_cfg import apply_env_cfg
 from trainwright.trainer.build import EVAL_CFG_KEYS, TRAIN_CFG_KEYS, build_eval_loop, build_train
 from trainwright.trainer.hooks_config import build_hook, build_hooks
 from trainwright.trainer.rank_check import check_ranks_agree
+from trainwright.trainer.run_guard import RunGuard
 from trainwright.trainer.runs import config_changes, new_run_dir, remove_unused_run_dir
 from trainwright.trainer.state import OPTIONAL_PIECES, DataOrderState, HookStates, MetaState, ModelState, OptimState, SchedulerState
 
@@ -168,8 +167,8 @@ class Trainer:
         # rank 0 names (and creates) the run folder: every rank agrees even when their clocks straddle a second
         self.experiment_name: str = self.strategy.broadcast_object(experiment_name or (new_run_dir(self.work_dir).name if self.is_main_process else None))
         self._run_dir_created = experiment_name is None  # this trainer made the folder (a given name may be an earlier run's)
-        self._ran = False  # a run (train / val / test) started: the run folder holds its traces
-        self._running = False  # a run is in progress (the tuners refuse to start inside one)
+        #: Runs the loops between ``before_run`` and the clean-up, and reports what stopped a run.
+        self.runs = RunGuard(self)
         self.run_dir = self.work_dir / self.experiment_name
         self.logger = create_logger(log_file=self.run_dir / "train.log" if self.is_main_process else None, level=log_level, rank=self.strategy.rank)
         # THE rank decision of logging: only the main process has writers; hooks just fan out to this list.
@@ -422,7 +421,7 @@ class Trainer:
         try:
             self.checkpoints.lock()
         except WorkDirBusyError:
-            if self._run_dir_created and not self._ran and self.is_main_process:
+            if self._run_dir_created and not self.runs.ran and self.is_main_process:
                 self.writers.flush()
                 remove_unused_run_dir(self.run_dir, self.logger)  # nothing ran in it: a refused job leaves no run folder
             raise
@@ -440,10 +439,9 @@ class Trainer:
                     f"Nothing to train: training is complete at iteration {self.progress.iteration} of max_iters {loop.max_iters} "
                     f"(epoch {self.progress.epoch}). Raise train_cfg max_epochs / max_iters to train further, or use a new work_dir for a new run."
                 )
-            self._run(partial(loop.run, self._loop_context()))
+            self.runs.run(partial(loop.run, self._loop_context()))
         except BaseException as e:
-            if not self.strategy.run_failed and not isinstance(e, SystemExit):  # failed before the loop ran (building, resuming, the ranks' check); not a preemption's agreed exit
-                self._log_failure(e, self._note_failure(e))
+            self.runs.failed_outside_a_run(e)
             raise
         finally:
             self.checkpoints.unlock()
@@ -457,7 +455,7 @@ class Trainer:
             raise ValueError("val() needs a val_dataloader (and usually a val_evaluator)")
         self._prepare()
         self.should_stop = False  # a stop request of an earlier run does not cut this pass
-        return self._run(partial(self.val_loop.run, self._loop_context()))
+        return self.runs.run(partial(self.val_loop.run, self._loop_context()))
 
     def test(self) -> dict[str, float]:
         """One test pass; returns metrics like ``{"test/acc": 0.97}``."""
@@ -465,7 +463,7 @@ class Trainer:
             raise ValueError("test() needs a test_dataloader (and usually a test_evaluator)")
         self._prepare()
         self.should_stop = False
-        return self._run(partial(self.test_loop.run, self._loop_context()))
+        return self.runs.run(partial(self.test_loop.run, self._loop_context()))
 
     # -- tuning (the work is trainwright.tuning's: lr_finder.py, batch_size.py) -----------------
     def find_lr(
@@ -492,19 +490,11 @@ class Trainer:
         """
         from trainwright.tuning.lr_finder import check_lr_args, find_lr
 
-        self._refuse_inside_run("find_lr")
+        self.runs.refuse_inside_run("find_lr")
         check_lr_args(min_lr, max_lr, num_steps, mode, smooth, diverge)
         self._build_train()
         self._prepare()
         return find_lr(self, min_lr=min_lr, max_lr=max_lr, num_steps=num_steps, mode=mode, smooth=smooth, diverge=diverge)
-
-    def _refuse_inside_run(self, name: str) -> None:
-        """A tuner replaces the train loader's iterator and the optimizer's state for a while: not while a run uses them."""
-        if self._running:
-            raise RuntimeError(
-                f"{name}() was called while train() / val() / test() runs (from a hook?): the running loop holds the train loader's "
-                f"iterator and the optimizer, which {name} would change under it. Call it before train() or after it returns."
-            )
 
     def find_batch_size(self, mode: str = "power", init: int = 2, max_trials: int = 25, steps_per_trial: int = 3, apply: bool = False) -> int:
         """The largest batch size (per process) that ``steps_per_trial`` training steps fit in device memory (CUDA); the trainer is left as it was.
@@ -521,7 +511,7 @@ class Trainer:
         """
         from trainwright.tuning.batch_size import check_batch_size_args, find_batch_size, with_batch_size
 
-        self._refuse_inside_run("find_batch_size")
+        self.runs.refuse_inside_run("find_batch_size")
         check_batch_size_args(self.strategy.device, self.strategy.world_size, mode, init, max_trials, steps_per_trial)
         if apply:
             if self.strategy.name == "deepspeed":
@@ -551,93 +541,6 @@ class Trainer:
             if loop is not None:
                 loop.ctx = ctx
         return ctx
-
-    def _run(self, fn: Any) -> Any:
-        """Run ``fn`` between ``before_run`` and the clean-up; on an error, ``train.log`` ends with its reason.
-
-        The order on an error path: the failure is noted at once (no collective from here on;
-        under several processes the error is left for the other ranks), the held log lines and
-        the hooks' clean-up are written, and the reason is logged last, so ``tail train.log``
-        shows why the run stopped.
-        """
-        self.strategy.run_failed = False
-        self._ran = self._running = True
-        self.hooks.call("before_run", self)
-        ok = False
-        failure: tuple[BaseException, str | None] | None = None
-        try:
-            out = fn()
-            self.metric_store.flush()  # lines still pending go out first (a NaN among them is the run's error)
-            ok = True
-            return out
-        except BaseException as e:
-            failure = (e, self._note_failure(e))
-            raise
-        finally:
-            try:
-                if not ok:  # the held lines' numbers, this process's own: nothing is exchanged, a NaN raises no second error
-                    self.metric_store.flush(raise_on_nonfinite=False)
-            finally:
-                try:
-                    self._clean_up(ok)
-                finally:
-                    if failure is not None:
-                        self._log_failure(*failure)
-            self._running = False
-            if ok:
-                self.writers.raise_held()  # writers_fail="raise": an error held for a checkpoint still due at the end
-
-    def _where(self) -> str:
-        """Where the run stands, numbered as its log lines: the last completed iteration and its epoch (1-based)."""
-        return self.progress.where(self.train_loop is None or self.train_loop.by_epoch)
-
-    def _note_failure(self, e: BaseException) -> str | None:
-        """A run failed on this process: no collective from here on (see ``Strategy.run_failed``); returns the line that says why (None: nothing to log).
-
-        Under several processes the error is left for the other ranks (the launcher's store),
-        and theirs are named in the line: a rank whose collective failed because a peer
-        stopped names that peer's error. :meth:`_log_failure` writes the line, after the held
-        log lines, so the reason is the last thing in ``train.log``.
-        """
-        where = self._where()
-        loops = (self.train_loop, self.val_loop, self.test_loop)
-        hint = pseudo_collate_hint(e, [loop.dataloader for loop in loops if loop is not None])
-        if hint and hasattr(e, "add_note"):  # shown with the traceback too (Python 3.11+)
-            e.add_note(hint)
-        hint = f" ({hint})" if hint else ""
-        if getattr(e, "raised_on_every_rank", False):  # the ranks are together (e.g. their settings differ): nothing to leave for the others
-            return f"Stopped by {type(e).__name__} {where}: {e}"
-        others = self.strategy.report_failure(e, where) if isinstance(self.strategy, ProcessGroupStrategy) else ""
-        self.strategy.run_failed = True
-        if isinstance(e, SystemExit):  # a preemption exit is logged by its hook
-            return None
-        rank = f" on rank {self.strategy.rank}" if self.strategy.world_size > 1 else ""
-        return f"Stopped by {type(e).__name__}{rank} {where}: {e}{hint}{others}"
-
-    def _log_failure(self, e: BaseException, line: str | None) -> None:
-        """Log the error's traceback, then ``line`` (the reason) as the last line, and make both visible on disk."""
-        if line is None:
-            return
-        if not getattr(e, "raised_on_every_rank", False):
-            self.logger.error(f"Traceback of the {type(e).__name__} that stopped the run:", exc_info=e)
-        self.logger.error(line)
-        for h in self.logger.handlers:
-            h.flush()
-
-    def _clean_up(self, ok: bool) -> None:
-        """Run every hook's ``after_run`` even if some raise; then the original error (if any) goes on.
-
-        A cleanup error is logged by name; it is raised only when the run itself succeeded
-        (the first one; a preemption's ``SystemExit`` among them is what the process exits with).
-        """
-        failed = self.hooks.call_all("after_run", self)
-        for fn, e in failed:
-            if not isinstance(e, SystemExit):
-                self.logger.error(f"{getattr(fn, '__qualname__', fn)} failed while the run was cleaning up: {type(e).__name__}: {e}", exc_info=e)
-        with self.writers.holding():  # a writer's error (writers_fail="raise") never hides the run's own; _run raises it after a success
-            self.flush_logs()
-        if ok and failed:
-            raise next((e for _, e in failed if isinstance(e, SystemExit)), failed[0][1])
 
     # -- checkpoints (the work is self.checkpoints': checkpoint/manager.py) -------------------
     @property
