@@ -18,7 +18,7 @@ import torch
 
 import trainwright as tw
 from conftest import LinearReg, regression_set
-from trainwright.logging import Agreement, MetricStore, Writer
+from trainwright.logging import Agreement, LoggedValuesDisagreeError, MetricStore, Writer
 from trainwright.strategies.single_device import SingleDeviceStrategy
 
 
@@ -34,6 +34,9 @@ class FakeGather:
             i = len(self.sent[rank])
             self.sent[rank].append(t.clone())
             self.barrier.wait()  # every thread has sent its tensor of call i
+            sizes = [sent[i].shape for sent in self.sent]
+            if len(set(sizes)) > 1:  # gloo aborts the process here ("Received data size doesn't match expected size")
+                raise AssertionError(f"all_gather of tensors of different sizes {sizes}: a real collective aborts or hangs")
             return torch.stack([sent[i] for sent in self.sent])
 
         return gather
@@ -86,7 +89,7 @@ def test_flushed_numbers_are_reduced_over_the_processes() -> None:
     assert out0["acc"][1] == [0.5] * 4
     assert out0["data_time"][1] == pytest.approx([0.1, 0.2, 0.3, 0.4])  # max over ranks
     assert out0["time"][1] == pytest.approx([(1.1 + 1.05) / 2, (1.2 + 1.05) / 2, (1.3 + 1.05) / 2, (1.4 + 1.05) / 2])  # mean
-    assert [len(s) for s in gather.sent] == [1, 1]  # one collective for the flush
+    assert [len(s) for s in gather.sent] == [2, 2]  # the first flush: its decisions, then its numbers at the count agreed there
 
 
 def test_a_nan_on_one_rank_raises_on_both_at_the_same_flush_naming_the_iteration() -> None:
@@ -128,8 +131,54 @@ def test_processes_logging_different_names_get_a_clear_error() -> None:
         return run
 
     e0, e1 = _run_ranks([rank(0), rank(1)])
-    assert isinstance(e0, RuntimeError) and isinstance(e1, RuntimeError)
+    assert isinstance(e0, LoggedValuesDisagreeError) and isinstance(e1, LoggedValuesDisagreeError)
     assert "log the same names" in str(e0) and "extra" in str(e1)
+
+
+def test_processes_logging_different_numbers_of_values_get_the_clear_error_not_a_collective_of_unequal_sizes() -> None:
+    """An extra loss on one rank only (e.g. an auxiliary loss of some batches): every rank raises, naming the ranks and counts."""
+    gather = FakeGather()
+
+    def rank(r: int) -> Callable[[], Any]:
+        def run() -> Any:
+            store = _store(gather, r)
+            for it in (1, 2):  # one flush agrees on the size of the numbers
+                store.record(it, {"loss": torch.tensor(1.0)}, None, None)
+            store.flush()
+            for it in (3, 4):  # the next: rank 1 logs one value more
+                extra = {"loss_aux": torch.tensor(0.5)} if r == 1 and it == 4 else {}
+                store.record(it, {"loss": torch.tensor(1.0), **extra}, None, None)
+            store.flush()
+
+        return run
+
+    e0, e1 = _run_ranks([rank(0), rank(1)])
+    for e in (e0, e1):
+        assert isinstance(e, LoggedValuesDisagreeError), e
+        assert e.raised_on_every_rank  # the ranks stay together: each names the others in its own log
+        assert "rank(s) [1]" in str(e) and "log the same names" in str(e)
+    assert "loss_aux:1" in str(e1) and "loss_aux" not in str(e0)
+
+
+def test_a_changed_count_of_values_is_agreed_and_reduced_on_every_rank() -> None:
+    """Flushes of different lengths (the epoch's last flush, a new name on every rank): the numbers are still averaged over the ranks."""
+    gather = FakeGather()
+
+    def rank(r: int) -> Callable[[], Any]:
+        def run() -> Any:
+            store = _store(gather, r)
+            means = []
+            for its in ((1, 2), (3, 4, 5), (6,)):
+                for it in its:
+                    store.record(it, {"loss": torch.tensor(float(r + it))}, None, None)
+                store.flush()
+                means.append(store.get("loss").current())
+            return means
+
+        return run
+
+    m0, m1 = _run_ranks([rank(0), rank(1)])
+    assert m0 == m1 == [2.5, 5.5, 6.5]  # each iteration's loss is the mean of rank 0's (it) and rank 1's (it + 1)
 
 
 def test_one_process_decides_at_once_without_a_collective() -> None:
@@ -235,7 +284,8 @@ def test_trainers_with_different_clocks_agree_at_the_cadence_only(trainer_factor
     # 40 samples sharded over 2 ranks: 5 iterations per epoch; lines every 2 counted within the epoch (mmengine's):
     # 2, 4, the epoch's last (5), 7, 9, 10.
     # Agreement points every 4 iterations (4, 8); the epoch ends (5, 10) flush the rows since: no collective elsewhere.
-    assert t0.strategy.gathered_at == t1.strategy.gathered_at == [4, 5, 8, 10]  # type: ignore[attr-defined]
+    # Each point covers another count of iterations than the one before (4, 1, 3, 2): its numbers follow in a second collective.
+    assert t0.strategy.gathered_at == t1.strategy.gathered_at == [4, 4, 5, 5, 8, 8, 10, 10]  # type: ignore[attr-defined]
     # Rank 0's proposals are agreed at the points, which write the held lines; the epoch ends write theirs.
     assert written.written == [(2, 4), (4, 4), (5, 5), (7, 8), (9, 10), (10, 10)]
     assert not (t1.run_dir / "metrics.jsonl").exists()
@@ -254,7 +304,7 @@ def test_nan_on_one_rank_raises_on_both_at_the_same_iteration(trainer_factory: A
     assert isinstance(e0, FloatingPointError) and isinstance(e1, FloatingPointError), (e0, e1)
     assert t0.progress.iteration == t1.progress.iteration == 8
     assert "iteration 6 on rank 0: {'loss': nan}" in str(e0) and "iteration 6 on rank 0; " in str(e1)
-    assert t0.strategy.gathered_at == t1.strategy.gathered_at == [4, 5, 8]  # type: ignore[attr-defined]  # none on the error path
+    assert t0.strategy.gathered_at == t1.strategy.gathered_at == [4, 4, 5, 5, 8, 8]  # type: ignore[attr-defined]  # none on the error path
     lines = [json.loads(line) for line in (t0.run_dir / "metrics.jsonl").read_text().splitlines()]
     assert [line["iter"] for line in lines] == [2, 4, 5, 7]  # the held lines reach the disk at the end of the run
 
@@ -266,7 +316,7 @@ def test_a_stop_proposed_on_one_rank_ends_both_after_the_same_iteration(trainer_
     assert isinstance(e0, SystemExit) and isinstance(e1, SystemExit) and e0.code == e1.code == 143, (e0, e1)
     assert t0.progress.iteration == t1.progress.iteration == 8
     assert t0.preempted and t1.preempted
-    assert t0.strategy.gathered_at == t1.strategy.gathered_at == [4, 5, 8]  # type: ignore[attr-defined]
+    assert t0.strategy.gathered_at == t1.strategy.gathered_at == [4, 4, 5, 5, 8, 8]  # type: ignore[attr-defined]
 
 
 def test_one_process_makes_no_collective(trainer_factory: Any, tmp_path: Any) -> None:

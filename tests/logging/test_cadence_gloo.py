@@ -68,7 +68,8 @@ def test_two_process_run_agrees_at_the_cadence_and_logs_every_line_exactly(tmp_p
     mp.spawn(_worker, args=(str(tmp_path / "init"), str(tmp_path), every), nprocs=WORLD, join=True)
     r0, r1 = (json.loads((tmp_path / f"rank{r}.json").read_text()) for r in range(WORLD))
     assert r0["iteration"] == r1["iteration"] == ITERS
-    assert r0["gathered_at"] == r1["gathered_at"] == list(range(every, ITERS + 1, every))  # the collectives, counted on each rank
+    # the collectives, counted on each rank: one per agreement point, and one more at the first (the count of its numbers is agreed there)
+    assert r0["gathered_at"] == r1["gathered_at"] == [every, *range(every, ITERS + 1, every)]
     records = train_records(tmp_path / "rank0" / "run")
     assert [r["iter"] for r in records] == list(range(10, ITERS + 1, 10))
     own = [{int(k): v for k, v in r["losses"].items()} for r in (r0, r1)]  # each rank's own losses

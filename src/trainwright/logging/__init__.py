@@ -1,7 +1,7 @@
 """Logging: per-trainer logger, MetricStore (the one owner of logged numbers, lazy sync), writers."""
 
 from trainwright.logging.logger import close_logger, create_logger, log_lines
-from trainwright.logging.agreement import Agreement
+from trainwright.logging.agreement import Agreement, LoggedValuesDisagreeError
 from trainwright.logging.history_buffer import HistoryBuffer
 from trainwright.logging.lines import PendingLines
 from trainwright.logging.message_hub import MessageHub
@@ -14,7 +14,7 @@ from trainwright.logging.wandb_writer import WandbWriter
 
 __all__ = [
     "MessageHub",
-    "create_logger", "close_logger", "log_lines", "Agreement", "HistoryBuffer", "MetricStore", "PendingLines",
+    "create_logger", "close_logger", "log_lines", "Agreement", "LoggedValuesDisagreeError", "HistoryBuffer", "MetricStore", "PendingLines",
     "Writer", "Writers", "WriterError", "LineInfo", "ConsoleWriter", "JsonlWriter", "WRITERS", "DEFAULT_WRITERS", "build_writers",
     "CsvWriter", "TensorBoardWriter", "WandbWriter", "MlflowWriter",
 ]

@@ -19,12 +19,22 @@ import torch
 
 from trainwright.logging.flush_batch import FlushBatch
 
-__all__ = ["Agreement", "Gather", "NonFinite"]
+__all__ = ["Agreement", "Gather", "LoggedValuesDisagreeError", "NonFinite"]
 
 #: ``gather(t)``: every process's 1-D float64 tensor ``t`` stacked in rank order, ``[world, n]`` (``Strategy.all_gather``).
 Gather = Callable[[torch.Tensor], torch.Tensor]
 
-_HEADER = 4  # write, stop, first non-finite iteration (inf: none), fingerprint
+_HEADER = 5  # write, stop, first non-finite iteration (inf: none), fingerprint, count of numbers
+
+
+class LoggedValuesDisagreeError(RuntimeError):
+    """The processes logged different names, or different numbers of values, between two agreement points.
+
+    Raised on every process at the same exchange (each sees every process's fingerprint), so the
+    processes stay together and each log names the ranks that differ.
+    """
+
+    raised_on_every_rank = True
 
 
 class NonFinite(NamedTuple):
@@ -58,6 +68,7 @@ class Agreement:
         self.write = False
         self._stop_proposed = False
         self._write_proposed = False
+        self._size = 0  # the count of numbers agreed at the last exchange (the same on every process)
 
     @property
     def local(self) -> bool:
@@ -86,7 +97,7 @@ class Agreement:
             it there, the same on every process (None: none).
 
         Raises:
-            RuntimeError: the processes logged different names or counts of values.
+            LoggedValuesDisagreeError: the processes logged different names or counts of values (on every process).
         """
         write, stop = self._write_proposed, self._stop_proposed
         bad: float = batch.bad[0] if batch.bad is not None else math.inf
@@ -94,18 +105,31 @@ class Agreement:
         self._write_proposed = False
         if self.gather is not None:
             numbers, fingerprint = batch.message()
-            everyone = self.gather(torch.tensor([float(write), float(stop), bad, float(fingerprint), *numbers], dtype=torch.float64))
+            # A collective needs the same size on every process: the numbers go along when their count is the
+            # agreed one (the last exchange's, the same everywhere), else the header alone decides (a changed
+            # count: the numbers follow in a second collective; a different count: the error below, everywhere).
+            n, size = len(numbers), self._size
+            body = numbers if n == size else [0.0] * size
+            everyone = self.gather(torch.tensor([float(write), float(stop), bad, float(fingerprint), float(n), *body], dtype=torch.float64))
             head = everyone[:, :_HEADER]
-            if bool((head[:, 3] != head[0, 3]).any()):
-                raise RuntimeError(
-                    "The processes logged different values at this flush (other names, or a different number of "
-                    f"iterations); this process logged {batch.names.replace(chr(0), ', ') or 'nothing'}. Every process must "
-                    "log the same names at the same iterations: log a value on every rank (e.g. 0 where it does not apply)."
+            differ = (head[:, 3:5] != head[0, 3:5]).any(1)
+            if bool(differ.any()):
+                counts = ", ".join(f"rank {r} {int(c)}" for r, c in enumerate(head[:, 4].tolist()))
+                raise LoggedValuesDisagreeError(
+                    f"The processes logged different values between two agreement points: rank(s) {differ.nonzero().flatten().tolist()} "
+                    f"logged other names or counts than rank 0 (values: {counts}); this process logged "
+                    f"{batch.names.replace(chr(0), ', ') or 'nothing'}. Every process must log the same names at the same iterations: "
+                    "log a value on every rank (e.g. 0 where it does not apply)."
                 )
+            if n != size:
+                self._size = n
+                numbers_of_all = self.gather(torch.tensor(numbers, dtype=torch.float64)) if n else everyone[:, _HEADER:]
+            else:
+                numbers_of_all = everyone[:, _HEADER:]
             write, stop = bool(head[:, 0].any()), bool(head[:, 1].any())
             bad = float(head[:, 2].amin())
             ranks = tuple(int(r) for r in (head[:, 2] == bad).nonzero().flatten().tolist())
-            batch.reduce(everyone[:, _HEADER:])
+            batch.reduce(numbers_of_all)
         self.write = write
         self.stop = self.stop or stop
         return None if math.isinf(bad) else NonFinite(int(bad), ranks)
