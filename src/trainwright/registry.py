@@ -354,14 +354,14 @@ def _same_definition(a: Any, b: Any) -> bool:
     return files[0] is not None and files[1] is not None and os.path.realpath(files[0]) == os.path.realpath(files[1])
 
 
-def did_you_mean(key: str, options: list[str] | Any) -> str:
-    """Return ``" Did you mean 'x'?"`` for the closest of ``options``, or ``""``."""
+def did_you_mean(key: str, options: list[str] | Any, cutoff: float = 0.6) -> str:
+    """Return ``" Did you mean 'x'?"`` for the closest of ``options`` (``difflib`` similarity at least ``cutoff``), or ``""``."""
     options = [str(o) for o in options]
     lowered: dict[str, str] = {}
     for o in options:
         lowered.setdefault(o.lower(), o)
     # compared case-insensitively ('Adamw' means 'AdamW'), an exact match up to case first
-    close = [lowered[c] for c in difflib.get_close_matches(key.lower(), list(lowered), n=3, cutoff=0.6)]
+    close = [lowered[c] for c in difflib.get_close_matches(key.lower(), list(lowered), n=3, cutoff=cutoff)]
     if key.lower() in lowered:
         close = [lowered[key.lower()], *[c for c in close if c != lowered[key.lower()]]]
     return f" Did you mean {' or '.join(repr(c) for c in close)}?" if close else ""

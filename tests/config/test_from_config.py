@@ -410,6 +410,26 @@ def test_mmengine_helper_variables_load_with_a_warning_while_typos_are_refused(t
         trainer_from_config(tw.Trainer, {**cfg, "work_dri": str(tmp_path)})
 
 
+@pytest.mark.parametrize("key", ["norm_cfg", "optimizer", "tta_model", "interval", "crop_size", "train_dataset", "gallery_dataloader", "val_interval"])
+def test_mmengine_helper_variables_that_resemble_an_argument_load_with_the_hint_in_the_warning(tmp_path, key) -> None:
+    """Real OpenMMLab configs keep ``norm_cfg`` (mmseg models), ``optimizer`` (mmseg schedules), ``tta_model``, ``interval`` at top level."""
+    from trainwright.trainer.from_config import trainer_from_config
+
+    cfg = dict(model=nn.Linear(2, 1), work_dir=str(tmp_path), **{key: dict(type="X")})
+    with pytest.warns(UserWarning, match=rf"\['{key}'\] are not Trainer arguments: taken as helper variables") as record:
+        trainer_from_config(tw.Trainer, cfg).close()
+    if key in ("optimizer", "tta_model"):  # still a hint, in the warning, for a key that was meant as an argument
+        assert "If one was meant as an argument:" in str(record[0].message) and "Did you mean" in str(record[0].message)
+
+
+@pytest.mark.parametrize("typo", ["trian_cfg", "val_cgf", "load_form", "resum", "writer", "custom_hook"])
+def test_typos_of_trainer_arguments_are_refused(tmp_path, typo) -> None:
+    from trainwright.trainer.from_config import trainer_from_config
+
+    with pytest.raises(ConfigError, match=f"Unknown top-level config key '{typo}'. Did you mean"):
+        trainer_from_config(tw.Trainer, dict(model=nn.Linear(2, 1), work_dir=str(tmp_path), **{typo: None}))
+
+
 #: An mmengine schedule file with a warm-restart cosine (per iteration) and a plateau reduction on accuracy.
 MM_RESTART_PLATEAU_SCHEDULE = """
 optim_wrapper = dict(type='OptimWrapper', optimizer=dict(type='SGD', lr=0.1, momentum=0.9, weight_decay=0.0001))

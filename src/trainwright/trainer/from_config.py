@@ -30,6 +30,10 @@ if TYPE_CHECKING:
 IGNORED_KEYS = frozenset({"default_scope", "log_processor", "visualizer", "vis_backends", "launcher", "model_wrapper_cfg", "auto_scale_lr", "dist_params"})
 #: Keys used while loading, not by the trainer.
 LOADING_KEYS = frozenset({"custom_imports"})
+#: A top-level key this similar to a Trainer argument (difflib's ratio) is a typo of it, refused: 'optim_wraper' (0.96),
+#: 'trian_cfg' (0.89), 'val_cgf' (0.86). mmengine's helper variables stay below it: 'gallery_dataloader' (0.81 to
+#: 'val_dataloader'), 'train_dataset' (0.76), 'tta_model' (0.71), 'norm_cfg' (0.67), 'optimizer' (0.64) are warned about.
+_TYPO = 0.85
 _LOADERS = ("train_dataloader", "val_dataloader", "test_dataloader")
 _LOOP_TYPES = {"EpochBasedTrainLoop": True, "IterBasedTrainLoop": False}
 _EVAL_LOOP_TYPES = {"val_cfg": "ValLoop", "test_cfg": "TestLoop"}
@@ -225,14 +229,15 @@ def trainer_from_config(trainer_cls: type[Trainer], cfg: Mapping[str, Any], **ov
     helpers = []
     for key in args:
         if key not in allowed and key not in IGNORED_KEYS and key not in LOADING_KEYS and not key.startswith("_"):
-            hint = did_you_mean(key, allowed)
+            hint = did_you_mean(key, allowed, cutoff=_TYPO)
             if hint:  # a typo of a Trainer argument: refusing it beats training without it
                 raise ConfigError(f"Unknown top-level config key {key!r}.{hint} The keys are the Trainer's arguments: {allowed}.")
             helpers.append(key)
-    if helpers:  # mmengine configs keep helper variables at top level (data_root = ..., train_pipeline = [...])
+    if helpers:  # mmengine configs keep helper variables at top level (data_root = ..., norm_cfg = ..., optimizer = ...)
+        hints = "".join(f" {key!r}:{hint}" for key in sorted(helpers) if (hint := did_you_mean(key, allowed)))
         warnings.warn(
-            f"Config keys {sorted(helpers)} are not Trainer arguments and close to none of them: taken as helper variables of the "
-            "config and not used by the trainer (name them with a leading underscore to silence this).",
+            f"Config keys {sorted(helpers)} are not Trainer arguments: taken as helper variables of the config and not used by the "
+            f"trainer (name them with a leading underscore to silence this).{' If one was meant as an argument:' + hints if hints else ''}",
             stacklevel=2,
         )
     kwargs = {k: v for k, v in args.items() if k in allowed}
