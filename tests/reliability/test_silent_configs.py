@@ -80,6 +80,14 @@ def test_custom_key_matching_no_parameter_is_an_error_naming_close_names(tmp_pat
     assert "'backbone.0.weight'" in str(e.value)  # the names it could have meant
     t.close()
 
+    # a key close to no name (inherited from a base schedule for another model): applied to nothing, as mmengine does, with a warning
+    inherited = dict(optimizer=dict(type="SGD", lr=0.1), paramwise_cfg=dict(custom_keys={".absolute_pos_embed": dict(lr_mult=0.0)}))
+    t = _trainer(tmp_path, optim_wrapper=inherited)
+    with pytest.warns(UserWarning, match=r"custom_keys\['.absolute_pos_embed'\] matches no parameter of TwoLayer.*another model"):
+        t.train()
+    assert t.progress.epoch == 2
+    t.close()
+
     # the key spelled right freezes the layer (lr 0) and trains the rest
     t = _trainer(tmp_path, optim_wrapper=dict(optimizer=dict(type="SGD", lr=0.1), paramwise_cfg=dict(custom_keys={"backbone.0": dict(lr_mult=0.0)})))
     before = t.unwrapped_model.backbone[0].weight.detach().clone()

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import difflib
 import inspect
+import warnings
 from collections.abc import Mapping
 from typing import Any
 
@@ -20,6 +21,9 @@ from torch import nn
 
 from trainwright.optim.optim_wrapper import OptimWrapper
 from trainwright.registry import OPTIM_WRAPPER_CONSTRUCTORS, OPTIM_WRAPPERS, OPTIMIZERS, check_keys, dropping_scope
+
+#: A custom key this similar (difflib's ratio) to a part of a parameter name is a typo of it ('backbon.0' for 'backbone.0': 0.95).
+_TYPO = 0.85
 
 #: ``paramwise_cfg`` keys and what each multiplies.
 PARAMWISE_KEYS = {
@@ -230,24 +234,35 @@ class DefaultOptimWrapperConstructor:
             group["weight_decay"] = base_wd * cfg["flat_decay_mult"]
 
     def _check_custom_keys(self, model: nn.Module) -> None:
-        """Every ``custom_keys`` key must be contained in some parameter's name: a typo would leave the parameters it meant at the default options (a layer meant to be frozen trains at full lr)."""
+        """A ``custom_keys`` key contained in no parameter's name: a near-miss of a name is refused, any other key is warned about.
+
+        A typo (``backbon.0`` for ``backbone.0``) would leave the parameters it meant at the default
+        options (a layer meant to be frozen trains at full lr): ``KeyError``. A key close to no name
+        is usually inherited from a base schedule written for another architecture (mmpretrain's
+        Swin schedule's ``.absolute_pos_embed`` under a ConvNeXt): mmengine applies it to nothing,
+        and so does trainwright, with a warning naming it.
+        """
         custom = self.paramwise_cfg.get("custom_keys", {})
         if not custom:
             return
         # the string add_params matches against: f"{prefix}.{name}" (".weight" for a parameter of the model itself)
         names = [n if "." in n else f".{n}" for n, _ in model.named_parameters(remove_duplicate=False)]
+        parts: list[str] | None = None
         for key in sorted(custom):
             if any(key in n for n in names):
                 continue
-            parts = {".".join(p[i:j]) for p in (n.lstrip(".").split(".") for n in names) for i in range(len(p)) for j in range(i + 1, len(p) + 1)}
-            close = difflib.get_close_matches(key, sorted(parts), n=3, cutoff=0.6)
+            if parts is None:
+                parts = sorted({".".join(p[i:j]) for p in (n.lstrip(".").split(".") for n in names) for i in range(len(p)) for j in range(i + 1, len(p) + 1)})
+            close = difflib.get_close_matches(key.strip("."), parts, n=3, cutoff=0.6)
             shown = [n.lstrip(".") for n in names[:6]]
-            raise KeyError(
+            message = (
                 f"paramwise_cfg custom_keys[{key!r}] matches no parameter of {type(model).__name__}: a key applies to every parameter whose "
-                f"dotted name contains it, so its options {dict(custom[key])!r} would apply to nothing and the parameters meant would train with the "
-                f"default options. " + (f"Close names: {', '.join(repr(c) for c in close)}. " if close else "")
+                f"dotted name contains it, so its options {dict(custom[key])!r} apply to nothing. " + (f"Close names: {', '.join(repr(c) for c in close)}. " if close else "")
                 + f"Parameter names: {', '.join(repr(n) for n in shown)}{', ...' if len(names) > len(shown) else ''} ({len(names)} in all)."
             )
+            if difflib.get_close_matches(key.strip("."), parts, n=1, cutoff=_TYPO):  # a near-miss: the parameters meant would train with the default options
+                raise KeyError(message + " Correct the key to the name meant (or remove it).")
+            warnings.warn(message + " (A key of a base config written for another model; remove it from paramwise_cfg to silence this.)", stacklevel=2)
 
     def param_groups(self, model: nn.Module) -> list[dict[str, Any]]:
         """The optimizer's param groups for ``model`` (merged by equal options unless ``merge_groups=False``).
