@@ -130,6 +130,21 @@ def test_resume_true_without_checkpoint_falls_back_to_load_from(tmp_path: Path) 
     _same(t.unwrapped_model.state_dict(), src.unwrapped_model.state_dict())
 
 
+def test_resume_true_with_load_from_a_training_checkpoint_resumes_it_as_mmengine_does(tmp_path: Path) -> None:
+    """mmengine's ``resume=True, load_from=PATH`` (what mmpretrain's ``--resume PATH`` writes into a config) resumes PATH in full."""
+    work = tmp_path / "work"
+    _run(work, "a", crash_at=10, checkpoint=dict(interval=4, by_epoch=False, max_keep_ckpts=-1))
+    ref, _ = _run(tmp_path / "ref", "ref")
+    t, rec = _run(tmp_path / "other", "b", resume=True, load_from=str(work / "checkpoints" / "iter_8.pth"))
+    assert min(rec.loss) == 9  # went on after iteration 8, optimizer, schedule and data order included
+    _same(_final_state(t), _final_state(ref))
+    assert str(t.checkpoints.restored[0]).endswith("iter_8.pth")  # type: ignore[index]
+    # a checkpoint of its own wins (a restarted job goes on from where it stopped, not from load_from again)
+    t2, rec2 = _run(tmp_path / "other", "c", resume=True, load_from=str(work / "checkpoints" / "iter_4.pth"))
+    assert rec2.loss == {}  # other/ holds the finished run's checkpoints: nothing left to train
+    assert t2.progress.iteration == ref.progress.iteration
+
+
 def test_corrupt_latest_checkpoint_falls_back_with_warning(tmp_path: Path) -> None:
     work = tmp_path / "work"
     _run(work, "a", crash_at=13, checkpoint=dict(interval=4, by_epoch=False, max_keep_ckpts=-1))

@@ -425,6 +425,20 @@ class CheckpointManager:
         self.restored = (where, self.progress.iteration)
         return where, ckpt
 
+    def restore_if_training_checkpoint(self, path: str | Path | RemotePath) -> tuple[Location, dict[str, Any]] | None:
+        """Restore ``path`` when it is a training checkpoint (a dict with every required piece); None, changing nothing, when it is not (weights).
+
+        mmengine's ``resume=True`` with ``load_from=PATH`` resumes from ``PATH``: the Trainer asks this
+        when its own checkpoint folder has nothing to resume.
+        """
+        ckpt = self.strategy.load_checkpoint(_arg(path))
+        if not isinstance(ckpt, dict) or any(key not in ckpt for key in self.required):
+            return None
+        where = location(path)
+        self.restore(ckpt, where)
+        self.restored = (where, self.progress.iteration)
+        return where, ckpt
+
     def _agree_on_newest(self) -> None:
         """Every rank must see the same newest checkpoint (by name: work dirs may be node-local copies under other paths)."""
         from trainwright.checkpoint.listing import list_checkpoints

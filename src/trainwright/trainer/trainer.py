@@ -76,8 +76,9 @@ class Trainer:
             whole model (see docs/performance.md).
         activation_checkpointing: Module classes, class names or module paths whose activations
             are recomputed in the backward pass instead of kept (``["Block"]``; mmengine's config key).
-        resume: False, True (latest complete checkpoint in ``work_dir``) or a path.
-        load_from: A checkpoint to load weights from (weights only).
+        resume: False, True (latest complete checkpoint in ``work_dir``; with none there, ``load_from`` when that is a
+            training checkpoint, as in mmengine) or a path.
+        load_from: A checkpoint to load weights from (weights only; see ``resume``).
         randomness: ``dict(seed=..., deterministic=False, diff_rank_seed=False)``.
         nonfinite_loss: ``"raise"`` (FloatingPointError naming the iteration) or ``"skip"``.
         log_level: Logging level of the trainer's logger.
@@ -346,13 +347,17 @@ class Trainer:
             self._restore_due = self.train_loop is None and self._trains
 
     def _resume_or_load(self) -> None:
-        """Apply ``resume`` (full state; True: the newest checkpoint that loads) or else ``load_from`` (weights only).
+        """Apply ``resume`` (full state; True: the newest checkpoint that loads, else a training checkpoint at ``load_from``) or else ``load_from`` (weights only).
 
         Every piece is checked before anything changes (see :meth:`CheckpointManager.restore`).
         """
         resume = self._resume
         if resume and self._trains:
             found = self.checkpoints.find_and_restore(None if resume is True else resume)
+            if found is None and resume is True and self._load_from is not None:  # nothing of its own: mmengine's resume=True + load_from=PATH resumes PATH
+                found = self.checkpoints.restore_if_training_checkpoint(self._load_from)
+                if found is not None:
+                    self.logger.info(f"resume=True found no checkpoint in {self.checkpoints.ckpt_dir}; load_from {str(self._load_from)!r} is a training checkpoint: resuming it (as mmengine does)")
             if found is not None:
                 path, ckpt = found
                 self.logger.info(f"Resumed from {path} at epoch {self.progress.epoch}, iteration {self.progress.iteration}")
