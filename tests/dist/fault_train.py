@@ -8,6 +8,7 @@ Usage: fault_train.py OUT_DIR SCENARIO
   nan-skip     nonfinite_loss="skip", a NaN loss on rank 1 at iteration 3
   stuck        rank 0 stops stepping at iteration 3 (rank 1 waits in the all-reduce); rank 1 then gets SIGTERM
   second-signal  (one process) a SIGTERM inside iteration 3, which then hangs; a second SIGTERM 0.5 s later
+  short-stream   both ranks' stream declares 4 batches; rank 1's yields 3 (its length was an estimate); default collective timeout
 Writes OUT_DIR/<what>_rank<r>.pt (results) and OUT_DIR/raised_at (when the fault happened, time.time()).
 """
 
@@ -121,6 +122,22 @@ class TwoSignals(tw.Hook):
             time.sleep(60)
 
 
+class ShortStream(torch.utils.data.IterableDataset):
+    """Both ranks declare 32 samples (4 batches of 8); rank 1's stream yields 24, then stamps the fault."""
+
+    def __init__(self, out: Path) -> None:
+        self.out = out
+
+    def __len__(self) -> int:
+        return 32
+
+    def __iter__(self):
+        base = data(32)
+        yield from (base[i] for i in range(24 if RANK == 1 else 32))
+        if RANK == 1:
+            stamp(self.out)
+
+
 def trainer(out: Path, **kw) -> tw.Trainer:
     args = dict(
         model=Reg(), work_dir=out / "work", train_dataloader=dict(dataset=data(), batch_size=8, shuffle=True),
@@ -190,6 +207,9 @@ def main() -> None:
             t.train()
     elif scenario == "second-signal":
         with trainer(out, custom_hooks=[TwoSignals(out, 3)], default_hooks=dict(preemption=dict(grace_s=30.0)), train_cfg=dict(by_epoch=False, max_iters=1000)) as t:
+            t.train()
+    elif scenario == "short-stream":
+        with trainer(out, train_dataloader=torch.utils.data.DataLoader(ShortStream(out), batch_size=8), train_cfg=dict(by_epoch=True, max_epochs=2)) as t:
             t.train()
     else:
         raise SystemExit(f"unknown scenario {scenario}")

@@ -44,6 +44,15 @@ def test_an_exception_on_one_rank_ends_the_job_in_seconds_and_rank_0_names_it(tm
     assert "rank 1 failed: ValueError at iteration 3: boom from rank 1 at iteration 3" in log  # an iteration-based run: numbered as its lines
 
 
+def test_a_rank_whose_loader_runs_short_of_its_len_ends_the_job_at_once_naming_it(tmp_path: Path) -> None:
+    """Rank 1's stream yields 3 of its declared 4 batches (rank 0 waits in batch 4's all-reduce): not a 30-minute idle, an error naming rank 1's loader."""
+    out, after = _launch(tmp_path, "short-stream")
+    assert out.returncode != 0
+    assert after < 10, f"the job ended {after:.1f} s after rank 1's stream ran out"
+    log = _train_log(tmp_path)
+    assert "rank 1 failed: RuntimeError at epoch 1, iteration 3: train_dataloader on rank 1 yielded 3 batches in this pass over the data, but its len() is 4" in log
+
+
 def test_a_validation_error_on_one_rank_makes_no_crossed_collective(tmp_path: Path) -> None:
     """Rank 1's metric raises with the epoch's checkpoint due: no clean-up save (its RNG gather would meet rank 0's metric gather)."""
     out, after = _launch(tmp_path, "val-error")

@@ -142,7 +142,19 @@ class _TrainLoopBase:
                 validate()
             if view.should_stop or (limit is not None and progress.iteration >= limit):
                 return True
+        if progress.iter_in_epoch != len(self.dataloader) and not ctx.metric_store.agreement.local:
+            self._uneven_pass(ctx)
         return False
+
+    def _uneven_pass(self, ctx: LoopContext) -> None:
+        """Several processes: this rank's loader ended its pass at another count than its ``len()``; the others would wait for it in a collective."""
+        n, expected = ctx.progress.iter_in_epoch, len(self.dataloader)
+        raise RuntimeError(
+            f"train_dataloader on rank {ctx.view.strategy.rank} yielded {n} batches in this pass over the data, but its len() is "
+            f"{expected}. Under several processes every rank must yield exactly len(train_dataloader) batches per pass: the other "
+            "ranks would wait for this one in their next collective. Make the dataset's __len__ exact (a stream whose length is an "
+            "estimate: cap or pad each rank's share to the same count)."
+        )
 
 
 class EpochBasedTrainLoop(_TrainLoopBase):
