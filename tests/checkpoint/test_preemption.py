@@ -79,10 +79,15 @@ class OtherRankSignalled(SingleDeviceStrategy):
 
     def all_gather(self, tensor: torch.Tensor) -> torch.Tensor:
         assert self.trainer is not None
-        self.asked_at.append(self.trainer.progress.iteration)
+        it = self.trainer.progress.iteration
+        # an agreement point's first collective carries the decisions (a point's numbers may follow in a second one; an epoch's
+        # end agrees on a hook's stop request in a 1-element one)
+        header = tensor.numel() > 1 and (not self.asked_at or self.asked_at[-1] != it)
         other = tensor.clone()
-        if len(self.asked_at) >= self.n:
-            other[1] = 1.0  # the stop proposal of the agreement's collective
+        if header:
+            self.asked_at.append(it)
+            if len(self.asked_at) >= self.n:
+                other[1] = 1.0  # the stop proposal of the agreement's collective
         return torch.stack([tensor, other])
 
 

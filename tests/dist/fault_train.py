@@ -9,6 +9,8 @@ Usage: fault_train.py OUT_DIR SCENARIO
   stuck        rank 0 stops stepping at iteration 3 (rank 1 waits in the all-reduce); rank 1 then gets SIGTERM
   second-signal  (one process) a SIGTERM inside iteration 3, which then hangs; a second SIGTERM 0.5 s later
   short-stream   both ranks' stream declares 4 batches; rank 1's yields 3 (its length was an estimate); default collective timeout
+  stop-one-rank  a hook sets trainer.should_stop on rank 1 only: at iteration 3 (iteration-based), then after epoch 1 (epoch-based,
+                 validation and a checkpoint due); default collective timeout
 Writes OUT_DIR/<what>_rank<r>.pt (results) and OUT_DIR/raised_at (when the fault happened, time.time()).
 """
 
@@ -138,6 +140,29 @@ class ShortStream(torch.utils.data.IterableDataset):
             stamp(self.out)
 
 
+class StopOnRank1(tw.Hook):
+    """Sets ``trainer.should_stop`` on rank 1 only (a reason of its own): after iteration ``at``, or after epoch ``epoch``."""
+
+    def __init__(self, at: int | None = None, epoch: int | None = None) -> None:
+        self.at, self.epoch = at, epoch
+
+    def after_train_iter(self, trainer, batch_idx, data_batch=None, outputs=None) -> None:
+        if RANK == 1 and trainer.progress.iteration == self.at:
+            trainer.should_stop = True
+
+    def after_train_epoch(self, trainer) -> None:
+        if RANK == 1 and trainer.progress.epoch == self.epoch:
+            trainer.should_stop = True
+
+
+class IdsMetric(tw.evaluation.Metric):
+    def process(self, data_batch, outputs) -> None:
+        self.results.extend(outputs.flatten().tolist())
+
+    def compute(self, results):
+        return {"n": float(len(results))}
+
+
 def trainer(out: Path, **kw) -> tw.Trainer:
     args = dict(
         model=Reg(), work_dir=out / "work", train_dataloader=dict(dataset=data(), batch_size=8, shuffle=True),
@@ -208,6 +233,20 @@ def main() -> None:
     elif scenario == "second-signal":
         with trainer(out, custom_hooks=[TwoSignals(out, 3)], default_hooks=dict(preemption=dict(grace_s=30.0)), train_cfg=dict(by_epoch=False, max_iters=1000)) as t:
             t.train()
+    elif scenario == "stop-one-rank":
+        results = {}
+        t = trainer(out / "iter", custom_hooks=[StopOnRank1(at=3)], train_cfg=dict(by_epoch=False, max_iters=40))
+        t.train()
+        results["iter"] = t.progress.iteration
+        t.close()
+        t = trainer(
+            out / "epoch", custom_hooks=[StopOnRank1(epoch=1)], train_cfg=dict(by_epoch=True, max_epochs=4),
+            val_dataloader=dict(dataset=data(16), batch_size=4), val_evaluator=IdsMetric(), default_hooks=dict(checkpoint=dict(interval=1)),
+        )
+        t.train()
+        results["epoch"] = (t.progress.epoch, t.progress.iteration)
+        t.close()
+        torch.save(results, out / f"stop_rank{RANK}.pt")
     elif scenario == "short-stream":
         with trainer(out, train_dataloader=torch.utils.data.DataLoader(ShortStream(out), batch_size=8), train_cfg=dict(by_epoch=True, max_epochs=2)) as t:
             t.train()

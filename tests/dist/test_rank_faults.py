@@ -53,6 +53,22 @@ def test_a_rank_whose_loader_runs_short_of_its_len_ends_the_job_at_once_naming_i
     assert "rank 1 failed: RuntimeError at epoch 1, iteration 3: train_dataloader on rank 1 yielded 3 batches in this pass over the data, but its len() is 4" in log
 
 
+def test_a_stop_a_hook_sets_on_one_rank_stops_every_rank_at_the_same_point(tmp_path: Path) -> None:
+    """``trainer.should_stop = True`` on rank 1 only: both ranks stop at the next agreement point, finish cleanly, and checkpoint.
+
+    Before: rank 1 left the loop alone. Iteration-based: it waited in the metric gather while rank 0 waited in the all-reduce
+    (the collective timeout); epoch-based: rank 1 skipped the validation and saved at once, its checkpoint's RNG gather crossed
+    rank 0's metric gather (``KeyError: 0``) and epoch 1's checkpoint was lost.
+    """
+    out, _ = _launch(tmp_path, "stop-one-rank", check=True, timeout=90)
+    r0, r1 = (torch.load(tmp_path / "out" / f"stop_rank{r}.pt") for r in (0, 1))
+    assert r0 == r1
+    assert r0["iter"] == 10  # requested at 3, agreed at the point of 10 (agreement.every), on both ranks
+    assert r0["epoch"] == (1, 4)  # requested after epoch 1's hooks, agreed there: no validation, no epoch 2 on either rank
+    ckpts = tmp_path / "out" / "epoch" / "work" / "checkpoints"
+    assert (ckpts / "epoch_1.pth").is_file() and (ckpts / "latest").read_text().strip() == "epoch_1.pth"
+
+
 def test_a_validation_error_on_one_rank_makes_no_crossed_collective(tmp_path: Path) -> None:
     """Rank 1's metric raises with the epoch's checkpoint due: no clean-up save (its RNG gather would meet rank 0's metric gather)."""
     out, after = _launch(tmp_path, "val-error")

@@ -298,7 +298,7 @@ def _replay(trainer: Trainer, path: Location, ckpt: dict[str, Any], k: int) -> s
     from trainwright.hooks.sampler_seed import DistSamplerSeedHook
 
     here = trainer.checkpoints.capture()  # the trainer as it is now, put back after the replay
-    old_ctx, old_stop = loop.ctx, trainer.should_stop
+    old_ctx, old_stop = loop.ctx, trainer.agreement.finish
     trainer.checkpoints.restore(ckpt, path)
     s = trainer.progress.iteration
     watch = _ReplayWatch(trainer.unwrapped_model, k)
@@ -310,7 +310,7 @@ def _replay(trainer: Trainer, path: Location, ckpt: dict[str, Any], k: int) -> s
     trainer.logger.info(f"Replaying iterations {s + 1}..{k} from {path} to find where the non-finite loss of iteration {k} came from")
     finding: Finding | None = None
     try:
-        trainer.should_stop = False
+        trainer.agreement.set_finish(False)
         loop.run(ctx)
     except _Found as found:
         finding = found.finding
@@ -318,7 +318,7 @@ def _replay(trainer: Trainer, path: Location, ckpt: dict[str, Any], k: int) -> s
         watch.watch.__exit__()
         loop.ctx = old_ctx
         trainer.checkpoints.restore(here, Path("<memory>"))
-        trainer.should_stop = old_stop
+        trainer.agreement.set_finish(old_stop)
     replayed = f"Replayed iterations {s + 1}..{k} from {path}"
     if finding is None or not finding.found:
         return f" {replayed}: nothing was non-finite (the replay is not bitwise here: nondeterministic ops or data?)."

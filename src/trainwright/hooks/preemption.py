@@ -204,7 +204,7 @@ class PreemptionHook(Hook):
         self._reached = True  # the stop point: the watchdog stands down (the save may take longer than the grace)
         self.preempted = True
         trainer.preempted = True
-        trainer.should_stop = True
+        trainer.metric_store.agreement.set_finish(True)  # a point every rank reaches with the same decision
         what = self.received.name if self.received is not None else "another rank"
         trainer.logger.warning(f"Preemption signal ({what}) received: stopping after iteration {trainer.progress.iteration} and saving a checkpoint")
 

@@ -101,7 +101,7 @@ class SpikeGuardHook(Hook):
         loop = trainer.train_loop
         assert loop is not None
         loop.request_restart()
-        trainer.should_stop = True  # leave the loader's pass: the loop goes on from the restored position
+        trainer.metric_store.agreement.set_finish(True)  # leave the loader's pass now (decided on every rank): the loop goes on from the restored position
 
     # -- state --------------------------------------------------------------------------------
     def state_dict(self) -> dict[str, Any]:

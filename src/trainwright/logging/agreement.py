@@ -1,7 +1,7 @@
 """Agreement: the decisions every process takes together - stop, a non-finite loss, write the held log lines.
 
-Each process only proposes (a preemption signal proposes a stop, the logger's clock proposes
-writing lines, a flush notes a NaN loss); :meth:`Agreement.exchange` turns the proposals into
+Each process only proposes (a preemption signal proposes a stop, a hook's ``trainer.should_stop``
+proposes to finish, the logger's clock proposes writing lines, a flush notes a NaN loss); :meth:`Agreement.exchange` turns the proposals into
 decisions that are the same on every process. Under several processes that is one blocking
 all-gather of a small tensor that also carries the flushed numbers (reduced over the processes:
 ``data_time`` the maximum, every other scalar the mean); on one process no collective at all.
@@ -24,7 +24,7 @@ __all__ = ["Agreement", "Gather", "LoggedValuesDisagreeError", "NonFinite"]
 #: ``gather(t)``: every process's 1-D float64 tensor ``t`` stacked in rank order, ``[world, n]`` (``Strategy.all_gather``).
 Gather = Callable[[torch.Tensor], torch.Tensor]
 
-_HEADER = 5  # write, stop, first non-finite iteration (inf: none), fingerprint, count of numbers
+_HEADER = 6  # write, stop, first non-finite iteration (inf: none), fingerprint, count of numbers, finish
 
 
 class LoggedValuesDisagreeError(RuntimeError):
@@ -55,8 +55,10 @@ class Agreement:
             is one collective). Default 10: the logger's default interval.
 
     Attributes:
-        stop: Agreed: some process proposed a stop (stays True until :meth:`reset`).
+        stop: Agreed: some process proposed a stop (a preemption signal; stays True until :meth:`reset`).
         write: Agreed at the last exchange: some process proposed writing the held log lines.
+        finish: Agreed: training ends at this point (``trainer.should_stop``, which a hook sets on one
+            rank or all: see :meth:`request_finish`).
     """
 
     def __init__(self, gather: Gather | None = None, every: int = 10) -> None:
@@ -66,8 +68,10 @@ class Agreement:
         self.every = every
         self.stop = False
         self.write = False
+        self.finish = False
         self._stop_proposed = False
         self._write_proposed = False
+        self._finish_proposed = False
         self._size = 0  # the count of numbers agreed at the last exchange (the same on every process)
 
     @property
@@ -77,7 +81,28 @@ class Agreement:
 
     def reset(self) -> None:
         """Forget every proposal and decision (a new training run)."""
-        self.stop = self.write = self._stop_proposed = self._write_proposed = False
+        self.stop = self.write = self.finish = self._stop_proposed = self._write_proposed = self._finish_proposed = False
+
+    def request_finish(self, value: bool = True) -> None:
+        """``trainer.should_stop = value``: on one process decided at once; under several, proposed to the next agreement point.
+
+        A hook may set ``should_stop`` on one rank only (a reason of its own: its loss, a file it
+        watches); acting on it there alone would leave the other ranks waiting in a collective.
+        """
+        self._finish_proposed = bool(value)
+        if self.gather is None:
+            self.finish = bool(value)
+
+    def set_finish(self, value: bool) -> None:
+        """Decide ``finish`` at once, on a point every process reaches with the same value (a new run; a stop agreed otherwise)."""
+        self.finish = self._finish_proposed = bool(value)
+
+    def agree_finish(self) -> bool:
+        """An agreement point of ``finish`` alone (an epoch's end, after a validation); returns it. Several processes: one collective."""
+        if self.gather is not None:
+            everyone = self.gather(torch.tensor([float(self._finish_proposed or self.finish)], dtype=torch.float64))
+            self.set_finish(bool(everyone.any()))
+        return self.finish
 
     def propose_stop(self) -> None:
         """This process asks every process to stop training (safe in a signal handler: it only sets flags)."""
@@ -110,7 +135,8 @@ class Agreement:
             # count: the numbers follow in a second collective; a different count: the error below, everywhere).
             n, size = len(numbers), self._size
             body = numbers if n == size else [0.0] * size
-            everyone = self.gather(torch.tensor([float(write), float(stop), bad, float(fingerprint), float(n), *body], dtype=torch.float64))
+            finish = float(self._finish_proposed or self.finish)
+            everyone = self.gather(torch.tensor([float(write), float(stop), bad, float(fingerprint), float(n), finish, *body], dtype=torch.float64))
             head = everyone[:, :_HEADER]
             differ = (head[:, 3:5] != head[0, 3:5]).any(1)
             if bool(differ.any()):
@@ -127,6 +153,7 @@ class Agreement:
             else:
                 numbers_of_all = everyone[:, _HEADER:]
             write, stop = bool(head[:, 0].any()), bool(head[:, 1].any())
+            self.set_finish(bool(head[:, 5].any()))
             bad = float(head[:, 2].amin())
             ranks = tuple(int(r) for r in (head[:, 2] == bad).nonzero().flatten().tolist())
             batch.reduce(numbers_of_all)

@@ -89,7 +89,7 @@ class EvalLoop:
                     for fn in after:
                         fn(view, idx, batch, outputs)
                     n += 1
-                    if view.should_stop:  # a stop request (preemption) ends the pass here, on every rank at the same batch
+                    if view.should_stop:  # a stop (preemption, agreed) ends the pass here, on every rank at the same batch
                         cut = True
                         break
         finally:

@@ -76,7 +76,7 @@ class _TrainLoopBase:
         self.restart_requested = False
         if ctx.metric_store.agreement.stop or ctx.view.preempted:
             return False
-        ctx.view.should_stop = False
+        ctx.metric_store.agreement.set_finish(False)  # the rollback's stop was decided on every rank: so is going on
         ctx.hooks.refresh(ctx.view, self.max_iters, self._periodic(ctx))
         return True
 
@@ -102,11 +102,11 @@ class _TrainLoopBase:
         agreement = store.agreement
 
         def flush_store(trainer: Any, batch_idx: int, data_batch: Any, outputs: Any) -> None:
-            store.flush(agree=True)
+            store.flush(agree=True)  # also agrees on a stop a hook requested (trainer.should_stop) on some rank
             if agreement.write:
                 trainer.flush_logs()
             if agreement.stop:
-                trainer.should_stop = True
+                agreement.set_finish(True)
 
         n = store.flush_every if agreement.local else agreement.every
         return [(flush_store, range(n, self.max_iters + 1, n))]
@@ -122,6 +122,7 @@ class _TrainLoopBase:
         train_step: Any = ctx.model.train_step
         record = ctx.metric_store.recorder(self.gather_metric_period)  # the store's list append when it is 1
         validate = ctx.validate if val_every_iter else None
+        agreement = ctx.metric_store.agreement  # where a stop requested on some rank is agreed (the Trainer's should_stop reads it)
         for batch in self.dataloader:
             t_start = _clock()
             idx = progress.iter_in_epoch
@@ -140,6 +141,7 @@ class _TrainLoopBase:
                 fn(view, idx, batch, outputs)
             if validate is not None and self.val_due():
                 validate()
+                agreement.agree_finish()  # a hook of the validation (early stopping) may have asked for a stop
             if view.should_stop or (limit is not None and progress.iteration >= limit):
                 return True
         if progress.iter_in_epoch != len(self.dataloader) and not ctx.metric_store.agreement.local:
@@ -188,15 +190,17 @@ class EpochBasedTrainLoop(_TrainLoopBase):
     def run(self, ctx: LoopContext) -> None:
         """Run the remaining epochs (after a resume: from the saved position)."""
         self._start(ctx)
-        view = ctx.view
+        view, agreement = ctx.view, ctx.metric_store.agreement
         while ctx.progress.epoch < self.max_epochs and not view.should_stop:
             self.run_epoch(ctx)
+            agreement.agree_finish()  # an epoch's hooks may have asked for a stop (should_stop) on some rank
             if view.should_stop:
                 if self._restarted(ctx):
                     continue
                 break
             if ctx.validate is not None and self.val_due():
                 ctx.validate()
+                agreement.agree_finish()
         ctx.metric_store.flush()
         self._finish(ctx)
 

@@ -210,7 +210,6 @@ class Trainer:
         self.config: dict[str, Any] = config
         self.writers.write_config(config)
         self.progress = Progress()
-        self.should_stop = False
         self.preempted = False  # set by the PreemptionHook when a stop signal ended training
         self.hooks = HookList(hooks, timer=HookTimer() if hook_timing is not False else None)
         if self.spike_guard is not None:
@@ -291,6 +290,22 @@ class Trainer:
     def ckpt_dir(self) -> Location:
         """Where this run's checkpoints live: the checkpoint hook's ``out_dir`` (a folder or a URL), else ``work_dir/checkpoints``."""
         return self.checkpoints.ckpt_dir
+
+    @property
+    def should_stop(self) -> bool:
+        """Whether training ends after the current iteration (or pass), the same on every process; a hook sets it True to stop training.
+
+        On one process a stop set by a hook takes effect after the current iteration. Under
+        several processes a hook may set it on one rank only (a reason of its own), so it is a
+        request: the ranks agree at the next agreement point (at most ``agreement.every``
+        iterations later, 10 by default; at an epoch's end; after a validation) and training ends
+        there on every rank together; until then it reads False.
+        """
+        return self.agreement.finish
+
+    @should_stop.setter
+    def should_stop(self, value: bool) -> None:
+        self.agreement.request_finish(value)
 
     @property
     def max_iters(self) -> int:
@@ -436,7 +451,7 @@ class Trainer:
             self._prepare()
             assert self.train_loop is not None
             check_ranks_agree(self)  # one collective: every rank's settings, data shape and resumed checkpoint
-            self.should_stop = False
+            self.agreement.set_finish(False)
             self.preempted = False
             loop = self.train_loop
             if self.progress.iteration >= loop.max_iters:
@@ -455,19 +470,23 @@ class Trainer:
         return self.unwrapped_model
 
     def val(self) -> dict[str, float]:
-        """One validation pass; returns metrics like ``{"val/acc": 0.97}``."""
+        """One validation pass; returns metrics like ``{"val/acc": 0.97}``.
+
+        Under several processes call it on every process, as ``train()``: each evaluates its
+        shard and the results are gathered (a call on rank 0 alone waits in that gather).
+        """
         if self.val_loop is None:
             raise ValueError("val() needs a val_dataloader (and usually a val_evaluator)")
         self._prepare()
-        self.should_stop = False  # a stop request of an earlier run does not cut this pass
+        self.agreement.set_finish(False)  # a stop request of an earlier run does not cut this pass
         return self.runs.run(partial(self.val_loop.run, self._loop_context()))
 
     def test(self) -> dict[str, float]:
-        """One test pass; returns metrics like ``{"test/acc": 0.97}``."""
+        """One test pass; returns metrics like ``{"test/acc": 0.97}``; under several processes, on every process (see :meth:`val`)."""
         if self.test_loop is None:
             raise ValueError("test() needs a test_dataloader (and usually a test_evaluator)")
         self._prepare()
-        self.should_stop = False
+        self.agreement.set_finish(False)
         return self.runs.run(partial(self.test_loop.run, self._loop_context()))
 
     # -- tuning (the work is trainwright.tuning's: lr_finder.py, batch_size.py) -----------------
