@@ -71,6 +71,14 @@ def test_epoch_checkpoint_is_written_after_that_epochs_validation(tmp_path: Path
     assert hook_state["best"][0][0] == pytest.approx(val1["val/acc"])  # the best score includes epoch 1's validation
 
 
+def test_save_best_with_mmengines_metric_name_finds_the_prefixed_key(tmp_path: Path) -> None:
+    """mmengine configs name the evaluator's key (``save_best='acc'``, mmseg's ``'mIoU'``): found as ``val/acc``, as EarlyStoppingHook finds it."""
+    t = ct.build(str(tmp_path), epochs=2, checkpoint=dict(interval=1, by_epoch=True, save_best="acc"))
+    t.train()
+    best = [n for n in _names(tmp_path) if n.startswith("best_")]
+    assert best and all(n.startswith("best_val_acc_epoch_") for n in best)
+
+
 class FakeScores(Hook):
     """Replaces validation metrics with a scripted sequence (the score is what the test controls)."""
 

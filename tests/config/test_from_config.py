@@ -476,3 +476,19 @@ def test_auto_scale_lr_counts_data_shards_under_tensor_parallelism(monkeypatch: 
     line = _auto_scale_lr(dict(enable=True, base_batch_size=64), kwargs)
     assert kwargs["optim_wrapper"]["optimizer"]["lr"] == pytest.approx(0.1 * 16 * 2 / 64)  # 4 processes, 2 data shards
     assert line is not None and "16 x 2 data shard(s)" in line
+
+
+def test_mmengine_logger_hook_arguments_load(tmp_path) -> None:
+    """mmseg's schedules: ``LoggerHook(interval=50, log_metric_by_epoch=False)``; mmengine's other LoggerHook arguments too."""
+    from torch.utils.data import TensorDataset
+
+    data = TensorDataset(torch.randn(8, 2), torch.randn(8, 1))
+    logger = dict(type="LoggerHook", interval=2, log_metric_by_epoch=False, interval_exp_name=1000, keep_local=True)
+    cfg = dict(model=nn.Linear(2, 1), work_dir=str(tmp_path),
+               train_dataloader=dict(dataset=data, batch_size=4), optim_wrapper=dict(optimizer=dict(type="SGD", lr=0.01)),
+               train_cfg=dict(by_epoch=False, max_iters=2), default_hooks=dict(logger=logger, checkpoint=None))
+    trainer = tw.Trainer.from_config(cfg)
+    assert trainer.hooks.get(tw.hooks.LoggerHook).interval == 2
+    trainer.close()
+    with pytest.raises(ConfigError, match="keep_local=False"):
+        tw.Trainer.from_config({**cfg, "default_hooks": dict(logger={**logger, "keep_local": False})})

@@ -85,3 +85,16 @@ def test_a_config_log_processor_configures_the_logger(tmp_path: Path) -> None:
 
     with pytest.raises(ConfigError, match="log_processor: unknown keys"):
         tw.Trainer.from_config({**cfg, "log_processor": dict(window_sze=4)})
+
+
+def test_mmengine_iteration_loop_type_with_log_processor_by_epoch_false_agrees(tmp_path: Path) -> None:
+    """mmseg's default_runtime: ``train_cfg=dict(type='IterBasedTrainLoop')`` and ``log_processor=dict(by_epoch=False)`` agree (no warning)."""
+    cfg = dict(
+        model=LinearReg(), work_dir=str(tmp_path), train_dataloader=dict(dataset=regression_set(16), batch_size=4),
+        optim_wrapper=dict(optimizer=dict(type="SGD", lr=0.05)), train_cfg=dict(type="IterBasedTrainLoop", max_iters=4),
+        log_processor=dict(by_epoch=False), default_hooks=dict(checkpoint=None),
+    )
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        tw.Trainer.from_config(cfg).close()
+    assert not [w for w in caught if "log_processor.by_epoch" in str(w.message)]

@@ -49,6 +49,19 @@ def test_after_a_crash_the_reason_is_the_last_line_of_train_log(tmp_path: Path) 
     assert any("Traceback (most recent call last)" in line for line in lines[held[0]:])  # the traceback, after the lines, before the reason
 
 
+class InterruptAt(tw.Hook):
+    def after_train_iter(self, trainer: Any, batch_idx: int, data_batch: Any = None, outputs: Any = None) -> None:
+        if trainer.progress.iteration == 3:
+            raise KeyboardInterrupt  # Ctrl-C: an exception without a message
+
+
+def test_an_exception_without_a_message_ends_the_reason_without_a_dangling_colon(tmp_path: Path) -> None:
+    t = _trainer(tmp_path, custom_hooks=[InterruptAt()], train_cfg=dict(by_epoch=False, max_iters=20))
+    with t, pytest.raises(KeyboardInterrupt):
+        t.train()
+    assert (t.run_dir / "train.log").read_text().splitlines()[-1].endswith("ERROR - Stopped by KeyboardInterrupt at iteration 3")
+
+
 def test_the_reason_names_the_iteration_of_an_iteration_based_run_as_its_lines(tmp_path: Path) -> None:
     t = _trainer(tmp_path, custom_hooks=[RaiseAt(7)], train_cfg=dict(by_epoch=False, max_iters=20))
     with t, pytest.raises(ValueError):

@@ -84,13 +84,27 @@ class LoggerHook(Hook):
         out_suffix: Which files of the run folder go to ``out_dir`` (by how their names end).
         storage_options: fsspec options of a URL ``out_dir`` (e.g. s3fs's
             ``dict(client_kwargs=dict(endpoint_url=...))``); credentials otherwise from the environment.
+        interval_exp_name / log_metric_by_epoch / keep_local / file_client_args / backend_args:
+            mmengine's arguments, accepted so its configs load. ``interval_exp_name`` has no
+            effect (the run folder is named after the experiment, and its first lines say it);
+            writers step evaluation metrics by iteration whatever ``log_metric_by_epoch`` says
+            (each record carries its epoch too); ``keep_local=False`` (deleting the local logs
+            after the copy) and storage backends (``file_client_args`` / ``backend_args``; use
+            a URL ``out_dir`` with ``storage_options``) are refused.
     """
 
     priority = "BELOW_NORMAL"
 
     def __init__(self, interval: int = 10, ignore_last: bool = False, flush_secs: float = 1.0, window_size: int | None = None,
                  custom_cfg: Sequence[Mapping[str, Any]] | None = None, out_dir: str | Path | None = None,
-                 out_suffix: str | Sequence[str] = (".json", ".jsonl", ".log", ".py", ".yaml"), storage_options: dict[str, Any] | None = None) -> None:
+                 out_suffix: str | Sequence[str] = (".json", ".jsonl", ".log", ".py", ".yaml"), storage_options: dict[str, Any] | None = None,
+                 interval_exp_name: int = 1000, log_metric_by_epoch: bool = True, keep_local: bool = True,
+                 file_client_args: Mapping[str, Any] | None = None, backend_args: Mapping[str, Any] | None = None) -> None:
+        if not keep_local:
+            raise ValueError("LoggerHook keep_local=False (delete the run folder's logs once copied to out_dir) is not supported: the logs stay local too")
+        if file_client_args is not None or backend_args is not None:
+            raise ValueError("LoggerHook file_client_args / backend_args (mmengine's storage backends) are not supported: give out_dir as a URL "
+                             "(s3://bucket/logs) and its fsspec options as storage_options=dict(...)")
         if storage_options is not None and not (isinstance(out_dir, str) and "://" in out_dir):
             raise ValueError(f"LoggerHook storage_options apply to a URL out_dir (s3://..., memory://...), but out_dir is {out_dir!r}; drop storage_options or give a URL")
         #: Where the run folder's logs are copied (None: nowhere); a URL is decided here, once.

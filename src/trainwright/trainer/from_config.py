@@ -85,7 +85,9 @@ def _logger_from_log_processor(args: dict[str, Any]) -> None:
     hooks["logger"] = logger
     args["default_hooks"] = hooks
     train_cfg = args.get("train_cfg") or {}
-    loop_by_epoch = train_cfg.get("by_epoch", True) if isinstance(train_cfg, Mapping) else True
+    loop_by_epoch = True
+    if isinstance(train_cfg, Mapping):  # mmengine's loop type says it too (translated later, with the rest of train_cfg)
+        loop_by_epoch = train_cfg.get("by_epoch", _LOOP_TYPES.get(str(train_cfg.get("type")), True))
     if "by_epoch" in lp and bool(lp["by_epoch"]) != bool(loop_by_epoch):
         warnings.warn(f"log_processor.by_epoch={lp['by_epoch']} but train_cfg.by_epoch={loop_by_epoch}: the log lines follow the training loop", stacklevel=3)
     unused = sorted(k for k in ("num_digits", "log_with_hierarchy", "mean_pattern") if k in lp)

@@ -85,15 +85,18 @@ class RunGuard:
         hint = pseudo_collate_hint(e, [loop.dataloader for loop in loops if loop is not None])
         if hint and hasattr(e, "add_note"):  # shown with the traceback too (Python 3.11+)
             e.add_note(hint)
-        hint = f" ({hint})" if hint else ""
+        message = f": {e}" if str(e) else ""  # a bare KeyboardInterrupt has none
         if getattr(e, "raised_on_every_rank", False):  # the ranks are together (e.g. their settings differ): nothing to leave for the others
-            return f"Stopped by {type(e).__name__} {where}: {e}"
+            return f"Stopped by {type(e).__name__} {where}{message}"
         others = t.strategy.report_failure(e, where) if isinstance(t.strategy, ProcessGroupStrategy) else ""
         t.strategy.run_failed = True
         if isinstance(e, SystemExit):  # a preemption exit is logged by its hook
             return None
         rank = f" on rank {t.strategy.rank}" if t.strategy.world_size > 1 else ""
-        return f"Stopped by {type(e).__name__}{rank} {where}: {e}{hint}{others}"
+        line = f"{message}{f' ({hint})' if hint else ''}"
+        if others and line.endswith("."):  # the other ranks' errors follow after "; "
+            line = line[:-1]
+        return f"Stopped by {type(e).__name__}{rank} {where}{line}{others}"
 
     def _clean_up(self, ok: bool) -> None:
         """Run every hook's ``after_run`` even if some raise; then the original error (if any) goes on.
