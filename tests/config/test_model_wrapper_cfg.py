@@ -23,6 +23,10 @@ t = tw.Trainer.from_config(dict(model=nn.Linear(2, 1), work_dir=sys.argv[1], str
                                 model_wrapper_cfg=dict(type="MMDistributedDataParallel", find_unused_parameters=True, detect_anomalous_params=True)))
 print(type(t.strategy).__name__, t.strategy.ddp_kwargs, t.strategy.detect_anomalous_params)
 t.close()
+# mmengine's top-level find_unused_parameters (25 mmpretrain configs), used when there is no model_wrapper_cfg
+t = tw.Trainer.from_config(dict(model=nn.Linear(2, 1), work_dir=sys.argv[1], strategy="ddp", log_level="WARNING", find_unused_parameters=True))
+print(t.strategy.ddp_kwargs)
+t.close()
 """
 
 
@@ -33,7 +37,7 @@ def test_a_ddp_run_takes_the_wrappers_arguments(tmp_path: Path) -> None:
     env = dict(os.environ, RANK="0", WORLD_SIZE="1", LOCAL_RANK="0", MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), TMPDIR=str(tmp_path))
     out = subprocess.run([sys.executable, "-c", SCRIPT, str(tmp_path)], env=env, capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stderr[-2000:]
-    assert out.stdout.strip().splitlines()[-1] == "DDPStrategy {'find_unused_parameters': True} True"
+    assert out.stdout.strip().splitlines()[-2:] == ["DDPStrategy {'find_unused_parameters': True} True", "{'find_unused_parameters': True}"]
 
 
 def test_one_process_needs_no_wrapper_and_other_wrappers_are_refused(tmp_path: Path) -> None:
@@ -47,3 +51,8 @@ def test_one_process_needs_no_wrapper_and_other_wrappers_are_refused(tmp_path: P
         tw.Trainer.from_config({**cfg, "model_wrapper_cfg": dict(type="MMFullyShardedDataParallel")})
     with pytest.raises(ConfigError, match=r"model_wrapper_cfg keys \['bucket_size'\]"):
         tw.Trainer.from_config({**cfg, "model_wrapper_cfg": dict(type="MMDistributedDataParallel", bucket_size=3)})
+
+
+def test_sync_bn_is_named_as_not_applied(tmp_path: Path) -> None:
+    with pytest.warns(UserWarning, match=r"sync_bn='torch': trainwright does not convert BatchNorm layers to SyncBatchNorm"):
+        tw.Trainer.from_config(dict(model=nn.Linear(2, 1), work_dir=str(tmp_path), log_level="WARNING", sync_bn="torch")).close()

@@ -27,7 +27,10 @@ if TYPE_CHECKING:
     from trainwright.trainer.trainer import Trainer
 
 #: mmengine runtime keys accepted and ignored (trainwright has no such part, or sets it itself).
-IGNORED_KEYS = frozenset({"default_scope", "log_processor", "visualizer", "vis_backends", "launcher", "model_wrapper_cfg", "auto_scale_lr", "dist_params"})
+IGNORED_KEYS = frozenset({
+    "default_scope", "log_processor", "visualizer", "vis_backends", "launcher", "model_wrapper_cfg", "auto_scale_lr", "dist_params",
+    "find_unused_parameters", "sync_bn",
+})
 #: Keys used while loading, not by the trainer.
 LOADING_KEYS = frozenset({"custom_imports"})
 #: A top-level key this similar to a Trainer argument (difflib's ratio) is a typo of it, refused: 'optim_wraper' (0.96),
@@ -48,7 +51,7 @@ _VIS_BACKENDS: dict[str, tuple[str, dict[str, str | None]]] = {
     "MLflowVisBackend": ("mlflow", {"save_dir": None, "exp_name": "experiment_name", "run_name": "run_name", "tags": "tags", "tracking_uri": "tracking_uri"}),
 }
 #: Runtime keys of mmengine that are translated (not ignored) when they hold something.
-_TRANSLATED = frozenset({"visualizer", "vis_backends", "auto_scale_lr", "model_wrapper_cfg", "log_processor"})
+_TRANSLATED = frozenset({"visualizer", "vis_backends", "auto_scale_lr", "model_wrapper_cfg", "log_processor", "find_unused_parameters", "sync_bn"})
 #: mmengine's DDP wrapper names in ``model_wrapper_cfg``, and the arguments the DDP strategy takes from it.
 _DDP_WRAPPERS = frozenset({"MMDistributedDataParallel", "DistributedDataParallelWrapper"})
 _DDP_WRAPPER_KEYS = frozenset({"find_unused_parameters", "broadcast_buffers", "bucket_cap_mb", "gradient_as_bucket_view", "static_graph", "detect_anomalous_params"})
@@ -247,7 +250,17 @@ def trainer_from_config(trainer_cls: type[Trainer], cfg: Mapping[str, Any], **ov
         raise ConfigError("The config has no 'model': add model = dict(type='MyModel', ...) (a class registered in trainwright.registry.MODELS)")
     _translate_mmengine(kwargs)
     scaled = _auto_scale_lr(args.get("auto_scale_lr"), kwargs)
-    _model_wrapper(args.get("model_wrapper_cfg"), kwargs)
+    wrapper_cfg = args.get("model_wrapper_cfg")
+    if wrapper_cfg is None and args.get("find_unused_parameters"):  # mmengine's top-level key, used when no model_wrapper_cfg is given
+        wrapper_cfg = dict(find_unused_parameters=True)
+    _model_wrapper(wrapper_cfg, kwargs)
+    if args.get("sync_bn"):
+        warnings.warn(
+            f"sync_bn={args['sync_bn']!r}: trainwright does not convert BatchNorm layers to SyncBatchNorm (mmengine does under several "
+            "processes), so each process normalises with its own batch's statistics; convert the model yourself "
+            "(torch.nn.SyncBatchNorm.convert_sync_batchnorm, CUDA only) or leave sync_bn out",
+            stacklevel=2,
+        )
     randomness = kwargs.get("randomness") or {}
     if isinstance(randomness, Mapping) and randomness.get("seed") is not None:
         # as mmengine: seed before the model is built, so its initial weights follow the seed too
