@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import io
 import logging
 import types
@@ -133,6 +134,37 @@ def test_average_matches_reference_from_begin_iter(begin_iter: int) -> None:
     assert hook.ema.steps == 9 - max(begin_iter, 1) + 1
     for k, v in ref.avg.items():
         torch.testing.assert_close(hook.ema.averaged[k], v, atol=1e-6, rtol=0)
+
+
+@pytest.mark.parametrize(("ema_type", "gamma"), [("MomentumAnnealingEMA", 3.0), ("ExpMomentumEMA", 4.0)])
+def test_annealed_ema_types_match_mmengine_and_mmdet_formulas(ema_type: str, gamma: float) -> None:
+    """mmengine's MomentumAnnealingEMA / mmdet's ExpMomentumEMA (RTMDet's ``ema_type``): the momentum of update n, written out."""
+    momentum = 0.01
+
+    def m(steps: int) -> float:  # their avg_func, with steps the updates made before (>= 1: the first update copies)
+        if ema_type == "MomentumAnnealingEMA":
+            return max(momentum, gamma / (gamma + steps))
+        return (1 - momentum) * math.exp(-float(1 + steps) / gamma) + momentum
+
+    hook = EMAHook(momentum=momentum, ema_type=ema_type, gamma=gamma)
+    t = _trainer(hook)
+    hook.before_train(t)
+    avg: dict[str, torch.Tensor] | None = None
+    for steps in range(8):
+        _train(t, 1)
+        w = _weights(t.model)
+        avg = w if avg is None else {k: (1 - m(steps)) * avg[k] + m(steps) * w[k] for k in w}
+    assert avg is not None
+    for k, v in avg.items():
+        torch.testing.assert_close(hook.ema.averaged[k], v, atol=1e-6, rtol=0)
+    assert m(1) > 0.2  # the early updates weigh far more than momentum: the test would see a constant momentum
+
+
+def test_ema_types_without_an_equivalent_are_refused() -> None:
+    with pytest.raises(ValueError, match="ema_type 'StochasticWeightAverage' is not supported .use SWAHook"):
+        EMAHook(ema_type="StochasticWeightAverage")
+    with pytest.raises(ValueError, match="gamma=5 needs an annealed ema_type"):
+        EMAHook(gamma=5)
 
 
 def test_begin_epoch_delays_averaging() -> None:

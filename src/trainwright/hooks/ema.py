@@ -14,6 +14,11 @@ from trainwright.hooks.view import require_train_loop
 from trainwright.model.ema import ExponentialMovingAverage
 from trainwright.registry import HOOKS
 
+#: mmengine's / mmdet's averaged-model classes (``ema_type``): the annealing of the momentum and its default ``gamma``.
+_EMA_TYPES: dict[str, tuple[str | None, float]] = {
+    "ExponentialMovingAverage": (None, 100.0), "MomentumAnnealingEMA": ("linear", 100.0), "ExpMomentumEMA": ("exp", 2000.0),
+}
+
 if TYPE_CHECKING:
     from trainwright.hooks.view import TrainerView
 
@@ -58,6 +63,12 @@ class EMAHook(Hook):
             (mmengine's ``strict_load``): False (default) loads the entries that match and
             warns naming the others, which start from the model's weights; True raises,
             naming them.
+        ema_type: mmengine's ``ema_type``: ``"ExponentialMovingAverage"`` (default; ``momentum``
+            throughout), ``"MomentumAnnealingEMA"`` (mmengine: ``max(momentum, gamma / (gamma +
+            steps))``, ``gamma`` 100 by default) or ``"ExpMomentumEMA"`` (mmdet's RTMDet / YOLO
+            configs: ``(1 - momentum) * exp(-(1 + steps) / gamma) + momentum``, ``gamma`` 2000 by
+            default); ``steps`` counts the updates.
+        gamma: The annealing's time scale in updates (annealed types only).
     """
 
     priority = "NORMAL"
@@ -72,7 +83,17 @@ class EMAHook(Hook):
         evaluate_on: str = "ema",
         device: torch.device | str | None = None,
         strict_load: bool = False,
+        ema_type: str = "ExponentialMovingAverage",
+        gamma: float | None = None,
     ) -> None:
+        if ema_type not in _EMA_TYPES:
+            hint = " (use SWAHook for a stochastic weight average)" if ema_type == "StochasticWeightAverage" else ""
+            raise ValueError(f"EMAHook ema_type {ema_type!r} is not supported{hint}; use one of {sorted(_EMA_TYPES)}")
+        anneal, default_gamma = _EMA_TYPES[ema_type]
+        if gamma is not None and anneal is None:
+            raise ValueError(f"EMAHook gamma={gamma} needs an annealed ema_type ('MomentumAnnealingEMA', 'ExpMomentumEMA'); {ema_type!r} has none")
+        #: How the momentum is annealed (None, "linear", "exp") and its time scale: ``ema_type`` and ``gamma``.
+        self.anneal, self.gamma = anneal, float(gamma if gamma is not None else default_gamma)
         if evaluate_on not in ("ema", "both"):
             raise ValueError(f"EMAHook evaluate_on must be 'ema' or 'both', got {evaluate_on!r}")
         if begin_iter < 0 or begin_epoch < 0:
@@ -196,7 +217,7 @@ class EMAHook(Hook):
     def _ensure(self, trainer: TrainerView) -> ExponentialMovingAverage:
         self._model = trainer.unwrapped_model
         if self.ema is None:
-            self.ema = ExponentialMovingAverage(self._model, self.momentum, self.update_buffers, self.interval, self.device)
+            self.ema = ExponentialMovingAverage(self._model, self.momentum, self.update_buffers, self.interval, self.device, self.anneal, self.gamma)
         if self._pending is not None:
             pending, self._pending = self._pending, None
             self._load(self.ema, pending)

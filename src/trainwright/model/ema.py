@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from typing import Any
@@ -46,9 +47,22 @@ class ExponentialMovingAverage:
         device: Where to keep the average; the model's devices by default. A device other
             than the model's costs a transfer, and for CUDA → CPU a synchronisation, per
             update.
+        anneal: A larger momentum early on, annealed to ``momentum`` (the average forgets the
+            first, random weights quickly), with ``gamma``: ``"linear"`` is mmengine's
+            ``MomentumAnnealingEMA`` (``max(momentum, gamma / (gamma + steps))``), ``"exp"``
+            mmdet's ``ExpMomentumEMA`` (``(1 - momentum) * exp(-(1 + steps) / gamma) + momentum``),
+            ``steps`` counting the updates; None (default): ``momentum`` throughout.
+        gamma: The annealing's time scale in updates (mmengine's default 100, mmdet's 2000).
     """
 
-    def __init__(self, model: nn.Module, momentum: float = 0.0002, update_buffers: bool = False, interval: int = 1, device: torch.device | str | None = None) -> None:
+    def __init__(self, model: nn.Module, momentum: float = 0.0002, update_buffers: bool = False, interval: int = 1, device: torch.device | str | None = None,
+                 anneal: str | None = None, gamma: float = 100.0) -> None:
+        if anneal not in (None, "linear", "exp"):
+            raise ValueError(f"EMA anneal must be None, 'linear' (mmengine's MomentumAnnealingEMA) or 'exp' (mmdet's ExpMomentumEMA), got {anneal!r}")
+        if anneal is not None and not float(gamma) > 0:
+            raise ValueError(f"EMA gamma must be > 0 (the annealing's time scale in updates), got {gamma!r}")
+        self.anneal = anneal
+        self.gamma = float(gamma)
         if not 0.0 < float(momentum) <= 1.0:
             raise ValueError(f"EMA momentum must be in (0, 1] (the weight of the new value, e.g. 0.0002), got {momentum}; to convert from a decay d use momentum = 1 - d")
         if not isinstance(interval, int) or interval < 1:
@@ -87,10 +101,18 @@ class ExponentialMovingAverage:
                 if src_avg:
                     torch._foreach_copy_(self._avg, src_avg)
             elif self.steps % self.interval == 0 and src_avg:
-                torch._foreach_lerp_(self._avg, [_like(s, a) for s, a in zip(src_avg, self._avg)], self.momentum)
+                torch._foreach_lerp_(self._avg, [_like(s, a) for s, a in zip(src_avg, self._avg)], self.momentum_at(self.steps))
             if self._copied:
                 torch._foreach_copy_(self._copied, self._locals([source[k] for k in self._copy_keys]))
         self.steps += 1
+
+    def momentum_at(self, steps: int) -> float:
+        """The weight of the new value in the update made after ``steps`` earlier ones (a Python float: no device work)."""
+        if self.anneal == "linear":
+            return max(self.momentum, self.gamma / (self.gamma + steps))
+        if self.anneal == "exp":
+            return (1 - self.momentum) * math.exp(-(1 + steps) / self.gamma) + self.momentum
+        return self.momentum
 
     def sync_from(self, model: nn.Module) -> None:
         """Overwrite the average with the model's current weights (``steps`` is unchanged)."""
