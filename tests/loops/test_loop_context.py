@@ -154,6 +154,22 @@ def test_validation_runs_when_due() -> None:
     assert seen == [(0, 3), (1, 6), (1, 7)]  # every 3 iterations, and at max_iters
 
 
+def test_dynamic_intervals_change_the_validation_interval_at_their_milestones_as_mmengine() -> None:
+    """mmengine (RTMDet's ``dynamic_intervals=[(max_epochs - 20, 1)]``): after n completed epochs the interval is the entry for n + 1."""
+    seen: list[int] = []
+    ctx = _context(validate=lambda: seen.append(ctx.progress.epoch))
+    EpochBasedTrainLoop(_loader(), max_epochs=8, val_interval=3, dynamic_intervals=[(5, 1)]).run(ctx)
+    assert seen == [3, 4, 5, 6, 7, 8]  # every 3 epochs, then every epoch from epoch 4 (4 + 1 reaches the milestone 5)
+
+    seen.clear()
+    ctx = _context(validate=lambda: seen.append(ctx.progress.iteration))
+    IterBasedTrainLoop(_loader(), max_iters=11, val_interval=4, dynamic_intervals=[(6, 3)]).run(ctx)
+    assert seen == [4, 6, 9, 11]  # 4; from iteration 5 on every 3 (5 + 1 reaches 6): 6, 9; and at max_iters
+
+    with pytest.raises(ValueError, match="dynamic_intervals must be"):
+        EpochBasedTrainLoop(_loader(), max_epochs=2, dynamic_intervals=[(5, 1), (3, 2)])
+
+
 def test_no_validation_without_a_runner_and_none_after_a_stop() -> None:
     loop = EpochBasedTrainLoop(_loader(), max_epochs=2)
     assert not loop.val_due()  # no run yet

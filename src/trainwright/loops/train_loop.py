@@ -19,12 +19,25 @@ comes in the :class:`~trainwright.loops.context.LoopContext` given to ``run(ctx)
 
 from __future__ import annotations
 
+from bisect import bisect_right
+from collections.abc import Sequence
 from time import perf_counter as _clock
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from trainwright.data.loader import ResumableLoader
     from trainwright.loops.context import LoopContext
+
+
+def _checked_intervals(dynamic: Sequence[Sequence[int]] | None) -> list[Sequence[int]]:
+    """``dynamic_intervals`` as given, checked: pairs of ints >= 1, milestones increasing."""
+    pairs = list(dynamic or [])
+    ok = all(isinstance(p, (list, tuple)) and len(p) == 2 and all(isinstance(v, int) and v >= 1 for v in p) for p in pairs)
+    if not ok or any(a[0] >= b[0] for a, b in zip(pairs, pairs[1:])):
+        raise ValueError(
+            f"train_cfg dynamic_intervals must be [(milestone, interval), ...] with ints >= 1 and increasing milestones (mmengine's), got {dynamic!r}"
+        )
+    return pairs
 
 
 class _TrainLoopBase:
@@ -36,7 +49,8 @@ class _TrainLoopBase:
     #: A hook restored an earlier state: after this iteration the loop goes on from ``progress`` (:meth:`request_restart`).
     restart_requested = False
 
-    def __init__(self, dataloader: ResumableLoader, val_begin: int = 1, val_interval: int = 1, gather_metric_period: int = 1) -> None:
+    def __init__(self, dataloader: ResumableLoader, val_begin: int = 1, val_interval: int = 1, gather_metric_period: int = 1,
+                 dynamic_intervals: Sequence[Sequence[int]] | None = None) -> None:
         if len(dataloader) == 0:
             raise ValueError(
                 "train_dataloader is empty (0 batches): check the dataset length, and that batch_size <= len(dataset) when drop_last=True"
@@ -48,6 +62,10 @@ class _TrainLoopBase:
         self.dataloader = dataloader
         self.val_begin = val_begin
         self.val_interval = val_interval
+        #: mmengine's ``dynamic_intervals``: ``[(milestone, interval), ...]``, the validation interval from each milestone on.
+        self.dynamic_intervals = [(int(m), int(i)) for m, i in _checked_intervals(dynamic_intervals)]
+        self._milestones = [0, *(m for m, _ in self.dynamic_intervals)]
+        self._intervals = [val_interval, *(i for _, i in self.dynamic_intervals)]
         #: Record step outputs in the metric store every this many iterations (detectron2's ``gather_metric_period``).
         self.gather_metric_period = gather_metric_period
 
@@ -55,6 +73,10 @@ class _TrainLoopBase:
     def max_iters(self) -> int:
         """Total training iterations of the run."""
         raise NotImplementedError
+
+    def interval_at(self, n: int) -> int:
+        """The validation interval after ``n`` completed epochs (iterations), as mmengine decides it: ``dynamic_intervals``' entry for ``n + 1``."""
+        return self._intervals[bisect_right(self._milestones, n + 1) - 1]
 
     def val_due(self) -> bool:
         """Whether validation runs right after the current iteration's / epoch's hooks."""
@@ -168,8 +190,9 @@ class EpochBasedTrainLoop(_TrainLoopBase):
 
     by_epoch = True
 
-    def __init__(self, dataloader: ResumableLoader, max_epochs: int, val_begin: int = 1, val_interval: int = 1, gather_metric_period: int = 1) -> None:
-        super().__init__(dataloader, val_begin, val_interval, gather_metric_period)
+    def __init__(self, dataloader: ResumableLoader, max_epochs: int, val_begin: int = 1, val_interval: int = 1, gather_metric_period: int = 1,
+                 dynamic_intervals: Sequence[Sequence[int]] | None = None) -> None:
+        super().__init__(dataloader, val_begin, val_interval, gather_metric_period, dynamic_intervals)
         if not isinstance(max_epochs, int) or max_epochs < 1:
             raise ValueError(f"train_cfg max_epochs must be an int >= 1, got {max_epochs!r}")
         self.max_epochs = max_epochs
@@ -185,7 +208,7 @@ class EpochBasedTrainLoop(_TrainLoopBase):
         if ctx is None or ctx.validate is None or ctx.view.should_stop:
             return False
         e = ctx.progress.epoch
-        return e >= self.val_begin and (e % self.val_interval == 0 or e == self.max_epochs)
+        return e >= self.val_begin and (e % self.interval_at(e) == 0 or e == self.max_epochs)
 
     def run(self, ctx: LoopContext) -> None:
         """Run the remaining epochs (after a resume: from the saved position)."""
@@ -229,8 +252,9 @@ class IterBasedTrainLoop(_TrainLoopBase):
 
     by_epoch = False
 
-    def __init__(self, dataloader: ResumableLoader, max_iters: int, val_begin: int = 1, val_interval: int = 1000, gather_metric_period: int = 1) -> None:
-        super().__init__(dataloader, val_begin, val_interval, gather_metric_period)
+    def __init__(self, dataloader: ResumableLoader, max_iters: int, val_begin: int = 1, val_interval: int = 1000, gather_metric_period: int = 1,
+                 dynamic_intervals: Sequence[Sequence[int]] | None = None) -> None:
+        super().__init__(dataloader, val_begin, val_interval, gather_metric_period, dynamic_intervals)
         if not isinstance(max_iters, int) or max_iters < 1:
             raise ValueError(f"train_cfg max_iters must be an int >= 1, got {max_iters!r}")
         self._max_iters = max_iters
@@ -246,7 +270,7 @@ class IterBasedTrainLoop(_TrainLoopBase):
         if ctx is None or ctx.validate is None or ctx.view.should_stop:
             return False
         it = ctx.progress.iteration
-        return it >= self.val_begin and (it % self.val_interval == 0 or it == self._max_iters)
+        return it >= self.val_begin and (it % self.interval_at(it) == 0 or it == self._max_iters)
 
     def run(self, ctx: LoopContext) -> None:
         """Run until ``max_iters`` (after a resume: the remaining ones)."""

@@ -23,7 +23,7 @@ if TYPE_CHECKING:
     from trainwright.trainer.trainer import Trainer
 
 #: Keys ``train_cfg`` accepts.
-TRAIN_CFG_KEYS = frozenset({"by_epoch", "max_epochs", "max_iters", "val_interval", "val_begin", "gather_metric_period"})
+TRAIN_CFG_KEYS = frozenset({"by_epoch", "max_epochs", "max_iters", "val_interval", "val_begin", "gather_metric_period", "dynamic_intervals"})
 #: Keys ``val_cfg`` / ``test_cfg`` accept.
 EVAL_CFG_KEYS = frozenset({"autocast"})
 
