@@ -492,3 +492,18 @@ def test_mmengine_logger_hook_arguments_load(tmp_path) -> None:
     trainer.close()
     with pytest.raises(ConfigError, match="keep_local=False"):
         tw.Trainer.from_config({**cfg, "default_hooks": dict(logger={**logger, "keep_local": False})})
+
+
+def test_a_top_level_data_preprocessor_is_the_models_unless_it_names_its_own(tmp_path: Path, components: str) -> None:
+    """mmpretrain's dataset bases set ``data_preprocessor = dict(...)`` at top level: mmengine's Runner hands it to the model dict."""
+    __import__(components)
+    dp = dict(type="NormalizingDataPreprocessor", mean=[100.0], std=[0.5])
+    model = dict(type="TinyClassifier", backbone=dict(type="TinyBackbone"))
+    trainer = tw.Trainer.from_config(dict(model=model, work_dir=str(tmp_path), data_preprocessor=dp))
+    pre = trainer.unwrapped_model.data_preprocessor
+    assert type(pre).__name__ == "NormalizingDataPreprocessor" and pre.mean.tolist() == [100.0] and pre.std.tolist() == [0.5]
+    trainer.close()
+    own = dict(model, data_preprocessor=dict(type="BaseDataPreprocessor"))
+    trainer = tw.Trainer.from_config(dict(model=own, work_dir=str(tmp_path), data_preprocessor=dp))
+    assert type(trainer.unwrapped_model.data_preprocessor).__name__ == "BaseDataPreprocessor"
+    trainer.close()

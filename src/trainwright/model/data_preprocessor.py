@@ -8,6 +8,8 @@ from typing import Any
 import torch
 from torch import nn
 
+from trainwright.registry import MODELS
+
 
 def cast_data(data: Any, device: torch.device, non_blocking: bool = False) -> Any:
     """Recursively move every tensor in ``data`` (mappings, lists, tuples, namedtuples) to ``device``."""
@@ -29,6 +31,7 @@ def cast_data(data: Any, device: torch.device, non_blocking: bool = False) -> An
     return data
 
 
+@MODELS.register_module()
 class BaseDataPreprocessor(nn.Module):
     """Moves a batch to :attr:`device`; subclasses normalise or augment on the device.
 
@@ -55,6 +58,7 @@ class BaseDataPreprocessor(nn.Module):
         return cast_data(data, self.device, self.non_blocking)
 
 
+@MODELS.register_module()
 class NormalizingDataPreprocessor(BaseDataPreprocessor):
     """Moves the batch and normalises its first element: ``(x - mean) / std``.
 

@@ -29,7 +29,7 @@ if TYPE_CHECKING:
 #: mmengine runtime keys accepted and ignored (trainwright has no such part, or sets it itself).
 IGNORED_KEYS = frozenset({
     "default_scope", "log_processor", "visualizer", "vis_backends", "launcher", "model_wrapper_cfg", "auto_scale_lr", "dist_params",
-    "find_unused_parameters", "sync_bn",
+    "find_unused_parameters", "sync_bn", "data_preprocessor",
 })
 #: Keys used while loading, not by the trainer.
 LOADING_KEYS = frozenset({"custom_imports"})
@@ -51,7 +51,7 @@ _VIS_BACKENDS: dict[str, tuple[str, dict[str, str | None]]] = {
     "MLflowVisBackend": ("mlflow", {"save_dir": None, "exp_name": "experiment_name", "run_name": "run_name", "tags": "tags", "tracking_uri": "tracking_uri"}),
 }
 #: Runtime keys of mmengine that are translated (not ignored) when they hold something.
-_TRANSLATED = frozenset({"visualizer", "vis_backends", "auto_scale_lr", "model_wrapper_cfg", "log_processor", "find_unused_parameters", "sync_bn"})
+_TRANSLATED = frozenset({"visualizer", "vis_backends", "auto_scale_lr", "model_wrapper_cfg", "log_processor", "find_unused_parameters", "sync_bn", "data_preprocessor"})
 #: mmengine's DDP wrapper names in ``model_wrapper_cfg``, and the arguments the DDP strategy takes from it.
 _DDP_WRAPPERS = frozenset({"MMDistributedDataParallel", "DistributedDataParallelWrapper"})
 _DDP_WRAPPER_KEYS = frozenset({"find_unused_parameters", "broadcast_buffers", "bucket_cap_mb", "gradient_as_bucket_view", "static_graph", "detect_anomalous_params"})
@@ -134,6 +134,18 @@ def _writers_from_visualizer(args: Mapping[str, Any]) -> list[Any] | None:
         if item not in writers:
             writers.append(item)
     return writers
+
+
+def _data_preprocessor(cfg: Any, kwargs: dict[str, Any]) -> None:
+    """mmengine's top-level ``data_preprocessor``: the model dict's unless it names its own (``model.setdefault``, as mmengine's Runner)."""
+    if cfg is None:
+        return
+    model = kwargs["model"]
+    if isinstance(model, Mapping):
+        kwargs["model"] = {**model, "data_preprocessor": model.get("data_preprocessor", cfg)}
+    else:
+        warnings.warn(f"data_preprocessor at top level is not applied: the model is a built {type(model).__name__}, not a dict(type=...) "
+                      "it could be passed to (give the model its data_preprocessor yourself)", stacklevel=3)
 
 
 def _model_wrapper(cfg: Any, kwargs: dict[str, Any]) -> None:
@@ -249,6 +261,7 @@ def trainer_from_config(trainer_cls: type[Trainer], cfg: Mapping[str, Any], **ov
     if "model" not in kwargs or kwargs["model"] is None:
         raise ConfigError("The config has no 'model': add model = dict(type='MyModel', ...) (a class registered in trainwright.registry.MODELS)")
     _translate_mmengine(kwargs)
+    _data_preprocessor(args.get("data_preprocessor"), kwargs)
     scaled = _auto_scale_lr(args.get("auto_scale_lr"), kwargs)
     wrapper_cfg = args.get("model_wrapper_cfg")
     if wrapper_cfg is None and args.get("find_unused_parameters"):  # mmengine's top-level key, used when no model_wrapper_cfg is given
