@@ -507,3 +507,11 @@ def test_a_top_level_data_preprocessor_is_the_models_unless_it_names_its_own(tmp
     trainer = tw.Trainer.from_config(dict(model=own, work_dir=str(tmp_path), data_preprocessor=dp))
     assert type(trainer.unwrapped_model.data_preprocessor).__name__ == "BaseDataPreprocessor"
     trainer.close()
+
+
+def test_a_sampler_seed_is_named_as_unused(tmp_path: Path) -> None:
+    from torch.utils.data import TensorDataset
+
+    loader = dict(dataset=TensorDataset(torch.randn(8, 2)), batch_size=4, sampler=dict(type="DefaultSampler", shuffle=True, seed=123))
+    with pytest.warns(UserWarning, match=r"train_dataloader.sampler seed=123 is not used: the data order follows the run's seed"):
+        tw.Trainer.from_config(dict(model=nn.Linear(2, 1), work_dir=str(tmp_path), train_dataloader=loader)).close()

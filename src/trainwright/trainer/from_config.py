@@ -407,6 +407,12 @@ def _translate_mmengine(kwargs: dict[str, Any]) -> None:
         if mmengine_style:
             loader.pop("sampler")
             loader.setdefault("shuffle", bool(sampler.get("shuffle", True)))  # type: ignore[union-attr]
+            if sampler.get("seed") is not None:  # type: ignore[union-attr]
+                warnings.warn(
+                    f"{name}.sampler seed={sampler['seed']!r} is not used: the data order follows the run's seed (randomness=dict(seed=...)), "  # type: ignore[index]
+                    "so a resumed run keeps it; set randomness=dict(seed=...) to choose it",
+                    stacklevel=3,
+                )
         # mmengine's Runner collates with pseudo_collate unless the config names another function
         collate = loader.get("collate_fn", dict(type="pseudo_collate") if mmengine_style else None)
         if isinstance(collate, Mapping):
