@@ -96,3 +96,17 @@ def test_a_one_process_fsdp_run_with_plain_sgd_resumes_equal_to_an_uninterrupted
     assert reference.keys() == resumed.keys()
     for k in reference:
         assert torch.equal(reference[k], resumed[k]), k
+
+
+def test_an_unreadable_sharded_checkpoint_names_the_ranks_whose_copy_failed(tmp_path: Path) -> None:
+    """Node-local work dirs: rank 1's copy is truncated. Rank 0 (whose copy reads) must not be told to delete its own, intact one."""
+    from torch.distributed.checkpoint.api import CheckpointException
+
+    from trainwright.strategies.dcp_io import _unreadable
+
+    broken = CheckpointException("load failed", {1: (RuntimeError("failed finding central directory"), None)})
+    msg = _unreadable(tmp_path / "iter_8.dcp", broken)  # read on rank 0 (no process group here)
+    assert "this rank's (0) copy reads, the read failed on rank(s) [1] (RuntimeError: failed finding central directory)" in msg
+    assert "repair or delete the directory on their node" in msg and "delete or move this directory" not in msg
+    own = _unreadable(tmp_path / "iter_8.dcp", CheckpointException("load failed", {0: (RuntimeError("truncated"), None)}))
+    assert "on rank 0 (the read failed on rank(s) [0]): RuntimeError: truncated" in own and "delete or move this directory" in own

@@ -163,8 +163,24 @@ def load_into(path: Location, template: dict[str, Any], *, everything: bool = Fa
         else:
             dcp.load(template, storage_reader=storage_reader(path))
     except (Exception, CheckpointException) as e:  # noqa: BLE001 - DCP raises CheckpointException (a BaseException, on every rank) for unreadable shards
-        raise CheckpointError(f"Cannot read checkpoint {str(path)!r}: {type(e).__name__}: {str(e)[:500]}. "
-                              "Resume from the previous checkpoint (delete or move this directory, or point `resume=` at an older one).") from e
+        raise CheckpointError(_unreadable(path, e)) from e
+
+
+def _unreadable(path: Location, e: BaseException) -> str:
+    """Why ``path`` could not be read, naming the ranks whose reads failed (each rank reads its own copy where work dirs are node-local)."""
+    failed = sorted(e.failures) if isinstance(e, CheckpointException) else []
+    rank = torch.distributed.get_rank() if torch.distributed.is_available() and torch.distributed.is_initialized() else 0
+    if failed and rank not in failed:
+        first = e.failures[failed[0]][0]  # type: ignore[attr-defined]
+        return (f"Cannot read checkpoint {str(path)!r} on every rank: this rank's ({rank}) copy reads, the read failed on rank(s) {failed} "
+                f"({type(first).__name__}: {str(first)[:300]}). Their copy of it is broken (a node-local work dir copied incompletely?): "
+                "repair or delete the directory on their node; the ranks resume from the previous checkpoint together.")
+    if failed:  # this rank's own copy is broken (and maybe others'): the message names the rank, so every rank prints it
+        cause = e.failures[rank][0]  # type: ignore[attr-defined]
+        return (f"Cannot read checkpoint {str(path)!r} on rank {rank} (the read failed on rank(s) {failed}): {type(cause).__name__}: {str(cause)[:300]}. "
+                "Resume from the previous checkpoint (delete or move this directory, or point `resume=` at an older one).")
+    return (f"Cannot read checkpoint {str(path)!r}: {type(e).__name__}: {str(e)[:500]}. "
+            "Resume from the previous checkpoint (delete or move this directory, or point `resume=` at an older one).")
 
 
 def load_full(path: str | os.PathLike[str] | RemotePath) -> dict[str, Any]:
