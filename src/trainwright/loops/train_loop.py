@@ -166,7 +166,7 @@ class _TrainLoopBase:
                 agreement.agree_finish()  # a hook of the validation (early stopping) may have asked for a stop
             if view.should_stop or (limit is not None and progress.iteration >= limit):
                 return True
-        if progress.iter_in_epoch != len(self.dataloader) and not ctx.metric_store.agreement.local:
+        if progress.iter_in_epoch != len(self.dataloader) and not agreement.local:
             self._uneven_pass(ctx)
         return False
 
