@@ -18,5 +18,6 @@ from trainwright.hooks.runtime_info import RuntimeInfoHook
 from trainwright.hooks.sampler_seed import DistSamplerSeedHook
 from trainwright.hooks.stall import StallHook
 from trainwright.hooks.swa import SWAHook
+from trainwright.hooks.sync_buffers import SyncBuffersHook
 
-__all__ = ["Hook", "HookList", "EVENTS", "CheckpointHook", "IterTimerHook", "LoggerHook", "ParamSchedulerHook", "DistSamplerSeedHook", "EMAHook", "EarlyStoppingHook", "FlopsHook", "PreemptionHook", "ProfilerHook", "ProgressBarHook", "RuntimeInfoHook", "NormsHook", "MemorySnapshotHook", "SWAHook", "StallHook"]
+__all__ = ["Hook", "HookList", "EVENTS", "CheckpointHook", "IterTimerHook", "LoggerHook", "ParamSchedulerHook", "DistSamplerSeedHook", "EMAHook", "EarlyStoppingHook", "FlopsHook", "PreemptionHook", "ProfilerHook", "ProgressBarHook", "RuntimeInfoHook", "NormsHook", "MemorySnapshotHook", "SWAHook", "StallHook", "SyncBuffersHook"]
