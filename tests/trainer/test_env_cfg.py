@@ -1,4 +1,4 @@
-"""mmengine's ``env_cfg``: cudnn benchmark, the multiprocessing start method, the process group's backend and timeout."""
+"""mmengine's ``env_cfg``: cudnn benchmark, the multiprocessing start method, the process group's backend and timeout, the open-files limit."""
 
 from __future__ import annotations
 
@@ -62,3 +62,18 @@ def test_an_unknown_env_cfg_key_is_named(tmp_path: Path) -> None:
         tw.Trainer(model=nn.Linear(2, 1), work_dir=tmp_path, env_cfg=dict(cudnn_benchmrk=True))
     with pytest.raises(KeyError, match="mp_start_method"):
         tw.Trainer(model=nn.Linear(2, 1), work_dir=tmp_path, env_cfg=dict(mp_cfg=dict(start_method="spawn")))
+
+
+def test_resource_limit_raises_the_open_files_soft_limit_as_mmengine(tmp_path: Path) -> None:
+    resource = pytest.importorskip("resource")
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if hard != resource.RLIM_INFINITY and hard < 2048:
+        pytest.skip(f"the hard limit of open files is {hard}")
+    try:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (1000, hard))
+        tw.Trainer(model=nn.Linear(2, 1), work_dir=tmp_path, env_cfg=dict(resource_limit=2048)).close()
+        assert resource.getrlimit(resource.RLIMIT_NOFILE) == (2048, hard)
+        tw.Trainer(model=nn.Linear(2, 1), work_dir=tmp_path, env_cfg=dict(resource_limit=1500)).close()
+        assert resource.getrlimit(resource.RLIMIT_NOFILE) == (2048, hard)  # never lowered
+    finally:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))

@@ -1,7 +1,7 @@
-"""mmengine's ``env_cfg``: cudnn benchmark, the multiprocessing start method, the process group's backend and timeout.
+"""mmengine's ``env_cfg``: cudnn benchmark, the multiprocessing start method, the process group's backend and timeout, the open-files limit.
 
 ``env_cfg=dict(cudnn_benchmark=False, mp_cfg=dict(mp_start_method="fork", opencv_num_threads=0),
-dist_cfg=dict(backend="nccl", timeout=1800))`` as mmengine's Runner takes it. The process-group
+dist_cfg=dict(backend="nccl", timeout=1800), resource_limit=4096)`` as mmengine's Runner takes it. The process-group
 settings apply to a multi-process strategy; a ``backend`` the device cannot use (NCCL without
 CUDA) falls back to gloo with a warning, so a runtime config written for GPUs also runs on CPU.
 """
@@ -16,7 +16,7 @@ from trainwright.registry import check_keys
 from trainwright.strategies.base import Strategy
 from trainwright.strategies.process_group import ProcessGroupStrategy
 
-ENV_CFG_KEYS = frozenset({"cudnn_benchmark", "mp_cfg", "dist_cfg"})
+ENV_CFG_KEYS = frozenset({"cudnn_benchmark", "mp_cfg", "dist_cfg", "resource_limit"})
 _MP_KEYS = frozenset({"mp_start_method", "opencv_num_threads"})
 
 
@@ -43,6 +43,8 @@ def apply_env_cfg(strategy: Strategy, env_cfg: Mapping[str, Any] | None) -> dict
             pass  # nothing to configure without OpenCV
         else:
             cv2.setNumThreads(int(mp_cfg["opencv_num_threads"]))
+    if cfg.get("resource_limit") is not None:
+        _raise_open_files(int(cfg["resource_limit"]))
     dist_cfg = dict(cfg.get("dist_cfg") or {})
     backend = dist_cfg.pop("backend", None)
     timeout = dist_cfg.pop("timeout", None)
@@ -58,3 +60,15 @@ def apply_env_cfg(strategy: Strategy, env_cfg: Mapping[str, Any] | None) -> dict
     if dist_cfg:
         out["dist_cfg"] = dist_cfg  # further init_process_group arguments (init_method, ...)
     return out
+
+
+def _raise_open_files(limit: int) -> None:
+    """mmengine's ``resource_limit``: the soft limit of open files raised to ``limit`` (never lowered, at most the hard limit)."""
+    try:
+        import resource
+    except ImportError:  # Windows: no such limit to raise
+        return
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    wanted = max(limit, soft) if hard == resource.RLIM_INFINITY else min(max(limit, soft), hard)
+    if wanted != soft:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (wanted, hard))
