@@ -515,3 +515,18 @@ def test_a_sampler_seed_is_named_as_unused(tmp_path: Path) -> None:
     loader = dict(dataset=TensorDataset(torch.randn(8, 2)), batch_size=4, sampler=dict(type="DefaultSampler", shuffle=True, seed=123))
     with pytest.warns(UserWarning, match=r"train_dataloader.sampler seed=123 is not used: the data order follows the run's seed"):
         tw.Trainer.from_config(dict(model=nn.Linear(2, 1), work_dir=str(tmp_path), train_dataloader=loader)).close()
+
+
+def test_mmengines_dataset_wrappers_build_from_a_config(tmp_path: Path, components: str) -> None:
+    """mmdet's VOC configs: ``RepeatDataset(times=3, dataset=ConcatDataset(datasets=[...]))``."""
+    __import__(components)
+    inner = dict(type="ConcatDataset", datasets=[dict(type="ToyBlobs", n=16, seed=0), dict(type="ToyBlobs", n=8, seed=1)])
+    loader = dict(dataset=dict(type="RepeatDataset", times=3, dataset=inner), batch_size=8, shuffle=False)
+    cfg = dict(model=dict(type="TinyClassifier", backbone=dict(type="TinyBackbone")), work_dir=str(tmp_path), train_dataloader=loader,
+               optim_wrapper=dict(optimizer=dict(type="SGD", lr=0.01)), train_cfg=dict(by_epoch=True, max_epochs=1), default_hooks=dict(checkpoint=None))
+    trainer = tw.Trainer.from_config(cfg)
+    trainer.train()
+    assert trainer.progress.iteration == 9  # (16 + 8) samples x 3 / 8 per batch
+    dataset = trainer.train_loop.dataloader.dataset
+    assert len(dataset) == 72 and torch.equal(dataset[24][0], dataset[0][0]) and torch.equal(dataset[16][0], dataset.dataset.datasets[1][0][0])
+    trainer.close()
