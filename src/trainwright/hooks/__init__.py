@@ -4,6 +4,7 @@ from trainwright.hooks.checkpoint import CheckpointHook
 from trainwright.hooks.dispatch import HookList
 from trainwright.hooks.early_stopping import EarlyStoppingHook
 from trainwright.hooks.ema import EMAHook
+from trainwright.hooks.empty_cache import EmptyCacheHook
 from trainwright.hooks.flops import FlopsHook
 from trainwright.hooks.hook import EVENTS, Hook
 from trainwright.hooks.iter_timer import IterTimerHook
@@ -20,4 +21,4 @@ from trainwright.hooks.stall import StallHook
 from trainwright.hooks.swa import SWAHook
 from trainwright.hooks.sync_buffers import SyncBuffersHook
 
-__all__ = ["Hook", "HookList", "EVENTS", "CheckpointHook", "IterTimerHook", "LoggerHook", "ParamSchedulerHook", "DistSamplerSeedHook", "EMAHook", "EarlyStoppingHook", "FlopsHook", "PreemptionHook", "ProfilerHook", "ProgressBarHook", "RuntimeInfoHook", "NormsHook", "MemorySnapshotHook", "SWAHook", "StallHook", "SyncBuffersHook"]
+__all__ = ["Hook", "HookList", "EVENTS", "CheckpointHook", "IterTimerHook", "LoggerHook", "ParamSchedulerHook", "DistSamplerSeedHook", "EMAHook", "EarlyStoppingHook", "FlopsHook", "PreemptionHook", "ProfilerHook", "ProgressBarHook", "RuntimeInfoHook", "NormsHook", "MemorySnapshotHook", "SWAHook", "StallHook", "SyncBuffersHook", "EmptyCacheHook"]
