@@ -468,7 +468,7 @@ def test_mmengine_config_with_restart_cosine_and_plateau_trains_end_to_end(tmp_p
 
 
 def test_auto_scale_lr_counts_data_shards_under_tensor_parallelism(monkeypatch: pytest.MonkeyPatch) -> None:
-    from trainwright.trainer.from_config import _auto_scale_lr
+    from trainwright.trainer.mmengine_cfg import _auto_scale_lr
 
     monkeypatch.setattr(tw.dist, "launched_world_size", lambda: 4)
     kwargs: dict = dict(train_dataloader=dict(batch_size=16), optim_wrapper=dict(optimizer=dict(type="SGD", lr=0.1)),
