@@ -179,7 +179,9 @@ def _unreadable(path: Location, e: BaseException) -> str:
         cause = e.failures[rank][0]  # type: ignore[attr-defined]
         return (f"Cannot read checkpoint {str(path)!r} on rank {rank} (the read failed on rank(s) {failed}): {type(cause).__name__}: {str(cause)[:300]}. "
                 "Resume from the previous checkpoint (delete or move this directory, or point `resume=` at an older one).")
-    return (f"Cannot read checkpoint {str(path)!r}: {type(e).__name__}: {str(e)[:500]}. "
+    several = torch.distributed.is_available() and torch.distributed.is_initialized() and torch.distributed.get_world_size() > 1
+    where = f" on rank {rank}" if several else ""  # a message naming its rank is printed by that rank too
+    return (f"Cannot read checkpoint {str(path)!r}{where}: {type(e).__name__}: {str(e)[:500]}. "
             "Resume from the previous checkpoint (delete or move this directory, or point `resume=` at an older one).")
 
 
