@@ -9,6 +9,7 @@ Usage: fault_train.py OUT_DIR SCENARIO
   stuck        rank 0 stops stepping at iteration 3 (rank 1 waits in the all-reduce); rank 1 then gets SIGTERM
   second-signal  (one process) a SIGTERM inside iteration 3, which then hangs; a second SIGTERM 0.5 s later
   short-stream   both ranks' stream declares 4 batches; rank 1's yields 3 (its length was an estimate); default collective timeout
+  corrupt-copy   FSDP, node-local work dirs: rank 1 resumes from a copy of rank 0's checkpoints whose newest one it cannot read
   stop-one-rank  a hook sets trainer.should_stop on rank 1 only: at iteration 3 (iteration-based), then after epoch 1 (epoch-based,
                  validation and a checkpoint due); default collective timeout
 Writes OUT_DIR/<what>_rank<r>.pt (results) and OUT_DIR/raised_at (when the fault happened, time.time()).
@@ -247,6 +248,23 @@ def main() -> None:
         results["epoch"] = (t.progress.epoch, t.progress.iteration)
         t.close()
         torch.save(results, out / f"stop_rank{RANK}.pt")
+    elif scenario == "corrupt-copy":
+        import shutil
+
+        import torch.distributed as dist
+
+        saving = dict(checkpoint=dict(by_epoch=False, interval=4, max_keep_ckpts=5))
+        with trainer(out / "first", work_dir=out / ("work0" if RANK == 0 else "scratch1"), strategy="fsdp", default_hooks=saving) as t:
+            t.train()  # 6 iterations: iter_4.dcp, then the final iter_6.dcp (in rank 0's work dir)
+        dist.barrier()
+        if RANK == 1:  # rank 1's node-local copy, its newest checkpoint's shard files truncated
+            shutil.copytree(out / "work0" / "checkpoints", out / "work1" / "checkpoints")
+            for f in (out / "work1" / "checkpoints" / "iter_6.dcp").glob("*.distcp"):
+                f.write_bytes(f.read_bytes()[:100])
+        dist.barrier()
+        with trainer(out / "resumed", work_dir=out / f"work{RANK}", strategy="fsdp", resume=True, train_cfg=dict(by_epoch=False, max_iters=8)) as t:
+            t.train()
+            torch.save(t.checkpoints.restored[1], out / f"resumed_rank{RANK}.pt")
     elif scenario == "short-stream":
         with trainer(out, train_dataloader=torch.utils.data.DataLoader(ShortStream(out), batch_size=8), train_cfg=dict(by_epoch=True, max_epochs=2)) as t:
             t.train()

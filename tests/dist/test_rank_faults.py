@@ -69,6 +69,21 @@ def test_a_stop_a_hook_sets_on_one_rank_stops_every_rank_at_the_same_point(tmp_p
     assert (ckpts / "epoch_1.pth").is_file() and (ckpts / "latest").read_text().strip() == "epoch_1.pth"
 
 
+def test_a_checkpoint_only_one_ranks_copy_cannot_read_is_named_on_both_ranks(tmp_path: Path) -> None:
+    """FSDP, node-local work dirs, rank 1's copy of the newest checkpoint broken: both ranks fall back together; each says what it saw.
+
+    Before: only rank 0 warned, naming its own intact copy and advising to delete it; rank 1's warning was silenced.
+    """
+    out, _ = _launch(tmp_path, "corrupt-copy", check=True, timeout=120)
+    work = tmp_path / "out"
+    assert [torch.load(work / f"resumed_rank{r}.pt") for r in (0, 1)] == [4, 4]  # both resumed from iter_4
+    rank0 = f"Skipping checkpoint '{work / 'work0' / 'checkpoints' / 'iter_6.dcp'}', it cannot be loaded (Cannot read checkpoint"
+    assert rank0 in out.output and "on every rank: this rank's (0) copy reads, the read failed on rank(s) [1]" in out.output
+    assert "repair or delete the directory on their node" in out.output
+    rank1 = f"Skipping checkpoint '{work / 'work1' / 'checkpoints' / 'iter_6.dcp'}', it cannot be loaded (Cannot read checkpoint"
+    assert rank1 in out.output and "on rank 1 (the read failed on rank(s) [1])" in out.output
+
+
 def test_a_validation_error_on_one_rank_makes_no_crossed_collective(tmp_path: Path) -> None:
     """Rank 1's metric raises with the epoch's checkpoint due: no clean-up save (its RNG gather would meet rank 0's metric gather)."""
     out, after = _launch(tmp_path, "val-error")

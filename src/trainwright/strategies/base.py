@@ -347,7 +347,8 @@ class Strategy(UpdateEngine):
         """The newest checkpoint of ``ckpt_dir`` that loads, as ``(path, checkpoint)``; None when there is none.
 
         See :func:`~trainwright.checkpoint.find_resumable`: corrupt files are skipped with a
-        warning (by the main process only: every rank reads the same files), a refused
+        warning (printed by rank 0, and by another rank when it names that rank: a node-local
+        copy only that rank cannot read; see ``rank_zero_warnings``), a refused
         (unsafe) file is an error. Candidates end in :attr:`resumable_suffixes`: here ``*.pth``
         files and the ``*.dcp`` directories of a sharded (FSDP) run, read whole
         (:meth:`load_checkpoint`), so a run continues on one process, or under DDP, where a
@@ -355,10 +356,7 @@ class Strategy(UpdateEngine):
         """
         from trainwright.checkpoint.listing import find_resumable
 
-        with warnings.catch_warnings():
-            if not self.is_main_process:
-                warnings.simplefilter("ignore")
-            return find_resumable(ckpt_dir, suffix=self.resumable_suffixes, load=lambda p: self.load_checkpoint(p if isinstance(p, Path) else p.url))
+        return find_resumable(ckpt_dir, suffix=self.resumable_suffixes, load=lambda p: self.load_checkpoint(p if isinstance(p, Path) else p.url))
 
     def collect_env(self) -> dict[str, Any]:
         """Facts about the environment worth logging at start."""
