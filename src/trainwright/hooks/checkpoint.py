@@ -25,7 +25,7 @@ from trainwright.checkpoint.manager import SaveRecord
 from trainwright.checkpoint.storage import Location, RemotePath, RemoteStore, location
 from trainwright.hooks.hook import Hook
 from trainwright.hooks.view import require_train_loop
-from trainwright.optim.scheduler.plateau import VAL_PREFIX
+from trainwright.optim.scheduler.plateau import metric_key
 from trainwright.registry import HOOKS, did_you_mean
 
 if TYPE_CHECKING:
@@ -356,11 +356,9 @@ class CheckpointHook(Hook):
         if self._keys is None:
             assert self.save_best is not None
             first = next(iter(metrics))
-
-            def key_of(k: str) -> str:  # mmengine configs name the evaluator's key ('mIoU', 'accuracy/top1'): found as 'val/<key>'
-                return first if k == "auto" else k if k in metrics or VAL_PREFIX + k not in metrics else VAL_PREFIX + k
-
-            self._keys = {key_of(k): self.rule[k] or infer_rule(first, self.greater_keys, self.less_keys) for k in self.save_best}
+            self._keys = {  # an mmengine key ('mIoU') is found as 'val/mIoU'; one absent is named below
+                first if k == "auto" else metric_key(k, metrics) or k: self.rule[k] or infer_rule(first, self.greater_keys, self.less_keys) for k in self.save_best
+            }
         for key in self._keys:
             if key not in metrics:
                 raise KeyError(

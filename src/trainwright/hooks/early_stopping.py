@@ -11,7 +11,7 @@ from typing_extensions import override
 
 from trainwright.hooks.checkpoint import DEFAULT_GREATER_KEYS, DEFAULT_LESS_KEYS, infer_rule
 from trainwright.hooks.hook import Hook
-from trainwright.optim.scheduler.plateau import VAL_PREFIX
+from trainwright.optim.scheduler.plateau import metric_key
 from trainwright.registry import HOOKS, did_you_mean
 
 if TYPE_CHECKING:
@@ -95,7 +95,7 @@ class EarlyStoppingHook(Hook):
         if metrics is None:
             return
         metrics = metrics or {}
-        key = next((k for k in (self.monitor, VAL_PREFIX + self.monitor) if k in metrics), None)
+        key = metric_key(self.monitor, metrics)
         if key is None:
             msg = (
                 f"EarlyStoppingHook: the metric {self.monitor!r} is not among the validation metrics "

@@ -9,7 +9,8 @@ the ``trainwright[optuna]`` extra.
 """
 
 from trainwright.sweeps.params import DISTRIBUTIONS, Param, check_params, parse_param, require_optuna, resolve_direction
-from trainwright.sweeps.pruning import SweepPruningHook, metric_key
+from trainwright.optim.scheduler.plateau import metric_key
+from trainwright.sweeps.pruning import SweepPruningHook
 from trainwright.sweeps.results import SweepResult, TrialRecord
 from trainwright.sweeps.run import run_sweep
 

@@ -2,12 +2,12 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
 from typing_extensions import override
 
 from trainwright.hooks.hook import Hook
+from trainwright.optim.scheduler.plateau import metric_key
 
 if TYPE_CHECKING:
     from trainwright.hooks.view import TrainerView
@@ -56,8 +56,3 @@ class SweepPruningHook(Hook):
             self.pruned = True
             trainer.should_stop = True
             trainer.logger.info(f"Sweep: trial {self.trial.number} pruned at {'epoch' if loop.by_epoch else 'iteration'} {step} ({self.metric} = {value:.6g})")
-
-
-def metric_key(metric: str, metrics: Mapping[str, Any]) -> str | None:
-    """The key of ``metric`` in ``metrics``: itself, or ``val/<metric>``; None if absent."""
-    return next((k for k in (metric, f"val/{metric}") if k in metrics), None)

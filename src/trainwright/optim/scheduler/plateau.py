@@ -19,6 +19,11 @@ from trainwright.registry import PARAM_SCHEDULERS, did_you_mean
 VAL_PREFIX = "val/"
 
 
+def metric_key(metric: str, metrics: Mapping[str, Any]) -> str | None:
+    """The key of ``metric`` in ``metrics``: itself, or ``val/<metric>`` (an mmengine config names the evaluator's key); None if absent."""
+    return next((k for k in (metric, VAL_PREFIX + metric) if k in metrics), None)
+
+
 @PARAM_SCHEDULERS.register()
 class ReduceOnPlateauParamScheduler(ParamScheduler):
     """Multiply the value by ``factor`` once ``monitor`` has not improved for ``patience`` validations.
@@ -156,9 +161,9 @@ class ReduceOnPlateauParamScheduler(ParamScheduler):
         return [max(float(v) * self.factor, low) for v, low in zip(self._current_values(), self.min_values)]
 
     def _monitored(self, metrics: Mapping[str, Any]) -> float:
-        for key in (self.monitor, VAL_PREFIX + self.monitor):
-            if key in metrics:
-                return float(metrics[key])
+        key = metric_key(self.monitor, metrics)
+        if key is not None:
+            return float(metrics[key])
         name = type(self).__name__
         if not metrics:
             raise KeyError(
@@ -183,4 +188,4 @@ class ReduceOnPlateauParamScheduler(ParamScheduler):
         )
 
 
-__all__ = ["ReduceOnPlateauParamScheduler", "VAL_PREFIX"]
+__all__ = ["ReduceOnPlateauParamScheduler", "VAL_PREFIX", "metric_key"]
