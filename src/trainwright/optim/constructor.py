@@ -20,10 +20,7 @@ import torch
 from torch import nn
 
 from trainwright.optim.optim_wrapper import OptimWrapper
-from trainwright.registry import OPTIM_WRAPPER_CONSTRUCTORS, OPTIM_WRAPPERS, OPTIMIZERS, check_keys, dropping_scope
-
-#: A custom key this similar (difflib's ratio) to a part of a parameter name is a typo of it ('backbon.0' for 'backbone.0': 0.95).
-_TYPO = 0.85
+from trainwright.registry import OPTIM_WRAPPER_CONSTRUCTORS, OPTIM_WRAPPERS, OPTIMIZERS, TYPO_CUTOFF, check_keys, dropping_scope
 
 #: ``paramwise_cfg`` keys and what each multiplies.
 PARAMWISE_KEYS = {
@@ -260,7 +257,7 @@ class DefaultOptimWrapperConstructor:
                 f"dotted name contains it, so its options {dict(custom[key])!r} apply to nothing. " + (f"Close names: {', '.join(repr(c) for c in close)}. " if close else "")
                 + f"Parameter names: {', '.join(repr(n) for n in shown)}{', ...' if len(names) > len(shown) else ''} ({len(names)} in all)."
             )
-            if difflib.get_close_matches(key.strip("."), parts, n=1, cutoff=_TYPO):  # a near-miss: the parameters meant would train with the default options
+            if difflib.get_close_matches(key.strip("."), parts, n=1, cutoff=TYPO_CUTOFF):  # a near-miss: the parameters meant would train with the default options
                 raise KeyError(message + " Correct the key to the name meant (or remove it).")
             warnings.warn(message + " (A key of a base config written for another model; remove it from paramwise_cfg to silence this.)", stacklevel=2)
 

@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, Any
 
 from trainwright.logging.writers import plain
 from trainwright.utils.imports import import_modules
-from trainwright.registry import DATASETS, MODELS, ConfigError, did_you_mean, ignored_scope_hint
+from trainwright.registry import DATASETS, MODELS, TYPO_CUTOFF, ConfigError, did_you_mean, ignored_scope_hint
 from trainwright.trainer.mmengine_cfg import IGNORED_KEYS, LOADERS, translate_runtime_keys, translate_to_trainer
 from trainwright.utils.seed import set_random_seed
 
@@ -28,10 +28,7 @@ if TYPE_CHECKING:
 
 #: Keys used while loading, not by the trainer.
 LOADING_KEYS = frozenset({"custom_imports"})
-#: A top-level key this similar to a Trainer argument (difflib's ratio) is a typo of it, refused: 'optim_wraper' (0.96),
-#: 'trian_cfg' (0.89), 'val_cgf' (0.86). mmengine's helper variables stay below it: 'gallery_dataloader' (0.81 to
-#: 'val_dataloader'), 'train_dataset' (0.76), 'tta_model' (0.71), 'norm_cfg' (0.67), 'optimizer' (0.64) are warned about.
-_TYPO = 0.85
+
 
 def trainer_keys(trainer_cls: type) -> list[str]:
     """The top-level keys a config may set: the Trainer's constructor arguments."""
@@ -51,7 +48,7 @@ def trainer_from_config(trainer_cls: type[Trainer], cfg: Mapping[str, Any], **ov
     helpers = []
     for key in args:
         if key not in allowed and key not in IGNORED_KEYS and key not in LOADING_KEYS and not key.startswith("_"):
-            hint = did_you_mean(key, allowed, cutoff=_TYPO)
+            hint = did_you_mean(key, allowed, cutoff=TYPO_CUTOFF)
             if hint:  # a typo of a Trainer argument: refusing it beats training without it
                 raise ConfigError(f"Unknown top-level config key {key!r}.{hint} The keys are the Trainer's arguments: {allowed}.")
             helpers.append(key)
