@@ -420,10 +420,7 @@ class CheckpointManager:
             path, ckpt = found
         else:
             ckpt = self.strategy.load_checkpoint(_arg(path))
-        where = location(path)
-        self.restore(ckpt, where)
-        self.restored = (where, self.progress.iteration)
-        return where, ckpt
+        return self._restored_from(path, ckpt)
 
     def restore_if_training_checkpoint(self, path: str | Path | RemotePath) -> tuple[Location, dict[str, Any]] | None:
         """Restore ``path`` when it is a training checkpoint (a dict with every required piece); None, changing nothing, when it is not (weights).
@@ -434,6 +431,10 @@ class CheckpointManager:
         ckpt = self.strategy.load_checkpoint(_arg(path))
         if not isinstance(ckpt, dict) or any(key not in ckpt for key in self.required):
             return None
+        return self._restored_from(path, ckpt)
+
+    def _restored_from(self, path: str | Path | RemotePath | Location, ckpt: dict[str, Any]) -> tuple[Location, dict[str, Any]]:
+        """:meth:`restore` ``ckpt`` read from ``path`` and note it as :attr:`restored`."""
         where = location(path)
         self.restore(ckpt, where)
         self.restored = (where, self.progress.iteration)
