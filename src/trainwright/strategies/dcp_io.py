@@ -28,6 +28,7 @@ from torch.distributed.checkpoint.default_planner import _EmptyStateDictLoadPlan
 from trainwright.checkpoint.io import CheckpointError, _fsync_dir, load_file
 from trainwright.checkpoint.storage import Location, RemotePath, location
 from trainwright.dist.shards import is_sharded
+from trainwright.dist.utils import get_rank, get_world_size
 
 TRAINER_STATE = "trainer_state.pth"
 """The file of a checkpoint directory that holds the trainer's non-sharded state."""
@@ -169,7 +170,7 @@ def load_into(path: Location, template: dict[str, Any], *, everything: bool = Fa
 def _unreadable(path: Location, e: BaseException) -> str:
     """Why ``path`` could not be read, naming the ranks whose reads failed (each rank reads its own copy where work dirs are node-local)."""
     failed = sorted(e.failures) if isinstance(e, CheckpointException) else []
-    rank = torch.distributed.get_rank() if torch.distributed.is_available() and torch.distributed.is_initialized() else 0
+    rank = get_rank()
     if failed and rank not in failed:
         first = e.failures[failed[0]][0]  # type: ignore[attr-defined]
         return (f"Cannot read checkpoint {str(path)!r} on every rank: this rank's ({rank}) copy reads, the read failed on rank(s) {failed} "
@@ -179,8 +180,7 @@ def _unreadable(path: Location, e: BaseException) -> str:
         cause = e.failures[rank][0]  # type: ignore[attr-defined]
         return (f"Cannot read checkpoint {str(path)!r} on rank {rank} (the read failed on rank(s) {failed}): {type(cause).__name__}: {str(cause)[:300]}. "
                 "Resume from the previous checkpoint (delete or move this directory, or point `resume=` at an older one).")
-    several = torch.distributed.is_available() and torch.distributed.is_initialized() and torch.distributed.get_world_size() > 1
-    where = f" on rank {rank}" if several else ""  # a message naming its rank is printed by that rank too
+    where = f" on rank {rank}" if get_world_size() > 1 else ""  # a message naming its rank is printed by that rank too
     return (f"Cannot read checkpoint {str(path)!r}{where}: {type(e).__name__}: {str(e)[:500]}. "
             "Resume from the previous checkpoint (delete or move this directory, or point `resume=` at an older one).")
 
