@@ -41,35 +41,17 @@ class EmptyCacheHook(Hook):
         if torch.cuda.is_initialized():  # CUDA in use in this process (else there is no cache to empty)
             torch.cuda.empty_cache()
 
-    @override
-    def before_train_epoch(self, trainer: TrainerView) -> None:  # noqa: D102
+    def _before_epoch(self, trainer: TrainerView) -> None:
         if self.before_epoch:
             self._empty()
 
-    @override
-    def before_val_epoch(self, trainer: TrainerView) -> None:  # noqa: D102
-        if self.before_epoch:
-            self._empty()
-
-    @override
-    def before_test_epoch(self, trainer: TrainerView) -> None:  # noqa: D102
-        if self.before_epoch:
-            self._empty()
-
-    @override
-    def after_train_epoch(self, trainer: TrainerView) -> None:  # noqa: D102
+    def _after_epoch(self, trainer: TrainerView, metrics: Any = None) -> None:
         if self.after_epoch:
             self._empty()
 
-    @override
-    def after_val_epoch(self, trainer: TrainerView, metrics: Any = None) -> None:  # noqa: D102
-        if self.after_epoch:
-            self._empty()
-
-    @override
-    def after_test_epoch(self, trainer: TrainerView, metrics: Any = None) -> None:  # noqa: D102
-        if self.after_epoch:
-            self._empty()
+    # the same for training, validation and test epochs
+    before_train_epoch = before_val_epoch = before_test_epoch = _before_epoch
+    after_train_epoch = after_val_epoch = after_test_epoch = _after_epoch
 
     @override
     def after_train_iter(self, trainer: TrainerView, batch_idx: int, data_batch: Any = None, outputs: Any = None) -> None:  # noqa: D102
