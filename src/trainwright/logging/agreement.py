@@ -149,7 +149,7 @@ class Agreement:
                 )
             if n != size:
                 self._size = n
-                numbers_of_all = self.gather(torch.tensor(numbers, dtype=torch.float64)) if n else everyone[:, _HEADER:]
+                numbers_of_all = self.gather(torch.tensor(numbers, dtype=torch.float64)) if n else everyone[:, :0]  # nothing logged: no numbers
             else:
                 numbers_of_all = everyone[:, _HEADER:]
             write, stop = bool(head[:, 0].any()), bool(head[:, 1].any())
