@@ -51,8 +51,3 @@ def test_one_process_needs_no_wrapper_and_other_wrappers_are_refused(tmp_path: P
         tw.Trainer.from_config({**cfg, "model_wrapper_cfg": dict(type="MMFullyShardedDataParallel")})
     with pytest.raises(ConfigError, match=r"model_wrapper_cfg keys \['bucket_size'\]"):
         tw.Trainer.from_config({**cfg, "model_wrapper_cfg": dict(type="MMDistributedDataParallel", bucket_size=3)})
-
-
-def test_sync_bn_is_named_as_not_applied(tmp_path: Path) -> None:
-    with pytest.warns(UserWarning, match=r"sync_bn='torch': trainwright does not convert BatchNorm layers to SyncBatchNorm"):
-        tw.Trainer.from_config(dict(model=nn.Linear(2, 1), work_dir=str(tmp_path), log_level="WARNING", sync_bn="torch")).close()

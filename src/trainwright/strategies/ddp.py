@@ -32,6 +32,11 @@ class DDPStrategy(ProcessGroupStrategy):
             static_graph: passed to ``DistributedDataParallel``.
         detect_anomalous_params: Warn at every training forward naming the parameters the loss
             does not depend on (mmengine's; see :class:`~trainwright.model.wrappers.DistributedDataParallelWrapper`).
+        sync_batchnorm: Convert the model's BatchNorm layers to ``torch.nn.SyncBatchNorm`` (batch
+            statistics over every process; Lightning's ``sync_batchnorm``, mmengine's ``sync_bn='torch'``).
+            torch runs SyncBatchNorm on CUDA / XPU / HPU only: on CPU under several processes this
+            is a ``ValueError`` at start (:class:`~trainwright.hooks.SyncBuffersHook` averages the
+            running statistics instead).
     """
 
     name = "ddp"
@@ -47,6 +52,7 @@ class DDPStrategy(ProcessGroupStrategy):
         gradient_as_bucket_view: bool = False,
         static_graph: bool = False,
         detect_anomalous_params: bool = False,
+        sync_batchnorm: bool = False,
     ) -> None:
         super().__init__(device, backend=backend, timeout_s=timeout_s)
         given = dict(find_unused_parameters=find_unused_parameters, broadcast_buffers=broadcast_buffers, gradient_as_bucket_view=gradient_as_bucket_view, static_graph=static_graph, bucket_cap_mb=bucket_cap_mb)
@@ -54,11 +60,28 @@ class DDPStrategy(ProcessGroupStrategy):
         #: passed to DistributedDataParallel: only what differs from its defaults (some are deprecated there)
         self.ddp_kwargs: dict[str, object] = {k: v for k, v in given.items() if v != defaults[k]}
         self.detect_anomalous_params = detect_anomalous_params
+        self.sync_batchnorm = sync_batchnorm
+
+    def parallelize(self, model: nn.Module) -> None:
+        """With ``sync_batchnorm``, the BatchNorm layers become SyncBatchNorm in place (the same parameters and buffers)."""
+        if not self.sync_batchnorm:
+            return
+        if isinstance(model, nn.modules.batchnorm._BatchNorm):
+            raise ValueError("sync_batchnorm=True converts the BatchNorm layers inside a model; the model itself is a BatchNorm layer: wrap it in a module")
+        for name, child in model.named_children():
+            model.add_module(name, nn.SyncBatchNorm.convert_sync_batchnorm(child))
 
     def wrap_model(self, model: nn.Module) -> nn.Module:
         """``DistributedDataParallelWrapper(model)`` (keeps ``train_step`` / ``val_step`` / ``test_step``)."""
         from trainwright.model.wrappers import DistributedDataParallelWrapper
 
+        synced = [name for name, m in model.named_modules() if isinstance(m, nn.SyncBatchNorm)]
+        if synced and self.device.type not in ("cuda", "xpu", "hpu"):
+            raise ValueError(
+                f"SyncBatchNorm runs on CUDA, XPU or HPU only (torch's DDP refuses it on {self.device.type}), and the model has "
+                f"{len(synced)} SyncBatchNorm layer(s), e.g. {synced[0]!r}; train on GPUs, or keep BatchNorm (sync_batchnorm=False, no sync_bn) "
+                "and add SyncBuffersHook to average the running statistics over the processes after each epoch"
+            )
         device_ids = [self.device.index] if self.device.type == "cuda" and self.device.index is not None else None
         wrapper = DistributedDataParallelWrapper(model, detect_anomalous_params=self.detect_anomalous_params, device_ids=device_ids, **self.ddp_kwargs)  # type: ignore[arg-type]
         live_model_wrappers.add(wrapper)

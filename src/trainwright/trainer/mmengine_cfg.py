@@ -132,17 +132,20 @@ def _data_preprocessor(cfg: Any, kwargs: dict[str, Any]) -> None:
                       "it could be passed to (give the model its data_preprocessor yourself)", stacklevel=3)
 
 
-def _model_wrapper(cfg: Any, kwargs: dict[str, Any]) -> None:
-    """mmengine's ``model_wrapper_cfg=dict(type='MMDistributedDataParallel', find_unused_parameters=..., ...)``: the DDP strategy's arguments.
+def _model_wrapper(cfg: Any, sync_bn: Any, kwargs: dict[str, Any]) -> None:
+    """mmengine's ``model_wrapper_cfg=dict(type='MMDistributedDataParallel', find_unused_parameters=..., ...)`` and ``sync_bn``: the DDP strategy's arguments.
 
     Applied when the run is DDP (``strategy='ddp'``, or ``'auto'`` under a launcher with several
-    processes); on one process there is no wrapper, as in mmengine. Other wrapper types are refused.
+    processes); on one process there is no wrapper and no SyncBatchNorm, as in mmengine. Other
+    wrapper types are refused.
     """
-    if not cfg:
+    if sync_bn not in (None, False, "torch"):
+        raise ConfigError(f"sync_bn={sync_bn!r} is not supported: trainwright converts to torch's SyncBatchNorm, sync_bn='torch' (mmcv's needs mmcv's CUDA ops)")
+    if not cfg and not sync_bn:
         return
     from trainwright.dist import launched_world_size
 
-    wrapper = dict(cfg)
+    wrapper = dict(cfg or {})
     typ = wrapper.pop("type", "MMDistributedDataParallel")
     if typ not in _DDP_WRAPPERS:
         raise ConfigError(f"model_wrapper_cfg type={typ!r} is not supported: trainwright's DDP wrapper answers to {sorted(_DDP_WRAPPERS)}; "
@@ -150,10 +153,18 @@ def _model_wrapper(cfg: Any, kwargs: dict[str, Any]) -> None:
     unknown = sorted(set(wrapper) - _DDP_WRAPPER_KEYS)
     if unknown:
         raise ConfigError(f"model_wrapper_cfg keys {unknown} are not supported; allowed: {sorted(_DDP_WRAPPER_KEYS)}")
+    if sync_bn:
+        wrapper["sync_batchnorm"] = True
     strategy = kwargs.get("strategy", "auto")
     name = strategy.get("type") if isinstance(strategy, Mapping) else strategy
     if name == "ddp" or (name in (None, "auto") and launched_world_size() > 1):
         kwargs["strategy"] = {**wrapper, **(dict(strategy) if isinstance(strategy, Mapping) else {}), "type": "ddp"}
+    elif sync_bn and name not in (None, "auto", "single"):
+        warnings.warn(
+            f"sync_bn='torch' is applied under the DDP strategy only; with strategy {name!r} each process normalises with its own batch's "
+            "statistics (SyncBuffersHook averages the running statistics after each epoch)",
+            stacklevel=4,
+        )
 
 
 def _auto_scale_lr(cfg: Any, kwargs: dict[str, Any]) -> str | None:
@@ -272,12 +283,5 @@ def translate_to_trainer(args: Mapping[str, Any], kwargs: dict[str, Any]) -> str
     wrapper_cfg = args.get("model_wrapper_cfg")
     if wrapper_cfg is None and args.get("find_unused_parameters"):  # mmengine's top-level key, used when no model_wrapper_cfg is given
         wrapper_cfg = dict(find_unused_parameters=True)
-    _model_wrapper(wrapper_cfg, kwargs)
-    if args.get("sync_bn"):
-        warnings.warn(
-            f"sync_bn={args['sync_bn']!r}: trainwright does not convert BatchNorm layers to SyncBatchNorm (mmengine does under several "
-            "processes), so each process normalises with its own batch's statistics; convert the model yourself "
-            "(torch.nn.SyncBatchNorm.convert_sync_batchnorm, CUDA only) or leave sync_bn out",
-            stacklevel=3,
-        )
+    _model_wrapper(wrapper_cfg, args.get("sync_bn"), kwargs)
     return scaled
