@@ -56,6 +56,12 @@ def test_epoch_interval_and_last(tmp_path: Path) -> None:
     assert ckpt["progress"] == {"epoch": 2, "iteration": 30, "iter_in_epoch": 0}
 
 
+def test_interval_minus_one_saves_only_the_last_as_mmengines_default(tmp_path: Path) -> None:
+    t = ct.build(str(tmp_path), epochs=3, checkpoint=dict(interval=-1, save_best=None))
+    t.train()
+    assert _names(tmp_path) == {"epoch_3.pth", "latest"}
+
+
 def test_save_last_false_writes_no_final_checkpoint(tmp_path: Path) -> None:
     t = ct.build(str(tmp_path), epochs=1, checkpoint=dict(interval=4, by_epoch=False, save_last=False, save_best=None, max_keep_ckpts=-1))
     t.train()
