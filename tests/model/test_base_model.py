@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import copy
+import warnings
 
 import pytest
 import torch
@@ -11,7 +12,7 @@ from conftest import LinearReg, regression_set
 from torch import nn
 
 import trainwright as tw
-from trainwright.model import ModuleAdapter, NormalizingDataPreprocessor, as_base_model
+from trainwright.model import BaseDataPreprocessor, BaseModel, ModuleAdapter, NormalizingDataPreprocessor, as_base_model
 from trainwright.optim import OptimWrapper
 
 
@@ -175,3 +176,47 @@ def test_train_step_calls_a_parse_losses_patched_onto_the_class_later(monkeypatc
     model = Patched()
     model.train_step((torch.randn(4, 4), torch.randn(4, 1)), OptimWrapper(torch.optim.SGD(model.parameters(), lr=0.1)))
     assert seen == ["patched"]
+
+
+class _MMPre(BaseDataPreprocessor):
+    """An mmengine-style preprocessor: its forward starts with ``self.cast_data``."""
+
+    def forward(self, data, training=False):
+        data = self.cast_data(data)
+        return {"inputs": data["inputs"] * 2, "seen_autocast": torch.is_autocast_enabled("cpu")}
+
+
+class _MMNet(BaseModel):
+    def __init__(self, init_cfg=None):
+        super().__init__(data_preprocessor=_MMPre(), init_cfg=init_cfg)
+        self.fc = nn.Linear(2, 1)
+        self.inner = nn.Sequential(BaseDataPreprocessor())
+
+    def forward(self, inputs, seen_autocast=False, mode="tensor"):
+        self.seen_autocast = seen_autocast
+        return {"loss": self.fc(inputs).float().pow(2).mean()}
+
+
+def test_mmengine_style_model_constructs_and_its_preprocessor_runs_under_the_optim_context() -> None:
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # no init_cfg: no warning
+        model = _MMNet()
+    assert model.init_cfg is None
+    with pytest.warns(UserWarning, match=r"_MMNet\(init_cfg=\{'type': 'Kaiming'\}\) is kept as \.init_cfg but not applied.*load_from"):
+        assert _MMNet(init_cfg=dict(type="Kaiming")).init_cfg == {"type": "Kaiming"}
+    ow = tw.AmpOptimWrapper(torch.optim.SGD(model.parameters(), lr=0.1), dtype="bfloat16")
+    model.train_step({"inputs": torch.randn(4, 2)}, ow)
+    assert model.seen_autocast is True  # as mmengine: the preprocessor runs inside optim_context (autocast)
+
+
+def test_every_preprocessor_follows_the_models_device() -> None:
+    model = _MMNet()
+    pres = [m for m in model.modules() if isinstance(m, BaseDataPreprocessor)]
+    assert len(pres) == 2
+    model.to("meta")
+    assert [p.device.type for p in pres] == ["meta", "meta"]  # the nested one too
+    model.to_empty(device="cpu").cpu()
+    assert [p.device.type for p in pres] == ["cpu", "cpu"]
+    alone = BaseDataPreprocessor().to("meta")
+    assert alone.device == torch.device("meta")
+    assert alone.cpu().device == torch.device("cpu")

@@ -3,13 +3,14 @@
 from __future__ import annotations
 
 import inspect
+import warnings
 from collections.abc import Callable, Mapping
 from typing import Any
 
 import torch
 from torch import nn
 
-from trainwright.model.data_preprocessor import BaseDataPreprocessor
+from trainwright.model.data_preprocessor import BaseDataPreprocessor, cuda_device, set_preprocessor_device
 from trainwright.registry import MODELS
 
 
@@ -80,15 +81,27 @@ class BaseModel(nn.Module):
     Args:
         data_preprocessor: Moves (and normalises) the batch; a
             :class:`BaseDataPreprocessor` by default.
+        init_cfg: mmengine's weight-initialisation config, kept as ``self.init_cfg`` so
+            OpenMMLab models construct; trainwright has no initialisers to apply it, so a
+            given one warns (initialise in ``__init__``, or load weights with ``load_from``).
     """
 
-    def __init__(self, data_preprocessor: nn.Module | dict | None = None) -> None:
+    def __init__(self, data_preprocessor: nn.Module | dict | None = None, init_cfg: dict | list | None = None) -> None:
         super().__init__()
         if data_preprocessor is None:
             data_preprocessor = BaseDataPreprocessor()
         elif isinstance(data_preprocessor, Mapping):
             data_preprocessor = MODELS.build(data_preprocessor)
         self.data_preprocessor: nn.Module = data_preprocessor  # type: ignore[assignment]  # built from a dict above
+        self.init_cfg = init_cfg
+        if init_cfg:
+            warnings.warn(
+                f"{type(self).__name__}(init_cfg={init_cfg!r}) is kept as .init_cfg but not applied: trainwright does not run mmengine's "
+                "weight initialisers (init_weights); initialise the layers in __init__, or load pretrained weights with "
+                "Trainer(load_from=...) / trainer.load_weights(path)",
+                UserWarning,
+                stacklevel=2,
+            )
 
     def forward(self, *inputs: Any, mode: str = "tensor") -> Any:  # pragma: no cover - abstract
         """Compute losses, predictions or raw outputs; see the class docstring."""
@@ -104,8 +117,8 @@ class BaseModel(nn.Module):
             The log tensors (``loss`` and each loss term) on the device, as :meth:`parse_losses`
             returns them.
         """
-        data = self.data_preprocessor(data, True)
         with optim_wrapper.optim_context(self):
+            data = self.data_preprocessor(data, True)
             losses = _run_forward(self.forward_caller or self, data, "loss")
         loss, log_vars = self.parse_losses(losses)
         try:
@@ -190,12 +203,20 @@ class BaseModel(nn.Module):
         return total, log_vars
 
     def to(self, *args: Any, **kwargs: Any) -> BaseModel:  # type: ignore[override]
-        """Move the model and tell the data preprocessor its new device."""
+        """Move the model and tell every data preprocessor in it its new device."""
         out = super().to(*args, **kwargs)
         device = torch._C._nn._parse_to(*args, **kwargs)[0]  # noqa: SLF001 - torch's own argument parser
-        if device is not None and isinstance(self.data_preprocessor, BaseDataPreprocessor):
-            self.data_preprocessor.device = torch.device(device)
+        if device is not None:
+            set_preprocessor_device(self, device)
         return out
+
+    def cuda(self, device: int | torch.device | None = None) -> BaseModel:  # type: ignore[override]
+        """Move the model to a GPU (the current one by default), as :meth:`to` does."""
+        return self.to(cuda_device(device))
+
+    def cpu(self) -> BaseModel:  # type: ignore[override]
+        """Move the model to the CPU, as :meth:`to` does."""
+        return self.to("cpu")
 
 
 class ModuleAdapter(BaseModel):

@@ -31,6 +31,20 @@ def cast_data(data: Any, device: torch.device, non_blocking: bool = False) -> An
     return data
 
 
+def cuda_device(device: int | torch.device | None) -> torch.device:
+    """What ``Module.cuda(device)`` moves to: the current GPU by default, else that index or device."""
+    if device is None:
+        return torch.device("cuda", torch.cuda.current_device())
+    return torch.device(device) if isinstance(device, torch.device) else torch.device("cuda", device)
+
+
+def set_preprocessor_device(module: nn.Module, device: torch.device | str) -> None:
+    """Tell every :class:`BaseDataPreprocessor` in ``module`` (itself included) that batches now go to ``device``."""
+    for m in module.modules():
+        if isinstance(m, BaseDataPreprocessor):
+            m.device = torch.device(device)
+
+
 @MODELS.register_module()
 class BaseDataPreprocessor(nn.Module):
     """Moves a batch to :attr:`device`; subclasses normalise or augment on the device.
@@ -53,9 +67,29 @@ class BaseDataPreprocessor(nn.Module):
     def device(self, value: torch.device | str) -> None:
         self._device = torch.device(value)
 
+    def cast_data(self, data: Any) -> Any:
+        """``data`` with every tensor on :attr:`device` (mmengine's method; subclasses' ``forward`` start with it)."""
+        return cast_data(data, self.device, self.non_blocking)
+
     def forward(self, data: Any, training: bool = False) -> Any:
         """Return ``data`` on the model's device."""
         return cast_data(data, self.device, self.non_blocking)
+
+    def to(self, *args: Any, **kwargs: Any) -> BaseDataPreprocessor:  # type: ignore[override]
+        """Move the buffers and send batches to the new device."""
+        out = super().to(*args, **kwargs)
+        device = torch._C._nn._parse_to(*args, **kwargs)[0]  # noqa: SLF001 - torch's own argument parser
+        if device is not None:
+            set_preprocessor_device(self, device)
+        return out
+
+    def cuda(self, device: int | torch.device | None = None) -> BaseDataPreprocessor:  # type: ignore[override]
+        """Move to a GPU (the current one by default), as :meth:`to` does."""
+        return self.to(cuda_device(device))
+
+    def cpu(self) -> BaseDataPreprocessor:  # type: ignore[override]
+        """Move to the CPU, as :meth:`to` does."""
+        return self.to("cpu")
 
 
 @MODELS.register_module()

@@ -20,7 +20,7 @@ import torch
 from torch import nn
 
 from trainwright.amp.precision import Precision
-from trainwright.model.base_model import BaseDataPreprocessor
+from trainwright.model.data_preprocessor import set_preprocessor_device
 from trainwright.optim.engine import UpdateEngine
 from trainwright.optim.optim_wrapper_dict import optim_wrappers_of
 from trainwright.registry import check_keys
@@ -158,9 +158,7 @@ class Strategy(UpdateEngine):
     def model_to_device(self, model: nn.Module) -> nn.Module:
         """Move the model (and tell its data preprocessor the device)."""
         model = model.to(self.device)
-        pre = getattr(model, "data_preprocessor", None)
-        if isinstance(pre, BaseDataPreprocessor):
-            pre.device = self.device
+        set_preprocessor_device(model, self.device)
         return model
 
     def parallelize(self, model: nn.Module) -> None:
