@@ -1,19 +1,9 @@
 """Write checkpoints in a background thread so training only waits for a copy to host memory.
 
-The loop waits for the **snapshot**: every tensor copied into CPU staging buffers (the next
-optimizer step changes them in place). The buffers are allocated by the first save and
-reused by the next ones while the state keeps its structure (tensor shapes, dtypes,
-devices), so a save is one memory copy without new allocations; they are pinned when the
-tensors are on a GPU, and hold as much host memory as the checkpoint's tensors for as long
-as the writer lives (:meth:`AsyncCheckpointWriter.release` frees them). The **write**
-(serialise, temporary file, fsync, rename, then the ``latest`` pointer and keep-k deletions)
-runs in a writer thread in that order, so the synchronous path's promises hold: complete or
-absent, ``latest`` names a complete file, old files go only after the new one is complete.
-The file holds the state as it was when :meth:`~AsyncCheckpointWriter.submit` returned. At
-most one write is in flight: a save waits for the previous write before it refills the
-buffers (a run that saves faster than the disk slows to the disk's pace);
-:meth:`AsyncCheckpointWriter.wait` waits for it and re-raises its error: call it before the
-process exits.
+:class:`AsyncCheckpointWriter`: a save returns once every tensor is copied into reused CPU
+staging buffers; a writer thread then writes the file (complete or absent), then ``latest``
+and the keep-k deletions, one write at a time. Call :meth:`~AsyncCheckpointWriter.wait`
+before the process exits: it waits for the pending write and re-raises its error.
 """
 
 from __future__ import annotations
@@ -243,6 +233,16 @@ def _after(event: threading.Event, fn: Callable[..., None], *args: Any) -> None:
 
 class AsyncCheckpointWriter:
     """One background thread at a time that writes a snapshot and then runs follow-up work.
+
+    The staging buffers are allocated by the first save and reused by the next ones while the
+    state keeps its structure (tensor shapes, dtypes, devices), so a save is one memory copy
+    without new allocations; they are pinned when the tensors are on a GPU and hold as much
+    host memory as the checkpoint's tensors until :meth:`release`. The file holds the state as
+    it was when :meth:`submit` returned. The thread serialises, writes a temporary file, fsyncs
+    and renames, then runs ``after``, in that order, so ``latest`` names a complete file and old
+    files go only after the new one is complete. At most one write is in flight: a save waits
+    for the previous write before it refills the buffers (a run that saves faster than the disk
+    slows to the disk's pace).
 
     Example::
 

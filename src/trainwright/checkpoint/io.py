@@ -4,10 +4,6 @@
   target, directory fsynced: a killed process leaves the previous file or the new one.
 * **Loading never runs code.** ``torch.load(..., weights_only=True)``; a pickle that would
   import or call objects raises :class:`UnsafeCheckpointError`.
-
-A file may be an fsspec URL (:mod:`trainwright.checkpoint.storage`): :func:`~trainwright.checkpoint.remote_io.save_remote` uploads
-one object, and loading takes URLs. What a folder holds (``latest``, the resume candidates):
-:mod:`trainwright.checkpoint.listing`.
 """
 
 from __future__ import annotations
@@ -86,11 +82,12 @@ def atomic_write(path: PathLike, write: Callable[[IO[bytes]], object]) -> None:
     """Write a file so that ``path`` is always either its old content or the new one.
 
     ``write`` receives a binary file object opened on a temporary file in the target's
-    directory; after it returns, the data is flushed, fsynced and renamed onto ``path``.
-    Parent directories are created. If anything raises, the temporary file is removed,
-    ``path`` is untouched and the exception propagates: the real cause, not the wrapper a
-    writer put around it (``torch.save`` reports a full disk or a Ctrl-C inside its
-    writer as ``RuntimeError: [enforce fail at inline_container.cc] unexpected pos``). A
+    directory; after it returns, the data is flushed, fsynced and renamed onto ``path``, and
+    the directory is fsynced. Parent directories are created. If anything raises, the
+    temporary file is removed, ``path`` is untouched and the exception propagates: the real
+    cause, not the wrapper a writer put around it (``torch.save`` reports a full disk or a
+    Ctrl-C inside its writer as
+    ``RuntimeError: [enforce fail at inline_container.cc] unexpected pos``). A
     ``KeyboardInterrupt`` stays one; an ``OSError`` is re-raised with ``path`` as its
     ``filename`` and a message that says nothing was replaced and what to do.
 
@@ -211,10 +208,13 @@ def load_file(path: PathLike | RemotePath, map_location: MapLocation = "cpu") ->
     """Load a checkpoint file without executing any code from it.
 
     ``.safetensors`` files are read with safetensors (a dict of tensors); anything else
-    with ``torch.load(path, map_location=..., weights_only=True)``.
+    with ``torch.load(path, map_location=..., weights_only=True)``. ``path`` may be an fsspec
+    URL (:mod:`trainwright.checkpoint.storage`); writing one is
+    :func:`~trainwright.checkpoint.remote_io.save_remote` (one object uploaded). What a
+    folder holds (``latest``, the resume candidates): :mod:`trainwright.checkpoint.listing`.
 
     Args:
-        path: The checkpoint file.
+        path: The checkpoint file or URL.
         map_location: Where tensors go, as for ``torch.load`` (default: CPU, so that a
             checkpoint saved on a GPU loads on a machine without one).
 

@@ -1,12 +1,9 @@
 """WorkDirLock: one training run at a time per checkpoint folder.
 
-Two runs on one ``work_dir`` (a requeued job while the old one runs, a notebook cell run
-twice) would overwrite each other's checkpoints and ``latest``. A training run holds an
-exclusive ``flock`` on ``<ckpt_dir>/.lock`` (a text file naming its pid, host and start time):
-a second run refuses to start, naming the holder; the kernel releases the lock however the
-process ends (``kill -9`` too), so a lock file nobody holds is stale and is taken over; forked
-children (DataLoader workers) close their copy of the descriptor, so they never keep a killed
-run's lock. The file is removed when the run ends. Where ``fcntl`` does not exist (Windows) there is no lock.
+A run holds an exclusive ``flock`` on ``<ckpt_dir>/.lock`` (a text file naming its pid, host and
+start time): a second run on the same folder refuses to start, naming the holder. The kernel
+releases the lock however the process ends (``kill -9`` too), so a lock file nobody holds is
+stale and is taken over. Where ``fcntl`` does not exist (Windows) there is no lock.
 """
 
 from __future__ import annotations

@@ -1,13 +1,9 @@
 """CheckpointManager: the one owner of a run's checkpoint files, and of restoring them.
 
-It saves a mapping of named :class:`Stateful` pieces (plus ``rng``, always last) through
-the strategy, which owns the format; names files with the strategy's suffix; points
-``latest`` at each periodic save, then deletes what fell out of the keep-k / best-k
-windows; serves "save now" requests; publishes stripped copies; removes stale temporaries;
-holds the folder's lock; and restores: every piece checked before any loads, RNG last.
-The folder may be remote (an fsspec URL, :mod:`trainwright.checkpoint.storage`): decided once,
-when it is configured; the lock then guards the local ``work_dir`` only.
-Hooks decide *when* to save (:class:`~trainwright.hooks.CheckpointHook`); see docs/checkpoints.md.
+It saves named :class:`Stateful` pieces (plus ``rng``, always last) through the strategy, which
+owns the format; points ``latest`` at each periodic save, then deletes what fell out of the
+keep-k / best-k windows; restores with every piece checked before any loads, RNG last. Hooks
+decide *when* to save (:class:`~trainwright.hooks.CheckpointHook`); see docs/checkpoints.md.
 """
 
 from __future__ import annotations
@@ -122,6 +118,12 @@ class SaveRecord:
 
 class CheckpointManager:
     """Saves, names, keeps, publishes and restores one run's checkpoints.
+
+    Files are named with the strategy's suffix. Besides periodic saves the manager serves
+    "save now" requests, publishes stripped copies, removes stale temporaries and holds the
+    folder's lock. Whether the folder is remote (an fsspec URL,
+    :mod:`trainwright.checkpoint.storage`) is decided once, when it is configured; the lock
+    then guards the local ``work_dir`` only.
 
     Args:
         strategy: Does the I/O (format, ranks, async writes).

@@ -2,12 +2,8 @@
 
 :func:`location` decides once per path: a local path or a ``file://`` URL stays a ``Path`` (the
 local code, unchanged), any other URL (``s3://``, ``gs://``, ``memory://``...) becomes a
-:class:`RemotePath` on a :class:`RemoteStore` (one fsspec filesystem, its options, the upload
-retries and the local folder where an upload that keeps failing leaves the checkpoint).
-A ``RemotePath`` offers the few ``pathlib`` operations the checkpoint code uses (``/``,
-``name``, ``parent``, ``exists``, ``iterdir``...) and no ``__fspath__``: nothing can open it as a
-local file by accident (a local folder named ``s3:``). One object is written by one PUT,
-which S3, GCS and Azure make visible only when complete.
+:class:`RemotePath` on a :class:`RemoteStore`. One object is written by one PUT, which S3,
+GCS and Azure make visible only when complete.
 """
 
 from __future__ import annotations
@@ -161,7 +157,10 @@ class RemoteStore:
 class RemotePath:
     """A file or folder of a :class:`RemoteStore`, addressed by URL; the ``pathlib`` subset the checkpoint code needs.
 
-    ``str()`` is the URL. It has no ``__fspath__``: local file functions refuse it.
+    It offers the few ``pathlib`` operations the checkpoint code uses (``/``, ``name``,
+    ``parent``, ``exists``, ``iterdir``...). ``str()`` is the URL. It has no ``__fspath__``:
+    local file functions refuse it, so nothing opens it as a local file by accident (a local
+    folder named ``s3:``).
     """
 
     __slots__ = ("store", "url", "_info")

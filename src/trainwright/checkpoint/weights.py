@@ -1,12 +1,8 @@
 """Model weights: loading a state dict with clear errors, and safetensors export.
 
-``load_model_weights`` checks everything before it copies anything, so a failed load
-leaves the model as it was:
-
-* a shape mismatch is always an error (even with ``strict=False``), naming every
-  mismatched key with the checkpoint shape and the model shape, in torch's wording;
-* missing and unexpected keys are listed by name: an error with ``strict=True``, one
-  warning otherwise (and returned either way).
+``load_model_weights`` checks everything before it copies anything, so a failed load leaves
+the model as it was: a shape mismatch is always an error (even with ``strict=False``), and
+missing and unexpected keys are listed by name (see docs/checkpoints.md).
 """
 
 from __future__ import annotations
@@ -97,6 +93,10 @@ def load_model_weights(
     load: Callable[[dict[str, Any]], Any] | None = None,
 ) -> IncompatibleKeys:
     """Copy weights into ``model``, checking first so that a failed load changes nothing.
+
+    A shape mismatch names every mismatched key with the checkpoint shape and the model
+    shape, in torch's wording. Missing and unexpected keys are an error with ``strict=True``,
+    one warning otherwise.
 
     Args:
         model: The (unwrapped) module to load into.

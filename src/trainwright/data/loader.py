@@ -1,12 +1,9 @@
 """Resumable data loading: a deterministic per-epoch order that can restart at any batch.
 
 :func:`make_resumable` rebuilds the user's ``DataLoader`` around a sampler whose order depends
-only on ``(seed, epoch)`` and a batch sampler that skips the batches already consumed (same
-dataset, batch size, sampler, collate and worker settings); the global RNG is never touched.
-With workers, each batch carries a seed derived from ``(seed, epoch, batch index)`` and the
-worker re-seeds ``random``, NumPy and torch with it, so a sample's augmentation does not
-depend on which worker loads it (a resumed epoch starts on worker 0). Without workers the
-samples draw from the main process's generators, which the checkpoint restores.
+only on ``(seed, epoch)`` and a batch sampler that skips the batches already consumed; the
+global RNG is never touched. With workers, each batch is loaded under a seed of ``(seed,
+epoch, batch index)``, so a sample's augmentation does not depend on which worker loads it.
 """
 
 from __future__ import annotations
@@ -123,6 +120,10 @@ class SkippableBatchSampler(Sampler[list[int]]):
 
 class WorkerSeededDataset(Dataset):
     """Loads a :class:`SeededBatch` under its seed when running inside a DataLoader worker.
+
+    The worker re-seeds ``random``, NumPy and torch with the batch's seed before loading it,
+    so a sample's augmentation is the same whichever worker loads it (a resumed epoch starts
+    on worker 0).
 
     Only worker processes are re-seeded: in the main process (``num_workers=0``) samples
     draw from the global generators, which a checkpoint saves and restores.
@@ -341,6 +342,9 @@ def _custom(batch_sampler: Any, num_replicas: int, name: str) -> Any:
 
 def make_resumable(loader: DataLoader, seed: int = 0, num_replicas: int = 1, rank: int = 0, name: str = "train_dataloader") -> DataLoader:
     """Rebuild ``loader`` with a seed-determined, skippable sampler (of ``rank``'s shard); same data, batching and workers.
+
+    The rebuilt loader keeps the dataset, batch size, sampler, collate function and worker
+    settings.
 
     Under several processes, worker seeds include the rank (see :func:`batch_seed`). The
     trainer also shards evaluation loaders with it: each rank evaluates its padded shard

@@ -1,21 +1,9 @@
 """Where a NaN / Inf loss came from: replay the iteration with a watch on every module's output and every parameter's gradient.
 
-The metric store finds a non-finite loss at a flush, up to ``agreement.every`` iterations
-after it happened. :func:`explain_nonfinite` (the store calls it then, nothing before) names
-the batch (its index in the epoch's data order and its dataset indices) and replays:
-
-* the weights are still finite (the NaN is of the current iteration, or a GradScaler skipped
-  its step): batch k once more on them, forward and ``torch.autograd.grad`` (no ``.grad`` is
-  touched, no collective: DDP's module is called directly);
-* they are not, on one process: the newest checkpoint saved before iteration k is restored and
-  the run replayed from there through the train loop itself (bitwise, as a resume), watched
-  at every iteration until the first non-finite value; the trainer is put back afterwards;
-* otherwise (several processes, a sharded strategy, no checkpoint before k): what the current
-  weights show (which parameters are non-finite), and how to get the module named.
-
-A :class:`Watch` records the first module (in execution order, by module path) whose forward
-output held a NaN / Inf, whether its inputs were finite, and the first parameter (in backward
-order) whose gradient did.
+:func:`explain_nonfinite` (called by the metric store when it raises, nothing before) names the
+batch and replays it: on the current weights if they are finite, else from the newest checkpoint
+before it on one process. A :class:`Watch` records the first non-finite module output and
+parameter gradient. The cases and what they cost: docs/diagnose.md.
 """
 
 from __future__ import annotations
@@ -87,6 +75,10 @@ class Finding(NamedTuple):
 
 class Watch:
     """Forward hooks on every module and gradient hooks on every parameter of ``model``, recording the first non-finite value.
+
+    It records the first module (in execution order, by module path) whose forward output held
+    a NaN / Inf, whether its inputs were finite, and the first parameter (in backward order)
+    whose gradient did.
 
     Used as a context manager around forward and backward passes; the hooks are removed on
     exit. Each hook reads its tensor on the host (a sync per module and parameter): a
@@ -185,7 +177,19 @@ def _where(loader: ResumableLoader, iteration: int) -> str:
 def explain_nonfinite(trainer: Trainer, iteration: int) -> str:
     """Where the non-finite loss of ``iteration`` came from, as a sentence for the error (never raises).
 
-    Called by the metric store when it raises its ``FloatingPointError`` (``nonfinite_loss="raise"``).
+    Called by the metric store when it raises its ``FloatingPointError`` (``nonfinite_loss="raise"``),
+    which finds a non-finite loss at a flush, up to ``agreement.every`` iterations after it
+    happened. Names the batch (its index in the epoch's data order and its dataset indices) and
+    replays:
+
+    * the weights are still finite (the NaN is of the current iteration, or a GradScaler skipped
+      its step): batch k once more on them, forward and ``torch.autograd.grad`` (no ``.grad`` is
+      touched, no collective: DDP's module is called directly);
+    * they are not, on one process: the newest checkpoint saved before iteration k is restored and
+      the run replayed from there through the train loop itself (bitwise, as a resume), watched
+      at every iteration until the first non-finite value; the trainer is put back afterwards;
+    * otherwise (several processes, a sharded strategy, no checkpoint before k): what the current
+      weights show (which parameters are non-finite), and how to get the module named.
     """
     try:
         return _explain(trainer, iteration)

@@ -1,15 +1,9 @@
 """CheckpointHook: the policy of when to save (periodic, last, best); ``trainer.checkpoints`` does the saving.
 
 Its storage settings (``out_dir``, ``max_keep_ckpts``, ``async_save``, ``filename_tmpl``...)
-are handed to the :class:`~trainwright.checkpoint.manager.CheckpointManager` at
-``before_train``; the files it keeps (its :class:`SaveRecord`) are this hook's state. A
-checkpoint due where validation also runs (an epoch end, an iteration that validates) is
-written **after** that validation, so it holds its scores and a resumed run neither
-validates twice nor skips one (validation leaves the training random streams as it found them).
-
-A writer that raises never costs a checkpoint: with ``Trainer(writers_fail="raise")`` its
-error waits while a save may be due (this hook tells the writers when) and is raised at the
-end of this hook's event, after the save.
+go to the :class:`~trainwright.checkpoint.manager.CheckpointManager` at ``before_train``; the
+files it keeps (its :class:`SaveRecord`) are this hook's state. A checkpoint due where
+validation also runs is written **after** that validation, so it holds its scores.
 """
 
 from __future__ import annotations
@@ -85,6 +79,13 @@ def infer_rule(key: str, greater_keys: Sequence[str] = DEFAULT_GREATER_KEYS, les
 @HOOKS.register
 class CheckpointHook(Hook):
     """Saves ``epoch_{n}.pth`` / ``iter_{n}.pth`` (and ``best_*.pth``) into ``work_dir/checkpoints``.
+
+    A checkpoint due where validation also runs (an epoch end, an iteration that validates) is
+    written after that validation: it holds its scores, and a resumed run neither validates
+    twice nor skips one (validation leaves the training random streams as it found them).
+    A writer that raises never costs a checkpoint: with ``Trainer(writers_fail="raise")`` its
+    error waits while a save may be due (this hook tells the writers when) and is raised at the
+    end of this hook's event, after the save.
 
     Args:
         interval: Save every ``interval`` epochs (``by_epoch``) or iterations; <= 0 disables

@@ -1,14 +1,9 @@
 """LoggerHook: a training record every ``interval`` iterations and one per evaluation, sent to every writer.
 
 At a logging iteration the hook holds a :class:`~trainwright.logging.lines.LineRequest` in
-``trainer.log_lines`` (no numbers yet). Turning numbers into text is the costly part of
-logging, so held lines are written together, at most once per ``flush_secs``: on one process
-the hook flushes the store and writes them; under several it proposes the write to
-``trainer.agreement`` and the train loop's next agreement point writes them. Epoch ends, the
-end of training, evaluations and ``Trainer.flush_logs()`` write what is held. The hook owns
-no numbers: the metric store keeps them (and is checkpointed). With ``out_dir`` the run
-folder's logs are copied there (a folder or an fsspec URL) at each checkpoint and at the end of
-each run, never per step.
+``trainer.log_lines`` (no numbers yet); held lines are written together, at most once per
+``flush_secs`` (under several processes at the train loop's next agreement point). The hook
+owns no numbers: the metric store keeps them (and is checkpointed).
 """
 
 from __future__ import annotations
@@ -56,6 +51,11 @@ class LoggerHook(Hook):
 
     The run's last iteration always gets a line (iteration-based: 50 iterations logged every
     20 give lines at 20, 40 and 50, the last averaging 41-50).
+
+    Turning numbers into text is the costly part of logging, so held lines are written
+    together: on one process the hook flushes the store and writes them; under several it
+    proposes the write to ``trainer.agreement``. Epoch ends, the end of training, evaluations
+    and ``Trainer.flush_logs()`` write what is held.
 
     Args:
         interval: Iterations between log lines; in an epoch-based run counted within the epoch,

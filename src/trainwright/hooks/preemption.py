@@ -1,21 +1,9 @@
 """PreemptionHook: on SIGTERM / SIGUSR1, finish the step, save a checkpoint and exit.
 
-Clusters announce preemption with a signal before they kill the job (SLURM: SIGTERM or
-``--signal=USR1@90``; Kubernetes, spot instances: SIGTERM). The handler only proposes a stop
-to ``trainer.agreement``: one process stops after the current step, several together at the
-loop's next agreement point (the same iteration on every rank); a validation inside training
-is cut too. Then ``trainer.checkpoints.save_now()`` writes that step and the process exits
-with :attr:`exit_code` (``128 + signal`` by default); ``resume=True`` continues from it.
-
-A process that cannot reach a step boundary (stuck in a collective whose peer is gone) never
-runs that handler, so a watchdog thread sees the signal too (``signal.set_wakeup_fd``): if
-no step boundary comes within ``grace_s`` of the first signal, or a second signal arrives,
-the process exits with ``128 + signal`` at once, without a checkpoint.
-
-Under SLURM (``SLURM_JOB_ID`` set), SIGUSR1 (``#SBATCH --signal=USR1@90``) also requeues the
-job: after the checkpoint, one process (rank 0) runs ``scontrol requeue <job id>`` and every
-process exits with status 0; the requeued job runs the same command and continues with
-``resume=True``. ``requeue=False`` turns this off.
+The handler only proposes a stop to ``trainer.agreement`` (several processes stop after the same
+iteration); then ``trainer.checkpoints.save_now()`` writes that step and the process exits with
+:attr:`exit_code` (``128 + signal`` by default). A stuck process is ended by a watchdog after
+``grace_s``; under SLURM, SIGUSR1 also requeues the job. See docs/checkpoints.md#preemption.
 """
 
 from __future__ import annotations
@@ -88,6 +76,13 @@ def _signum(sig: int | str | signal.Signals) -> signal.Signals:
 @HOOKS.register
 class PreemptionHook(Hook):
     """Turns a termination signal into "finish this step, save, exit".
+
+    The signal handler only proposes a stop to ``trainer.agreement``: one process stops after
+    the current step, several together at the loop's next agreement point (the same iteration
+    on every rank); a validation inside training is cut too. ``resume=True`` continues from the
+    checkpoint. A process that cannot reach a step boundary (stuck in a collective whose peer
+    is gone) never runs that handler, so a watchdog thread sees the signal too
+    (``signal.set_wakeup_fd``) and applies ``grace_s``.
 
     Args:
         signals: The signals that mean preemption (default SIGTERM and SIGUSR1).

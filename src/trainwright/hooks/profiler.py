@@ -1,12 +1,8 @@
 """ProfilerHook: a ``torch.profiler`` trace of a window of training iterations, written to the run folder.
 
-Pseudocode::
-
-    train_iter_interval → range(first, last + 1)    # the dispatcher calls the hook only inside it
-    before_train_iter(first):  prof = torch.profiler.profile(schedule=torch's schedule(wait, warmup, active, repeat)).start()
-    after_train_iter(i):       prof.step(); i == last: prof.stop()
-    each recorded cycle → run_dir/profiler/trace_rank<r>_iter<a>-<b>.json (Chrome trace)
-                          (+ run_dir/profiler/tensorboard/ for TensorBoard's profiler plugin)
+The hook returns its window from ``train_iter_interval``, so the loop calls it only inside it: the
+profiler starts at the window's first iteration, steps after each one and stops after the last.
+Each recorded cycle becomes ``run_dir/profiler/trace_rank<r>_iter<a>-<b>.json`` (a Chrome trace).
 """
 
 from __future__ import annotations

@@ -1,12 +1,9 @@
 """Agreement: the decisions every process takes together - stop, a non-finite loss, write the held log lines.
 
-Each process only proposes (a preemption signal proposes a stop, a hook's ``trainer.should_stop``
-proposes to finish, the logger's clock proposes writing lines, a flush notes a NaN loss); :meth:`Agreement.exchange` turns the proposals into
-decisions that are the same on every process. Under several processes that is one blocking
-all-gather of a small tensor that also carries the flushed numbers (reduced over the processes:
-``data_time`` the maximum, every other scalar the mean); on one process no collective at all.
-The metric store exchanges at each flush; under several processes the train loop flushes every
-:attr:`Agreement.every` iterations and applies the decisions there (see docs/logging.md).
+Each process only proposes (a preemption signal, ``trainer.should_stop``, the logger's clock, a
+flush that saw a NaN loss); :meth:`Agreement.exchange` turns the proposals into decisions that are
+the same on every process: under several processes one blocking all-gather of a small tensor,
+on one process no collective at all (see docs/logging.md).
 """
 
 from __future__ import annotations
@@ -116,6 +113,12 @@ class Agreement:
 
     def exchange(self, batch: FlushBatch) -> NonFinite | None:
         """Decide from every process's proposals, and reduce ``batch``'s numbers in place over the processes.
+
+        Under several processes the proposals and the flushed numbers travel in one all-gather
+        and the numbers are reduced (``data_time`` the maximum, every other scalar the mean); on
+        one process nothing is exchanged. The metric store calls it at each flush; under several
+        processes the train loop flushes every :attr:`every` iterations and applies the
+        decisions there.
 
         Returns:
             The first iteration whose loss was non-finite on some process and the ranks that saw

@@ -1,12 +1,8 @@
 """AppendFile: a log file appended to whole lines at a time, holding no descriptor, never breaking training.
 
-``train.log`` and ``metrics.jsonl`` go through it:
-
-* **No torn lines.** One ``os.write`` per flush (looping on short writes); a failed flush
-  truncates the file back to its size before it.
-* **Failures warn, training goes on.** The lines of a failed flush (full disk, quota) are
-  dropped with a warning naming the path; the next good flush says how many were lost.
-* **No descriptor held.** Opened, appended and closed per flush.
+``train.log`` and ``metrics.jsonl`` go through it: no torn lines (a failed flush truncates the
+file back to its size before it), and a failed flush (full disk, quota) drops its lines with a
+warning naming the path while training goes on.
 """
 
 from __future__ import annotations
@@ -18,6 +14,12 @@ from pathlib import Path
 
 class AppendFile:
     """Text appended to ``path`` in whole flushes: all of it or none of it.
+
+    * **No torn lines.** One ``os.write`` per flush (looping on short writes); a failed flush
+      truncates the file back to its size before it.
+    * **Failures warn, training goes on.** The lines of a failed flush (full disk, quota) are
+      dropped with a warning naming the path; the next good flush says how many were lost.
+    * **No descriptor held.** Opened, appended and closed per flush.
 
     Args:
         path: The file; created (with its parent folders) at the first flush.

@@ -1,12 +1,9 @@
 """MetricStore: the one owner of logged numbers; tensors stay tensors until a flush.
 
-The train loop hands it each iteration's outputs (losses, other logged tensors) and two
-timestamps as one row, appended by :meth:`MetricStore.recorder`'s callable (outside the
-loop: :meth:`MetricStore.record`) and keeps tensors as they are (no host-device sync) until a
-flush turns them into numbers in one batch, derives each iteration's ``data_time`` and ``time``
-and hands the batch to the :class:`~trainwright.logging.agreement.Agreement` (several
-processes: one collective, numbers reduced, decisions agreed), so a non-finite loss raises on
-every process at the same flush, an iteration count that is the same on every process.
+The train loop hands it each iteration's outputs and two timestamps as one row, with no
+host-device sync; a flush turns the pending tensors into numbers in one batch and hands them to
+the :class:`~trainwright.logging.agreement.Agreement`, so a non-finite loss raises on every
+process at the same flush.
 """
 
 from __future__ import annotations

@@ -1,14 +1,8 @@
 """How many samples and tokens a batch holds: what the throughput fields of log records count.
 
-Read from the loader's batch at logging iterations only.
-
-* **Samples** — a tensor: its first dimension; a dict: an int ``"batch_size"``, else its first
-  tensor (first dimension) or list / tuple value (length); a list / tuple: the first dimension
-  of its first tensor, else its length. Nothing found: no ``samples_per_s``.
-* **Tokens** — the model's ``count_tokens(data_batch)`` when it has that method (see
-  :func:`tokens_counter`); else a dict's ``"num_tokens"`` (number or 0-dim tensor), else the
-  non-zero entries of ``"attention_mask"``, else the elements of ``"input_ids"``. Otherwise no
-  ``tokens_per_s``.
+Read from the loader's batch at logging iterations only: samples by :func:`batch_size`, tokens
+by :func:`tokens_counter` (the model's ``count_tokens`` or :func:`num_tokens`). Nothing found:
+no ``samples_per_s`` / ``tokens_per_s`` field (see docs/logging.md).
 """
 
 from __future__ import annotations
@@ -20,7 +14,12 @@ import torch
 
 
 def batch_size(batch: Any) -> int | None:
-    """The number of samples in ``batch`` (see the module docstring), or None when it cannot be told."""
+    """The number of samples in ``batch``, or None when it cannot be told.
+
+    A tensor: its first dimension; a dict: an int ``"batch_size"``, else its first tensor (first
+    dimension) or list / tuple value (length); a list / tuple: the first dimension of its first
+    tensor, else its length.
+    """
     if isinstance(batch, torch.Tensor):
         return int(batch.shape[0]) if batch.dim() else None
     if isinstance(batch, (list, tuple)):  # before Mapping: the default collate's batch, and no ABC check for it
@@ -43,6 +42,9 @@ def batch_size(batch: Any) -> int | None:
 
 def num_tokens(batch: Any) -> Any:
     """The number of tokens in a dict ``batch`` (a number, or a 0-dim tensor read later), or None when it does not say.
+
+    Its ``"num_tokens"`` (number or 0-dim tensor), else the non-zero entries of
+    ``"attention_mask"``, else the elements of ``"input_ids"``.
 
     A tensor count is returned as a tensor so the caller converts it when it reads the other
     logged numbers (no extra host-device synchronisation).

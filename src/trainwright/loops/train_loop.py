@@ -1,20 +1,9 @@
 """Training loops: by epoch or by iteration.
 
-Pseudocode of one iteration (both loops)::
-
-    t_start = perf_counter()
-    for hook in due before_train_iter: hook(view, idx, batch)
-    outputs = model.train_step(batch, optim_wrapper)   # forward, backward, maybe step
-    progress.iteration += 1; progress.iter_in_epoch += 1
-    record((progress.iteration, outputs, t_start, perf_counter()))   # tensors, no sync
-    for hook in due after_train_iter: hook(view, idx, batch, outputs)
-    (every metric_store.flush_every iterations - several processes: every agreement.every -,
-     after the hooks: metric_store.flush(), the agreed decisions applied)
-
-``record`` (``MetricStore.recorder``) is a list append, every N-th iteration with
-``train_cfg=dict(gather_metric_period=N)``. Hooks with an interval (``Hook.train_iter_interval``)
-are called only when due (``hooks.schedule``: one comparison per step). What the loops use
-comes in the :class:`~trainwright.loops.context.LoopContext` given to ``run(ctx)``.
+One iteration runs the due ``before_train_iter`` hooks, ``model.train_step(batch, optim_wrapper)``,
+records the outputs in the metric store (tensors, no sync) and runs the due ``after_train_iter``
+hooks; the store flushes at agreement points. What the loops use comes in the
+:class:`~trainwright.loops.context.LoopContext` given to ``run(ctx)``.
 """
 
 from __future__ import annotations
@@ -134,7 +123,24 @@ class _TrainLoopBase:
         return [(flush_store, range(n, self.max_iters + 1, n))]
 
     def _run_iters(self, ctx: LoopContext, limit: int | None, val_every_iter: bool) -> bool:
-        """Run iterations over the loader; return True if stopped early (stop request / limit)."""
+        """Run iterations over the loader; return True if stopped early (stop request / limit).
+
+        Pseudocode of one iteration (both loops)::
+
+            t_start = perf_counter()
+            for hook in due before_train_iter: hook(view, idx, batch)
+            outputs = model.train_step(batch, optim_wrapper)   # forward, backward, maybe step
+            progress.iteration += 1; progress.iter_in_epoch += 1
+            record((progress.iteration, outputs, t_start, perf_counter()))   # tensors, no sync
+            for hook in due after_train_iter: hook(view, idx, batch, outputs)
+            (every metric_store.flush_every iterations - several processes: every agreement.every -,
+             after the hooks: metric_store.flush(), the agreed decisions applied)
+
+        ``record`` (``MetricStore.recorder``) is a list append, every N-th iteration with
+        ``train_cfg=dict(gather_metric_period=N)``. Hooks with an interval
+        (``Hook.train_iter_interval``) are called only when due (``hooks.schedule``: one
+        comparison per step).
+        """
         view = ctx.view
         progress = ctx.progress
         ow = ctx.optim_wrapper

@@ -1,13 +1,9 @@
 """A compiled optimizer step (torch's "compiling the optimizer" recipe), installed by ``OptimWrapper(compile=True)``.
 
-The step is ``torch.compile(optimizer.step)``, set as the optimizer's ``step`` so every caller
-(the strategy, a float16 ``GradScaler.step``) runs the compiled one. A compiled step guards
-on Python floats, so a scheduler changing a group's ``lr`` would recompile it every step;
-torch's recipe makes ``lr`` a tensor. Here each group's ``lr`` is a tensor only while the
-step runs: it is written into one 0-dim tensor per group (on the group's device) just before,
-and the group gets its float back just after. Schedulers, logging and checkpoints see floats, so checkpoints of runs
-with and without a compiled step are interchangeable. Other hyper-parameters (momentum,
-betas, weight decay) stay floats: scheduling them recompiles the step.
+:class:`CompiledStep` (``torch.compile(optimizer.step)``) is set as the optimizer's ``step``, so
+every caller (the strategy, a float16 ``GradScaler.step``) runs it. Each group's ``lr`` is a
+0-dim tensor only while the step runs: a scheduler does not recompile it, and schedulers,
+logging and checkpoints still see floats (docs/performance.md).
 """
 
 from __future__ import annotations
@@ -27,6 +23,13 @@ STEP_COMPILE_KEYS = frozenset({"fullgraph", "dynamic", "backend", "mode", "optio
 
 class CompiledStep:
     """``optimizer.step`` compiled once; callable as the step itself (``closure`` is not supported).
+
+    A compiled step guards on Python floats, so a scheduler changing a group's ``lr`` would
+    recompile it every step; torch's recipe makes ``lr`` a tensor. Here each group's ``lr`` is
+    written into one 0-dim tensor per group (on the group's device) just before the step, and
+    the group gets its float back just after, so checkpoints of runs with and without a
+    compiled step are interchangeable. Other hyper-parameters (momentum, betas, weight decay)
+    stay floats: scheduling them recompiles the step.
 
     Args:
         optimizer: The optimizer whose step is compiled (its class's ``step``, bound to it).

@@ -2,11 +2,8 @@
 
 A loss is a spike when it exceeds the median of the last ``window`` losses by more than
 ``threshold`` robust deviations (1.4826 x the median absolute deviation, MAD). The optim
-wrapper asks the guard once per micro-batch, before back-propagating (one host read of the
-loss; under several processes one all-gather of one number, so every rank judges the same
-value: the largest loss over the ranks). A spike's whole accumulation window is not stepped;
-``action="rollback"`` also has the :class:`~trainwright.hooks.spike_guard.SpikeGuardHook`
-put the run back at its last checkpoint and skip the batches since. See docs/diagnose.md.
+wrapper asks the guard once per micro-batch, before back-propagating; a spike's whole
+accumulation window is not stepped. See docs/diagnose.md.
 """
 
 from __future__ import annotations
@@ -36,8 +33,8 @@ class SpikeGuard:
         window: How many recent losses the median and the MAD are taken over.
         threshold: A loss above ``median + threshold * 1.4826 * MAD`` is a spike.
         action: ``"skip"`` (no optimizer step for the spike's accumulation window) or
-            ``"rollback"`` (that, and the run goes back to its last checkpoint, skipping the
-            batches from there to the spike).
+            ``"rollback"`` (that, and the :class:`~trainwright.hooks.spike_guard.SpikeGuardHook`
+            puts the run back at its last checkpoint, skipping the batches from there to the spike).
         max_rollbacks: ``"rollback"``: more spikes than this stop the run with an error.
         min_history: Losses seen before any is judged (default: ``min(window, 20)``).
         capture_every: ``"rollback"``: keep an in-memory checkpoint every this many
@@ -116,7 +113,9 @@ class SpikeGuard:
     def check(self, loss: torch.Tensor) -> bool:
         """Whether the update of ``loss``'s window is skipped: a spike, or inside a rollback's window (the same answer on every rank).
 
-        One host read of ``loss`` (and under several processes one all-gather of one number).
+        Asked by the optim wrapper once per micro-batch, before back-propagating. One host read
+        of ``loss`` (and under several processes one all-gather of one number, so every rank
+        judges the same value: the largest loss over the ranks).
         A non-finite loss is neither judged nor remembered (``nonfinite_loss`` decides about it).
         """
         it = self.iteration()

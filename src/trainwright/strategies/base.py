@@ -1,12 +1,9 @@
 """Strategy: where the model lives, how it steps and how its state is saved — the only device-aware layer.
 
 A strategy is an :class:`~trainwright.optim.engine.UpdateEngine`: optim wrappers call its
-``backward`` / ``clip_grad`` / ``optimizer_step`` and ask its ``no_sync_context`` once. The
-base class runs on one process; :class:`~trainwright.strategies.process_group.ProcessGroupStrategy`
-adds the process group and collectives, and DDP, FSDP2 and DeepSpeed are its siblings.
-Order of a run: ``setup_env`` → ``prepare(model)`` (move, convert, parallelize, checkpoint, compile, wrap) →
-``setup_optim_wrapper(ow)`` (the optimizer is built over the prepared model) → steps. Every
-checkpoint read and write goes through the strategy, so a sharded strategy owns its format.
+``backward`` / ``clip_grad`` / ``optimizer_step``. Order of a run: ``setup_env`` →
+``prepare(model)`` → ``setup_optim_wrapper(ow)`` → steps (docs/architecture.md). Every checkpoint
+read and write goes through the strategy, so a sharded strategy owns its format.
 """
 
 from __future__ import annotations
@@ -32,6 +29,12 @@ if TYPE_CHECKING:
 
 class Strategy(UpdateEngine):
     """Base strategy: one process; subclasses add devices and process groups.
+
+    Optim wrappers ask its ``no_sync_context`` once.
+    :class:`~trainwright.strategies.process_group.ProcessGroupStrategy` adds the process group
+    and collectives; DDP, FSDP2 and DeepSpeed are its subclasses. :meth:`prepare` moves,
+    converts, parallelizes, checkpoints, compiles and wraps the model, in that order; the
+    optimizer is built over the prepared model before :meth:`setup_optim_wrapper`.
 
     Args:
         device: ``"cpu"``, ``"cuda"``, ``"cuda:1"`` or a ``torch.device``; default: the

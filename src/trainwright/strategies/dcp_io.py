@@ -1,13 +1,9 @@
 """Checkpoint directories written with ``torch.distributed.checkpoint`` (DCP): the I/O of sharded strategies.
 
-A sharded checkpoint (``iter_8.dcp/``) holds the DCP files (every rank's shards of the model
-and optimizer, and ``.metadata``) and ``trainer_state.pth`` (everything else, written by rank
-0, read with the safe loader). Complete or absent: every rank writes into a hidden temporary
-directory that rank 0 renames onto the target once all shards are written. DCP stores global
-shapes, so a checkpoint of N processes loads into M, or into one process without a process
-group (:func:`load_full`). A remote checkpoint (an fsspec URL, :class:`~trainwright.checkpoint.storage.RemotePath`)
-is written in place through torch's ``FsspecWriter``: DCP writes ``.metadata`` last, so a
-remote directory without it is incomplete (and skipped by resume).
+A sharded checkpoint (``iter_8.dcp/``) holds the DCP files (every rank's shards and ``.metadata``)
+and ``trainer_state.pth`` (everything else, written by rank 0). Complete or absent: ranks write
+into a hidden temporary directory that rank 0 renames onto the target (:func:`publish`); a remote
+one is written in place and is incomplete without ``.metadata``. Layout, resume: docs/checkpoints.md.
 """
 
 from __future__ import annotations
@@ -187,6 +183,8 @@ def _unreadable(path: Location, e: BaseException) -> str:
 
 def load_full(path: str | os.PathLike[str] | RemotePath) -> dict[str, Any]:
     """Read a sharded checkpoint directory into one process as full (unsharded) tensors; no process group needed.
+
+    DCP stores global shapes, so a checkpoint of N processes loads into M, or here into one.
 
     Returns the trainer's checkpoint dict: ``trainer_state.pth`` with the full model weights
     under ``"model"`` and each optimizer's state (keyed by parameter name, which

@@ -1,13 +1,9 @@
 """DeepSpeedStrategy: ZeRO stages 1 and 2 through DeepSpeed's engine (optional extra ``trainwright[deepspeed]``).
 
-Launch with torchrun as for DDP. The engine is built in ``setup_optim_wrapper`` from the
-model, the optimizer and a config completed from the trainer's settings (keys you set win):
-``accumulative_counts`` → ``gradient_accumulation_steps``, ``clip_grad=dict(max_norm)`` →
-``gradient_clipping``, ``bf16-mixed`` / ``16-mixed`` → ``bf16`` / ``fp16``. The strategy's
-``backward`` is ``engine.backward`` (window boundary set first, loss scaled by the wrapper)
-and its ``optimizer_step`` is ``engine.step()``. Checkpoints are directories (``iter_8.ds``)
-that resume at the same world size; DeepSpeed reads them with ``weights_only=False``, so
-resume only from directories you wrote. ZeRO-3 is not supported (use ``strategy="fsdp"``).
+Launch with torchrun as for DDP. The engine is built in ``setup_optim_wrapper`` from the model,
+the optimizer and a config completed from the trainer's settings (keys you set win); ``backward``
+and ``optimizer_step`` go through the engine. Checkpoints (``iter_8.ds``) resume at the same world
+size only; DeepSpeed reads them with ``weights_only=False``. See docs/guide.md.
 """
 
 from __future__ import annotations
@@ -44,7 +40,13 @@ class DeepSpeedStrategy(ProcessGroupStrategy):
         device / backend / timeout_s: As for :class:`~trainwright.strategies.DDPStrategy`.
 
     ``prepare`` moves (and compiles) the model; the engine is built by
-    :meth:`setup_optim_wrapper`, around the model and the optimizer built over it.
+    :meth:`setup_optim_wrapper`, around the model and the optimizer built over it. The config
+    keys left out come from the trainer: ``accumulative_counts`` → ``gradient_accumulation_steps``,
+    ``clip_grad=dict(max_norm)`` → ``gradient_clipping``, ``bf16-mixed`` / ``16-mixed`` →
+    ``bf16`` / ``fp16``. ``backward`` is ``engine.backward`` (window boundary set first, loss
+    scaled by the wrapper) and ``optimizer_step`` is ``engine.step()``. Checkpoints are
+    directories (``iter_8.ds``) that resume at the same world size; DeepSpeed reads them with
+    ``weights_only=False``, so resume only from directories you wrote.
 
     Raises:
         ImportError: DeepSpeed is not installed (the message says how to install it).

@@ -1,15 +1,9 @@
 """FSDPStrategy: fully sharded data parallel (PyTorch FSDP2, ``torch.distributed.fsdp.fully_shard``).
 
-Every rank holds a shard (dim 0) of each parameter, of its gradient and of the optimizer
-state. ``prepare`` shards the model in place (the ``shard_modules`` units, then the root) with
-a ``MixedPrecisionPolicy`` from the run's precision; the optimizer is built afterwards over the
-sharded parameters. Inside accumulation windows gradient sync is off; clipping by norm uses the
-global norm of the sharded gradients; float16 uses a ``ShardedGradScaler``. Checkpoints are DCP
-directories (:mod:`trainwright.strategies.dcp_io`) that load at any world size. Without a
-launcher the strategy starts a one-process group, so a sharded run can continue on one process.
-With ``tensor_parallel`` the processes form a ``(dp, tp)`` mesh: ``parallelize`` splits the
-plan's layers over ``tp`` (:mod:`trainwright.strategies.tensor_parallel`), FSDP shards over
-``dp``, and the data is sharded over ``dp`` only (docs/parallelism.md).
+Every rank holds a shard (dim 0) of each parameter, of its gradient and of the optimizer state.
+``prepare`` shards the model in place (the ``shard_modules`` units, then the root); the optimizer
+is built afterwards over the sharded parameters. Checkpoints are DCP directories
+(:mod:`trainwright.strategies.dcp_io`) that load at any world size. See docs/parallelism.md.
 """
 
 from __future__ import annotations
@@ -101,6 +95,13 @@ class FSDPStrategy(ProcessGroupStrategy):
             component) to ``"colwise"``, ``"rowwise"``, ``"sequence"`` or a ``ParallelStyle``,
             or is a callable ``plan(model, tp_mesh)``. ``size`` 1 (or None): no tensor
             parallelism, the plan is not applied. See docs/parallelism.md.
+
+    Inside accumulation windows gradient sync is off; clipping by norm uses the global norm of
+    the sharded gradients; float16 uses a ``ShardedGradScaler``. Without a launcher the
+    strategy starts a one-process group, so a sharded run can continue on one process. With
+    ``tensor_parallel``, ``parallelize`` splits the plan's layers over ``tp``
+    (:mod:`trainwright.strategies.tensor_parallel`), FSDP shards over ``dp``, and the data is
+    sharded over ``dp`` only.
 
     An ``async_save`` request of the checkpoint hook writes with ``dcp.async_save``: training
     goes on once the shards are copied to CPU memory; at most one write in flight.

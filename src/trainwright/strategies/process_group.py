@@ -1,14 +1,9 @@
 """ProcessGroupStrategy: the base of every strategy that runs as several processes (DDP, FSDP2, DeepSpeed).
 
-It joins the process group that a launcher's environment describes (torchrun's ``RANK``,
-``WORLD_SIZE``, ``LOCAL_RANK``, ``MASTER_ADDR``, ``MASTER_PORT``; srun / mpirun through
-:func:`~trainwright.dist.utils.export_launcher_env`): NCCL on CUDA, gloo on CPU. It holds the
-ranks and the collectives (the agreement's ``all_gather``, ``any_true``, object gather /
-broadcast). Subclasses add how the model is wrapped and how gradients meet. The launcher's
-group is joined once per process and destroyed at interpreter exit (later Trainers of the
-process join it); a group the user's script made is joined and left to the script. After a
-run fails on a process, it makes no collective (the others may be in one of their own): it
-leaves its error in the launcher's store, where a peer whose collective then fails reads it.
+It joins the process group that a launcher's environment describes: NCCL on CUDA, gloo on CPU;
+it holds the ranks and the collectives. Subclasses add how the model is wrapped and how
+gradients meet. After a run fails on a process, it makes no collective (the others may be in one
+of their own): it leaves its error in the launcher's store (:meth:`~ProcessGroupStrategy.report_failure`).
 """
 
 from __future__ import annotations
@@ -71,6 +66,13 @@ def _leave_launcher_group() -> None:
 
 class ProcessGroupStrategy(Strategy):
     """Setup, ranks and collectives over the processes a launcher started.
+
+    The launcher's environment: torchrun's ``RANK``, ``WORLD_SIZE``, ``LOCAL_RANK``,
+    ``MASTER_ADDR``, ``MASTER_PORT``; srun / mpirun through
+    :func:`~trainwright.dist.utils.export_launcher_env`. The collectives include the
+    agreement's ``all_gather``, ``any_true`` and object gather / broadcast. The launcher's
+    group is joined once per process and destroyed at interpreter exit (later Trainers of the
+    process join it); a group the user's script made is joined and left to the script.
 
     Args:
         device: Default: ``cuda:LOCAL_RANK`` when CUDA is available, else CPU.

@@ -1,13 +1,9 @@
 """The start-of-run check that every process trains the same run: one collective at ``train()`` start.
 
-Each rank describes its run: its plain settings (``trainer.config``, flattened, with a hash),
-the train loader's batches per epoch and batch size, and the checkpoint it resumed from with
-its iteration. One ``all_gather_object`` brings every rank's description to every rank; if
-they differ, every rank raises :class:`RanksDisagreeError` naming the keys and the ranks.
-Settings that may differ per rank are left out: the work dir and the run's name (rank 0
-names the run), the seed (always rank 0's, broadcast at start-up), ``custom_hooks`` (a
-script may add a hook on some ranks only), when a rank writes (``flush_secs``) and objects
-shown only by their address. One process: nothing is compared.
+Each rank describes its run (:func:`describe_rank`: its settings, the train loader's shape, the
+checkpoint it resumed from); one ``all_gather_object`` brings every description to every rank;
+if they differ, every rank raises :class:`RanksDisagreeError` naming the keys and the ranks.
+Settings that may differ per rank are left out (see docs/reliability.md). One process: nothing is compared.
 """
 
 from __future__ import annotations
@@ -51,7 +47,14 @@ def _flatten(value: Any, prefix: str, out: dict[str, str]) -> None:
 
 
 def describe_rank(trainer: Trainer) -> dict[str, Any]:
-    """What this rank trains: its settings (flat, key -> repr) and their hash, the loader's shape, the checkpoint it resumed from."""
+    """What this rank trains: its settings (flat, key -> repr) and their hash, the loader's shape, the checkpoint it resumed from.
+
+    The settings are ``trainer.config`` flattened, without those that may differ per rank: the
+    work dir and the run's name (rank 0 names the run), the seed (always rank 0's, broadcast at
+    start-up), ``resume``, ``custom_hooks`` (a script may add a hook on some ranks only), when a
+    rank writes (``flush_secs``) and objects shown only by their address. The loader's shape is
+    its batches per epoch and batch size; the checkpoint comes with the iteration it resumed at.
+    """
     settings: dict[str, str] = {}
     _flatten(trainer.config, "", settings)
     loop = trainer.train_loop

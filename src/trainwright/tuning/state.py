@@ -2,12 +2,8 @@
 
 :func:`preserved` captures every checkpoint piece in memory
 (:meth:`~trainwright.checkpoint.manager.CheckpointManager.capture`) and restores it afterwards,
-plus what a checkpoint does not hold but the tuner's steps change: every parameter's
-``.grad`` (also of parameters outside the optimizer, which ``zero_grad`` never clears), every
-buffer (non-persistent ones are not in a state dict), each module's ``training`` flag and the
-optim wrappers' counters (window position, ``grad_norm``, ``skipped_steps``). While the
-tuner runs, the wrappers' spike guards (``Trainer(spike_guard=...)``) are detached: its steps
-take the plain update path.
+with what a checkpoint does not hold but the tuner's steps change (gradients, buffers, the
+``training`` flags, the optim wrappers' counters).
 """
 
 from __future__ import annotations
@@ -48,7 +44,7 @@ class TunableTrainer(Protocol):
 
 
 def _runtime_state(trainer: TunableTrainer) -> dict[str, Any]:
-    """What the steps change outside the checkpoint pieces (see the module docstring)."""
+    """What the steps change outside the checkpoint pieces (listed in :func:`preserved`)."""
     model = trainer.model
     params = list(model.parameters())
     return {
@@ -81,6 +77,13 @@ def _put_back(trainer: TunableTrainer, state: dict[str, Any]) -> None:
 @contextlib.contextmanager
 def preserved(trainer: TunableTrainer) -> Iterator[None]:
     """Run the block, then put the trainer back bitwise: model, optimizer, schedulers, data position, RNG, hooks' states, gradients.
+
+    Besides every checkpoint piece it puts back what a checkpoint does not hold but the
+    tuner's steps change: every parameter's ``.grad`` (also of parameters outside the
+    optimizer, which ``zero_grad`` never clears), every buffer (non-persistent ones are not in
+    a state dict), each module's ``training`` flag and the optim wrappers' counters (window
+    position, ``grad_norm``, ``skipped_steps``). While the block runs, the wrappers' spike
+    guards (``Trainer(spike_guard=...)``) are detached: the tuner's steps take the plain update path.
 
     The restore runs also when the block raises (an out-of-memory error of the batch-size
     finder, a ``KeyboardInterrupt``). Under several processes the capture and the restore are
