@@ -1,8 +1,10 @@
 """mmengine's way: wrap a model in the DDP wrapper yourself and call ``train_step`` directly (torchrun, 2 gloo processes).
 
 Usage: torchrun --nproc_per_node=2 ddp_wrapper_direct.py OUT_DIR
-Each rank trains on its own data; writes OUT_DIR/result_rank<r>.pt: the final weights and the
-warnings ``detect_anomalous_params`` gave for a model with an unused parameter.
+Each rank trains on its own data; writes OUT_DIR/result_rank<r>.pt: the final weights, the
+warnings ``detect_anomalous_params`` gave for a model with an unused parameter, and whether DDP
+synchronised gradients at each micro-batch (through the wrapper's ``train_step``, and with
+``optim_context`` around torch's own DDP in a hand-written loop).
 """
 
 from __future__ import annotations
@@ -22,6 +24,10 @@ from trainwright.model.wrappers import MMDistributedDataParallel
 from trainwright.optim import OptimWrapper
 
 
+WATCHED: list[nn.Module] = []
+SYNCS: list[bool] = []
+
+
 class Reg(tw.BaseModel):
     def __init__(self, unused: bool = False) -> None:
         super().__init__()
@@ -31,6 +37,8 @@ class Reg(tw.BaseModel):
             self.spare = nn.Linear(4, 1)  # never in the loss
 
     def forward(self, x, y=None, mode="tensor"):
+        if WATCHED:
+            SYNCS.append(WATCHED[0].require_backward_grad_sync)  # False inside DDP's no_sync
         out = self.linear(x)
         return {"loss": F.mse_loss(out, y)} if mode == "loss" else out
 
@@ -41,6 +49,7 @@ def main() -> None:
     rank = dist.get_rank()
     model = Reg()
     ddp = MMDistributedDataParallel(model)
+    WATCHED.append(ddp)
     ow = OptimWrapper(torch.optim.SGD(model.parameters(), lr=0.1), accumulative_counts=2)
     g = torch.Generator().manual_seed(100 + rank)  # each rank its own data
     for _ in range(6):
@@ -48,6 +57,19 @@ def main() -> None:
             warnings.simplefilter("ignore")
             ddp.train_step((torch.randn(8, 4, generator=g), torch.randn(8, 1, generator=g)), ow)
     weights = {k: v.detach().clone() for k, v in model.state_dict().items()}
+    wrapper_syncs = list(SYNCS)
+
+    # A hand-written loop around torch's DDP, as in mmengine's optim_context docstring.
+    own = Reg()
+    torch_ddp = torch.nn.parallel.DistributedDataParallel(own)
+    WATCHED[:] = [torch_ddp]
+    SYNCS.clear()
+    own_ow = OptimWrapper(torch.optim.SGD(own.parameters(), lr=0.1), accumulative_counts=2)
+    for _ in range(4):
+        with own_ow.optim_context(torch_ddp):
+            loss = torch_ddp(torch.randn(8, 4, generator=g), torch.randn(8, 1, generator=g), mode="loss")["loss"]
+        own_ow.update_params(loss)
+    WATCHED.clear()
 
     spare = Reg(unused=True)
     checked = MMDistributedDataParallel(spare, detect_anomalous_params=True, find_unused_parameters=True)
@@ -56,8 +78,8 @@ def main() -> None:
         warnings.simplefilter("always")
         checked.train_step((torch.randn(8, 4, generator=g), torch.randn(8, 1, generator=g)), spare_ow)
     messages = [str(w.message) for w in caught if "detect_anomalous_params" in str(w.message)]
-    torch.save({"weights": weights, "warnings": messages}, out / f"result_rank{os.environ['RANK']}.pt")
-    del ddp, checked
+    torch.save({"weights": weights, "warnings": messages, "wrapper_syncs": wrapper_syncs, "loop_syncs": list(SYNCS)}, out / f"result_rank{os.environ['RANK']}.pt")
+    del ddp, checked, torch_ddp
     dist.destroy_process_group()
 
 

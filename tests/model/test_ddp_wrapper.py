@@ -19,7 +19,8 @@ from launch import launch  # noqa: E402
 @pytest.mark.multiprocess
 def test_train_step_called_directly_on_the_wrapper_keeps_the_ranks_equal(tmp_path: Path) -> None:
     """Two ranks, each on its own data, calling ``MMDistributedDataParallel(model).train_step`` themselves (accumulation 2):
-    the forward goes through DDP, so both end with the same weights; ``detect_anomalous_params`` names the unused parameter."""
+    the forward goes through DDP, so both end with the same weights, synchronising once per window; ``detect_anomalous_params``
+    names the unused parameter; ``optim_context`` around torch's DDP in a hand-written loop synchronises once per window too."""
     launch(Path(__file__).with_name("ddp_wrapper_direct.py"), [str(tmp_path)], tmp_path, nproc=2, timeout=120)
     r0, r1 = (torch.load(tmp_path / f"result_rank{r}.pt", weights_only=True) for r in (0, 1))
     torch.manual_seed(0)
@@ -29,6 +30,9 @@ def test_train_step_called_directly_on_the_wrapper_keeps_the_ranks_equal(tmp_pat
         assert torch.equal(v, r1["weights"][k]), k
     for r in (r0, r1):
         assert len(r["warnings"]) == 1 and "['spare.weight', 'spare.bias']" in r["warnings"][0]
+        # accumulation 2: gradients are all-reduced at the window's last micro-batch only, as mmengine's optim_context does
+        assert r["wrapper_syncs"] == [False, True] * 3
+        assert r["loop_syncs"] == [False, True] * 2
 
 
 def test_unused_parameters_walks_the_graph_of_every_loss() -> None:

@@ -131,6 +131,22 @@ def test_scaler_state_round_trips_through_wrapper_state_dict() -> None:
     assert (s.get_scale(), s._get_growth_tracker(), s.get_growth_interval()) == (128.0, 1, 2)
 
 
+def test_state_in_mmengines_layout_keeps_its_loss_scale_and_base_lr() -> None:
+    """mmengine's AmpOptimWrapper saves the optimizer's own keys with ``loss_scaler`` and ``base_param_settings`` beside them."""
+    model = _model()
+    groups = [dict(params=model[0].parameters(), lr=0.2), dict(params=model[1].parameters())]
+    ow = AmpOptimWrapper(torch.optim.SGD(groups, lr=0.1), loss_scale=dict(init_scale=512.0, growth_interval=100))
+    ow.update_params(_loss(model, ow))
+    ow.base_param_settings["lr"] = 0.05  # what a scheduler moved
+    ours = ow.state_dict()
+    mmengine_state = {**ours["optimizer"], "loss_scaler": ours["precision"]["scaler"], "base_param_settings": ours["base_param_settings"]}
+    fresh = AmpOptimWrapper(torch.optim.SGD([dict(params=g["params"], lr=0.2 if i == 0 else 0.1) for i, g in enumerate(ow.optimizer.param_groups)], lr=0.1))
+    fresh.load_state_dict(mmengine_state)
+    assert fresh.precision.scaler.get_scale() == 512.0  # not the default 65536
+    assert fresh.get_lr()["base_lr"] == [0.05]
+    assert fresh.optimizer.state_dict()["state"].keys() == ours["optimizer"]["state"].keys()
+
+
 def test_accumulation_under_fp16_equals_one_big_batch() -> None:
     """Scaled micro-batch losses, divided by the window size, give the full-batch update."""
     model, ref = _model(), _model()

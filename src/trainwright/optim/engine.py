@@ -56,5 +56,19 @@ class UpdateEngine:
         return precision
 
 
-#: The engine of an optim wrapper that no strategy has been given (one process).
-LOCAL = UpdateEngine()
+def _own_no_sync(model: nn.Module) -> contextlib.AbstractContextManager:
+    """``no_sync()`` of the module that runs ``model``'s training forward (its DDP wrapper, or itself), if it has one."""
+    runner = getattr(model, "forward_caller", None) or model
+    no_sync = getattr(runner, "no_sync", None)
+    return no_sync() if callable(no_sync) else contextlib.nullcontext()
+
+
+class LocalEngine(UpdateEngine):
+    """The engine of a wrapper used in the user's own loop: a DDP model's own ``no_sync`` inside windows, as mmengine's ``optim_context``."""
+
+    def no_sync_context(self) -> NoSyncContext | None:  # noqa: D102
+        return _own_no_sync
+
+
+#: The engine of an optim wrapper that no strategy has been given (the user's own loop).
+LOCAL = LocalEngine()

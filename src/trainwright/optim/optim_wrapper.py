@@ -158,7 +158,7 @@ class OptimWrapper:
         # Position in the current span (see initialize_count_status).
         self._inner_count = 0
         self._max_counts = -1
-        self._no_sync_context: NoSyncContext | None = None
+        self._no_sync_context: NoSyncContext | None = LOCAL.no_sync_context()
         self._strategy: UpdateEngine = LOCAL
         self._bn_checked: nn.Module | None = None  # the model whose BatchNorm layers were looked for (once per model)
         #: With several param groups (per-parameter multipliers), a group that holds only the
@@ -434,15 +434,22 @@ class OptimWrapper:
         return state
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
-        """Restore :meth:`state_dict` (a bare optimizer state dict is accepted too).
+        """Restore :meth:`state_dict`; a bare optimizer state dict, and mmengine's layout, are accepted too.
+
+        mmengine's wrappers save the optimizer's own keys with ``loss_scaler`` (the GradScaler's
+        state) and ``base_param_settings`` beside them: both are restored as this layout's.
 
         Raises:
             ValueError: ``partial_grads`` does not match the optimizer's parameters (checked
                 before anything is loaded).
         """
         if "optimizer" not in state:
-            self.optimizer.load_state_dict(dict(state))
-            return
+            bare = dict(state)
+            scaler = bare.pop("loss_scaler", None)
+            base = bare.pop("base_param_settings", None)
+            state = {"optimizer": bare, "precision": {} if scaler is None else {"scaler": scaler}}
+            if base is not None:
+                state["base_param_settings"] = base
         params = _live_params(self.optimizer)
         grads = state.get("partial_grads")
         if grads is not None and len(grads) != len(params):
