@@ -151,8 +151,10 @@ def test_optim_wrapper_dict_read_outs_and_state():
     assert owd.get_momentum() == {"generator.momentum": [0], "discriminator.momentum": [0.9]}
     assert owd.param_groups == {"generator": owd["generator"].param_groups, "discriminator": owd["discriminator"].param_groups}
     assert set(owd.state_dict()) == {"generator", "discriminator"}
-    with pytest.raises(KeyError, match="Did you mean 'generator'.* have \\['generator', 'discriminator'\\]"):
+    with pytest.raises(KeyError, match="No optim wrapper named 'generater'; the wrappers are \\['generator', 'discriminator'\\]. Did you mean 'generator'"):
         owd["generater"]
+    with pytest.raises(KeyError, match="Did you mean 'generator'"):
+        owd["gen"]  # a prefix of one name
     with pytest.raises(KeyError, match="lacks optim wrapper state"):
         owd.load_state_dict({"generator": owd["generator"].state_dict()})
     with pytest.raises(TypeError):

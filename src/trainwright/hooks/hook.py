@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import difflib
+import warnings
 from typing import TYPE_CHECKING, Any, ClassVar
 
 if TYPE_CHECKING:
@@ -47,11 +49,43 @@ PRIORITIES: dict[str, int] = {
 }
 
 
+#: detectron2's ``HookBase`` events and what a trainwright hook writes instead.
+DETECTRON2_EVENTS: dict[str, str] = {
+    "before_step": "before_train_iter(self, trainer, batch_idx, data_batch)",
+    "after_step": "after_train_iter(self, trainer, batch_idx, data_batch, outputs)",
+    "after_backward": "optimizer.register_step_pre_hook(fn) in before_train (it runs with the final, clipped gradients)",
+}
+
+_checked: set[type] = set()
+
+
 def require_hook(obj: Any) -> Hook:
-    """``obj`` if it is a :class:`Hook`, else a TypeError that says how to make one."""
+    """``obj`` if it is a :class:`Hook`, else a TypeError that says how to make one; warns (once per class) about methods named like an event it is not."""
     if not isinstance(obj, Hook):
         raise TypeError(f"Hooks must subclass trainwright.Hook, got {type(obj).__name__}; build dicts with trainwright.registry.HOOKS")
+    cls = type(obj)
+    if cls not in _checked:
+        _checked.add(cls)
+        _warn_missed_events(cls)
     return obj
+
+
+def _warn_missed_events(cls: type) -> None:
+    """A method trainwright never calls although its name says it is an event: detectron2's, or a near-miss of one of :data:`EVENTS`."""
+    from trainwright.registry import TYPO_CUTOFF
+
+    own = {name for klass in cls.__mro__ if klass not in (Hook, object) for name, value in vars(klass).items() if callable(value) and not name.startswith("_")}
+    missed = {}
+    for name in sorted(own - set(EVENTS)):
+        if name in DETECTRON2_EVENTS:
+            missed[name] = f"detectron2's HookBase event; trainwright never calls it: write {DETECTRON2_EVENTS[name]}"
+        else:
+            close = difflib.get_close_matches(name, EVENTS, n=1, cutoff=TYPO_CUTOFF)
+            if close and close[0] not in own:
+                missed[name] = f"not an event, so never called; did you mean {close[0]!r}?"
+    if missed:
+        lines = "; ".join(f"{cls.__name__}.{name}: {why}" for name, why in missed.items())
+        warnings.warn(f"{lines} (docs/hooks.md lists the events, docs/parity.md maps detectron2's)", UserWarning, stacklevel=4)
 
 
 def get_priority(priority: int | str) -> int:

@@ -31,7 +31,10 @@ class OptimWrapperDict:
 
     def __getitem__(self, name: str) -> OptimWrapper:
         if name not in self.optim_wrappers:
-            raise KeyError(f"No optim wrapper named {name!r}.{did_you_mean(str(name), list(self.optim_wrappers))} have {list(self.optim_wrappers)}")
+            names = list(self.optim_wrappers)
+            starting = [n for n in names if str(n).startswith(str(name))]
+            hint = f" Did you mean {starting[0]!r}?" if len(starting) == 1 else did_you_mean(str(name), names)
+            raise KeyError(f"No optim wrapper named {name!r}; the wrappers are {names}.{hint}")
         return self.optim_wrappers[name]
 
     def __contains__(self, name: str) -> bool:
