@@ -10,6 +10,7 @@ from __future__ import annotations
 import csv
 import os
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -292,6 +293,9 @@ def test_metric_validation_does_not_produce_stops_at_first_validation(tmp_path, 
     assert "--metric 'val/accuracy' is not among the validation metrics ['val/acc']. Did you mean 'val/acc'?" in msg
     assert [p.name for p in out.glob("trial_*")] == ["trial_0"] and _val_records(out / "trial_0") == 1  # stopped at its first validation
     assert [(r["number"], r["state"]) for r in _rows(out / "results.csv")] == [("0", "FAIL")]
+    # no trial has a value yet, so the same study continues with the corrected metric
+    result = run_sweep(_digits(), ["model.hidden=choice:32,64"], trials=1, metric="val/acc", direction="max", work_dir=out, log=None)
+    assert result.best is not None and result.best.value > 0.5
 
 
 def test_resuming_with_other_settings_is_refused(tmp_path, one_thread):
@@ -329,3 +333,28 @@ def test_sweep_under_a_launcher_with_several_processes_is_refused(tmp_path, monk
         monkeypatch.setenv(k, v)
     with pytest.raises(ConfigError, match="runs its trials one after another in one process, but pytorch started 2 processes; start it once"):
         run_sweep(Config.fromfile(DIGITS), ["model.hidden=choice:32,64"], trials=2, metric="val/acc", work_dir=tmp_path / "out", log=None)
+
+
+@pytest.mark.slow
+def test_a_trial_another_live_sweep_process_runs_is_left_to_it(tmp_path, one_thread):
+    """Several sweep processes may share a study: a new one re-queues a RUNNING trial only once the process running it is gone."""
+    storage = f"sqlite:///{tmp_path / 'sweep.db'}"
+    args = dict(metric="val/acc", storage=storage, study_name="shared", work_dir=tmp_path / "out", log=None)
+    run_sweep(_digits(**{"train_cfg.max_epochs": 1}), ["model.hidden=choice:32,64"], trials=1, **args)
+    study = optuna.load_study(study_name="shared", storage=storage)
+    other = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(120)"])  # stands for the other sweep process
+    try:
+        running = study.ask()
+        running.set_user_attr("owner", f"{socket.gethostname()}:{other.pid}")
+        messages: list[str] = []
+        run_sweep(_digits(**{"train_cfg.max_epochs": 1}), ["model.hidden=choice:32,64"], trials=2, **{**args, "log": messages.append})
+        assert study.trials[running.number].state.name == "RUNNING"  # left alone: its process lives
+        assert f"sweep: trial {running.number} is running in sweep process {socket.gethostname()}:{other.pid} (still alive): left to it" in messages
+    finally:
+        other.kill()
+        other.wait()
+    messages.clear()
+    run_sweep(_digits(**{"train_cfg.max_epochs": 1}), ["model.hidden=choice:32,64"], trials=3, **{**args, "log": messages.append})
+    trials = optuna.load_study(study_name="shared", storage=storage).trials
+    assert trials[running.number].state.name == "FAIL"  # its process is gone: failed, its values run again
+    assert any(f"trial {running.number} was running when the sweep was interrupted" in m for m in messages)

@@ -8,6 +8,8 @@ running, and turning each trial's ending (complete, pruned, diverged, failed) in
 from __future__ import annotations
 
 import copy
+import os
+import socket
 import math
 import warnings
 from collections.abc import Callable, Mapping, Sequence
@@ -105,6 +107,7 @@ def run_sweep(
         trial = study.ask(distributions)
         trial_dir = out / f"trial_{trial.number}"
         trial.set_user_attr("work_dir", str(trial_dir))
+        trial.set_user_attr("owner", _owner())
         try:
             _run_trial(optuna, study, trial, base, trial_dir, metric, say)
         finally:  # the table is current after every trial, also when one stops the sweep
@@ -165,7 +168,9 @@ def _open_study(optuna: Any, url: str, name: str, direction: str, metric: str, p
         old_metric, old_specs = study.user_attrs.get("metric"), study.user_attrs.get("params")
         if old_dir != direction:
             raise ConfigError(f"study {name!r} in {url} maximises/minimises the other way ({old_dir}); resume it with the same --direction, or give another --study-name")
-        if old_metric is not None and old_metric != metric:
+        if old_metric is not None and old_metric != metric and not _any_complete(study, optuna.trial.TrialState):
+            study.set_user_attr("metric", metric)  # no trial has a value yet (e.g. the first run's --metric was a typo)
+        elif old_metric is not None and old_metric != metric:
             raise ConfigError(f"study {name!r} in {url} optimises {old_metric!r}, not {metric!r}; resume it with --metric {old_metric}, or give another --study-name")
         if old_specs is not None and sorted(old_specs) != specs:
             raise ConfigError(f"study {name!r} in {url} sweeps {sorted(old_specs)}, not {specs}; resume it with the same --param options, or give another --study-name")
@@ -175,14 +180,45 @@ def _open_study(optuna: Any, url: str, name: str, direction: str, metric: str, p
     return study
 
 
+def _owner() -> str:
+    """``host:pid`` of this sweep process, recorded in each trial it runs."""
+    return f"{socket.gethostname()}:{os.getpid()}"
+
+
+def _owner_alive(owner: str) -> bool:
+    """Whether the sweep process ``host:pid`` may still run its trial: alive on this host, or on another host (not checkable)."""
+    host, _, pid = owner.rpartition(":")
+    if host != socket.gethostname():
+        return True
+    try:
+        os.kill(int(pid), 0)
+    except ProcessLookupError:
+        return False
+    except (PermissionError, ValueError):
+        return True
+    return True
+
+
 def _requeue_interrupted(optuna: Any, study: Any, say: Callable[[str], None]) -> None:
-    """Mark trials left RUNNING by a sweep that died as failed; queue their values again (in a new trial)."""
+    """Mark trials left RUNNING by a sweep process that died as failed; queue their values again (in a new trial).
+
+    A trial another live sweep process runs (several processes may share a study) is left to it.
+    """
     TrialState = optuna.trial.TrialState
     for t in study.get_trials(deepcopy=False, states=(TrialState.RUNNING,)):
+        owner = t.user_attrs.get("owner")
+        if owner is not None and _owner_alive(owner):
+            where = "on another machine" if owner.rpartition(":")[0] != socket.gethostname() else "still alive"
+            say(f"sweep: trial {t.number} is running in sweep process {owner} ({where}): left to it")
+            continue
         study.tell(t.number, state=TrialState.FAIL, skip_if_finished=True)
         if t.params:
             study.enqueue_trial(dict(t.params), user_attrs={"rerun_of": t.number})
         say(f"sweep: trial {t.number} was running when the sweep was interrupted: marked failed, its values {dict(t.params)} run again in a new trial")
+
+
+def _any_complete(study: Any, TrialState: Any) -> bool:
+    return any(t.state in (TrialState.COMPLETE, TrialState.PRUNED) for t in study.get_trials(deepcopy=False))
 
 
 def _finished(study: Any, TrialState: Any) -> int:
