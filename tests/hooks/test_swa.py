@@ -125,6 +125,18 @@ def test_iteration_based_run_is_refused(tmp_path: Path) -> None:
     t.close()
 
 
+def test_with_an_ema_hook_is_refused_before_training(tmp_path: Path) -> None:
+    t = tw.Trainer(
+        model=BNNet(), work_dir=tmp_path, train_dataloader=DataLoader(_data(), batch_size=8), optim_wrapper=dict(optimizer=dict(type="SGD", lr=0.1)),
+        train_cfg=dict(by_epoch=True, max_epochs=2), custom_hooks=[SWAHook(begin_epoch=1, swa_lr=0.01), dict(type="EMAHook")],
+        default_hooks=dict(checkpoint=None), log_level="WARNING",
+    )
+    with pytest.raises(ValueError, match="SWAHook and EMAHook in one run: both swap averaged weights into the model for evaluation"):
+        t.train()
+    assert t.progress.iteration == 0
+    t.close()
+
+
 def test_begin_after_the_run_is_refused(tmp_path: Path) -> None:
     t = _trainer(tmp_path, BNNet(), _data(), epochs=2, default_hooks=dict(checkpoint=None))
     with pytest.raises(ValueError, match="begin_epoch=3 starts averaging after epoch 3, but the run has 2 epochs"):

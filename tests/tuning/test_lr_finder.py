@@ -167,6 +167,18 @@ def test_diverging_loss_stops_early(trainer_factory: Any) -> None:
     assert result.lrs[-1] < 1e4
 
 
+def test_suggestion_ignores_a_spike_and_a_lucky_batch_past_the_minimum() -> None:
+    """Breast cancer with Adam: the loss falls, bottoms out, then a spike and a near-zero batch dip the smoothed loss on the cliff."""
+    from trainwright.tuning import LRFinderResult
+
+    lrs = [10 ** (-4 + 4 * i / 39) for i in range(40)]
+    losses = [1.0 - 0.8 * min(i, 25) / 25 for i in range(30)] + [0.3, 0.5, 0.9, 1.4, 2.0, 2.6, 3.0, 3.4, 2.2, 40.0]  # min at 25..29
+    result = LRFinderResult(lrs=lrs, losses=losses, raw_losses=losses)
+    # the steep drop 37 -> 38 (a lucky batch after the spike) is past the minimum: not a candidate
+    assert result.suggestion is not None and result.suggestion < lrs[25]
+    assert result.suggestion == lrs[result._index] and 10 <= result._index <= 25
+
+
 @pytest.mark.slow
 def test_suggestion_within_a_decade_of_the_grid_best(tmp_path: Path) -> None:
     from sklearn.datasets import load_digits

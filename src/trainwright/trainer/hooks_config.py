@@ -78,3 +78,20 @@ def build_hook(cfg: Hook | Mapping[str, Any], priority: int | str | None = None)
         get_priority(priority)  # a clear error for a bad value, now rather than when sorting
         hook.priority = priority  # type: ignore[misc]
     return hook
+
+
+def check_one_average(hooks: Sequence[Hook] | Any) -> None:
+    """Refuse ``SWAHook`` with ``EMAHook``: both put averaged weights into the model for evaluation, and they would disagree.
+
+    With both, the validations and a later ``test()`` would evaluate the EMA while the model
+    and its checkpoint hold the SWA average; which weights a number belongs to would be a guess.
+    """
+    from trainwright.hooks.ema import EMAHook
+    from trainwright.hooks.swa import SWAHook
+
+    if any(isinstance(h, SWAHook) for h in hooks) and any(isinstance(h, EMAHook) for h in hooks):
+        raise ValueError(
+            "SWAHook and EMAHook in one run: both swap averaged weights into the model for evaluation, so the validations would report "
+            "the EMA's weights while the model and the final checkpoint hold the SWA average; keep one (SWAHook: the average of the "
+            "epoch-end weights from begin_epoch on, with its own lr schedule; EMAHook: a running average of every step)"
+        )

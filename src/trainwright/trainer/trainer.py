@@ -38,7 +38,7 @@ from trainwright.optim.spike_guard import SpikeGuard
 from trainwright.optim.optim_wrapper_dict import optim_wrappers_of
 from trainwright.trainer.env_cfg import apply_env_cfg
 from trainwright.trainer.build import EVAL_CFG_KEYS, TRAIN_CFG_KEYS, build_eval_loop, build_train
-from trainwright.trainer.hooks_config import build_hook, build_hooks
+from trainwright.trainer.hooks_config import build_hook, build_hooks, check_one_average
 from trainwright.trainer.rank_check import check_ranks_agree
 from trainwright.trainer.run_guard import RunGuard
 from trainwright.trainer.runs import config_changes, new_run_dir, remove_unused_run_dir
@@ -447,6 +447,7 @@ class Trainer:
             raise
         self.strategy.run_failed = False
         try:
+            check_one_average(self.hooks)
             self._build_train()
             self._prepare()
             assert self.train_loop is not None

@@ -77,10 +77,12 @@ class LRFinderResult:
     _index: int | None = field(default=None, init=False, repr=False, compare=False)
 
     def suggest(self, skip_begin: int = 10, skip_end: int = 1) -> float | None:
-        """The lr of the steepest descent of the smoothed loss (Lightning's rule): ``argmin`` of its gradient along the ramp.
+        """The lr of the steepest descent of the smoothed loss before its minimum: ``argmin`` of its gradient along the ramp.
 
-        The first ``skip_begin`` and the last ``skip_end`` points and the non-finite ones are
-        left out (Lightning's defaults). The gradient is ``torch.gradient(losses, spacing=[x])``
+        The first ``skip_begin`` and the last ``skip_end`` points, the non-finite ones and those
+        past the smoothed loss's minimum are left out (Lightning's defaults, and fastai's
+        "valley": past the minimum the ramp is diverging, and a spike there followed by a lucky
+        batch would look like the steepest descent). The gradient is ``torch.gradient(losses, spacing=[x])``
         with ``x = log10(lr)`` for the exponential ramp (the axis it is drawn on, where its
         points are evenly spaced: Lightning 1.x's ``np.gradient(losses)``) and ``x = lr`` for the
         linear one. Lightning 2.x takes ``x = lr`` for both; on an exponential ramp that divides
@@ -89,6 +91,9 @@ class LRFinderResult:
         """
         n = len(self.losses)
         idx = [i for i in range(skip_begin, n - skip_end) if math.isfinite(self.losses[i])]
+        if idx:
+            lowest = min(idx, key=lambda i: self.losses[i])
+            idx = [i for i in idx if i <= lowest]
         if len(idx) < 2:
             return None
         losses = torch.tensor([self.losses[i] for i in idx], dtype=torch.float64)
