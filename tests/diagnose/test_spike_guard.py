@@ -94,6 +94,9 @@ def test_rollback_past_max_rollbacks_is_a_clear_error(tmp_path: Path) -> None:
     with pytest.raises(RuntimeError, match=r"Loss spike at iteration 28 .*after 1 rollback\(s\): spike_guard max_rollbacks=1 is spent"):
         t.train()
     t.close()
+    log = (t.run_dir / "train.log").read_text()
+    assert log.count("Stopped by SpikeRollbackError") == 1  # an error raised on every rank is logged once
+    assert "no rollback left" in log
 
 
 def test_rollback_without_a_checkpoint_fails_before_training(tmp_path: Path) -> None:

@@ -312,12 +312,13 @@ def test_nonfinite_loss_on_one_rank_raises_on_both_at_the_same_iteration(out: Pa
     """Rank 1's loss turns NaN: both ranks raise FloatingPointError at the same flush, nobody hangs, and each message says what was
     replayed. DDP inside an accumulation window (weights still finite): each rank replays its own batch on the current weights;
     FSDP: no replay (a forward of the sharded model is a collective), said so."""
-    for name, nan_at, stop, said in (("NA", 9, 10, "Replayed this process's own batch; with several processes the non-finite loss may have been another process's"), ("NB", 3, 8, "No replay under the fsdp strategy with several processes")):
+    for name, nan_at, stop, said in (("NA", 9, 10, "Replayed this process's own batch on the current weights (still finite"), ("NB", 3, 8, "No replay under the fsdp strategy with several processes")):
         for rank in (0, 1):
             r = _result(out, name, rank)
             assert r["iteration"] == stop, (name, rank, r["iteration"])  # the same agreement point on both ranks
             assert r["error"].startswith(f"FloatingPointError: Loss became infinite or NaN at iteration {nan_at} on rank 1"), (name, rank, r["error"])
             assert said in r["error"], (name, rank, r["error"])
+            assert name != "NA" or "With several processes the non-finite loss may have been another process's, whose log names its batch." in r["error"]
 
 
 def test_nonfinite_loss_skip_under_fsdp_equals_ddp(out: Path) -> None:

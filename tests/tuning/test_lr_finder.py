@@ -179,6 +179,19 @@ def test_suggestion_ignores_a_spike_and_a_lucky_batch_past_the_minimum() -> None
     assert result.suggestion == lrs[result._index] and 10 <= result._index <= 25
 
 
+def test_an_outlier_batch_at_the_start_is_named_as_the_likely_cause(trainer_factory: Any) -> None:
+    x, y = regression_set().tensors
+    y = y.clone()
+    y[4:6] *= 1000.0  # the third batch (of 2 samples) is an outlier
+    trainer = trainer_factory(dataset=TensorDataset(x, y), batch_size=2, log_level="INFO")
+    result = trainer.find_lr(min_lr=1e-6, max_lr=1e-3, num_steps=50)
+    assert result.stopped_early and len(result.lrs) == 3 and result.suggestion is None
+    trainer.flush_logs()
+    (line,) = [ln for ln in (trainer.run_dir / "train.log").read_text().splitlines() if "LR finder:" in ln]
+    assert "no suggestion: the loss jumped at update 3" in line and "one outlier batch is the likelier cause than the lr" in line
+    assert "pass diverge=None" in line
+
+
 @pytest.mark.slow
 def test_suggestion_within_a_decade_of_the_grid_best(tmp_path: Path) -> None:
     from sklearn.datasets import load_digits

@@ -215,9 +215,9 @@ def _explain(trainer: Trainer, k: int) -> str:
     if not bad:
         finding = _probe(trainer, _fetch(loader, *_position(loader, k)), k)
         why = "the update after it was not taken: inside an accumulation window, or skipped by the float16 GradScaler"
-        whose = ("this process's own batch; with several processes the non-finite loss may have been another process's, whose log names its batch"
-                 if several else "the batch")
-        return head + f" Replayed {whose} on the current weights (still finite: {why}): {finding.describe()}."
+        whose = "this process's own batch" if several else "the batch"
+        others = " With several processes the non-finite loss may have been another process's, whose log names its batch." if several else ""
+        return head + f" Replayed {whose} on the current weights (still finite: {why}): {finding.describe()}.{others}"
     shown = ", ".join(bad[:8]) + (f" and {len(bad) - 8} more" if len(bad) > 8 else "")
     if several:
         return head + (

@@ -135,7 +135,7 @@ class SpikeGuard:
             self.count(it, self.skipped)
             self.log(
                 f"Loss spike at iteration {it}: loss {value:.6g} > {limit:.6g} (median {med:.6g} + {self.threshold:g} robust deviations "
-                f"over the last {len(self.losses)} losses): " + ("its update is skipped" if self.action == "skip" else "rolling back")
+                f"over the last {len(self.losses)} losses): " + ("its update is skipped" if self.action == "skip" else "rolling back" if self.rollbacks < self.max_rollbacks else "no rollback left")
                 + f" (spike_guard; {self.skipped} skipped so far)"
             )
             return True

@@ -28,6 +28,7 @@ class RunGuard:
         self.ran = False
         #: A run is in progress (the tuners refuse to start inside one).
         self.running = False
+        self._noted: BaseException | None = None  # the last failure noted (and logged)
 
     def run(self, fn: Callable[[], Any]) -> Any:
         """``fn()`` between the hooks' ``before_run`` and the clean-up; on an error, ``train.log`` ends with its reason."""
@@ -61,7 +62,8 @@ class RunGuard:
 
     def failed_outside_a_run(self, e: BaseException) -> None:
         """``train()`` failed before its loop ran (building, resuming, the ranks' check): note and log it as a run's failure."""
-        if not self.trainer.strategy.run_failed and not isinstance(e, SystemExit):  # SystemExit: a preemption's agreed exit
+        noted = e is self._noted  # the run's own failure, logged when it was noted (an error raised on every rank leaves run_failed unset)
+        if not noted and not self.trainer.strategy.run_failed and not isinstance(e, SystemExit):  # SystemExit: a preemption's agreed exit
             _log_failure(self.trainer.logger, e, self.note_failure(e))
 
     def refuse_inside_run(self, name: str) -> None:
@@ -80,6 +82,7 @@ class RunGuard:
         stopped names that peer's error.
         """
         t = self.trainer
+        self._noted = e
         where = t.progress.where(t.train_loop is None or t.train_loop.by_epoch)  # numbered as the log lines are
         loops = (t.train_loop, t.val_loop, t.test_loop)
         hint = pseudo_collate_hint(e, [loop.dataloader for loop in loops if loop is not None])

@@ -242,10 +242,23 @@ def find_lr(
             batches.close()  # the loader's pass ends here (its workers stop) before its position is restored
     result = LRFinderResult(lrs, losses, raw, mode, stopped)
     suggestion = result.suggestion
+    if suggestion is not None:
+        said = f"; suggested lr {suggestion:.3g}"
+    elif stopped and len(raw) > 1 and len(raw) <= _EARLY:
+        said = (
+            f"; no suggestion: the loss jumped at update {len(raw)} (lr {lrs[-1]:.3g}: {raw[-1]:.4g} against {min(raw[:-1]):.4g} before), so early in "
+            "the ramp that one outlier batch is the likelier cause than the lr; look at that batch, or pass diverge=None (or a higher "
+            "diverge) to ramp past it"
+        )
+    else:
+        said = "; no suggestion (too few points: raise num_steps, or lower max_lr)"
     trainer.logger.info(
         f"LR finder: {len(lrs)} of {num_steps} updates, lr {min_lr:g} to {lrs[-1]:g}"
-        + (" (stopped: the loss diverged)" if stopped else "")
-        + (f"; suggested lr {suggestion:.3g}" if suggestion is not None else "; no suggestion (too few points: raise num_steps, or lower max_lr)")
+        + (" (stopped: the loss diverged)" if stopped else "") + said
         + ". The trainer was put back as it was."
     )
     return result
+
+
+#: A divergence within this many updates is blamed on a batch, not on the lr (the suggestion skips the first 10 points).
+_EARLY = 12
