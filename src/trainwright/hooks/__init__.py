@@ -19,6 +19,7 @@ from trainwright.hooks.runtime_info import RuntimeInfoHook
 from trainwright.hooks.sampler_seed import DistSamplerSeedHook
 from trainwright.hooks.stall import StallHook
 from trainwright.hooks.swa import SWAHook
+from trainwright.hooks.precise_bn import PreciseBNHook
 from trainwright.hooks.sync_buffers import SyncBuffersHook
 
-__all__ = ["Hook", "HookList", "EVENTS", "CheckpointHook", "IterTimerHook", "LoggerHook", "ParamSchedulerHook", "DistSamplerSeedHook", "EMAHook", "EarlyStoppingHook", "FlopsHook", "PreemptionHook", "ProfilerHook", "ProgressBarHook", "RuntimeInfoHook", "NormsHook", "MemorySnapshotHook", "SWAHook", "StallHook", "SyncBuffersHook", "EmptyCacheHook"]
+__all__ = ["Hook", "HookList", "EVENTS", "CheckpointHook", "IterTimerHook", "LoggerHook", "ParamSchedulerHook", "DistSamplerSeedHook", "EMAHook", "EarlyStoppingHook", "FlopsHook", "PreemptionHook", "ProfilerHook", "ProgressBarHook", "RuntimeInfoHook", "NormsHook", "MemorySnapshotHook", "SWAHook", "StallHook", "SyncBuffersHook", "PreciseBNHook", "EmptyCacheHook"]

@@ -9,7 +9,7 @@ before the final validation and checkpoint.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
 import torch
@@ -18,6 +18,7 @@ from torch.optim.swa_utils import SWALR
 
 from trainwright.dist.shards import load_into, locals_of
 
+from trainwright.hooks.bn_stats import forward_for_stats, update_bn
 from trainwright.hooks.hook import Hook
 from trainwright.hooks.view import require_train_loop
 from trainwright.optim.optim_wrapper_dict import optim_wrappers_of
@@ -25,43 +26,6 @@ from trainwright.registry import HOOKS
 
 if TYPE_CHECKING:
     from trainwright.hooks.view import TrainerView
-
-
-def update_bn(batches: Iterable[Any], model: nn.Module, forward: Any) -> None:
-    """``torch.optim.swa_utils.update_bn`` with the batch passed by ``forward(model, batch)``.
-
-    Resets every BatchNorm layer's running statistics, sets its momentum to None (a
-    cumulative average over the batches), runs every batch through ``model`` in training mode
-    without gradients, then restores the momenta and the model's mode. Does nothing for a
-    model without BatchNorm layers.
-    """
-    momenta: dict[nn.modules.batchnorm._BatchNorm, float | None] = {}
-    for module in model.modules():
-        if isinstance(module, nn.modules.batchnorm._BatchNorm):
-            module.reset_running_stats()
-            momenta[module] = module.momentum
-    if not momenta:
-        return
-    was_training = model.training
-    model.train()
-    for module in momenta:
-        module.momentum = None
-    with torch.no_grad():
-        for batch in batches:
-            forward(model, batch)
-    for module, momentum in momenta.items():
-        module.momentum = momentum
-    model.train(was_training)
-
-
-def _base_forward(model: nn.Module, batch: Any) -> None:
-    """A batch through a trainwright model the way training feeds it (its data preprocessor, ``mode="tensor"``); else ``model(batch)``."""
-    preprocess = getattr(model, "data_preprocessor", None)
-    run = getattr(model, "_run_forward", None)
-    if preprocess is not None and run is not None:
-        run(preprocess(batch, True), "tensor")
-    else:
-        model(batch[0] if isinstance(batch, (list, tuple)) else batch)
 
 
 class Average:
@@ -232,7 +196,7 @@ class SWAHook(Hook):
         loop = require_train_loop(trainer, "SWAHook.apply")
         batches = getattr(loop.dataloader, "loader", loop.dataloader)  # the torch DataLoader: the run's data order is left alone
         self.averaged.copy_to(model)
-        update_bn(batches, model, _base_forward)
+        update_bn(batches, model, forward_for_stats)
         self.applied = True
         trainer.logger.info(f"SWAHook: the model now holds the average of {self.averaged.n_averaged} epochs' weights, BatchNorm statistics recomputed")
 

@@ -34,23 +34,24 @@ class SyncBuffersHook(Hook):
 
     @override
     def after_train_epoch(self, trainer: TrainerView) -> None:  # noqa: D102
-        self._sync(trainer)
+        average_buffers(trainer)
         self._synced = True
 
     @override
     def before_val_epoch(self, trainer: TrainerView) -> None:  # noqa: D102
         if not self._synced:
-            self._sync(trainer)
+            average_buffers(trainer)
         self._synced = False
 
-    @staticmethod
-    def _sync(trainer: TrainerView) -> None:
-        if trainer.strategy.world_size == 1:
-            return
-        buffers = [b for b in trainer.unwrapped_model.buffers() if b.is_floating_point() and not is_sharded(b)]
-        if not buffers:
-            return
-        mean = trainer.strategy.reduce(torch.cat([b.detach().reshape(-1).float() for b in buffers]), "mean")
-        with torch.no_grad():
-            for b, part in zip(buffers, mean.split([b.numel() for b in buffers])):
-                b.copy_(part.view_as(b))
+
+def average_buffers(trainer: TrainerView) -> None:
+    """Average the model's floating, unsharded buffers over the processes in one all-reduce (nothing on one process)."""
+    if trainer.strategy.world_size == 1:
+        return
+    buffers = [b for b in trainer.unwrapped_model.buffers() if b.is_floating_point() and not is_sharded(b)]
+    if not buffers:
+        return
+    mean = trainer.strategy.reduce(torch.cat([b.detach().reshape(-1).float() for b in buffers]), "mean")
+    with torch.no_grad():
+        for b, part in zip(buffers, mean.split([b.numel() for b in buffers])):
+            b.copy_(part.view_as(b))
