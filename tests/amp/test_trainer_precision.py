@@ -76,12 +76,13 @@ def _trainer(tmp: Path, precision: str = "32", max_iters: int = 4, model: TinyNe
 
 @pytest.mark.filterwarnings("ignore:val\\(\\) ran over the val_dataloader without a val_evaluator:UserWarning")  # on purpose: no metric here
 @pytest.mark.parametrize("precision", ["bf16-mixed", "16-mixed"])
-def test_autocast_covers_forward_and_loss_only(tmp_path: Path, precision: str) -> None:
+def test_autocast_covers_preprocessor_forward_and_loss_not_backward(tmp_path: Path, precision: str) -> None:
     val = DataLoader(_data(), batch_size=16)
     trainer = _trainer(tmp_path, precision, max_iters=2, val_dataloader=val, val_cfg=dict(autocast=True), default_hooks=dict(checkpoint=None))
     trainer.train()
     log = trainer.model.log
-    assert log["preprocess"] == [False, False] and log["preprocess_dtype"] == [torch.float32] * 2
+    assert log["preprocess"] == [True, True]  # inside optim_context, as mmengine's train_step
+    assert log["preprocess_dtype"] == [torch.float32] * 2  # elementwise work stays float32 under autocast
     assert log["forward"] == [True, True]
     assert log["backward"] == [False, False]
     assert trainer.precision is trainer.optim_wrapper.precision  # one object for wrapper and loops
