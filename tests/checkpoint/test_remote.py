@@ -292,6 +292,43 @@ def test_the_endpoint_going_away_mid_run_keeps_the_checkpoints_locally_and_train
     t2.close()
 
 
+def test_a_stalled_endpoint_mid_run_keeps_the_checkpoints_locally_within_the_deadline(tmp_path: Path) -> None:
+    """SIGSTOP stands for a stalled network: s3fs's upload would wait forever; the attempt deadline makes it fail and fall back."""
+    server = MotoServer(tmp_path / "moto.log")
+    bucket = server.bucket("stalled")
+
+    class StallServerAfterEpoch1(tw.Hook):
+        def before_train_epoch(self, trainer: Any) -> None:
+            if trainer.progress.epoch == 1:
+                server.proc.send_signal(signal.SIGSTOP)
+
+    options = {**_fast(server.endpoint), "attempt_timeout_s": 1.0}
+    try:
+        t = _trainer(tmp_path / "work", f"s3://{bucket}/run", options, train_cfg=dict(by_epoch=True, max_epochs=2), custom_hooks=[StallServerAfterEpoch1()])
+        started = time.monotonic()
+        with pytest.warns(UserWarning, match=r"Could not upload checkpoint s3://stalled/run/epoch_2.pth .*kept it locally"):
+            t.train()
+        took = time.monotonic() - started
+        t.close()
+    finally:
+        server.proc.send_signal(signal.SIGCONT)
+        server.stop()
+    assert t.progress.epoch == 2 and took < 60, took  # 3 attempts of about 1 s each, not a hang
+    kept = tmp_path / "work" / "checkpoints_unuploaded"
+    assert load_file(kept / "epoch_2.pth")["progress"]["epoch"] == 2
+    # resume=True in the same work_dir prefers the kept copy, newer than anything in the bucket (an empty one on a new server)
+    again = MotoServer(tmp_path / "moto2.log")
+    try:
+        again.bucket("stalled")
+        t2 = _trainer(tmp_path / "work", f"s3://{bucket}/run", _fast(again.endpoint), resume=True, train_cfg=dict(by_epoch=True, max_epochs=3))
+        with pytest.warns(UserWarning, match=r"resume=True: resuming from .*checkpoints_unuploaded/epoch_2.pth, kept locally when its upload failed"):
+            t2.train()
+        assert t2.checkpoints.restored is not None and t2.checkpoints.restored[1] == 20 and t2.progress.epoch == 3
+        t2.close()
+    finally:
+        again.stop()
+
+
 @pytest.mark.slow
 def test_a_failed_background_sharded_upload_keeps_a_complete_local_copy_that_resumes(tmp_path: Path) -> None:
     """FSDP + async_save on S3: the directory is written locally, then uploaded; when the endpoint is gone, the local copy is kept whole."""

@@ -69,6 +69,12 @@ def _is_resume_candidate(p: Location, suffix: str | tuple[str, ...] = CHECKPOINT
     )
 
 
+def step_of(name: str) -> int:
+    """``N`` of a ``<kind>_<N>`` checkpoint name (``epoch_3.pth``: 3), -1 for any other name."""
+    m = _STEP_NAME.match(name)
+    return int(m["step"]) if m else -1
+
+
 def _order_key(p: Location) -> tuple[int, int, int]:
     m = _STEP_NAME.match(p.name)
     try:

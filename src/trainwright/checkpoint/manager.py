@@ -416,6 +416,8 @@ class CheckpointManager:
         if path is None and self.strategy.world_size > 1:
             self._agree_on_newest()
         if path is None:
+            path = self._newer_kept_copy()
+        if path is None:
             found = self.strategy.find_resumable(_arg(self.ckpt_dir))
             if found is None:
                 return None
@@ -423,6 +425,39 @@ class CheckpointManager:
         else:
             ckpt = self.strategy.load_checkpoint(_arg(path))
         return self._restored_from(path, ckpt)
+
+    def _newer_kept_copy(self) -> Path | None:
+        """A checkpoint kept in ``checkpoints_unuploaded`` (its upload failed) newer than the newest in the remote ``ckpt_dir``, if any.
+
+        One process resumes from it, with a warning; several only warn (the kept copy is on
+        rank 0's disk), naming ``resume=`` for it.
+        """
+        from trainwright.checkpoint.listing import list_checkpoints, step_of
+
+        kept_dir = self.unuploaded_dir
+        if not isinstance(self.ckpt_dir, RemotePath) or not kept_dir.is_dir():
+            return None
+        suffix = self.strategy.resumable_suffixes
+        kept = list_checkpoints(kept_dir, suffix=suffix)
+        if not kept:
+            return None
+        remote = list_checkpoints(self.ckpt_dir, suffix=suffix)
+        if remote and step_of(remote[0].name) >= step_of(kept[0].name):
+            return None
+        newest = f"than {remote[0].name}, the newest in {self.ckpt_dir}" if remote else f"and {self.ckpt_dir} holds none"
+        if self.strategy.world_size > 1:
+            warnings.warn(
+                f"resume=True: {kept[0]} (kept locally when its upload failed) is newer {newest}; resuming from the remote one. "
+                f"To continue from the kept one, copy it to {self.ckpt_dir} or pass resume='{kept[0]}'",
+                stacklevel=3,
+            )
+            return None
+        warnings.warn(
+            f"resume=True: resuming from {kept[0]}, kept locally when its upload failed: it is newer {newest}. "
+            f"Copy it to {self.ckpt_dir} when the storage is back",
+            stacklevel=3,
+        )
+        return kept[0]  # type: ignore[return-value]  # a local path: kept_dir is local
 
     def restore_if_training_checkpoint(self, path: str | Path | RemotePath) -> tuple[Location, dict[str, Any]] | None:
         """Restore ``path`` when it is a training checkpoint (a dict with every required piece); None, changing nothing, when it is not (weights).

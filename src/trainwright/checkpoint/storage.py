@@ -11,6 +11,7 @@ from __future__ import annotations
 import os
 import re
 import secrets
+import threading
 import time
 import warnings
 from collections.abc import Callable, Iterator, Mapping
@@ -78,23 +79,56 @@ def _filesystem(url: str, protocol: str, options: Mapping[str, Any]) -> Any:
         raise ValueError(f"{url}: fsspec does not know the protocol {protocol!r} ({e}). Check the URL, or install that protocol's fsspec backend") from e
 
 
+def _within(fn: Callable[[], _T], seconds: float | None) -> _T:
+    """``fn()``, or a TimeoutError after ``seconds`` (the call goes on in a daemon thread and its result is dropped)."""
+    if seconds is None:
+        return fn()
+    box: dict[str, Any] = {}
+    done = threading.Event()
+
+    def run() -> None:
+        try:
+            box["value"] = fn()
+        except BaseException as e:  # noqa: BLE001 - handed to the caller
+            box["error"] = e
+        finally:
+            done.set()
+
+    threading.Thread(target=run, name="trainwright-remote-io", daemon=True).start()
+    if not done.wait(seconds):
+        raise TimeoutError(f"no answer within {seconds:.0f} s (a stalled connection or server; storage_options attempt_timeout_s sets the limit)")
+    if "error" in box:
+        raise box["error"]
+    return box["value"]  # type: ignore[no-any-return]
+
+
 class RemoteStore:
     """An fsspec filesystem for one URL root; uploads are retried, then kept in ``fallback_dir``.
 
     Args:
         url: The root, e.g. ``s3://bucket/run/checkpoints``.
         storage_options: fsspec options (s3fs: ``key``, ``secret``, ``client_kwargs=dict(endpoint_url=...)``).
+            ``attempt_timeout_s`` is trainwright's own key (not passed to fsspec): see below.
         tries: Attempts per upload (one write or one delete) before giving up.
         backoff_s: Sleep before the second attempt, doubled for each further one.
+        attempt_timeout_s: How long one attempt may take before it counts as failed, plus one
+            second per 5 MB written (a stalled connection: s3fs's uploads have no deadline of
+            their own). None: no deadline. Default 120 s, or ``storage_options["attempt_timeout_s"]``.
     """
 
-    def __init__(self, url: str, storage_options: Mapping[str, Any] | None = None, *, tries: int = 3, backoff_s: float = 0.5) -> None:
+    #: Bytes per second the deadline of an attempt allows for on top of ``attempt_timeout_s``.
+    MIN_RATE = 5 * 2**20
+
+    def __init__(
+        self, url: str, storage_options: Mapping[str, Any] | None = None, *, tries: int = 3, backoff_s: float = 0.5, attempt_timeout_s: float | None = 120.0,
+    ) -> None:
         m = _SCHEME.match(url)
         if m is None:
             raise ValueError(f"{url!r} is not a URL (scheme://...)")
         self.url = url.rstrip("/")
         self.protocol = m["scheme"].lower()
         self.options: dict[str, Any] = dict(storage_options or {})
+        self.attempt_timeout_s: float | None = self.options.pop("attempt_timeout_s", attempt_timeout_s)
         self.fs = _filesystem(url, self.protocol, self.options)
         self.tries, self.backoff_s = max(1, tries), backoff_s
         #: Where a checkpoint whose upload keeps failing is written instead (set by the checkpoint manager: ``work_dir/checkpoints_unuploaded``).
@@ -112,11 +146,12 @@ class RemoteStore:
         """The local folder a checkpoint whose upload keeps failing is kept in: :attr:`fallback_dir`, else ``./checkpoints_unuploaded``."""
         return self.fallback_dir or Path.cwd() / "checkpoints_unuploaded"
 
-    def retry(self, what: str, fn: Callable[[], _T]) -> _T:
-        """``fn()``, tried ``tries`` times with a short backoff; the last error propagates."""
+    def retry(self, what: str, fn: Callable[[], _T], size: int = 0) -> _T:
+        """``fn()``, tried ``tries`` times with a short backoff, each attempt within its deadline (``size``: bytes written); the last error propagates."""
+        deadline = None if self.attempt_timeout_s is None else self.attempt_timeout_s + size / self.MIN_RATE
         for attempt in range(self.tries):
             try:
-                return fn()
+                return _within(fn, deadline)
             except Exception as e:  # noqa: BLE001 - network and service errors come in many types
                 if attempt + 1 == self.tries:
                     raise
@@ -132,8 +167,7 @@ class RemoteStore:
         """
         probe = f"{self.url}/.trainwright-write-check-{secrets.token_hex(4)}"
         try:
-            self.fs.pipe_file(probe, b"ok")
-            self.fs.rm_file(probe)
+            _within(lambda: (self.fs.pipe_file(probe, b"ok"), self.fs.rm_file(probe)), self.attempt_timeout_s)
         except Exception as e:  # noqa: BLE001 - classified below
             raise OSError(f"Cannot write to {self.url} ({purpose}): {self.explain(e)}. Nothing was trained or written.") from e
         self.checked = True
@@ -261,7 +295,7 @@ class RemotePath:
 
     def write_bytes(self, data: bytes) -> None:
         """One PUT (visible only when complete on S3/GCS/Azure), retried."""
-        self.store.retry(f"Writing {self.url}", lambda: self.store.fs.pipe_file(self.url, data))
+        self.store.retry(f"Writing {self.url}", lambda: self.store.fs.pipe_file(self.url, data), len(data))
         self._info = None
 
     def write_text(self, text: str, encoding: str = "utf-8") -> None:  # noqa: D102
@@ -269,7 +303,7 @@ class RemotePath:
 
     def upload(self, local: Path) -> None:
         """Upload the local file ``local`` to this path (one object, complete or absent), retried."""
-        self.store.retry(f"Uploading {self.url}", lambda: self.store.fs.put_file(str(local), self.url))
+        self.store.retry(f"Uploading {self.url}", lambda: self.store.fs.put_file(str(local), self.url), local.stat().st_size)
         self._info = None
 
     def download(self, local: Path) -> None:

@@ -201,7 +201,7 @@ class PreemptionHook(Hook):
         trainer.preempted = True
         trainer.metric_store.agreement.set_finish(True)  # a point every rank reaches with the same decision
         what = self.received.name if self.received is not None else "another rank"
-        trainer.logger.warning(f"Preemption signal ({what}) received: stopping after iteration {trainer.progress.iteration} and saving a checkpoint")
+        trainer.logger.warning(f"Preemption ({what}): stopping after iteration {trainer.progress.iteration} and saving a checkpoint")
 
     def after_train(self, trainer: TrainerView) -> None:  # noqa: D102
         self._in_train = False
@@ -316,6 +316,7 @@ class _Watchdog:
                         continue  # one signal delivered several ways (SLURM and a forwarding launcher, DataLoader workers)
                     self._exit(signum, f"a second {signal.Signals(signum).name} arrived before the stop was reached")
                 first, first_at, deadline, beat = signum, now, now + self.grace_s, self._beat()
+                self._say_received(signum)
             if first is None or deadline is None:
                 continue
             now_beat = self._beat()
@@ -327,6 +328,15 @@ class _Watchdog:
                 beat, deadline = now_beat, time.monotonic() + self.grace_s
             elif deadline is not None and time.monotonic() > deadline:
                 self._exit(first, f"no step boundary within grace_s={self.grace_s} s after {signal.Signals(first).name} (the process is stuck, e.g. in a collective whose peer has gone)")
+
+    def _say_received(self, signum: int) -> None:
+        """Log the signal as soon as it comes (the handler may not log): a slow save after it then has a line before it."""
+        logger = getattr(self.hook._view, "logger", None)
+        if logger is not None:
+            done = self._beat()[0]
+            logger.warning(f"Preemption signal {signal.Signals(signum).name} received ({done} iterations done): stopping at the next step boundary, then saving a checkpoint")
+            for h in logger.handlers:
+                h.flush()
 
     def _exit(self, signum: int, why: str) -> None:
         code = 128 + signum
