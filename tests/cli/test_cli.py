@@ -188,7 +188,7 @@ POD = {"MASTER_ADDR": "job-master-0", "MASTER_PORT": "23456", "WORLD_SIZE": "8",
         (["--nproc", "2"], {"LOCAL_RANK": "0", "RANK": "0", "WORLD_SIZE": "2", "MASTER_ADDR": "h"}, None),  # already a torchrun worker
         (["--nnodes", "2", "--node-rank", "1", "--rdzv-endpoint", "h0:29400"], {}, (1, 2, 1, "h0:29400")),
         ([], SLURM_TASK, None),  # srun started every process
-        (["--nproc", "4"], SLURM_TASK, (4, 2, 1, "gpu007:29500")),  # srun --ntasks-per-node=1 trainwright train --nproc 4
+        (["--nproc", "4"], SLURM_TASK, (4, 2, 1, "gpu007:15009")),  # srun --ntasks-per-node=1 trainwright train --nproc 4 (port from job id 9)
         ([], POD, (4, 2, 1, "job-master-0:23456")),  # PyTorchJob with nprocPerNode: 4 processes in this pod
         ([], {k: v for k, v in POD.items() if not k.startswith("PET_")} | {"WORLD_SIZE": "2"}, None),  # one process per pod
         (["--nproc", "2"], {"MASTER_ADDR": "m", "MASTER_PORT": "5", "WORLD_SIZE": "3", "RANK": "2"}, (2, 3, 2, "m:5")),  # a pod without PET_*

@@ -107,6 +107,9 @@ MPI_1x2 = {"OMPI_COMM_WORLD_RANK": "1", "OMPI_COMM_WORLD_SIZE": "2", "OMPI_COMM_
         (SLURM_2x2, ("slurm", 3, 4, 1, "gpu-node007", "29500")),
         ({**SLURM_2x2, "MASTER_ADDR": "login1", "MASTER_PORT": "4000"}, ("slurm", 3, 4, 1, "login1", "4000")),  # the job script's choice wins
         ({**SLURM_2x2, "SLURM_JOB_NODELIST": "", "SLURM_NODELIST": "a1,b2"}, ("slurm", 3, 4, 1, "a1", "29500")),
+        # a job id gives each job its own port (two jobs on one node do not collide): 15000 + id mod 20000
+        ({**SLURM_2x2, "SLURM_JOB_ID": "4242"}, ("slurm", 3, 4, 1, "gpu-node007", "19242")),
+        ({**SLURM_2x2, "SLURM_JOB_ID": "123456"}, ("slurm", 3, 4, 1, "gpu-node007", "18456")),
         # mpirun on one node: every process is local, so this host is the rendezvous
         (MPI_1x2, ("mpi", 1, 2, 1, "127.0.0.1", "29500")),
         ({**MPI_1x2, "OMPI_COMM_WORLD_SIZE": "4"}, ("mpi", 1, 4, 1, None, "29500")),  # several nodes: MASTER_ADDR must be given
@@ -116,6 +119,12 @@ MPI_1x2 = {"OMPI_COMM_WORLD_RANK": "1", "OMPI_COMM_WORLD_SIZE": "2", "OMPI_COMM_
 )
 def test_resolve_launch_reads_rank_world_and_local_rank_of_each_launcher(env: dict[str, str], expected: tuple) -> None:
     assert tuple(dist.resolve_launch(env)) == expected
+
+
+@pytest.mark.parametrize("env", [{**SLURM_2x2, "SLURM_PROCID": "4"}, {"RANK": "2", "WORLD_SIZE": "2", "LOCAL_RANK": "0", "MASTER_ADDR": "h", "MASTER_PORT": "5"}])
+def test_a_rank_outside_the_world_is_refused_at_once(env: dict[str, str]) -> None:
+    with pytest.raises(ValueError, match=r"launch: this process's rank \d \((SLURM_PROCID|RANK)\) is not below the number of processes"):
+        dist.resolve_launch(env)
 
 
 @pytest.mark.parametrize(

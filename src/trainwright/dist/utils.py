@@ -212,13 +212,24 @@ def first_slurm_host(nodelist: str) -> str:
     return host
 
 
+def slurm_master_port(env: Mapping[str, str]) -> str:
+    """The rendezvous port of a SLURM job that sets no ``MASTER_PORT``: 15000 + the job id mod 20000 (29500 without a job id).
+
+    A fixed port makes two jobs on one node collide: the second's rank 0 cannot bind it, and
+    its other ranks join the first job's store. Every task of a job sees the same job id.
+    """
+    job = env.get("SLURM_JOB_ID", "").strip()
+    return str(15000 + int(job) % 20000) if job.isdigit() else DEFAULT_MASTER_PORT
+
+
 def resolve_launch(env: Mapping[str, str] | None = None) -> LaunchInfo:
     """Rank, world size, local rank and rendezvous address of this process, from its launcher's variables.
 
     - torchrun / torchelastic: ``RANK``, ``WORLD_SIZE``, ``LOCAL_RANK``, ``MASTER_ADDR``, ``MASTER_PORT``.
     - SLURM (``srun python train.py``): ``SLURM_PROCID``, ``SLURM_NTASKS``, ``SLURM_LOCALID``;
       ``MASTER_ADDR`` is the first host of ``SLURM_JOB_NODELIST`` (or ``SLURM_NODELIST``) unless set;
-      ``MASTER_PORT`` 29500 unless set.
+      ``MASTER_PORT`` unless set: :func:`slurm_master_port` (from the job id, so two jobs on
+      one node do not collide).
     - Open MPI (``mpirun -np N python train.py``): ``OMPI_COMM_WORLD_RANK``, ``_SIZE``,
       ``_LOCAL_RANK``; ``MASTER_ADDR`` is ``127.0.0.1`` when every process is on this node
       (``OMPI_COMM_WORLD_LOCAL_SIZE`` equals the size), otherwise it must be set (None here);
@@ -234,12 +245,18 @@ def resolve_launch(env: Mapping[str, str] | None = None) -> LaunchInfo:
         return LaunchInfo("none", 0, 1, int(env.get("LOCAL_RANK", 0)), env.get("MASTER_ADDR"), env.get("MASTER_PORT"))
     rank_key, world_key, local_key = _LAUNCHER_VARS[launcher]
     rank, world = int(env[rank_key]), int(env.get(world_key, 1))
+    if not 0 <= rank < world:
+        raise ValueError(
+            f"{launcher} launch: this process's rank {rank} ({rank_key}) is not below the number of processes {world} ({world_key}): "
+            "the variables come from different jobs or job steps (e.g. a job script's own SLURM_* reused by a process it started "
+            "itself). Start every process through the launcher (srun / torchrun / mpirun), or unset them to train in one process"
+        )
     local = int(env.get("LOCAL_RANK", env.get(local_key, 0)))
     addr, port = env.get("MASTER_ADDR"), env.get("MASTER_PORT")
     if launcher == "slurm":
         nodelist = env.get("SLURM_JOB_NODELIST") or env.get("SLURM_NODELIST")
         addr = addr or (first_slurm_host(nodelist) if nodelist else None)
-        port = port or DEFAULT_MASTER_PORT
+        port = port or slurm_master_port(env)
     elif launcher == "mpi":
         one_node = env.get("OMPI_COMM_WORLD_LOCAL_SIZE", "") == env.get(world_key)
         addr = addr or ("127.0.0.1" if one_node else None)
@@ -288,7 +305,7 @@ def resolve_nodes(env: Mapping[str, str] | None = None) -> NodeLayout:
       ``PET_MASTER_ADDR``, ``PET_MASTER_PORT``, ``PET_NPROC_PER_NODE`` (what torchrun reads);
       without ``PET_*``, one process per pod: ``WORLD_SIZE`` pods, this one ``RANK``, ``MASTER_ADDR``, ``MASTER_PORT``.
     - SLURM (a task of ``srun``): ``SLURM_NNODES`` nodes, this one ``SLURM_NODEID``, ``SLURM_NTASKS``
-      tasks; the address as in :func:`resolve_launch` (``MASTER_ADDR``, else the first host of the node list; port 29500).
+      tasks; the address as in :func:`resolve_launch` (``MASTER_ADDR``, else the first host of the node list; port from the job id).
     - Otherwise one node; ``MASTER_ADDR`` / ``MASTER_PORT`` if set.
 
     A worker that torchrun started (:func:`is_launched_worker`) is not a node: its variables describe processes.
@@ -304,7 +321,7 @@ def resolve_nodes(env: Mapping[str, str] | None = None) -> NodeLayout:
         nodelist = env.get("SLURM_JOB_NODELIST") or env.get("SLURM_NODELIST")
         nnodes = _int_of(env, "SLURM_NNODES") or _int_of(env, "SLURM_JOB_NUM_NODES") or 1
         return NodeLayout("slurm", nnodes, _int_of(env, "SLURM_NODEID") or 0, addr or (first_slurm_host(nodelist) if nodelist else None),
-                          port or DEFAULT_MASTER_PORT, None, _int_of(env, "SLURM_NTASKS") or 1)
+                          port or slurm_master_port(env), None, _int_of(env, "SLURM_NTASKS") or 1)
     if not is_launched_worker(env) and all(k in env for k in ("RANK", "WORLD_SIZE", "MASTER_ADDR")):
         world = _int_of(env, "WORLD_SIZE") or 1
         return NodeLayout("pytorchjob", world, _int_of(env, "RANK"), addr, port or DEFAULT_MASTER_PORT, None, world)

@@ -12,6 +12,7 @@ import atexit
 import datetime
 import gc
 import os
+import sys
 import warnings
 import weakref
 from collections.abc import Mapping
@@ -42,6 +43,13 @@ def _join_launcher_group(backend: str, timeout_s: float, dist_cfg: Mapping[str, 
     wait forever. So it is never destroyed between Trainers.
     """
     global _launcher_group
+    world = int(os.environ.get("WORLD_SIZE", 1))
+    if world > 1:  # a rendezvous that never completes is otherwise silent until the timeout
+        print(
+            f"trainwright: rank {os.environ.get('RANK', '?')} of {world} joins the process group at "
+            f"{os.environ.get('MASTER_ADDR', '?')}:{os.environ.get('MASTER_PORT', '?')} ({backend}); it waits up to {timeout_s:.0f} s for every process",
+            file=sys.stderr, flush=True,
+        )
     dist.init_process_group(backend=backend, timeout=datetime.timedelta(seconds=timeout_s), **dict(dist_cfg or {}))
     if _launcher_group is None:  # the first time in this process (the handler looks at whichever group is the launcher's then)
         atexit.register(_leave_launcher_group)
