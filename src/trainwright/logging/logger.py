@@ -8,6 +8,7 @@ import re
 import sys
 import time
 import warnings
+import weakref
 from pathlib import Path
 from typing import TextIO
 
@@ -123,6 +124,10 @@ def create_logger(name: str = "trainwright", log_file: str | Path | None = None,
         Path(log_file).parent.mkdir(parents=True, exist_ok=True)
         Path(log_file).touch()  # the run's log exists from the start, even before its first line
     handler = _TeeHandler(sys.stdout, log_file if rank == 0 else None)
+    if handler.file is not None:
+        global _run_log
+        _run_log = weakref.ref(handler)  # trainwright's Python warnings go into this run's log too
+        rank_zero_warnings(0)
     handler.setFormatter(_Formatter())
     if rank != 0:
         handler.addFilter(lambda r: r.levelno >= logging.ERROR or _names_rank(r.getMessage(), rank))
@@ -131,7 +136,7 @@ def create_logger(name: str = "trainwright", log_file: str | Path | None = None,
 
 
 def rank_zero_warnings(rank: int) -> None:
-    """On rank ``rank`` (not 0), stop printing the Python warnings trainwright's own code emits, unless they name this rank.
+    """On rank ``rank`` (not 0), stop printing the Python warnings trainwright's own code emits, unless they name this rank; on rank 0, also write them to the run's log.
 
     A warning trainwright gives about the run (a scheduler that never applies, a config key
     that is not used, ...) is the same on every rank; rank 0 prints it, once. A warning about
@@ -147,12 +152,31 @@ def rank_zero_warnings(rank: int) -> None:
 
     def showwarning(message: Warning | str, category: type[Warning], filename: str, lineno: int, file: TextIO | None = None, line: str | None = None) -> None:
         own_rank = showwarning.trainwright_rank  # type: ignore[attr-defined]
-        if _emitted_by_trainwright() and not _names_rank(str(message), own_rank):
+        ours = _emitted_by_trainwright()
+        if ours and own_rank != 0 and not _names_rank(str(message), own_rank):
             return
+        if ours:
+            _to_run_log(str(message))
         current(message, category, filename, lineno, file, line)
 
     showwarning.trainwright_rank = rank  # type: ignore[attr-defined]
     warnings.showwarning = showwarning
+
+
+#: The console-and-file handler of the rank-0 logger built last: trainwright's Python warnings are written to its file too.
+_run_log: weakref.ref[_TeeHandler] | None = None
+
+
+def _to_run_log(message: str) -> None:
+    """Append a warning line to the current run's ``train.log`` (not the console: the warning prints itself there)."""
+    handler = _run_log() if _run_log is not None else None
+    if handler is None or handler.file is None or not isinstance(handler.formatter, _Formatter):
+        return
+    try:
+        handler.file.write(handler.formatter.line(time.time(), "WARNING", message) + "\n")
+        handler.file.flush()
+    except Exception:  # noqa: BLE001 - a warning must never break training
+        pass
 
 
 def _names_rank(message: str, rank: int) -> bool:
