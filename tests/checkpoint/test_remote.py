@@ -252,6 +252,15 @@ def test_an_unreachable_endpoint_fails_at_start_naming_the_url(tmp_path: Path) -
     assert not (tmp_path / "work").exists()
 
 
+def test_resuming_from_a_url_outside_out_dir_names_it_and_where_its_settings_come_from(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("AWS_ENDPOINT_URL", f"http://127.0.0.1:{_free_port()}")  # nothing listens: the out_dir's storage_options do not apply here
+    monkeypatch.setenv("AWS_MAX_ATTEMPTS", "1")
+    t = _trainer(tmp_path / "work", str(tmp_path / "ckpts"), resume="s3://elsewhere/run/epoch_2.pth")
+    with pytest.raises(OSError, match=r"Cannot read s3://elsewhere/run/epoch_2.pth\S*: cannot reach the storage endpoint.*A URL outside the CheckpointHook's out_dir does not get its storage_options"):
+        t.train()
+    t.close()
+
+
 def test_a_missing_fsspec_backend_names_the_extra_to_install(tmp_path: Path) -> None:
     """fsspec missing: the ``fsspec`` extra; s3fs missing for s3://: the ``s3`` extra (a fresh process that cannot import them)."""
     code = ("import sys; sys.modules['fsspec'] = None\n"
@@ -384,3 +393,10 @@ def test_memory_url_round_trip_with_keep_k_and_resume(tmp_path: Path) -> None:
     t2.close()
     assert t2.checkpoints.restored is not None and str(t2.checkpoints.restored[0]) == "memory://round/trip/epoch_3.pth"
     _no_local_url_folder(tmp_path)
+    for f in fs.ls("/round/trip", detail=False):  # nothing loads: the advice is about the out_dir, not the work_dir
+        if f.endswith(".pth"):
+            fs.pipe_file(f"memory://{f}", b"not a checkpoint")
+    t3 = _trainer(tmp_path, "memory://round/trip", train_cfg=dict(by_epoch=True, max_epochs=4), resume=True)
+    with pytest.warns(UserWarning), pytest.raises(tw.checkpoint.CheckpointError, match=r"start a fresh run with another CheckpointHook out_dir"):
+        t3.train()
+    t3.close()

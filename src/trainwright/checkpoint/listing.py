@@ -158,6 +158,8 @@ def find_resumable(
         raise CheckpointError(
             f"No checkpoint in {str(ckpt_dir)!r} can be loaded; tried:\n  "
             + "\n  ".join(failures)
-            + "\nRestore a checkpoint from a backup, or start a fresh run with a new work_dir."
+            + ("\nRestore a checkpoint from a backup, or start a fresh run with a new work_dir."
+               if not isinstance(location(ckpt_dir), RemotePath) else
+               f"\nRestore a checkpoint from a backup into {ckpt_dir}, or start a fresh run with another CheckpointHook out_dir (this one keeps the broken objects).")
         )
     return None

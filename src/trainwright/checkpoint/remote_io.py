@@ -59,7 +59,8 @@ def save_remote(obj: Mapping[str, Any], target: RemotePath, after: Callable[[], 
             after()
         except Exception as e:  # noqa: BLE001 - the checkpoint itself is safe; say what is stale
             warnings.warn(f"Checkpoint {target.url} was uploaded, but updating `latest` / deleting old checkpoints failed ({target.store.explain(e)}); "
-                          "resume=True still finds the newest complete checkpoint by its name.", stacklevel=2)
+                          f"resume=True continues from the checkpoint `latest` still names, the next save moves it on; to continue from this one, "
+                          f"pass resume='{target.url}'.", stacklevel=2)
     return target
 
 

@@ -249,6 +249,11 @@ class RemotePath:
                 self._info = self.store.fs.info(self.url)
             except (FileNotFoundError, NotADirectoryError):
                 return None
+            except Exception as e:  # noqa: BLE001 - credentials, endpoint: say which URL and what to check
+                raise OSError(
+                    f"Cannot read {self.url}: {self.store.explain(e)}. A URL outside the CheckpointHook's out_dir does not get its "
+                    "storage_options: give credentials and the endpoint in the environment (AWS_ACCESS_KEY_ID, AWS_ENDPOINT_URL...)"
+                ) from e
         return self._info
 
     def exists(self) -> bool:  # noqa: D102
