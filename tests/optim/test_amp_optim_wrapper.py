@@ -103,6 +103,13 @@ def test_clipping_after_unscale_matches_torch_reference(clip_grad: dict) -> None
         torch.testing.assert_close(ow.grad_norm, true_norm, rtol=1e-5, atol=0)
 
 
+def test_mmengines_use_fsdp_is_accepted_from_a_config() -> None:
+    from trainwright.optim import build_optim_wrapper
+
+    ow = build_optim_wrapper(_model(), dict(type="AmpOptimWrapper", use_fsdp=True, optimizer=dict(type="SGD", lr=0.1)))
+    assert isinstance(ow, AmpOptimWrapper) and ow.precision.scaler is not None  # float16 by default; the strategy picks the sharded one
+
+
 def test_bf16_wrapper_has_no_scaler_and_runs_forward_in_bf16() -> None:
     model = _model()
     ow = AmpOptimWrapper(torch.optim.SGD(model.parameters(), lr=0.1), dtype="bfloat16", clip_grad=dict(max_norm=1.0))

@@ -14,7 +14,7 @@ from trainwright.optim.optim_wrapper_dict import OptimWrapperDict, optim_wrapper
 from trainwright.optim.constructor import DefaultOptimWrapperConstructor, build_optimizer
 from trainwright.registry import OPTIM_WRAPPER_CONSTRUCTORS, OPTIM_WRAPPERS, check_keys, dropping_scope
 
-_WRAPPER_KEYS = {"type", "optimizer", "accumulative_counts", "clip_grad", "dtype", "loss_scale", "skip_nonfinite", "device_type", "paramwise_cfg", "constructor", "compile"}
+_WRAPPER_KEYS = {"type", "optimizer", "accumulative_counts", "clip_grad", "dtype", "loss_scale", "skip_nonfinite", "device_type", "paramwise_cfg", "constructor", "compile", "use_fsdp"}
 
 
 __all__ = ["build_optim_wrapper", "build_optimizer", "loop_precision", "run_precision"]
@@ -145,7 +145,7 @@ def _from_dict(model: nn.Module, cfg: dict[str, Any], trainer_precision: Precisi
     check_keys("optim_wrapper", cfg, _WRAPPER_KEYS)
     typ = cfg.get("type", "OptimWrapper")
     cls = OPTIM_WRAPPERS.get(typ) if isinstance(typ, str) else typ
-    amp_only = sorted(k for k in ("dtype", "loss_scale", "device_type") if k in cfg)
+    amp_only = sorted(k for k in ("dtype", "loss_scale", "device_type", "use_fsdp") if k in cfg)
     if amp_only and not (isinstance(cls, type) and issubclass(cls, AmpOptimWrapper)):
         raise KeyError(f"optim_wrapper keys {amp_only} need type='AmpOptimWrapper' (got type={typ!r}); or drop them and pass Trainer(precision='16-mixed' / 'bf16-mixed')")
     return _construct(model, cfg, trainer_precision, device_type)

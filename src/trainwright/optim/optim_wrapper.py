@@ -505,10 +505,15 @@ class AmpOptimWrapper(OptimWrapper):
         loss_scale: float16 only: ``"dynamic"``, a fixed float, or a dict of GradScaler
             arguments (``init_scale``, ``growth_factor``, ``backoff_factor``, ``growth_interval``).
         device_type: Autocast / GradScaler device; by default the device of the first parameter.
+        use_fsdp: mmengine's switch to a sharded GradScaler; accepted for its configs and not
+            needed: under ``strategy="fsdp"`` the strategy gives the wrapper the sharded scaler.
         **kwargs: ``accumulative_counts``, ``clip_grad``, ``skip_nonfinite``, ``compile``.
     """
 
-    def __init__(self, optimizer: torch.optim.Optimizer, dtype: str | torch.dtype | None = "float16", loss_scale: str | float | Mapping[str, Any] = "dynamic", device_type: str | None = None, **kwargs: Any) -> None:
+    def __init__(
+        self, optimizer: torch.optim.Optimizer, dtype: str | torch.dtype | None = "float16", loss_scale: str | float | Mapping[str, Any] = "dynamic",
+        device_type: str | None = None, use_fsdp: bool = False, **kwargs: Any,
+    ) -> None:
         if "precision" in kwargs:
             raise TypeError("AmpOptimWrapper builds its own precision from dtype/loss_scale; pass precision= to OptimWrapper instead, or drop it")
         if device_type is None:
