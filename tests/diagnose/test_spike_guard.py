@@ -86,6 +86,8 @@ def test_rollback_equals_a_loop_that_never_saw_the_skipped_batches(tmp_path: Pat
     log = (t.run_dir / "train.log").read_text()
     assert "spike_guard rolled back to iteration 10" in log and "iterations 11..12 run again without updates" in log
     assert "spike_guard rolled back to iteration 25" in log
+    iters = [r["iter"] for r in train_records(t.run_dir)]
+    assert iters == sorted(set(iters)), iters  # an iteration logged before the rollback gets no second record when it runs again
     t.close()
 
 

@@ -170,6 +170,8 @@ class LoggerHook(Hook):
 
     def after_train_iter(self, trainer: TrainerView, batch_idx: int, data_batch: Any = None, outputs: dict | None = None) -> None:  # noqa: D102
         it = trainer.progress.iteration
+        if it <= self._line_iter:  # logged already: iterations run again after a rollback (spike_guard) get no second line
+            return
         if (batch_idx + 1 if self._by_epoch else it) % self.interval == 0 or batch_idx == self._last_idx or it == self._max_iters:
             # Runs once per interval, so its code is cold each time: keep it to reading values.
             p = trainer.progress
