@@ -10,7 +10,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from trainwright.model.data_preprocessor import BaseDataPreprocessor, cuda_device, set_preprocessor_device
+from trainwright.model.data_preprocessor import BaseDataPreprocessor, FollowsDevice
 from trainwright.registry import MODELS
 
 
@@ -65,7 +65,7 @@ def _no_grad_hint(model: nn.Module, losses: Any, error: RuntimeError) -> Runtime
     )
 
 
-class BaseModel(nn.Module):
+class BaseModel(FollowsDevice):
     """A model that knows how to train, validate and test itself on one batch.
 
     Subclasses implement ``forward(*inputs, mode)``:
@@ -202,21 +202,6 @@ class BaseModel(nn.Module):
             log_vars = {"loss": total.detach(), **log_vars}
         return total, log_vars
 
-    def to(self, *args: Any, **kwargs: Any) -> BaseModel:  # type: ignore[override]
-        """Move the model and tell every data preprocessor in it its new device."""
-        out = super().to(*args, **kwargs)
-        device = torch._C._nn._parse_to(*args, **kwargs)[0]  # noqa: SLF001 - torch's own argument parser
-        if device is not None:
-            set_preprocessor_device(self, device)
-        return out
-
-    def cuda(self, device: int | torch.device | None = None) -> BaseModel:  # type: ignore[override]
-        """Move the model to a GPU (the current one by default), as :meth:`to` does."""
-        return self.to(cuda_device(device))
-
-    def cpu(self) -> BaseModel:  # type: ignore[override]
-        """Move the model to the CPU, as :meth:`to` does."""
-        return self.to("cpu")
 
 
 class ModuleAdapter(BaseModel):

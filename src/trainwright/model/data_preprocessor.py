@@ -5,6 +5,8 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from typing_extensions import Self
+
 import torch
 from torch import nn
 
@@ -31,6 +33,26 @@ def cast_data(data: Any, device: torch.device, non_blocking: bool = False) -> An
     return data
 
 
+class FollowsDevice(nn.Module):
+    """A module whose ``.to()`` / ``.cuda()`` / ``.cpu()`` also tell every :class:`BaseDataPreprocessor` in it where batches now go."""
+
+    def to(self, *args: Any, **kwargs: Any) -> Self:  # type: ignore[override]
+        """Move the module (as ``nn.Module.to``) and send batches to the new device."""
+        out = super().to(*args, **kwargs)
+        device = torch._C._nn._parse_to(*args, **kwargs)[0]  # noqa: SLF001 - torch's own argument parser
+        if device is not None:
+            set_preprocessor_device(self, device)
+        return out
+
+    def cuda(self, device: int | torch.device | None = None) -> Self:  # type: ignore[override]
+        """Move to a GPU (the current one by default), as :meth:`to` does."""
+        return self.to(cuda_device(device))
+
+    def cpu(self) -> Self:  # type: ignore[override]
+        """Move to the CPU, as :meth:`to` does."""
+        return self.to("cpu")
+
+
 def cuda_device(device: int | torch.device | None) -> torch.device:
     """What ``Module.cuda(device)`` moves to: the current GPU by default, else that index or device."""
     if device is None:
@@ -46,7 +68,7 @@ def set_preprocessor_device(module: nn.Module, device: torch.device | str) -> No
 
 
 @MODELS.register_module()
-class BaseDataPreprocessor(nn.Module):
+class BaseDataPreprocessor(FollowsDevice):
     """Moves a batch to :attr:`device`; subclasses normalise or augment on the device.
 
     Args:
@@ -75,21 +97,6 @@ class BaseDataPreprocessor(nn.Module):
         """Return ``data`` on the model's device."""
         return cast_data(data, self.device, self.non_blocking)
 
-    def to(self, *args: Any, **kwargs: Any) -> BaseDataPreprocessor:  # type: ignore[override]
-        """Move the buffers and send batches to the new device."""
-        out = super().to(*args, **kwargs)
-        device = torch._C._nn._parse_to(*args, **kwargs)[0]  # noqa: SLF001 - torch's own argument parser
-        if device is not None:
-            set_preprocessor_device(self, device)
-        return out
-
-    def cuda(self, device: int | torch.device | None = None) -> BaseDataPreprocessor:  # type: ignore[override]
-        """Move to a GPU (the current one by default), as :meth:`to` does."""
-        return self.to(cuda_device(device))
-
-    def cpu(self) -> BaseDataPreprocessor:  # type: ignore[override]
-        """Move to the CPU, as :meth:`to` does."""
-        return self.to("cpu")
 
 
 @MODELS.register_module()
