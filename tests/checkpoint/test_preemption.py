@@ -51,6 +51,15 @@ def test_signal_finishes_step_saves_and_exits_with_documented_status(tmp_path: P
     assert _previous_handlers() == before, "the previous signal handlers were not restored"
 
 
+def test_a_signal_at_a_saved_iteration_names_the_checkpoint_that_holds_it(tmp_path: Path) -> None:
+    t = ct.build(str(tmp_path), hooks=[SendSignal(at=8)], checkpoint=dict(interval=4, by_epoch=False, save_best=None, max_keep_ckpts=-1))
+    with pytest.raises(SystemExit):
+        t.train()
+    t.flush_logs()
+    (log,) = tmp_path.glob("*/train.log")
+    assert f"Preempted at iteration 8: this iteration was checkpointed already ({tmp_path / 'checkpoints' / 'iter_8.pth'})" in log.read_text()
+
+
 def test_exit_code_none_returns_normally_and_resume_continues(tmp_path: Path) -> None:
     ref = ct.build(str(tmp_path / "ref"))
     ref.train()
@@ -201,5 +210,5 @@ def test_no_requeue_when_switched_off_or_on_sigterm(tmp_path: Path, monkeypatch:
     _slurm_env(monkeypatch, tmp_path / "bin")
     _, code, log = _train_until_signal(tmp_path, sig, **preemption)
     assert code == 128 + sig
-    assert not record.exists() and "requeue" not in log
+    assert not record.exists() and "requeued" not in log and "scontrol" not in log
     assert read_latest(tmp_path / "w" / "checkpoints") == "iter_6.pth"

@@ -22,6 +22,7 @@ from collections.abc import Sequence
 from types import FrameType
 from typing import TYPE_CHECKING, Any
 
+from trainwright.checkpoint.listing import read_latest
 from trainwright.hooks.hook import Hook
 from trainwright.registry import HOOKS
 
@@ -211,7 +212,11 @@ class PreemptionHook(Hook):
         if not self.preempted:
             return
         path = trainer.checkpoints.save_now()  # the checkpoint hook's naming and keep-k when there is one; complete on return
-        saved = f"checkpoint {path}" if path is not None else "this iteration was checkpointed already"
+        if path is None:  # saved already at this iteration (the checkpoint hook's last save): name that file
+            latest = read_latest(trainer.checkpoints.ckpt_dir)
+            saved = f"this iteration was checkpointed already ({trainer.checkpoints.ckpt_dir / latest})" if latest else "this iteration was checkpointed already"
+        else:
+            saved = f"checkpoint {path}"
         job_id = slurm_job_id() if self.requeue else None
         # the same answer on every rank: the requeue signal reached at least one of them
         if job_id is not None and trainer.strategy.any_true(self.received == REQUEUE_SIGNAL):
