@@ -95,3 +95,25 @@ def test_the_hub_does_not_keep_a_closed_trainer_alive(tmp_path: Path) -> None:
     del t
     gc.collect()
     assert gone() is None
+
+
+class WritesScalars(tw.Hook):
+    """Writes a ``train/`` scalar at every iteration (as mmengine hooks do) and a non-train one that is not logged."""
+
+    priority = "HIGH"  # before the logger hook at the same iteration, as mmengine's LoggerHook (BELOW_NORMAL) runs after such hooks
+
+    def after_train_iter(self, trainer: Any, batch_idx: int, data_batch: Any = None, outputs: Any = None) -> None:
+        trainer.message_hub.update_scalar("train/aux", float(trainer.progress.iteration))
+        trainer.message_hub.update_scalar("other/ignored", 1.0)
+
+
+def test_train_scalars_written_to_the_hub_are_logged_as_the_mean_since_the_previous_line(tmp_path: Path) -> None:
+    from conftest import train_records
+
+    t = _trainer(tmp_path, 2, custom_hooks=[WritesScalars()], default_hooks=dict(logger=dict(interval=2), checkpoint=None))
+    t.train()
+    records = train_records(t.run_dir)
+    # lines at iterations 2, 3 (epoch end), 5, 6: the values written since the previous line, averaged
+    assert [(r["iter"], r["aux"]) for r in records] == [(2, 1.5), (3, 3.0), (5, 4.5), (6, 6.0)]
+    assert all("ignored" not in r and "other/ignored" not in r for r in records)
+    t.close()

@@ -130,6 +130,7 @@ class LoggerHook(Hook):
         self._max_iters = 0
         self._log_scale = False
         self._line_iter = 0  # iteration of the latest line (requested), or the last one before the run started
+        self._hub_seen: dict[str, int] = {}  # message-hub train/ scalar -> its count at the previous line
         self._peaks: PhasePeaks | None = None  # the device's peak memory per phase; None where it reports none (CPU)
         self._tokens: Callable[[Any], Any] = num_tokens  # the model's count_tokens, else the batch's own count
 
@@ -144,6 +145,7 @@ class LoggerHook(Hook):
         # as mmengine: an epoch's last, short interval is logged unless ignore_last (and the epoch is longer than the interval)
         self._last_idx = self._epoch_len - 1 if loop.by_epoch and (not self.ignore_last or self._epoch_len <= self.interval) else -1
         self._line_iter = self._line_at_or_before(trainer.progress.iteration)
+        self._hub_seen = {k: b.count for k, b in trainer.message_hub.log_scalars.items()}  # what was written before this run is not this run's
         self._peaks = PhasePeaks.of(trainer.strategy.device)
         if self._peaks is not None:
             self._peaks.start()
@@ -184,7 +186,7 @@ class LoggerHook(Hook):
             lines = trainer.log_lines
             lines.hold(LineRequest(
                 line, it, p.epoch + 1 if self._by_epoch else p.epoch, ow.get_lr(), getattr(ow, "grad_norm", None), scale,
-                self._line_iter, batch_size(data_batch), self._tokens(data_batch), memory,
+                self._line_iter, batch_size(data_batch), self._tokens(data_batch), memory, self._hub_scalars(trainer),
             ))
             self._line_iter = it
             if time.perf_counter() - lines.last_write >= self.flush_secs or it - lines.written_to >= trainer.metric_store.flush_every:
@@ -201,6 +203,17 @@ class LoggerHook(Hook):
         self._phase(trainer, "train")
 
     # -- peak memory per phase (training, evaluation, checkpoint saves) ----------------------
+    def _hub_scalars(self, trainer: TrainerView) -> dict[str, float] | None:
+        """The mean of each message-hub ``train/<name>`` scalar written since the previous line, as ``<name>`` (mmengine logs them)."""
+        out: dict[str, float] = {}
+        for key, buf in trainer.message_hub.log_scalars.items():
+            if key.startswith("train/"):
+                new = buf.count - self._hub_seen.get(key, 0)
+                if new > 0:
+                    out[key[len("train/"):]] = buf.mean(new)
+                    self._hub_seen[key] = buf.count
+        return out or None
+
     def before_train_epoch(self, trainer: TrainerView) -> None:  # noqa: D102
         self._phase(trainer, "train")  # ends a save at the previous epoch's end
 

@@ -52,6 +52,7 @@ class LineRequest(NamedTuple):
     samples: int | None  # samples in this iteration's batch (this process), None: unknown
     tokens: Any  # tokens in it (a number, a tensor converted later, or None)
     memory: float | None  # peak device memory allocated during the line's training iterations on this process, MiB
+    extra: dict[str, float] | None = None  # values known at the line only (mmengine's message-hub ``train/`` scalars): logged as they are
 
 
 class PendingLines:
@@ -162,6 +163,8 @@ class PendingLines:
                 self._throughput(record, r, times["time"])
             if r.memory is not None:
                 record["max_memory_mb"] = r.memory
+            if r.extra:
+                record.update({k: v for k, v in r.extra.items() if k not in record})
             for c in self.custom:
                 value = self._custom(c, r)
                 if value is not None:
