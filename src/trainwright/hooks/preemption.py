@@ -338,8 +338,8 @@ class _Watchdog:
         """Log the signal as soon as it comes (the handler may not log): a slow save after it then has a line before it."""
         logger = getattr(self.hook._view, "logger", None)
         if logger is not None:
-            done = self._beat()[0]
-            logger.warning(f"Preemption signal {signal.Signals(signum).name} received ({done} iterations done): stopping at the next step boundary, then saving a checkpoint")
+            finished = self._beat()[0]
+            logger.warning(f"Preemption signal {signal.Signals(signum).name} received after iteration {finished}: stopping at the next step boundary, then saving a checkpoint")
             for h in logger.handlers:
                 h.flush()
 
