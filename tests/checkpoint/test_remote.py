@@ -253,8 +253,11 @@ def test_an_unreachable_endpoint_fails_at_start_naming_the_url(tmp_path: Path) -
 
 
 def test_resuming_from_a_url_outside_out_dir_names_it_and_where_its_settings_come_from(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    import s3fs
+
     monkeypatch.setenv("AWS_ENDPOINT_URL", f"http://127.0.0.1:{_free_port()}")  # nothing listens: the out_dir's storage_options do not apply here
     monkeypatch.setenv("AWS_MAX_ATTEMPTS", "1")
+    s3fs.S3FileSystem.clear_instance_cache()  # fsspec reuses a filesystem built with the same (empty) options by an earlier test
     t = _trainer(tmp_path / "work", str(tmp_path / "ckpts"), resume="s3://elsewhere/run/epoch_2.pth")
     with pytest.raises(OSError, match=r"Cannot read s3://elsewhere/run/epoch_2.pth\S*: cannot reach the storage endpoint.*A URL outside the CheckpointHook's out_dir does not get its storage_options"):
         t.train()
