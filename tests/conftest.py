@@ -75,6 +75,20 @@ class LinearReg(tw.BaseModel):
         return out
 
 
+class BNReg(tw.BaseModel):
+    """4 → 8 → BatchNorm → ReLU → 1 regression (MSE): a model whose BatchNorm statistics differ between data shards."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.fc = nn.Linear(4, 8)
+        self.bn = nn.BatchNorm1d(8)
+        self.out = nn.Linear(8, 1)
+
+    def forward(self, x: torch.Tensor, y: torch.Tensor | None = None, mode: str = "tensor") -> Any:  # noqa: D102
+        pred = self.out(torch.relu(self.bn(self.fc(x))))
+        return {"loss": F.mse_loss(pred, y)} if mode == "loss" else pred
+
+
 class RecordLosses(tw.Hook):
     """Reference: every iteration's loss as a number (a test may sync; the engine may not)."""
 

@@ -18,19 +18,10 @@ from torch.utils.data import TensorDataset
 
 import trainwright as tw
 
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
+from conftest import BNReg  # noqa: E402
+
 RANK = int(os.environ.get("RANK", 0))
-
-
-class BNReg(tw.BaseModel):
-    def __init__(self) -> None:
-        super().__init__()
-        self.fc = nn.Linear(4, 8)
-        self.bn = nn.BatchNorm1d(8)
-        self.out = nn.Linear(8, 1)
-
-    def forward(self, x, y=None, mode="tensor"):
-        pred = self.out(torch.relu(self.bn(self.fc(x))))
-        return {"loss": F.mse_loss(pred, y)} if mode == "loss" else pred
 
 
 def data() -> TensorDataset:
