@@ -277,17 +277,23 @@ def test_a_missing_fsspec_backend_names_the_extra_to_install(tmp_path: Path) -> 
     assert "s3://bucket/run" in second and "pip install 'trainwright[s3]'" in second, p.stdout + p.stderr
 
 
+class AfterEpoch1(tw.Hook):
+    """Calls ``fault()`` once the first epoch (and its checkpoint) is done: the server goes away, or stalls, mid-run."""
+
+    def __init__(self, fault: Any) -> None:
+        self.fault = fault
+
+    def before_train_epoch(self, trainer: Any) -> None:
+        if trainer.progress.epoch == 1:
+            self.fault()
+
+
 def test_the_endpoint_going_away_mid_run_keeps_the_checkpoints_locally_and_training_goes_on(tmp_path: Path) -> None:
     server = MotoServer(tmp_path / "moto.log")
     bucket = server.bucket("flaky")
 
-    class StopServerAfterEpoch1(tw.Hook):
-        def before_train_epoch(self, trainer: Any) -> None:
-            if trainer.progress.epoch == 1:
-                server.stop()
-
     try:
-        t = _trainer(tmp_path / "work", f"s3://{bucket}/run", _fast(server.endpoint), train_cfg=dict(by_epoch=True, max_epochs=3), custom_hooks=[StopServerAfterEpoch1()])
+        t = _trainer(tmp_path / "work", f"s3://{bucket}/run", _fast(server.endpoint), train_cfg=dict(by_epoch=True, max_epochs=3), custom_hooks=[AfterEpoch1(server.stop)])
         with pytest.warns(UserWarning, match=r"Could not upload checkpoint s3://flaky/run/epoch_2.pth .*kept it locally as .*checkpoints_unuploaded/epoch_2.pth"):
             t.train()
         t.close()
@@ -309,14 +315,9 @@ def test_a_stalled_endpoint_mid_run_keeps_the_checkpoints_locally_within_the_dea
     server = MotoServer(tmp_path / "moto.log")
     bucket = server.bucket("stalled")
 
-    class StallServerAfterEpoch1(tw.Hook):
-        def before_train_epoch(self, trainer: Any) -> None:
-            if trainer.progress.epoch == 1:
-                server.proc.send_signal(signal.SIGSTOP)
-
     options = {**_fast(server.endpoint), "attempt_timeout_s": 1.0}
     try:
-        t = _trainer(tmp_path / "work", f"s3://{bucket}/run", options, train_cfg=dict(by_epoch=True, max_epochs=2), custom_hooks=[StallServerAfterEpoch1()])
+        t = _trainer(tmp_path / "work", f"s3://{bucket}/run", options, train_cfg=dict(by_epoch=True, max_epochs=2), custom_hooks=[AfterEpoch1(lambda: server.proc.send_signal(signal.SIGSTOP))])
         started = time.monotonic()
         with pytest.warns(UserWarning, match=r"Could not upload checkpoint s3://stalled/run/epoch_2.pth .*kept it locally"):
             t.train()
@@ -358,7 +359,7 @@ def test_a_failed_background_sharded_upload_keeps_a_complete_local_copy_that_res
 
     try:
         t = _trainer(tmp_path / "work", f"s3://{bucket}/run", _fast(server.endpoint), async_save=True, strategy="fsdp",
-                     train_cfg=dict(by_epoch=True, max_epochs=3), custom_hooks=[StopServerAfterEpoch1()])
+                     train_cfg=dict(by_epoch=True, max_epochs=3), custom_hooks=[AfterEpoch1(server.stop)])
         with pytest.warns(UserWarning, match=r"Could not upload checkpoint s3://flaky-dcp/run/epoch_2.dcp .*kept it locally as .*checkpoints_unuploaded/epoch_2.dcp"):
             t.train()
         final = {k: v.clone() for k, v in t.unwrapped_model.state_dict().items()}
