@@ -185,18 +185,18 @@ def _owner() -> str:
     return f"{socket.gethostname()}:{os.getpid()}"
 
 
-def _owner_alive(owner: str) -> bool:
-    """Whether the sweep process ``host:pid`` may still run its trial: alive on this host, or on another host (not checkable)."""
+def _owner_alive(owner: str) -> str | None:
+    """Why the sweep process ``host:pid`` may still run its trial ("still alive", "on another machine": not checkable); None: it is gone."""
     host, _, pid = owner.rpartition(":")
     if host != socket.gethostname():
-        return True
+        return "on another machine"
     try:
         os.kill(int(pid), 0)
     except ProcessLookupError:
-        return False
+        return None
     except (PermissionError, ValueError):
-        return True
-    return True
+        pass
+    return "still alive"
 
 
 def _requeue_interrupted(optuna: Any, study: Any, say: Callable[[str], None]) -> None:
@@ -207,9 +207,9 @@ def _requeue_interrupted(optuna: Any, study: Any, say: Callable[[str], None]) ->
     TrialState = optuna.trial.TrialState
     for t in study.get_trials(deepcopy=False, states=(TrialState.RUNNING,)):
         owner = t.user_attrs.get("owner")
-        if owner is not None and _owner_alive(owner):
-            where = "on another machine" if owner.rpartition(":")[0] != socket.gethostname() else "still alive"
-            say(f"sweep: trial {t.number} is running in sweep process {owner} ({where}): left to it")
+        alive = _owner_alive(owner) if owner is not None else None
+        if alive is not None:
+            say(f"sweep: trial {t.number} is running in sweep process {owner} ({alive}): left to it")
             continue
         study.tell(t.number, state=TrialState.FAIL, skip_if_finished=True)
         if t.params:
