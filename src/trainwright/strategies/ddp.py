@@ -34,9 +34,9 @@ class DDPStrategy(ProcessGroupStrategy):
             does not depend on (mmengine's; see :class:`~trainwright.model.wrappers.DistributedDataParallelWrapper`).
         sync_batchnorm: Convert the model's BatchNorm layers to ``torch.nn.SyncBatchNorm`` (batch
             statistics over every process; Lightning's ``sync_batchnorm``, mmengine's ``sync_bn='torch'``).
-            torch runs SyncBatchNorm on CUDA / XPU / HPU only: on CPU under several processes this
-            is a ``ValueError`` at start (:class:`~trainwright.hooks.SyncBuffersHook` averages the
-            running statistics instead).
+            torch's DDP runs SyncBatchNorm on CUDA / XPU / HPU only: on CPU (any number of
+            processes) a model holding it is a ``ValueError`` at start
+            (:class:`~trainwright.hooks.SyncBuffersHook` averages the running statistics instead).
     """
 
     name = "ddp"
