@@ -359,7 +359,7 @@ def test_a_failed_background_sharded_upload_keeps_a_complete_local_copy_that_res
 
     try:
         t = _trainer(tmp_path / "work", f"s3://{bucket}/run", _fast(server.endpoint), async_save=True, strategy="fsdp",
-                     train_cfg=dict(by_epoch=True, max_epochs=3), custom_hooks=[AfterEpoch1(server.stop)])
+                     train_cfg=dict(by_epoch=True, max_epochs=3), custom_hooks=[StopServerAfterEpoch1()])
         with pytest.warns(UserWarning, match=r"Could not upload checkpoint s3://flaky-dcp/run/epoch_2.dcp .*kept it locally as .*checkpoints_unuploaded/epoch_2.dcp"):
             t.train()
         final = {k: v.clone() for k, v in t.unwrapped_model.state_dict().items()}
