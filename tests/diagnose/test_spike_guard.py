@@ -24,18 +24,19 @@ from conftest import LinearReg, train_records
 SPIKES = (12, 28)
 
 
-def _data() -> TensorDataset:
+def _data(spiky_batches: tuple[int, ...] = (11,)) -> TensorDataset:
     g = torch.Generator().manual_seed(3)
     x = torch.randn(64, 4, generator=g)
     y = x @ torch.randn(4, 1, generator=g) + 0.1 * torch.randn(64, 1, generator=g)
-    y[44:48] = 1e4
+    for b in spiky_batches:
+        y[4 * b : 4 * b + 4] = 1e4
     return TensorDataset(x, y)
 
 
-def _reference(skipped: set[int], momentum: float = 0.9) -> list[torch.Tensor]:
+def _reference(skipped: set[int], momentum: float = 0.9, spiky_batches: tuple[int, ...] = (11,)) -> list[torch.Tensor]:
     model = LinearReg()
     opt = torch.optim.SGD(model.parameters(), lr=0.02, momentum=momentum)
-    x, y = _data().tensors
+    x, y = _data(spiky_batches).tensors
     it = 0
     for _ in range(2):
         for b in range(16):
@@ -49,9 +50,9 @@ def _reference(skipped: set[int], momentum: float = 0.9) -> list[torch.Tensor]:
     return [p.detach() for p in model.parameters()]
 
 
-def _trainer(work_dir: Path, spike_guard: Any, checkpoint: Any = None, **kwargs: Any) -> tw.Trainer:
+def _trainer(work_dir: Path, spike_guard: Any, checkpoint: Any = None, spiky_batches: tuple[int, ...] = (11,), **kwargs: Any) -> tw.Trainer:
     return tw.Trainer(
-        model=LinearReg(), work_dir=work_dir, train_dataloader=DataLoader(_data(), batch_size=4, shuffle=False),
+        model=LinearReg(), work_dir=work_dir, train_dataloader=DataLoader(_data(spiky_batches), batch_size=4, shuffle=False),
         optim_wrapper=dict(optimizer=dict(type="SGD", lr=0.02, momentum=0.9)), train_cfg=dict(by_epoch=True, max_epochs=2),
         default_hooks=dict(checkpoint=checkpoint, logger=dict(interval=4)), randomness=dict(seed=0), log_level="WARNING",
         spike_guard=spike_guard, **kwargs,
@@ -88,6 +89,31 @@ def test_rollback_equals_a_loop_that_never_saw_the_skipped_batches(tmp_path: Pat
     assert "spike_guard rolled back to iteration 25" in log
     iters = [r["iter"] for r in train_records(t.run_dir)]
     assert iters == sorted(set(iters)), iters  # an iteration logged before the rollback gets no second record when it runs again
+    t.close()
+
+
+def test_repeated_rollbacks_to_one_capture_equal_a_loop_restoring_it_each_time(tmp_path: Path) -> None:
+    # batches 11 and 13 spike: iterations 12, 14, 28, 30. Captures at 0, 10, 20: 12 and 14 both go back to 10,
+    # 28 and 30 both to 20. The capture must be unchanged by the steps run after the first restore (13, 29).
+    guard = dict(window=8, threshold=6.0, action="rollback", max_rollbacks=4, capture_every=10)
+    t = _trainer(tmp_path, guard, spiky_batches=(11, 13))
+    model = t.train()
+    expected = _reference(set(range(11, 15)) | set(range(21, 31)), spiky_batches=(11, 13))
+    assert _equal([p.detach() for p in model.parameters()], expected)
+    assert t.spike_guard is not None and t.spike_guard.rollbacks == 4
+    log = (t.run_dir / "train.log").read_text()
+    assert log.count("spike_guard rolled back to iteration 10") == 2 and log.count("spike_guard rolled back to iteration 20") == 2
+    t.close()
+
+
+def test_a_rollback_to_the_spikes_own_checkpoint_spends_nothing(tmp_path: Path) -> None:
+    # checkpoints every 4 iterations: the newest one at a spike (12, 28) is the spike's own, written after its update was skipped
+    t = _trainer(tmp_path, dict(window=8, threshold=6.0, action="rollback", max_rollbacks=1), checkpoint=dict(interval=4, by_epoch=False))
+    model = t.train()
+    assert _equal([p.detach() for p in model.parameters()], _reference(set(SPIKES)))
+    assert t.spike_guard is not None and t.spike_guard.rollbacks == 0 and t.progress.iteration == 32
+    log = (t.run_dir / "train.log").read_text()
+    assert "is of the spike's own iteration 12" in log and "no rollback spent" in log and "rolled back to" not in log
     t.close()
 
 

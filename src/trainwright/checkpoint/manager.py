@@ -240,6 +240,17 @@ class CheckpointManager:
 
         return snapshot(self.state_dict(exclude))  # type: ignore[no-any-return]
 
+    def restore_captured(self, captured: dict[str, Any]) -> None:
+        """:meth:`restore` a :meth:`capture`, which stays unchanged however often it is restored.
+
+        torch's ``Optimizer.load_state_dict`` keeps the tensors it is given: restoring the capture
+        itself would let the next steps update its optimizer state in place, and a second restore
+        of the same capture (a second spike-guard rollback to it) would not go back to it.
+        """
+        from trainwright.checkpoint.async_writer import snapshot
+
+        self.restore(snapshot(captured), Path("<memory>"))
+
     # -- saving ---------------------------------------------------------------------------------
     def name(self, tmpl: str, n: int) -> str:
         """The file name ``tmpl`` gives ``n``, with the strategy's suffix (``.pth``; a DCP directory's ``.dcp``...)."""

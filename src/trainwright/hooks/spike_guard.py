@@ -10,7 +10,6 @@ spike and has the loop go on from there, the updates up to the spike skipped. Se
 
 from __future__ import annotations
 
-from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from trainwright.hooks.hook import Hook
@@ -70,15 +69,11 @@ class SpikeGuardHook(Hook):
         g = self.guard
         assert g.last is not None
         _, loss, med, limit = g.last
-        if g.rollbacks >= g.max_rollbacks:
-            raise SpikeRollbackError(
-                f"Loss spike at iteration {k} (loss {loss:.6g} > {limit:.6g}, median {med:.6g}) after {g.rollbacks} rollback(s): spike_guard "
-                f"max_rollbacks={g.max_rollbacks} is spent. The run is unstable at this point: lower the learning rate, raise the warm-up, "
-                "enable gradient clipping or check the data around these iterations; or raise max_rollbacks / threshold."
-            )
-        rollbacks, skipped = g.rollbacks + 1, g.skipped
+        rollbacks, skipped = g.rollbacks, g.skipped  # a restore puts back the guard's counters of the restored iteration
+        if rollbacks >= g.max_rollbacks and self._captured is not None:
+            raise self._spent(k, loss, med, limit)
         if self._captured is not None:
-            trainer.checkpoints.restore(self._captured, Path("<memory>"))
+            trainer.checkpoints.restore_captured(self._captured)
             source = f"the in-memory checkpoint of iteration {self._captured_at}"
         else:
             strategy = trainer.strategy
@@ -92,6 +87,16 @@ class SpikeGuardHook(Hook):
                     "(none was saved yet). Save earlier (a smaller CheckpointHook interval), keep one in memory with capture_every=N, or use action='skip'."
                 )
             source = str(found[0])
+        if trainer.progress.iteration == k:  # the newest checkpoint is the spike's own, written after its update was skipped
+            g.rollbacks, g.skipped, g.last = rollbacks, skipped, None
+            trainer.logger.warning(
+                f"spike_guard: the newest checkpoint ({source}) is of the spike's own iteration {k}, written after its update was skipped: "
+                "nothing to run again, no rollback spent; training goes on (save less often than every spike, or use capture_every=N, to go further back)"
+            )
+            return
+        if rollbacks >= g.max_rollbacks:
+            raise self._spent(k, loss, med, limit)
+        rollbacks += 1
         s = trainer.progress.iteration
         g.rollbacks, g.skipped, g.skip_through, g.last = rollbacks, skipped, k, None  # the restore put back the guard's state of iteration s
         trainer.logger.warning(
@@ -102,6 +107,14 @@ class SpikeGuardHook(Hook):
         assert loop is not None
         loop.request_restart()
         trainer.metric_store.agreement.set_finish(True)  # leave the loader's pass now (decided on every rank): the loop goes on from the restored position
+
+    def _spent(self, k: int, loss: float, med: float, limit: float) -> SpikeRollbackError:
+        g = self.guard
+        return SpikeRollbackError(
+            f"Loss spike at iteration {k} (loss {loss:.6g} > {limit:.6g}, median {med:.6g}) after {g.max_rollbacks} rollback(s): spike_guard "
+            f"max_rollbacks={g.max_rollbacks} is spent. The run is unstable at this point: lower the learning rate, raise the warm-up, "
+            "enable gradient clipping or check the data around these iterations; or raise max_rollbacks / threshold."
+        )
 
     # -- state --------------------------------------------------------------------------------
     def state_dict(self) -> dict[str, Any]:
