@@ -1,4 +1,4 @@
-"""Only trainwright/dist/ and trainwright/strategies/ may import torch.distributed (DESIGN.md).
+"""Only trainwright/dist/ and trainwright/strategies/ may import torch.distributed (docs/architecture.md, "Layers").
 
 import-linter checks the layers (`lint-imports`, run in CI); external subpackages such as
 torch.distributed are outside its reach, so this test reads the sources' import statements.
