@@ -19,6 +19,7 @@ import numpy as np
 import torch
 from torch.utils.data import BatchSampler, DataLoader, Dataset, IterableDataset, RandomSampler, Sampler, SequentialSampler, get_worker_info
 
+from trainwright.data.loader_args import dataloader_arguments
 from trainwright.registry import DATASETS, check_keys
 
 
@@ -308,12 +309,16 @@ _LOADER_KEYS = {"dataset", "batch_size", "shuffle", "sampler", "batch_sampler", 
 
 
 def make_dataloader(cfg: DataLoader | Mapping[str, Any], name: str = "dataloader") -> DataLoader:
-    """A ``DataLoader`` from itself or from a dict of its arguments (``dataset`` may be a ``dict(type=...)``)."""
+    """A ``DataLoader`` from itself or from a dict of its arguments (``dataset`` may be a ``dict(type=...)``).
+
+    mmengine's ``sampler=dict(type='DefaultSampler', shuffle=...)`` and ``collate_fn=dict(type=...)``
+    are translated (:mod:`trainwright.data.loader_args`); any other sampler dict is refused by name.
+    """
     if isinstance(cfg, Mapping):
         check_keys(name, cfg, _LOADER_KEYS, hint=f"Use DataLoader arguments: {sorted(_LOADER_KEYS)}")
         if "dataset" not in cfg:
             raise KeyError(f"{name} dict needs a 'dataset' (a Dataset or dict(type=...)), e.g. dict(dataset=ds, batch_size=32, shuffle=True)")
-        args = dict(cfg)
+        args = dataloader_arguments(cfg, name)  # mmengine's sampler / collate_fn dicts: never handed to torch as they are
         args["dataset"] = DATASETS.build(args["dataset"])
         cfg = DataLoader(**args)
     if not isinstance(cfg, DataLoader):

@@ -15,7 +15,7 @@ import json
 import warnings
 from collections.abc import Iterator, Mapping
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 from trainwright.logging.writers import plain
 from trainwright.utils.imports import import_modules
@@ -43,7 +43,40 @@ def trainer_from_config(trainer_cls: type[Trainer], cfg: Mapping[str, Any], **ov
     args.update(overrides)
     filename = getattr(cfg, "filename", None)
     import_modules(args.get("custom_imports"), Path(filename) if filename else None)  # Config.fromfile has usually done it already
-    allowed = trainer_keys(trainer_cls)
+    built = trainer_arguments(args, trainer_keys(trainer_cls))
+    trainer = _build(lambda: trainer_cls(**built.kwargs), built.index, None, built.scope)
+    if built.scaled:
+        trainer.logger.info(built.scaled)
+    if trainer.is_main_process:
+        dump_config(_resolved(cfg, overrides), trainer.run_dir)
+    return trainer
+
+
+class TrainerArguments(NamedTuple):
+    """A config as the Trainer's keyword arguments (:func:`trainer_arguments`)."""
+
+    #: The Trainer's keyword arguments: the model built, the loaders' datasets built, mmengine's keys translated.
+    kwargs: dict[str, Any]
+    #: The line to log about ``auto_scale_lr`` (None: nothing was scaled).
+    scaled: str | None
+    #: Every mapping of the config by its dotted path (a failing build names its key).
+    index: dict[str, Mapping[str, Any]]
+    #: The config's ``default_scope`` (named when a type is unknown).
+    scope: Any
+
+
+def trainer_arguments(args: dict[str, Any], allowed: list[str]) -> TrainerArguments:
+    """Translate a config mapping into the Trainer's keyword arguments (``allowed``: their names), in place of ``args``.
+
+    mmengine's runtime keys and spellings are translated (:mod:`trainwright.trainer.mmengine_cfg`),
+    a typo of an argument is refused and other unknown keys are named as helper variables; then,
+    after seeding as ``randomness`` says (so the initial weights follow the seed), the model and
+    the loaders' ``dataset`` dicts are built through ``MODELS`` / ``DATASETS``. mmengine's
+    ``Runner`` (:mod:`trainwright.runner`) gives its keyword arguments the same way.
+
+    Raises:
+        ConfigError: a typo of an argument, no ``model``, or a part that does not build (named by its key path).
+    """
     translate_runtime_keys(args)
     helpers = []
     for key in args:
@@ -57,7 +90,7 @@ def trainer_from_config(trainer_cls: type[Trainer], cfg: Mapping[str, Any], **ov
         warnings.warn(
             f"Config keys {sorted(helpers)} are not Trainer arguments: taken as helper variables of the config and not used by the "
             f"trainer (name them with a leading underscore to silence this).{' If one was meant as an argument:' + hints if hints else ''}",
-            stacklevel=2,
+            stacklevel=3,
         )
     kwargs = {k: v for k, v in args.items() if k in allowed}
     if "model" not in kwargs or kwargs["model"] is None:
@@ -76,12 +109,7 @@ def trainer_from_config(trainer_cls: type[Trainer], cfg: Mapping[str, Any], **ov
             loader = dict(loader)
             loader["dataset"] = _build(lambda: DATASETS.build(loader["dataset"]), index, f"{name}.dataset", scope)  # noqa: B023 - called at once
             kwargs[name] = loader
-    trainer = _build(lambda: trainer_cls(**kwargs), index, None, scope)
-    if scaled:
-        trainer.logger.info(scaled)
-    if trainer.is_main_process:
-        dump_config(_resolved(cfg, overrides), trainer.run_dir)
-    return trainer
+    return TrainerArguments(kwargs, scaled, index, scope)
 
 
 def _resolved(cfg: Mapping[str, Any], overrides: Mapping[str, Any]) -> Mapping[str, Any]:

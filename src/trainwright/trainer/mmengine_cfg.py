@@ -13,7 +13,8 @@ import warnings
 from collections.abc import Mapping
 from typing import Any
 
-from trainwright.registry import FUNCTIONS, ConfigError, did_you_mean, dropping_scope
+from trainwright.data.loader_args import dataloader_arguments
+from trainwright.registry import ConfigError, did_you_mean, dropping_scope
 
 #: mmengine runtime keys accepted and ignored (trainwright has no such part, or sets it itself).
 IGNORED_KEYS = frozenset({
@@ -24,7 +25,6 @@ IGNORED_KEYS = frozenset({
 LOADERS = ("train_dataloader", "val_dataloader", "test_dataloader")
 _LOOP_TYPES = {"EpochBasedTrainLoop": True, "IterBasedTrainLoop": False}
 _EVAL_LOOP_TYPES = {"val_cfg": "ValLoop", "test_cfg": "TestLoop"}
-_SAMPLERS = {"DefaultSampler", "InfiniteSampler"}
 
 
 #: mmengine's visualizer backends -> trainwright writer name and ``{their argument: ours}`` (None: accepted, not needed here).
@@ -200,23 +200,6 @@ def _auto_scale_lr(cfg: Any, kwargs: dict[str, Any]) -> str | None:
     return f"auto_scale_lr: lr {optimizer['lr']} -> {optimizer['lr'] * ratio:g} (batch size {batch} x {shards} data shard(s) / base_batch_size {base})"
 
 
-def _collate_fn(loader: str, cfg: Mapping[str, Any]) -> Any:
-    """``collate_fn=dict(type=name, **kwargs)``: the function registered in ``FUNCTIONS`` with the kwargs bound (mmengine's)."""
-    import functools
-
-    import trainwright.data.collate  # noqa: F401  (registers pseudo_collate / default_collate)
-
-    cfg = {k: v for k, v in cfg.items() if k != "_scope_"}
-    if "type" not in cfg:
-        raise ConfigError(f"{loader}.collate_fn needs a 'type' (a function name such as 'pseudo_collate' or 'default_collate'), got {cfg}")
-    kind = cfg.pop("type")
-    try:
-        fn = kind if callable(kind) else FUNCTIONS.get(kind)
-    except KeyError as e:
-        raise ConfigError(f"{loader}.collate_fn: {e.args[0]}") from None
-    return functools.partial(fn, **cfg) if cfg else fn
-
-
 def _translate_mmengine(kwargs: dict[str, Any]) -> None:
     """Accept mmengine's spellings of the parts trainwright has, in place."""
     train_cfg = kwargs.get("train_cfg")
@@ -241,27 +224,8 @@ def _translate_mmengine(kwargs: dict[str, Any]) -> None:
             kwargs[key] = {k: v for k, v in kwargs[key].items() if k != "fp16"} | ({"autocast": True} if kwargs[key].get("fp16") else {})
     for name in LOADERS:
         loader = kwargs.get(name)
-        if not isinstance(loader, Mapping):
-            continue
-        loader = dict(loader)
-        sampler = loader.get("sampler")
-        mmengine_style = isinstance(sampler, Mapping) and sampler.get("type") in _SAMPLERS
-        if mmengine_style:
-            loader.pop("sampler")
-            loader.setdefault("shuffle", bool(sampler.get("shuffle", True)))  # type: ignore[union-attr]
-            if sampler.get("seed") is not None:  # type: ignore[union-attr]
-                warnings.warn(
-                    f"{name}.sampler seed={sampler['seed']!r} is not used: the data order follows the run's seed (randomness=dict(seed=...)), "  # type: ignore[index]
-                    "so a resumed run keeps it; set randomness=dict(seed=...) to choose it",
-                    stacklevel=3,
-                )
-        # mmengine's Runner collates with pseudo_collate unless the config names another function
-        collate = loader.get("collate_fn", dict(type="pseudo_collate") if mmengine_style else None)
-        if isinstance(collate, Mapping):
-            loader["collate_fn"] = _collate_fn(name, collate)
-        if not loader.get("num_workers"):
-            loader.pop("persistent_workers", None)  # torch refuses persistent_workers without workers
-        kwargs[name] = loader
+        if isinstance(loader, Mapping):  # translated here too (make_dataloader does it again, a no-op), so a bad sampler fails before anything is built
+            kwargs[name] = dataloader_arguments(loader, name)
 
 
 def translate_runtime_keys(args: dict[str, Any]) -> None:

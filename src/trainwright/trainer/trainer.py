@@ -337,6 +337,16 @@ class Trainer:
             train_dataloader=DataOrderState(self.train_loop.dataloader, self.progress, self.logger),
         )
 
+    def build_train_loop(self) -> EpochBasedTrainLoop | IterBasedTrainLoop:
+        """Build what ``train()`` builds first (train loader, optim wrapper over the prepared model, loop, schedulers), once; return the loop.
+
+        ``train()`` calls it; calling it earlier gives hooks and scripts the loop before training
+        (mmengine's ``runner.train_loop``, built on first access). Restoring ``resume`` / ``load_from`` stays ``train()``'s.
+        """
+        self._build_train()
+        assert self.train_loop is not None
+        return self.train_loop
+
     @property
     def _trains(self) -> bool:
         """Whether this trainer can train (a train loader and an optim wrapper were given): ``resume`` applies then."""
