@@ -1,8 +1,8 @@
 """Parameter schedulers (learning rate, momentum, any param-group key), mmengine-style.
 
 Importing this package registers every scheduler in ``trainwright.registry.PARAM_SCHEDULERS``.
-See ``docs/schedulers.md`` for windows (``begin``/``end``), ``by_epoch``, chaining and
-``convert_to_iter_based``.
+See ``docs/schedulers.md`` for windows (``begin``/``end``), units (``by_epoch``,
+``by_update``), chaining, ``convert_to_iter_based`` and torch's schedulers.
 """
 
 from __future__ import annotations
@@ -35,6 +35,7 @@ from trainwright.optim.scheduler.momentum_scheduler import (
     StepMomentum,
 )
 from trainwright.optim.scheduler.cosine_restart import CosineRestartParamScheduler
+from trainwright.optim.scheduler.lambda_scheduler import LambdaLR, LambdaParamScheduler
 from trainwright.optim.scheduler.one_cycle import OneCycleParamScheduler
 from trainwright.optim.scheduler.param_scheduler import (
     ConstantParamScheduler,
@@ -46,6 +47,7 @@ from trainwright.optim.scheduler.param_scheduler import (
     StepParamScheduler,
 )
 from trainwright.optim.scheduler.plateau import ReduceOnPlateauParamScheduler
+from trainwright.optim.scheduler.torch_scheduler import TorchScheduler
 
 __all__ = [
     "INF",
@@ -63,6 +65,8 @@ __all__ = [
     "OneCycleParamScheduler",
     "CosineRestartParamScheduler",
     "ReduceOnPlateauParamScheduler",
+    "LambdaParamScheduler",
+    "TorchScheduler",
     "LRSchedulerMixin",
     "ConstantLR",
     "LinearLR",
@@ -74,6 +78,7 @@ __all__ = [
     "OneCycleLR",
     "CosineRestartLR",
     "ReduceOnPlateauLR",
+    "LambdaLR",
     "MomentumSchedulerMixin",
     "ConstantMomentum",
     "LinearMomentum",

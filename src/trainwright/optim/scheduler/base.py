@@ -1,8 +1,10 @@
 """The parameter-scheduler base class: a chainable, windowed, resumable value schedule.
 
 A scheduler changes one hyper-parameter (``lr``, ``momentum``, ``weight_decay``…) in every
-param group, one *unit* (an epoch when ``by_epoch=True``, else an iteration) per
-:meth:`ParamScheduler.step`; the param-scheduler hook decides when to step. As in mmengine,
+param group, one *unit* per :meth:`ParamScheduler.step`: an epoch when ``by_epoch=True``, an
+optimizer update when ``by_update=True`` (one accumulation window: nanoGPT's and Hugging
+Face's unit), else an iteration (one micro-batch, mmengine's unit); the param-scheduler hook
+decides when to step. As in mmengine,
 each acts only inside its window ``begin <= global step < end``, and values are computed in
 chainable form from the current value, so overlapping schedulers compose multiplicatively
 (e.g. a linear warmup over iterations on top of a cosine decay over epochs).
@@ -55,6 +57,10 @@ class ParamScheduler:
             state dict (the param groups must then already hold ``initial_<param_name>``).
             ``-1`` means a fresh start.
         by_epoch: Whether one :meth:`step` is one epoch (``True``) or one iteration.
+        by_update: Count in optimizer updates: one :meth:`step` per closed accumulation
+            window (``accumulative_counts`` iterations), so ``begin``/``end`` and the other
+            lengths are numbers of updates. Implies ``by_epoch=False`` (mmengine configs keep
+            ``by_epoch``'s default ``True``; a config that sets both is refused by the builder).
 
     Attributes:
         last_step: Steps taken inside the window, minus one (``-1`` before ``begin``).
@@ -76,6 +82,7 @@ class ParamScheduler:
         end: int = INF,
         last_step: int = -1,
         by_epoch: bool = True,
+        by_update: bool = False,
     ) -> None:
         if not hasattr(optimizer, "param_groups"):
             raise TypeError(
@@ -90,7 +97,8 @@ class ParamScheduler:
         self.param_name = param_name
         self.begin = begin
         self.end = end
-        self.by_epoch = by_epoch
+        self.by_update = bool(by_update)
+        self.by_epoch = bool(by_epoch) and not self.by_update
         groups = optimizer.param_groups
         for i, group in enumerate(groups):
             if param_name not in group:
@@ -122,6 +130,11 @@ class ParamScheduler:
             self.__dict__["step"] = self._first_step
 
     @property
+    def unit(self) -> str:
+        """What one :meth:`step` counts: ``"epoch"``, ``"update"`` (optimizer updates) or ``"iter"`` (iterations)."""
+        return "epoch" if self.by_epoch else "update" if self.by_update else "iter"
+
+    @property
     def param_groups(self) -> list[dict[str, Any]]:
         """The scheduled optimizer's param groups."""
         return self.optimizer.param_groups
@@ -135,7 +148,7 @@ class ParamScheduler:
         raise NotImplementedError
 
     def step(self) -> None:
-        """Advance one unit (epoch if ``by_epoch`` else iteration) and update the groups."""
+        """Advance one unit (an epoch, an optimizer update or an iteration: :attr:`unit`) and update the groups."""
         self._global_step += 1
         if self.begin <= self._global_step < self.end:
             self.last_step += 1
@@ -192,7 +205,9 @@ class ParamScheduler:
 
         ``begin``, ``end`` and the arguments named in :attr:`epoch_valued_args` (``T_max``,
         ``step_size``, ``milestones``, ``total_steps``…) are multiplied by ``epoch_length``, so
-        the schedule has the same shape but updates every iteration instead of every epoch.
+        the schedule has the same shape but updates every iteration instead of every epoch
+        (every optimizer update with ``by_update=True`` in ``kwargs``: ``epoch_length`` is then
+        the number of updates per epoch).
 
         Args:
             *args: Positional arguments of the scheduler (the optimizer first).
@@ -228,7 +243,7 @@ class ParamScheduler:
     def __repr__(self) -> str:
         return (
             f"{type(self).__name__}(param_name={self.param_name!r}, begin={self.begin}, end={self.end}, "
-            f"by_epoch={self.by_epoch}, last_step={self.last_step})"
+            f"by_epoch={self.by_epoch}, by_update={self.by_update}, last_step={self.last_step})"
         )
 
 

@@ -30,7 +30,7 @@ class CosineRestartParamScheduler(ParamScheduler):
             (default: 1 for every period).
         eta_min: The floor of every cycle. Give exactly one of ``eta_min`` and ``eta_min_ratio``.
         eta_min_ratio: The floor as a fraction of each group's base value.
-        begin, end, last_step, by_epoch: See :class:`ParamScheduler`.
+        begin, end, last_step, by_epoch, by_update: See :class:`ParamScheduler`.
 
     Raises:
         ValueError: Both or neither of ``eta_min`` / ``eta_min_ratio``, an empty or
@@ -51,6 +51,7 @@ class CosineRestartParamScheduler(ParamScheduler):
         end: int = INF,
         last_step: int = -1,
         by_epoch: bool = True,
+        by_update: bool = False,
     ) -> None:
         name = type(self).__name__
         if (eta_min is None) == (eta_min_ratio is None):
@@ -72,7 +73,7 @@ class CosineRestartParamScheduler(ParamScheduler):
         self.eta_min = None if eta_min is None else float(eta_min)
         self.eta_min_ratio = None if eta_min_ratio is None else float(eta_min_ratio)
         self.cumulative_periods = [sum(self.periods[: i + 1]) for i in range(len(self.periods))]
-        super().__init__(optimizer, param_name, begin=begin, end=end, last_step=last_step, by_epoch=by_epoch)
+        super().__init__(optimizer, param_name, begin=begin, end=end, last_step=last_step, by_epoch=by_epoch, by_update=by_update)
 
     def _period(self, t: int) -> int | None:
         """The index of the period holding step ``t``, or None past the last one."""

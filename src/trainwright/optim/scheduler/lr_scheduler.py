@@ -79,7 +79,7 @@ class OneCycleLR(LRSchedulerMixin, OneCycleParamScheduler):
     Args:
         optimizer: Optimizer or optimizer wrapper.
         eta_max, total_steps, pct_start, anneal_strategy, div_factor, final_div_factor,
-            three_phase, begin, end, last_step, by_epoch: See :class:`OneCycleParamScheduler`.
+            three_phase, begin, end, last_step, by_epoch, by_update: See :class:`OneCycleParamScheduler`.
         cycle_momentum: Cycle the momentum inversely to the learning rate.
         base_momentum: Lowest momentum (at the learning-rate peak), one or one per group.
         max_momentum: Highest momentum (at the start and the end), one or one per group.
@@ -103,6 +103,7 @@ class OneCycleLR(LRSchedulerMixin, OneCycleParamScheduler):
         end: int = INF,
         last_step: int = -1,
         by_epoch: bool = True,
+        by_update: bool = False,
         cycle_momentum: bool = False,
         base_momentum: float | Sequence[float] = 0.85,
         max_momentum: float | Sequence[float] = 0.95,
@@ -114,7 +115,7 @@ class OneCycleLR(LRSchedulerMixin, OneCycleParamScheduler):
         super().__init__(
             optimizer, eta_max=eta_max, total_steps=total_steps, pct_start=pct_start, anneal_strategy=anneal_strategy,
             div_factor=div_factor, final_div_factor=final_div_factor, three_phase=three_phase,
-            begin=begin, end=end, last_step=last_step, by_epoch=by_epoch,
+            begin=begin, end=end, last_step=last_step, by_epoch=by_epoch, by_update=by_update,
         )
 
     def _prepare_momentum(self, optimizer: OptimizerLike, base: float | Sequence[float], peak: float | Sequence[float], fresh: bool) -> None:

@@ -36,7 +36,7 @@ class OneCycleParamScheduler(ParamScheduler):
         final_div_factor: Final value is the start value ``/ final_div_factor``.
         three_phase: Anneal back to the start value, then down to the final value (paper
             version) instead of the two-phase fastai version.
-        begin, end, last_step, by_epoch: See :class:`ParamScheduler`.
+        begin, end, last_step, by_epoch, by_update: See :class:`ParamScheduler`.
     """
 
     epoch_valued_args = ("total_steps",)
@@ -56,6 +56,7 @@ class OneCycleParamScheduler(ParamScheduler):
         end: int = INF,
         last_step: int = -1,
         by_epoch: bool = True,
+        by_update: bool = False,
     ) -> None:
         name = type(self).__name__
         if total_steps is None:
@@ -99,7 +100,7 @@ class OneCycleParamScheduler(ParamScheduler):
                 group[f"initial_{param_name}"] = peak / div_factor
                 group[f"max_{param_name}"] = peak
                 group[f"min_{param_name}"] = peak / div_factor / final_div_factor
-        super().__init__(optimizer, param_name, begin=begin, end=end, last_step=last_step, by_epoch=by_epoch)
+        super().__init__(optimizer, param_name, begin=begin, end=end, last_step=last_step, by_epoch=by_epoch, by_update=by_update)
 
     def _anneal(self, start: float, end: float, pct: float) -> float:
         if self.anneal_strategy == "cos":

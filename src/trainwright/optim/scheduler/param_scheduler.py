@@ -32,7 +32,7 @@ class ConstantParamScheduler(ParamScheduler):
         optimizer: Optimizer or optimizer wrapper.
         param_name: The param-group key to schedule.
         factor: Multiplier in [0, 1] (0 is rejected: the value could not be restored).
-        begin, end, last_step, by_epoch: See :class:`ParamScheduler`.
+        begin, end, last_step, by_epoch, by_update: See :class:`ParamScheduler`.
     """
 
     def __init__(
@@ -44,11 +44,12 @@ class ConstantParamScheduler(ParamScheduler):
         end: int = INF,
         last_step: int = -1,
         by_epoch: bool = True,
+        by_update: bool = False,
     ) -> None:
         _check_factor(type(self).__name__, "factor", factor, allow_zero=False)
         self.factor = factor
         self.total_iters = end - begin - 1
-        super().__init__(optimizer, param_name, begin=begin, end=end, last_step=last_step, by_epoch=by_epoch)
+        super().__init__(optimizer, param_name, begin=begin, end=end, last_step=last_step, by_epoch=by_epoch, by_update=by_update)
 
     def _get_value(self) -> list[float]:
         if self.last_step == 0:
@@ -70,7 +71,8 @@ class LinearParamScheduler(ParamScheduler):
         param_name: The param-group key to schedule.
         start_factor: Factor at ``begin``, in (0, 1].
         end_factor: Factor at ``end - 1``, in [0, 1].
-        begin, end, last_step, by_epoch: See :class:`ParamScheduler`; ``end`` is required.
+        begin, end, last_step, by_epoch, by_update: See :class:`ParamScheduler`; ``end`` is required
+            (a config without ``end`` gets the end of training from the builder, as in mmengine).
     """
 
     def __init__(
@@ -83,16 +85,20 @@ class LinearParamScheduler(ParamScheduler):
         end: int = INF,
         last_step: int = -1,
         by_epoch: bool = True,
+        by_update: bool = False,
     ) -> None:
         name = type(self).__name__
         _check_factor(name, "start_factor", start_factor, allow_zero=False)
         _check_factor(name, "end_factor", end_factor, allow_zero=True)
         if end == INF:
-            raise ValueError(f"{name} changes the value over its window, so it needs end=... (e.g. end=50 with by_epoch=False for a 50-iteration warmup).")
+            raise ValueError(
+                f"{name} changes the value over its window, so it needs end=... (e.g. end=50 with by_epoch=False for a 50-iteration warmup). "
+                "In a Trainer (or build_param_schedulers(..., max_epochs=/max_iters=)) a config without end ends with training, as in mmengine."
+            )
         self.start_factor = start_factor
         self.end_factor = end_factor
         self.total_iters = end - begin - 1
-        super().__init__(optimizer, param_name, begin=begin, end=end, last_step=last_step, by_epoch=by_epoch)
+        super().__init__(optimizer, param_name, begin=begin, end=end, last_step=last_step, by_epoch=by_epoch, by_update=by_update)
 
     def _get_value(self) -> list[float]:
         if self.last_step == 0:
@@ -116,7 +122,7 @@ class StepParamScheduler(ParamScheduler):
         param_name: The param-group key to schedule.
         step_size: Period of the decay, in steps (epochs when ``by_epoch``).
         gamma: Multiplicative decay.
-        begin, end, last_step, by_epoch: See :class:`ParamScheduler`.
+        begin, end, last_step, by_epoch, by_update: See :class:`ParamScheduler`.
     """
 
     epoch_valued_args = ("step_size",)
@@ -131,12 +137,13 @@ class StepParamScheduler(ParamScheduler):
         end: int = INF,
         last_step: int = -1,
         by_epoch: bool = True,
+        by_update: bool = False,
     ) -> None:
         if step_size <= 0:
             raise ValueError(f"{type(self).__name__}: step_size must be a positive number of steps, got {step_size}.")
         self.step_size = step_size
         self.gamma = gamma
-        super().__init__(optimizer, param_name, begin=begin, end=end, last_step=last_step, by_epoch=by_epoch)
+        super().__init__(optimizer, param_name, begin=begin, end=end, last_step=last_step, by_epoch=by_epoch, by_update=by_update)
 
     def _get_value(self) -> list[float]:
         if self.last_step == 0 or self.last_step % self.step_size != 0:
@@ -155,7 +162,7 @@ class MultiStepParamScheduler(ParamScheduler):
         param_name: The param-group key to schedule.
         milestones: Steps (relative to ``begin``) at which to decay.
         gamma: Multiplicative decay.
-        begin, end, last_step, by_epoch: See :class:`ParamScheduler`.
+        begin, end, last_step, by_epoch, by_update: See :class:`ParamScheduler`.
     """
 
     epoch_valued_args = ("milestones",)
@@ -170,13 +177,14 @@ class MultiStepParamScheduler(ParamScheduler):
         end: int = INF,
         last_step: int = -1,
         by_epoch: bool = True,
+        by_update: bool = False,
     ) -> None:
         # A plain {step: count} dict (not a Counter) keeps the state loadable with weights_only=True.
         self.milestones: dict[int, int] = {}
         for m in milestones:
             self.milestones[int(m)] = self.milestones.get(int(m), 0) + 1
         self.gamma = gamma
-        super().__init__(optimizer, param_name, begin=begin, end=end, last_step=last_step, by_epoch=by_epoch)
+        super().__init__(optimizer, param_name, begin=begin, end=end, last_step=last_step, by_epoch=by_epoch, by_update=by_update)
 
     def _get_value(self) -> list[float]:
         count = self.milestones.get(self.last_step, 0)
@@ -195,7 +203,7 @@ class ExponentialParamScheduler(ParamScheduler):
         optimizer: Optimizer or optimizer wrapper.
         param_name: The param-group key to schedule.
         gamma: Multiplicative decay per step.
-        begin, end, last_step, by_epoch: See :class:`ParamScheduler`.
+        begin, end, last_step, by_epoch, by_update: See :class:`ParamScheduler`.
     """
 
     def __init__(
@@ -207,9 +215,10 @@ class ExponentialParamScheduler(ParamScheduler):
         end: int = INF,
         last_step: int = -1,
         by_epoch: bool = True,
+        by_update: bool = False,
     ) -> None:
         self.gamma = gamma
-        super().__init__(optimizer, param_name, begin=begin, end=end, last_step=last_step, by_epoch=by_epoch)
+        super().__init__(optimizer, param_name, begin=begin, end=end, last_step=last_step, by_epoch=by_epoch, by_update=by_update)
 
     def _get_value(self) -> list[float]:
         if self.last_step == 0:
@@ -230,7 +239,7 @@ class CosineAnnealingParamScheduler(ParamScheduler):
         T_max: Steps of the half cosine; defaults to ``end - begin``.
         eta_min: Final value (default 0). Exclusive with ``eta_min_ratio``.
         eta_min_ratio: Final value as a fraction of each group's base value.
-        begin, end, last_step, by_epoch: See :class:`ParamScheduler`.
+        begin, end, last_step, by_epoch, by_update: See :class:`ParamScheduler`.
 
     Raises:
         ValueError: Neither ``T_max`` nor ``end`` is given, or both eta_min forms are.
@@ -248,6 +257,7 @@ class CosineAnnealingParamScheduler(ParamScheduler):
         end: int = INF,
         last_step: int = -1,
         by_epoch: bool = True,
+        by_update: bool = False,
         eta_min_ratio: float | None = None,
     ) -> None:
         name = type(self).__name__
@@ -255,7 +265,7 @@ class CosineAnnealingParamScheduler(ParamScheduler):
             raise ValueError(f"{name}: give eta_min or eta_min_ratio, not both (got {eta_min} and {eta_min_ratio}).")
         if T_max is None:
             if end == INF:
-                unit = "epochs" if by_epoch else "iterations"
+                unit = "optimizer updates" if by_update else "epochs" if by_epoch else "iterations"
                 raise ValueError(
                     f"{name} needs the length of its cosine: pass T_max=... or end=... (in {unit}); "
                     "build_param_schedulers(..., max_epochs=/max_iters=) fills in end from the training length."
@@ -266,7 +276,7 @@ class CosineAnnealingParamScheduler(ParamScheduler):
         self.T_max = T_max
         self.eta_min = 0.0 if eta_min is None and eta_min_ratio is None else eta_min
         self.eta_min_ratio = eta_min_ratio
-        super().__init__(optimizer, param_name, begin=begin, end=end, last_step=last_step, by_epoch=by_epoch)
+        super().__init__(optimizer, param_name, begin=begin, end=end, last_step=last_step, by_epoch=by_epoch, by_update=by_update)
 
     def _eta_min(self, base: float) -> float:
         return base * self.eta_min_ratio if self.eta_min_ratio is not None else float(self.eta_min or 0.0)
@@ -293,7 +303,8 @@ class PolyParamScheduler(ParamScheduler):
         param_name: The param-group key to schedule.
         eta_min: Final value.
         power: Exponent of the polynomial.
-        begin, end, last_step, by_epoch: See :class:`ParamScheduler`; ``end`` is required.
+        begin, end, last_step, by_epoch, by_update: See :class:`ParamScheduler`; ``end`` is required
+            (a config without ``end`` gets the end of training from the builder, as in mmengine).
     """
 
     def __init__(
@@ -306,13 +317,17 @@ class PolyParamScheduler(ParamScheduler):
         end: int = INF,
         last_step: int = -1,
         by_epoch: bool = True,
+        by_update: bool = False,
     ) -> None:
         if end == INF:
-            raise ValueError(f"{type(self).__name__} decays over its window, so it needs end=... (the step at which the value reaches eta_min, plus one).")
+            raise ValueError(
+                f"{type(self).__name__} decays over its window, so it needs end=... (the step at which the value reaches eta_min, plus one). "
+                "In a Trainer (or build_param_schedulers(..., max_epochs=/max_iters=)) a config without end ends with training, as in mmengine."
+            )
         self.eta_min = eta_min
         self.power = power
         self.total_iters = end - begin - 1
-        super().__init__(optimizer, param_name, begin=begin, end=end, last_step=last_step, by_epoch=by_epoch)
+        super().__init__(optimizer, param_name, begin=begin, end=end, last_step=last_step, by_epoch=by_epoch, by_update=by_update)
 
     def _get_value(self) -> list[float]:
         t = self.last_step
