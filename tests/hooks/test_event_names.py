@@ -36,6 +36,7 @@ def test_a_ported_detectron2_hook_is_named_with_the_events_to_write(tmp_path: Pa
     assert "PortedHook.before_step: detectron2's HookBase event; trainwright never calls it: write before_train_iter(self, trainer, batch_idx, data_batch)" in message
     assert "PortedHook.after_step: detectron2's HookBase event; trainwright never calls it: write after_train_iter(" in message
     assert "PortedHook.after_backward: detectron2's HookBase event; trainwright never calls it: write optimizer.register_step_pre_hook(fn)" in message
+    assert message.endswith("A detectron2 hook runs as it is under trainwright.engine.SimpleTrainer, subclassing trainwright.engine.HookBase")
     trainer.close()
 
 

@@ -85,7 +85,8 @@ def _warn_missed_events(cls: type) -> None:
                 missed[name] = f"not an event, so never called; did you mean {close[0]!r}?"
     if missed:
         lines = "; ".join(f"{cls.__name__}.{name}: {why}" for name, why in missed.items())
-        warnings.warn(f"{lines} (docs/hooks.md lists the events, docs/parity.md maps detectron2's)", UserWarning, stacklevel=4)
+        as_is = ". A detectron2 hook runs as it is under trainwright.engine.SimpleTrainer, subclassing trainwright.engine.HookBase" if missed.keys() & DETECTRON2_EVENTS.keys() else ""
+        warnings.warn(f"{lines} (docs/hooks.md lists the events, docs/parity.md maps detectron2's){as_is}", UserWarning, stacklevel=4)
 
 
 def get_priority(priority: int | str) -> int:
