@@ -3,7 +3,9 @@
 * **Complete or absent.** Written under a hidden temporary name, fsynced, renamed onto the
   target, directory fsynced: a killed process leaves the previous file or the new one.
 * **Loading never runs code.** ``torch.load(..., weights_only=True)``; a pickle that would
-  import or call objects raises :class:`UnsafeCheckpointError`.
+  import or call objects raises :class:`UnsafeCheckpointError`. An mmengine checkpoint (its
+  ``HistoryBuffer`` s, numpy values) is read by an allowlist of inert stand-ins as plain data
+  (:mod:`trainwright.checkpoint.mmengine_ckpt`).
 """
 
 from __future__ import annotations
@@ -173,7 +175,7 @@ def _is_refusal(message: str) -> bool:
     return "Weights only load failed" in message and any(m in message for m in _REFUSAL_MARKERS)
 
 
-def _first_reason(message: str) -> str:
+def first_reason(message: str) -> str:
     """The most telling line of torch's (long) error message, for our own shorter one."""
     lines = [ln.strip().replace("\033[1m", "").replace("\033[0m", "") for ln in message.splitlines()]
     lines = [ln for ln in lines if ln]
@@ -254,19 +256,23 @@ def load_local(p: Path, map_location: MapLocation, shown: str | None = None) -> 
     except pickle.UnpicklingError as e:
         msg = str(e)
         if "Weights only load failed" not in msg:
-            raise _broken(p, _first_reason(msg)) from e
+            raise _broken(p, first_reason(msg)) from e
         if zipfile.is_zipfile(p):
             # A torch.save archive: a damaged pickle can read like a forbidden global, so
             # trust the refusal only when every member passes its CRC check.
             damage = _archive_damage(p)
             if damage is not None or not _is_refusal(msg):
-                raise _broken(p, damage or _first_reason(msg)) from None
+                raise _broken(p, damage or first_reason(msg)) from None
         elif not _is_refusal(msg) and not _is_pickle(p):
             # Bytes that are no pickle at all (an HTML error page, random data) are corrupt, never "unsafe".
             raise _broken(p, "not a checkpoint: neither a torch.save zip archive nor a pickle") from None
+        from trainwright.checkpoint.mmengine_ckpt import is_foreign_refusal, read_mmengine_checkpoint  # it imports this module
+
+        if is_foreign_refusal(msg):  # mmengine's HistoryBuffer / numpy: read as plain data by an allowlist, still running no code
+            return read_mmengine_checkpoint(p, map_location)
         # A plain (non-zip) pickle that asks for globals was not written by torch.save;
         # whatever it holds can only be read unsafely.
-        reason = _first_reason(msg).rstrip(".")
+        reason = first_reason(msg).rstrip(".")
         raise UnsafeCheckpointError(f"Refused to load checkpoint {str(p)!r}: {reason}. {_FIX_UNSAFE}") from None
     except EOFError as e:
         raise _broken(p, "unexpected end of file") from e
@@ -278,7 +284,7 @@ def load_local(p: Path, map_location: MapLocation, shown: str | None = None) -> 
         damage = _archive_damage(p) if zipfile.is_zipfile(p) else "not a torch.save zip archive"
         if damage is None and "PytorchStreamReader" not in str(e):
             raise
-        raise _broken(p, damage or _first_reason(str(e))) from e
+        raise _broken(p, damage or first_reason(str(e))) from e
 
 
 def _is_pickle(p: Path) -> bool:

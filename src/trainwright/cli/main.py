@@ -64,6 +64,10 @@ def build_parser() -> argparse.ArgumentParser:
 
     add_tune_lr_parser(sub, common)
 
+    from trainwright.cli.ckpt import add_ckpt_parser
+
+    add_ckpt_parser(sub)
+
     env = sub.add_parser("env", help="show the environment (python, torch, CUDA, devices, backends, extras)")
     env.add_argument("--debug", action="store_true", help="show full tracebacks")
     return parser
@@ -88,6 +92,10 @@ def main(argv: Sequence[str] | None = None) -> int:
             from trainwright.cli.sweep import sweep_command
 
             return sweep_command(args)
+        if args.command == "ckpt":
+            from trainwright.cli.ckpt import ckpt_command
+
+            return ckpt_command(args)
         if args.command == "tune-lr":
             from trainwright.cli.tune import tune_lr_command
 
