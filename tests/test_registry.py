@@ -515,3 +515,19 @@ def test_import_modules_from_strings() -> None:
         assert import_modules_from_strings(["no_such_mod_tw"], allow_failed_imports=True) == [None]
     with pytest.raises(ImportError):
         import_modules_from_strings("no_such_mod_tw")
+
+
+def test_a_name_scoped_two_levels_deep_resolves_in_the_registry_tree() -> None:
+    """mmengine's ``REG.get('a.b.Name')``: Name in the registry of scope b, a child of the registry of scope a."""
+    root = Registry("thing", scope="root_two_levels")
+    mid = Registry("thing", parent=root, scope="a")
+    leaf = Registry("thing", parent=mid, scope="b")
+
+    @leaf.register()
+    class Name:
+        pass
+
+    assert root.get("a.b.Name") is Name and mid.get("b.Name") is Name and leaf.get("a.b.Name") is Name
+    assert type(root.build(dict(type="a.b.Name"))) is Name
+    with pytest.raises(KeyError, match=r"Unknown thing type 'a.b.Nmae'"):
+        root.get("a.b.Nmae")

@@ -143,16 +143,12 @@ class Registry:
         the scope was ignored (it is the innermost scope, so a ``_scope_`` or ``default_scope``
         around it is not named).
         """
-        found = self._lookup(key)
+        found = self._find(key)
         if found is not None:
             return found
         scope, bare = self.split_scope_key(key)
         scoped = scope is not None  # "mmdet.RetinaNet"; not ".Foo" or "Foo."
-        if scoped:
-            owner = self._root()._search_child(scope)  # type: ignore[arg-type]  # a registry of that scope in this tree
-            found = (owner or self)._lookup(bare)
-            if found is not None:
-                return found
+        bare = bare.rpartition(".")[2] if scoped else bare  # "a.b.Name": the name is the last part
         how = (
             f" To add one, decorate its class with @{self.import_name}.register() in a module the config imports "
             "(custom_imports = dict(imports=['my_module'])), or define it in a .py config."
@@ -163,6 +159,20 @@ class Registry:
         if scoped:
             error.args = (error.args[0] + ignored_scope_hint(error, "type", scope, subject=f"The scope {scope!r} of type={key!r}"),)
         raise error
+
+    def _find(self, key: str) -> Any:
+        """``key`` here (or in the parents), else, scoped (``"a.b.Name"``), in the registry of its first scope with the rest of the key, as mmengine's ``get``; None when unknown.
+
+        A scope no registry of this tree has is dropped (trainwright has one registry per kind).
+        """
+        found = self._lookup(key)
+        if found is not None:
+            return found
+        scope, rest = self.split_scope_key(key)
+        if scope is None:
+            return None
+        owner = self._root()._search_child(scope)  # a registry of that scope in this tree
+        return (owner or self)._find(rest)
 
     def _lookup(self, key: str) -> Any:
         if self._locations:
