@@ -11,6 +11,8 @@ import torch
 from torch import nn
 
 from trainwright.model.data_preprocessor import BaseDataPreprocessor, FollowsDevice
+from trainwright.model.outputs import carries_loss, output_losses
+from trainwright.optim.counted_loss import NUM_ITEMS, num_items_of, per_item
 from trainwright.registry import MODELS
 
 
@@ -71,7 +73,9 @@ class BaseModel(FollowsDevice):
     Subclasses implement ``forward(*inputs, mode)``:
 
     * ``mode="loss"`` → dict of loss tensors (every key containing ``"loss"`` is summed;
-      other tensors are logged only),
+      other tensors are logged only); with a ``num_items`` entry the losses are sums over
+      that many items, normalised over the whole accumulation window and every rank
+      (token-level losses: :mod:`trainwright.optim.counted_loss`),
     * ``mode="predict"`` → predictions (what metrics consume),
     * ``mode="tensor"`` → raw outputs.
 
@@ -79,11 +83,14 @@ class BaseModel(FollowsDevice):
     ``forward(**batch, mode=...)``, anything else as ``forward(batch, mode=...)``.
 
     Args:
-        data_preprocessor: Moves (and normalises) the batch; a
-            :class:`BaseDataPreprocessor` by default.
+        data_preprocessor: Moves (and normalises) the batch: an ``nn.Module`` or a ``dict(type=...)``
+            of ``MODELS``; a :class:`BaseDataPreprocessor` by default.
         init_cfg: mmengine's weight-initialisation config, kept as ``self.init_cfg`` so
             OpenMMLab models construct; trainwright has no initialisers to apply it, so a
             given one warns (initialise in ``__init__``, or load weights with ``load_from``).
+
+    Raises:
+        TypeError: ``data_preprocessor`` is neither (nor builds an ``nn.Module``).
     """
 
     def __init__(self, data_preprocessor: nn.Module | dict | None = None, init_cfg: dict | list | None = None) -> None:
@@ -92,7 +99,12 @@ class BaseModel(FollowsDevice):
             data_preprocessor = BaseDataPreprocessor()
         elif isinstance(data_preprocessor, Mapping):
             data_preprocessor = MODELS.build(data_preprocessor)
-        self.data_preprocessor: nn.Module = data_preprocessor  # type: ignore[assignment]  # built from a dict above
+        if not isinstance(data_preprocessor, nn.Module):  # refused now, not as a crash in the first train_step
+            raise TypeError(
+                f"{type(self).__name__}(data_preprocessor=...) must be an nn.Module (e.g. trainwright.model.BaseDataPreprocessor()), a "
+                f"dict(type=...) of trainwright.registry.MODELS that builds one, or None; got {type(data_preprocessor).__name__}"
+            )
+        self.data_preprocessor: nn.Module = data_preprocessor
         self.init_cfg = init_cfg
         if init_cfg:
             warnings.warn(
@@ -121,8 +133,12 @@ class BaseModel(FollowsDevice):
             data = self.data_preprocessor(data, True)
             losses = _run_forward(self.forward_caller or self, data, "loss")
         loss, log_vars = self.parse_losses(losses)
+        num_items = num_items_of(losses)
         try:
-            optim_wrapper.update_params(loss)
+            if num_items is None:
+                optim_wrapper.update_params(loss)
+            else:  # a summed loss: normalised over its whole accumulation window and every rank
+                optim_wrapper.update_params(loss, num_items=num_items)
         except RuntimeError as e:
             if "does not require grad" in str(e):
                 raise _no_grad_hint(self, losses, e) from e
@@ -153,6 +169,20 @@ class BaseModel(FollowsDevice):
         """
         object.__setattr__(self, "forward_caller", caller)
 
+    def routes_train_forward(self) -> bool:
+        """Whether :meth:`train_step` runs every training forward through :attr:`forward_caller`.
+
+        The DDP strategy asks it once, when it wraps the model. True (BaseModel's own
+        ``train_step``): the forward goes through the DDP wrapper, whose backward all-reduces
+        the gradients while it runs. False (a subclass overrides ``train_step``: it may call
+        ``self(...)``, ``self.forward(...)`` or a submodule, which DDP never sees): the strategy
+        all-reduces each optim wrapper's gradients itself before its update, so the ranks stay
+        in sync however the step calls the model. Override it to return True only when your
+        ``train_step`` sends every forward through ``self.forward_caller or self``; that keeps
+        DDP's overlap of communication with the backward.
+        """
+        return type(self).train_step is BaseModel.train_step
+
     def __getstate__(self) -> dict[str, Any]:
         """Pickle / deepcopy without the forward caller (it refers to a wrapper of this model)."""
         state = dict(super().__getstate__())
@@ -167,9 +197,19 @@ class BaseModel(FollowsDevice):
         detached: the store keeps them until its next flush (up to ``flush_every`` steps), and
         a kept graph, even one whose buffers backward freed, costs more per step than the copy
         (measured: see docs/benchmarks.md).
+
+        An output that carries its loss as an attribute (Hugging Face's ``ModelOutput``; see
+        :mod:`trainwright.model.outputs`) trains from ``output.loss`` alone: its logits, cache
+        and hidden states are neither summed nor logged.
+
+        A dict holding ``num_items`` reports its ``loss`` entries as sums over that many items
+        (:mod:`trainwright.optim.counted_loss`): the total is that sum (``train_step`` hands the
+        count to the optim wrapper, which normalises over the whole window), and the loss
+        entries are logged as per-item means; ``num_items`` itself is not logged.
         """
         if isinstance(losses, torch.Tensor):
             losses = {"loss": losses}
+        losses = output_losses(losses)
         if len(losses) == 1 and type(losses) is dict:  # the usual single scalar loss: nothing to sum or average
             loss = losses.get("loss")
             if isinstance(loss, torch.Tensor) and loss.dim() == 0:
@@ -182,7 +222,10 @@ class BaseModel(FollowsDevice):
         log_vars: dict[str, torch.Tensor] = {}
         total = None
         n_loss = 0
+        num_items = num_items_of(losses)
         for name, value in losses.items():
+            if name == NUM_ITEMS and num_items is not None:
+                continue
             if isinstance(value, (list, tuple)):
                 value = sum(v.mean() for v in value)
             elif not isinstance(value, torch.Tensor):
@@ -200,6 +243,8 @@ class BaseModel(FollowsDevice):
             )
         if n_loss > 1 or "loss" not in log_vars:
             log_vars = {"loss": total.detach(), **log_vars}
+        if num_items is not None:
+            log_vars = {k: per_item(v, num_items) if "loss" in k else v for k, v in log_vars.items()}
         return total, log_vars
 
 
@@ -224,11 +269,13 @@ class ModuleAdapter(BaseModel):
         if self._accepts_mode:
             return self.module(*inputs, mode=mode, **kwargs)
         out = self.module(*inputs, **kwargs)
-        if mode == "loss" and not isinstance(out, (torch.Tensor, Mapping)):
+        if mode == "loss" and not isinstance(out, (torch.Tensor, Mapping)) and not carries_loss(out):
             raise TypeError(
                 f"{type(self.module).__name__}.forward returned {type(out).__name__}, not a loss: a plain nn.Module used with "
-                "the Trainer must return a loss tensor or a dict of losses; or subclass trainwright.BaseModel and implement "
-                "forward(*inputs, mode) with mode='loss'."
+                "the Trainer must return a loss tensor, a dict of losses or an output with a `loss` attribute (Hugging Face's "
+                "ModelOutput); or subclass trainwright.BaseModel and implement forward(*inputs, mode) with mode='loss'."
+                + (" A tuple is not read by position: for a Hugging Face model, keep return_dict=True (its default) so the "
+                   "output names its loss." if isinstance(out, tuple) else "")
             )
         return out
 

@@ -18,6 +18,8 @@ import torch
 from torch import nn
 
 from trainwright.amp.precision import Precision
+from trainwright.dist.utils import all_reduce, get_world_size
+from trainwright.optim.counted_loss import item_factor
 
 if TYPE_CHECKING:
     from trainwright.optim.optim_wrapper import OptimWrapper
@@ -39,6 +41,14 @@ class UpdateEngine:
         """Whether to skip the micro-batch of ``loss`` (``skip_nonfinite``): it is NaN/Inf (several processes: on any of them, agreed)."""
         return not bool(torch.isfinite(loss).all())
 
+    def sync_gradients(self, optim_wrapper: OptimWrapper) -> None:
+        """Make the gradients of ``optim_wrapper``'s parameters the same on every process, before its update (unscaling, clipping, step).
+
+        Nothing here, nor under a strategy whose backward synchronises them (DDP's reducer, FSDP,
+        DeepSpeed). The DDP strategy averages them here when the model's training forward does
+        not run through its DDP wrapper (an overridden ``train_step``).
+        """
+
     def clip_grad(self, clip: ClipFn, params: list[torch.Tensor]) -> torch.Tensor | None:
         """Clip ``params``' gradients with ``clip`` and return their total norm (a tensor; None: not known here)."""
         return clip(params)
@@ -46,6 +56,16 @@ class UpdateEngine:
     def optimizer_step(self, optim_wrapper: OptimWrapper, **kwargs: Any) -> None:
         """Step the wrapper's optimizer through its precision (float16: skipped on inf/NaN gradients)."""
         optim_wrapper.precision.optimizer_step(optim_wrapper.optimizer, **kwargs)
+
+    def item_scale(self, items: torch.Tensor) -> torch.Tensor:
+        """The factor that turns a window's gradients of summed losses into the gradient of their per-item mean.
+
+        ``items`` is this process's count of the window (see :mod:`trainwright.optim.counted_loss`);
+        here ``1 / items``. A strategy whose gradient sync averages over processes sums the
+        count over them (one tensor collective, no host sync) and multiplies by how many it
+        averaged over. Called once per update, on the updating micro-batch.
+        """
+        return item_factor(items, 1)
 
     def no_sync_context(self) -> NoSyncContext | None:
         """A ``model -> context`` that suppresses gradient sync inside accumulation windows; None: nothing to suppress."""
@@ -68,6 +88,13 @@ class LocalEngine(UpdateEngine):
 
     def no_sync_context(self) -> NoSyncContext | None:  # noqa: D102
         return _own_no_sync
+
+    def item_scale(self, items: torch.Tensor) -> torch.Tensor:
+        """Under ``torch.distributed``, the count summed over every process, for a DDP model's averaged gradients (else ``1 / items``)."""
+        world = get_world_size()
+        if world == 1:
+            return item_factor(items, 1)
+        return item_factor(all_reduce(items.detach().to(torch.float32).clone(), "sum"), world)
 
 
 #: The engine of an optim wrapper that no strategy has been given (the user's own loop).

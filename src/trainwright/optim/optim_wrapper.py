@@ -21,6 +21,7 @@ from torch import nn
 
 from trainwright.amp.precision import MixedPrecision, Precision
 from trainwright.optim.compiled_step import CompiledStep, compile_step
+from trainwright.optim.counted_loss import Count, WindowItems, per_item
 from trainwright.optim.engine import LOCAL, ClipFn, NoSyncContext, UpdateEngine
 from trainwright.optim.spike_guard import SpikeGuard
 from trainwright.registry import OPTIM_WRAPPERS, check_keys
@@ -155,6 +156,7 @@ class OptimWrapper:
         self._spent_loss: torch.Tensor | None = None  # the last back-propagated loss, kept until the next one (see backward)
         self._spike_guard: SpikeGuard | None = None
         self._skip_window = False  # the spike guard skips the current accumulation window's step
+        self._items = WindowItems()  # the items of the window's summed losses (update_params(num_items=...))
         # Position in the current span (see initialize_count_status).
         self._inner_count = 0
         self._max_counts = -1
@@ -246,36 +248,55 @@ class OptimWrapper:
             self.update_params = self._guarded_update_params  # type: ignore[method-assign]
 
     # -- the step -------------------------------------------------------------------------
-    def update_params(self, loss: torch.Tensor, step_kwargs: dict | None = None, zero_kwargs: dict | None = None) -> None:
+    def update_params(self, loss: torch.Tensor, step_kwargs: dict | None = None, zero_kwargs: dict | None = None, num_items: Count | None = None) -> None:
         """``scale_loss`` → ``backward`` → if ``should_update()``: ``step`` → ``zero_grad``.
 
         ``step`` unscales (float16) and clips when clipping is on, then steps the optimizer.
         ``step_kwargs`` / ``zero_kwargs`` are passed to ``step`` / ``zero_grad``.
+
+        ``num_items``: ``loss`` is a *sum* over that many items (tokens, say; a number or a
+        one-element tensor). It is back-propagated as it is, not divided by the window's size,
+        and ``step`` first divides the window's gradients by the items of the whole window over
+        every rank, so the update equals one step on the per-item mean of the concatenated
+        batch (:mod:`trainwright.optim.counted_loss`). A window may not mix losses with and
+        without a count.
         """
-        self.backward(self.scale_loss(loss))
+        self._backward_micro_batch(loss, num_items)
         if self.should_update():
             self.step(**(step_kwargs or {}))
             self.zero_grad(**(zero_kwargs or {}))
 
-    def _guarded_update_params(self, loss: torch.Tensor, step_kwargs: dict | None = None, zero_kwargs: dict | None = None) -> None:
+    def _guarded_update_params(self, loss: torch.Tensor, step_kwargs: dict | None = None, zero_kwargs: dict | None = None, num_items: Count | None = None) -> None:
         """:meth:`update_params` with the spike guard: a spike's micro-batch is counted, not back-propagated, and its window not stepped.
 
         The guard's answer is the same on every rank (it judges the largest loss over them), so
-        no rank back-propagates (and all-reduces gradients) while another skips.
+        no rank back-propagates (and all-reduces gradients) while another skips. A loss with
+        ``num_items`` is judged by its per-item mean.
         """
         guard = self._spike_guard
         assert guard is not None
-        if guard.check(loss):
+        if guard.check(loss if num_items is None else per_item(loss, num_items)):
             self._skip_window = True
             self._inner_count += 1
         else:
-            self.backward(self.scale_loss(loss))
+            self._backward_micro_batch(loss, num_items)
         if self.should_update():
             if self._skip_window:
                 self._skip_window = False
             else:
                 self.step(**(step_kwargs or {}))
             self.zero_grad(**(zero_kwargs or {}))
+
+    def _backward_micro_batch(self, loss: torch.Tensor, num_items: Count | None) -> None:
+        """A mean loss: ``backward(scale_loss(loss))``; a summed one (``num_items``): ``backward(loss)``, its items counted once back-propagated."""
+        if num_items is None:
+            self._items.add_mean()
+            self.backward(self.scale_loss(loss))
+            return
+        skipped = self.skipped_steps
+        self.backward(loss)
+        if self.skipped_steps == skipped:  # skip_nonfinite left it out: so are its items
+            self._items.add(num_items, loss)
 
     def scale_loss(self, loss: torch.Tensor) -> torch.Tensor:
         """Divide ``loss`` by the size of its accumulation window (the short last one by its own size)."""
@@ -305,18 +326,24 @@ class OptimWrapper:
         self._inner_count += 1
 
     def step(self, **kwargs: Any) -> None:
-        """Clip when clipping is on (float16 gradients unscaled first), then step the optimizer.
+        """Synchronise the gradients (the strategy's, when its backward did not), clip when clipping is on (float16 gradients unscaled first), then step the optimizer.
 
         With a GradScaler the step is skipped when gradients overflowed, and the scale adapts.
+        When the window's losses carried their count (``update_params(num_items=...)``), the
+        synchronised gradients are first divided by the window's items over every rank.
         """
+        self._strategy.sync_gradients(self)
+        if self._items.total is not None:
+            self._items.normalise(_live_params(self.optimizer), self._strategy)
         if self._clip is not None:
             self._precision.unscale_(self.optimizer)
             self.grad_norm = self._strategy.clip_grad(self._clip, _live_params(self.optimizer))
         self._strategy.optimizer_step(self, **kwargs)
 
     def zero_grad(self, **kwargs: Any) -> None:
-        """Zero (by default: set to None) the gradients."""
+        """Zero (by default: set to None) the gradients, and the window's count of items with them."""
         self.optimizer.zero_grad(**kwargs)
+        self._items.reset()
 
     # -- accumulation ---------------------------------------------------------------------
     def initialize_count_status(self, model: nn.Module | None, init_counts: int, max_counts: int) -> None:
@@ -429,6 +456,7 @@ class OptimWrapper:
             state["base_param_settings"] = {k: v for k, v in self.base_param_settings.items() if k != "params"}
         if not self.should_update():
             state["partial_grads"] = [None if p.grad is None else p.grad.detach().clone() for p in _live_params(self.optimizer)]
+            state.update(self._items.state_dict())  # the items counted so far, when the losses carry their count
             if self._skip_window:
                 state["skip_window"] = True  # the spike guard skips this window's step
         return state
@@ -466,6 +494,7 @@ class OptimWrapper:
             for p, g in zip(params, grads):
                 p.grad = None if g is None else g.to(device=p.device, dtype=p.dtype).clone()
         self._skip_window = bool(state.get("skip_window", False))
+        self._items.load_state_dict(state)
 
     def __getstate__(self) -> dict[str, Any]:
         """Pickle / deepcopy without the spent loss kept by :meth:`backward` (a graph, not state; autograd cannot copy it)."""

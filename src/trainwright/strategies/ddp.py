@@ -1,22 +1,29 @@
 """DDPStrategy: data-parallel training with torch's DistributedDataParallel.
 
 Launch with torchrun (``torchrun --nproc_per_node=N train.py``; several machines: ``--nnodes``,
-``--node_rank``, ``--rdzv_endpoint``). The model is wrapped in
+``--node_rank``, ``--rdzv_endpoint``). A model whose training forward runs through its
+forward caller (BaseModel's own ``train_step``) is wrapped in
 :class:`~trainwright.model.wrappers.DistributedDataParallelWrapper` and its training forward
-runs through it, so gradients are all-reduced; inside an accumulation window the optim
-wrapper enters ``no_sync`` (one all-reduce per update, not per micro-batch). Every rank
-shares rank 0's seed; rank 0 writes checkpoints and logs.
+runs through it, so gradients are all-reduced during the backward; inside an accumulation
+window the optim wrapper enters ``no_sync`` (one all-reduce per update, not per micro-batch).
+A model that steps itself (an overridden ``train_step``, e.g. a GAN's, which calls
+``self(...)`` or its submodules: forwards DDP would never see) is not wrapped: the strategy
+averages each optim wrapper's gradients over the ranks itself, right before that wrapper's
+update (:meth:`DDPStrategy.sync_gradients`). Every rank shares rank 0's seed; rank 0 writes
+checkpoints and logs.
 """
 
 from __future__ import annotations
 
 import contextlib
 from collections.abc import Callable
+from typing import Any
 
 import torch
 from torch import nn
 
 from trainwright.registry import STRATEGIES
+from trainwright.strategies.flat_collectives import all_reduce_mean_, broadcast_
 from trainwright.strategies.process_group import ProcessGroupStrategy, live_model_wrappers
 
 
@@ -37,6 +44,14 @@ class DDPStrategy(ProcessGroupStrategy):
             torch's DDP runs SyncBatchNorm on CUDA / XPU / HPU only: on CPU (any number of
             processes) a model holding it is a ``ValueError`` at start
             (:class:`~trainwright.hooks.SyncBuffersHook` averages the running statistics instead).
+
+    A model whose ``routes_train_forward()`` is False (or that has none: any model with its own
+    ``train_step``) is not wrapped in DDP, so the DDP arguments above except
+    ``broadcast_buffers`` do not apply to it: its parameters and buffers start as rank 0's, the
+    gradients of each optim wrapper's parameters are averaged over the ranks before that
+    wrapper's update (once per accumulation window, in buckets of 25 MiB, after the whole
+    backward: no overlap with it), and with ``broadcast_buffers`` the buffers are rank 0's
+    after each update. A parameter without a gradient on some rank is averaged as zeros there.
     """
 
     name = "ddp"
@@ -61,6 +76,9 @@ class DDPStrategy(ProcessGroupStrategy):
         self.ddp_kwargs: dict[str, object] = {k: v for k, v in given.items() if v != defaults[k]}
         self.detect_anomalous_params = detect_anomalous_params
         self.sync_batchnorm = sync_batchnorm
+        self.broadcast_buffers = broadcast_buffers
+        #: Whether :meth:`sync_gradients` averages the gradients (the model steps itself, it is not wrapped in DDP); set by :meth:`wrap_model`.
+        self.syncs_at_update = False
 
     def parallelize(self, model: nn.Module) -> None:
         """With ``sync_batchnorm``, the BatchNorm layers become SyncBatchNorm in place (the same parameters and buffers)."""
@@ -72,7 +90,7 @@ class DDPStrategy(ProcessGroupStrategy):
             model.add_module(name, nn.SyncBatchNorm.convert_sync_batchnorm(child))
 
     def wrap_model(self, model: nn.Module) -> nn.Module:
-        """``DistributedDataParallelWrapper(model)`` (keeps ``train_step`` / ``val_step`` / ``test_step``)."""
+        """``DistributedDataParallelWrapper(model)`` (keeps ``train_step`` / ``val_step`` / ``test_step``); a model that steps itself: the model, with rank 0's state."""
         from trainwright.model.wrappers import DistributedDataParallelWrapper
 
         synced = [name for name, m in model.named_modules() if isinstance(m, nn.SyncBatchNorm)]
@@ -82,6 +100,11 @@ class DDPStrategy(ProcessGroupStrategy):
                 f"{len(synced)} SyncBatchNorm layer(s), e.g. {synced[0]!r}; train on GPUs, or keep BatchNorm (sync_batchnorm=False, no sync_bn) "
                 "and add SyncBuffersHook to average the running statistics over the processes after each epoch"
             )
+        routes = getattr(model, "routes_train_forward", None)
+        self.syncs_at_update = not (callable(routes) and routes())
+        if self.syncs_at_update:  # DDP would see none of its forwards: the strategy syncs at each update instead
+            broadcast_([*model.parameters(), *model.buffers()])  # every rank starts from rank 0's state, as DDP's constructor does
+            return model
         device_ids = [self.device.index] if self.device.type == "cuda" and self.device.index is not None else None
         wrapper = DistributedDataParallelWrapper(model, detect_anomalous_params=self.detect_anomalous_params, device_ids=device_ids, **self.ddp_kwargs)  # type: ignore[arg-type]
         live_model_wrappers.add(wrapper)
@@ -90,9 +113,30 @@ class DDPStrategy(ProcessGroupStrategy):
     def no_sync_context(self) -> Callable[[nn.Module], contextlib.AbstractContextManager] | None:
         """``model -> ddp.no_sync()``: the optim wrapper enters it inside accumulation windows."""
         wrapper = self.model
-        if wrapper is None or not hasattr(wrapper, "no_sync"):
+        if wrapper is None or self.syncs_at_update or not hasattr(wrapper, "no_sync"):
             return None
         return lambda _model: wrapper.no_sync()  # type: ignore[operator]
+
+
+    def sync_gradients(self, optim_wrapper: Any) -> None:
+        """Average the gradients of ``optim_wrapper``'s parameters over the ranks, when the model steps itself (:attr:`syncs_at_update`).
+
+        Called by the optim wrapper right before its update (before unscaling and clipping), so
+        every rank clips, skips an overflowed float16 step and steps alike. Gradients accumulated
+        over an accumulation window are averaged once, at its end: the same as averaging each
+        micro-batch's. With ``broadcast_buffers``, the model's buffers (BatchNorm statistics)
+        then become rank 0's, as DDP makes them before each forward. Under DDP's wrapper
+        (:attr:`syncs_at_update` False) its backward has synchronised them: nothing here.
+        """
+        if not self.syncs_at_update:
+            return
+        params = [p for group in optim_wrapper.optimizer.param_groups for p in group["params"] if p.requires_grad or p.grad is not None]
+        for p in params:
+            if p.grad is None:  # every rank must pass the same tensors; a parameter this rank did not use adds zeros
+                p.grad = torch.zeros_like(p)
+        all_reduce_mean_([p.grad for p in params], self.world_size)
+        if self.broadcast_buffers and self.model is not None:
+            broadcast_(list(self.model.buffers()))
 
 
 STRATEGIES.register(DDPStrategy)
