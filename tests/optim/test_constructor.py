@@ -253,3 +253,37 @@ def test_one_param_group_reports_lr_only() -> None:
     ow = build_optim_wrapper(nn.Linear(2, 2), dict(optimizer=dict(type="SGD", lr=LR)))
     assert ow.get_lr() == {"lr": [LR]} and ow.base_param_settings is None
     assert ow.param_groups is ow.optimizer.param_groups
+
+
+@OPTIM_WRAPPER_CONSTRUCTORS.register
+class LayerDecayConstructor(DefaultOptimWrapperConstructor):
+    """mmpretrain's LearningRateDecayOptimWrapperConstructor, reduced: lr * decay_rate ** (num_layers - layer) for ``layers.<i>``, as ported (keys undeclared)."""
+
+    def add_params(self, params, module, prefix="", is_dcn_module=False):  # noqa: D102
+        num_layers, decay_rate = self.paramwise_cfg["num_layers"], self.paramwise_cfg["decay_rate"]
+        assert self.paramwise_cfg.get("decay_type", "layer_wise") == "layer_wise"
+        for name, p in module.named_parameters():
+            layer = int(name.split(".")[1]) + 1 if name.startswith("layers.") else num_layers + 1
+            params.append({"params": [p], "param_names": [name], "lr": self.base_lr * decay_rate ** (num_layers + 1 - layer)})
+
+
+@OPTIM_WRAPPER_CONSTRUCTORS.register
+class DeclaredLayerDecayConstructor(LayerDecayConstructor):
+    """The same with its keys declared: a misspelt one is refused."""
+
+    paramwise_keys = frozenset({"num_layers", "decay_rate", "decay_type"})
+
+
+def test_a_subclass_constructors_own_paramwise_keys_are_accepted() -> None:
+    model = nn.Module()
+    model.layers = nn.ModuleList([nn.Linear(2, 2) for _ in range(2)])
+    model.head = nn.Linear(2, 1)
+    keys = dict(num_layers=2, decay_rate=0.5, decay_type="layer_wise")
+    for constructor in ("LayerDecayConstructor", "DeclaredLayerDecayConstructor"):
+        ow = build_optim_wrapper(model, dict(constructor=constructor, optimizer=dict(type="SGD", lr=LR), paramwise_cfg=keys))
+        assert _options_lr(ow) == {"layers.0.weight": LR * 0.25, "layers.0.bias": LR * 0.25, "layers.1.weight": LR * 0.5, "layers.1.bias": LR * 0.5,
+                                   "head.weight": LR, "head.bias": LR}
+    with pytest.raises(KeyError, match=r"decay_rat.*Did you mean 'decay_rate'"):
+        build_optim_wrapper(model, dict(constructor="DeclaredLayerDecayConstructor", optimizer=dict(type="SGD", lr=LR), paramwise_cfg={**keys, "decay_rat": 1}))
+    with pytest.raises(KeyError, match=r"Unknown paramwise_cfg key .*declares them: paramwise_keys"):  # the base constructor reads no such key
+        build_optim_wrapper(model, dict(optimizer=dict(type="SGD", lr=LR), paramwise_cfg=keys))

@@ -14,7 +14,7 @@ import difflib
 import inspect
 import warnings
 from collections.abc import Mapping
-from typing import Any
+from typing import Any, ClassVar
 
 import torch
 from torch import nn
@@ -100,7 +100,10 @@ class DefaultOptimWrapperConstructor:
 
     Subclass it (and register it in ``trainwright.registry.OPTIM_WRAPPER_CONSTRUCTORS``) to
     change the rules: override :meth:`add_params` or :meth:`__call__`; select it with
-    ``optim_wrapper=dict(constructor="MyConstructor", ...)``.
+    ``optim_wrapper=dict(constructor="MyConstructor", ...)``. Such a subclass's own
+    ``paramwise_cfg`` keys (mmseg's and mmpretrain's layer-wise decay: ``decay_rate``,
+    ``num_layers``...) are accepted; declaring them in :attr:`paramwise_keys` makes a misspelt
+    key an error again.
 
     Args:
         optim_wrapper_cfg: The optim wrapper config: ``optimizer`` (required) and the
@@ -142,9 +145,25 @@ class DefaultOptimWrapperConstructor:
         self.base_wd = self.optimizer_cfg.get("weight_decay")
         self._validate()
 
+    #: The ``paramwise_cfg`` keys a subclass reads itself (mmpretrain's layer-wise decay: ``decay_rate``, ``decay_type``,
+    #: ``num_layers``), accepted beside ``PARAMWISE_KEYS``. None (not declared): a subclass that overrides
+    #: :meth:`add_params` or :meth:`__call__` accepts any other key, as mmengine does; this class refuses them.
+    paramwise_keys: ClassVar[frozenset[str] | None] = None
+
+    def _extra_keys_allowed(self) -> bool:
+        """Whether undeclared ``paramwise_cfg`` keys are this constructor's own: it reads ``paramwise_cfg`` in an overridden method."""
+        cls = type(self)
+        return cls.paramwise_keys is None and (cls.add_params is not DefaultOptimWrapperConstructor.add_params or cls.__call__ is not DefaultOptimWrapperConstructor.__call__)
+
     def _validate(self) -> None:
         cfg = self.paramwise_cfg
-        check_keys("paramwise_cfg", cfg, PARAMWISE_KEYS, hint=f"Allowed: {sorted(PARAMWISE_KEYS)} (what each does: docs/optim.md, paramwise_cfg)")
+        own = type(self).paramwise_keys or frozenset()
+        if not self._extra_keys_allowed():
+            check_keys(
+                "paramwise_cfg", cfg, {*PARAMWISE_KEYS, *own},
+                hint=f"Allowed: {sorted({*PARAMWISE_KEYS, *own})} (what each does: docs/optim.md, paramwise_cfg); a constructor subclass that reads "
+                "keys of its own declares them: paramwise_keys = frozenset({...})",
+            )
         for key in ("bias_lr_mult", "dcn_offset_lr_mult", *_DECAY_KEYS):
             value = cfg.get(key)
             if key in cfg and (isinstance(value, bool) or not isinstance(value, (int, float))):
