@@ -133,6 +133,14 @@ class DeepSpeedStrategy(ProcessGroupStrategy):
         """``engine.step()``: reduces, clips and steps at the window's end."""
         self.engine.step(**kwargs)
 
+    def item_scale(self, items: torch.Tensor) -> torch.Tensor:
+        """Refused: the engine reduces, clips and steps the gradients in one call, so they cannot be divided by the window's items first."""
+        raise ValueError(
+            "strategy='deepspeed' cannot normalise a loss reported with num_items over its accumulation window: DeepSpeed's engine "
+            "reduces, clips and steps the gradients inside engine.step(). Return the per-batch mean (loss / num_items, without "
+            "num_items), or train with strategy='ddp' or 'fsdp'."
+        )
+
     def teardown(self) -> None:
         """Drop the engine, then leave the process group."""
         self.engine = None

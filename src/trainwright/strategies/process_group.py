@@ -24,6 +24,7 @@ from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 
 from trainwright.dist.utils import export_launcher_env
+from trainwright.optim.counted_loss import item_factor
 from trainwright.strategies.base import Strategy
 
 _OPS = {"sum": dist.ReduceOp.SUM, "mean": dist.ReduceOp.SUM, "max": dist.ReduceOp.MAX, "min": dist.ReduceOp.MIN}
@@ -174,6 +175,18 @@ class ProcessGroupStrategy(Strategy):
                     dist.all_reduce(p.grad)
                     p.grad /= self.world_size
         return skip
+
+    def item_scale(self, items: torch.Tensor) -> torch.Tensor:
+        """``world_size / (the window's items summed over every rank)``: one all-reduce of one number, no host sync.
+
+        DDP and FSDP average the gradients over the data-parallel ranks, hence the world size
+        as numerator. The ranks of one tensor-parallel group see the same batch, so the sum
+        over the world counts each batch once per tensor-parallel rank, and ``world / world_sum``
+        is ``dp / dp_sum`` there too.
+        """
+        total = items.detach().to(self._comm_device, torch.float32, copy=True)
+        dist.all_reduce(total)
+        return item_factor(total, self.world_size)
 
     # -- failures -------------------------------------------------------------------------
     def report_failure(self, error: BaseException, where: str = "") -> str:
