@@ -72,6 +72,16 @@ class DistributedDataParallelWrapper(DistributedDataParallel):
         set_caller = getattr(module, "set_forward_caller", None)
         if set_caller is not None:
             set_caller(self)
+        routes = getattr(module, "routes_train_forward", None)
+        if callable(routes) and not routes():
+            warnings.warn(
+                f"{type(module).__name__} overrides train_step, so DDP does not see the forwards it makes (self(...), a submodule) and "
+                "wrapper.train_step would not synchronise the gradients. Train it with Trainer(strategy='ddp'), which averages them "
+                "before each update; or send every training forward through `self.forward_caller or self` and override "
+                "routes_train_forward() to return True.",
+                UserWarning,
+                stacklevel=2,
+            )
 
     def forward(self, *inputs: Any, **kwargs: Any) -> Any:
         """DDP's forward; with :attr:`detect_anomalous_params`, then the check of the outputs."""
