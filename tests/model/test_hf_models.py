@@ -19,7 +19,7 @@ import trainwright as tw
 
 transformers = pytest.importorskip("transformers")
 
-VOCAB, SEQ, BATCH, ITERS, LR = 64, 16, 4, 6, 3e-3
+VOCAB, SEQ, BATCH, ITERS, WARMUP, LR = 64, 16, 4, 6, 2, 3e-2
 
 
 def _gpt2() -> torch.nn.Module:
@@ -53,7 +53,8 @@ def test_gpt2_trains_as_it_is_equal_to_a_hand_loop_and_round_trips_save_pretrain
     trainer = tw.Trainer(
         model=model, work_dir=tmp_path, experiment_name="hf", log_level="WARNING", randomness=dict(seed=0),
         train_dataloader=DataLoader(data, batch_size=BATCH),
-        optim_wrapper=dict(optimizer=dict(type="AdamW", lr=LR)),
+        optim_wrapper=dict(optimizer=dict(type="AdamW", lr=LR), clip_grad=dict(max_norm=1.0)),
+        param_scheduler=lambda opt: transformers.get_linear_schedule_with_warmup(opt, WARMUP, ITERS),  # HF's schedule, per update
         train_cfg=dict(by_epoch=False, max_iters=ITERS),
         default_hooks=dict(logger=dict(interval=1), checkpoint=None),
     )
@@ -68,11 +69,14 @@ def test_gpt2_trains_as_it_is_equal_to_a_hand_loop_and_round_trips_save_pretrain
     # The same training written by hand: AdamW, the same batches in the same order, the model's own loss.
     ref.train()
     opt = torch.optim.AdamW(ref.parameters(), lr=LR)
+    sched = transformers.get_linear_schedule_with_warmup(opt, WARMUP, ITERS)
     ref_losses = []
     for batch in DataLoader(data, batch_size=BATCH):
         loss = ref(**batch).loss
         loss.backward()
+        torch.nn.utils.clip_grad_norm_(ref.parameters(), 1.0)
         opt.step()
+        sched.step()
         opt.zero_grad()
         ref_losses.append(loss.item())
 
@@ -86,6 +90,9 @@ def test_gpt2_trains_as_it_is_equal_to_a_hand_loop_and_round_trips_save_pretrain
     train = train_records(trainer.run_dir)
     assert [r["iter"] for r in train] == list(range(1, ITERS + 1))
     assert [r["loss"] for r in train] == pytest.approx(ref_losses, rel=1e-6)
+    assert max(r["grad_norm"] for r in train) > 1.0  # clipping acted
+    hf_lr = [LR * (k / WARMUP if k < WARMUP else (ITERS - k) / (ITERS - WARMUP)) for k in range(ITERS)]  # HF's linear warmup + decay
+    assert [r["lr"] for r in train] == pytest.approx(hf_lr, rel=1e-9)
     results = ("logit", "cache", "hidden", "attention", "past")
     assert not [k for r in train for k in r if any(s in k for s in results)]
 
