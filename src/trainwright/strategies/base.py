@@ -18,7 +18,7 @@ from torch import nn
 
 from trainwright.amp.precision import Precision
 from trainwright.model.data_preprocessor import set_preprocessor_device
-from trainwright.optim.engine import UpdateEngine
+from trainwright.optim.engine import ClipFn, UpdateEngine
 from trainwright.optim.optim_wrapper_dict import optim_wrappers_of
 from trainwright.registry import check_keys
 
@@ -67,6 +67,7 @@ class Strategy(UpdateEngine):
         #: The run's precision: what the model is prepared with (FSDP's policy) and evaluation autocasts with (set by the Trainer).
         self.precision: Precision = Precision()
         self._ckpt_writer: AsyncCheckpointWriter | None = None  # created by the first async save
+        self._param_positions: tuple[nn.Module, dict[int, int]] | None = None  # the model's parameter order, by id (in_model_order)
 
     # -- environment ----------------------------------------------------------------------
     def setup_env(self, *, launcher: str = "none", cudnn_benchmark: bool = False, dist_cfg: Mapping[str, Any] | None = None, randomness: Mapping[str, Any] | None = None) -> None:
@@ -190,6 +191,29 @@ class Strategy(UpdateEngine):
             self._ckpt_writer.release()  # the staging buffers: one checkpoint's worth of host memory
         if self.model is not None:
             self._route_forward(None)
+
+    # -- updates ----------------------------------------------------------------------------
+    def clip_grad(self, clip: ClipFn, params: list[torch.Tensor]) -> torch.Tensor | None:
+        """Clip ``params``' gradients with ``clip`` in the model's parameter order (see :meth:`in_model_order`); return their total norm."""
+        return clip(self.in_model_order(params))
+
+    def in_model_order(self, params: list[torch.Tensor]) -> list[torch.Tensor]:
+        """``params`` in the order of the prepared model's ``parameters()``; any the model does not hold last, as given.
+
+        The total gradient norm sums the per-parameter norms in the order it gets them, and an
+        optimizer's groups may hold them in another (decay / no-decay groups): in the model's
+        order the norm, and so the clipped gradients, are bitwise those of a loop calling
+        ``clip_grad_norm_(model.parameters(), max_norm)``. The positions are computed once
+        per model; the sort is linear when the groups already follow the model.
+        """
+        model = getattr(self, "unwrapped", None)
+        if model is None:
+            return params
+        if self._param_positions is None or self._param_positions[0] is not model:
+            self._param_positions = (model, {id(p): i for i, p in enumerate(model.parameters())})
+        positions = self._param_positions[1]
+        known = sorted((p for p in params if id(p) in positions), key=lambda p: positions[id(p)])
+        return known if len(known) == len(params) else known + [p for p in params if id(p) not in positions]
 
     # -- collectives (identity on one process) ---------------------------------------------
     def reduce(self, tensor: torch.Tensor, op: str = "mean") -> torch.Tensor:

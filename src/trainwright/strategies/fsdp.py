@@ -205,7 +205,9 @@ class FSDPStrategy(ProcessGroupStrategy):
 
         With tensor parallelism the gradients live on the 2-D mesh and its ``dp`` sub-mesh:
         the clip function sees them all on the 2-D mesh (:func:`~trainwright.strategies.tensor_parallel.grads_on_mesh`).
+        The norm sums over the parameters in the model's order (:meth:`in_model_order`).
         """
+        params = self.in_model_order(params)
         if self.device_mesh is not None:
             params = grads_on_mesh(params, self.device_mesh)
         total = clip(params)
