@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import warnings
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Any
 
 import torch
@@ -69,6 +69,13 @@ class EMAHook(Hook):
             configs: ``(1 - momentum) * exp(-(1 + steps) / gamma) + momentum``, ``gamma`` 2000 by
             default); ``steps`` counts the updates.
         gamma: The annealing's time scale in updates (annealed types only).
+        update_per: When the average is updated under gradient accumulation:
+            ``"iter"`` (default, mmengine's): after every training iteration, so with
+            ``accumulative_counts=N`` it folds in the same weights N times per optimizer update
+            (``momentum``, ``interval`` and ``gamma`` count iterations); ``"update"`` (timm's):
+            after each iteration that stepped the optimizer (the last of each accumulation
+            window), so they count optimizer updates. Without accumulation both are the same.
+            ``"iter"`` stays the default so that mmengine configs keep their meaning.
     """
 
     priority = "NORMAL"
@@ -85,6 +92,7 @@ class EMAHook(Hook):
         strict_load: bool = False,
         ema_type: str = "ExponentialMovingAverage",
         gamma: float | None = None,
+        update_per: str = "iter",
     ) -> None:
         if ema_type not in _EMA_TYPES:
             hint = " (use SWAHook for a stochastic weight average)" if ema_type == "StochasticWeightAverage" else ""
@@ -94,6 +102,11 @@ class EMAHook(Hook):
             raise ValueError(f"EMAHook gamma={gamma} needs an annealed ema_type ('MomentumAnnealingEMA', 'ExpMomentumEMA'); {ema_type!r} has none")
         #: How the momentum is annealed (None, "linear", "exp") and its time scale: ``ema_type`` and ``gamma``.
         self.anneal, self.gamma = anneal, float(gamma if gamma is not None else default_gamma)
+        if update_per not in ("iter", "update"):
+            raise ValueError(
+                f"EMAHook update_per must be 'iter' (after every training iteration, mmengine's) or 'update' (after every optimizer "
+                f"update, timm's), got {update_per!r}"
+            )
         if evaluate_on not in ("ema", "both"):
             raise ValueError(f"EMAHook evaluate_on must be 'ema' or 'both', got {evaluate_on!r}")
         if begin_iter < 0 or begin_epoch < 0:
@@ -113,10 +126,12 @@ class EMAHook(Hook):
         self.evaluate_on = evaluate_on
         self.device = device
         self.strict_load = strict_load
+        self.update_per = update_per
         self.ema: ExponentialMovingAverage | None = None
         self._model: torch.nn.Module | None = None  # the module averaged (a run's unwrapped model)
         self._pending: Mapping[str, Any] | None = None
         self._first_iter = 1  # the 1-based iteration of the first update, placed by before_train
+        self._stepped: Callable[[], bool] | None = None  # update_per="update": whether the iteration just run stepped the optimizer
 
     @override
     def before_train(self, trainer: TrainerView) -> None:
@@ -130,6 +145,7 @@ class EMAHook(Hook):
                 f"EMAHook {name}={value} starts averaging at iteration {self._first_iter}, but the run ends at iteration {loop.max_iters}{epochs}: "
                 f"the average would never be updated. Lower {name} or train longer"
             )
+        self._stepped = None if self.update_per == "iter" else _optimizer_stepped(trainer.optim_wrapper)
         self._ensure(trainer)
 
     def first_update_iter(self, epoch_len: int) -> int:
@@ -143,6 +159,8 @@ class EMAHook(Hook):
         """Fold the weights just stepped into the average, once averaging has begun."""
         if trainer.progress.iteration < self._first_iter:
             return  # until then the average is the live model (read when asked: state_dict, evaluation)
+        if self._stepped is not None and not self._stepped():
+            return  # update_per="update": inside an accumulation window the weights have not moved
         ema = self.ema if self.ema is not None else self._ensure(trainer)
         ema.update_parameters(trainer.unwrapped_model)
 
@@ -245,8 +263,19 @@ class EMAHook(Hook):
     def __repr__(self) -> str:
         return (
             f"{type(self).__name__}(momentum={self.momentum}, interval={self.interval}, begin_iter={self.begin_iter}, begin_epoch={self.begin_epoch}, "
-            f"evaluate_on={self.evaluate_on!r}, strict_load={self.strict_load})"
+            f"evaluate_on={self.evaluate_on!r}, strict_load={self.strict_load}, update_per={self.update_per!r})"
         )
+
+
+def _optimizer_stepped(optim_wrapper: Any) -> Callable[[], bool]:
+    """The run's optim wrapper's ``should_update``: True after the micro-batch that closed an accumulation window (its update)."""
+    should_update = getattr(optim_wrapper, "should_update", None)
+    if not callable(should_update):
+        raise ValueError(
+            f"EMAHook(update_per='update') follows the updates of one optim wrapper, and this run has {type(optim_wrapper).__name__} "
+            "(several optimizers update at different times, or none is built): use update_per='iter'"
+        )
+    return should_update
 
 
 def _evaluate_pass(trainer: TrainerView, mode: str) -> dict[str, float]:
