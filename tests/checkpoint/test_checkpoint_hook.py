@@ -153,8 +153,15 @@ def test_validation_does_not_move_the_training_random_stream(tmp_path: Path) -> 
 
 
 
-def test_epoch_interval_in_iteration_based_run_warns(tmp_path: Path) -> None:
-    """A by-epoch checkpoint interval in an iteration-based run saves only at the end: the log says so."""
+@pytest.mark.parametrize(
+    ("checkpoint", "saved", "warned"),
+    [
+        (None, ["iter_3.pth", "iter_6.pth"], False),  # the default hook follows the loop: every val_interval iterations
+        (dict(interval=2), ["iter_2.pth", "iter_4.pth", "iter_6.pth"], False),  # a user interval without by_epoch: iterations too
+        (dict(by_epoch=True, interval=1), ["iter_6.pth"], True),  # an explicit by_epoch=True is kept: the log says only the last is saved
+    ],
+)
+def test_checkpoint_hook_follows_an_iteration_based_loop_unless_told(tmp_path: Path, checkpoint: dict | None, saved: list[str], warned: bool) -> None:
     from torch.utils.data import DataLoader, TensorDataset
 
     class Reg(tw.BaseModel):
@@ -172,10 +179,12 @@ def test_epoch_interval_in_iteration_based_run_warns(tmp_path: Path) -> None:
         work_dir=tmp_path,
         train_dataloader=DataLoader(data, batch_size=4),
         optim_wrapper=dict(optimizer=dict(type="SGD", lr=0.01)),
-        train_cfg=dict(by_epoch=False, max_iters=6),
+        train_cfg=dict(by_epoch=False, max_iters=6, val_interval=3),
+        default_hooks=None if checkpoint is None else dict(checkpoint=checkpoint),
     )
     trainer.train()
     trainer.close()
     log = next(tmp_path.glob("*/train.log")).read_text()
-    assert "by_epoch=False, interval=N" in log
-    assert sorted(p.name for p in (tmp_path / "checkpoints").glob("*.pth")) == ["iter_6.pth"]
+    assert ("CheckpointHook counts its interval in epochs (by_epoch=True) but training is iteration-based" in log) is warned
+    assert ("WARNING" in log) is warned, log
+    assert sorted(p.name for p in (tmp_path / "checkpoints").glob("*.pth")) == saved

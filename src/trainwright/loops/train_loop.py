@@ -248,6 +248,10 @@ class EpochBasedTrainLoop(_TrainLoopBase):
         ctx.hooks.call("after_train_epoch", ctx.view)
 
 
+#: How often an iteration-based loop validates by default (mmengine's); the default checkpoint hook of such a run saves as often.
+ITER_VAL_INTERVAL = 1000
+
+
 class IterBasedTrainLoop(_TrainLoopBase):
     """Train for ``max_iters`` iterations, cycling the data; validate every ``val_interval`` iterations and at the end.
 
@@ -258,7 +262,7 @@ class IterBasedTrainLoop(_TrainLoopBase):
 
     by_epoch = False
 
-    def __init__(self, dataloader: ResumableLoader, max_iters: int, val_begin: int = 1, val_interval: int = 1000, gather_metric_period: int = 1,
+    def __init__(self, dataloader: ResumableLoader, max_iters: int, val_begin: int = 1, val_interval: int = ITER_VAL_INTERVAL, gather_metric_period: int = 1,
                  dynamic_intervals: Sequence[Sequence[int]] | None = None) -> None:
         super().__init__(dataloader, val_begin, val_interval, gather_metric_period, dynamic_intervals)
         if not isinstance(max_iters, int) or max_iters < 1:

@@ -37,6 +37,11 @@ class TrainParts(NamedTuple):
     param_schedulers: Any
 
 
+def train_by_epoch(train_cfg: Mapping[str, Any]) -> bool:
+    """Whether ``train_cfg`` makes an epoch-based train loop: its ``by_epoch``, else True unless it gives ``max_iters``."""
+    return bool(train_cfg.get("by_epoch", "max_iters" not in train_cfg))
+
+
 def build_train(
     trainer: Trainer, train_cfg: Mapping[str, Any], loader_cfg: Any, optim_cfg: Any, scheduler_cfg: Any, *,
     model: nn.Module, precision: Precision, seed: int, skip_nonfinite: bool, spike_guard: SpikeGuard | None = None,
@@ -60,7 +65,8 @@ def build_train(
             f"train_cfg sets both max_epochs={cfg['max_epochs']} and max_iters={cfg['max_iters']}: give one, "
             "dict(by_epoch=True, max_epochs=N) or dict(by_epoch=False, max_iters=N)"
         )
-    by_epoch = cfg.pop("by_epoch", "max_iters" not in cfg)
+    by_epoch = train_by_epoch(cfg)
+    cfg.pop("by_epoch", None)
     strategy = trainer.strategy
     loader = build_dataloader(loader_cfg, seed=seed, num_replicas=strategy.data_parallel_size, rank=strategy.data_parallel_rank)  # this rank's shard
     try:

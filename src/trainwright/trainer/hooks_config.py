@@ -12,7 +12,9 @@ import trainwright.hooks.progress_bar  # noqa: F401 - registers ProgressBarHook
 import trainwright.hooks.runtime_info  # noqa: F401 - registers RuntimeInfoHook
 import trainwright.hooks.stall  # noqa: F401 - registers StallHook
 from trainwright.hooks.hook import Hook, get_priority, require_hook
+from trainwright.loops.train_loop import ITER_VAL_INTERVAL
 from trainwright.registry import HOOKS, did_you_mean
+from trainwright.trainer.build import train_by_epoch
 
 #: The stock hooks a trainer has unless switched off by name (value None).
 DEFAULT_HOOKS: dict[str, dict[str, Any]] = {
@@ -34,15 +36,30 @@ OPTIONAL_HOOKS: dict[str, dict[str, Any]] = {
 }
 
 
-def build_hooks(default_hooks: Mapping[str, Any] | None, custom_hooks: Sequence[Any] | None) -> list[Hook]:
+def stock_hooks(train_cfg: Mapping[str, Any] | None = None) -> dict[str, dict[str, Any]]:
+    """The stock hooks' configs for a run of ``train_cfg``: :data:`DEFAULT_HOOKS`, the checkpoint hook in the train loop's unit.
+
+    An iteration-based loop (``by_epoch=False``) gets a checkpoint hook that counts iterations
+    and saves as often as the loop validates (``val_interval``; 1000 by default, mmengine's),
+    so its checkpoints hold the scores of that validation, as an epoch-based run's do. User
+    settings are merged over these: an explicit ``by_epoch`` is kept.
+    """
+    stock = {k: dict(v) for k, v in DEFAULT_HOOKS.items()}
+    if train_cfg is not None and not train_by_epoch(train_cfg):
+        stock["checkpoint"] = dict(type="CheckpointHook", interval=int(train_cfg.get("val_interval", ITER_VAL_INTERVAL)), by_epoch=False)
+    return stock
+
+
+def build_hooks(default_hooks: Mapping[str, Any] | None, custom_hooks: Sequence[Any] | None, train_cfg: Mapping[str, Any] | None = None) -> list[Hook]:
     """Merge user settings into the stock hooks and build everything.
 
     ``default_hooks`` maps a stock name to: a dict of arguments (merged into the default;
     with ``type`` it replaces the hook), a Hook object, or None (disabled). The names of
     :data:`OPTIONAL_HOOKS` are off until given a dict (``norms=dict()``: its defaults). Unknown names
-    are added as extra hooks only if they carry a ``type``.
+    are added as extra hooks only if they carry a ``type``. ``train_cfg`` (the Trainer's) puts
+    the default checkpoint hook in the loop's unit (see :func:`stock_hooks`).
     """
-    merged: dict[str, Any] = {k: dict(v) for k, v in DEFAULT_HOOKS.items()}
+    merged: dict[str, Any] = stock_hooks(train_cfg)
     for name, value in (default_hooks or {}).items():
         if value is None or isinstance(value, Hook):
             merged[name] = value

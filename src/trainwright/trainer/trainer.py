@@ -163,7 +163,7 @@ class Trainer:
         # a model dict is built now, after the seed: its initial weights follow randomness's seed
         module: nn.Module = MODELS.build(model) if isinstance(model, Mapping) else model
         # the hooks are built before the run folder: a remote out_dir (checkpoints, logs) is checked first, so a bad URL leaves no folder
-        hooks = build_hooks(default_hooks, custom_hooks)
+        hooks = build_hooks(default_hooks, custom_hooks, self.train_cfg)
         _check_storage(hooks)
         # rank 0 names (and creates) the run folder: every rank agrees even when their clocks straddle a second
         self.experiment_name: str = self.strategy.broadcast_object(experiment_name or (new_run_dir(self.work_dir).name if self.is_main_process else None))
