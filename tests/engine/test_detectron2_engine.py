@@ -7,8 +7,10 @@ for, written out by hand here.
 from __future__ import annotations
 
 import itertools
+import json
 import logging
 import math
+import statistics
 from pathlib import Path
 from typing import Any
 
@@ -18,7 +20,7 @@ from torch import nn
 from torch.utils.data import DataLoader, TensorDataset
 
 from trainwright.checkpoint.io import load_file
-from trainwright.engine import AMPTrainer, Checkpointer, HookBase, SimpleTrainer, get_event_storage, hooks
+from trainwright.engine import AMPTrainer, Checkpointer, CommonMetricPrinter, HookBase, JSONWriter, SimpleTrainer, get_event_storage, hooks
 
 N = 4  # iterations per train() call; the loader has 3 batches, so passes restart inside a call
 
@@ -193,19 +195,34 @@ def test_checkpointer_resume_continues_exactly(tmp_path: Path) -> None:
     assert resumed.storage.history("lr").values() == whole.storage.history("lr").values()[N:]
 
 
-def test_eval_and_callback_hooks_put_results_at_their_iterations() -> None:
+def test_eval_callback_and_writer_hooks_put_and_write_results_at_their_iterations(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
     model, opt, _ = _build()
     trainer = SimpleTrainer(model, _data(), opt, gather_metric_period=2)
     calls: list[int] = []
     trainer.register_hooks([
+        hooks.IterationTimer(warmup_iter=1),
         hooks.EvalHook(3, lambda: {"val": {"acc": float(len(calls))}}),
         hooks.CallbackHook(after_step=lambda t: calls.append(t.iter)),
+        hooks.PeriodicWriter([JSONWriter(tmp_path / "metrics.json"), CommonMetricPrinter(2 * N)], period=4),
     ])
-    trainer.train(0, 2 * N)
+    with caplog.at_level(logging.INFO, logger="trainwright.engine"):
+        trainer.train(0, 2 * N)
     # every 3 iterations (its after_step runs before the callback's of that iteration), and after the last
     assert trainer.storage.history("val/acc").values() == [(2.0, 2), (5.0, 5), (8.0, 2 * N)]
     assert [it for _, it in trainer.storage.history("total_loss").values()] == [1, 3, 5, 7]  # gather_metric_period=2
     assert calls == list(range(2 * N))
+
+    # written at iterations 3 and 7 and after training: each iteration's latest values once, losses as medians
+    lines = [json.loads(line) for line in (tmp_path / "metrics.json").read_text().splitlines()]
+    assert [line["iteration"] for line in lines] == [2, 3, 5, 7, 8]
+    assert [line.get("val/acc") for line in lines] == [2.0, None, 5.0, None, 8.0]
+    losses = trainer.storage.history("total_loss").values()
+    assert lines[1]["total_loss"] == pytest.approx(statistics.median(v for v, it in losses if it <= 3))
+    assert lines[3]["total_loss"] == pytest.approx(statistics.median(v for v, _ in losses))
+    printed = [r.getMessage() for r in caplog.records if "iter: " in r.getMessage()]
+    assert [m.split("  ")[1] for m in printed] == ["iter: 3", "iter: 7"]  # not again after training
+    assert printed[1].startswith("eta: 0:00:00  iter: 7  total_loss: ")
+    assert all(f"  {k}: " in printed[0] for k in ("loss_mse", "loss_l1", "time", "data_time"))
 
 
 def test_wrong_inputs_name_the_fix() -> None:

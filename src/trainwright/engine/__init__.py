@@ -20,5 +20,9 @@ from trainwright.engine.checkpointer import Checkpointer
 from trainwright.engine.events import EventStorage, History, get_event_storage
 from trainwright.engine.train_loop import HookBase, TrainerBase
 from trainwright.engine.trainers import AMPTrainer, SimpleTrainer
+from trainwright.engine.writers import CommonMetricPrinter, EventWriter, JSONWriter
 
-__all__ = ["AMPTrainer", "Checkpointer", "EventStorage", "History", "HookBase", "SimpleTrainer", "TrainerBase", "get_event_storage", "hooks"]
+__all__ = [
+    "AMPTrainer", "Checkpointer", "CommonMetricPrinter", "EventStorage", "EventWriter", "History", "HookBase", "JSONWriter", "SimpleTrainer",
+    "TrainerBase", "get_event_storage", "hooks",
+]

@@ -107,9 +107,10 @@ class PeriodicWriter(HookBase):
     """Call ``write()`` on each writer every ``period`` iterations and after the last; ``close()`` them after training.
 
     Args:
-        writers: Objects with ``write()`` and ``close()`` that read ``self.trainer.storage``
-            or :func:`~trainwright.engine.get_event_storage` (detectron2's ``EventWriter``
-            protocol; detectron2's own writers are not provided).
+        writers: Objects with ``write()`` and ``close()`` that read
+            :func:`~trainwright.engine.get_event_storage` (detectron2's ``EventWriter``
+            protocol), e.g. :class:`~trainwright.engine.writers.JSONWriter`,
+            :class:`~trainwright.engine.writers.CommonMetricPrinter`.
         period: Iterations between writes.
     """
 
