@@ -274,8 +274,9 @@ class ModuleAdapter(BaseModel):
                 f"{type(self.module).__name__}.forward returned {type(out).__name__}, not a loss: a plain nn.Module used with "
                 "the Trainer must return a loss tensor, a dict of losses or an output with a `loss` attribute (Hugging Face's "
                 "ModelOutput); or subclass trainwright.BaseModel and implement forward(*inputs, mode) with mode='loss'."
-                + (" A tuple is not read by position: for a Hugging Face model, keep return_dict=True (its default) so the "
-                   "output names its loss." if isinstance(out, tuple) else "")
+                + (" A tuple is not read by position (which element is the loss is not guessed): return dict(loss=...), e.g. "
+                   "from a BaseModel whose forward unpacks the module's (logits, loss); a Hugging Face model names its loss with "
+                   "return_dict=True, its default." if isinstance(out, tuple) else "")
             )
         return out
 
