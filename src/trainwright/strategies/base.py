@@ -21,13 +21,14 @@ from trainwright.model.data_preprocessor import set_preprocessor_device
 from trainwright.optim.engine import ClipFn, UpdateEngine
 from trainwright.optim.optim_wrapper_dict import optim_wrappers_of
 from trainwright.registry import check_keys
+from trainwright.strategies.parts import StrategyParts
 
 if TYPE_CHECKING:
     from trainwright.checkpoint.async_writer import AsyncCheckpointWriter
     from trainwright.checkpoint.storage import Location
 
 
-class Strategy(UpdateEngine):
+class Strategy(UpdateEngine, StrategyParts):
     """Base strategy: one process; subclasses add devices and process groups.
 
     Optim wrappers ask its ``no_sync_context`` once.
@@ -35,6 +36,10 @@ class Strategy(UpdateEngine):
     and collectives; DDP, FSDP2 and DeepSpeed are its subclasses. :meth:`prepare` moves,
     converts, parallelizes, checkpoints, compiles and wraps the model, in that order; the
     optimizer is built over the prepared model before :meth:`setup_optim_wrapper`.
+
+    mmengine's ``BaseStrategy`` methods (``build_model``, ``build_optim_wrapper``,
+    ``build_param_scheduler``, ``resume``, ``load_or_resume``) come from
+    :class:`~trainwright.strategies.parts.StrategyParts`.
 
     Args:
         device: ``"cpu"``, ``"cuda"``, ``"cuda:1"`` or a ``torch.device``; default: the

@@ -44,7 +44,7 @@ def trainer_from_config(trainer_cls: type[Trainer], cfg: Mapping[str, Any], **ov
     filename = getattr(cfg, "filename", None)
     import_modules(args.get("custom_imports"), Path(filename) if filename else None)  # Config.fromfile has usually done it already
     built = trainer_arguments(args, trainer_keys(trainer_cls))
-    trainer = _build(lambda: trainer_cls(**built.kwargs), built.index, None, built.scope)
+    trainer = _build(lambda: trainer_cls(**built.kwargs), built.paths, None, built.scope)
     if built.scaled:
         trainer.logger.info(built.scaled)
     if trainer.is_main_process:
@@ -60,7 +60,7 @@ class TrainerArguments(NamedTuple):
     #: The line to log about ``auto_scale_lr`` (None: nothing was scaled).
     scaled: str | None
     #: Every mapping of the config by its dotted path (a failing build names its key).
-    index: dict[str, Mapping[str, Any]]
+    paths: dict[str, Mapping[str, Any]]
     #: The config's ``default_scope`` (named when a type is unknown).
     scope: Any
 
