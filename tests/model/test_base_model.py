@@ -220,3 +220,11 @@ def test_every_preprocessor_follows_the_models_device() -> None:
     alone = BaseDataPreprocessor().to("meta")
     assert alone.device == torch.device("meta")
     assert alone.cpu().device == torch.device("cpu")
+
+
+def test_a_data_preprocessor_that_is_no_module_is_a_type_error_at_construction() -> None:
+    with pytest.raises(TypeError, match=r"BaseModel\(data_preprocessor=...\) must be an nn.Module .* got str"):
+        BaseModel(data_preprocessor="BaseDataPreprocessor")
+    with pytest.raises(TypeError, match=r"got function"):
+        BaseModel(data_preprocessor=dict(type=lambda: (lambda data, training: data)))  # the dict builds no module
+    assert isinstance(BaseModel(data_preprocessor=dict(type="BaseDataPreprocessor")).data_preprocessor, BaseDataPreprocessor)
