@@ -150,7 +150,8 @@ class EventStorage:
         return self
 
     def __exit__(self, *exc: object) -> None:
-        assert EventStorage._stack and EventStorage._stack[-1] is self, "EventStorage contexts must be exited in the order they were entered"
+        if not EventStorage._stack or EventStorage._stack[-1] is not self:
+            raise RuntimeError("EventStorage blocks must be left in the reverse order they were entered (nest `with EventStorage(...)` blocks)")
         EventStorage._stack.pop()
 
 
