@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+import warnings
 from pathlib import Path
 from typing import Any
 
@@ -98,3 +99,29 @@ def test_torch_scheduler_mistakes_are_named(tmp_path: Path) -> None:
     sched = tls.LambdaLR(ow.optimizer, factor)
     built = build_param_schedulers([sched, dict(type="TorchScheduler", scheduler=lambda o: tls.StepLR(o, 3), by_epoch=True)], ow)
     assert [(type(s), s.unit) for s in built] == [(TorchScheduler, "update"), (TorchScheduler, "epoch")]
+
+
+def test_torch_schedulers_per_iteration_and_per_epoch_equal_a_hand_loop_without_warnings(tmp_path: Path) -> None:
+    # Per iteration under accumulation the scheduler steps before the first optimizer.step(): deliberate, so torch's
+    # order warning is not shown (warnings are errors here); per epoch through dict(type=<torch class>, by_epoch=True).
+    rec = LrPerIter()
+    scheduler = [dict(type="TorchScheduler", scheduler=lambda o: tls.StepLR(o, 3), by_update=False), dict(type=tls.ExponentialLR, gamma=0.9, by_epoch=True)]
+    trainer = make_trainer(
+        tmp_path, train_cfg=dict(by_epoch=True, max_epochs=2), optim_wrapper=dict(optimizer=dict(type="SGD", lr=LR), accumulative_counts=ACC),
+        param_scheduler=scheduler, custom_hooks=[rec],
+    )
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        trainer.train()
+    trainer.close()
+    opt = torch.optim.SGD([torch.nn.Parameter(torch.zeros(1))], lr=LR)
+    per_iter, per_epoch = tls.StepLR(opt, 3), tls.ExponentialLR(opt, gamma=0.9)
+    want = []
+    for _epoch in range(2):
+        for _i in range(10):
+            want.append(opt.param_groups[0]["lr"])
+            opt.step()
+            per_iter.step()
+        per_epoch.step()
+    assert rec.lr == want
+    assert [s.unit for s in trainer.param_schedulers] == ["iter", "epoch"]

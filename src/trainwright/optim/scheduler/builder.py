@@ -107,8 +107,8 @@ def build_param_scheduler(
         cls = PARAM_SCHEDULERS.get(typ) if isinstance(typ, str) else typ
         name = getattr(cls, "__name__", str(typ))
         if isinstance(cls, type) and issubclass(cls, LRScheduler):  # torch's class: built on the run's optimizer
-            unit = {k: args.pop(k) for k in ("by_epoch", "by_update") if k in args}
-            return TorchScheduler(optimizer, functools.partial(cls, **args), **unit)
+            unit_args = {k: args.pop(k) for k in ("by_epoch", "by_update") if k in args}
+            return TorchScheduler(optimizer, functools.partial(cls, **args), **unit_args)
         convert = bool(args.pop("convert_to_iter_based", False))
         accepted = accepted_kwargs(cls) or set()
         unknown = sorted(set(args) - accepted)
@@ -122,7 +122,7 @@ def build_param_scheduler(
                 "by_epoch=True epochs; add convert_to_iter_based=True to turn an epoch window into updates)."
             )
         acc = _accumulation(optimizer)
-        if "end" not in args:
+        if "end" not in args and "end" in accepted:
             unit = "epoch" if convert or (args.get("by_epoch", True) and not by_update) else "update" if by_update else "iter"
             default_end = run_length(unit, max_epochs=max_epochs, max_iters=max_iters, epoch_length=epoch_length, accumulation=acc)
             if default_end is not None and args.get("begin", 0) < default_end:  # (a window beginning after the run: warned about by warn_outside_run)

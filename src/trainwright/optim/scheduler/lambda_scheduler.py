@@ -66,7 +66,7 @@ class LambdaParamScheduler(ParamScheduler):
         super().__init__(optimizer, param_name, begin=begin, end=end, last_step=last_step, by_epoch=by_epoch, by_update=by_update)
 
     def _get_value(self) -> list[float]:
-        values = []
+        values: list[float] = []
         for base, fn in zip(self.base_values, self.factor_lambdas):
             factor = fn(self.last_step)
             if not isinstance(factor, numbers.Real) or isinstance(factor, bool):
