@@ -110,6 +110,8 @@ def build_param_scheduler(
             unit_args = {k: args.pop(k) for k in ("by_epoch", "by_update") if k in args}
             return TorchScheduler(optimizer, functools.partial(cls, **args), **unit_args)
         convert = bool(args.pop("convert_to_iter_based", False))
+        if convert and not hasattr(cls, "build_iter_from_epoch"):
+            raise TypeError(f"{name} cannot convert_to_iter_based (it has no epoch-valued window); give its unit with by_epoch / by_update instead.")
         accepted = accepted_kwargs(cls) or set()
         unknown = sorted(set(args) - accepted)
         if unknown:
