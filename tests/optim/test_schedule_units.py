@@ -141,6 +141,17 @@ def test_linear_and_poly_without_end_end_with_training(tmp_path: Path) -> None:
     assert trainer.param_schedulers[0].end == 24
     assert rec.lr == pytest.approx([LR * (0.25 + 0.75 * i / 23) for i in range(24)], rel=1e-14)  # reaches LR at the last iteration
 
+    # Per update in an epoch-based run: 2 epochs of 10 iterations, windows closing at iterations 4, 8 and 10 of each epoch.
+    rec = LrPerIter()
+    trainer = make_trainer(
+        tmp_path, train_cfg=dict(by_epoch=True, max_epochs=2), custom_hooks=[rec],
+        optim_wrapper=dict(optimizer=dict(type="SGD", lr=LR), accumulative_counts=4), param_scheduler=dict(type="PolyLR", by_update=True),
+    )
+    trainer.train()
+    trainer.close()
+    assert trainer.param_schedulers[0].end == 6
+    assert rec.lr == pytest.approx([LR * (1 - (3 * e + i // 4) / 5) for e in range(2) for i in range(10)], rel=1e-14, abs=1e-17)
+
     ow = OptimWrapper(torch.optim.SGD(LinearReg().parameters(), lr=LR, momentum=0.9), accumulative_counts=4)
     kw: dict[str, Any] = dict(epoch_length=10, max_epochs=3)
     poly, linear_m, per_epoch = build_param_schedulers(
