@@ -62,7 +62,8 @@ class Trainer:
         val_cfg / test_cfg: ``dict(autocast=False)``: evaluate under mixed precision.
         optim_wrapper: An OptimWrapper or a dict ``dict(optimizer=dict(type="SGD", lr=...),
             accumulative_counts=1, clip_grad=None)``.
-        param_scheduler: A scheduler, a dict or a list of dicts (``type``, ``by_epoch``, ``begin``, ``end``...).
+        param_scheduler: A scheduler, a dict or a list of dicts (``type``, ``by_epoch`` / ``by_update``, ``begin``, ``end``...),
+            a torch ``LRScheduler`` built on the optimizer given as ``optim_wrapper``, or a factory ``optimizer -> LRScheduler``.
         val_evaluator / test_evaluator: A Metric, an Evaluator, or dict(s) of metrics.
         default_hooks: Configure or disable (None) stock hooks by name: ``timer``,
             ``logger``, ``param_scheduler``, ``checkpoint``, ``sampler_seed``, ``preemption``, ``progress_bar``,
