@@ -1,7 +1,8 @@
 """mmengine's spellings and runtime keys, translated into the Trainer's arguments (for :mod:`trainwright.trainer.from_config`).
 
-Loop types, ``DefaultSampler`` / ``InfiniteSampler``, ``collate_fn=dict(type=...)``, ``fp16``
-evaluation; ``visualizer`` / ``vis_backends`` → writers, ``log_processor`` → the logger hook,
+Loop types, ``fp16`` evaluation, the dataloader dicts (``DefaultSampler`` / ``InfiniteSampler``,
+``collate_fn=dict(type=...)``: :mod:`trainwright.data.loader_args`, which every loader dict goes
+through); ``visualizer`` / ``vis_backends`` → writers, ``log_processor`` → the logger hook,
 ``auto_scale_lr``, ``model_wrapper_cfg`` / ``find_unused_parameters`` → the DDP strategy, a
 top-level ``data_preprocessor`` → the model's. Runtime keys trainwright has no use for are
 ignored with a warning.

@@ -56,7 +56,8 @@ class Trainer:
             when it was built after ``tw.seed_everything(seed)``, which the log notes).
         work_dir: Where checkpoints (``checkpoints/``) and run folders (log, ``metrics.jsonl``) go.
         train_dataloader / val_dataloader / test_dataloader: ``DataLoader`` s or dicts of
-            ``DataLoader`` arguments (``dict(dataset=..., batch_size=..., shuffle=...)``).
+            ``DataLoader`` arguments (``dict(dataset=..., batch_size=..., shuffle=...)``; mmengine's
+            ``sampler=dict(type='DefaultSampler', shuffle=...)`` and ``collate_fn=dict(type=...)`` too).
         train_cfg: ``dict(by_epoch=True, max_epochs=..., val_interval=1, val_begin=1)`` or
             ``dict(by_epoch=False, max_iters=..., val_interval=...)``.
         val_cfg / test_cfg: ``dict(autocast=False)``: evaluate under mixed precision.
