@@ -21,12 +21,14 @@ ROOT = Path(__file__).resolve().parents[2]
 CONFIG = ROOT / "examples" / "digits.py"
 
 
-def test_digits_reaches_accuracy_and_writes_work_dir(tmp_path):
+def test_digits_reaches_accuracy_and_writes_work_dir(tmp_path, recwarn):
     cfg = Config.fromfile(CONFIG)
     trainer = tw.Trainer.from_config(cfg, work_dir=str(tmp_path), experiment_name="run")
     try:
         model = trainer.train()
         metrics = trainer.val()
+        # the shipped example with the stock hooks and settings: not one warning (Python's or the log's)
+        assert [str(w.message) for w in recwarn] == []
         assert metrics["val/acc"] >= 0.95
 
         # the metric agrees with a hand computation on the validation split
@@ -39,6 +41,7 @@ def test_digits_reaches_accuracy_and_writes_work_dir(tmp_path):
         run = tmp_path / "run"
         log = (run / "train.log").read_text()
         assert "Epoch(train) [10]" in log and "val/acc" in log and "Random seed: 0" in log
+        assert " - WARNING - " not in log, [line for line in log.splitlines() if " - WARNING - " in line]
         assert Config.fromfile(run / "config.py").train_cfg.max_epochs == 10  # the resolved config, in the run folder
 
         records = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
@@ -68,8 +71,10 @@ def test_digits_command_line(tmp_path):
     """The README's run command: ``trainwright train examples/digits.py``, then ``trainwright test``."""
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT / "src"), os.environ.get("PYTHONPATH", "")])}
     cmd = [sys.executable, "-m", "trainwright"]
-    subprocess.run([*cmd, "train", str(CONFIG), "--work-dir", str(tmp_path)], capture_output=True, text=True, timeout=120, check=True, env=env)
+    train = subprocess.run([*cmd, "train", str(CONFIG), "--work-dir", str(tmp_path)], capture_output=True, text=True, timeout=120, check=True, env=env)
+    assert "WARNING" not in train.stdout + train.stderr and "Warning:" not in train.stderr, train.stdout[-3000:] + train.stderr[-3000:]
     assert (tmp_path / "checkpoints" / "latest").exists()
     out = subprocess.run([*cmd, "test", str(CONFIG), "--work-dir", str(tmp_path), "--checkpoint", str(tmp_path / "checkpoints" / "epoch_10.pth")],
                          capture_output=True, text=True, timeout=120, check=True, env=env)
+    assert "WARNING" not in out.stdout + out.stderr and "Warning:" not in out.stderr, out.stdout[-3000:] + out.stderr[-3000:]
     assert json.loads(out.stdout.strip().splitlines()[-1])["test/acc"] >= 0.95

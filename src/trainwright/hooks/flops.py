@@ -45,7 +45,8 @@ class FlopsHook(Hook):
       allows it; float8 runs against the bf16 peak, as torchtitan does).
 
     Without a known peak (a CPU, a GPU missing from the table) records carry ``tflops`` and
-    no ``mfu``, and the trainer's logger says so once.
+    no ``mfu``, and the trainer's logger says so once: a warning for a GPU missing from the table,
+    at DEBUG level for a CPU (no CPU has a table entry: saying it on every CPU run is noise).
 
     A compiled run (``compile=``, a compiled optimizer step) is counted too: ``torch.compile``
     gives up compiling code that first runs under a dispatch mode, so the counted iteration
@@ -93,7 +94,7 @@ class FlopsHook(Hook):
                 f"FlopsHook: records carry no tflops / mfu in this run: {' and '.join(self._compiled)} {'are' if len(self._compiled) > 1 else 'is'} compiled, "
                 "and the checkpoint it resumed from holds no FLOP count (counting now would run one iteration eagerly, and the resumed run would "
                 "no longer equal an uninterrupted one). A run started from iteration 0 counts its first iteration and keeps the count in its checkpoints.",
-                warn=self.peak_tflops is not None,
+                level="warning" if self.peak_tflops is not None else "info",
             )
             return
         first = trainer.progress.iteration + 1
@@ -164,15 +165,15 @@ class FlopsHook(Hook):
                 trainer, "peak",
                 f"FlopsHook: the peak TFLOP/s of {device_name!r} at {column} is not in trainwright.logging.flops.PEAKS, so records carry "
                 "tflops but no mfu. Give the device's dense peak at the run's precision: default_hooks=dict(flops=dict(peak_tflops=...)).",
-                warn=device.type != "cpu",
+                level="warning" if device.type != "cpu" else "debug",
             )
         return peak
 
-    def _say(self, trainer: TrainerView, key: str, message: str, warn: bool = False) -> None:
-        """Log ``message`` once per hook (a warning when the user asked for what cannot be given, else info)."""
+    def _say(self, trainer: TrainerView, key: str, message: str, level: str = "info") -> None:
+        """Log ``message`` once per hook at ``level`` (``"warning"`` when the user asked for what cannot be given)."""
         if key not in self._said:
             self._said.add(key)
-            (trainer.logger.warning if warn else trainer.logger.info)(message)
+            getattr(trainer.logger, level)(message)
 
 
 def _compiled_parts(model: nn.Module, optim_wrapper: Any) -> list[str]:
