@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import copy
 import json
+from collections import Counter
 from pathlib import Path
 from typing import Any
 
@@ -167,6 +168,21 @@ def test_a_window_resumed_from_its_state_keeps_its_count() -> None:
         out = model(ids[8:16], labels[8:16], mode="loss")
         ow.update_params(out["loss"], num_items=out["num_items"])
     assert torch.equal(flat(a), flat(b))
+
+
+def test_counted_steps_read_nothing_back_to_the_host(sync_calls: Counter[str]) -> None:
+    """train_step with num_items, accumulation and clipping: no .item() / bool() / .cpu() of a tensor, on the updating step too."""
+    model = TinyGPT(counted=True)
+    # SGD: torch's CPU Adam reads its step counter with .item() (a CPU tensor; not ours to count)
+    ow = OptimWrapper(torch.optim.SGD(model.parameters(), lr=LR), accumulative_counts=2, clip_grad=dict(max_norm=MAX_NORM))
+    ow.initialize_count_status(model, 0, 4)
+    ids, labels = token_set().tensors
+    before = flat(model)
+    sync_calls.clear()
+    for i in range(4):
+        model.train_step((ids[i * 8 : (i + 1) * 8], labels[i * 8 : (i + 1) * 8]), ow)
+    assert sum(sync_calls.values()) == 0, sync_calls
+    assert not torch.equal(flat(model), before)
 
 
 def test_a_window_mixing_sums_and_means_is_an_error() -> None:
