@@ -2,7 +2,8 @@
 
 Its step calls ``self(...)``, ``self.forward(...)`` and its submodules, none of which DDP's wrapper
 sees: the DDP strategy averages each optim wrapper's gradients before its update. Compared with a
-hand-written two-optimizer loop on one process over the concatenated global batch.
+hand-written two-optimizer loop on one process over the concatenated global batch. In the same
+launch, a model whose ranks take different branches (``find_unused_parameters=True``).
 """
 
 from __future__ import annotations
@@ -63,6 +64,39 @@ class GAN(tw.BaseModel):
         return {"loss_d": loss_d.detach(), "loss_g": loss_g.detach()}
 
 
+def _routed_data() -> TensorDataset:
+    """Even samples have x[0] > 0, odd ones x[0] < 0: sharded over 2 ranks, rank 0 sees only the first kind, rank 1 the second."""
+    g = torch.Generator().manual_seed(6)
+    x = torch.randn(WORLD * BATCH * ITERS, 4, generator=g)
+    x[:, 0] = x[:, 0].abs() + 0.1
+    x[1::2, 0] *= -1
+    return TensorDataset(x, torch.randn(WORLD * BATCH * ITERS, 1, generator=g))
+
+
+class Routed(tw.BaseModel):
+    """Samples with x[0] > 0 go through ``a``, the others through ``b``; ``spare`` is never used."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        torch.manual_seed(1)
+        self.a, self.b, self.spare = nn.Linear(4, 1), nn.Linear(4, 1), nn.Linear(4, 1)
+
+    def loss(self, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+        pos = x[:, 0] > 0
+        errors = [layer(x[rows]) - y[rows] for layer, rows in ((self.a, pos), (self.b, ~pos)) if rows.any()]  # a branch without rows is not called
+        return torch.cat(errors).pow(2).sum() / len(x)
+
+    def train_step(self, data, optim_wrapper):
+        x, y = self.data_preprocessor(data, True)
+        with optim_wrapper.optim_context(self):
+            loss = self.loss(x, y)
+        optim_wrapper.update_params(loss)
+        return {"loss": loss.detach()}
+
+
+ROUTED_OPTIM = dict(type="AdamW", lr=0.05, weight_decay=0.1)
+
+
 def _worker(rank: int, init_file: str, out_dir: str) -> None:
     with gloo_group(rank, init_file, WORLD):
         model = GAN()
@@ -82,6 +116,31 @@ def _worker(rank: int, init_file: str, out_dir: str) -> None:
         torch.save({k: v.detach().clone() for k, v in model.state_dict().items()}, Path(out_dir) / f"rank{rank}.pt")
         t.close()
         del t  # nothing of the run outlives the process group
+        # a parameter with a gradient on one rank only (each rank takes one branch), and one no rank uses
+        routed = Routed()
+        t = tw.Trainer(
+            model=routed, work_dir=Path(out_dir) / f"routed{rank}", train_dataloader=DataLoader(_routed_data(), batch_size=BATCH),
+            optim_wrapper=dict(optimizer=ROUTED_OPTIM), train_cfg=dict(by_epoch=False, max_iters=ITERS),
+            strategy=dict(type="ddp", find_unused_parameters=True), default_hooks=dict(checkpoint=None, logger=None), log_level="WARNING",
+        )
+        t.train()
+        torch.save({k: v.detach().clone() for k, v in routed.state_dict().items()}, Path(out_dir) / f"routed{rank}.pt")
+        t.close()
+        del t
+        # without find_unused_parameters the first update finds the branches differ, on every rank, and names the fix
+        t = tw.Trainer(
+            model=Routed(), work_dir=Path(out_dir) / f"unflagged{rank}", train_dataloader=DataLoader(_routed_data(), batch_size=BATCH),
+            optim_wrapper=dict(optimizer=ROUTED_OPTIM), train_cfg=dict(by_epoch=False, max_iters=ITERS), strategy="ddp",
+            default_hooks=dict(checkpoint=None, logger=None), log_level="CRITICAL",
+        )
+        try:
+            t.train()
+            error = ""
+        except RuntimeError as e:
+            error = str(e)
+        t.close()
+        del t
+        (Path(out_dir) / f"unflagged{rank}.txt").write_text(error)
 
 
 def _reference() -> dict[str, torch.Tensor]:
@@ -106,6 +165,18 @@ def _reference() -> dict[str, torch.Tensor]:
     return {k: v.detach() for k, v in model.state_dict().items()}
 
 
+def _routed_reference() -> dict[str, torch.Tensor]:
+    model = Routed()
+    x, y = _routed_data().tensors
+    opt = torch.optim.AdamW(model.parameters(), **{k: v for k, v in ROUTED_OPTIM.items() if k != "type"})
+    n = WORLD * BATCH
+    for it in range(ITERS):
+        model.loss(x[it * n : (it + 1) * n], y[it * n : (it + 1) * n]).backward()
+        opt.step()
+        opt.zero_grad()
+    return {k: v.detach() for k, v in model.state_dict().items()}
+
+
 @pytest.mark.multiprocess
 @pytest.mark.slow
 @pytest.mark.timeout(120)
@@ -121,3 +192,14 @@ def test_gan_overriding_train_step_stays_in_sync_and_equals_one_process(tmp_path
         assert not torch.equal(v, start[k]), f"{k} did not train"
         # 2 ranks' mean gradients averaged vs one mean over the 8 samples: float rounding only
         torch.testing.assert_close(r0[k], v, atol=1e-6, rtol=0, msg=lambda m, k=k: f"{k} differs from the one-process loop on the global batch: {m}")
+    # find_unused_parameters=True: a branch taken on one rank only averages with the other rank's zeros; the unused layer is untouched
+    r0, r1 = (torch.load(tmp_path / f"routed{r}.pt", weights_only=True) for r in range(WORLD))
+    ref, start = _routed_reference(), Routed().state_dict()
+    for k, v in ref.items():
+        assert torch.equal(r0[k], r1[k]), f"{k}: the ranks' weights differ"
+        assert torch.equal(v, start[k]) == k.startswith("spare."), k  # AdamW's weight decay would move a zero-gradient 'spare'
+        torch.testing.assert_close(r0[k], v, atol=1e-6, rtol=0, msg=lambda m, k=k: f"{k} differs from the one-process loop on the global batch: {m}")
+    for r in range(WORLD):
+        error = (tmp_path / f"unflagged{r}.txt").read_text()
+        assert "have a gradient on some processes only" in error and "find_unused_parameters=True" in error, error
+        assert "'a.weight'" in error and "'b.weight'" in error and "spare" not in error, error

@@ -16,6 +16,7 @@ checkpoints and logs.
 from __future__ import annotations
 
 import contextlib
+import weakref
 from collections.abc import Callable
 from typing import Any
 
@@ -23,7 +24,7 @@ import torch
 from torch import nn
 
 from trainwright.registry import STRATEGIES
-from trainwright.strategies.flat_collectives import all_reduce_mean_, broadcast_
+from trainwright.strategies.flat_collectives import all_reduce_mean_, broadcast_, count_over_ranks
 from trainwright.strategies.process_group import ProcessGroupStrategy, live_model_wrappers
 
 
@@ -51,7 +52,8 @@ class DDPStrategy(ProcessGroupStrategy):
     gradients of each optim wrapper's parameters are averaged over the ranks before that
     wrapper's update (once per accumulation window, in buckets of 25 MiB, after the whole
     backward: no overlap with it), and with ``broadcast_buffers`` the buffers are rank 0's
-    after each update. A parameter without a gradient on some rank is averaged as zeros there.
+    after each update. ``find_unused_parameters=True`` is needed when a parameter may get a
+    gradient on some ranks only (see :meth:`sync_gradients`).
     """
 
     name = "ddp"
@@ -79,6 +81,7 @@ class DDPStrategy(ProcessGroupStrategy):
         self.broadcast_buffers = broadcast_buffers
         #: Whether :meth:`sync_gradients` averages the gradients (the model steps itself, it is not wrapped in DDP); set by :meth:`wrap_model`.
         self.syncs_at_update = False
+        self._usage_checked: weakref.WeakSet[Any] = weakref.WeakSet()  # the optim wrappers whose first update was checked
 
     def parallelize(self, model: nn.Module) -> None:
         """With ``sync_batchnorm``, the BatchNorm layers become SyncBatchNorm in place (the same parameters and buffers)."""
@@ -102,6 +105,7 @@ class DDPStrategy(ProcessGroupStrategy):
             )
         routes = getattr(model, "routes_train_forward", None)
         self.syncs_at_update = not (callable(routes) and routes())
+        self._usage_checked = weakref.WeakSet()  # a new run's wrappers are checked again
         if self.syncs_at_update:  # DDP would see none of its forwards: the strategy syncs at each update instead
             broadcast_([*model.parameters(), *model.buffers()])  # every rank starts from rank 0's state, as DDP's constructor does
             return model
@@ -127,16 +131,40 @@ class DDPStrategy(ProcessGroupStrategy):
         micro-batch's. With ``broadcast_buffers``, the model's buffers (BatchNorm statistics)
         then become rank 0's, as DDP makes them before each forward. Under DDP's wrapper
         (:attr:`syncs_at_update` False) its backward has synchronised them: nothing here.
+
+        The parameters that have a gradient must be the same on every rank (DDP asks as much; the
+        first update of each optim wrapper checks it, once, and raises naming the parameters); a
+        parameter without one keeps none. With ``find_unused_parameters=True`` a parameter may
+        get a gradient on some ranks only (a branch taken per sample): the ranks first count who
+        has one (one small all-reduce read on the host, as DDP's ``find_unused_parameters`` does),
+        the others add zeros, and a parameter no rank used keeps no gradient.
         """
         if not self.syncs_at_update:
             return
-        params = [p for group in optim_wrapper.optimizer.param_groups for p in group["params"] if p.requires_grad or p.grad is not None]
-        for p in params:
-            if p.grad is None:  # every rank must pass the same tensors; a parameter this rank did not use adds zeros
-                p.grad = torch.zeros_like(p)
-        all_reduce_mean_([p.grad for p in params], self.world_size)
+        params = [p for group in optim_wrapper.optimizer.param_groups for p in group["params"]]
+        if self.ddp_kwargs.get("find_unused_parameters"):
+            counts = count_over_ranks([p.grad is not None for p in params], self._comm_device)
+            params = [p for p, n in zip(params, counts) if n]
+            for p in params:
+                if p.grad is None:  # used on another rank: this rank's share of the mean is zero
+                    p.grad = torch.zeros_like(p)
+        elif optim_wrapper not in self._usage_checked:  # once per wrapper: the ranks have gradients for the same parameters
+            self._usage_checked.add(optim_wrapper)
+            self._check_same_usage(params)
+        all_reduce_mean_([p.grad for p in params if p.grad is not None], self.world_size)
         if self.broadcast_buffers and self.model is not None:
             broadcast_(list(self.model.buffers()))
 
+    def _check_same_usage(self, params: list[torch.Tensor]) -> None:
+        """Raise on every rank when a parameter has a gradient on some ranks only (their means would pair the wrong tensors)."""
+        counts = count_over_ranks([p.grad is not None for p in params], self._comm_device)
+        names = {id(p): n for n, p in self.unwrapped.named_parameters()}
+        odd = [names.get(id(p), f"#{i}") for i, (p, n) in enumerate(zip(params, counts)) if 0 < n < self.world_size]
+        if odd:
+            raise RuntimeError(
+                f"At the first update, the parameters {odd[:8]}{' and more' if len(odd) > 8 else ''} have a gradient on some processes "
+                "only (the step took another branch there), so their gradients cannot be averaged tensor by tensor. Pass "
+                "strategy=dict(type='ddp', find_unused_parameters=True): the ranks then agree at each update on who has one."
+            )
 
 STRATEGIES.register(DDPStrategy)

@@ -68,3 +68,12 @@ def broadcast_(tensors: Sequence[torch.Tensor], src: int = 0, cap: int = BUCKET_
     """Overwrite each tensor with rank ``src``'s, in place (every rank passes the same shapes in the same order)."""
     for bucket in _buckets(tensors, cap):
         _through_flat(bucket, lambda flat: dist.broadcast(flat, src=src))
+
+
+def count_over_ranks(flags: Sequence[bool], device: torch.device) -> list[int]:
+    """For each flag, on how many ranks it is true: one all-reduce of a small integer tensor, read on the host."""
+    if not flags:
+        return []
+    counts = torch.tensor(flags, dtype=torch.int32, device=device)
+    dist.all_reduce(counts)
+    return [int(n) for n in counts.tolist()]
