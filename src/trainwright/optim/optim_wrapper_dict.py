@@ -97,7 +97,7 @@ class OptimWrapperDict:
         """Not meaningful for several optimizers: use ``optim_wrapper[name].optim_context``."""
         self._per_wrapper("optim_context")
 
-    def update_params(self, loss: Any, step_kwargs: dict | None = None, zero_kwargs: dict | None = None) -> None:
+    def update_params(self, loss: Any, step_kwargs: dict | None = None, zero_kwargs: dict | None = None, num_items: Any = None) -> None:
         """Not meaningful for several optimizers (which one, on which loss?): use ``optim_wrapper[name].update_params``."""
         self._per_wrapper("update_params")
 
