@@ -24,3 +24,14 @@ def test_mmengines_sampler_dicts_become_samplers_and_others_are_refused() -> Non
         make_dataloader(dict(dataset=data, batch_size=2, shuffle=False, sampler=dict(type="DefaultSampler")))
     with pytest.raises(ConfigError, match=r"\['drop_last'\] are not arguments of mmengine's DefaultSampler"):
         make_dataloader(dict(dataset=data, batch_size=2, sampler=dict(type="DefaultSampler", drop_last=True)))
+
+
+def test_mmengines_python_style_configs_name_the_sampler_and_collate_classes() -> None:
+    from trainwright.dataset import DefaultSampler, InfiniteSampler, default_collate
+
+    data = TensorDataset(torch.arange(4.0))
+    loader = make_dataloader(dict(dataset=data, batch_size=2, sampler=dict(type=DefaultSampler, shuffle=False), collate_fn=dict(type=default_collate)))
+    assert [b[0].tolist() for b in loader] == [[0.0, 1.0], [2.0, 3.0]]
+    assert isinstance(make_dataloader(dict(dataset=data, batch_size=2, sampler=dict(type=InfiniteSampler))).sampler, RandomSampler)
+    with pytest.raises(TypeError, match=r"give it as a dataloader dict's sampler, sampler=dict\(type=DefaultSampler, shuffle=True\)"):
+        DefaultSampler(data, shuffle=True)

@@ -4,8 +4,9 @@ Every loader given as a dict goes through :func:`dataloader_arguments` (from a c
 ``Trainer(train_dataloader=dict(...))`` in Python, from ``Runner``), so a sampler dict never
 reaches torch's ``DataLoader`` as it is: there its keys would be taken as dataset indices.
 
-- ``sampler=dict(type='DefaultSampler', shuffle=..., seed=...)`` / ``'InfiniteSampler'``
-  become ``shuffle=...``: trainwright's
+- ``sampler=dict(type='DefaultSampler', shuffle=..., seed=...)`` / ``'InfiniteSampler'`` (or
+  the classes :class:`DefaultSampler` / :class:`InfiniteSampler`, as mmengine's Python-style
+  configs write them) become ``shuffle=...``: trainwright's
   :class:`~trainwright.data.loader.EpochSampler` then draws mmengine's ``DefaultSampler`` order
   (``torch.randperm`` under ``seed + epoch``, padded and strided per rank) from the run's seed.
 - A loader written that way collates with ``pseudo_collate`` unless it names a
@@ -24,12 +25,36 @@ from typing import Any
 from trainwright.registry import FUNCTIONS, ConfigError
 
 
-#: mmengine's sampler types a loader dict may name: both become ``shuffle=...``.
+class DefaultSampler:
+    """mmengine's ``DefaultSampler`` as the ``type`` of a loader dict: ``sampler=dict(type=DefaultSampler, shuffle=True)``.
+
+    mmengine's Python-style configs name the class instead of the string; either way the
+    Trainer builds the sampler (sharded over the processes, resumable, ``DefaultSampler``'s
+    order from the run's seed). Built directly it would not know the processes, so it is refused.
+
+    Raises:
+        TypeError: always, when called: give it as a loader dict's sampler ``type``.
+    """
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        raise TypeError(
+            f"{type(self).__name__} is not built directly in trainwright: give it as a dataloader dict's sampler, "
+            f"sampler=dict(type={type(self).__name__}, shuffle=True), and the Trainer builds a sharded, resumable sampler"
+        )
+
+
+class InfiniteSampler(DefaultSampler):
+    """mmengine's ``InfiniteSampler`` as the ``type`` of a loader dict (``shuffle=...``: iteration-based loops restart epochs themselves)."""
+
+
+#: mmengine's sampler types a loader dict may name (by name, or these classes): each becomes ``shuffle=...``.
 SAMPLER_TYPES = frozenset({"DefaultSampler", "InfiniteSampler"})
 
 
 def _is_epoch_sampler(sampler: Any) -> bool:
     kind = sampler.get("type") if isinstance(sampler, Mapping) else None
+    if isinstance(kind, type):
+        return issubclass(kind, DefaultSampler)
     return isinstance(kind, str) and kind.rpartition(".")[2] in SAMPLER_TYPES  # "mmengine.DefaultSampler": the scope is dropped, as a registry does
 
 
@@ -88,4 +113,4 @@ def dataloader_arguments(cfg: Mapping[str, Any], name: str = "dataloader") -> di
     return args
 
 
-__all__ = ["SAMPLER_TYPES", "collate_function", "dataloader_arguments"]
+__all__ = ["DefaultSampler", "InfiniteSampler", "SAMPLER_TYPES", "collate_function", "dataloader_arguments"]
