@@ -174,10 +174,14 @@ class Registry:
         owner = self._root()._search_child(scope)  # a registry of that scope in this tree
         return (owner or self)._find(rest)
 
-    def _lookup(self, key: str) -> Any:
+    def _import_locations(self) -> None:
+        """Import the ``locations`` modules, once (they register into this registry)."""
         if self._locations:
             modules, self._locations = self._locations, []
             import_modules_from_strings(modules)
+
+    def _lookup(self, key: str) -> Any:
+        self._import_locations()
         if key in self._table:
             return self._table[key]
         if self._fallback is not None:
@@ -188,6 +192,7 @@ class Registry:
 
     def names(self) -> list[str]:
         """All names this registry can build (fallback names included where listable)."""
+        self._import_locations()
         names = set(self._table)
         lister = getattr(self._fallback, "names", None)
         if callable(lister):
@@ -460,22 +465,27 @@ def _torch_optimizer_names() -> list[str]:
 
 _torch_optimizer.names = _torch_optimizer_names  # type: ignore[attr-defined]
 
-OPTIMIZERS = Registry("optimizer", import_name="trainwright.registry.OPTIMIZERS", fallback=_torch_optimizer)
-OPTIM_WRAPPERS = Registry("optim wrapper", import_name="trainwright.registry.OPTIM_WRAPPERS")
-OPTIM_WRAPPER_CONSTRUCTORS = Registry("optim wrapper constructor", import_name="trainwright.registry.OPTIM_WRAPPER_CONSTRUCTORS")
-PARAM_SCHEDULERS = Registry("param scheduler", import_name="trainwright.registry.PARAM_SCHEDULERS")
-HOOKS = Registry("hook", import_name="trainwright.registry.HOOKS")
-METRICS = Registry("metric", import_name="trainwright.registry.METRICS")
-STRATEGIES = Registry("strategy", import_name="trainwright.registry.STRATEGIES")
+#: What registers the stock components (everything ``import trainwright`` loaded before its names became lazy):
+#: imported the first time a stock registry looks a name up, so that ``HOOKS.build(dict(type="LoggerHook"))`` works
+#: after ``import trainwright.registry`` alone, and ``import trainwright`` stays cheap.
+_STOCK = ("trainwright.trainer", "trainwright.evaluation")
+
+OPTIMIZERS = Registry("optimizer", import_name="trainwright.registry.OPTIMIZERS", fallback=_torch_optimizer, locations=_STOCK)
+OPTIM_WRAPPERS = Registry("optim wrapper", import_name="trainwright.registry.OPTIM_WRAPPERS", locations=_STOCK)
+OPTIM_WRAPPER_CONSTRUCTORS = Registry("optim wrapper constructor", import_name="trainwright.registry.OPTIM_WRAPPER_CONSTRUCTORS", locations=_STOCK)
+PARAM_SCHEDULERS = Registry("param scheduler", import_name="trainwright.registry.PARAM_SCHEDULERS", locations=_STOCK)
+HOOKS = Registry("hook", import_name="trainwright.registry.HOOKS", locations=_STOCK)
+METRICS = Registry("metric", import_name="trainwright.registry.METRICS", locations=_STOCK)
+STRATEGIES = Registry("strategy", import_name="trainwright.registry.STRATEGIES", locations=_STOCK)
 def _sequential(modules: list[Any]) -> Any:
     from torch import nn
 
     return nn.Sequential(*modules)
 
 
-MODELS = Registry("model", import_name="trainwright.registry.MODELS", build_list=_sequential)
-DATASETS = Registry("dataset", import_name="trainwright.registry.DATASETS")
+MODELS = Registry("model", import_name="trainwright.registry.MODELS", build_list=_sequential, locations=_STOCK)
+DATASETS = Registry("dataset", import_name="trainwright.registry.DATASETS", locations=_STOCK)
 #: Plain functions built by name (mmengine's ``FUNCTIONS``): ``collate_fn=dict(type='pseudo_collate')``.
-FUNCTIONS = Registry("function", import_name="trainwright.registry.FUNCTIONS")
+FUNCTIONS = Registry("function", import_name="trainwright.registry.FUNCTIONS", locations=_STOCK)
 
 __all__ = ["ConfigError", "Registry", "build_from_cfg", "import_modules_from_strings", "accepted_kwargs", "check_keys", "did_you_mean", "keyword_hint", "dropping_scope", "ignored_scope_hint", "OPTIMIZERS", "OPTIM_WRAPPERS", "OPTIM_WRAPPER_CONSTRUCTORS", "PARAM_SCHEDULERS", "HOOKS", "METRICS", "STRATEGIES", "MODELS", "DATASETS", "FUNCTIONS"]

@@ -1,0 +1,239 @@
+"""Start fast, stay lean: launch -> first step, import time, peak RSS and the blocking save, beside a hand-written loop.
+
+Run:  python benchmarks/startup.py [--rounds 7] [--steps 20] [--dim 256] [--depth 4] [--cli-reps 5]
+
+Each round starts one fresh process per side, rotating which goes first (raw, trainwright |
+trainwright, raw | ...). Both sides train the same small GPT (token + position embeddings,
+``depth`` pre-norm blocks, AdamW, fp32, CPU) on the same random tokens for ``--steps``
+iterations and save model + optimizer once, after the last step:
+
+* **raw**: a careful hand-written loop (``loss.item()`` printed every 10 steps,
+  ``torch.save({"model", "optimizer"}, path)``).
+* **trainwright**: ``Trainer(...).train()`` with every default hook on (timer, logger to
+  console + ``train.log`` + ``metrics.jsonl``, flops, param scheduler, checkpoint every
+  ``--steps`` iterations, sampler seed, preemption, progress bar, stall watcher).
+
+Per process: seconds from the parent's launch to the end of the first optimizer step
+(interpreter start, imports, model, data, trainer setup, first step), ``import torch`` and
+``import trainwright`` on top of it, the blocking save (raw: the ``torch.save`` call;
+trainwright: the whole ``after_train_iter`` of the checkpoint hook at the saving iteration,
+timed by two hooks of priority 89 and 100 around it: collect, check, atomic write with
+fsync, ``latest``, keep-k), and peak RSS (``ru_maxrss``). Bytecode is cached as in an
+installed package (``PYTHONDONTWRITEBYTECODE`` is dropped for the children; one untimed
+warm-up process per side writes the caches). Also ``trainwright --help`` and ``trainwright
+env`` wall time. Medians and [min-max] are printed; the deltas are the medians of each
+round's own difference (the two processes of a round are adjacent in time).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+
+TARGETS = {"first_step_delta_s": 0.25, "import_s": 0.2, "rss_delta_mb": 6.0, "save_ratio": 1.3, "cli_s": 1.0}
+
+
+# --------------------------------------------------------------------------- one process (a side)
+
+
+def _child(side: str, launched: float, work_dir: str, steps: int, dim: int, depth: int, hooks: dict) -> None:
+    """Train one side and print one JSON line of its timings (run in a fresh interpreter)."""
+    t_start = time.perf_counter()
+    import torch
+
+    t_torch = time.perf_counter()
+    import resource
+
+    import torch.nn.functional as F
+    from torch import nn
+    from torch.utils.data import DataLoader, TensorDataset
+
+    out: dict[str, float] = {"import_torch_s": t_torch - t_start}
+    tw = None
+    if side == "trainwright":
+        import trainwright as tw
+
+        out["import_trainwright_s"] = time.perf_counter() - t_torch
+    torch.set_num_threads(min(2, os.cpu_count() or 1))
+    marks: dict[str, float] = {"imported": time.time()}
+
+    class Block(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.ln1, self.ln2 = nn.LayerNorm(dim), nn.LayerNorm(dim)
+            self.qkv, self.proj = nn.Linear(dim, 3 * dim), nn.Linear(dim, dim)
+            self.fc1, self.fc2 = nn.Linear(dim, 4 * dim), nn.Linear(4 * dim, dim)
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            b, t, _ = x.shape
+            q, k, v = (z.view(b, t, 4, -1).transpose(1, 2) for z in self.qkv(self.ln1(x)).chunk(3, -1))
+            x = x + self.proj(F.scaled_dot_product_attention(q, k, v, is_causal=True).transpose(1, 2).reshape(b, t, -1))
+            return x + self.fc2(F.gelu(self.fc1(self.ln2(x))))
+
+    class GPT(nn.Module):
+        def __init__(self, vocab: int = 96, block: int = 64) -> None:
+            super().__init__()
+            self.tok, self.pos = nn.Embedding(vocab, dim), nn.Parameter(torch.zeros(1, block, dim))
+            self.blocks = nn.Sequential(*[Block() for _ in range(depth)])
+            self.head = nn.Linear(dim, vocab)
+
+        def forward(self, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+            logits = self.head(self.blocks(self.tok(x) + self.pos[:, : x.shape[1]]))
+            return F.cross_entropy(logits.flatten(0, 1), y.flatten())
+
+    torch.manual_seed(0)
+    model = GPT()
+    tokens = torch.randint(0, 96, (16 * steps, 65), generator=torch.Generator().manual_seed(1))
+    loader = DataLoader(TensorDataset(tokens[:, :-1], tokens[:, 1:]), batch_size=16)
+    if side == "raw":
+        opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
+        for i, (x, y) in enumerate(loader, 1):
+            if i == 1:
+                marks["first_iter"] = time.time()
+            loss = model(x, y)
+            loss.backward()
+            opt.step()
+            opt.zero_grad()
+            if i == 1:
+                marks["first_step"] = time.time()
+            if i % 10 == 0:
+                print(f"iter {i} loss {loss.item():.4f}", file=sys.stderr)
+        t0 = time.perf_counter()
+        torch.save({"model": model.state_dict(), "optimizer": opt.state_dict()}, os.path.join(work_dir, "last.pth"))
+        out["save_s"] = time.perf_counter() - t0
+        out["final_loss"] = loss.item()
+    else:
+        assert tw is not None
+
+        class Mark(tw.Hook):
+            """Notes the first iteration's start and end (priority 0) or the time around the checkpoint hook (89 / 100)."""
+
+            def __init__(self, key: str, priority: int) -> None:
+                self.key, self.priority = key, priority
+
+            def before_train_iter(self, trainer, batch_idx, data_batch=None) -> None:  # type: ignore[no-untyped-def]
+                if self.key == "first_step" and trainer.progress.iteration == 0:
+                    marks["first_iter"] = time.time()
+
+            def after_train_iter(self, trainer, batch_idx, data_batch=None, outputs=None) -> None:  # type: ignore[no-untyped-def]
+                it = trainer.progress.iteration
+                if self.key == "first_step" and it == 1:
+                    marks["first_step"] = time.time()
+                elif self.key != "first_step" and it == steps:
+                    marks[self.key] = time.perf_counter()
+
+        trainer = tw.Trainer(
+            model=model, train_dataloader=loader, work_dir=work_dir,
+            optim_wrapper=dict(optimizer=dict(type="AdamW", lr=1e-3)),
+            train_cfg=dict(by_epoch=False, max_iters=steps),
+            default_hooks={"checkpoint": dict(by_epoch=False, interval=steps), **hooks},
+            custom_hooks=[Mark("first_step", 0), Mark("save_start", 89), Mark("save_end", 100)],
+        )
+        trainer.train()
+        out["save_s"] = marks["save_end"] - marks["save_start"]
+    out["first_step_s"] = marks["first_step"] - launched
+    out["imports_s"] = marks["imported"] - launched  # interpreter start and every import
+    out["setup_s"] = marks["first_iter"] - marks["imported"]  # model, data, optimizer (trainwright: Trainer() and train() up to the first iteration)
+    out["first_iter_s"] = marks["first_step"] - marks["first_iter"]  # the first iteration (trainwright: its hooks included)
+    out["peak_rss_mb"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+    print(json.dumps(out))
+
+
+# --------------------------------------------------------------------------- the parent
+
+
+def _env() -> dict[str, str]:
+    """The children's environment: bytecode cached, as installed code runs."""
+    return {k: v for k, v in os.environ.items() if k != "PYTHONDONTWRITEBYTECODE"}
+
+
+def run_side(side: str, args: argparse.Namespace) -> dict[str, float]:
+    """One fresh process of ``side``; its JSON line."""
+    with tempfile.TemporaryDirectory() as work_dir:
+        cmd = [sys.executable, os.path.abspath(__file__), "--child", side, "--work-dir", work_dir, "--steps", str(args.steps), "--dim", str(args.dim), "--depth", str(args.depth), "--hooks", args.hooks]
+        launched = time.time()
+        res = subprocess.run([*cmd, "--launched", repr(launched)], capture_output=True, text=True, env=_env(), timeout=600)
+        if res.returncode != 0:
+            raise RuntimeError(f"{side} child failed ({res.returncode}):\n{res.stderr[-3000:]}")
+        return json.loads(res.stdout.strip().splitlines()[-1])  # type: ignore[no-any-return]
+
+
+def cli_time(argv: list[str], reps: int) -> list[float]:
+    """Wall seconds of ``python -m trainwright <argv>`` in fresh interpreters (after one untimed run)."""
+    times = []
+    for i in range(reps + 1):
+        t0 = time.perf_counter()
+        subprocess.run([sys.executable, "-m", "trainwright", *argv], capture_output=True, text=True, env=_env(), timeout=120, check=True)
+        if i:
+            times.append(time.perf_counter() - t0)
+    return times
+
+
+def _fmt(xs: list[float], unit: str = "", scale: float = 1.0, digits: int = 3) -> str:
+    xs = [x * scale for x in xs]
+    return f"{statistics.median(xs):.{digits}f}{unit} [{min(xs):.{digits}f}-{max(xs):.{digits}f}]"
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
+    parser.add_argument("--rounds", type=int, default=7, help="rounds of one process per side (order rotates)")
+    parser.add_argument("--steps", type=int, default=20, help="training iterations per process; the checkpoint follows the last")
+    parser.add_argument("--dim", type=int, default=256, help="the GPT's width (256, depth 4: 3.2M parameters, a 38 MB checkpoint with AdamW)")
+    parser.add_argument("--depth", type=int, default=4)
+    parser.add_argument("--cli-reps", type=int, default=5, help="fresh processes timed for `trainwright --help` / `env` (0: skip)")
+    parser.add_argument("--hooks", default="{}", help='JSON merged into trainwright\'s default_hooks, to see what one costs (e.g. \'{"flops": null}\')')
+    parser.add_argument("--json", default=None, help="also write every number to this file")
+    parser.add_argument("--child", help=argparse.SUPPRESS)
+    parser.add_argument("--launched", type=float, help=argparse.SUPPRESS)
+    parser.add_argument("--work-dir", help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.child:
+        _child(args.child, args.launched, args.work_dir, args.steps, args.dim, args.depth, json.loads(args.hooks))
+        return
+
+    sides = ("raw", "trainwright")
+    for side in sides:  # untimed: writes the bytecode caches, warms the page cache
+        run_side(side, args)
+    runs: dict[str, list[dict[str, float]]] = {s: [] for s in sides}
+    for r in range(args.rounds):
+        for side in sides if r % 2 == 0 else sides[::-1]:
+            runs[side].append(run_side(side, args))
+            print(f"round {r + 1} {side}: " + ", ".join(f"{k} {v:.3f}" for k, v in runs[side][-1].items()), file=sys.stderr)
+
+    def col(side: str, key: str) -> list[float]:
+        return [run[key] for run in runs[side]]
+
+    paired = {
+        "first_step_delta_s": [t["first_step_s"] - r["first_step_s"] for r, t in zip(runs["raw"], runs["trainwright"])],
+        "rss_delta_mb": [t["peak_rss_mb"] - r["peak_rss_mb"] for r, t in zip(runs["raw"], runs["trainwright"])],
+        "save_ratio": [t["save_s"] / r["save_s"] for r, t in zip(runs["raw"], runs["trainwright"])],
+    }
+    print(f"{args.rounds} rounds, {args.steps} steps, GPT dim {args.dim} depth {args.depth}; median [min-max]")
+    print(f"import torch:                 raw {_fmt(col('raw', 'import_torch_s'), ' s')}   trainwright {_fmt(col('trainwright', 'import_torch_s'), ' s')}")
+    print(f"import trainwright on torch:  {_fmt(col('trainwright', 'import_trainwright_s'), ' s')}   (target <= {TARGETS['import_s']} s)")
+    for key, what in (("imports_s", "launch -> imports done"), ("setup_s", "  setup (to the 1st iter)"), ("first_iter_s", "  first iteration")):
+        print(f"{what + ':':<30}raw {_fmt(col('raw', key), ' s')}   trainwright {_fmt(col('trainwright', key), ' s')}")
+    print(f"launch -> first step done:    raw {_fmt(col('raw', 'first_step_s'), ' s')}   trainwright {_fmt(col('trainwright', 'first_step_s'), ' s')}")
+    print(f"  trainwright - raw (paired): {_fmt(paired['first_step_delta_s'], ' s')}   (target <= {TARGETS['first_step_delta_s']} s)")
+    print(f"peak RSS:                     raw {_fmt(col('raw', 'peak_rss_mb'), ' MB', digits=1)}   trainwright {_fmt(col('trainwright', 'peak_rss_mb'), ' MB', digits=1)}")
+    print(f"  trainwright - raw (paired): {_fmt(paired['rss_delta_mb'], ' MB', digits=1)}   (target <= {TARGETS['rss_delta_mb']} MB)")
+    print(f"blocking save:                raw torch.save {_fmt(col('raw', 'save_s'), ' ms', 1e3, 1)}   trainwright {_fmt(col('trainwright', 'save_s'), ' ms', 1e3, 1)}")
+    print(f"  trainwright / raw (paired): {_fmt(paired['save_ratio'], 'x', digits=2)}   (target <= {TARGETS['save_ratio']}x)")
+    result: dict = {"args": vars(args), "runs": runs, "paired": paired}
+    if args.cli_reps > 0:
+        for name, argv in (("help", ["--help"]), ("env", ["env"])):
+            result[f"cli_{name}_s"] = times = cli_time(argv, args.cli_reps)
+            print(f"trainwright {' '.join(argv):<7}          {_fmt(times, ' s')}   (target < {TARGETS['cli_s']} s)")
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(result, f, indent=1)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,70 @@
+"""Start lean: ``import trainwright``, ``trainwright --help`` and a one-step default run load no optional package.
+
+One fresh interpreter (``sys.modules`` of this pytest process holds whatever other tests
+imported) runs the three checks in order and prints what each had loaded; the speed goals
+themselves are measured by ``benchmarks/startup.py`` (docs/benchmarks.md), not here.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+#: Optional packages a run loads only when it uses them (a writer, a sweep, remote storage, a plot, a YAML config...).
+OPTIONAL = ("tensorboard", "torch.utils.tensorboard", "wandb", "mlflow", "optuna", "fsspec", "s3fs", "rich", "matplotlib", "yaml", "transformers", "sklearn", "torchmetrics", "deepspeed")
+
+_CODE = """
+import contextlib, io, json, sys
+OPTIONAL = {optional!r}
+seen = {{}}
+def loaded(): return sorted(m for m in OPTIONAL if m in sys.modules)
+
+import trainwright as tw
+seen["import"] = {{"optional": loaded(), "torch": "torch" in sys.modules}}
+
+from trainwright.cli import main
+with contextlib.redirect_stdout(io.StringIO()) as out:
+    try:
+        main(["--help"])
+    except SystemExit as e:
+        code = e.code
+seen["help"] = {{"optional": loaded(), "torch": "torch" in sys.modules, "code": code, "usage": out.getvalue().startswith("usage: trainwright")}}
+
+import torch
+from torch.utils.data import DataLoader, TensorDataset
+
+class Net(tw.BaseModel):
+    def __init__(self):
+        super().__init__()
+        self.fc = torch.nn.Linear(4, 1)
+    def forward(self, x, y, mode="tensor"):
+        return {{"loss": torch.nn.functional.mse_loss(self.fc(x), y)}} if mode == "loss" else self.fc(x)
+
+data = TensorDataset(torch.randn(8, 4), torch.randn(8, 1))
+trainer = tw.Trainer(model=Net(), train_dataloader=DataLoader(data, batch_size=4), work_dir={work_dir!r},
+                     optim_wrapper=dict(optimizer=dict(type="SGD", lr=0.1)), train_cfg=dict(by_epoch=False, max_iters=1))
+trainer.train()
+seen["train"] = {{"optional": loaded(), "iteration": trainer.progress.iteration}}
+
+from trainwright.logging import TensorBoardWriter, WandbWriter, MlflowWriter  # public paths still import
+from trainwright.registry import HOOKS
+seen["public"] = {{"optional": loaded(), "writers": [c.__name__ for c in (TensorBoardWriter, WandbWriter, MlflowWriter)], "hook": type(HOOKS.build(dict(type="LoggerHook"))).__name__}}
+print(json.dumps(seen))
+"""
+
+
+def test_import_help_and_a_default_run_load_no_optional_package(tmp_path: Path) -> None:
+    env = {**os.environ, "TMPDIR": str(tmp_path)}
+    code = _CODE.format(optional=OPTIONAL, work_dir=str(tmp_path / "work"))
+    res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=240)
+    assert res.returncode == 0, res.stderr[-3000:]
+    seen = json.loads(res.stdout.strip().splitlines()[-1])
+
+    assert seen["import"] == {"optional": [], "torch": False}  # the engine's names load on first use
+    assert seen["help"] == {"optional": [], "torch": False, "code": 0, "usage": True}
+    assert seen["train"] == {"optional": [], "iteration": 1}  # default hooks on: console, train.log, metrics.jsonl, checkpoint...
+    assert (tmp_path / "work" / "checkpoints" / "latest").read_text().strip() == "iter_1.pth"
+    assert seen["public"] == {"optional": [], "writers": ["TensorBoardWriter", "WandbWriter", "MlflowWriter"], "hook": "LoggerHook"}
