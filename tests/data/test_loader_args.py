@@ -20,6 +20,10 @@ def test_mmengines_sampler_dicts_become_samplers_and_others_are_refused() -> Non
     assert isinstance(loader.sampler, RandomSampler)  # shuffle=True: the Trainer makes it a seeded, sharded EpochSampler
     with pytest.raises(ConfigError, match=r"train_dataloader.sampler=.*'ClassAwareSampler'.*pass the built object .*dataset indices"):
         make_dataloader(dict(dataset=data, batch_size=2, sampler=dict(type="ClassAwareSampler")), "train_dataloader")
+    from torch.utils.data import DataLoader
+
+    with pytest.raises(ConfigError, match=r"a DataLoader built with sampler=\{'type': 'DefaultSampler'\}, whose keys torch hands the dataset as indices"):
+        make_dataloader(DataLoader(data, batch_size=2, sampler=dict(type="DefaultSampler")), "train_dataloader")
     with pytest.raises(ConfigError, match=r"shuffle=False and sampler shuffle=True: give one of them"):
         make_dataloader(dict(dataset=data, batch_size=2, shuffle=False, sampler=dict(type="DefaultSampler")))
     with pytest.raises(ConfigError, match=r"\['drop_last'\] are not arguments of mmengine's DefaultSampler"):

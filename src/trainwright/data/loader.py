@@ -20,7 +20,7 @@ import torch
 from torch.utils.data import BatchSampler, DataLoader, Dataset, IterableDataset, RandomSampler, Sampler, SequentialSampler, get_worker_info
 
 from trainwright.data.loader_args import dataloader_arguments
-from trainwright.registry import DATASETS, check_keys
+from trainwright.registry import DATASETS, ConfigError, check_keys
 
 
 class EpochSampler(Sampler[int]):
@@ -323,6 +323,12 @@ def make_dataloader(cfg: DataLoader | Mapping[str, Any], name: str = "dataloader
         cfg = DataLoader(**args)
     if not isinstance(cfg, DataLoader):
         raise TypeError(f"{name} must be a torch DataLoader or a dict of DataLoader arguments, got {type(cfg).__name__}")
+    if isinstance(cfg.sampler, Mapping):  # torch iterates a dict: its keys would reach the dataset as indices
+        raise ConfigError(
+            f"{name} is a DataLoader built with sampler={dict(cfg.sampler)!r}, whose keys torch hands the dataset as indices. Give the loader "
+            "as a dict, dict(dataset=..., batch_size=..., sampler=dict(type='DefaultSampler', shuffle=True)), which trainwright translates, "
+            "or build the DataLoader with shuffle=True/False or a sampler object"
+        )
     return cfg
 
 
