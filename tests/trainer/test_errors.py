@@ -71,7 +71,7 @@ def test_plain_module_returning_non_loss(trainer_factory):
         def forward(self, x, y):
             return self.linear(x), y
 
-    with pytest.raises(TypeError, match="must return a loss tensor or a dict of losses.*subclass trainwright.BaseModel"):
+    with pytest.raises(TypeError, match="must return a loss tensor, a dict of losses or an output with a `loss` attribute.*subclass trainwright.BaseModel.*tuple is not read by position.*dict\\(loss=...\\)"):
         trainer_factory(model=Tuple()).train()
 
 
