@@ -16,6 +16,7 @@ checkpoints and logs.
 from __future__ import annotations
 
 import contextlib
+import warnings
 import weakref
 from collections.abc import Callable
 from typing import Any
@@ -24,7 +25,7 @@ import torch
 from torch import nn
 
 from trainwright.registry import STRATEGIES
-from trainwright.strategies.flat_collectives import all_reduce_mean_, broadcast_, count_over_ranks
+from trainwright.strategies.flat_collectives import BUCKET_BYTES, all_reduce_mean_, broadcast_, count_over_ranks
 from trainwright.strategies.process_group import ProcessGroupStrategy, live_model_wrappers
 
 
@@ -47,13 +48,14 @@ class DDPStrategy(ProcessGroupStrategy):
             (:class:`~trainwright.hooks.SyncBuffersHook` averages the running statistics instead).
 
     A model whose ``routes_train_forward()`` is False (or that has none: any model with its own
-    ``train_step``) is not wrapped in DDP, so the DDP arguments above except
-    ``broadcast_buffers`` do not apply to it: its parameters and buffers start as rank 0's, the
+    ``train_step``) is not wrapped in DDP; of the DDP arguments only ``broadcast_buffers``,
+    ``bucket_cap_mb`` and ``find_unused_parameters`` apply to it (``detect_anomalous_params``
+    warns that it checks nothing). Its parameters and buffers start as rank 0's, the
     gradients of each optim wrapper's parameters are averaged over the ranks before that
-    wrapper's update (once per accumulation window, in buckets of 25 MiB, after the whole
-    backward: no overlap with it), and with ``broadcast_buffers`` the buffers are rank 0's
-    after each update. ``find_unused_parameters=True`` is needed when a parameter may get a
-    gradient on some ranks only (see :meth:`sync_gradients`).
+    wrapper's update (once per accumulation window, in buckets of ``bucket_cap_mb``, 25 MiB by
+    default, after the whole backward: no overlap with it), and with ``broadcast_buffers`` the
+    buffers are rank 0's after each update. ``find_unused_parameters=True`` is needed when a
+    parameter may get a gradient on some ranks only (see :meth:`sync_gradients`).
     """
 
     name = "ddp"
@@ -82,6 +84,7 @@ class DDPStrategy(ProcessGroupStrategy):
         #: Whether :meth:`sync_gradients` averages the gradients (the model steps itself, it is not wrapped in DDP); set by :meth:`wrap_model`.
         self.syncs_at_update = False
         self._usage_checked: weakref.WeakSet[Any] = weakref.WeakSet()  # the optim wrappers whose first update was checked
+        self._bucket_bytes = int(bucket_cap_mb * 1024 * 1024) if bucket_cap_mb else BUCKET_BYTES  # of the strategy's own collectives, as DDP's buckets
 
     def parallelize(self, model: nn.Module) -> None:
         """With ``sync_batchnorm``, the BatchNorm layers become SyncBatchNorm in place (the same parameters and buffers)."""
@@ -107,7 +110,15 @@ class DDPStrategy(ProcessGroupStrategy):
         self.syncs_at_update = not (callable(routes) and routes())
         self._usage_checked = weakref.WeakSet()  # a new run's wrappers are checked again
         if self.syncs_at_update:  # DDP would see none of its forwards: the strategy syncs at each update instead
-            broadcast_([*model.parameters(), *model.buffers()])  # every rank starts from rank 0's state, as DDP's constructor does
+            if self.detect_anomalous_params:
+                warnings.warn(
+                    f"detect_anomalous_params=True checks the forwards that run through DDP's wrapper, and {type(model).__name__} steps itself "
+                    "(its own train_step), so it is not wrapped and nothing is checked. A parameter no rank gives a gradient keeps none and is "
+                    "not updated; one that gets a gradient on some ranks only is named at the first update.",
+                    UserWarning,
+                    stacklevel=2,
+                )
+            broadcast_([*model.parameters(), *model.buffers()], cap=self._bucket_bytes)  # every rank starts from rank 0's state, as DDP's constructor does
             return model
         device_ids = [self.device.index] if self.device.type == "cuda" and self.device.index is not None else None
         wrapper = DistributedDataParallelWrapper(model, detect_anomalous_params=self.detect_anomalous_params, device_ids=device_ids, **self.ddp_kwargs)  # type: ignore[arg-type]
@@ -151,9 +162,9 @@ class DDPStrategy(ProcessGroupStrategy):
         elif optim_wrapper not in self._usage_checked:  # once per wrapper: the ranks have gradients for the same parameters
             self._usage_checked.add(optim_wrapper)
             self._check_same_usage(params)
-        all_reduce_mean_([p.grad for p in params if p.grad is not None], self.world_size)
+        all_reduce_mean_([p.grad for p in params if p.grad is not None], self.world_size, cap=self._bucket_bytes)
         if self.broadcast_buffers and self.model is not None:
-            broadcast_(list(self.model.buffers()))
+            broadcast_(list(self.model.buffers()), cap=self._bucket_bytes)
 
     def _check_same_usage(self, params: list[torch.Tensor]) -> None:
         """Raise on every rank when a parameter has a gradient on some ranks only (their means would pair the wrong tensors)."""
