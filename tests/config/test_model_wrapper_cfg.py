@@ -27,6 +27,11 @@ t.close()
 t = tw.Trainer.from_config(dict(model=nn.Linear(2, 1), work_dir=sys.argv[1], strategy="ddp", log_level="WARNING", find_unused_parameters=True))
 print(t.strategy.ddp_kwargs)
 t.close()
+# mmagic's GAN wrapper: the same strategy, with that wrapper's broadcast_buffers=False
+t = tw.Trainer.from_config(dict(model=nn.Linear(2, 1), work_dir=sys.argv[1], strategy="ddp", log_level="WARNING",
+                                model_wrapper_cfg=dict(type="MMSeparateDistributedDataParallel", find_unused_parameters=True)))
+print(t.strategy.ddp_kwargs)
+t.close()
 """
 
 
@@ -37,7 +42,9 @@ def test_a_ddp_run_takes_the_wrappers_arguments(tmp_path: Path) -> None:
     env = dict(os.environ, RANK="0", WORLD_SIZE="1", LOCAL_RANK="0", MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), TMPDIR=str(tmp_path))
     out = subprocess.run([sys.executable, "-c", SCRIPT, str(tmp_path)], env=env, capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stderr[-2000:]
-    assert out.stdout.strip().splitlines()[-2:] == ["DDPStrategy {'find_unused_parameters': True} True", "{'find_unused_parameters': True}"]
+    assert out.stdout.strip().splitlines()[-3:] == [
+        "DDPStrategy {'find_unused_parameters': True} True", "{'find_unused_parameters': True}", "{'find_unused_parameters': True, 'broadcast_buffers': False}",
+    ]
 
 
 def test_one_process_needs_no_wrapper_and_other_wrappers_are_refused(tmp_path: Path) -> None:

@@ -38,7 +38,7 @@ _VIS_BACKENDS: dict[str, tuple[str, dict[str, str | None]]] = {
 #: Runtime keys of mmengine that are translated (not ignored) when they hold something.
 _TRANSLATED = frozenset({"visualizer", "vis_backends", "auto_scale_lr", "model_wrapper_cfg", "log_processor", "find_unused_parameters", "sync_bn", "data_preprocessor"})
 #: mmengine's DDP wrapper names in ``model_wrapper_cfg``, and the arguments the DDP strategy takes from it.
-_DDP_WRAPPERS = frozenset({"MMDistributedDataParallel", "DistributedDataParallelWrapper"})
+_DDP_WRAPPERS = frozenset({"MMDistributedDataParallel", "DistributedDataParallelWrapper", "MMSeparateDistributedDataParallel"})
 _DDP_WRAPPER_KEYS = frozenset({"find_unused_parameters", "broadcast_buffers", "bucket_cap_mb", "gradient_as_bucket_view", "static_graph", "detect_anomalous_params"})
 
 
@@ -138,7 +138,10 @@ def _model_wrapper(cfg: Any, sync_bn: Any, kwargs: dict[str, Any]) -> None:
 
     Applied when the run is DDP (``strategy='ddp'``, or ``'auto'`` under a launcher with several
     processes); on one process there is no wrapper and no SyncBatchNorm, as in mmengine. Other
-    wrapper types are refused.
+    wrapper types are refused. ``MMSeparateDistributedDataParallel`` (mmagic's GANs, whose
+    ``train_step`` steps each submodule's optimizer) is the same strategy, with mmengine's
+    ``broadcast_buffers=False`` default for it: the DDP strategy averages the gradients of a
+    model that steps itself at each optim wrapper's update.
     """
     if sync_bn not in (None, False, "torch"):
         raise ConfigError(f"sync_bn={sync_bn!r} is not supported: trainwright converts to torch's SyncBatchNorm, sync_bn='torch' (mmcv's needs mmcv's CUDA ops)")
@@ -148,6 +151,8 @@ def _model_wrapper(cfg: Any, sync_bn: Any, kwargs: dict[str, Any]) -> None:
 
     wrapper = dict(cfg or {})
     typ = wrapper.pop("type", "MMDistributedDataParallel")
+    if typ == "MMSeparateDistributedDataParallel":
+        wrapper.setdefault("broadcast_buffers", False)  # that wrapper's default in mmengine
     if typ not in _DDP_WRAPPERS:
         raise ConfigError(f"model_wrapper_cfg type={typ!r} is not supported: trainwright's DDP wrapper answers to {sorted(_DDP_WRAPPERS)}; "
                           "for sharding use strategy=dict(type='fsdp', ...) instead of an FSDP model wrapper")
