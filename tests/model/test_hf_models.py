@@ -25,7 +25,7 @@ VOCAB, SEQ, BATCH, ITERS, WARMUP, LR = 64, 16, 4, 6, 2, 3e-2
 def _gpt2() -> torch.nn.Module:
     torch.manual_seed(0)
     cfg = transformers.GPT2Config(
-        n_layer=2, n_embd=32, n_head=2, vocab_size=VOCAB, n_positions=32, bos_token_id=0, eos_token_id=0, loss_type="ForCausalLM",
+        n_layer=2, n_embd=32, n_head=2, vocab_size=VOCAB, n_positions=32, bos_token_id=0, eos_token_id=0,
         resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0,
     )
     return transformers.GPT2LMHeadModel(cfg)
