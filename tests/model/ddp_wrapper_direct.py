@@ -78,8 +78,21 @@ def main() -> None:
         warnings.simplefilter("always")
         checked.train_step((torch.randn(8, 4, generator=g), torch.randn(8, 1, generator=g)), spare_ow)
     messages = [str(w.message) for w in caught if "detect_anomalous_params" in str(w.message)]
-    torch.save({"weights": weights, "warnings": messages, "wrapper_syncs": wrapper_syncs, "loop_syncs": list(SYNCS)}, out / f"result_rank{os.environ['RANK']}.pt")
-    del ddp, checked, torch_ddp
+
+    class OwnStep(Reg):  # its forwards (self(...)) would bypass a wrapper built around it
+        def train_step(self, data, optim_wrapper):
+            with optim_wrapper.optim_context(self):
+                loss = self(*data, mode="loss")["loss"]
+            optim_wrapper.update_params(loss)
+            return {"loss": loss.detach()}
+
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        own_step = MMDistributedDataParallel(OwnStep())
+    own_step_warnings = [str(w.message) for w in caught]
+    torch.save({"weights": weights, "warnings": messages, "wrapper_syncs": wrapper_syncs, "loop_syncs": list(SYNCS), "own_step_warnings": own_step_warnings},
+               out / f"result_rank{os.environ['RANK']}.pt")
+    del ddp, checked, torch_ddp, own_step
     dist.destroy_process_group()
 
 

@@ -33,6 +33,9 @@ def test_train_step_called_directly_on_the_wrapper_keeps_the_ranks_equal(tmp_pat
         # accumulation 2: gradients are all-reduced at the window's last micro-batch only, as mmengine's optim_context does
         assert r["wrapper_syncs"] == [False, True] * 3
         assert r["loop_syncs"] == [False, True] * 2
+        # built by hand around a model with its own train_step, the wrapper says that it would not synchronise it, and the fix
+        assert len(r["own_step_warnings"]) == 1 and "OwnStep overrides train_step" in r["own_step_warnings"][0]
+        assert "Trainer(strategy='ddp')" in r["own_step_warnings"][0]
 
 
 def test_unused_parameters_walks_the_graph_of_every_loss() -> None:
