@@ -36,13 +36,22 @@ import sys
 import tempfile
 import time
 
+_SRC: str | None = None  # --src: where the children import trainwright from
 TARGETS = {"first_step_delta_s": 0.25, "import_s": 0.2, "rss_delta_mb": 6.0, "save_ratio": 1.3, "cli_s": 1.0}
 
 
 # --------------------------------------------------------------------------- one process (a side)
 
 
-def _child(side: str, launched: float, work_dir: str, steps: int, dim: int, depth: int, hooks: dict) -> None:
+def _cpu_s() -> float:
+    """CPU seconds this process has used (user + system, every thread): less sensitive to other jobs than wall time."""
+    import resource
+
+    r = resource.getrusage(resource.RUSAGE_SELF)
+    return r.ru_utime + r.ru_stime
+
+
+def _child(side: str, launched: float, work_dir: str, steps: int, dim: int, depth: int, threads: int, hooks: dict) -> None:
     """Train one side and print one JSON line of its timings (run in a fresh interpreter)."""
     t_start = time.perf_counter()
     import torch
@@ -59,9 +68,11 @@ def _child(side: str, launched: float, work_dir: str, steps: int, dim: int, dept
     if side == "trainwright":
         import trainwright as tw
 
+        tw.Trainer, tw.Hook  # noqa: B018 - the names load on first use: count them in the import
         out["import_trainwright_s"] = time.perf_counter() - t_torch
-    torch.set_num_threads(min(2, os.cpu_count() or 1))
+    torch.set_num_threads(threads)
     marks: dict[str, float] = {"imported": time.time()}
+    cpu: dict[str, float] = {}
 
     class Block(nn.Module):
         def __init__(self) -> None:
@@ -101,7 +112,7 @@ def _child(side: str, launched: float, work_dir: str, steps: int, dim: int, dept
             opt.step()
             opt.zero_grad()
             if i == 1:
-                marks["first_step"] = time.time()
+                marks["first_step"], cpu["first_step"] = time.time(), _cpu_s()
             if i % 10 == 0:
                 print(f"iter {i} loss {loss.item():.4f}", file=sys.stderr)
         t0 = time.perf_counter()
@@ -124,7 +135,7 @@ def _child(side: str, launched: float, work_dir: str, steps: int, dim: int, dept
             def after_train_iter(self, trainer, batch_idx, data_batch=None, outputs=None) -> None:  # type: ignore[no-untyped-def]
                 it = trainer.progress.iteration
                 if self.key == "first_step" and it == 1:
-                    marks["first_step"] = time.time()
+                    marks["first_step"], cpu["first_step"] = time.time(), _cpu_s()
                 elif self.key != "first_step" and it == steps:
                     marks[self.key] = time.perf_counter()
 
@@ -138,6 +149,7 @@ def _child(side: str, launched: float, work_dir: str, steps: int, dim: int, dept
         trainer.train()
         out["save_s"] = marks["save_end"] - marks["save_start"]
     out["first_step_s"] = marks["first_step"] - launched
+    out["first_step_cpu_s"] = cpu["first_step"]  # CPU time from the interpreter's start to the first step's end
     out["imports_s"] = marks["imported"] - launched  # interpreter start and every import
     out["setup_s"] = marks["first_iter"] - marks["imported"]  # model, data, optimizer (trainwright: Trainer() and train() up to the first iteration)
     out["first_iter_s"] = marks["first_step"] - marks["first_iter"]  # the first iteration (trainwright: its hooks included)
@@ -150,13 +162,16 @@ def _child(side: str, launched: float, work_dir: str, steps: int, dim: int, dept
 
 def _env() -> dict[str, str]:
     """The children's environment: bytecode cached, as installed code runs."""
-    return {k: v for k, v in os.environ.items() if k != "PYTHONDONTWRITEBYTECODE"}
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONDONTWRITEBYTECODE"}
+    if _SRC:
+        env["PYTHONPATH"] = os.pathsep.join(p for p in (_SRC, env.get("PYTHONPATH")) if p)
+    return env
 
 
 def run_side(side: str, args: argparse.Namespace) -> dict[str, float]:
     """One fresh process of ``side``; its JSON line."""
     with tempfile.TemporaryDirectory() as work_dir:
-        cmd = [sys.executable, os.path.abspath(__file__), "--child", side, "--work-dir", work_dir, "--steps", str(args.steps), "--dim", str(args.dim), "--depth", str(args.depth), "--hooks", args.hooks]
+        cmd = [sys.executable, os.path.abspath(__file__), "--child", side, "--work-dir", work_dir, "--steps", str(args.steps), "--dim", str(args.dim), "--depth", str(args.depth), "--threads", str(args.threads), "--hooks", args.hooks]
         launched = time.time()
         res = subprocess.run([*cmd, "--launched", repr(launched)], capture_output=True, text=True, env=_env(), timeout=600)
         if res.returncode != 0:
@@ -183,9 +198,11 @@ def _fmt(xs: list[float], unit: str = "", scale: float = 1.0, digits: int = 3) -
 def main() -> None:
     parser = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
     parser.add_argument("--rounds", type=int, default=7, help="rounds of one process per side (order rotates)")
-    parser.add_argument("--steps", type=int, default=20, help="training iterations per process; the checkpoint follows the last")
+    parser.add_argument("--steps", type=int, default=10, help="training iterations per process; the checkpoint follows the last")
     parser.add_argument("--dim", type=int, default=256, help="the GPT's width (256, depth 4: 3.2M parameters, a 38 MB checkpoint with AdamW)")
     parser.add_argument("--depth", type=int, default=4)
+    parser.add_argument("--threads", type=int, default=1, help="torch intra-op threads of each side (1: steadier on a shared machine)")
+    parser.add_argument("--src", default=None, help="import trainwright from this folder (another checkout's src/), e.g. to time the previous release")
     parser.add_argument("--cli-reps", type=int, default=5, help="fresh processes timed for `trainwright --help` / `env` (0: skip)")
     parser.add_argument("--hooks", default="{}", help='JSON merged into trainwright\'s default_hooks, to see what one costs (e.g. \'{"flops": null}\')')
     parser.add_argument("--json", default=None, help="also write every number to this file")
@@ -194,9 +211,11 @@ def main() -> None:
     parser.add_argument("--work-dir", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.child:
-        _child(args.child, args.launched, args.work_dir, args.steps, args.dim, args.depth, json.loads(args.hooks))
+        _child(args.child, args.launched, args.work_dir, args.steps, args.dim, args.depth, args.threads, json.loads(args.hooks))
         return
 
+    global _SRC
+    _SRC = os.path.abspath(args.src) if args.src else None
     sides = ("raw", "trainwright")
     for side in sides:  # untimed: writes the bytecode caches, warms the page cache
         run_side(side, args)
@@ -211,16 +230,18 @@ def main() -> None:
 
     paired = {
         "first_step_delta_s": [t["first_step_s"] - r["first_step_s"] for r, t in zip(runs["raw"], runs["trainwright"])],
+        "first_step_cpu_delta_s": [t["first_step_cpu_s"] - r["first_step_cpu_s"] for r, t in zip(runs["raw"], runs["trainwright"])],
         "rss_delta_mb": [t["peak_rss_mb"] - r["peak_rss_mb"] for r, t in zip(runs["raw"], runs["trainwright"])],
         "save_ratio": [t["save_s"] / r["save_s"] for r, t in zip(runs["raw"], runs["trainwright"])],
     }
-    print(f"{args.rounds} rounds, {args.steps} steps, GPT dim {args.dim} depth {args.depth}; median [min-max]")
+    print(f"{args.rounds} rounds, {args.steps} steps, GPT dim {args.dim} depth {args.depth}, {args.threads} thread(s), trainwright from {_SRC or 'the installed package'}; median [min-max]")
     print(f"import torch:                 raw {_fmt(col('raw', 'import_torch_s'), ' s')}   trainwright {_fmt(col('trainwright', 'import_torch_s'), ' s')}")
     print(f"import trainwright on torch:  {_fmt(col('trainwright', 'import_trainwright_s'), ' s')}   (target <= {TARGETS['import_s']} s)")
     for key, what in (("imports_s", "launch -> imports done"), ("setup_s", "  setup (to the 1st iter)"), ("first_iter_s", "  first iteration")):
         print(f"{what + ':':<30}raw {_fmt(col('raw', key), ' s')}   trainwright {_fmt(col('trainwright', key), ' s')}")
     print(f"launch -> first step done:    raw {_fmt(col('raw', 'first_step_s'), ' s')}   trainwright {_fmt(col('trainwright', 'first_step_s'), ' s')}")
     print(f"  trainwright - raw (paired): {_fmt(paired['first_step_delta_s'], ' s')}   (target <= {TARGETS['first_step_delta_s']} s)")
+    print(f"  CPU time, trainwright - raw:{_fmt(paired['first_step_cpu_delta_s'], ' s')}   (CPU seconds used up to the first step's end)")
     print(f"peak RSS:                     raw {_fmt(col('raw', 'peak_rss_mb'), ' MB', digits=1)}   trainwright {_fmt(col('trainwright', 'peak_rss_mb'), ' MB', digits=1)}")
     print(f"  trainwright - raw (paired): {_fmt(paired['rss_delta_mb'], ' MB', digits=1)}   (target <= {TARGETS['rss_delta_mb']} MB)")
     print(f"blocking save:                raw torch.save {_fmt(col('raw', 'save_s'), ' ms', 1e3, 1)}   trainwright {_fmt(col('trainwright', 'save_s'), ' ms', 1e3, 1)}")

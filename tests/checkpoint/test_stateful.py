@@ -284,3 +284,18 @@ def test_the_checkpoint_holds_the_position_once_and_resume_follows_progress(tmp_
     assert min(rec.labels) == 7
     for it in range(7, 16):  # the data order continues at batch 7 of epoch 0
         assert torch.equal(rec.labels[it], ref.labels[it]), it
+
+
+def test_make_safe_keeps_plain_containers_converts_numpy_and_names_the_bad_key_path() -> None:
+    import random
+
+    from trainwright.checkpoint.stateful import make_safe
+
+    rng = random.getstate()  # a tuple holding a tuple of 625 ints: returned as it is, not rebuilt
+    state = {"rng": rng, "w": torch.ones(2), "steps": [1, 2.5, "x", None]}
+    assert make_safe(state) is state
+    converted = make_safe({"a": [1, np.int64(3), np.arange(2)], "b": (np.float32(0.5),)})
+    assert converted["a"][:2] == [1, 3] and type(converted["a"][1]) is int
+    assert torch.equal(converted["a"][2], torch.arange(2)) and converted["b"] == (0.5,)
+    with pytest.raises(TypeError, match=r"checkpoint\['a'\]\[1\]\['k'\] is a builtins\.object, which a checkpoint cannot hold"):
+        make_safe({"a": [0, {"k": object()}]})

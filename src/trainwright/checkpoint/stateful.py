@@ -52,6 +52,11 @@ def _is_plain(obj: Any) -> bool:
 
 
 
+def _is_leaf(obj: Any) -> bool:
+    """A value :func:`make_safe` returns unchanged without looking inside: a tensor or a plain scalar."""
+    return type(obj) in _PLAIN or isinstance(obj, torch.Tensor)
+
+
 def make_safe(obj: Any, where: str = "checkpoint") -> Any:
     """Return ``obj`` with NumPy values converted; raise if it would not load with ``weights_only=True``.
 
@@ -72,7 +77,8 @@ def make_safe(obj: Any, where: str = "checkpoint") -> Any:
     if isinstance(obj, np.ndarray):
         return torch.from_numpy(np.ascontiguousarray(obj))
     if isinstance(obj, Mapping):
-        pairs = [(k, v, make_safe(v, f"{where}[{k!r}]")) for k, v in obj.items()]
+        # a leaf is checked here, so its key path (an f-string) is only built for containers: a save visits every value
+        pairs = [(k, v, v if _is_leaf(v) else make_safe(v, f"{where}[{k!r}]")) for k, v in obj.items()]
         for k, _, _ in pairs:
             if not _is_plain(k):
                 raise TypeError(f"{where} has a key of type {type(k).__name__} ({k!r}); checkpoint dict keys must be strings or numbers")
@@ -80,7 +86,9 @@ def make_safe(obj: Any, where: str = "checkpoint") -> Any:
             return obj  # unchanged: keep the object (and e.g. a state dict's _metadata)
         return OrderedDict((k, new) for k, _, new in pairs) if isinstance(obj, OrderedDict) else {k: new for k, _, new in pairs}
     if isinstance(obj, (list, tuple)):
-        items = [make_safe(v, f"{where}[{i}]") for i, v in enumerate(obj)]
+        if type(obj) in (list, tuple) and all(_is_leaf(v) for v in obj):
+            return obj  # e.g. Python's random state: 625 ints, each already safe
+        items = [v if _is_leaf(v) else make_safe(v, f"{where}[{i}]") for i, v in enumerate(obj)]
         if all(a is b for a, b in zip(items, obj)) and type(obj) in (list, tuple):
             return obj
         return items if isinstance(obj, list) else tuple(items)
