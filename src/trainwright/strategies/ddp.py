@@ -132,7 +132,6 @@ class DDPStrategy(ProcessGroupStrategy):
             return None
         return lambda _model: wrapper.no_sync()  # type: ignore[operator]
 
-
     def sync_gradients(self, optim_wrapper: Any) -> None:
         """Average the gradients of ``optim_wrapper``'s parameters over the ranks, when the model steps itself (:attr:`syncs_at_update`).
 
@@ -177,5 +176,6 @@ class DDPStrategy(ProcessGroupStrategy):
                 "only (the step took another branch there), so their gradients cannot be averaged tensor by tensor. Pass "
                 "strategy=dict(type='ddp', find_unused_parameters=True): the ranks then agree at each update on who has one."
             )
+
 
 STRATEGIES.register(DDPStrategy)
