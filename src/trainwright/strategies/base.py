@@ -75,7 +75,7 @@ class Strategy(UpdateEngine, StrategyParts):
         self._param_positions: tuple[nn.Module, dict[int, int]] | None = None  # the model's parameter order, by id (in_model_order)
 
     # -- environment ----------------------------------------------------------------------
-    def setup_env(self, *, launcher: str = "none", cudnn_benchmark: bool = False, dist_cfg: Mapping[str, Any] | None = None, randomness: Mapping[str, Any] | None = None) -> None:
+    def setup_env(self, *, cudnn_benchmark: bool = False, dist_cfg: Mapping[str, Any] | None = None, randomness: Mapping[str, Any] | None = None) -> None:
         """Set cudnn flags and seed every RNG (``randomness=dict(seed, deterministic, diff_rank_seed)``)."""
         torch.backends.cudnn.benchmark = cudnn_benchmark  # as mmengine: set whatever the device (cudnn reads it on CUDA)
         if self.device.type == "cuda":
@@ -138,13 +138,7 @@ class Strategy(UpdateEngine, StrategyParts):
         model = self.model_to_device(model)
         self.unwrapped = model
         self.precision.convert_module(model)
-        if self.precision.name == "float8" and not compile:
-            warnings.warn(
-                "precision='float8' without compilation: float8's scaling and casts run as separate kernels, which made a GPT-2-small step "
-                "5x slower than bf16-mixed on an H200 (docs/benchmarks.md). Compile the repeated blocks: compile=dict(regions=['Block']).",
-                UserWarning,
-                stacklevel=2,
-            )
+        self.precision.check_setup(compiled=bool(compile))
         self.parallelize(model)
         apply_activation_checkpointing(model, activation_checkpointing)
         apply_compile(model, compile)

@@ -29,7 +29,7 @@ from trainwright.strategies.flat_collectives import BUCKET_BYTES, all_reduce_mea
 from trainwright.strategies.process_group import ProcessGroupStrategy, live_model_wrappers
 
 
-@STRATEGIES.register(name="ddp")
+@STRATEGIES.register(name=["ddp", "DDPStrategy"])
 class DDPStrategy(ProcessGroupStrategy):
     """Distributed data parallel over the processes a launcher started.
 
@@ -176,6 +176,3 @@ class DDPStrategy(ProcessGroupStrategy):
                 "only (the step took another branch there), so their gradients cannot be averaged tensor by tensor. Pass "
                 "strategy=dict(type='ddp', find_unused_parameters=True): the ranks then agree at each update on who has one."
             )
-
-
-STRATEGIES.register(DDPStrategy)

@@ -30,7 +30,7 @@ _MISSING = (
 _TAG = "state"  # the one tag inside each checkpoint directory
 
 
-@STRATEGIES.register(name="deepspeed")
+@STRATEGIES.register(name=["deepspeed", "DeepSpeedStrategy"])
 class DeepSpeedStrategy(ProcessGroupStrategy):
     """DeepSpeed ZeRO (stage 1 or 2) over the processes a launcher started.
 
@@ -69,9 +69,9 @@ class DeepSpeedStrategy(ProcessGroupStrategy):
             raise ValueError("strategy='deepspeed' supports ZeRO stages 0-2 here (parameters stay whole on every rank); for sharded parameters use strategy='fsdp'")
         self.engine: Any = None
 
-    def setup_env(self, *, launcher: str = "pytorch", cudnn_benchmark: bool = False, dist_cfg: Mapping[str, Any] | None = None, randomness: Mapping[str, Any] | None = None) -> None:
+    def setup_env(self, *, cudnn_benchmark: bool = False, dist_cfg: Mapping[str, Any] | None = None, randomness: Mapping[str, Any] | None = None) -> None:
         """Join the process group as DDP does, then let DeepSpeed adopt it."""
-        super().setup_env(launcher=launcher, cudnn_benchmark=cudnn_benchmark, dist_cfg=dist_cfg, randomness=randomness)
+        super().setup_env(cudnn_benchmark=cudnn_benchmark, dist_cfg=dist_cfg, randomness=randomness)
         import deepspeed
 
         deepspeed.init_distributed(dist_backend=self.backend)
@@ -191,6 +191,3 @@ class DeepSpeedStrategy(ProcessGroupStrategy):
         if load_path is None or not isinstance(client, Mapping) or "trainwright" not in client:
             raise CheckpointError(f"Cannot read DeepSpeed checkpoint {str(p)!r}: it holds no trainwright state (not written by this strategy?). Resume from another checkpoint.")
         return {**client["trainwright"], "model": self.model_state_dict()}
-
-
-STRATEGIES.register(DeepSpeedStrategy)

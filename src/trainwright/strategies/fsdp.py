@@ -73,7 +73,7 @@ def _take_rank0_state(model: nn.Module, gather_object: Callable[[Any], list[Any]
             work.wait()  # type: ignore[union-attr]
 
 
-@STRATEGIES.register(name="fsdp")
+@STRATEGIES.register(name=["fsdp", "FSDPStrategy"])
 class FSDPStrategy(ProcessGroupStrategy):
     """Fully sharded data parallel (FSDP2) over the processes a launcher started (or one process).
 
@@ -132,7 +132,7 @@ class FSDPStrategy(ProcessGroupStrategy):
         self._optim_wrapper: Any = None  # the optimizers whose state a checkpoint holds (setup_optim_wrapper)
 
     # -- environment ----------------------------------------------------------------------
-    def setup_env(self, *, launcher: str = "pytorch", cudnn_benchmark: bool = False, dist_cfg: Mapping[str, Any] | None = None, randomness: Mapping[str, Any] | None = None) -> None:
+    def setup_env(self, *, cudnn_benchmark: bool = False, dist_cfg: Mapping[str, Any] | None = None, randomness: Mapping[str, Any] | None = None) -> None:
         """Join the launcher's process group (or start a one-process group when no launcher started this process); with tensor parallelism, make the ``(dp, tp)`` mesh.
 
         Raises:
@@ -150,7 +150,7 @@ class FSDPStrategy(ProcessGroupStrategy):
         if not dist.is_initialized() and world <= 1 and "MASTER_ADDR" not in os.environ:
             dist.init_process_group(backend=self.backend, store=dist.HashStore(), rank=0, world_size=1, timeout=datetime.timedelta(seconds=self.timeout_s))
             self._owns_group = True
-        super().setup_env(launcher=launcher, cudnn_benchmark=cudnn_benchmark, dist_cfg=dist_cfg, randomness=randomness)
+        super().setup_env(cudnn_benchmark=cudnn_benchmark, dist_cfg=dist_cfg, randomness=randomness)
         if self.tensor_parallel.size > 1:
             self.device_mesh = mesh_for(self.device.type, self.data_parallel_size, self.tensor_parallel.size)
 
@@ -386,6 +386,3 @@ class FSDPStrategy(ProcessGroupStrategy):
         from trainwright.strategies.dcp_io import remove
 
         remove(location(path))
-
-
-STRATEGIES.register(FSDPStrategy)

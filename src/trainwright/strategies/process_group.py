@@ -99,7 +99,7 @@ class ProcessGroupStrategy(Strategy):
         self._store: Any = None  # a client of the launcher's store, opened on an error path (see report_failure)
 
     # -- environment ----------------------------------------------------------------------
-    def setup_env(self, *, launcher: str = "pytorch", cudnn_benchmark: bool = False, dist_cfg: Mapping[str, Any] | None = None, randomness: Mapping[str, Any] | None = None) -> None:
+    def setup_env(self, *, cudnn_benchmark: bool = False, dist_cfg: Mapping[str, Any] | None = None, randomness: Mapping[str, Any] | None = None) -> None:
         """Join the process group (from the launcher's environment), then seed every rank with rank 0's seed.
 
         The seed is always rank 0's (one broadcast): a rank given another seed (an explicit
@@ -125,7 +125,7 @@ class ProcessGroupStrategy(Strategy):
                 "shuffle the data the same way (each its own shard). For per-rank augmentation use randomness=dict(diff_rank_seed=True).",
                 stacklevel=2,
             )
-        super().setup_env(launcher=launcher, cudnn_benchmark=cudnn_benchmark, dist_cfg=dist_cfg, randomness=randomness)
+        super().setup_env(cudnn_benchmark=cudnn_benchmark, dist_cfg=dist_cfg, randomness=randomness)
 
     @property
     def rank(self) -> int:

@@ -10,13 +10,13 @@ from trainwright.registry import STRATEGIES
 from trainwright.strategies.base import Strategy
 
 
-@STRATEGIES.register(name="single")
+@STRATEGIES.register(name=["single", "SingleDeviceStrategy"])
 class SingleDeviceStrategy(Strategy):
     """Everything on one device: no wrapping, no process group."""
 
     name = "single"
 
-    def setup_env(self, *, launcher: str = "none", cudnn_benchmark: bool = False, dist_cfg: Mapping[str, Any] | None = None, randomness: Mapping[str, Any] | None = None) -> None:
+    def setup_env(self, *, cudnn_benchmark: bool = False, dist_cfg: Mapping[str, Any] | None = None, randomness: Mapping[str, Any] | None = None) -> None:
         """Refuse to run as one of several launched processes, then set up as the base strategy does.
 
         Raises:
@@ -30,7 +30,4 @@ class SingleDeviceStrategy(Strategy):
                 "train its own model and overwrite the others' checkpoints and metrics.jsonl. Use strategy='ddp' (or 'auto'), "
                 "or start one process."
             )
-        super().setup_env(launcher=launcher, cudnn_benchmark=cudnn_benchmark, dist_cfg=dist_cfg, randomness=randomness)
-
-
-STRATEGIES.register(SingleDeviceStrategy)
+        super().setup_env(cudnn_benchmark=cudnn_benchmark, dist_cfg=dist_cfg, randomness=randomness)
