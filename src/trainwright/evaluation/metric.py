@@ -98,7 +98,7 @@ class Metric(ABC):
         group = self.collectives
         if group.is_main_process:
             try:
-                metrics = _as_numbers(self.compute(results), name)
+                metrics = as_numbers(self.compute(results), name)
             except Exception as exc:  # re-raised below, after the other ranks are told
                 error = exc
         if group.world_size > 1:
@@ -129,8 +129,19 @@ class Metric(ABC):
         return f"{type(self).__name__}(collect_device={self.collect_device!r}, prefix={self.prefix!r})"
 
 
-def _as_numbers(metrics: Any, name: str) -> dict[str, float]:
-    """Check that ``compute`` returned a dict and turn one-element tensors / numpy scalars into floats."""
+def as_numbers(metrics: Any, name: str) -> dict[str, float]:
+    """What a metric's ``compute`` returned, checked to be a dict, with one-element tensors / numpy scalars as Python numbers.
+
+    Every metric's result goes through it (:class:`Metric` and the torchmetrics adapter), so
+    logs, checkpoints and ``save_best`` see plain numbers whatever the metric computed with.
+
+    Args:
+        metrics: The value ``compute`` returned.
+        name: The metric's name, for the error message.
+
+    Raises:
+        TypeError: ``metrics`` is not a mapping.
+    """
     if not isinstance(metrics, Mapping):
         raise TypeError(f"{name}.compute() must return a dict of metric name -> float, got {type(metrics).__name__}")
     out: dict[str, Any] = {}
@@ -143,4 +154,4 @@ def _as_numbers(metrics: Any, name: str) -> dict[str, float]:
     return out
 
 
-__all__ = ["Metric"]
+__all__ = ["Metric", "as_numbers"]

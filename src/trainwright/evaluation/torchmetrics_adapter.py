@@ -17,7 +17,7 @@ from typing import Any
 import torch
 
 from trainwright.evaluation.inputs import pred_and_target
-from trainwright.evaluation.metric import Metric, _as_numbers
+from trainwright.evaluation.metric import Metric, as_numbers
 from trainwright.registry import METRICS
 
 
@@ -120,7 +120,7 @@ class TorchMetric(Metric):
         try:
             if updates == 0:
                 raise ValueError(f"TorchMetric({self.key}) has no results to evaluate: process() was never called. Check that the validation data loader is not empty.")
-            metrics = _as_numbers(self.compute([]), f"TorchMetric({self.key})")
+            metrics = as_numbers(self.compute([]), f"TorchMetric({self.key})")
         finally:
             self.reset()
         if self.prefix:
