@@ -1,6 +1,8 @@
 """Start fast, stay lean: launch -> first step, import time, peak RSS and the blocking save, beside a hand-written loop.
 
-Run:  python benchmarks/startup.py [--rounds 7] [--steps 20] [--dim 256] [--depth 4] [--cli-reps 5]
+Run:  python benchmarks/startup.py [--rounds 7] [--steps 10] [--dim 256] [--depth 4] [--threads 1] [--cli-reps 5]
+          [--src OTHER_CHECKOUT/src] [--hooks '{"flops": null}'] [--json FILE]
+      python benchmarks/startup.py --save-parts 15      # what a blocking save does beyond torch.save, in one process
 
 Each round starts one fresh process per side, rotating which goes first (raw, trainwright |
 trainwright, raw | ...). Both sides train the same small GPT (token + position embeddings,
@@ -162,6 +164,70 @@ def _child(side: str, launched: float, work_dir: str, steps: int, dim: int, dept
     print(json.dumps(out))
 
 
+# --------------------------------------------------------------------------- the parts of a blocking save
+
+
+def save_parts(rounds: int, dim: int, depth: int) -> None:
+    """Time, in this process and alternating, what a synchronous trainwright save does beyond ``torch.save``.
+
+    The state is the benchmark GPT's weights + AdamW state (same size, Linear stacks); every
+    write goes to a new name (as periodic checkpoints do). Ratios are the medians of each
+    round's own ratio to ``torch.save(state, path)``.
+    """
+    import pathlib
+    import random
+
+    import torch
+    from torch import nn
+
+    from trainwright.checkpoint.io import atomic_save
+    from trainwright.checkpoint.listing import write_latest
+    from trainwright.checkpoint.rng import get_rng_state
+    from trainwright.checkpoint.stateful import make_safe
+
+    torch.manual_seed(0)
+    model = nn.Sequential(*[nn.Linear(dim, 4 * dim) for _ in range(3 * depth)])
+    opt = torch.optim.AdamW(model.parameters())
+    for p in model.parameters():
+        p.grad = torch.randn_like(p)
+    opt.step()
+    state = {"model": model.state_dict(), "optimizer": opt.state_dict(), "rng": get_rng_state(), "python": random.getstate()}
+    with tempfile.TemporaryDirectory() as d:
+        names = (os.path.join(d, f"c{i}.pth") for i in range(10**6))
+
+        def no_fsync() -> None:  # temporary name + rename, without fsync: NOT crash-safe, for comparison only
+            path = next(names)
+            with open(path + ".tmp", "wb") as f:
+                torch.save(state, f)
+            os.replace(path + ".tmp", path)
+
+        def atomic_and_latest() -> None:
+            path = next(names)
+            atomic_save(state, path)
+            write_latest(d, os.path.basename(path))
+
+        parts = {
+            "torch.save(state, path)": lambda: torch.save(state, next(names)),
+            "temp + rename, no fsync": no_fsync,
+            "atomic_save (temp, fsync, rename, dir fsync)": lambda: atomic_save(state, next(names)),
+            "atomic_save + latest (what a periodic save writes)": atomic_and_latest,
+            "make_safe(state)": lambda: make_safe(state),
+        }
+        times: dict[str, list[float]] = {k: [] for k in parts}
+        for r in range(rounds):
+            for name in list(parts) if r % 2 == 0 else list(parts)[::-1]:
+                t0 = time.perf_counter()
+                parts[name]()
+                times[name].append(time.perf_counter() - t0)
+            for f in pathlib.Path(d).iterdir():
+                f.unlink()
+    base = times["torch.save(state, path)"]
+    print(f"blocking-save parts, {rounds} alternating rounds, {sum(t.numel() * t.element_size() for t in model.state_dict().values()) * 3 / 2**20:.0f} MiB of tensors; median [min-max]")
+    for name, xs in times.items():
+        ratio = statistics.median(x / b for x, b in zip(xs, base))
+        print(f"  {name:<52} {_fmt(xs, ' ms', 1e3, 1)}   x{ratio:.2f} of torch.save")
+
+
 # --------------------------------------------------------------------------- the parent
 
 
@@ -211,6 +277,7 @@ def main() -> None:
     parser.add_argument("--cli-reps", type=int, default=5, help="fresh processes timed for `trainwright --help` / `env` (0: skip)")
     parser.add_argument("--hooks", default="{}", help='JSON merged into trainwright\'s default_hooks, to see what one costs (e.g. \'{"flops": null}\')')
     parser.add_argument("--json", default=None, help="also write every number to this file")
+    parser.add_argument("--save-parts", type=int, default=0, metavar="ROUNDS", help="only time the parts of a blocking save in this process (ROUNDS alternating rounds)")
     parser.add_argument("--child", help=argparse.SUPPRESS)
     parser.add_argument("--launched", type=float, help=argparse.SUPPRESS)
     parser.add_argument("--work-dir", help=argparse.SUPPRESS)
@@ -219,6 +286,9 @@ def main() -> None:
         _child(args.child, args.launched, args.work_dir, args.steps, args.dim, args.depth, args.threads, json.loads(args.hooks))
         return
 
+    if args.save_parts:
+        save_parts(args.save_parts, args.dim, args.depth)
+        return
     global _SRC
     _SRC = os.path.abspath(args.src) if args.src else None
     sides = ("raw", "trainwright")

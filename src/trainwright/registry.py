@@ -114,6 +114,8 @@ class Registry:
             if not callable(o):
                 raise TypeError(f"{self.name} registry: only a class or a function can be registered (build calls it), got {type(o).__name__}")
             keys = [name or o.__name__] if name is None or isinstance(name, str) else list(name)  # type: ignore[attr-defined]
+            if self._locations and not str(getattr(o, "__module__", "")).startswith(f"{self.scope}."):
+                self._import_locations()  # their names first: a clash with one is reported here (force=True replaces it), as when they loaded eagerly
             for key in keys:
                 if key in self._table and not force and self._table[key] is not o and not _same_definition(self._table[key], o):
                     raise KeyError(f"{key!r} is already registered in the {self.name} registry; pass force=True to replace it")

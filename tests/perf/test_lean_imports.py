@@ -33,6 +33,14 @@ with contextlib.redirect_stdout(io.StringIO()) as out:
         code = e.code
 seen["help"] = {{"optional": loaded(), "torch": "torch" in sys.modules, "code": code, "usage": out.getvalue().startswith("usage: trainwright")}}
 
+from trainwright.registry import METRICS
+try:
+    @METRICS.register()
+    class Accuracy:  # a stock name: the stock metrics load first, so the clash is reported here
+        pass
+except KeyError as e:
+    seen["clash"] = str(e)
+
 import torch
 from torch.utils.data import DataLoader, TensorDataset
 
@@ -65,6 +73,7 @@ def test_import_help_and_a_default_run_load_no_optional_package(tmp_path: Path) 
 
     assert seen["import"] == {"optional": [], "torch": False}  # the engine's names load on first use
     assert seen["help"] == {"optional": [], "torch": False, "code": 0, "usage": True}
+    assert "'Accuracy' is already registered in the metric registry" in seen["clash"]
     assert seen["train"] == {"optional": [], "iteration": 1}  # default hooks on: console, train.log, metrics.jsonl, checkpoint...
     assert (tmp_path / "work" / "checkpoints" / "latest").read_text().strip() == "iter_1.pth"
     assert seen["public"] == {"optional": [], "writers": ["TensorBoardWriter", "WandbWriter", "MlflowWriter"], "hook": "LoggerHook"}
