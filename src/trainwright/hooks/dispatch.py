@@ -7,6 +7,7 @@ Per-iteration training events follow each hook's :meth:`~trainwright.Hook.train_
 
 from __future__ import annotations
 
+import bisect
 from collections.abc import Callable, Iterable, Iterator
 from typing import Any
 
@@ -101,9 +102,10 @@ class HookList:
         self.timer = timer
         self.calls: dict[str, tuple[Call, ...]] = {}
         self.schedule = IterSchedule([], [])
+        self._priorities: list[int] = []  # get_priority of each hook, in call order (bisected by add)
         for h in hooks:
-            self.add(h)
-        self._rebuild()
+            self._insert(h)
+        self._rebuild()  # once for all of them
 
     @property
     def hooks(self) -> list[Hook]:
@@ -111,22 +113,21 @@ class HookList:
         return list(self._hooks)
 
     def add(self, hook: Hook) -> None:
-        """Insert ``hook`` after every hook of lower or equal priority number."""
-        require_hook(hook)
-        p = get_priority(hook.priority)
-        idx = len(self._hooks)
-        for i, h in enumerate(self._hooks):
-            if get_priority(h.priority) > p:
-                idx = i
-                break
-        self._hooks.insert(idx, hook)
+        """Insert ``hook`` after every hook of lower or equal priority number; the call lists are rebuilt once."""
+        self._insert(hook)
         self._rebuild()
 
+    def _insert(self, hook: Hook) -> None:
+        """Place ``hook`` by priority (a bisection), refusing a second stateful hook with a ``state_key`` already held."""
+        require_hook(hook)
+        if isinstance(hook, Stateful) and any(h.state_key == hook.state_key for h in self.stateful()):
+            raise ValueError(f"Two stateful hooks share the state_key {[hook.state_key]}; give each copy a distinct `state_key`")
+        p = get_priority(hook.priority)
+        idx = bisect.bisect_right(self._priorities, p)
+        self._hooks.insert(idx, hook)
+        self._priorities.insert(idx, p)
+
     def _rebuild(self) -> None:
-        keys = [h.state_key for h in self.stateful()]
-        dup = {k for k in keys if keys.count(k) > 1}
-        if dup:
-            raise ValueError(f"Two stateful hooks share the state_key {sorted(dup)}; give each copy a distinct `state_key`")
         active = {ev: [h for h in self._hooks if getattr(type(h), ev) is not getattr(Hook, ev)] for ev in EVENTS}
         timer = self.timer
         self.calls = {ev: tuple(getattr(h, ev) if timer is None else timer.wrap(h, ev, getattr(h, ev)) for h in hooks) for ev, hooks in active.items()}
