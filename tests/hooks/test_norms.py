@@ -194,11 +194,50 @@ def test_bad_arguments_name_the_problem(kwargs: dict[str, Any], words: str) -> N
         NormsHook(**kwargs)
 
 
+class _StepWatch(tw.Hook):
+    """Records, at every training iteration, what the optimizer's ``step`` is once every other hook has prepared it."""
+
+    priority = "LOWEST"
+
+    def __init__(self) -> None:
+        self.seen: list[Any] = []
+
+    def before_train_iter(self, trainer: Any, batch_idx: int, data_batch: Any = None) -> None:
+        self.seen.append(vars(trainer.optim_wrapper.optimizer).get("step"))
+
+
+def test_the_optimizer_step_stays_its_own(tmp_path: Path) -> None:
+    """At a measured step the optimizer's ``step`` is its class's own (torch's step hooks measure it), and the numbers equal the hand computation."""
+    model = Blocks()
+    ref = copy.deepcopy(model)
+    watch = _StepWatch()
+    trainer = tw.Trainer(
+        model=model, work_dir=tmp_path, train_dataloader=DataLoader(_data(), batch_size=2),
+        optim_wrapper=dict(optimizer=dict(type="SGD", lr=0.1, momentum=0.9)), train_cfg=dict(by_epoch=False, max_iters=4),
+        default_hooks=dict(checkpoint=None, logger=dict(interval=1), norms=dict(interval=2)), custom_hooks=[watch],
+        log_level="WARNING", randomness=dict(seed=0),
+    )
+    trainer.train()
+    trainer.close()
+    optimizer = trainer.optim_wrapper.optimizer
+    assert watch.seen == [None] * 4  # no instance attribute shadows the class's step, due iterations (2, 4) included
+    assert type(optimizer).step.__get__(optimizer) == optimizer.step
+    expected = _reference(ref, _data(), acc=1, clip=None, due={2, 4, 6, 8, 10}, per="module")
+    records = {r["iter"]: r for r in _records(trainer.run_dir)}
+    for it in (2, 4):
+        for k, v in expected[it].items():
+            assert records[it][k] == pytest.approx(v, rel=1e-5, abs=1e-7), (it, k)
+    assert not any(k.startswith("grad_norm/") for k in records[3])
+
+
 def test_compiled_step_is_measured_without_compiling_it_again(tmp_path: Path) -> None:
     """With ``OptimWrapper(compile=...)`` the numbers equal the eager run's and the step compiles as often as without the hook (step hooks would recompile it per measured step)."""
     from torch._dynamo.utils import counters
 
+    watch = _StepWatch()
+
     def run(compiled: bool, norms: bool) -> tuple[dict[int, dict[str, float]], int]:
+        watch.seen.clear()
         torch._dynamo.reset()
         counters.clear()
         optim: dict[str, Any] = dict(optimizer=dict(type="SGD", lr=0.1, momentum=0.9))
@@ -207,10 +246,12 @@ def test_compiled_step_is_measured_without_compiling_it_again(tmp_path: Path) ->
         t = tw.Trainer(
             model=Blocks(), work_dir=tmp_path / f"{compiled}{norms}", train_dataloader=DataLoader(_data(), batch_size=2), optim_wrapper=optim,
             train_cfg=dict(by_epoch=False, max_iters=20), log_level="WARNING", randomness=dict(seed=0),
-            default_hooks=dict(checkpoint=None, logger=dict(interval=2), norms=dict(interval=2) if norms else None),
+            default_hooks=dict(checkpoint=None, logger=dict(interval=2), norms=dict(interval=2) if norms else None), custom_hooks=[watch],
         )
         t.train()
         t.close()
+        # the optimizer's step is what the optim wrapper made it (its compiled step, or the class's own) at every iteration, measured ones included
+        assert watch.seen == [t.optim_wrapper.compiled_step] * 20
         graphs = counters["stats"]["unique_graphs"]
         torch._dynamo.reset()
         return {r["iter"]: {k: v for k, v in r.items() if k.startswith(("grad_norm/", "update_ratio/"))} for r in _records(t.run_dir)}, graphs

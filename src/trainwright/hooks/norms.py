@@ -18,6 +18,7 @@ from torch.utils.hooks import RemovableHandle
 
 from trainwright.hooks.hook import Hook
 from trainwright.logging.flush_batch import Row
+from trainwright.optim.compiled_step import CompiledStep
 from trainwright.optim.optim_wrapper_dict import optim_wrappers_of
 from trainwright.registry import HOOKS
 
@@ -72,17 +73,6 @@ class _Capture:
             self.before = [p.detach().clone() for p in params]
 
 
-class _Restore:
-    """Puts a compiled step back as ``optimizer.step`` (what a step hook's handle is for eager steps)."""
-
-    def __init__(self, optimizer: torch.optim.Optimizer, step: Any) -> None:
-        self.optimizer = optimizer
-        self.step = step
-
-    def remove(self) -> None:
-        self.optimizer.step = self.step  # type: ignore[method-assign]
-
-
 @HOOKS.register
 class NormsHook(Hook):
     """Logs per-group gradient norms, parameter norms and update ratios every ``interval`` iterations.
@@ -107,9 +97,10 @@ class NormsHook(Hook):
     ``OptimWrapperDict``) each optimizer's parameters are measured at its own step; ``per="global"``
     then gives one group per optimizer, named by the optimizer (``grad_norm/generator``).
 
-    A compiled optimizer step (``OptimWrapper(compile=...)``) is measured around the compiled
-    function rather than through step hooks (hooks inside it would make torch compile it
-    again at every measured step).
+    A compiled optimizer step (``OptimWrapper(compile=...)``) is measured through its own step
+    hooks (:meth:`~trainwright.optim.compiled_step.CompiledStep.register_step_pre_hook`), which
+    run around the compiled function: torch's hooks inside it would make torch compile it again
+    at every measured step. The hook never replaces ``optimizer.step``.
 
     Cost: at a due step, three norm kernels per parameter and a copy of the parameters
     (for the update), all on the device; nothing at other iterations. The numbers reach the
@@ -135,7 +126,7 @@ class NormsHook(Hook):
         self.interval = interval
         self.per = per
         self.depth = depth
-        self._handles: dict[str, list[RemovableHandle | _Restore]] = {}  # optimizer name -> its step hooks, while a due step is awaited
+        self._handles: dict[str, list[RemovableHandle]] = {}  # optimizer name -> its step hooks, while a due step is awaited
         self._names: dict[int, str] = {}  # id(parameter) -> its name in the model
         self._record: Callable[[Row], None] = lambda row: None  # the metric store's row append, set when training starts
 
@@ -163,7 +154,7 @@ class NormsHook(Hook):
     def after_run(self, trainer: TrainerView) -> None:  # noqa: D102
         self._remove()
 
-    def _arm(self, trainer: TrainerView, name: str, optimizer: torch.optim.Optimizer, label: str, compiled: Any = None) -> None:
+    def _arm(self, trainer: TrainerView, name: str, optimizer: torch.optim.Optimizer, label: str, compiled: CompiledStep | None = None) -> None:
         captured: list[_Capture] = []
 
         def pre(opt: torch.optim.Optimizer, args: Any, kwargs: Any) -> None:
@@ -178,19 +169,10 @@ class NormsHook(Hook):
                 # the step runs inside the iteration; appended untimed, as the loop's rows (no flush inside the step)
                 self._record((trainer.progress.iteration + 1, values, None, None))
 
-        if compiled is None:
-            self._handles[name] = [optimizer.register_step_pre_hook(pre), optimizer.register_step_post_hook(post)]
-            return
-        # A compiled step (OptimWrapper(compile=...), installed as optimizer.step) guards on the optimizer's step hooks:
-        # registering them would compile it again at every measured step. Measure around it instead, once.
-        def measured(*args: Any, **kwargs: Any) -> Any:
-            pre(optimizer, args, kwargs)
-            out = compiled(*args, **kwargs)
-            post(optimizer, args, kwargs)
-            return out
-
-        optimizer.step = measured  # type: ignore[method-assign]
-        self._handles[name] = [_Restore(optimizer, compiled)]
+        # A compiled step (OptimWrapper(compile=...)) guards on torch's optimizer step hooks (registering them would compile it
+        # again at every measured step): its own step hooks run around the compiled function instead.
+        target = optimizer if compiled is None else compiled
+        self._handles[name] = [target.register_step_pre_hook(pre), target.register_step_post_hook(post)]
 
     def _values(self, c: _Capture, label: str) -> dict[str, torch.Tensor]:
         """``grad_norm/<group>``, ``param_norm/<group>``, ``update_ratio/<group>`` of one optimizer's step, as device tensors."""

@@ -10,19 +10,28 @@ from __future__ import annotations
 
 import contextlib
 import warnings
-from collections.abc import Iterator, Mapping
+from collections import OrderedDict
+from collections.abc import Callable, Iterator, Mapping
 from typing import Any
 
 import torch
+from torch.utils.hooks import RemovableHandle
 
 from trainwright.registry import check_keys
 
 #: ``torch.compile`` arguments accepted by ``compile=dict(...)`` of an optim wrapper.
 STEP_COMPILE_KEYS = frozenset({"fullgraph", "dynamic", "backend", "mode", "options", "disable"})
 
+#: A step hook: ``hook(optimizer, args, kwargs)``, as torch's ``Optimizer.register_step_pre_hook`` / ``_post_hook`` call theirs.
+StepHook = Callable[[torch.optim.Optimizer, tuple[Any, ...], dict[str, Any]], None]
+
 
 class CompiledStep:
     """``optimizer.step`` compiled once; callable as the step itself (``closure`` is not supported).
+
+    Step hooks (:meth:`register_step_pre_hook` / :meth:`register_step_post_hook`) run around
+    the compiled function, outside it: torch's own optimizer step hooks would be traced into
+    the step and registering one would compile it again.
 
     A compiled step guards on Python floats, so a scheduler changing a group's ``lr`` would
     recompile it every step; torch's recipe makes ``lr`` a tensor. Here each group's ``lr`` is
@@ -44,6 +53,24 @@ class CompiledStep:
         self._lrs: list[torch.Tensor | None] = []
         #: True: the next calls run the optimizer's own eager step, floats as they are (see :meth:`eager`).
         self.run_eagerly = False
+        self._pre_hooks: OrderedDict[int, StepHook] = OrderedDict()
+        self._post_hooks: OrderedDict[int, StepHook] = OrderedDict()
+
+    def register_step_pre_hook(self, hook: StepHook) -> RemovableHandle:
+        """Run ``hook(optimizer, args, kwargs)`` before each step, outside the compiled function (no recompilation).
+
+        The compiled counterpart of torch's ``Optimizer.register_step_pre_hook`` (which a compiled
+        step guards on: registering one would compile the step again). Returns the handle that removes it.
+        """
+        handle = RemovableHandle(self._pre_hooks)
+        self._pre_hooks[handle.id] = hook
+        return handle
+
+    def register_step_post_hook(self, hook: StepHook) -> RemovableHandle:
+        """Run ``hook(optimizer, args, kwargs)`` after each step, outside the compiled function; returns the handle that removes it."""
+        handle = RemovableHandle(self._post_hooks)
+        self._post_hooks[handle.id] = hook
+        return handle
 
     @contextlib.contextmanager
     def eager(self) -> Iterator[None]:
@@ -58,6 +85,17 @@ class CompiledStep:
         """Step with each group's ``lr`` as a tensor (one per group, reused: no recompilation when it changes)."""
         if args or kwargs:
             raise TypeError("the compiled optimizer step takes no closure or arguments; drop optim_wrapper compile=True to pass them")
+        if not (self._pre_hooks or self._post_hooks):
+            return self._step()
+        for hook in list(self._pre_hooks.values()):
+            hook(self.optimizer, args, kwargs)
+        out = self._step()
+        for hook in list(self._post_hooks.values()):
+            hook(self.optimizer, args, kwargs)
+        return out
+
+    def _step(self) -> Any:
+        """The step itself: eager (:meth:`eager`) or compiled with tensor learning rates."""
         if self.run_eagerly:
             return self.eager_step()
         groups = self.optimizer.param_groups
