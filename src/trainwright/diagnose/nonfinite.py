@@ -240,7 +240,7 @@ def _probe(trainer: Trainer, batch: Any, k: int) -> Finding:
     with Watch(trainer.unwrapped_model) as watch:
         data = base.data_preprocessor(batch, True)
         with trainer.precision.autocast():
-            losses = base._run_forward(data, "loss")  # noqa: SLF001 - the model's own forward dispatch
+            losses = base.run_forward(data, "loss")  # the model's own forward dispatch
         loss, _ = base.parse_losses(losses)
         loss_finite = not _nonfinite(loss)
         if params and loss.requires_grad:

@@ -39,7 +39,7 @@ def update_bn(batches: Iterable[Any], model: nn.Module, forward: Any) -> None:
 def forward_for_stats(model: nn.Module, batch: Any) -> None:
     """A batch through a trainwright model the way training feeds it (its data preprocessor, ``mode="tensor"``); else ``model(batch)``."""
     preprocess = getattr(model, "data_preprocessor", None)
-    run = getattr(model, "_run_forward", None)
+    run = getattr(model, "run_forward", None)
     if preprocess is not None and run is not None:
         run(preprocess(batch, True), "tensor")
     else:

@@ -153,9 +153,18 @@ class BaseModel(FollowsDevice):
         """Preprocess → forward in ``"predict"`` mode."""
         return self._run_forward(self.data_preprocessor(data, False), "predict")
 
-    def _run_forward(self, data: Any, mode: str) -> Any:
-        """``self(**data, mode=mode)`` for a dict batch, ``self(*data, mode=mode)`` for a tuple / list, else ``self(data, mode=mode)`` (mmengine's)."""
+    def run_forward(self, data: Any, mode: str) -> Any:
+        """Call this model on a preprocessed batch in ``mode``, the way the steps do.
+
+        ``self(**data, mode=mode)`` for a dict batch, ``self(*data, mode=mode)`` for a tuple /
+        list, else ``self(data, mode=mode)`` (mmengine's dispatch). Hooks and diagnostics that
+        feed a batch as training does (``mode="tensor"`` for BN statistics) call this.
+        """
         return _run_forward(self, data, mode)
+
+    def _run_forward(self, data: Any, mode: str) -> Any:
+        """mmengine's spelling of :meth:`run_forward`, for ported models that call or override it."""
+        return self.run_forward(data, mode)
 
     #: What :meth:`train_step` calls for the forward pass instead of this model (see :meth:`set_forward_caller`).
     forward_caller: Callable[..., Any] | None = None

@@ -325,6 +325,13 @@ class OptimWrapper:
             self._spent_loss = None if kwargs.get("retain_graph") or kwargs.get("create_graph") else loss
         self._inner_count += 1
 
+    def release_graph(self) -> None:
+        """Drop the loss :meth:`backward` keeps until the next one (its spent graph).
+
+        For backward passes that were not the run's (a tuner's trials): their graph is freed now.
+        """
+        self._spent_loss = None
+
     def step(self, **kwargs: Any) -> None:
         """Synchronise the gradients (the strategy's, when its backward did not), clip when clipping is on (float16 gradients unscaled first), then step the optimizer.
 

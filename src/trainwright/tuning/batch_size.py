@@ -108,7 +108,7 @@ def _fits(trainer: TunableTrainer, batch_size: int, steps: int) -> bool:
     finally:
         for w in wrappers.values():
             w.zero_grad(set_to_none=True)
-            w._spent_loss = None  # the trial's graph
+            w.release_graph()  # the trial's graph
         torch.cuda.empty_cache()
 
 

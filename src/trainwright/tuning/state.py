@@ -71,7 +71,7 @@ def _put_back(trainer: TunableTrainer, state: dict[str, Any]) -> None:
         inner, span, grad_norm, skipped = state["wrappers"][name]
         ow.initialize_count_status(None, inner, span)
         ow.grad_norm, ow.skipped_steps = grad_norm, skipped
-        ow._spent_loss = None  # the tuner's last graph (kept by backward for the next forward), not the run's: freed
+        ow.release_graph()  # the tuner's last graph (kept by backward for the next forward), not the run's: freed
 
 
 @contextlib.contextmanager
