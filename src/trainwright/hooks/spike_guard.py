@@ -43,10 +43,6 @@ class SpikeGuardHook(Hook):
     # -- set-up -------------------------------------------------------------------------------
     def before_train(self, trainer: TrainerView) -> None:  # noqa: D102
         g = self.guard
-        g.iteration = lambda: trainer.progress.iteration + 1
-        g.log = trainer.logger.warning
-        store = trainer.metric_store
-        g.count = lambda it, n: store.update_scalar("spike_skipped", n, it)  # a list append per step: every record carries the count
         if g.action == "rollback" and g.capture_every is not None:
             self._capture(trainer)
 

@@ -24,6 +24,7 @@ from trainwright.optim.compiled_step import CompiledStep, compile_step
 from trainwright.optim.counted_loss import Count, WindowItems, per_item
 from trainwright.optim.engine import LOCAL, ClipFn, NoSyncContext, UpdateEngine
 from trainwright.optim.spike_guard import SpikeGuard
+from trainwright.optim.update_guard import NonFiniteGuard, UpdateGuard
 from trainwright.registry import OPTIM_WRAPPERS, check_keys
 
 _NULL = contextlib.nullcontext()
@@ -108,7 +109,8 @@ class OptimWrapper:
             every current param group.
         precision: A :class:`~trainwright.amp.precision.Precision`; full fp32 by default.
         skip_nonfinite: Skip the backward pass of micro-batches whose loss is NaN/Inf
-            instead of letting them poison the weights. Costs one host sync per step.
+            instead of letting them poison the weights (a :class:`~trainwright.optim.update_guard.NonFiniteGuard`
+            in :attr:`update_guards`). Costs one host sync per step.
         strategy: The :class:`~trainwright.optim.engine.UpdateEngine` that carries out
             backward, clipping, the step and gradient sync; default: one process. The
             Trainer gives every wrapper its strategy.
@@ -119,11 +121,13 @@ class OptimWrapper:
 
     Attributes:
         grad_norm: Total gradient norm of the last clipped step (a tensor), or None.
+        update_guards: The ordered list of :class:`~trainwright.optim.update_guard.UpdateGuard`
+            objects :meth:`update_params` asks before each backward (the first that says "skip"
+            decides); empty by default. Append a guard of your own to skip updates on a condition.
         skipped_steps: Micro-batches skipped for a non-finite loss.
-        skip_nonfinite: See above; may be switched at any time.
-        spike_guard: A :class:`~trainwright.optim.spike_guard.SpikeGuard` asked before each
-            backward (None: not asked; ``update_params`` is then the plain path). A spike's
-            whole accumulation window is not stepped.
+        skip_nonfinite: See above; may be switched at any time (adds or removes the guard).
+        spike_guard: A :class:`~trainwright.optim.spike_guard.SpikeGuard`, the first of
+            :attr:`update_guards` (None: none). A spike's whole accumulation window is not stepped.
         context_free: Read-only. True when :meth:`optim_context` is a no-op (full precision,
             and no gradient sync to suppress or ``accumulative_counts=1``).
 
@@ -150,9 +154,11 @@ class OptimWrapper:
             raise ValueError(f"accumulative_counts must be an int >= 1 (1 = no accumulation), got {accumulative_counts!r}")
         self.optimizer = optimizer
         self._accumulative_counts = accumulative_counts
+        #: Asked in order before each backward by :meth:`update_params` (see :mod:`trainwright.optim.update_guard`).
+        self.update_guards: list[UpdateGuard] = []
+        self._nonfinite = NonFiniteGuard(self)  # kept while switched off: its count is skipped_steps
         self.skip_nonfinite = bool(skip_nonfinite)
         self.grad_norm: torch.Tensor | None = None
-        self.skipped_steps = 0
         self._spent_loss: torch.Tensor | None = None  # the last back-propagated loss, kept until the next one (see backward)
         self._spike_guard: SpikeGuard | None = None
         self._skip_window = False  # the spike guard skips the current accumulation window's step
@@ -233,26 +239,51 @@ class OptimWrapper:
         self.context_free = no_window and not self._precision.autocasts and type(self).optim_context is OptimWrapper.optim_context
 
     @property
+    def skip_nonfinite(self) -> bool:
+        """Whether a micro-batch with a NaN/Inf loss is skipped (its :class:`~trainwright.optim.update_guard.NonFiniteGuard` is in :attr:`update_guards`)."""
+        return any(g is self._nonfinite for g in self.update_guards)
+
+    @skip_nonfinite.setter
+    def skip_nonfinite(self, value: bool) -> None:
+        if value and not self.skip_nonfinite:
+            self.update_guards.append(self._nonfinite)
+        elif not value:
+            self.update_guards[:] = [g for g in self.update_guards if g is not self._nonfinite]
+
+    @property
+    def skipped_steps(self) -> int:
+        """Micro-batches skipped for a non-finite loss (``skip_nonfinite``)."""
+        return self._nonfinite.skipped
+
+    @skipped_steps.setter
+    def skipped_steps(self, value: int) -> None:
+        self._nonfinite.skipped = int(value)
+
+    @property
     def spike_guard(self) -> SpikeGuard | None:
-        """The loss-spike guard asked before each backward, or None; assigning it chooses :meth:`update_params` once."""
+        """The loss-spike guard, or None; assigning it puts it first in :attr:`update_guards` (in place of the previous one)."""
         return self._spike_guard
 
     @spike_guard.setter
     def spike_guard(self, value: SpikeGuard | None) -> None:
         if value is not None and not isinstance(value, SpikeGuard):
             raise TypeError(f"spike_guard must be a trainwright SpikeGuard or None, got {type(value).__name__}; pass Trainer(spike_guard=dict(...))")
+        old = self._spike_guard
+        self.update_guards[:] = [g for g in self.update_guards if g is not old]
         self._spike_guard = value
-        if value is None:
-            self.__dict__.pop("update_params", None)  # the class's plain path
-        else:
-            self.update_params = self._guarded_update_params  # type: ignore[method-assign]
+        if value is not None:
+            self.update_guards.insert(0, value)
 
     # -- the step -------------------------------------------------------------------------
     def update_params(self, loss: torch.Tensor, step_kwargs: dict | None = None, zero_kwargs: dict | None = None, num_items: Count | None = None) -> None:
-        """``scale_loss`` → ``backward`` → if ``should_update()``: ``step`` → ``zero_grad``.
+        """Ask the :attr:`update_guards`, ``scale_loss`` → ``backward`` → if ``should_update()``: ``step`` → ``zero_grad``.
 
         ``step`` unscales (float16) and clips when clipping is on, then steps the optimizer.
         ``step_kwargs`` / ``zero_kwargs`` are passed to ``step`` / ``zero_grad``.
+
+        A micro-batch a guard skips is counted, not back-propagated; when that guard
+        ``skips_window`` (the spike guard) its whole accumulation window is not stepped. The
+        guards are asked the loss's per-item mean when it comes with ``num_items``.
 
         ``num_items``: ``loss`` is a *sum* over that many items (tokens, say; a number or a
         one-element tensor). It is back-propagated as it is, not divided by the window's size,
@@ -261,23 +292,8 @@ class OptimWrapper:
         batch (:mod:`trainwright.optim.counted_loss`). A window may not mix losses with and
         without a count.
         """
-        self._backward_micro_batch(loss, num_items)
-        if self.should_update():
-            self.step(**(step_kwargs or {}))
-            self.zero_grad(**(zero_kwargs or {}))
-
-    def _guarded_update_params(self, loss: torch.Tensor, step_kwargs: dict | None = None, zero_kwargs: dict | None = None, num_items: Count | None = None) -> None:
-        """:meth:`update_params` with the spike guard: a spike's micro-batch is counted, not back-propagated, and its window not stepped.
-
-        The guard's answer is the same on every rank (it judges the largest loss over them), so
-        no rank back-propagates (and all-reduces gradients) while another skips. A loss with
-        ``num_items`` is judged by its per-item mean.
-        """
-        guard = self._spike_guard
-        assert guard is not None
-        if guard.check(loss if num_items is None else per_item(loss, num_items)):
-            self._skip_window = True
-            self._inner_count += 1
+        if self.update_guards and self._guarded(loss if num_items is None else per_item(loss, num_items)):
+            self._inner_count += 1  # counted, not back-propagated
         else:
             self._backward_micro_batch(loss, num_items)
         if self.should_update():
@@ -287,16 +303,23 @@ class OptimWrapper:
                 self.step(**(step_kwargs or {}))
             self.zero_grad(**(zero_kwargs or {}))
 
+    def _guarded(self, loss: torch.Tensor) -> bool:
+        """Whether a guard skips this micro-batch (the first that says so decides; one that ``skips_window`` marks the window)."""
+        for guard in self.update_guards:
+            if guard.check(loss):
+                if guard.skips_window:
+                    self._skip_window = True
+                return True
+        return False
+
     def _backward_micro_batch(self, loss: torch.Tensor, num_items: Count | None) -> None:
         """A mean loss: ``backward(scale_loss(loss))``; a summed one (``num_items``): ``backward(loss)``, its items counted once back-propagated."""
         if num_items is None:
             self._items.add_mean()
             self.backward(self.scale_loss(loss))
             return
-        skipped = self.skipped_steps
         self.backward(loss)
-        if self.skipped_steps == skipped:  # skip_nonfinite left it out: so are its items
-            self._items.add(num_items, loss)
+        self._items.add(num_items, loss)
 
     def scale_loss(self, loss: torch.Tensor) -> torch.Tensor:
         """Divide ``loss`` by the size of its accumulation window (the short last one by its own size)."""
@@ -311,18 +334,14 @@ class OptimWrapper:
     def backward(self, loss: torch.Tensor, **kwargs: Any) -> None:
         """Back-propagate ``loss`` through the strategy (scaled by the GradScaler, if any) and count the micro-batch.
 
-        With :attr:`skip_nonfinite`, a NaN/Inf loss is counted but not back-propagated. The loss
-        is kept until the next backward, as a hand-written loop's ``loss`` variable is: its spent
+        The :attr:`update_guards` (``skip_nonfinite``, the spike guard) are asked by
+        :meth:`update_params`, before this. The loss is kept until the next backward, as a hand-written loop's ``loss`` variable is: its spent
         graph still holds each parameter's gradient accumulator, which the next forward reuses
         (see docs/benchmarks.md). A backward that keeps its graph (``retain_graph`` /
         ``create_graph``) is not held on to.
         """
-        if self.skip_nonfinite and self._strategy.skip_nonfinite(loss, self):  # several processes: agreed, so every rank skips it
-            self.skipped_steps += 1
-            warnings.warn(f"Skipping a micro-batch with non-finite loss (here {loss.detach()}; under several processes: on any of them) (skip_nonfinite=True)", RuntimeWarning, stacklevel=3)
-        else:
-            self._strategy.backward(loss, self, **kwargs)
-            self._spent_loss = None if kwargs.get("retain_graph") or kwargs.get("create_graph") else loss
+        self._strategy.backward(loss, self, **kwargs)
+        self._spent_loss = None if kwargs.get("retain_graph") or kwargs.get("create_graph") else loss
         self._inner_count += 1
 
     def release_graph(self) -> None:
@@ -507,14 +526,7 @@ class OptimWrapper:
         """Pickle / deepcopy without the spent loss kept by :meth:`backward` (a graph, not state; autograd cannot copy it)."""
         state = self.__dict__.copy()
         state["_spent_loss"] = None
-        state.pop("update_params", None)  # the guarded path is chosen again from _spike_guard
         return state
-
-    def __setstate__(self, state: dict[str, Any]) -> None:
-        """Unpickle / deepcopy: the update path chosen again from the spike guard."""
-        self.__dict__.update(state)
-        if state.get("_spike_guard") is not None:
-            self.update_params = self._guarded_update_params  # type: ignore[method-assign]
 
     def __repr__(self) -> str:
         compiled = "" if self.compiled_step is None else ", compile=True"

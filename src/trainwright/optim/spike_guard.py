@@ -11,11 +11,17 @@ from __future__ import annotations
 import math
 from collections import deque
 from collections.abc import Callable, Mapping
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
 from trainwright.registry import check_keys
+
+if TYPE_CHECKING:
+    import logging
+
+    from trainwright.logging.metric_store import MetricStore
+    from trainwright.utils.progress import Progress
 
 __all__ = ["SPIKE_GUARD_KEYS", "SpikeGuard"]
 
@@ -40,6 +46,17 @@ class SpikeGuard:
         capture_every: ``"rollback"``: keep an in-memory checkpoint every this many
             iterations (and at the start) to roll back to; None: roll back to the latest
             checkpoint on disk (the :class:`~trainwright.hooks.CheckpointHook`'s).
+        progress: The run's position (the judged loss belongs to ``progress.iteration + 1``);
+            None: iteration 0 until :meth:`attach` gives one.
+        logger: Where each spike is logged (a warning); None: not logged.
+        metric_store: Records ``spike_skipped`` at every judged step (every log record
+            carries the count); None: not recorded.
+        gather: Under several processes ``Strategy.all_gather`` (every rank judges the largest
+            loss over the ranks); None: one process.
+
+    The Trainer builds the guard from ``Trainer(spike_guard=dict(...))`` before the run's
+    pieces exist, and gives it ``progress``, ``logger``, ``metric_store`` and ``gather`` through
+    :meth:`attach`.
 
     Attributes:
         skipped: Updates skipped for a spike so far (in every record as ``spike_skipped``).
@@ -50,7 +67,8 @@ class SpikeGuard:
 
     def __init__(
         self, window: int = 200, threshold: float = 6.0, action: str = "skip", max_rollbacks: int = 3,
-        min_history: int | None = None, capture_every: int | None = None,
+        min_history: int | None = None, capture_every: int | None = None, *,
+        progress: Progress | None = None, logger: logging.Logger | None = None, metric_store: MetricStore | None = None, gather: Gather | None = None,
     ) -> None:
         if not isinstance(window, int) or isinstance(window, bool) or window < 3:
             raise ValueError(f"spike_guard window must be an int >= 3 (losses the running median is taken over), got {window!r}")
@@ -75,14 +93,34 @@ class SpikeGuard:
         self.rollbacks = 0
         self.skip_through = 0
         self.last: tuple[int, float, float, float] | None = None
-        #: Under several processes ``Strategy.all_gather`` (the trainer sets it); None: one process.
+        self.progress: Progress | None = None
+        self.logger: logging.Logger | None = None
+        self.metric_store: MetricStore | None = None
         self.gather: Gather | None = None
-        #: The iteration the next judged loss belongs to (the trainer sets it: ``progress.iteration + 1``).
-        self.iteration: Callable[[], int] = lambda: 0
-        #: Called with the message of each spike (the trainer's logger).
-        self.log: Callable[[str], None] = lambda msg: None
-        #: Called at every judged step with ``(iteration, skipped)`` (the hook records ``spike_skipped`` for the log records).
-        self.count: Callable[[int, int], None] = lambda it, n: None
+        self.attach(progress=progress, logger=logger, metric_store=metric_store, gather=gather)
+
+    def attach(
+        self, *, progress: Progress | None = None, logger: logging.Logger | None = None, metric_store: MetricStore | None = None, gather: Gather | None = None,
+    ) -> None:
+        """Give the guard the run it judges (each argument given replaces the guard's own; see the class's arguments).
+
+        The Trainer calls it once it has built these (the guard was built from the config first).
+        """
+        if progress is not None:
+            self.progress = progress
+        if logger is not None:
+            self.logger = logger
+        if metric_store is not None:
+            self.metric_store = metric_store
+        if gather is not None:
+            self.gather = gather
+
+    #: Decides for a micro-batch's whole accumulation window (an :class:`~trainwright.optim.update_guard.UpdateGuard`).
+    skips_window = True
+
+    def _count(self, it: int) -> None:
+        if self.metric_store is not None:
+            self.metric_store.update_scalar("spike_skipped", self.skipped, it)  # a list append per step: every record carries the count
 
     @classmethod
     def build(cls, cfg: SpikeGuard | Mapping[str, Any] | None) -> SpikeGuard | None:
@@ -118,8 +156,8 @@ class SpikeGuard:
         judges the same value: the largest loss over the ranks).
         A non-finite loss is neither judged nor remembered (``nonfinite_loss`` decides about it).
         """
-        it = self.iteration()
-        self.count(it, self.skipped)
+        it = 0 if self.progress is None else self.progress.iteration + 1
+        self._count(it)
         if it <= self.skip_through:
             return True
         value = float(loss.detach().float().mean())
@@ -132,8 +170,8 @@ class SpikeGuard:
             med = _median(sorted(self.losses))
             self.last = (it, value, med, limit)
             self.skipped += 1
-            self.count(it, self.skipped)
-            self.log(
+            self._count(it)
+            self._log(
                 f"Loss spike at iteration {it}: loss {value:.6g} > {limit:.6g} (median {med:.6g} + {self.threshold:g} robust deviations "
                 f"over the last {len(self.losses)} losses): " + ("its update is skipped" if self.action == "skip" else "rolling back" if self.rollbacks < self.max_rollbacks else "no rollback left")
                 + f" (spike_guard; {self.skipped} skipped so far)"
@@ -141,6 +179,10 @@ class SpikeGuard:
             return True
         self.losses.append(value)
         return False
+
+    def _log(self, message: str) -> None:
+        if self.logger is not None:
+            self.logger.warning(message)
 
     # -- state -------------------------------------------------------------------------------
     def state_dict(self) -> dict[str, Any]:

@@ -15,7 +15,7 @@ from trainwright.amp.precision import Precision
 from trainwright.checkpoint import Stateful, load_model_weights, save_safetensors
 from trainwright.checkpoint.lock import WorkDirBusyError
 from trainwright.checkpoint.manager import CheckpointManager
-from trainwright.checkpoint.storage import Location, RemoteStore
+from trainwright.checkpoint.storage import Location, Store, location
 from trainwright.hooks.checkpoint import CheckpointHook
 from trainwright.hooks.dispatch import HookList
 from trainwright.hooks.hook import Hook
@@ -217,7 +217,10 @@ class Trainer:
         if self.spike_guard is not None:
             from trainwright.hooks.spike_guard import SpikeGuardHook
 
-            self.spike_guard.gather = self.strategy.all_gather if self.strategy.world_size > 1 else None
+            self.spike_guard.attach(
+                progress=self.progress, logger=self.logger, metric_store=self.metric_store,
+                gather=self.strategy.all_gather if self.strategy.world_size > 1 else None,
+            )
             self.hooks.add(SpikeGuardHook(self.spike_guard))
         self._hook_table_level = logging.INFO if hook_timing else logging.DEBUG  # the table after train(): asked for, or the debug level
         self._compile = compile
@@ -617,7 +620,7 @@ class Trainer:
         """
         # once prepared, the strategy copies the weights in (a sharded model takes full tensors only through it)
         load = (lambda weights: self.strategy.load_model_state_dict(weights, strict=False)) if self.prepared else None
-        result = load_model_weights(self.unwrapped_model, self.strategy.load_checkpoint(path), strict=strict, revise_keys=list(revise_keys), load=load)
+        result = load_model_weights(self.unwrapped_model, self.strategy.load_checkpoint(location(path, within=self.ckpt_dir)), strict=strict, revise_keys=list(revise_keys), load=load)
         self.logger.info(f"Loaded weights from {path}")
         return result
 
@@ -681,7 +684,7 @@ def _check_storage(hooks: Sequence[Hook]) -> None:
     """Probe every remote ``out_dir`` of the hooks (bucket, credentials, endpoint): an OSError naming the URL and the fix, before anything is created."""
     for h in hooks:
         store = getattr(h, "store", None)
-        if isinstance(store, RemoteStore) and not store.checked:
+        if isinstance(store, Store) and not store.checked:
             store.check(f"{type(h).__name__} out_dir")
 
 
