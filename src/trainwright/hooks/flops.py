@@ -1,26 +1,26 @@
 """FlopsHook: counts one training iteration's FLOPs, once per ``train()``, for the ``tflops`` / ``mfu`` of log records.
 
 The first iteration of each ``train()`` runs under ``torch.utils.flop_counter.FlopCounterMode``
-(a dispatch mode that reads shapes only: no host sync, same numbers); the count goes to
-``trainer.log_lines`` (:class:`~trainwright.logging.flops.StepFlops`), which turns it into
-each record's ``tflops`` and ``mfu``. The hook is called at that one iteration only. A compiled
+(a dispatch mode that reads shapes only: no host sync, same numbers); the count
+(:class:`~trainwright.logging.flops.StepFlops`) is recorded into the metric store, and the log
+lines turn it into each record's ``tflops`` and ``mfu``. The hook is called at that one iteration only. A compiled
 run counts its first iteration run eagerly, once, and keeps the count in its checkpoints.
 """
 
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Any
 
 import torch
-from torch import nn
 from torch.utils.flop_counter import FlopCounterMode
 
 from trainwright.hooks.hook import Hook
-from trainwright.logging.flops import StepFlops, flop_counter, matmul_precision, peak_tflops
+from trainwright.logging.flops import NO_FLOPS, StepFlops, flop_counter, matmul_precision, peak_tflops
+from trainwright.logging.flush_batch import Row
 from trainwright.logging.throughput import batch_size
-from trainwright.optim.optim_wrapper_dict import optim_wrappers_of
+from trainwright.model.compile import compiled_parts, run_eagerly
 from trainwright.registry import HOOKS
 
 if TYPE_CHECKING:
@@ -79,14 +79,17 @@ class FlopsHook(Hook):
         #: ``(flops, samples)`` of the counted iteration (None: not counted yet); the hook's state.
         self.count: tuple[int, int | None] | None = None
         self._said: set[str] = set()  # messages already logged (once per hook)
+        self._record: Callable[[Row], None] = lambda row: None  # the metric store's row append, set when training starts
 
     def before_train(self, trainer: TrainerView) -> None:  # noqa: D102
-        trainer.log_lines.flops = None
+        self._record = trainer.metric_store.recorder()
+        start = trainer.progress.iteration
+        self._record((start, NO_FLOPS, None, None))  # this train()'s lines carry no count until one is recorded
         self._window = range(0)
         self._peak = self.peak_tflops if self.peak_tflops is not None else self._table_peak(trainer)
-        self._compiled = _compiled_parts(trainer.unwrapped_model, trainer.optim_wrapper)
+        self._compiled = compiled_parts(trainer.unwrapped_model, trainer.optim_wrapper)
         if self._compiled and self.count is not None:  # counted earlier in this run, or restored from its checkpoint
-            trainer.log_lines.flops = StepFlops(self.count[0], self.count[1], self._peak)
+            self._record((start, StepFlops(self.count[0], self.count[1], self._peak).values(), None, None))
             return
         if self._compiled and trainer.progress.iteration > 0:
             self._say(
@@ -106,11 +109,7 @@ class FlopsHook(Hook):
     def before_train_iter(self, trainer: TrainerView, batch_idx: int, data_batch: Any = None) -> None:  # noqa: D102
         if self._compiled:  # under the counter compiled code must run eagerly (dynamo would give up compiling it for good)
             self._eager = contextlib.ExitStack()
-            self._eager.enter_context(torch.compiler.set_stance("force_eager"))
-            for ow in optim_wrappers_of(trainer.optim_wrapper).values():
-                step = getattr(ow, "compiled_step", None)
-                if step is not None:
-                    self._eager.enter_context(step.eager())
+            self._eager.enter_context(run_eagerly(trainer.optim_wrapper))
         self._counter = flop_counter()
         self._counter.__enter__()
 
@@ -118,11 +117,12 @@ class FlopsHook(Hook):
         flops = self._stop()
         if flops is None:
             return
+        if flops:
+            self.count = (flops, batch_size(data_batch))
+        # recorded on every process, a zero count too: each flush must carry the same names on every process
+        self._record((trainer.progress.iteration, StepFlops(flops, batch_size(data_batch), self._peak).values(), None, None))
         if flops == 0:
             self._say(trainer, "zero", "FlopsHook: the first iteration ran no op that torch.utils.flop_counter counts (matmuls, convolutions, attention): records carry no tflops / mfu.")
-            return
-        self.count = (flops, batch_size(data_batch))
-        trainer.log_lines.flops = StepFlops(flops, self.count[1], self._peak)
 
     def state_dict(self) -> dict[str, Any]:
         """The count (``flops``, ``samples``) once taken: a resumed compiled run reuses it instead of running an iteration eagerly."""
@@ -175,17 +175,3 @@ class FlopsHook(Hook):
             self._said.add(key)
             getattr(trainer.logger, level)(message)
 
-
-def _compiled_parts(model: nn.Module, optim_wrapper: Any) -> list[str]:
-    """What of the run is compiled: ``"the model"``, ``"the optimizer step"``, both or none.
-
-    Read once, before training (never on the step path): ``nn.Module.compile`` keeps the
-    compiled call in the module's ``_compiled_call_impl``, and ``torch.compile(module)`` returns
-    an ``OptimizedModule`` (held as a submodule); the optim wrapper's ``compiled_step``.
-    """
-    parts = []
-    if any(getattr(m, "_compiled_call_impl", None) is not None or type(m).__name__ == "OptimizedModule" for m in model.modules()):
-        parts.append("the model")
-    if any(getattr(ow, "compiled_step", None) is not None for ow in optim_wrappers_of(optim_wrapper).values()):
-        parts.append("the optimizer step")
-    return parts

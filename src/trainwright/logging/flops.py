@@ -15,7 +15,7 @@ from typing import Any, NamedTuple
 import torch
 from torch.utils.flop_counter import FlopCounterMode, flop_registry, sdpa_backward_flop_count, sdpa_flop_count
 
-__all__ = ["FORMULAS", "PEAKS", "Peak", "StepFlops", "flop_counter", "matmul_precision", "peak_tflops"]
+__all__ = ["FLOPS_KEYS", "FORMULAS", "NO_FLOPS", "PEAKS", "Peak", "StepFlops", "flop_counter", "matmul_precision", "peak_tflops"]
 
 
 def _sdpa(query_shape: Any, key_shape: Any, value_shape: Any, *args: Any, out_shape: Any = None, **kwargs: Any) -> int:
@@ -206,3 +206,14 @@ class StepFlops(NamedTuple):
         if samples is not None and self.samples:
             flops = flops * samples / self.samples
         return float(flops) / seconds / 1e12
+
+    def values(self) -> dict[str, float]:
+        """The count as the metric store's values (:data:`FLOPS_KEYS`; 0 for an unknown sample count or peak), recorded by the flops hook."""
+        return {FLOPS_KEYS[0]: self.flops, FLOPS_KEYS[1]: self.samples or 0, FLOPS_KEYS[2]: self.peak_tflops or 0.0}
+
+
+#: The metric store's names of a :class:`StepFlops` (the log lines read them, records do not show them); a count of 0: none.
+FLOPS_KEYS = ("flops/step", "flops/samples", "flops/peak_tflops")
+
+#: What the flops hook records when this ``train()`` has no count (the lines then carry no ``tflops`` / ``mfu``).
+NO_FLOPS: dict[str, float] = dict.fromkeys(FLOPS_KEYS, 0)

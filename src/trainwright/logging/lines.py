@@ -15,7 +15,7 @@ import time
 import warnings
 from typing import Any, NamedTuple
 
-from trainwright.logging.flops import StepFlops
+from trainwright.logging.flops import FLOPS_KEYS, StepFlops
 from trainwright.logging.metric_store import MetricStore
 from trainwright.logging.writers import LineInfo, Writer, Writers
 
@@ -67,8 +67,6 @@ class PendingLines:
     Attributes:
         last_write: ``time.perf_counter()`` of the last :meth:`write` (or :meth:`start`).
         written_to: Iteration of the last written line (or where training started).
-        flops: This process's FLOPs of one training iteration, set once per ``train()`` by the
-            ``flops`` hook (None: not counted, no ``tflops`` / ``mfu`` in the records).
     """
 
     def __init__(self, store: MetricStore, writers: Writers | list[Writer], processes: int = 1) -> None:
@@ -82,9 +80,31 @@ class PendingLines:
         self.processes = processes
         self.last_write = 0.0
         self.written_to = 0
-        self.flops: StepFlops | None = None
         self._held: list[LineRequest] = []
         self._warned_short = False  # warned once that a line's values had left the store's history
+
+    @property
+    def flops(self) -> StepFlops | None:
+        """The latest FLOP count of one training iteration in the store (None: not counted, no ``tflops`` / ``mfu``).
+
+        The ``flops`` hook records it into the metric store (:data:`~trainwright.logging.flops.FLOPS_KEYS`)
+        once per ``train()``; each line uses the count recorded at or before its iteration.
+        """
+        return self._flops_at(None)
+
+    def _flops_at(self, iteration: int | None) -> StepFlops | None:
+        """The count recorded at or before ``iteration`` (None: the latest), from the store's flushed values."""
+        found = []
+        for name in FLOPS_KEYS:
+            if name not in self.store:
+                return None
+            iters, values = self.store.get(name).history()
+            b = len(iters) if iteration is None else bisect.bisect_right(iters, iteration)
+            if b == 0:
+                return None
+            found.append(values[b - 1])
+        flops, samples, peak = found
+        return StepFlops(int(flops), int(samples) or None, peak or None) if flops else None
 
     def start(self, iteration: int) -> None:
         """A training run starts at ``iteration``: nothing held, the clock of :attr:`last_write` restarts."""
@@ -117,7 +137,7 @@ class PendingLines:
         store = self.store
         cols = []
         for name in store.names():
-            if name.startswith("val"):
+            if name.startswith("val") or name in FLOPS_KEYS:
                 continue
             buf = store.get(name)
             iters, values = buf.history()
@@ -214,7 +234,7 @@ class PendingLines:
             record["samples_per_s"] = r.samples * self.processes / seconds
         if r.tokens is not None:
             record["tokens_per_s"] = float(r.tokens) * self.processes / seconds
-        flops = self.flops
+        flops = self._flops_at(r.iteration)
         if flops is not None:
             tflops = record["tflops"] = flops.tflops(r.samples, seconds)
             if flops.peak_tflops:

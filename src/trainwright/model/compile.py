@@ -10,13 +10,16 @@ shape (:func:`check_static_batches`).
 
 from __future__ import annotations
 
+import contextlib
 import warnings
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from typing import Any
 
+import torch
 from torch import nn
 
 from trainwright.model.activation_checkpointing import select_modules
+from trainwright.optim.optim_wrapper_dict import optim_wrappers_of
 from trainwright.registry import check_keys
 
 #: ``torch.compile`` arguments accepted in a ``compile`` dict, besides ``regions``.
@@ -90,6 +93,46 @@ def apply_compile(model: nn.Module, compile: bool | Mapping[str, Any] | None) ->
     for module in targets:
         module.compile(**kwargs)
     return targets
+
+
+def is_compiled(model: nn.Module) -> bool:
+    """Whether ``model`` or one of its submodules is compiled: by ``compile=`` (:func:`apply_compile`), the user's own
+    ``module.compile()``, or a ``torch.compile(module)`` held as a submodule.
+
+    Read once before training, never on the step path. ``nn.Module.compile`` keeps the compiled
+    call in the module's ``_compiled_call_impl`` (torch names no public accessor; listed in
+    docs/architecture.md) and ``torch.compile(module)`` returns an ``OptimizedModule``.
+    """
+    from torch._dynamo.eval_frame import OptimizedModule  # torch.optim imports torch._dynamo already: no import cost
+
+    return any(getattr(m, "_compiled_call_impl", None) is not None or isinstance(m, OptimizedModule) for m in model.modules())
+
+
+def compiled_parts(model: nn.Module, optim_wrapper: Any) -> list[str]:
+    """What of a run is compiled, in words: ``"the model"``, ``"the optimizer step"`` (a compiled step of ``optim_wrapper``), both or none."""
+    parts = []
+    if is_compiled(model):
+        parts.append("the model")
+    if any(ow.compiled_step is not None for ow in optim_wrappers_of(optim_wrapper).values()):
+        parts.append("the optimizer step")
+    return parts
+
+
+@contextlib.contextmanager
+def run_eagerly(optim_wrapper: Any = None) -> Iterator[None]:
+    """Inside, compiled code runs eagerly: compiled modules and functions (``torch.compiler.set_stance("force_eager")``) and
+    each compiled optimizer step of ``optim_wrapper`` (its optimizer's own step, see
+    :meth:`~trainwright.optim.compiled_step.CompiledStep.eager`).
+
+    For code that must run under a dispatch mode ``torch.compile`` gives up on for good (the
+    FLOP counter of :class:`~trainwright.hooks.flops.FlopsHook`); compilation resumes after the block.
+    """
+    with contextlib.ExitStack() as stack:
+        stack.enter_context(torch.compiler.set_stance("force_eager"))
+        for ow in optim_wrappers_of(optim_wrapper).values():
+            if ow.compiled_step is not None:
+                stack.enter_context(ow.compiled_step.eager())
+        yield
 
 
 def check_static_batches(compile: bool | Mapping[str, Any] | None, dataloader: Any) -> None:
