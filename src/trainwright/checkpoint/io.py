@@ -27,7 +27,8 @@ PathLike = Union[str, "os.PathLike[str]"]
 MapLocation = Union[str, torch.device, Callable[..., Any], dict[str, str], None]
 
 CHECKPOINT_SUFFIX = ".pth"
-_TMP_MARKER = ".tmp."
+#: Part of the name of every temporary file of a write in progress (``.<name>.tmp.<pid>.<hex>``).
+TMP_MARKER = ".tmp."
 # Substrings of torch's weights-only unpickler messages that mean "this pickle wants to
 # import or call something that is not allowlisted" (a refusal), as opposed to a broken file.
 _REFUSAL_MARKERS = (
@@ -62,7 +63,7 @@ class UnsafeCheckpointError(CheckpointError):
 # --------------------------------------------------------------------------- writing
 
 
-def _fsync_dir(directory: Path) -> None:
+def fsync_dir(directory: str | os.PathLike[str]) -> None:
     """Make a rename in ``directory`` durable; a no-op where directories cannot be opened."""
     try:
         fd = os.open(directory, os.O_RDONLY)
@@ -77,7 +78,7 @@ def _fsync_dir(directory: Path) -> None:
 
 
 def _temp_path(target: Path) -> Path:
-    return target.with_name(f".{target.name}{_TMP_MARKER}{os.getpid()}.{secrets.token_hex(4)}")
+    return target.with_name(f".{target.name}{TMP_MARKER}{os.getpid()}.{secrets.token_hex(4)}")
 
 
 def atomic_write(path: PathLike, write: Callable[[IO[bytes]], object]) -> None:
@@ -123,7 +124,7 @@ def atomic_write(path: PathLike, write: Callable[[IO[bytes]], object]) -> None:
         if isinstance(cause, OSError):
             raise _write_error(cause, target) from e
         raise
-    _fsync_dir(target.parent)
+    fsync_dir(target.parent)
 
 
 def _real_cause(e: BaseException) -> BaseException:
@@ -211,8 +212,8 @@ def load_file(path: PathLike | RemotePath, map_location: MapLocation = "cpu") ->
 
     ``.safetensors`` files are read with safetensors (a dict of tensors); anything else
     with ``torch.load(path, map_location=..., weights_only=True)``. ``path`` may be an fsspec
-    URL (:mod:`trainwright.checkpoint.storage`); writing one is
-    :func:`~trainwright.checkpoint.remote_io.save_remote` (one object uploaded). What a
+    URL or a store's path (:mod:`trainwright.checkpoint.storage`); writing one is
+    :func:`~trainwright.checkpoint.remote_io.save_remote` (one object published). What a
     folder holds (``latest``, the resume candidates): :mod:`trainwright.checkpoint.listing`.
 
     Args:
@@ -230,10 +231,23 @@ def load_file(path: PathLike | RemotePath, map_location: MapLocation = "cpu") ->
     """
     loc = location(path)
     if isinstance(loc, RemotePath):
-        from trainwright.checkpoint.remote_io import load_remote  # here: remote_io imports this module
-
-        return load_remote(loc, map_location)
+        return _load_remote(loc, map_location)
     return load_local(loc, map_location)
+
+
+def _load_remote(src: RemotePath, map_location: MapLocation) -> dict[str, Any]:
+    """Fetch ``src`` from its store into a temporary file and load that; messages name the store's path."""
+    import tempfile
+
+    if not src.is_file():
+        raise FileNotFoundError(
+            f"Checkpoint {src.url!r} does not exist" + (" (it is a folder)" if src.is_dir() else "")
+            + ". Check the URL, or pass resume=True to pick the newest checkpoint of a folder."
+        )
+    with tempfile.TemporaryDirectory(prefix="trainwright-download-") as d:
+        local = Path(d) / src.name
+        src.download(local)
+        return load_local(local, map_location, shown=src.url)
 
 
 def load_local(p: Path, map_location: MapLocation, shown: str | None = None) -> dict[str, Any]:

@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from trainwright.checkpoint.io import (
-    _TMP_MARKER,
+    TMP_MARKER,
     CHECKPOINT_SUFFIX,
     CheckpointError,
     MapLocation,
@@ -62,7 +62,7 @@ def _is_resume_candidate(p: Location, suffix: str | tuple[str, ...] = CHECKPOINT
     return (
         name.endswith(suffix)
         and not name.startswith(".")
-        and _TMP_MARKER not in name
+        and TMP_MARKER not in name
         and not name.startswith(BEST_PREFIX)
         and _PUBLISHED_NAME.search(name) is None
         and (p.is_file() if name.endswith(CHECKPOINT_SUFFIX) else p.exists())  # a file; a sharded checkpoint is a directory

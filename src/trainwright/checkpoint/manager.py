@@ -51,12 +51,12 @@ class CheckpointStrategy(Protocol):
     def world_size(self) -> int: ...  # noqa: D102
     @property
     def is_main_process(self) -> bool: ...  # noqa: D102
-    def save_checkpoint(self, path: str | Path, state: Mapping[str, Any], *, async_save: bool = False, after: Callable[[], None] | None = None) -> None: ...  # noqa: D102
+    def save_checkpoint(self, path: str | Path | RemotePath, state: Mapping[str, Any], *, async_save: bool = False, after: Callable[[], None] | None = None) -> None: ...  # noqa: D102
     def wait_for_checkpoint(self) -> None: ...  # noqa: D102
-    def load_checkpoint(self, path: str | Path, map_location: Any = "cpu") -> dict[str, Any]: ...  # noqa: D102
-    def read_checkpoint(self, path: str | Path, map_location: Any = "cpu") -> dict[str, Any]: ...  # noqa: D102
-    def find_resumable(self, ckpt_dir: str | Path) -> tuple[Location, dict[str, Any]] | None: ...  # noqa: D102
-    def remove_checkpoint(self, path: str | Path) -> None: ...  # noqa: D102
+    def load_checkpoint(self, path: str | Path | RemotePath, map_location: Any = "cpu") -> dict[str, Any]: ...  # noqa: D102
+    def read_checkpoint(self, path: str | Path | RemotePath, map_location: Any = "cpu") -> dict[str, Any]: ...  # noqa: D102
+    def find_resumable(self, ckpt_dir: str | Path | RemotePath) -> tuple[Location, dict[str, Any]] | None: ...  # noqa: D102
+    def remove_checkpoint(self, path: str | Path | RemotePath) -> None: ...  # noqa: D102
     def broadcast_object(self, obj: Any, src: int = 0) -> Any: ...  # noqa: D102
     def gather_object(self, obj: Any) -> list[Any]: ...  # noqa: D102
 
@@ -271,7 +271,7 @@ class CheckpointManager:
                 strategy's ``run_failed``): a save is a collective (every rank's pieces, RNG
                 states gathered) that the other processes are not in, so nothing is written.
         """
-        path = location(name)
+        path = location(name, within=self.ckpt_dir)
         if isinstance(path, Path) and not path.is_absolute() and path.parent == Path("."):
             path = self.ckpt_dir / path.name
         refused = self.refusal(path)
@@ -284,12 +284,12 @@ class CheckpointManager:
             if latest:
                 write_latest(path.parent, path.name)
             for old in remove:
-                self.strategy.remove_checkpoint(_arg(path.parent / old))
+                self.strategy.remove_checkpoint(path.parent / old)
             if after is not None:
                 after()
 
         state = self.state_dict(self.exclude if exclude is None else exclude)
-        self.strategy.save_checkpoint(_arg(path), state, async_save=async_save, after=finish)
+        self.strategy.save_checkpoint(path, state, async_save=async_save, after=finish)
         return path
 
     def refusal(self, name: str | Path | RemotePath) -> str | None:
@@ -303,7 +303,7 @@ class CheckpointManager:
             return None
         latest = read_latest(self.ckpt_dir)
         return (
-            f"Not writing checkpoint {location(name).name}: the run failed on this process (rank {self.strategy.rank}), and under several processes "
+            f"Not writing checkpoint {location(name, within=self.ckpt_dir).name}: the run failed on this process (rank {self.strategy.rank}), and under several processes "
             "a save is a collective that the other processes are not in. Nothing was written; "
             + (f"the last complete checkpoint is {self.ckpt_dir / latest}: resume=True continues from it." if latest else "no checkpoint was written before.")
         )
@@ -360,7 +360,7 @@ class CheckpointManager:
         strategy's ``read_checkpoint``: full tensors, no collective), so its published file is a
         single ``.pth`` with the full weights.
         """
-        ckpt = self.strategy.read_checkpoint(_arg(path))
+        ckpt = self.strategy.read_checkpoint(path)
         removed = [k for k in ckpt if k not in keys]
         buf = io.BytesIO()
         torch.save({k: ckpt[k] for k in keys if k in ckpt}, buf)
@@ -382,7 +382,7 @@ class CheckpointManager:
         for p in d.iterdir():
             m = _TMP_NAME.match(p.name)
             if m is not None and (int(m["pid"]) == os.getpid() or not _pid_alive(int(m["pid"]))):
-                self.strategy.remove_checkpoint(_arg(p))  # a file, or a sharded checkpoint's directory
+                self.strategy.remove_checkpoint(p)  # a file, or a sharded checkpoint's directory
                 self.logger.info(f"Removed {p.name}, left by a checkpoint write that was interrupted")
 
     # -- the folder's lock ----------------------------------------------------------------------
@@ -429,12 +429,13 @@ class CheckpointManager:
         if path is None:
             path = self._newer_kept_copy()
         if path is None:
-            found = self.strategy.find_resumable(_arg(self.ckpt_dir))
+            found = self.strategy.find_resumable(self.ckpt_dir)
             if found is None:
                 return None
             path, ckpt = found
         else:
-            ckpt = self.strategy.load_checkpoint(_arg(path))
+            path = location(path, within=self.ckpt_dir)  # a URL under ckpt_dir keeps its store's options
+            ckpt = self.strategy.load_checkpoint(path)
         return self._restored_from(path, ckpt)
 
     def _newer_kept_copy(self) -> Path | None:
@@ -476,14 +477,15 @@ class CheckpointManager:
         mmengine's ``resume=True`` with ``load_from=PATH`` resumes from ``PATH``: the Trainer asks this
         when its own checkpoint folder has nothing to resume.
         """
-        ckpt = self.strategy.load_checkpoint(_arg(path))
+        path = location(path, within=self.ckpt_dir)
+        ckpt = self.strategy.load_checkpoint(path)
         if not isinstance(ckpt, dict) or any(key not in ckpt for key in self.required):
             return None
         return self._restored_from(path, ckpt)
 
     def _restored_from(self, path: str | Path | RemotePath | Location, ckpt: dict[str, Any]) -> tuple[Location, dict[str, Any]]:
         """:meth:`restore` ``ckpt`` read from ``path`` and note it as :attr:`restored`."""
-        where = location(path)
+        where = location(path, within=self.ckpt_dir)
         self.restore(ckpt, where)
         self.restored = (where, self.progress.iteration)
         return where, ckpt
@@ -531,11 +533,6 @@ class CheckpointManager:
             self.after_load(ckpt)
         if "rng" in ckpt:
             rng.load_state_dict(ckpt["rng"])
-
-
-def _arg(path: str | Path | RemotePath) -> str | Path:
-    """How the strategy gets a path: a remote one as its URL (the strategy finds its store again, see :func:`location`)."""
-    return path.url if isinstance(path, RemotePath) else path
 
 
 def _pid_alive(pid: int) -> bool:

@@ -1,36 +1,78 @@
-"""Single-file checkpoints on an fsspec URL: :func:`save_remote` uploads one, :func:`load_remote` downloads and loads one.
+"""Checkpoints on a :class:`~trainwright.checkpoint.storage.Store`: :func:`publish_with_fallback`, and :func:`save_remote` for one file.
 
-Both go through a local temporary file (``TMPDIR``) and the local code of
-:mod:`trainwright.checkpoint.io`; the URL itself is a :class:`~trainwright.checkpoint.storage.RemotePath`.
-An upload that keeps failing leaves the checkpoint in the store's fallback folder, with a warning.
+A file or folder is written locally first, then published; one that cannot be published is kept in the
+store's ``fallback_dir`` with a warning (checkpoints, sharded directories), or stays where it is (copies of logs).
 """
 
 from __future__ import annotations
 
 import os
+import shutil
 import warnings
 from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
-from trainwright.checkpoint.io import MapLocation, atomic_save, load_local
+from trainwright.checkpoint.io import MapLocation, atomic_save, load_file
 from trainwright.checkpoint.storage import Location, RemotePath
 
 
-def save_remote(obj: Mapping[str, Any], target: RemotePath, after: Callable[[], None] | None = None) -> Location:
-    """``torch.save`` ``obj`` to the remote ``target``: one upload (complete or absent), retried; then ``after``.
+def fallback_folder(target: RemotePath) -> Path:
+    """Where a checkpoint of ``target``'s store is kept when it cannot be published: the store's ``fallback_dir``, else ``./checkpoints_unuploaded``."""
+    return target.store.fallback_dir or Path.cwd() / "checkpoints_unuploaded"
 
-    The checkpoint is serialised into a local temporary file first (``TMPDIR``), then uploaded
-    as one object. If the upload still fails after the store's tries (the endpoint went away),
-    the file is kept in ``target.store.fallback_dir`` (``work_dir/checkpoints_unuploaded``) with a
-    warning naming it, and ``after`` (the ``latest`` pointer, keep-k deletions) does not run:
-    ``latest`` and the older checkpoints stay as they were and training goes on. An error of
-    ``after`` (``latest`` could not be written) is a warning too.
+
+def publish_with_fallback(local: Path, target: RemotePath, *, keep: bool = True, what: str = "checkpoint", then: str = "") -> Location:
+    """Publish the local file or folder ``local`` as ``target``; if that fails, keep it locally and warn.
+
+    A folder is published file by file (its hidden files, e.g. DCP's ``.metadata``, last). The one
+    place that decides "publish, on failure keep a local copy and warn": single-file checkpoints,
+    sharded checkpoint directories and the logger's copies go through it.
+
+    Args:
+        local: The file or folder written locally.
+        target: Where it goes in its store.
+        keep: On failure move ``local`` into the store's fallback folder (``work_dir/checkpoints_unuploaded``);
+            False: it stays where it is (a copy of the logs: the run folder keeps them).
+        what: Named in the warning ("checkpoint", "logs").
+        then: Said after the warning's first sentence (what still holds, how to recover).
+
+    Returns:
+        Where it is now: ``target``, or the local file or folder that holds it.
+    """
+    try:
+        if local.is_dir():
+            files = sorted((p for p in local.rglob("*") if p.is_file()), key=lambda p: (p.name.startswith("."), str(p)))
+            for f in files:
+                (target / f.relative_to(local).as_posix()).upload(f)
+        else:
+            target.upload(local)
+    except Exception as e:  # noqa: BLE001 - any storage error: keep it here instead
+        kept = local
+        if keep:
+            folder = fallback_folder(target)
+            folder.mkdir(parents=True, exist_ok=True)
+            kept = folder / target.name
+            if kept.is_dir():
+                shutil.rmtree(kept)
+            shutil.move(str(local), kept)
+        warnings.warn(f"Could not upload {what} {target.url} ({target.store.explain(e)}); kept it locally as {kept}. {then}".rstrip(), stacklevel=3)
+        return kept
+    return target
+
+
+def save_remote(obj: Mapping[str, Any], target: RemotePath, after: Callable[[], None] | None = None) -> Location:
+    """``torch.save`` ``obj`` to ``target`` of a store: one object (complete or absent), published with :func:`publish_with_fallback`; then ``after``.
+
+    The checkpoint is serialised into a local temporary file first (``TMPDIR``), then published.
+    If that fails (the endpoint went away, after the store's own tries), the file is kept in the
+    store's ``fallback_dir`` (``work_dir/checkpoints_unuploaded``) with a warning naming it, and
+    ``after`` (the ``latest`` pointer, keep-k deletions) does not run: ``latest`` and the older
+    checkpoints stay as they were and training goes on. An error of ``after`` is a warning too.
 
     Returns:
         Where the checkpoint is: ``target``, or the local file it was kept in.
     """
-    import shutil
     import tempfile
 
     fd, tmp_name = tempfile.mkstemp(prefix=f".{target.name}.upload.", suffix=".tmp")
@@ -38,22 +80,15 @@ def save_remote(obj: Mapping[str, Any], target: RemotePath, after: Callable[[], 
     tmp = Path(tmp_name)
     try:
         atomic_save(obj, tmp)
-        try:
-            target.upload(tmp)
-        except Exception as e:  # noqa: BLE001 - any storage error: keep the checkpoint here instead
-            fallback = target.store.local_fallback()
-            fallback.mkdir(parents=True, exist_ok=True)
-            kept = fallback / target.name
-            shutil.move(str(tmp), kept)
-            warnings.warn(
-                f"Could not upload checkpoint {target.url} ({target.store.explain(e)}); kept it locally as {kept}. Training goes on; "
-                f"`latest` in {target.parent.url} still names the previous checkpoint. Copy the file there once the storage is back "
-                f"(e.g. `aws s3 cp {kept} {target.url}`), or resume from it with resume={str(kept)!r}.",
-                stacklevel=2,
-            )
-            return kept
+        where = publish_with_fallback(tmp, target, then=(
+            f"Training goes on; `latest` in {target.parent.url} still names the previous checkpoint. Copy the file there once the "
+            f"storage is back (e.g. `aws s3 cp {fallback_folder(target) / target.name} {target.url}`), or resume from it with "
+            f"resume={str(fallback_folder(target) / target.name)!r}."
+        ))
     finally:
         tmp.unlink(missing_ok=True)
+    if where != target:
+        return where
     if after is not None:
         try:
             after()
@@ -65,12 +100,5 @@ def save_remote(obj: Mapping[str, Any], target: RemotePath, after: Callable[[], 
 
 
 def load_remote(src: RemotePath, map_location: MapLocation) -> dict[str, Any]:
-    """Download ``src`` into a temporary file and load that; messages name the URL."""
-    import tempfile
-
-    if not src.is_file():
-        raise FileNotFoundError(f"Checkpoint {src.url!r} does not exist" + (" (it is a folder)" if src.is_dir() else "") + ". Check the URL, or pass resume=True to pick the newest checkpoint of a folder.")
-    with tempfile.TemporaryDirectory(prefix="trainwright-download-") as d:
-        local = Path(d) / src.name
-        src.download(local)
-        return load_local(local, map_location, shown=src.url)
+    """Fetch ``src`` into a temporary file and load that (:func:`~trainwright.checkpoint.load_file`); messages name its URL."""
+    return load_file(src, map_location)

@@ -8,7 +8,6 @@ read and write goes through the strategy, so a sharded strategy owns its format.
 
 from __future__ import annotations
 
-import warnings
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -25,7 +24,7 @@ from trainwright.strategies.parts import StrategyParts
 
 if TYPE_CHECKING:
     from trainwright.checkpoint.async_writer import AsyncCheckpointWriter
-    from trainwright.checkpoint.storage import Location
+    from trainwright.checkpoint.storage import Location, RemotePath
 
 
 class Strategy(UpdateEngine, StrategyParts):
@@ -51,10 +50,16 @@ class Strategy(UpdateEngine, StrategyParts):
     checkpoint_suffix = ".pth"
     #: What ``resume=True`` looks for: full files, and a sharded run's directories (read whole, see :meth:`load_checkpoint`).
     resumable_suffixes: tuple[str, ...] = (".pth", ".dcp")
+    #: Whether what :meth:`prepare` builds fixes the train batch size (DeepSpeed's engine): the train parts are then
+    #: not rebuilt for another loader (``find_batch_size(apply=True)`` refuses).
+    fixes_batch_size: bool = False
     #: Whether :meth:`save_checkpoint` / :meth:`load_checkpoint` take an fsspec URL (``s3://...``, see ``checkpoint/storage.py``).
     remote_checkpoints = True
     #: Whether :meth:`read_checkpoint` reads this strategy's checkpoints whole in one process (what publishing one needs).
     readable_whole = True
+    #: Whether a forward of the model runs on this process alone, without a collective (one device, or a replicated
+    #: model such as DDP's): a diagnosis may then replay a batch on one rank (see ``diagnose/nonfinite.py``).
+    forward_is_local = True
     #: Set by the Trainer when a run of this process ended by an exception (reset when the next run starts): the other
     #: processes may be anywhere (in a collective of their own), so teardown and checkpoint saves make no collective then.
     run_failed = False
@@ -266,7 +271,7 @@ class Strategy(UpdateEngine, StrategyParts):
         optim_wrapper.load_state_dict(state)
 
     # -- checkpoint I/O -------------------------------------------------------------------
-    def save_checkpoint(self, path: str | Path, state: Mapping[str, Any], *, async_save: bool = False, after: Callable[[], None] | None = None) -> None:
+    def save_checkpoint(self, path: str | Path | RemotePath, state: Mapping[str, Any], *, async_save: bool = False, after: Callable[[], None] | None = None) -> None:
         """Write ``state`` to ``path``: complete or absent; rank 0 writes under several processes.
 
         Called on every rank with the same ``path``. A synchronous save first finishes a
@@ -290,7 +295,7 @@ class Strategy(UpdateEngine, StrategyParts):
         """
         from trainwright.checkpoint.storage import RemotePath, location
 
-        remote = location(path) if isinstance(path, str) else None  # a URL string: its store (see storage.location)
+        remote = location(path)  # a RemotePath carries its store; a URL string gets a new one
         if self.is_main_process and isinstance(remote, RemotePath):
             from trainwright.checkpoint.remote_io import save_remote
 
@@ -300,14 +305,14 @@ class Strategy(UpdateEngine, StrategyParts):
             else:
                 self.wait_for_checkpoint()
                 save_remote(state, target, after)
-        elif self.is_main_process:
+        elif self.is_main_process and isinstance(remote, Path):
             if async_save:
-                self._async_writer().submit(state, path, after=after)
+                self._async_writer().submit(state, remote, after=after)
             else:
                 from trainwright.checkpoint.io import atomic_save
 
                 self.wait_for_checkpoint()
-                atomic_save(state, path)
+                atomic_save(state, remote)
                 if after is not None:
                     after()
         if not async_save:
@@ -326,14 +331,14 @@ class Strategy(UpdateEngine, StrategyParts):
         if self._ckpt_writer is not None:
             self._ckpt_writer.wait()
 
-    def load_checkpoint(self, path: str | Path, map_location: Any = "cpu") -> dict[str, Any]:
+    def load_checkpoint(self, path: str | Path | RemotePath, map_location: Any = "cpu") -> dict[str, Any]:
         """Read the checkpoint at ``path`` to restore it (resume, rollback): here :meth:`read_checkpoint`.
 
         Sharded strategies override it: each rank loads the shards it owns, a collective.
         """
         return self.read_checkpoint(path, map_location)
 
-    def read_checkpoint(self, path: str | Path, map_location: Any = "cpu") -> dict[str, Any]:
+    def read_checkpoint(self, path: str | Path | RemotePath, map_location: Any = "cpu") -> dict[str, Any]:
         """Read the checkpoint at ``path`` whole, in this process alone (no collective), without executing code from it.
 
         See :func:`~trainwright.checkpoint.load_file`. A sharded checkpoint directory
@@ -353,7 +358,7 @@ class Strategy(UpdateEngine, StrategyParts):
 
         return load_file(loc, map_location=map_location)
 
-    def remove_checkpoint(self, path: str | Path) -> None:
+    def remove_checkpoint(self, path: str | Path | RemotePath) -> None:
         """Delete a checkpoint this strategy wrote (a file here; a directory under a sharded strategy); missing is fine."""
         from trainwright.checkpoint.storage import RemotePath, location
 
@@ -367,7 +372,7 @@ class Strategy(UpdateEngine, StrategyParts):
         else:
             loc.unlink(missing_ok=True)
 
-    def find_resumable(self, ckpt_dir: str | Path) -> tuple[Location, dict[str, Any]] | None:
+    def find_resumable(self, ckpt_dir: str | Path | RemotePath) -> tuple[Location, dict[str, Any]] | None:
         """The newest checkpoint of ``ckpt_dir`` that loads, as ``(path, checkpoint)``; None when there is none.
 
         See :func:`~trainwright.checkpoint.find_resumable`: corrupt files are skipped with a
@@ -380,7 +385,7 @@ class Strategy(UpdateEngine, StrategyParts):
         """
         from trainwright.checkpoint.listing import find_resumable
 
-        return find_resumable(ckpt_dir, suffix=self.resumable_suffixes, load=lambda p: self.load_checkpoint(p if isinstance(p, Path) else p.url))
+        return find_resumable(ckpt_dir, suffix=self.resumable_suffixes, load=self.load_checkpoint)
 
     def collect_env(self) -> dict[str, Any]:
         """Facts about the environment worth logging at start."""

@@ -21,8 +21,8 @@ import torch.distributed.checkpoint as dcp
 from torch.distributed.checkpoint.api import CheckpointException
 from torch.distributed.checkpoint.default_planner import _EmptyStateDictLoadPlanner
 
-from trainwright.checkpoint.io import CheckpointError, _fsync_dir, load_file
-from trainwright.checkpoint.storage import Location, RemotePath, location
+from trainwright.checkpoint.io import CheckpointError, fsync_dir, load_file
+from trainwright.checkpoint.storage import Location, RemotePath, fsspec_store, location
 from trainwright.dist.shards import is_sharded
 from trainwright.dist.utils import get_rank, get_world_size
 
@@ -41,7 +41,7 @@ def storage_writer(path: Location) -> Any:
     if isinstance(path, RemotePath):
         from torch.distributed.checkpoint._fsspec_filesystem import FsspecWriter  # not re-exported by torch.distributed.checkpoint
 
-        return FsspecWriter(path.url, sync_files=False, **path.store.options)  # an object store's PUT is durable; there is no fsync
+        return FsspecWriter(path.url, sync_files=False, **fsspec_store(path).options)  # an object store's PUT is durable; there is no fsync
     return dcp.FileSystemWriter(str(path))
 
 
@@ -50,7 +50,7 @@ def storage_reader(path: Location) -> Any:
     if isinstance(path, RemotePath):
         from torch.distributed.checkpoint._fsspec_filesystem import FsspecReader
 
-        return FsspecReader(path.url, **path.store.options)
+        return FsspecReader(path.url, **fsspec_store(path).options)
     return dcp.FileSystemReader(str(path))
 
 
@@ -76,7 +76,7 @@ def publish(tmp: Path, target: Path) -> None:
         old = temp_dir(target, new_token())
         os.replace(target, old)
     os.replace(tmp, target)
-    _fsync_dir(target.parent)
+    fsync_dir(target.parent)
     if old is not None:
         shutil.rmtree(old, ignore_errors=True)
 

@@ -11,16 +11,20 @@ from __future__ import annotations
 import importlib.util
 from collections.abc import Callable, Mapping
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 from torch import nn
 
-from trainwright.amp.precision import MixedPrecision, Precision
+from trainwright.amp.precision import Precision
+from trainwright.checkpoint.storage import local_path
 from trainwright.optim.engine import ClipFn
 from trainwright.optim.optim_wrapper_dict import optim_wrappers_of
 from trainwright.registry import STRATEGIES
 from trainwright.strategies.process_group import ProcessGroupStrategy
+
+if TYPE_CHECKING:
+    from trainwright.checkpoint.storage import RemotePath
 
 _MISSING = (
     "strategy='deepspeed' needs DeepSpeed, which is not installed. Install the extra: "
@@ -57,6 +61,7 @@ class DeepSpeedStrategy(ProcessGroupStrategy):
     checkpoint_suffix = ".ds"
     resumable_suffixes = (".ds",)
     remote_checkpoints = False  # DeepSpeed's engine writes its own folders to local disk
+    fixes_batch_size = True  # its config holds train_micro_batch_size_per_gpu
     readable_whole = False  # its folders are read by DeepSpeed's engine, on every rank
 
     def __init__(self, config: Mapping[str, Any] | None = None, device: str | torch.device | None = None, backend: str | None = None, timeout_s: float = 1800.0) -> None:
@@ -90,11 +95,8 @@ class DeepSpeedStrategy(ProcessGroupStrategy):
                 raise ValueError("strategy='deepspeed' clips by norm only (DeepSpeed's gradient_clipping); use clip_grad=dict(max_norm=...)")
             # DeepSpeed clips at 1.0 when its config does not say: no clip_grad must mean no clipping
             cfg.setdefault("gradient_clipping", float(clip["max_norm"]) if clip is not None else 0.0)
-            dtype = ow.precision.dtype
-            if dtype is torch.bfloat16:
-                cfg.setdefault("bf16", {"enabled": True})
-            elif dtype is torch.float16:
-                cfg.setdefault("fp16", {"enabled": True})
+            for section, value in ow.precision.deepspeed_config().items():
+                cfg.setdefault(section, value)
         return cfg
 
     def wrap_model(self, model: nn.Module) -> nn.Module:
@@ -116,9 +118,7 @@ class DeepSpeedStrategy(ProcessGroupStrategy):
 
     def adapt_precision(self, precision: Precision) -> Precision:
         """The wrapper keeps autocast but no active GradScaler: the engine scales the loss as its config asks."""
-        if precision.scaler is None:
-            return precision
-        return MixedPrecision(torch.float16, precision.device_type, loss_scale={"enabled": False})  # type: ignore[attr-defined]
+        return precision.without_loss_scaling()
 
     def backward(self, loss: torch.Tensor, optim_wrapper: Any, **kwargs: Any) -> None:
         """``engine.backward`` with the accumulation boundary the wrapper decides (its loss is already scaled by the window)."""
@@ -155,14 +155,14 @@ class DeepSpeedStrategy(ProcessGroupStrategy):
     def load_optim_state_dict(self, optim_wrapper: Any, state: Mapping[str, Any]) -> None:
         """Nothing to do: :meth:`load_checkpoint` had the engine load its optimizer partitions."""
 
-    def save_checkpoint(self, path: str | Path, state: Mapping[str, Any], *, async_save: bool = False, after: Callable[[], None] | None = None) -> None:
+    def save_checkpoint(self, path: str | Path | RemotePath, state: Mapping[str, Any], *, async_save: bool = False, after: Callable[[], None] | None = None) -> None:
         """``engine.save_checkpoint`` into a temporary directory (every rank), then rank 0 renames it onto ``path`` and runs ``after``.
 
         ``async_save`` is ignored (the write is synchronous).
         """
         from trainwright.strategies import dcp_io
 
-        target = Path(path)
+        target = local_path(path, "strategy='deepspeed'")
         tmp = Path(self.broadcast_object(str(dcp_io.temp_dir(target, dcp_io.new_token()))))
         rest = dcp_io.as_cpu({k: v for k, v in state.items() if k != "model"})
         self.engine.save_checkpoint(str(tmp), tag=_TAG, client_state={"trainwright": rest})
@@ -173,7 +173,7 @@ class DeepSpeedStrategy(ProcessGroupStrategy):
                 after()
         self.barrier()
 
-    def load_checkpoint(self, path: str | Path, map_location: Any = "cpu") -> dict[str, Any]:
+    def load_checkpoint(self, path: str | Path | RemotePath, map_location: Any = "cpu") -> dict[str, Any]:
         """Have the engine load its module and optimizer partitions; return the trainer's state (model: the loaded weights).
 
         Raises:
@@ -181,7 +181,7 @@ class DeepSpeedStrategy(ProcessGroupStrategy):
         """
         from trainwright.checkpoint.io import CheckpointError
 
-        p = Path(path)
+        p = local_path(path, "strategy='deepspeed'")
         if p.is_file():
             return super().load_checkpoint(p, map_location)
         try:

@@ -13,7 +13,7 @@ import datetime
 import os
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 import torch.distributed as dist
@@ -27,6 +27,9 @@ from trainwright.registry import STRATEGIES
 from trainwright.strategies import fsdp_checkpoint
 from trainwright.strategies.process_group import ProcessGroupStrategy
 from trainwright.strategies.tensor_parallel import TensorParallel, apply_plan, check_divisible, grads_on_mesh, mesh_for
+
+if TYPE_CHECKING:
+    from trainwright.checkpoint.storage import RemotePath
 
 
 @contextlib.contextmanager
@@ -191,14 +194,7 @@ class FSDPStrategy(ProcessGroupStrategy):
 
     def adapt_precision(self, precision: Precision) -> Precision:
         """float16: a ``ShardedGradScaler`` (ranks agree on skipping a step whose gradients overflowed), with the scaler's settings."""
-        scaler = precision.scaler
-        if scaler is not None and type(scaler) is torch.amp.GradScaler:
-            from torch.distributed.fsdp.sharded_grad_scaler import ShardedGradScaler
-
-            precision.scaler = ShardedGradScaler(self.device.type, init_scale=scaler.get_scale() if scaler.is_enabled() else 2.0**16,
-                                                 growth_factor=scaler.get_growth_factor(), backoff_factor=scaler.get_backoff_factor(),
-                                                 growth_interval=scaler.get_growth_interval(), enabled=scaler.is_enabled())
-        return precision
+        return precision.sharded(self.device.type)
 
     def clip_grad(self, clip: ClipFn, params: list[torch.Tensor]) -> torch.Tensor | None:
         """Clip with the global norm over every rank's shards; return it as a plain (replicated) tensor, not a DTensor.
@@ -218,9 +214,7 @@ class FSDPStrategy(ProcessGroupStrategy):
 
         if self.mixed_precision is not None:  # dtypes may be given by name in a config file ("bfloat16")
             return MixedPrecisionPolicy(**{k: getattr(torch, v) if isinstance(v, str) and k.endswith("_dtype") else v for k, v in self.mixed_precision.items()})
-        if self.precision.dtype is None:
-            return MixedPrecisionPolicy()
-        return MixedPrecisionPolicy(param_dtype=self.precision.dtype, reduce_dtype=torch.float32)
+        return MixedPrecisionPolicy(**self.precision.fsdp_mixed_precision())
 
     def model_to_device(self, model: nn.Module) -> nn.Module:
         """Move the model, then give every rank rank 0's parameters and buffers, as DDP does when it wraps a model.
@@ -348,7 +342,7 @@ class FSDPStrategy(ProcessGroupStrategy):
             ow.precision.load_state_dict(sub.get("precision", {}))
 
     # -- checkpoint I/O -------------------------------------------------------------------
-    def save_checkpoint(self, path: str | Path, state: Mapping[str, Any], *, async_save: bool = False, after: Callable[[], None] | None = None) -> None:
+    def save_checkpoint(self, path: str | Path | RemotePath, state: Mapping[str, Any], *, async_save: bool = False, after: Callable[[], None] | None = None) -> None:
         """Write a checkpoint directory: every rank its shards (DCP), rank 0 the rest; complete or absent.
 
         Called on every rank with the same ``path`` (a directory; the checkpoint hook names it ``iter_N.dcp``). With
@@ -365,7 +359,7 @@ class FSDPStrategy(ProcessGroupStrategy):
         """Block until a background write is complete, then publish it (rank 0) and run its ``after``; re-raise its error."""
         self._writes.wait(self)
 
-    def load_checkpoint(self, path: str | Path, map_location: Any = "cpu") -> dict[str, Any]:
+    def load_checkpoint(self, path: str | Path | RemotePath, map_location: Any = "cpu") -> dict[str, Any]:
         """Read a checkpoint directory: each rank loads the shards it owns now (at any world size); the rest from ``trainer_state.pth``.
 
         Raises:
@@ -380,7 +374,7 @@ class FSDPStrategy(ProcessGroupStrategy):
             return super().load_checkpoint(path, map_location)  # a single-file (full) checkpoint
         return fsdp_checkpoint.load(self, p)
 
-    def remove_checkpoint(self, path: str | Path) -> None:
+    def remove_checkpoint(self, path: str | Path | RemotePath) -> None:
         """Delete a checkpoint directory (or file), local or remote."""
         from trainwright.checkpoint.storage import location
         from trainwright.strategies.dcp_io import remove

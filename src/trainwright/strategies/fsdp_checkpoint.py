@@ -19,6 +19,8 @@ from typing import TYPE_CHECKING, Any
 import torch
 import torch.distributed as dist
 
+from trainwright.checkpoint.remote_io import fallback_folder
+from trainwright.checkpoint.storage import fsspec_store, local_path
 from trainwright.optim.optim_wrapper_dict import optim_wrappers_of
 
 if TYPE_CHECKING:
@@ -55,7 +57,7 @@ class ShardedWrites:
             self.group = dist.new_group(backend="gloo")
         return self.group
 
-    def save(self, strategy: FSDPStrategy, path: str | Path, state: Mapping[str, Any], *, async_save: bool, after: Callable[[], None] | None) -> None:
+    def save(self, strategy: FSDPStrategy, path: str | Path | RemotePath, state: Mapping[str, Any], *, async_save: bool, after: Callable[[], None] | None) -> None:
         """:meth:`FSDPStrategy.save_checkpoint <trainwright.strategies.fsdp.FSDPStrategy.save_checkpoint>`: a local directory, or a URL."""
         import torch.distributed.checkpoint as dcp
 
@@ -63,14 +65,14 @@ class ShardedWrites:
         from trainwright.strategies import dcp_io
 
         self.wait(strategy)
-        remote = location(path) if isinstance(path, str) else None  # a URL string: its store (see storage.location)
+        remote = location(path)  # a RemotePath carries its store; a URL string gets a new one
         if isinstance(remote, RemotePath):
             if async_save:
                 self._save_remote_async(strategy, remote, state, after)
             else:
                 save_remote(strategy, remote, state, after=after)
             return
-        target = Path(path)
+        target = local_path(path)
         tmp, sharded = _stage_locally(strategy, target, state)
 
         def finish() -> None:
@@ -101,7 +103,7 @@ class ShardedWrites:
                     target.remove()
             except Exception:  # noqa: BLE001 - a store that is down: the upload below fails and the local copy is kept
                 pass
-        tmp, sharded = _stage_locally(strategy, target.store.local_fallback() / target.name, state)
+        tmp, sharded = _stage_locally(strategy, fallback_folder(target) / target.name, state)
         future = dcp.async_save(sharded, storage_writer=dcp.FileSystemWriter(str(tmp)), process_group=self.side_group())
         upload = _Upload(future, tmp, target, strategy.rank)
         self.pending = _Pending(future, lambda: _finish_upload(strategy, upload, after), upload)
@@ -275,7 +277,7 @@ def save_remote(strategy: FSDPStrategy, target: RemotePath, state: Mapping[str, 
 
     from trainwright.strategies import dcp_io
 
-    store = target.store
+    store = fsspec_store(target)
     sharded, rest = dcp_io.split(state)
     error: Exception | None = None
     for attempt in range(store.tries):
@@ -305,7 +307,7 @@ def save_remote(strategy: FSDPStrategy, target: RemotePath, state: Mapping[str, 
                 warnings.warn(f"Writing checkpoint {target.url} failed ({e}); trying again ({attempt + 2} of {store.tries})", stacklevel=4)
                 time.sleep(store.backoff_s * 2**attempt)
     # the store keeps failing: the checkpoint goes to the local fallback folder, written as a local sharded checkpoint
-    local = store.local_fallback() / target.name
+    local = fallback_folder(target) / target.name
     strategy.save_checkpoint(local, state)
     if strategy.is_main_process:
         warnings.warn(
