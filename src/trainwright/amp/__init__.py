@@ -1,4 +1,8 @@
-"""Mixed precision: the precision plugin (fp32 / bf16 / fp16 + GradScaler) and mmcv-compatible fp16 utilities."""
+"""Precision: one class per precision (fp32 / bf16 / fp16 + GradScaler / bf16-true / float8), registered by name, and mmcv-compatible fp16 utilities.
+
+Where to add a precision: a :class:`Precision` subclass in a module of this package, plus
+``register_precision(name, factory)`` in that module and its import below.
+"""
 
 from trainwright.amp.fp16_utils import (
     auto_fp16,
@@ -9,18 +13,31 @@ from trainwright.amp.fp16_utils import (
     wrap_fp16_model,
 )
 from trainwright.amp.float8 import Float8Precision
-from trainwright.amp.precision import PRECISIONS, MixedPrecision, Precision, build_precision
+from trainwright.amp.precision import (
+    PRECISIONS,
+    MixedPrecision,
+    Precision,
+    PrecisionFactory,
+    build_precision,
+    register_precision,
+    registered_precisions,
+)
+from trainwright.amp.true_precision import TruePrecision
 
 __all__ = [
     "PRECISIONS",
     "Float8Precision",
     "MixedPrecision",
     "Precision",
+    "PrecisionFactory",
+    "TruePrecision",
     "auto_fp16",
     "build_precision",
     "cast_tensor_type",
     "force_fp32",
     "patch_forward_method",
     "patch_norm_fp32",
+    "register_precision",
+    "registered_precisions",
     "wrap_fp16_model",
 ]

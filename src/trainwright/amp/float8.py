@@ -14,7 +14,7 @@ from collections.abc import Callable
 import torch
 from torch import nn
 
-from trainwright.amp.precision import MixedPrecision
+from trainwright.amp.precision import MixedPrecision, register_precision
 
 #: What float8 needs, named in every refusal.
 _NEEDS = "precision='float8' needs a CUDA GPU of compute capability 8.9 or newer (H100, H200, L4, L40S, RTX 4090, ...) and torchao (pip install torchao)"
@@ -71,6 +71,20 @@ class Float8Precision(MixedPrecision):
                 stacklevel=2,
             )
 
+    def check_setup(self, *, compiled: bool) -> None:
+        """Warn when the model is not compiled: float8's scaling and casts then run as kernels of their own."""
+        if not compiled:
+            warnings.warn(
+                "precision='float8' without compilation: float8's scaling and casts run as separate kernels, which made a GPT-2-small step "
+                "5x slower than bf16-mixed on an H200 (docs/benchmarks.md). Compile the repeated blocks: compile=dict(regions=['Block']).",
+                UserWarning,
+                stacklevel=3,
+            )
+
+    def peak_column(self, param_dtype: torch.dtype | None) -> str:
+        """``"bf16"``: MFU against the bfloat16 peak (the float8 matmuls' own peak would hide the bf16 rest of the step)."""
+        return "bf16"
+
     def clone(self) -> Float8Precision:
         """A fresh object with the same settings (one per optimizer)."""
         return Float8Precision(self.device_type, self.recipe, self.module_filter)
@@ -78,3 +92,5 @@ class Float8Precision(MixedPrecision):
     def __repr__(self) -> str:
         return f"Float8Precision(recipe={self.recipe!r})"
 
+
+register_precision("float8", Float8Precision)

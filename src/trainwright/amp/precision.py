@@ -5,20 +5,26 @@ and loss and, for float16, owns the ``torch.amp.GradScaler`` (scale before backw
 before clipping, skip steps whose gradients overflowed, adapt the scale). The optim wrapper's
 strategy calls it (``backward``, ``unscale_``, ``optimizer_step``); there is no second copy of
 the training step for AMP.
+
+A precision is asked, never inspected: the optim builder, the strategies and the hooks call
+the methods below (:attr:`Precision.plain`, :meth:`~Precision.fsdp_mixed_precision`,
+:meth:`~Precision.deepspeed_config`, :meth:`~Precision.peak_column`, ...) instead of reading a
+dtype, a scaler or a name. Names map to precisions through :func:`register_precision`.
 """
 
 from __future__ import annotations
 
 import contextlib
 import warnings
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import torch
 
 _NULL = contextlib.nullcontext()
 
-#: Trainer ``precision=`` names → autocast dtype (None: full precision).
+#: The built-in autocast names → their autocast dtype (None: full precision). Kept for compatibility:
+#: every name ``precision=`` accepts, these and the registered ones, is listed by :func:`registered_precisions`.
 PRECISIONS: dict[str, torch.dtype | None] = {
     "32": None,
     "fp32": None,
@@ -33,6 +39,23 @@ _DTYPE_NAMES: dict[str, torch.dtype] = {
 }
 _NAMES = {torch.float16: "16-mixed", torch.bfloat16: "bf16-mixed", torch.float32: "32-autocast", torch.float64: "64-autocast"}
 _SCALER_KEYS = {"init_scale", "growth_factor", "backoff_factor", "growth_interval", "enabled"}
+
+
+def matmul_column(autocast_dtype: torch.dtype | None, param_dtype: torch.dtype | None) -> str:
+    """The peak column a run's matmuls use: ``"bf16"``, ``"fp16"``, ``"tf32"``, ``"fp32"`` (or ``"fp64"``: no column).
+
+    The autocast dtype when the run autocasts to bfloat16 / float16, else the parameters'
+    dtype; float32 matmuls count as TF32 when torch allows it
+    (``torch.set_float32_matmul_precision("high")`` or ``"medium"``), else as fp32.
+    """
+    dtype = autocast_dtype if autocast_dtype in (torch.bfloat16, torch.float16) else param_dtype
+    if dtype == torch.bfloat16:
+        return "bf16"
+    if dtype == torch.float16:
+        return "fp16"
+    if dtype == torch.float64:
+        return "fp64"
+    return "tf32" if torch.get_float32_matmul_precision() != "highest" else "fp32"
 
 
 def _warn_ignored_scaler(state: Mapping[str, Any], name: str) -> None:
@@ -53,13 +76,55 @@ class Precision:
     scaler: torch.amp.GradScaler | None = None
     #: Whether :meth:`autocast` enters a context (decided when the object is built).
     autocasts = False
+    #: True for plain float32 training (no autocast, no scaler, no cast weights): an optim wrapper
+    #: that brings its own precision (``AmpOptimWrapper``) keeps it under a plain run precision,
+    #: and a plain wrapper adopts a run precision that is not plain.
+    plain = True
 
     def autocast(self) -> contextlib.AbstractContextManager:
         """Context for the forward pass and loss computation."""
         return _NULL
 
     def convert_module(self, model: torch.nn.Module) -> None:
-        """Convert the model's layers in place before it is parallelized and compiled (float8 swaps its Linear layers); nothing here."""
+        """Convert the model in place before it is parallelized and compiled (float8 swaps its Linear layers; ``bf16-true`` casts the weights); nothing here."""
+
+    def check_setup(self, *, compiled: bool) -> None:
+        """Warn about a setup this precision runs badly in (float8 without compilation); nothing here.
+
+        Called by the strategy when it prepares the model, after :meth:`convert_module`.
+        """
+
+    @property
+    def scales_loss(self) -> bool:
+        """Whether a loss scaler is active (float16): the logger then records ``loss_scale``."""
+        return self.scaler is not None
+
+    def agrees_with(self, other: Precision) -> bool:
+        """Whether ``other`` trains the same way (an optim wrapper's precision beside the Trainer's ``precision=``): the same autocast dtype here.
+
+        The optim builder asks both sides; a precision that casts the weights says no to one that autocasts.
+        """
+        return other.dtype == self.dtype
+
+    def peak_column(self, param_dtype: torch.dtype | None) -> str:
+        """The column of the peak-TFLOP/s table the run's matmuls use (for MFU), given the parameters' dtype."""
+        return matmul_column(self.dtype if self.autocasts else None, param_dtype)
+
+    def fsdp_mixed_precision(self) -> dict[str, Any]:
+        """Arguments of FSDP2's ``MixedPrecisionPolicy`` for this precision (none: parameters and reductions in their own dtype)."""
+        return {}
+
+    def deepspeed_config(self) -> dict[str, Any]:
+        """The sections this precision adds to a DeepSpeed config where the user's config does not set them (none here)."""
+        return {}
+
+    def without_loss_scaling(self) -> Precision:
+        """This precision with its loss scaler disabled (DeepSpeed's engine scales the loss itself); ``self`` when none is active."""
+        return self
+
+    def sharded(self, device_type: str) -> Precision:
+        """This precision for sharded parameters (FSDP): a float16 scaler becomes a ``ShardedGradScaler``; ``self`` otherwise."""
+        return self
 
     def backward(self, loss: torch.Tensor, **kwargs: Any) -> None:
         """Back-propagate ``loss`` (scaled first when a scaler is active)."""
@@ -164,9 +229,40 @@ class MixedPrecision(Precision):
             raise ValueError(f"loss_scale must be 'dynamic', a number or a dict of GradScaler arguments, got {loss_scale!r}")
         self.scaler = torch.amp.GradScaler(self.device_type, **kwargs)
 
+    plain = False
+
     def autocast(self) -> contextlib.AbstractContextManager:
         """``torch.autocast`` for the forward pass and loss (no context where torch has no autocast for the dtype)."""
         return torch.autocast(self.device_type, dtype=self.dtype) if self.autocasts else _NULL
+
+    def fsdp_mixed_precision(self) -> dict[str, Any]:
+        """Parameters gathered in the autocast dtype, gradients reduced in float32."""
+        return {"param_dtype": self.dtype, "reduce_dtype": torch.float32}
+
+    def deepspeed_config(self) -> dict[str, Any]:
+        """DeepSpeed's ``bf16`` or ``fp16`` section for those dtypes (nothing for float32 / float64)."""
+        if self.dtype is torch.bfloat16:
+            return {"bf16": {"enabled": True}}
+        if self.dtype is torch.float16:
+            return {"fp16": {"enabled": True}}
+        return {}
+
+    def without_loss_scaling(self) -> Precision:
+        """A float16 precision with the same autocast and a disabled scaler (the engine scales the loss); ``self`` without a scaler."""
+        if self.scaler is None:
+            return self
+        return MixedPrecision(self.dtype, self.device_type, loss_scale={"enabled": False})  # type: ignore[arg-type]
+
+    def sharded(self, device_type: str) -> Precision:
+        """Replace a plain float16 ``GradScaler`` by a ``ShardedGradScaler`` with its settings (ranks agree on skipping an overflowed step)."""
+        scaler = self.scaler
+        if scaler is not None and type(scaler) is torch.amp.GradScaler:
+            from torch.distributed.fsdp.sharded_grad_scaler import ShardedGradScaler
+
+            self.scaler = ShardedGradScaler(device_type, init_scale=scaler.get_scale() if scaler.is_enabled() else 2.0**16,
+                                            growth_factor=scaler.get_growth_factor(), backoff_factor=scaler.get_backoff_factor(),
+                                            growth_interval=scaler.get_growth_interval(), enabled=scaler.is_enabled())
+        return self
 
     def backward(self, loss: torch.Tensor, **kwargs: Any) -> None:
         """Scale (float16) and back-propagate."""
@@ -220,24 +316,64 @@ class MixedPrecision(Precision):
         return f"{type(self).__name__}({self.name!r}, device_type={self.device_type!r}{scale})"
 
 
+#: Builds a precision for a device type (``"cpu"``, ``"cuda"``).
+PrecisionFactory = Callable[[str], Precision]
+
+_FACTORIES: dict[str, PrecisionFactory] = {}
+
+
+def register_precision(name: str, factory: PrecisionFactory, *, force: bool = False) -> None:
+    """Make ``Trainer(precision=name)`` build its precision with ``factory(device_type)``.
+
+    This is the one place a precision is named: the optim builder, the strategies and the
+    hooks ask the object it builds what they need. A new precision is a :class:`Precision`
+    subclass plus one call to this function (see ``trainwright.amp.true_precision``).
+
+    Args:
+        name: The name given as ``precision=`` (e.g. ``"bf16-true"``).
+        factory: Called with the run's device type; returns the precision object.
+        force: Replace a name already registered.
+
+    Raises:
+        ValueError: ``name`` is registered already and ``force`` is false.
+    """
+    if name in _FACTORIES and not force:
+        raise ValueError(f"A precision named {name!r} is registered already; pick another name, or pass force=True to replace it")
+    _FACTORIES[name] = factory
+
+
+def registered_precisions() -> list[str]:
+    """Every name ``precision=`` accepts, in registration order."""
+    return list(_FACTORIES)
+
+
+def _autocast_factory(dtype: torch.dtype | None) -> PrecisionFactory:
+    if dtype is None:
+        return lambda device_type: Precision()
+    return lambda device_type: MixedPrecision(dtype, device_type)
+
+
+for _name, _dtype in PRECISIONS.items():
+    register_precision(_name, _autocast_factory(_dtype))
+
+
 def build_precision(precision: str | Precision | None, device_type: str = "cpu") -> Precision:
-    """Build a precision object from a Trainer-style name (``"32"``, ``"bf16-mixed"``, ``"16-mixed"``, ``"float8"``).
+    """Build a precision object from a registered name (``"32"``, ``"bf16-mixed"``, ``"16-mixed"``, ``"bf16-true"``, ``"float8"``, ...).
 
     A :class:`Precision` object is returned as is; None means full precision.
+
+    Raises:
+        ValueError: The name is not registered (the message lists the registered names).
     """
     if isinstance(precision, Precision):
         return precision
     if precision is None:
         return Precision()
     key = str(precision)
-    if key == "float8":
-        from trainwright.amp.float8 import Float8Precision
-
-        return Float8Precision(device_type)
-    if key not in PRECISIONS:
+    factory = _FACTORIES.get(key)
+    if factory is None:
         from trainwright.registry import did_you_mean
 
-        names = [*PRECISIONS, "float8"]
-        raise ValueError(f"Unknown precision {precision!r}.{did_you_mean(key, names)} Use one of {names}")
-    dtype = PRECISIONS[key]
-    return Precision() if dtype is None else MixedPrecision(dtype, device_type)
+        names = registered_precisions()
+        raise ValueError(f"Unknown precision {precision!r}.{did_you_mean(key, names)} Use one of {names}, or register yours with trainwright.amp.register_precision")
+    return factory(device_type)

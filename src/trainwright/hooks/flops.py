@@ -17,7 +17,7 @@ import torch
 from torch.utils.flop_counter import FlopCounterMode
 
 from trainwright.hooks.hook import Hook
-from trainwright.logging.flops import NO_FLOPS, StepFlops, flop_counter, matmul_precision, peak_tflops
+from trainwright.logging.flops import NO_FLOPS, StepFlops, flop_counter, peak_tflops
 from trainwright.logging.flush_batch import Row
 from trainwright.logging.throughput import batch_size
 from trainwright.model.compile import compiled_parts, run_eagerly
@@ -151,13 +151,8 @@ class FlopsHook(Hook):
     def _table_peak(self, trainer: TrainerView) -> float | None:
         """The table's peak for this process's device and the run's precision (None, said once, when unknown)."""
         device = trainer.strategy.device
-        precision = trainer.strategy.precision
-        name = getattr(precision, "name", "")
-        if "float8" in name or "fp8" in name:
-            column = "bf16"
-        else:
-            param = next((p for p in trainer.unwrapped_model.parameters() if p.is_floating_point()), None)
-            column = matmul_precision(precision.dtype if precision.autocasts else None, param.dtype if param is not None else None)
+        param = next((p for p in trainer.unwrapped_model.parameters() if p.is_floating_point()), None)
+        column = trainer.strategy.precision.peak_column(param.dtype if param is not None else None)
         device_name = torch.cuda.get_device_name(device) if device.type == "cuda" else device.type
         peak = peak_tflops(device_name, column) if device.type == "cuda" else None
         if peak is None:

@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 
-from trainwright.checkpoint.storage import Location, RemotePath, RemoteStore, location
+from trainwright.checkpoint.storage import Location, RemotePath, Store, location
 
 from trainwright.hooks.hook import EveryInEpoch, Hook
 from trainwright.hooks.memory import PhasePeaks
@@ -110,7 +110,7 @@ class LoggerHook(Hook):
         #: Where the run folder's logs are copied (None: nowhere); a URL is decided here, once.
         self.out_dir: Location | None = location(out_dir, storage_options) if out_dir is not None else None
         #: The remote store of a URL ``out_dir`` (checked by the trainer at start), else None.
-        self.store: RemoteStore | None = self.out_dir.store if isinstance(self.out_dir, RemotePath) else None
+        self.store: Store | None = self.out_dir.store if isinstance(self.out_dir, RemotePath) else None
         self.out_suffix = (out_suffix,) if isinstance(out_suffix, str) else tuple(out_suffix)
         self._on_saved: Callable[[Any], None] | None = None
         if interval < 1:
@@ -141,7 +141,8 @@ class LoggerHook(Hook):
         self._epoch_len = len(loop.dataloader)
         self._max_iters = loop.max_iters
         # Only a float16 GradScaler has a loss scale to log (it may not exist before the first step).
-        self._log_scale = getattr(getattr(trainer.optim_wrapper, "precision", None), "scaler", None) is not None
+        precision = getattr(trainer.optim_wrapper, "precision", None)
+        self._log_scale = precision is not None and precision.scales_loss
         # as mmengine: an epoch's last, short interval is logged unless ignore_last (and the epoch is longer than the interval)
         self._last_idx = self._epoch_len - 1 if loop.by_epoch and (not self.ignore_last or self._epoch_len <= self.interval) else -1
         self._line_iter = self._line_at_or_before(trainer.progress.iteration)

@@ -15,6 +15,8 @@ from typing import Any, NamedTuple
 import torch
 from torch.utils.flop_counter import FlopCounterMode, flop_registry, sdpa_backward_flop_count, sdpa_flop_count
 
+from trainwright.amp.precision import matmul_column
+
 __all__ = ["FLOPS_KEYS", "FORMULAS", "NO_FLOPS", "PEAKS", "Peak", "StepFlops", "flop_counter", "matmul_precision", "peak_tflops"]
 
 
@@ -173,16 +175,11 @@ def matmul_precision(autocast_dtype: torch.dtype | None, param_dtype: torch.dtyp
 
     The autocast dtype when the run autocasts to bfloat16 / float16, else the parameters'
     dtype; float32 matmuls count as TF32 when torch allows it
-    (``torch.set_float32_matmul_precision("high")`` or ``"medium"``), else as fp32.
+    (``torch.set_float32_matmul_precision("high")`` or ``"medium"``), else as fp32. A run's
+    precision answers it itself (:meth:`trainwright.amp.Precision.peak_column`); this is the
+    same rule for a loop without one.
     """
-    dtype = autocast_dtype if autocast_dtype in (torch.bfloat16, torch.float16) else param_dtype
-    if dtype == torch.bfloat16:
-        return "bf16"
-    if dtype == torch.float16:
-        return "fp16"
-    if dtype == torch.float64:
-        return "fp64"
-    return "tf32" if torch.get_float32_matmul_precision() != "highest" else "fp32"
+    return matmul_column(autocast_dtype, param_dtype)
 
 
 class StepFlops(NamedTuple):

@@ -38,17 +38,18 @@ def _check_owns(model: nn.Module, optimizer: torch.optim.Optimizer) -> None:
 def _reconcile(wrapper: OptimWrapper, trainer_precision: Precision) -> None:
     """Make ``wrapper`` use the Trainer's precision, or fail if the two disagree.
 
-    A wrapper with full precision adopts the Trainer's mixed precision; a mixed-precision
-    wrapper (``AmpOptimWrapper``) is kept when the Trainer says ``"32"`` (the default) or the
-    same dtype, and is an error when the Trainer asks for the other dtype.
+    A wrapper with plain precision adopts the Trainer's; a wrapper with its own precision
+    (``AmpOptimWrapper``) is kept when the Trainer says ``"32"`` (the default) or a precision
+    that agrees with it (:meth:`~trainwright.amp.precision.Precision.agrees_with`: the same
+    autocast dtype), and is an error otherwise.
     """
     own = wrapper.precision
-    if trainer_precision.dtype is None or own is trainer_precision:
+    if trainer_precision.plain or own is trainer_precision:
         return
-    if own.dtype is None:
+    if own.plain:
         wrapper.precision = trainer_precision
         return
-    if own.dtype != trainer_precision.dtype:
+    if not (own.agrees_with(trainer_precision) and trainer_precision.agrees_with(own)):
         raise ValueError(
             f"Conflicting mixed precision: Trainer(precision={trainer_precision.name!r}) but the optim wrapper "
             f"{type(wrapper).__name__} uses {own.name!r} (dtype={own.dtype}). Set the dtype in one place only: "
@@ -57,9 +58,9 @@ def _reconcile(wrapper: OptimWrapper, trainer_precision: Precision) -> None:
 
 
 def loop_precision(optim_wrapper: OptimWrapper | OptimWrapperDict, default: Precision) -> Precision:
-    """The precision the loops use (val/test autocast): the optim wrapper's, if it is mixed."""
+    """The precision the loops use (val/test autocast): the optim wrapper's, if it is not plain."""
     for ow in optim_wrappers_of(optim_wrapper).values():
-        if ow.precision.dtype is not None:
+        if not ow.precision.plain:
             return ow.precision
     return default
 
@@ -72,7 +73,7 @@ def run_precision(cfg: Any, precision: str | Precision | None, device_type: str 
     ``precision`` is reported when the wrapper is built (:func:`build_optim_wrapper`).
     """
     trainer_precision = build_precision(precision, device_type)
-    if trainer_precision.dtype is not None:
+    if not trainer_precision.plain:
         return trainer_precision
     if isinstance(cfg, (OptimWrapper, OptimWrapperDict)):
         return loop_precision(cfg, trainer_precision)
