@@ -16,12 +16,14 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 
+from trainwright.checkpoint.remote_io import publish_with_fallback
 from trainwright.checkpoint.storage import Location, RemotePath, Store, location
 
 from trainwright.hooks.hook import EveryInEpoch, Hook
 from trainwright.hooks.memory import PhasePeaks
 from trainwright.hooks.view import require_train_loop
-from trainwright.logging.lines import CustomStat, LineRequest
+from trainwright.logging.lines import LineRequest
+from trainwright.logging.log_processor import CustomStat, LogProcessor
 from trainwright.logging.throughput import batch_size, num_tokens, tokens_counter
 from trainwright.logging.writers import LineInfo
 from trainwright.registry import HOOKS
@@ -69,7 +71,9 @@ class LoggerHook(Hook):
         custom_cfg: mmengine's ``log_processor.custom_cfg``: more numbers per record, each
             ``dict(data_src=..., method_name="mean" | "min" | "max" | "current",
             window_size=int | "epoch" | "global", log_name=...)`` (see
-            :class:`~trainwright.logging.lines.CustomStat`).
+            :class:`~trainwright.logging.log_processor.CustomStat`). Both make the hook's
+            :attr:`processor`, which it gives to the held lines when training starts (without
+            them the lines use the trainer's).
         flush_secs: While training runs faster than one line per ``flush_secs``, lines are
             written in batches at most this far apart (0 writes each line at once). With
             several processes any process's proposal is agreed at the train loop's next
@@ -112,13 +116,10 @@ class LoggerHook(Hook):
         #: The remote store of a URL ``out_dir`` (checked by the trainer at start), else None.
         self.store: Store | None = self.out_dir.store if isinstance(self.out_dir, RemotePath) else None
         self.out_suffix = (out_suffix,) if isinstance(out_suffix, str) else tuple(out_suffix)
-        self._on_saved: Callable[[Any], None] | None = None
         if interval < 1:
             raise ValueError(f"LoggerHook interval must be >= 1, got {interval}")
-        if window_size is not None and (isinstance(window_size, bool) or not isinstance(window_size, int) or window_size < 1):
-            raise ValueError(f"LoggerHook window_size must be None (the line's own iterations) or an int >= 1, got {window_size!r}")
-        self.window_size = window_size
-        self.custom = tuple(_custom_stat(i, c) for i, c in enumerate(custom_cfg or ()))
+        #: This hook's log processor (``window_size`` / ``custom_cfg``); None: the trainer's lines keep theirs.
+        self.processor = LogProcessor(window_size, custom_cfg, owner="LoggerHook") if window_size is not None or custom_cfg else None
         if flush_secs < 0:
             raise ValueError(f"LoggerHook flush_secs must be >= 0, got {flush_secs}")
         self.interval = interval
@@ -151,18 +152,18 @@ class LoggerHook(Hook):
         if self._peaks is not None:
             self._peaks.start()
         self._tokens = tokens_counter(trainer.unwrapped_model)
-        # Lines are due at least every flush_every iterations (see after_train_iter), written at the latest at the
-        # next agreement point: the values of the oldest held line's interval are still in the store's buffers then.
-        store = trainer.metric_store
-        windows = [w for w in (self.window_size, *(c.window_size for c in self.custom)) if isinstance(w, int)]
-        windows += [self._epoch_len for c in self.custom if c.window_size == "epoch"]
-        store.keep_history(store.flush_every + store.agreement.every + 2 * self.interval + max(windows, default=0))
-        trainer.log_lines.window_size = self.window_size
-        trainer.log_lines.custom = self.custom
-        trainer.log_lines.start(trainer.progress.iteration)
-        if self.out_dir is not None and self._on_saved is None:
-            self._on_saved = lambda _path: self.copy_logs(trainer)
-            trainer.checkpoints.on_saved.append(self._on_saved)
+        # Lines are due at least every flush_every iterations (see after_train_iter): the lines keep the store's history for that.
+        trainer.log_lines.start(trainer.progress.iteration, self.processor, line_every=self.interval, epoch_len=self._epoch_len)
+
+    @property
+    def window_size(self) -> int | None:
+        """Iterations each line averages over (mmengine's ``log_processor.window_size``; None: the line's own)."""
+        return None if self.processor is None else self.processor.window_size
+
+    @property
+    def custom(self) -> tuple[CustomStat, ...]:
+        """The custom statistics of each record (mmengine's ``log_processor.custom_cfg``)."""
+        return () if self.processor is None else self.processor.custom
 
     def train_iter_interval(self, trainer: TrainerView) -> int | EveryInEpoch:  # noqa: D102
         # the loop calls after_train_iter at multiples of the interval (counted within the epoch in an epoch-based run,
@@ -254,11 +255,12 @@ class LoggerHook(Hook):
         return start - length + length // n * n  # its last multiple of the interval
 
     # -- copies of the logs -----------------------------------------------------------------
+    def after_save_checkpoint(self, trainer: TrainerView, path: Location) -> None:
+        """Copy the logs at each checkpoint (the copy then holds the lines up to it)."""
+        if self.out_dir is not None:
+            self.copy_logs(trainer)
+
     def after_run(self, trainer: TrainerView) -> None:  # noqa: D102
-        if self._on_saved is not None:
-            if self._on_saved in trainer.checkpoints.on_saved:
-                trainer.checkpoints.on_saved.remove(self._on_saved)
-            self._on_saved = None
         if self.out_dir is not None:
             self.copy_logs(trainer)
 
@@ -271,17 +273,20 @@ class LoggerHook(Hook):
             h.flush()
         run_dir = trainer.run_dir
         dest = self.out_dir / run_dir.name
+        files = [f for f in sorted(run_dir.iterdir()) if f.is_file() and f.name.endswith(self.out_suffix)]
+        if isinstance(dest, RemotePath):  # published to the store; the first failure warns and ends this copy (the files stay in the run folder)
+            then = f"LoggerHook: the logs are in {run_dir}, and the copy is tried again at the next checkpoint."
+            for f in files:
+                if publish_with_fallback(f, dest / f.name, keep=False, what="the logs", then=then) != dest / f.name:
+                    break
+            return
         try:
-            for f in sorted(run_dir.iterdir()):
-                if f.is_file() and f.name.endswith(self.out_suffix):
-                    if isinstance(dest, RemotePath):
-                        (dest / f.name).upload(f)
-                    else:
-                        dest.mkdir(parents=True, exist_ok=True)
-                        shutil.copy2(f, dest / f.name)
-        except Exception as e:  # noqa: BLE001 - a copy of the logs never stops training
-            why = self.store.explain(e) if self.store is not None else f"{type(e).__name__}: {e}"
-            warnings.warn(f"LoggerHook could not copy the logs of {run_dir} to {dest} ({why}); they are in {run_dir}, and the copy is tried again at the next checkpoint.", stacklevel=2)
+            dest.mkdir(parents=True, exist_ok=True)
+            for f in files:
+                shutil.copy2(f, dest / f.name)
+        except OSError as e:  # a copy of the logs never stops training
+            warnings.warn(f"LoggerHook could not copy the logs of {run_dir} to {dest} ({type(e).__name__}: {e}); they are in {run_dir}, and the copy is "
+                          "tried again at the next checkpoint.", stacklevel=2)
 
     # -- evaluation -------------------------------------------------------------------------
     def before_val_epoch(self, trainer: TrainerView) -> None:  # noqa: D102
@@ -308,25 +313,3 @@ class LoggerHook(Hook):
             record["max_memory_mb"] = memory
         trainer.log_lines.write_eval(record)
 
-
-_CUSTOM_KEYS = {"data_src", "method_name", "window_size", "log_name"}
-_METHODS = ("mean", "min", "max", "current")
-
-
-def _custom_stat(i: int, cfg: Mapping[str, Any]) -> CustomStat:
-    """One ``custom_cfg`` entry checked (mmengine's rules), with a message naming the entry and the fix."""
-    where = f"LoggerHook custom_cfg[{i}]"
-    if not isinstance(cfg, Mapping) or "data_src" not in cfg:
-        raise ValueError(f"{where} must be a dict with at least data_src (the logged name, e.g. 'loss'), got {cfg!r}")
-    bad = set(cfg) - _CUSTOM_KEYS
-    if bad:
-        raise ValueError(f"{where}: unknown keys {sorted(bad)}; allowed: {sorted(_CUSTOM_KEYS)}")
-    method = cfg.get("method_name", "mean")
-    if method not in _METHODS:
-        raise ValueError(f"{where}: method_name must be one of {list(_METHODS)}, got {method!r}")
-    window = cfg.get("window_size")
-    if not (window is None or window in ("epoch", "global") or (isinstance(window, int) and not isinstance(window, bool) and window >= 1)):
-        raise ValueError(f"{where}: window_size must be an int >= 1, 'epoch' or 'global', got {window!r}")
-    if window == "global" and method != "mean":
-        raise ValueError(f"{where}: window_size='global' supports method_name='mean' only (the run's values are kept as a running sum); use 'epoch' or a number")
-    return CustomStat(str(cfg["data_src"]), method, window, cfg.get("log_name"))

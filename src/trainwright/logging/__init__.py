@@ -4,6 +4,7 @@ from trainwright.logging.logger import close_logger, create_logger, log_lines
 from trainwright.logging.agreement import Agreement, LoggedValuesDisagreeError
 from trainwright.logging.history_buffer import HistoryBuffer
 from trainwright.logging.lines import PendingLines
+from trainwright.logging.log_processor import CustomStat, LogProcessor
 from trainwright.logging.message_hub import MessageHub
 from trainwright.logging.metric_store import MetricStore
 from trainwright.logging.writers import DEFAULT_WRITERS, WRITERS, ConsoleWriter, JsonlWriter, LineInfo, Writer, WriterError, Writers, build_writers
@@ -14,7 +15,7 @@ from trainwright.logging.wandb_writer import WandbWriter
 
 __all__ = [
     "MessageHub",
-    "create_logger", "close_logger", "log_lines", "Agreement", "LoggedValuesDisagreeError", "HistoryBuffer", "MetricStore", "PendingLines",
+    "create_logger", "close_logger", "log_lines", "Agreement", "LoggedValuesDisagreeError", "HistoryBuffer", "MetricStore", "PendingLines", "LogProcessor", "CustomStat",
     "Writer", "Writers", "WriterError", "LineInfo", "ConsoleWriter", "JsonlWriter", "WRITERS", "DEFAULT_WRITERS", "build_writers",
     "CsvWriter", "TensorBoardWriter", "WandbWriter", "MlflowWriter",
 ]

@@ -16,27 +16,13 @@ import warnings
 from typing import Any, NamedTuple
 
 from trainwright.logging.flops import FLOPS_KEYS, StepFlops
+from trainwright.logging.log_processor import CustomStat, LogProcessor
 from trainwright.logging.metric_store import MetricStore
 from trainwright.logging.writers import LineInfo, Writer, Writers
 
 __all__ = ["CustomStat", "LineRequest", "PendingLines"]
 
 _TIME_KEYS = ("time", "data_time")
-
-
-class CustomStat(NamedTuple):
-    """One more number in each training record (an entry of mmengine's ``log_processor.custom_cfg``).
-
-    ``method_name`` (``"mean"``, ``"min"``, ``"max"``, ``"current"``) of the logged scalar
-    ``data_src`` over ``window_size``: a number of iterations ending at the line's, ``"epoch"``
-    (this epoch's iterations so far) or ``"global"`` (the run's, ``"mean"`` only); None: the
-    line's own iterations. Written as ``log_name`` (default: ``data_src``, replacing it).
-    """
-
-    data_src: str
-    method_name: str = "mean"
-    window_size: int | str | None = None
-    log_name: str | None = None
 
 
 class LineRequest(NamedTuple):
@@ -63,20 +49,19 @@ class PendingLines:
         writers: The trainer's writers (empty on every process but the main one: lines are dropped there);
             a plain list is wrapped in a :class:`~trainwright.logging.writers.Writers`.
         processes: Processes of the run (throughput counts every process's batch).
+        processor: How records average and which statistics they add (default: each line's own
+            iterations, no custom statistics); the logger hook may give its own at :meth:`start`.
 
     Attributes:
         last_write: ``time.perf_counter()`` of the last :meth:`write` (or :meth:`start`).
         written_to: Iteration of the last written line (or where training started).
     """
 
-    def __init__(self, store: MetricStore, writers: Writers | list[Writer], processes: int = 1) -> None:
+    def __init__(self, store: MetricStore, writers: Writers | list[Writer], processes: int = 1, processor: LogProcessor | None = None) -> None:
         self.store = store
         self.writers: Writers = writers if isinstance(writers, Writers) else Writers(writers)
-        #: Average losses and times over this many iterations ending at each line (mmengine's ``log_processor.window_size``);
-        #: None: over the line's own iterations (since the previous line).
-        self.window_size: int | None = None
-        #: More numbers per record (``log_processor.custom_cfg``).
-        self.custom: tuple[CustomStat, ...] = ()
+        self._default = processor if processor is not None else LogProcessor()
+        self._processor = self._default
         self.processes = processes
         self.last_write = 0.0
         self.written_to = 0
@@ -106,8 +91,37 @@ class PendingLines:
         flops, samples, peak = found
         return StepFlops(int(flops), int(samples) or None, peak or None) if flops else None
 
-    def start(self, iteration: int) -> None:
-        """A training run starts at ``iteration``: nothing held, the clock of :attr:`last_write` restarts."""
+    @property
+    def processor(self) -> LogProcessor:
+        """How this training run's records average and which statistics they add (mmengine's ``log_processor``)."""
+        return self._processor
+
+    @property
+    def window_size(self) -> int | None:
+        """Losses and times are averaged over this many iterations ending at each line (None: the line's own); the processor's."""
+        return self._processor.window_size
+
+    @property
+    def custom(self) -> tuple[CustomStat, ...]:
+        """More numbers per record (``log_processor.custom_cfg``); the processor's."""
+        return self._processor.custom
+
+    def start(self, iteration: int, processor: LogProcessor | None = None, line_every: int = 0, epoch_len: int = 0) -> None:
+        """A training run starts at ``iteration``: nothing held, the clock of :attr:`last_write` restarts.
+
+        Args:
+            iteration: Where training starts (the first line averages from there).
+            processor: This run's log processor (None: the one the lines were built with).
+            line_every: Iterations between lines (0: lines not written by an interval). With it,
+                the store keeps enough history for a line held until the next agreement point:
+                lines are due at least every ``flush_every`` iterations and written at the latest
+                at the next agreement point, when the oldest held line's values must still be there.
+            epoch_len: Iterations per epoch (for an ``"epoch"`` custom statistic's window).
+        """
+        self._processor = processor if processor is not None else self._default
+        if line_every:
+            store = self.store
+            store.keep_history(store.flush_every + store.agreement.every + 2 * line_every + self._processor.history(epoch_len))
         self._held = []
         self.written_to = iteration
         self.last_write = time.perf_counter()
@@ -149,7 +163,7 @@ class PendingLines:
         out = []
         for r in requests:
             hi = r.iteration
-            lo = r.since if self.window_size is None else max(hi - self.window_size, 0)
+            lo = self._processor.window_start(r.since, hi)
             record: dict[str, Any] = {"mode": "train", "epoch": r.epoch, "iter": hi}
             times: dict[str, float] = {}
             for name, iters, values, mean, dropped in cols:
@@ -185,41 +199,9 @@ class PendingLines:
                 record["max_memory_mb"] = r.memory
             if r.extra:
                 record.update({k: v for k, v in r.extra.items() if k not in record})
-            for c in self.custom:
-                value = self._custom(c, r)
-                if value is not None:
-                    record[c.log_name or c.data_src] = value
+            record.update(self._processor.custom_values(store, hi, r.since, r.line.batch))
             out.append(record)
         return out
-
-    def _custom(self, c: CustomStat, r: LineRequest) -> float | None:
-        """The value of one custom statistic for the line of ``r`` (None: no value of ``c.data_src`` in the window)."""
-        if c.data_src not in self.store:
-            return None
-        buf = self.store.get(c.data_src)
-        iters, values = buf.history()
-        hi = r.iteration
-        b = bisect.bisect_right(iters, hi)
-        if c.window_size == "global":  # every value up to the line's iteration, from the running sum
-            after = values[b:]
-            n = buf.count - len(after)
-            return (buf.global_avg * buf.count - sum(after)) / n if n > 0 else None
-        if c.window_size is None:
-            lo = r.since
-        elif c.window_size == "epoch":
-            lo = hi - r.line.batch
-        else:
-            lo = hi - int(c.window_size)
-        window = values[bisect.bisect_right(iters, lo) : b]
-        if not window:
-            return None
-        if c.method_name == "mean":
-            return sum(window) / len(window)
-        if c.method_name == "min":
-            return min(window)
-        if c.method_name == "max":
-            return max(window)
-        return window[-1]  # "current"
 
     def _throughput(self, record: dict[str, Any], r: LineRequest, seconds: float) -> None:
         """The line's throughput from the logged batch and the mean iteration time.
