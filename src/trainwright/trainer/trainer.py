@@ -71,7 +71,9 @@ class Trainer:
             ``runtime_info`` (the message hub's evaluation metrics), ``flops`` (``tflops`` / ``mfu``), ``stall``
             (every thread's stack when no iteration finishes for 10 minutes).
         custom_hooks: More hooks (objects or dicts with ``type``).
-        precision: ``"32"``, ``"bf16-mixed"``, ``"16-mixed"`` or ``"float8"`` (CUDA, compute capability ≥ 8.9, torchao; see :mod:`trainwright.amp.float8`).
+        precision: ``"32"``, ``"bf16-mixed"``, ``"16-mixed"``, ``"bf16-true"`` (weights in bfloat16, no autocast) or ``"float8"``
+            (CUDA, compute capability ≥ 8.9, torchao; see :mod:`trainwright.amp.float8`); any name given to
+            :func:`trainwright.amp.register_precision`, or a :class:`~trainwright.amp.Precision` object.
         strategy: ``"auto"`` (default), ``"single"``, a dict or a Strategy.
         compile: ``True`` (the whole model), or a dict of ``torch.compile`` arguments, where
             ``regions=["Block"]`` compiles each module of those classes (or paths) instead of the
