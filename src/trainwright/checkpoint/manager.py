@@ -139,6 +139,7 @@ class CheckpointManager:
         flush: Runs once before the pieces are collected (the trainer's log flush: a resumed
             run does not log those lines again).
         before_save: Gets the collected dict before it is checked and written (``before_save_checkpoint`` hooks).
+        after_save: Gets the path after each periodic or best save (``after_save_checkpoint`` hooks: the logger hook copies the logs then).
         after_load: Gets the loaded dict after every piece but ``rng`` is restored (``after_load_checkpoint`` hooks).
         required: Pieces a checkpoint must hold to be restored here.
         optional: Pieces a checkpoint may lack without a warning.
@@ -148,7 +149,7 @@ class CheckpointManager:
         self, strategy: CheckpointStrategy, pieces: Mapping[str, Stateful | None], ckpt_dir: str | Path, *, progress: Position,
         keep: int = -1, async_save: bool = False, logger: logging.Logger | None = None, flush: Callable[[], None] | None = None,
         before_save: Callable[[dict[str, Any]], None] | None = None, after_load: Callable[[dict[str, Any]], None] | None = None,
-        required: Collection[str] = (), optional: Collection[str] = (),
+        after_save: Callable[[Location], None] | None = None, required: Collection[str] = (), optional: Collection[str] = (),
     ) -> None:
         self.strategy = strategy
         self.pieces: dict[str, Stateful | None] = dict(pieces)
@@ -159,7 +160,7 @@ class CheckpointManager:
         self.keep = keep
         self.async_save = async_save
         self.logger = logger or logging.getLogger("trainwright")
-        self.flush, self.before_save, self.after_load = flush, before_save, after_load
+        self.flush, self.before_save, self.after_load, self.after_save = flush, before_save, after_load, after_save
         self.required, self.optional = tuple(required), frozenset(optional)
         #: Pieces left out of periodic, best and save-now checkpoints (e.g. ``optim_wrapper``).
         self.exclude: tuple[str, ...] = ()
@@ -169,8 +170,6 @@ class CheckpointManager:
         self._rng = RngState(strategy)
         # the lock guards the local folder (work_dir/checkpoints) even when the files go to a remote out_dir; a manager made on a URL has none
         self._lock = WorkDirLock(self._local_dir) if self._local_dir is not None else None
-        #: Called with the path after each periodic or best save (e.g. the logger hook uploads the run's logs then).
-        self.on_saved: list[Callable[[Location], None]] = []
         #: The checkpoint restored last and the iteration it put training at (None: none was restored).
         self.restored: tuple[Location, int] | None = None
 
@@ -337,8 +336,8 @@ class CheckpointManager:
     def _write(self, name: str, latest: bool, remove: list[str]) -> Location:
         path = self.save(name, async_save=self.async_save, latest=latest, remove=remove)
         self.logger.info(f"Saving checkpoint {path} in the background" if self.async_save else f"Saved checkpoint {path}")
-        for fn in self.on_saved:
-            fn(path)
+        if self.after_save is not None:
+            self.after_save(path)
         return path
 
     # -- publishing and cleaning ----------------------------------------------------------------

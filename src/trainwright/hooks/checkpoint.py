@@ -16,7 +16,7 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
 from trainwright.checkpoint.manager import SaveRecord
-from trainwright.checkpoint.storage import Location, RemotePath, RemoteStore, location
+from trainwright.checkpoint.storage import Location, RemotePath, Store, location
 from trainwright.hooks.hook import Hook
 from trainwright.hooks.view import require_train_loop
 from trainwright.optim.scheduler.plateau import metric_key
@@ -185,7 +185,7 @@ class CheckpointHook(Hook):
         #: Where the checkpoints go (None: ``work_dir/checkpoints``); a URL is decided here, once (a missing fsspec backend fails now).
         self.out_dir: Location | None = location(out_dir, storage_options) if out_dir is not None else None
         #: The remote store of a URL ``out_dir`` (checked by the trainer at start), else None.
-        self.store: RemoteStore | None = self.out_dir.store if isinstance(self.out_dir, RemotePath) else None
+        self.store: Store | None = self.out_dir.store if isinstance(self.out_dir, RemotePath) else None
         self.async_save = async_save
         self.clean_stale_tmp = clean_stale_tmp
         self.save_begin = save_begin

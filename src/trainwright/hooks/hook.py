@@ -7,6 +7,7 @@ import warnings
 from typing import TYPE_CHECKING, Any, ClassVar
 
 if TYPE_CHECKING:
+    from trainwright.checkpoint.storage import Location
     from trainwright.hooks.view import TrainerView
 
 #: Every event a hook can handle, in the order a run meets them.
@@ -31,6 +32,7 @@ EVENTS: tuple[str, ...] = (
     "after_test_epoch",
     "after_test",
     "before_save_checkpoint",
+    "after_save_checkpoint",
     "after_load_checkpoint",
     "after_run",
 )
@@ -223,6 +225,13 @@ class Hook:
 
     def before_save_checkpoint(self, trainer: TrainerView, checkpoint: dict) -> None:
         """May add to or edit the checkpoint dict before it is written."""
+
+    def after_save_checkpoint(self, trainer: TrainerView, path: Location) -> None:
+        """Called after each periodic or best checkpoint is written (with ``async_save``: handed to the background writer).
+
+        ``path`` is where it goes: a local ``Path``, or a :class:`~trainwright.checkpoint.storage.RemotePath` of its store.
+        The logger hook copies the run's logs here.
+        """
 
     def after_load_checkpoint(self, trainer: TrainerView, checkpoint: dict) -> None:
         """Called after a checkpoint has been loaded for resume."""
