@@ -1,7 +1,7 @@
 """Where a NaN / Inf loss came from: replay the iteration with a watch on every module's output and every parameter's gradient.
 
-:func:`explain_nonfinite` (called by the metric store when it raises, nothing before) names the
-batch and replays it: on the current weights if they are finite, else from the newest checkpoint
+:func:`explain_nonfinite` (called by the run's guard when the metric store raised a
+``NonFiniteLossError``, nothing before) names the batch and replays it: on the current weights if they are finite, else from the newest checkpoint
 before it on one process. A :class:`Watch` records the first non-finite module output and
 parameter gradient. The cases and what they cost: docs/diagnose.md.
 """
@@ -11,7 +11,7 @@ from __future__ import annotations
 import itertools
 from collections.abc import Iterator
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, NamedTuple
+from typing import TYPE_CHECKING, Any, NamedTuple, Protocol
 
 import torch
 from torch import nn
@@ -19,16 +19,47 @@ from torch import nn
 from trainwright.checkpoint.storage import Location
 from trainwright.hooks.dispatch import HookList
 from trainwright.hooks.hook import Hook
+from trainwright.hooks.view import TrainerView, TrainLoopView
 from trainwright.loops.context import LoopContext
 from trainwright.logging.metric_store import MetricStore
 
 if TYPE_CHECKING:
     from trainwright.data.loader import ResumableLoader
 
-#: The Trainer (this layer sits below it: typed by what is used).
-Trainer = Any
+__all__ = ["DiagnosedRun", "Finding", "ReplayLoop", "Watch", "explain_nonfinite"]
 
-__all__ = ["Finding", "Watch", "explain_nonfinite"]
+
+class ReplayLoop(TrainLoopView, Protocol):
+    """What the diagnosis uses of the train loop: its loader, and running it on a context of its own (the replay)."""
+
+    ctx: LoopContext | None
+
+    def run(self, ctx: LoopContext) -> None:
+        """Run the remaining iterations from ``ctx.progress`` with ``ctx``'s hooks."""
+
+
+class DiagnosedRun(TrainerView, Protocol):
+    """What :func:`explain_nonfinite` reads of a run, beyond what hooks see (the Trainer satisfies it; this layer sits below it).
+
+    The replay restores a checkpoint through ``checkpoints``, drives ``train_loop`` with the
+    hooks that change training (from ``hooks``) on ``model``, and puts the run back.
+    """
+
+    @property
+    def model(self) -> nn.Module:
+        """The model the loops call (a distributed wrapper, when the strategy made one)."""
+
+    @property
+    def hooks(self) -> HookList:
+        """The run's hooks."""
+
+    @property
+    def unwrapped_base(self) -> nn.Module:
+        """The user's model (the BaseModel) without the strategy's wrapper: its ``data_preprocessor``, ``run_forward``, ``parse_losses``."""
+
+    @property
+    def train_loop(self) -> ReplayLoop | None:
+        """The training loop, or None before ``train()`` built it."""
 
 
 def _nonfinite(x: Any) -> bool:
@@ -174,7 +205,7 @@ def _where(loader: ResumableLoader, iteration: int) -> str:
 
 
 # -- the diagnosis ---------------------------------------------------------------------------------
-def explain_nonfinite(trainer: Trainer, iteration: int) -> str:
+def explain_nonfinite(trainer: DiagnosedRun, iteration: int) -> str:
     """Where the non-finite loss of ``iteration`` came from, as a sentence for the error (never raises).
 
     Called by the metric store when it raises its ``FloatingPointError`` (``nonfinite_loss="raise"``),
@@ -197,7 +228,7 @@ def explain_nonfinite(trainer: Trainer, iteration: int) -> str:
         return f" (Finding where it came from failed: {type(e).__name__}: {e})"
 
 
-def _explain(trainer: Trainer, k: int) -> str:
+def _explain(trainer: DiagnosedRun, k: int) -> str:
     loop = trainer.train_loop
     if loop is None:
         return ""
@@ -205,7 +236,7 @@ def _explain(trainer: Trainer, k: int) -> str:
     strategy = trainer.strategy
     head = f" Iteration {k} trained on {_where(loader, k)}."
     several = strategy.world_size > 1
-    if several and strategy.name != "ddp":
+    if several and not strategy.forward_is_local:
         return head + (
             f" No replay under the {strategy.name} strategy with several processes (a forward of its sharded model is a collective); "
             "resume from the last checkpoint on one process to have the module named."
@@ -227,19 +258,19 @@ def _explain(trainer: Trainer, k: int) -> str:
     source = _checkpoint_before(trainer, k)
     if source is None:
         return head + (
-            f" No state from before iteration {k} to replay from (no checkpoint saved before it in {trainer.ckpt_dir}); the current "
+            f" No state from before iteration {k} to replay from (no checkpoint saved before it in {trainer.checkpoints.ckpt_dir}); the current "
             f"weights are non-finite in {shown}. Save checkpoints more often (CheckpointHook interval) to have the module named."
         )
     return head + _replay(trainer, *source, k)
 
 
-def _probe(trainer: Trainer, batch: Any, k: int) -> Finding:
+def _probe(trainer: DiagnosedRun, batch: Any, k: int) -> Finding:
     """Batch ``batch`` forward and backward on the current weights under a :class:`Watch` (``torch.autograd.grad``: no ``.grad`` changes, no collective)."""
-    base: Any = trainer.unwrapped_base  # the BaseModel, not its DDP wrapper
+    base: Any = trainer.unwrapped_base  # the BaseModel, not its DDP wrapper (its run_forward / parse_losses are BaseModel's)
     params = [p for p in base.parameters() if p.requires_grad]
     with Watch(trainer.unwrapped_model) as watch:
         data = base.data_preprocessor(batch, True)
-        with trainer.precision.autocast():
+        with trainer.strategy.precision.autocast():
             losses = base.run_forward(data, "loss")  # the model's own forward dispatch
         loss, _ = base.parse_losses(losses)
         loss_finite = not _nonfinite(loss)
@@ -279,11 +310,11 @@ class _ReplayWatch(Hook):
             raise _Found(finding)
 
 
-def _checkpoint_before(trainer: Trainer, k: int) -> tuple[Location, dict[str, Any]] | None:
+def _checkpoint_before(trainer: DiagnosedRun, k: int) -> tuple[Location, dict[str, Any]] | None:
     """The newest checkpoint of the run saved before iteration ``k`` (one that loads), with its contents."""
     from trainwright.checkpoint.listing import list_checkpoints
 
-    for path in list_checkpoints(trainer.ckpt_dir, suffix=trainer.strategy.resumable_suffixes):
+    for path in list_checkpoints(trainer.checkpoints.ckpt_dir, suffix=trainer.strategy.resumable_suffixes):
         try:
             ckpt = trainer.strategy.load_checkpoint(path)
         except Exception:
@@ -294,7 +325,7 @@ def _checkpoint_before(trainer: Trainer, k: int) -> tuple[Location, dict[str, An
     return None
 
 
-def _replay(trainer: Trainer, path: Location, ckpt: dict[str, Any], k: int) -> str:
+def _replay(trainer: DiagnosedRun, path: Location, ckpt: dict[str, Any], k: int) -> str:
     """Restore ``ckpt``, train on through the train loop (the hooks that change training only) under a watch; put the trainer back."""
     loop = trainer.train_loop
     assert loop is not None
@@ -302,19 +333,20 @@ def _replay(trainer: Trainer, path: Location, ckpt: dict[str, Any], k: int) -> s
     from trainwright.hooks.sampler_seed import DistSamplerSeedHook
 
     here = trainer.checkpoints.capture()  # the trainer as it is now, put back after the replay
-    old_ctx, old_stop = loop.ctx, trainer.agreement.finish
+    agreement = trainer.metric_store.agreement
+    old_ctx, old_stop = loop.ctx, agreement.finish
     trainer.checkpoints.restore(ckpt, path)
     s = trainer.progress.iteration
     watch = _ReplayWatch(trainer.unwrapped_model, k)
     hooks = HookList([*(h for h in trainer.hooks if isinstance(h, (ParamSchedulerHook, DistSamplerSeedHook))), watch])
     ctx = LoopContext(
         view=trainer, model=trainer.model, hooks=hooks, progress=trainer.progress, optim_wrapper=trainer.optim_wrapper,
-        metric_store=MetricStore(raise_on_nonfinite=False), precision=trainer.precision, logger=trainer.logger,
+        metric_store=MetricStore(raise_on_nonfinite=False), precision=trainer.strategy.precision, logger=trainer.logger,
     )
     trainer.logger.info(f"Replaying iterations {s + 1}..{k} from {path} to find where the non-finite loss of iteration {k} came from")
     finding: Finding | None = None
     try:
-        trainer.agreement.set_finish(False)
+        agreement.set_finish(False)
         loop.run(ctx)
     except _Found as found:
         finding = found.finding
@@ -322,7 +354,7 @@ def _replay(trainer: Trainer, path: Location, ckpt: dict[str, Any], k: int) -> s
         watch.watch.__exit__()
         loop.ctx = old_ctx
         trainer.checkpoints.restore(here, Path("<memory>"))
-        trainer.agreement.set_finish(old_stop)
+        agreement.set_finish(old_stop)
     replayed = f"Replayed iterations {s + 1}..{k} from {path}"
     if finding is None or not finding.found:
         return f" {replayed}: nothing was non-finite (the replay is not bitwise here: nondeterministic ops or data?)."

@@ -24,6 +24,7 @@ from typing import TYPE_CHECKING, Any
 
 from trainwright.checkpoint.listing import read_latest
 from trainwright.hooks.hook import Hook
+from trainwright.hooks.view import require_train_loop
 from trainwright.registry import HOOKS
 
 if TYPE_CHECKING:
@@ -200,8 +201,8 @@ class PreemptionHook(Hook):
         self._reached = True  # the stop point: the watchdog stands down (the save may take longer than the grace)
         self.preempted = True
         trainer.preempted = True
-        trainer.metric_store.agreement.set_finish(True)  # a point every rank reaches with the same decision
         what = self.received.name if self.received is not None else "another rank"
+        require_train_loop(trainer, "PreemptionHook").control.request_stop(f"preemption ({what})", agreed=True)  # a point every rank reaches with the same decision
         trainer.logger.warning(f"Preemption ({what}): stopping after iteration {trainer.progress.iteration} and saving a checkpoint")
 
     def after_train(self, trainer: TrainerView) -> None:  # noqa: D102

@@ -15,6 +15,8 @@ from typing import TYPE_CHECKING, Any
 from trainwright.hooks.hook import Hook
 from trainwright.optim.spike_guard import SpikeGuard
 
+from trainwright.hooks.view import require_train_loop
+
 if TYPE_CHECKING:
     from trainwright.hooks.view import TrainerView
 
@@ -99,10 +101,7 @@ class SpikeGuardHook(Hook):
             f"spike_guard rolled back to iteration {s} ({source}) after the loss spike at iteration {k}: iterations {s + 1}..{k} run again without "
             f"updates (their batches skipped), training goes on from iteration {k + 1} (rollback {rollbacks} of at most {g.max_rollbacks})"
         )
-        loop = trainer.train_loop
-        assert loop is not None
-        loop.request_restart()
-        trainer.metric_store.agreement.set_finish(True)  # leave the loader's pass now (decided on every rank): the loop goes on from the restored position
+        require_train_loop(trainer, "spike_guard's rollback").restart_from(s)  # decided on every rank: the loop leaves its pass and goes on from s
 
     def _spent(self, k: int, loss: float, med: float, limit: float) -> SpikeRollbackError:
         g = self.guard

@@ -36,8 +36,25 @@ class TrainLoopView(Protocol):
     def val_due(self) -> bool:
         """Whether validation runs right after the current iteration's / epoch's hooks."""
 
+    @property
+    def control(self) -> RunControlView:
+        """The running loop's stop / restart requests (:class:`~trainwright.loops.control.RunControl`)."""
+
+    def restart_from(self, iteration: int) -> None:
+        """After this iteration's hooks, go on from ``iteration``, where a hook has just restored the run (the spike guard's rollback)."""
+
     def request_restart(self) -> None:
-        """After this iteration, go on from the position ``progress`` holds now (a hook restored an earlier state: the spike guard's rollback)."""
+        """``restart_from(progress.iteration)`` (kept for older callers)."""
+
+
+class RunControlView(Protocol):
+    """What hooks use of the loop's run control (:class:`~trainwright.loops.control.RunControl`)."""
+
+    def request_stop(self, reason: str, *, agreed: bool = False) -> None:
+        """End training after the current iteration (several processes: at the next agreement point; ``agreed``: decided on every rank now)."""
+
+    def restart_from(self, iteration: int) -> None:
+        """Go on from ``iteration`` after the current one's hooks (call it on every rank at the same iteration)."""
 
 
 class EvalLoopView(Protocol):

@@ -15,6 +15,7 @@ from typing import Any
 from trainwright.logging.agreement import Agreement, NonFinite
 from trainwright.logging.flush_batch import FlushBatch, Row, derive_times
 from trainwright.logging.history_buffer import HistoryBuffer
+from trainwright.logging.nonfinite_error import NonFiniteLossError
 
 __all__ = ["HistoryBuffer", "MetricStore", "Row"]
 
@@ -63,8 +64,9 @@ class MetricStore:
         self._untimed_to = 0  # iterations up to this one get no data_time / time (the timer's warm-up)
         #: Whether gradient clipping is on (the trainer sets it; read when a NaN is raised, whose advice depends on it).
         self.clipping: Callable[[], bool] = lambda: False
-        #: Where the non-finite loss of an iteration came from, as text for the error (the trainer sets it: a replay,
-        #: :func:`trainwright.diagnose.explain_nonfinite`); called only when the error is raised. None: not explained.
+        #: Where the non-finite loss of an iteration came from, as text for the error; called only when the error is
+        #: raised. None (the Trainer's store): the :class:`NonFiniteLossError` goes out unexplained, and the run's guard
+        #: explains it (:func:`trainwright.diagnose.explain_nonfinite`).
         self.explain: Callable[[int], str] | None = None
 
     # -- recording --------------------------------------------------------------------------
@@ -166,9 +168,9 @@ class MetricStore:
                 proposal travels.
 
         Raises:
-            FloatingPointError: a loss was NaN/Inf on this or another process; the message
-                names the first such iteration (and, on a process that saw it, its losses). The
-                numbers are in the buffers either way.
+            NonFiniteLossError: (a FloatingPointError) a loss was NaN/Inf on this or another
+                process; the message names the first such iteration (and, on a process that saw
+                it, its losses). The numbers are in the buffers either way.
         """
         check = self.raise_on_nonfinite if raise_on_nonfinite is None else raise_on_nonfinite
         rows = self._pending.copy()
@@ -201,13 +203,17 @@ class MetricStore:
                 "check the data for NaN/Inf, or pass nonfinite_loss='skip' to the Trainer to skip such steps."
             )
         it = bad.iteration
-        fixes = (self.explain(it) + " " if self.explain is not None else " ") + fixes  # every process (the same path): each replays its own batch
         # the first bad iteration and the rank(s) that saw it, the same on every process
         where = f"at iteration {it}" + (f" on rank{'s' * (len(bad.ranks) > 1)} {', '.join(map(str, bad.ranks))}" if bad.ranks else "")
         if batch.bad is None or batch.bad[0] != it:
-            raise FloatingPointError(f"Loss became infinite or NaN {where}; that process's error names its losses.{fixes}")
-        losses = {name: v for name, (iters, vals) in batch.local.items() for i, v in zip(iters, vals) if i == it}
-        raise FloatingPointError(f"Loss became infinite or NaN {where}: {losses}.{fixes}")
+            head = f"Loss became infinite or NaN {where}; that process's error names its losses."
+        else:
+            losses = {name: v for name, (iters, vals) in batch.local.items() for i, v in zip(iters, vals) if i == it}
+            head = f"Loss became infinite or NaN {where}: {losses}."
+        error = NonFiniteLossError(it, bad.ranks, head, fixes)
+        if self.explain is not None:
+            error.explanation = self.explain(it)  # every process (the same path): each replays its own batch
+        raise error
 
     # -- reading ----------------------------------------------------------------------------
     def get(self, name: str) -> HistoryBuffer:

@@ -3,7 +3,9 @@
 The Trainer builds one per ``train()`` / ``val()`` / ``test()`` after the model is prepared;
 a test or a custom driver can build one by hand, without a Trainer. The loops read
 nothing else: hooks are called with ``view``, and ``view.should_stop`` is the run's stop
-flag (hooks set it; the loops read it after every step).
+flag (hooks set it; the loops read it after every step). ``control`` is the loop's
+:class:`~trainwright.loops.control.RunControl`: stop and restart requests, settled by the
+metric store's agreement.
 """
 
 from __future__ import annotations
@@ -16,6 +18,7 @@ from typing import Any
 from trainwright.amp.precision import Precision
 from trainwright.hooks.dispatch import HookList
 from trainwright.hooks.view import TrainerView
+from trainwright.loops.control import RunControl
 from trainwright.logging.metric_store import MetricStore
 from trainwright.utils.progress import Progress
 
@@ -34,6 +37,7 @@ class LoopContext:
         validate: Runs one validation pass (the train loop calls it when due); None: no validation.
         precision: Its ``autocast()`` wraps an eval loop built with ``autocast=True``.
         logger: The run's logger.
+        control: The run's stop / restart requests (default: one over ``metric_store.agreement``).
     """
 
     view: TrainerView
@@ -45,3 +49,8 @@ class LoopContext:
     validate: Callable[[], Any] | None = None
     precision: Precision = field(default_factory=Precision)
     logger: logging.Logger = field(default_factory=lambda: logging.getLogger("trainwright"))
+    control: RunControl = None  # type: ignore[assignment]  # built in __post_init__ over the metric store's agreement
+
+    def __post_init__(self) -> None:
+        if self.control is None:
+            self.control = RunControl(self.metric_store.agreement)

@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:
     from trainwright.data.loader import ResumableLoader
     from trainwright.loops.context import LoopContext
+    from trainwright.loops.control import RunControl
 
 
 def _checked_intervals(dynamic: Sequence[Sequence[int]] | None) -> list[Sequence[int]]:
@@ -35,8 +36,6 @@ class _TrainLoopBase:
     by_epoch: bool
     #: The context of the current (or last) run, set by ``run(ctx)``; :meth:`val_due` reads it.
     ctx: LoopContext | None = None
-    #: A hook restored an earlier state: after this iteration the loop goes on from ``progress`` (:meth:`request_restart`).
-    restart_requested = False
 
     def __init__(self, dataloader: ResumableLoader, val_begin: int = 1, val_interval: int = 1, gather_metric_period: int = 1,
                  dynamic_intervals: Sequence[Sequence[int]] | None = None) -> None:
@@ -71,29 +70,37 @@ class _TrainLoopBase:
         """Whether validation runs right after the current iteration's / epoch's hooks."""
         raise NotImplementedError
 
-    def request_restart(self) -> None:
-        """Go on from the position ``progress`` holds now, after this iteration's hooks (the spike guard's rollback restored an earlier checkpoint).
+    @property
+    def control(self) -> RunControl:
+        """The running loop's stop / restart requests (:class:`~trainwright.loops.control.RunControl`).
 
-        The requester also sets ``should_stop`` so the loop leaves the loader's pass; the loop
-        then clears it (unless a stop was agreed meanwhile), rebuilds the hooks' schedule
-        from the restored iteration and iterates the loader from its restored position.
+        Raises:
+            RuntimeError: the loop is not running (no ``run(ctx)`` yet).
         """
-        self.restart_requested = True
+        if self.ctx is None:
+            raise RuntimeError("The train loop's run control exists once the loop runs (trainer.train()); request a stop or a restart from a hook")
+        return self.ctx.control
+
+    def restart_from(self, iteration: int) -> None:
+        """After this iteration's hooks, go on from ``iteration``, where a hook has just restored the run (``control.restart_from``)."""
+        self.control.restart_from(iteration)
+
+    def request_restart(self) -> None:
+        """Go on from the position ``progress`` holds now, after this iteration's hooks (:meth:`restart_from` that position; kept for older callers)."""
+        assert self.ctx is not None
+        self.restart_from(self.ctx.progress.iteration)
 
     def _restarted(self, ctx: LoopContext) -> bool:
-        """Whether the loop goes on after a stop because a restart was requested (and no stop was agreed)."""
-        if not self.restart_requested:
+        """The loop left its pass: whether that was a restart (then the hooks' schedule is rebuilt from the restored iteration)."""
+        if ctx.control.take_restart() is None:
             return False
-        self.restart_requested = False
-        if ctx.metric_store.agreement.stop or ctx.view.preempted:
-            return False
-        ctx.metric_store.agreement.set_finish(False)  # the rollback's stop was decided on every rank: so is going on
         ctx.hooks.refresh(ctx.view, self.max_iters, self._periodic(ctx))
         return True
 
     def _start(self, ctx: LoopContext) -> None:
         """``before_train``, then the hooks' per-iteration schedule for this run."""
         self.ctx = ctx
+        ctx.control.reset()
         ctx.hooks.call("before_train", ctx.view)
         ctx.hooks.refresh(ctx.view, self.max_iters, self._periodic(ctx))
 
@@ -110,14 +117,14 @@ class _TrainLoopBase:
         raised here on every process -, a stop, writing the held log lines).
         """
         store = ctx.metric_store
-        agreement = store.agreement
+        agreement, control = store.agreement, ctx.control
 
         def flush_store(trainer: Any, batch_idx: int, data_batch: Any, outputs: Any) -> None:
             store.flush(agree=True)  # also agrees on a stop a hook requested (trainer.should_stop) on some rank
             if agreement.write:
                 trainer.flush_logs()
             if agreement.stop:
-                agreement.set_finish(True)
+                control.request_stop("a stop signal (preemption)", agreed=True)
 
         n = store.flush_every if agreement.local else agreement.every
         return [(flush_store, range(n, self.max_iters + 1, n))]

@@ -59,6 +59,7 @@ class DDPStrategy(ProcessGroupStrategy):
     """
 
     name = "ddp"
+    forward_is_local = True  # every rank holds the whole model: its module can be called on one rank
 
     def __init__(
         self,

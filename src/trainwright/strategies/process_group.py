@@ -90,6 +90,7 @@ class ProcessGroupStrategy(Strategy):
     """
 
     name = "process_group"
+    forward_is_local = False  # a sharded strategy's forward is a collective; the replicated DDP says True
 
     def __init__(self, device: str | torch.device | None = None, backend: str | None = None, timeout_s: float = 1800.0) -> None:
         super().__init__(device)

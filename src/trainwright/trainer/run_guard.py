@@ -13,6 +13,7 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from trainwright.data.collate import pseudo_collate_hint
+from trainwright.logging.nonfinite_error import NonFiniteLossError
 from trainwright.strategies.process_group import ProcessGroupStrategy
 
 if TYPE_CHECKING:
@@ -43,6 +44,10 @@ class RunGuard:
             t.metric_store.flush()  # lines still pending go out first (a NaN among them is the run's error)
             ok = True
             return out
+        except NonFiniteLossError as e:  # explained here, where the run is known; the user gets the FloatingPointError it always was
+            error = self.explained(e)
+            failure = (error, self.note_failure(error))
+            raise error.with_traceback(e.__traceback__) from None
         except BaseException as e:
             failure = (e, self.note_failure(e))
             raise
@@ -59,6 +64,17 @@ class RunGuard:
             self.running = False
             if ok:
                 t.writers.raise_held()  # writers_fail="raise": an error held for a checkpoint still due at the end
+
+    def explained(self, e: NonFiniteLossError) -> FloatingPointError:
+        """The error a non-finite loss stops the run with: ``e``'s message with where the value came from (a replay; never raises).
+
+        Every process takes the same path (each replays its own batch); see :func:`trainwright.diagnose.explain_nonfinite`.
+        """
+        if not e.explanation:
+            from trainwright.diagnose import explain_nonfinite  # imported when first needed: a replay is rare
+
+            e.explanation = explain_nonfinite(self.trainer, e.iteration)
+        return FloatingPointError(str(e))
 
     def failed_outside_a_run(self, e: BaseException) -> None:
         """``train()`` failed before its loop ran (building, resuming, the ranks' check): note and log it as a run's failure."""

@@ -193,7 +193,6 @@ class Trainer:
         self.agreement = Agreement(self.strategy.all_gather if self.strategy.world_size > 1 else None)
         self.metric_store = MetricStore(raise_on_nonfinite=nonfinite_loss == "raise", agreement=self.agreement)
         self.metric_store.clipping = lambda: any(getattr(ow, "clip_grad", None) for ow in optim_wrappers_of(self.optim_wrapper).values())  # the NaN error's advice
-        self.metric_store.explain = partial(_explain_nonfinite, self)  # the NaN error names where it came from (a replay, only then)
         #: mmengine's message hub: the run's facts read live, the logged scalars, and what hooks and models write (checkpointed).
         self.message_hub = MessageHub(self.experiment_name, live={
             "epoch": lambda: self.progress.epoch, "iter": lambda: self.progress.iteration, "max_iters": lambda: self.max_iters,
@@ -673,13 +672,6 @@ class Trainer:
             self.model = self.unwrapped_base  # drop the distributed wrapper before the strategy leaves its process group
             self._prepared = False
         self.strategy.teardown()
-
-
-def _explain_nonfinite(trainer: Trainer, iteration: int) -> str:
-    """Where the non-finite loss of ``iteration`` came from (:func:`trainwright.diagnose.explain_nonfinite`), imported when first needed."""
-    from trainwright.diagnose import explain_nonfinite
-
-    return explain_nonfinite(trainer, iteration)
 
 
 def _check_storage(hooks: Sequence[Hook]) -> None:
