@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import copy
 import inspect
+import pickle
 from collections import OrderedDict, defaultdict, namedtuple
 from typing import Any
 
@@ -427,12 +428,19 @@ def test_patch_norm_fp32_bfloat16_option() -> None:
 
 
 def test_patch_norm_fp32_is_idempotent_and_deepcopy_safe() -> None:
+    once = patch_norm_fp32(_norm_model().half())
     model = patch_norm_fp32(patch_norm_fp32(_norm_model().half()))
     gn = model[2][0]
-    assert gn.forward.__wrapped__ is nn.GroupNorm.forward  # wrapped once, not twice
+    x = torch.randn(2, 8, 4).half()
+    assert torch.equal(gn(x), once[2][0](x))  # patching twice computes what patching once does
     clone = copy.deepcopy(model)
     with torch.no_grad():
         clone[2][0].weight.mul_(2)
-    x = torch.randn(2, 8, 4).half()
-    assert clone[2][0].forward.__self__ is clone[2][0]
-    assert not torch.equal(clone[2][0](x), gn(x))  # the copy uses its own weights
+    reference = nn.GroupNorm(2, 8)  # a plain float32 layer with the copy's own (doubled) weights
+    reference.load_state_dict(clone[2][0].state_dict())
+    reference_out = reference(x.float()).half()
+    out = clone[2][0](x)
+    assert out.dtype == torch.float16 and torch.equal(out, reference_out)  # the copy is patched, with its own weights
+    assert not torch.equal(out, gn(x))
+    restored = pickle.loads(pickle.dumps(model))  # the patched model stays picklable (torch.save of a whole model)
+    assert torch.equal(restored[2][0](x), gn(x))

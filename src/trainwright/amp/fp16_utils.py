@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import functools
 import inspect
-import types
 from collections import abc
 from collections.abc import Callable, Iterable
 from contextlib import AbstractContextManager, nullcontext
@@ -37,8 +36,28 @@ F = TypeVar("F", bound=Callable[..., Any])
 M = TypeVar("M", bound=nn.Module)
 
 _LOW_PRECISION = (torch.float16, torch.bfloat16)
-# Marks a forward already patched by ``patch_norm_fp32`` so a second call is a no-op.
+# Marks a GroupNorm already hooked by ``patch_norm_fp32`` so a second call is a no-op (a deep copy keeps it, with its hooks).
 _PATCHED_MARK = "__trainwright_fp32_patched__"
+
+
+class _InputsToFloat32:
+    """Forward pre-hook of :func:`patch_norm_fp32`: the ``dtype`` tensors among the arguments to float32."""
+
+    def __init__(self, dtype: torch.dtype) -> None:
+        self.dtype = dtype
+
+    def __call__(self, module: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[tuple[Any, ...], dict[str, Any]]:
+        return cast_tensor_type(args, self.dtype, torch.float32), cast_tensor_type(kwargs, self.dtype, torch.float32)
+
+
+class _OutputsBack:
+    """Forward hook of :func:`patch_norm_fp32`: the float32 outputs back to ``dtype``."""
+
+    def __init__(self, dtype: torch.dtype) -> None:
+        self.dtype = dtype
+
+    def __call__(self, module: nn.Module, args: tuple[Any, ...], output: Any) -> Any:
+        return cast_tensor_type(output, torch.float32, self.dtype)
 
 
 
@@ -295,10 +314,12 @@ def patch_norm_fp32(module: M, dtype: torch.dtype = torch.float16) -> M:
 
     Recursively, every ``_BatchNorm`` (``BatchNorm1d/2d/3d``, ``SyncBatchNorm``) and
     ``GroupNorm`` gets its parameters and buffers converted back with ``.float()``.
-    ``GroupNorm``'s ``forward`` is also patched (via :func:`patch_forward_method`) to cast
-    ``dtype`` inputs to float32 and its outputs back to ``dtype``; batch norm accepts
-    mixed input/parameter dtypes natively. Patching twice is harmless, and ``deepcopy``
-    of the model (e.g. for EMA) patches the copy's own layer.
+    ``GroupNorm`` also gets forward hooks (torch's ``register_forward_pre_hook`` /
+    ``register_forward_hook``; mmcv replaced its ``forward``) that cast ``dtype`` inputs to
+    float32 and its outputs back to ``dtype``; batch norm accepts mixed input/parameter
+    dtypes natively. The hooks run when the layer is called (``gn(x)``), not on a direct
+    ``gn.forward(x)``. Patching twice is harmless, a ``deepcopy`` of the model (e.g. for
+    EMA) carries the hooks to the copy's own layer, and the model stays picklable.
 
     Args:
         module: The model, usually after ``model.half()``.
@@ -314,12 +335,10 @@ def patch_norm_fp32(module: M, dtype: torch.dtype = torch.float16) -> M:
     """
     if isinstance(module, (nn.modules.batchnorm._BatchNorm, nn.GroupNorm)):
         module.float()
-        if isinstance(module, nn.GroupNorm) and not getattr(module.forward, _PATCHED_MARK, False):
-            # Bind the patched *class* forward to this module (rather than closing over the
-            # bound method) so copy.deepcopy rebinds it to the copy.
-            patched = patch_forward_method(type(module).forward, dtype, torch.float32)
-            setattr(patched, _PATCHED_MARK, True)
-            module.forward = types.MethodType(patched, module)  # type: ignore[method-assign]
+        if isinstance(module, nn.GroupNorm) and not getattr(module, _PATCHED_MARK, False):
+            module.register_forward_pre_hook(_InputsToFloat32(dtype), with_kwargs=True)
+            module.register_forward_hook(_OutputsBack(dtype))
+            setattr(module, _PATCHED_MARK, True)  # noqa: B010 - an attribute nn.Module does not declare
     for child in module.children():
         patch_norm_fp32(child, dtype)
     return module
