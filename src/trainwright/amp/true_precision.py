@@ -58,6 +58,7 @@ class TruePrecision(Precision):
     """
 
     plain = False
+    dtype: torch.dtype
 
     def __init__(self, dtype: torch.dtype = torch.bfloat16, device_type: str = "cpu") -> None:
         if dtype is not torch.bfloat16:
