@@ -24,6 +24,7 @@ from trainwright.checkpoint.io import CHECKPOINT_SUFFIX, atomic_write_bytes
 from trainwright.checkpoint.listing import read_latest, write_latest
 from trainwright.checkpoint.lock import WorkDirBusyError, WorkDirLock
 from trainwright.checkpoint.rng import get_rng_state, set_rng_state
+from trainwright.checkpoint.settings import CheckpointSettings
 from trainwright.checkpoint.stateful import Stateful, check_state_dict, make_safe
 from trainwright.checkpoint.storage import Location, RemotePath, location
 from trainwright.registry import did_you_mean
@@ -143,6 +144,8 @@ class CheckpointManager:
         after_load: Gets the loaded dict after every piece but ``rng`` is restored (``after_load_checkpoint`` hooks).
         required: Pieces a checkpoint must hold to be restored here.
         optional: Pieces a checkpoint may lack without a warning.
+        settings: Where checkpoints go and what they hold (``Trainer(checkpoint=dict(...))``): its ``out_dir`` replaces
+            ``ckpt_dir``; keep-k, async writes, names and the pieces left out come from it too.
     """
 
     def __init__(
@@ -150,6 +153,7 @@ class CheckpointManager:
         keep: int = -1, async_save: bool = False, logger: logging.Logger | None = None, flush: Callable[[], None] | None = None,
         before_save: Callable[[dict[str, Any]], None] | None = None, after_load: Callable[[dict[str, Any]], None] | None = None,
         after_save: Callable[[Location], None] | None = None, required: Collection[str] = (), optional: Collection[str] = (),
+        settings: CheckpointSettings | None = None,
     ) -> None:
         self.strategy = strategy
         self.pieces: dict[str, Stateful | None] = dict(pieces)
@@ -166,6 +170,13 @@ class CheckpointManager:
         self.exclude: tuple[str, ...] = ()
         #: Templates of periodic names (one ``{}``); ``epoch_names``: a save at an epoch end takes the epoch name.
         self.epoch_tmpl, self.iter_tmpl, self.epoch_names = "epoch_{}.pth", "iter_{}.pth", False
+        #: The storage settings it was built with (``Trainer(checkpoint=...)``, the checkpoint hook's).
+        self.settings = settings or CheckpointSettings()
+        if settings is not None:
+            if settings.out_dir is not None:
+                self.ckpt_dir = self._where(settings.out_dir)
+            self.keep, self.async_save, self.exclude = settings.max_keep_ckpts, settings.async_save, settings.exclude
+            self.epoch_tmpl, self.iter_tmpl = settings.epoch_tmpl, settings.iter_tmpl
         self.record = SaveRecord()
         self._rng = RngState(strategy)
         # the lock guards the local folder (work_dir/checkpoints) even when the files go to a remote out_dir; a manager made on a URL has none

@@ -1,9 +1,9 @@
 """CheckpointHook: the policy of when to save (periodic, last, best); ``trainer.checkpoints`` does the saving.
 
-Its storage settings (``out_dir``, ``max_keep_ckpts``, ``async_save``, ``filename_tmpl``...)
-go to the :class:`~trainwright.checkpoint.manager.CheckpointManager` at ``before_train``; the
-files it keeps (its :class:`SaveRecord`) are this hook's state. A checkpoint due where
-validation also runs is written **after** that validation, so it holds its scores.
+Storage settings it is given (``out_dir``, ``max_keep_ckpts``, ``async_save``, ``filename_tmpl``...) are
+handed to the :class:`~trainwright.checkpoint.manager.CheckpointManager` by the Trainer when it builds it
+(:attr:`~trainwright.hooks.Hook.checkpoint_settings`). The files it keeps (its :class:`SaveRecord`) are
+this hook's state. A checkpoint due where validation also runs is written **after** that validation.
 """
 
 from __future__ import annotations
@@ -16,7 +16,8 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
 from trainwright.checkpoint.manager import SaveRecord
-from trainwright.checkpoint.storage import Location, RemotePath, Store, location
+from trainwright.checkpoint.settings import CheckpointSettings, check_template
+from trainwright.checkpoint.storage import Location
 from trainwright.hooks.hook import Hook
 from trainwright.hooks.view import require_train_loop
 from trainwright.optim.scheduler.plateau import metric_key
@@ -158,8 +159,6 @@ class CheckpointHook(Hook):
     ) -> None:
         if max_keep_best < 1:
             raise ValueError(f"CheckpointHook max_keep_best must be >= 1, got {max_keep_best}")
-        if max_keep_ckpts == 0:
-            raise ValueError("CheckpointHook max_keep_ckpts=0 would delete every checkpoint; use -1 to keep all or k >= 1")
         if not isinstance(save_begin, int) or save_begin < 0:
             raise ValueError(f"CheckpointHook save_begin must be an int >= 0 (the first epoch / iteration to save at), got {save_begin!r}")
         keys = _str_list("save_best", save_best, "'val/acc', 'auto' or ['val/acc', 'val/loss']")
@@ -180,18 +179,25 @@ class CheckpointHook(Hook):
         #: The rule of each ``save_best`` key (None: inferred; for ``"auto"`` at the first validation).
         self.rule = {k: r or (None if k == "auto" else infer_rule(k, self.greater_keys, self.less_keys)) for k, r in zip(keys or [], rules)}
         self.max_keep_best = max_keep_best
-        if storage_options is not None and not (isinstance(out_dir, str) and "://" in out_dir):
-            raise ValueError(f"CheckpointHook storage_options apply to a URL out_dir (s3://..., memory://...), but out_dir is {out_dir!r}; drop storage_options or give a URL")
-        #: Where the checkpoints go (None: ``work_dir/checkpoints``); a URL is decided here, once (a missing fsspec backend fails now).
-        self.out_dir: Location | None = location(out_dir, storage_options) if out_dir is not None else None
-        #: The remote store of a URL ``out_dir`` (checked by the trainer at start), else None.
-        self.store: Store | None = self.out_dir.store if isinstance(self.out_dir, RemotePath) else None
+        self.filename_tmpl = check_template(filename_tmpl) if filename_tmpl is not None else None
+        given: dict[str, Any] = {
+            k: v for k, v, default in (
+                ("out_dir", out_dir, None), ("storage_options", storage_options, None), ("max_keep_ckpts", max_keep_ckpts, -1),
+                ("async_save", async_save, False), ("epoch_tmpl" if by_epoch else "iter_tmpl", filename_tmpl, None),
+                ("save_optimizer", save_optimizer, True), ("save_param_scheduler", save_param_scheduler, True),
+            ) if v != default
+        }
+        # checked (and a URL resolved: a missing fsspec backend fails) now; the Trainer gives them to its checkpoint manager
+        settings = CheckpointSettings.build(given)
+        given.pop("storage_options", None)
+        if settings.out_dir is not None:
+            given["out_dir"] = settings.out_dir
+        self.checkpoint_settings = given
+        #: Where the checkpoints go (None: ``work_dir/checkpoints``); the manager's ``ckpt_dir`` once the Trainer is built.
+        self.out_dir: Location | None = settings.out_dir
         self.async_save = async_save
         self.clean_stale_tmp = clean_stale_tmp
         self.save_begin = save_begin
-        self.filename_tmpl = self._check_template(filename_tmpl)
-        self._epoch_tmpl = filename_tmpl if filename_tmpl is not None and by_epoch else "epoch_{}.pth"
-        self._iter_tmpl = filename_tmpl if filename_tmpl is not None and not by_epoch else "iter_{}.pth"
         self.published_keys = _str_list("published_keys", list(published_keys) if isinstance(published_keys, tuple) else published_keys, "['meta', 'model']")
         #: The files kept (periodic, best per key) and the last saved iteration: this hook's state, kept by the manager.
         self.record = SaveRecord()
@@ -212,17 +218,6 @@ class CheckpointHook(Hook):
         if len(rules) != n:
             raise ValueError(f"CheckpointHook got {len(rules)} rules {rules} for {n} save_best keys {keys}; give one rule per key, or one rule for all")
         return list(rules)
-
-    @staticmethod
-    def _check_template(tmpl: str | None) -> str | None:
-        if tmpl is None:
-            return None
-        if not isinstance(tmpl, str) or tmpl.count("{}") != 1 or "/" in tmpl or not tmpl.endswith(".pth") or tmpl.startswith((".", "best_")):
-            raise ValueError(
-                f"CheckpointHook filename_tmpl must be a file name with exactly one '{{}}' for the epoch / iteration that ends in '.pth' "
-                f"and starts neither with '.' nor 'best_' (resume looks for such files), e.g. 'epoch_{{}}.pth'; got {tmpl!r}"
-            )
-        return tmpl
 
     @property
     def kept(self) -> list[str]:
@@ -269,14 +264,14 @@ class CheckpointHook(Hook):
         self._in_train = True
         trainer.log_lines.writers.hold = partial(self._save_may_follow, trainer)
         loop = _train_loop(trainer)
-        if self.store is not None and not self.store.checked:  # a hook registered after the trainer was built
-            self.store.check("CheckpointHook out_dir")
-        if self.out_dir is not None:
-            m.configure(ckpt_dir=self.out_dir)
-        m.configure(
-            keep=self.max_keep_ckpts, async_save=self.async_save, epoch_tmpl=self._epoch_tmpl, iter_tmpl=self._iter_tmpl, epoch_names=loop.by_epoch, record=self.record,
-            exclude=[n for n, keep in (("optim_wrapper", self.save_optimizer), ("param_schedulers", self.save_param_scheduler)) if not keep],
-        )
+        late = {k: v for k, v in self.checkpoint_settings.items() if getattr(m.settings, k) != v}
+        if late:  # a hook registered after the trainer was built: its storage settings never reached the manager
+            raise ValueError(
+                f"CheckpointHook {late} were given to a hook registered after the Trainer was built, whose checkpoint manager was built "
+                f"with others. Give them when building it: Trainer(checkpoint=dict({', '.join(f'{k}=...' for k in late)}))"
+            )
+        # where and how checkpoints are stored was given to the manager when the Trainer built it; the policy's own state:
+        m.configure(epoch_names=loop.by_epoch, record=self.record)
         if self.by_epoch and self.interval > 0 and not loop.by_epoch:
             trainer.logger.warning(
                 "CheckpointHook counts its interval in epochs (by_epoch=True) but training is iteration-based: only the final "
@@ -323,14 +318,14 @@ class CheckpointHook(Hook):
         it = trainer.progress.iteration
         if not self.by_epoch and self._due(it):
             loop = _train_loop(trainer)
-            self._request(trainer, trainer.checkpoints.name(self._iter_tmpl, it), not loop.by_epoch and loop.val_due())
+            self._request(trainer, trainer.checkpoints.name(trainer.checkpoints.iter_tmpl, it), not loop.by_epoch and loop.val_due())
         self._writers_error(trainer)
 
     def after_train_epoch(self, trainer: TrainerView) -> None:  # noqa: D102
         loop = _train_loop(trainer)
         epoch = trainer.progress.epoch
         if self.by_epoch and loop.by_epoch and self._due(epoch):
-            self._request(trainer, trainer.checkpoints.name(self._epoch_tmpl, epoch), loop.val_due())
+            self._request(trainer, trainer.checkpoints.name(trainer.checkpoints.epoch_tmpl, epoch), loop.val_due())
         self._writers_error(trainer)
 
     def before_train_epoch(self, trainer: TrainerView) -> None:  # noqa: D102
@@ -342,7 +337,8 @@ class CheckpointHook(Hook):
             return
         rules = self._resolve_keys(metrics)  # every key checked before any is used
         p = trainer.progress
-        stem = trainer.checkpoints.name(self._epoch_tmpl, p.epoch) if _train_loop(trainer).by_epoch else trainer.checkpoints.name(self._iter_tmpl, p.iteration)
+        m = trainer.checkpoints
+        stem = m.name(m.epoch_tmpl, p.epoch) if _train_loop(trainer).by_epoch else m.name(m.iter_tmpl, p.iteration)
         for key in rules:
             score = float(metrics[key])
             if not math.isnan(score):

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import difflib
 import warnings
+from collections.abc import Mapping
+from types import MappingProxyType
 from typing import TYPE_CHECKING, Any, ClassVar
 
 if TYPE_CHECKING:
@@ -150,9 +152,13 @@ class Hook:
 
     Attributes:
         priority: Lower runs first; ``"NORMAL"`` (50) by default.
+        checkpoint_settings: Checkpoint storage settings this hook was given (``out_dir``, ``max_keep_ckpts``...;
+            the keys of ``Trainer(checkpoint=dict(...))``): the Trainer gives them to its checkpoint manager when it
+            builds it (mmengine configs name them under ``default_hooks.checkpoint``). Empty for most hooks.
     """
 
     priority: ClassVar[int | str] = "NORMAL"
+    checkpoint_settings: Mapping[str, Any] = MappingProxyType({})
 
     @property
     def state_key(self) -> str:

@@ -3,23 +3,22 @@
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from functools import partial
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-import torch
 from torch import nn
 
 from trainwright.amp.precision import Precision
-from trainwright.checkpoint import Stateful, load_model_weights, save_safetensors
+from trainwright.checkpoint import load_model_weights, save_safetensors
 from trainwright.checkpoint.lock import WorkDirBusyError
 from trainwright.checkpoint.manager import CheckpointManager
-from trainwright.checkpoint.storage import Location, Store, location
-from trainwright.hooks.checkpoint import CheckpointHook
+from trainwright.checkpoint.settings import CheckpointSettings
+from trainwright.checkpoint.storage import RemotePath, Store, location
 from trainwright.hooks.dispatch import HookList
 from trainwright.hooks.hook import Hook
-from trainwright.hooks.timing import HookReport, HookTimer
+from trainwright.hooks.timing import HookTimer
 from trainwright.logging.agreement import Agreement
 from trainwright.logging.lines import PendingLines
 from trainwright.logging.logger import close_logger, create_logger
@@ -41,7 +40,12 @@ from trainwright.trainer.build import EVAL_CFG_KEYS, TRAIN_CFG_KEYS, build_eval_
 from trainwright.trainer.hooks_config import build_hook, build_hooks, check_one_average
 from trainwright.trainer.rank_check import check_ranks_agree
 from trainwright.trainer.run_guard import RunGuard
-from trainwright.trainer.runs import config_changes, new_run_dir, remove_unused_run_dir
+from trainwright.trainer import tuning_entry
+from trainwright.trainer.moved import moved_member
+from trainwright.trainer.restore import resume_or_load
+from trainwright.trainer.run_facts import run_facts
+from trainwright.trainer.runs import new_run_dir, remove_unused_run_dir
+from trainwright.trainer.seeding import RunSeed, torch_seeded
 from trainwright.trainer.state import OPTIONAL_PIECES, DataOrderState, HookStates, MetaState, ModelState, OptimState, SchedulerState
 
 
@@ -108,6 +112,12 @@ class Trainer:
             capture_every=None)`` (see :class:`~trainwright.optim.spike_guard.SpikeGuard`,
             docs/diagnose.md). Costs one host read of the loss per step (and under several
             processes one small all-gather); None (default): the step path is unchanged.
+        checkpoint: Where and how checkpoints are stored, given to the checkpoint manager now (a save before
+            ``train()`` uses them too): ``dict(out_dir=..., storage_options=..., max_keep_ckpts=..., async_save=...,
+            epoch_tmpl=..., iter_tmpl=..., save_optimizer=..., save_param_scheduler=...)`` (see
+            :class:`~trainwright.checkpoint.settings.CheckpointSettings`; ``out_dir`` may be a
+            :class:`~trainwright.checkpoint.storage.Store`). The same keys under ``default_hooks.checkpoint``
+            (mmengine's) are moved here; *when* to save is the checkpoint hook's.
     """
 
     def __init__(
@@ -141,78 +151,73 @@ class Trainer:
         hook_timing: bool | None = None,
         env_cfg: Mapping[str, Any] | None = None,
         spike_guard: Mapping[str, Any] | SpikeGuard | None = None,
+        checkpoint: Mapping[str, Any] | None = None,
     ) -> None:
         # read before the Trainer seeds: whether a model given built was drawn from an unseeded generator
-        built_unseeded = not isinstance(model, Mapping) and not _torch_seeded()
+        built_unseeded = not isinstance(model, Mapping) and not torch_seeded()
         if nonfinite_loss not in ("raise", "skip"):
             raise ValueError(f"nonfinite_loss must be 'raise' or 'skip', got {nonfinite_loss!r}")
         Writers(fail=writers_fail)  # checks the value before anything is created
         #: The loss-spike guard (``spike_guard=``), or None; checked before anything is created.
         self.spike_guard = SpikeGuard.build(spike_guard)
-        self.train_cfg = dict(train_cfg or {})
-        check_keys("train_cfg", self.train_cfg, TRAIN_CFG_KEYS)
-        self.val_cfg = dict(val_cfg or {})
-        check_keys("val_cfg", self.val_cfg, EVAL_CFG_KEYS)
-        self.test_cfg = dict(test_cfg or {})
-        check_keys("test_cfg", self.test_cfg, EVAL_CFG_KEYS)
-        self.work_dir = Path(work_dir)
+        self._train_cfg = dict(train_cfg or {})
+        check_keys("train_cfg", self._train_cfg, TRAIN_CFG_KEYS)
+        val_cfg, test_cfg = dict(val_cfg or {}), dict(test_cfg or {})
+        check_keys("val_cfg", val_cfg, EVAL_CFG_KEYS)
+        check_keys("test_cfg", test_cfg, EVAL_CFG_KEYS)
+        work_dir = Path(work_dir)
         self.strategy = build_strategy(strategy)
         # the one precision of the run (the strategy prepares the model with it; a plain optim wrapper uses this object);
         # resolved first, so a precision this machine cannot run (float8 without its GPU) fails before anything is created
         self.strategy.precision = run_precision(optim_wrapper, precision or "32", self.strategy.device.type)
         self.strategy.setup_env(randomness=randomness, **apply_env_cfg(self.strategy, env_cfg))
-        self.seed: int = self.strategy.seed  # type: ignore[assignment]
-        #: True when ``randomness`` named the seed; otherwise a resumed run adopts its checkpoint's seed.
-        self.seed_given = bool(randomness and randomness.get("seed") is not None)
+        main = self.strategy.is_main_process
         # a model dict is built now, after the seed: its initial weights follow randomness's seed
         module: nn.Module = MODELS.build(model) if isinstance(model, Mapping) else model
         # the hooks are built before the run folder: a remote out_dir (checkpoints, logs) is checked first, so a bad URL leaves no folder
-        hooks = build_hooks(default_hooks, custom_hooks, self.train_cfg)
-        _check_storage(hooks)
+        hooks = build_hooks(default_hooks, custom_hooks, self._train_cfg)
+        ckpt_settings = CheckpointSettings.build(checkpoint, *(h.checkpoint_settings for h in hooks))  # a bad value fails before anything is created
+        _check_storage(hooks, ckpt_settings)
         # rank 0 names (and creates) the run folder: every rank agrees even when their clocks straddle a second
-        self.experiment_name: str = self.strategy.broadcast_object(experiment_name or (new_run_dir(self.work_dir).name if self.is_main_process else None))
+        name: str = self.strategy.broadcast_object(experiment_name or (new_run_dir(work_dir).name if main else None))
         self._run_dir_created = experiment_name is None  # this trainer made the folder (a given name may be an earlier run's)
         #: Runs the loops between ``before_run`` and the clean-up, and reports what stopped a run.
-        self.runs = RunGuard(self)
-        self.run_dir = self.work_dir / self.experiment_name
-        self.logger = create_logger(log_file=self.run_dir / "train.log" if self.is_main_process else None, level=log_level, rank=self.strategy.rank)
+        self._runs = RunGuard(self)
+        #: This run's folder (``work_dir/<experiment_name>``): ``train.log``, ``metrics.jsonl``, the config, traces.
+        self.run_dir = work_dir / name
+        self.logger = create_logger(log_file=self.run_dir / "train.log" if main else None, level=log_level, rank=self.strategy.rank)
         # THE rank decision of logging: only the main process has writers; hooks just fan out to this list.
         #: The one fan-out point: a writer that raises is reported and disabled (or stops the run after the due checkpoint).
-        self.writers = Writers(build_writers(writers, self.run_dir, self.logger) if self.is_main_process else [], self.logger, writers_fail)
+        self.writers = Writers(build_writers(writers, self.run_dir, self.logger, hooks) if main else [], self.logger, writers_fail)
         self.logger.info(f"Environment: {self.strategy.collect_env()}")
-        self.logger.info(f"Random seed: {self.seed}")
-        if built_unseeded and self.seed_given and load_from is None:
-            self.logger.info(
-                f"The model was built before the Trainer seeded torch with seed {self.seed}, and torch had not been seeded in this process: its "
-                "initial weights come from an unseeded generator, so two runs of this script start from different weights (unless they are "
-                f"loaded, e.g. resumed). To make them follow the seed, build the model after tw.seed_everything({self.seed}), or pass "
-                "model=dict(type=...) (a class in trainwright.registry.MODELS), which the Trainer builds after seeding."
-            )
-        self.nonfinite_loss = nonfinite_loss
+        self.logger.info(f"Random seed: {self.strategy.seed}")
+        self._skip_nonfinite = nonfinite_loss == "skip"
         #: The stop / NaN / write decisions every process takes together (several processes: one collective per store flush).
         self.agreement = Agreement(self.strategy.all_gather if self.strategy.world_size > 1 else None)
         self.metric_store = MetricStore(raise_on_nonfinite=nonfinite_loss == "raise", agreement=self.agreement)
         self.metric_store.clipping = lambda: any(getattr(ow, "clip_grad", None) for ow in optim_wrappers_of(self.optim_wrapper).values())  # the NaN error's advice
         #: mmengine's message hub: the run's facts read live, the logged scalars, and what hooks and models write (checkpointed).
-        self.message_hub = MessageHub(self.experiment_name, live={
-            "epoch": lambda: self.progress.epoch, "iter": lambda: self.progress.iteration, "max_iters": lambda: self.max_iters,
-            "max_epochs": lambda: getattr(self.train_loop, "max_epochs", 1 if self.train_loop is not None else 0),
-            "experiment_name": lambda: self.experiment_name, "seed": lambda: self.seed,
-        }, scalars=lambda name: self.metric_store.get(name) if name in self.metric_store else None)
-        #: The training log lines held for batched writing (the logger hook fills it; :meth:`flush_logs` writes it).
-        self.log_lines = PendingLines(self.metric_store, self.writers, self.strategy.data_parallel_size)  # throughput: batches per step
+        self.progress = Progress()
         config = plain(dict(
-            work_dir=self.work_dir, experiment_name=self.experiment_name, train_cfg=self.train_cfg, val_cfg=self.val_cfg, test_cfg=self.test_cfg,
-            optim_wrapper=optim_wrapper, param_scheduler=param_scheduler, default_hooks=default_hooks, custom_hooks=custom_hooks, precision=precision,
-            strategy=self.strategy.name, world_size=self.strategy.world_size, seed=self.seed, randomness=randomness, compile=compile,
-            activation_checkpointing=activation_checkpointing,
+            work_dir=work_dir, experiment_name=name, train_cfg=self._train_cfg, val_cfg=val_cfg, test_cfg=test_cfg,
+            optim_wrapper=optim_wrapper, param_scheduler=param_scheduler, default_hooks=default_hooks, custom_hooks=custom_hooks,
+            precision=precision, strategy=self.strategy.name, world_size=self.strategy.world_size, seed=self.strategy.seed,
+            randomness=randomness, compile=compile, activation_checkpointing=activation_checkpointing,
             resume=resume, load_from=load_from, nonfinite_loss=nonfinite_loss,
             **({"spike_guard": spike_guard} if spike_guard is not None else {}),
+            **({"checkpoint": checkpoint} if checkpoint is not None else {}),
         ))
         #: The trainer's settings as plain values (written to the writers and into every checkpoint's ``meta``).
         self.config: dict[str, Any] = config
+        self._seed = RunSeed(self.strategy, bool(randomness and randomness.get("seed") is not None), config, self.logger)
+        self._seed.note_model_seeding(built_unseeded, load_from)
+        self.message_hub = MessageHub(
+            name, live=run_facts(self.progress, self._seed, name, lambda: self.train_loop),
+            scalars=lambda key: self.metric_store.get(key) if key in self.metric_store else None,
+        )
+        #: The training log lines held for batched writing (the logger hook fills it; :meth:`flush_logs` writes it).
+        self.log_lines = PendingLines(self.metric_store, self.writers, self.strategy.data_parallel_size)  # throughput: batches per step
         self.writers.write_config(config)
-        self.progress = Progress()
         self.preempted = False  # set by the PreemptionHook when a stop signal ended training
         self.hooks = HookList(hooks, timer=HookTimer() if hook_timing is not False else None)
         if self.spike_guard is not None:
@@ -229,30 +234,28 @@ class Trainer:
         self._optim_cfg = optim_wrapper
         self._scheduler_cfg = param_scheduler
         self._train_loader_cfg = train_dataloader
+        self._trains = train_dataloader is not None and optim_wrapper is not None  # resume applies then
         base = as_base_model(module)
         self.model: nn.Module = base  # the strategy moves (once), compiles and wraps it when a run first needs it
         self.optim_wrapper: Any = None
         self.param_schedulers: Any = None
         self.train_loop: EpochBasedTrainLoop | IterBasedTrainLoop | None = None
-        self.val_loop = build_eval_loop(self, val_dataloader, val_evaluator, "val", self.val_cfg)
-        self.test_loop = build_eval_loop(self, test_dataloader, test_evaluator, "test", self.test_cfg)
+        self.val_loop = build_eval_loop(self.strategy, val_dataloader, val_evaluator, "val", val_cfg)
+        self.test_loop = build_eval_loop(self.strategy, test_dataloader, test_evaluator, "test", test_cfg)
         self._prepared = False
         self._resume, self._load_from = resume, load_from
         self._restore_due = True  # resume / load_from: applied before the first run, and again by train() if that run had no optimizer
         #: The checkpoints: saving, naming, ``latest``, keep-k, restore, the folder's lock (hooks reach it here).
         self.checkpoints = CheckpointManager(
             self.strategy,
-            {"meta": MetaState(self), "model": ModelState(self.strategy), "optim_wrapper": None, "param_schedulers": None,  # None: set by _build_train
+            {"meta": MetaState(self.progress, self.strategy.world_size, config, self._seed, self.logger), "model": ModelState(self.strategy), "optim_wrapper": None, "param_schedulers": None,  # None: set by _build_train
              "progress": self.progress, "train_dataloader": None, "metric_store": self.metric_store, "message_hub": self.message_hub, "hooks": HookStates(self.hooks)},
-            self.work_dir / "checkpoints", progress=self.progress, logger=self.logger, flush=self._flush_before_save,
+            work_dir / "checkpoints", progress=self.progress, logger=self.logger, flush=self._flush_before_save,
             before_save=lambda ckpt: self.hooks.call("before_save_checkpoint", self, ckpt),
+            after_save=lambda path: self.hooks.call("after_save_checkpoint", self, path),
             after_load=lambda ckpt: self.hooks.call("after_load_checkpoint", self, ckpt),
-            required=("model", "progress"), optional=OPTIONAL_PIECES,
+            required=("model", "progress"), optional=OPTIONAL_PIECES, settings=ckpt_settings,
         )
-        # where checkpoints live is decided once, here: the checkpoint hook's out_dir (a folder or a URL) is where resume looks too
-        out_dir = next((h.out_dir for h in hooks if isinstance(h, CheckpointHook) and h.out_dir is not None), None)
-        if out_dir is not None:
-            self.checkpoints.configure(ckpt_dir=out_dir)
 
     @classmethod
     def from_config(cls, cfg: Mapping[str, Any], **overrides: Any) -> Trainer:
@@ -277,11 +280,6 @@ class Trainer:
 
     # -- properties -----------------------------------------------------------------------
     @property
-    def is_main_process(self) -> bool:
-        """True on rank 0 (the process that writes logs and checkpoints)."""
-        return self.strategy.is_main_process
-
-    @property
     def unwrapped_model(self) -> nn.Module:
         """The user's model: without DDP/FSDP wrappers and without the plain-module adapter."""
         model = self.unwrapped_base
@@ -291,11 +289,6 @@ class Trainer:
     def prepared(self) -> bool:
         """True while the strategy holds the model prepared for runs (moved, compiled, wrapped); :meth:`close` undoes it."""
         return self._prepared
-
-    @property
-    def ckpt_dir(self) -> Location:
-        """Where this run's checkpoints live: the checkpoint hook's ``out_dir`` (a folder or a URL), else ``work_dir/checkpoints``."""
-        return self.checkpoints.ckpt_dir
 
     @property
     def should_stop(self) -> bool:
@@ -314,27 +307,23 @@ class Trainer:
         self.agreement.request_finish(value)
 
     @property
-    def max_iters(self) -> int:
-        """Total training iterations (0 before a train loop exists)."""
-        return self.train_loop.max_iters if self.train_loop is not None else 0
-
-    # -- building -------------------------------------------------------------------------
-    @property
     def precision(self) -> Precision:
         """The run's precision (``trainer.strategy.precision``): autocast, GradScaler; the optim wrapper's own when it is mixed."""
         return self.strategy.precision
 
+    # -- building -------------------------------------------------------------------------
     def _build_train(self) -> None:
         """Build the train loader, optim wrapper (over the prepared model), train loop and schedulers, once (see :mod:`trainwright.trainer.build`)."""
         if self.train_loop is not None:
             return
         self._prepare_model()
         parts = build_train(
-            self, self.train_cfg, self._train_loader_cfg, self._optim_cfg, self._scheduler_cfg,
-            model=self.unwrapped_base, precision=self.strategy.precision, seed=self.seed, skip_nonfinite=self.nonfinite_loss == "skip",
+            self.strategy, self.hooks, self._train_cfg, self._train_loader_cfg, self._optim_cfg, self._scheduler_cfg,
+            model=self.unwrapped_base, precision=self.strategy.precision, seed=self._seed.value, skip_nonfinite=self._skip_nonfinite,
             spike_guard=self.spike_guard,
         )
         self.optim_wrapper, self.strategy.precision, self.train_loop, self.param_schedulers = parts
+        self._seed.follow(self.train_loop.dataloader)
         self.strategy.setup_optim_wrapper(self.optim_wrapper)
         self.model = self.strategy.model  # type: ignore[assignment]  # a strategy whose wrapper needs the optimizer (DeepSpeed) made it now
         self.checkpoints.pieces.update(
@@ -354,11 +343,6 @@ class Trainer:
         return self.train_loop
 
     @property
-    def _trains(self) -> bool:
-        """Whether this trainer can train (a train loader and an optim wrapper were given): ``resume`` applies then."""
-        return self._train_loader_cfg is not None and self._optim_cfg is not None
-
-    @property
     def unwrapped_base(self) -> nn.Module:
         """The BaseModel the loops call, without distributed wrappers."""
         return self.strategy.unwrap_model(self.model) if self._prepared else self.model
@@ -374,47 +358,12 @@ class Trainer:
         """The model prepared, then ``resume`` / ``load_from`` applied if due (a pass before ``train()`` restores what exists; ``train()`` again, with its optimizer)."""
         self._prepare_model()
         if self._restore_due:
-            self._resume_or_load()  # marked done only once it succeeded: a failed restore is tried (and fails) again, never skipped
+            # marked done only once it succeeded: a failed restore is tried (and fails) again, never skipped
+            resume_or_load(
+                self.checkpoints, self._resume, self._load_from, trains=self._trains, config=self.config, progress=self.progress,
+                logger=self.logger, load_weights=self.load_weights,
+            )
             self._restore_due = self.train_loop is None and self._trains
-
-    def _resume_or_load(self) -> None:
-        """Apply ``resume`` (full state; True: the newest checkpoint that loads, else a training checkpoint at ``load_from``) or else ``load_from`` (weights only).
-
-        Every piece is checked before anything changes (see :meth:`CheckpointManager.restore`).
-        """
-        resume = self._resume
-        if resume and self._trains:
-            found = self.checkpoints.find_and_restore(None if resume is True else resume)
-            if found is None and resume is True and self._load_from is not None:  # nothing of its own: mmengine's resume=True + load_from=PATH resumes PATH
-                found = self.checkpoints.restore_if_training_checkpoint(self._load_from)
-                if found is not None:
-                    self.logger.info(f"resume=True found no checkpoint in {self.checkpoints.ckpt_dir}; load_from {str(self._load_from)!r} is a training checkpoint: resuming it (as mmengine does)")
-            if found is not None:
-                path, ckpt = found
-                self.logger.info(f"Resumed from {path} at epoch {self.progress.epoch}, iteration {self.progress.iteration}")
-                meta = ckpt.get("meta")
-                changed = config_changes(meta.get("config") if isinstance(meta, Mapping) else None, self.config)
-                if changed:
-                    self.logger.warning(
-                        f"Resumed from {path}: the model, the optimizer state (its lr, momentum...), the schedulers, the progress, the data order "
-                        "and the random streams come from the checkpoint. Settings that differ from the checkpoint's run: "
-                        + "; ".join(f"{k}: {a!r} -> {b!r}" for k, (a, b) in changed.items())
-                        + ". train_cfg, hooks, data and the other settings apply as given now; edited optimizer or scheduler values do not "
-                        "(the checkpoint's win): to train with them, start a new run from these weights with load_from=."
-                    )
-                return
-            self.logger.info(f"resume=True but no checkpoint in {self.checkpoints.ckpt_dir}; starting from scratch")
-        if self._load_from is not None:
-            self.load_weights(self._load_from)
-
-    def adopt_seed(self, seed: int) -> None:
-        """Use ``seed`` (a checkpoint's, when the run gave none) for the data order; the random streams come from the checkpoint."""
-        self.logger.info(f"Adopted the checkpoint's random seed {seed} (this run gave no seed, so it had drawn {self.seed})")
-        self.seed = seed
-        self.strategy.seed = seed
-        self.config["seed"] = seed
-        if self.train_loop is not None:
-            self.train_loop.dataloader.set_seed(seed)
 
     # -- hooks ----------------------------------------------------------------------------
     def register_hook(self, hook: Hook | Mapping[str, Any], priority: int | str | None = None) -> Hook:
@@ -430,21 +379,9 @@ class Trainer:
         """
         built = build_hook(hook, priority)
         self.hooks.add(built)
+        if self.strategy.is_main_process:  # a writer the hook brings (the progress bar's) joins the writers, as at build
+            self.writers.extend(build_writers([], self.run_dir, self.logger, [built]))
         return built
-
-    def hook_report(self) -> HookReport:
-        """How long each hook spent in each event: rows ``(hook, event, calls, total_s)`` with ``mean_ms``.
-
-        Counts every call since the trainer was built (training, validation, test), in hook
-        order then event order; ``print(trainer.hook_report())`` shows the table that is also
-        logged when training ends. Times include hooks that a hook's event triggers.
-
-        Raises:
-            RuntimeError: the trainer was built with ``hook_timing=False``.
-        """
-        if self.hooks.timer is None:
-            raise RuntimeError("hook_report() needs hook timing, which this trainer was built without: pass Trainer(hook_timing=True) (or leave it at its default, None)")
-        return self.hooks.timer.report(self.hooks)
 
     # -- running --------------------------------------------------------------------------
     def train(self) -> nn.Module:
@@ -457,7 +394,7 @@ class Trainer:
         try:
             self.checkpoints.lock()
         except WorkDirBusyError:
-            if self._run_dir_created and not self.runs.ran and self.is_main_process:
+            if self._run_dir_created and not self._runs.ran and self.strategy.is_main_process:
                 self.writers.flush()
                 remove_unused_run_dir(self.run_dir, self.logger)  # nothing ran in it: a refused job leaves no run folder
             raise
@@ -467,7 +404,8 @@ class Trainer:
             self._build_train()
             self._prepare()
             assert self.train_loop is not None
-            check_ranks_agree(self)  # one collective: every rank's settings, data shape and resumed checkpoint
+            # one collective: every rank's settings, data shape and resumed checkpoint
+            check_ranks_agree(self.strategy, self.config, self.train_loop.dataloader, self.checkpoints.restored)
             self.agreement.set_finish(False)
             self.preempted = False
             loop = self.train_loop
@@ -476,14 +414,14 @@ class Trainer:
                     f"Nothing to train: training is complete at iteration {self.progress.iteration} of max_iters {loop.max_iters} "
                     f"(epoch {self.progress.epoch}). Raise train_cfg max_epochs / max_iters to train further, or use a new work_dir for a new run."
                 )
-            self.runs.run(partial(loop.run, self._loop_context()))
+            self._runs.run(partial(loop.run, self._loop_context()))
         except BaseException as e:
-            self.runs.failed_outside_a_run(e)
+            self._runs.failed_outside_a_run(e)
             raise
         finally:
             self.checkpoints.unlock()
         if self.hooks.timer is not None and self.logger.isEnabledFor(self._hook_table_level):
-            self.logger.log(self._hook_table_level, f"Time spent in hooks (calls and seconds per event, since the trainer was built):\n{self.hook_report()}")
+            self.logger.log(self._hook_table_level, f"Time spent in hooks (calls and seconds per event, since the trainer was built):\n{self.hooks.report()}")
         return self.unwrapped_model
 
     def val(self) -> dict[str, float]:
@@ -496,7 +434,7 @@ class Trainer:
             raise ValueError("val() needs a val_dataloader (and usually a val_evaluator)")
         self._prepare()
         self.agreement.set_finish(False)  # a stop request of an earlier run does not cut this pass
-        return self.runs.run(partial(self.val_loop.run, self._loop_context()))
+        return self._runs.run(partial(self.val_loop.run, self._loop_context()))
 
     def test(self) -> dict[str, float]:
         """One test pass; returns metrics like ``{"test/acc": 0.97}``; under several processes, on every process (see :meth:`val`)."""
@@ -504,11 +442,12 @@ class Trainer:
             raise ValueError("test() needs a test_dataloader (and usually a test_evaluator)")
         self._prepare()
         self.agreement.set_finish(False)
-        return self.runs.run(partial(self.test_loop.run, self._loop_context()))
+        return self._runs.run(partial(self.test_loop.run, self._loop_context()))
 
-    # -- tuning (the work is trainwright.tuning's: lr_finder.py, batch_size.py) -----------------
+    # -- tuning (the work is trainer/tuning_entry.py's and trainwright.tuning's) ---------------
     def find_lr(
-        self, min_lr: float = 1e-6, max_lr: float = 1.0, num_steps: int = 100, mode: str = "exp", smooth: float = 0.05, diverge: float | None = 4.0,
+        self, min_lr: float = 1e-6, max_lr: float = 1.0, num_steps: int = 100, mode: str = "exp", smooth: float = 0.05,
+        diverge: float | None = 4.0,
     ) -> LRFinderResult:
         """The learning-rate range test (Lightning's ``Tuner.lr_find``); the trainer is left bitwise as it was.
 
@@ -529,46 +468,40 @@ class Trainer:
             ValueError: ``min_lr >= max_lr``, ``num_steps < 2`` or another argument out of range (checked first).
             RuntimeError: called while a run is in progress (from a hook).
         """
-        from trainwright.tuning.lr_finder import check_lr_args, find_lr
-
-        self.runs.refuse_inside_run("find_lr")
-        check_lr_args(min_lr, max_lr, num_steps, mode, smooth, diverge)
-        self._build_train()
-        self._prepare()
-        return find_lr(self, min_lr=min_lr, max_lr=max_lr, num_steps=num_steps, mode=mode, smooth=smooth, diverge=diverge)
+        return tuning_entry.find_lr(self._tuning(), min_lr, max_lr, num_steps, mode, smooth, diverge)
 
     def find_batch_size(self, mode: str = "power", init: int = 2, max_trials: int = 25, steps_per_trial: int = 3, apply: bool = False) -> int:
-        """The largest batch size (per process) that ``steps_per_trial`` training steps fit in device memory (CUDA); the trainer is left as it was.
+        """The largest batch size (per process) that ``steps_per_trial`` training steps fit in device memory (CUDA).
 
         Doubles the batch size from ``init`` until ``torch.cuda.OutOfMemoryError`` (``mode="power"``;
-        ``"binsearch"`` then bisects), at most ``max_trials`` sizes. ``apply=True`` makes the
-        train loader use the size found (the loader, optimizer, schedulers and loop are built
-        again by :meth:`train`; only before training started). See docs/diagnose.md.
+        ``"binsearch"`` then bisects), at most ``max_trials`` sizes; the trainer is left as it was.
+        ``apply=True`` makes the train loader use the size found (the loader, optimizer,
+        schedulers and loop are built again by :meth:`train`; only before training started). See
+        docs/diagnose.md.
 
         Raises:
             RuntimeError: the device is not CUDA (it must report out-of-memory), several processes
                 run, or ``init`` does not fit.
-            ValueError: an argument out of range; ``apply=True`` after training started.
+            ValueError: an argument out of range; ``apply=True`` after training started, or under a strategy
+                whose engine fixes the batch size (DeepSpeed).
         """
-        from trainwright.tuning.batch_size import check_batch_size_args, find_batch_size, with_batch_size
+        return tuning_entry.find_batch_size(self._tuning(), mode, init, max_trials, steps_per_trial, apply)
 
-        self.runs.refuse_inside_run("find_batch_size")
-        check_batch_size_args(self.strategy.device, self.strategy.world_size, mode, init, max_trials, steps_per_trial)
-        if apply:
-            if self.strategy.name == "deepspeed":
-                raise ValueError("find_batch_size(apply=True) cannot rebuild DeepSpeed's engine: set the size it returns as train_dataloader batch_size")
-            with_batch_size(self._train_loader_cfg, init)  # a loader whose size cannot be set fails before the search
+    def _tuning(self) -> tuning_entry.TuningAccess:
+        return tuning_entry.TuningAccess(
+            self, self.progress, self._runs.refuse_inside_run, self._build_and_prepare, self._train_loader_cfg, self._use_train_loader,
+        )
+
+    def _build_and_prepare(self) -> None:
         self._build_train()
         self._prepare()
-        if apply and self.progress.iteration:
-            raise ValueError(f"find_batch_size(apply=True) changes the train loader, which only works before training (this trainer is at iteration {self.progress.iteration}); set the size it returns in the config")
-        size = find_batch_size(self, mode=mode, init=init, max_trials=max_trials, steps_per_trial=steps_per_trial)
-        if apply:
-            self._train_loader_cfg = with_batch_size(self._train_loader_cfg, size)
-            self.train_loop = self.optim_wrapper = self.param_schedulers = None  # train() builds them again for the new size
-            self.checkpoints.pieces.update(optim_wrapper=None, param_schedulers=None, train_dataloader=None)
-            self.logger.info(f"train_dataloader batch_size set to {size}")
-        return size
+
+    def _use_train_loader(self, loader_cfg: Any) -> None:
+        """Train with ``loader_cfg`` from the next :meth:`train` on: the train parts are built again for it."""
+        self._train_loader_cfg = loader_cfg
+        self.train_loop = self.optim_wrapper = self.param_schedulers = None
+        self._seed.follow(None)
+        self.checkpoints.pieces.update(optim_wrapper=None, param_schedulers=None, train_dataloader=None)
 
     def _loop_context(self) -> LoopContext:
         """What the loops use in one run (the model as prepared); the eval loops hold it from the start, so a hook can call ``run_pass`` at any event."""
@@ -584,27 +517,6 @@ class Trainer:
         return ctx
 
     # -- checkpoints (the work is self.checkpoints': checkpoint/manager.py) -------------------
-    @property
-    def stateful(self) -> dict[str, Stateful]:
-        """Every checkpointed piece by name, in load order (``meta`` first, ``rng`` last)."""
-        return self.checkpoints.stateful
-
-    def register_stateful(self, name: str, obj: Stateful) -> None:
-        """Save ``obj.state_dict()`` in every checkpoint under ``name``; resume calls ``obj.load_state_dict``."""
-        self.checkpoints.add(name, obj)
-
-    def state_dict(self, save_optimizer: bool = True, save_param_scheduler: bool = True) -> dict[str, Any]:
-        """The full checkpoint dict (the ``before_save_checkpoint`` hooks' additions included)."""
-        return self.checkpoints.state_dict(_excluded(save_optimizer, save_param_scheduler))
-
-    def save_checkpoint(self, path: str | Path, save_optimizer: bool = True, save_param_scheduler: bool = True, *, async_save: bool = False, after: Callable[[], None] | None = None) -> Location:
-        """Write the full checkpoint through the strategy (a bare name goes in ``ckpt_dir``) and return its path."""
-        return self.checkpoints.save(path, exclude=_excluded(save_optimizer, save_param_scheduler), async_save=async_save, after=after)
-
-    def request_checkpoint(self) -> Location | None:
-        """Checkpoint the current iteration now unless it is saved already; returns the path once complete, or None."""
-        return self.checkpoints.save_now()
-
     def resume_from(self, path: str | Path) -> None:
         """Load a full checkpoint now (builds the train loop and model first); ``train()`` continues from it."""
         self._build_train()
@@ -621,14 +533,14 @@ class Trainer:
         """
         # once prepared, the strategy copies the weights in (a sharded model takes full tensors only through it)
         load = (lambda weights: self.strategy.load_model_state_dict(weights, strict=False)) if self.prepared else None
-        result = load_model_weights(self.unwrapped_model, self.strategy.load_checkpoint(location(path, within=self.ckpt_dir)), strict=strict, revise_keys=list(revise_keys), load=load)
+        result = load_model_weights(self.unwrapped_model, self.strategy.load_checkpoint(location(path, within=self.checkpoints.ckpt_dir)), strict=strict, revise_keys=list(revise_keys), load=load)
         self.logger.info(f"Loaded weights from {path}")
         return result
 
     def save_weights(self, path: str | Path) -> Path:
         """Export the full model weights as safetensors (the model's own keys; gathered to rank 0 under FSDP; call it on every rank)."""
         state = self.strategy.full_model_state_dict() if self.prepared else self.unwrapped_model.state_dict()
-        if self.is_main_process:
+        if self.strategy.is_main_process:
             save_safetensors(state, path)
         return Path(path)
 
@@ -649,6 +561,12 @@ class Trainer:
         """:meth:`flush_logs` before a checkpoint is written: a writer's error (``writers_fail="raise"``) waits until the checkpoint exists."""
         with self.writers.holding():
             self.flush_logs()
+
+    if not TYPE_CHECKING:  # to mypy a Trainer has only its own members
+
+        def __getattr__(self, name: str) -> Any:
+            """Members that moved keep their old names for a while (see :mod:`trainwright.trainer.moved`)."""
+            return moved_member(self, name)
 
     def __enter__(self) -> Trainer:
         return self
@@ -674,21 +592,14 @@ class Trainer:
         self.strategy.teardown()
 
 
-def _check_storage(hooks: Sequence[Hook]) -> None:
-    """Probe every remote ``out_dir`` of the hooks (bucket, credentials, endpoint): an OSError naming the URL and the fix, before anything is created."""
+def _check_storage(hooks: Sequence[Hook], settings: CheckpointSettings) -> None:
+    """Probe the checkpoint store and every remote ``out_dir`` of the hooks (bucket, credentials, endpoint): an OSError naming the URL and the fix, before anything is created."""
+    if isinstance(settings.out_dir, RemotePath) and not settings.out_dir.store.checked:
+        settings.out_dir.store.check("CheckpointHook out_dir")
     for h in hooks:
         store = getattr(h, "store", None)
         if isinstance(store, Store) and not store.checked:
             store.check(f"{type(h).__name__} out_dir")
-
-
-def _torch_seeded() -> bool:
-    """Whether torch's default generator was seeded in this process: a seed someone set (``tw.seed_everything``, ``torch.manual_seed``) is below 2**32 in practice; the one torch draws at start-up is a random 64-bit number."""
-    return torch.initial_seed() < 2**32
-
-
-def _excluded(save_optimizer: bool, save_param_scheduler: bool) -> tuple[str, ...]:
-    return ("optim_wrapper",) * (not save_optimizer) + ("param_schedulers",) * (not save_param_scheduler)
 
 
 if TYPE_CHECKING:
