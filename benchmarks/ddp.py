@@ -111,9 +111,9 @@ def tw_worker(steps: int, out: str) -> None:
     )
     with contextlib.redirect_stdout(io.StringIO()):
         trainer.train()
-    if trainer.is_main_process:
+    if trainer.strategy.is_main_process:
         # What the logger hook's logging iterations cost on rank 0 (the agreement collective is the loop's, not counted here).
-        logger_ms = next(r.mean_ms for r in trainer.hook_report() if r.hook == "LoggerHook" and r.event == "after_train_iter")
+        logger_ms = next(r.mean_ms for r in trainer.hooks.report() if r.hook == "LoggerHook" and r.event == "after_train_iter")
         with open(out, "w") as f:
             json.dump({"time": watch.t1 - watch.t0, "loss": trainer.metric_store.get("loss").latest, "logger_ms": logger_ms}, f)
     trainer.close()

@@ -117,7 +117,7 @@ def bar_costs(repeats: int = 50) -> tuple[int, float]:
             default_hooks=dict(checkpoint=None, progress_bar=dict(enable=True)),
         )
         trainer.train()
-        per_iter = sum(r.calls for r in trainer.hook_report() if r.hook == "ProgressBarHook" and r.event.endswith("_train_iter"))
+        per_iter = sum(r.calls for r in trainer.hooks.report() if r.hook == "ProgressBarHook" and r.event.endswith("_train_iter"))
         trainer.close()
     term = io.StringIO()
     term.isatty = lambda: True  # type: ignore[method-assign]

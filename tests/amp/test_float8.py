@@ -66,7 +66,7 @@ def test_float8_trains_the_linear_layers_in_float8_close_to_bf16(tmp_path: Path)
         if precision == "float8":  # the 10-way head is left in bf16 (10 is not a multiple of 16)
             assert kinds == {"fc1": "Float8Linear", "fc2": "Float8Linear", "head": "Linear"}
         losses[precision] = [r["loss"] for r in train_records(t.run_dir)]
-        ckpt = sorted(t.ckpt_dir.glob("*.pth"))[-1]
+        ckpt = sorted(t.checkpoints.ckpt_dir.glob("*.pth"))[-1]
         t.close()
         plain = MLP()  # a float8 run's checkpoint loads into the plain model: the same keys and shapes
         plain.load_state_dict(torch.load(ckpt, map_location="cpu", weights_only=True)["model"])

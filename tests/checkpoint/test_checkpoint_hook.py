@@ -31,7 +31,7 @@ class Events(Hook):
         self.seen: list[tuple[int, set[str]]] = []
 
     def after_train_iter(self, trainer: tw.Trainer, batch_idx: int, data_batch: Any = None, outputs: Any = None) -> None:
-        d = trainer.ckpt_dir
+        d = trainer.checkpoints.ckpt_dir
         self.seen.append((trainer.progress.iteration, {p.name for p in d.iterdir()} if d.is_dir() else set()))
 
 

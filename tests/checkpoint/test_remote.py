@@ -216,7 +216,7 @@ def test_load_from_an_s3_url_and_no_local_folder_named_after_it(tmp_path: Path, 
     t = _trainer(tmp_path / "a", f"s3://{bucket}/run", dict(client_kwargs=dict(endpoint_url=moto.endpoint)))
     t.train()
     t.close()
-    saved = load_file(t.ckpt_dir / "epoch_2.pth")["model"]  # the trainer's folder carries its store (endpoint, options)
+    saved = load_file(t.checkpoints.ckpt_dir / "epoch_2.pth")["model"]  # the trainer's folder carries its store (endpoint, options)
     monkeypatch.setenv("AWS_ENDPOINT_URL", moto.endpoint)  # a plain URL: credentials and endpoint from the environment
     t2 = _trainer(tmp_path / "b", f"s3://{bucket}/other", load_from=f"s3://{bucket}/run/epoch_2.pth",
                   optim_wrapper=dict(optimizer=dict(type="SGD", lr=0.0)), train_cfg=dict(by_epoch=True, max_epochs=1))

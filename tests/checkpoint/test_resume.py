@@ -206,7 +206,7 @@ def test_numpy_values_in_state_are_saved_as_plain_numbers_and_other_objects_refu
     t = ct.build(str(tmp_path / "a"), experiment="a", custom_hooks=[NumpyState({"s": np.float64(0.5), "a": np.arange(3)})])
     t._build_train()
     t._prepare()
-    path = t.save_checkpoint("x.pth")
+    path = t.checkpoints.save("x.pth")
     got = torch.load(path, weights_only=True)["hooks"]["NumpyState"]["v"]
     assert got["s"] == 0.5 and type(got["s"]) is float
     assert torch.equal(got["a"], torch.arange(3))
@@ -215,7 +215,7 @@ def test_numpy_values_in_state_are_saved_as_plain_numbers_and_other_objects_refu
     t._build_train()
     t._prepare()
     with pytest.raises(TypeError, match=r"checkpoint\['hooks'\]\['NumpyState'\]\['v'\].*weights_only"):
-        t.save_checkpoint("y.pth")
+        t.checkpoints.save("y.pth")
     assert not (tmp_path / "b" / "checkpoints" / "y.pth").exists()
 
 

@@ -135,14 +135,14 @@ def test_a_registered_stateful_object_is_saved_and_restored_by_name(tmp_path: Pa
     counter = Counter()
     assert isinstance(counter, Stateful)
     t = ct.build(str(tmp_path / "a"), hooks=[CountIters(counter)], checkpoint=dict(interval=4, by_epoch=False, max_keep_ckpts=-1, save_best=None), **SHORT)
-    t.register_stateful("counter", counter)
+    t.checkpoints.add("counter", counter)
     t.train()
     path = tmp_path / "a" / "checkpoints" / "iter_8.pth"
     assert load_file(path)["counter"] == {"n": 80}
 
     fresh = Counter()
     t2 = ct.build(str(tmp_path / "b"), **SHORT)
-    t2.register_stateful("counter", fresh)
+    t2.checkpoints.add("counter", fresh)
     t2.resume_from(path)
     assert fresh.n == 80 and t2.progress.iteration == 8
 
@@ -151,12 +151,12 @@ def test_register_stateful_refuses_taken_names_and_non_stateful_objects(tmp_path
     t = ct.build(str(tmp_path), **SHORT)
     for builtin in ("model", "optim_wrapper", "progress", "rng"):
         with pytest.raises(ValueError, match=f"'{builtin}' is already taken"):
-            t.register_stateful(builtin, Counter())
-    t.register_stateful("counter", Counter())
+            t.checkpoints.add(builtin, Counter())
+    t.checkpoints.add("counter", Counter())
     with pytest.raises(ValueError, match="'counter' is already taken"):
-        t.register_stateful("counter", Counter())
+        t.checkpoints.add("counter", Counter())
     with pytest.raises(TypeError, match="state_dict"):
-        t.register_stateful("nope", object())  # type: ignore[arg-type]
+        t.checkpoints.add("nope", object())  # type: ignore[arg-type]
 
 
 def test_a_piece_check_refuses_before_any_piece_loads_and_a_missing_piece_warns(tmp_path: Path) -> None:
@@ -167,7 +167,7 @@ def test_a_piece_check_refuses_before_any_piece_loads_and_a_missing_piece_warns(
             raise ValueError("picky refuses")
 
     t = ct.build(str(tmp_path / "b"), **SHORT)
-    t.register_stateful("picky", Picky())
+    t.checkpoints.add("picky", Picky())
     src = torch.load(path, weights_only=True)
     src["picky"] = {"n": 1}
     torch.save(src, tmp_path / "with_picky.pth")
@@ -179,7 +179,7 @@ def test_a_piece_check_refuses_before_any_piece_loads_and_a_missing_piece_warns(
 
     t2 = ct.build(str(tmp_path / "c"), **SHORT)
     absent = Counter(5)
-    t2.register_stateful("absent", absent)
+    t2.checkpoints.add("absent", absent)
     with pytest.warns(UserWarning, match=r"iter_4\.pth.*'absent'"):
         t2.resume_from(path)
     assert absent.n == 5 and t2.progress.iteration == 4
@@ -246,7 +246,7 @@ def test_request_checkpoint_is_served_by_the_checkpoint_hook_while_training(tmp_
 
         def after_train_iter(self, trainer: tw.Trainer, batch_idx: int, data_batch: Any = None, outputs: Any = None) -> None:  # noqa: D102
             if trainer.progress.iteration in (3, 4):
-                got.append(trainer.request_checkpoint())
+                got.append(trainer.checkpoints.save_now())
 
     t = ct.build(str(tmp_path), hooks=[Ask()], checkpoint=dict(interval=4, by_epoch=False, max_keep_ckpts=1, save_best=None), **SHORT)
     t.train()

@@ -65,7 +65,7 @@ class ClusterReport(tw.Hook):
             state = {k: v.detach().cpu().clone() for k, v in trainer.unwrapped_model.state_dict().items()}
             torch.save({"model": state, "iteration": trainer.progress.iteration, "world_size": trainer.strategy.world_size,
                         "torchrun": "TORCHELASTIC_RUN_ID" in os.environ},
-                       Path(trainer.work_dir) / f"result_rank{trainer.strategy.rank}.pt")
+                       trainer.run_dir.parent / f"result_rank{trainer.strategy.rank}.pt")
 
 
 model = dict(type="ClusterNet")

@@ -53,14 +53,14 @@ def test_a_description_leaves_out_what_may_differ_per_rank(tmp_path: Path, monke
         randomness=dict(seed=3, deterministic=False), custom_hooks=[tw.Hook()], log_level="WARNING",
     )
     try:
-        t._build_train()
-        d = describe_rank(t)
+        loop = t.build_train_loop()
+        d = describe_rank(t.config, loop.dataloader, t.checkpoints.restored)
         assert d["batches per epoch"] == 5 and d["batch_size"] == 4 and d["resumed"] is None
         assert d["settings"]["optim_wrapper.optimizer.lr"] == "0.1" and d["settings"]["randomness.deterministic"] == "False"
         for key in ("work_dir", "experiment_name", "seed", "randomness.seed", "custom_hooks"):
             assert key not in d["settings"], key
         assert not any(" at 0x" in v for v in d["settings"].values())
-        check_ranks_agree(t)  # one process: no collective, nothing to compare
+        check_ranks_agree(t.strategy, t.config, loop.dataloader, t.checkpoints.restored)  # one process: no collective, nothing to compare
     finally:
         t.close()
 

@@ -51,20 +51,20 @@ def test_default_logger_interval_is_10(trainer_factory):
 def test_checkpoint_none_writes_no_checkpoint(trainer_factory):
     t = trainer_factory(default_hooks=dict(checkpoint=None), train_cfg=dict(max_epochs=2))
     t.train()
-    assert not t.ckpt_dir.exists() or not any(t.ckpt_dir.iterdir())
+    assert not t.checkpoints.ckpt_dir.exists() or not any(t.checkpoints.ckpt_dir.iterdir())
 
 
 def test_checkpoint_interval_by_epoch_and_keep(trainer_factory):
     t = trainer_factory(default_hooks=dict(checkpoint=dict(interval=1, max_keep_ckpts=2)), train_cfg=dict(max_epochs=3))
     t.train()
-    assert sorted(p.name for p in t.ckpt_dir.glob("*.pth")) == ["epoch_2.pth", "epoch_3.pth"]
+    assert sorted(p.name for p in t.checkpoints.ckpt_dir.glob("*.pth")) == ["epoch_2.pth", "epoch_3.pth"]
 
 
 def test_checkpoint_by_iteration(trainer_factory):
     t = trainer_factory(default_hooks=dict(checkpoint=dict(interval=4, by_epoch=False)), train_cfg=dict(by_epoch=False, max_iters=10))
     t.train()
     # every 4 iterations, plus the last one (save_last)
-    assert sorted(p.name for p in t.ckpt_dir.glob("*.pth")) == ["iter_10.pth", "iter_4.pth", "iter_8.pth"]
+    assert sorted(p.name for p in t.checkpoints.ckpt_dir.glob("*.pth")) == ["iter_10.pth", "iter_4.pth", "iter_8.pth"]
 
 
 def test_timer_none_removes_timing(trainer_factory):

@@ -1,4 +1,4 @@
-"""Per-hook timing: trainer.hook_report() and the table logged when training ends."""
+"""Per-hook timing: trainer.hooks.report() and the table logged when training ends."""
 
 from __future__ import annotations
 
@@ -33,7 +33,7 @@ class EveryFour(tw.Hook):
 
 
 def _rows(trainer):
-    return {(r.hook, r.event): r for r in trainer.hook_report()}
+    return {(r.hook, r.event): r for r in trainer.hooks.report()}
 
 
 def test_report_times_a_sleeping_hook_and_counts_calls(trainer_factory):
@@ -54,7 +54,7 @@ def test_report_times_a_sleeping_hook_and_counts_calls(trainer_factory):
 def test_every_active_hook_is_listed_with_its_events(trainer_factory):
     t = trainer_factory(default_hooks=dict(), custom_hooks=[Sleeper(0.0, 0.0)])
     t.train()
-    report = t.hook_report()
+    report = t.hooks.report()
     # every hook with an event in this run (the RuntimeInfoHook has evaluation events only, and there is no validation)
     assert {r.hook for r in report} == {type(h).__name__ for h in t.hooks} - {"RuntimeInfoHook"}
     assert all(r.calls > 0 and r.total_s >= 0 for r in report)
@@ -85,7 +85,7 @@ def test_two_copies_of_a_hook_are_told_apart(trainer_factory):
     a, b = EveryFour(), EveryFour()
     t = trainer_factory(custom_hooks=[a, b])
     t.train()
-    names = [r.hook for r in t.hook_report() if r.event == "after_train_iter" and r.hook.startswith("EveryFour")]
+    names = [r.hook for r in t.hooks.report() if r.event == "after_train_iter" and r.hook.startswith("EveryFour")]
     assert len(names) == 2 and len(set(names)) == 2
 
 
@@ -95,7 +95,7 @@ def test_timing_off_keeps_plain_methods_and_report_says_how_to_turn_it_on(traine
     logger_hook = t.hooks.get(LoggerHook)
     assert logger_hook.after_train_iter in t.hooks.calls["after_train_iter"]
     with pytest.raises(RuntimeError, match="hook_timing=True"):
-        t.hook_report()
+        t.hooks.report()
     t.flush_logs()
     assert "Time spent in hooks" not in (t.run_dir / "train.log").read_text()
 

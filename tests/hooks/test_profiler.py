@@ -24,7 +24,7 @@ def test_trace_of_the_active_iterations_is_written_as_json(trainer_factory):
     assert prof.traces == [path] and path.exists()
     assert _steps(path) == ["ProfilerStep#2", "ProfilerStep#3"]  # the profiler's steps 2 and 3 are iterations 3 and 4
     # not called outside its window: iterations 1..4 of 20
-    rows = {(r.hook, r.event): r.calls for r in t.hook_report()}
+    rows = {(r.hook, r.event): r.calls for r in t.hooks.report()}
     assert rows[("ProfilerHook", "after_train_iter")] == 4 and rows[("ProfilerHook", "before_train_iter")] == 4
 
 
@@ -35,7 +35,7 @@ def test_repeat_and_skip_first_write_one_trace_per_cycle(trainer_factory):
     t.train()
     # skip 1-3; cycle 1: wait 4, record 5; cycle 2: wait 6, record 7
     assert [p.name for p in prof.traces] == ["trace_rank0_iter5-5.json", "trace_rank0_iter7-7.json"]
-    rows = {(r.hook, r.event): r.calls for r in t.hook_report()}
+    rows = {(r.hook, r.event): r.calls for r in t.hooks.report()}
     assert rows[("ProfilerHook", "after_train_iter")] == 4  # iterations 4..7
 
 

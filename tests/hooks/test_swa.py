@@ -99,10 +99,10 @@ def test_resume_mid_swa_equals_uninterrupted(tmp_path: Path, ckpt: str) -> None:
         t = _trainer(tmp_path / "b", BNNet(), data, shuffle=True, default_hooks=dict(checkpoint=dict(interval=1)))
         t.train()
         t.close()
-        path = t.ckpt_dir / ckpt
+        path = t.checkpoints.ckpt_dir / ckpt
         assert torch.equal(t.unwrapped_model.state_dict()["net.0.weight"], full.state_dict()["net.0.weight"])
     else:  # iteration 14: inside epoch 4 (iterations 13-16), after two average updates
-        path = t.ckpt_dir / ckpt
+        path = t.checkpoints.ckpt_dir / ckpt
     assert path.exists()
     resumed = BNNet()
     r = _trainer(tmp_path / "c", resumed, data, shuffle=True, resume=str(path), default_hooks=dict(checkpoint=None))

@@ -121,7 +121,7 @@ def test_wandb_offline_run_lands_in_the_run_folder(trainer_factory: Any, tmp_pat
     assert run.summary["train/loss"] == pytest.approx(last_train["loss"], rel=1e-12)
     assert run.summary["val/acc"] == pytest.approx(last_val["val/acc"], rel=1e-12)
     assert run.config["train_cfg"]["max_iters"] == 50
-    assert run.name == t.experiment_name
+    assert run.name == t.run_dir.name
     t.close()
     runs = list((t.run_dir / "wandb").glob("offline-run-*"))
     assert len(runs) == 1, runs
@@ -145,7 +145,7 @@ def test_mlflow_metrics_query_back_through_the_client(trainer_factory: Any) -> N
     client = MlflowClient(tracking_uri=f"sqlite:///{t.run_dir / 'mlflow' / 'mlflow.db'}")
     exp = client.get_experiment_by_name("trainwright")
     (run,) = client.search_runs([exp.experiment_id])
-    assert run.info.status == "FINISHED" and run.info.run_name == t.experiment_name
+    assert run.info.status == "FINISHED" and run.info.run_name == t.run_dir.name
     ref = _jsonl(t.run_dir)
     history = client.get_metric_history(run.info.run_id, "train/loss")
     assert [(m.step, m.value) for m in history] == [(r["iter"], r["loss"]) for r in ref if r["mode"] == "train"]

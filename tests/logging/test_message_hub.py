@@ -60,7 +60,7 @@ def test_hooks_and_models_read_the_run_live(tmp_path: Path) -> None:
     assert model.seen_iters == list(range(6))
     assert watch.rows == [(0, 1, 2, 6), (0, 2, 2, 6), (0, 3, 2, 6), (1, 4, 2, 6), (1, 5, 2, 6), (1, 6, 2, 6)]
     hub = t.message_hub
-    assert MessageHub.get_current_instance() is hub and MessageHub.get_instance(t.experiment_name) is hub
+    assert MessageHub.get_current_instance() is hub and MessageHub.get_instance(t.run_dir.name) is hub
     assert hub.get_scalar("train/loss").current() == t.metric_store.get("loss").latest
     assert hub.get_scalar("val/acc").current() == t.val()["val/acc"]  # written by the RuntimeInfoHook after each evaluation
     t.close()

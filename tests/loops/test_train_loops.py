@@ -34,7 +34,7 @@ def test_epoch_loop_counters_and_each_sample_once_per_epoch(trainer_factory):
     t = trainer_factory(dataset=ds, batch_size=4, shuffle=True, train_cfg=dict(by_epoch=True, max_epochs=3), custom_hooks=[rec])
     t.train()
     assert (t.progress.epoch, t.progress.iteration, t.progress.iter_in_epoch) == (3, 15, 0)
-    assert t.max_iters == 15
+    assert t.train_loop.max_iters == 15
     assert rec.idx == list(range(5)) * 3
     index = _rows(ds)
     orders = []
@@ -50,7 +50,7 @@ def test_iteration_loop_counters_and_cycling(trainer_factory):
     rec = BatchRecorder()
     t = trainer_factory(dataset=ds, batch_size=4, train_cfg=dict(by_epoch=False, max_iters=13), custom_hooks=[rec])
     t.train()
-    assert t.progress.iteration == 13 and t.max_iters == 13
+    assert t.progress.iteration == 13 and t.train_loop.max_iters == 13
     assert t.progress.epoch == 2  # two full passes over the 5-batch loader, third under way
     assert len(rec.batches) == 13
     for i in range(13):  # shuffle=False: iteration i sees batch i % 5

@@ -299,7 +299,7 @@ def test_hook_timing_table_only_when_asked_or_at_debug(tmp_path: Path, hook_timi
     t.flush_logs()
     assert ("Time spent in hooks" in (tmp_path / "run" / "train.log").read_text()) is table
     if hook_timing is not False:
-        assert len(t.hook_report()) > 0  # timed by default all the same
+        assert len(t.hooks.report()) > 0  # timed by default all the same
     t.close()
 
 

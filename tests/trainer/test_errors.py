@@ -229,7 +229,7 @@ def test_a_failing_after_run_skips_no_other_cleanup_and_hides_no_error(trainer_f
     t.flush_logs()
     assert "BadCleanup.after_run failed while the run was cleaning up: OSError: disk gone while closing" in (t.run_dir / "train.log").read_text()
     # a run that succeeded reports its cleanup error
-    t2 = trainer_factory(custom_hooks=[BadCleanup()], work_dir=t.work_dir / "second")
+    t2 = trainer_factory(custom_hooks=[BadCleanup()], work_dir=t.run_dir.parent / "second")
     with pytest.raises(OSError, match="disk gone"):
         t2.train()
     assert signal.getsignal(signal.SIGTERM) == before

@@ -173,7 +173,7 @@ for attempt in range(100):
         if durations:  # Ctrl-C somewhere inside a write of ~8 MB, timed from the recent ones (a loaded machine's times drift)
             threading.Timer(min(durations[-3:]) * random.uniform(0.1, 0.9), os.kill, (os.getpid(), signal.SIGINT)).start()
         in_save = True
-        t.save_checkpoint("iter_99.pth")
+        t.checkpoints.save("iter_99.pth")
         in_save = False
         durations.append(time.perf_counter() - start)
         time.sleep(min(durations[-3:]) * 2)  # a late signal lands here, outside the write
@@ -487,7 +487,7 @@ def test_resuming_without_a_seed_adopts_the_checkpoints_seed(tmp_path: Path):
     with _resumable(tmp_path / "split", shuffle=True, train_cfg=dict(by_epoch=True, max_epochs=2), resume=True) as t, warnings.catch_warnings():
         warnings.simplefilter("error")  # no "data order seed changed"
         t.train()
-        assert t.seed == 123
+        assert t.strategy.seed == 123
         assert all(torch.equal(a, b) for a, b in zip(whole, t.unwrapped_model.parameters()))
 
 

@@ -235,7 +235,7 @@ def run_command(args: argparse.Namespace, argv: Sequence[str]) -> int:
         result = _run(trainer, args.command, cfg, args.debug)
     finally:
         trainer.close()
-    if args.command != "train" and trainer.is_main_process:
+    if args.command != "train" and trainer.strategy.is_main_process:
         print(json.dumps(result))
     return 0
 

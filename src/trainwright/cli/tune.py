@@ -36,7 +36,7 @@ def tune_lr_command(args: argparse.Namespace) -> int:
     trainer = Trainer.from_config(cfg)
     try:
         result = trainer.find_lr(min_lr=args.min_lr, max_lr=args.max_lr, num_steps=args.num_steps, mode=args.mode)
-        if trainer.is_main_process:
+        if trainer.strategy.is_main_process:
             out = result.plot(Path(args.out))
             lr = result.suggestion
             what = f"{len(result.lrs)} updates, lr {result.lrs[0]:.3g} to {result.lrs[-1]:.3g}" + (", stopped early: the loss diverged" if result.stopped_early else "")

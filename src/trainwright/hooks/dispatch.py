@@ -13,7 +13,7 @@ from typing import Any
 
 from trainwright.checkpoint.stateful import Stateful
 from trainwright.hooks.hook import EVENTS, EveryInEpoch, Hook, get_priority, require_hook
-from trainwright.hooks.timing import HookTimer
+from trainwright.hooks.timing import HookReport, HookTimer
 
 Call = Callable[..., Any]
 Interval = int | range | EveryInEpoch  # see Hook.train_iter_interval
@@ -194,6 +194,23 @@ class HookList:
             if (isinstance(cls_or_name, str) and cls_or_name in (type(h).__name__, h.state_key)) or (isinstance(cls_or_name, type) and isinstance(h, cls_or_name)):
                 return h
         return None
+
+    def report(self) -> HookReport:
+        """How long each hook spent in each event: rows ``(hook, event, calls, total_s)`` with ``mean_ms``.
+
+        Counts every call since the list was built (training, validation, test), in hook order
+        then event order; ``print(trainer.hooks.report())`` shows the table that is also logged
+        when training ends. Times include hooks that a hook's event triggers.
+
+        Raises:
+            RuntimeError: the list was built without a timer (``Trainer(hook_timing=False)``).
+        """
+        if self.timer is None:
+            raise RuntimeError(
+                "hook_report() needs hook timing, which this trainer was built without: pass Trainer(hook_timing=True) "
+                "(or leave it at its default, None)"
+            )
+        return self.timer.report(self)
 
     def stateful(self) -> list[Hook]:
         """Hooks that define their own ``state_dict`` / ``load_state_dict``."""

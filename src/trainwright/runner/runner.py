@@ -106,7 +106,7 @@ class Runner(Trainer):
             self.logger.info(built.scaled)
         if train_dataloader is not None and optim_wrapper is not None:
             self.build_train_loop()  # mmengine's runner.train_loop exists before train(): hooks and scripts read it (max_iters...) early
-        if cfg is not None and self.is_main_process:
+        if cfg is not None and self.strategy.is_main_process:
             dump_config(cfg, self.run_dir)
 
     @classmethod
@@ -137,6 +137,26 @@ class Runner(Trainer):
     def max_epochs(self) -> int:
         """The train loop's epochs (mmengine's ``runner.max_epochs``)."""
         return int(getattr(self.train_loop, "max_epochs", 1 if self.train_loop is not None else 0))
+
+    @property
+    def max_iters(self) -> int:
+        """The train loop's iterations (mmengine's ``runner.max_iters``; 0 before a train loop exists)."""
+        return self.train_loop.max_iters if self.train_loop is not None else 0
+
+    @property
+    def seed(self) -> int:
+        """The run's random seed (mmengine's ``runner.seed``; a resumed run that gave none takes its checkpoint's)."""
+        return int(self.strategy.seed or 0)
+
+    @property
+    def work_dir(self) -> Path:
+        """mmengine's ``runner.work_dir``: where checkpoints and run folders go."""
+        return self.run_dir.parent
+
+    @property
+    def experiment_name(self) -> str:
+        """mmengine's ``runner.experiment_name``: the run folder's name."""
+        return self.run_dir.name
 
     @property
     def train_dataloader(self) -> Any:

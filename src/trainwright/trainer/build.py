@@ -11,6 +11,7 @@ from torch.utils.data import DataLoader, IterableDataset
 
 from trainwright.amp.precision import Precision
 from trainwright.data.loader import build_dataloader, make_dataloader, make_resumable
+from trainwright.hooks.checkpoint import CheckpointHook
 from trainwright.loops.eval_loop import EvalLoop
 from trainwright.loops.train_loop import EpochBasedTrainLoop, IterBasedTrainLoop
 from trainwright.optim.builder import build_optim_wrapper, loop_precision
@@ -20,7 +21,8 @@ from trainwright.optim.scheduler.builder import flatten_schedulers
 from trainwright.optim.spike_guard import SpikeGuard
 
 if TYPE_CHECKING:
-    from trainwright.trainer.trainer import Trainer
+    from trainwright.hooks.dispatch import HookList
+    from trainwright.strategies.base import Strategy
 
 #: Keys ``train_cfg`` accepts.
 TRAIN_CFG_KEYS = frozenset({"by_epoch", "max_epochs", "max_iters", "val_interval", "val_begin", "gather_metric_period", "dynamic_intervals"})
@@ -43,7 +45,7 @@ def train_by_epoch(train_cfg: Mapping[str, Any]) -> bool:
 
 
 def build_train(
-    trainer: Trainer, train_cfg: Mapping[str, Any], loader_cfg: Any, optim_cfg: Any, scheduler_cfg: Any, *,
+    strategy: Strategy, hooks: HookList, train_cfg: Mapping[str, Any], loader_cfg: Any, optim_cfg: Any, scheduler_cfg: Any, *,
     model: nn.Module, precision: Precision, seed: int, skip_nonfinite: bool, spike_guard: SpikeGuard | None = None,
 ) -> TrainParts:
     """The resumable train loader, the optim wrapper over ``model``, the train loop and the param schedulers.
@@ -67,7 +69,6 @@ def build_train(
         )
     by_epoch = train_by_epoch(cfg)
     cfg.pop("by_epoch", None)
-    strategy = trainer.strategy
     loader = build_dataloader(loader_cfg, seed=seed, num_replicas=strategy.data_parallel_size, rank=strategy.data_parallel_rank)  # this rank's shard
     try:
         len(loader)
@@ -86,7 +87,7 @@ def build_train(
         for ow in optim_wrappers_of(optim_wrapper).values():
             ow.skip_nonfinite = True
     if spike_guard is not None:
-        _attach_spike_guard(trainer, optim_wrapper, spike_guard)
+        _attach_spike_guard(hooks, optim_wrapper, spike_guard)
     loop: EpochBasedTrainLoop | IterBasedTrainLoop
     if by_epoch:
         if "max_epochs" not in cfg:
@@ -109,7 +110,7 @@ def build_train(
     return TrainParts(optim_wrapper, precision, loop, schedulers)
 
 
-def _attach_spike_guard(trainer: Trainer, optim_wrapper: Any, guard: SpikeGuard) -> None:
+def _attach_spike_guard(hooks: HookList, optim_wrapper: Any, guard: SpikeGuard) -> None:
     """Give the run's one optim wrapper the guard; a rollback needs something to roll back to (checked before training starts)."""
     wrappers = optim_wrappers_of(optim_wrapper)
     if len(wrappers) != 1:
@@ -118,7 +119,7 @@ def _attach_spike_guard(trainer: Trainer, optim_wrapper: Any, guard: SpikeGuard)
             "Drop spike_guard, or use one optim wrapper."
         )
     if guard.action == "rollback" and guard.capture_every is None:
-        ckpt = trainer.hooks.get("CheckpointHook")
+        ckpt = next((h for h in hooks if isinstance(h, CheckpointHook)), None)  # the periodic saves a rollback goes back to
         if ckpt is None or getattr(ckpt, "interval", 1) <= 0:
             raise ValueError(
                 "spike_guard action='rollback' has no checkpoint to roll back to: "
@@ -173,7 +174,7 @@ class DataParallelGroup:
         return self.strategy.broadcast_object(obj, src=src)
 
 
-def build_eval_loop(trainer: Trainer, loader: Any, evaluator: Any, mode: str, cfg: Mapping[str, Any]) -> EvalLoop | None:
+def build_eval_loop(strategy: Strategy, loader: Any, evaluator: Any, mode: str, cfg: Mapping[str, Any]) -> EvalLoop | None:
     """A val / test loop from a DataLoader (or its dict) and a metric / list of metrics / Evaluator; None without a loader.
 
     Under several processes a ``DataLoader`` is rebuilt around this rank's shard (padded to
@@ -187,7 +188,6 @@ def build_eval_loop(trainer: Trainer, loader: Any, evaluator: Any, mode: str, cf
         return None
     if isinstance(loader, Mapping):
         loader = make_dataloader(loader, f"{mode}_dataloader")
-    strategy = trainer.strategy
     if strategy.data_parallel_size > 1:
         if isinstance(loader, DataLoader) and not isinstance(loader.dataset, IterableDataset):
             loader = make_resumable(loader, 0, strategy.data_parallel_size, strategy.data_parallel_rank, f"{mode}_dataloader")

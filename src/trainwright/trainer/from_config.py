@@ -47,7 +47,7 @@ def trainer_from_config(trainer_cls: type[Trainer], cfg: Mapping[str, Any], **ov
     trainer = _build(lambda: trainer_cls(**built.kwargs), built.paths, None, built.scope)
     if built.scaled:
         trainer.logger.info(built.scaled)
-    if trainer.is_main_process:
+    if trainer.strategy.is_main_process:
         dump_config(_resolved(cfg, overrides), trainer.run_dir)
     return trainer
 

@@ -14,7 +14,7 @@ from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from trainwright.trainer.trainer import Trainer
+    from trainwright.strategies.base import Strategy
 
 __all__ = ["RanksDisagreeError", "check_ranks_agree", "describe_rank", "disagreements"]
 
@@ -46,20 +46,18 @@ def _flatten(value: Any, prefix: str, out: dict[str, str]) -> None:
         out[key] = text
 
 
-def describe_rank(trainer: Trainer) -> dict[str, Any]:
+def describe_rank(config: Mapping[str, Any], train_loader: Any, restored: tuple[Any, int] | None) -> dict[str, Any]:
     """What this rank trains: its settings (flat, key -> repr) and their hash, the loader's shape, the checkpoint it resumed from.
 
-    The settings are ``trainer.config`` flattened, without those that may differ per rank: the
+    The settings are ``config`` (the trainer's) flattened, without those that may differ per rank: the
     work dir and the run's name (rank 0 names the run), the seed (always rank 0's, broadcast at
     start-up), ``resume``, ``custom_hooks`` (a script may add a hook on some ranks only), when a
     rank writes (``flush_secs``) and objects shown only by their address. The loader's shape is
     its batches per epoch and batch size; the checkpoint comes with the iteration it resumed at.
     """
     settings: dict[str, str] = {}
-    _flatten(trainer.config, "", settings)
-    loop = trainer.train_loop
-    loader = loop.dataloader if loop is not None else None
-    restored = trainer.checkpoints.restored
+    _flatten(config, "", settings)
+    loader = train_loader
     return {
         "hash": hashlib.sha256(json.dumps(settings, sort_keys=True).encode()).hexdigest(),
         "settings": settings,
@@ -93,16 +91,17 @@ def disagreements(ranks: Sequence[Mapping[str, Any]]) -> list[str]:
     return out
 
 
-def check_ranks_agree(trainer: Trainer) -> None:
+def check_ranks_agree(strategy: Strategy, config: Mapping[str, Any], train_loader: Any, restored: tuple[Any, int] | None) -> None:
     """Compare every rank's run at ``train()`` start (one ``all_gather_object``); one process: nothing to do.
+
+    ``restored`` is the checkpoint this rank resumed from and its iteration (None: none).
 
     Raises:
         RanksDisagreeError: on every rank, naming what differs and on which ranks.
     """
-    strategy = trainer.strategy
     if strategy.world_size == 1:
         return
-    found = disagreements(strategy.gather_object(describe_rank(trainer)))
+    found = disagreements(strategy.gather_object(describe_rank(config, train_loader, restored)))
     if found:
         raise RanksDisagreeError(
             "The processes of this run do not train the same run (compared at train() start): " + "; ".join(found) + ". Every rank must be "

@@ -27,7 +27,7 @@ if TYPE_CHECKING:
     from trainwright.hooks.dispatch import HookList
     from trainwright.utils.progress import Progress
     from trainwright.strategies.base import Strategy
-    from trainwright.trainer.trainer import Trainer
+    from trainwright.trainer.seeding import RunSeed
 
 #: The trainer's own piece names, in load order (``rng`` follows, appended by the manager).
 PIECES = ("meta", "model", "optim_wrapper", "param_schedulers", "progress", "train_dataloader", "metric_store", "hooks")
@@ -214,22 +214,22 @@ class MetaState:
     loaded entry (the trainer compares its settings).
     """
 
-    def __init__(self, trainer: Trainer) -> None:
-        self.trainer = trainer
+    def __init__(self, progress: Progress, world_size: int, config: dict[str, Any], seed: RunSeed, logger: logging.Logger) -> None:
+        self._progress, self._world_size, self._config, self._seed, self._logger = progress, world_size, config, seed, logger
         self.loaded: Mapping[str, Any] = {}
 
     def state_dict(self) -> dict[str, Any]:  # noqa: D102
-        t, p = self.trainer, self.trainer.progress
+        p, seed = self._progress, self._seed.value
         return {
-            "trainwright_version": __version__, "time": time.strftime("%Y-%m-%d %H:%M:%S"), "seed": t.seed, "epoch": p.epoch,
-            "iteration": p.iteration, "world_size": t.strategy.world_size, "config": t.config,
+            "trainwright_version": __version__, "time": time.strftime("%Y-%m-%d %H:%M:%S"), "seed": seed, "epoch": p.epoch,
+            "iteration": p.iteration, "world_size": self._world_size, "config": self._config,
         }
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:  # noqa: D102
-        t, self.loaded = self.trainer, state
+        self.loaded = state
         saved_seed = state.get("seed")
-        if isinstance(saved_seed, int) and saved_seed != t.seed and not t.seed_given:
-            t.adopt_seed(saved_seed)  # no seed given: continue the checkpoint's data order (mmengine semantics)
+        if isinstance(saved_seed, int) and saved_seed != self._seed.value and not self._seed.given:
+            self._seed.adopt(saved_seed)  # no seed given: continue the checkpoint's data order (mmengine semantics)
         saved_world = int(state.get("world_size", 1))
-        if saved_world != t.strategy.world_size:
-            t.logger.warning(f"Checkpoint was written by {saved_world} process(es), this run has {t.strategy.world_size}: the data order and random streams will differ from the original run")
+        if saved_world != self._world_size:
+            self._logger.warning(f"Checkpoint was written by {saved_world} process(es), this run has {self._world_size}: the data order and random streams will differ from the original run")
