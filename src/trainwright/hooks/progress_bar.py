@@ -5,11 +5,14 @@ terminal (or ``enable=True``), rich's own thread draws a bar for training and on
 validation / test pass; log lines, ``print()`` and warnings are printed above them.
 Elsewhere (CI, ``nohup``, SLURM logs, other ranks) nothing changes, and ``train.log`` never
 receives the bar. The training bar reads ``trainer.progress`` when it is drawn (no training
-iteration calls this hook); loss and lr come with the logger hook's records.
+iteration calls this hook); loss and lr come with the logger hook's records, through the hook's
+writer (:meth:`ProgressBarHook.records_writer`), which the trainer adds to its writers when it
+builds them (it shows nothing while no training bar is drawn).
 """
 
 from __future__ import annotations
 
+import logging
 import os
 from typing import TYPE_CHECKING, Any
 
@@ -52,7 +55,18 @@ class ProgressBarHook(Hook):
         self._train_task: Any = None
         self._eval_task: Any = None
         self._eval_done = 0
-        self._writer: _BarWriter | None = None
+        self._writer = _BarWriter(self)
+
+    def records_writer(self, logger: logging.Logger) -> Writer | None:
+        """The writer that shows each training record's losses and learning rates on the training bar (added by whoever builds the writers).
+
+        None where no bar can be drawn (``enable=False``, or ``"auto"`` and ``logger``'s console is no terminal).
+        """
+        return self._writer if self._draws_on(logger) else None
+
+    def bar_task(self) -> tuple[Any, Any]:
+        """The live bar and its training task while training is shown, else ``(None, None)``."""
+        return (self._bar, self._train_task) if self._bar is not None and self._train_task is not None else (None, None)
 
     @property
     def active(self) -> bool:
@@ -61,9 +75,13 @@ class ProgressBarHook(Hook):
 
     def shows_bar(self, trainer: TrainerView) -> bool:
         """The decision :meth:`before_run` takes: main process, and a terminal (``"auto"``) or ``enable=True``."""
-        if self.enable is False or not trainer.strategy.is_main_process:
+        return trainer.strategy.is_main_process and self._draws_on(trainer.logger)
+
+    def _draws_on(self, logger: logging.Logger) -> bool:
+        """Whether a bar is drawn for ``logger``'s console: ``enable=True``, or ``"auto"`` and a terminal."""
+        if self.enable is False:
             return False
-        stream = console_stream(trainer.logger)
+        stream = console_stream(logger)
         if stream is None:
             return False
         if self.enable is True:
@@ -91,7 +109,6 @@ class ProgressBarHook(Hook):
 
     def after_run(self, trainer: TrainerView) -> None:  # noqa: D102 - also after an error
         bar, self._bar = self._bar, None
-        self._drop_writer(trainer)
         if bar is not None:
             bar.stop()
             set_console_stream(trainer.logger, self._stream)
@@ -115,17 +132,10 @@ class ProgressBarHook(Hook):
             def source() -> tuple[int, str]:
                 return progress.iteration, "train"
 
-        self._train_task = bar.add_source(source, total)
-        self._writer = _BarWriter(bar, self._train_task)
-        trainer.log_lines.writers.append(self._writer)  # the logger hook's records bring the loss and lr
+        self._train_task = bar.add_source(source, total)  # the logger hook's records bring the loss and lr (records_writer)
 
     def after_train(self, trainer: TrainerView) -> None:  # noqa: D102
-        self._drop_writer(trainer)
-
-    def _drop_writer(self, trainer: TrainerView) -> None:
-        if self._writer is not None and self._writer in trainer.log_lines.writers:
-            trainer.log_lines.writers.remove(self._writer)
-        self._writer = None
+        self._train_task = None  # records written after training (evaluation) are not shown on a training bar
 
     # -- validation and test --------------------------------------------------------------
     def before_val_epoch(self, trainer: TrainerView) -> None:  # noqa: D102
@@ -165,12 +175,14 @@ class ProgressBarHook(Hook):
 class _BarWriter(Writer):
     """Shows the latest training record's losses and learning rates at the end of the training bar."""
 
-    def __init__(self, bar: Any, task: Any) -> None:
-        self.bar = bar
-        self.task = task
+    def __init__(self, hook: ProgressBarHook) -> None:
+        self.hook = hook
 
     def write_train(self, records: list[dict[str, Any]], lines: list[LineInfo]) -> None:  # noqa: D102
+        bar, task = self.hook.bar_task()
+        if bar is None:  # no training bar drawn (no terminal, another process, outside training)
+            return
         rec = records[-1]
         shown = [f"{k} {v:.4f}" for k, v in rec.items() if "loss" in k and isinstance(v, float)]
         shown += [f"{k} {v:.2e}" for k, v in rec.items() if (k == "lr" or k.endswith(".lr")) and isinstance(v, float)]
-        self.bar.set_stats(self.task, "  ".join(shown))
+        bar.set_stats(task, "  ".join(shown))

@@ -208,6 +208,33 @@ class ConsoleWriter(Writer):
 WRITERS_FAIL = ("warn", "raise")
 
 
+@runtime_checkable
+class SaveAhead(Protocol):
+    """The question a held writer error waits on: may a checkpoint save still follow at this point of the run?
+
+    ``Writers(fail="raise")`` keeps a writer's error while the answer is yes, so the checkpoint
+    due at that point is written before the run stops. The checkpoint side answers it (it knows
+    its policy); the trainer gives the answering object to the writers it builds.
+    """
+
+    def save_may_follow(self) -> bool:
+        """Whether a checkpoint save may still follow at the current point of the run."""
+        ...
+
+
+@runtime_checkable
+class WriterSource(Protocol):
+    """Something that brings a writer of its own (the progress bar shows each record's loss); whoever builds the writers adds it.
+
+    :func:`build_writers` adds the :meth:`records_writer` of each source it is given after the
+    configured writers (the trainer gives its hooks): nothing appends itself to a run's writers.
+    """
+
+    def records_writer(self, logger: logging.Logger) -> Writer | None:
+        """The writer to add to the run's writers, which log through ``logger`` (None: none)."""
+        ...
+
+
 class WriterError(RuntimeError):
     """A writer raised (``writers_fail="raise"``); raised after the checkpoint due at that point was written.
 
@@ -233,7 +260,7 @@ class Writers(list[Writer]):
       (except :meth:`close`). Training and its checkpoints go on.
     * ``fail="raise"``: reported the same way, then raised as a :class:`WriterError` once
       every writer was served - unless a checkpoint may be due at this point: while
-      :attr:`hold` says so (the checkpoint hook sets it while training) or inside
+      ``ahead`` says so (:class:`SaveAhead`, answered by the checkpoint side) or inside
       :meth:`holding` (the flush before a checkpoint is written), the error is kept until
       :meth:`raise_held` (the checkpoint hook calls it after its save) or the next call
       outside such a point.
@@ -242,15 +269,18 @@ class Writers(list[Writer]):
         writers: The writers.
         logger: Where failures are reported (the trainer's logger); None: warnings only.
         fail: ``"warn"`` or ``"raise"``.
+        ahead: Asked, after a ``"raise"`` error, whether a checkpoint save may still follow at
+            this point (the error then waits for :meth:`raise_held`); None: never.
     """
 
-    def __init__(self, writers: Iterable[Writer] = (), logger: logging.Logger | None = None, fail: str = "warn") -> None:
+    def __init__(self, writers: Iterable[Writer] = (), logger: logging.Logger | None = None, fail: str = "warn", ahead: SaveAhead | None = None) -> None:
         super().__init__(writers)
         if fail not in WRITERS_FAIL:
             raise ValueError(f"writers_fail must be 'warn' (report a failing writer and disable it) or 'raise' (stop the run after the due checkpoint), got {fail!r}")
         self.logger = logger
         self.fail = fail
-        #: Whether a checkpoint may be due at this point (a ``"raise"`` error then waits for :meth:`raise_held`); None: never.
+        self.ahead = ahead
+        #: Deprecated (use ``ahead``): a predicate telling whether a checkpoint may be due at this point; None: never.
         self.hold: Callable[[], bool] | None = None
         self._holding = 0
         self._failed: dict[int, BaseException] = {}  # id(writer) -> its error: it gets nothing more
@@ -309,8 +339,14 @@ class Writers(list[Writer]):
                 getattr(w, method)(*args)
             except Exception as e:  # noqa: BLE001 - a writer must never cost the run (see the class docstring)
                 self._report(w, method, e)
-        if self._held is not None and not self._holding and not (self.hold is not None and self.hold()):
+        if self._held is not None and not self._holding and not self._save_ahead():
             self.raise_held()
+
+    def _save_ahead(self) -> bool:
+        """Whether a checkpoint save may follow now (``ahead``'s answer, or the deprecated ``hold`` predicate's)."""
+        if self.ahead is not None and self.ahead.save_may_follow():
+            return True
+        return self.hold is not None and self.hold()
 
     def _report(self, w: Writer, method: str, e: Exception) -> None:
         self._failed[id(w)] = e
@@ -372,8 +408,10 @@ WRITERS: dict[str, WriterFactory] = {
 DEFAULT_WRITERS = ("console", "jsonl")
 
 
-def build_writers(spec: Sequence[Writer | str | Mapping[str, Any]] | None, run_dir: Path, logger: logging.Logger) -> list[Writer]:
-    """The writers of a run: ``None`` gives the defaults; a list replaces them.
+def build_writers(
+    spec: Sequence[Writer | str | Mapping[str, Any]] | None, run_dir: Path, logger: logging.Logger, sources: Iterable[object] = ()
+) -> list[Writer]:
+    """The writers of a run: ``None`` gives the defaults; a list replaces them; then the writers ``sources`` bring.
 
     Args:
         spec: None, or a list of :class:`Writer` objects, names of :data:`WRITERS` and dicts
@@ -381,6 +419,8 @@ def build_writers(spec: Sequence[Writer | str | Mapping[str, Any]] | None, run_d
             dict(type="wandb", project="demo"), MyWriter()]`` keeps both defaults and adds three).
         run_dir: The run folder (``metrics.jsonl`` and every file-based backend go there).
         logger: The trainer's logger (the console writer writes through it).
+        sources: Objects that may bring a writer (:class:`WriterSource`: the progress bar hook);
+            the others are skipped. Their writers come after the configured ones.
 
     Raises:
         KeyError: an unknown writer name (the closest known name is suggested).
@@ -403,6 +443,11 @@ def build_writers(spec: Sequence[Writer | str | Mapping[str, Any]] | None, run_d
                 f"writers items must be writer names {sorted(WRITERS)}, dicts with 'type' or Writer objects, got {type(item).__name__}: "
                 "subclass trainwright.logging.Writer and override write_train / write_eval / write_config / flush / close as needed"
             )
+    for source in sources:
+        if isinstance(source, WriterSource):
+            w = source.records_writer(logger)
+            if w is not None:
+                out.append(w)
     return out
 
 
