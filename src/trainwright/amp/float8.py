@@ -75,14 +75,15 @@ class Float8Precision(MixedPrecision):
         """Warn when the model is not compiled: float8's scaling and casts then run as kernels of their own."""
         if not compiled:
             warnings.warn(
-                "precision='float8' without compilation: float8's scaling and casts run as separate kernels, which made a GPT-2-small step "
-                "5x slower than bf16-mixed on an H200 (docs/benchmarks.md). Compile the repeated blocks: compile=dict(regions=['Block']).",
+                "precision='float8' without compilation: float8's scaling and casts run as separate kernels, "
+                "which made a GPT-2-small step 5x slower than bf16-mixed on an H200 (docs/benchmarks.md). "
+                "Compile the repeated blocks: compile=dict(regions=['Block']).",
                 UserWarning,
                 stacklevel=3,
             )
 
     def peak_column(self, param_dtype: torch.dtype | None) -> str:
-        """``"bf16"``: MFU against the bfloat16 peak (the float8 matmuls' own peak would hide the bf16 rest of the step)."""
+        """``"bf16"``: MFU against the bfloat16 peak (float8's own peak would hide the bf16 rest of the step)."""
         return "bf16"
 
     def clone(self) -> Float8Precision:

@@ -36,7 +36,8 @@ F = TypeVar("F", bound=Callable[..., Any])
 M = TypeVar("M", bound=nn.Module)
 
 _LOW_PRECISION = (torch.float16, torch.bfloat16)
-# Marks a GroupNorm already hooked by ``patch_norm_fp32`` so a second call is a no-op (a deep copy keeps it, with its hooks).
+# Marks a GroupNorm already hooked by ``patch_norm_fp32`` so a second call is a no-op
+# (a deep copy keeps the mark, with its hooks).
 _PATCHED_MARK = "__trainwright_fp32_patched__"
 
 
@@ -46,7 +47,9 @@ class _InputsToFloat32:
     def __init__(self, dtype: torch.dtype) -> None:
         self.dtype = dtype
 
-    def __call__(self, module: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[tuple[Any, ...], dict[str, Any]]:
+    def __call__(
+        self, module: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]
+    ) -> tuple[tuple[Any, ...], dict[str, Any]]:
         return cast_tensor_type(args, self.dtype, torch.float32), cast_tensor_type(kwargs, self.dtype, torch.float32)
 
 

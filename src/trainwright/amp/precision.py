@@ -1,15 +1,11 @@
 """Precision: the one object that says how a training step handles dtypes.
 
-``Precision`` (fp32) does nothing; ``MixedPrecision`` enters autocast around the forward pass
-and loss and, for float16, owns the ``torch.amp.GradScaler`` (scale before backward, unscale
-before clipping, skip steps whose gradients overflowed, adapt the scale). The optim wrapper's
-strategy calls it (``backward``, ``unscale_``, ``optimizer_step``); there is no second copy of
-the training step for AMP.
-
-A precision is asked, never inspected: the optim builder, the strategies and the hooks call
-the methods below (:attr:`Precision.plain`, :meth:`~Precision.fsdp_mixed_precision`,
-:meth:`~Precision.deepspeed_config`, :meth:`~Precision.peak_column`, ...) instead of reading a
-dtype, a scaler or a name. Names map to precisions through :func:`register_precision`.
+``Precision`` (fp32) does nothing; ``MixedPrecision`` enters autocast around the forward and
+loss and, for float16, owns the ``torch.amp.GradScaler``. The optim wrapper's strategy calls it
+(``backward``, ``unscale_``, ``optimizer_step``): one training step for every precision. The
+optim builder, the strategies and the hooks ask a precision what they need (``plain``,
+``fsdp_mixed_precision()``, ``peak_column()``, ...), never its dtype, scaler or name; names map
+to precisions through :func:`register_precision`.
 """
 
 from __future__ import annotations
@@ -86,7 +82,10 @@ class Precision:
         return _NULL
 
     def convert_module(self, model: torch.nn.Module) -> None:
-        """Convert the model in place before it is parallelized and compiled (float8 swaps its Linear layers; ``bf16-true`` casts the weights); nothing here."""
+        """Convert the model in place before it is parallelized and compiled; nothing here.
+
+        float8 swaps its Linear layers, ``bf16-true`` casts the weights and hooks the inputs.
+        """
 
     def check_setup(self, *, compiled: bool) -> None:
         """Warn about a setup this precision runs badly in (float8 without compilation); nothing here.
@@ -100,9 +99,10 @@ class Precision:
         return self.scaler is not None
 
     def agrees_with(self, other: Precision) -> bool:
-        """Whether ``other`` trains the same way (an optim wrapper's precision beside the Trainer's ``precision=``): the same autocast dtype here.
+        """Whether ``other`` trains the same way: here, the same autocast dtype.
 
-        The optim builder asks both sides; a precision that casts the weights says no to one that autocasts.
+        The optim builder asks both an optim wrapper's own precision and the Trainer's
+        ``precision=``; a precision that casts the weights says no to one that autocasts.
         """
         return other.dtype == self.dtype
 
@@ -111,19 +111,19 @@ class Precision:
         return matmul_column(self.dtype if self.autocasts else None, param_dtype)
 
     def fsdp_mixed_precision(self) -> dict[str, Any]:
-        """Arguments of FSDP2's ``MixedPrecisionPolicy`` for this precision (none: parameters and reductions in their own dtype)."""
+        """Arguments of FSDP2's ``MixedPrecisionPolicy`` (none: parameters and reductions in their own dtype)."""
         return {}
 
     def deepspeed_config(self) -> dict[str, Any]:
-        """The sections this precision adds to a DeepSpeed config where the user's config does not set them (none here)."""
+        """The sections this precision adds to a DeepSpeed config where the user's does not set them (none)."""
         return {}
 
     def without_loss_scaling(self) -> Precision:
-        """This precision with its loss scaler disabled (DeepSpeed's engine scales the loss itself); ``self`` when none is active."""
+        """This precision with its loss scaler disabled (DeepSpeed's engine scales the loss); ``self`` without one."""
         return self
 
     def sharded(self, device_type: str) -> Precision:
-        """This precision for sharded parameters (FSDP): a float16 scaler becomes a ``ShardedGradScaler``; ``self`` otherwise."""
+        """This precision for sharded parameters (FSDP): a float16 scaler becomes a ``ShardedGradScaler``."""
         return self
 
     def backward(self, loss: torch.Tensor, **kwargs: Any) -> None:
@@ -248,20 +248,25 @@ class MixedPrecision(Precision):
         return {}
 
     def without_loss_scaling(self) -> Precision:
-        """A float16 precision with the same autocast and a disabled scaler (the engine scales the loss); ``self`` without a scaler."""
+        """A float16 precision with the same autocast and a disabled scaler; ``self`` without a scaler."""
         if self.scaler is None:
             return self
         return MixedPrecision(self.dtype, self.device_type, loss_scale={"enabled": False})  # type: ignore[arg-type]
 
     def sharded(self, device_type: str) -> Precision:
-        """Replace a plain float16 ``GradScaler`` by a ``ShardedGradScaler`` with its settings (ranks agree on skipping an overflowed step)."""
+        """Replace a plain ``GradScaler`` by a ``ShardedGradScaler`` with its settings (the ranks agree on a skip)."""
         scaler = self.scaler
         if scaler is not None and type(scaler) is torch.amp.GradScaler:
             from torch.distributed.fsdp.sharded_grad_scaler import ShardedGradScaler
 
-            self.scaler = ShardedGradScaler(device_type, init_scale=scaler.get_scale() if scaler.is_enabled() else 2.0**16,
-                                            growth_factor=scaler.get_growth_factor(), backoff_factor=scaler.get_backoff_factor(),
-                                            growth_interval=scaler.get_growth_interval(), enabled=scaler.is_enabled())
+            self.scaler = ShardedGradScaler(
+                device_type,
+                init_scale=scaler.get_scale() if scaler.is_enabled() else 2.0**16,
+                growth_factor=scaler.get_growth_factor(),
+                backoff_factor=scaler.get_backoff_factor(),
+                growth_interval=scaler.get_growth_interval(),
+                enabled=scaler.is_enabled(),
+            )
         return self
 
     def backward(self, loss: torch.Tensor, **kwargs: Any) -> None:
@@ -338,7 +343,9 @@ def register_precision(name: str, factory: PrecisionFactory, *, force: bool = Fa
         ValueError: ``name`` is registered already and ``force`` is false.
     """
     if name in _FACTORIES and not force:
-        raise ValueError(f"A precision named {name!r} is registered already; pick another name, or pass force=True to replace it")
+        raise ValueError(
+            f"A precision named {name!r} is registered already; pick another name, or pass force=True to replace it"
+        )
     _FACTORIES[name] = factory
 
 
@@ -358,7 +365,7 @@ for _name, _dtype in PRECISIONS.items():
 
 
 def build_precision(precision: str | Precision | None, device_type: str = "cpu") -> Precision:
-    """Build a precision object from a registered name (``"32"``, ``"bf16-mixed"``, ``"16-mixed"``, ``"bf16-true"``, ``"float8"``, ...).
+    """Build a precision from a registered name (``"32"``, ``"bf16-mixed"``, ``"16-mixed"``, ``"bf16-true"``, ...).
 
     A :class:`Precision` object is returned as is; None means full precision.
 
@@ -375,5 +382,8 @@ def build_precision(precision: str | Precision | None, device_type: str = "cpu")
         from trainwright.registry import did_you_mean
 
         names = registered_precisions()
-        raise ValueError(f"Unknown precision {precision!r}.{did_you_mean(key, names)} Use one of {names}, or register yours with trainwright.amp.register_precision")
+        raise ValueError(
+            f"Unknown precision {precision!r}.{did_you_mean(key, names)} Use one of {names}, "
+            "or register yours with trainwright.amp.register_precision"
+        )
     return factory(device_type)

@@ -1,15 +1,9 @@
-"""``precision="bf16-true"``: the weights, the forward pass and the gradients in bfloat16, without autocast or loss scaling.
+"""``precision="bf16-true"`` (Lightning's): weights, activations and gradients in bfloat16; no autocast, no loss scaler.
 
-Lightning's meaning of ``"bf16-true"``: the model is converted to bfloat16 when the strategy
-prepares it (before it is parallelized, compiled and wrapped), so the optimizer is built over
-bfloat16 parameters and keeps its state in bfloat16 too; half the memory of ``"bf16-mixed"``
-for the weights, gradients and optimizer state, at the cost of bfloat16 rounding in every
-update. Floating-point inputs are cast to bfloat16 on their way into the model and its
-bfloat16 outputs back to float32 (so losses and predictions leave it in float32), through
-forward hooks on the model (torch's public ``register_forward_pre_hook`` /
-``register_forward_hook``).
-
-This module is the whole of the precision: the class and its registration under its name.
+The model is cast when the strategy prepares it, so the optimizer and its state are bfloat16
+too: half the memory of ``"bf16-mixed"``, with bfloat16 rounding in every update. Forward hooks
+(torch's public ones) cast float inputs to bfloat16 and bfloat16 outputs back to float32.
+This module is the whole precision: the class and its registration.
 """
 
 from __future__ import annotations
@@ -26,12 +20,17 @@ __all__ = ["TruePrecision"]
 
 
 class _CastInputs:
-    """Forward pre-hook: every floating-point tensor among the arguments to ``dtype`` (a class, so the model stays picklable)."""
+    """Forward pre-hook: the floating-point tensors among the arguments to ``dtype``.
+
+    A class rather than a closure, so the model stays picklable.
+    """
 
     def __init__(self, dtype: torch.dtype) -> None:
         self.dtype = dtype
 
-    def __call__(self, module: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[tuple[Any, ...], dict[str, Any]]:
+    def __call__(
+        self, module: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]
+    ) -> tuple[tuple[Any, ...], dict[str, Any]]:
         return cast_tensor_type(args, None, self.dtype), cast_tensor_type(kwargs, None, self.dtype)
 
 
@@ -63,15 +62,16 @@ class TruePrecision(Precision):
     def __init__(self, dtype: torch.dtype = torch.bfloat16, device_type: str = "cpu") -> None:
         if dtype is not torch.bfloat16:
             raise ValueError(
-                f"TruePrecision trains in torch.bfloat16 only, got {dtype!r}: float16 gradients underflow without a loss scaler. "
-                "Use precision='16-mixed' (autocast + GradScaler) for float16, or precision='bf16-true'."
+                f"TruePrecision trains in torch.bfloat16 only, got {dtype!r}: float16 gradients underflow "
+                "without a loss scaler. Use precision='16-mixed' (autocast + GradScaler) for float16, "
+                "or precision='bf16-true'."
             )
         self.dtype = dtype
         self.device_type = str(device_type)
         self.name = "bf16-true"
 
     def convert_module(self, model: nn.Module) -> None:
-        """Cast the model's floating-point parameters and buffers to the dtype (in place) and hook its inputs and outputs."""
+        """Cast the model's floating-point parameters and buffers to the dtype (in place); hook its inputs, outputs."""
         model.to(self.dtype)
         model.register_forward_pre_hook(_CastInputs(self.dtype), with_kwargs=True)
         model.register_forward_hook(_OutputsToFloat32(self.dtype))
