@@ -1,4 +1,4 @@
-"""Precision: one class per precision (fp32, bf16/fp16 autocast, bf16-true, float8) registered by name; mmcv fp16 utilities.
+"""Precision: one class per precision (fp32, bf16/fp16 autocast, bf16-true, float8) by name; mmcv fp16 utilities.
 
 Where to add a precision: a :class:`Precision` subclass in a module of this package, plus
 ``register_precision(name, factory)`` in that module and its import below.
