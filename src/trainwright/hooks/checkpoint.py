@@ -239,6 +239,10 @@ class CheckpointHook(Hook):
         """File name of the best checkpoint so far of the first ``save_best`` key."""
         return self.record.state_dict()["best_ckpt"]  # type: ignore[no-any-return]
 
+    def saves_periodic_checkpoints(self) -> bool:
+        """True when ``interval > 0`` (a spike-guard rollback needs periodic checkpoints)."""
+        return self.interval > 0
+
     def state_dict(self) -> dict[str, Any]:  # noqa: D102
         return self.record.state_dict()
 

@@ -169,6 +169,13 @@ class Hook:
     def state_key(self, value: str) -> None:
         self._state_key = value
 
+    def saves_periodic_checkpoints(self) -> bool | None:
+        """Whether this hook is the checkpoint policy and saves periodically (a spike-guard rollback goes back to those saves).
+
+        None (here): it writes no checkpoints; the checkpoint hook answers True, or False when its interval is <= 0.
+        """
+        return None
+
     def before_run(self, trainer: TrainerView) -> None:
         """Once, before anything (train, val or test) runs."""
 

@@ -11,7 +11,6 @@ from torch.utils.data import DataLoader, IterableDataset
 
 from trainwright.amp.precision import Precision
 from trainwright.data.loader import build_dataloader, make_dataloader, make_resumable
-from trainwright.hooks.checkpoint import CheckpointHook
 from trainwright.loops.eval_loop import EvalLoop
 from trainwright.loops.train_loop import EpochBasedTrainLoop, IterBasedTrainLoop
 from trainwright.optim.builder import build_optim_wrapper, loop_precision
@@ -119,11 +118,11 @@ def _attach_spike_guard(hooks: HookList, optim_wrapper: Any, guard: SpikeGuard) 
             "Drop spike_guard, or use one optim wrapper."
         )
     if guard.action == "rollback" and guard.capture_every is None:
-        ckpt = next((h for h in hooks if isinstance(h, CheckpointHook)), None)  # the periodic saves a rollback goes back to
-        if ckpt is None or getattr(ckpt, "interval", 1) <= 0:
+        policy = [saves for h in hooks if (saves := h.saves_periodic_checkpoints()) is not None]  # the periodic saves a rollback goes back to
+        if not any(policy):
             raise ValueError(
                 "spike_guard action='rollback' has no checkpoint to roll back to: "
-                + ("there is no CheckpointHook (default_hooks checkpoint=None)" if ckpt is None else "the CheckpointHook saves no periodic checkpoints (interval <= 0)")
+                + ("there is no CheckpointHook (default_hooks checkpoint=None)" if not policy else "the CheckpointHook saves no periodic checkpoints (interval <= 0)")
                 + ". Keep one (e.g. default_hooks=dict(checkpoint=dict(interval=500, by_epoch=False))), or keep one in memory with "
                 "spike_guard=dict(action='rollback', capture_every=500), or use action='skip'."
             )
