@@ -9,7 +9,8 @@ from __future__ import annotations
 
 import bisect
 from collections.abc import Callable, Iterable, Iterator
-from typing import Any
+from functools import partial
+from typing import Any, TypedDict
 
 from trainwright.checkpoint.stateful import Stateful
 from trainwright.hooks.hook import EVENTS, EveryInEpoch, Hook, get_priority, require_hook
@@ -79,6 +80,14 @@ def _next_in(window: range, iteration: int) -> float:
     if iteration < window.start:
         return window.start
     return window.start + ((iteration - window.start) // window.step + 1) * window.step
+
+
+class CheckpointEvents(TypedDict):
+    """The checkpoint manager's callbacks that dispatch the checkpoint events (see :meth:`HookList.checkpoint_events`)."""
+
+    before_save: Callable[[Any], None]
+    after_save: Callable[[Any], None]
+    after_load: Callable[[Any], None]
 
 
 class HookList:
@@ -187,6 +196,18 @@ class HookList:
             except BaseException as e:  # noqa: BLE001 - collected and handed to the caller
                 failed.append((fn, e))
         return failed
+
+    def checkpoint_events(self, trainer: Any) -> CheckpointEvents:
+        """The checkpoint manager's ``before_save`` / ``after_save`` / ``after_load`` callbacks: each calls its event on these hooks.
+
+        ``before_save_checkpoint(trainer, checkpoint)``, ``after_save_checkpoint(trainer, path)`` and
+        ``after_load_checkpoint(trainer, checkpoint)``, dispatched like every other event.
+        """
+        return {
+            "before_save": partial(self.call, "before_save_checkpoint", trainer),
+            "after_save": partial(self.call, "after_save_checkpoint", trainer),
+            "after_load": partial(self.call, "after_load_checkpoint", trainer),
+        }
 
     def get(self, cls_or_name: type | str) -> Hook | None:
         """Return the first hook of that class (or class name / state_key), or None."""

@@ -251,10 +251,7 @@ class Trainer:
             {"meta": MetaState(self.progress, self.strategy.world_size, config, self._seed, self.logger), "model": ModelState(self.strategy), "optim_wrapper": None, "param_schedulers": None,  # None: set by _build_train
              "progress": self.progress, "train_dataloader": None, "metric_store": self.metric_store, "message_hub": self.message_hub, "hooks": HookStates(self.hooks)},
             work_dir / "checkpoints", progress=self.progress, logger=self.logger, flush=self._flush_before_save,
-            before_save=lambda ckpt: self.hooks.call("before_save_checkpoint", self, ckpt),
-            after_save=lambda path: self.hooks.call("after_save_checkpoint", self, path),
-            after_load=lambda ckpt: self.hooks.call("after_load_checkpoint", self, ckpt),
-            required=("model", "progress"), optional=OPTIONAL_PIECES, settings=ckpt_settings,
+            **self.hooks.checkpoint_events(self), required=("model", "progress"), optional=OPTIONAL_PIECES, settings=ckpt_settings,
         )
 
     @classmethod
