@@ -101,7 +101,7 @@ class Trainer:
             goes on) or ``"raise"`` (the run stops with a :class:`~trainwright.logging.WriterError`
             after the checkpoint due at that point is written). A writer never costs a checkpoint.
         hook_timing: Time every hook call per event (about 0.2 µs per call; hooks that are not
-            called cost nothing) for :meth:`hook_report`. None (default): timed, and the table
+            called cost nothing) for ``trainer.hooks.report()``. None (default): timed, and the table
             is logged when training ends at the DEBUG level only (``log_level="DEBUG"``);
             True: logged at INFO too; False: no timing at all.
         env_cfg: mmengine's ``dict(cudnn_benchmark=..., mp_cfg=dict(mp_start_method=...,
@@ -448,39 +448,14 @@ class Trainer:
     ) -> LRFinderResult:
         """The learning-rate range test (Lightning's ``Tuner.lr_find``); the trainer is left bitwise as it was.
 
-        Builds what :meth:`train` builds (resume / ``load_from`` applied), then runs up to
-        ``num_steps`` updates on the train loader with the lr ramped from ``min_lr`` to
-        ``max_lr`` (``mode="exp"`` or ``"linear"``) on every param group (keeping each group's
-        ratio to the optimizer's lr), smoothing the loss (``smooth``: the new loss's weight) and
-        stopping once it exceeds ``diverge`` x its best. Model, optimizer, schedulers, data
-        position, RNG and hook states are restored afterwards, so a following :meth:`train`
-        gives what it gives without the test; no hook runs, nothing is logged per step and no
-        checkpoint is written. See docs/diagnose.md.
-
-        Returns:
-            The curve (``lrs``, ``losses``), ``suggestion`` (steepest descent of the smoothed
-            loss, Lightning's rule) and ``plot(path)`` (a PNG).
-
-        Raises:
-            ValueError: ``min_lr >= max_lr``, ``num_steps < 2`` or another argument out of range (checked first).
-            RuntimeError: called while a run is in progress (from a hook).
+        See :func:`trainwright.trainer.tuning_entry.find_lr` and docs/diagnose.md.
         """
         return tuning_entry.find_lr(self._tuning(), min_lr, max_lr, num_steps, mode, smooth, diverge)
 
     def find_batch_size(self, mode: str = "power", init: int = 2, max_trials: int = 25, steps_per_trial: int = 3, apply: bool = False) -> int:
-        """The largest batch size (per process) that ``steps_per_trial`` training steps fit in device memory (CUDA).
+        """The largest batch size per process that ``steps_per_trial`` training steps fit in device memory (CUDA).
 
-        Doubles the batch size from ``init`` until ``torch.cuda.OutOfMemoryError`` (``mode="power"``;
-        ``"binsearch"`` then bisects), at most ``max_trials`` sizes; the trainer is left as it was.
-        ``apply=True`` makes the train loader use the size found (the loader, optimizer,
-        schedulers and loop are built again by :meth:`train`; only before training started). See
-        docs/diagnose.md.
-
-        Raises:
-            RuntimeError: the device is not CUDA (it must report out-of-memory), several processes
-                run, or ``init`` does not fit.
-            ValueError: an argument out of range; ``apply=True`` after training started, or under a strategy
-                whose engine fixes the batch size (DeepSpeed).
+        See :func:`trainwright.trainer.tuning_entry.find_batch_size` and docs/diagnose.md.
         """
         return tuning_entry.find_batch_size(self._tuning(), mode, init, max_trials, steps_per_trial, apply)
 

@@ -43,7 +43,25 @@ def find_lr(
     access: TuningAccess, min_lr: float = 1e-6, max_lr: float = 1.0, num_steps: int = 100, mode: str = "exp",
     smooth: float = 0.05, diverge: float | None = 4.0,
 ) -> LRFinderResult:
-    """The learning-rate range test on the trainer's own training setup (see :meth:`trainwright.Trainer.find_lr`)."""
+    """The learning-rate range test (Lightning's ``Tuner.lr_find``); the trainer is left bitwise as it was.
+
+    Builds what ``trainer.train()`` builds (resume / ``load_from`` applied), then runs up to
+    ``num_steps`` updates on the train loader with the lr ramped from ``min_lr`` to
+    ``max_lr`` (``mode="exp"`` or ``"linear"``) on every param group (keeping each group's
+    ratio to the optimizer's lr), smoothing the loss (``smooth``: the new loss's weight) and
+    stopping once it exceeds ``diverge`` x its best. Model, optimizer, schedulers, data
+    position, RNG and hook states are restored afterwards, so a following ``train()``
+    gives what it gives without the test; no hook runs, nothing is logged per step and no
+    checkpoint is written. See docs/diagnose.md.
+
+    Returns:
+        The curve (``lrs``, ``losses``), ``suggestion`` (steepest descent of the smoothed
+        loss, Lightning's rule) and ``plot(path)`` (a PNG).
+
+    Raises:
+        ValueError: ``min_lr >= max_lr``, ``num_steps < 2`` or another argument out of range (checked first).
+        RuntimeError: called while a run is in progress (from a hook).
+    """
     from trainwright.tuning.lr_finder import check_lr_args
     from trainwright.tuning.lr_finder import find_lr as run_lr_test
 
@@ -56,7 +74,20 @@ def find_lr(
 def find_batch_size(
     access: TuningAccess, mode: str = "power", init: int = 2, max_trials: int = 25, steps_per_trial: int = 3, apply: bool = False,
 ) -> int:
-    """The largest batch size per process that fits in device memory (see :meth:`trainwright.Trainer.find_batch_size`)."""
+    """The largest batch size (per process) that ``steps_per_trial`` training steps fit in device memory (CUDA).
+
+    Doubles the batch size from ``init`` until ``torch.cuda.OutOfMemoryError`` (``mode="power"``;
+    ``"binsearch"`` then bisects), at most ``max_trials`` sizes; the trainer is left as it was.
+    ``apply=True`` makes the train loader use the size found (the loader, optimizer,
+    schedulers and loop are built again by ``train()``; only before training started). See
+    docs/diagnose.md.
+
+    Raises:
+        RuntimeError: the device is not CUDA (it must report out-of-memory), several processes
+            run, or ``init`` does not fit.
+        ValueError: an argument out of range; ``apply=True`` after training started, or under a strategy
+            whose engine fixes the batch size (DeepSpeed).
+    """
     from trainwright.tuning.batch_size import check_batch_size_args, with_batch_size
     from trainwright.tuning.batch_size import find_batch_size as search
 
