@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import os
 import time
-from pathlib import Path
 
 import torch
 import torch.nn.functional as F
