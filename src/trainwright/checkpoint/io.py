@@ -164,6 +164,15 @@ def atomic_write_bytes(path: PathLike, data: bytes) -> None:
     atomic_write(path, lambda f: f.write(data))
 
 
+def write_whole(path: PathLike | RemotePath, data: bytes) -> None:
+    """Write ``data`` as ``path``, complete or absent: atomically on local disk (:func:`atomic_write`), as one object in a store."""
+    loc = location(path)
+    if isinstance(loc, RemotePath):
+        loc.write_bytes(data)
+    else:
+        atomic_write_bytes(loc, data)
+
+
 def atomic_write_text(path: PathLike, text: str) -> None:
     """Write UTF-8 ``text`` to ``path`` atomically (see :func:`atomic_write`)."""
     atomic_write_bytes(path, text.encode("utf-8"))

@@ -21,8 +21,8 @@ from trainwright.checkpoint.io import (
     MapLocation,
     PathLike,
     UnsafeCheckpointError,
-    atomic_write_text,
     load_file,
+    write_whole,
 )
 from trainwright.checkpoint.storage import Location, RemotePath, location
 
@@ -41,11 +41,7 @@ def write_latest(ckpt_dir: PathLike | RemotePath, filename: str) -> None:
     The pointer is a small text file named ``latest``, not a symlink: it works on every
     filesystem and survives copying the directory. In a remote folder it is one object (one PUT).
     """
-    d = location(ckpt_dir)
-    if isinstance(d, RemotePath):
-        (d / LATEST_FILENAME).write_text(Path(filename).name + "\n")
-    else:
-        atomic_write_text(d / LATEST_FILENAME, Path(filename).name + "\n")
+    write_whole(location(ckpt_dir) / LATEST_FILENAME, (Path(filename).name + "\n").encode("utf-8"))
 
 
 def read_latest(ckpt_dir: PathLike | RemotePath) -> str | None:

@@ -20,7 +20,7 @@ from typing import Any, Protocol
 
 import torch
 
-from trainwright.checkpoint.io import CHECKPOINT_SUFFIX, atomic_write_bytes
+from trainwright.checkpoint.io import CHECKPOINT_SUFFIX, write_whole
 from trainwright.checkpoint.listing import read_latest, write_latest
 from trainwright.checkpoint.lock import WorkDirBusyError, WorkDirLock
 from trainwright.checkpoint.rng import get_rng_state, set_rng_state
@@ -376,10 +376,7 @@ class CheckpointManager:
         torch.save({k: ckpt[k] for k in keys if k in ckpt}, buf)
         data = buf.getvalue()
         out = path.with_name(f"{path.stem}-{hashlib.sha256(data).hexdigest()[:8]}.pth")
-        if isinstance(out, RemotePath):
-            out.write_bytes(data)
-        else:
-            atomic_write_bytes(out, data)
+        write_whole(out, data)
         self.logger.info(f"Published {path.name} as {out} with keys {list(keys)}" + (f" (left out {removed})" if removed else ""))
         return out
 

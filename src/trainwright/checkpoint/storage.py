@@ -115,6 +115,19 @@ def location(
     return Path(path)
 
 
+def remove(path: str | os.PathLike[str] | RemotePath) -> None:
+    """Delete a checkpoint: a file, or a folder with everything under it (a sharded checkpoint), local or in its store; a missing one is fine."""
+    loc = location(path)
+    if isinstance(loc, RemotePath):
+        loc.remove()
+    elif loc.is_dir():
+        import shutil
+
+        shutil.rmtree(loc, ignore_errors=True)
+    else:
+        loc.unlink(missing_ok=True)
+
+
 def local_path(path: str | os.PathLike[str] | RemotePath, who: str = "this strategy") -> Path:
     """``path`` as a local ``Path``; a store's path (a URL) is a ValueError naming ``who`` and the fix."""
     loc = location(path)

@@ -359,18 +359,10 @@ class Strategy(UpdateEngine, StrategyParts):
         return load_file(loc, map_location=map_location)
 
     def remove_checkpoint(self, path: str | Path | RemotePath) -> None:
-        """Delete a checkpoint this strategy wrote (a file here; a directory under a sharded strategy); missing is fine."""
-        from trainwright.checkpoint.storage import RemotePath, location
+        """Delete a checkpoint this strategy wrote (a file here; a directory under a sharded strategy), local or in its store; missing is fine."""
+        from trainwright.checkpoint.storage import remove
 
-        loc = location(path)
-        if isinstance(loc, RemotePath):
-            loc.remove()
-        elif loc.is_dir():
-            from trainwright.strategies.dcp_io import remove
-
-            remove(loc)
-        else:
-            loc.unlink(missing_ok=True)
+        remove(path)
 
     def find_resumable(self, ckpt_dir: str | Path | RemotePath) -> tuple[Location, dict[str, Any]] | None:
         """The newest checkpoint of ``ckpt_dir`` that loads, as ``(path, checkpoint)``; None when there is none.

@@ -22,6 +22,7 @@ from torch.distributed.checkpoint.api import CheckpointException
 from torch.distributed.checkpoint.default_planner import _EmptyStateDictLoadPlanner
 
 from trainwright.checkpoint.io import CheckpointError, fsync_dir, load_file
+from trainwright.checkpoint import storage
 from trainwright.checkpoint.storage import Location, RemotePath, fsspec_store, location
 from trainwright.dist.shards import is_sharded
 from trainwright.dist.utils import get_rank, get_world_size
@@ -111,13 +112,8 @@ def save_shards(sharded: Mapping[str, Any], tmp: Location, target: Location, **s
 
 
 def remove(path: Location) -> None:
-    """Delete a checkpoint: a directory with its files, or a file; a missing one is fine."""
-    if isinstance(path, RemotePath):
-        path.remove()
-    elif path.is_dir():
-        shutil.rmtree(path, ignore_errors=True)
-    else:
-        path.unlink(missing_ok=True)
+    """Delete a checkpoint: a directory with its files, or a file; a missing one is fine (:func:`trainwright.checkpoint.storage.remove`)."""
+    storage.remove(path)
 
 
 def saved_shapes(path: Location, prefix: str) -> dict[str, tuple[int, ...]]:

@@ -238,7 +238,7 @@ class FSDPStrategy(ProcessGroupStrategy):
         """
         if self.device_mesh is None or self.tensor_parallel.plan is None:  # a plan is required with size > 1 (checked with the config)
             return
-        apply_plan(self._state_module(model), self.tensor_parallel.plan, self.device_mesh["tp"])
+        apply_plan(self.state_module(model), self.tensor_parallel.plan, self.device_mesh["tp"])
 
     def wrap_model(self, model: nn.Module) -> nn.Module:
         """``fully_shard`` every module of a ``shard_modules`` class, then the root, over the ``dp`` mesh (in place; the same object is returned)."""
@@ -253,7 +253,7 @@ class FSDPStrategy(ProcessGroupStrategy):
             kwargs["mesh"] = init_device_mesh("cuda", (self.world_size,))
         wanted = tuple(c for c in self.shard_modules if isinstance(c, type))
         names = {c for c in self.shard_modules if isinstance(c, str)}
-        target = self._state_module(model)
+        target = self.state_module(model)
         for module in reversed(list(target.modules())[1:]):  # inner units first: FSDP2 shards bottom-up
             if (wanted and isinstance(module, wanted)) or type(module).__name__ in names:
                 fully_shard(module, **kwargs)
@@ -273,8 +273,13 @@ class FSDPStrategy(ProcessGroupStrategy):
             return None
         return lambda _model: _no_grad_sync(model)
 
+    @property
+    def checkpointed_optim_wrapper(self) -> Any:
+        """The optim wrapper(s) whose optimizer shards a checkpoint holds (given to :meth:`setup_optim_wrapper`; None before)."""
+        return self._optim_wrapper
+
     @staticmethod
-    def _state_module(model: nn.Module) -> nn.Module:
+    def state_module(model: nn.Module) -> nn.Module:
         """The module whose state dict is saved: a plain module's own, not the adapter's (its keys have no ``module.``)."""
         from trainwright.model.base_model import ModuleAdapter
 
@@ -285,13 +290,13 @@ class FSDPStrategy(ProcessGroupStrategy):
         """This rank's shards of the model (DTensors keyed by parameter name)."""
         from torch.distributed.checkpoint.state_dict import get_model_state_dict
 
-        return get_model_state_dict(self._state_module(self.unwrap_model()))
+        return get_model_state_dict(self.state_module(self.unwrap_model()))
 
     def full_model_state_dict(self) -> dict[str, Any]:
         """The full weights gathered to rank 0 on CPU (other ranks get ``{}``); every rank must call it."""
         from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
 
-        return get_model_state_dict(self._state_module(self.unwrap_model()), options=StateDictOptions(full_state_dict=True, cpu_offload=True))
+        return get_model_state_dict(self.state_module(self.unwrap_model()), options=StateDictOptions(full_state_dict=True, cpu_offload=True))
 
     def load_model_state_dict(self, state_dict: Mapping[str, Any], strict: bool = True) -> Any:
         """Load shards (from a sharded checkpoint) or full tensors (every rank keeps its own slice)."""
@@ -299,7 +304,7 @@ class FSDPStrategy(ProcessGroupStrategy):
         from torch.distributed.tensor import DTensor
 
         full = not any(isinstance(v, DTensor) for v in state_dict.values())
-        return set_model_state_dict(self._state_module(self.unwrap_model()), dict(state_dict), options=StateDictOptions(full_state_dict=full, strict=strict))
+        return set_model_state_dict(self.state_module(self.unwrap_model()), dict(state_dict), options=StateDictOptions(full_state_dict=full, strict=strict))
 
     def optim_state_dict(self, optim_wrapper: Any) -> dict[str, Any]:
         """This rank's shards of the optimizer state (keyed by parameter name) and the precision state.
@@ -310,7 +315,7 @@ class FSDPStrategy(ProcessGroupStrategy):
         """
         from torch.distributed.checkpoint.state_dict import get_optimizer_state_dict
 
-        module = self._state_module(self.unwrap_model())
+        module = self.state_module(self.unwrap_model())
         out: dict[str, Any] = {}
         for name, ow in optim_wrappers_of(optim_wrapper).items():
             if not ow.should_update():
@@ -331,7 +336,7 @@ class FSDPStrategy(ProcessGroupStrategy):
         from torch.distributed.checkpoint.state_dict import StateDictOptions, set_optimizer_state_dict
         from torch.distributed.tensor import DTensor
 
-        module = self._state_module(self.unwrap_model())
+        module = self.state_module(self.unwrap_model())
         for name, ow in optim_wrappers_of(optim_wrapper).items():
             sub = state[name] if name else state
             opt = sub["optimizer"]
@@ -376,7 +381,6 @@ class FSDPStrategy(ProcessGroupStrategy):
 
     def remove_checkpoint(self, path: str | Path | RemotePath) -> None:
         """Delete a checkpoint directory (or file), local or remote."""
-        from trainwright.checkpoint.storage import location
-        from trainwright.strategies.dcp_io import remove
+        from trainwright.checkpoint.storage import remove
 
-        remove(location(path))
+        remove(path)

@@ -335,12 +335,12 @@ def load(strategy: FSDPStrategy, p: Location) -> dict[str, Any]:
         error = e
     if strategy.any_true(error is not None):  # every rank gives up on this directory together
         raise error if error is not None else CheckpointError(f"Cannot read checkpoint {str(p)!r}: another rank could not read it (see its log)")
-    module = strategy._state_module(strategy.unwrap_model())
+    module = strategy.state_module(strategy.unwrap_model())
     # templates with this run's sharding; copies, so that a read that fails halfway leaves the model and optimizer as they were
     sharded: dict[str, Any] = {"model": strategy.model_state_dict()}
     optim = rest.get("optim_wrapper")
     if isinstance(optim, Mapping):
-        wrappers = optim_wrappers_of(strategy._optim_wrapper)
+        wrappers = optim_wrappers_of(strategy.checkpointed_optim_wrapper)
         sharded["optim"] = {name: get_optimizer_state_dict(module, ow.optimizer) for name, ow in wrappers.items() if (name in optim if name else True)}
     sharded = copy_tensors(sharded)
     if dcp_io.has_extras(rest):  # sharded tensors of other pieces (a hook's average): read as the model's tensor of the same name is
