@@ -86,7 +86,7 @@ class SpikeGuardHook(Hook):
                 )
             source = str(found[0])
         if trainer.progress.iteration == k:  # the newest checkpoint is the spike's own, written after its update was skipped
-            g.rollbacks, g.skipped, g.last = rollbacks, skipped, None
+            g.restored(rollbacks, skipped)
             trainer.logger.warning(
                 f"spike_guard: the newest checkpoint ({source}) is of the spike's own iteration {k}, written after its update was skipped: "
                 "nothing to run again, no rollback spent; training goes on (save less often than every spike, or use capture_every=N, to go further back)"
@@ -96,7 +96,7 @@ class SpikeGuardHook(Hook):
             raise self._spent(k, loss, med, limit)
         rollbacks += 1
         s = trainer.progress.iteration
-        g.rollbacks, g.skipped, g.skip_through, g.last = rollbacks, skipped, k, None  # the restore put back the guard's state of iteration s
+        g.restored(rollbacks, skipped, skip_through=k)  # the restore put back the guard's state of iteration s
         trainer.logger.warning(
             f"spike_guard rolled back to iteration {s} ({source}) after the loss spike at iteration {k}: iterations {s + 1}..{k} run again without "
             f"updates (their batches skipped), training goes on from iteration {k + 1} (rollback {rollbacks} of at most {g.max_rollbacks})"

@@ -180,6 +180,17 @@ class SpikeGuard:
         self.losses.append(value)
         return False
 
+    def restored(self, rollbacks: int, skipped: int, skip_through: int | None = None) -> None:
+        """The run was just put back at an earlier checkpoint, which restored this guard's state of that iteration.
+
+        Keeps the counters of the run so far (``rollbacks``, ``skipped``: a rollback is not
+        undone by the restore it made) and forgets the spike; ``skip_through``: the updates of
+        iterations up to it are skipped (the rollback's window), None: unchanged.
+        """
+        self.rollbacks, self.skipped, self.last = rollbacks, skipped, None
+        if skip_through is not None:
+            self.skip_through = skip_through
+
     def _log(self, message: str) -> None:
         if self.logger is not None:
             self.logger.warning(message)
