@@ -155,6 +155,7 @@ def _child(side: str, launched: float, work_dir: str, steps: int, dim: int, dept
         )
         trainer.train()
         out["save_s"] = marks["save_end"] - marks["save_start"]
+    out["weights_sum"] = float(sum(p.detach().double().sum() for p in model.parameters()))  # both sides train the same weights
     out["first_step_s"] = marks["first_step"] - launched
     out["first_step_cpu_s"] = cpu["first_step"]  # CPU time from the interpreter's start to the first step's end
     out["imports_cpu_s"], out["setup_cpu_s"] = cpu["imported"], cpu["first_iter"] - cpu["imported"]
@@ -283,6 +284,7 @@ def main() -> None:
     parser.add_argument("--src", default=None, help="import trainwright from this folder (another checkout's src/), e.g. to time the previous release")
     parser.add_argument("--cli-reps", type=int, default=5, help="fresh processes timed for `trainwright --help` / `env` (0: skip)")
     parser.add_argument("--hooks", default="{}", help='JSON merged into trainwright\'s default_hooks, to see what one costs (e.g. \'{"flops": null}\')')
+    parser.add_argument("--warmups", type=int, default=1, help="untimed processes per side first (they write the bytecode caches)")
     parser.add_argument("--json", default=None, help="also write every number to this file")
     parser.add_argument("--save-parts", type=int, default=0, metavar="ROUNDS", help="only time the parts of a blocking save in this process (ROUNDS alternating rounds)")
     parser.add_argument("--child", help=argparse.SUPPRESS)
@@ -304,8 +306,9 @@ def main() -> None:
             times, cpu = cli_time(argv, max(1, args.cli_reps))
             print(f"{name:<29} {_fmt(times, ' s')}, CPU {_fmt(cpu, ' s')}")
         return
-    for side in sides:  # untimed: writes the bytecode caches, warms the page cache
-        run_side(side, args)
+    for _ in range(args.warmups):  # untimed: writes the bytecode caches, warms the page cache
+        for side in sides:
+            run_side(side, args)
     runs: dict[str, list[dict[str, float]]] = {s: [] for s in sides}
     for r in range(args.rounds):
         for side in sides if r % 2 == 0 else sides[::-1]:
@@ -331,6 +334,8 @@ def main() -> None:
     print(f"  trainwright - raw (paired): {_fmt(paired['peak_rss_mb'], ' MB', digits=1)}   (target <= {TARGETS['rss_delta_mb']} MB)")
     print(f"blocking save:                raw torch.save {_fmt(col('raw', 'save_s'), ' ms', 1e3, 1)}   trainwright {_fmt(col('trainwright', 'save_s'), ' ms', 1e3, 1)}")
     print(f"  trainwright / raw (paired): {_fmt(paired['save_ratio'], 'x', digits=2)}   (target <= {TARGETS['save_ratio']}x)")
+    same = all(r["weights_sum"] == t["weights_sum"] for r, t in zip(runs["raw"], runs["trainwright"]))
+    print(f"same final weights on both sides in every round: {'yes' if same else 'NO'}")
     result: dict = {"args": vars(args), "runs": runs, "paired": paired}
     if args.cli_reps > 0:
         for name, argv in COMMANDS.items():

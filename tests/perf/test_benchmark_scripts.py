@@ -71,3 +71,15 @@ def test_ui_overhead_runs(tmp_path: Path) -> None:
     stdout = _run(["benchmarks/ui_overhead.py", "--rounds", "1", "--steps", "200"], tmp_path, timeout=900)
     for row in ("1. one hook call", "2. workload A, default hooks", "3. progress bar: 0 hook calls per training iteration"):
         assert row in stdout, stdout
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(600)
+def test_startup_benchmark_runs_and_both_sides_train_the_same_weights(tmp_path: Path) -> None:
+    out_json = tmp_path / "startup.json"
+    stdout = _run(["benchmarks/startup.py", "--rounds", "1", "--steps", "2", "--dim", "32", "--depth", "1", "--cli-reps", "0", "--warmups", "0", "--json", str(out_json)], tmp_path, timeout=500)
+    runs = json.loads(out_json.read_text())["runs"]
+    raw, tw = runs["raw"][0], runs["trainwright"][0]
+    assert raw["weights_sum"] == tw["weights_sum"]  # same init, data and AdamW: the default hooks change no number
+    assert tw["save_s"] > 0 and raw["save_s"] > 0 and 0 < tw["import_trainwright_s"] < tw["first_step_s"]
+    assert "same final weights on both sides in every round: yes" in stdout
