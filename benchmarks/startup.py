@@ -55,14 +55,19 @@ def _cpu_s() -> float:
     return r.ru_utime + r.ru_stime
 
 
+def _rss_mb() -> float:
+    """Peak RSS of this process so far, MB."""
+    import resource
+
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+
+
 def _child(side: str, launched: float, work_dir: str, steps: int, dim: int, depth: int, threads: int, hooks: dict) -> None:
     """Train one side and print one JSON line of its timings (run in a fresh interpreter)."""
     t_start = time.perf_counter()
     import torch
 
     t_torch = time.perf_counter()
-    import resource
-
     import torch.nn.functional as F
     from torch import nn
     from torch.utils.data import DataLoader, TensorDataset
@@ -78,6 +83,7 @@ def _child(side: str, launched: float, work_dir: str, steps: int, dim: int, dept
         tw.Trainer, tw.Hook  # noqa: B018 - the names load on first use: count them in the import
         out["import_trainwright_s"] = time.perf_counter() - t_tw
     torch.set_num_threads(threads)
+    rss: dict[str, float] = {"imported": _rss_mb()}  # peak RSS at each mark: where the peak is reached
     marks: dict[str, float] = {"imported": time.time()}
     cpu: dict[str, float] = {"imported": _cpu_s()}
 
@@ -119,9 +125,10 @@ def _child(side: str, launched: float, work_dir: str, steps: int, dim: int, dept
             opt.step()
             opt.zero_grad()
             if i == 1:
-                marks["first_step"], cpu["first_step"] = time.time(), _cpu_s()
+                marks["first_step"], cpu["first_step"], rss["first_step"] = time.time(), _cpu_s(), _rss_mb()
             if i % 10 == 0:
                 print(f"iter {i} loss {loss.item():.4f}", file=sys.stderr)
+        rss["before_save"] = _rss_mb()
         t0 = time.perf_counter()
         torch.save({"model": model.state_dict(), "optimizer": opt.state_dict()}, os.path.join(work_dir, "last.pth"))
         out["save_s"] = time.perf_counter() - t0
@@ -142,9 +149,11 @@ def _child(side: str, launched: float, work_dir: str, steps: int, dim: int, dept
             def after_train_iter(self, trainer, batch_idx, data_batch=None, outputs=None) -> None:  # type: ignore[no-untyped-def]
                 it = trainer.progress.iteration
                 if self.key == "first_step" and it == 1:
-                    marks["first_step"], cpu["first_step"] = time.time(), _cpu_s()
+                    marks["first_step"], cpu["first_step"], rss["first_step"] = time.time(), _cpu_s(), _rss_mb()
                 elif self.key != "first_step" and it == steps:
                     marks[self.key] = time.perf_counter()
+                    if self.key == "save_start":
+                        rss["before_save"] = _rss_mb()
 
         trainer = tw.Trainer(
             model=model, train_dataloader=loader, work_dir=work_dir,
@@ -163,7 +172,8 @@ def _child(side: str, launched: float, work_dir: str, steps: int, dim: int, dept
     out["imports_s"] = marks["imported"] - launched  # interpreter start and every import
     out["setup_s"] = marks["first_iter"] - marks["imported"]  # model, data, optimizer (trainwright: Trainer() and train() up to the first iteration)
     out["first_iter_s"] = marks["first_step"] - marks["first_iter"]  # the first iteration (trainwright: its hooks included)
-    out["peak_rss_mb"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+    out["peak_rss_mb"] = _rss_mb()
+    out.update({f"rss_{k}_mb": v for k, v in rss.items()})
     print(json.dumps(out))
 
 
