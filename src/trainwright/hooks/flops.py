@@ -10,7 +10,7 @@ run counts its first iteration run eagerly, once, and keeps the count in its che
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
 import torch
@@ -18,7 +18,7 @@ from torch.utils.flop_counter import FlopCounterMode
 
 from trainwright.hooks.hook import Hook
 from trainwright.logging.flops import NO_FLOPS, StepFlops, flop_counter, peak_tflops
-from trainwright.logging.flush_batch import Row
+from trainwright.logging.metric_store import MetricStore
 from trainwright.logging.throughput import batch_size
 from trainwright.model.compile import compiled_parts, run_eagerly
 from trainwright.registry import HOOKS
@@ -79,17 +79,17 @@ class FlopsHook(Hook):
         #: ``(flops, samples)`` of the counted iteration (None: not counted yet); the hook's state.
         self.count: tuple[int, int | None] | None = None
         self._said: set[str] = set()  # messages already logged (once per hook)
-        self._record: Callable[[Row], None] = lambda row: None  # the metric store's row append, set when training starts
+        self._store: MetricStore | None = None  # the trainer's metric store, set when training starts
 
     def before_train(self, trainer: TrainerView) -> None:  # noqa: D102
-        self._record = trainer.metric_store.recorder()
+        self._store = trainer.metric_store
         start = trainer.progress.iteration
-        self._record((start, NO_FLOPS, None, None))  # this train()'s lines carry no count until one is recorded
+        self._record(start, NO_FLOPS)  # this train()'s lines carry no count until one is recorded
         self._window = range(0)
         self._peak = self.peak_tflops if self.peak_tflops is not None else self._table_peak(trainer)
         self._compiled = compiled_parts(trainer.unwrapped_model, trainer.optim_wrapper)
         if self._compiled and self.count is not None:  # counted earlier in this run, or restored from its checkpoint
-            self._record((start, StepFlops(self.count[0], self.count[1], self._peak).values(), None, None))
+            self._record(start, StepFlops(self.count[0], self.count[1], self._peak).values())
             return
         if self._compiled and trainer.progress.iteration > 0:
             self._say(
@@ -119,8 +119,7 @@ class FlopsHook(Hook):
             return
         if flops:
             self.count = (flops, batch_size(data_batch))
-        # recorded on every process, a zero count too: each flush must carry the same names on every process
-        self._record((trainer.progress.iteration, StepFlops(flops, batch_size(data_batch), self._peak).values(), None, None))
+        self._record(trainer.progress.iteration, StepFlops(flops, batch_size(data_batch), self._peak).values())
         if flops == 0:
             self._say(trainer, "zero", "FlopsHook: the first iteration ran no op that torch.utils.flop_counter counts (matmuls, convolutions, attention): records carry no tflops / mfu.")
 
@@ -147,6 +146,16 @@ class FlopsHook(Hook):
         if eager is not None:
             eager.close()
         return None if counter is None else int(counter.get_total_flops())
+
+    def _record(self, iteration: int, values: Mapping[str, float]) -> None:
+        """Record this process's count (:meth:`StepFlops.values`) in the metric store at ``iteration``.
+
+        As plain numbers, straight into the store's buffers: no flush carries them, so the
+        processes' agreement exchanges no more numbers, and each process keeps its own count.
+        """
+        if self._store is not None:
+            for name, value in values.items():
+                self._store.update_scalar(name, value, iteration)
 
     def _table_peak(self, trainer: TrainerView) -> float | None:
         """The table's peak for this process's device and the run's precision (None, said once, when unknown)."""
