@@ -152,3 +152,33 @@ class _Mse(tw.evaluation.Metric):
 
     def compute(self, results: list[float]) -> dict[str, float]:
         return {"mse": sum(results) / len(results)}
+
+
+
+class _Schedule:
+    """A SaveAhead written here: says whether a checkpoint save may still follow, as the test sets it."""
+
+    def __init__(self) -> None:
+        self.due = True
+        self.asked = 0
+
+    def save_may_follow(self) -> bool:
+        self.asked += 1
+        return self.due
+
+
+def test_a_raised_writer_error_waits_while_the_save_ahead_says_a_checkpoint_may_follow() -> None:
+    """``Writers(fail="raise", ahead=...)`` asks the question after a failure: the error is held while yes, raised once at the next call after no."""
+    schedule = _Schedule()
+    bad, good = Flaky("write_eval"), Flaky()
+    writers = tw.logging.Writers([bad, good], fail="raise", ahead=tw.logging.AnyAhead([object(), schedule]))
+    with pytest.warns(RuntimeWarning, match="Flaky failed in write_eval"):
+        writers.write_eval({"mode": "val", "epoch": 1, "iter": 4, "acc": 1.0})  # held: a save may follow
+    assert schedule.asked == 1
+    writers.flush()  # still held
+    schedule.due = False
+    with pytest.raises(WriterError, match="writers_fail='raise'") as caught:
+        writers.flush()
+    assert caught.value.writer is bad
+    writers.flush()  # raised once only
+    assert good.calls == [("write_eval", [(1, 4)])]  # the other writer was served

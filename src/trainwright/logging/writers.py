@@ -222,6 +222,20 @@ class SaveAhead(Protocol):
         ...
 
 
+class AnyAhead:
+    """A :class:`SaveAhead` answered yes when any of ``answerers`` that answers the question says yes (the others are skipped).
+
+    The trainer gives its hooks: the one that keeps the checkpoint policy answers; without one the answer is no.
+    """
+
+    def __init__(self, answerers: Iterable[object]) -> None:
+        self.answerers = [a for a in answerers if isinstance(a, SaveAhead)]
+
+    def save_may_follow(self) -> bool:
+        """Whether any answerer says a checkpoint save may still follow now."""
+        return any(a.save_may_follow() for a in self.answerers)
+
+
 @runtime_checkable
 class WriterSource(Protocol):
     """Something that brings a writer of its own (the progress bar shows each record's loss); whoever builds the writers adds it.

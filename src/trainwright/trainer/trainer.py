@@ -24,7 +24,7 @@ from trainwright.logging.lines import PendingLines
 from trainwright.logging.logger import close_logger, create_logger
 from trainwright.logging.metric_store import MetricStore
 from trainwright.logging.message_hub import MessageHub
-from trainwright.logging.writers import Writer, Writers, build_writers, plain
+from trainwright.logging.writers import AnyAhead, Writer, Writers, build_writers, plain
 from trainwright.utils.progress import Progress
 from trainwright.loops.context import LoopContext
 from trainwright.loops.train_loop import EpochBasedTrainLoop, IterBasedTrainLoop
@@ -188,7 +188,7 @@ class Trainer:
         self.logger = create_logger(log_file=self.run_dir / "train.log" if main else None, level=log_level, rank=self.strategy.rank)
         # THE rank decision of logging: only the main process has writers; hooks just fan out to this list.
         #: The one fan-out point: a writer that raises is reported and disabled (or stops the run after the due checkpoint).
-        self.writers = Writers(build_writers(writers, self.run_dir, self.logger, hooks) if main else [], self.logger, writers_fail)
+        self.writers = Writers(build_writers(writers, self.run_dir, self.logger, hooks) if main else [], self.logger, writers_fail, AnyAhead(hooks))
         self.logger.info(f"Environment: {self.strategy.collect_env()}")
         self.logger.info(f"Random seed: {self.strategy.seed}")
         self._skip_nonfinite = nonfinite_loss == "skip"
