@@ -4,10 +4,8 @@ Decided once per run (``before_run``): on the main process, when the console log
 terminal (or ``enable=True``), rich's own thread draws a bar for training and one per
 validation / test pass; log lines, ``print()`` and warnings are printed above them.
 Elsewhere (CI, ``nohup``, SLURM logs, other ranks) nothing changes, and ``train.log`` never
-receives the bar. The training bar reads ``trainer.progress`` when it is drawn (no training
-iteration calls this hook); loss and lr come with the logger hook's records, through the hook's
-writer (:meth:`ProgressBarHook.records_writer`), which the trainer adds to its writers when it
-builds them (it shows nothing while no training bar is drawn).
+receives the bar. The training bar reads ``trainer.progress`` when drawn; loss and lr come with
+the logger hook's records, through :meth:`ProgressBarHook.records_writer` (added by the trainer).
 """
 
 from __future__ import annotations

@@ -53,26 +53,38 @@ class LogProcessor:
             malformed (the message names the entry and the fix).
     """
 
-    def __init__(self, window_size: int | None = None, custom_cfg: Sequence[Mapping[str, Any]] | None = None, owner: str = "log_processor") -> None:
-        if window_size is not None and (isinstance(window_size, bool) or not isinstance(window_size, int) or window_size < 1):
-            raise ValueError(f"{owner} window_size must be None (the line's own iterations) or an int >= 1, got {window_size!r}")
+    def __init__(
+        self,
+        window_size: int | None = None,
+        custom_cfg: Sequence[Mapping[str, Any]] | None = None,
+        owner: str = "log_processor",
+    ) -> None:
+        if window_size is not None and (
+            isinstance(window_size, bool) or not isinstance(window_size, int) or window_size < 1
+        ):
+            raise ValueError(
+                f"{owner} window_size must be None (the line's own iterations) or an int >= 1, got {window_size!r}"
+            )
         #: Iterations each line's losses and times are averaged over (None: the line's own).
         self.window_size = window_size
         #: The custom statistics, checked.
         self.custom: tuple[CustomStat, ...] = tuple(_custom_stat(owner, i, c) for i, c in enumerate(custom_cfg or ()))
 
     def history(self, epoch_len: int) -> int:
-        """The most iterations before a line its values reach back (its window, a custom statistic's), with epochs of ``epoch_len``."""
+        """How many iterations before a line its values reach back (its window, a custom statistic's).
+
+        ``epoch_len`` is the iterations of an epoch (an ``"epoch"`` statistic's window).
+        """
         windows = [w for w in (self.window_size, *(c.window_size for c in self.custom)) if isinstance(w, int)]
         windows += [epoch_len for c in self.custom if c.window_size == "epoch"]
         return max(windows, default=0)
 
     def window_start(self, since: int, iteration: int) -> int:
-        """The iteration after which the line of ``iteration`` averages (the previous line's, ``since``, without a window)."""
+        """The iteration after which the line of ``iteration`` averages (no window: ``since``, the previous line's)."""
         return since if self.window_size is None else max(iteration - self.window_size, 0)
 
     def custom_values(self, store: MetricStore, iteration: int, since: int, in_epoch: int) -> dict[str, float]:
-        """The custom statistics of the line of ``iteration`` (previous line at ``since``, ``in_epoch`` iterations into its epoch).
+        """The custom statistics of the line of ``iteration`` (previous line at ``since``; ``in_epoch`` into its epoch).
 
         A statistic without a value of its ``data_src`` in its window is left out.
         """
@@ -128,10 +140,15 @@ def _custom_stat(owner: str, i: int, cfg: Mapping[str, Any]) -> CustomStat:
     if method not in _METHODS:
         raise ValueError(f"{where}: method_name must be one of {list(_METHODS)}, got {method!r}")
     window = cfg.get("window_size")
-    if not (window is None or window in ("epoch", "global") or (isinstance(window, int) and not isinstance(window, bool) and window >= 1)):
+    if not (
+        window is None
+        or window in ("epoch", "global")
+        or (isinstance(window, int) and not isinstance(window, bool) and window >= 1)
+    ):
         raise ValueError(f"{where}: window_size must be an int >= 1, 'epoch' or 'global', got {window!r}")
     if window == "global" and method != "mean":
         raise ValueError(
-            f"{where}: window_size='global' supports method_name='mean' only (the run's values are kept as a running sum); use 'epoch' or a number"
+            f"{where}: window_size='global' supports method_name='mean' only (the run's values are kept as a running "
+            "sum); use 'epoch' or a number"
         )
     return CustomStat(str(cfg["data_src"]), method, window, cfg.get("log_name"))
