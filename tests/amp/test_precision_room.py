@@ -16,7 +16,7 @@ import trainwright as tw
 from conftest import LinearReg, regression_set
 from float64_precision import Float64Precision, Reg, dataset, train
 from launch import launch
-from trainwright.amp import TruePrecision, build_precision, registered_precisions
+from trainwright.amp import MixedPrecision, Precision, TruePrecision, build_precision, registered_precisions
 
 SCRIPT = Path(__file__).with_name("float64_precision.py")
 
@@ -67,6 +67,32 @@ def test_bf16_true_is_registered_and_refuses_an_autocast_wrapper_beside_it(tmp_p
     with pytest.raises(ValueError, match="Conflicting mixed precision: Trainer\\(precision='bf16-true'\\)"):
         trainer.train()
     trainer.close()
+
+
+def test_what_each_built_in_precision_answers_the_strategies_and_hooks() -> None:
+    """The answers FSDP, DeepSpeed, the FLOPs hook and the logger take (they used to read dtype / scaler / name)."""
+    fp32, bf16, fp16, true = Precision(), build_precision("bf16-mixed"), build_precision("16-mixed"), build_precision("bf16-true")
+    assert [p.plain for p in (fp32, bf16, fp16, true)] == [True, False, False, False]
+    assert [p.scales_loss for p in (fp32, bf16, fp16, true)] == [False, False, True, False]
+    assert fp32.fsdp_mixed_precision() == {} and true.fsdp_mixed_precision() == {}
+    assert bf16.fsdp_mixed_precision() == {"param_dtype": torch.bfloat16, "reduce_dtype": torch.float32}
+    assert fp16.fsdp_mixed_precision() == {"param_dtype": torch.float16, "reduce_dtype": torch.float32}
+    assert fp32.deepspeed_config() == {} and fp16.deepspeed_config() == {"fp16": {"enabled": True}}
+    assert bf16.deepspeed_config() == true.deepspeed_config() == {"bf16": {"enabled": True}}
+    assert [p.peak_column(torch.float32) for p in (bf16, fp16)] == ["bf16", "fp16"]
+    assert true.peak_column(torch.bfloat16) == "bf16"
+    assert bf16.agrees_with(MixedPrecision(torch.bfloat16)) and not true.agrees_with(bf16) and not bf16.agrees_with(fp16)
+    # DeepSpeed scales the loss itself: the wrapper keeps float16 autocast with a disabled scaler
+    engine_side = fp16.without_loss_scaling()
+    assert engine_side.autocasts and engine_side.dtype == torch.float16 and not engine_side.scaler.is_enabled()
+    assert bf16.without_loss_scaling() is bf16
+    # FSDP: the float16 scaler becomes a ShardedGradScaler with the same settings
+    fp16 = MixedPrecision(torch.float16, loss_scale=dict(init_scale=512.0, growth_interval=7))
+    sharded = fp16.sharded("cpu")
+    from torch.distributed.fsdp.sharded_grad_scaler import ShardedGradScaler
+
+    assert isinstance(sharded.scaler, ShardedGradScaler)
+    assert (sharded.scaler.get_scale(), sharded.scaler.get_growth_interval()) == (512.0, 7)
 
 
 @pytest.mark.multiprocess
