@@ -8,15 +8,13 @@ Quick start::
     trainer.train()
 """
 
-from __future__ import annotations
-
-import importlib
-import importlib.util
-from typing import TYPE_CHECKING, Any
+import importlib as _importlib
+import importlib.util as _importlib_util
+import typing as _typing
 
 from trainwright.version import __version__
 
-if TYPE_CHECKING:
+if _typing.TYPE_CHECKING:
     from trainwright import evaluation
     from trainwright.hooks import Hook
     from trainwright.model import BaseModel
@@ -39,13 +37,13 @@ _LAZY: dict[str, tuple[str, str | None]] = {
 }
 
 
-def __getattr__(name: str) -> Any:
+def __getattr__(name: str) -> _typing.Any:
     """Import a public name (or a subpackage: ``trainwright.hooks``) the first time it is asked for."""
     if name in _LAZY:
         module, attr = _LAZY[name]
-        value = importlib.import_module(module) if attr is None else getattr(importlib.import_module(module), attr)
-    elif not name.startswith("_") and importlib.util.find_spec(f"{__name__}.{name}") is not None:
-        value = importlib.import_module(f"{__name__}.{name}")
+        value = _importlib.import_module(module) if attr is None else getattr(_importlib.import_module(module), attr)
+    elif not name.startswith("_") and _importlib_util.find_spec(f"{__name__}.{name}") is not None:
+        value = _importlib.import_module(f"{__name__}.{name}")
     else:
         raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
     globals()[name] = value
@@ -53,7 +51,7 @@ def __getattr__(name: str) -> Any:
 
 
 def __dir__() -> list[str]:
-    return sorted({*globals(), *_LAZY})
+    return sorted({*(n for n in globals() if not n.startswith("_") or n.startswith("__")), *_LAZY})
 
 
 __all__ = ["Trainer", "BaseModel", "Hook", "OptimWrapper", "AmpOptimWrapper", "OptimWrapperDict", "evaluation", "seed_everything", "__version__"]
