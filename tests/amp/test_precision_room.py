@@ -96,6 +96,7 @@ def test_what_each_built_in_precision_answers_the_strategies_and_hooks() -> None
 
 
 @pytest.mark.multiprocess
+@pytest.mark.slow
 def test_a_precision_written_in_a_test_file_trains_under_single_and_ddp(tmp_path: Path) -> None:
     """"64-true" (tests/amp/float64_precision.py): one process (bitwise) and 2 gloo processes (to float64 rounding) equal a float64 loop."""
     x, y = dataset().tensors
