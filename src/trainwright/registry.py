@@ -43,8 +43,9 @@ class Registry:
             parent=MODELS, scope="mine")``) looks up what it lacks in its parent, and a name
             scoped with a child's scope (``type="mine.Net"``) is found in that child from
             anywhere in the tree. ``scope`` defaults to the caller's top-level package.
-        locations: Modules imported the first time a name is looked up (they register into
-            this registry), as mmengine's ``locations``.
+        locations: Modules imported the first time a name is looked up or listed (they register into
+            this registry), as mmengine's ``locations``; also before a registration from a module outside
+            ``scope``, so that a clash with one of their names is reported there.
         build_func: ``build_func(cfg, *args, registry=self, **kwargs)`` replaces :meth:`build`'s
             default (:func:`build_from_cfg`); a child inherits its parent's.
     """
