@@ -28,7 +28,12 @@ class FlakyFolder:
         p = Path(url)
         if not p.exists():
             return None
-        return {"name": url, "type": "directory" if p.is_dir() else "file", "size": p.stat().st_size, "mtime": p.stat().st_mtime}
+        return {
+            "name": url,
+            "type": "directory" if p.is_dir() else "file",
+            "size": p.stat().st_size,
+            "mtime": p.stat().st_mtime,
+        }
 
     def list(self, url: str) -> list[Mapping[str, Any]]:
         return [self.info(str(p)) for p in sorted(Path(url).iterdir())] if Path(url).is_dir() else []  # type: ignore[misc]
@@ -61,8 +66,13 @@ class FlakyFolder:
 
 
 def _epochs(work: Path, store: Store | Path, epochs: int, **kw: Any) -> Any:
-    return make_trainer(work, checkpoint=dict(out_dir=store), default_hooks=dict(checkpoint=dict(interval=1)),
-                        train_cfg=dict(by_epoch=True, max_epochs=epochs), **kw)
+    return make_trainer(
+        work,
+        checkpoint=dict(out_dir=store),
+        default_hooks=dict(checkpoint=dict(interval=1)),
+        train_cfg=dict(by_epoch=True, max_epochs=epochs),
+        **kw,
+    )
 
 
 def test_a_store_of_the_user_keeps_a_failed_publish_locally_and_resume_finds_it(tmp_path: Path) -> None:
@@ -70,7 +80,10 @@ def test_a_store_of_the_user_keeps_a_failed_publish_locally_and_resume_finds_it(
     flaky = FlakyFolder(root, fail=("epoch_2.pth",))
     assert isinstance(flaky, Store)
     t = _epochs(tmp_path / "work", flaky, 2)
-    with pytest.warns(UserWarning, match=r"Could not upload checkpoint .*store/epoch_2.pth \(ConnectionError: injected.*kept it locally as .*work/checkpoints_unuploaded/epoch_2.pth"):
+    with pytest.warns(
+        UserWarning,
+        match=r"Could not upload checkpoint .*store/epoch_2.pth \(ConnectionError: injected.*kept it locally as .*work/checkpoints_unuploaded/epoch_2.pth",
+    ):
         t.train()
     t.close()
     kept = tmp_path / "work" / "checkpoints_unuploaded" / "epoch_2.pth"
@@ -79,7 +92,9 @@ def test_a_store_of_the_user_keeps_a_failed_publish_locally_and_resume_finds_it(
     assert flaky.checked  # probed when the trainer was built
 
     t2 = _epochs(tmp_path / "work", FlakyFolder(root), 3, resume=True)  # the store is back
-    with pytest.warns(UserWarning, match=r"resume=True: resuming from .*checkpoints_unuploaded/epoch_2.pth, kept locally"):
+    with pytest.warns(
+        UserWarning, match=r"resume=True: resuming from .*checkpoints_unuploaded/epoch_2.pth, kept locally"
+    ):
         t2.train()
     t2.close()
     assert t2.checkpoints.restored is not None and t2.checkpoints.restored[0] == kept
@@ -101,12 +116,17 @@ def test_two_trainers_on_two_remote_roots_do_not_share_a_store(tmp_path: Path) -
     b = make_trainer(tmp_path / "b", checkpoint=dict(out_dir="memory://tw-roots/run/nested"))
     store_a, store_b = a.checkpoints.ckpt_dir.store, b.checkpoints.ckpt_dir.store
     assert store_a is not store_b
-    assert store_a.fallback_dir == tmp_path / "a" / "checkpoints_unuploaded"  # each keeps failed uploads in its own work_dir
+    assert (
+        store_a.fallback_dir == tmp_path / "a" / "checkpoints_unuploaded"
+    )  # each keeps failed uploads in its own work_dir
     assert store_b.fallback_dir == tmp_path / "b" / "checkpoints_unuploaded"
     for t in (a, b):
         t.build_train_loop()  # the model prepared, as train() does first
         t.checkpoints.save_now()
-    assert load_file(a.checkpoints.ckpt_dir / "iter_0.pth")["progress"] == load_file("memory://tw-roots/run/iter_0.pth")["progress"]
+    assert (
+        load_file(a.checkpoints.ckpt_dir / "iter_0.pth")["progress"]
+        == load_file("memory://tw-roots/run/iter_0.pth")["progress"]
+    )
     assert [p.name for p in b.checkpoints.ckpt_dir.iterdir()] == ["iter_0.pth", "latest"]
     a.close()
     b.close()
@@ -114,17 +134,28 @@ def test_two_trainers_on_two_remote_roots_do_not_share_a_store(tmp_path: Path) -
 
 def test_checkpoint_settings_given_to_the_trainer_apply_to_a_save_before_train(tmp_path: Path) -> None:
     out = tmp_path / "ckpts"
-    t = make_trainer(tmp_path / "work", checkpoint=dict(out_dir=out, iter_tmpl="step_{}.pth", save_optimizer=False, max_keep_ckpts=2),
-                     default_hooks=dict(checkpoint=dict(by_epoch=False, interval=2)), train_cfg=dict(by_epoch=False, max_iters=6))
+    t = make_trainer(
+        tmp_path / "work",
+        checkpoint=dict(out_dir=out, iter_tmpl="step_{}.pth", save_optimizer=False, max_keep_ckpts=2),
+        default_hooks=dict(checkpoint=dict(by_epoch=False, interval=2)),
+        train_cfg=dict(by_epoch=False, max_iters=6),
+    )
     t.build_train_loop()  # what train() builds first (the prepared model)
     first = t.checkpoints.save_now()  # before train(): the same folder, names and pieces as the run's own saves
     assert first == out / "step_0.pth" and (out / "latest").read_text() == "step_0.pth\n"
     assert "optim_wrapper" not in load_file(first) and "model" in load_file(first)
     t.train()
     t.close()
-    assert sorted(p.name for p in out.iterdir()) == ["latest", "step_0.pth", "step_4.pth", "step_6.pth"]  # keep 2 of the run's
+    assert sorted(p.name for p in out.iterdir()) == [
+        "latest",
+        "step_0.pth",
+        "step_4.pth",
+        "step_6.pth",
+    ]  # keep 2 of the run's
     assert "optim_wrapper" not in load_file(out / "step_6.pth")
-    assert not (tmp_path / "work" / "checkpoints").exists() or not any((tmp_path / "work" / "checkpoints").glob("*.pth"))
+    assert not (tmp_path / "work" / "checkpoints").exists() or not any(
+        (tmp_path / "work" / "checkpoints").glob("*.pth")
+    )
 
 
 def test_a_setting_given_twice_with_two_values_is_refused(tmp_path: Path) -> None:

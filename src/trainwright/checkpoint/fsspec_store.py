@@ -27,16 +27,24 @@ def _filesystem(url: str, protocol: str, options: Mapping[str, Any]) -> Any:
     try:
         import fsspec
     except ImportError as e:
-        raise ImportError(f"{url}: checkpoints and logs on an fsspec URL need fsspec, which is not installed. pip install 'trainwright[{extra}]'") from e
+        raise ImportError(
+            f"{url}: checkpoints and logs on an fsspec URL need fsspec, which is not installed. pip install 'trainwright[{extra}]'"
+        ) from e
     try:
         return fsspec.filesystem(protocol, **dict(options))
     except ImportError as e:
         raise ImportError(
             f"{url}: the fsspec backend of {protocol}:// is not installed ({e}). "
-            + (f"pip install 'trainwright[{extra}]'" if protocol in _EXTRAS else "Install that backend (see fsspec's list of known implementations)")
+            + (
+                f"pip install 'trainwright[{extra}]'"
+                if protocol in _EXTRAS
+                else "Install that backend (see fsspec's list of known implementations)"
+            )
         ) from e
     except ValueError as e:
-        raise ValueError(f"{url}: fsspec does not know the protocol {protocol!r} ({e}). Check the URL, or install that protocol's fsspec backend") from e
+        raise ValueError(
+            f"{url}: fsspec does not know the protocol {protocol!r} ({e}). Check the URL, or install that protocol's fsspec backend"
+        ) from e
 
 
 def _within(fn: Callable[[], _T], seconds: float | None) -> _T:
@@ -56,7 +64,9 @@ def _within(fn: Callable[[], _T], seconds: float | None) -> _T:
 
     threading.Thread(target=run, name="trainwright-remote-io", daemon=True).start()
     if not done.wait(seconds):
-        raise TimeoutError(f"no answer within {seconds:.0f} s (a stalled connection or server; storage_options attempt_timeout_s sets the limit)")
+        raise TimeoutError(
+            f"no answer within {seconds:.0f} s (a stalled connection or server; storage_options attempt_timeout_s sets the limit)"
+        )
     if "error" in box:
         raise box["error"]
     return box["value"]  # type: ignore[no-any-return]
@@ -80,7 +90,13 @@ class FsspecStore:
     MIN_RATE = 5 * 2**20
 
     def __init__(
-        self, url: str, storage_options: Mapping[str, Any] | None = None, *, tries: int = 3, backoff_s: float = 0.5, attempt_timeout_s: float | None = 120.0,
+        self,
+        url: str,
+        storage_options: Mapping[str, Any] | None = None,
+        *,
+        tries: int = 3,
+        backoff_s: float = 0.5,
+        attempt_timeout_s: float | None = 120.0,
     ) -> None:
         m = URL_SCHEME.match(url)
         if m is None:
@@ -166,7 +182,10 @@ class FsspecStore:
             except Exception as e:  # noqa: BLE001 - network and service errors come in many types
                 if attempt + 1 == self.tries:
                     raise
-                warnings.warn(f"{what} failed ({type(e).__name__}: {e}); trying again ({attempt + 2} of {self.tries})", stacklevel=3)
+                warnings.warn(
+                    f"{what} failed ({type(e).__name__}: {e}); trying again ({attempt + 2} of {self.tries})",
+                    stacklevel=3,
+                )
                 time.sleep(self.backoff_s * 2**attempt)
         raise AssertionError("unreachable")
 
@@ -180,20 +199,40 @@ class FsspecStore:
         try:
             _within(lambda: (self.fs.pipe_file(probe, b"ok"), self.fs.rm_file(probe)), self.attempt_timeout_s)
         except Exception as e:  # noqa: BLE001 - classified below
-            raise OSError(f"Cannot write to {self.url} ({purpose}): {self.explain(e)}. Nothing was trained or written.") from e
+            raise OSError(
+                f"Cannot write to {self.url} ({purpose}): {self.explain(e)}. Nothing was trained or written."
+            ) from e
         self.checked = True
 
     def explain(self, e: BaseException) -> str:
         """What an error of this store means and how to fix it (bucket, credentials, endpoint)."""
         text = f"{type(e).__name__}: {e}"
         low = text.lower()
-        endpoint = (self.options.get("client_kwargs") or {}).get("endpoint_url") or self.options.get("endpoint_url") or os.environ.get("AWS_ENDPOINT_URL")
+        endpoint = (
+            (self.options.get("client_kwargs") or {}).get("endpoint_url")
+            or self.options.get("endpoint_url")
+            or os.environ.get("AWS_ENDPOINT_URL")
+        )
         if isinstance(e, FileNotFoundError) or "nosuchbucket" in low or "bucket does not exist" in low:
             return f"the bucket does not exist ({text}). Create it (e.g. `aws s3 mb {self.url.split('/')[0]}//{self.url.split('/')[2]}`) or fix the URL"
-        if isinstance(e, PermissionError) or any(s in low for s in ("accessdenied", "access denied", "invalidaccesskeyid", "signaturedoesnotmatch", "forbidden", "credentials")):
-            return (f"access denied ({text}). Check the credentials (AWS_ACCESS_KEY_ID / AWS_SECRET_ACCESS_KEY or AWS_PROFILE in the environment, "
-                    "or storage_options=dict(key=..., secret=...)) and that they may write to this bucket")
+        if isinstance(e, PermissionError) or any(
+            s in low
+            for s in (
+                "accessdenied",
+                "access denied",
+                "invalidaccesskeyid",
+                "signaturedoesnotmatch",
+                "forbidden",
+                "credentials",
+            )
+        ):
+            return (
+                f"access denied ({text}). Check the credentials (AWS_ACCESS_KEY_ID / AWS_SECRET_ACCESS_KEY or AWS_PROFILE in the environment, "
+                "or storage_options=dict(key=..., secret=...)) and that they may write to this bucket"
+            )
         if any(s in low for s in ("connect", "endpoint", "timeout", "timed out", "unreachable", "name resolution")):
-            return (f"cannot reach the storage endpoint{f' {endpoint}' if endpoint else ''} ({text}). Check the endpoint "
-                    "(storage_options=dict(client_kwargs=dict(endpoint_url=...)) or AWS_ENDPOINT_URL) and the network")
+            return (
+                f"cannot reach the storage endpoint{f' {endpoint}' if endpoint else ''} ({text}). Check the endpoint "
+                "(storage_options=dict(client_kwargs=dict(endpoint_url=...)) or AWS_ENDPOINT_URL) and the network"
+            )
         return f"{text}. Check the URL, the credentials and the endpoint (storage_options= or the AWS_* environment variables)"

@@ -87,7 +87,9 @@ class LocalStore:
             probe.write_bytes(b"ok")
             probe.unlink()
         except OSError as e:
-            raise OSError(f"Cannot write to {self.url} ({purpose}): {self.explain(e)}. Nothing was trained or written.") from e
+            raise OSError(
+                f"Cannot write to {self.url} ({purpose}): {self.explain(e)}. Nothing was trained or written."
+            ) from e
         self.checked = True
 
     def explain(self, e: BaseException) -> str:  # noqa: D102

@@ -22,7 +22,9 @@ def fallback_folder(target: RemotePath) -> Path:
     return target.store.fallback_dir or Path.cwd() / "checkpoints_unuploaded"
 
 
-def publish_with_fallback(local: Path, target: RemotePath, *, keep: bool = True, what: str = "checkpoint", then: str = "") -> Location:
+def publish_with_fallback(
+    local: Path, target: RemotePath, *, keep: bool = True, what: str = "checkpoint", then: str = ""
+) -> Location:
     """Publish the local file or folder ``local`` as ``target``; if that fails, keep it locally and warn.
 
     A folder is published file by file (its hidden files, e.g. DCP's ``.metadata``, last). The one
@@ -56,7 +58,10 @@ def publish_with_fallback(local: Path, target: RemotePath, *, keep: bool = True,
             if kept.is_dir():
                 shutil.rmtree(kept)
             shutil.move(str(local), kept)
-        warnings.warn(f"Could not upload {what} {target.url} ({target.store.explain(e)}); kept it locally as {kept}. {then}".rstrip(), stacklevel=3)
+        warnings.warn(
+            f"Could not upload {what} {target.url} ({target.store.explain(e)}); kept it locally as {kept}. {then}".rstrip(),
+            stacklevel=3,
+        )
         return kept
     return target
 
@@ -80,11 +85,15 @@ def save_remote(obj: Mapping[str, Any], target: RemotePath, after: Callable[[], 
     tmp = Path(tmp_name)
     try:
         atomic_save(obj, tmp)
-        where = publish_with_fallback(tmp, target, then=(
-            f"Training goes on; `latest` in {target.parent.url} still names the previous checkpoint. Copy the file there once the "
-            f"storage is back (e.g. `aws s3 cp {fallback_folder(target) / target.name} {target.url}`), or resume from it with "
-            f"resume={str(fallback_folder(target) / target.name)!r}."
-        ))
+        where = publish_with_fallback(
+            tmp,
+            target,
+            then=(
+                f"Training goes on; `latest` in {target.parent.url} still names the previous checkpoint. Copy the file there once the "
+                f"storage is back (e.g. `aws s3 cp {fallback_folder(target) / target.name} {target.url}`), or resume from it with "
+                f"resume={str(fallback_folder(target) / target.name)!r}."
+            ),
+        )
     finally:
         tmp.unlink(missing_ok=True)
     if where != target:
@@ -93,9 +102,12 @@ def save_remote(obj: Mapping[str, Any], target: RemotePath, after: Callable[[], 
         try:
             after()
         except Exception as e:  # noqa: BLE001 - the checkpoint itself is safe; say what is stale
-            warnings.warn(f"Checkpoint {target.url} was uploaded, but updating `latest` / deleting old checkpoints failed ({target.store.explain(e)}); "
-                          f"resume=True continues from the checkpoint `latest` still names, the next save moves it on; to continue from this one, "
-                          f"pass resume='{target.url}'.", stacklevel=2)
+            warnings.warn(
+                f"Checkpoint {target.url} was uploaded, but updating `latest` / deleting old checkpoints failed ({target.store.explain(e)}); "
+                f"resume=True continues from the checkpoint `latest` still names, the next save moves it on; to continue from this one, "
+                f"pass resume='{target.url}'.",
+                stacklevel=2,
+            )
     return target
 
 

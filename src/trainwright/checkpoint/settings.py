@@ -17,13 +17,26 @@ from trainwright.registry import did_you_mean
 
 #: The keys of ``Trainer(checkpoint=dict(...))``.
 KEYS: tuple[str, ...] = (
-    "out_dir", "storage_options", "max_keep_ckpts", "async_save", "epoch_tmpl", "iter_tmpl", "save_optimizer", "save_param_scheduler",
+    "out_dir",
+    "storage_options",
+    "max_keep_ckpts",
+    "async_save",
+    "epoch_tmpl",
+    "iter_tmpl",
+    "save_optimizer",
+    "save_param_scheduler",
 )
 
 
 def check_template(tmpl: Any, key: str = "filename_tmpl") -> str:
     """``tmpl`` if it names checkpoints that resume finds (one ``{}``, ``.pth``, not hidden nor ``best_``); else a ValueError naming ``key``."""
-    if not isinstance(tmpl, str) or tmpl.count("{}") != 1 or "/" in tmpl or not tmpl.endswith(".pth") or tmpl.startswith((".", "best_")):
+    if (
+        not isinstance(tmpl, str)
+        or tmpl.count("{}") != 1
+        or "/" in tmpl
+        or not tmpl.endswith(".pth")
+        or tmpl.startswith((".", "best_"))
+    ):
         raise ValueError(
             f"CheckpointHook {key} must be a file name with exactly one '{{}}' for the epoch / iteration that ends in '.pth' "
             f"and starts neither with '.' nor 'best_' (resume looks for such files), e.g. 'epoch_{{}}.pth'; got {tmpl!r}"
@@ -71,22 +84,32 @@ class CheckpointSettings:
         for source in (given or {}, *more):
             for key, value in source.items():
                 if key not in KEYS:
-                    raise TypeError(f"checkpoint={{...}}: unknown key {key!r}.{did_you_mean(key, list(KEYS))} Keys: {list(KEYS)}")
+                    raise TypeError(
+                        f"checkpoint={{...}}: unknown key {key!r}.{did_you_mean(key, list(KEYS))} Keys: {list(KEYS)}"
+                    )
                 if key in merged and merged[key] != value:
-                    raise ValueError(f"The checkpoint setting {key!r} is given twice, as {merged[key]!r} and {value!r} (Trainer(checkpoint=...) and "
-                                     "default_hooks.checkpoint); give it once")
+                    raise ValueError(
+                        f"The checkpoint setting {key!r} is given twice, as {merged[key]!r} and {value!r} (Trainer(checkpoint=...) and "
+                        "default_hooks.checkpoint); give it once"
+                    )
                 merged[key] = value
         options = merged.pop("storage_options", None)
         out_dir = merged.pop("out_dir", None)
         if options is not None and not (isinstance(out_dir, str) and "://" in out_dir):
-            raise ValueError(f"CheckpointHook storage_options apply to a URL out_dir (s3://..., memory://...), but out_dir is {out_dir!r}; "
-                             "drop storage_options or give a URL")
+            raise ValueError(
+                f"CheckpointHook storage_options apply to a URL out_dir (s3://..., memory://...), but out_dir is {out_dir!r}; "
+                "drop storage_options or give a URL"
+            )
         if merged.get("max_keep_ckpts") == 0:
-            raise ValueError("CheckpointHook max_keep_ckpts=0 would delete every checkpoint; use -1 to keep all or k >= 1")
+            raise ValueError(
+                "CheckpointHook max_keep_ckpts=0 would delete every checkpoint; use -1 to keep all or k >= 1"
+            )
         for key in ("epoch_tmpl", "iter_tmpl"):
             if key in merged:
                 check_template(merged[key], key)
         where = location(out_dir, options) if isinstance(out_dir, (str, os.PathLike, RemotePath, Store)) else out_dir
         if where is not None and not isinstance(where, (Path, RemotePath)):
-            raise TypeError(f"checkpoint out_dir must be a path, a URL or a trainwright.checkpoint.storage.Store, got {type(out_dir).__name__}")
+            raise TypeError(
+                f"checkpoint out_dir must be a path, a URL or a trainwright.checkpoint.storage.Store, got {type(out_dir).__name__}"
+            )
         return cls(out_dir=where, **merged)

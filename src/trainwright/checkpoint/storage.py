@@ -16,7 +16,19 @@ from trainwright.checkpoint.fsspec_store import FsspecStore
 from trainwright.checkpoint.local_store import LocalStore
 from trainwright.checkpoint.store import URL_SCHEME, Location, RemotePath, Store
 
-__all__ = ["FsspecStore", "LocalStore", "Location", "RemotePath", "RemoteStore", "Store", "fsspec_store", "is_url", "local_path", "location", "remove"]
+__all__ = [
+    "FsspecStore",
+    "LocalStore",
+    "Location",
+    "RemotePath",
+    "RemoteStore",
+    "Store",
+    "fsspec_store",
+    "is_url",
+    "local_path",
+    "location",
+    "remove",
+]
 
 #: The former name of :class:`FsspecStore` (kept for code that names it).
 RemoteStore = FsspecStore
@@ -31,7 +43,10 @@ def is_url(path: object) -> bool:
 
 
 def location(
-    path: str | os.PathLike[str] | RemotePath | Store, storage_options: Mapping[str, Any] | None = None, *, within: Location | None = None,
+    path: str | os.PathLike[str] | RemotePath | Store,
+    storage_options: Mapping[str, Any] | None = None,
+    *,
+    within: Location | None = None,
 ) -> Path | RemotePath:
     """``path`` as a :class:`RemotePath` (a URL, a :class:`Store`) or a ``Path`` (a local path, or a ``file://`` URL).
 
@@ -51,7 +66,7 @@ def location(
         m = URL_SCHEME.match(path)
         if m is not None:
             if m["scheme"].lower() == "file":
-                return Path(path[len(m[0]):])
+                return Path(path[len(m[0]) :])
             url = path.rstrip("/")
             if storage_options is None and isinstance(within, RemotePath):
                 root = within.store.url
@@ -78,14 +93,18 @@ def local_path(path: str | os.PathLike[str] | RemotePath, who: str = "this strat
     """``path`` as a local ``Path``; a store's path (a URL) is a ValueError naming ``who`` and the fix."""
     loc = location(path)
     if isinstance(loc, RemotePath):
-        raise ValueError(f"{loc}: {who} reads and writes checkpoints on local disk only. Give a local folder as the checkpoint out_dir "
-                         "(and copy it to object storage yourself), or use strategy='fsdp' / 'ddp'")
+        raise ValueError(
+            f"{loc}: {who} reads and writes checkpoints on local disk only. Give a local folder as the checkpoint out_dir "
+            "(and copy it to object storage yourself), or use strategy='fsdp' / 'ddp'"
+        )
     return loc
 
 
 def fsspec_store(path: RemotePath, who: str = "strategy='fsdp'") -> FsspecStore:
     """The :class:`FsspecStore` of ``path``; a store of another kind is a ValueError (sharded checkpoints go through DCP's fsspec writer)."""
     if not isinstance(path.store, FsspecStore):
-        raise ValueError(f"{path}: {who} writes sharded checkpoints through DCP's fsspec writer, which needs an fsspec URL (s3://, memory://...) "
-                         f"as out_dir, not a {type(path.store).__name__}. Give an fsspec URL or a local folder")
+        raise ValueError(
+            f"{path}: {who} writes sharded checkpoints through DCP's fsspec writer, which needs an fsspec URL (s3://, memory://...) "
+            f"as out_dir, not a {type(path.store).__name__}. Give an fsspec URL or a local folder"
+        )
     return path.store
