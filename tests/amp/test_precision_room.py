@@ -88,9 +88,9 @@ def test_what_each_built_in_precision_answers_the_strategies_and_hooks() -> None
     assert bf16.without_loss_scaling() is bf16
     # FSDP: the float16 scaler becomes a ShardedGradScaler with the same settings
     fp16 = MixedPrecision(torch.float16, loss_scale=dict(init_scale=512.0, growth_interval=7))
-    sharded = fp16.sharded("cpu")
     from torch.distributed.fsdp.sharded_grad_scaler import ShardedGradScaler
 
+    sharded = fp16.sharded("cpu", ShardedGradScaler)
     assert isinstance(sharded.scaler, ShardedGradScaler)
     assert (sharded.scaler.get_scale(), sharded.scaler.get_growth_interval()) == (512.0, 7)
 

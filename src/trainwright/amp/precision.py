@@ -122,8 +122,8 @@ class Precision:
         """This precision with its loss scaler disabled (DeepSpeed's engine scales the loss); ``self`` without one."""
         return self
 
-    def sharded(self, device_type: str) -> Precision:
-        """This precision for sharded parameters (FSDP): a float16 scaler becomes a ``ShardedGradScaler``."""
+    def sharded(self, device_type: str, scaler_cls: type[torch.amp.GradScaler]) -> Precision:
+        """This precision for sharded parameters (FSDP): a float16 scaler becomes a ``scaler_cls`` (the strategy's ``ShardedGradScaler``)."""
         return self
 
     def backward(self, loss: torch.Tensor, **kwargs: Any) -> None:
@@ -253,13 +253,14 @@ class MixedPrecision(Precision):
             return self
         return MixedPrecision(self.dtype, self.device_type, loss_scale={"enabled": False})  # type: ignore[arg-type]
 
-    def sharded(self, device_type: str) -> Precision:
-        """Replace a plain ``GradScaler`` by a ``ShardedGradScaler`` with its settings (the ranks agree on a skip)."""
+    def sharded(self, device_type: str, scaler_cls: type[torch.amp.GradScaler]) -> Precision:
+        """Replace a plain ``GradScaler`` by ``scaler_cls`` with its settings (FSDP's ``ShardedGradScaler``: the ranks agree on a skip).
+
+        The strategy names the class: only ``strategies/`` and ``dist/`` import ``torch.distributed``.
+        """
         scaler = self.scaler
         if scaler is not None and type(scaler) is torch.amp.GradScaler:
-            from torch.distributed.fsdp.sharded_grad_scaler import ShardedGradScaler
-
-            self.scaler = ShardedGradScaler(
+            self.scaler = scaler_cls(
                 device_type,
                 init_scale=scaler.get_scale() if scaler.is_enabled() else 2.0**16,
                 growth_factor=scaler.get_growth_factor(),

@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 import torch.distributed as dist
 from torch import nn
+from torch.distributed.fsdp.sharded_grad_scaler import ShardedGradScaler
 
 from trainwright.amp.precision import Precision
 from trainwright.dist.shards import is_sharded
@@ -194,7 +195,7 @@ class FSDPStrategy(ProcessGroupStrategy):
 
     def adapt_precision(self, precision: Precision) -> Precision:
         """float16: a ``ShardedGradScaler`` (ranks agree on skipping a step whose gradients overflowed), with the scaler's settings."""
-        return precision.sharded(self.device.type)
+        return precision.sharded(self.device.type, ShardedGradScaler)
 
     def clip_grad(self, clip: ClipFn, params: list[torch.Tensor]) -> torch.Tensor | None:
         """Clip with the global norm over every rank's shards; return it as a plain (replicated) tensor, not a DTensor.
