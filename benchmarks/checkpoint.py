@@ -67,8 +67,15 @@ def _med(xs: list[float]) -> str:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
-    parser.add_argument("--params", type=float, default=100e6, help="model parameters (default 100e6: 768 MiB with momentum)")
-    parser.add_argument("--state-mb", type=float, default=None, help="size the model so weights + momentum are about this many MiB (overrides --params)")
+    parser.add_argument(
+        "--params", type=float, default=100e6, help="model parameters (default 100e6: 768 MiB with momentum)"
+    )
+    parser.add_argument(
+        "--state-mb",
+        type=float,
+        default=None,
+        help="size the model so weights + momentum are about this many MiB (overrides --params)",
+    )
     parser.add_argument("--repeats", type=int, default=5, help="timed saves per mode (after one warm-up async save)")
     parser.add_argument("--dir", default=None, help="where to write (default: a temporary directory)")
     parser.add_argument("--device", default="cpu", help="where the model lives (cpu, cuda)")
@@ -86,8 +93,13 @@ def main() -> None:
     def collect() -> dict[str, Any]:
         return {"model": model.state_dict(), "optimizer": opt.state_dict()}
 
-    nbytes = sum(t.numel() * t.element_size() for t in list(model.state_dict().values()) + [s["momentum_buffer"] for s in opt.state.values()])
-    rows: dict[str, list[float]] = {k: [] for k in ("raw", "sync", "sync_total", "async", "async_total", "collect", "make_safe", "stage", "fresh")}
+    nbytes = sum(
+        t.numel() * t.element_size()
+        for t in list(model.state_dict().values()) + [s["momentum_buffer"] for s in opt.state.values()]
+    )
+    rows: dict[str, list[float]] = {
+        k: [] for k in ("raw", "sync", "sync_total", "async", "async_total", "collect", "make_safe", "stage", "fresh")
+    }
     with tempfile.TemporaryDirectory(dir=args.dir) as d:
         out = Path(d)
         writer = AsyncCheckpointWriter()
@@ -133,7 +145,10 @@ def main() -> None:
         writer.release()
     med = {k: statistics.median(v) for k, v in rows.items()}
     print(f"torch {torch.__version__}, {torch.get_num_threads()} threads, device {device}")
-    print(f"model: {n_params / 1e6:.1f}M parameters, checkpoint {nbytes / 2**20:.0f} MiB (weights + momentum), {args.repeats} repeats: median [min-max]")
+    print(
+        f"model: {n_params / 1e6:.1f}M parameters, checkpoint {nbytes / 2**20:.0f} MiB (weights + momentum), "
+        f"{args.repeats} repeats: median [min-max]"
+    )
     print(f"{'mode':<44}{'loop blocked (s)':>30}{'until on disk (s)':>20}{'MiB/s':>8}{'% raw':>7}")
     for name, blocked, total in (
         ("raw disk (os.write+fsync)", None, "raw"),
@@ -141,7 +156,10 @@ def main() -> None:
         ("async save (reused staging buffers)", "async", "async_total"),
     ):
         shown = f"{'-':>30}" if blocked is None else f"{_med(rows[blocked]):>30}"
-        print(f"{name:<44}{shown}{med[total]:>20.3f}{nbytes / 2**20 / med[total]:>8.0f}{100 * med['raw'] / med[total]:>6.0f}%")
+        print(
+            f"{name:<44}{shown}{med[total]:>20.3f}{nbytes / 2**20 / med[total]:>8.0f}"
+            f"{100 * med['raw'] / med[total]:>6.0f}%"
+        )
     print(f"{'  of which: collect state dicts':<44}{_med(rows['collect']):>30}")
     print(f"{'            make_safe':<44}{_med(rows['make_safe']):>30}")
     print(f"{'            copy into staging buffers':<44}{_med(rows['stage']):>30}")
@@ -150,7 +168,8 @@ def main() -> None:
     ratios = [a / s for a, s in zip(rows["async"], rows["sync"])]
     print(
         f"async stall / sync stall: {med['async'] / med['sync']:.1%} (ratio of medians; per repeat "
-        f"{statistics.median(ratios):.1%} [{min(ratios):.1%}-{max(ratios):.1%}]); fresh copy / sync: {med['fresh'] / med['sync']:.1%}"
+        f"{statistics.median(ratios):.1%} [{min(ratios):.1%}-{max(ratios):.1%}]); fresh copy / sync: "
+        f"{med['fresh'] / med['sync']:.1%}"
     )
 
 

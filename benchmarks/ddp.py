@@ -15,8 +15,8 @@ Run:  python benchmarks/ddp.py [--rounds 5] [--steps 600]
 from __future__ import annotations
 
 import argparse
-import io
 import contextlib
+import io
 import json
 import os
 import statistics
@@ -25,13 +25,12 @@ import sys
 import tempfile
 import time
 
+import overhead  # the sibling script: its MLP and its stopwatch hook
 import torch
 import torch.nn.functional as F
+from overhead import stopwatch
 from torch import nn
 from torch.utils.data import DataLoader, TensorDataset
-
-import overhead  # the sibling script: its MLP and its stopwatch hook
-from overhead import stopwatch
 
 SIZES = (32, 64, 10)
 BATCH = 32
@@ -74,7 +73,10 @@ def raw_worker(steps: int, out: str) -> None:
     dist.all_reduce(last_t)
     last = last_t.item() / world
     if rank == 0:
-        torch.save({"model": model.module.state_dict(), "optimizer": opt.state_dict()}, os.path.join(os.path.dirname(out), "raw_last.pth"))
+        torch.save(
+            {"model": model.module.state_dict(), "optimizer": opt.state_dict()},
+            os.path.join(os.path.dirname(out), "raw_last.pth"),
+        )
         with open(out, "w") as f:
             json.dump({"time": t1 - t0, "loss": last}, f)
     dist.barrier()  # rank 0 has saved: no rank tears down while the other still talks
@@ -112,10 +114,16 @@ def tw_worker(steps: int, out: str) -> None:
     with contextlib.redirect_stdout(io.StringIO()):
         trainer.train()
     if trainer.strategy.is_main_process:
-        # What the logger hook's logging iterations cost on rank 0 (the agreement collective is the loop's, not counted here).
-        logger_ms = next(r.mean_ms for r in trainer.hooks.report() if r.hook == "LoggerHook" and r.event == "after_train_iter")
+        # What the logger hook's logging iterations cost on rank 0 (the agreement collective is the loop's, not counted
+        # here).
+        logger_ms = next(
+            r.mean_ms for r in trainer.hooks.report() if r.hook == "LoggerHook" and r.event == "after_train_iter"
+        )
         with open(out, "w") as f:
-            json.dump({"time": watch.t1 - watch.t0, "loss": trainer.metric_store.get("loss").latest, "logger_ms": logger_ms}, f)
+            json.dump(
+                {"time": watch.t1 - watch.t0, "loss": trainer.metric_store.get("loss").latest, "logger_ms": logger_ms},
+                f,
+            )
     trainer.close()
 
 
@@ -125,20 +133,45 @@ def run_side(side: str, steps: int, tmp: str) -> dict:
     if os.path.exists(out):
         os.remove(out)  # an earlier round's result must never stand in for this one's
     res = subprocess.run(
-        [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2", __file__, "--worker", side, "--steps", str(steps), "--out", out],
-        env=env, capture_output=True, text=True, timeout=600,
+        [
+            sys.executable,
+            "-m",
+            "torch.distributed.run",
+            "--standalone",
+            "--nproc_per_node=2",
+            __file__,
+            "--worker",
+            side,
+            "--steps",
+            str(steps),
+            "--out",
+            out,
+        ],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
     )
     output = res.stdout + res.stderr
     if res.returncode != 0:
         # The hand-written side's rank 1 sometimes aborts while torch tears gloo down after the run (about 1 launch in
         # 12-25 here: "terminate called without an active exception", SIGABRT). Rank 0 wrote the result before the final
-        # barrier, so the measurement is complete: use it, and say so. Any other failure, and any failure of trainwright's
+        # barrier, so the measurement is complete: use it, and say so. Any other failure, and any failure of
+        # trainwright's
         # side, stops the benchmark with the end of the output.
-        teardown_abort = side == "raw" and "terminate called without an active exception" in output and os.path.exists(out)
+        teardown_abort = (
+            side == "raw" and "terminate called without an active exception" in output and os.path.exists(out)
+        )
         if not teardown_abort:
             tail = "\n".join(output.splitlines()[-40:])
-            raise RuntimeError(f"the {side!r} side's torchrun exited with status {res.returncode}; the end of its output:\n{tail}")
-        print(f"note: the {side!r} side's torchrun exited with status {res.returncode} after writing its result (a rank aborted in torch's gloo teardown); the result is used", file=sys.stderr)
+            raise RuntimeError(
+                f"the {side!r} side's torchrun exited with status {res.returncode}; the end of its output:\n{tail}"
+            )
+        print(
+            f"note: the {side!r} side's torchrun exited with status {res.returncode} after writing its result (a rank "
+            "aborted in torch's gloo teardown); the result is used",
+            file=sys.stderr,
+        )
     with open(out) as f:
         return json.load(f)
 
@@ -163,12 +196,21 @@ def main() -> None:
     raw_m, tw_m = statistics.median(raw_t), statistics.median(tw_t)
     paired = statistics.median(b / a_ for a_, b in zip(raw_t, tw_t))
     same = abs(res["raw"][-1]["loss"] - res["tw"][-1]["loss"]) <= 1e-5 * max(1.0, abs(res["raw"][-1]["loss"]))
-    print(f"torch {torch.__version__}, 2 gloo processes (OMP_NUM_THREADS=1 each), {a.steps} steps of batch {BATCH} per process, {a.rounds} rounds")
+    print(
+        f"torch {torch.__version__}, 2 gloo processes (OMP_NUM_THREADS=1 each), {a.steps} steps of batch {BATCH} per "
+        f"process, {a.rounds} rounds"
+    )
     print("wl  steps    raw s     tw s  ratio paired raw µs/step engine µs/step      target same loss")
     verdict = "OK" if paired <= 1.05 else "MISS"
-    print(f"D   {a.steps:5d} {raw_m:8.3f} {tw_m:8.3f} {tw_m / raw_m:6.3f} {paired:6.3f} {raw_m / a.steps * 1e6:11.1f} {(tw_m - raw_m) / a.steps * 1e6:14.1f}  ≤1.05 {verdict:>4}  {same}")
+    print(
+        f"D   {a.steps:5d} {raw_m:8.3f} {tw_m:8.3f} {tw_m / raw_m:6.3f} {paired:6.3f} {raw_m / a.steps * 1e6:11.1f} "
+        f"{(tw_m - raw_m) / a.steps * 1e6:14.1f}  ≤1.05 {verdict:>4}  {same}"
+    )
     logger_ms = statistics.median(x["logger_ms"] for x in res["tw"])
-    print(f"LoggerHook.after_train_iter on rank 0 (every {LOG_INTERVAL} steps, without the loop's agreement collective): {logger_ms * 1000:.0f} µs per call (median of rounds)")
+    print(
+        f"LoggerHook.after_train_iter on rank 0 (every {LOG_INTERVAL} steps, without the loop's agreement collective): "
+        f"{logger_ms * 1000:.0f} µs per call (median of rounds)"
+    )
 
 
 if __name__ == "__main__":

@@ -8,7 +8,8 @@ logging the loss every 10 iterations. Each round runs every side once, in altern
 compiled step's first calls compile or check their guards). Reported per row: the medians,
 their ratio, the median of the per-round ratios ("paired"; the targets are checked on it),
 tokens per second, whether the final losses agree, and the paired ratio of process CPU time
-("cpu paired": less sensitive than wall time to other processes on a shared machine). The compiled sides are timed once more for their compile time: the
+("cpu paired": less sensitive than wall time to other processes on a shared machine). The compiled sides are timed once
+more for their compile time: the
 first run of the process (its first steps compile) minus a steady run's time for the same steps.
 
 Rows:
@@ -65,7 +66,8 @@ class Setup:
     batch_size: int
     steps: int
     warmup: int
-    backend: str = "inductor"  # torch.compile's backend for the compiled sides ("aot_eager": no code generation, for a quick check)
+    # torch.compile's backend for the compiled sides ("aot_eager": no code generation, for a quick check)
+    backend: str = "inductor"
 
 
 def make_data(s: Setup) -> Subset:
@@ -75,7 +77,10 @@ def make_data(s: Setup) -> Subset:
     stride = max(1, min(s.block_size, (text_len - s.block_size - 2) // need))
     ds = PythonHelpText("train", block_size=s.block_size, stride=stride)
     if len(ds) < need:
-        raise SystemExit(f"the example's text holds {len(ds)} windows of {s.block_size} characters, fewer than --steps x --batch-size = {need}")
+        raise SystemExit(
+            f"the example's text holds {len(ds)} windows of {s.block_size} characters, fewer than --steps x "
+            f"--batch-size = {need}"
+        )
     return Subset(ds, range(need))
 
 
@@ -103,8 +108,11 @@ def _compile_step(opt: torch.optim.Optimizer, backend: str) -> Any:
     return torch.compile(opt.step, backend=backend)
 
 
-def raw_loop(s: Setup, init: dict, data: Subset, compiled: bool, compile_step: bool = True) -> tuple[float, float, float, float]:
-    """The hand-written loop; returns (time of the steps after warm-up, time of all steps, final loss, CPU time of the steps after warm-up).
+def raw_loop(
+    s: Setup, init: dict, data: Subset, compiled: bool, compile_step: bool = True
+) -> tuple[float, float, float, float]:
+    """The hand-written loop; returns (time of the steps after warm-up, time of all steps, final loss, CPU time of the
+    steps after warm-up).
 
     ``compiled``: each Block compiled, and the optimizer step too unless ``compile_step`` is False.
     """
@@ -154,12 +162,15 @@ def raw_loop(s: Setup, init: dict, data: Subset, compiled: bool, compile_step: b
     return t1 - t0, t1 - t_start, last, time.process_time() - c0
 
 
-def trainwright_loop(s: Setup, init: dict, data: Subset, compiled: bool, work_dir: str, compile_step: bool = True) -> tuple[float, float, float, float]:
+def trainwright_loop(
+    s: Setup, init: dict, data: Subset, compiled: bool, work_dir: str, compile_step: bool = True
+) -> tuple[float, float, float, float]:
     """The same training through trainwright's Trainer (default hooks); returns what :func:`raw_loop` returns."""
     import trainwright as tw
 
     class Stopwatch(tw.Hook):
-        """Times the steps after warm-up and all steps (LOW: its epoch end runs after the logger's last lines, before checkpoints)."""
+        """Times the steps after warm-up and all steps (LOW: its epoch end runs after the logger's last lines, before
+        checkpoints)."""
 
         priority = "LOW"
 
@@ -186,7 +197,11 @@ def trainwright_loop(s: Setup, init: dict, data: Subset, compiled: bool, work_di
             model=model,
             work_dir=work_dir,
             train_dataloader=DataLoader(data, batch_size=s.batch_size, shuffle=False, drop_last=True),
-            optim_wrapper=dict(optimizer=dict(type="AdamW", **OPTIMIZER), clip_grad=dict(max_norm=CLIP), compile=dict(backend=s.backend) if compiled and compile_step else False),
+            optim_wrapper=dict(
+                optimizer=dict(type="AdamW", **OPTIMIZER),
+                clip_grad=dict(max_norm=CLIP),
+                compile=dict(backend=s.backend) if compiled and compile_step else False,
+            ),
             train_cfg=dict(by_epoch=True, max_epochs=1),
             precision=s.precision,
             strategy=dict(type="single", device=s.device),
@@ -200,7 +215,9 @@ def trainwright_loop(s: Setup, init: dict, data: Subset, compiled: bool, work_di
     trainer.close()
     records = [json.loads(line) for line in (trainer.run_dir / "metrics.jsonl").read_text().splitlines()]
     last = [r for r in records if r.get("mode") == "train"][-1]
-    LOGGED[("tw_compiled" if compile_step else "tw_blocks") if compiled else "tw_eager"] = {k: last[k] for k in ("tflops", "mfu", "tokens_per_s") if k in last}
+    LOGGED[("tw_compiled" if compile_step else "tw_blocks") if compiled else "tw_eager"] = {
+        k: last[k] for k in ("tflops", "mfu", "tokens_per_s") if k in last
+    }
     return watch.t1 - watch.t0, watch.t1 - watch.t_start, trainer.metric_store.get("loss").latest, watch.c1 - watch.c0
 
 
@@ -209,11 +226,21 @@ LOGGED: dict[str, dict[str, float]] = {}
 
 
 #: side -> (loop, blocks compiled, optimizer step compiled)
-SIDES = {"raw_eager": (raw_loop, False, False), "tw_eager": (trainwright_loop, False, False), "raw_compiled": (raw_loop, True, True), "tw_compiled": (trainwright_loop, True, True),
-         "raw_blocks": (raw_loop, True, False), "tw_blocks": (trainwright_loop, True, False)}
+SIDES = {
+    "raw_eager": (raw_loop, False, False),
+    "tw_eager": (trainwright_loop, False, False),
+    "raw_compiled": (raw_loop, True, True),
+    "tw_compiled": (trainwright_loop, True, True),
+    "raw_blocks": (raw_loop, True, False),
+    "tw_blocks": (trainwright_loop, True, False),
+}
 DEFAULT_SIDES = "raw_eager,tw_eager,raw_compiled,tw_compiled"
-ROWS = [("eager", "tw_eager", "raw_eager", 1.02), ("compiled", "tw_compiled", "raw_compiled", 1.02), ("vs eager", "tw_compiled", "raw_eager", 1.0),
-        ("blocks", "tw_blocks", "raw_blocks", 1.02)]
+ROWS = [
+    ("eager", "tw_eager", "raw_eager", 1.02),
+    ("compiled", "tw_compiled", "raw_compiled", 1.02),
+    ("vs eager", "tw_compiled", "raw_eager", 1.0),
+    ("blocks", "tw_blocks", "raw_blocks", 1.02),
+]
 
 
 def run_side(name: str, s: Setup, init: dict, data: Subset, tmp: str, r: int) -> tuple[float, float, float, float]:
@@ -224,7 +251,8 @@ def run_side(name: str, s: Setup, init: dict, data: Subset, tmp: str, r: int) ->
 
 
 def _progress(line: str) -> None:
-    """One line per finished run on stderr (stdout is captured while the sides run): a run cut off by a time limit still shows how far it got."""
+    """One line per finished run on stderr (stdout is captured while the sides run): a run cut off by a time limit
+    still shows how far it got."""
     print(f"[{time.strftime('%H:%M:%S')}] {line}", file=sys.stderr, flush=True)
 
 
@@ -239,9 +267,12 @@ def bench(s: Setup, rounds: int, sides: list[str]) -> dict:
     with tempfile.TemporaryDirectory() as tmp, contextlib.redirect_stdout(sink):
         first: dict[str, float] = {}
         totals: dict[str, list[float]] = {k: [] for k in sides}
-        for name in sorted(sides, key=lambda n: n != "tw_compiled"):  # warm-up run of each side: the compiled ones compile here
+        for name in sorted(
+            sides, key=lambda n: n != "tw_compiled"
+        ):  # warm-up run of each side: the compiled ones compile here
             if SIDES[name][1]:
-                torch._dynamo.reset()  # each compiled side compiles from scratch (the on-disk cache of this run is shared)
+                # each compiled side compiles from scratch (the on-disk cache of this run is shared)
+                torch._dynamo.reset()
             _, first[name], _, _ = run_side(name, s, init, data, tmp, -1)
             _progress(f"{name} first run {first[name]:.1f} s")
         for r in range(rounds):
@@ -262,31 +293,65 @@ def bench(s: Setup, rounds: int, sides: list[str]) -> dict:
         ma, mb = statistics.median(times[a]), statistics.median(times[b])
         paired = statistics.median(x / y for x, y in zip(times[a], times[b]))
         paired_cpu = statistics.median(x / y for x, y in zip(cpu[a], cpu[b]))
-        rows.append({
-            "row": row, "trainwright": a, "reference": b, "trainwright_s": ma, "reference_s": mb, "ratio": ma / mb, "ratio_paired_median": paired,
-            "cpu_ratio_paired_median": paired_cpu,
-            "target": target, "tokens_per_s_trainwright": timed_tokens / ma, "tokens_per_s_reference": timed_tokens / mb,
-            "final_loss_trainwright": losses[a], "final_loss_reference": losses[b],
-            "same_final_loss": abs(losses[a] - losses[b]) <= tol * max(1.0, abs(losses[b])),
-        })
-    return {"setup": asdict(s), "rounds": rounds, "rows": rows, "compile_s": compile_s, "median_s": {k: statistics.median(v) for k, v in times.items()}, "logged": LOGGED}
+        rows.append(
+            {
+                "row": row,
+                "trainwright": a,
+                "reference": b,
+                "trainwright_s": ma,
+                "reference_s": mb,
+                "ratio": ma / mb,
+                "ratio_paired_median": paired,
+                "cpu_ratio_paired_median": paired_cpu,
+                "target": target,
+                "tokens_per_s_trainwright": timed_tokens / ma,
+                "tokens_per_s_reference": timed_tokens / mb,
+                "final_loss_trainwright": losses[a],
+                "final_loss_reference": losses[b],
+                "same_final_loss": abs(losses[a] - losses[b]) <= tol * max(1.0, abs(losses[b])),
+            }
+        )
+    return {
+        "setup": asdict(s),
+        "rounds": rounds,
+        "rows": rows,
+        "compile_s": compile_s,
+        "median_s": {k: statistics.median(v) for k, v in times.items()},
+        "logged": LOGGED,
+    }
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description="trainwright vs a hand-written loop on the GPT example's model, eager and compiled")
+    parser = argparse.ArgumentParser(
+        description="trainwright vs a hand-written loop on the GPT example's model, eager and compiled"
+    )
     parser.add_argument("--device", default="cpu", choices=["cpu", "cuda"])
     parser.add_argument("--precision", default="32", choices=["32", "bf16-mixed", "16-mixed", "float8"])
-    parser.add_argument("--preset", choices=sorted(PRESETS), help="gpt2-small: dim 768, depth 12, heads 12, block 1024 (for a GPU)")
+    parser.add_argument(
+        "--preset", choices=sorted(PRESETS), help="gpt2-small: dim 768, depth 12, heads 12, block 1024 (for a GPU)"
+    )
     parser.add_argument("--dim", type=int, default=64)
     parser.add_argument("--depth", type=int, default=2)
     parser.add_argument("--heads", type=int, default=4)
     parser.add_argument("--block-size", type=int, default=64)
     parser.add_argument("--batch-size", type=int, default=8)
-    parser.add_argument("--steps", type=int, default=30, help="steps per run (one epoch over steps x batch-size windows)")
+    parser.add_argument(
+        "--steps", type=int, default=30, help="steps per run (one epoch over steps x batch-size windows)"
+    )
     parser.add_argument("--warmup", type=int, default=3, help="first steps of each run left out of its time")
-    parser.add_argument("--rounds", type=int, default=3, help="alternating rounds (each compiled run recompiles its new optimizer's step, ~5 s here); more on a noisy machine")
+    parser.add_argument(
+        "--rounds",
+        type=int,
+        default=3,
+        help="alternating rounds (each compiled run recompiles its new optimizer's step, ~5 s here); more on a noisy "
+        "machine",
+    )
     parser.add_argument("--sides", default=DEFAULT_SIDES, help=f"which of {','.join(SIDES)} to run")
-    parser.add_argument("--backend", default="inductor", help="torch.compile backend of the compiled sides (aot_eager: a quick check without code generation)")
+    parser.add_argument(
+        "--backend",
+        default="inductor",
+        help="torch.compile backend of the compiled sides (aot_eager: a quick check without code generation)",
+    )
     parser.add_argument("--threads", type=int, default=0, help="torch intra-op threads (0: torch's default)")
     parser.add_argument("--json", help="also write the results here")
     args = parser.parse_args()
@@ -302,15 +367,35 @@ def main() -> None:
     # every run builds a new optimizer, and a compiled optimizer step is specialised to its optimizer object:
     # allow one compiled entry per run, as a process that trains once never needs
     torch._dynamo.config.recompile_limit = max(torch._dynamo.config.recompile_limit, 4 * (args.rounds + 2))
-    s = Setup(device=args.device, precision=args.precision, steps=args.steps, warmup=args.warmup, batch_size=args.batch_size, backend=args.backend, **shape)
-    print(f"torch {torch.__version__}, {os.cpu_count()} CPUs, {torch.get_num_threads()} threads, device {s.device}, precision {s.precision}, "
-          f"dim {s.dim} depth {s.depth} heads {s.heads} block {s.block_size} batch {s.batch_size}, {s.steps} steps ({s.warmup} untimed), {args.rounds} rounds")
+    s = Setup(
+        device=args.device,
+        precision=args.precision,
+        steps=args.steps,
+        warmup=args.warmup,
+        batch_size=args.batch_size,
+        backend=args.backend,
+        **shape,
+    )
+    print(
+        f"torch {torch.__version__}, {os.cpu_count()} CPUs, {torch.get_num_threads()} threads, device {s.device}, "
+        f"precision {s.precision}, "
+        f"dim {s.dim} depth {s.depth} heads {s.heads} block {s.block_size} batch {s.batch_size}, {s.steps} steps "
+        f"({s.warmup} untimed), {args.rounds} rounds"
+    )
     result = bench(s, args.rounds, args.sides.split(","))
-    print(f"{'row':<9} {'trainwright':<12} {'reference':<13} {'tw s':>7} {'ref s':>7} {'ratio':>6} {'paired':>6} {'tw tok/s':>9} {'target':>11} {'same loss':>9} {'cpu paired':>10}")
+    print(
+        f"{'row':<9} {'trainwright':<12} {'reference':<13} {'tw s':>7} {'ref s':>7} {'ratio':>6} {'paired':>6} "
+        f"{'tw tok/s':>9} {'target':>11} {'same loss':>9} {'cpu paired':>10}"
+    )
     for r in result["rows"]:
         ok = "OK" if r["ratio_paired_median"] <= r["target"] else "MISS"
-        print(f"{r['row']:<9} {r['trainwright']:<12} {r['reference']:<13} {r['trainwright_s']:>7.3f} {r['reference_s']:>7.3f} {r['ratio']:>6.3f} "
-              f"{r['ratio_paired_median']:>6.3f} {r['tokens_per_s_trainwright']:>9.0f} {'≤' + format(r['target'], '.2f') + ' ' + ok:>11} {str(r['same_final_loss']):>9} {r['cpu_ratio_paired_median']:>10.3f}")
+        print(
+            f"{r['row']:<9} {r['trainwright']:<12} {r['reference']:<13} {r['trainwright_s']:>7.3f} "
+            f"{r['reference_s']:>7.3f} {r['ratio']:>6.3f} "
+            f"{r['ratio_paired_median']:>6.3f} {r['tokens_per_s_trainwright']:>9.0f} "
+            f"{'≤' + format(r['target'], '.2f') + ' ' + ok:>11} {str(r['same_final_loss']):>9} "
+            f"{r['cpu_ratio_paired_median']:>10.3f}"
+        )
     for name, logged in result["logged"].items():
         print(f"{name} logged: " + ", ".join(f"{k} {v:.4g}" for k, v in logged.items()))
     for name, c in result["compile_s"].items():

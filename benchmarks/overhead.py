@@ -220,12 +220,22 @@ def bench(w: Workload, rounds: int) -> dict:
 
 def import_time(reps: int = 7) -> dict:
     """Median wall time of `import torch` vs `import torch, trainwright` in fresh interpreters."""
-    code = "import time,sys;t=time.perf_counter();import torch;t1=time.perf_counter();{extra};print(time.perf_counter()-t1 if {tw} else t1-t)"
+    code = (
+        "import time,sys;t=time.perf_counter();import "
+        "torch;t1=time.perf_counter();{extra};print(time.perf_counter()-t1 if {tw} else t1-t)"
+    )
     tw_times = []
-    # as installed code runs: bytecode cached (PYTHONDONTWRITEBYTECODE=1 would compile every module at each import: ~0.4 s here)
+    # as installed code runs: bytecode cached (PYTHONDONTWRITEBYTECODE=1 would compile every module at each import: ~0.4
+    # s here)
     env = {k: v for k, v in os.environ.items() if k != "PYTHONDONTWRITEBYTECODE"}
     for i in range(reps + 1):  # the first run writes the bytecode caches, untimed
-        out = subprocess.run([sys.executable, "-c", code.format(extra="import trainwright", tw=True)], capture_output=True, text=True, check=True, env=env)
+        out = subprocess.run(
+            [sys.executable, "-c", code.format(extra="import trainwright", tw=True)],
+            capture_output=True,
+            text=True,
+            check=True,
+            env=env,
+        )
         if i:
             tw_times.append(float(out.stdout.strip().splitlines()[-1]))
     return {"trainwright_import_s_on_top_of_torch": statistics.median(tw_times), "target_s": 0.3}
@@ -235,7 +245,12 @@ def peak_rss(workload: str) -> dict:
     """Peak RSS (MB) of a process running only the raw loop vs only trainwright on workload A."""
     out = {}
     for side in ("raw", "trainwright"):
-        res = subprocess.run([sys.executable, __file__, "--rss-child", side, "--only", workload], capture_output=True, text=True, check=True)
+        res = subprocess.run(
+            [sys.executable, __file__, "--rss-child", side, "--only", workload],
+            capture_output=True,
+            text=True,
+            check=True,
+        )
         out[side] = float(res.stdout.strip().splitlines()[-1])
     out["delta_mb"] = out["trainwright"] - out["raw"]
     out["target_delta_mb"] = 30.0
@@ -260,13 +275,28 @@ def rss_child(side: str, name: str) -> None:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description="trainwright per-step overhead vs a raw PyTorch loop")
-    parser.add_argument("--rounds", type=int, default=15, help="alternating rounds per workload; the medians need ~15 on a noisy machine")
+    parser.add_argument(
+        "--rounds",
+        type=int,
+        default=15,
+        help="alternating rounds per workload; the medians need ~15 on a noisy machine",
+    )
     parser.add_argument("--only", default="A,B,C,E")
     parser.add_argument("--no-rss", action="store_true")
-    parser.add_argument("--import-reps", type=int, default=7, help="fresh interpreters timed for the import time of trainwright (median)")
+    parser.add_argument(
+        "--import-reps",
+        type=int,
+        default=7,
+        help="fresh interpreters timed for the import time of trainwright (median)",
+    )
     parser.add_argument("--threads", type=int, default=0, help="torch intra-op threads (0: torch's default)")
     parser.add_argument("--json", help="also write the results here")
-    parser.add_argument("--steps", type=int, default=0, help="steps per run of every workload (0: each workload's own; fewer for a quick check)")
+    parser.add_argument(
+        "--steps",
+        type=int,
+        default=0,
+        help="steps per run of every workload (0: each workload's own; fewer for a quick check)",
+    )
     parser.add_argument("--rss-child", help=argparse.SUPPRESS)
     args = parser.parse_args()
     for w in WORKLOADS.values():
@@ -276,20 +306,37 @@ def main() -> None:
     if args.rss_child:
         rss_child(args.rss_child, args.only)
         return
-    print(f"torch {torch.__version__}, {os.cpu_count()} CPUs, {torch.get_num_threads()} threads, python {sys.version.split()[0]}")
+    print(
+        f"torch {torch.__version__}, {os.cpu_count()} CPUs, {torch.get_num_threads()} threads, python "
+        f"{sys.version.split()[0]}"
+    )
     results = []
-    print(f"{'wl':<3} {'steps':>5} {'raw s':>8} {'tw s':>8} {'ratio':>6} {'paired':>6} {'raw µs/step':>11} {'engine µs/step':>14} {'target':>11} {'same loss':>9} {'e2e ratio':>9}")
+    print(
+        f"{'wl':<3} {'steps':>5} {'raw s':>8} {'tw s':>8} {'ratio':>6} {'paired':>6} {'raw µs/step':>11} "
+        f"{'engine µs/step':>14} {'target':>11} {'same loss':>9} {'e2e ratio':>9}"
+    )
     for name in args.only.split(","):
         r = bench(WORKLOADS[name], args.rounds)
         results.append(r)
         ok = "OK" if r["ratio_paired_median"] <= r["target"] else "MISS"
-        print(f"{r['workload']:<3} {r['steps']:>5} {r['raw_s']:>8.3f} {r['trainwright_s']:>8.3f} {r['ratio']:>6.3f} {r['ratio_paired_median']:>6.3f} {r['us_per_step_raw']:>11.1f} {r['engine_us_per_step']:>14.1f} {'≤' + format(r['target'], '.2f') + ' ' + ok:>11} {str(r['same_final_loss']):>9} {r['end_to_end_ratio']:>9.3f}")
+        print(
+            f"{r['workload']:<3} {r['steps']:>5} {r['raw_s']:>8.3f} {r['trainwright_s']:>8.3f} {r['ratio']:>6.3f} "
+            f"{r['ratio_paired_median']:>6.3f} {r['us_per_step_raw']:>11.1f} {r['engine_us_per_step']:>14.1f} "
+            f"{'≤' + format(r['target'], '.2f') + ' ' + ok:>11} {str(r['same_final_loss']):>9} "
+            f"{r['end_to_end_ratio']:>9.3f}"
+        )
     print("D   DDP on 2 gloo processes: python benchmarks/ddp.py (separate processes under torchrun)")
     extra: dict = {"import": import_time(max(1, args.import_reps))}
-    print(f"import trainwright on top of torch: {extra['import']['trainwright_import_s_on_top_of_torch']:.3f} s (target ≤ 0.3 s)")
+    print(
+        f"import trainwright on top of torch: {extra['import']['trainwright_import_s_on_top_of_torch']:.3f} s (target "
+        "≤ 0.3 s)"
+    )
     if not args.no_rss:
         extra["rss_A"] = peak_rss("A")
-        print(f"peak RSS workload A: raw {extra['rss_A']['raw']:.0f} MB, trainwright {extra['rss_A']['trainwright']:.0f} MB, delta {extra['rss_A']['delta_mb']:+.0f} MB (target ≤ +30 MB)")
+        print(
+            f"peak RSS workload A: raw {extra['rss_A']['raw']:.0f} MB, trainwright {extra['rss_A']['trainwright']:.0f} "
+            f"MB, delta {extra['rss_A']['delta_mb']:+.0f} MB (target ≤ +30 MB)"
+        )
     if args.json:
         with open(args.json, "w") as fh:
             json.dump({"results": results, **extra}, fh, indent=2)

@@ -77,9 +77,14 @@ def trainer_loop(default_hooks: dict | None, init: dict, data, work_dir: str) ->
     net.mlp.load_state_dict(init)
     with contextlib.redirect_stdout(io.StringIO()):
         trainer = tw.Trainer(
-            model=net, work_dir=work_dir, train_dataloader=DataLoader(data, batch_size=W.batch),
-            optim_wrapper=dict(optimizer=dict(type="SGD", lr=0.01, momentum=0.9)), train_cfg=dict(by_epoch=True, max_epochs=1),
-            default_hooks=default_hooks, custom_hooks=[watch], randomness=dict(seed=0),
+            model=net,
+            work_dir=work_dir,
+            train_dataloader=DataLoader(data, batch_size=W.batch),
+            optim_wrapper=dict(optimizer=dict(type="SGD", lr=0.01, momentum=0.9)),
+            train_cfg=dict(by_epoch=True, max_epochs=1),
+            default_hooks=default_hooks,
+            custom_hooks=[watch],
+            randomness=dict(seed=0),
         )
         trainer.train()
     trainer.close()
@@ -89,7 +94,9 @@ def trainer_loop(default_hooks: dict | None, init: dict, data, work_dir: str) ->
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rounds", type=int, default=5)
-    parser.add_argument("--steps", type=int, default=0, help="steps of workload A per run (0: its own; fewer for a quick check)")
+    parser.add_argument(
+        "--steps", type=int, default=0, help="steps of workload A per run (0: its own; fewer for a quick check)"
+    )
     args = parser.parse_args()
     W.steps = args.steps or W.steps
     torch.manual_seed(0)

@@ -48,7 +48,6 @@ def measure(precision: str, batch_size: int, hidden: int, steps: int, warmup: in
     """Time ``steps`` training steps in ``precision``; optionally train the demo for accuracy."""
     from trainwright.amp import build_precision
     from trainwright.optim import OptimWrapper
-
     from trainwright.registry import DATASETS, MODELS
 
     cfg = _digits_config()
@@ -60,7 +59,9 @@ def measure(precision: str, batch_size: int, hidden: int, steps: int, warmup: in
     batches = [(x[i], y[i]) for i in idx]
     prec = build_precision(precision, "cpu")
     prec.convert_module(model)  # as the strategy does before the optimizer is built (bf16-true casts the weights)
-    ow = OptimWrapper(torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9), clip_grad=dict(max_norm=1.0), precision=prec)
+    ow = OptimWrapper(
+        torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9), clip_grad=dict(max_norm=1.0), precision=prec
+    )
     model.train()
     base = _rss_mib()
     for b in batches[:warmup]:
@@ -70,7 +71,14 @@ def measure(precision: str, batch_size: int, hidden: int, steps: int, warmup: in
         model.train_step(b, ow)
     elapsed = time.perf_counter() - t0
     peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
-    out = {"precision": precision, "batch_size": batch_size, "hidden": hidden, "steps_per_s": steps / elapsed, "ms_per_step": 1e3 * elapsed / steps, "peak_rss_delta_mib": peak - base}
+    out = {
+        "precision": precision,
+        "batch_size": batch_size,
+        "hidden": hidden,
+        "steps_per_s": steps / elapsed,
+        "ms_per_step": 1e3 * elapsed / steps,
+        "peak_rss_delta_mib": peak - base,
+    }
     if epochs > 0:
         with tempfile.TemporaryDirectory() as tmp:
             from trainwright import Trainer
@@ -89,7 +97,9 @@ def main() -> None:
     parser.add_argument("--hidden", type=int, default=128, help="hidden width of the MLP (the demo's is 128)")
     parser.add_argument("--steps", type=int, default=300)
     parser.add_argument("--warmup", type=int, default=30)
-    parser.add_argument("--epochs", type=int, default=10, help="also train the demo this many epochs and report val acc (0: skip)")
+    parser.add_argument(
+        "--epochs", type=int, default=10, help="also train the demo this many epochs and report val acc (0: skip)"
+    )
     parser.add_argument("--precisions", nargs="+", default=list(PRECISIONS), choices=PRECISIONS)
     parser.add_argument("--worker", default=None, help=argparse.SUPPRESS)
     args = parser.parse_args()
@@ -98,17 +108,42 @@ def main() -> None:
         return
     rows = []
     for p in args.precisions:
-        cmd = [sys.executable, __file__, "--worker", p, "--batch-size", str(args.batch_size), "--hidden", str(args.hidden), "--steps", str(args.steps), "--warmup", str(args.warmup), "--epochs", str(args.epochs)]
-        rows.append(json.loads(subprocess.run(cmd, check=True, capture_output=True, text=True).stdout.strip().splitlines()[-1]))
+        cmd = [
+            sys.executable,
+            __file__,
+            "--worker",
+            p,
+            "--batch-size",
+            str(args.batch_size),
+            "--hidden",
+            str(args.hidden),
+            "--steps",
+            str(args.steps),
+            "--warmup",
+            str(args.warmup),
+            "--epochs",
+            str(args.epochs),
+        ]
+        rows.append(
+            json.loads(subprocess.run(cmd, check=True, capture_output=True, text=True).stdout.strip().splitlines()[-1])
+        )
     cpu = platform.processor() or platform.machine()
-    print(f"torch {torch.__version__}, {os.cpu_count()} CPU cores ({cpu}), threads {torch.get_num_threads()}, batch {args.batch_size}, hidden {args.hidden}, {args.steps} timed steps")
+    print(
+        f"torch {torch.__version__}, {os.cpu_count()} CPU cores ({cpu}), threads {torch.get_num_threads()}, batch "
+        f"{args.batch_size}, hidden {args.hidden}, {args.steps} timed steps"
+    )
     base = rows[0]["steps_per_s"] if rows[0]["precision"] == "32" else None
-    head = "| precision | steps/s | ms/step | vs fp32 | peak RSS delta (MiB) |" + (" val acc |" if args.epochs > 0 else "")
+    head = "| precision | steps/s | ms/step | vs fp32 | peak RSS delta (MiB) |" + (
+        " val acc |" if args.epochs > 0 else ""
+    )
     print(head)
     print("|" + "|".join("---" for _ in range(head.count("|") - 1)) + "|")
     for r in rows:
         rel = f"{r['steps_per_s'] / base:.2f}x" if base else "-"
-        line = f"| {r['precision']} | {r['steps_per_s']:.0f} | {r['ms_per_step']:.2f} | {rel} | {r['peak_rss_delta_mib']:.1f} |"
+        line = (
+            f"| {r['precision']} | {r['steps_per_s']:.0f} | {r['ms_per_step']:.2f} | {rel} | "
+            f"{r['peak_rss_delta_mib']:.1f} |"
+        )
         if args.epochs > 0:
             line += f" {r['val_acc']:.4f} |"
         print(line)

@@ -40,7 +40,11 @@ import time
 
 _SRC: str | None = None  # --src: where the children import trainwright from
 #: The command lines timed (python + these arguments): the CLI's answers, and torch's import for reference.
-COMMANDS = {"trainwright --help": ["-m", "trainwright", "--help"], "trainwright env": ["-m", "trainwright", "env"], "python -c 'import torch'": ["-c", "import torch"]}
+COMMANDS = {
+    "trainwright --help": ["-m", "trainwright", "--help"],
+    "trainwright env": ["-m", "trainwright", "env"],
+    "python -c 'import torch'": ["-c", "import torch"],
+}
 TARGETS = {"first_step_delta_s": 0.25, "import_s": 0.2, "rss_delta_mb": 6.0, "save_ratio": 1.3, "cli_s": 1.0}
 
 
@@ -62,17 +66,18 @@ def _rss_mb() -> float:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
 
 
-def _child(side: str, launched: float, work_dir: str, steps: int, dim: int, depth: int, threads: int, hooks: dict) -> None:
+def _child(
+    side: str, launched: float, work_dir: str, steps: int, dim: int, depth: int, threads: int, hooks: dict
+) -> None:
     """Train one side and print one JSON line of its timings (run in a fresh interpreter)."""
     t_start = time.perf_counter()
     import torch
 
     t_torch = time.perf_counter()
+    import torch._dynamo  # noqa: F401 - torch.optim's first optimizer imports it (~1.5 s here): both sides pay it, here rather than in "setup"
     import torch.nn.functional as F
     from torch import nn
     from torch.utils.data import DataLoader, TensorDataset
-
-    import torch._dynamo  # noqa: F401 - torch.optim's first optimizer imports it (~1.5 s here): both sides pay it, here rather than in "setup"
 
     out: dict[str, float] = {"import_torch_s": t_torch - t_start}
     tw = None
@@ -137,7 +142,8 @@ def _child(side: str, launched: float, work_dir: str, steps: int, dim: int, dept
         assert tw is not None
 
         class Mark(tw.Hook):
-            """Notes the first iteration's start and end (priority 0) or the time around the checkpoint hook (89 / 100)."""
+            """Notes the first iteration's start and end (priority 0) or the time around the checkpoint hook (89 /
+            100)."""
 
             def __init__(self, key: str, priority: int) -> None:
                 self.key, self.priority = key, priority
@@ -156,7 +162,9 @@ def _child(side: str, launched: float, work_dir: str, steps: int, dim: int, dept
                         rss["before_save"] = _rss_mb()
 
         trainer = tw.Trainer(
-            model=model, train_dataloader=loader, work_dir=work_dir,
+            model=model,
+            train_dataloader=loader,
+            work_dir=work_dir,
             optim_wrapper=dict(optimizer=dict(type="AdamW", lr=1e-3)),
             train_cfg=dict(by_epoch=False, max_iters=steps),
             default_hooks={"checkpoint": dict(by_epoch=False, interval=steps), **hooks},
@@ -164,14 +172,20 @@ def _child(side: str, launched: float, work_dir: str, steps: int, dim: int, dept
         )
         trainer.train()
         out["save_s"] = marks["save_end"] - marks["save_start"]
-    out["weights_sum"] = float(sum(p.detach().double().sum() for p in model.parameters()))  # both sides train the same weights
+    out["weights_sum"] = float(
+        sum(p.detach().double().sum() for p in model.parameters())
+    )  # both sides train the same weights
     out["first_step_s"] = marks["first_step"] - launched
     out["first_step_cpu_s"] = cpu["first_step"]  # CPU time from the interpreter's start to the first step's end
     out["imports_cpu_s"], out["setup_cpu_s"] = cpu["imported"], cpu["first_iter"] - cpu["imported"]
     out["first_iter_cpu_s"] = cpu["first_step"] - cpu["first_iter"]
     out["imports_s"] = marks["imported"] - launched  # interpreter start and every import
-    out["setup_s"] = marks["first_iter"] - marks["imported"]  # model, data, optimizer (trainwright: Trainer() and train() up to the first iteration)
-    out["first_iter_s"] = marks["first_step"] - marks["first_iter"]  # the first iteration (trainwright: its hooks included)
+    out["setup_s"] = (
+        marks["first_iter"] - marks["imported"]
+    )  # model, data, optimizer (trainwright: Trainer() and train() up to the first iteration)
+    out["first_iter_s"] = (
+        marks["first_step"] - marks["first_iter"]
+    )  # the first iteration (trainwright: its hooks included)
     out["peak_rss_mb"] = _rss_mb()
     out.update({f"rss_{k}_mb": v for k, v in rss.items()})
     print(json.dumps(out))
@@ -204,7 +218,12 @@ def save_parts(rounds: int, dim: int, depth: int) -> None:
     for p in model.parameters():
         p.grad = torch.randn_like(p)
     opt.step()
-    state = {"model": model.state_dict(), "optimizer": opt.state_dict(), "rng": get_rng_state(), "python": random.getstate()}
+    state = {
+        "model": model.state_dict(),
+        "optimizer": opt.state_dict(),
+        "rng": get_rng_state(),
+        "python": random.getstate(),
+    }
     with tempfile.TemporaryDirectory() as d:
         names = (os.path.join(d, f"c{i}.pth") for i in range(10**6))
 
@@ -235,7 +254,11 @@ def save_parts(rounds: int, dim: int, depth: int) -> None:
             for f in pathlib.Path(d).iterdir():
                 f.unlink()
     base = times["torch.save(state, path)"]
-    print(f"blocking-save parts, {rounds} alternating rounds, {sum(t.numel() * t.element_size() for t in model.state_dict().values()) * 3 / 2**20:.0f} MiB of tensors; median [min-max]")
+    print(
+        f"blocking-save parts, {rounds} alternating rounds, "
+        f"{sum(t.numel() * t.element_size() for t in model.state_dict().values()) * 3 / 2**20:.0f} MiB of tensors; "
+        "median [min-max]"
+    )
     for name, xs in times.items():
         ratio = statistics.median(x / b for x, b in zip(xs, base))
         print(f"  {name:<52} {_fmt(xs, ' ms', 1e3, 1)}   x{ratio:.2f} of torch.save")
@@ -255,9 +278,28 @@ def _env() -> dict[str, str]:
 def run_side(side: str, args: argparse.Namespace) -> dict[str, float]:
     """One fresh process of ``side``; its JSON line."""
     with tempfile.TemporaryDirectory() as work_dir:
-        cmd = [sys.executable, os.path.abspath(__file__), "--child", side, "--work-dir", work_dir, "--steps", str(args.steps), "--dim", str(args.dim), "--depth", str(args.depth), "--threads", str(args.threads), "--hooks", args.hooks]
+        cmd = [
+            sys.executable,
+            os.path.abspath(__file__),
+            "--child",
+            side,
+            "--work-dir",
+            work_dir,
+            "--steps",
+            str(args.steps),
+            "--dim",
+            str(args.dim),
+            "--depth",
+            str(args.depth),
+            "--threads",
+            str(args.threads),
+            "--hooks",
+            args.hooks,
+        ]
         launched = time.time()
-        res = subprocess.run([*cmd, "--launched", repr(launched)], capture_output=True, text=True, env=_env(), timeout=600)
+        res = subprocess.run(
+            [*cmd, "--launched", repr(launched)], capture_output=True, text=True, env=_env(), timeout=600
+        )
         if res.returncode != 0:
             raise RuntimeError(f"{side} child failed ({res.returncode}):\n{res.stderr[-3000:]}")
         return json.loads(res.stdout.strip().splitlines()[-1])  # type: ignore[no-any-return]
@@ -287,22 +329,58 @@ def _fmt(xs: list[float], unit: str = "", scale: float = 1.0, digits: int = 3) -
 def main() -> None:
     parser = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
     parser.add_argument("--rounds", type=int, default=7, help="rounds of one process per side (order rotates)")
-    parser.add_argument("--steps", type=int, default=10, help="training iterations per process; the checkpoint follows the last")
-    parser.add_argument("--dim", type=int, default=256, help="the GPT's width (256, depth 4: 3.2M parameters, a 38 MB checkpoint with AdamW)")
+    parser.add_argument(
+        "--steps", type=int, default=10, help="training iterations per process; the checkpoint follows the last"
+    )
+    parser.add_argument(
+        "--dim",
+        type=int,
+        default=256,
+        help="the GPT's width (256, depth 4: 3.2M parameters, a 38 MB checkpoint with AdamW)",
+    )
     parser.add_argument("--depth", type=int, default=4)
-    parser.add_argument("--threads", type=int, default=1, help="torch intra-op threads of each side (1: steadier on a shared machine)")
-    parser.add_argument("--src", default=None, help="import trainwright from this folder (another checkout's src/), e.g. to time the previous release")
-    parser.add_argument("--cli-reps", type=int, default=5, help="fresh processes timed for `trainwright --help` / `env` (0: skip)")
-    parser.add_argument("--hooks", default="{}", help='JSON merged into trainwright\'s default_hooks, to see what one costs (e.g. \'{"flops": null}\')')
-    parser.add_argument("--warmups", type=int, default=1, help="untimed processes per side first (they write the bytecode caches)")
+    parser.add_argument(
+        "--threads", type=int, default=1, help="torch intra-op threads of each side (1: steadier on a shared machine)"
+    )
+    parser.add_argument(
+        "--src",
+        default=None,
+        help="import trainwright from this folder (another checkout's src/), e.g. to time the previous release",
+    )
+    parser.add_argument(
+        "--cli-reps", type=int, default=5, help="fresh processes timed for `trainwright --help` / `env` (0: skip)"
+    )
+    parser.add_argument(
+        "--hooks",
+        default="{}",
+        help="JSON merged into trainwright's default_hooks, to see what one costs (e.g. '{\"flops\": null}')",
+    )
+    parser.add_argument(
+        "--warmups", type=int, default=1, help="untimed processes per side first (they write the bytecode caches)"
+    )
     parser.add_argument("--json", default=None, help="also write every number to this file")
-    parser.add_argument("--save-parts", type=int, default=0, metavar="ROUNDS", help="only time the parts of a blocking save in this process (ROUNDS alternating rounds)")
+    parser.add_argument(
+        "--save-parts",
+        type=int,
+        default=0,
+        metavar="ROUNDS",
+        help="only time the parts of a blocking save in this process (ROUNDS alternating rounds)",
+    )
     parser.add_argument("--child", help=argparse.SUPPRESS)
     parser.add_argument("--launched", type=float, help=argparse.SUPPRESS)
     parser.add_argument("--work-dir", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.child:
-        _child(args.child, args.launched, args.work_dir, args.steps, args.dim, args.depth, args.threads, json.loads(args.hooks))
+        _child(
+            args.child,
+            args.launched,
+            args.work_dir,
+            args.steps,
+            args.dim,
+            args.depth,
+            args.threads,
+            json.loads(args.hooks),
+        )
         return
 
     if args.save_parts:
@@ -323,7 +401,10 @@ def main() -> None:
     for r in range(args.rounds):
         for side in sides if r % 2 == 0 else sides[::-1]:
             runs[side].append(run_side(side, args))
-            print(f"round {r + 1} {side}: " + ", ".join(f"{k} {v:.3f}" for k, v in runs[side][-1].items()), file=sys.stderr)
+            print(
+                f"round {r + 1} {side}: " + ", ".join(f"{k} {v:.3f}" for k, v in runs[side][-1].items()),
+                file=sys.stderr,
+            )
 
     def col(side: str, key: str) -> list[float]:
         return [run[key] for run in runs[side]]
@@ -331,19 +412,64 @@ def main() -> None:
     def delta(key: str) -> list[float]:
         return [t[key] - r[key] for r, t in zip(runs["raw"], runs["trainwright"])]
 
-    paired = {k: delta(k) for k in ("first_step_s", "first_step_cpu_s", "imports_s", "setup_s", "first_iter_s", "imports_cpu_s", "setup_cpu_s", "first_iter_cpu_s", "peak_rss_mb")}
+    paired = {
+        k: delta(k)
+        for k in (
+            "first_step_s",
+            "first_step_cpu_s",
+            "imports_s",
+            "setup_s",
+            "first_iter_s",
+            "imports_cpu_s",
+            "setup_cpu_s",
+            "first_iter_cpu_s",
+            "peak_rss_mb",
+        )
+    }
     paired["save_ratio"] = [t["save_s"] / r["save_s"] for r, t in zip(runs["raw"], runs["trainwright"])]
-    print(f"{args.rounds} rounds, {args.steps} steps, GPT dim {args.dim} depth {args.depth}, {args.threads} thread(s), trainwright from {_SRC or 'the installed package'}; median [min-max]")
-    print(f"import torch:                 raw {_fmt(col('raw', 'import_torch_s'), ' s')}   trainwright {_fmt(col('trainwright', 'import_torch_s'), ' s')}")
-    print(f"import trainwright on torch:  {_fmt(col('trainwright', 'import_trainwright_s'), ' s')}   (target <= {TARGETS['import_s']} s; with tw.Trainer, tw.Hook)")
-    print("phase (wall s; CPU s)         raw                    trainwright            trainwright - raw, paired (wall; CPU)")
-    for key, what in (("imports", "launch -> imports done"), ("setup", "setup -> 1st iteration"), ("first_iter", "first iteration"), ("first_step", "launch -> 1st step done")):
-        print(f"{what:<30}{_fmt(col('raw', key + '_s'))}  {_fmt(col('trainwright', key + '_s'))}  {_fmt(paired[key + '_s'])}; {_fmt(paired[key + '_cpu_s'])}")
+    print(
+        f"{args.rounds} rounds, {args.steps} steps, GPT dim {args.dim} depth {args.depth}, {args.threads} thread(s), "
+        f"trainwright from {_SRC or 'the installed package'}; median [min-max]"
+    )
+    print(
+        f"import torch:                 raw {_fmt(col('raw', 'import_torch_s'), ' s')}   trainwright "
+        f"{_fmt(col('trainwright', 'import_torch_s'), ' s')}"
+    )
+    print(
+        f"import trainwright on torch:  {_fmt(col('trainwright', 'import_trainwright_s'), ' s')}   (target <= "
+        f"{TARGETS['import_s']} s; with tw.Trainer, tw.Hook)"
+    )
+    print(
+        "phase (wall s; CPU s)         raw                    trainwright            trainwright - raw, paired (wall; "
+        "CPU)"
+    )
+    for key, what in (
+        ("imports", "launch -> imports done"),
+        ("setup", "setup -> 1st iteration"),
+        ("first_iter", "first iteration"),
+        ("first_step", "launch -> 1st step done"),
+    ):
+        print(
+            f"{what:<30}{_fmt(col('raw', key + '_s'))}  {_fmt(col('trainwright', key + '_s'))}  "
+            f"{_fmt(paired[key + '_s'])}; {_fmt(paired[key + '_cpu_s'])}"
+        )
     print(f"  target: trainwright's first step <= {TARGETS['first_step_delta_s']} s after the raw loop's")
-    print(f"peak RSS:                     raw {_fmt(col('raw', 'peak_rss_mb'), ' MB', digits=1)}   trainwright {_fmt(col('trainwright', 'peak_rss_mb'), ' MB', digits=1)}")
-    print(f"  trainwright - raw (paired): {_fmt(paired['peak_rss_mb'], ' MB', digits=1)}   (target <= {TARGETS['rss_delta_mb']} MB)")
-    print(f"blocking save:                raw torch.save {_fmt(col('raw', 'save_s'), ' ms', 1e3, 1)}   trainwright {_fmt(col('trainwright', 'save_s'), ' ms', 1e3, 1)}")
-    print(f"  trainwright / raw (paired): {_fmt(paired['save_ratio'], 'x', digits=2)}   (target <= {TARGETS['save_ratio']}x)")
+    print(
+        f"peak RSS:                     raw {_fmt(col('raw', 'peak_rss_mb'), ' MB', digits=1)}   trainwright "
+        f"{_fmt(col('trainwright', 'peak_rss_mb'), ' MB', digits=1)}"
+    )
+    print(
+        f"  trainwright - raw (paired): {_fmt(paired['peak_rss_mb'], ' MB', digits=1)}   (target <= "
+        f"{TARGETS['rss_delta_mb']} MB)"
+    )
+    print(
+        f"blocking save:                raw torch.save {_fmt(col('raw', 'save_s'), ' ms', 1e3, 1)}   trainwright "
+        f"{_fmt(col('trainwright', 'save_s'), ' ms', 1e3, 1)}"
+    )
+    print(
+        f"  trainwright / raw (paired): {_fmt(paired['save_ratio'], 'x', digits=2)}   (target <= "
+        f"{TARGETS['save_ratio']}x)"
+    )
     same = all(r["weights_sum"] == t["weights_sum"] for r, t in zip(runs["raw"], runs["trainwright"]))
     print(f"same final weights on both sides in every round: {'yes' if same else 'NO'}")
     result: dict = {"args": vars(args), "runs": runs, "paired": paired}

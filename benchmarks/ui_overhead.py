@@ -38,8 +38,7 @@ from torch.utils.data import DataLoader
 
 sys.path.insert(0, str(Path(__file__).parent))
 import overhead as ov  # noqa: E402
-
-from overhead_breakdown import W, Net  # noqa: E402  (workload A's model, as the breakdown times it)
+from overhead_breakdown import Net, W  # noqa: E402  (workload A's model, as the breakdown times it)
 
 import trainwright as tw  # noqa: E402
 from trainwright.hooks.timing import HookTimer  # noqa: E402
@@ -80,9 +79,14 @@ def trainer_run(timing: bool, extra: bool, init: dict, data, work_dir: str) -> f
     hooks = [watch] + ([EveryIter()] if extra else [])
     with contextlib.redirect_stdout(io.StringIO()):
         trainer = tw.Trainer(
-            model=net, work_dir=work_dir, train_dataloader=DataLoader(data, batch_size=W.batch),
-            optim_wrapper=dict(optimizer=dict(type="SGD", lr=0.01, momentum=0.9)), train_cfg=dict(by_epoch=True, max_epochs=1),
-            custom_hooks=hooks, randomness=dict(seed=0), hook_timing=timing,
+            model=net,
+            work_dir=work_dir,
+            train_dataloader=DataLoader(data, batch_size=W.batch),
+            optim_wrapper=dict(optimizer=dict(type="SGD", lr=0.01, momentum=0.9)),
+            train_cfg=dict(by_epoch=True, max_epochs=1),
+            custom_hooks=hooks,
+            randomness=dict(seed=0),
+            hook_timing=timing,
         )
         trainer.train()
     trainer.close()
@@ -112,12 +116,17 @@ def bar_costs(repeats: int = 50) -> tuple[int, float]:
 
     with tempfile.TemporaryDirectory() as tmp, contextlib.redirect_stdout(io.StringIO()):
         trainer = tw.Trainer(
-            model=Net(), work_dir=tmp, train_dataloader=DataLoader(ov.make_data(W), batch_size=W.batch),
-            optim_wrapper=dict(optimizer=dict(type="SGD", lr=0.01)), train_cfg=dict(by_epoch=False, max_iters=200),
+            model=Net(),
+            work_dir=tmp,
+            train_dataloader=DataLoader(ov.make_data(W), batch_size=W.batch),
+            optim_wrapper=dict(optimizer=dict(type="SGD", lr=0.01)),
+            train_cfg=dict(by_epoch=False, max_iters=200),
             default_hooks=dict(checkpoint=None, progress_bar=dict(enable=True)),
         )
         trainer.train()
-        per_iter = sum(r.calls for r in trainer.hooks.report() if r.hook == "ProgressBarHook" and r.event.endswith("_train_iter"))
+        per_iter = sum(
+            r.calls for r in trainer.hooks.report() if r.hook == "ProgressBarHook" and r.event.endswith("_train_iter")
+        )
         trainer.close()
     term = io.StringIO()
     term.isatty = lambda: True  # type: ignore[method-assign]
@@ -198,8 +207,18 @@ def instr_counts() -> tuple[float, float, float]:
         out = os.path.join(tmp, "cg")
         env = {**os.environ, "PYTHONHASHSEED": "0"}
         subprocess.run(
-            ["valgrind", "--tool=callgrind", "--dump-before=time_thread_time_ns", f"--callgrind-out-file={out}", sys.executable, __file__, "--instr-child"],
-            check=True, capture_output=True, env=env,
+            [
+                "valgrind",
+                "--tool=callgrind",
+                "--dump-before=time_thread_time_ns",
+                f"--callgrind-out-file={out}",
+                sys.executable,
+                __file__,
+                "--instr-child",
+            ],
+            check=True,
+            capture_output=True,
+            env=env,
         )
         parts = sorted(glob.glob(out + ".*"), key=lambda p: int(p.rsplit(".", 1)[1]))
 
@@ -213,9 +232,13 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rounds", type=int, default=11)
     parser.add_argument("--instr", action="store_true", help="instructions per step under callgrind (slow: minutes)")
-    parser.add_argument("--threads", type=int, default=0, help="torch intra-op threads (0: torch's default; 1 steadies a busy machine)")
+    parser.add_argument(
+        "--threads", type=int, default=0, help="torch intra-op threads (0: torch's default; 1 steadies a busy machine)"
+    )
     parser.add_argument("--instr-child", action="store_true", help=argparse.SUPPRESS)
-    parser.add_argument("--steps", type=int, default=0, help="steps of workload A per run (0: its own; fewer for a quick check)")
+    parser.add_argument(
+        "--steps", type=int, default=0, help="steps of workload A per run (0: its own; fewer for a quick check)"
+    )
     args = parser.parse_args()
     W.steps = args.steps or W.steps
     if args.threads:
@@ -225,7 +248,10 @@ def main() -> None:
         return
     if args.instr:
         plain, timed, redraw = instr_counts()
-        print(f"4. instructions (callgrind): hook call plain {plain:,.0f}, timed {timed:,.0f} (+{timed - plain:,.0f} per timed call); one bar redraw {redraw:,.0f}")
+        print(
+            f"4. instructions (callgrind): hook call plain {plain:,.0f}, timed {timed:,.0f} (+{timed - plain:,.0f} per "
+            f"timed call); one bar redraw {redraw:,.0f}"
+        )
         return
     print(f"torch {torch.__version__}, python {sys.version.split()[0]}")
     plain, timed = call_cost()
@@ -233,10 +259,15 @@ def main() -> None:
     for extra in (False, True):
         off, on, d = trainer_cost(args.rounds, extra)
         label = "default hooks" + (" + every-iter hook" if extra else "")
-        print(f"2. workload A, {label:<32} timing off {off:7.1f} µs/step, on {on:7.1f} µs/step, paired Δ {d:+.2f} µs/step (median of {args.rounds})")
+        print(
+            f"2. workload A, {label:<32} timing off {off:7.1f} µs/step, on {on:7.1f} µs/step, paired Δ {d:+.2f} "
+            f"µs/step (median of {args.rounds})"
+        )
     calls, redraw = bar_costs()
-    print(f"3. progress bar: {calls} hook calls per training iteration; one redraw {redraw:.2f} ms on rich's thread "
-          f"(at 2 redraws/s: {redraw * 2 / 10:.3f} % of the training thread's time)")
+    print(
+        f"3. progress bar: {calls} hook calls per training iteration; one redraw {redraw:.2f} ms on rich's thread "
+        f"(at 2 redraws/s: {redraw * 2 / 10:.3f} % of the training thread's time)"
+    )
 
 
 if __name__ == "__main__":

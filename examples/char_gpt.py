@@ -110,7 +110,9 @@ class Block(nn.Module):
 class CharGPT(tw.BaseModel):
     """A GPT-style character model: token + position embeddings, ``depth`` causal blocks, a linear head."""
 
-    def __init__(self, vocab_size: int = len(_VOCAB), block_size: int = 64, dim: int = 128, depth: int = 2, heads: int = 4) -> None:
+    def __init__(
+        self, vocab_size: int = len(_VOCAB), block_size: int = 64, dim: int = 128, depth: int = 2, heads: int = 4
+    ) -> None:
         super().__init__()
         self.tok = nn.Embedding(vocab_size, dim)
         self.pos = nn.Parameter(torch.zeros(1, block_size, dim))
@@ -170,10 +172,17 @@ class SampleTextHook(tw.Hook):
 
 work_dir = "work_dirs/char_gpt"
 model = dict(type="CharGPT", block_size=64, dim=128, depth=2, heads=4)
-train_dataloader = dict(dataset=dict(type="PythonHelpText", split="train", block_size=64, stride=32), batch_size=32, shuffle=True, drop_last=True)
+train_dataloader = dict(
+    dataset=dict(type="PythonHelpText", split="train", block_size=64, stride=32),
+    batch_size=32,
+    shuffle=True,
+    drop_last=True,
+)
 val_dataloader = dict(dataset=dict(type="PythonHelpText", split="val", block_size=64, stride=64), batch_size=128)
 val_evaluator = dict(type="CharLoss")
-optim_wrapper = dict(optimizer=dict(type="AdamW", lr=3e-3, weight_decay=0.01, betas=(0.9, 0.98)), clip_grad=dict(max_norm=1.0))
+optim_wrapper = dict(
+    optimizer=dict(type="AdamW", lr=3e-3, weight_decay=0.01, betas=(0.9, 0.98)), clip_grad=dict(max_norm=1.0)
+)
 param_scheduler = [
     dict(type="LinearLR", start_factor=0.05, by_epoch=False, begin=0, end=30),
     dict(type="CosineAnnealingLR", by_epoch=False, begin=30, end=300, eta_min=3e-4),
@@ -187,8 +196,12 @@ randomness = dict(seed=0)
 # 2-D parallelism (docs/parallelism.md): FSDP over `dp`, each block's attention and MLP split over `tp` ranks.
 # Column-wise layers give each rank a slice of the heads / hidden units, the row-wise layer after them sums the slices.
 _tp_plan = {  # a helper variable (leading underscore: not a Trainer argument)
-    "blocks.*.attn.q": "colwise", "blocks.*.attn.k": "colwise", "blocks.*.attn.v": "colwise", "blocks.*.attn.proj": "rowwise",
-    "blocks.*.mlp.fc1": "colwise", "blocks.*.mlp.fc2": "rowwise",
+    "blocks.*.attn.q": "colwise",
+    "blocks.*.attn.k": "colwise",
+    "blocks.*.attn.v": "colwise",
+    "blocks.*.attn.proj": "rowwise",
+    "blocks.*.mlp.fc1": "colwise",
+    "blocks.*.mlp.fc2": "rowwise",
 }
 # Uncomment and start 4 processes (a 2 x 2 mesh: 2 data shards of 16 samples, each model split over 2 ranks):
 #   trainwright train examples/char_gpt.py --nproc 4

@@ -25,9 +25,14 @@ HAS_CUDA = torch.cuda.is_available()
 
 
 #: Marks for a module whose tests compile with torch.compile (inductor on the CPU needs a C++ compiler).
-NEEDS_COMPILER = [pytest.mark.slow, pytest.mark.skipif(shutil.which("g++") is None and shutil.which("c++") is None,
-                                                      reason="torch.compile (inductor) on CPU needs a C++ compiler; none (g++ / c++) on PATH"),
-                  pytest.mark.usefixtures("inductor_cache")]
+NEEDS_COMPILER = [
+    pytest.mark.slow,
+    pytest.mark.skipif(
+        shutil.which("g++") is None and shutil.which("c++") is None,
+        reason="torch.compile (inductor) on CPU needs a C++ compiler; none (g++ / c++) on PATH",
+    ),
+    pytest.mark.usefixtures("inductor_cache"),
+]
 
 
 @pytest.fixture(scope="module")
@@ -120,7 +125,14 @@ def classification_set(n: int = 24, d_in: int = 4, classes: int = 3, seed: int =
     return TensorDataset(torch.randn(n, d_in, generator=g), torch.randint(0, classes, (n,), generator=g))
 
 
-def make_trainer(work_dir: Path, model: nn.Module | None = None, dataset: TensorDataset | None = None, batch_size: int = 2, shuffle: bool = False, **kwargs: Any) -> tw.Trainer:
+def make_trainer(
+    work_dir: Path,
+    model: nn.Module | None = None,
+    dataset: TensorDataset | None = None,
+    batch_size: int = 2,
+    shuffle: bool = False,
+    **kwargs: Any,
+) -> tw.Trainer:
     """A quiet trainer over a small regression set; any Trainer argument can be overridden."""
     kwargs.setdefault("optim_wrapper", dict(optimizer=dict(type="SGD", lr=0.05)))
     kwargs.setdefault("train_cfg", dict(by_epoch=True, max_epochs=1))
@@ -129,7 +141,9 @@ def make_trainer(work_dir: Path, model: nn.Module | None = None, dataset: Tensor
     kwargs.setdefault("randomness", dict(seed=0))
     kwargs.setdefault("experiment_name", f"run{next(_names)}")
     if "train_dataloader" not in kwargs:
-        kwargs["train_dataloader"] = DataLoader(dataset if dataset is not None else regression_set(), batch_size=batch_size, shuffle=shuffle)
+        kwargs["train_dataloader"] = DataLoader(
+            dataset if dataset is not None else regression_set(), batch_size=batch_size, shuffle=shuffle
+        )
     return tw.Trainer(model=model if model is not None else LinearReg(), work_dir=work_dir, **kwargs)
 
 

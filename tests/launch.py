@@ -25,7 +25,8 @@ _GLOO_VARS = {"OMP_NUM_THREADS": "1", "TORCH_DISABLE_SHARE_RDZV_TCP_STORE": "1"}
 
 
 def gloo_env(tmp: Path) -> dict[str, str]:
-    """This process's environment for a child run: TMPDIR in ``tmp``, one thread per process, no launcher variables inherited."""
+    """This process's environment for a child run: TMPDIR in ``tmp``, one thread per process, no launcher variables
+    inherited."""
     env = dict(os.environ, TMPDIR=str(tmp), **_GLOO_VARS)
     for k in _LAUNCH_VARS:
         env.pop(k, None)
@@ -33,7 +34,8 @@ def gloo_env(tmp: Path) -> dict[str, str]:
 
 
 def use_gloo_env(monkeypatch: pytest.MonkeyPatch, tmp: Path) -> None:
-    """The same environment for processes this test starts itself (``torch.multiprocessing.spawn``), undone after the test."""
+    """The same environment for processes this test starts itself (``torch.multiprocessing.spawn``), undone after the
+    test."""
     for k, v in {"TMPDIR": str(tmp), **_GLOO_VARS}.items():
         monkeypatch.setenv(k, v)
     for k in _LAUNCH_VARS:
@@ -42,7 +44,8 @@ def use_gloo_env(monkeypatch: pytest.MonkeyPatch, tmp: Path) -> None:
 
 @contextmanager
 def gloo_group(rank: int, init_file: str, world_size: int) -> Iterator[None]:
-    """A ``torch.multiprocessing.spawn`` worker's gloo group (file rendezvous, one thread), torn down in order even when the body fails.
+    """A ``torch.multiprocessing.spawn`` worker's gloo group (file rendezvous, one thread), torn down in order even when
+    the body fails.
 
     Teardown: garbage-collect first (a Trainer's DDP wrapper must not outlive the group), a
     barrier (no rank destroys the group while another still uses it), then destroy it.
@@ -68,9 +71,23 @@ class Launched:
     output: str
 
 
-def launch(script: Path, args: list[str], tmp: Path, *, nproc: int, torchrun: tuple[str, ...] = ("--standalone",), timeout: float = 180, check: bool = True) -> Launched:
-    """``torchrun TORCHRUN --nproc_per_node=NPROC script ARGS`` (plain python for one standalone process), bounded by ``timeout``."""
-    launcher = [sys.executable, "-m", "torch.distributed.run", *torchrun, f"--nproc_per_node={nproc}"] if nproc > 1 or torchrun != ("--standalone",) else [sys.executable]
+def launch(
+    script: Path,
+    args: list[str],
+    tmp: Path,
+    *,
+    nproc: int,
+    torchrun: tuple[str, ...] = ("--standalone",),
+    timeout: float = 180,
+    check: bool = True,
+) -> Launched:
+    """``torchrun TORCHRUN --nproc_per_node=NPROC script ARGS`` (plain python for one standalone process), bounded by
+    ``timeout``."""
+    launcher = (
+        [sys.executable, "-m", "torch.distributed.run", *torchrun, f"--nproc_per_node={nproc}"]
+        if nproc > 1 or torchrun != ("--standalone",)
+        else [sys.executable]
+    )
     log = tmp / f"launch_{len(list(tmp.glob('launch_*.log')))}.log"
     with log.open("w") as f:
         proc = subprocess.Popen([*launcher, str(script), *args], env=gloo_env(tmp), stdout=f, stderr=subprocess.STDOUT)

@@ -1,4 +1,5 @@
-"""``Registry``: mmengine's ``build(cfg, default_args=...)`` (cfg wins, ``type`` may come from the defaults) next to the plain-keyword form,
+"""``Registry``: mmengine's ``build(cfg, default_args=...)`` (cfg wins, ``type`` may come from the defaults) next to the
+plain-keyword form,
 mmengine's ``register_module`` and its configs' ``_scope_`` keys."""
 
 from __future__ import annotations
@@ -14,7 +15,15 @@ from torch import nn
 
 import trainwright as tw
 from trainwright.optim import OptimWrapper, build_optim_wrapper, build_param_schedulers
-from trainwright.registry import DATASETS, MODELS, OPTIM_WRAPPER_CONSTRUCTORS, OPTIM_WRAPPERS, OPTIMIZERS, ConfigError, Registry
+from trainwright.registry import (
+    DATASETS,
+    MODELS,
+    OPTIM_WRAPPER_CONSTRUCTORS,
+    OPTIM_WRAPPERS,
+    OPTIMIZERS,
+    ConfigError,
+    Registry,
+)
 
 
 class Widget:
@@ -62,9 +71,15 @@ def test_type_from_default_args(reg: Registry) -> None:
 
 
 def test_missing_type_names_both_places(reg: Registry) -> None:
-    with pytest.raises(KeyError, match=r"needs a 'type' key, in the config or in default_args; got config keys \['size'\] and default keys \['color'\]"):
+    with pytest.raises(
+        KeyError,
+        match=r"needs a 'type' key, in the config or in default_args; got config keys \['size'\] and default keys "
+        r"\['color'\]",
+    ):
         reg.build(dict(size=2), default_args=dict(color="blue"))
-    with pytest.raises(KeyError, match=r"in the config or in default_args; got config keys \['size'\] and no default_args"):
+    with pytest.raises(
+        KeyError, match=r"in the config or in default_args; got config keys \['size'\] and no default_args"
+    ):
         reg.build(dict(size=2))
 
 
@@ -145,7 +160,8 @@ def test_optim_wrapper_built_mmengine_style_trains_like_a_hand_written_loop() ->
 
 @OPTIM_WRAPPER_CONSTRUCTORS.register
 class MMEnginePortedConstructor:
-    """An optim wrapper constructor as written for mmengine: builds through ``default_args=``, the type defaulted there."""
+    """An optim wrapper constructor as written for mmengine: builds through ``default_args=``, the type defaulted
+    there."""
 
     def __init__(self, optim_wrapper_cfg: dict[str, Any], paramwise_cfg: dict[str, Any] | None = None) -> None:
         self.optim_wrapper_cfg = dict(optim_wrapper_cfg)
@@ -158,7 +174,14 @@ class MMEnginePortedConstructor:
 
 def test_mmengine_ported_constructor_through_build_optim_wrapper() -> None:
     model = _model()
-    ow = build_optim_wrapper(model, dict(constructor="MMEnginePortedConstructor", optimizer=dict(type="SGD", lr=0.1, momentum=0.9), accumulative_counts=2))
+    ow = build_optim_wrapper(
+        model,
+        dict(
+            constructor="MMEnginePortedConstructor",
+            optimizer=dict(type="SGD", lr=0.1, momentum=0.9),
+            accumulative_counts=2,
+        ),
+    )
     assert type(ow) is OptimWrapper and type(ow.optimizer) is torch.optim.SGD
     ow.initialize_count_status(model, 0, 4)
     _steps(ow.update_params, model)
@@ -236,12 +259,18 @@ def test_register_module_errors_as_mmengine() -> None:
 def test_scope_is_dropped_for_a_known_type(reg: Registry) -> None:
     w = reg.build(dict(_scope_="mmdet", type="Widget", size=3))
     assert type(w) is Widget and w.size == 3
-    assert type(reg.build(dict(size=1), default_args=dict(_scope_="mmpretrain", type="Gadget"))) is Gadget  # mmengine pops it from the defaults too
+    assert (
+        type(reg.build(dict(size=1), default_args=dict(_scope_="mmpretrain", type="Gadget"))) is Gadget
+    )  # mmengine pops it from the defaults too
 
 
 def test_unknown_type_with_a_scope_says_the_scope_is_ignored(reg: Registry) -> None:
     cfg = dict(_scope_="mmdet", type="Widgte", size=1)
-    with pytest.raises(KeyError, match=r"Did you mean 'Widget'.*\(The config's _scope_='mmdet' is ignored: trainwright has one registry per kind, so 'Widgte' must be registered in it .*custom_imports") as info:
+    with pytest.raises(
+        KeyError,
+        match=r"Did you mean 'Widget'.*\(The config's _scope_='mmdet' is ignored: trainwright has one registry per "
+        r"kind, so 'Widgte' must be registered in it .*custom_imports",
+    ) as info:
         reg.build(cfg)
     assert info.value.failed_config is cfg
     with pytest.raises(KeyError) as plain:
@@ -259,43 +288,82 @@ def test_a_nested_unknown_type_names_the_outer_scope(reg: Registry) -> None:
     with pytest.raises(KeyError, match=r"_scope_='mmdet' is ignored.*'Nope'") as info:
         reg.build(dict(_scope_="mmdet", type="Holder", part=dict(type="Nope")))
     assert str(info.value).count("is ignored") == 1
-    with pytest.raises(KeyError, match=r"_scope_='mmpretrain' is ignored") as inner:  # the innermost scope is the one named
+    with pytest.raises(
+        KeyError, match=r"_scope_='mmpretrain' is ignored"
+    ) as inner:  # the innermost scope is the one named
         reg.build(dict(_scope_="mmdet", type="Holder", part=dict(_scope_="mmpretrain", type="Nope")))
     assert "'mmdet'" not in str(inner.value)
 
 
 def test_scope_is_dropped_from_optim_wrapper_and_param_scheduler_configs() -> None:
-    # build_optim_wrapper and build_param_scheduler read the type and check the keys themselves, not through Registry.build
+    # build_optim_wrapper and build_param_scheduler read the type and check the keys themselves, not through
+    # Registry.build
     model = _model()
-    ow = build_optim_wrapper(model, dict(_scope_="mmdet", type="OptimWrapper", optimizer=dict(_scope_="mmdet", type="SGD", lr=0.1), accumulative_counts=2))
+    ow = build_optim_wrapper(
+        model,
+        dict(
+            _scope_="mmdet",
+            type="OptimWrapper",
+            optimizer=dict(_scope_="mmdet", type="SGD", lr=0.1),
+            accumulative_counts=2,
+        ),
+    )
     assert type(ow) is OptimWrapper and type(ow.optimizer) is torch.optim.SGD and ow.optimizer.defaults["lr"] == 0.1
-    [scheduler] = build_param_schedulers([dict(_scope_="mmdet", type="MultiStepLR", milestones=[1], by_epoch=False)], ow)
+    [scheduler] = build_param_schedulers(
+        [dict(_scope_="mmdet", type="MultiStepLR", milestones=[1], by_epoch=False)], ow
+    )
     assert type(scheduler).__name__ == "MultiStepLR" and scheduler.milestones == {1: 1}
     # a genuinely unknown key beside _scope_ is still refused, named
-    with pytest.raises(KeyError, match=r"Unknown optim_wrapper key 'acumulative_counts'. Did you mean 'accumulative_counts'\?") as info:
-        build_optim_wrapper(model, dict(_scope_="mmdet", type="OptimWrapper", optimizer=dict(type="SGD", lr=0.1), acumulative_counts=2))
+    with pytest.raises(
+        KeyError, match=r"Unknown optim_wrapper key 'acumulative_counts'. Did you mean 'accumulative_counts'\?"
+    ) as info:
+        build_optim_wrapper(
+            model, dict(_scope_="mmdet", type="OptimWrapper", optimizer=dict(type="SGD", lr=0.1), acumulative_counts=2)
+        )
     assert "_scope_" not in str(info.value)
-    with pytest.raises(TypeError, match=r"MultiStepLR got unknown argument\(s\) \['milestone'\]. Did you mean 'milestones'\?") as bad:
+    with pytest.raises(
+        TypeError, match=r"MultiStepLR got unknown argument\(s\) \['milestone'\]. Did you mean 'milestones'\?"
+    ) as bad:
         build_param_schedulers([dict(_scope_="mmdet", type="MultiStepLR", milestone=[1])], ow)
     assert "_scope_" not in str(bad.value)
 
 
 def test_an_unknown_optim_wrapper_optimizer_or_scheduler_type_names_the_ignored_scope() -> None:
     model = _model()
-    hint = r"\(The config's _scope_='{}' is ignored: trainwright has one registry per kind, so '{}' must be registered in it"
-    with pytest.raises(KeyError, match=r"Unknown optim wrapper type 'OptimWrapperr'.*" + hint.format("mmdet", "OptimWrapperr")):
+    hint = (
+        r"\(The config's _scope_='{}' is ignored: trainwright has one registry per kind, so '{}' must be registered in "
+        r"it"
+    )
+    with pytest.raises(
+        KeyError, match=r"Unknown optim wrapper type 'OptimWrapperr'.*" + hint.format("mmdet", "OptimWrapperr")
+    ):
         build_optim_wrapper(model, dict(_scope_="mmdet", type="OptimWrapperr", optimizer=dict(type="SGD", lr=0.1)))
-    with pytest.raises(KeyError, match=r"Unknown optim wrapper constructor type 'LayerDecayOptimizerConstructor'.*" + hint.format("mmdet", "LayerDecayOptimizerConstructor")):
-        build_optim_wrapper(model, dict(_scope_="mmdet", constructor="LayerDecayOptimizerConstructor", optimizer=dict(type="SGD", lr=0.1)))
+    with pytest.raises(
+        KeyError,
+        match=r"Unknown optim wrapper constructor type 'LayerDecayOptimizerConstructor'.*"
+        + hint.format("mmdet", "LayerDecayOptimizerConstructor"),
+    ):
+        build_optim_wrapper(
+            model,
+            dict(_scope_="mmdet", constructor="LayerDecayOptimizerConstructor", optimizer=dict(type="SGD", lr=0.1)),
+        )
     with pytest.raises(KeyError, match=r"Unknown optimizer type 'SGDD'.*" + hint.format("mmdet", "SGDD")):
         build_optim_wrapper(model, dict(optimizer=dict(_scope_="mmdet", type="SGDD", lr=0.1)))
-    with pytest.raises(KeyError, match=hint.format("mmdet", "SGDD")):  # the optimizer's type, built while building the wrapper
+    with pytest.raises(
+        KeyError, match=hint.format("mmdet", "SGDD")
+    ):  # the optimizer's type, built while building the wrapper
         build_optim_wrapper(model, dict(_scope_="mmdet", optimizer=dict(type="SGDD", lr=0.1)))
-    with pytest.raises(KeyError, match=hint.format("mmpretrain", "SGDD")) as inner:  # the innermost scope is the one named
+    with pytest.raises(
+        KeyError, match=hint.format("mmpretrain", "SGDD")
+    ) as inner:  # the innermost scope is the one named
         build_optim_wrapper(model, dict(_scope_="mmdet", optimizer=dict(_scope_="mmpretrain", type="SGDD", lr=0.1)))
     assert str(inner.value).count("is ignored") == 1
     ow = build_optim_wrapper(model, dict(optimizer=dict(type="SGD", lr=0.1)))
-    with pytest.raises(KeyError, match=r"Unknown param scheduler type 'MultiStepLRR'. Did you mean 'MultiStepLR'.*" + hint.format("mmdet", "MultiStepLRR")):
+    with pytest.raises(
+        KeyError,
+        match=r"Unknown param scheduler type 'MultiStepLRR'. Did you mean 'MultiStepLR'.*"
+        + hint.format("mmdet", "MultiStepLRR"),
+    ):
         build_param_schedulers([dict(_scope_="mmdet", type="MultiStepLRR", milestones=[1])], ow)
     with pytest.raises(KeyError) as plain:
         build_param_schedulers([dict(type="MultiStepLRR", milestones=[1])], ow)
@@ -304,7 +372,8 @@ def test_an_unknown_optim_wrapper_optimizer_or_scheduler_type_names_the_ignored_
 
 @pytest.fixture
 def scratch_registries(monkeypatch: pytest.MonkeyPatch) -> None:
-    """MODELS and DATASETS with their current entries, restored after the test: its classes stay out of the global tables."""
+    """MODELS and DATASETS with their current entries, restored after the test: its classes stay out of the global
+    tables."""
     monkeypatch.setattr(MODELS, "_table", dict(MODELS._table))
     monkeypatch.setattr(DATASETS, "_table", dict(DATASETS._table))
 
@@ -345,7 +414,10 @@ def test_mmengine_style_config_with_scopes_trains_like_objects(tmp_path: Path, t
         # the same run from objects: the scopes changed nothing
         ref = trainer_factory(model=LinearReg(d_in=4), dataset=regression_set(n=16), batch_size=4)
         ref.train()
-        assert all(torch.equal(a, b) for a, b in zip(trainer.unwrapped_model.parameters(), ref.unwrapped_model.parameters(), strict=True))
+        assert all(
+            torch.equal(a, b)
+            for a, b in zip(trainer.unwrapped_model.parameters(), ref.unwrapped_model.parameters(), strict=True)
+        )
         assert not torch.equal(trainer.unwrapped_model.linear.weight, LinearReg(d_in=4).linear.weight)  # it did train
     finally:
         trainer.close()
@@ -355,27 +427,54 @@ def test_mmengine_style_config_with_scopes_trains_like_objects(tmp_path: Path, t
 def test_unknown_type_in_a_config_names_the_ignored_scopes(tmp_path: Path) -> None:
     DATASETS.register_module(name="RegressionSet", module=regression_set)
     cfg = _mmengine_config(tmp_path, model_type="FasterRCNN")
-    ignored = pytest.warns(UserWarning, match=r"Config keys \['default_scope'\] are mmengine runtime settings trainwright does not use")
-    with ignored, pytest.raises(ConfigError, match=r"Building 'model' from the config failed: Unknown model type 'FasterRCNN'.*_scope_='mmdet' is ignored") as info:
+    ignored = pytest.warns(
+        UserWarning, match=r"Config keys \['default_scope'\] are mmengine runtime settings trainwright does not use"
+    )
+    with (
+        ignored,
+        pytest.raises(
+            ConfigError,
+            match=r"Building 'model' from the config failed: Unknown model type 'FasterRCNN'"
+            r".*_scope_='mmdet' is ignored",
+        ) as info,
+    ):
         tw.Trainer.from_config(cfg)
     assert "default_scope" not in str(info.value)  # the config's own _scope_ is the one that applied, as in mmengine
     del cfg["model"]["_scope_"]  # type: ignore[attr-defined]
-    with ignored, pytest.raises(ConfigError, match=r"Unknown model type 'FasterRCNN'.*The config's default_scope='mmdet' is ignored: trainwright has one registry per kind"):
+    with (
+        ignored,
+        pytest.raises(
+            ConfigError,
+            match=r"Unknown model type 'FasterRCNN'.*The config's default_scope='mmdet' is ignored: trainwright has "
+            r"one registry per kind",
+        ),
+    ):
         tw.Trainer.from_config(cfg)
     cfg["model"]["type"] = "mmdet.FasterRCNN"  # type: ignore[index]  # a scoped type name is the innermost scope
-    with ignored, pytest.raises(ConfigError, match=r"Unknown model type 'mmdet.FasterRCNN'.*The scope 'mmdet' of type='mmdet.FasterRCNN' is ignored") as scoped:
+    with (
+        ignored,
+        pytest.raises(
+            ConfigError,
+            match=r"Unknown model type 'mmdet.FasterRCNN'.*The scope 'mmdet' of type='mmdet.FasterRCNN' is ignored",
+        ) as scoped,
+    ):
         tw.Trainer.from_config(cfg)
     assert "default_scope" not in str(scoped.value)
 
 
 def test_scoped_type_names_are_looked_up_without_their_scope(reg: Registry) -> None:
-    """mmengine's ``type='mmdet.RetinaNet'`` (scope, dot, name) builds the registered name, as a ``_scope_`` key is dropped."""
+    """mmengine's ``type='mmdet.RetinaNet'`` (scope, dot, name) builds the registered name, as a ``_scope_`` key is
+    dropped."""
     w = reg.build(dict(type="mmdet.Widget", size=3))
     assert type(w) is Widget and w.size == 3
     assert "mmpretrain.Gadget" in reg and type(reg.get("mmpretrain.Gadget")(size=1)) is Gadget
     reg.register(Keeper, name="my.Keeper")  # a name registered with a dot is found as written
     assert reg.get("my.Keeper") is Keeper
-    with pytest.raises(KeyError, match=r"Unknown widget type 'mmdet.Widgte'\. Did you mean 'Widget'.*\(The scope 'mmdet' of type='mmdet.Widgte' is ignored: trainwright has one registry per kind, so 'Widgte' must be registered") as info:
+    with pytest.raises(
+        KeyError,
+        match=r"Unknown widget type 'mmdet.Widgte'\. Did you mean 'Widget'.*\(The scope 'mmdet' of type='mmdet.Widgte' "
+        r"is ignored: trainwright has one registry per kind, so 'Widgte' must be registered",
+    ) as info:
         reg.build(dict(_scope_="mmpretrain", type="mmdet.Widgte", size=1))
     assert "mmpretrain" not in str(info.value)  # the type's own scope is the innermost one, as in mmengine
     for odd in ("Widget.", ".Widget"):  # no scope or no name around the dot: looked up as written
@@ -386,7 +485,8 @@ def test_scoped_type_names_are_looked_up_without_their_scope(reg: Registry) -> N
 
 @pytest.mark.usefixtures("scratch_registries")
 def test_a_list_of_model_configs_builds_an_nn_sequential() -> None:
-    """mmengine's ``build_model_from_cfg``: a list config in MODELS builds each item (same defaults) into an ``nn.Sequential``."""
+    """mmengine's ``build_model_from_cfg``: a list config in MODELS builds each item (same defaults) into an
+    ``nn.Sequential``."""
 
     @MODELS.register_module()
     class Scale(nn.Module):
@@ -397,9 +497,15 @@ def test_a_list_of_model_configs_builds_an_nn_sequential() -> None:
         def forward(self, x: torch.Tensor) -> torch.Tensor:
             return x * self.factor + self.bias
 
-    seq = MODELS.build([dict(type="Scale", factor=2.0), dict(type="mmdet.Scale", factor=3.0, bias=1.0), nn.ReLU()], default_args=dict(bias=0.5))
+    seq = MODELS.build(
+        [dict(type="Scale", factor=2.0), dict(type="mmdet.Scale", factor=3.0, bias=1.0), nn.ReLU()],
+        default_args=dict(bias=0.5),
+    )
     assert isinstance(seq, nn.Sequential) and [type(m) for m in seq] == [Scale, Scale, nn.ReLU]
-    assert [(m.factor, m.bias) for m in seq[:2]] == [(2.0, 0.5), (3.0, 1.0)]  # the defaults fill each item; an item's own value wins
+    assert [(m.factor, m.bias) for m in seq[:2]] == [
+        (2.0, 0.5),
+        (3.0, 1.0),
+    ]  # the defaults fill each item; an item's own value wins
     x = torch.tensor([-1.0, 0.0, 2.0])
     assert torch.equal(seq(x), torch.relu((x * 2.0 + 0.5) * 3.0 + 1.0))
     assert isinstance(MODELS.build([[dict(type="Scale", factor=1.0)]])[0], nn.Sequential)  # nested lists nest
@@ -423,14 +529,19 @@ def test_scopes_in_optim_wrapper_optimizer_scheduler_and_loops_train_as_without_
 
     DATASETS.register_module(name="RegressionSet", module=regression_set)
     cfg = _mmengine_config(tmp_path / "scoped")
-    cfg["optim_wrapper"] = dict(_scope_="mmdet", type="OptimWrapper", optimizer=dict(_scope_="mmdet", type="SGD", lr=0.05))
+    cfg["optim_wrapper"] = dict(
+        _scope_="mmdet", type="OptimWrapper", optimizer=dict(_scope_="mmdet", type="SGD", lr=0.05)
+    )
     # 4 iterations: lr 0.05 for the first two, 0.005 after
     cfg["param_scheduler"] = [dict(_scope_="mmdet", type="MultiStepLR", by_epoch=False, milestones=[2], gamma=0.1)]
-    # the loops' typed configs (mmengine's LOOPS registry) as a config inheriting across packages (_base_ = 'mmdet::...') dumps them
+    # the loops' typed configs (mmengine's LOOPS registry) as a config inheriting across packages (_base_ =
+    # 'mmdet::...') dumps them
     cfg["train_cfg"] = dict(_scope_="mmdet", type="EpochBasedTrainLoop", max_epochs=1)
     cfg["val_cfg"] = dict(_scope_="mmdet", type="ValLoop")
     plain = _without_scopes(cfg) | dict(work_dir=str(tmp_path / "plain"))
-    assert "_scope_" not in repr(plain) and repr(cfg).count("_scope_") == 7  # model, dataset, optim_wrapper, optimizer, param_scheduler, train_cfg, val_cfg
+    assert (
+        "_scope_" not in repr(plain) and repr(cfg).count("_scope_") == 7
+    )  # model, dataset, optim_wrapper, optimizer, param_scheduler, train_cfg, val_cfg
     trainers = []
     try:
         for c in (cfg, plain):
@@ -438,17 +549,27 @@ def test_scopes_in_optim_wrapper_optimizer_scheduler_and_loops_train_as_without_
                 trainers.append(tw.Trainer.from_config(c))
             trainers[-1].train()
         scoped, ref = trainers
-        assert type(scoped.unwrapped_model) is PortedRegressor and scoped.progress.iteration == ref.progress.iteration == 4
-        assert [g["lr"] for g in scoped.optim_wrapper.optimizer.param_groups] == pytest.approx([0.005])  # the scheduler ran
-        assert all(torch.equal(a, b) for a, b in zip(scoped.unwrapped_model.parameters(), ref.unwrapped_model.parameters(), strict=True))
-        assert [g["lr"] for g in ref.optim_wrapper.optimizer.param_groups] == [g["lr"] for g in scoped.optim_wrapper.optimizer.param_groups]
+        assert (
+            type(scoped.unwrapped_model) is PortedRegressor and scoped.progress.iteration == ref.progress.iteration == 4
+        )
+        assert [g["lr"] for g in scoped.optim_wrapper.optimizer.param_groups] == pytest.approx(
+            [0.005]
+        )  # the scheduler ran
+        assert all(
+            torch.equal(a, b)
+            for a, b in zip(scoped.unwrapped_model.parameters(), ref.unwrapped_model.parameters(), strict=True)
+        )
+        assert [g["lr"] for g in ref.optim_wrapper.optimizer.param_groups] == [
+            g["lr"] for g in scoped.optim_wrapper.optimizer.param_groups
+        ]
         assert not torch.equal(scoped.unwrapped_model.linear.weight, LinearReg(d_in=4).linear.weight)  # it did train
     finally:
         for t in trainers:
             t.close()
 
 
-# ----------------------------------------------------------------------------- mmengine's registry tree, build_func, locations
+# ----------------------------------------------------------------------------- mmengine's registry tree, build_func,
+# locations
 
 
 def test_child_registry_with_scope_falls_back_to_its_parent_and_is_found_by_scope() -> None:
@@ -468,7 +589,10 @@ def test_child_registry_with_scope_falls_back_to_its_parent_and_is_found_by_scop
     assert "Mine" not in root and root.get("mine.Mine") is Mine  # the parent finds a child's name by its scope
     assert isinstance(root.build(dict(type="mine.Mine", k=3)), Mine) and child.build(dict(type="Mine", k=2)).k == 2
     assert root.children == {"mine": child} and child.parent is root
-    assert Registry.split_scope_key("mine.Mine") == ("mine", "Mine") and Registry.split_scope_key("Mine") == (None, "Mine")
+    assert Registry.split_scope_key("mine.Mine") == ("mine", "Mine") and Registry.split_scope_key("Mine") == (
+        None,
+        "Mine",
+    )
     with pytest.raises(KeyError, match="has a child of scope 'mine' already"):
         Registry("thing", parent=root, scope="mine")
 

@@ -54,4 +54,14 @@ def __dir__() -> list[str]:
     return sorted({*(n for n in globals() if not n.startswith("_") or n.startswith("__")), *_LAZY})
 
 
-__all__ = ["Trainer", "BaseModel", "Hook", "OptimWrapper", "AmpOptimWrapper", "OptimWrapperDict", "evaluation", "seed_everything", "__version__"]
+__all__ = [
+    "Trainer",
+    "BaseModel",
+    "Hook",
+    "OptimWrapper",
+    "AmpOptimWrapper",
+    "OptimWrapperDict",
+    "evaluation",
+    "seed_everything",
+    "__version__",
+]

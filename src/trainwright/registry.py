@@ -70,10 +70,15 @@ class Registry:
         self.scope = scope if scope is not None else sys._getframe(1).f_globals.get("__name__", "").split(".")[0]  # noqa: SLF001 - mmengine's infer_scope
         self.children: dict[str, Registry] = {}
         self._locations = list(locations)
-        self.build_func: Callable[..., Any] | None = build_func if build_func is not None else (parent.build_func if parent is not None else None)
+        self.build_func: Callable[..., Any] | None = (
+            build_func if build_func is not None else (parent.build_func if parent is not None else None)
+        )
         if parent is not None:
             if self.scope in parent.children:
-                raise KeyError(f"The {parent.name} registry has a child of scope {self.scope!r} already; give this registry another scope=")
+                raise KeyError(
+                    f"The {parent.name} registry has a child of scope {self.scope!r} already; give this registry "
+                    "another scope="
+                )
             parent.children[self.scope] = self
 
     @staticmethod
@@ -105,21 +110,46 @@ class Registry:
         """
         if not isinstance(force, bool):
             raise TypeError(f"{self.name} registry: force must be a bool, got {type(force).__name__}")
-        if not (name is None or isinstance(name, str) or (isinstance(name, Sequence) and all(isinstance(n, str) for n in name))):
-            hint = f"; as a decorator, call it: @{self.import_name or 'REGISTRY'}.register_module()" if callable(name) else ""
-            raise TypeError(f"{self.name} registry: name must be None, a str or a list of str, got {type(name).__name__}{hint}")
+        if not (
+            name is None
+            or isinstance(name, str)
+            or (isinstance(name, Sequence) and all(isinstance(n, str) for n in name))
+        ):
+            hint = (
+                f"; as a decorator, call it: @{self.import_name or 'REGISTRY'}.register_module()"
+                if callable(name)
+                else ""
+            )
+            raise TypeError(
+                f"{self.name} registry: name must be None, a str or a list of str, got {type(name).__name__}{hint}"
+            )
         if name is not None and not isinstance(name, str) and not name:
-            raise ValueError(f"{self.name} registry: name is an empty list, which registers nothing; give at least one name, or None for the __name__")
+            raise ValueError(
+                f"{self.name} registry: name is an empty list, which registers nothing; give at least one name, or "
+                "None for the __name__"
+            )
 
         def _do(o: T) -> T:
             if not callable(o):
-                raise TypeError(f"{self.name} registry: only a class or a function can be registered (build calls it), got {type(o).__name__}")
+                raise TypeError(
+                    f"{self.name} registry: only a class or a function can be registered (build calls it), got "
+                    f"{type(o).__name__}"
+                )
             keys = [name or o.__name__] if name is None or isinstance(name, str) else list(name)  # type: ignore[attr-defined]
             if self._locations and not str(getattr(o, "__module__", "")).startswith(f"{self.scope}."):
-                self._import_locations()  # their names first: a clash with one is reported here (force=True replaces it), as when they loaded eagerly
+                # their names first: a clash with one is reported here (force=True replaces it), as when they loaded
+                # eagerly
+                self._import_locations()
             for key in keys:
-                if key in self._table and not force and self._table[key] is not o and not _same_definition(self._table[key], o):
-                    raise KeyError(f"{key!r} is already registered in the {self.name} registry; pass force=True to replace it")
+                if (
+                    key in self._table
+                    and not force
+                    and self._table[key] is not o
+                    and not _same_definition(self._table[key], o)
+                ):
+                    raise KeyError(
+                        f"{key!r} is already registered in the {self.name} registry; pass force=True to replace it"
+                    )
             for key in keys:
                 self._table[key] = o
             return o
@@ -138,7 +168,8 @@ class Registry:
         return self.register(module, name=name, force=force)
 
     def get(self, key: str) -> Any:
-        """Return the entry for ``key``; raise ``KeyError`` naming close matches if unknown (its ``unknown_type`` is the name looked for).
+        """Return the entry for ``key``; raise ``KeyError`` naming close matches if unknown (its ``unknown_type`` is the
+        name looked for).
 
         A name with an mmengine scope (``"mmdet.RetinaNet"``: the scope, a dot, the name) that is
         not registered as written is looked up without its scope, as a config's ``_scope_`` key
@@ -155,16 +186,24 @@ class Registry:
         how = (
             f" To add one, decorate its class with @{self.import_name}.register() in a module the config imports "
             "(custom_imports = dict(imports=['my_module'])), or define it in a .py config."
-            if self.import_name else ""
+            if self.import_name
+            else ""
         )
-        error = KeyError(f"Unknown {self.name} type {key!r}.{did_you_mean(bare, self.names())} Registered: {', '.join(sorted(self.names()))}.{how}")
+        error = KeyError(
+            f"Unknown {self.name} type {key!r}.{did_you_mean(bare, self.names())} Registered: "
+            f"{', '.join(sorted(self.names()))}.{how}"
+        )
         error.unknown_type = bare  # type: ignore[attr-defined]  # Trainer.from_config adds its default_scope hint to these
         if scoped:
-            error.args = (error.args[0] + ignored_scope_hint(error, "type", scope, subject=f"The scope {scope!r} of type={key!r}"),)
+            error.args = (
+                error.args[0]
+                + ignored_scope_hint(error, "type", scope, subject=f"The scope {scope!r} of type={key!r}"),
+            )
         raise error
 
     def _find(self, key: str) -> Any:
-        """``key`` here (or in the parents), else, scoped (``"a.b.Name"``), in the registry of its first scope with the rest of the key, as mmengine's ``get``; None when unknown.
+        """``key`` here (or in the parents), else, scoped (``"a.b.Name"``), in the registry of its first scope with the
+        rest of the key, as mmengine's ``get``; None when unknown.
 
         A scope no registry of this tree has is dropped (trainwright has one registry per kind).
         """
@@ -209,7 +248,9 @@ class Registry:
             return False
         return True
 
-    def build(self, cfg: Mapping[str, Any] | Any, *, default_args: Mapping[str, Any] | None = None, **kwargs: Any) -> Any:
+    def build(
+        self, cfg: Mapping[str, Any] | Any, *, default_args: Mapping[str, Any] | None = None, **kwargs: Any
+    ) -> Any:
         """Build an object from ``cfg``: a dict with ``type`` (a name or a class) and kwargs.
 
         Anything that is not a mapping is returned unchanged (objects first, configs second;
@@ -238,7 +279,9 @@ class Registry:
             return self.build_func(cfg, registry=self, default_args=default_args, **kwargs)
         return build_from_cfg(cfg, self, default_args=default_args, **kwargs)
 
-    def _build(self, cfg: Mapping[str, Any] | Any, default_args: Mapping[str, Any] | None, kwargs: dict[str, Any]) -> Any:
+    def _build(
+        self, cfg: Mapping[str, Any] | Any, default_args: Mapping[str, Any] | None, kwargs: dict[str, Any]
+    ) -> Any:
         if isinstance(cfg, list) and self._build_list is not None:
             return self._build_list([self.build(item, default_args=default_args, **kwargs) for item in cfg])
         if not isinstance(cfg, Mapping):
@@ -249,16 +292,23 @@ class Registry:
             defaults = {**default_args, **kwargs}
         else:
             raise TypeError(
-                f"{self.name} build: default_args must be a mapping of defaults (or None), got {type(default_args).__name__}; "
-                "to pass a constructor argument named 'default_args', put it in the config or use default_args=dict(default_args=...)"
+                f"{self.name} build: default_args must be a mapping of defaults (or None), got "
+                f"{type(default_args).__name__}; "
+                "to pass a constructor argument named 'default_args', put it in the config or use "
+                "default_args=dict(default_args=...)"
             )
         if "type" in cfg:
             typ = cfg["type"]
         elif "type" in defaults:
             typ = defaults["type"]
         else:
-            given = f"config keys {sorted(cfg)}" + (f" and default keys {sorted(defaults)}" if defaults else " and no default_args")
-            raise KeyError(f"A {self.name} config needs a 'type' key, in the config or in default_args; got {given}; e.g. dict(type=..., ...)")
+            given = f"config keys {sorted(cfg)}" + (
+                f" and default keys {sorted(defaults)}" if defaults else " and no default_args"
+            )
+            raise KeyError(
+                f"A {self.name} config needs a 'type' key, in the config or in default_args; got {given}; e.g. "
+                "dict(type=..., ...)"
+            )
         args = {k: v for k, v in cfg.items() if k != "type"}
         for k, v in defaults.items():
             if k != "type":
@@ -272,7 +322,9 @@ class Registry:
                     if getattr(e, "failed_config", None) is not None:
                         raise  # a nested build failed: its message is the precise one
                     hint = keyword_hint(cls, e, args)
-                    raise TypeError(f"Could not build {self.name} {getattr(cls, '__name__', cls)!r} from {dict(cfg)!r}: {e}{hint}") from e
+                    raise TypeError(
+                        f"Could not build {self.name} {getattr(cls, '__name__', cls)!r} from {dict(cfg)!r}: {e}{hint}"
+                    ) from e
             except Exception as e:
                 if getattr(e, "failed_config", None) is None:
                     # the innermost config that failed; Trainer.from_config turns it into a key path (model.backbone)
@@ -280,13 +332,17 @@ class Registry:
                 raise
 
 
-def build_from_cfg(cfg: Mapping[str, Any] | Any, registry: Registry, default_args: Mapping[str, Any] | None = None, **kwargs: Any) -> Any:
-    """The default build of :meth:`Registry.build` (mmengine's ``build_from_cfg``): what a custom ``build_func`` delegates to."""
+def build_from_cfg(
+    cfg: Mapping[str, Any] | Any, registry: Registry, default_args: Mapping[str, Any] | None = None, **kwargs: Any
+) -> Any:
+    """The default build of :meth:`Registry.build` (mmengine's ``build_from_cfg``): what a custom ``build_func``
+    delegates to."""
     return registry._build(cfg, default_args, kwargs)  # noqa: SLF001
 
 
 def import_modules_from_strings(imports: str | Sequence[str] | None, allow_failed_imports: bool = False) -> Any:
-    """Import modules by name (mmengine's): one module for a str, a list for a list; None for a module that failed when allowed.
+    """Import modules by name (mmengine's): one module for a str, a list for a list; None for a module that failed when
+    allowed.
 
     Raises:
         ImportError: a module cannot be imported and ``allow_failed_imports`` is False.
@@ -308,7 +364,9 @@ def import_modules_from_strings(imports: str | Sequence[str] | None, allow_faile
         except ImportError:
             if not allow_failed_imports:
                 raise
-            warnings.warn(f"{name} failed to import and is ignored (allow_failed_imports=True)", UserWarning, stacklevel=2)
+            warnings.warn(
+                f"{name} failed to import and is ignored (allow_failed_imports=True)", UserWarning, stacklevel=2
+            )
             modules.append(None)
     return modules[0] if single else modules
 
@@ -331,14 +389,17 @@ def dropping_scope(args: dict[str, Any]) -> Iterator[Any]:
     try:
         yield scope
     except Exception as e:
-        hint = ignored_scope_hint(e, "_scope_", scope)  # this type, or one its constructor builds, would have been looked up in that scope by mmengine
+        hint = ignored_scope_hint(
+            e, "_scope_", scope
+        )  # this type, or one its constructor builds, would have been looked up in that scope by mmengine
         if hint:
             e.args = (f"{e.args[0]}{hint}",)
         raise
 
 
 def ignored_scope_hint(error: BaseException, key: str, scope: Any, *, subject: str | None = None) -> str:
-    """The sentence an unknown-type ``error`` (``Registry.get``'s) gets when its config names an mmengine scope; "" when there is none to add.
+    """The sentence an unknown-type ``error`` (``Registry.get``'s) gets when its config names an mmengine scope; "" when
+    there is none to add.
 
     ``key`` is where the scope was given: ``"_scope_"``, ``"default_scope"`` (the sentence says
     "The config's <key>=<scope>"), or ``"type"`` for a scoped type name, with ``subject`` saying
@@ -353,15 +414,18 @@ def ignored_scope_hint(error: BaseException, key: str, scope: Any, *, subject: s
     if subject is None:
         subject = f"The config's {key}={scope!r}"
     return (
-        f" ({subject} is ignored: trainwright has one registry per kind, so {typ!r} must be registered in it by a module "
+        f" ({subject} is ignored: trainwright has one registry per kind, so {typ!r} must be registered in it by a "
+        "module "
         f"the config imports, e.g. through custom_imports; the registries of {scope!r} are not searched.)"
     )
 
 
 def _same_definition(a: Any, b: Any) -> bool:
-    """Whether ``a`` and ``b`` are one class or function defined twice: same qualified name, and same module or source file.
+    """Whether ``a`` and ``b`` are one class or function defined twice: same qualified name, and same module or source
+    file.
 
-    A config file loaded twice, or loaded by ``Config.fromfile`` and also imported as a module, defines its classes again.
+    A config file loaded twice, or loaded by ``Config.fromfile`` and also imported as a module, defines its classes
+    again.
     """
     qualname = getattr(a, "__qualname__", None)
     if qualname is None or qualname != getattr(b, "__qualname__", None):
@@ -372,14 +436,18 @@ def _same_definition(a: Any, b: Any) -> bool:
     return files[0] is not None and files[1] is not None and os.path.realpath(files[0]) == os.path.realpath(files[1])
 
 
-#: A name this similar to a known one (difflib's ratio) is a typo of it, refused rather than taken as something else: measured on
-#: config keys, typos score 0.86 and up ('optim_wraper' 0.96, 'trian_cfg' 0.89, 'val_cgf' 0.86, 'backbon.0' for 'backbone.0' 0.95)
-#: and mmengine's helper variables 0.81 and down ('gallery_dataloader', 'train_dataset' 0.76, 'tta_model' 0.71, 'optimizer' 0.64).
+#: A name this similar to a known one (difflib's ratio) is a typo of it, refused rather than taken as something else:
+#: measured on
+#: config keys, typos score 0.86 and up ('optim_wraper' 0.96, 'trian_cfg' 0.89, 'val_cgf' 0.86, 'backbon.0' for
+#: 'backbone.0' 0.95)
+#: and mmengine's helper variables 0.81 and down ('gallery_dataloader', 'train_dataset' 0.76, 'tta_model' 0.71,
+#: 'optimizer' 0.64).
 TYPO_CUTOFF = 0.85
 
 
 def did_you_mean(key: str, options: list[str] | Any, cutoff: float = 0.6) -> str:
-    """Return ``" Did you mean 'x'?"`` for the closest of ``options`` (``difflib`` similarity at least ``cutoff``), or ``""``."""
+    """Return ``" Did you mean 'x'?"`` for the closest of ``options`` (``difflib`` similarity at least ``cutoff``),
+    or ``""``."""
     options = [str(o) for o in options]
     lowered: dict[str, str] = {}
     for o in options:
@@ -392,7 +460,8 @@ def did_you_mean(key: str, options: list[str] | Any, cutoff: float = 0.6) -> str
 
 
 def accepted_kwargs(obj: Any) -> set[str] | None:
-    """The keyword names ``obj(...)`` accepts (a class: its ``__init__``, following ``*args/**kwargs`` mixins up the MRO); None if unknown."""
+    """The keyword names ``obj(...)`` accepts (a class: its ``__init__``, following ``*args/**kwargs`` mixins up the
+    MRO); None if unknown."""
     if not isinstance(obj, type):
         try:
             params = inspect.signature(obj).parameters.values()
@@ -420,7 +489,8 @@ _UNEXPECTED = re.compile(r"unexpected keyword argument '(\w+)'")
 
 
 def keyword_hint(obj: Any, error: TypeError, args: Mapping[str, Any]) -> str:
-    """For a constructor's "unexpected keyword argument 'x'" ``error``: ``" Did you mean 'y'? It accepts: ..."``, else ``""``.
+    """For a constructor's "unexpected keyword argument 'x'" ``error``: ``" Did you mean 'y'? It accepts: ..."``, else
+    ``""``.
 
     Only when ``x`` is one of the config's ``args`` and not a keyword ``obj`` accepts (a
     TypeError raised deeper inside the constructor is left as it is).
@@ -433,7 +503,9 @@ def keyword_hint(obj: Any, error: TypeError, args: Mapping[str, Any]) -> str:
     return f".{did_you_mean(m.group(1), options)} {getattr(obj, '__name__', obj)} accepts: {', '.join(options)}."
 
 
-def check_keys(what: str, cfg: Mapping[str, Any] | Any, allowed: Any, error: type[Exception] = KeyError, hint: str | None = None) -> None:
+def check_keys(
+    what: str, cfg: Mapping[str, Any] | Any, allowed: Any, error: type[Exception] = KeyError, hint: str | None = None
+) -> None:
     """Raise ``error`` for the first key of ``cfg`` not in ``allowed``, naming it, the closest match and the choices.
 
     The one "unknown key, did you mean" check every config-shaped argument goes through.
@@ -448,7 +520,10 @@ def check_keys(what: str, cfg: Mapping[str, Any] | Any, allowed: Any, error: typ
     options = sorted(allowed)
     for key in cfg:
         if key not in allowed:
-            raise error(f"Unknown {what} key {key!r}.{did_you_mean(str(key), options)} " + (hint if hint is not None else f"Allowed: {options}"))
+            raise error(
+                f"Unknown {what} key {key!r}.{did_you_mean(str(key), options)} "
+                + (hint if hint is not None else f"Allowed: {options}")
+            )
 
 
 def _torch_optimizer(name: str) -> Any:
@@ -463,7 +538,13 @@ def _torch_optimizer(name: str) -> Any:
 def _torch_optimizer_names() -> list[str]:
     import torch.optim
 
-    return [n for n in dir(torch.optim) if isinstance(getattr(torch.optim, n), type) and issubclass(getattr(torch.optim, n), torch.optim.Optimizer) and n != "Optimizer"]
+    return [
+        n
+        for n in dir(torch.optim)
+        if isinstance(getattr(torch.optim, n), type)
+        and issubclass(getattr(torch.optim, n), torch.optim.Optimizer)
+        and n != "Optimizer"
+    ]
 
 
 _torch_optimizer.names = _torch_optimizer_names  # type: ignore[attr-defined]
@@ -473,13 +554,19 @@ _torch_optimizer.names = _torch_optimizer_names  # type: ignore[attr-defined]
 #: after ``import trainwright.registry`` alone, and ``import trainwright`` stays cheap.
 _STOCK = ("trainwright.trainer", "trainwright.evaluation")
 
-OPTIMIZERS = Registry("optimizer", import_name="trainwright.registry.OPTIMIZERS", fallback=_torch_optimizer, locations=_STOCK)
+OPTIMIZERS = Registry(
+    "optimizer", import_name="trainwright.registry.OPTIMIZERS", fallback=_torch_optimizer, locations=_STOCK
+)
 OPTIM_WRAPPERS = Registry("optim wrapper", import_name="trainwright.registry.OPTIM_WRAPPERS", locations=_STOCK)
-OPTIM_WRAPPER_CONSTRUCTORS = Registry("optim wrapper constructor", import_name="trainwright.registry.OPTIM_WRAPPER_CONSTRUCTORS", locations=_STOCK)
+OPTIM_WRAPPER_CONSTRUCTORS = Registry(
+    "optim wrapper constructor", import_name="trainwright.registry.OPTIM_WRAPPER_CONSTRUCTORS", locations=_STOCK
+)
 PARAM_SCHEDULERS = Registry("param scheduler", import_name="trainwright.registry.PARAM_SCHEDULERS", locations=_STOCK)
 HOOKS = Registry("hook", import_name="trainwright.registry.HOOKS", locations=_STOCK)
 METRICS = Registry("metric", import_name="trainwright.registry.METRICS", locations=_STOCK)
 STRATEGIES = Registry("strategy", import_name="trainwright.registry.STRATEGIES", locations=_STOCK)
+
+
 def _sequential(modules: list[Any]) -> Any:
     from torch import nn
 
@@ -491,4 +578,25 @@ DATASETS = Registry("dataset", import_name="trainwright.registry.DATASETS", loca
 #: Plain functions built by name (mmengine's ``FUNCTIONS``): ``collate_fn=dict(type='pseudo_collate')``.
 FUNCTIONS = Registry("function", import_name="trainwright.registry.FUNCTIONS", locations=_STOCK)
 
-__all__ = ["ConfigError", "Registry", "build_from_cfg", "import_modules_from_strings", "accepted_kwargs", "check_keys", "did_you_mean", "keyword_hint", "dropping_scope", "ignored_scope_hint", "OPTIMIZERS", "OPTIM_WRAPPERS", "OPTIM_WRAPPER_CONSTRUCTORS", "PARAM_SCHEDULERS", "HOOKS", "METRICS", "STRATEGIES", "MODELS", "DATASETS", "FUNCTIONS"]
+__all__ = [
+    "ConfigError",
+    "Registry",
+    "build_from_cfg",
+    "import_modules_from_strings",
+    "accepted_kwargs",
+    "check_keys",
+    "did_you_mean",
+    "keyword_hint",
+    "dropping_scope",
+    "ignored_scope_hint",
+    "OPTIMIZERS",
+    "OPTIM_WRAPPERS",
+    "OPTIM_WRAPPER_CONSTRUCTORS",
+    "PARAM_SCHEDULERS",
+    "HOOKS",
+    "METRICS",
+    "STRATEGIES",
+    "MODELS",
+    "DATASETS",
+    "FUNCTIONS",
+]

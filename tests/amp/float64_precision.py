@@ -1,4 +1,5 @@
-"""A precision written outside trainwright ("64-true": weights and inputs in float64), registered by name, and a run of it.
+"""A precision written outside trainwright ("64-true": weights and inputs in float64), registered by name, and a run of
+it.
 
 Imported by ``test_precision_room.py`` (the class, the model, the data); run under torchrun
 (``python -m torch.distributed.run --nproc_per_node=2 float64_precision.py OUT``) it trains
@@ -27,7 +28,8 @@ def _inputs_to_float64(module: nn.Module, args: tuple[Any, ...], kwargs: dict[st
 
 
 class Float64Precision(Precision):
-    """Train in float64: the model's weights are cast when the strategy prepares it, its inputs by a forward pre-hook."""
+    """Train in float64: the model's weights are cast when the strategy prepares it, its inputs by a forward
+    pre-hook."""
 
     plain = False
     dtype = torch.float64
@@ -89,6 +91,13 @@ if __name__ == "__main__":
     out = Path(sys.argv[1])
     trainer = train(out, batch_size=4, iters=int(sys.argv[2]), strategy="ddp")
     params = {k: v.detach().clone() for k, v in trainer.unwrapped_model.state_dict().items()}
-    torch.save({"params": params, "precision": trainer.precision.name, "strategy": trainer.strategy.name, "world_size": trainer.strategy.world_size},
-               out / f"result_rank{os.environ.get('RANK', '0')}.pt")
+    torch.save(
+        {
+            "params": params,
+            "precision": trainer.precision.name,
+            "strategy": trainer.strategy.name,
+            "world_size": trainer.strategy.world_size,
+        },
+        out / f"result_rank{os.environ.get('RANK', '0')}.pt",
+    )
     trainer.close()

@@ -9,11 +9,11 @@ from typing import Any
 import pytest
 import torch
 import torch.nn.functional as F
+from conftest import train_records
 from torch import nn
 from torch.utils.data import DataLoader, TensorDataset
 
 import trainwright as tw
-from conftest import train_records
 
 
 class MLP(tw.BaseModel):
@@ -37,8 +37,14 @@ def _loader() -> DataLoader:
 
 def test_float8_without_a_capable_gpu_fails_at_start_naming_what_is_needed(tmp_path: Path) -> None:
     with pytest.raises(RuntimeError, match=r"compute capability 8\.9.*torchao.*this run's device is 'cpu'.*bf16-mixed"):
-        tw.Trainer(MLP(), work_dir=tmp_path, train_dataloader=_loader(), optim_wrapper=dict(optimizer=dict(type="SGD", lr=0.1)),
-                   precision="float8", strategy=dict(type="single", device="cpu"))
+        tw.Trainer(
+            MLP(),
+            work_dir=tmp_path,
+            train_dataloader=_loader(),
+            optim_wrapper=dict(optimizer=dict(type="SGD", lr=0.1)),
+            precision="float8",
+            strategy=dict(type="single", device="cpu"),
+        )
     assert not any(tmp_path.iterdir()), "a refused run creates no run folder"
 
 
@@ -54,9 +60,16 @@ def test_float8_trains_the_linear_layers_in_float8_close_to_bf16(tmp_path: Path)
         pytest.skip("float8 matmuls need compute capability 8.9")
     losses: dict[str, list[float]] = {}
     for precision in ("bf16-mixed", "float8"):
-        t = tw.Trainer(MLP(), work_dir=tmp_path / precision, train_dataloader=_loader(), train_cfg=dict(by_epoch=True, max_epochs=3),
-                       optim_wrapper=dict(optimizer=dict(type="AdamW", lr=1e-3)), precision=precision, randomness=dict(seed=0),
-                       default_hooks=dict(checkpoint=dict(interval=3)))
+        t = tw.Trainer(
+            MLP(),
+            work_dir=tmp_path / precision,
+            train_dataloader=_loader(),
+            train_cfg=dict(by_epoch=True, max_epochs=3),
+            optim_wrapper=dict(optimizer=dict(type="AdamW", lr=1e-3)),
+            precision=precision,
+            randomness=dict(seed=0),
+            default_hooks=dict(checkpoint=dict(interval=3)),
+        )
         if precision == "float8":
             with pytest.warns(UserWarning, match="without compilation"):
                 t.train()
@@ -76,15 +89,24 @@ def test_float8_trains_the_linear_layers_in_float8_close_to_bf16(tmp_path: Path)
 
 @pytest.mark.cuda
 def test_float8_compiled_trains_close_to_bf16_without_the_eager_warning(tmp_path: Path) -> None:
-    """float8 is meant to run compiled (its scaling fused into the matmuls): the compiled run trains as the eager one."""
+    """float8 is meant to run compiled (its scaling fused into the matmuls): the compiled run trains as the eager
+    one."""
     pytest.importorskip("torchao.float8")
     if torch.cuda.get_device_capability() < (8, 9):
         pytest.skip("float8 matmuls need compute capability 8.9")
     losses: dict[str, list[float]] = {}
     for name, precision, compile in (("bf16", "bf16-mixed", False), ("float8", "float8", True)):
-        t = tw.Trainer(MLP(), work_dir=tmp_path / name, train_dataloader=_loader(), train_cfg=dict(by_epoch=True, max_epochs=3),
-                       optim_wrapper=dict(optimizer=dict(type="AdamW", lr=1e-3)), precision=precision, compile=compile,
-                       randomness=dict(seed=0), default_hooks=dict(checkpoint=None))
+        t = tw.Trainer(
+            MLP(),
+            work_dir=tmp_path / name,
+            train_dataloader=_loader(),
+            train_cfg=dict(by_epoch=True, max_epochs=3),
+            optim_wrapper=dict(optimizer=dict(type="AdamW", lr=1e-3)),
+            precision=precision,
+            compile=compile,
+            randomness=dict(seed=0),
+            default_hooks=dict(checkpoint=None),
+        )
         with warnings.catch_warnings():
             warnings.filterwarnings("error", message=".*without compilation.*")
             t.train()

@@ -12,7 +12,9 @@ from torch import nn
 from trainwright.amp import MixedPrecision, Precision, build_precision
 
 
-@pytest.mark.parametrize(("name", "dtype"), [("32", None), ("fp32", None), ("bf16-mixed", torch.bfloat16), ("16-mixed", torch.float16)])
+@pytest.mark.parametrize(
+    ("name", "dtype"), [("32", None), ("fp32", None), ("bf16-mixed", torch.bfloat16), ("16-mixed", torch.float16)]
+)
 def test_build_precision_names(name: str, dtype: torch.dtype | None) -> None:
     p = build_precision(name, "cpu")
     assert p.dtype == dtype

@@ -10,18 +10,20 @@ from pathlib import Path
 import pytest
 import torch
 import torch.nn.functional as F
-from torch.utils.data import DataLoader
-
-import trainwright as tw
 from conftest import LinearReg, regression_set
 from float64_precision import Float64Precision, Reg, dataset, train
 from launch import launch
+from torch.utils.data import DataLoader
+
+import trainwright as tw
 from trainwright.amp import MixedPrecision, Precision, TruePrecision, build_precision, registered_precisions
 
 SCRIPT = Path(__file__).with_name("float64_precision.py")
 
 
-def _sgd_reference(model: torch.nn.Module, batches: list[tuple[torch.Tensor, torch.Tensor]], dtype: torch.dtype) -> dict[str, torch.Tensor]:
+def _sgd_reference(
+    model: torch.nn.Module, batches: list[tuple[torch.Tensor, torch.Tensor]], dtype: torch.dtype
+) -> dict[str, torch.Tensor]:
     """A hand-written loop: the model and every batch in ``dtype``, MSE loss, SGD(lr=0.05, momentum=0.9)."""
     model = copy.deepcopy(model).to(dtype)
     opt = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
@@ -38,12 +40,21 @@ def test_bf16_true_trains_bf16_weights_equal_to_a_hand_written_bf16_loop(tmp_pat
     model = LinearReg()
     expected = _sgd_reference(model, list(DataLoader(data, batch_size=4)), torch.bfloat16)
     trainer = tw.Trainer(
-        model=model, work_dir=tmp_path, train_dataloader=DataLoader(data, batch_size=4), precision="bf16-true",
-        optim_wrapper=dict(optimizer=dict(type="SGD", lr=0.05, momentum=0.9)), train_cfg=dict(by_epoch=True, max_epochs=1),
-        default_hooks=dict(checkpoint=None), log_level="WARNING",
+        model=model,
+        work_dir=tmp_path,
+        train_dataloader=DataLoader(data, batch_size=4),
+        precision="bf16-true",
+        optim_wrapper=dict(optimizer=dict(type="SGD", lr=0.05, momentum=0.9)),
+        train_cfg=dict(by_epoch=True, max_epochs=1),
+        default_hooks=dict(checkpoint=None),
+        log_level="WARNING",
     )
     trainer.train()
-    assert isinstance(trainer.precision, TruePrecision) and not trainer.precision.autocasts and not trainer.precision.scales_loss
+    assert (
+        isinstance(trainer.precision, TruePrecision)
+        and not trainer.precision.autocasts
+        and not trainer.precision.scales_loss
+    )
     got = trainer.unwrapped_model.state_dict()
     assert {k: v.dtype for k, v in got.items()} == {"linear.weight": torch.bfloat16, "linear.bias": torch.bfloat16}
     for k, v in expected.items():
@@ -61,8 +72,12 @@ def test_bf16_true_is_registered_and_refuses_an_autocast_wrapper_beside_it(tmp_p
     with pytest.raises(ValueError, match="Unknown precision 'bf16-treu'.*register_precision"):
         build_precision("bf16-treu")
     trainer = tw.Trainer(
-        model=LinearReg(), work_dir=tmp_path, train_dataloader=DataLoader(regression_set(), batch_size=4), precision="bf16-true",
-        optim_wrapper=dict(type="AmpOptimWrapper", dtype="bfloat16", optimizer=dict(type="SGD", lr=0.05)), log_level="WARNING",
+        model=LinearReg(),
+        work_dir=tmp_path,
+        train_dataloader=DataLoader(regression_set(), batch_size=4),
+        precision="bf16-true",
+        optim_wrapper=dict(type="AmpOptimWrapper", dtype="bfloat16", optimizer=dict(type="SGD", lr=0.05)),
+        log_level="WARNING",
     )
     with pytest.raises(ValueError, match="Conflicting mixed precision: Trainer\\(precision='bf16-true'\\)"):
         trainer.train()
@@ -71,7 +86,12 @@ def test_bf16_true_is_registered_and_refuses_an_autocast_wrapper_beside_it(tmp_p
 
 def test_what_each_built_in_precision_answers_the_strategies_and_hooks() -> None:
     """The answers FSDP, DeepSpeed, the FLOPs hook and the logger take (they used to read dtype / scaler / name)."""
-    fp32, bf16, fp16, true = Precision(), build_precision("bf16-mixed"), build_precision("16-mixed"), build_precision("bf16-true")
+    fp32, bf16, fp16, true = (
+        Precision(),
+        build_precision("bf16-mixed"),
+        build_precision("16-mixed"),
+        build_precision("bf16-true"),
+    )
     assert [p.plain for p in (fp32, bf16, fp16, true)] == [True, False, False, False]
     assert [p.scales_loss for p in (fp32, bf16, fp16, true)] == [False, False, True, False]
     assert fp32.fsdp_mixed_precision() == {} and true.fsdp_mixed_precision() == {}
@@ -81,7 +101,9 @@ def test_what_each_built_in_precision_answers_the_strategies_and_hooks() -> None
     assert bf16.deepspeed_config() == true.deepspeed_config() == {"bf16": {"enabled": True}}
     assert [p.peak_column(torch.float32) for p in (bf16, fp16)] == ["bf16", "fp16"]
     assert true.peak_column(torch.bfloat16) == "bf16"
-    assert bf16.agrees_with(MixedPrecision(torch.bfloat16)) and not true.agrees_with(bf16) and not bf16.agrees_with(fp16)
+    assert (
+        bf16.agrees_with(MixedPrecision(torch.bfloat16)) and not true.agrees_with(bf16) and not bf16.agrees_with(fp16)
+    )
     # DeepSpeed scales the loss itself: the wrapper keeps float16 autocast with a disabled scaler
     engine_side = fp16.without_loss_scaling()
     assert engine_side.autocasts and engine_side.dtype == torch.float16 and not engine_side.scaler.is_enabled()
@@ -98,7 +120,8 @@ def test_what_each_built_in_precision_answers_the_strategies_and_hooks() -> None
 @pytest.mark.multiprocess
 @pytest.mark.slow
 def test_a_precision_written_in_a_test_file_trains_under_single_and_ddp(tmp_path: Path) -> None:
-    """"64-true" (tests/amp/float64_precision.py): one process (bitwise) and 2 gloo processes (to float64 rounding) equal a float64 loop."""
+    """ "64-true" (tests/amp/float64_precision.py): one process (bitwise) and 2 gloo processes (to float64 rounding)
+    equal a float64 loop."""
     x, y = dataset().tensors
     batches = [(x[i : i + 8], y[i : i + 8]) for i in range(0, 48, 8)]
     expected = _sgd_reference(Reg(), batches, torch.float64)

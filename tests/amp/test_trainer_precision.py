@@ -38,7 +38,11 @@ class TinyNet(tw.BaseModel):
     """6 → 16 → 3 MLP that records the autocast state of forward and backward."""
 
     def __init__(self, log: dict[str, list] | None = None) -> None:
-        self.log = log if log is not None else {"preprocess": [], "preprocess_dtype": [], "forward": [], "backward": [], "predict": []}
+        self.log = (
+            log
+            if log is not None
+            else {"preprocess": [], "preprocess_dtype": [], "forward": [], "backward": [], "predict": []}
+        )
         super().__init__(RecordingPreprocessor(self.log))
         torch.manual_seed(0)
         self.net = nn.Sequential(nn.Linear(6, 16), nn.ReLU(), nn.Linear(16, 3))
@@ -59,7 +63,9 @@ def _data() -> TensorDataset:
     return TensorDataset(torch.randn(32, 6, generator=g), torch.randint(0, 3, (32,), generator=g))
 
 
-def _trainer(tmp: Path, precision: str = "32", max_iters: int = 4, model: TinyNet | None = None, **kw: Any) -> tw.Trainer:
+def _trainer(
+    tmp: Path, precision: str = "32", max_iters: int = 4, model: TinyNet | None = None, **kw: Any
+) -> tw.Trainer:
     kw.setdefault("optim_wrapper", dict(optimizer=dict(type="SGD", lr=0.1), clip_grad=dict(max_norm=1.0)))
     kw.setdefault("default_hooks", dict(logger=dict(interval=1), checkpoint=dict(interval=2, by_epoch=False)))
     return tw.Trainer(
@@ -74,11 +80,20 @@ def _trainer(tmp: Path, precision: str = "32", max_iters: int = 4, model: TinyNe
     )
 
 
-@pytest.mark.filterwarnings("ignore:val\\(\\) ran over the val_dataloader without a val_evaluator:UserWarning")  # on purpose: no metric here
+@pytest.mark.filterwarnings(
+    "ignore:val\\(\\) ran over the val_dataloader without a val_evaluator:UserWarning"
+)  # on purpose: no metric here
 @pytest.mark.parametrize("precision", ["bf16-mixed", "16-mixed"])
 def test_autocast_covers_preprocessor_forward_and_loss_not_backward(tmp_path: Path, precision: str) -> None:
     val = DataLoader(_data(), batch_size=16)
-    trainer = _trainer(tmp_path, precision, max_iters=2, val_dataloader=val, val_cfg=dict(autocast=True), default_hooks=dict(checkpoint=None))
+    trainer = _trainer(
+        tmp_path,
+        precision,
+        max_iters=2,
+        val_dataloader=val,
+        val_cfg=dict(autocast=True),
+        default_hooks=dict(checkpoint=None),
+    )
     trainer.train()
     log = trainer.model.log
     assert log["preprocess"] == [True, True]  # inside optim_context, as mmengine's train_step
@@ -90,7 +105,9 @@ def test_autocast_covers_preprocessor_forward_and_loss_not_backward(tmp_path: Pa
     assert log["predict"] and all(log["predict"])
 
 
-@pytest.mark.filterwarnings("ignore:val\\(\\) ran over the val_dataloader without a val_evaluator:UserWarning")  # on purpose: no metric here
+@pytest.mark.filterwarnings(
+    "ignore:val\\(\\) ran over the val_dataloader without a val_evaluator:UserWarning"
+)  # on purpose: no metric here
 def test_val_without_autocast_cfg_runs_in_fp32(tmp_path: Path) -> None:
     trainer = _trainer(tmp_path, "bf16-mixed", val_dataloader=DataLoader(_data(), batch_size=16))
     trainer.val()
@@ -99,10 +116,17 @@ def test_val_without_autocast_cfg_runs_in_fp32(tmp_path: Path) -> None:
 
 def test_fp16_logs_loss_scale_and_bf16_does_not(tmp_path: Path) -> None:
     for precision in ("16-mixed", "bf16-mixed", "32"):
-        trainer = _trainer(tmp_path / precision, precision, default_hooks=dict(checkpoint=None, logger=dict(interval=1)), experiment_name="run")
+        trainer = _trainer(
+            tmp_path / precision,
+            precision,
+            default_hooks=dict(checkpoint=None, logger=dict(interval=1)),
+            experiment_name="run",
+        )
         trainer.train()
         trainer.close()
-        records = [json.loads(line) for line in (tmp_path / precision / "run" / "metrics.jsonl").read_text().splitlines()]
+        records = [
+            json.loads(line) for line in (tmp_path / precision / "run" / "metrics.jsonl").read_text().splitlines()
+        ]
         train = [r for r in records if r["mode"] == "train"]
         assert len(train) == 4
         if precision == "16-mixed":
@@ -122,7 +146,13 @@ class ScalerProbe(tw.Hook):
 
 
 def test_scaler_state_resumes_from_a_checkpoint_and_training_matches(tmp_path: Path) -> None:
-    amp = dict(type="AmpOptimWrapper", dtype="float16", loss_scale=dict(init_scale=2.0**8, growth_interval=3), optimizer=dict(type="SGD", lr=0.1), clip_grad=dict(max_norm=1.0))
+    amp = dict(
+        type="AmpOptimWrapper",
+        dtype="float16",
+        loss_scale=dict(init_scale=2.0**8, growth_interval=3),
+        optimizer=dict(type="SGD", lr=0.1),
+        clip_grad=dict(max_norm=1.0),
+    )
     full = _trainer(tmp_path / "full", max_iters=8, optim_wrapper=dict(amp))
     full.train()
 
@@ -150,10 +180,18 @@ def test_trainer_precision_conflicting_with_amp_wrapper_is_an_error(tmp_path: Pa
         _trainer(tmp_path, "bf16-mixed", optim_wrapper=bad).train()
 
 
-@pytest.mark.filterwarnings("ignore:val\\(\\) ran over the val_dataloader without a val_evaluator:UserWarning")  # on purpose: no metric here
+@pytest.mark.filterwarnings(
+    "ignore:val\\(\\) ran over the val_dataloader without a val_evaluator:UserWarning"
+)  # on purpose: no metric here
 def test_amp_wrapper_with_default_trainer_precision_drives_the_loops(tmp_path: Path) -> None:
     amp = dict(type="AmpOptimWrapper", dtype="bfloat16", optimizer=dict(type="SGD", lr=0.1))
-    trainer = _trainer(tmp_path, optim_wrapper=amp, val_dataloader=DataLoader(_data(), batch_size=16), val_cfg=dict(autocast=True), default_hooks=dict(checkpoint=None))
+    trainer = _trainer(
+        tmp_path,
+        optim_wrapper=amp,
+        val_dataloader=DataLoader(_data(), batch_size=16),
+        val_cfg=dict(autocast=True),
+        default_hooks=dict(checkpoint=None),
+    )
     trainer.train()
     assert trainer.precision is trainer.optim_wrapper.precision and trainer.precision.dtype == torch.bfloat16
     trainer.val()

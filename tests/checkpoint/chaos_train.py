@@ -110,10 +110,22 @@ def install_replace_killer(spec: str) -> None:
     ckpt_io.os = _Os()  # type: ignore[assignment]
 
 
-def build(work_dir: str, workers: int = 0, epochs: int = 3, async_save: bool = False, experiment: str = "run", sleep: float = 0.0, hooks: list[Hook] | None = None, checkpoint: dict | None = None, **overrides) -> tw.Trainer:
+def build(
+    work_dir: str,
+    workers: int = 0,
+    epochs: int = 3,
+    async_save: bool = False,
+    experiment: str = "run",
+    sleep: float = 0.0,
+    hooks: list[Hook] | None = None,
+    checkpoint: dict | None = None,
+    **overrides,
+) -> tw.Trainer:
     """The trainer of the chaos runs (the in-process resume tests reuse it with ``overrides``)."""
     set_random_seed(7)  # the model is built before the Trainer seeds: seed its initialisation too
-    ckpt_cfg = dict(interval=4, by_epoch=False, max_keep_ckpts=2, save_best="val/acc", max_keep_best=2, async_save=async_save)
+    ckpt_cfg = dict(
+        interval=4, by_epoch=False, max_keep_ckpts=2, save_best="val/acc", max_keep_best=2, async_save=async_save
+    )
     ckpt_cfg.update(checkpoint or {})
     kwargs = dict(
         model=Net(),
@@ -122,7 +134,9 @@ def build(work_dir: str, workers: int = 0, epochs: int = 3, async_save: bool = F
         train_dataloader=DataLoader(NoisyBlobs(150, 0), batch_size=10, shuffle=True, num_workers=workers),
         val_dataloader=DataLoader(NoisyBlobs(40, 1), batch_size=20),
         val_evaluator=tw.evaluation.Accuracy(),
-        optim_wrapper=dict(optimizer=dict(type="SGD", lr=0.2, momentum=0.9), accumulative_counts=2, clip_grad=dict(max_norm=1.0)),
+        optim_wrapper=dict(
+            optimizer=dict(type="SGD", lr=0.2, momentum=0.9), accumulative_counts=2, clip_grad=dict(max_norm=1.0)
+        ),
         param_scheduler=[
             dict(type="LinearLR", start_factor=0.1, by_epoch=False, begin=0, end=20),
             dict(type="CosineAnnealingLR", by_epoch=True, begin=0, end=epochs),
@@ -152,7 +166,10 @@ def main() -> None:
     trainer = build(args.work_dir, args.workers, args.epochs, args.async_save, args.experiment, sleep)
     trainer.train()
     ow = trainer.optim_wrapper
-    torch.save({"model": trainer.unwrapped_model.state_dict(), "optimizer": ow.optimizer.state_dict()}, Path(args.work_dir) / "result.pt")
+    torch.save(
+        {"model": trainer.unwrapped_model.state_dict(), "optimizer": ow.optimizer.state_dict()},
+        Path(args.work_dir) / "result.pt",
+    )
     print("done", flush=True)
     sys.exit(0)
 

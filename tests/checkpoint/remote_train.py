@@ -35,7 +35,8 @@ from chaos_train import Net, NoisyBlobs, Report  # noqa: E402
 
 
 def hang_in_upload(name: str) -> None:
-    """Make s3fs's upload of ``...name`` send one part of a multipart upload, then hang (this is the test's instrument, not trainwright's code)."""
+    """Make s3fs's upload of ``...name`` send one part of a multipart upload, then hang (this is the test's
+    instrument, not trainwright's code)."""
     import s3fs
 
     real = s3fs.S3FileSystem._call_s3
@@ -44,7 +45,15 @@ def hang_in_upload(name: str) -> None:
         if method == "put_object" and str(kwargs.get("Key", "")).endswith(name):
             mpu = await real(self, "create_multipart_upload", Bucket=kwargs["Bucket"], Key=kwargs["Key"])
             body = kwargs["Body"]
-            await real(self, "upload_part", Bucket=kwargs["Bucket"], Key=kwargs["Key"], UploadId=mpu["UploadId"], PartNumber=1, Body=body[: len(body) // 2])
+            await real(
+                self,
+                "upload_part",
+                Bucket=kwargs["Bucket"],
+                Key=kwargs["Key"],
+                UploadId=mpu["UploadId"],
+                PartNumber=1,
+                Body=body[: len(body) // 2],
+            )
             print(f"uploading {name}", flush=True)
             time.sleep(600)
         return await real(self, method, *args, **kwargs)
@@ -52,7 +61,14 @@ def hang_in_upload(name: str) -> None:
     s3fs.S3FileSystem._call_s3 = call  # type: ignore[method-assign]
 
 
-def build(work_dir: str, out_dir: str | None, endpoint: str | None, epochs: int, strategy: str = "single", async_save: bool = False) -> tw.Trainer:
+def build(
+    work_dir: str,
+    out_dir: str | None,
+    endpoint: str | None,
+    epochs: int,
+    strategy: str = "single",
+    async_save: bool = False,
+) -> tw.Trainer:
     """The trainer: checkpoints every epoch into ``out_dir`` (keep 2), logs copied to ``out_dir``'s ``logs``."""
     set_random_seed(7)
     options = dict(client_kwargs=dict(endpoint_url=endpoint)) if endpoint else None
@@ -70,8 +86,13 @@ def build(work_dir: str, out_dir: str | None, endpoint: str | None, epochs: int,
         train_dataloader=DataLoader(NoisyBlobs(100, 0), batch_size=10, shuffle=True),
         val_dataloader=DataLoader(NoisyBlobs(40, 1), batch_size=20),
         val_evaluator=tw.evaluation.Accuracy(),
-        optim_wrapper=dict(optimizer=dict(type="SGD", lr=0.2, momentum=0.9), accumulative_counts=2, clip_grad=dict(max_norm=1.0)),
-        param_scheduler=[dict(type="LinearLR", start_factor=0.1, by_epoch=False, begin=0, end=15), dict(type="MultiStepLR", by_epoch=True, begin=0, end=4, milestones=[3], gamma=0.5)],
+        optim_wrapper=dict(
+            optimizer=dict(type="SGD", lr=0.2, momentum=0.9), accumulative_counts=2, clip_grad=dict(max_norm=1.0)
+        ),
+        param_scheduler=[
+            dict(type="LinearLR", start_factor=0.1, by_epoch=False, begin=0, end=15),
+            dict(type="MultiStepLR", by_epoch=True, begin=0, end=4, milestones=[3], gamma=0.5),
+        ],
         train_cfg=dict(by_epoch=True, max_epochs=epochs, val_interval=1),
         default_hooks=dict(logger=logger, checkpoint=ckpt),
         custom_hooks=[Report(0.0)],
@@ -95,7 +116,9 @@ def main() -> None:
         hang_in_upload(args.hang_in_upload)
     trainer = build(args.work_dir, args.out_dir, args.endpoint, args.epochs, args.strategy, args.async_save)
     trainer.train()
-    model = trainer.strategy.full_model_state_dict() if args.strategy == "fsdp" else trainer.unwrapped_model.state_dict()
+    model = (
+        trainer.strategy.full_model_state_dict() if args.strategy == "fsdp" else trainer.unwrapped_model.state_dict()
+    )
     torch.save({"model": {k: v.detach().cpu().clone() for k, v in model.items()}}, Path(args.work_dir) / "result.pt")
     trainer.close()
     print("done", flush=True)

@@ -6,13 +6,12 @@ import threading
 import time
 from pathlib import Path
 
+import chaos_train as ct
 import pytest
 import torch
 
 from trainwright.checkpoint import load_file, read_latest
 from trainwright.checkpoint.async_writer import AsyncCheckpointWriter, snapshot
-
-import chaos_train as ct
 
 
 def test_snapshot_is_isolated_from_later_training_steps(tmp_path: Path) -> None:
@@ -66,7 +65,9 @@ def test_write_error_is_raised_by_wait_and_leaves_no_file(tmp_path: Path) -> Non
     w = AsyncCheckpointWriter()
     ran = []
     w.submit({"x": torch.zeros(1)}, blocker / "a.pth", after=lambda: ran.append(1))
-    with pytest.raises(OSError, match="previous checkpoint and `latest` are as they were") as e:  # the real cause, with the path
+    with pytest.raises(
+        OSError, match="previous checkpoint and `latest` are as they were"
+    ) as e:  # the real cause, with the path
         w.wait()
     assert e.value.filename == str(blocker / "a.pth")
     assert ran == []  # the pointer / deletions never run after a failed write
@@ -75,7 +76,11 @@ def test_write_error_is_raised_by_wait_and_leaves_no_file(tmp_path: Path) -> Non
 
 def test_async_and_sync_runs_write_the_same_checkpoints(tmp_path: Path) -> None:
     for mode in ("sync", "async"):
-        ct.build(str(tmp_path / mode), async_save=mode == "async", checkpoint=dict(interval=4, by_epoch=False, max_keep_ckpts=3)).train()
+        ct.build(
+            str(tmp_path / mode),
+            async_save=mode == "async",
+            checkpoint=dict(interval=4, by_epoch=False, max_keep_ckpts=3),
+        ).train()
     names = {p.name for p in (tmp_path / "sync" / "checkpoints").iterdir()}
     assert names == {p.name for p in (tmp_path / "async" / "checkpoints").iterdir()}
     assert read_latest(tmp_path / "async" / "checkpoints") == read_latest(tmp_path / "sync" / "checkpoints")
@@ -158,7 +163,9 @@ def test_file_is_the_state_at_submit_while_training_goes_on(tmp_path: Path, monk
     _assert_bitwise(load_file(tmp_path / "a.pth"), expected)
 
 
-def test_second_save_waits_for_the_first_write_before_reusing_the_buffers(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_second_save_waits_for_the_first_write_before_reusing_the_buffers(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     release = _hold_writes(monkeypatch)
     model, opt = _train_state()
     w = AsyncCheckpointWriter()
@@ -187,8 +194,16 @@ def test_a_changed_structure_gets_fresh_buffers(tmp_path: Path) -> None:
         {"w": torch.arange(6.0).reshape(2, 3) + 1, "n": 2},  # same structure: reused
         {"w": torch.arange(12.0).reshape(3, 4), "n": 3},  # another shape
         {"w": torch.arange(12.0).reshape(3, 4).double(), "n": 4},  # another dtype
-        {"w": torch.arange(12.0).reshape(3, 4).double(), "extra": torch.ones(5, dtype=torch.int64), "n": 5},  # one more tensor
-        {"w": torch.arange(12.0).reshape(4, 3).double().t(), "extra": torch.ones(5, dtype=torch.int64), "n": 6},  # other strides
+        {
+            "w": torch.arange(12.0).reshape(3, 4).double(),
+            "extra": torch.ones(5, dtype=torch.int64),
+            "n": 5,
+        },  # one more tensor
+        {
+            "w": torch.arange(12.0).reshape(4, 3).double().t(),
+            "extra": torch.ones(5, dtype=torch.int64),
+            "n": 6,
+        },  # other strides
     ]
     allocations = []
     for i, state in enumerate(states):
@@ -214,12 +229,18 @@ def test_every_kind_of_tensor_is_saved_as_a_synchronous_save_saves_it(tmp_path: 
     sd = torch.nn.Sequential(emb, head, torch.nn.BatchNorm1d(10)).state_dict()
     c = torch.randn(4, dtype=torch.complex64)
     state = {
-        "model": sd, "c": c, "c_conj": c.conj(),  # the same memory, other values
+        "model": sd,
+        "c": c,
+        "c_conj": c.conj(),  # the same memory, other values
         "transposed": torch.randn(3, 5).t(),  # dense, not contiguous: strides kept
         "strided": torch.randn(4, 6)[:, ::2],  # gaps: saved contiguous
-        "bf16": torch.randn(7).bfloat16(), "bool": torch.tensor([True, False]), "int8": torch.tensor([-3, 7], dtype=torch.int8),
-        "complex": torch.randn(3, dtype=torch.complex64), "complex_conj": torch.randn(4, dtype=torch.complex64).conj(),  # a lazy conjugate
-        "empty": torch.empty(0, 3), "scalar": torch.tensor(3.5),
+        "bf16": torch.randn(7).bfloat16(),
+        "bool": torch.tensor([True, False]),
+        "int8": torch.tensor([-3, 7], dtype=torch.int8),
+        "complex": torch.randn(3, dtype=torch.complex64),
+        "complex_conj": torch.randn(4, dtype=torch.complex64).conj(),  # a lazy conjugate
+        "empty": torch.empty(0, 3),
+        "scalar": torch.tensor(3.5),
         "sparse": torch.eye(3).to_sparse(),  # not staged: copied fresh, as snapshot() does
         "nested": [1, ("x", torch.full((2,), float("nan")))],
     }
@@ -240,8 +261,12 @@ def test_every_kind_of_tensor_is_saved_as_a_synchronous_save_saves_it(tmp_path: 
 def test_a_large_state_with_odd_sizes_and_layouts_is_exact(tmp_path: Path) -> None:
     torch.manual_seed(0)
     state = {  # ~7 MiB of odd sizes, dtypes and layouts, changed in place between the saves
-        "a": torch.randn(1_000_003), "b": torch.randn(333, 1001).t(), "c": torch.randint(0, 2**31, (500_001,), dtype=torch.int64),
-        "d": torch.randn(2_000_001).bfloat16(), "e": torch.randn(700, 600)[::2, ::3], "f": torch.randn(3, 1, 5),
+        "a": torch.randn(1_000_003),
+        "b": torch.randn(333, 1001).t(),
+        "c": torch.randint(0, 2**31, (500_001,), dtype=torch.int64),
+        "d": torch.randn(2_000_001).bfloat16(),
+        "e": torch.randn(700, 600)[::2, ::3],
+        "f": torch.randn(3, 1, 5),
     }
     w = AsyncCheckpointWriter()
     for i in range(2):

@@ -32,7 +32,9 @@ def _env(tmp_path: Path, **extra: str) -> dict[str, str]:
     return env
 
 
-def _start(tmp_path: Path, work: Path, experiment: str, workers: int = 0, async_save: bool = False, **env: str) -> subprocess.Popen[str]:
+def _start(
+    tmp_path: Path, work: Path, experiment: str, workers: int = 0, async_save: bool = False, **env: str
+) -> subprocess.Popen[str]:
     cmd = [sys.executable, str(SCRIPT), str(work), "--workers", str(workers), "--experiment", experiment]
     if async_save:
         cmd.append("--async-save")
@@ -106,7 +108,20 @@ def test_sigkill_at_random_moments_resumes_bitwise(tmp_path: Path) -> None:
     total = 45  # 3 epochs x 15 iterations
     # Forced kills inside checkpoint writes: after the data is in the temp file but before the
     # rename (".pth"), and after the rename but before the latest pointer moves ("latest").
-    plan: list[Any] = [("replace", ".pth:1"), "random", ("replace", "latest:2"), "random", "random", ("replace", ".pth:2"), "random", "random", ("replace", "latest:1"), "random", "random", "random"]
+    plan: list[Any] = [
+        ("replace", ".pth:1"),
+        "random",
+        ("replace", "latest:2"),
+        "random",
+        "random",
+        ("replace", ".pth:2"),
+        "random",
+        "random",
+        ("replace", "latest:1"),
+        "random",
+        "random",
+        "random",
+    ]
     kills = 0
     resumed_from: list[int] = []
     for attempt, step in enumerate(plan):
@@ -126,14 +141,18 @@ def test_sigkill_at_random_moments_resumes_bitwise(tmp_path: Path) -> None:
                 break
             target = min(total - 1, start + rng.randint(1, 6))
             if _wait_for_iter(p, target) is None and p.poll() is not None:
-                pytest.fail(f"run ended before iteration {target}: {p.returncode}\n{p.stderr.read() if p.stderr else ''}")
+                pytest.fail(
+                    f"run ended before iteration {target}: {p.returncode}\n{p.stderr.read() if p.stderr else ''}"
+                )
             time.sleep(rng.uniform(0.0, 0.012))  # anywhere inside the next step
             p.send_signal(signal.SIGKILL)
             p.wait(timeout=30)
         else:
             p = _start(tmp_path, work, f"a{attempt:02d}", async_save=async_save, CHAOS_KILL_ON_REPLACE=step[1])
             p.communicate(timeout=120)
-        assert p.returncode == -signal.SIGKILL, f"attempt {attempt} ({step}) ended with {p.returncode}, expected SIGKILL"
+        assert p.returncode == -signal.SIGKILL, (
+            f"attempt {attempt} ({step}) ended with {p.returncode}, expected SIGKILL"
+        )
         kills += 1
     assert kills >= 10
     _run_to_end(tmp_path, work, "final")
@@ -167,7 +186,8 @@ def test_preemption_signal_saves_exits_and_resumes_bitwise(tmp_path: Path, sig: 
 @pytest.mark.multiprocess
 @pytest.mark.timeout(240)
 def test_immediate_restart_after_sigkill_with_loader_workers_is_not_refused(tmp_path: Path) -> None:
-    """Forked DataLoader workers outlive a ``kill -9`` of their parent for a few seconds; they must not hold its work-dir lock."""
+    """Forked DataLoader workers outlive a ``kill -9`` of their parent for a few seconds; they must not hold its
+    work-dir lock."""
     ref, work = tmp_path / "ref", tmp_path / "work"
     _run_to_end(tmp_path, ref, "ref", workers=2)
     p = _start(tmp_path, work, "killed", workers=2, CHAOS_ITER_SLEEP="0.02")

@@ -7,6 +7,7 @@ import os
 from pathlib import Path
 from typing import Any
 
+import chaos_train as ct
 import pytest
 import torch
 
@@ -14,8 +15,6 @@ import trainwright as tw
 from trainwright.checkpoint import read_latest
 from trainwright.hooks.checkpoint import CheckpointHook
 from trainwright.hooks.hook import Hook
-
-import chaos_train as ct
 
 
 def _names(work: Path) -> set[str]:
@@ -30,14 +29,18 @@ class Events(Hook):
     def __init__(self) -> None:
         self.seen: list[tuple[int, set[str]]] = []
 
-    def after_train_iter(self, trainer: tw.Trainer, batch_idx: int, data_batch: Any = None, outputs: Any = None) -> None:
+    def after_train_iter(
+        self, trainer: tw.Trainer, batch_idx: int, data_batch: Any = None, outputs: Any = None
+    ) -> None:
         d = trainer.checkpoints.ckpt_dir
         self.seen.append((trainer.progress.iteration, {p.name for p in d.iterdir()} if d.is_dir() else set()))
 
 
 def test_iteration_interval_keeps_last_k_and_points_latest(tmp_path: Path) -> None:
     ev = Events()
-    t = ct.build(str(tmp_path), checkpoint=dict(interval=5, by_epoch=False, max_keep_ckpts=2, save_best=None), hooks=[ev])
+    t = ct.build(
+        str(tmp_path), checkpoint=dict(interval=5, by_epoch=False, max_keep_ckpts=2, save_best=None), hooks=[ev]
+    )
     t.train()
     for it, names in ev.seen:
         periodic = sorted(n for n in names if n.startswith("iter_"))
@@ -63,7 +66,11 @@ def test_interval_minus_one_saves_only_the_last_as_mmengines_default(tmp_path: P
 
 
 def test_save_last_false_writes_no_final_checkpoint(tmp_path: Path) -> None:
-    t = ct.build(str(tmp_path), epochs=1, checkpoint=dict(interval=4, by_epoch=False, save_last=False, save_best=None, max_keep_ckpts=-1))
+    t = ct.build(
+        str(tmp_path),
+        epochs=1,
+        checkpoint=dict(interval=4, by_epoch=False, save_last=False, save_best=None, max_keep_ckpts=-1),
+    )
     t.train()
     assert _names(tmp_path) == {"iter_4.pth", "iter_8.pth", "iter_12.pth", "latest"}
 
@@ -78,7 +85,8 @@ def test_epoch_checkpoint_is_written_after_that_epochs_validation(tmp_path: Path
 
 
 def test_save_best_with_mmengines_metric_name_finds_the_prefixed_key(tmp_path: Path) -> None:
-    """mmengine configs name the evaluator's key (``save_best='acc'``, mmseg's ``'mIoU'``): found as ``val/acc``, as EarlyStoppingHook finds it."""
+    """mmengine configs name the evaluator's key (``save_best='acc'``, mmseg's ``'mIoU'``): found as ``val/acc``, as
+    EarlyStoppingHook finds it."""
     t = ct.build(str(tmp_path), epochs=2, checkpoint=dict(interval=1, by_epoch=True, save_best="acc"))
     t.train()
     best = [n for n in _names(tmp_path) if n.startswith("best_")]
@@ -100,10 +108,21 @@ class FakeScores(Hook):
         self.i += 1
 
 
-@pytest.mark.parametrize(("rule", "expected"), [("greater", {"best_val_acc_epoch_2.pth", "best_val_acc_epoch_4.pth"}), ("less", {"best_val_acc_epoch_1.pth", "best_val_acc_epoch_3.pth"})])
+@pytest.mark.parametrize(
+    ("rule", "expected"),
+    [
+        ("greater", {"best_val_acc_epoch_2.pth", "best_val_acc_epoch_4.pth"}),
+        ("less", {"best_val_acc_epoch_1.pth", "best_val_acc_epoch_3.pth"}),
+    ],
+)
 def test_best_k_by_rule(tmp_path: Path, rule: str, expected: set[str]) -> None:
     scores = [0.5, 0.9, 0.1, 0.95, 0.7]
-    t = ct.build(str(tmp_path), epochs=5, hooks=[FakeScores(scores)], checkpoint=dict(interval=-1, save_last=False, save_best="val/acc", rule=rule, max_keep_best=2))
+    t = ct.build(
+        str(tmp_path),
+        epochs=5,
+        hooks=[FakeScores(scores)],
+        checkpoint=dict(interval=-1, save_last=False, save_best="val/acc", rule=rule, max_keep_best=2),
+    )
     t.train()
     best = {n for n in _names(tmp_path) if n.startswith("best_")}
     assert best == expected
@@ -118,7 +137,11 @@ def test_stale_temp_files_of_dead_writers_are_removed_at_start(tmp_path: Path) -
     d = tmp_path / "checkpoints"
     d.mkdir(parents=True)
     # a pid that cannot be alive: beyond the kernel's pid_max
-    dead = int(Path("/proc/sys/kernel/pid_max").read_text()) + 1 if Path("/proc/sys/kernel/pid_max").exists() else 2**22 + 1
+    dead = (
+        int(Path("/proc/sys/kernel/pid_max").read_text()) + 1
+        if Path("/proc/sys/kernel/pid_max").exists()
+        else 2**22 + 1
+    )
     stale = d / f".iter_4.pth.tmp.{dead}.deadbeef"
     stale.write_bytes(b"partial")
     alive = d / f".iter_4.pth.tmp.{os.getppid()}.cafe0123"  # a live process: may still be writing
@@ -152,16 +175,25 @@ def test_validation_does_not_move_the_training_random_stream(tmp_path: Path) -> 
         assert torch.equal(runs[0][k], runs[1][k]), k
 
 
-
 @pytest.mark.parametrize(
     ("checkpoint", "saved", "warned"),
     [
         (None, ["iter_3.pth", "iter_6.pth"], False),  # the default hook follows the loop: every val_interval iterations
-        (dict(interval=2), ["iter_2.pth", "iter_4.pth", "iter_6.pth"], False),  # a user interval without by_epoch: iterations too
-        (dict(by_epoch=True, interval=1), ["iter_6.pth"], True),  # an explicit by_epoch=True is kept: the log says only the last is saved
+        (
+            dict(interval=2),
+            ["iter_2.pth", "iter_4.pth", "iter_6.pth"],
+            False,
+        ),  # a user interval without by_epoch: iterations too
+        (
+            dict(by_epoch=True, interval=1),
+            ["iter_6.pth"],
+            True,
+        ),  # an explicit by_epoch=True is kept: the log says only the last is saved
     ],
 )
-def test_checkpoint_hook_follows_an_iteration_based_loop_unless_told(tmp_path: Path, checkpoint: dict | None, saved: list[str], warned: bool) -> None:
+def test_checkpoint_hook_follows_an_iteration_based_loop_unless_told(
+    tmp_path: Path, checkpoint: dict | None, saved: list[str], warned: bool
+) -> None:
     from torch.utils.data import DataLoader, TensorDataset
 
     class Reg(tw.BaseModel):
@@ -185,6 +217,8 @@ def test_checkpoint_hook_follows_an_iteration_based_loop_unless_told(tmp_path: P
     trainer.train()
     trainer.close()
     log = next(tmp_path.glob("*/train.log")).read_text()
-    assert ("CheckpointHook counts its interval in epochs (by_epoch=True) but training is iteration-based" in log) is warned
+    assert (
+        "CheckpointHook counts its interval in epochs (by_epoch=True) but training is iteration-based" in log
+    ) is warned
     assert ("WARNING" in log) is warned, log
     assert sorted(p.name for p in (tmp_path / "checkpoints").glob("*.pth")) == saved

@@ -1,4 +1,5 @@
-"""The CheckpointManager used directly, without a Trainer: a couple of plain Stateful pieces and the single-device strategy."""
+"""The CheckpointManager used directly, without a Trainer: a couple of plain Stateful pieces and the single-device
+strategy."""
 
 from __future__ import annotations
 
@@ -43,10 +44,19 @@ class Weights:
         self.w = state["w"].clone()
 
 
-def _manager(d: Path, keep: int = -1, size: int = 3, **kwargs: Any) -> tuple[CheckpointManager, Counter, Weights, Progress]:
+def _manager(
+    d: Path, keep: int = -1, size: int = 3, **kwargs: Any
+) -> tuple[CheckpointManager, Counter, Weights, Progress]:
     strategy = SingleDeviceStrategy(device="cpu")
     counter, weights, progress = Counter(), Weights(size), Progress()
-    m = CheckpointManager(strategy, {"counter": counter, "weights": weights, "progress": progress}, d, progress=progress, keep=keep, **kwargs)
+    m = CheckpointManager(
+        strategy,
+        {"counter": counter, "weights": weights, "progress": progress},
+        d,
+        progress=progress,
+        keep=keep,
+        **kwargs,
+    )
     return m, counter, weights, progress
 
 
@@ -62,7 +72,10 @@ def test_save_points_latest_at_each_periodic_checkpoint_and_keeps_k(tmp_path: Pa
         _train_to(m, counter, weights, progress, it)
         path = m.save_periodic(m.name("iter_{}.pth", it))
         assert path == tmp_path / f"iter_{it}.pth" and read_latest(tmp_path) == f"iter_{it}.pth"
-    assert sorted(p.name for p in tmp_path.glob("*.pth")) == ["iter_2.pth", "iter_3.pth"]  # iter_1 fell out of the window
+    assert sorted(p.name for p in tmp_path.glob("*.pth")) == [
+        "iter_2.pth",
+        "iter_3.pth",
+    ]  # iter_1 fell out of the window
     assert m.record.kept == ["iter_2.pth", "iter_3.pth"] and m.record.last_saved_iter == 3
     ckpt = load_file(tmp_path / "iter_3.pth")
     assert list(ckpt) == ["counter", "weights", "progress", "rng"]  # the pieces in order, rng last

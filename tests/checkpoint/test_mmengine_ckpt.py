@@ -1,4 +1,5 @@
-"""mmengine checkpoints load and convert as plain data without running code from the file; a malicious one in the same format is refused.
+"""mmengine checkpoints load and convert as plain data without running code from the file; a malicious one in the same
+format is refused.
 
 The checkpoints are written here by pickling stand-in classes under mmengine's module paths
 (mmengine is not installed): the file holds exactly the globals an mmengine checkpoint holds.
@@ -23,7 +24,13 @@ import trainwright as tw
 from trainwright.checkpoint import UnsafeCheckpointError, load_file
 from trainwright.cli.main import main
 
-_MODULES = ("mmengine", "mmengine.logging", "mmengine.logging.history_buffer", "mmengine.config", "mmengine.config.config")
+_MODULES = (
+    "mmengine",
+    "mmengine.logging",
+    "mmengine.logging.history_buffer",
+    "mmengine.config",
+    "mmengine.config.config",
+)
 
 
 class HistoryBuffer:
@@ -74,18 +81,29 @@ def mmengine_names() -> Iterator[None]:
 
 
 def _mmengine_checkpoint(model: nn.Module, extra: Any = None) -> dict[str, Any]:
-    hub: dict[str, Any] = {"log_scalars": {"train/loss": HistoryBuffer([0.5, 0.25]), "train/lr": HistoryBuffer([0.1])}, "runtime_info": {"epoch": 2, "iter": 10}}
+    hub: dict[str, Any] = {
+        "log_scalars": {"train/loss": HistoryBuffer([0.5, 0.25]), "train/lr": HistoryBuffer([0.1])},
+        "runtime_info": {"epoch": 2, "iter": 10},
+    }
     if extra is not None:
         hub["runtime_info"]["extra"] = extra
     return {
-        "meta": {"epoch": 2, "iter": 10, "seed": np.int64(7), "mmengine_version": "0.10.4", "cfg": ConfigDict(lr=np.float64(0.1))},
+        "meta": {
+            "epoch": 2,
+            "iter": 10,
+            "seed": np.int64(7),
+            "mmengine_version": "0.10.4",
+            "cfg": ConfigDict(lr=np.float64(0.1)),
+        },
         "state_dict": OrderedDict(model.state_dict()),
         "message_hub": hub,
         "optimizer": {"state": {}, "param_groups": [{"lr": 0.1, "params": [0, 1]}]},
     }
 
 
-def test_an_mmengine_checkpoint_loads_and_converts_as_plain_data(tmp_path: Path, mmengine_names: None, capsys: pytest.CaptureFixture[str]) -> None:
+def test_an_mmengine_checkpoint_loads_and_converts_as_plain_data(
+    tmp_path: Path, mmengine_names: None, capsys: pytest.CaptureFixture[str]
+) -> None:
     model = nn.Linear(3, 2)
     src, dst = tmp_path / "epoch_2.pth", tmp_path / "plain.pth"
     marker = tmp_path / "pwned"
@@ -97,13 +115,18 @@ def test_an_mmengine_checkpoint_loads_and_converts_as_plain_data(tmp_path: Path,
     ckpt = load_file(src)  # what resume / load_from read: no UnsafeCheckpointError
     assert ckpt["meta"]["seed"] == 7 and type(ckpt["meta"]["seed"]) is int and ckpt["meta"]["cfg"] == {"lr": 0.1}
     loss = ckpt["message_hub"]["log_scalars"]["train/loss"]
-    assert loss["max_length"] == 1000000 and torch.equal(loss["log_history"], torch.tensor([0.5, 0.25], dtype=torch.float64))
+    assert loss["max_length"] == 1000000 and torch.equal(
+        loss["log_history"], torch.tensor([0.5, 0.25], dtype=torch.float64)
+    )
     assert torch.equal(loss["count_history"], torch.ones(2, dtype=torch.int64))
 
     assert main(["ckpt", "convert", "--from", "mmengine", str(src), str(dst)]) == 0
     assert f"wrote {dst}" in capsys.readouterr().out
     plain = torch.load(dst, weights_only=True)  # torch's own safe loader reads the converted file
-    assert plain["message_hub"]["log_scalars"]["train/lr"]["log_history"].tolist() == [0.1] and plain["meta"]["mmengine_version"] == "0.10.4"
+    assert (
+        plain["message_hub"]["log_scalars"]["train/lr"]["log_history"].tolist() == [0.1]
+        and plain["meta"]["mmengine_version"] == "0.10.4"
+    )
 
     fresh = nn.Linear(3, 2)
     trainer = tw.Trainer(model=fresh, work_dir=str(tmp_path / "run"))
@@ -115,6 +138,9 @@ def test_an_mmengine_checkpoint_loads_and_converts_as_plain_data(tmp_path: Path,
     # the same format with one object that would run a command: refused, nothing runs, nothing is written
     with pytest.raises(UnsafeCheckpointError, match=r"as an mmengine checkpoint: .*posix.system.*could run code"):
         load_file(tmp_path / "evil.pth")
-    assert main(["ckpt", "convert", "--from", "mmengine", str(tmp_path / "evil.pth"), str(tmp_path / "evil_plain.pth")]) == 2
+    assert (
+        main(["ckpt", "convert", "--from", "mmengine", str(tmp_path / "evil.pth"), str(tmp_path / "evil_plain.pth")])
+        == 2
+    )
     assert "could run code" in capsys.readouterr().err
     assert not marker.exists() and not (tmp_path / "evil_plain.pth").exists()

@@ -7,6 +7,7 @@ import signal
 from pathlib import Path
 from typing import Any
 
+import chaos_train as ct
 import pytest
 import torch
 
@@ -15,8 +16,6 @@ from trainwright.checkpoint import read_latest
 from trainwright.hooks.hook import Hook
 from trainwright.hooks.preemption import PreemptionHook
 from trainwright.strategies.single_device import SingleDeviceStrategy
-
-import chaos_train as ct
 
 
 class SendSignal(Hook):
@@ -40,7 +39,11 @@ def _previous_handlers() -> dict[int, Any]:
 @pytest.mark.parametrize(("sig", "code"), [(signal.SIGTERM, 143), (signal.SIGUSR1, 138)])
 def test_signal_finishes_step_saves_and_exits_with_documented_status(tmp_path: Path, sig: int, code: int) -> None:
     before = _previous_handlers()
-    t = ct.build(str(tmp_path), hooks=[SendSignal(at=7, sig=sig)], checkpoint=dict(interval=4, by_epoch=False, save_best=None, max_keep_ckpts=-1))
+    t = ct.build(
+        str(tmp_path),
+        hooks=[SendSignal(at=7, sig=sig)],
+        checkpoint=dict(interval=4, by_epoch=False, save_best=None, max_keep_ckpts=-1),
+    )
     with pytest.raises(SystemExit) as exc:
         t.train()
     assert exc.value.code == code
@@ -52,18 +55,33 @@ def test_signal_finishes_step_saves_and_exits_with_documented_status(tmp_path: P
 
 
 def test_a_signal_at_a_saved_iteration_names_the_checkpoint_that_holds_it(tmp_path: Path) -> None:
-    t = ct.build(str(tmp_path), hooks=[SendSignal(at=8)], checkpoint=dict(interval=4, by_epoch=False, save_best=None, max_keep_ckpts=-1))
+    t = ct.build(
+        str(tmp_path),
+        hooks=[SendSignal(at=8)],
+        checkpoint=dict(interval=4, by_epoch=False, save_best=None, max_keep_ckpts=-1),
+    )
     with pytest.raises(SystemExit):
         t.train()
     t.flush_logs()
     (log,) = tmp_path.glob("*/train.log")
-    assert f"Preempted at iteration 8: this iteration was checkpointed already ({tmp_path / 'checkpoints' / 'iter_8.pth'})" in log.read_text()
+    assert (
+        f"Preempted at iteration 8: this iteration was checkpointed already ({tmp_path / 'checkpoints' / 'iter_8.pth'})"
+        in log.read_text()
+    )
 
 
 def test_exit_code_none_returns_normally_and_resume_continues(tmp_path: Path) -> None:
     ref = ct.build(str(tmp_path / "ref"))
     ref.train()
-    t = ct.build(str(tmp_path / "w"), hooks=[SendSignal(at=10)], default_hooks=dict(preemption=dict(exit_code=None), checkpoint=dict(interval=4, by_epoch=False, save_best=None), logger=dict(interval=2)))
+    t = ct.build(
+        str(tmp_path / "w"),
+        hooks=[SendSignal(at=10)],
+        default_hooks=dict(
+            preemption=dict(exit_code=None),
+            checkpoint=dict(interval=4, by_epoch=False, save_best=None),
+            logger=dict(interval=2),
+        ),
+    )
     t.train()
     assert t.preempted and t.progress.iteration == 10
     t2 = ct.build(str(tmp_path / "w"), experiment="b", checkpoint=dict(interval=4, by_epoch=False, save_best=None))
@@ -89,7 +107,8 @@ class OtherRankSignalled(SingleDeviceStrategy):
     def all_gather(self, tensor: torch.Tensor) -> torch.Tensor:
         assert self.trainer is not None
         it = self.trainer.progress.iteration
-        # an agreement point's first collective carries the decisions (a point's numbers may follow in a second one; an epoch's
+        # an agreement point's first collective carries the decisions (a point's numbers may follow in a second one; an
+        # epoch's
         # end agrees on a hook's stop request in a 1-element one)
         header = tensor.numel() > 1 and (not self.asked_at or self.asked_at[-1] != it)
         other = tensor.clone()
@@ -101,9 +120,14 @@ class OtherRankSignalled(SingleDeviceStrategy):
 
 
 def test_stop_is_decided_at_the_agreement_point(tmp_path: Path) -> None:
-    """Agreement points every 4 iterations, lines every 10: the other rank's stop arrives with the third point (12), where both stop."""
+    """Agreement points every 4 iterations, lines every 10: the other rank's stop arrives with the third point (12),
+    where both stop."""
     strategy = OtherRankSignalled(n=3)
-    t = ct.build(str(tmp_path), strategy=strategy, default_hooks=dict(preemption=dict(exit_code=None), checkpoint=dict(interval=-1, save_best=None)))
+    t = ct.build(
+        str(tmp_path),
+        strategy=strategy,
+        default_hooks=dict(preemption=dict(exit_code=None), checkpoint=dict(interval=-1, save_best=None)),
+    )
     strategy.trainer = t
     t.agreement.every = 4
     t.train()
@@ -113,7 +137,9 @@ def test_stop_is_decided_at_the_agreement_point(tmp_path: Path) -> None:
 
 
 def test_preemption_without_checkpoint_hook_still_saves(tmp_path: Path) -> None:
-    t = ct.build(str(tmp_path), hooks=[SendSignal(at=5)], default_hooks=dict(checkpoint=None, preemption=dict(exit_code=None)))
+    t = ct.build(
+        str(tmp_path), hooks=[SendSignal(at=5)], default_hooks=dict(checkpoint=None, preemption=dict(exit_code=None))
+    )
     t.train()
     assert read_latest(tmp_path / "checkpoints") == "iter_5.pth"
 
@@ -122,7 +148,9 @@ def test_handlers_restored_after_an_error(tmp_path: Path) -> None:
     before = _previous_handlers()
 
     class Boom(Hook):
-        def after_train_iter(self, trainer: tw.Trainer, batch_idx: int, data_batch: Any = None, outputs: Any = None) -> None:
+        def after_train_iter(
+            self, trainer: tw.Trainer, batch_idx: int, data_batch: Any = None, outputs: Any = None
+        ) -> None:
             assert signal.getsignal(signal.SIGTERM) != before[signal.SIGTERM]  # installed while training
             raise RuntimeError("boom")
 
@@ -147,7 +175,10 @@ def fake_scontrol(bin_dir: Path, status: int = 0) -> Path:
     bin_dir.mkdir(parents=True, exist_ok=True)
     record = bin_dir / "scontrol.args"
     script = bin_dir / "scontrol"
-    script.write_text(f'#!/bin/sh\necho "$@" >> "{record}"\n' + (f'echo "scontrol: error: Requested operation is presently disabled" >&2\nexit {status}\n' if status else ""))
+    script.write_text(
+        f'#!/bin/sh\necho "$@" >> "{record}"\n'
+        + (f'echo "scontrol: error: Requested operation is presently disabled" >&2\nexit {status}\n' if status else "")
+    )
     script.chmod(0o755)
     return record
 
@@ -156,11 +187,17 @@ def _slurm_env(monkeypatch: pytest.MonkeyPatch, bin_dir: Path | None) -> None:
     monkeypatch.setenv("SLURM_JOB_ID", "4242")
     for k in ("SLURM_ARRAY_JOB_ID", "SLURM_ARRAY_TASK_ID"):
         monkeypatch.delenv(k, raising=False)
-    monkeypatch.setenv("PATH", f"{bin_dir}{os.pathsep}/usr/bin{os.pathsep}/bin" if bin_dir is not None else "/nonexistent")
+    monkeypatch.setenv(
+        "PATH", f"{bin_dir}{os.pathsep}/usr/bin{os.pathsep}/bin" if bin_dir is not None else "/nonexistent"
+    )
 
 
 def _train_until_signal(tmp_path: Path, sig: int = signal.SIGUSR1, **preemption: Any) -> tuple[tw.Trainer, int, str]:
-    t = ct.build(str(tmp_path / "w"), hooks=[SendSignal(at=6, sig=sig)], default_hooks=dict(preemption=preemption, checkpoint=dict(interval=4, by_epoch=False, save_best=None)))
+    t = ct.build(
+        str(tmp_path / "w"),
+        hooks=[SendSignal(at=6, sig=sig)],
+        default_hooks=dict(preemption=preemption, checkpoint=dict(interval=4, by_epoch=False, save_best=None)),
+    )
     with pytest.raises(SystemExit) as exc:
         t.train()
     t.flush_logs()
@@ -188,7 +225,9 @@ def test_array_task_is_requeued_by_its_array_id(tmp_path: Path, monkeypatch: pyt
 
 
 @pytest.mark.parametrize("case", ["scontrol fails", "no scontrol"])
-def test_a_failed_requeue_is_reported_with_the_manual_command_and_keeps_the_checkpoint(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, case: str) -> None:
+def test_a_failed_requeue_is_reported_with_the_manual_command_and_keeps_the_checkpoint(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, case: str
+) -> None:
     if case == "scontrol fails":
         record = fake_scontrol(tmp_path / "bin", status=1)
         _slurm_env(monkeypatch, tmp_path / "bin")
@@ -197,7 +236,11 @@ def test_a_failed_requeue_is_reported_with_the_manual_command_and_keeps_the_chec
     _, code, log = _train_until_signal(tmp_path)
     assert code == 138  # as without requeue: the job does not come back
     assert "SLURM job 4242 was NOT requeued" in log and "`scontrol requeue 4242`" in log
-    assert ("scontrol exited with status 1: scontrol: error: Requested operation is presently disabled" if case == "scontrol fails" else "scontrol is not on PATH") in log
+    assert (
+        "scontrol exited with status 1: scontrol: error: Requested operation is presently disabled"
+        if case == "scontrol fails"
+        else "scontrol is not on PATH"
+    ) in log
     if case == "scontrol fails":
         assert record.read_text().split() == ["requeue", "4242"]
     assert read_latest(tmp_path / "w" / "checkpoints") == "iter_6.pth"
@@ -205,7 +248,9 @@ def test_a_failed_requeue_is_reported_with_the_manual_command_and_keeps_the_chec
 
 
 @pytest.mark.parametrize(("sig", "preemption"), [(signal.SIGUSR1, dict(requeue=False)), (signal.SIGTERM, {})])
-def test_no_requeue_when_switched_off_or_on_sigterm(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, sig: int, preemption: dict) -> None:
+def test_no_requeue_when_switched_off_or_on_sigterm(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, sig: int, preemption: dict
+) -> None:
     record = fake_scontrol(tmp_path / "bin")
     _slurm_env(monkeypatch, tmp_path / "bin")
     _, code, log = _train_until_signal(tmp_path, sig, **preemption)

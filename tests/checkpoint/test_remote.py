@@ -48,7 +48,9 @@ class MotoServer:
         exe = Path(sys.executable).with_name("moto_server")
         cmd = [str(exe)] if exe.exists() else [sys.executable, "-m", "moto.server"]
         self._log = log.open("w")
-        self.proc = subprocess.Popen([*cmd, "-H", "127.0.0.1", "-p", str(self.port)], stdout=self._log, stderr=subprocess.STDOUT, env=env)
+        self.proc = subprocess.Popen(
+            [*cmd, "-H", "127.0.0.1", "-p", str(self.port)], stdout=self._log, stderr=subprocess.STDOUT, env=env
+        )
         deadline = time.monotonic() + 60
         while True:
             try:
@@ -62,7 +64,9 @@ class MotoServer:
     def fs(self) -> Any:
         import s3fs
 
-        return s3fs.S3FileSystem(key="testing", secret="testing", client_kwargs=dict(endpoint_url=self.endpoint), skip_instance_cache=True)
+        return s3fs.S3FileSystem(
+            key="testing", secret="testing", client_kwargs=dict(endpoint_url=self.endpoint), skip_instance_cache=True
+        )
 
     def bucket(self, name: str) -> str:
         self.fs().mkdir(name)
@@ -95,7 +99,9 @@ def _env(tmp: Path) -> dict[str, str]:
 
 
 def _train(tmp: Path, work: str, *args: str) -> subprocess.CompletedProcess[str]:
-    p = subprocess.run([sys.executable, str(SCRIPT), work, *args], cwd=tmp, env=_env(tmp), capture_output=True, text=True, timeout=240)
+    p = subprocess.run(
+        [sys.executable, str(SCRIPT), work, *args], cwd=tmp, env=_env(tmp), capture_output=True, text=True, timeout=240
+    )
     assert p.returncode == 0, f"run failed ({p.returncode}):\n{p.stdout[-2000:]}\n{p.stderr[-4000:]}"
     return p
 
@@ -127,15 +133,25 @@ def reference(tmp_path_factory: pytest.TempPathFactory) -> dict[str, torch.Tenso
 @pytest.mark.slow
 @pytest.mark.multiprocess
 def test_killed_during_an_upload_then_resumed_in_a_new_process_equals_an_uninterrupted_run(
-    tmp_path: Path, moto: MotoServer, reference: dict[str, torch.Tensor], monkeypatch: pytest.MonkeyPatch,
+    tmp_path: Path,
+    moto: MotoServer,
+    reference: dict[str, torch.Tensor],
+    monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    """Epochs 1-2 are checkpointed on S3; a SIGKILL while epoch 3's checkpoint is half uploaded leaves ``latest`` at epoch 2;
+    """Epochs 1-2 are checkpointed on S3; a SIGKILL while epoch 3's checkpoint is half uploaded leaves ``latest`` at
+    epoch 2;
     a new process resumes from the bucket (background uploads this time) and ends bitwise equal to a 4-epoch run."""
     bucket = moto.bucket("killed")
     url = f"s3://{bucket}/run"
     args = ["--out-dir", url, "--endpoint", moto.endpoint, "--epochs", "4"]
-    p = subprocess.Popen([sys.executable, str(SCRIPT), "work", *args, "--hang-in-upload", "epoch_3.pth"], cwd=tmp_path, env=_env(tmp_path),
-                         stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    p = subprocess.Popen(
+        [sys.executable, str(SCRIPT), "work", *args, "--hang-in-upload", "epoch_3.pth"],
+        cwd=tmp_path,
+        env=_env(tmp_path),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
     assert p.stdout is not None
     lines = []
     try:
@@ -158,7 +174,11 @@ def test_killed_during_an_upload_then_resumed_in_a_new_process_equals_an_uninter
     out = _train(tmp_path, "work", *args, "--async-save")
     assert "start 20" in out.stdout  # resumed at the end of epoch 2, from the bucket
     _assert_equal(_weights(tmp_path / "work"), reference)
-    assert sorted(Path(f).name for f in fs.ls(f"{bucket}/run", refresh=True)) == ["epoch_3.pth", "epoch_4.pth", "latest"]  # keep 2
+    assert sorted(Path(f).name for f in fs.ls(f"{bucket}/run", refresh=True)) == [
+        "epoch_3.pth",
+        "epoch_4.pth",
+        "latest",
+    ]  # keep 2
     assert fs.cat(f"{bucket}/run/latest") == b"epoch_4.pth\n"
     monkeypatch.setenv("AWS_ENDPOINT_URL", moto.endpoint)
     assert load_file(f"s3://{bucket}/run/epoch_4.pth")["progress"]["epoch"] == 4
@@ -170,12 +190,18 @@ def test_killed_during_an_upload_then_resumed_in_a_new_process_equals_an_uninter
 @pytest.mark.slow
 @pytest.mark.multiprocess
 def test_sharded_fsdp_checkpoints_on_s3_skip_an_incomplete_one_and_resume_equal(
-    tmp_path: Path, moto: MotoServer, reference: dict[str, torch.Tensor], monkeypatch: pytest.MonkeyPatch,
+    tmp_path: Path,
+    moto: MotoServer,
+    reference: dict[str, torch.Tensor],
+    monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    """DCP on S3 (async: local copy then upload; sync: FsspecWriter): a folder without ``.metadata`` is incomplete, skipped; resume from the one before."""
+    """DCP on S3 (async: local copy then upload; sync: FsspecWriter): a folder without ``.metadata`` is incomplete,
+    skipped; resume from the one before."""
     bucket = moto.bucket("sharded")
     args = ["--out-dir", f"s3://{bucket}/run", "--endpoint", moto.endpoint, "--strategy", "fsdp"]
-    _train(tmp_path, "work", *args, "--epochs", "2", "--async-save")  # in the background: written locally, then uploaded
+    _train(
+        tmp_path, "work", *args, "--epochs", "2", "--async-save"
+    )  # in the background: written locally, then uploaded
     fs = moto.fs()
     assert fs.cat(f"{bucket}/run/latest") == b"epoch_2.dcp\n"
     assert {Path(f).name for f in fs.find(f"{bucket}/run/epoch_2.dcp")} >= {".metadata", "trainer_state.pth"}
@@ -196,30 +222,53 @@ def test_sharded_fsdp_checkpoints_on_s3_skip_an_incomplete_one_and_resume_equal(
 # --------------------------------------------------------------------------- in this process
 
 
-def _trainer(work: Path, out_dir: str, options: dict[str, Any] | None = None, keep: int = -1, logs: str | None = None, async_save: bool = False, **kw: Any) -> tw.Trainer:
+def _trainer(
+    work: Path,
+    out_dir: str,
+    options: dict[str, Any] | None = None,
+    keep: int = -1,
+    logs: str | None = None,
+    async_save: bool = False,
+    **kw: Any,
+) -> tw.Trainer:
     from conftest import make_trainer
 
-    ckpt = dict(out_dir=out_dir, max_keep_ckpts=keep, async_save=async_save, **({"storage_options": options} if options else {}))
+    ckpt = dict(
+        out_dir=out_dir, max_keep_ckpts=keep, async_save=async_save, **({"storage_options": options} if options else {})
+    )
     kw.setdefault("train_cfg", dict(by_epoch=True, max_epochs=2))
     hooks: dict[str, Any] = dict(checkpoint=ckpt, **({"logger": dict(out_dir=logs)} if logs else {}))
     return make_trainer(work, default_hooks=hooks, **kw)
 
 
 def _fast(endpoint: str) -> dict[str, Any]:
-    """s3fs options for a test: one try per request, a short connect timeout (a dead endpoint fails in a second, not after botocore's retries)."""
-    return dict(client_kwargs=dict(endpoint_url=endpoint), config_kwargs=dict(retries=dict(max_attempts=1), connect_timeout=1, read_timeout=5))
+    """s3fs options for a test: one try per request, a short connect timeout (a dead endpoint fails in a second, not
+    after botocore's retries)."""
+    return dict(
+        client_kwargs=dict(endpoint_url=endpoint),
+        config_kwargs=dict(retries=dict(max_attempts=1), connect_timeout=1, read_timeout=5),
+    )
 
 
-def test_load_from_an_s3_url_and_no_local_folder_named_after_it(tmp_path: Path, moto: MotoServer, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_load_from_an_s3_url_and_no_local_folder_named_after_it(
+    tmp_path: Path, moto: MotoServer, monkeypatch: pytest.MonkeyPatch
+) -> None:
     monkeypatch.chdir(tmp_path)
     bucket = moto.bucket("weights")
     t = _trainer(tmp_path / "a", f"s3://{bucket}/run", dict(client_kwargs=dict(endpoint_url=moto.endpoint)))
     t.train()
     t.close()
-    saved = load_file(t.checkpoints.ckpt_dir / "epoch_2.pth")["model"]  # the trainer's folder carries its store (endpoint, options)
+    saved = load_file(t.checkpoints.ckpt_dir / "epoch_2.pth")[
+        "model"
+    ]  # the trainer's folder carries its store (endpoint, options)
     monkeypatch.setenv("AWS_ENDPOINT_URL", moto.endpoint)  # a plain URL: credentials and endpoint from the environment
-    t2 = _trainer(tmp_path / "b", f"s3://{bucket}/other", load_from=f"s3://{bucket}/run/epoch_2.pth",
-                  optim_wrapper=dict(optimizer=dict(type="SGD", lr=0.0)), train_cfg=dict(by_epoch=True, max_epochs=1))
+    t2 = _trainer(
+        tmp_path / "b",
+        f"s3://{bucket}/other",
+        load_from=f"s3://{bucket}/run/epoch_2.pth",
+        optim_wrapper=dict(optimizer=dict(type="SGD", lr=0.0)),
+        train_cfg=dict(by_epoch=True, max_epochs=1),
+    )
     t2.train()
     t2.close()
     _assert_equal(dict(t2.unwrapped_model.state_dict()), saved)
@@ -252,28 +301,44 @@ def test_an_unreachable_endpoint_fails_at_start_naming_the_url(tmp_path: Path) -
     assert not (tmp_path / "work").exists()
 
 
-def test_resuming_from_a_url_outside_out_dir_names_it_and_where_its_settings_come_from(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_resuming_from_a_url_outside_out_dir_names_it_and_where_its_settings_come_from(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     import s3fs
 
-    monkeypatch.setenv("AWS_ENDPOINT_URL", f"http://127.0.0.1:{_free_port()}")  # nothing listens: the out_dir's storage_options do not apply here
+    monkeypatch.setenv(
+        "AWS_ENDPOINT_URL", f"http://127.0.0.1:{_free_port()}"
+    )  # nothing listens: the out_dir's storage_options do not apply here
     monkeypatch.setenv("AWS_MAX_ATTEMPTS", "1")
-    s3fs.S3FileSystem.clear_instance_cache()  # fsspec reuses a filesystem built with the same (empty) options by an earlier test
+    # fsspec reuses a filesystem built with the same (empty) options by an earlier test
+    s3fs.S3FileSystem.clear_instance_cache()
     t = _trainer(tmp_path / "work", str(tmp_path / "ckpts"), resume="s3://elsewhere/run/epoch_2.pth")
-    with pytest.raises(OSError, match=r"Cannot read s3://elsewhere/run/epoch_2.pth\S*: cannot reach the storage endpoint.*A URL outside the CheckpointHook's out_dir does not get its storage_options"):
+    with pytest.raises(
+        OSError,
+        match=r"Cannot read s3://elsewhere/run/epoch_2.pth\S*: cannot reach the storage endpoint.*A URL outside the "
+        r"CheckpointHook's out_dir does not get its storage_options",
+    ):
         t.train()
     t.close()
 
 
 def test_a_missing_fsspec_backend_names_the_extra_to_install(tmp_path: Path) -> None:
-    """fsspec missing: the ``fsspec`` extra; s3fs missing for s3://: the ``s3`` extra (a fresh process that cannot import them)."""
-    code = ("import sys; sys.modules['fsspec'] = None\n"
-            "from trainwright.hooks import CheckpointHook\n"
-            "try:\n    CheckpointHook(out_dir='memory://bucket/run')\nexcept ImportError as e:\n    print(e)\n"
-            "del sys.modules['fsspec']; sys.modules['s3fs'] = None\n"
-            "try:\n    CheckpointHook(out_dir='s3://bucket/run')\nexcept ImportError as e:\n    print(e)\n")
+    """fsspec missing: the ``fsspec`` extra; s3fs missing for s3://: the ``s3`` extra (a fresh process that cannot
+    import them)."""
+    code = (
+        "import sys; sys.modules['fsspec'] = None\n"
+        "from trainwright.hooks import CheckpointHook\n"
+        "try:\n    CheckpointHook(out_dir='memory://bucket/run')\nexcept ImportError as e:\n    print(e)\n"
+        "del sys.modules['fsspec']; sys.modules['s3fs'] = None\n"
+        "try:\n    CheckpointHook(out_dir='s3://bucket/run')\nexcept ImportError as e:\n    print(e)\n"
+    )
     p = subprocess.run([sys.executable, "-c", code], env=_env(tmp_path), capture_output=True, text=True, timeout=120)
     first, second = p.stdout.strip().splitlines()
-    assert "memory://bucket/run" in first and "fsspec, which is not installed" in first and "pip install 'trainwright[fsspec]'" in first, p.stdout + p.stderr
+    assert (
+        "memory://bucket/run" in first
+        and "fsspec, which is not installed" in first
+        and "pip install 'trainwright[fsspec]'" in first
+    ), p.stdout + p.stderr
     assert "s3://bucket/run" in second and "pip install 'trainwright[s3]'" in second, p.stdout + p.stderr
 
 
@@ -293,8 +358,18 @@ def test_the_endpoint_going_away_mid_run_keeps_the_checkpoints_locally_and_train
     bucket = server.bucket("flaky")
 
     try:
-        t = _trainer(tmp_path / "work", f"s3://{bucket}/run", _fast(server.endpoint), train_cfg=dict(by_epoch=True, max_epochs=3), custom_hooks=[AfterEpoch1(server.stop)])
-        with pytest.warns(UserWarning, match=r"Could not upload checkpoint s3://flaky/run/epoch_2.pth .*kept it locally as .*checkpoints_unuploaded/epoch_2.pth"):
+        t = _trainer(
+            tmp_path / "work",
+            f"s3://{bucket}/run",
+            _fast(server.endpoint),
+            train_cfg=dict(by_epoch=True, max_epochs=3),
+            custom_hooks=[AfterEpoch1(server.stop)],
+        )
+        with pytest.warns(
+            UserWarning,
+            match=r"Could not upload checkpoint s3://flaky/run/epoch_2.pth .*kept it locally as "
+            r".*checkpoints_unuploaded/epoch_2.pth",
+        ):
             t.train()
         t.close()
     finally:
@@ -304,22 +379,36 @@ def test_the_endpoint_going_away_mid_run_keeps_the_checkpoints_locally_and_train
     assert sorted(p.name for p in kept.iterdir()) == ["epoch_2.pth", "epoch_3.pth"]
     assert load_file(kept / "epoch_3.pth")["progress"]["epoch"] == 3
     # the kept file is a checkpoint like any other: a run resumes from it
-    t2 = _trainer(tmp_path / "work2", str(tmp_path / "local"), resume=str(kept / "epoch_3.pth"), train_cfg=dict(by_epoch=True, max_epochs=3))
+    t2 = _trainer(
+        tmp_path / "work2",
+        str(tmp_path / "local"),
+        resume=str(kept / "epoch_3.pth"),
+        train_cfg=dict(by_epoch=True, max_epochs=3),
+    )
     t2.train()
     _assert_equal(dict(t2.unwrapped_model.state_dict()), dict(t.unwrapped_model.state_dict()))
     t2.close()
 
 
 def test_a_stalled_endpoint_mid_run_keeps_the_checkpoints_locally_within_the_deadline(tmp_path: Path) -> None:
-    """SIGSTOP stands for a stalled network: s3fs's upload would wait forever; the attempt deadline makes it fail and fall back."""
+    """SIGSTOP stands for a stalled network: s3fs's upload would wait forever; the attempt deadline makes it fail and
+    fall back."""
     server = MotoServer(tmp_path / "moto.log")
     bucket = server.bucket("stalled")
 
     options = {**_fast(server.endpoint), "attempt_timeout_s": 1.0}
     try:
-        t = _trainer(tmp_path / "work", f"s3://{bucket}/run", options, train_cfg=dict(by_epoch=True, max_epochs=2), custom_hooks=[AfterEpoch1(lambda: server.proc.send_signal(signal.SIGSTOP))])
+        t = _trainer(
+            tmp_path / "work",
+            f"s3://{bucket}/run",
+            options,
+            train_cfg=dict(by_epoch=True, max_epochs=2),
+            custom_hooks=[AfterEpoch1(lambda: server.proc.send_signal(signal.SIGSTOP))],
+        )
         started = time.monotonic()
-        with pytest.warns(UserWarning, match=r"Could not upload checkpoint s3://stalled/run/epoch_2.pth .*kept it locally"):
+        with pytest.warns(
+            UserWarning, match=r"Could not upload checkpoint s3://stalled/run/epoch_2.pth .*kept it locally"
+        ):
             t.train()
         took = time.monotonic() - started
         t.close()
@@ -329,12 +418,23 @@ def test_a_stalled_endpoint_mid_run_keeps_the_checkpoints_locally_within_the_dea
     assert t.progress.epoch == 2 and took < 60, took  # 3 attempts of about 1 s each, not a hang
     kept = tmp_path / "work" / "checkpoints_unuploaded"
     assert load_file(kept / "epoch_2.pth")["progress"]["epoch"] == 2
-    # resume=True in the same work_dir prefers the kept copy, newer than anything in the bucket (an empty one on a new server)
+    # resume=True in the same work_dir prefers the kept copy, newer than anything in the bucket (an empty one on a new
+    # server)
     again = MotoServer(tmp_path / "moto2.log")
     try:
         again.bucket("stalled")
-        t2 = _trainer(tmp_path / "work", f"s3://{bucket}/run", _fast(again.endpoint), resume=True, train_cfg=dict(by_epoch=True, max_epochs=3))
-        with pytest.warns(UserWarning, match=r"resume=True: resuming from .*checkpoints_unuploaded/epoch_2.pth, kept locally when its upload failed"):
+        t2 = _trainer(
+            tmp_path / "work",
+            f"s3://{bucket}/run",
+            _fast(again.endpoint),
+            resume=True,
+            train_cfg=dict(by_epoch=True, max_epochs=3),
+        )
+        with pytest.warns(
+            UserWarning,
+            match=r"resume=True: resuming from .*checkpoints_unuploaded/epoch_2.pth, "
+            r"kept locally when its upload failed",
+        ):
             t2.train()
         assert t2.checkpoints.restored is not None and t2.checkpoints.restored[1] == 20 and t2.progress.epoch == 3
         t2.close()
@@ -344,7 +444,8 @@ def test_a_stalled_endpoint_mid_run_keeps_the_checkpoints_locally_within_the_dea
 
 @pytest.mark.slow
 def test_a_failed_background_sharded_upload_keeps_a_complete_local_copy_that_resumes(tmp_path: Path) -> None:
-    """FSDP + async_save on S3: the directory is written locally, then uploaded; when the endpoint is gone, the local copy is kept whole."""
+    """FSDP + async_save on S3: the directory is written locally, then uploaded; when the endpoint is gone, the local
+    copy is kept whole."""
     server = MotoServer(tmp_path / "moto.log")
     bucket = server.bucket("flaky-dcp")
 
@@ -358,9 +459,20 @@ def test_a_failed_background_sharded_upload_keeps_a_complete_local_copy_that_res
                 server.stop()
 
     try:
-        t = _trainer(tmp_path / "work", f"s3://{bucket}/run", _fast(server.endpoint), async_save=True, strategy="fsdp",
-                     train_cfg=dict(by_epoch=True, max_epochs=3), custom_hooks=[StopServerAfterEpoch1()])
-        with pytest.warns(UserWarning, match=r"Could not upload checkpoint s3://flaky-dcp/run/epoch_2.dcp .*kept it locally as .*checkpoints_unuploaded/epoch_2.dcp"):
+        t = _trainer(
+            tmp_path / "work",
+            f"s3://{bucket}/run",
+            _fast(server.endpoint),
+            async_save=True,
+            strategy="fsdp",
+            train_cfg=dict(by_epoch=True, max_epochs=3),
+            custom_hooks=[StopServerAfterEpoch1()],
+        )
+        with pytest.warns(
+            UserWarning,
+            match=r"Could not upload checkpoint s3://flaky-dcp/run/epoch_2.dcp .*kept it locally as "
+            r".*checkpoints_unuploaded/epoch_2.dcp",
+        ):
             t.train()
         final = {k: v.clone() for k, v in t.unwrapped_model.state_dict().items()}
         t.close()
@@ -369,27 +481,43 @@ def test_a_failed_background_sharded_upload_keeps_a_complete_local_copy_that_res
     assert t.progress.epoch == 3  # training went on
     assert {".metadata", "trainer_state.pth"} <= uploaded  # the upload before the fault is complete
     kept = tmp_path / "work" / "checkpoints_unuploaded"
-    assert sorted(p.name for p in kept.iterdir()) == ["epoch_2.dcp", "epoch_3.dcp"]  # complete copies, no staging folder left
+    assert sorted(p.name for p in kept.iterdir()) == [
+        "epoch_2.dcp",
+        "epoch_3.dcp",
+    ]  # complete copies, no staging folder left
     assert (kept / "epoch_3.dcp" / ".metadata").is_file()
     # the kept folder is a checkpoint like any other: a run resumes from it and ends where the first one did
-    t2 = _trainer(tmp_path / "work2", str(tmp_path / "local"), resume=str(kept / "epoch_3.dcp"), strategy="fsdp", train_cfg=dict(by_epoch=True, max_epochs=3))
+    t2 = _trainer(
+        tmp_path / "work2",
+        str(tmp_path / "local"),
+        resume=str(kept / "epoch_3.dcp"),
+        strategy="fsdp",
+        train_cfg=dict(by_epoch=True, max_epochs=3),
+    )
     t2.train()
     _assert_equal(dict(t2.unwrapped_model.state_dict()), final)
     t2.close()
 
 
 def test_memory_url_round_trip_with_keep_k_and_resume(tmp_path: Path) -> None:
-    """memory:// (fsspec's in-process store): keep-k deletes after the new ``latest``; resume=True finds the newest there; logs are copied."""
+    """memory:// (fsspec's in-process store): keep-k deletes after the new ``latest``; resume=True finds the newest
+    there; logs are copied."""
     import fsspec
 
-    t = _trainer(tmp_path, "memory://round/trip", keep=2, logs="memory://round/logs", train_cfg=dict(by_epoch=True, max_epochs=3))
+    t = _trainer(
+        tmp_path, "memory://round/trip", keep=2, logs="memory://round/logs", train_cfg=dict(by_epoch=True, max_epochs=3)
+    )
     t.train()
     t.close()
     fs = fsspec.filesystem("memory")
     assert sorted(Path(f).name for f in fs.ls("/round/trip", detail=False)) == ["epoch_2.pth", "epoch_3.pth", "latest"]
     copied = fs.cat(f"memory://round/logs/{t.run_dir.name}/metrics.jsonl")
-    assert copied == (t.run_dir / "metrics.jsonl").read_bytes() and b'"epoch": 3' in copied  # the end of the run is in the copy
-    fs.pipe_file("memory://round/trip/epoch_4.pth", b"not a checkpoint")  # a corrupt newest one, named by latest, is skipped
+    assert (
+        copied == (t.run_dir / "metrics.jsonl").read_bytes() and b'"epoch": 3' in copied
+    )  # the end of the run is in the copy
+    fs.pipe_file(
+        "memory://round/trip/epoch_4.pth", b"not a checkpoint"
+    )  # a corrupt newest one, named by latest, is skipped
     fs.pipe_file("memory://round/trip/latest", b"epoch_4.pth\n")
     t2 = _trainer(tmp_path, "memory://round/trip", train_cfg=dict(by_epoch=True, max_epochs=4), resume=True)
     with pytest.warns(UserWarning, match="Skipping checkpoint 'memory://round/trip/epoch_4.pth'"):
@@ -401,6 +529,9 @@ def test_memory_url_round_trip_with_keep_k_and_resume(tmp_path: Path) -> None:
         if f.endswith(".pth"):
             fs.pipe_file(f"memory://{f}", b"not a checkpoint")
     t3 = _trainer(tmp_path, "memory://round/trip", train_cfg=dict(by_epoch=True, max_epochs=4), resume=True)
-    with pytest.warns(UserWarning), pytest.raises(tw.checkpoint.CheckpointError, match=r"start a fresh run with another CheckpointHook out_dir"):
+    with (
+        pytest.warns(UserWarning),
+        pytest.raises(tw.checkpoint.CheckpointError, match=r"start a fresh run with another CheckpointHook out_dir"),
+    ):
         t3.train()
     t3.close()

@@ -14,14 +14,13 @@ import warnings
 from pathlib import Path
 from typing import Any
 
+import chaos_train as ct
 import pytest
 import torch
 
 import trainwright as tw
 from trainwright.checkpoint import UnsafeCheckpointError, list_checkpoints, load_file, read_latest
 from trainwright.hooks.hook import Hook
-
-import chaos_train as ct
 
 
 class Crash(RuntimeError):
@@ -34,7 +33,9 @@ class CrashAt(Hook):
     def __init__(self, iteration: int) -> None:
         self.iteration = iteration
 
-    def after_train_iter(self, trainer: tw.Trainer, batch_idx: int, data_batch: Any = None, outputs: Any = None) -> None:
+    def after_train_iter(
+        self, trainer: tw.Trainer, batch_idx: int, data_batch: Any = None, outputs: Any = None
+    ) -> None:
         if trainer.progress.iteration == self.iteration:
             raise Crash(f"crash after iteration {self.iteration}")
 
@@ -49,7 +50,9 @@ class Record(Hook):
         self.lr: dict[int, dict[str, list[float]]] = {}
         self.batch: dict[int, Any] = {}
 
-    def after_train_iter(self, trainer: tw.Trainer, batch_idx: int, data_batch: Any = None, outputs: Any = None) -> None:
+    def after_train_iter(
+        self, trainer: tw.Trainer, batch_idx: int, data_batch: Any = None, outputs: Any = None
+    ) -> None:
         it = trainer.progress.iteration
         self.loss[it] = outputs["loss"].detach().clone()
         self.lr[it] = trainer.optim_wrapper.get_lr()
@@ -84,8 +87,14 @@ def _same(a: Any, b: Any) -> None:
     [
         (0, 11, dict(interval=3, by_epoch=False)),  # mid-epoch, mid accumulation window (9 is odd)
         (0, 17, dict(interval=1, by_epoch=True)),  # crash in epoch 2: resume from epoch_1 (written after validation)
-        (0, 15, dict(interval=15, by_epoch=False)),  # checkpoint after the last batch of an epoch, before the epoch closes
-        pytest.param(2, 23, dict(interval=4, by_epoch=False), marks=[pytest.mark.slow, pytest.mark.timeout(120)]),  # workers, mid-epoch 2
+        (
+            0,
+            15,
+            dict(interval=15, by_epoch=False),
+        ),  # checkpoint after the last batch of an epoch, before the epoch closes
+        pytest.param(
+            2, 23, dict(interval=4, by_epoch=False), marks=[pytest.mark.slow, pytest.mark.timeout(120)]
+        ),  # workers, mid-epoch 2
     ],
 )
 def test_crash_and_resume_is_bitwise(tmp_path: Path, workers: int, crash_at: int, checkpoint: dict[str, Any]) -> None:
@@ -113,7 +122,13 @@ def test_resume_from_explicit_path_and_load_from(tmp_path: Path) -> None:
     _same(_final_state(t), _final_state(ref))
     # load_from: weights only, training starts at iteration 0 with those weights
     ckpt = load_file(work / "checkpoints" / "iter_8.pth")
-    t2 = ct.build(str(tmp_path / "fresh"), experiment="c", resume=False, load_from=str(work / "checkpoints" / "iter_8.pth"), train_cfg=dict(by_epoch=True, max_epochs=1))
+    t2 = ct.build(
+        str(tmp_path / "fresh"),
+        experiment="c",
+        resume=False,
+        load_from=str(work / "checkpoints" / "iter_8.pth"),
+        train_cfg=dict(by_epoch=True, max_epochs=1),
+    )
     t2._build_train()
     t2._prepare()
     _same(t2.unwrapped_model.state_dict(), ckpt["model"])
@@ -131,7 +146,8 @@ def test_resume_true_without_checkpoint_falls_back_to_load_from(tmp_path: Path) 
 
 
 def test_resume_true_with_load_from_a_training_checkpoint_resumes_it_as_mmengine_does(tmp_path: Path) -> None:
-    """mmengine's ``resume=True, load_from=PATH`` (what mmpretrain's ``--resume PATH`` writes into a config) resumes PATH in full."""
+    """mmengine's ``resume=True, load_from=PATH`` (what mmpretrain's ``--resume PATH`` writes into a config) resumes
+    PATH in full."""
     work = tmp_path / "work"
     _run(work, "a", crash_at=10, checkpoint=dict(interval=4, by_epoch=False, max_keep_ckpts=-1))
     ref, _ = _run(tmp_path / "ref", "ref")
@@ -187,7 +203,16 @@ def test_every_checkpoint_written_loads_with_weights_only(tmp_path: Path) -> Non
     assert len(files) >= 10 and any(f.name.startswith("best_") for f in files)
     for f in files:
         ckpt = torch.load(f, weights_only=True)  # raises if anything but tensors / plain containers
-        assert {"model", "optim_wrapper", "param_schedulers", "progress", "train_dataloader", "rng", "hooks", "metric_store"} <= set(ckpt)
+        assert {
+            "model",
+            "optim_wrapper",
+            "param_schedulers",
+            "progress",
+            "train_dataloader",
+            "rng",
+            "hooks",
+            "metric_store",
+        } <= set(ckpt)
 
 
 def test_numpy_values_in_state_are_saved_as_plain_numbers_and_other_objects_refused(tmp_path: Path) -> None:
@@ -203,7 +228,9 @@ def test_numpy_values_in_state_are_saved_as_plain_numbers_and_other_objects_refu
         def load_state_dict(self, state: dict[str, Any]) -> None:
             self.value = state["v"]
 
-    t = ct.build(str(tmp_path / "a"), experiment="a", custom_hooks=[NumpyState({"s": np.float64(0.5), "a": np.arange(3)})])
+    t = ct.build(
+        str(tmp_path / "a"), experiment="a", custom_hooks=[NumpyState({"s": np.float64(0.5), "a": np.arange(3)})]
+    )
     t._build_train()
     t._prepare()
     path = t.checkpoints.save("x.pth")

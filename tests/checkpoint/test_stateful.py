@@ -11,6 +11,7 @@ import copy
 from pathlib import Path
 from typing import Any
 
+import chaos_train as ct
 import numpy as np
 import pytest
 import torch
@@ -21,14 +22,14 @@ from trainwright.hooks.hook import Hook
 from trainwright.optim import OptimWrapper
 from trainwright.strategies.single_device import SingleDeviceStrategy
 
-import chaos_train as ct
-
 SHORT = dict(train_cfg=dict(by_epoch=True, max_epochs=1), param_scheduler=None, val_dataloader=None, val_evaluator=None)
 
 
 def _checkpointed_run(work: Path, **kw: Any) -> Path:
     """Train one epoch (15 iterations), checkpointing every 4; return ``iter_4.pth``."""
-    ct.build(str(work), checkpoint=dict(interval=4, by_epoch=False, max_keep_ckpts=-1, save_best=None), **{**SHORT, **kw}).train()
+    ct.build(
+        str(work), checkpoint=dict(interval=4, by_epoch=False, max_keep_ckpts=-1, save_best=None), **{**SHORT, **kw}
+    ).train()
     return work / "checkpoints" / "iter_4.pth"
 
 
@@ -57,7 +58,9 @@ def test_a_hook_adding_an_object_gets_a_save_time_error_naming_the_key(tmp_path:
     class Opaque:
         pass
 
-    t = ct.build(str(tmp_path), hooks=[AddExtra(Opaque())], checkpoint=dict(interval=4, by_epoch=False, save_best=None), **SHORT)
+    t = ct.build(
+        str(tmp_path), hooks=[AddExtra(Opaque())], checkpoint=dict(interval=4, by_epoch=False, save_best=None), **SHORT
+    )
     with pytest.raises(TypeError, match=r"checkpoint\['extra'\] is a .*Opaque.*weights_only"):
         t.train()
     assert not list((tmp_path / "checkpoints").glob("*.pth")), "a checkpoint the safe loader refuses was written"
@@ -75,7 +78,9 @@ def test_a_hook_adding_a_numpy_array_writes_a_checkpoint_that_resumes(tmp_path: 
 # ----------------------------------------------------------------------- validation before loading
 
 
-def _untouched_after_refused_resume(t: tw.Trainer, path: Path, match: str, optimizer: torch.optim.Optimizer | None = None) -> None:
+def _untouched_after_refused_resume(
+    t: tw.Trainer, path: Path, match: str, optimizer: torch.optim.Optimizer | None = None
+) -> None:
     model_before = copy.deepcopy(t.unwrapped_model.state_dict())
     optim_before = copy.deepcopy(optimizer.state_dict()) if optimizer is not None else None
     progress_before = t.progress.state_dict()
@@ -98,15 +103,28 @@ def test_resume_with_other_param_groups_is_refused_before_anything_changes(tmp_p
     assert load_file(path)["optim_wrapper"]["optimizer_class"] == "SGD"
     model = ct.Net()
     net = model.net
-    two_groups = torch.optim.SGD([{"params": net[0].parameters()}, {"params": net[3].parameters(), "lr": 0.01}], lr=0.2, momentum=0.9)
-    t = ct.build(str(tmp_path / "b"), model=model, optim_wrapper=OptimWrapper(two_groups, accumulative_counts=2), **SHORT)
-    _untouched_after_refused_resume(t, path, optimizer=two_groups, match=r"iter_4\.pth.*1 parameter group\(s\) of \[4\] parameters, the trainer's has 2 of \[2, 2\]")
+    two_groups = torch.optim.SGD(
+        [{"params": net[0].parameters()}, {"params": net[3].parameters(), "lr": 0.01}], lr=0.2, momentum=0.9
+    )
+    t = ct.build(
+        str(tmp_path / "b"), model=model, optim_wrapper=OptimWrapper(two_groups, accumulative_counts=2), **SHORT
+    )
+    _untouched_after_refused_resume(
+        t,
+        path,
+        optimizer=two_groups,
+        match=r"iter_4\.pth.*1 parameter group\(s\) of \[4\] parameters, the trainer's has 2 of \[2, 2\]",
+    )
 
 
 def test_resume_with_another_optimizer_class_is_refused_before_anything_changes(tmp_path: Path) -> None:
     path = _checkpointed_run(tmp_path / "a")
-    t = ct.build(str(tmp_path / "b"), optim_wrapper=dict(optimizer=dict(type="Adam", lr=0.01), accumulative_counts=2), **SHORT)
-    _untouched_after_refused_resume(t, path, r"iter_4\.pth.*optimizer is SGD, the trainer's is Adam.*same optim_wrapper config")
+    t = ct.build(
+        str(tmp_path / "b"), optim_wrapper=dict(optimizer=dict(type="Adam", lr=0.01), accumulative_counts=2), **SHORT
+    )
+    _untouched_after_refused_resume(
+        t, path, r"iter_4\.pth.*optimizer is SGD, the trainer's is Adam.*same optim_wrapper config"
+    )
 
 
 # ----------------------------------------------------------------------- register_stateful
@@ -127,14 +145,21 @@ class CountIters(Hook):
     def __init__(self, counter: Counter) -> None:
         self.counter = counter
 
-    def after_train_iter(self, trainer: tw.Trainer, batch_idx: int, data_batch: Any = None, outputs: Any = None) -> None:  # noqa: D102
+    def after_train_iter(
+        self, trainer: tw.Trainer, batch_idx: int, data_batch: Any = None, outputs: Any = None
+    ) -> None:  # noqa: D102
         self.counter.n += 10
 
 
 def test_a_registered_stateful_object_is_saved_and_restored_by_name(tmp_path: Path) -> None:
     counter = Counter()
     assert isinstance(counter, Stateful)
-    t = ct.build(str(tmp_path / "a"), hooks=[CountIters(counter)], checkpoint=dict(interval=4, by_epoch=False, max_keep_ckpts=-1, save_best=None), **SHORT)
+    t = ct.build(
+        str(tmp_path / "a"),
+        hooks=[CountIters(counter)],
+        checkpoint=dict(interval=4, by_epoch=False, max_keep_ckpts=-1, save_best=None),
+        **SHORT,
+    )
     t.checkpoints.add("counter", counter)
     t.train()
     path = tmp_path / "a" / "checkpoints" / "iter_8.pth"
@@ -211,15 +236,29 @@ class RecordingStrategy(SingleDeviceStrategy):
 @pytest.mark.parametrize("async_save", [False, True])
 def test_every_checkpoint_is_written_and_read_through_the_strategy(tmp_path: Path, async_save: bool) -> None:
     s = RecordingStrategy()
-    ct.build(str(tmp_path), strategy=s, async_save=async_save, checkpoint=dict(interval=4, by_epoch=False, max_keep_ckpts=2), epochs=1).train()
+    ct.build(
+        str(tmp_path),
+        strategy=s,
+        async_save=async_save,
+        checkpoint=dict(interval=4, by_epoch=False, max_keep_ckpts=2),
+        epochs=1,
+    ).train()
     saves = [args for kind, args in s.calls if kind == "save"]
-    assert [name for name, _ in saves if not name.startswith("best_")] == ["iter_4.pth", "iter_8.pth", "iter_12.pth", "epoch_1.pth"]
+    assert [name for name, _ in saves if not name.startswith("best_")] == [
+        "iter_4.pth",
+        "iter_8.pth",
+        "iter_12.pth",
+        "epoch_1.pth",
+    ]
     assert {a for _, a in saves} == {async_save}
     d = tmp_path / "checkpoints"
     on_disk = {p.name for p in d.glob("*.pth")}
     assert on_disk <= {name for name, _ in saves} and any(n.startswith("best_") for n in on_disk)
     assert read_latest(d) == "epoch_1.pth"
-    assert on_disk - {n for n in on_disk if n.startswith("best_")} == {"iter_12.pth", "epoch_1.pth"}  # keep-2 applied after each write
+    assert on_disk - {n for n in on_disk if n.startswith("best_")} == {
+        "iter_12.pth",
+        "epoch_1.pth",
+    }  # keep-2 applied after each write
     for name in on_disk:
         assert {"model", "optim_wrapper", "progress", "rng"} <= set(load_file(d / name))  # complete files
 
@@ -232,7 +271,12 @@ def test_preemption_without_checkpoint_hook_saves_through_the_strategy(tmp_path:
     from test_preemption import SendSignal
 
     s = RecordingStrategy()
-    t = ct.build(str(tmp_path), strategy=s, hooks=[SendSignal(at=5)], default_hooks=dict(checkpoint=None, preemption=dict(exit_code=None)))
+    t = ct.build(
+        str(tmp_path),
+        strategy=s,
+        hooks=[SendSignal(at=5)],
+        default_hooks=dict(checkpoint=None, preemption=dict(exit_code=None)),
+    )
     t.train()
     assert s.calls == [("find", "checkpoints"), ("save", ("iter_5.pth", False))]
     assert read_latest(tmp_path / "checkpoints") == "iter_5.pth"
@@ -244,11 +288,18 @@ def test_request_checkpoint_is_served_by_the_checkpoint_hook_while_training(tmp_
     class Ask(Hook):
         priority = "LOWEST"
 
-        def after_train_iter(self, trainer: tw.Trainer, batch_idx: int, data_batch: Any = None, outputs: Any = None) -> None:  # noqa: D102
+        def after_train_iter(
+            self, trainer: tw.Trainer, batch_idx: int, data_batch: Any = None, outputs: Any = None
+        ) -> None:  # noqa: D102
             if trainer.progress.iteration in (3, 4):
                 got.append(trainer.checkpoints.save_now())
 
-    t = ct.build(str(tmp_path), hooks=[Ask()], checkpoint=dict(interval=4, by_epoch=False, max_keep_ckpts=1, save_best=None), **SHORT)
+    t = ct.build(
+        str(tmp_path),
+        hooks=[Ask()],
+        checkpoint=dict(interval=4, by_epoch=False, max_keep_ckpts=1, save_best=None),
+        **SHORT,
+    )
     t.train()
     d = tmp_path / "checkpoints"
     assert got == [d / "iter_3.pth", None]  # the hook's naming; iteration 4 was saved by its interval already
@@ -264,7 +315,9 @@ class RecordBatches(Hook):
     def __init__(self) -> None:
         self.labels: dict[int, torch.Tensor] = {}
 
-    def after_train_iter(self, trainer: tw.Trainer, batch_idx: int, data_batch: Any = None, outputs: Any = None) -> None:  # noqa: D102
+    def after_train_iter(
+        self, trainer: tw.Trainer, batch_idx: int, data_batch: Any = None, outputs: Any = None
+    ) -> None:  # noqa: D102
         self.labels[trainer.progress.iteration] = data_batch[1].clone()
 
 
@@ -273,8 +326,16 @@ def test_the_checkpoint_holds_the_position_once_and_resume_follows_progress(tmp_
     path = _checkpointed_run(tmp_path / "a", hooks=[ref])
     ckpt = torch.load(path, weights_only=True)
     assert ckpt["progress"] == {"epoch": 0, "iteration": 4, "iter_in_epoch": 4}
-    assert set(ckpt["train_dataloader"]) == {"seed", "shape"} and ckpt["train_dataloader"]["seed"] == 7  # no second copy of epoch / position
-    assert set(ckpt["train_dataloader"]["shape"]) == {"batch_size", "dataset_len", "drop_last", "num_replicas", "batches"}
+    assert (
+        set(ckpt["train_dataloader"]) == {"seed", "shape"} and ckpt["train_dataloader"]["seed"] == 7
+    )  # no second copy of epoch / position
+    assert set(ckpt["train_dataloader"]["shape"]) == {
+        "batch_size",
+        "dataset_len",
+        "drop_last",
+        "num_replicas",
+        "batches",
+    }
 
     ckpt["progress"].update(iteration=6, iter_in_epoch=6)  # move the position in the one place it is kept
     torch.save(ckpt, tmp_path / "moved.pth")
@@ -297,5 +358,7 @@ def test_make_safe_keeps_plain_containers_converts_numpy_and_names_the_bad_key_p
     converted = make_safe({"a": [1, np.int64(3), np.arange(2)], "b": (np.float32(0.5),)})
     assert converted["a"][:2] == [1, 3] and type(converted["a"][1]) is int
     assert torch.equal(converted["a"][2], torch.arange(2)) and converted["b"] == (0.5,)
-    with pytest.raises(TypeError, match=r"checkpoint\['a'\]\[1\]\['k'\] is a builtins\.object, which a checkpoint cannot hold"):
+    with pytest.raises(
+        TypeError, match=r"checkpoint\['a'\]\[1\]\['k'\] is a builtins\.object, which a checkpoint cannot hold"
+    ):
         make_safe({"a": [0, {"k": object()}]})

@@ -1,4 +1,5 @@
-"""Where checkpoints live: a Store written here used as out_dir, stores never shared between trainers, settings given at build."""
+"""Where checkpoints live: a Store written here used as out_dir, stores never shared between trainers, settings given
+at build."""
 
 from __future__ import annotations
 
@@ -16,7 +17,8 @@ from trainwright.checkpoint.storage import Store
 
 
 class FlakyFolder:
-    """A :class:`Store` of this test (not trainwright's): a local folder whose publishing fails for the names in ``fail``."""
+    """A :class:`Store` of this test (not trainwright's): a local folder whose publishing fails for the names in
+    ``fail``."""
 
     def __init__(self, root: Path, fail: tuple[str, ...] = ()) -> None:
         self.url = str(root)
@@ -82,7 +84,8 @@ def test_a_store_of_the_user_keeps_a_failed_publish_locally_and_resume_finds_it(
     t = _epochs(tmp_path / "work", flaky, 2)
     with pytest.warns(
         UserWarning,
-        match=r"Could not upload checkpoint .*store/epoch_2.pth \(ConnectionError: injected.*kept it locally as .*work/checkpoints_unuploaded/epoch_2.pth",
+        match=r"Could not upload checkpoint .*store/epoch_2.pth \(ConnectionError: injected.*kept it locally as "
+        r".*work/checkpoints_unuploaded/epoch_2.pth",
     ):
         t.train()
     t.close()
@@ -111,7 +114,8 @@ def test_a_store_of_the_user_keeps_a_failed_publish_locally_and_resume_finds_it(
 
 def test_two_trainers_on_two_remote_roots_do_not_share_a_store(tmp_path: Path) -> None:
     pytest.importorskip("fsspec")
-    # the second root lies under the first: a process-wide registry of stores by root handed the second trainer the first's store
+    # the second root lies under the first: a process-wide registry of stores by root handed the second trainer the
+    # first's store
     a = make_trainer(tmp_path / "a", checkpoint=dict(out_dir="memory://tw-roots/run"))
     b = make_trainer(tmp_path / "b", checkpoint=dict(out_dir="memory://tw-roots/run/nested"))
     store_a, store_b = a.checkpoints.ckpt_dir.store, b.checkpoints.ckpt_dir.store

@@ -62,9 +62,15 @@ class ClusterReport(tw.Hook):
     def after_run(self, trainer) -> None:  # noqa: D102 - after the PreemptionHook's after_train decided
         if not trainer.preempted:
             state = {k: v.detach().cpu().clone() for k, v in trainer.unwrapped_model.state_dict().items()}
-            torch.save({"model": state, "iteration": trainer.progress.iteration, "world_size": trainer.strategy.world_size,
-                        "torchrun": "TORCHELASTIC_RUN_ID" in os.environ},
-                       trainer.run_dir.parent / f"result_rank{trainer.strategy.rank}.pt")
+            torch.save(
+                {
+                    "model": state,
+                    "iteration": trainer.progress.iteration,
+                    "world_size": trainer.strategy.world_size,
+                    "torchrun": "TORCHELASTIC_RUN_ID" in os.environ,
+                },
+                trainer.run_dir.parent / f"result_rank{trainer.strategy.rank}.pt",
+            )
 
 
 model = dict(type="ClusterNet")

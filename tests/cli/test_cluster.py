@@ -1,4 +1,5 @@
-"""Clusters through the ``trainwright train`` command: SLURM requeue on SIGUSR1, the launcher forwarding signals, several nodes, srun and PyTorchJob environments.
+"""Clusters through the ``trainwright train`` command: SLURM requeue on SIGUSR1, the launcher forwarding signals,
+several nodes, srun and PyTorchJob environments.
 
 Every run is ``trainwright train tests/cli/cluster_cfg.py`` in a subprocess (gloo on 127.0.0.1,
 its own TMPDIR); a fake ``scontrol`` on PATH records its arguments. Results are each rank's
@@ -17,8 +18,8 @@ from pathlib import Path
 
 import pytest
 import torch
-
 from launch import gloo_env
+
 from trainwright.checkpoint import read_latest
 from trainwright.cli.run import worker_pids
 
@@ -55,7 +56,13 @@ def _free_port() -> int:
 def _start(tmp: Path, work: str, *args: str, env: dict[str, str] | None = None) -> tuple[subprocess.Popen[bytes], Path]:
     log = tmp / f"{work}_{len(list(tmp.glob(f'{work}_*.log')))}.log"
     with log.open("wb") as f:
-        proc = subprocess.Popen([sys.executable, "-m", "trainwright", "train", CFG, "--work-dir", str(tmp / work), *args], env=env or _env(tmp), stdout=f, stderr=subprocess.STDOUT, cwd=tmp)
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "trainwright", "train", CFG, "--work-dir", str(tmp / work), *args],
+            env=env or _env(tmp),
+            stdout=f,
+            stderr=subprocess.STDOUT,
+            cwd=tmp,
+        )
     return proc, log
 
 
@@ -99,10 +106,16 @@ def _assert_equal(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor], atol: 
 # -- SLURM requeue ----------------------------------------------------------------------------
 @pytest.mark.timeout(600)
 def test_sigusr1_under_slurm_saves_requeues_exits_0_and_the_requeued_job_ends_bitwise(tmp_path: Path) -> None:
-    """One process: SIGUSR1 mid-run → checkpoint, ``scontrol requeue 4242``, status 0; the same command again finishes like an uninterrupted run."""
+    """One process: SIGUSR1 mid-run → checkpoint, ``scontrol requeue 4242``, status 0; the same command again
+    finishes like an uninterrupted run."""
     _train(tmp_path, "ref")
     record = fake_scontrol(tmp_path / "bin")
-    env = _env(tmp_path, SLURM_JOB_ID="4242", CLUSTER_ITER_SLEEP="0.05", PATH=f"{tmp_path / 'bin'}{os.pathsep}{os.environ['PATH']}")
+    env = _env(
+        tmp_path,
+        SLURM_JOB_ID="4242",
+        CLUSTER_ITER_SLEEP="0.05",
+        PATH=f"{tmp_path / 'bin'}{os.pathsep}{os.environ['PATH']}",
+    )
     proc, log = _start(tmp_path, "job", env=env)
     _wait_for(log, "iter 5 ", proc)
     proc.send_signal(signal.SIGUSR1)
@@ -110,23 +123,31 @@ def test_sigusr1_under_slurm_saves_requeues_exits_0_and_the_requeued_job_ends_bi
     assert code == 0, out[-4000:]
     assert record.read_text().split() == ["requeue", "4242"]
     stopped = read_latest(tmp_path / "job" / "checkpoints")
-    assert stopped is not None and 5 <= int(stopped[len("iter_"):-len(".pth")]) < 48
+    assert stopped is not None and 5 <= int(stopped[len("iter_") : -len(".pth")]) < 48
     assert not (tmp_path / "job" / "result_rank0.pt").exists()  # it did stop early
     out = _train(tmp_path, "job", env=env)  # the requeued job: the same command, resume=True in the config
-    assert out.split("iter ")[1].split()[0] == str(int(stopped[len("iter_"):-len(".pth")]) + 1)  # it continued where it stopped
+    assert out.split("iter ")[1].split()[0] == str(
+        int(stopped[len("iter_") : -len(".pth")]) + 1
+    )  # it continued where it stopped
     _assert_equal(_weights(tmp_path / "ref", 1)[0], _weights(tmp_path / "job", 1)[0])
     assert record.read_text().split() == ["requeue", "4242"]  # called once
 
 
 @pytest.mark.timeout(600)
 def test_nproc_2_forwards_sigusr1_from_the_launcher_or_with_every_process_signalled(tmp_path: Path) -> None:
-    """``--nproc 2``: SIGUSR1 to the launcher only reaches the workers; SIGUSR1 to launcher, torchrun and workers at once
+    """``--nproc 2``: SIGUSR1 to the launcher only reaches the workers; SIGUSR1 to launcher, torchrun and workers at
+    once
     (SLURM's ``--signal=USR1@90``) kills nothing and counts once. Both requeue once and exit 0; the requeued run ends
     bitwise like an uninterrupted 2-process run."""
     _train(tmp_path, "ref", "--nproc", "2")
     for how in ("launcher", "everyone"):
         record = fake_scontrol(tmp_path / f"bin_{how}")
-        env = _env(tmp_path, SLURM_JOB_ID="4242", CLUSTER_ITER_SLEEP="0.1", PATH=f"{tmp_path / f'bin_{how}'}{os.pathsep}{os.environ['PATH']}")
+        env = _env(
+            tmp_path,
+            SLURM_JOB_ID="4242",
+            CLUSTER_ITER_SLEEP="0.1",
+            PATH=f"{tmp_path / f'bin_{how}'}{os.pathsep}{os.environ['PATH']}",
+        )
         proc, log = _start(tmp_path, how, "--nproc", "2", env=env)
         _wait_for(log, "iter 2 ", proc)
         if how == "launcher":
@@ -168,10 +189,19 @@ def _together(tmp: Path, launches: list[tuple[list[str], dict[str, str]]]) -> li
 
 
 @pytest.mark.timeout(600)
-def test_two_nodes_through_the_cli_equal_one_two_process_launch_and_one_process_on_the_full_batch(tmp_path: Path, two_process_run: list) -> None:
-    """``--nnodes 2 --node-rank R --rdzv-endpoint 127.0.0.1:PORT`` (one process each): bitwise the 2-process launch; within 1e-6 one process with batch 16."""
+def test_two_nodes_through_the_cli_equal_one_two_process_launch_and_one_process_on_the_full_batch(
+    tmp_path: Path, two_process_run: list
+) -> None:
+    """``--nnodes 2 --node-rank R --rdzv-endpoint 127.0.0.1:PORT`` (one process each): bitwise the 2-process launch;
+    within 1e-6 one process with batch 16."""
     endpoint = f"127.0.0.1:{_free_port()}"
-    nodes = _together(tmp_path, [(["--nnodes", "2", "--node-rank", str(r), "--rdzv-endpoint", endpoint, *NO_DROPOUT], _env(tmp_path)) for r in (0, 1)])
+    nodes = _together(
+        tmp_path,
+        [
+            (["--nnodes", "2", "--node-rank", str(r), "--rdzv-endpoint", endpoint, *NO_DROPOUT], _env(tmp_path))
+            for r in (0, 1)
+        ],
+    )
     for a, b in zip(nodes, two_process_run):
         _assert_equal(a, b)
     _train(tmp_path, "full", *NO_DROPOUT, "train_dataloader.batch_size=16")
@@ -180,22 +210,44 @@ def test_two_nodes_through_the_cli_equal_one_two_process_launch_and_one_process_
 
 @pytest.mark.timeout(600)
 def test_srun_tasks_without_torchrun_equal_one_two_process_launch(tmp_path: Path, two_process_run: list) -> None:
-    """``srun --ntasks=2 trainwright train CFG``: each task reads SLURM_PROCID / SLURM_NTASKS / SLURM_LOCALID, MASTER_ADDR from the node list."""
+    """``srun --ntasks=2 trainwright train CFG``: each task reads SLURM_PROCID / SLURM_NTASKS / SLURM_LOCALID,
+    MASTER_ADDR from the node list."""
     port = str(_free_port())
-    slurm = dict(SLURM_JOB_ID="77", SLURM_NTASKS="2", SLURM_NNODES="2", SLURM_JOB_NODELIST="127.0.0.1,127.0.0.2", MASTER_PORT=port)
+    slurm = dict(
+        SLURM_JOB_ID="77",
+        SLURM_NTASKS="2",
+        SLURM_NNODES="2",
+        SLURM_JOB_NODELIST="127.0.0.1,127.0.0.2",
+        MASTER_PORT=port,
+    )
     envs = [_env(tmp_path, **slurm, SLURM_PROCID=str(r), SLURM_NODEID=str(r), SLURM_LOCALID="0") for r in (0, 1)]
     for a, b in zip(_together(tmp_path, [(list(NO_DROPOUT), e) for e in envs]), two_process_run):
         _assert_equal(a, b)
-    assert [torch.load(tmp_path / "w" / f"result_rank{r}.pt", weights_only=True)["torchrun"] for r in (0, 1)] == [False, False]  # srun started them
+    assert [torch.load(tmp_path / "w" / f"result_rank{r}.pt", weights_only=True)["torchrun"] for r in (0, 1)] == [
+        False,
+        False,
+    ]  # srun started them
 
 
 @pytest.mark.timeout(600)
 def test_kubernetes_pytorchjob_pods_equal_one_two_process_launch(tmp_path: Path, two_process_run: list) -> None:
-    """Two pods of a PyTorchJob (MASTER_ADDR / MASTER_PORT / WORLD_SIZE / RANK and PET_*): ``trainwright train CFG`` starts torchrun from PET_*."""
+    """Two pods of a PyTorchJob (MASTER_ADDR / MASTER_PORT / WORLD_SIZE / RANK and PET_*): ``trainwright train CFG``
+    starts torchrun from PET_*."""
     port = str(_free_port())
-    pod = dict(MASTER_ADDR="127.0.0.1", MASTER_PORT=port, WORLD_SIZE="2", PET_NNODES="2", PET_NPROC_PER_NODE="1", PET_MASTER_ADDR="127.0.0.1", PET_MASTER_PORT=port)
+    pod = dict(
+        MASTER_ADDR="127.0.0.1",
+        MASTER_PORT=port,
+        WORLD_SIZE="2",
+        PET_NNODES="2",
+        PET_NPROC_PER_NODE="1",
+        PET_MASTER_ADDR="127.0.0.1",
+        PET_MASTER_PORT=port,
+    )
     envs = [_env(tmp_path, **pod, RANK=str(r), PET_NODE_RANK=str(r)) for r in (0, 1)]
     launches = [(list(NO_DROPOUT), e) for e in envs]
     for a, b in zip(_together(tmp_path, launches), two_process_run):
         _assert_equal(a, b)
-    assert [torch.load(tmp_path / "w" / f"result_rank{r}.pt", weights_only=True)["torchrun"] for r in (0, 1)] == [True, True]
+    assert [torch.load(tmp_path / "w" / f"result_rank{r}.pt", weights_only=True)["torchrun"] for r in (0, 1)] == [
+        True,
+        True,
+    ]

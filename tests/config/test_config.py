@@ -18,7 +18,10 @@ def write(path: Path, text: str) -> Path:
 
 
 def test_py_config_keeps_module_variables_only(tmp_path: Path) -> None:
-    cfg = Config.fromfile(write(tmp_path / "c.py", """
+    cfg = Config.fromfile(
+        write(
+            tmp_path / "c.py",
+            """
         from __future__ import annotations
         import math
         from collections import OrderedDict
@@ -27,7 +30,9 @@ def test_py_config_keeps_module_variables_only(tmp_path: Path) -> None:
         class K: pass
         lr = 0.1 * _helper
         model = dict(type="M", depth=int(math.sqrt(16)))
-    """))
+    """,
+        )
+    )
     assert set(cfg) == {"lr", "model"}
     assert cfg.model.depth == 4 and cfg["model"]["type"] == "M" and cfg.lr == pytest.approx(0.3)
     assert isinstance(cfg.model, ConfigDict)
@@ -40,31 +45,49 @@ def test_py_config_keeps_module_variables_only(tmp_path: Path) -> None:
 
 def test_yaml_and_json(tmp_path: Path) -> None:
     y = Config.fromfile(write(tmp_path / "c.yaml", "model:\n  type: M\n  depth: 2\nlr: 0.01\nflags: [1, 2]\n"))
-    j = Config.fromfile(write(tmp_path / "c.json", json.dumps({"model": {"type": "M", "depth": 2}, "lr": 0.01, "flags": [1, 2]})))
+    j = Config.fromfile(
+        write(tmp_path / "c.json", json.dumps({"model": {"type": "M", "depth": 2}, "lr": 0.01, "flags": [1, 2]}))
+    )
     assert y.to_dict() == j.to_dict() == {"model": {"type": "M", "depth": 2}, "lr": 0.01, "flags": [1, 2]}
     assert Config.fromfile(write(tmp_path / "e.yml", "")).to_dict() == {}
 
 
 def test_base_inheritance_merge_and_delete(tmp_path: Path) -> None:
-    write(tmp_path / "_base_/model.py", """
+    write(
+        tmp_path / "_base_/model.py",
+        """
         model = dict(type="Net", backbone=dict(type="ResNet", depth=50, norm=dict(type="BN")), head=dict(num_classes=1000))
-    """)
-    write(tmp_path / "_base_/schedule.yaml", """
+    """,
+    )
+    write(
+        tmp_path / "_base_/schedule.yaml",
+        """
         optim_wrapper:
           optimizer: {type: SGD, lr: 0.1, momentum: 0.9}
         train_cfg: {by_epoch: true, max_epochs: 100}
         param_scheduler: [{type: LinearLR}, {type: CosineAnnealingLR}]
-    """)
-    write(tmp_path / "_base_/runtime.json", json.dumps({"default_hooks": {"checkpoint": {"interval": 1}}, "work_dir": "base"}))
-    child = write(tmp_path / "configs/child.py", """
+    """,
+    )
+    write(
+        tmp_path / "_base_/runtime.json",
+        json.dumps({"default_hooks": {"checkpoint": {"interval": 1}}, "work_dir": "base"}),
+    )
+    child = write(
+        tmp_path / "configs/child.py",
+        """
         _base_ = ["../_base_/model.py", "../_base_/schedule.yaml", "../_base_/runtime.json"]
         model = dict(backbone=dict(depth=18, norm=dict(_delete_=True, type="GN", groups=8)), head=dict(num_classes=10))
         optim_wrapper = dict(optimizer=dict(_delete_=True, type="AdamW", lr=1e-3))
         param_scheduler = [dict(type="StepLR")]
         work_dir = "child"
-    """)
+    """,
+    )
     cfg = Config.fromfile(child)
-    assert cfg.model.to_dict() == {"type": "Net", "backbone": {"type": "ResNet", "depth": 18, "norm": {"type": "GN", "groups": 8}}, "head": {"num_classes": 10}}
+    assert cfg.model.to_dict() == {
+        "type": "Net",
+        "backbone": {"type": "ResNet", "depth": 18, "norm": {"type": "GN", "groups": 8}},
+        "head": {"num_classes": 10},
+    }
     assert cfg.optim_wrapper.to_dict() == {"optimizer": {"type": "AdamW", "lr": 1e-3}}  # replaced, no momentum left
     assert cfg.param_scheduler == [{"type": "StepLR"}]  # lists replace
     assert cfg.train_cfg.max_epochs == 100 and cfg.default_hooks.checkpoint.interval == 1
@@ -103,17 +126,45 @@ def test_base_errors(tmp_path: Path) -> None:
 
 @pytest.mark.parametrize(
     ("text", "value"),
-    [("1", 1), ("-2.5", -2.5), ("1e-3", 1e-3), ("True", True), ("false", False), ("None", None), ("null", None),
-     ("[1,2]", [1, 2]), ("(1, 2)", (1, 2)), ("[a,b]", ["a", "b"]), ("a,b", ["a", "b"]), ("1,2", (1, 2)), ("'x y'", "x y"),
-     ("SGD", "SGD"), ("{'a': 1}", {"a": 1}), ("[[1,2],[3]]", [[1, 2], [3]])],
+    [
+        ("1", 1),
+        ("-2.5", -2.5),
+        ("1e-3", 1e-3),
+        ("True", True),
+        ("false", False),
+        ("None", None),
+        ("null", None),
+        ("[1,2]", [1, 2]),
+        ("(1, 2)", (1, 2)),
+        ("[a,b]", ["a", "b"]),
+        ("a,b", ["a", "b"]),
+        ("1,2", (1, 2)),
+        ("'x y'", "x y"),
+        ("SGD", "SGD"),
+        ("{'a': 1}", {"a": 1}),
+        ("[[1,2],[3]]", [[1, 2], [3]]),
+    ],
 )
 def test_parse_value(text: str, value: object) -> None:
     assert parse_value(text) == value
 
 
 def test_overrides(tmp_path: Path) -> None:
-    cfg = Config(dict(optim_wrapper=dict(optimizer=dict(type="SGD", lr=0.1)), param_scheduler=[dict(type="A", end=5), dict(type="B")]))
-    cfg.merge_from_args(["optim_wrapper.optimizer.lr=0.01", "param_scheduler.1.end=7", "train_cfg.max_iters=10", "model.widths=[8,16]", "resume=True"])
+    cfg = Config(
+        dict(
+            optim_wrapper=dict(optimizer=dict(type="SGD", lr=0.1)),
+            param_scheduler=[dict(type="A", end=5), dict(type="B")],
+        )
+    )
+    cfg.merge_from_args(
+        [
+            "optim_wrapper.optimizer.lr=0.01",
+            "param_scheduler.1.end=7",
+            "train_cfg.max_iters=10",
+            "model.widths=[8,16]",
+            "resume=True",
+        ]
+    )
     assert cfg.optim_wrapper.optimizer.to_dict() == {"type": "SGD", "lr": 0.01}
     assert cfg.param_scheduler[1].end == 7 and cfg.param_scheduler[0].end == 5
     assert cfg.train_cfg.max_iters == 10 and cfg.model.widths == [8, 16] and cfg.resume is True
@@ -130,7 +181,9 @@ def test_overrides(tmp_path: Path) -> None:
 @pytest.mark.parametrize("suffix", [".py", ".json", ".yaml"])
 def test_dump_round_trip(tmp_path: Path, suffix: str) -> None:
     write(tmp_path / "base.py", "model = dict(type='M', layers=[dict(w=1), dict(w=2)], shape=(3, 4))\nlr = 0.1\n")
-    cfg = Config.fromfile(write(tmp_path / "c.py", "_base_ = 'base.py'\nlr = 0.01\nname = 'run'\nflag = None\nok = True\n"))
+    cfg = Config.fromfile(
+        write(tmp_path / "c.py", "_base_ = 'base.py'\nlr = 0.01\nname = 'run'\nflag = None\nok = True\n")
+    )
     cfg.merge_from_args(["model.layers.0.w=5"])
     out = cfg.dump(tmp_path / f"dumped{suffix}")
     again = Config.fromfile(out)
@@ -145,14 +198,19 @@ def test_dump_round_trip(tmp_path: Path, suffix: str) -> None:
 @pytest.mark.slow
 @pytest.mark.timeout(240)
 @pytest.mark.parametrize("suffix", [".py", ".json"])
-def test_dump_of_a_config_that_defines_its_model_trains_in_a_new_process(tmp_path: Path, suffix: str, monkeypatch: pytest.MonkeyPatch) -> None:
-    """The dump names the files that define classes in custom_imports: `trainwright train dump` builds the same model; a moved file is named."""
+def test_dump_of_a_config_that_defines_its_model_trains_in_a_new_process(
+    tmp_path: Path, suffix: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The dump names the files that define classes in custom_imports: `trainwright train dump` builds the same
+    model; a moved file is named."""
     import os
     import subprocess
     import sys
 
     net, data = f"DumpNet{suffix[1:]}", f"DumpData{suffix[1:]}"  # registered once per process: a name per case
-    write(tmp_path / "src" / "net_cfg.py", f"""
+    write(
+        tmp_path / "src" / "net_cfg.py",
+        f"""
         import torch
         from torch import nn
         import trainwright as tw
@@ -173,12 +231,17 @@ def test_dump_of_a_config_that_defines_its_model_trains_in_a_new_process(tmp_pat
         train_dataloader = dict(dataset=torch.utils.data.TensorDataset(torch.randn(16, 4, generator=g), torch.randn(16, 1, generator=g)), batch_size=8)
         optim_wrapper = dict(optimizer=dict(type="SGD", lr=0.1))
         train_cfg = dict(by_epoch=True, max_epochs=1)
-    """)
+    """,
+    )
     write(tmp_path / "src" / "child.py", "_base_ = 'net_cfg.py'\noptim_wrapper = dict(optimizer=dict(lr=0.05))\n")
     cfg = Config.fromfile(tmp_path / "src" / "child.py")
-    cfg.train_dataloader = dict(dataset=dict(type="TensorDataset"), batch_size=8)  # the dump cannot hold a Dataset object: a registered one
+    cfg.train_dataloader = dict(
+        dataset=dict(type="TensorDataset"), batch_size=8
+    )  # the dump cannot hold a Dataset object: a registered one
     cfg.merge_from_dict({"train_dataloader.dataset": dict(type=data)})
-    write(tmp_path / "src" / f"extra_{suffix[1:]}.py", f"""
+    write(
+        tmp_path / "src" / f"extra_{suffix[1:]}.py",
+        f"""
         import torch
         from trainwright.registry import DATASETS
 
@@ -187,14 +250,23 @@ def test_dump_of_a_config_that_defines_its_model_trains_in_a_new_process(tmp_pat
             def __init__(self):
                 g = torch.Generator().manual_seed(0)
                 super().__init__(torch.randn(16, 4, generator=g), torch.randn(16, 1, generator=g))
-    """)
-    cfg.custom_imports = dict(imports=[f"extra_{suffix[1:]}"])  # a module next to the config: kept, and the defining file added
+    """,
+    )
+    cfg.custom_imports = dict(
+        imports=[f"extra_{suffix[1:]}"]
+    )  # a module next to the config: kept, and the defining file added
     out = cfg.dump(tmp_path / "dumped" / f"cfg{suffix}")
     again = Config.fromfile(out, import_custom_modules=False)
     assert again.custom_imports["imports"] == [f"extra_{suffix[1:]}", str((tmp_path / "src" / "net_cfg.py").resolve())]
     env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(tmp_path / "src"), os.environ.get("PYTHONPATH", "")]))
-    run = subprocess.run([sys.executable, "-m", "trainwright", "train", str(out), "--work-dir", str(tmp_path / "w")], env=env, cwd=tmp_path,
-                         capture_output=True, text=True, timeout=200)
+    run = subprocess.run(
+        [sys.executable, "-m", "trainwright", "train", str(out), "--work-dir", str(tmp_path / "w")],
+        env=env,
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=200,
+    )
     assert run.returncode == 0, run.stderr[-3000:]
     assert (tmp_path / "w" / "checkpoints" / "epoch_1.pth").is_file()
     (tmp_path / "src" / "net_cfg.py").rename(tmp_path / "src" / "moved.py")
@@ -204,14 +276,22 @@ def test_dump_of_a_config_that_defines_its_model_trains_in_a_new_process(tmp_pat
 
 
 def test_dump_adds_the_defining_file_and_keeps_the_other_custom_imports_settings(tmp_path: Path) -> None:
-    cfg = Config.fromfile(write(tmp_path / "c.py", """
+    cfg = Config.fromfile(
+        write(
+            tmp_path / "c.py",
+            """
         def scale(x):
             return 2 * x
         custom_imports = dict(imports=["json"], allow_failed_imports=True)
         lr = scale(0.05)
-    """))
+    """,
+        )
+    )
     again = Config.fromfile(cfg.dump(tmp_path / "out" / "c.py"))
-    assert again.custom_imports == {"imports": ["json", str((tmp_path / "c.py").resolve())], "allow_failed_imports": True}
+    assert again.custom_imports == {
+        "imports": ["json", str((tmp_path / "c.py").resolve())],
+        "allow_failed_imports": True,
+    }
     assert again.lr == pytest.approx(0.1)
 
 
@@ -241,19 +321,29 @@ def test_errors_name_file_and_line(tmp_path: Path) -> None:
 
 
 def test_custom_imports(tmp_path: Path) -> None:
-    write(tmp_path / "my_components_xyz.py", """
+    write(
+        tmp_path / "my_components_xyz.py",
+        """
         from trainwright.registry import MODELS
         @MODELS.register()
         class ImportedNetXyz:
             pass
-    """)
-    Config.fromfile(write(tmp_path / "c.py", "custom_imports = dict(imports=['my_components_xyz'])\nmodel = dict(type='ImportedNetXyz')\n"))
+    """,
+    )
+    Config.fromfile(
+        write(
+            tmp_path / "c.py",
+            "custom_imports = dict(imports=['my_components_xyz'])\nmodel = dict(type='ImportedNetXyz')\n",
+        )
+    )
     from trainwright.registry import MODELS
 
     assert "ImportedNetXyz" in MODELS
     with pytest.raises(ConfigError, match="custom_imports: cannot import 'not_a_module_xyz'"):
         Config.fromfile(write(tmp_path / "d.py", "custom_imports = dict(imports=['not_a_module_xyz'])\n"))
-    Config.fromfile(write(tmp_path / "e.py", "custom_imports = dict(imports=['not_a_module_xyz'], allow_failed_imports=True)\n"))
+    Config.fromfile(
+        write(tmp_path / "e.py", "custom_imports = dict(imports=['not_a_module_xyz'], allow_failed_imports=True)\n")
+    )
 
 
 def test_copy_and_pickle() -> None:
@@ -292,7 +382,8 @@ def test_fromstring() -> None:
     assert Config.fromstring('{"a": [1, 2]}', ".json").a == [1, 2]
 
 
-# ----------------------------------------------------------------------------- mmengine's substitutions, text, diff, DictAction
+# ----------------------------------------------------------------------------- mmengine's substitutions, text, diff,
+# DictAction
 
 
 def test_predefined_and_environment_variables(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:

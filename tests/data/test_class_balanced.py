@@ -47,13 +47,22 @@ def test_rare_categories_repeat_by_the_square_root_rule() -> None:
 
 def test_nested_wrappers_from_a_config_keep_the_category_ids() -> None:
     DATASETS.register_module(name="LabelledForBalance", module=Labelled, force=True)
-    inner = dict(type="ConcatDataset", datasets=[dict(type="LabelledForBalance", cats=[[0]] * 9), dict(type="LabelledForBalance", cats=[[1]])])
-    balanced = DATASETS.build(dict(type="ClassBalancedDataset", oversample_thr=0.4, dataset=dict(type="RepeatDataset", times=2, dataset=inner)))
+    inner = dict(
+        type="ConcatDataset",
+        datasets=[dict(type="LabelledForBalance", cats=[[0]] * 9), dict(type="LabelledForBalance", cats=[[1]])],
+    )
+    balanced = DATASETS.build(
+        dict(
+            type="ClassBalancedDataset", oversample_thr=0.4, dataset=dict(type="RepeatDataset", times=2, dataset=inner)
+        )
+    )
     # f(1) = 2 / 20 -> r = 2: the two copies of the rare sample appear twice each.
     assert len(balanced) == 18 + 2 * 2
     assert [balanced.get_cat_ids(i) for i in range(len(balanced))].count([1]) == 4
 
 
 def test_a_dataset_without_get_cat_ids_is_named_with_the_fix() -> None:
-    with pytest.raises(TypeError, match=r"ClassBalancedDataset needs the category ids.*TensorDataset has no get_cat_ids\(idx\)"):
+    with pytest.raises(
+        TypeError, match=r"ClassBalancedDataset needs the category ids.*TensorDataset has no get_cat_ids\(idx\)"
+    ):
         ClassBalancedDataset(torch.utils.data.TensorDataset(torch.zeros(4, 1)), oversample_thr=0.1)

@@ -88,7 +88,8 @@ def test_iterable_datasets_count_as_they_go_and_replay_to_resume() -> None:
 
 @pytest.mark.parametrize("shuffle", [False, True])
 def test_epoch_sampler_shards_as_distributed_sampler(shuffle: bool) -> None:
-    """Every rank's indices, padded shards included, are torch's ``DistributedSampler``'s (same seed and epoch), for every length and world size."""
+    """Every rank's indices, padded shards included, are torch's ``DistributedSampler``'s (same seed and epoch), for
+    every length and world size."""
     from torch.utils.data import DistributedSampler
 
     from trainwright.data.loader import EpochSampler

@@ -1,4 +1,5 @@
-"""Where a NaN came from: the FloatingPointError names the first non-finite module / gradient, the iteration and the batch.
+"""Where a NaN came from: the FloatingPointError names the first non-finite module / gradient, the iteration and the
+batch.
 
 A model of three blocks; a marker sample in one batch makes ``blocks.2`` output inf (forward
 variant) or gives ``blocks.1.gate`` a NaN gradient with every forward value finite (gradient
@@ -44,7 +45,9 @@ class Net(tw.BaseModel):
     def __init__(self, kind: str) -> None:
         super().__init__()
         torch.manual_seed(0)
-        self.blocks = nn.ModuleList([Block(4), Block(4, "grad" if kind == "grad" else ""), Block(4, "forward" if kind == "forward" else "")])
+        self.blocks = nn.ModuleList(
+            [Block(4), Block(4, "grad" if kind == "grad" else ""), Block(4, "forward" if kind == "forward" else "")]
+        )
         self.head = nn.Linear(4, 1)
 
     def forward(self, x: torch.Tensor, y: torch.Tensor | None = None, mode: str = "tensor") -> Any:
@@ -65,9 +68,14 @@ def _data() -> TensorDataset:
 
 def _train(tmp_path: Path, kind: str, checkpoint: Any, **kwargs: Any) -> tuple[str, tw.Trainer]:
     t = tw.Trainer(
-        model=Net(kind), work_dir=tmp_path, train_dataloader=DataLoader(_data(), batch_size=4, shuffle=False),
-        optim_wrapper=dict(optimizer=dict(type="SGD", lr=0.05), **kwargs), train_cfg=dict(by_epoch=True, max_epochs=2),
-        default_hooks=dict(logger=dict(interval=5), checkpoint=checkpoint), randomness=dict(seed=0), log_level="WARNING",
+        model=Net(kind),
+        work_dir=tmp_path,
+        train_dataloader=DataLoader(_data(), batch_size=4, shuffle=False),
+        optim_wrapper=dict(optimizer=dict(type="SGD", lr=0.05), **kwargs),
+        train_cfg=dict(by_epoch=True, max_epochs=2),
+        default_hooks=dict(logger=dict(interval=5), checkpoint=checkpoint),
+        randomness=dict(seed=0),
+        log_level="WARNING",
     )
     with pytest.raises(FloatingPointError) as err:
         t.train()
@@ -82,7 +90,10 @@ def test_forward_inf_names_the_block_the_iteration_and_the_batch(tmp_path: Path)
     assert f"Loss became infinite or NaN at iteration {MARKER_AT}" in msg
     assert "batch 6 of epoch 1's data order" in msg and "dataset indices [24, 25, 26, 27]" in msg
     assert "Replayed iterations 5..7 from" in msg and "iter_4.pth" in msg
-    assert "the first module whose forward output was non-finite is module 'blocks.2' (Block); its inputs were finite" in msg
+    assert (
+        "the first module whose forward output was non-finite is module 'blocks.2' (Block); its inputs were finite"
+        in msg
+    )
     # the trainer is put back as it was at detection: the flush before the checkpoint of iteration 8
     assert t.progress.iteration == 8
     assert not all(torch.isfinite(p).all() for p in t.unwrapped_model.parameters())
@@ -93,7 +104,9 @@ def test_forward_inf_names_the_block_the_iteration_and_the_batch(tmp_path: Path)
 
 def test_a_nan_gradient_before_any_nan_output_is_named(tmp_path: Path) -> None:
     msg, t = _train(tmp_path, "grad", CKPT)
-    assert f"Loss became infinite or NaN at iteration {MARKER_AT + 1}" in msg  # the NaN gradient's update turns the next loss NaN
+    assert (
+        f"Loss became infinite or NaN at iteration {MARKER_AT + 1}" in msg
+    )  # the NaN gradient's update turns the next loss NaN
     assert f"the first non-finite value appears at iteration {MARKER_AT}, before the loss turned non-finite" in msg
     assert "dataset indices [24, 25, 26, 27]" in msg
     assert "the first non-finite gradient of the backward pass is that of parameter 'blocks.1.gate'" in msg
@@ -102,20 +115,33 @@ def test_a_nan_gradient_before_any_nan_output_is_named(tmp_path: Path) -> None:
 
 
 def test_weights_still_finite_replay_batch_k_on_them(tmp_path: Path) -> None:
-    # accumulation over 4: the NaN of iteration 5 is found at 6 (the flush before its checkpoint), inside its window 5..8
+    # accumulation over 4: the NaN of iteration 5 is found at 6 (the flush before its checkpoint), inside its window
+    # 5..8
     g = _data()
     g.tensors[0][MARKER_SAMPLE, 0] = 0.0
     g.tensors[0][17, 0] = 1000.0  # iteration 5: batch 4, samples 16..19
     t = tw.Trainer(
-        model=Net("forward"), work_dir=tmp_path, train_dataloader=DataLoader(g, batch_size=4, shuffle=False),
-        optim_wrapper=dict(optimizer=dict(type="SGD", lr=0.05), accumulative_counts=4), train_cfg=dict(by_epoch=True, max_epochs=1),
-        default_hooks=dict(logger=dict(interval=5), checkpoint=dict(interval=6, by_epoch=False)), randomness=dict(seed=0), log_level="WARNING",
+        model=Net("forward"),
+        work_dir=tmp_path,
+        train_dataloader=DataLoader(g, batch_size=4, shuffle=False),
+        optim_wrapper=dict(optimizer=dict(type="SGD", lr=0.05), accumulative_counts=4),
+        train_cfg=dict(by_epoch=True, max_epochs=1),
+        default_hooks=dict(logger=dict(interval=5), checkpoint=dict(interval=6, by_epoch=False)),
+        randomness=dict(seed=0),
+        log_level="WARNING",
     )
     with pytest.raises(FloatingPointError) as err:
         t.train()
     msg = str(err.value)
-    assert "at iteration 5" in msg and "batch 4 of epoch 1's data order" in msg and "dataset indices [16, 17, 18, 19]" in msg
-    assert "Replayed the batch on the current weights (still finite: the update after it was not taken" in msg and "module 'blocks.2' (Block)" in msg
+    assert (
+        "at iteration 5" in msg
+        and "batch 4 of epoch 1's data order" in msg
+        and "dataset indices [16, 17, 18, 19]" in msg
+    )
+    assert (
+        "Replayed the batch on the current weights (still finite: the update after it was not taken" in msg
+        and "module 'blocks.2' (Block)" in msg
+    )
     t.close()
 
 

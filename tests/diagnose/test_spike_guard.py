@@ -1,4 +1,5 @@
-"""Spike guard: a batch with a huge target at known iterations is skipped (or rolled back over); weights equal a reference loop.
+"""Spike guard: a batch with a huge target at known iterations is skipped (or rolled back over); weights equal a
+reference loop.
 
 Data: 64 samples, batch 4, shuffle=False (16 iterations per epoch, 2 epochs); the targets of
 batch 11 (samples 44..47) are 1e4, so iterations 12 and 28 spike. The reference is a
@@ -14,12 +15,11 @@ from typing import Any
 import pytest
 import torch
 import torch.nn.functional as F
+from conftest import LinearReg, train_records
 from torch.utils.data import DataLoader, TensorDataset
 
 import trainwright as tw
 from trainwright.registry import ConfigError
-
-from conftest import LinearReg, train_records
 
 SPIKES = (12, 28)
 
@@ -50,12 +50,20 @@ def _reference(skipped: set[int], momentum: float = 0.9, spiky_batches: tuple[in
     return [p.detach() for p in model.parameters()]
 
 
-def _trainer(work_dir: Path, spike_guard: Any, checkpoint: Any = None, spiky_batches: tuple[int, ...] = (11,), **kwargs: Any) -> tw.Trainer:
+def _trainer(
+    work_dir: Path, spike_guard: Any, checkpoint: Any = None, spiky_batches: tuple[int, ...] = (11,), **kwargs: Any
+) -> tw.Trainer:
     return tw.Trainer(
-        model=LinearReg(), work_dir=work_dir, train_dataloader=DataLoader(_data(spiky_batches), batch_size=4, shuffle=False),
-        optim_wrapper=dict(optimizer=dict(type="SGD", lr=0.02, momentum=0.9)), train_cfg=dict(by_epoch=True, max_epochs=2),
-        default_hooks=dict(checkpoint=checkpoint, logger=dict(interval=4)), randomness=dict(seed=0), log_level="WARNING",
-        spike_guard=spike_guard, **kwargs,
+        model=LinearReg(),
+        work_dir=work_dir,
+        train_dataloader=DataLoader(_data(spiky_batches), batch_size=4, shuffle=False),
+        optim_wrapper=dict(optimizer=dict(type="SGD", lr=0.02, momentum=0.9)),
+        train_cfg=dict(by_epoch=True, max_epochs=2),
+        default_hooks=dict(checkpoint=checkpoint, logger=dict(interval=4)),
+        randomness=dict(seed=0),
+        log_level="WARNING",
+        spike_guard=spike_guard,
+        **kwargs,
     )
 
 
@@ -67,10 +75,14 @@ def test_skip_equals_a_loop_that_skipped_those_updates(tmp_path: Path) -> None:
     t = _trainer(tmp_path, dict(window=8, threshold=6.0, action="skip"))
     model = t.train()
     assert _equal([p.detach() for p in model.parameters()], _reference(set(SPIKES)))
-    assert not _equal([p.detach() for p in model.parameters()], _reference(set()))  # the spikes would have changed the weights
+    assert not _equal(
+        [p.detach() for p in model.parameters()], _reference(set())
+    )  # the spikes would have changed the weights
     assert t.spike_guard is not None and t.spike_guard.skipped == 2
     log = (t.run_dir / "train.log").read_text()
-    assert "Loss spike at iteration 12" in log and "Loss spike at iteration 28" in log and "its update is skipped" in log
+    assert (
+        "Loss spike at iteration 12" in log and "Loss spike at iteration 28" in log and "its update is skipped" in log
+    )
     records = train_records(t.run_dir)
     assert [r["spike_skipped"] for r in records if r["iter"] in (8, 16, 32)] == [0, 1, 2]
     t.close()
@@ -79,7 +91,13 @@ def test_skip_equals_a_loop_that_skipped_those_updates(tmp_path: Path) -> None:
 @pytest.mark.parametrize("source", ["memory", "disk"])
 def test_rollback_equals_a_loop_that_never_saw_the_skipped_batches(tmp_path: Path, source: str) -> None:
     # memory: captures at 0, 5, 10, ...; disk: checkpoints at 5, 10, ... -> back to 10 (spike 12) and to 25 (spike 28)
-    guard = dict(window=8, threshold=6.0, action="rollback", max_rollbacks=2, **({"capture_every": 5} if source == "memory" else {}))
+    guard = dict(
+        window=8,
+        threshold=6.0,
+        action="rollback",
+        max_rollbacks=2,
+        **({"capture_every": 5} if source == "memory" else {}),
+    )
     t = _trainer(tmp_path, guard, checkpoint=dict(interval=5, by_epoch=False) if source == "disk" else None)
     model = t.train()
     assert _equal([p.detach() for p in model.parameters()], _reference({11, 12, 26, 27, 28}))
@@ -88,7 +106,9 @@ def test_rollback_equals_a_loop_that_never_saw_the_skipped_batches(tmp_path: Pat
     assert "spike_guard rolled back to iteration 10" in log and "iterations 11..12 run again without updates" in log
     assert "spike_guard rolled back to iteration 25" in log
     iters = [r["iter"] for r in train_records(t.run_dir)]
-    assert iters == sorted(set(iters)), iters  # an iteration logged before the rollback gets no second record when it runs again
+    assert iters == sorted(set(iters)), (
+        iters
+    )  # an iteration logged before the rollback gets no second record when it runs again
     t.close()
 
 
@@ -102,13 +122,21 @@ def test_repeated_rollbacks_to_one_capture_equal_a_loop_restoring_it_each_time(t
     assert _equal([p.detach() for p in model.parameters()], expected)
     assert t.spike_guard is not None and t.spike_guard.rollbacks == 4
     log = (t.run_dir / "train.log").read_text()
-    assert log.count("spike_guard rolled back to iteration 10") == 2 and log.count("spike_guard rolled back to iteration 20") == 2
+    assert (
+        log.count("spike_guard rolled back to iteration 10") == 2
+        and log.count("spike_guard rolled back to iteration 20") == 2
+    )
     t.close()
 
 
 def test_a_rollback_to_the_spikes_own_checkpoint_spends_nothing(tmp_path: Path) -> None:
-    # checkpoints every 4 iterations: the newest one at a spike (12, 28) is the spike's own, written after its update was skipped
-    t = _trainer(tmp_path, dict(window=8, threshold=6.0, action="rollback", max_rollbacks=1), checkpoint=dict(interval=4, by_epoch=False))
+    # checkpoints every 4 iterations: the newest one at a spike (12, 28) is the spike's own, written after its update
+    # was skipped
+    t = _trainer(
+        tmp_path,
+        dict(window=8, threshold=6.0, action="rollback", max_rollbacks=1),
+        checkpoint=dict(interval=4, by_epoch=False),
+    )
     model = t.train()
     assert _equal([p.detach() for p in model.parameters()], _reference(set(SPIKES)))
     assert t.spike_guard is not None and t.spike_guard.rollbacks == 0 and t.progress.iteration == 32
@@ -119,7 +147,9 @@ def test_a_rollback_to_the_spikes_own_checkpoint_spends_nothing(tmp_path: Path) 
 
 def test_rollback_past_max_rollbacks_is_a_clear_error(tmp_path: Path) -> None:
     t = _trainer(tmp_path, dict(window=8, action="rollback", max_rollbacks=1, capture_every=5))
-    with pytest.raises(RuntimeError, match=r"Loss spike at iteration 28 .*after 1 rollback\(s\): spike_guard max_rollbacks=1 is spent"):
+    with pytest.raises(
+        RuntimeError, match=r"Loss spike at iteration 28 .*after 1 rollback\(s\): spike_guard max_rollbacks=1 is spent"
+    ):
         t.train()
     t.close()
     log = (t.run_dir / "train.log").read_text()
@@ -129,7 +159,9 @@ def test_rollback_past_max_rollbacks_is_a_clear_error(tmp_path: Path) -> None:
 
 def test_rollback_without_a_checkpoint_fails_before_training(tmp_path: Path) -> None:
     t = _trainer(tmp_path, dict(action="rollback"))
-    with pytest.raises(ValueError, match="no checkpoint to roll back to: there is no CheckpointHook.*capture_every=500"):
+    with pytest.raises(
+        ValueError, match="no checkpoint to roll back to: there is no CheckpointHook.*capture_every=500"
+    ):
         t.train()
     assert t.progress.iteration == 0
     t.close()

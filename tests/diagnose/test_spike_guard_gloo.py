@@ -1,5 +1,7 @@
-"""Spike guard under 2 gloo processes: a spike on rank 1 only makes both ranks skip (DDP), or roll back (DDP and FSDP, in memory
-and from a sharded checkpoint on disk, also one still written in the background); weights equal across ranks, across strategies
+"""Spike guard under 2 gloo processes: a spike on rank 1 only makes both ranks skip (DDP), or roll back (DDP and FSDP,
+in memory
+and from a sharded checkpoint on disk, also one still written in the background); weights equal across ranks, across
+strategies
 and to a reference loop.
 
 One torchrun start runs the seven trainings (spike_rank_train.py).
@@ -13,13 +15,19 @@ from pathlib import Path
 import pytest
 import torch
 import torch.nn.functional as F
-
 from launch import launch
 
 SCRIPT = Path(__file__).with_name("spike_rank_train.py")
 pytestmark = [pytest.mark.multiprocess, pytest.mark.slow]
-RUNS = ["skip:ddp:skip", "ddp_mem:ddp:rollback:capture=4:ema=1", "fsdp_mem:fsdp:rollback:capture=4:ema=1", "fsdp_disk:fsdp:rollback:save=4:ema=1",
-        "fsdp_async:fsdp:rollback:save=4:async=1:ema=1", "ddp_accum:ddp:skip:accum=2", "fsdp_accum:fsdp:skip:accum=2"]
+RUNS = [
+    "skip:ddp:skip",
+    "ddp_mem:ddp:rollback:capture=4:ema=1",
+    "fsdp_mem:fsdp:rollback:capture=4:ema=1",
+    "fsdp_disk:fsdp:rollback:save=4:ema=1",
+    "fsdp_async:fsdp:rollback:save=4:async=1:ema=1",
+    "ddp_accum:ddp:skip:accum=2",
+    "fsdp_accum:fsdp:skip:accum=2",
+]
 
 
 @pytest.fixture(scope="module")
@@ -34,9 +42,11 @@ def _results(out: Path, name: str) -> list[dict]:
 
 
 def _reference(skipped_batches: tuple[int, ...], per_step: int = 1) -> dict[str, torch.Tensor]:
-    """One process on the union of the ranks' batches (samples 8b..8b+7), the batches ``skipped_batches`` of each epoch not trained on.
+    """One process on the union of the ranks' batches (samples 8b..8b+7), the batches ``skipped_batches`` of each epoch
+    not trained on.
 
-    ``per_step``: batches per optimizer step (accumulation: one step on their union; ``skipped_batches`` then counts steps).
+    ``per_step``: batches per optimizer step (accumulation: one step on their union; ``skipped_batches`` then counts
+    steps).
     """
     sys.path.insert(0, str(SCRIPT.parent))
     from spike_rank_train import Reg, data
@@ -59,7 +69,9 @@ def _reference(skipped_batches: tuple[int, ...], per_step: int = 1) -> dict[str,
 def _assert_close(got: dict, ref: dict) -> None:
     assert got.keys() == ref.keys()
     for k, v in ref.items():
-        torch.testing.assert_close(got[k], v, rtol=1e-5, atol=1e-6, msg=k)  # DDP's mean of two means vs one mean of 8: rounding only
+        torch.testing.assert_close(
+            got[k], v, rtol=1e-5, atol=1e-6, msg=k
+        )  # DDP's mean of two means vs one mean of 8: rounding only
 
 
 def test_a_spike_on_one_rank_skips_the_update_on_both(out: Path) -> None:
@@ -70,10 +82,14 @@ def test_a_spike_on_one_rank_skips_the_update_on_both(out: Path) -> None:
 
 
 def test_rollback_under_fsdp_equals_ddp_in_memory_and_from_a_sharded_checkpoint(out: Path) -> None:
-    """Spikes at iterations 6 and 14: each run goes back to iteration 4 / 12 (capture_every=4, or the .dcp checkpoints saved every 4)
-    and skips the updates of 5-6 / 13-14. FSDP (every way) equals DDP bitwise; DDP equals one process skipping those batches.
-    With async_save the checkpoint of iteration 4 is still being written at the spike: the rollback waits for it (it used to
-    find none and stop the run, or go back to an older one). An EMAHook's average (sharded under FSDP) is rolled back with the
+    """Spikes at iterations 6 and 14: each run goes back to iteration 4 / 12 (capture_every=4, or the .dcp checkpoints
+    saved every 4)
+    and skips the updates of 5-6 / 13-14. FSDP (every way) equals DDP bitwise; DDP equals one process skipping those
+    batches.
+    With async_save the checkpoint of iteration 4 is still being written at the spike: the rollback waits for it (it
+    used to
+    find none and stop the run, or go back to an older one). An EMAHook's average (sharded under FSDP) is rolled back
+    with the
     weights: equal to DDP's bitwise too."""
     ddp = _results(out, "ddp_mem")
     assert all(torch.equal(ddp[0]["params"][k], ddp[1]["params"][k]) for k in ddp[0]["params"])
@@ -90,13 +106,20 @@ def test_rollback_under_fsdp_equals_ddp_in_memory_and_from_a_sharded_checkpoint(
         for k, v in ddp[0]["ema"].items():
             assert torch.equal(ema[k], v), (name, "ema", k)
     for name in ("fsdp_disk", "fsdp_async"):
-        assert sorted(p.name for p in (out / name / "work" / "checkpoints").glob("*.dcp")) == ["iter_12.dcp", "iter_16.dcp", "iter_4.dcp", "iter_8.dcp"]
+        assert sorted(p.name for p in (out / name / "work" / "checkpoints").glob("*.dcp")) == [
+            "iter_12.dcp",
+            "iter_16.dcp",
+            "iter_4.dcp",
+            "iter_8.dcp",
+        ]
     _assert_close(ddp[0]["params"], _reference(skipped_batches=(4, 5)))
 
 
 def test_a_spike_ending_an_accumulation_window_skips_the_window_under_fsdp_as_under_ddp(out: Path) -> None:
-    """accumulative_counts=2: the spike at iteration 6 is the micro-batch that ends window 5-6 (the one that would reduce the window's
-    gradients). The window is not stepped and its first micro-batch's gradients do not leak into the next window: FSDP equals DDP
+    """accumulative_counts=2: the spike at iteration 6 is the micro-batch that ends window 5-6 (the one that would
+    reduce the window's
+    gradients). The window is not stepped and its first micro-batch's gradients do not leak into the next window: FSDP
+    equals DDP
     bitwise, and one process stepping on 16 samples at a time, that window left out."""
     ddp, fsdp = _results(out, "ddp_accum")[0], _results(out, "fsdp_accum")[0]
     assert (ddp["skipped"], fsdp["skipped"]) == (2, 2)

@@ -3,14 +3,18 @@
 Usage: fault_train.py OUT_DIR SCENARIO
   hook-error   rank 1 raises in a hook at iteration 3, inside ``with Trainer(...)``; default (30 min) collective timeout
   val-error    rank 1's metric raises during the validation after epoch 1, with that epoch's checkpoint due
-  settings     several Trainers in turn, each given something else on rank 1 (lr, batch size, seed, an FSDP model without a bias,
+  settings     several Trainers in turn, each given something else on rank 1 (lr, batch size, seed, an FSDP model
+  without a bias,
                an empty work dir to resume from)
   nan-skip     nonfinite_loss="skip", a NaN loss on rank 1 at iteration 3
   stuck        rank 0 stops stepping at iteration 3 (rank 1 waits in the all-reduce); rank 1 then gets SIGTERM
   second-signal  (one process) a SIGTERM inside iteration 3, which then hangs; a second SIGTERM 0.5 s later
-  short-stream   both ranks' stream declares 4 batches; rank 1's yields 3 (its length was an estimate); default collective timeout
-  corrupt-copy   FSDP, node-local work dirs: rank 1 resumes from a copy of rank 0's checkpoints whose newest one it cannot read
-  stop-one-rank  a hook sets trainer.should_stop on rank 1 only: at iteration 3 (iteration-based), then after epoch 1 (epoch-based,
+  short-stream   both ranks' stream declares 4 batches; rank 1's yields 3 (its length was an estimate); default
+  collective timeout
+  corrupt-copy   FSDP, node-local work dirs: rank 1 resumes from a copy of rank 0's checkpoints whose newest one it
+  cannot read
+  stop-one-rank  a hook sets trainer.should_stop on rank 1 only: at iteration 3 (iteration-based), then after epoch 1
+  (epoch-based,
                  validation and a checkpoint due); default collective timeout
 Writes OUT_DIR/<what>_rank<r>.pt (results) and OUT_DIR/raised_at (when the fault happened, time.time()).
 """
@@ -35,7 +39,8 @@ RANK = int(os.environ.get("RANK", 0))
 
 
 class Reg(tw.BaseModel):
-    """Linear regression; its loss is NaN at the ``nan_at``-th training forward; records the sample ids it trained on."""
+    """Linear regression; its loss is NaN at the ``nan_at``-th training forward; records the sample ids it trained
+    on."""
 
     def __init__(self, nan_at: int = 0) -> None:
         super().__init__()
@@ -142,7 +147,8 @@ class ShortStream(torch.utils.data.IterableDataset):
 
 
 class StopOnRank1(tw.Hook):
-    """Sets ``trainer.should_stop`` on rank 1 only (a reason of its own): after iteration ``at``, or after epoch ``epoch``."""
+    """Sets ``trainer.should_stop`` on rank 1 only (a reason of its own): after iteration ``at``, or after epoch
+    ``epoch``."""
 
     def __init__(self, at: int | None = None, epoch: int | None = None) -> None:
         self.at, self.epoch = at, epoch
@@ -175,7 +181,8 @@ def trainer(out: Path, **kw) -> tw.Trainer:
 
 
 def settings(out: Path) -> None:
-    """Each case on its own Trainer; every rank raises (or not) at train() start. Results: the error messages, the seed case's samples."""
+    """Each case on its own Trainer; every rank raises (or not) at train() start. Results: the error messages, the
+    seed case's samples."""
     errors: dict[str, str | None] = {}
 
     def case(name: str, **kw) -> tw.Trainer:
@@ -216,7 +223,8 @@ def main() -> None:
             t.train()
     elif scenario == "settings":
         settings(out)
-    elif scenario == "nan-skip":  # a NaN on rank 1 at the 3rd micro-batch; then, accumulating 2, at the 4th (the one that syncs its window)
+    # a NaN on rank 1 at the 3rd micro-batch; then, accumulating 2, at the 4th (the one that syncs its window)
+    elif scenario == "nan-skip":
         results = {}
         for name, nan_at, accum in (("plain", 3, 1), ("accum", 4, 2)):
             t = trainer(

@@ -105,14 +105,16 @@ MPI_1x2 = {"OMPI_COMM_WORLD_RANK": "1", "OMPI_COMM_WORLD_SIZE": "2", "OMPI_COMM_
         ({"RANK": "1", "WORLD_SIZE": "2", "LOCAL_RANK": "1", "MASTER_ADDR": "h0", "MASTER_PORT": "1234"}, ("pytorch", 1, 2, 1, "h0", "1234")),
         # srun: the rendezvous host is the first node of the allocation, the port torchrun's default
         (SLURM_2x2, ("slurm", 3, 4, 1, "gpu-node007", "29500")),
-        ({**SLURM_2x2, "MASTER_ADDR": "login1", "MASTER_PORT": "4000"}, ("slurm", 3, 4, 1, "login1", "4000")),  # the job script's choice wins
+        # the job script's choice wins
+        ({**SLURM_2x2, "MASTER_ADDR": "login1", "MASTER_PORT": "4000"}, ("slurm", 3, 4, 1, "login1", "4000")),
         ({**SLURM_2x2, "SLURM_JOB_NODELIST": "", "SLURM_NODELIST": "a1,b2"}, ("slurm", 3, 4, 1, "a1", "29500")),
         # a job id gives each job its own port (two jobs on one node do not collide): 15000 + id mod 20000
         ({**SLURM_2x2, "SLURM_JOB_ID": "4242"}, ("slurm", 3, 4, 1, "gpu-node007", "19242")),
         ({**SLURM_2x2, "SLURM_JOB_ID": "123456"}, ("slurm", 3, 4, 1, "gpu-node007", "18456")),
         # mpirun on one node: every process is local, so this host is the rendezvous
         (MPI_1x2, ("mpi", 1, 2, 1, "127.0.0.1", "29500")),
-        ({**MPI_1x2, "OMPI_COMM_WORLD_SIZE": "4"}, ("mpi", 1, 4, 1, None, "29500")),  # several nodes: MASTER_ADDR must be given
+        # several nodes: MASTER_ADDR must be given
+        ({**MPI_1x2, "OMPI_COMM_WORLD_SIZE": "4"}, ("mpi", 1, 4, 1, None, "29500")),
         # torchrun inside an allocation: torchrun's variables describe the processes
         ({**SLURM_2x2, "RANK": "0", "WORLD_SIZE": "2", "LOCAL_RANK": "0", "MASTER_ADDR": "h", "MASTER_PORT": "5"}, ("pytorch", 0, 2, 0, "h", "5")),
     ],
@@ -145,7 +147,8 @@ def test_export_launcher_env_fills_in_what_torch_distributed_reads(monkeypatch: 
 
     for key in [k for k in os.environ if k.startswith(("SLURM_", "OMPI_"))]:
         monkeypatch.delenv(key)
-    for key in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT"):  # export_launcher_env sets them: undone after the test
+    # export_launcher_env sets them: undone after the test
+    for key in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT"):
         monkeypatch.setenv(key, "")
         monkeypatch.delenv(key)
     for key, value in SLURM_2x2.items():

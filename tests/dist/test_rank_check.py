@@ -44,8 +44,10 @@ def test_the_same_checkpoint_in_other_work_dirs_agrees_and_a_setting_one_rank_la
 
 
 def test_a_description_leaves_out_what_may_differ_per_rank(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    """work_dir, the run's name, the seed, custom hooks and objects shown by address are not compared; one process checks nothing."""
-    for key in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT"):  # one process, whatever an earlier test left
+    """work_dir, the run's name, the seed, custom hooks and objects shown by address are not compared; one process
+    checks nothing."""
+    # one process, whatever an earlier test left
+    for key in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT"):
         monkeypatch.delenv(key, raising=False)
     t = tw.Trainer(
         model=LinearReg(), work_dir=tmp_path, train_dataloader=dict(dataset=regression_set(), batch_size=4),
@@ -60,7 +62,8 @@ def test_a_description_leaves_out_what_may_differ_per_rank(tmp_path: Path, monke
         for key in ("work_dir", "experiment_name", "seed", "randomness.seed", "custom_hooks"):
             assert key not in d["settings"], key
         assert not any(" at 0x" in v for v in d["settings"].values())
-        check_ranks_agree(t.strategy, t.config, loop.dataloader, t.checkpoints.restored)  # one process: no collective, nothing to compare
+        # one process: no collective, nothing to compare
+        check_ranks_agree(t.strategy, t.config, loop.dataloader, t.checkpoints.restored)
     finally:
         t.close()
 

@@ -22,7 +22,8 @@ pytestmark = [pytest.mark.multiprocess, pytest.mark.slow]
 
 
 def _launch(tmp_path: Path, scenario: str, *, timeout: float = 120, check: bool = False, nproc: int = 2) -> tuple[Launched, float]:
-    """The scenario under torchrun (2 processes; 1: plain python); returns the launch and the seconds from the fault to the job's end."""
+    """The scenario under torchrun (2 processes; 1: plain python); returns the launch and the seconds from the fault
+    to the job's end."""
     out = launch(SCRIPT, [str(tmp_path / "out"), scenario], tmp_path, nproc=nproc, timeout=timeout, check=check)
     ended = time.time()
     raised = tmp_path / "out" / "raised_at"
@@ -35,17 +36,21 @@ def _train_log(tmp_path: Path) -> str:
 
 
 def test_an_exception_on_one_rank_ends_the_job_in_seconds_and_rank_0_names_it(tmp_path: Path) -> None:
-    """Rank 1 raises in a hook inside ``with Trainer(...)`` (default 30 min timeout): the job ends within 10 s, rank 0's log names the error."""
+    """Rank 1 raises in a hook inside ``with Trainer(...)`` (default 30 min timeout): the job ends within 10 s, rank
+    0's log names the error."""
     out, after = _launch(tmp_path, "hook-error")
     assert out.returncode != 0
     assert after < 10, f"the job ended {after:.1f} s after rank 1 raised"
-    assert "ValueError: boom from rank 1 at iteration 3" in out.output  # rank 1's own traceback, in the launcher's output
+    # rank 1's own traceback, in the launcher's output
+    assert "ValueError: boom from rank 1 at iteration 3" in out.output
     log = _train_log(tmp_path)  # rank 0's train.log: its collective failed, and it names why
-    assert "rank 1 failed: ValueError at iteration 3: boom from rank 1 at iteration 3" in log  # an iteration-based run: numbered as its lines
+    # an iteration-based run: numbered as its lines
+    assert "rank 1 failed: ValueError at iteration 3: boom from rank 1 at iteration 3" in log
 
 
 def test_a_rank_whose_loader_runs_short_of_its_len_ends_the_job_at_once_naming_it(tmp_path: Path) -> None:
-    """Rank 1's stream yields 3 of its declared 4 batches (rank 0 waits in batch 4's all-reduce): not a 30-minute idle, an error naming rank 1's loader."""
+    """Rank 1's stream yields 3 of its declared 4 batches (rank 0 waits in batch 4's all-reduce): not a 30-minute
+    idle, an error naming rank 1's loader."""
     out, after = _launch(tmp_path, "short-stream")
     assert out.returncode != 0
     assert after < 10, f"the job ended {after:.1f} s after rank 1's stream ran out"
@@ -54,38 +59,50 @@ def test_a_rank_whose_loader_runs_short_of_its_len_ends_the_job_at_once_naming_i
 
 
 def test_a_stop_a_hook_sets_on_one_rank_stops_every_rank_at_the_same_point(tmp_path: Path) -> None:
-    """``trainer.should_stop = True`` on rank 1 only: both ranks stop at the next agreement point, finish cleanly, and checkpoint.
+    """``trainer.should_stop = True`` on rank 1 only: both ranks stop at the next agreement point, finish cleanly, and
+    checkpoint.
 
-    Before: rank 1 left the loop alone. Iteration-based: it waited in the metric gather while rank 0 waited in the all-reduce
-    (the collective timeout); epoch-based: rank 1 skipped the validation and saved at once, its checkpoint's RNG gather crossed
+    Before: rank 1 left the loop alone. Iteration-based: it waited in the metric gather while rank 0 waited in the
+        all-reduce
+    (the collective timeout); epoch-based: rank 1 skipped the validation and saved at once, its checkpoint's RNG gather
+    crossed
     rank 0's metric gather (``KeyError: 0``) and epoch 1's checkpoint was lost.
     """
     out, _ = _launch(tmp_path, "stop-one-rank", check=True, timeout=90)
     r0, r1 = (torch.load(tmp_path / "out" / f"stop_rank{r}.pt") for r in (0, 1))
     assert r0 == r1
     assert r0["iter"] == 10  # requested at 3, agreed at the point of 10 (agreement.every), on both ranks
-    assert r0["epoch"] == (1, 4)  # requested after epoch 1's hooks, agreed there: no validation, no epoch 2 on either rank
+    # requested after epoch 1's hooks, agreed there: no validation, no epoch 2 on either rank
+    assert r0["epoch"] == (1, 4)
     ckpts = tmp_path / "out" / "epoch" / "work" / "checkpoints"
     assert (ckpts / "epoch_1.pth").is_file() and (ckpts / "latest").read_text().strip() == "epoch_1.pth"
 
 
 def test_a_checkpoint_only_one_ranks_copy_cannot_read_is_named_on_both_ranks(tmp_path: Path) -> None:
-    """FSDP, node-local work dirs, rank 1's copy of the newest checkpoint broken: both ranks fall back together; each says what it saw.
+    """FSDP, node-local work dirs, rank 1's copy of the newest checkpoint broken: both ranks fall back together; each
+    says what it saw.
 
     Before: only rank 0 warned, naming its own intact copy and advising to delete it; rank 1's warning was silenced.
     """
     out, _ = _launch(tmp_path, "corrupt-copy", check=True, timeout=120)
     work = tmp_path / "out"
     assert [torch.load(work / f"resumed_rank{r}.pt") for r in (0, 1)] == [4, 4]  # both resumed from iter_4
-    rank0 = f"Skipping checkpoint '{work / 'work0' / 'checkpoints' / 'iter_6.dcp'}', it cannot be loaded (Cannot read checkpoint"
+    rank0 = (
+        f"Skipping checkpoint '{work / 'work0' / 'checkpoints' / 'iter_6.dcp'}', it cannot be loaded (Cannot read "
+        "checkpoint"
+    )
     assert rank0 in out.output and "on every rank: this rank's (0) copy reads, the read failed on rank(s) [1]" in out.output
     assert "repair or delete the directory on their node" in out.output
-    rank1 = f"Skipping checkpoint '{work / 'work1' / 'checkpoints' / 'iter_6.dcp'}', it cannot be loaded (Cannot read checkpoint"
+    rank1 = (
+        f"Skipping checkpoint '{work / 'work1' / 'checkpoints' / 'iter_6.dcp'}', it cannot be loaded (Cannot read "
+        "checkpoint"
+    )
     assert rank1 in out.output and "on rank 1 (the read failed on rank(s) [1])" in out.output
 
 
 def test_a_validation_error_on_one_rank_makes_no_crossed_collective(tmp_path: Path) -> None:
-    """Rank 1's metric raises with the epoch's checkpoint due: no clean-up save (its RNG gather would meet rank 0's metric gather)."""
+    """Rank 1's metric raises with the epoch's checkpoint due: no clean-up save (its RNG gather would meet rank 0's
+    metric gather)."""
     out, after = _launch(tmp_path, "val-error")
     assert out.returncode != 0
     assert after < 10, f"the job ended {after:.1f} s after rank 1 raised"
@@ -97,7 +114,8 @@ def test_a_validation_error_on_one_rank_makes_no_crossed_collective(tmp_path: Pa
 
 
 def test_ranks_given_other_settings_or_checkpoints_are_refused_at_start_and_the_seed_is_rank_0s(tmp_path: Path) -> None:
-    """Another lr, batch size, FSDP model or resumed checkpoint on rank 1: an error on every rank at train() start naming it; another seed:
+    """Another lr, batch size, FSDP model or resumed checkpoint on rank 1: an error on every rank at train() start
+    naming it; another seed:
     rank 0's is used."""
     _launch(tmp_path, "settings", timeout=240, check=True)
     results = [torch.load(tmp_path / "out" / f"settings_rank{r}.pt", weights_only=True) for r in range(2)]
@@ -108,11 +126,13 @@ def test_ranks_given_other_settings_or_checkpoints_are_refused_at_start_and_the_
     assert "train_dataloader batches per epoch differs: rank 0 4, rank 1 8" in e0["batch"]
     assert "train_dataloader batch_size differs: rank 0 8, rank 1 4" in e0["batch"]
     assert e0["model"] == ("ModelsDisagreeError: The processes built different models: 'linear.bias' is of shape (1,), float32 on rank 0 "
-                           "and absent on rank 1 (2 vs 1 tensors). Build the same model on every process (the config or the code that "
+                           "and absent on rank 1 (2 vs 1 tensors). Build the same model on every process (the config "
+                           "or the code that "
                            "builds it must not depend on the rank).")
     assert e0["save"] is None
     resume = e0["resume"]  # compared before any rank reads a checkpoint (a sharded read is a collective)
-    assert resume.startswith("ResumeDisagreeError: The processes of this run would resume from different checkpoints: rank 0 would resume from ")
+    assert resume.startswith("ResumeDisagreeError: The processes of this run would resume from different checkpoints: rank 0 would resume "
+        "from ")
     assert "save/work/checkpoints/iter_4.pth; rank 1 finds no checkpoint" in resume
     # another seed on rank 1: no error, both use rank 0's, and one epoch covers every sample once
     assert e0["seed"] is None and results[0]["seed"] == results[1]["seed"] == 0
@@ -121,7 +141,8 @@ def test_ranks_given_other_settings_or_checkpoints_are_refused_at_start_and_the_
 
 
 def test_nonfinite_skip_with_a_nan_on_one_rank_finishes_with_equal_weights(tmp_path: Path) -> None:
-    """nonfinite_loss='skip', a NaN loss on rank 1 only: every rank skips that micro-batch (agreed), both reach the end with the same weights.
+    """nonfinite_loss='skip', a NaN loss on rank 1 only: every rank skips that micro-batch (agreed), both reach the end
+    with the same weights.
 
     Also when accumulating 2 and the NaN is in the micro-batch that synchronises its window.
     """
@@ -136,7 +157,8 @@ def test_nonfinite_skip_with_a_nan_on_one_rank_finishes_with_equal_weights(tmp_p
 
 
 def test_a_stuck_rank_exits_within_the_preemption_grace(tmp_path: Path) -> None:
-    """Rank 0 stops stepping; rank 1 waits in the all-reduce and gets SIGTERM: with grace_s=2 the job ends within a few seconds."""
+    """Rank 0 stops stepping; rank 1 waits in the all-reduce and gets SIGTERM: with grace_s=2 the job ends within a
+    few seconds."""
     out, after = _launch(tmp_path, "stuck")
     assert out.returncode != 0
     assert after < 2 * 2 + 4, f"the job ended {after:.1f} s after the SIGTERM"
@@ -144,7 +166,8 @@ def test_a_stuck_rank_exits_within_the_preemption_grace(tmp_path: Path) -> None:
 
 
 def test_a_second_signal_exits_at_once(tmp_path: Path) -> None:
-    """One process: SIGTERM inside a step that then hangs; a second SIGTERM ends it at once (grace_s=30 not waited), status 143."""
+    """One process: SIGTERM inside a step that then hangs; a second SIGTERM ends it at once (grace_s=30 not waited),
+    status 143."""
     out, after = _launch(tmp_path, "second-signal", nproc=1)
     assert out.returncode == 143
     assert after < 5, f"the process ended {after:.1f} s after the second signal"

@@ -1,4 +1,5 @@
-"""SyncBuffersHook: BatchNorm statistics averaged over 2 gloo processes after each epoch (DDP without buffer broadcast, FSDP)."""
+"""SyncBuffersHook: BatchNorm statistics averaged over 2 gloo processes after each epoch (DDP without buffer
+    broadcast, FSDP)."""
 
 from __future__ import annotations
 
@@ -19,7 +20,8 @@ def test_batchnorm_statistics_are_the_mean_over_the_ranks_with_the_hook(tmp_path
     for strategy in ("ddp", "fsdp"):
         (m0, v0), (m1, v1) = r0[(strategy, False)], r1[(strategy, False)]
         assert not torch.allclose(m0, m1), strategy  # without the hook each rank keeps its own shard's statistics
-        for r in (r0, r1):  # with it: on every rank, the mean of the two ranks' statistics (the training weights are the same)
+        # with it: on every rank, the mean of the two ranks' statistics (the training weights are the same)
+        for r in (r0, r1):
             mean, var = r[(strategy, True)]
             torch.testing.assert_close(mean, (m0 + m1) / 2, rtol=1e-5, atol=1e-6)
             torch.testing.assert_close(var, (v0 + v1) / 2, rtol=1e-5, atol=1e-6)

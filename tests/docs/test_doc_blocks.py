@@ -4,7 +4,8 @@ A page's blocks start from a prelude holding what a reader has at hand: ``tw``, 
 ``nn``, a small classification ``model`` (a ``tw.BaseModel``), ``optimizer``, ``optim_wrapper``,
 ``train_loader`` / ``loader`` / ``val_loader``, a ``batch``, and a ``trainer`` that has trained
 one epoch. A call written ``tw.Trainer(..., key=value)`` gets the prelude's model, data and a
-one-epoch schedule in place of the ``...`` (the block's own arguments win). A block that cannot run here is preceded by an
+one-epoch schedule in place of the ``...`` (the block's own arguments win). A block that cannot run here is preceded by
+an
 HTML comment ``<!-- not run: why -->`` and is only compiled.
 """
 
@@ -21,7 +22,7 @@ PAGES = sorted((ROOT / "docs").glob("*.md"))
 BLOCK = re.compile(r"(<!-- not run: [^>]*-->\s*\n)?```python[^\n]*\n(.*?)```", re.S)
 ELIDED_ARGS = re.compile(r"([\w.]+)\((?:\s*model\s*,)?\s*\.\.\.\s*,")
 
-PRELUDE = '''
+PRELUDE = """
 import torch
 import torch.nn.functional as F
 from torch import nn
@@ -61,7 +62,7 @@ def _with_base(build, **kwargs):
 
 trainer = tw.Trainer(**_BASE)
 trainer.train()
-'''
+"""
 
 
 def _blocks(page: Path) -> list[tuple[bool, str]]:

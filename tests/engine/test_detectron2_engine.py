@@ -1,4 +1,5 @@
-"""A training script written against detectron2's engine API (``SimpleTrainer``, ``HookBase``, stock hooks), run on trainwright.engine.
+"""A training script written against detectron2's engine API (``SimpleTrainer``, ``HookBase``, stock hooks), run on
+trainwright.engine.
 
 Each test writes the script as a detectron2 user would and compares it with the loop it stands
 for, written out by hand here.
@@ -20,7 +21,16 @@ from torch import nn
 from torch.utils.data import DataLoader, TensorDataset
 
 from trainwright.checkpoint.io import load_file
-from trainwright.engine import AMPTrainer, Checkpointer, CommonMetricPrinter, HookBase, JSONWriter, SimpleTrainer, get_event_storage, hooks
+from trainwright.engine import (
+    AMPTrainer,
+    Checkpointer,
+    CommonMetricPrinter,
+    HookBase,
+    JSONWriter,
+    SimpleTrainer,
+    get_event_storage,
+    hooks,
+)
 
 N = 4  # iterations per train() call; the loader has 3 batches, so passes restart inside a call
 
@@ -86,7 +96,15 @@ class Counter(HookBase):
         self.counts["after_step"] = state_dict["after_step"]
 
 
-def _reference(steps: int, model: nn.Module, opt: torch.optim.Optimizer, sched: Any, batches: Any, autocast: Any = None, scaler: Any = None) -> list[float]:
+def _reference(
+    steps: int,
+    model: nn.Module,
+    opt: torch.optim.Optimizer,
+    sched: Any,
+    batches: Any,
+    autocast: Any = None,
+    scaler: Any = None,
+) -> list[float]:
     """The loop SimpleTrainer / AMPTrainer stand for, written out; returns the totals of the losses."""
     totals = []
     for _, data in zip(range(steps), batches):
@@ -115,7 +133,13 @@ def test_simple_trainer_script_continues_across_train_calls_and_equals_the_hand_
     first = trainer.storage
     trainer.train(N, 2 * N)
 
-    assert counter.counts == {"before_train": 2, "before_step": 2 * N, "after_backward": 2 * N, "after_step": 2 * N, "after_train": 2}
+    assert counter.counts == {
+        "before_train": 2,
+        "before_step": 2 * N,
+        "after_backward": 2 * N,
+        "after_step": 2 * N,
+        "after_train": 2,
+    }
     assert counter.iters == list(range(2 * N))
     assert trainer.iter == 2 * N and trainer.start_iter == N and trainer.max_iter == 2 * N
 
@@ -134,7 +158,9 @@ def test_simple_trainer_script_continues_across_train_calls_and_equals_the_hand_
     assert storage.latest()["seen"] == (2 * N - 1, 2 * N - 1)
     assert len(first.history("time").values()) == N - 1  # warmup_iter=2: the first step of each call is not timed
     assert storage.smoothing_hints()["lr"] is False
-    assert storage.history("loss_mse").global_avg() == pytest.approx(sum(v for v, _ in storage.history("loss_mse").values()) / N)
+    assert storage.history("loss_mse").global_avg() == pytest.approx(
+        sum(v for v, _ in storage.history("loss_mse").values()) / N
+    )
     with pytest.raises(KeyError, match="No history metric available for 'nope'"):
         storage.history("nope")
 
@@ -144,7 +170,10 @@ def test_nan_loss_raises_naming_the_iteration_and_the_losses_before_the_step(cap
     trainer = SimpleTrainer(model, _data(nan_at=2), opt)
     counter = Counter()
     trainer.register_hooks([counter])
-    with caplog.at_level(logging.ERROR, logger="trainwright.engine"), pytest.raises(FloatingPointError, match=r"at iteration=2!\nloss_dict = \{'loss_mse': nan, 'loss_l1': nan\}"):
+    with (
+        caplog.at_level(logging.ERROR, logger="trainwright.engine"),
+        pytest.raises(FloatingPointError, match=r"at iteration=2!\nloss_dict = \{'loss_mse': nan, 'loss_l1': nan\}"),
+    ):
         trainer.train(0, N)
     assert counter.counts["after_train"] == 1 and counter.counts["after_step"] == 2  # after_train runs in the finally
     assert trainer.iter == 2
@@ -159,7 +188,15 @@ def test_amp_trainer_on_cpu_equals_autocast_loop(dtype: torch.dtype) -> None:
     trainer.train(0, N)
     ref_model, ref_opt, _ = _build(lr=0.05)
     scaler = torch.amp.GradScaler("cpu") if dtype == torch.float16 else None
-    _reference(N, ref_model, ref_opt, None, itertools.cycle(list(_data())), autocast=lambda: torch.autocast("cpu", dtype=dtype), scaler=scaler)
+    _reference(
+        N,
+        ref_model,
+        ref_opt,
+        None,
+        itertools.cycle(list(_data())),
+        autocast=lambda: torch.autocast("cpu", dtype=dtype),
+        scaler=scaler,
+    )
     for p, q in zip(model.parameters(), ref_model.parameters()):
         assert torch.equal(p, q)
     assert math.isfinite(trainer.storage.history("total_loss").latest())
@@ -176,35 +213,51 @@ def test_checkpointer_resume_continues_exactly(tmp_path: Path) -> None:
         trainer = SimpleTrainer(model, data, opt)
         counter = Counter()
         checkpointer = Checkpointer(model, out, trainer=trainer)
-        trainer.register_hooks([hooks.LRScheduler(scheduler=sched), counter, hooks.PeriodicCheckpointer(checkpointer, period=2, max_to_keep=1)])
+        trainer.register_hooks(
+            [
+                hooks.LRScheduler(scheduler=sched),
+                counter,
+                hooks.PeriodicCheckpointer(checkpointer, period=2, max_to_keep=1),
+            ]
+        )
         checkpointer.resume_or_load("", resume=True)
         trainer.train(trainer.iter + 1 if checkpointer.has_checkpoint() else start, max_iter)
         return trainer, counter, model
 
     whole, whole_count, whole_model = script(tmp_path / "whole", batches, 0, 2 * N)
     _, _, _ = script(tmp_path / "cut", batches[:N], 0, N)
-    assert sorted(p.name for p in (tmp_path / "cut").iterdir()) == ["last_checkpoint", f"model_{N - 1:07d}.pth", "model_final.pth"]
+    assert sorted(p.name for p in (tmp_path / "cut").iterdir()) == [
+        "last_checkpoint",
+        f"model_{N - 1:07d}.pth",
+        "model_final.pth",
+    ]
     saved = load_file(tmp_path / "cut" / "model_final.pth")  # weights_only: no code from the file
     assert saved["iteration"] == N - 1 and saved["trainer"]["iteration"] == N - 1
     assert saved["trainer"]["hooks"]["Counter"] == {"after_step": N}
 
-    resumed, resumed_count, resumed_model = script(tmp_path / "cut", batches[N:], 0, 2 * N)  # the data position is the loader's: here, the rest
+    resumed, resumed_count, resumed_model = script(
+        tmp_path / "cut", batches[N:], 0, 2 * N
+    )  # the data position is the loader's: here, the rest
     assert resumed.start_iter == N and resumed_count.counts["after_step"] == 2 * N == whole_count.counts["after_step"]
     for p, q in zip(resumed_model.parameters(), whole_model.parameters()):
         assert torch.equal(p, q)
     assert resumed.storage.history("lr").values() == whole.storage.history("lr").values()[N:]
 
 
-def test_eval_callback_and_writer_hooks_put_and_write_results_at_their_iterations(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+def test_eval_callback_and_writer_hooks_put_and_write_results_at_their_iterations(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
     model, opt, _ = _build()
     trainer = SimpleTrainer(model, _data(), opt, gather_metric_period=2)
     calls: list[int] = []
-    trainer.register_hooks([
-        hooks.IterationTimer(warmup_iter=1),
-        hooks.EvalHook(3, lambda: {"val": {"acc": float(len(calls))}}),
-        hooks.CallbackHook(after_step=lambda t: calls.append(t.iter)),
-        hooks.PeriodicWriter([JSONWriter(tmp_path / "metrics.json"), CommonMetricPrinter(2 * N)], period=4),
-    ])
+    trainer.register_hooks(
+        [
+            hooks.IterationTimer(warmup_iter=1),
+            hooks.EvalHook(3, lambda: {"val": {"acc": float(len(calls))}}),
+            hooks.CallbackHook(after_step=lambda t: calls.append(t.iter)),
+            hooks.PeriodicWriter([JSONWriter(tmp_path / "metrics.json"), CommonMetricPrinter(2 * N)], period=4),
+        ]
+    )
     with caplog.at_level(logging.INFO, logger="trainwright.engine"):
         trainer.train(0, 2 * N)
     # every 3 iterations (its after_step runs before the callback's of that iteration), and after the last

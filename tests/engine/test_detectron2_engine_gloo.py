@@ -1,4 +1,5 @@
-"""detectron2's SimpleTrainer on 2 gloo processes: metrics reduced over ranks (data_time max, losses mean), a NaN on one rank raises on both."""
+"""detectron2's SimpleTrainer on 2 gloo processes: metrics reduced over ranks (data_time max, losses mean), a NaN on
+one rank raises on both."""
 
 from __future__ import annotations
 
@@ -11,10 +12,9 @@ from typing import Any
 import pytest
 import torch
 import torch.multiprocessing as mp
+from launch import gloo_group, use_gloo_env
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel
-
-from launch import gloo_group, use_gloo_env
 
 WORLD = 2
 STEPS = 3
@@ -59,9 +59,14 @@ def _worker(rank: int, init_file: str, out_dir: str) -> None:
         model = DistributedDataParallel(inner)
         trainer = SimpleTrainer(model, Batches(rank), torch.optim.SGD(model.parameters(), lr=0.1))
         trainer.train(0, STEPS)
-        report: dict[str, Any] = {"local": list(inner.local), **{k: trainer.storage.history(k).values() for k in ("total_loss", "loss_a", "data_time", "rank_data_time")}}
+        report: dict[str, Any] = {
+            "local": list(inner.local),
+            **{k: trainer.storage.history(k).values() for k in ("total_loss", "loss_a", "data_time", "rank_data_time")},
+        }
 
-        trainer = SimpleTrainer(model, Batches(rank, nan_at=1 if rank == 1 else None), torch.optim.SGD(model.parameters(), lr=0.1))
+        trainer = SimpleTrainer(
+            model, Batches(rank, nan_at=1 if rank == 1 else None), torch.optim.SGD(model.parameters(), lr=0.1)
+        )
         try:
             trainer.train(0, STEPS)
         except FloatingPointError as e:
@@ -72,7 +77,9 @@ def _worker(rank: int, init_file: str, out_dir: str) -> None:
 
 @pytest.mark.multiprocess
 @pytest.mark.timeout(120)
-def test_metrics_are_reduced_over_ranks_and_a_nan_on_one_rank_raises_on_both(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_metrics_are_reduced_over_ranks_and_a_nan_on_one_rank_raises_on_both(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     use_gloo_env(monkeypatch, tmp_path)
     mp.spawn(_worker, args=(str(tmp_path / "init"), str(tmp_path)), nprocs=WORLD, join=True)
     r0, r1 = (json.loads((tmp_path / f"rank{r}.json").read_text()) for r in range(WORLD))

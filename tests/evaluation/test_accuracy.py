@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 from collections import Counter
-
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -88,14 +87,32 @@ def test_ties_are_broken_like_argmax() -> None:
         (lambda x, y: {"inputs": x, "cls": y}, lambda s, y: s, {"target_key": "cls"}),
         (lambda x, y: {"inputs": x, "data_samples": y}, lambda s, y: s, {}),
         (lambda x, y: {"inputs": x}, lambda s, y: {"logits": s, "target": y}, {}),
-        (lambda x, y: {"inputs": x, "label": torch.zeros_like(y)}, lambda s, y: {"pred": s, "label": y}, {}),  # outputs win
+        (
+            lambda x, y: {"inputs": x, "label": torch.zeros_like(y)},
+            lambda s, y: {"pred": s, "label": y},
+            {},
+        ),  # outputs win
         (lambda x, y: (x, y.unsqueeze(1)), lambda s, y: s, {}),
         (lambda x, y: (x, torch.nn.functional.one_hot(y, 6)), lambda s, y: s, {}),
         (lambda x, y: (x, y.tolist()), lambda s, y: s, {}),
     ],
-    ids=["tuple", "list-last", "dict-labels", "dict-y", "dict-target_key", "dict-mmengine-data_samples", "outputs-dict", "outputs-dict-over-batch", "target-N1", "one-hot", "python-list"],
+    ids=[
+        "tuple",
+        "list-last",
+        "dict-labels",
+        "dict-y",
+        "dict-target_key",
+        "dict-mmengine-data_samples",
+        "outputs-dict",
+        "outputs-dict-over-batch",
+        "target-N1",
+        "one-hot",
+        "python-list",
+    ],
 )
-def test_target_is_found_in_every_supported_batch_layout(make_batch: Callable[..., Any], make_outputs: Callable[..., Any], kwargs: dict[str, Any]) -> None:
+def test_target_is_found_in_every_supported_batch_layout(
+    make_batch: Callable[..., Any], make_outputs: Callable[..., Any], kwargs: dict[str, Any]
+) -> None:
     g = torch.Generator().manual_seed(4)
     x = torch.randn(40, 3, generator=g)
     scores = torch.randn(40, 6, generator=g)
@@ -109,7 +126,9 @@ def test_bad_inputs_name_the_problem_and_the_fix() -> None:
     scores, y = torch.randn(4, 3), torch.tensor([0, 1, 2, 0])
     with pytest.raises(KeyError, match="target_key"):
         Accuracy().process({"inputs": scores, "cls": y}, scores)
-    with pytest.raises(KeyError, match="a tensor in data_samples.*target_key"):  # mmengine data-sample objects are not read
+    with pytest.raises(
+        KeyError, match="a tensor in data_samples.*target_key"
+    ):  # mmengine data-sample objects are not read
         Accuracy().process({"inputs": scores, "data_samples": [object()] * 4}, scores)
     with pytest.raises(ValueError, match="use topk=1"):
         Accuracy(topk=(1, 2)).process((scores, y), scores.argmax(1))
@@ -146,7 +165,9 @@ def test_state_dict_round_trip_keeps_partial_results() -> None:
 
 
 @pytest.mark.parametrize("topk", [1, (1, 5)])
-def test_process_does_not_sync_with_the_host(sync_calls: Counter[str], monkeypatch: pytest.MonkeyPatch, topk: int | tuple[int, ...]) -> None:
+def test_process_does_not_sync_with_the_host(
+    sync_calls: Counter[str], monkeypatch: pytest.MonkeyPatch, topk: int | tuple[int, ...]
+) -> None:
     scores, y = torch.randn(64, 10), torch.randint(0, 10, (64,))
     metric = Accuracy(topk=topk)
     torch.tensor(1.0).item()  # the instrumentation itself works ...

@@ -12,7 +12,9 @@ from trainwright.evaluation import merge_rank_results
 def shards(n: int, world: int, shuffle: bool) -> tuple[list[int], list[list[int]]]:
     """The sampler's padded global order, and what each rank sees of it."""
     dataset = list(range(n))
-    parts = [list(DistributedSampler(dataset, num_replicas=world, rank=r, shuffle=shuffle, seed=3)) for r in range(world)]
+    parts = [
+        list(DistributedSampler(dataset, num_replicas=world, rank=r, shuffle=shuffle, seed=3)) for r in range(world)
+    ]
     g = torch.Generator().manual_seed(3)
     order = torch.randperm(n, generator=g).tolist() if shuffle else list(range(n))
     return order, parts

@@ -48,7 +48,11 @@ def _evaluate_shards(rank: int, shuffle: bool) -> dict[str, Any]:
     for batch in loader:
         evaluator.process(batch, batch[1])
         local += len(batch[0])
-    report: dict[str, Any] = {"local_samples": local, "metrics": evaluator.evaluate(len(dataset)), "order": SampleOrder.seen}
+    report: dict[str, Any] = {
+        "local_samples": local,
+        "metrics": evaluator.evaluate(len(dataset)),
+        "order": SampleOrder.seen,
+    }
     # evaluated with a size too large to cut anything: shows the padding would change the answer
     acc = Accuracy(topk=(1, 2))
     for batch in loader:
@@ -99,7 +103,10 @@ def test_two_process_gloo_evaluation_equals_single_process(tmp_path: Path, monke
     reports = [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in range(WORLD)]
 
     _, scores, target = make_data()
-    expected_acc = {"acc/top1": accuracy_score(target.numpy(), scores.argmax(1).numpy()), "acc/top2": hand_top2(scores, target)}
+    expected_acc = {
+        "acc/top1": accuracy_score(target.numpy(), scores.argmax(1).numpy()),
+        "acc/top2": hand_top2(scores, target),
+    }
     for rank, report in enumerate(reports):
         assert report["is_distributed"] and report["dist_info"] == [rank, WORLD]
         assert report["is_main"] == (rank == 0)

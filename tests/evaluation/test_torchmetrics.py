@@ -11,11 +11,11 @@ import torch
 import torch.distributed
 import torch.multiprocessing as mp
 import torch.nn.functional as F
+from conftest import classification_set
 from torch import nn
 from torch.utils.data import DataLoader, DistributedSampler, TensorDataset
 
 import trainwright as tw
-from conftest import classification_set
 from trainwright.evaluation import Accuracy, Evaluator, TorchMetric
 
 torchmetrics = pytest.importorskip("torchmetrics")
@@ -33,7 +33,11 @@ class Clf(tw.BaseModel):
 
 def test_multiclass_accuracy_equals_trainwright_accuracy_through_val(trainer_factory: Any) -> None:
     ds = classification_set(30)
-    evaluators = [Accuracy(), torchmetrics.classification.MulticlassAccuracy(num_classes=3, average="micro"), dict(type="TorchMetric", metric="classification.MulticlassF1Score", metric_args=dict(num_classes=3), key="f1")]
+    evaluators = [
+        Accuracy(),
+        torchmetrics.classification.MulticlassAccuracy(num_classes=3, average="micro"),
+        dict(type="TorchMetric", metric="classification.MulticlassF1Score", metric_args=dict(num_classes=3), key="f1"),
+    ]
     t = trainer_factory(model=Clf(), dataset=ds, val_dataloader=DataLoader(ds, batch_size=7), val_evaluator=evaluators)
     first = t.val()
     assert first["val/MulticlassAccuracy"] == pytest.approx(first["val/acc"], abs=1e-7)  # float32 inside torchmetrics
@@ -46,18 +50,31 @@ def test_multiclass_accuracy_equals_trainwright_accuracy_through_val(trainer_fac
     t.train()
     second = t.val()  # state was reset after the first pass: the second is not a running total
     assert second["val/MulticlassAccuracy"] == pytest.approx(second["val/acc"], abs=1e-7)
-    assert second["val/acc"] == pytest.approx(float((t.unwrapped_model(ds.tensors[0]).argmax(1) == ds.tensors[1]).float().mean()), abs=1e-7)
+    assert second["val/acc"] == pytest.approx(
+        float((t.unwrapped_model(ds.tensors[0]).argmax(1) == ds.tensors[1]).float().mean()), abs=1e-7
+    )
 
 
 def test_collections_per_class_results_state_and_errors() -> None:
     preds = torch.tensor([[2.0, 1.0, 0.0], [0.0, 3.0, 1.0], [0.0, 0.0, 1.0], [1.0, 0.0, 0.0]])
     target = torch.tensor([0, 1, 1, 0])
-    coll = torchmetrics.MetricCollection({"acc": torchmetrics.classification.MulticlassAccuracy(num_classes=3, average="micro")})
+    coll = torchmetrics.MetricCollection(
+        {"acc": torchmetrics.classification.MulticlassAccuracy(num_classes=3, average="micro")}
+    )
     per_class = torchmetrics.classification.MulticlassRecall(num_classes=3, average=None)
     ev = Evaluator([coll, TorchMetric(per_class, key="recall", prefix="pc")])
     ev.process((preds[:2], target[:2]), preds[:2])
     state = ev.state_dict()
-    ev2 = Evaluator([torchmetrics.MetricCollection({"acc": torchmetrics.classification.MulticlassAccuracy(num_classes=3, average="micro")}), TorchMetric(torchmetrics.classification.MulticlassRecall(num_classes=3, average=None), key="recall", prefix="pc")])
+    ev2 = Evaluator(
+        [
+            torchmetrics.MetricCollection(
+                {"acc": torchmetrics.classification.MulticlassAccuracy(num_classes=3, average="micro")}
+            ),
+            TorchMetric(
+                torchmetrics.classification.MulticlassRecall(num_classes=3, average=None), key="recall", prefix="pc"
+            ),
+        ]
+    )
     ev2.load_state_dict(state)  # a checkpoint taken mid-validation goes on where it was
     ev2.process((preds[2:], target[2:]), preds[2:])
     out = ev2.evaluate(4)
@@ -82,7 +99,9 @@ def _worker(rank: int, init_file: str, out_dir: str) -> None:
         g = torch.Generator().manual_seed(3)
         scores, target = torch.randn(24, 3, generator=g), torch.randint(0, 3, (24,), generator=g)
         ds = TensorDataset(scores, target)
-        loader = DataLoader(ds, batch_size=5, sampler=DistributedSampler(ds, num_replicas=WORLD, rank=rank, shuffle=False))
+        loader = DataLoader(
+            ds, batch_size=5, sampler=DistributedSampler(ds, num_replicas=WORLD, rank=rank, shuffle=False)
+        )
         ev = Evaluator([Accuracy(), torchmetrics.classification.MulticlassAccuracy(num_classes=3, average="micro")])
         for batch in loader:
             ev.process(batch, batch[0])

@@ -56,7 +56,11 @@ def test_digits_reaches_accuracy_and_writes_work_dir(tmp_path, recwarn):
         assert val[9]["val/acc"] == pytest.approx(metrics["val/acc"])
 
         ckpts = {p.name for p in (tmp_path / "checkpoints").glob("*.pth")}
-        assert {"epoch_8.pth", "epoch_9.pth", "epoch_10.pth"} <= ckpts and "epoch_7.pth" not in ckpts  # max_keep_ckpts=3
+        assert {
+            "epoch_8.pth",
+            "epoch_9.pth",
+            "epoch_10.pth",
+        } <= ckpts and "epoch_7.pth" not in ckpts  # max_keep_ckpts=3
         best = [n for n in ckpts if n.startswith("best_val_acc_epoch_")]
         assert len(best) == 1
         final = load_file(tmp_path / "checkpoints" / "epoch_10.pth")
@@ -71,10 +75,35 @@ def test_digits_command_line(tmp_path):
     """The README's run command: ``trainwright train examples/digits.py``, then ``trainwright test``."""
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT / "src"), os.environ.get("PYTHONPATH", "")])}
     cmd = [sys.executable, "-m", "trainwright"]
-    train = subprocess.run([*cmd, "train", str(CONFIG), "--work-dir", str(tmp_path)], capture_output=True, text=True, timeout=120, check=True, env=env)
-    assert "WARNING" not in train.stdout + train.stderr and "Warning:" not in train.stderr, train.stdout[-3000:] + train.stderr[-3000:]
+    train = subprocess.run(
+        [*cmd, "train", str(CONFIG), "--work-dir", str(tmp_path)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=True,
+        env=env,
+    )
+    assert "WARNING" not in train.stdout + train.stderr and "Warning:" not in train.stderr, (
+        train.stdout[-3000:] + train.stderr[-3000:]
+    )
     assert (tmp_path / "checkpoints" / "latest").exists()
-    out = subprocess.run([*cmd, "test", str(CONFIG), "--work-dir", str(tmp_path), "--checkpoint", str(tmp_path / "checkpoints" / "epoch_10.pth")],
-                         capture_output=True, text=True, timeout=120, check=True, env=env)
-    assert "WARNING" not in out.stdout + out.stderr and "Warning:" not in out.stderr, out.stdout[-3000:] + out.stderr[-3000:]
+    out = subprocess.run(
+        [
+            *cmd,
+            "test",
+            str(CONFIG),
+            "--work-dir",
+            str(tmp_path),
+            "--checkpoint",
+            str(tmp_path / "checkpoints" / "epoch_10.pth"),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=True,
+        env=env,
+    )
+    assert "WARNING" not in out.stdout + out.stderr and "Warning:" not in out.stderr, (
+        out.stdout[-3000:] + out.stderr[-3000:]
+    )
     assert json.loads(out.stdout.strip().splitlines()[-1])["test/acc"] >= 0.95

@@ -39,7 +39,9 @@ def main() -> None:
         val_evaluator=tw.evaluation.Accuracy(),
         optim_wrapper=dict(optimizer=dict(type="SGD", lr=0.1)),
         train_cfg=dict(by_epoch=True, max_epochs=2),
-        default_hooks=dict(checkpoint=None, logger=dict(interval=20), progress_bar=dict(enable=enable, refresh_per_second=20)),
+        default_hooks=dict(
+            checkpoint=None, logger=dict(interval=20), progress_bar=dict(enable=enable, refresh_per_second=20)
+        ),
         randomness=dict(seed=0),
     )
     trainer.train()

@@ -28,14 +28,17 @@ class EpochCounter(tw.Hook):
 
 
 def _expected_log_iters(interval: int, epoch_len: int, epochs: int) -> list[int]:
-    """Every ``interval`` iterations counted within each epoch (mmengine's), plus each epoch's last iteration (ignore_last=False)."""
+    """Every ``interval`` iterations counted within each epoch (mmengine's), plus each epoch's last iteration
+    (ignore_last=False)."""
     total = epoch_len * epochs
     return [i for i in range(1, total + 1) if ((i - 1) % epoch_len + 1) % interval == 0 or i % epoch_len == 0]
 
 
 @pytest.mark.parametrize("interval", [5, 3, 1])
 def test_logger_interval_sets_record_count(trainer_factory, interval):
-    t = trainer_factory(default_hooks=dict(checkpoint=None, logger=dict(interval=interval)), train_cfg=dict(max_epochs=2))
+    t = trainer_factory(
+        default_hooks=dict(checkpoint=None, logger=dict(interval=interval)), train_cfg=dict(max_epochs=2)
+    )
     t.train()
     recs = _records(t)
     assert [r["iter"] for r in recs] == _expected_log_iters(interval, 10, 2)
@@ -61,7 +64,9 @@ def test_checkpoint_interval_by_epoch_and_keep(trainer_factory):
 
 
 def test_checkpoint_by_iteration(trainer_factory):
-    t = trainer_factory(default_hooks=dict(checkpoint=dict(interval=4, by_epoch=False)), train_cfg=dict(by_epoch=False, max_iters=10))
+    t = trainer_factory(
+        default_hooks=dict(checkpoint=dict(interval=4, by_epoch=False)), train_cfg=dict(by_epoch=False, max_iters=10)
+    )
     t.train()
     # every 4 iterations, plus the last one (save_last)
     assert sorted(p.name for p in t.checkpoints.ckpt_dir.glob("*.pth")) == ["iter_10.pth", "iter_4.pth", "iter_8.pth"]

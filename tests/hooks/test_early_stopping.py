@@ -10,12 +10,14 @@ import pytest
 
 from trainwright.hooks.dispatch import HookList
 from trainwright.hooks.early_stopping import EarlyStoppingHook
-from trainwright.utils.progress import Progress
 from trainwright.registry import HOOKS
+from trainwright.utils.progress import Progress
 
 
 def _trainer() -> types.SimpleNamespace:
-    return types.SimpleNamespace(model=None, unwrapped_model=None, progress=Progress(), logger=logging.getLogger("t.early"), should_stop=False)
+    return types.SimpleNamespace(
+        model=None, unwrapped_model=None, progress=Progress(), logger=logging.getLogger("t.early"), should_stop=False
+    )
 
 
 def _feed(hook: EarlyStoppingHook, trainer, values: list[float], key: str | None = None) -> int | None:
@@ -49,7 +51,13 @@ def test_an_improvement_resets_the_count() -> None:
 
 @pytest.mark.parametrize(
     ("monitor", "rule", "expected"),
-    [("val/loss", None, "less"), ("val/loss_cls", None, "less"), ("val/acc", None, "greater"), ("val/mIoU", None, "greater"), ("val/error", "less", "less")],
+    [
+        ("val/loss", None, "less"),
+        ("val/loss_cls", None, "less"),
+        ("val/acc", None, "greater"),
+        ("val/mIoU", None, "greater"),
+        ("val/error", "less", "less"),
+    ],
 )
 def test_rule_inference(monitor: str, rule: str | None, expected: str) -> None:
     assert EarlyStoppingHook(monitor, rule=rule).rule == expected
@@ -61,7 +69,9 @@ def test_less_rule_stops_when_loss_stalls() -> None:
     assert hook.best_score == 0.8
 
 
-@pytest.mark.parametrize(("monitor", "values"), [("val/acc", [0.50, 0.55, 0.58, 0.59]), ("val/loss", [1.0, 0.95, 0.92, 0.91])])
+@pytest.mark.parametrize(
+    ("monitor", "values"), [("val/acc", [0.50, 0.55, 0.58, 0.59]), ("val/loss", [1.0, 0.95, 0.92, 0.91])]
+)
 def test_min_delta(monitor: str, values: list[float]) -> None:
     # steps of 0.01..0.05 are improvements without min_delta, not with min_delta=0.1
     hook, t = EarlyStoppingHook(monitor, patience=3), _trainer()
@@ -133,7 +143,16 @@ def test_registered_stateful_and_dispatched() -> None:
     assert t.should_stop
 
 
-@pytest.mark.parametrize(("monitor", "rule"), [("val/Loss", "less"), ("val/LOSS_total", "less"), ("val/Acc", "greater"), ("accuracy/top1", "greater"), ("val/mAP", "greater")])
+@pytest.mark.parametrize(
+    ("monitor", "rule"),
+    [
+        ("val/Loss", "less"),
+        ("val/LOSS_total", "less"),
+        ("val/Acc", "greater"),
+        ("accuracy/top1", "greater"),
+        ("val/mAP", "greater"),
+    ],
+)
 def test_rule_is_inferred_by_mmengine_keys_case_insensitively(monitor: str, rule: str) -> None:
     assert EarlyStoppingHook(monitor).rule == rule
 
@@ -145,7 +164,9 @@ def test_a_falling_capitalised_loss_does_not_stop() -> None:
 
 
 def test_a_key_with_no_known_direction_needs_a_rule() -> None:
-    with pytest.raises(ValueError, match=r"cannot tell whether a higher or a lower 'val/recall' is better.*rule='greater'"):
+    with pytest.raises(
+        ValueError, match=r"cannot tell whether a higher or a lower 'val/recall' is better.*rule='greater'"
+    ):
         EarlyStoppingHook("val/recall")
     assert EarlyStoppingHook("val/recall", rule="greater").rule == "greater"
 

@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-import math
 import io
 import logging
+import math
 import types
 
 import pytest
@@ -20,9 +20,9 @@ from trainwright.hooks.ema import EMAHook
 from trainwright.hooks.hook import Hook
 from trainwright.loops.context import LoopContext
 from trainwright.loops.eval_loop import EvalLoop
-from trainwright.utils.progress import Progress
 from trainwright.model.base_model import BaseModel
 from trainwright.registry import HOOKS
+from trainwright.utils.progress import Progress
 
 
 class Regressor(BaseModel):
@@ -54,7 +54,14 @@ def _data(seed: int, n: int = 24) -> TensorDataset:
 def _trainer(*hooks: Hook, seed: int = 0) -> types.SimpleNamespace:
     torch.manual_seed(seed)
     model = Regressor()
-    t = types.SimpleNamespace(model=model, unwrapped_model=model, progress=Progress(), logger=logging.getLogger("t"), should_stop=False, bind_step=lambda: None)
+    t = types.SimpleNamespace(
+        model=model,
+        unwrapped_model=model,
+        progress=Progress(),
+        logger=logging.getLogger("t"),
+        should_stop=False,
+        bind_step=lambda: None,
+    )
     t.hooks = HookList(hooks)
     t.optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
     t.train_loader = DataLoader(_data(1), batch_size=4)
@@ -101,7 +108,9 @@ class _ReferenceEMA:
         self.avg = w if self.avg is None else {k: (1 - self.m) * self.avg[k] + self.m * w[k] for k in w}
 
 
-def _train_beside_reference(t: types.SimpleNamespace, hook: EMAHook, momentum: float, iters: int = 5) -> tuple[_ReferenceEMA, dict[str, torch.Tensor]]:
+def _train_beside_reference(
+    t: types.SimpleNamespace, hook: EMAHook, momentum: float, iters: int = 5
+) -> tuple[_ReferenceEMA, dict[str, torch.Tensor]]:
     """Train ``iters`` steps with ``hook`` and a hand-written EMA beside it; return it and the training weights."""
     hook.before_train(t)
     ref = _ReferenceEMA(momentum)
@@ -138,7 +147,8 @@ def test_average_matches_reference_from_begin_iter(begin_iter: int) -> None:
 
 @pytest.mark.parametrize(("ema_type", "gamma"), [("MomentumAnnealingEMA", 3.0), ("ExpMomentumEMA", 4.0)])
 def test_annealed_ema_types_match_mmengine_and_mmdet_formulas(ema_type: str, gamma: float) -> None:
-    """mmengine's MomentumAnnealingEMA / mmdet's ExpMomentumEMA (RTMDet's ``ema_type``): the momentum of update n, written out."""
+    """mmengine's MomentumAnnealingEMA / mmdet's ExpMomentumEMA (RTMDet's ``ema_type``): the momentum of update n,
+    written out."""
     momentum = 0.01
 
     def m(steps: int) -> float:  # their avg_func, with steps the updates made before (>= 1: the first update copies)
@@ -256,7 +266,15 @@ def test_resume_continues_the_average_exactly(load_before_train: bool) -> None:
     hook.before_train(t)
     _train(t, 5)
     buf = io.BytesIO()
-    torch.save({"model": t.model.state_dict(), "optim": t.optimizer.state_dict(), "progress": t.progress.state_dict(), "hook": hook.state_dict()}, buf)
+    torch.save(
+        {
+            "model": t.model.state_dict(),
+            "optim": t.optimizer.state_dict(),
+            "progress": t.progress.state_dict(),
+            "hook": hook.state_dict(),
+        },
+        buf,
+    )
     buf.seek(0)
     ckpt = torch.load(buf, weights_only=True)
 

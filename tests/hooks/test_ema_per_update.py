@@ -1,4 +1,5 @@
-"""EMAHook(update_per="update"): the average follows the optimizer's updates under accumulation, as timm's training loop does."""
+"""EMAHook(update_per="update"): the average follows the optimizer's updates under accumulation, as timm's training
+loop does."""
 
 from __future__ import annotations
 
@@ -35,7 +36,8 @@ def data() -> TensorDataset:
 
 
 def timm_loop() -> dict[str, torch.Tensor]:
-    """timm's train_one_epoch, by hand: loss / accum backward each micro-batch; on the last of each window step, zero_grad, then update the EMA.
+    """timm's train_one_epoch, by hand: loss / accum backward each micro-batch; on the last of each window step,
+    zero_grad, then update the EMA.
 
     The average's first update copies the weights, later ones move it by ``MOMENTUM`` toward
     them (trainwright's convention: the weight of the new value).
@@ -60,15 +62,21 @@ def timm_loop() -> dict[str, torch.Tensor]:
 
 
 def test_ema_per_update_equals_a_timm_style_loop_bitwise(tmp_path: Path) -> None:
-    """accumulative_counts=2: the average updated after each optimizer update equals timm's loop bit for bit; per iteration it differs."""
+    """accumulative_counts=2: the average updated after each optimizer update equals timm's loop bit for bit; per
+    iteration it differs."""
     averages = {}
     for update_per in ("update", "iter"):
         hook = EMAHook(momentum=MOMENTUM, update_per=update_per)
         t = tw.Trainer(
-            model=Net(), work_dir=tmp_path, train_dataloader=DataLoader(data(), batch_size=4),
+            model=Net(),
+            work_dir=tmp_path,
+            train_dataloader=DataLoader(data(), batch_size=4),
             optim_wrapper=dict(optimizer=dict(type="SGD", lr=0.1, momentum=0.9), accumulative_counts=ACC),
-            train_cfg=dict(by_epoch=False, max_iters=ITERS), default_hooks=dict(checkpoint=None), custom_hooks=[hook],
-            log_level="WARNING", experiment_name=update_per,
+            train_cfg=dict(by_epoch=False, max_iters=ITERS),
+            default_hooks=dict(checkpoint=None),
+            custom_hooks=[hook],
+            log_level="WARNING",
+            experiment_name=update_per,
         )
         t.train()
         t.close()
@@ -76,7 +84,9 @@ def test_ema_per_update_equals_a_timm_style_loop_bitwise(tmp_path: Path) -> None
         averages[update_per] = hook.ema.state_dict()["averaged"]
     reference = timm_loop()
     assert all(torch.equal(averages["update"][k], v) for k, v in reference.items())
-    assert not all(torch.equal(averages["iter"][k], v) for k, v in reference.items())  # the default: mmengine's, per iteration
+    assert not all(
+        torch.equal(averages["iter"][k], v) for k, v in reference.items()
+    )  # the default: mmengine's, per iteration
 
 
 def test_update_per_is_checked() -> None:

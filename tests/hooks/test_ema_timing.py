@@ -1,4 +1,5 @@
-"""EMAHook in a real run, against mmengine's timing: the iteration of the first update, the average before it, strict_load."""
+"""EMAHook in a real run, against mmengine's timing: the iteration of the first update, the average before it,
+strict_load."""
 
 from __future__ import annotations
 
@@ -8,11 +9,10 @@ from typing import Any
 
 import pytest
 import torch
+from conftest import regression_set  # 20 samples, batch 4: 5 iterations per epoch
 
 import trainwright as tw
 from trainwright.hooks.ema import EMAHook
-
-from conftest import regression_set  # 20 samples, batch 4: 5 iterations per epoch
 
 
 class Probe(tw.Hook):
@@ -29,7 +29,9 @@ class Probe(tw.Hook):
         it = trainer.progress.iteration
         self.steps[it] = self.hook.ema.steps
         averaged = self.hook.state_dict()["averaged"]
-        self.same_as_model[it] = all(torch.equal(averaged[k], v) for k, v in trainer.unwrapped_model.state_dict().items())
+        self.same_as_model[it] = all(
+            torch.equal(averaged[k], v) for k, v in trainer.unwrapped_model.state_dict().items()
+        )
 
 
 def _run(trainer_factory: Any, hook: EMAHook, **kw: Any) -> tuple[Any, Probe]:
@@ -40,9 +42,20 @@ def _run(trainer_factory: Any, hook: EMAHook, **kw: Any) -> tuple[Any, Probe]:
     return t, probe
 
 
-@pytest.mark.parametrize(("begin", "first"), [(dict(begin_iter=5), 5), (dict(begin_iter=1), 1), (dict(begin_iter=0), 1), (dict(begin_epoch=2), 6), (dict(begin_epoch=3), 11), (dict(begin_epoch=1), 1)])
+@pytest.mark.parametrize(
+    ("begin", "first"),
+    [
+        (dict(begin_iter=5), 5),
+        (dict(begin_iter=1), 1),
+        (dict(begin_iter=0), 1),
+        (dict(begin_epoch=2), 6),
+        (dict(begin_epoch=3), 11),
+        (dict(begin_epoch=1), 1),
+    ],
+)
 def test_first_update_at_mmengines_iteration(trainer_factory: Any, begin: dict[str, int], first: int) -> None:
-    """mmengine updates while runner.iter + 1 >= begin_iter / runner.epoch + 1 >= begin_epoch (0-based counters in after_train_iter)."""
+    """mmengine updates while runner.iter + 1 >= begin_iter / runner.epoch + 1 >= begin_epoch (0-based counters in
+    after_train_iter)."""
     hook = EMAHook(momentum=0.5, **begin)
     _, probe = _run(trainer_factory, hook)
     assert [it for it, n in probe.steps.items() if n == 1] == [first]  # the first update is made at that iteration
@@ -68,12 +81,30 @@ def test_before_the_first_update_the_average_is_the_live_model(trainer_factory: 
     assert all(torch.equal(averaged[k], v) for k, v in ckpt["model"].items())
     model = type(t.unwrapped_model)()
     model.load_state_dict(averaged)
-    assert not torch.equal(model.linear.weight, type(t.unwrapped_model)().linear.weight)  # trained, not the initial weights
+    assert not torch.equal(
+        model.linear.weight, type(t.unwrapped_model)().linear.weight
+    )  # trained, not the initial weights
 
 
-@pytest.mark.parametrize(("begin", "match"), [(dict(begin_iter=16), "begin_iter=16 starts averaging at iteration 16, but the run ends at iteration 15 \\(3 epochs of 5"), (dict(begin_epoch=4), "begin_epoch=4 starts averaging at iteration 16")])
-def test_begin_past_the_end_of_the_run_is_refused_at_start(trainer_factory: Any, begin: dict[str, int], match: str) -> None:
-    t = trainer_factory(dataset=regression_set(20), batch_size=4, train_cfg=dict(by_epoch=True, max_epochs=3), custom_hooks=[EMAHook(**begin)])
+@pytest.mark.parametrize(
+    ("begin", "match"),
+    [
+        (
+            dict(begin_iter=16),
+            "begin_iter=16 starts averaging at iteration 16, but the run ends at iteration 15 \\(3 epochs of 5",
+        ),
+        (dict(begin_epoch=4), "begin_epoch=4 starts averaging at iteration 16"),
+    ],
+)
+def test_begin_past_the_end_of_the_run_is_refused_at_start(
+    trainer_factory: Any, begin: dict[str, int], match: str
+) -> None:
+    t = trainer_factory(
+        dataset=regression_set(20),
+        batch_size=4,
+        train_cfg=dict(by_epoch=True, max_epochs=3),
+        custom_hooks=[EMAHook(**begin)],
+    )
     with pytest.raises(ValueError, match=match):
         t.train()
     assert t.progress.iteration == 0
@@ -91,8 +122,14 @@ def test_begin_iter_and_begin_epoch_together_are_refused() -> None:
 
 
 def _checkpoint_with_edited_average(trainer_factory: Any, tmp_path: Path) -> tuple[Path, dict[str, Any]]:
-    """A run with the EMA hook writes epoch_1.pth; its saved average gets an unexpected key and a bias of another shape."""
-    first = trainer_factory(dataset=regression_set(20), batch_size=4, custom_hooks=[EMAHook(momentum=0.5)], default_hooks=dict(checkpoint=dict(interval=1)))
+    """A run with the EMA hook writes epoch_1.pth; its saved average gets an unexpected key and a bias of another
+    shape."""
+    first = trainer_factory(
+        dataset=regression_set(20),
+        batch_size=4,
+        custom_hooks=[EMAHook(momentum=0.5)],
+        default_hooks=dict(checkpoint=dict(interval=1)),
+    )
     first.train()
     path = tmp_path / "checkpoints" / "epoch_1.pth"
     ckpt = torch.load(path, weights_only=True)
@@ -112,7 +149,9 @@ def test_strict_load_false_loads_what_matches_and_warns(trainer_factory: Any, tm
     saved = ckpt["hooks"]["EMAHook"]
     assert hook.ema.steps == saved["steps"] == 5
     assert torch.equal(hook.ema.averaged["linear.weight"], saved["averaged"]["linear.weight"])
-    assert torch.equal(hook.ema.averaged["linear.bias"], ckpt["model"]["linear.bias"])  # the mismatched entry starts from the model
+    assert torch.equal(
+        hook.ema.averaged["linear.bias"], ckpt["model"]["linear.bias"]
+    )  # the mismatched entry starts from the model
 
 
 def test_strict_load_true_names_the_mismatch(trainer_factory: Any, tmp_path: Path) -> None:
@@ -122,8 +161,15 @@ def test_strict_load_true_names_the_mismatch(trainer_factory: Any, tmp_path: Pat
         t.train()
 
 
-def test_resume_from_a_checkpoint_without_ema_state_starts_from_the_loaded_weights(trainer_factory: Any, tmp_path: Path) -> None:
-    kw: dict[str, Any] = dict(dataset=regression_set(20), batch_size=4, train_cfg=dict(by_epoch=True, max_epochs=1), default_hooks=dict(checkpoint=dict(interval=1)))
+def test_resume_from_a_checkpoint_without_ema_state_starts_from_the_loaded_weights(
+    trainer_factory: Any, tmp_path: Path
+) -> None:
+    kw: dict[str, Any] = dict(
+        dataset=regression_set(20),
+        batch_size=4,
+        train_cfg=dict(by_epoch=True, max_epochs=1),
+        default_hooks=dict(checkpoint=dict(interval=1)),
+    )
     first = trainer_factory(**kw)
     first.train()
     trained = {k: v.clone() for k, v in first.unwrapped_model.state_dict().items()}

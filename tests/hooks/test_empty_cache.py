@@ -1,4 +1,5 @@
-"""EmptyCacheHook (mmengine's): ``torch.cuda.empty_cache()`` at the events its arguments name, and no call per iteration unless asked."""
+"""EmptyCacheHook (mmengine's): ``torch.cuda.empty_cache()`` at the events its arguments name, and no call per
+iteration unless asked."""
 
 from __future__ import annotations
 
@@ -6,9 +7,9 @@ from typing import Any
 
 import pytest
 import torch
+from conftest import regression_set
 from torch.utils.data import DataLoader
 
-from conftest import regression_set
 from trainwright.evaluation import Metric
 
 
@@ -20,18 +21,30 @@ class Count(Metric):
         return {"n": float(len(results))}
 
 
-@pytest.mark.parametrize(("args", "calls"), [
-    (dict(), 2 + 2),  # after each of 2 training epochs and 2 validations
-    (dict(before_epoch=True, after_iter=True), 4 + 4 + 2 * 3),  # also before each, and after each of 3 iterations per epoch
-])
-def test_empty_cache_runs_at_the_events_asked_for(trainer_factory: Any, monkeypatch: pytest.MonkeyPatch, args: dict, calls: int) -> None:
+@pytest.mark.parametrize(
+    ("args", "calls"),
+    [
+        (dict(), 2 + 2),  # after each of 2 training epochs and 2 validations
+        (
+            dict(before_epoch=True, after_iter=True),
+            4 + 4 + 2 * 3,
+        ),  # also before each, and after each of 3 iterations per epoch
+    ],
+)
+def test_empty_cache_runs_at_the_events_asked_for(
+    trainer_factory: Any, monkeypatch: pytest.MonkeyPatch, args: dict, calls: int
+) -> None:
     emptied: list[int] = []
     # instrumentation of torch (a CUDA process is simulated): the hook under test runs unmodified
     monkeypatch.setattr(torch.cuda, "is_initialized", lambda: True)
     monkeypatch.setattr(torch.cuda, "empty_cache", lambda: emptied.append(1))
     t = trainer_factory(
-        dataset=regression_set(12), batch_size=4, train_cfg=dict(by_epoch=True, max_epochs=2),
-        val_dataloader=DataLoader(regression_set(8), batch_size=4), val_evaluator=Count(), custom_hooks=[dict(type="EmptyCacheHook", **args)],
+        dataset=regression_set(12),
+        batch_size=4,
+        train_cfg=dict(by_epoch=True, max_epochs=2),
+        val_dataloader=DataLoader(regression_set(8), batch_size=4),
+        val_evaluator=Count(),
+        custom_hooks=[dict(type="EmptyCacheHook", **args)],
     )
     t.train()
     assert len(emptied) == calls

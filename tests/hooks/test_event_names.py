@@ -1,4 +1,5 @@
-"""A hook method named like an event it is not (detectron2's ``before_step``, a near-miss) is named in a warning at registration."""
+"""A hook method named like an event it is not (detectron2's ``before_step``, a near-miss) is named in a warning at
+registration."""
 
 from __future__ import annotations
 
@@ -13,9 +14,14 @@ import trainwright as tw
 
 def _trainer(tmp_path: Path, hook: tw.Hook) -> tw.Trainer:
     return tw.Trainer(
-        model=LinearReg(), work_dir=tmp_path, train_dataloader=dict(dataset=regression_set(), batch_size=8),
-        optim_wrapper=dict(optimizer=dict(type="SGD", lr=0.01)), train_cfg=dict(by_epoch=True, max_epochs=1),
-        default_hooks=dict(checkpoint=None), custom_hooks=[hook], log_level="WARNING",
+        model=LinearReg(),
+        work_dir=tmp_path,
+        train_dataloader=dict(dataset=regression_set(), batch_size=8),
+        optim_wrapper=dict(optimizer=dict(type="SGD", lr=0.01)),
+        train_cfg=dict(by_epoch=True, max_epochs=1),
+        default_hooks=dict(checkpoint=None),
+        custom_hooks=[hook],
+        log_level="WARNING",
     )
 
 
@@ -33,10 +39,22 @@ def test_a_ported_detectron2_hook_is_named_with_the_events_to_write(tmp_path: Pa
     with pytest.warns(UserWarning) as caught:
         trainer = _trainer(tmp_path, PortedHook())
     (message,) = [str(w.message) for w in caught if "PortedHook" in str(w.message)]
-    assert "PortedHook.before_step: detectron2's HookBase event; trainwright never calls it: write before_train_iter(self, trainer, batch_idx, data_batch)" in message
-    assert "PortedHook.after_step: detectron2's HookBase event; trainwright never calls it: write after_train_iter(" in message
-    assert "PortedHook.after_backward: detectron2's HookBase event; trainwright never calls it: write optimizer.register_step_pre_hook(fn)" in message
-    assert message.endswith("A detectron2 hook runs as it is under trainwright.engine.SimpleTrainer, subclassing trainwright.engine.HookBase")
+    assert (
+        "PortedHook.before_step: detectron2's HookBase event; trainwright never calls it: write "
+        "before_train_iter(self, trainer, batch_idx, data_batch)" in message
+    )
+    assert (
+        "PortedHook.after_step: detectron2's HookBase event; trainwright never calls it: write after_train_iter("
+        in message
+    )
+    assert (
+        "PortedHook.after_backward: detectron2's HookBase event; trainwright never calls it: write "
+        "optimizer.register_step_pre_hook(fn)" in message
+    )
+    assert message.endswith(
+        "A detectron2 hook runs as it is under trainwright.engine.SimpleTrainer, subclassing "
+        "trainwright.engine.HookBase"
+    )
     trainer.close()
 
 
@@ -52,7 +70,10 @@ def test_a_near_miss_of_an_event_is_named_and_helpers_are_not(tmp_path: Path) ->
         def summarise(self) -> None:  # a helper: no event resembles it
             pass
 
-    with pytest.warns(UserWarning, match=r"Typo.after_train_iteration: not an event, so never called; did you mean 'after_train_iter'\?"):
+    with pytest.warns(
+        UserWarning,
+        match=r"Typo.after_train_iteration: not an event, so never called; did you mean 'after_train_iter'\?",
+    ):
         _trainer(tmp_path / "a", Typo()).close()
     with warnings.catch_warnings():
         warnings.simplefilter("error")

@@ -36,7 +36,13 @@ def _train_iters(n: int) -> list[str]:
 
 
 def _val(n_batches: int) -> list[str]:
-    return ["before_val", "before_val_epoch", *(["before_val_iter", "after_val_iter"] * n_batches), "after_val_epoch", "after_val"]
+    return [
+        "before_val",
+        "before_val_epoch",
+        *(["before_val_iter", "after_val_iter"] * n_batches),
+        "after_val_epoch",
+        "after_val",
+    ]
 
 
 class Classifier(tw.BaseModel):
@@ -57,8 +63,13 @@ def _trainer(factory, train_cfg, rec, **kwargs: Any):
     ds = classification_set(16)  # 4 train batches of 4
     return factory(
         **kwargs,
-        model=Classifier(), dataset=ds, batch_size=4, train_cfg=train_cfg, custom_hooks=[rec],
-        val_dataloader=DataLoader(classification_set(6), batch_size=3), val_evaluator=tw.evaluation.Accuracy(),
+        model=Classifier(),
+        dataset=ds,
+        batch_size=4,
+        train_cfg=train_cfg,
+        custom_hooks=[rec],
+        val_dataloader=DataLoader(classification_set(6), batch_size=3),
+        val_evaluator=tw.evaluation.Accuracy(),
     )
 
 
@@ -68,7 +79,9 @@ def _trainer(factory, train_cfg, rec, **kwargs: Any):
 )
 def test_epoch_based_order_and_counts(trainer_factory, val_interval, val_begin, val_epochs):
     rec = Recorder()
-    t = _trainer(trainer_factory, dict(by_epoch=True, max_epochs=3, val_interval=val_interval, val_begin=val_begin), rec)
+    t = _trainer(
+        trainer_factory, dict(by_epoch=True, max_epochs=3, val_interval=val_interval, val_begin=val_begin), rec
+    )
     t.train()
     expected = ["before_run", "before_train"]
     for epoch in (1, 2, 3):
@@ -84,7 +97,18 @@ def test_iteration_based_order_and_counts(trainer_factory):
     rec = Recorder()
     t = _trainer(trainer_factory, dict(by_epoch=False, max_iters=10, val_interval=4, val_begin=5), rec)
     t.train()
-    expected = ["before_run", "before_train", "before_train_epoch", *_train_iters(8), *_val(2), *_train_iters(2), *_val(2), "after_train_epoch", "after_train", "after_run"]
+    expected = [
+        "before_run",
+        "before_train",
+        "before_train_epoch",
+        *_train_iters(8),
+        *_val(2),
+        *_train_iters(2),
+        *_val(2),
+        "after_train_epoch",
+        "after_train",
+        "after_run",
+    ]
     assert rec.events == expected
     assert t.progress.iteration == 10
 
@@ -93,7 +117,20 @@ def test_iteration_based_val_at_interval(trainer_factory):
     rec = Recorder()
     t = _trainer(trainer_factory, dict(by_epoch=False, max_iters=8, val_interval=3), rec)
     t.train()
-    expected = ["before_run", "before_train", "before_train_epoch", *_train_iters(3), *_val(2), *_train_iters(3), *_val(2), *_train_iters(2), *_val(2), "after_train_epoch", "after_train", "after_run"]
+    expected = [
+        "before_run",
+        "before_train",
+        "before_train_epoch",
+        *_train_iters(3),
+        *_val(2),
+        *_train_iters(3),
+        *_val(2),
+        *_train_iters(2),
+        *_val(2),
+        "after_train_epoch",
+        "after_train",
+        "after_run",
+    ]
     assert rec.events == expected
 
 
@@ -113,7 +150,16 @@ def test_priorities_by_number_and_name():
         cls = type(name, (tw.Hook,), {"priority": prio, "before_train": lambda self, trainer: order.append(name)})
         return cls()
 
-    hooks = HookList([make("low", "LOW"), make("ten", 10), make("highest", "HIGHEST"), make("fifty", 50), make("normal", "NORMAL"), make("lowest", "lowest")])
+    hooks = HookList(
+        [
+            make("low", "LOW"),
+            make("ten", 10),
+            make("highest", "HIGHEST"),
+            make("fifty", 50),
+            make("normal", "NORMAL"),
+            make("lowest", "lowest"),
+        ]
+    )
     assert [type(h).__name__ for h in hooks] == ["highest", "ten", "fifty", "normal", "low", "lowest"]
     hooks.call("before_train", None)
     assert order == ["highest", "ten", "fifty", "normal", "low", "lowest"]
@@ -239,12 +285,24 @@ def test_resumed_run_calls_interval_hooks_at_the_same_iterations(trainer_factory
     """The schedule is placed from the iteration a run resumes at, not from 0."""
     log: list = []
     ckpt = dict(checkpoint=dict(by_epoch=False, interval=7))
-    t = _trainer(trainer_factory, dict(by_epoch=False, max_iters=14), IterLog("h", 3, log), default_hooks=ckpt, work_dir=tmp_path / "a")
+    t = _trainer(
+        trainer_factory,
+        dict(by_epoch=False, max_iters=14),
+        IterLog("h", 3, log),
+        default_hooks=ckpt,
+        work_dir=tmp_path / "a",
+    )
     t.train()
     full = [it for _, it, _ in log]
     assert full == [3, 4, 6, 8, 9, 12, 14]  # ... and the run's last iteration
     log.clear()
-    t2 = _trainer(trainer_factory, dict(by_epoch=False, max_iters=14), IterLog("h", 3, log), default_hooks=ckpt, work_dir=tmp_path / "b")
+    t2 = _trainer(
+        trainer_factory,
+        dict(by_epoch=False, max_iters=14),
+        IterLog("h", 3, log),
+        default_hooks=ckpt,
+        work_dir=tmp_path / "b",
+    )
     t2.resume_from(tmp_path / "a" / "checkpoints" / "iter_7.pth")
     t2.train()
     assert [it for _, it, _ in log] == [8, 9, 12, 14]
@@ -260,7 +318,9 @@ def test_logger_lines_with_gated_dispatch_match_every_interval(trainer_factory, 
     epoch_len = len(t.train_loop.dataloader)
     recs = [json.loads(line) for line in (t.run_dir / "metrics.jsonl").read_text().splitlines()]
     iters = [r["iter"] for r in recs if r["mode"] == "train"]
-    expected = sorted({i for i in range(1, 2 * epoch_len + 1) if ((i - 1) % epoch_len + 1) % 3 == 0 or i % epoch_len == 0})  # within each epoch
+    expected = sorted(
+        {i for i in range(1, 2 * epoch_len + 1) if ((i - 1) % epoch_len + 1) % 3 == 0 or i % epoch_len == 0}
+    )  # within each epoch
     assert iters == expected
 
 
@@ -288,7 +348,10 @@ def test_register_hook_and_dict_priority_like_mmengine(trainer_factory):
     if "Mark" not in HOOKS:
         HOOKS.register(Mark)
     log: list = []
-    t = trainer_factory(custom_hooks=[dict(type="Mark", name="low", log=log, priority="LOWEST")], train_cfg=dict(by_epoch=True, max_epochs=1))
+    t = trainer_factory(
+        custom_hooks=[dict(type="Mark", name="low", log=log, priority="LOWEST")],
+        train_cfg=dict(by_epoch=True, max_epochs=1),
+    )
     added = t.register_hook(Mark("high", log), priority=5)
     from_dict = t.register_hook(dict(type="Mark", name="normal", log=log))
     assert added.priority == 5 and isinstance(from_dict, Mark) and from_dict in t.hooks.hooks

@@ -37,7 +37,9 @@ def _rows(trainer):
 
 
 def test_report_times_a_sleeping_hook_and_counts_calls(trainer_factory):
-    t = trainer_factory(custom_hooks=[Sleeper(0.03, 0.002), EveryFour()], train_cfg=dict(max_epochs=2))  # 10 iterations per epoch
+    t = trainer_factory(
+        custom_hooks=[Sleeper(0.03, 0.002), EveryFour()], train_cfg=dict(max_epochs=2)
+    )  # 10 iterations per epoch
     t0 = time.perf_counter()
     t.train()
     wall = time.perf_counter() - t0
@@ -65,7 +67,9 @@ def test_every_active_hook_is_listed_with_its_events(trainer_factory):
 
 
 def test_table_is_logged_when_training_ends(trainer_factory):
-    t = trainer_factory(custom_hooks=[Sleeper(0.01, 0.0)], log_level="INFO", hook_timing=True)  # by default: at DEBUG only
+    t = trainer_factory(
+        custom_hooks=[Sleeper(0.01, 0.0)], log_level="INFO", hook_timing=True
+    )  # by default: at DEBUG only
     t.train()
     t.flush_logs()
     log = (t.run_dir / "train.log").read_text()

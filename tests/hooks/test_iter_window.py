@@ -33,10 +33,20 @@ def test_called_exactly_inside_the_window_across_epochs_and_beside_interval_hook
 
 
 def test_window_counts_resumed_iterations_run_wide(trainer_factory, tmp_path):
-    t = trainer_factory(work_dir=tmp_path, train_cfg=dict(by_epoch=False, max_iters=6), default_hooks=dict(checkpoint=dict(interval=3, by_epoch=False)))
+    t = trainer_factory(
+        work_dir=tmp_path,
+        train_cfg=dict(by_epoch=False, max_iters=6),
+        default_hooks=dict(checkpoint=dict(interval=3, by_epoch=False)),
+    )
     t.train()
     hook = Window(range(8, 10))
-    t2 = trainer_factory(work_dir=tmp_path, train_cfg=dict(by_epoch=False, max_iters=12), resume=True, custom_hooks=[hook], default_hooks=dict(checkpoint=None))
+    t2 = trainer_factory(
+        work_dir=tmp_path,
+        train_cfg=dict(by_epoch=False, max_iters=12),
+        resume=True,
+        custom_hooks=[hook],
+        default_hooks=dict(checkpoint=None),
+    )
     t2.train()
     assert hook.after == [8, 9]
 

@@ -10,6 +10,7 @@ from typing import Any
 import pytest
 import torch
 import torch.nn.functional as F
+from conftest import make_trainer, regression_set
 from torch import nn
 from torch.utils.data import DataLoader
 
@@ -18,11 +19,13 @@ from trainwright.evaluation.metric import Metric
 from trainwright.hooks import MemorySnapshotHook
 from trainwright.hooks.memory import PhasePeaks
 
-from conftest import make_trainer, regression_set
-
 
 def test_cpu_run_says_the_hook_needs_cuda_and_writes_nothing(tmp_path: Path) -> None:
-    t = make_trainer(tmp_path, custom_hooks=[dict(type="MemorySnapshotHook", iters=(2, 3))], train_cfg=dict(by_epoch=False, max_iters=4))
+    t = make_trainer(
+        tmp_path,
+        custom_hooks=[dict(type="MemorySnapshotHook", iters=(2, 3))],
+        train_cfg=dict(by_epoch=False, max_iters=4),
+    )
     t.train()
     t.close()
     log = (t.run_dir / "train.log").read_text()
@@ -37,7 +40,8 @@ def test_bad_window_is_refused(iters: Any) -> None:
 
 
 class _Allocator:
-    """A stand-in allocator with torch's peak semantics: the peak since the last reset, a reset sets it to what is allocated now."""
+    """A stand-in allocator with torch's peak semantics: the peak since the last reset, a reset sets it to what is
+    allocated now."""
 
     def __init__(self) -> None:
         self.now = 0
@@ -118,10 +122,17 @@ class _MSE(Metric):
 def test_cuda_snapshot_and_peaks_per_phase(tmp_path: Path) -> None:
     data = regression_set(16)
     t = tw.Trainer(
-        model=_BigEval(), work_dir=tmp_path, train_dataloader=DataLoader(data, batch_size=4), val_dataloader=DataLoader(data, batch_size=4),
-        val_evaluator=_MSE(), optim_wrapper=dict(optimizer=dict(type="SGD", lr=0.01)), train_cfg=dict(by_epoch=True, max_epochs=2),
+        model=_BigEval(),
+        work_dir=tmp_path,
+        train_dataloader=DataLoader(data, batch_size=4),
+        val_dataloader=DataLoader(data, batch_size=4),
+        val_evaluator=_MSE(),
+        optim_wrapper=dict(optimizer=dict(type="SGD", lr=0.01)),
+        train_cfg=dict(by_epoch=True, max_epochs=2),
         default_hooks=dict(logger=dict(interval=2), checkpoint=dict(interval=1)),
-        custom_hooks=[MemorySnapshotHook(iters=(2, 3), out="snap/mem.pickle")], log_level="INFO", randomness=dict(seed=0),
+        custom_hooks=[MemorySnapshotHook(iters=(2, 3), out="snap/mem.pickle")],
+        log_level="INFO",
+        randomness=dict(seed=0),
     )
     t.train()
     t.close()
@@ -137,7 +148,10 @@ def test_cuda_snapshot_and_peaks_per_phase(tmp_path: Path) -> None:
     assert train and all(m > 0 for m in train), train
     assert len(val) == 2 and all(v >= max(train) + 63 for v in val), (train, val)
     log = (t.run_dir / "train.log").read_text()
-    assert "Wrote the CUDA memory snapshot of iterations 2-3" in log and "Checkpoint save at iteration 4: peak memory allocated" in log
+    assert (
+        "Wrote the CUDA memory snapshot of iterations 2-3" in log
+        and "Checkpoint save at iteration 4: peak memory allocated" in log
+    )
 
 
 def test_hook_is_registered_and_exported() -> None:

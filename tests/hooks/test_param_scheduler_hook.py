@@ -8,14 +8,13 @@ from typing import Any
 
 import pytest
 import torch
+from conftest import make_trainer, regression_set
 from torch.optim import lr_scheduler as tls
 from torch.utils.data import DataLoader
 
 import trainwright as tw
 from trainwright.evaluation.metric import Metric
 from trainwright.hooks.hook import Hook
-
-from conftest import make_trainer, regression_set
 
 LR = 0.05
 
@@ -103,27 +102,37 @@ def test_standalone_validation_does_not_step_the_plateau(tmp_path: Path) -> None
 
 def test_missing_monitor_names_the_key_the_metrics_and_the_fix(tmp_path: Path) -> None:
     trainer = _trainer(tmp_path, [], scheduler=[dict(PLATEAU, monitor="val/acc")])
-    with pytest.raises(KeyError, match=r"monitor 'val/acc' is not among the validation metrics \['val/mse'\].*Set monitor to one of them"):
+    with pytest.raises(
+        KeyError,
+        match=r"monitor 'val/acc' is not among the validation metrics \['val/mse'\].*Set monitor to one of them",
+    ):
         trainer.train()
     trainer.close()
 
 
 def test_resume_mid_run_equals_uninterrupted(tmp_path: Path) -> None:
-    scheduler = [dict(PLATEAU, cooldown=1), dict(type="CosineRestartLR", periods=[2, 3], restart_weights=[1.0, 0.5], eta_min_ratio=0.1)]
+    scheduler = [
+        dict(PLATEAU, cooldown=1),
+        dict(type="CosineRestartLR", periods=[2, 3], restart_weights=[1.0, 0.5], eta_min_ratio=0.1),
+    ]
     ckpt = dict(checkpoint=dict(type="CheckpointHook", interval=1, by_epoch=True, max_keep_ckpts=-1))
     ref_rec = Record()
     ref = _trainer(tmp_path / "ref", [ref_rec], scheduler=scheduler, default_hooks=ckpt)
     ref.train()
     ref.close()
 
-    crashed = _trainer(tmp_path / "work", [Record(), CrashAt(3)], scheduler=scheduler, default_hooks=ckpt, experiment_name="a")
+    crashed = _trainer(
+        tmp_path / "work", [Record(), CrashAt(3)], scheduler=scheduler, default_hooks=ckpt, experiment_name="a"
+    )
     with pytest.raises(RuntimeError, match="crash"):
         crashed.train()
     path = crashed.ckpt_dir / "epoch_3.pth"
     crashed.close()
     assert path.exists()
     rec = Record()
-    resumed = _trainer(tmp_path / "work", [rec], scheduler=scheduler, default_hooks=ckpt, experiment_name="b", resume=str(path))
+    resumed = _trainer(
+        tmp_path / "work", [rec], scheduler=scheduler, default_hooks=ckpt, experiment_name="b", resume=str(path)
+    )
     resumed.train()
     resumed.close()
     assert rec.lr == ref_rec.lr[3:]
@@ -138,7 +147,10 @@ def test_iteration_scheduler_with_accumulation_does_not_warn(tmp_path: Path) -> 
     trainer = _trainer(
         tmp_path,
         [],
-        scheduler=[dict(type="LinearLR", start_factor=0.1, by_epoch=False, end=4), dict(type="ReduceOnPlateauLR", monitor="val/mse", by_epoch=False)],
+        scheduler=[
+            dict(type="LinearLR", start_factor=0.1, by_epoch=False, end=4),
+            dict(type="ReduceOnPlateauLR", monitor="val/mse", by_epoch=False),
+        ],
         optim_wrapper=dict(optimizer=dict(type="SGD", lr=LR), accumulative_counts=2),
         max_epochs=2,
     )

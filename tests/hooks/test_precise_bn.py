@@ -1,4 +1,5 @@
-"""PreciseBNHook (detectron2's PreciseBN): BatchNorm statistics become true averages at the final weights; training is untouched."""
+"""PreciseBNHook (detectron2's PreciseBN): BatchNorm statistics become true averages at the final weights; training
+is untouched."""
 
 from __future__ import annotations
 
@@ -36,9 +37,15 @@ def _data() -> TensorDataset:
 
 def _train(work_dir: Path, hooks: list, **train_cfg: Any) -> tw.Trainer:
     trainer = tw.Trainer(
-        model=BNDropNet(), work_dir=work_dir, train_dataloader=DataLoader(_data(), batch_size=8, shuffle=True),
-        optim_wrapper=dict(optimizer=dict(type="SGD", lr=0.05, momentum=0.9)), train_cfg=train_cfg or dict(by_epoch=True, max_epochs=3),
-        custom_hooks=hooks, default_hooks=dict(checkpoint=None), log_level="WARNING", randomness=dict(seed=0),
+        model=BNDropNet(),
+        work_dir=work_dir,
+        train_dataloader=DataLoader(_data(), batch_size=8, shuffle=True),
+        optim_wrapper=dict(optimizer=dict(type="SGD", lr=0.05, momentum=0.9)),
+        train_cfg=train_cfg or dict(by_epoch=True, max_epochs=3),
+        custom_hooks=hooks,
+        default_hooks=dict(checkpoint=None),
+        log_level="WARNING",
+        randomness=dict(seed=0),
     )
     trainer.train()
     return trainer
@@ -75,7 +82,10 @@ def test_interval_and_iteration_based_runs(tmp_path: Path) -> None:
     counts.clear()
     _train(tmp_path / "b", [Counting(num_iter=2, interval=5, by_epoch=False)], by_epoch=False, max_iters=12).close()
     assert counts == [5, 10, 12]
-    with pytest.raises(ValueError, match=r"PreciseBNHook counts its interval in epochs \(by_epoch=True\) but training is iteration-based"):
+    with pytest.raises(
+        ValueError,
+        match=r"PreciseBNHook counts its interval in epochs \(by_epoch=True\) but training is iteration-based",
+    ):
         _train(tmp_path / "c", [PreciseBNHook()], by_epoch=False, max_iters=4)
     with pytest.raises(ValueError, match="num_iter must be an int >= 1"):
         PreciseBNHook(num_iter=0)

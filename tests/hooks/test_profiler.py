@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-import json
 import importlib.util
+import json
 
 import pytest
 
@@ -13,7 +13,10 @@ from trainwright.hooks import ProfilerHook
 def _steps(path) -> list[str]:
     events = json.loads(path.read_text())["traceEvents"]
     assert len(events) > 10
-    return sorted({e["name"] for e in events if str(e.get("name", "")).startswith("ProfilerStep#")}, key=lambda n: int(n.split("#")[1]))
+    return sorted(
+        {e["name"] for e in events if str(e.get("name", "")).startswith("ProfilerStep#")},
+        key=lambda n: int(n.split("#")[1]),
+    )
 
 
 def test_trace_of_the_active_iterations_is_written_as_json(trainer_factory):
@@ -28,7 +31,10 @@ def test_trace_of_the_active_iterations_is_written_as_json(trainer_factory):
     assert rows[("ProfilerHook", "after_train_iter")] == 4 and rows[("ProfilerHook", "before_train_iter")] == 4
 
 
-@pytest.mark.filterwarnings("ignore:Profiler won't be using warmup:UserWarning", "ignore:.*Profiler clears events at the end of each cycle:UserWarning")  # torch's own notes on the schedule under test
+@pytest.mark.filterwarnings(
+    "ignore:Profiler won't be using warmup:UserWarning",
+    "ignore:.*Profiler clears events at the end of each cycle:UserWarning",
+)  # torch's own notes on the schedule under test
 def test_repeat_and_skip_first_write_one_trace_per_cycle(trainer_factory):
     prof = ProfilerHook(wait=1, warmup=0, active=1, repeat=2, skip_first=3)
     t = trainer_factory(custom_hooks=[prof], train_cfg=dict(max_epochs=2))
@@ -57,14 +63,19 @@ def test_tensorboard_plugin_format(trainer_factory, tmp_path):
     assert (tmp_path / "prof" / "trace_rank0_iter2-2.json").exists()
 
 
-@pytest.mark.filterwarnings("ignore:Profiler won't be using warmup:UserWarning", "ignore:.*Profiler clears events at the end of each cycle:UserWarning")  # torch's own notes on the schedule under test
+@pytest.mark.filterwarnings(
+    "ignore:Profiler won't be using warmup:UserWarning",
+    "ignore:.*Profiler clears events at the end of each cycle:UserWarning",
+)  # torch's own notes on the schedule under test
 def test_configured_by_dict_from_the_registry(trainer_factory):
     t = trainer_factory(custom_hooks=[dict(type="ProfilerHook", wait=0, warmup=0, active=1)])
     t.train()
     assert (t.run_dir / "profiler" / "trace_rank0_iter1-1.json").exists()
 
 
-@pytest.mark.parametrize("kwargs, match", [(dict(active=0), "active"), (dict(wait=-1), "wait"), (dict(activities=["tpu"]), "activity")])
+@pytest.mark.parametrize(
+    "kwargs, match", [(dict(active=0), "active"), (dict(wait=-1), "wait"), (dict(activities=["tpu"]), "activity")]
+)
 def test_bad_arguments(kwargs, match):
     with pytest.raises(ValueError, match=match):
         ProfilerHook(**kwargs)

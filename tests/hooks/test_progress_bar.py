@@ -23,7 +23,11 @@ SRC = Path(tw.__file__).resolve().parents[1]
 
 
 def _env() -> dict[str, str]:
-    env = {k: v for k, v in os.environ.items() if k not in ("FORCE_COLOR", "TTY_COMPATIBLE", "NO_COLOR", "COLUMNS", "LINES")}
+    env = {
+        k: v
+        for k, v in os.environ.items()
+        if k not in ("FORCE_COLOR", "TTY_COMPATIBLE", "NO_COLOR", "COLUMNS", "LINES")
+    }
     env["PYTHONPATH"] = os.pathsep.join([str(SRC), env.get("PYTHONPATH", "")])
     env["TERM"] = "xterm-256color"
     env["OMP_NUM_THREADS"] = "1"
@@ -36,10 +40,13 @@ def _run_dir(output: str) -> Path:
 
 
 def _run_under_pty(args: list[str], timeout: float = 120) -> tuple[int, str]:
-    """Run a child with a pseudo-terminal (120 columns) as its stdin/stdout/stderr; return (exit code, everything it wrote)."""
+    """Run a child with a pseudo-terminal (120 columns) as its stdin/stdout/stderr; return (exit code, everything it
+    wrote)."""
     master, slave = pty.openpty()
     fcntl.ioctl(slave, termios.TIOCSWINSZ, struct.pack("HHHH", 40, 120, 0, 0))
-    proc = subprocess.Popen([sys.executable, *args], stdin=slave, stdout=slave, stderr=slave, env=_env(), close_fds=True)
+    proc = subprocess.Popen(
+        [sys.executable, *args], stdin=slave, stdout=slave, stderr=slave, env=_env(), close_fds=True
+    )
     os.close(slave)
     chunks = []
     deadline = time.monotonic() + timeout
@@ -82,12 +89,21 @@ def test_terminal_shows_live_bar_with_rate_eta_and_loss_and_lines_above_it(tmp_p
 
 @pytest.mark.slow  # a child process training for a few seconds
 def test_off_a_terminal_plain_lines_no_carriage_return(tmp_path):
-    proc = subprocess.run([sys.executable, str(CHILD), str(tmp_path)], capture_output=True, text=True, env=_env(), timeout=120)
+    proc = subprocess.run(
+        [sys.executable, str(CHILD), str(tmp_path)], capture_output=True, text=True, env=_env(), timeout=120
+    )
     assert proc.returncode == 0, proc.stderr[-3000:]
     out = proc.stdout + proc.stderr
     assert "\r" not in out and "\x1b" not in out and "it/s" not in out
     lines = [x for x in proc.stdout.splitlines() if "Epoch(train)" in x]
-    assert [x.split("Epoch(train) ")[1].split("  ")[0] for x in lines] == ["[1][20/60]", "[1][40/60]", "[1][60/60]", "[2][20/60]", "[2][40/60]", "[2][60/60]"]
+    assert [x.split("Epoch(train) ")[1].split("  ")[0] for x in lines] == [
+        "[1][20/60]",
+        "[1][40/60]",
+        "[1][60/60]",
+        "[2][20/60]",
+        "[2][40/60]",
+        "[2][60/60]",
+    ]
     log = (_run_dir(proc.stdout) / "train.log").read_text()
     assert "\r" not in log and "Epoch(train) [2][60/60]" in log
 

@@ -1,4 +1,5 @@
-"""StallHook: a process that finishes no iteration for timeout_s logs every thread's stack, once per stall (2 processes: test_stall_ranks)."""
+"""StallHook: a process that finishes no iteration for timeout_s logs every thread's stack, once per stall (2
+processes: test_stall_ranks)."""
 
 from __future__ import annotations
 
@@ -7,10 +8,10 @@ import time
 from pathlib import Path
 
 import pytest
+from conftest import LinearReg, regression_set
 from torch.utils.data import DataLoader
 
 import trainwright as tw
-from conftest import LinearReg, regression_set
 from trainwright.hooks import StallHook
 
 
@@ -36,9 +37,15 @@ def waiting_in_a_user_hook(seconds: float) -> None:
 def _trainer(tmp_path: Path, stall: StallHook, stuck: _StuckAt, **kw) -> tw.Trainer:
     data = regression_set(32)
     return tw.Trainer(
-        LinearReg(), work_dir=tmp_path, train_dataloader=DataLoader(data, batch_size=4),
-        optim_wrapper=dict(optimizer=dict(type="SGD", lr=0.01)), train_cfg=dict(by_epoch=False, max_iters=6),
-        default_hooks=dict(checkpoint=None, stall=stall), custom_hooks=[stuck], log_level="INFO", **kw,
+        LinearReg(),
+        work_dir=tmp_path,
+        train_dataloader=DataLoader(data, batch_size=4),
+        optim_wrapper=dict(optimizer=dict(type="SGD", lr=0.01)),
+        train_cfg=dict(by_epoch=False, max_iters=6),
+        default_hooks=dict(checkpoint=None, stall=stall),
+        custom_hooks=[stuck],
+        log_level="INFO",
+        **kw,
     )
 
 
@@ -48,12 +55,15 @@ def test_a_stall_logs_each_threads_stack_once_and_the_run_goes_on(tmp_path: Path
     t.train()
     log = (t.run_dir / "train.log").read_text()
     t.close()
-    # one report for the stall after iteration 3, however long (a slow start on a loaded machine may add one before iteration 1)
+    # one report for the stall after iteration 3, however long (a slow start on a loaded machine may add one before
+    # iteration 1)
     assert t.progress.iteration == 6 and log.count("(the run stands at iteration 3)") == 1, log
     assert stall.reports == log.count("No iteration finished on rank 0")
-    report = log[log.index("No iteration finished on rank 0 for"):]
-    report = report[report.index("(the run stands at iteration 3)"):]
-    assert "Thread 'MainThread':" in report and "in waiting_in_a_user_hook" in report and "time.sleep(seconds)" in report
+    report = log[log.index("No iteration finished on rank 0 for") :]
+    report = report[report.index("(the run stands at iteration 3)") :]
+    assert (
+        "Thread 'MainThread':" in report and "in waiting_in_a_user_hook" in report and "time.sleep(seconds)" in report
+    )
     assert "trainwright-stall-watch" not in report  # the watcher leaves its own stack out
     assert "default_hooks=dict(stall=dict(timeout_s=...))" in report
     assert not any(th.name == "trainwright-stall-watch" for th in threading.enumerate())  # stopped with the run

@@ -1,4 +1,5 @@
-"""SWAHook equals torch's SWA recipe (AveragedModel, SWALR, update_bn) on a model with BatchNorm; resume mid-SWA is bitwise."""
+"""SWAHook equals torch's SWA recipe (AveragedModel, SWALR, update_bn) on a model with BatchNorm; resume mid-SWA is
+bitwise."""
 
 from __future__ import annotations
 
@@ -40,10 +41,15 @@ def _state(model: nn.Module) -> dict[str, torch.Tensor]:
 
 def _trainer(work_dir: Path, model: nn.Module, data: TensorDataset, epochs: int = 5, **kwargs: Any) -> tw.Trainer:
     return tw.Trainer(
-        model=model, work_dir=work_dir, train_dataloader=DataLoader(data, batch_size=8, shuffle=kwargs.pop("shuffle", False)),
-        optim_wrapper=dict(optimizer=dict(type="SGD", lr=0.1, momentum=0.9)), train_cfg=dict(by_epoch=True, max_epochs=epochs),
+        model=model,
+        work_dir=work_dir,
+        train_dataloader=DataLoader(data, batch_size=8, shuffle=kwargs.pop("shuffle", False)),
+        optim_wrapper=dict(optimizer=dict(type="SGD", lr=0.1, momentum=0.9)),
+        train_cfg=dict(by_epoch=True, max_epochs=epochs),
         custom_hooks=[dict(type="SWAHook", begin_epoch=3, swa_lr=0.02, anneal_epochs=2, anneal_strategy="cos")],
-        log_level="WARNING", randomness=dict(seed=0), **kwargs,
+        log_level="WARNING",
+        randomness=dict(seed=0),
+        **kwargs,
     )
 
 
@@ -92,7 +98,13 @@ def test_equals_torch_swa_loop(tmp_path: Path) -> None:
 def test_resume_mid_swa_equals_uninterrupted(tmp_path: Path, ckpt: str) -> None:
     data = _data()
     full = BNNet()
-    t = _trainer(tmp_path / "a", full, data, shuffle=True, default_hooks=dict(checkpoint=dict(interval=2, by_epoch=False, save_last=True)))
+    t = _trainer(
+        tmp_path / "a",
+        full,
+        data,
+        shuffle=True,
+        default_hooks=dict(checkpoint=dict(interval=2, by_epoch=False, save_last=True)),
+    )
     t.train()
     t.close()
     if ckpt == "epoch_3.pth":  # an epoch end inside SWA: save epoch checkpoints in a second run of the same
@@ -117,8 +129,14 @@ def test_resume_mid_swa_equals_uninterrupted(tmp_path: Path, ckpt: str) -> None:
 
 def test_iteration_based_run_is_refused(tmp_path: Path) -> None:
     t = tw.Trainer(
-        model=BNNet(), work_dir=tmp_path, train_dataloader=DataLoader(_data(), batch_size=8), optim_wrapper=dict(optimizer=dict(type="SGD", lr=0.1)),
-        train_cfg=dict(by_epoch=False, max_iters=8), custom_hooks=[SWAHook(begin_epoch=1, swa_lr=0.01)], default_hooks=dict(checkpoint=None), log_level="WARNING",
+        model=BNNet(),
+        work_dir=tmp_path,
+        train_dataloader=DataLoader(_data(), batch_size=8),
+        optim_wrapper=dict(optimizer=dict(type="SGD", lr=0.1)),
+        train_cfg=dict(by_epoch=False, max_iters=8),
+        custom_hooks=[SWAHook(begin_epoch=1, swa_lr=0.01)],
+        default_hooks=dict(checkpoint=None),
+        log_level="WARNING",
     )
     with pytest.raises(ValueError, match="use an epoch-based run"):
         t.train()
@@ -127,11 +145,18 @@ def test_iteration_based_run_is_refused(tmp_path: Path) -> None:
 
 def test_with_an_ema_hook_is_refused_before_training(tmp_path: Path) -> None:
     t = tw.Trainer(
-        model=BNNet(), work_dir=tmp_path, train_dataloader=DataLoader(_data(), batch_size=8), optim_wrapper=dict(optimizer=dict(type="SGD", lr=0.1)),
-        train_cfg=dict(by_epoch=True, max_epochs=2), custom_hooks=[SWAHook(begin_epoch=1, swa_lr=0.01), dict(type="EMAHook")],
-        default_hooks=dict(checkpoint=None), log_level="WARNING",
+        model=BNNet(),
+        work_dir=tmp_path,
+        train_dataloader=DataLoader(_data(), batch_size=8),
+        optim_wrapper=dict(optimizer=dict(type="SGD", lr=0.1)),
+        train_cfg=dict(by_epoch=True, max_epochs=2),
+        custom_hooks=[SWAHook(begin_epoch=1, swa_lr=0.01), dict(type="EMAHook")],
+        default_hooks=dict(checkpoint=None),
+        log_level="WARNING",
     )
-    with pytest.raises(ValueError, match="SWAHook and EMAHook in one run: both swap averaged weights into the model for evaluation"):
+    with pytest.raises(
+        ValueError, match="SWAHook and EMAHook in one run: both swap averaged weights into the model for evaluation"
+    ):
         t.train()
     assert t.progress.iteration == 0
     t.close()
@@ -144,16 +169,31 @@ def test_begin_after_the_run_is_refused(tmp_path: Path) -> None:
     t.close()
 
 
-@pytest.mark.parametrize(("kwargs", "words"), [(dict(begin_epoch=0, swa_lr=0.1), "begin_epoch must be an int >= 1"), (dict(begin_epoch=1, swa_lr=-1.0), "swa_lr must be a number > 0"),
-                                               (dict(begin_epoch=1, swa_lr=0.1, anneal_strategy="exp"), "anneal_strategy must be 'cos' or 'linear'")])
+@pytest.mark.parametrize(
+    ("kwargs", "words"),
+    [
+        (dict(begin_epoch=0, swa_lr=0.1), "begin_epoch must be an int >= 1"),
+        (dict(begin_epoch=1, swa_lr=-1.0), "swa_lr must be a number > 0"),
+        (dict(begin_epoch=1, swa_lr=0.1, anneal_strategy="exp"), "anneal_strategy must be 'cos' or 'linear'"),
+    ],
+)
 def test_bad_arguments_name_the_problem(kwargs: dict[str, Any], words: str) -> None:
     with pytest.raises(ValueError, match=words):
         SWAHook(**kwargs)
 
 
 def test_a_scheduler_running_into_swa_is_named(tmp_path: Path) -> None:
-    t = _trainer(tmp_path, BNNet(), _data(), epochs=3, default_hooks=dict(checkpoint=None),
-                 param_scheduler=[dict(type="LinearLR", start_factor=0.5, by_epoch=True, begin=0, end=2), dict(type="MultiStepLR", milestones=[1], by_epoch=True)])
+    t = _trainer(
+        tmp_path,
+        BNNet(),
+        _data(),
+        epochs=3,
+        default_hooks=dict(checkpoint=None),
+        param_scheduler=[
+            dict(type="LinearLR", start_factor=0.5, by_epoch=True, begin=0, end=2),
+            dict(type="MultiStepLR", milestones=[1], by_epoch=True),
+        ],
+    )
     t.train()
     t.close()
     log = (t.run_dir / "train.log").read_text()

@@ -15,15 +15,16 @@ from typing import Any
 
 import pytest
 import torch
+from conftest import LinearReg, regression_set
 
 import trainwright as tw
-from conftest import LinearReg, regression_set
 from trainwright.logging import Agreement, LoggedValuesDisagreeError, MetricStore, Writer
 from trainwright.strategies.single_device import SingleDeviceStrategy
 
 
 class FakeGather:
-    """``all_gather`` for ``n`` threads: each call waits for every thread's call of the same collective and stacks their tensors."""
+    """``all_gather`` for ``n`` threads: each call waits for every thread's call of the same collective and stacks
+    their tensors."""
 
     def __init__(self, n: int = 2) -> None:
         self.barrier = threading.Barrier(n, timeout=20)
@@ -36,7 +37,9 @@ class FakeGather:
             self.barrier.wait()  # every thread has sent its tensor of call i
             sizes = [sent[i].shape for sent in self.sent]
             if len(set(sizes)) > 1:  # gloo aborts the process here ("Received data size doesn't match expected size")
-                raise AssertionError(f"all_gather of tensors of different sizes {sizes}: a real collective aborts or hangs")
+                raise AssertionError(
+                    f"all_gather of tensors of different sizes {sizes}: a real collective aborts or hangs"
+                )
             return torch.stack([sent[i] for sent in self.sent])
 
         return gather
@@ -76,7 +79,12 @@ def test_flushed_numbers_are_reduced_over_the_processes() -> None:
             end = 0.0
             for it in range(1, 5):
                 wait = 0.1 * it if r == 0 else 0.05  # rank 0's loader is slower from iteration 2 on
-                store.record(it, {"loss": torch.tensor(float(it + 10 * r)), "acc": torch.tensor(float(r))}, end + wait, end + wait + 1.0)
+                store.record(
+                    it,
+                    {"loss": torch.tensor(float(it + 10 * r)), "acc": torch.tensor(float(r))},
+                    end + wait,
+                    end + wait + 1.0,
+                )
                 end += wait + 1.0
             store.flush()
             return {name: store.get(name).history() for name in ("loss", "acc", "data_time", "time")}
@@ -88,8 +96,13 @@ def test_flushed_numbers_are_reduced_over_the_processes() -> None:
     assert out0["loss"] == ([1, 2, 3, 4], [6.0, 7.0, 8.0, 9.0])  # mean of it and it + 10
     assert out0["acc"][1] == [0.5] * 4
     assert out0["data_time"][1] == pytest.approx([0.1, 0.2, 0.3, 0.4])  # max over ranks
-    assert out0["time"][1] == pytest.approx([(1.1 + 1.05) / 2, (1.2 + 1.05) / 2, (1.3 + 1.05) / 2, (1.4 + 1.05) / 2])  # mean
-    assert [len(s) for s in gather.sent] == [2, 2]  # the first flush: its decisions, then its numbers at the count agreed there
+    assert out0["time"][1] == pytest.approx(
+        [(1.1 + 1.05) / 2, (1.2 + 1.05) / 2, (1.3 + 1.05) / 2, (1.4 + 1.05) / 2]
+    )  # mean
+    assert [len(s) for s in gather.sent] == [
+        2,
+        2,
+    ]  # the first flush: its decisions, then its numbers at the count agreed there
 
 
 def test_a_nan_on_one_rank_raises_on_both_at_the_same_flush_naming_the_iteration() -> None:
@@ -136,7 +149,8 @@ def test_processes_logging_different_names_get_a_clear_error() -> None:
 
 
 def test_processes_logging_different_numbers_of_values_get_the_clear_error_not_a_collective_of_unequal_sizes() -> None:
-    """An extra loss on one rank only (e.g. an auxiliary loss of some batches): every rank raises, naming the ranks and counts."""
+    """An extra loss on one rank only (e.g. an auxiliary loss of some batches): every rank raises, naming the ranks
+    and counts."""
     gather = FakeGather()
 
     def rank(r: int) -> Callable[[], Any]:
@@ -161,7 +175,8 @@ def test_processes_logging_different_numbers_of_values_get_the_clear_error_not_a
 
 
 def test_a_changed_count_of_values_is_agreed_and_reduced_on_every_rank() -> None:
-    """Flushes of different lengths (the epoch's last flush, a new name on every rank): the numbers are still averaged over the ranks."""
+    """Flushes of different lengths (the epoch's last flush, a new name on every rank): the numbers are still
+    averaged over the ranks."""
     gather = FakeGather()
 
     def rank(r: int) -> Callable[[], Any]:
@@ -197,7 +212,8 @@ def test_one_process_decides_at_once_without_a_collective() -> None:
 
 
 class Rank(SingleDeviceStrategy):
-    """A one-process strategy playing rank ``r`` of ``world`` (its collectives through a :class:`FakeGather`), counting them."""
+    """A one-process strategy playing rank ``r`` of ``world`` (its collectives through a :class:`FakeGather`),
+    counting them."""
 
     def __init__(self, r: int, gather: Callable[[torch.Tensor], torch.Tensor] | None, world: int = 2) -> None:
         super().__init__(device="cpu")
@@ -257,17 +273,30 @@ class WrittenAt(Writer):
         self.written += [(r["iter"], self.trainer.progress.iteration) for r in records]
 
 
-def _two_trainers(trainer_factory: Any, tmp_path: Any, flush_secs: tuple[float, float], nan_at: tuple[int | None, int | None] = (None, None),
-                  stop_at: tuple[int | None, int | None] = (None, None), every: int = 4) -> tuple[list[tw.Trainer], WrittenAt]:
+def _two_trainers(
+    trainer_factory: Any,
+    tmp_path: Any,
+    flush_secs: tuple[float, float],
+    nan_at: tuple[int | None, int | None] = (None, None),
+    stop_at: tuple[int | None, int | None] = (None, None),
+    every: int = 4,
+) -> tuple[list[tw.Trainer], WrittenAt]:
     gather = FakeGather()
     trainers = []
     written = WrittenAt()
     for r in (0, 1):
         strategy = Rank(r, gather.for_rank(r))
         t = trainer_factory(
-            model=NaNAt(nan_at[r]), work_dir=tmp_path / f"rank{r}", dataset=regression_set(40), batch_size=4, strategy=strategy,
-            train_cfg=dict(by_epoch=True, max_epochs=2), default_hooks=dict(checkpoint=None, logger=dict(interval=2, flush_secs=flush_secs[r])),
-            custom_hooks=[StopAt(stop_at[r])] if stop_at[r] else None, writers=["jsonl", written], log_level="INFO",
+            model=NaNAt(nan_at[r]),
+            work_dir=tmp_path / f"rank{r}",
+            dataset=regression_set(40),
+            batch_size=4,
+            strategy=strategy,
+            train_cfg=dict(by_epoch=True, max_epochs=2),
+            default_hooks=dict(checkpoint=None, logger=dict(interval=2, flush_secs=flush_secs[r])),
+            custom_hooks=[StopAt(stop_at[r])] if stop_at[r] else None,
+            writers=["jsonl", written],
+            log_level="INFO",
         )
         strategy.trainer = t
         if r == 0:
@@ -278,13 +307,15 @@ def _two_trainers(trainer_factory: Any, tmp_path: Any, flush_secs: tuple[float, 
 
 
 def test_trainers_with_different_clocks_agree_at_the_cadence_only(trainer_factory: Any, tmp_path: Any) -> None:
-    """Rank 0's clock always says "write now" (flush_secs=0), rank 1's never: collectives at the agreement points and epoch ends only."""
+    """Rank 0's clock always says "write now" (flush_secs=0), rank 1's never: collectives at the agreement points and
+    epoch ends only."""
     (t0, t1), written = _two_trainers(trainer_factory, tmp_path, flush_secs=(0.0, 3600.0))
     assert _run_ranks([t0.train, t1.train]) == [t0.unwrapped_model, t1.unwrapped_model]
     # 40 samples sharded over 2 ranks: 5 iterations per epoch; lines every 2 counted within the epoch (mmengine's):
     # 2, 4, the epoch's last (5), 7, 9, 10.
     # Agreement points every 4 iterations (4, 8); the epoch ends (5, 10) flush the rows since: no collective elsewhere.
-    # Each point covers another count of iterations than the one before (4, 1, 3, 2): its numbers follow in a second collective.
+    # Each point covers another count of iterations than the one before (4, 1, 3, 2): its numbers follow in a second
+    # collective.
     # After each epoch's hooks one more: did a hook ask for a stop (trainer.should_stop) on some rank?
     assert t0.strategy.gathered_at == t1.strategy.gathered_at == [4, 4, 5, 5, 5, 8, 8, 10, 10, 10]  # type: ignore[attr-defined]
     # Rank 0's proposals are agreed at the points, which write the held lines; the epoch ends write theirs.
@@ -311,7 +342,8 @@ def test_nan_on_one_rank_raises_on_both_at_the_same_iteration(trainer_factory: A
 
 
 def test_a_stop_proposed_on_one_rank_ends_both_after_the_same_iteration(trainer_factory: Any, tmp_path: Any) -> None:
-    """Rank 1 proposes a stop before iteration 6 (a preemption signal): both stop after the point of 8, preempted, exit status 143."""
+    """Rank 1 proposes a stop before iteration 6 (a preemption signal): both stop after the point of 8, preempted,
+    exit status 143."""
     (t0, t1), _ = _two_trainers(trainer_factory, tmp_path, flush_secs=(1.0, 1.0), stop_at=(None, 6))
     e0, e1 = _run_ranks([t0.train, t1.train])
     assert isinstance(e0, SystemExit) and isinstance(e1, SystemExit) and e0.code == e1.code == 143, (e0, e1)
@@ -322,9 +354,19 @@ def test_a_stop_proposed_on_one_rank_ends_both_after_the_same_iteration(trainer_
 
 def test_one_process_makes_no_collective(trainer_factory: Any, tmp_path: Any) -> None:
     strategy = Rank(0, None, world=1)
-    t = trainer_factory(model=LinearReg(), dataset=regression_set(40), batch_size=4, strategy=strategy,
-                        train_cfg=dict(by_epoch=True, max_epochs=2), default_hooks=dict(logger=dict(interval=2, flush_secs=0)))
+    t = trainer_factory(
+        model=LinearReg(),
+        dataset=regression_set(40),
+        batch_size=4,
+        strategy=strategy,
+        train_cfg=dict(by_epoch=True, max_epochs=2),
+        default_hooks=dict(logger=dict(interval=2, flush_secs=0)),
+    )
     strategy.trainer = t
     t.train()
     assert strategy.gathered_at == []
-    assert [r["iter"] for r in map(json.loads, (t.run_dir / "metrics.jsonl").read_text().splitlines()) if r["mode"] == "train"] == list(range(2, 21, 2))
+    assert [
+        r["iter"]
+        for r in map(json.loads, (t.run_dir / "metrics.jsonl").read_text().splitlines())
+        if r["mode"] == "train"
+    ] == list(range(2, 21, 2))

@@ -17,11 +17,11 @@ from typing import Any
 import pytest
 import torch
 import torch.nn.functional as F
+from conftest import classification_set
 from torch import nn
 from torch.utils.data import DataLoader
 
 import trainwright as tw
-from conftest import classification_set
 from trainwright.logging import build_writers
 from trainwright.logging.csv_writer import CsvWriter
 
@@ -43,8 +43,15 @@ def _run(trainer_factory: Any, writers: list[Any], **kw: Any) -> tw.Trainer:
     ds = classification_set(40)
     kw.setdefault("train_cfg", dict(by_epoch=False, max_iters=50, val_interval=25))
     t = trainer_factory(
-        model=Clf(), dataset=ds, batch_size=4, val_dataloader=DataLoader(ds, batch_size=8), val_evaluator=tw.evaluation.Accuracy(),
-        default_hooks=dict(checkpoint=None, logger=dict(interval=20)), log_level="INFO", writers=["console", "jsonl", *writers], **kw,
+        model=Clf(),
+        dataset=ds,
+        batch_size=4,
+        val_dataloader=DataLoader(ds, batch_size=8),
+        val_evaluator=tw.evaluation.Accuracy(),
+        default_hooks=dict(checkpoint=None, logger=dict(interval=20)),
+        log_level="INFO",
+        writers=["console", "jsonl", *writers],
+        **kw,
     )
     t.train()
     t.flush_logs()
@@ -67,7 +74,9 @@ def test_csv_rows_equal_the_jsonl_records(trainer_factory: Any) -> None:
             got = {k: v for k, v in row.items() if v != ""}
             assert got.keys() == {k for k in rec}, (row, rec)
             assert got["mode"] == mode and int(got["iter"]) == rec["iter"] and int(got["epoch"]) == rec["epoch"]
-            assert {k: float(v) for k, v in got.items() if k not in META} == {k: v for k, v in rec.items() if k not in META}  # exact: repr round-trips
+            assert {k: float(v) for k, v in got.items() if k not in META} == {
+                k: v for k, v in rec.items() if k not in META
+            }  # exact: repr round-trips
     assert [r["iter"] for r in ref if r["mode"] == "train"] == [20, 40, 50]
 
 
@@ -101,13 +110,17 @@ def test_tensorboard_events_equal_the_jsonl_records(trainer_factory: Any) -> Non
     assert [e.value for e in loss] == pytest.approx([r["loss"] for r in train], rel=1e-6)  # event files hold float32
     assert [e.value for e in acc.Scalars("train/lr")] == pytest.approx([r["lr"] for r in train], rel=1e-6)
     val = [r for r in ref if r["mode"] == "val"]
-    assert [(e.step, e.value) for e in acc.Scalars("val/acc")] == [(r["iter"], pytest.approx(r["val/acc"], rel=1e-6)) for r in val]
+    assert [(e.step, e.value) for e in acc.Scalars("val/acc")] == [
+        (r["iter"], pytest.approx(r["val/acc"], rel=1e-6)) for r in val
+    ]
     (config,) = acc.Tensors("config/text_summary")  # the resolved config, as a text summary
     assert b'"max_iters": 50' in config.tensor_proto.string_val[0]
 
 
 @pytest.mark.slow
-def test_wandb_offline_run_lands_in_the_run_folder(trainer_factory: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_wandb_offline_run_lands_in_the_run_folder(
+    trainer_factory: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     pytest.importorskip("wandb")
     monkeypatch.setenv("WANDB_MODE", "offline")
     monkeypatch.setenv("WANDB_SILENT", "true")
@@ -129,12 +142,17 @@ def test_wandb_offline_run_lands_in_the_run_folder(trainer_factory: Any, tmp_pat
     assert len(logs) == 1
     # W&B's own service process writes the transaction log; finish() may return before its last write lands.
     deadline = time.monotonic() + 60
-    while not (b"train/loss" in logs[0].read_bytes() and b"val/acc" in logs[0].read_bytes()) and time.monotonic() < deadline:
+    while (
+        not (b"train/loss" in logs[0].read_bytes() and b"val/acc" in logs[0].read_bytes())
+        and time.monotonic() < deadline
+    ):
         time.sleep(0.2)
     assert b"train/loss" in logs[0].read_bytes() and b"val/acc" in logs[0].read_bytes()
 
 
-@pytest.mark.filterwarnings("ignore::DeprecationWarning:mlflow.*", "ignore:.*noload.*loader strategy is deprecated")  # inside mlflow's own sqlalchemy store
+@pytest.mark.filterwarnings(
+    "ignore::DeprecationWarning:mlflow.*", "ignore:.*noload.*loader strategy is deprecated"
+)  # inside mlflow's own sqlalchemy store
 @pytest.mark.slow
 def test_mlflow_metrics_query_back_through_the_client(trainer_factory: Any) -> None:
     pytest.importorskip("mlflow")
@@ -164,9 +182,14 @@ def test_writers_by_name_dict_and_config_key(trainer_factory: Any, tmp_path: Pat
     with pytest.raises(TypeError, match="needs a 'type'"):
         trainer_factory(writers=[dict(flush_secs=1)])
     cfg = dict(
-        model=dict(type="LinearRegFromConfig"), work_dir=str(tmp_path / "cfg"), writers=["jsonl", "csv"],
-        train_dataloader=dict(dataset=dict(type="RegressionSetFromConfig"), batch_size=2), train_cfg=dict(by_epoch=False, max_iters=3),
-        optim_wrapper=dict(optimizer=dict(type="SGD", lr=0.1)), default_hooks=dict(checkpoint=None, logger=dict(interval=2)), log_level="WARNING",
+        model=dict(type="LinearRegFromConfig"),
+        work_dir=str(tmp_path / "cfg"),
+        writers=["jsonl", "csv"],
+        train_dataloader=dict(dataset=dict(type="RegressionSetFromConfig"), batch_size=2),
+        train_cfg=dict(by_epoch=False, max_iters=3),
+        optim_wrapper=dict(optimizer=dict(type="SGD", lr=0.1)),
+        default_hooks=dict(checkpoint=None, logger=dict(interval=2)),
+        log_level="WARNING",
     )
     _register_config_parts()
     with tw.Trainer.from_config(cfg) as t2:
@@ -178,6 +201,7 @@ def test_writers_by_name_dict_and_config_key(trainer_factory: Any, tmp_path: Pat
 
 def _register_config_parts() -> None:
     from conftest import LinearReg, regression_set
+
     from trainwright.registry import DATASETS, MODELS
 
     if "LinearRegFromConfig" not in MODELS:
@@ -186,8 +210,17 @@ def _register_config_parts() -> None:
         DATASETS.register(lambda: regression_set(8), name="RegressionSetFromConfig")
 
 
-@pytest.mark.parametrize(("name", "module", "extra"), [("tensorboard", "tensorboard", "tensorboard"), ("wandb", "wandb", "wandb"), ("mlflow", "mlflow.tracking", "mlflow")])
-def test_a_missing_backend_fails_at_construction_with_the_install_command(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, name: str, module: str, extra: str) -> None:
+@pytest.mark.parametrize(
+    ("name", "module", "extra"),
+    [
+        ("tensorboard", "tensorboard", "tensorboard"),
+        ("wandb", "wandb", "wandb"),
+        ("mlflow", "mlflow.tracking", "mlflow"),
+    ],
+)
+def test_a_missing_backend_fails_at_construction_with_the_install_command(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, name: str, module: str, extra: str
+) -> None:
     monkeypatch.setitem(sys.modules, module, None)  # import of it raises ImportError, as when not installed
     import logging
 

@@ -15,11 +15,11 @@ from typing import Any
 import pytest
 import torch
 import torch.multiprocessing as mp
+from conftest import LinearReg, RecordLosses, regression_set, train_records
+from launch import gloo_group, use_gloo_env
 from torch.utils.data import DataLoader
 
 import trainwright as tw
-from conftest import LinearReg, RecordLosses, regression_set, train_records
-from launch import gloo_group, use_gloo_env
 from trainwright.strategies.ddp import DDPStrategy
 
 WORLD = 2
@@ -44,10 +44,16 @@ def _worker(rank: int, init_file: str, out_dir: str, every: int) -> None:
         losses = RecordLosses()
         strategy = CountingDDP()
         trainer = tw.Trainer(
-            model=LinearReg(), work_dir=Path(out_dir) / f"rank{rank}", train_dataloader=DataLoader(regression_set(400), batch_size=4),
-            optim_wrapper=dict(optimizer=dict(type="SGD", lr=0.01)), train_cfg=dict(by_epoch=False, max_iters=ITERS), strategy=strategy,
-            default_hooks=dict(checkpoint=None, logger=dict(interval=10, flush_secs=3600.0)), custom_hooks=[losses],
-            log_level="WARNING", experiment_name="run",
+            model=LinearReg(),
+            work_dir=Path(out_dir) / f"rank{rank}",
+            train_dataloader=DataLoader(regression_set(400), batch_size=4),
+            optim_wrapper=dict(optimizer=dict(type="SGD", lr=0.01)),
+            train_cfg=dict(by_epoch=False, max_iters=ITERS),
+            strategy=strategy,
+            default_hooks=dict(checkpoint=None, logger=dict(interval=10, flush_secs=3600.0)),
+            custom_hooks=[losses],
+            log_level="WARNING",
+            experiment_name="run",
         )
         strategy.trainer = trainer
         trainer.agreement.every = every
@@ -63,12 +69,15 @@ def _worker(rank: int, init_file: str, out_dir: str, every: int) -> None:
 @pytest.mark.slow
 @pytest.mark.timeout(180)
 @pytest.mark.parametrize("every", [10, 50])
-def test_two_process_run_agrees_at_the_cadence_and_logs_every_line_exactly(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, every: int) -> None:
+def test_two_process_run_agrees_at_the_cadence_and_logs_every_line_exactly(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, every: int
+) -> None:
     use_gloo_env(monkeypatch, tmp_path)
     mp.spawn(_worker, args=(str(tmp_path / "init"), str(tmp_path), every), nprocs=WORLD, join=True)
     r0, r1 = (json.loads((tmp_path / f"rank{r}.json").read_text()) for r in range(WORLD))
     assert r0["iteration"] == r1["iteration"] == ITERS
-    # the collectives, counted on each rank: one per agreement point, and one more at the first (the count of its numbers is agreed there)
+    # the collectives, counted on each rank: one per agreement point, and one more at the first (the count of its
+    # numbers is agreed there)
     assert r0["gathered_at"] == r1["gathered_at"] == [every, *range(every, ITERS + 1, every)]
     records = train_records(tmp_path / "rank0" / "run")
     assert [r["iter"] for r in records] == list(range(10, ITERS + 1, 10))

@@ -1,22 +1,23 @@
-"""tflops and mfu in the training records: FLOPs counted once, on the first iteration, compared with the analytic counts."""
+"""tflops and mfu in the training records: FLOPs counted once, on the first iteration, compared with the analytic
+counts."""
 
 from __future__ import annotations
 
 import importlib.util
-import sys
 import math
+import sys
 from pathlib import Path
 from typing import Any
 
 import pytest
 import torch
 import torch.nn.functional as F
+from conftest import RecordLosses, regression_set, train_records
 from torch import nn
 from torch.utils.data import DataLoader, TensorDataset
 from torch.utils.flop_counter import register_flop_formula
 
 import trainwright as tw
-from conftest import RecordLosses, regression_set, train_records
 from trainwright.logging.flops import matmul_precision, peak_tflops
 
 # -- a probe: an op whose FLOP formula notes every time torch's counter counts it -------------
@@ -92,7 +93,9 @@ class TinyGPT(tw.BaseModel):
 
 
 def _linear_trainer(trainer_factory: Any, n: int = 64, batch: int = 16, **kw: Any) -> tw.Trainer:
-    kw.setdefault("default_hooks", dict(checkpoint=None, logger=dict(interval=2, flush_secs=0), flops=dict(peak_tflops=0.5)))
+    kw.setdefault(
+        "default_hooks", dict(checkpoint=None, logger=dict(interval=2, flush_secs=0), flops=dict(peak_tflops=0.5))
+    )
     kw.setdefault("log_level", "INFO")
     return trainer_factory(model=Linears(), dataset=regression_set(n), batch_size=batch, **kw)
 
@@ -102,7 +105,9 @@ def _linear_trainer(trainer_factory: Any, n: int = 64, batch: int = 16, **kw: An
 
 def test_linear_tflops_is_6_params_samples_over_time_and_mfu_is_over_the_given_peak(trainer_factory: Any) -> None:
     """The issue's check: tflops = 6 · parameters · samples / time (time: the record's own) within 2 %."""
-    t = _linear_trainer(trainer_factory, n=72, train_cfg=dict(by_epoch=True, max_epochs=2))  # 16, 16, 16, 16, 8 samples per epoch
+    t = _linear_trainer(
+        trainer_factory, n=72, train_cfg=dict(by_epoch=True, max_epochs=2)
+    )  # 16, 16, 16, 16, 8 samples per epoch
     t.train()
     model = t.unwrapped_model
     params = sum(p.numel() for p in model.parameters())
@@ -112,14 +117,16 @@ def test_linear_tflops_is_6_params_samples_over_time_and_mfu_is_over_the_given_p
     for r in recs:
         samples = 8 if r["iter"] in (5, 10) else 16  # each epoch's last batch is short: it counts as itself
         assert r["tflops"] == pytest.approx(6 * params * samples / r["time"] / 1e12, rel=0.02)
-        # Exactly: 2 FLOPs per weight and sample forward, 4 backward, less the first layer's input gradient (its input needs none).
+        # Exactly: 2 FLOPs per weight and sample forward, 4 backward, less the first layer's input gradient (its input
+        # needs none).
         exact = 6 * sum(m.weight.numel() for m in model.layers) * samples - 2 * first.weight.numel() * samples
         assert r["tflops"] * r["time"] * 1e12 == pytest.approx(exact, rel=1e-9)
         assert r["mfu"] == pytest.approx(r["tflops"] / 0.5, rel=1e-12)
 
 
 def test_transformer_count_matches_6_params_tokens(trainer_factory: Any) -> None:
-    """A GPT's counted FLOPs: 6 · non-embedding parameters · tokens within 3 %; exactly, the matmul weights' 6 · W · T plus attention.
+    """A GPT's counted FLOPs: 6 · non-embedding parameters · tokens within 3 %; exactly, the matmul weights' 6 · W · T
+    plus attention.
 
     Attention as torch counts it (its CUDA kernels' formulas, which this CPU's fused kernel is
     given too): the full score matrix's two matmuls forward (4 · S · d per token and layer,
@@ -131,8 +138,11 @@ def test_transformer_count_matches_6_params_tokens(trainer_factory: Any) -> None
     ids = torch.randint(0, vocab, (64, seq + 1), generator=g)
     data = TensorDataset(ids[:, :-1], ids[:, 1:])
     t = trainer_factory(
-        model=TinyGPT(vocab, d, layers, 4, seq), train_dataloader=DataLoader(data, batch_size=batch), log_level="INFO",
-        default_hooks=dict(checkpoint=None, logger=dict(interval=4, flush_secs=0)), optim_wrapper=dict(optimizer=dict(type="AdamW", lr=1e-3)),
+        model=TinyGPT(vocab, d, layers, 4, seq),
+        train_dataloader=DataLoader(data, batch_size=batch),
+        log_level="INFO",
+        default_hooks=dict(checkpoint=None, logger=dict(interval=4, flush_secs=0)),
+        optim_wrapper=dict(optimizer=dict(type="AdamW", lr=1e-3)),
     )
     t.train()
     model = t.unwrapped_model
@@ -151,16 +161,24 @@ def test_transformer_count_matches_6_params_tokens(trainer_factory: Any) -> None
 
 
 def test_the_examples_char_gpt_counts_as_the_formula_says(trainer_factory: Any) -> None:
-    """examples/char_gpt.py's CharGPT (imported, not copied): the same count, 6 · W · T + attention, within 3 % of 6 · P · T."""
-    spec = importlib.util.spec_from_file_location("char_gpt_for_flops", Path(__file__).resolve().parents[2] / "examples" / "char_gpt.py")
+    """examples/char_gpt.py's CharGPT (imported, not copied): the same count, 6 · W · T + attention, within 3 % of 6
+    · P · T."""
+    spec = importlib.util.spec_from_file_location(
+        "char_gpt_for_flops", Path(__file__).resolve().parents[2] / "examples" / "char_gpt.py"
+    )
     assert spec is not None and spec.loader is not None
     example = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = example  # so the registry sees the example's classes as the file's (a config run of it registered them already)
+    sys.modules[spec.name] = (
+        example  # so the registry sees the example's classes as the file's (a config run of it registered them already)
+    )
     spec.loader.exec_module(example)
     d, layers, seq, batch = 128, 2, 16, 4
     g = torch.Generator().manual_seed(0)
     ids = torch.randint(0, 96, (8, seq + 1), generator=g)
-    t = trainer_factory(model=example.CharGPT(block_size=seq, dim=d, depth=layers, heads=4), train_dataloader=DataLoader(TensorDataset(ids[:, :-1], ids[:, 1:]), batch_size=batch))
+    t = trainer_factory(
+        model=example.CharGPT(block_size=seq, dim=d, depth=layers, heads=4),
+        train_dataloader=DataLoader(TensorDataset(ids[:, :-1], ids[:, 1:]), batch_size=batch),
+    )
     t.train()
     model, tokens = t.unwrapped_model, batch * seq
     matmul_weights = sum(m.weight.numel() for m in model.modules() if isinstance(m, nn.Linear))
@@ -173,7 +191,9 @@ def test_gradient_accumulation_counts_one_micro_batch(trainer_factory: Any) -> N
     """An iteration is one forward and backward: with accumulation the count is the same as without."""
     counts = []
     for accumulate in (1, 2):
-        t = _linear_trainer(trainer_factory, optim_wrapper=dict(optimizer=dict(type="SGD", lr=0.01), accumulative_counts=accumulate))
+        t = _linear_trainer(
+            trainer_factory, optim_wrapper=dict(optimizer=dict(type="SGD", lr=0.01), accumulative_counts=accumulate)
+        )
         t.train()
         counts.append(t.log_lines.flops.flops)
         for r in train_records(t.run_dir):
@@ -188,12 +208,21 @@ def test_counted_once_per_train_at_its_first_iteration(trainer_factory: Any, tmp
     """The counter is active around one iteration only (the probe's formula runs once), again after a resume."""
     PROBE_COUNTS.clear()
     hooks = dict(checkpoint=dict(interval=5, by_epoch=False), logger=dict(interval=2))
-    t = _linear_trainer(trainer_factory, work_dir=tmp_path / "a", default_hooks=hooks, train_cfg=dict(by_epoch=True, max_epochs=3))  # 12 iterations
+    t = _linear_trainer(
+        trainer_factory, work_dir=tmp_path / "a", default_hooks=hooks, train_cfg=dict(by_epoch=True, max_epochs=3)
+    )  # 12 iterations
     t.train()
     assert len(PROBE_COUNTS) == 1
     assert all("tflops" in r for r in train_records(t.run_dir))
     PROBE_COUNTS.clear()
-    resumed = _linear_trainer(trainer_factory, work_dir=tmp_path / "a", default_hooks=hooks, train_cfg=dict(by_epoch=True, max_epochs=4), resume=True, experiment_name="b")
+    resumed = _linear_trainer(
+        trainer_factory,
+        work_dir=tmp_path / "a",
+        default_hooks=hooks,
+        train_cfg=dict(by_epoch=True, max_epochs=4),
+        resume=True,
+        experiment_name="b",
+    )
     resumed.train()  # from the last checkpoint, 4 more iterations
     assert len(PROBE_COUNTS) == 1
     assert all("tflops" in r for r in train_records(resumed.run_dir))
@@ -211,8 +240,14 @@ def test_counting_changes_no_number(trainer_factory: Any, tmp_path: Path) -> Non
         ref = RecordLosses()
         torch.manual_seed(0)  # the same initial weights
         t = trainer_factory(
-            model=Dropped(), dataset=regression_set(48), batch_size=8, work_dir=tmp_path / str(flops), custom_hooks=[ref],
-            default_hooks=dict(checkpoint=None, flops=flops), optim_wrapper=dict(optimizer=dict(type="AdamW", lr=1e-2)), train_cfg=dict(by_epoch=True, max_epochs=2),
+            model=Dropped(),
+            dataset=regression_set(48),
+            batch_size=8,
+            work_dir=tmp_path / str(flops),
+            custom_hooks=[ref],
+            default_hooks=dict(checkpoint=None, flops=flops),
+            optim_wrapper=dict(optimizer=dict(type="AdamW", lr=1e-2)),
+            train_cfg=dict(by_epoch=True, max_epochs=2),
         )
         t.train()
         losses.append(ref.losses)
@@ -225,8 +260,14 @@ def test_counting_changes_no_number(trainer_factory: Any, tmp_path: Path) -> Non
 
 @pytest.mark.parametrize("log_level", ["INFO", "DEBUG"])
 def test_no_peak_no_mfu_and_one_debug_message_on_cpu(trainer_factory: Any, log_level: str) -> None:
-    """A CPU has no peak in the table: records carry tflops without mfu; the reason is said once, at DEBUG (not on every CPU run)."""
-    t = _linear_trainer(trainer_factory, default_hooks=dict(checkpoint=None, logger=dict(interval=1)), train_cfg=dict(by_epoch=True, max_epochs=2), log_level=log_level)
+    """A CPU has no peak in the table: records carry tflops without mfu; the reason is said once, at DEBUG (not on
+    every CPU run)."""
+    t = _linear_trainer(
+        trainer_factory,
+        default_hooks=dict(checkpoint=None, logger=dict(interval=1)),
+        train_cfg=dict(by_epoch=True, max_epochs=2),
+        log_level=log_level,
+    )
     t.train()
     recs = train_records(t.run_dir)
     assert len(recs) == 8
@@ -297,15 +338,27 @@ class RecordingBackend:
 
 
 def _compiled_trainer(trainer_factory: Any, work_dir: Path, backend: Any, **kw: Any) -> tw.Trainer:
-    kw.setdefault("default_hooks", dict(checkpoint=dict(interval=1), logger=dict(interval=2, flush_secs=0), flops=dict(peak_tflops=1.0)))
+    kw.setdefault(
+        "default_hooks",
+        dict(checkpoint=dict(interval=1), logger=dict(interval=2, flush_secs=0), flops=dict(peak_tflops=1.0)),
+    )
     return trainer_factory(
-        work_dir=work_dir, model=Linears(), dataset=regression_set(16), batch_size=4, compile=dict(backend=backend), log_level="INFO",
-        optim_wrapper=dict(optimizer=dict(type="SGD", lr=0.002, momentum=0.9), compile=dict(backend=backend)), **kw,
+        work_dir=work_dir,
+        model=Linears(),
+        dataset=regression_set(16),
+        batch_size=4,
+        compile=dict(backend=backend),
+        log_level="INFO",
+        optim_wrapper=dict(optimizer=dict(type="SGD", lr=0.002, momentum=0.9), compile=dict(backend=backend)),
+        **kw,
     )
 
 
-def test_a_compiled_run_counts_its_first_iteration_eagerly_then_compiles(trainer_factory: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    """The counted iteration runs eagerly (dynamo would give up on code first run under the counter); the next ones are compiled."""
+def test_a_compiled_run_counts_its_first_iteration_eagerly_then_compiles(
+    trainer_factory: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The counted iteration runs eagerly (dynamo would give up on code first run under the counter); the next ones
+    are compiled."""
     monkeypatch.setenv("TMPDIR", str(tmp_path))
     PROBE_COUNTS.clear()
     backend = RecordingBackend()
@@ -315,31 +368,54 @@ def test_a_compiled_run_counts_its_first_iteration_eagerly_then_compiles(trainer
     assert backend.graphs >= 2  # the model and the optimizer step were compiled after it
     params = sum(p.numel() for p in t.unwrapped_model.parameters())
     recs = train_records(t.run_dir)
-    assert recs and all(r["tflops"] == pytest.approx(6 * params * 4 / r["time"] / 1e12, rel=0.02) and r["mfu"] == pytest.approx(r["tflops"]) for r in recs)
+    assert recs and all(
+        r["tflops"] == pytest.approx(6 * params * 4 / r["time"] / 1e12, rel=0.02)
+        and r["mfu"] == pytest.approx(r["tflops"])
+        for r in recs
+    )
     assert "records carry no tflops" not in (t.run_dir / "train.log").read_text()
     t.train()  # a second train() of the same run reuses the count: no eager iteration
     assert len(PROBE_COUNTS) == 1
 
 
-def test_a_resumed_compiled_run_reuses_the_checkpoints_count_and_equals_the_uninterrupted_run(trainer_factory: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_a_resumed_compiled_run_reuses_the_checkpoints_count_and_equals_the_uninterrupted_run(
+    trainer_factory: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     monkeypatch.setenv("TMPDIR", str(tmp_path))
     PROBE_COUNTS.clear()
-    full = _compiled_trainer(trainer_factory, tmp_path / "full", RecordingBackend(), train_cfg=dict(by_epoch=True, max_epochs=2))
+    full = _compiled_trainer(
+        trainer_factory, tmp_path / "full", RecordingBackend(), train_cfg=dict(by_epoch=True, max_epochs=2)
+    )
     full.train()
     assert len(PROBE_COUNTS) == 1
-    resumed = _compiled_trainer(trainer_factory, tmp_path / "resumed", RecordingBackend(), train_cfg=dict(by_epoch=True, max_epochs=2),
-                                resume=str(full.ckpt_dir / "epoch_1.pth"))
+    resumed = _compiled_trainer(
+        trainer_factory,
+        tmp_path / "resumed",
+        RecordingBackend(),
+        train_cfg=dict(by_epoch=True, max_epochs=2),
+        resume=str(full.ckpt_dir / "epoch_1.pth"),
+    )
     resumed.train()
     assert len(PROBE_COUNTS) == 1  # not counted again: the count came with the checkpoint
     assert [r["tflops"] for r in train_records(resumed.run_dir)][-1] > 0
     for a, b in zip(full.unwrapped_model.parameters(), resumed.unwrapped_model.parameters()):
         assert torch.equal(a, b)
     # a checkpoint without a count (written with the hook off): no eager iteration, no tflops, and the log says why
-    off = _compiled_trainer(trainer_factory, tmp_path / "off", RecordingBackend(), train_cfg=dict(by_epoch=True, max_epochs=1),
-                            default_hooks=dict(checkpoint=dict(interval=1), flops=None))
+    off = _compiled_trainer(
+        trainer_factory,
+        tmp_path / "off",
+        RecordingBackend(),
+        train_cfg=dict(by_epoch=True, max_epochs=1),
+        default_hooks=dict(checkpoint=dict(interval=1), flops=None),
+    )
     off.train()
-    later = _compiled_trainer(trainer_factory, tmp_path / "later", RecordingBackend(), train_cfg=dict(by_epoch=True, max_epochs=2),
-                              resume=str(off.ckpt_dir / "epoch_1.pth"))
+    later = _compiled_trainer(
+        trainer_factory,
+        tmp_path / "later",
+        RecordingBackend(),
+        train_cfg=dict(by_epoch=True, max_epochs=2),
+        resume=str(off.ckpt_dir / "epoch_1.pth"),
+    )
     later.train()
     assert len(PROBE_COUNTS) == 1
     assert all("tflops" not in r for r in train_records(later.run_dir))

@@ -1,4 +1,5 @@
-"""tflops per device under tensor parallelism: 2 gloo processes as one (dp=1, tp=2) replica count each its half of the split layers."""
+"""tflops per device under tensor parallelism: 2 gloo processes as one (dp=1, tp=2) replica count each its half of
+the split layers."""
 
 from __future__ import annotations
 
@@ -10,11 +11,11 @@ import pytest
 import torch
 import torch.multiprocessing as mp
 import torch.nn.functional as F
+from launch import gloo_group, use_gloo_env
 from torch import nn
 from torch.utils.data import DataLoader, TensorDataset
 
 import trainwright as tw
-from launch import gloo_group, use_gloo_env
 
 WORLD = 2
 D_IN, HIDDEN, BATCH = 16, 64, 8
@@ -36,10 +37,15 @@ def _worker(rank: int, init_file: str, out_dir: str) -> None:
         data = TensorDataset(torch.randn(32, D_IN, generator=g), torch.randn(32, 1, generator=g))
         torch.manual_seed(0)
         t = tw.Trainer(
-            model=Mlp(), work_dir=Path(out_dir) / f"rank{rank}", train_dataloader=DataLoader(data, batch_size=BATCH),
-            optim_wrapper=dict(optimizer=dict(type="SGD", lr=0.01)), train_cfg=dict(by_epoch=False, max_iters=4),
+            model=Mlp(),
+            work_dir=Path(out_dir) / f"rank{rank}",
+            train_dataloader=DataLoader(data, batch_size=BATCH),
+            optim_wrapper=dict(optimizer=dict(type="SGD", lr=0.01)),
+            train_cfg=dict(by_epoch=False, max_iters=4),
             strategy=dict(type="fsdp", tensor_parallel=dict(size=2, plan={"fc1": "colwise", "fc2": "rowwise"})),
-            default_hooks=dict(checkpoint=None, logger=dict(interval=2, flush_secs=0), flops=dict(peak_tflops=1.0)), log_level="WARNING", experiment_name="run",
+            default_hooks=dict(checkpoint=None, logger=dict(interval=2, flush_secs=0), flops=dict(peak_tflops=1.0)),
+            log_level="WARNING",
+            experiment_name="run",
         )
         t.train()
         flops = t.log_lines.flops
@@ -55,7 +61,8 @@ def test_tensor_parallel_ranks_count_their_share(tmp_path: Path, monkeypatch: py
     use_gloo_env(monkeypatch, tmp_path)
     mp.spawn(_worker, args=(str(tmp_path / "init"), str(tmp_path)), nprocs=WORLD, join=True)
     counts = [json.loads((tmp_path / f"rank{r}.json").read_text())["flops"] for r in range(WORLD)]
-    # fc1 (its input needs no gradient: 4 FLOPs per weight and sample) and fc2 (6) are split over the 2 ranks; the head is whole on each.
+    # fc1 (its input needs no gradient: 4 FLOPs per weight and sample) and fc2 (6) are split over the 2 ranks; the head
+    # is whole on each.
     split = (4 * D_IN * HIDDEN + 6 * HIDDEN * D_IN) * BATCH
     assert counts == [split // 2 + 6 * D_IN * BATCH] * 2
     records = [json.loads(line) for line in (tmp_path / "rank0" / "run" / "metrics.jsonl").read_text().splitlines()]

@@ -9,11 +9,11 @@ from typing import Any
 import pytest
 import torch
 import torch.multiprocessing as mp
+from conftest import LinearReg
+from launch import gloo_group, use_gloo_env
 from torch.utils.data import DataLoader, TensorDataset
 
 import trainwright as tw
-from conftest import LinearReg
-from launch import gloo_group, use_gloo_env
 
 WORLD = 2
 
@@ -24,9 +24,15 @@ def _worker(rank: int, init_file: str, out_dir: str) -> None:
         data = TensorDataset(torch.randn(40, 4, generator=g), torch.randn(40, 1, generator=g))
         # Rank 0's clock would hold lines for an hour, rank 1's writes each: the flushes are still agreed.
         t = tw.Trainer(
-            model=LinearReg(), work_dir=Path(out_dir) / f"rank{rank}", train_dataloader=DataLoader(data, batch_size=4),
-            optim_wrapper=dict(optimizer=dict(type="SGD", lr=0.01)), train_cfg=dict(by_epoch=False, max_iters=7), strategy="ddp",
-            default_hooks=dict(checkpoint=None, logger=dict(interval=3, flush_secs=3600.0 if rank == 0 else 0.0)), log_level="WARNING", experiment_name="run",
+            model=LinearReg(),
+            work_dir=Path(out_dir) / f"rank{rank}",
+            train_dataloader=DataLoader(data, batch_size=4),
+            optim_wrapper=dict(optimizer=dict(type="SGD", lr=0.01)),
+            train_cfg=dict(by_epoch=False, max_iters=7),
+            strategy="ddp",
+            default_hooks=dict(checkpoint=None, logger=dict(interval=3, flush_secs=3600.0 if rank == 0 else 0.0)),
+            log_level="WARNING",
+            experiment_name="run",
         )
         t.train()
         report: dict[str, Any] = {"iteration": t.progress.iteration}
@@ -38,7 +44,9 @@ def _worker(rank: int, init_file: str, out_dir: str) -> None:
 @pytest.mark.multiprocess
 @pytest.mark.slow
 @pytest.mark.timeout(120)
-def test_two_process_iteration_run_logs_its_last_short_interval(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_two_process_iteration_run_logs_its_last_short_interval(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     use_gloo_env(monkeypatch, tmp_path)
     mp.spawn(_worker, args=(str(tmp_path / "init"), str(tmp_path)), nprocs=WORLD, join=True)
     r0, r1 = (json.loads((tmp_path / f"rank{r}.json").read_text()) for r in range(WORLD))

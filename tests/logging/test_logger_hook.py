@@ -10,18 +10,22 @@ from typing import Any
 
 import pytest
 import torch
+from conftest import LinearReg, RecordLosses, regression_set, train_records
 from torch.utils.data import DataLoader, Dataset
 
 import trainwright as tw
-from conftest import LinearReg, RecordLosses, regression_set, train_records
 
 
 @pytest.mark.parametrize("flush_secs", [0.0, 1.0, 3600.0])
 def test_each_line_holds_the_mean_loss_of_its_interval(trainer_factory: Any, flush_secs: float) -> None:
     ref = RecordLosses()
     t = trainer_factory(
-        dataset=regression_set(40), batch_size=4, train_cfg=dict(by_epoch=True, max_epochs=2), log_level="INFO",  # 10 iterations per epoch
-        default_hooks=dict(checkpoint=None, logger=dict(interval=3, flush_secs=flush_secs)), custom_hooks=[ref],
+        dataset=regression_set(40),
+        batch_size=4,
+        train_cfg=dict(by_epoch=True, max_epochs=2),
+        log_level="INFO",  # 10 iterations per epoch
+        default_hooks=dict(checkpoint=None, logger=dict(interval=3, flush_secs=flush_secs)),
+        custom_hooks=[ref],
     )
     t.train()
     recs = train_records(t.run_dir)
@@ -66,7 +70,14 @@ def test_flush_secs_zero_writes_each_line_at_its_iteration_and_default_batches(t
     for flush_secs, expect_immediate in ((0.0, True), (3600.0, False)):
         handler = Collect()
         probe = CountLinesSoFar(handler)
-        t = trainer_factory(dataset=regression_set(40), batch_size=4, train_cfg=dict(by_epoch=True, max_epochs=1), log_level="INFO", default_hooks=dict(checkpoint=None, logger=dict(interval=2, flush_secs=flush_secs)), custom_hooks=[probe])
+        t = trainer_factory(
+            dataset=regression_set(40),
+            batch_size=4,
+            train_cfg=dict(by_epoch=True, max_epochs=1),
+            log_level="INFO",
+            default_hooks=dict(checkpoint=None, logger=dict(interval=2, flush_secs=flush_secs)),
+            custom_hooks=[probe],
+        )
         t.logger.addHandler(handler)  # a user's own handler gets ordinary records
         t.train()
         if expect_immediate:
@@ -83,7 +94,14 @@ def test_lines_logged_before_an_error_reach_the_files_and_the_error_is_not_maske
             if trainer.progress.iteration == 7:
                 raise RuntimeError("boom at 7")
 
-    t = trainer_factory(dataset=regression_set(40), batch_size=4, train_cfg=dict(by_epoch=True, max_epochs=1), log_level="INFO", default_hooks=dict(checkpoint=None, logger=dict(interval=2, flush_secs=3600)), custom_hooks=[Boom()])
+    t = trainer_factory(
+        dataset=regression_set(40),
+        batch_size=4,
+        train_cfg=dict(by_epoch=True, max_epochs=1),
+        log_level="INFO",
+        default_hooks=dict(checkpoint=None, logger=dict(interval=2, flush_secs=3600)),
+        custom_hooks=[Boom()],
+    )
     with pytest.raises(RuntimeError, match="boom at 7"):
         t.train()
     assert [r["iter"] for r in train_records(t.run_dir)] == [2, 4, 6]
@@ -100,7 +118,14 @@ def test_nan_loss_is_reported_at_its_iteration_within_the_flush_window(trainer_f
                     out = {"loss": out["loss"] * float("nan")}
             return out
 
-    t = trainer_factory(model=NaNAt(), dataset=regression_set(40), batch_size=4, train_cfg=dict(by_epoch=True, max_epochs=1), log_level="INFO", default_hooks=dict(checkpoint=None, logger=dict(interval=2)))
+    t = trainer_factory(
+        model=NaNAt(),
+        dataset=regression_set(40),
+        batch_size=4,
+        train_cfg=dict(by_epoch=True, max_epochs=1),
+        log_level="INFO",
+        default_hooks=dict(checkpoint=None, logger=dict(interval=2)),
+    )
     with pytest.raises(FloatingPointError, match="iteration 6"):
         t.train()
     assert [r["iter"] for r in train_records(t.run_dir)][:2] == [2, 4]  # the lines before it were written
@@ -122,7 +147,13 @@ class SlowStep(LinearReg):
 
 
 def test_timer_separates_waiting_for_data_from_the_step(trainer_factory: Any) -> None:
-    t = trainer_factory(model=SlowStep(), train_dataloader=DataLoader(Slow(), batch_size=1), train_cfg=dict(by_epoch=True, max_epochs=1), log_level="INFO", default_hooks=dict(checkpoint=None, logger=dict(interval=1)))
+    t = trainer_factory(
+        model=SlowStep(),
+        train_dataloader=DataLoader(Slow(), batch_size=1),
+        train_cfg=dict(by_epoch=True, max_epochs=1),
+        log_level="INFO",
+        default_hooks=dict(checkpoint=None, logger=dict(interval=1)),
+    )
     t.train()
     for r in train_records(t.run_dir):
         assert 0.018 <= r["data_time"] < 0.2, r
@@ -130,14 +161,17 @@ def test_timer_separates_waiting_for_data_from_the_step(trainer_factory: Any) ->
 
 
 def test_resumed_run_logs_the_same_means_as_the_uninterrupted_run(trainer_factory: Any, tmp_path: Path) -> None:
-    """The first line after a resume averages over iterations from before the checkpoint: the store's history has them."""
+    """The first line after a resume averages over iterations from before the checkpoint: the store's history has
+    them."""
 
     class CrashAt9(tw.Hook):
         def after_train_iter(self, trainer: Any, batch_idx: int, data_batch: Any = None, outputs: Any = None) -> None:
             if trainer.progress.iteration == 9:
                 raise RuntimeError("crash")
 
-    kw: dict[str, Any] = dict(dataset=regression_set(20), batch_size=2, train_cfg=dict(by_epoch=True, max_epochs=2), log_level="INFO")
+    kw: dict[str, Any] = dict(
+        dataset=regression_set(20), batch_size=2, train_cfg=dict(by_epoch=True, max_epochs=2), log_level="INFO"
+    )
     hooks = dict(checkpoint=dict(interval=6, by_epoch=False), logger=dict(interval=4))
     ref = trainer_factory(work_dir=tmp_path / "ref", default_hooks=hooks, **kw)
     ref.train()
@@ -154,14 +188,21 @@ def test_resumed_run_logs_the_same_means_as_the_uninterrupted_run(trainer_factor
     assert after == expected
 
 
-def test_lines_held_by_the_clock_are_written_every_flush_every_iterations_with_exact_means(trainer_factory: Any) -> None:
-    """With the clock never due, lines still go out every ``flush_every`` iterations, while the store still holds their values."""
+def test_lines_held_by_the_clock_are_written_every_flush_every_iterations_with_exact_means(
+    trainer_factory: Any,
+) -> None:
+    """With the clock never due, lines still go out every ``flush_every`` iterations, while the store still holds
+    their values."""
     ref = RecordLosses()
     handler = Collect()
     probe = CountLinesSoFar(handler)
     t = trainer_factory(
-        dataset=regression_set(80), batch_size=4, train_cfg=dict(by_epoch=True, max_epochs=2), log_level="INFO",  # 20 iterations per epoch
-        default_hooks=dict(checkpoint=None, logger=dict(interval=3, flush_secs=3600.0)), custom_hooks=[ref, probe],
+        dataset=regression_set(80),
+        batch_size=4,
+        train_cfg=dict(by_epoch=True, max_epochs=2),
+        log_level="INFO",  # 20 iterations per epoch
+        default_hooks=dict(checkpoint=None, logger=dict(interval=3, flush_secs=3600.0)),
+        custom_hooks=[ref, probe],
     )
     t.metric_store.flush_every = 7
     t.metric_store.window_size = 1  # buffers keep only what the logger asks for
@@ -179,7 +220,8 @@ def test_lines_held_by_the_clock_are_written_every_flush_every_iterations_with_e
 
 
 def test_flush_logs_writes_the_lines_held_for_their_batch(trainer_factory: Any) -> None:
-    """What a checkpoint relies on: after flush_logs every line logged so far is in the files (a resumed run will not log it again)."""
+    """What a checkpoint relies on: after flush_logs every line logged so far is in the files (a resumed run will not
+    log it again)."""
 
     class FlushAt5(tw.Hook):
         priority = "LOWEST"
@@ -193,14 +235,21 @@ def test_flush_logs_writes_the_lines_held_for_their_batch(trainer_factory: Any) 
                 self.seen = [r["iter"] for r in train_records(trainer.run_dir)]
 
     probe = FlushAt5()
-    t = trainer_factory(dataset=regression_set(40), batch_size=4, log_level="INFO", default_hooks=dict(checkpoint=None, logger=dict(interval=2, flush_secs=3600)), custom_hooks=[probe])
+    t = trainer_factory(
+        dataset=regression_set(40),
+        batch_size=4,
+        log_level="INFO",
+        default_hooks=dict(checkpoint=None, logger=dict(interval=2, flush_secs=3600)),
+        custom_hooks=[probe],
+    )
     t.train()
     assert probe.seen == [2, 4]
     assert sum("Epoch(train)" in ln for ln in (t.run_dir / "train.log").read_text().splitlines()) == 5
 
 
 def test_a_line_whose_values_left_the_store_s_history_warns(trainer_factory: Any) -> None:
-    """Lines held longer than the history the logger asked for (flush_every raised after it sized it): a warning names the line, the key and the fix, once."""
+    """Lines held longer than the history the logger asked for (flush_every raised after it sized it): a warning
+    names the line, the key and the fix, once."""
 
     class RaiseFlushEvery(tw.Hook):
         priority = "LOWEST"  # after the logger sized the store's history for flush_every=5
@@ -209,18 +258,25 @@ def test_a_line_whose_values_left_the_store_s_history_warns(trainer_factory: Any
             trainer.metric_store.flush_every = 1000  # lines are now held until the epoch's end
 
     t = trainer_factory(
-        dataset=regression_set(160), batch_size=4, train_cfg=dict(by_epoch=True, max_epochs=1),  # 40 iterations
-        default_hooks=dict(checkpoint=None, logger=dict(interval=3, flush_secs=3600.0)), custom_hooks=[RaiseFlushEvery()],
+        dataset=regression_set(160),
+        batch_size=4,
+        train_cfg=dict(by_epoch=True, max_epochs=1),  # 40 iterations
+        default_hooks=dict(checkpoint=None, logger=dict(interval=3, flush_secs=3600.0)),
+        custom_hooks=[RaiseFlushEvery()],
     )
     t.metric_store.flush_every = 5
-    with pytest.warns(RuntimeWarning, match=r"line of iteration 3 should average 'loss' over iterations 1\.\.3.*window_size") as caught:
+    with pytest.warns(
+        RuntimeWarning, match=r"line of iteration 3 should average 'loss' over iterations 1\.\.3.*window_size"
+    ) as caught:
         t.train()
     assert sum("LoggerHook: the line" in str(w.message) for w in caught) == 1
 
 
 def test_lines_within_the_store_s_history_do_not_warn(trainer_factory: Any) -> None:
     t = trainer_factory(
-        dataset=regression_set(160), batch_size=4, train_cfg=dict(by_epoch=True, max_epochs=1),
+        dataset=regression_set(160),
+        batch_size=4,
+        train_cfg=dict(by_epoch=True, max_epochs=1),
         default_hooks=dict(checkpoint=None, logger=dict(interval=3, flush_secs=3600.0)),
     )
     t.metric_store.flush_every = 5

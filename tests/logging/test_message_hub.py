@@ -36,7 +36,9 @@ class Watch(tw.Hook):
 
     def after_train_iter(self, trainer: Any, batch_idx: int, data_batch: Any = None, outputs: Any = None) -> None:
         hub = trainer.message_hub
-        self.rows.append((hub.get_info("epoch"), hub.get_info("iter"), hub.get_info("max_epochs"), hub.get_info("max_iters")))
+        self.rows.append(
+            (hub.get_info("epoch"), hub.get_info("iter"), hub.get_info("max_epochs"), hub.get_info("max_iters"))
+        )
 
     def after_train_epoch(self, trainer: Any) -> None:
         trainer.message_hub.update_info("epochs_seen", trainer.message_hub.get_info("epochs_seen", 0) + 1)
@@ -46,9 +48,17 @@ class Watch(tw.Hook):
 def _trainer(work_dir: Path, max_epochs: int, **kw: Any) -> tw.Trainer:
     g = torch.Generator().manual_seed(0)
     data = TensorDataset(torch.randn(24, 4, generator=g), torch.randint(0, 3, (24,), generator=g))
-    return tw.Trainer(Net(), work_dir=work_dir, train_dataloader=DataLoader(data, batch_size=8), val_dataloader=DataLoader(data, batch_size=8),
-                      val_evaluator=dict(type="Accuracy"), train_cfg=dict(by_epoch=True, max_epochs=max_epochs),
-                      optim_wrapper=dict(optimizer=dict(type="SGD", lr=0.1)), log_level="WARNING", **kw)
+    return tw.Trainer(
+        Net(),
+        work_dir=work_dir,
+        train_dataloader=DataLoader(data, batch_size=8),
+        val_dataloader=DataLoader(data, batch_size=8),
+        val_evaluator=dict(type="Accuracy"),
+        train_cfg=dict(by_epoch=True, max_epochs=max_epochs),
+        optim_wrapper=dict(optimizer=dict(type="SGD", lr=0.1)),
+        log_level="WARNING",
+        **kw,
+    )
 
 
 def test_hooks_and_models_read_the_run_live(tmp_path: Path) -> None:
@@ -62,7 +72,9 @@ def test_hooks_and_models_read_the_run_live(tmp_path: Path) -> None:
     hub = t.message_hub
     assert MessageHub.get_current_instance() is hub and MessageHub.get_instance(t.run_dir.name) is hub
     assert hub.get_scalar("train/loss").current() == t.metric_store.get("loss").latest
-    assert hub.get_scalar("val/acc").current() == t.val()["val/acc"]  # written by the RuntimeInfoHook after each evaluation
+    assert (
+        hub.get_scalar("val/acc").current() == t.val()["val/acc"]
+    )  # written by the RuntimeInfoHook after each evaluation
     t.close()
 
 
@@ -79,12 +91,15 @@ def test_hook_written_info_is_resumed_and_the_runs_facts_cannot_be_set(tmp_path:
     resumed.train()
     assert resumed.message_hub.get_info("epochs_seen") == 2  # restored (this run has no Watch hook to count on)
     assert resumed.message_hub.get_info("scratch") is None  # written with resumed=False: not saved
-    assert resumed.message_hub.get_scalar("val/acc").count == 3  # epochs 1 and 2 from the checkpoint, epoch 3 from this run
+    assert (
+        resumed.message_hub.get_scalar("val/acc").count == 3
+    )  # epochs 1 and 2 from the checkpoint, epoch 3 from this run
     resumed.close()
 
 
 def test_the_hub_does_not_keep_a_closed_trainer_alive(tmp_path: Path) -> None:
-    """The class-level registry holds hubs weakly: a closed trainer (its model, a DDP wrapper, its process group) can be freed."""
+    """The class-level registry holds hubs weakly: a closed trainer (its model, a DDP wrapper, its process group) can
+    be freed."""
     import gc
     import weakref
 
@@ -100,7 +115,8 @@ def test_the_hub_does_not_keep_a_closed_trainer_alive(tmp_path: Path) -> None:
 class WritesScalars(tw.Hook):
     """Writes a ``train/`` scalar at every iteration (as mmengine hooks do) and a non-train one that is not logged."""
 
-    priority = "HIGH"  # before the logger hook at the same iteration, as mmengine's LoggerHook (BELOW_NORMAL) runs after such hooks
+    # before the logger hook at the same iteration, as mmengine's LoggerHook (BELOW_NORMAL) runs after such hooks
+    priority = "HIGH"
 
     def after_train_iter(self, trainer: Any, batch_idx: int, data_batch: Any = None, outputs: Any = None) -> None:
         trainer.message_hub.update_scalar("train/aux", float(trainer.progress.iteration))
@@ -110,7 +126,9 @@ class WritesScalars(tw.Hook):
 def test_train_scalars_written_to_the_hub_are_logged_as_the_mean_since_the_previous_line(tmp_path: Path) -> None:
     from conftest import train_records
 
-    t = _trainer(tmp_path, 2, custom_hooks=[WritesScalars()], default_hooks=dict(logger=dict(interval=2), checkpoint=None))
+    t = _trainer(
+        tmp_path, 2, custom_hooks=[WritesScalars()], default_hooks=dict(logger=dict(interval=2), checkpoint=None)
+    )
     t.train()
     records = train_records(t.run_dir)
     # lines at iterations 2, 3 (epoch end), 5, 6: the values written since the previous line, averaged

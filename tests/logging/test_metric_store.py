@@ -10,6 +10,7 @@ import torch
 
 from trainwright.logging import HistoryBuffer, MetricStore
 
+
 def test_history_buffer_statistics_match_statistics_module():
     rng = random.Random(0)
     values = [rng.uniform(-5, 5) for _ in range(53)]
@@ -30,7 +31,12 @@ def test_history_buffer_state_round_trip():
         buf.update(v)
     other = HistoryBuffer()
     other.load_state_dict(buf.state_dict())
-    assert (other.median(), other.mean(), other.global_avg, other.count) == (buf.median(), buf.mean(), buf.global_avg, buf.count)
+    assert (other.median(), other.mean(), other.global_avg, other.count) == (
+        buf.median(),
+        buf.mean(),
+        buf.global_avg,
+        buf.count,
+    )
 
 
 def test_update_dict_does_not_sync_and_flush_converts(sync_calls):
@@ -63,7 +69,9 @@ def test_nonfinite_loss_names_iteration_and_losses():
     store = MetricStore(flush_every=1000)
     for i in range(1, 10):
         v = float("nan") if i == 7 else float(i)
-        store.update_dict({"loss": torch.tensor(v), "loss_cls": torch.tensor(1.5), "acc": torch.tensor(float("nan"))}, i)
+        store.update_dict(
+            {"loss": torch.tensor(v), "loss_cls": torch.tensor(1.5), "acc": torch.tensor(float("nan"))}, i
+        )
     with pytest.raises(FloatingPointError, match=r"iteration 7: \{'loss': nan, 'loss_cls': 1.5, 'acc': nan\}") as err:
         store.flush()
     assert "nonfinite_loss='skip'" in str(err.value)
@@ -101,8 +109,11 @@ def test_training_hot_path_syncs_do_not_grow_with_iterations(trainer_factory, sy
     counts = []
     for n in (10, 40):
         t = trainer_factory(
-            dataset=regression_set(2 * n), default_hooks=dict(checkpoint=None, logger=dict(interval=1000)),
-            optim_wrapper=dict(optimizer=dict(type="SGD", lr=0.01, momentum=0.9), clip_grad=dict(max_norm=1.0), accumulative_counts=2),
+            dataset=regression_set(2 * n),
+            default_hooks=dict(checkpoint=None, logger=dict(interval=1000)),
+            optim_wrapper=dict(
+                optimizer=dict(type="SGD", lr=0.01, momentum=0.9), clip_grad=dict(max_norm=1.0), accumulative_counts=2
+            ),
         )
         sync_calls.clear()
         t.train()
@@ -125,7 +136,8 @@ def test_automatic_flush_converts_every_number_once_with_its_iteration() -> None
 
 
 def test_record_is_update_dict_plus_timestamps() -> None:
-    """``record`` (the train loop's one call per step) gives the same numbers as update_dict, and times once the clock runs."""
+    """``record`` (the train loop's one call per step) gives the same numbers as update_dict, and times once the
+    clock runs."""
     a, b = MetricStore(flush_every=3), MetricStore(flush_every=3)
     b.start_clock(10.0)
     for it in range(1, 8):
@@ -191,9 +203,11 @@ def _times_by_hand(rows: list, starts: dict, prev_end: float | None, untimed_to:
 
 @pytest.mark.parametrize("seed", range(40))
 def test_derive_times_equals_the_row_by_row_definition(seed: int) -> None:
-    """Flushes of every shape (clock restarts inside, untimed rows, a warm-up, no clock yet) give each row's times as defined, bit for bit.
+    """Flushes of every shape (clock restarts inside, untimed rows, a warm-up, no clock yet) give each row's times as
+    defined, bit for bit.
 
-    The guard for any faster ``derive_times`` (a whole-column path for the usual flush was tried: docs/benchmarks.md, seventh pass).
+    The guard for any faster ``derive_times`` (a whole-column path for the usual flush was tried: docs/benchmarks.md,
+    seventh pass).
     """
     from trainwright.logging.flush_batch import derive_times
 

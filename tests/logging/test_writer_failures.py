@@ -15,15 +15,16 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from conftest import LinearReg, regression_set
 from torch.utils.data import DataLoader
 
 import trainwright as tw
-from conftest import LinearReg, regression_set
 from trainwright.logging import LineInfo, Writer, WriterError
 
 
 class Flaky(Writer):
-    """Raises ConnectionError in ``method`` once it is handed a record with ``epoch == at`` (or any record when ``at`` is None)."""
+    """Raises ConnectionError in ``method`` once it is handed a record with ``epoch == at`` (or any record when
+    ``at`` is None)."""
 
     def __init__(self, method: str = "write_train", at: int | None = None) -> None:
         self.method, self.at = method, at
@@ -48,10 +49,15 @@ class Flaky(Writer):
 def _trainer(tmp_path: Path, writer: Writer, **kw: Any) -> tw.Trainer:
     """3 epochs of 5 iterations, a line every 2 iterations (and at each epoch's end), a checkpoint every epoch."""
     args: dict[str, Any] = dict(
-        model=LinearReg(), work_dir=tmp_path, train_dataloader=DataLoader(regression_set(20), batch_size=4),
-        optim_wrapper=dict(optimizer=dict(type="SGD", lr=0.05)), train_cfg=dict(by_epoch=True, max_epochs=3),
-        default_hooks=dict(logger=dict(interval=2, flush_secs=0.0), checkpoint=dict(interval=1)), writers=["console", "jsonl", writer],
-        randomness=dict(seed=0), experiment_name="run",
+        model=LinearReg(),
+        work_dir=tmp_path,
+        train_dataloader=DataLoader(regression_set(20), batch_size=4),
+        optim_wrapper=dict(optimizer=dict(type="SGD", lr=0.05)),
+        train_cfg=dict(by_epoch=True, max_epochs=3),
+        default_hooks=dict(logger=dict(interval=2, flush_secs=0.0), checkpoint=dict(interval=1)),
+        writers=["console", "jsonl", writer],
+        randomness=dict(seed=0),
+        experiment_name="run",
     )
     args.update(kw)
     return tw.Trainer(**args)
@@ -73,7 +79,9 @@ def test_a_writer_raising_at_the_last_epoch_end_keeps_every_checkpoint(tmp_path:
     assert _ckpts(tmp_path) == ["epoch_1.pth", "epoch_2.pth", "epoch_3.pth"]
     assert (tmp_path / "checkpoints" / "latest").read_text().strip() == "epoch_3.pth"
     log = (t.run_dir / "train.log").read_text()
-    assert log.count("Writer Flaky failed in write_train: ConnectionError: tracker down") == 1  # reported once, in train.log
+    assert (
+        log.count("Writer Flaky failed in write_train: ConnectionError: tracker down") == 1
+    )  # reported once, in train.log
     assert "writers_fail='raise'" in log  # the message says how to stop the run instead
     assert _jsonl(t)[-1] == ("train", 15)  # the other writers got the record the failing one raised on
     assert flaky.closed  # a failed writer is still closed (its files released)
@@ -91,19 +99,40 @@ def test_a_failed_writer_is_disabled_and_later_records_reach_the_others(tmp_path
 
 
 def test_writers_fail_raise_raises_after_the_due_checkpoint_is_written(tmp_path: Path) -> None:
-    t = _trainer(tmp_path, Flaky(at=2), writers_fail="raise", default_hooks=dict(logger=dict(interval=100), checkpoint=dict(interval=1)))
-    with t, pytest.warns(RuntimeWarning), pytest.raises(WriterError, match=r"Writer Flaky failed in write_train: ConnectionError: tracker down.*writers_fail='raise'") as e:
+    t = _trainer(
+        tmp_path,
+        Flaky(at=2),
+        writers_fail="raise",
+        default_hooks=dict(logger=dict(interval=100), checkpoint=dict(interval=1)),
+    )
+    with (
+        t,
+        pytest.warns(RuntimeWarning),
+        pytest.raises(
+            WriterError,
+            match=r"Writer Flaky failed in write_train: ConnectionError: tracker down.*writers_fail='raise'",
+        ) as e,
+    ):
         t.train()
     assert isinstance(e.value.__cause__, ConnectionError)
-    assert _ckpts(tmp_path) == ["epoch_1.pth", "epoch_2.pth"]  # the epoch-2 checkpoint was written before the error went on
+    assert _ckpts(tmp_path) == [
+        "epoch_1.pth",
+        "epoch_2.pth",
+    ]  # the epoch-2 checkpoint was written before the error went on
     assert t.progress.epoch == 2 and t.progress.iteration == 10  # and the run stopped there
     lines = (t.run_dir / "train.log").read_text().splitlines()
     assert "Stopped by WriterError at epoch 2, iteration 10: Writer Flaky failed" in lines[-1]
 
 
 def test_writers_fail_raise_at_the_last_epoch_end_waits_for_the_last_checkpoint(tmp_path: Path) -> None:
-    """No periodic save at epoch 3 (interval 2): the error at that epoch end waits for the final checkpoint (save_last)."""
-    t = _trainer(tmp_path, Flaky(at=3), writers_fail="raise", default_hooks=dict(logger=dict(interval=100), checkpoint=dict(interval=2)))
+    """No periodic save at epoch 3 (interval 2): the error at that epoch end waits for the final checkpoint
+    (save_last)."""
+    t = _trainer(
+        tmp_path,
+        Flaky(at=3),
+        writers_fail="raise",
+        default_hooks=dict(logger=dict(interval=100), checkpoint=dict(interval=2)),
+    )
     with t, pytest.warns(RuntimeWarning), pytest.raises(WriterError):
         t.train()
     assert _ckpts(tmp_path) == ["epoch_2.pth", "epoch_3.pth"]
@@ -113,7 +142,11 @@ def test_writers_fail_raise_at_the_last_epoch_end_waits_for_the_last_checkpoint(
 def test_writers_fail_raise_with_validation_due_waits_for_the_checkpoint_after_it(tmp_path: Path) -> None:
     """The epoch's checkpoint waits for its validation: a writer's error at the epoch end waits for both."""
     t = _trainer(
-        tmp_path, Flaky(at=1), writers_fail="raise", val_dataloader=DataLoader(regression_set(8), batch_size=4), val_evaluator=_Mse(),
+        tmp_path,
+        Flaky(at=1),
+        writers_fail="raise",
+        val_dataloader=DataLoader(regression_set(8), batch_size=4),
+        val_evaluator=_Mse(),
         default_hooks=dict(logger=dict(interval=100), checkpoint=dict(interval=1)),
     )
     with t, pytest.warns(RuntimeWarning), pytest.raises(WriterError):
@@ -139,7 +172,12 @@ def test_writers_fail_is_checked(tmp_path: Path) -> None:
 
 
 def test_a_writer_raising_in_write_eval_keeps_the_checkpoint(tmp_path: Path) -> None:
-    t = _trainer(tmp_path, Flaky("write_eval", at=3), val_dataloader=DataLoader(regression_set(8), batch_size=4), val_evaluator=_Mse())
+    t = _trainer(
+        tmp_path,
+        Flaky("write_eval", at=3),
+        val_dataloader=DataLoader(regression_set(8), batch_size=4),
+        val_evaluator=_Mse(),
+    )
     with t, pytest.warns(RuntimeWarning, match="Writer Flaky failed in write_eval"):
         t.train()
     assert _ckpts(tmp_path) == ["epoch_1.pth", "epoch_2.pth", "epoch_3.pth"]
@@ -152,7 +190,6 @@ class _Mse(tw.evaluation.Metric):
 
     def compute(self, results: list[float]) -> dict[str, float]:
         return {"mse": sum(results) / len(results)}
-
 
 
 class _Schedule:
@@ -168,7 +205,8 @@ class _Schedule:
 
 
 def test_a_raised_writer_error_waits_while_the_save_ahead_says_a_checkpoint_may_follow() -> None:
-    """``Writers(fail="raise", ahead=...)`` asks the question after a failure: the error is held while yes, raised once at the next call after no."""
+    """``Writers(fail="raise", ahead=...)`` asks the question after a failure: the error is held while yes, raised
+    once at the next call after no."""
     schedule = _Schedule()
     bad, good = Flaky("write_eval"), Flaky()
     writers = tw.logging.Writers([bad, good], fail="raise", ahead=tw.logging.AnyAhead([object(), schedule]))

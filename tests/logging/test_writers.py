@@ -1,4 +1,5 @@
-"""Writers: what Trainer(writers=...) builds, that every writer gets the records of metrics.jsonl, and that only rank 0 writes."""
+"""Writers: what Trainer(writers=...) builds, that every writer gets the records of metrics.jsonl, and that only rank
+0 writes."""
 
 from __future__ import annotations
 
@@ -9,12 +10,12 @@ from typing import Any
 import pytest
 import torch
 import torch.nn.functional as F
+from conftest import classification_set
 from torch import nn
 from torch.utils.data import DataLoader
 
 import trainwright as tw
 from trainwright.evaluation.collect import DEFAULT_GROUP
-from conftest import classification_set
 from trainwright.logging import ConsoleWriter, JsonlWriter, LineInfo, Writer
 from trainwright.strategies.single_device import SingleDeviceStrategy
 
@@ -56,8 +57,15 @@ def _jsonl(run_dir: Path) -> list[dict[str, Any]]:
 def _clf_trainer(trainer_factory: Any, **kw: Any) -> tw.Trainer:
     ds = classification_set(24)
     return trainer_factory(
-        model=Clf(), dataset=ds, batch_size=4, train_cfg=dict(by_epoch=True, max_epochs=2), val_dataloader=DataLoader(ds, batch_size=8),
-        val_evaluator=tw.evaluation.Accuracy(), default_hooks=dict(checkpoint=None, logger=dict(interval=4)), log_level="INFO", **kw,
+        model=Clf(),
+        dataset=ds,
+        batch_size=4,
+        train_cfg=dict(by_epoch=True, max_epochs=2),
+        val_dataloader=DataLoader(ds, batch_size=8),
+        val_evaluator=tw.evaluation.Accuracy(),
+        default_hooks=dict(checkpoint=None, logger=dict(interval=4)),
+        log_level="INFO",
+        **kw,
     )
 
 
@@ -69,10 +77,24 @@ def test_a_writer_gets_the_same_records_as_metrics_jsonl(trainer_factory: Any) -
     t.val()
     t.flush_logs()
     lines = _jsonl(t.run_dir)
-    # 6 iterations per epoch: lines at 4, 6 (epoch end), 10 (the epoch's 4th), 12, validation after each epoch and once more
-    assert [(r["mode"], r["iter"]) for r in lines] == [("train", 4), ("train", 6), ("val", 6), ("train", 10), ("train", 12), ("val", 12), ("val", 12)]
+    # 6 iterations per epoch: lines at 4, 6 (epoch end), 10 (the epoch's 4th), 12, validation after each epoch and once
+    # more
+    assert [(r["mode"], r["iter"]) for r in lines] == [
+        ("train", 4),
+        ("train", 6),
+        ("val", 6),
+        ("train", 10),
+        ("train", 12),
+        ("val", 12),
+        ("val", 12),
+    ]
     assert mine.records == lines
-    assert [(i.batch, i.epoch_len, i.by_epoch) for i in mine.lines] == [(4, 6, True), (6, 6, True), (4, 6, True), (6, 6, True)]  # [2][4/6]: as mmengine
+    assert [(i.batch, i.epoch_len, i.by_epoch) for i in mine.lines] == [
+        (4, 6, True),
+        (6, 6, True),
+        (4, 6, True),
+        (6, 6, True),
+    ]  # [2][4/6]: as mmengine
     assert len(mine.configs) <= 1
     assert mine.configs[0]["train_cfg"] == {"by_epoch": True, "max_epochs": 2} and mine.configs[0]["world_size"] == 1
     json.dumps(mine.configs[0])  # plain values only
@@ -86,7 +108,11 @@ def test_default_writers_are_console_and_jsonl(trainer_factory: Any) -> None:
     t.train()
     t.flush_logs()
     log = (t.run_dir / "train.log").read_text()
-    assert sum("Epoch(train)" in ln for ln in log.splitlines()) == sum(r["mode"] == "train" for r in _jsonl(t.run_dir)) == 4
+    assert (
+        sum("Epoch(train)" in ln for ln in log.splitlines())
+        == sum(r["mode"] == "train" for r in _jsonl(t.run_dir))
+        == 4
+    )
     assert "Epoch(val) [2] iter 12  " in log
 
 
@@ -106,7 +132,9 @@ def test_non_main_ranks_write_nothing(trainer_factory: Any) -> None:
     mine = Collector()
     t = _clf_trainer(trainer_factory, writers=[mine, "jsonl", "console"], strategy=RankOne(device="cpu"))
     assert not t.strategy.is_main_process and t.writers == []
-    t.val_loop.evaluator.use_collectives(DEFAULT_GROUP)  # the fake rank has no peers to gather metrics from: this process's group
+    t.val_loop.evaluator.use_collectives(
+        DEFAULT_GROUP
+    )  # the fake rank has no peers to gather metrics from: this process's group
     t.train()
     t.val()
     t.flush_logs()

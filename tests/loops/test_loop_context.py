@@ -24,7 +24,14 @@ from trainwright.loops import EpochBasedTrainLoop, EvalLoop, IterBasedTrainLoop,
 from trainwright.utils.progress import Progress
 
 LR = 0.05
-TRAIN_EVENTS = ("before_train", "before_train_epoch", "before_train_iter", "after_train_iter", "after_train_epoch", "after_train")
+TRAIN_EVENTS = (
+    "before_train",
+    "before_train_epoch",
+    "before_train_iter",
+    "after_train_iter",
+    "after_train_epoch",
+    "after_train",
+)
 
 
 class Calls(tw.Hook):
@@ -80,7 +87,9 @@ def _context(*hooks: tw.Hook, validate: Any = None) -> LoopContext:
     model = LinearReg()
     view = types.SimpleNamespace(progress=progress, should_stop=False, flush_logs=lambda: None)
     ow = tw.OptimWrapper(torch.optim.SGD(model.parameters(), lr=LR))
-    return LoopContext(view=view, model=model, hooks=HookList(hooks), progress=progress, optim_wrapper=ow, validate=validate)  # type: ignore[arg-type]
+    return LoopContext(
+        view=view, model=model, hooks=HookList(hooks), progress=progress, optim_wrapper=ow, validate=validate
+    )  # type: ignore[arg-type]
 
 
 def _loader() -> DataLoader:
@@ -127,7 +136,10 @@ def test_hooks_get_the_view_of_the_context_in_order(by_epoch: bool) -> None:
     loop.run(ctx)
     assert all(obj is ctx.view for _, obj in hook.calls)
     events = [e for e, _ in hook.calls]
-    assert events == ["before_train", "before_train_epoch"] + ["before_train_iter", "after_train_iter"] * 5 + ["after_train_epoch", "after_train"]
+    assert events == ["before_train", "before_train_epoch"] + ["before_train_iter", "after_train_iter"] * 5 + [
+        "after_train_epoch",
+        "after_train",
+    ]
 
 
 @pytest.mark.parametrize("by_epoch", [True, False])
@@ -155,7 +167,8 @@ def test_validation_runs_when_due() -> None:
 
 
 def test_dynamic_intervals_change_the_validation_interval_at_their_milestones_as_mmengine() -> None:
-    """mmengine (RTMDet's ``dynamic_intervals=[(max_epochs - 20, 1)]``): after n completed epochs the interval is the entry for n + 1."""
+    """mmengine (RTMDet's ``dynamic_intervals=[(max_epochs - 20, 1)]``): after n completed epochs the interval is the
+    entry for n + 1."""
     seen: list[int] = []
     ctx = _context(validate=lambda: seen.append(ctx.progress.epoch))
     EpochBasedTrainLoop(_loader(), max_epochs=8, val_interval=3, dynamic_intervals=[(5, 1)]).run(ctx)
@@ -195,7 +208,9 @@ def test_eval_loop_with_a_hand_built_context() -> None:
     assert [e for e, _ in hook.calls] == ["before_val_iter", "after_val_iter"] * 4 + ["after_val_epoch"]
     assert all(obj is ctx.view for e, obj in hook.calls if e != "after_val_epoch")
     assert ctx.model.training  # the mode it had before
-    assert loop.run_pass(with_hooks=False) == {"mse": pytest.approx(expected, rel=1e-6)}  # the run's context is kept for hooks
+    assert loop.run_pass(with_hooks=False) == {
+        "mse": pytest.approx(expected, rel=1e-6)
+    }  # the run's context is kept for hooks
 
 
 def test_eval_loop_stop_request_ends_the_pass_without_metrics() -> None:
@@ -223,7 +238,12 @@ def _imported_modules(path: Path) -> list[str]:
 
 
 def test_no_loop_module_imports_the_trainer_even_for_type_checking() -> None:
-    offenders = {p.name: n for p in (SRC / "loops").glob("*.py") for n in _imported_modules(p) if n.startswith("trainwright.trainer")}
+    offenders = {
+        p.name: n
+        for p in (SRC / "loops").glob("*.py")
+        for n in _imported_modules(p)
+        if n.startswith("trainwright.trainer")
+    }
     assert not offenders
 
 
@@ -234,5 +254,7 @@ def test_lint_imports_counts_type_checking_imports_and_the_layers_hold() -> None
         pytest.skip("needs the source checkout and import-linter")
     assert re.search(r"^exclude_type_checking_imports = false$", pyproject.read_text(encoding="utf-8"), re.MULTILINE)
     env = {**os.environ, "PYTHONPATH": str(SRC.parent)}
-    result = subprocess.run(["lint-imports", "--no-cache"], cwd=root, env=env, capture_output=True, text=True, timeout=120)
+    result = subprocess.run(
+        ["lint-imports", "--no-cache"], cwd=root, env=env, capture_output=True, text=True, timeout=120
+    )
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]

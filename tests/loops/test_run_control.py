@@ -1,4 +1,5 @@
-"""The loop's run control: a hook's stop with a reason, and a restart from a state the hook restored, against hand-written loops."""
+"""The loop's run control: a hook's stop with a reason, and a restart from a state the hook restored, against
+hand-written loops."""
 
 from __future__ import annotations
 
@@ -7,10 +8,9 @@ from typing import Any
 
 import torch
 import torch.nn.functional as F
+from conftest import LinearReg, make_trainer, regression_set
 
 import trainwright as tw
-
-from conftest import LinearReg, make_trainer, regression_set
 
 LR = 0.05  # make_trainer's SGD
 
@@ -55,7 +55,9 @@ class RestartOnce(tw.Hook):
             trainer.train_loop.restart_from(trainer.progress.iteration)
 
 
-def test_a_stop_with_a_reason_ends_after_that_iteration_and_a_restart_runs_the_restored_iterations_again(tmp_path: Path) -> None:
+def test_a_stop_with_a_reason_ends_after_that_iteration_and_a_restart_runs_the_restored_iterations_again(
+    tmp_path: Path,
+) -> None:
     t = make_trainer(tmp_path / "stop", custom_hooks=[StopAt(3)])
     model = t.train()
     assert t.progress.iteration == 3
@@ -66,7 +68,22 @@ def test_a_stop_with_a_reason_ends_after_that_iteration_and_a_restart_runs_the_r
     hook = RestartOnce(keep=2, at=4)
     t = make_trainer(tmp_path / "restart", custom_hooks=[hook])  # 10 batches, one epoch
     model = t.train()
-    assert hook.seen == [1, 2, 3, 4, 3, 4, 5, 6, 7, 8, 9, 10]  # 3 and 4 ran again from the restored state, then the epoch went on
+    assert hook.seen == [
+        1,
+        2,
+        3,
+        4,
+        3,
+        4,
+        5,
+        6,
+        7,
+        8,
+        9,
+        10,
+    ]  # 3 and 4 ran again from the restored state, then the epoch went on
     assert t.progress.iteration == 10 and t.progress.epoch == 1
-    assert all(torch.equal(a, b) for a, b in zip(model.parameters(), _by_hand(10), strict=True))  # restored exactly: as if uninterrupted
+    assert all(
+        torch.equal(a, b) for a, b in zip(model.parameters(), _by_hand(10), strict=True)
+    )  # restored exactly: as if uninterrupted
     t.close()

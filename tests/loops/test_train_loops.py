@@ -31,7 +31,9 @@ def _rows(ds) -> dict[tuple[float, ...], int]:
 def test_epoch_loop_counters_and_each_sample_once_per_epoch(trainer_factory):
     ds = regression_set(20)
     rec = BatchRecorder()
-    t = trainer_factory(dataset=ds, batch_size=4, shuffle=True, train_cfg=dict(by_epoch=True, max_epochs=3), custom_hooks=[rec])
+    t = trainer_factory(
+        dataset=ds, batch_size=4, shuffle=True, train_cfg=dict(by_epoch=True, max_epochs=3), custom_hooks=[rec]
+    )
     t.train()
     assert (t.progress.epoch, t.progress.iteration, t.progress.iter_in_epoch) == (3, 15, 0)
     assert t.train_loop.max_iters == 15
@@ -79,9 +81,14 @@ def test_issue_schedule_lr_at_every_iteration(trainer_factory):
     ds = regression_set(48)  # 8 iterations per epoch, warmup spans 6+ epochs
     rec = BatchRecorder()
     t = trainer_factory(
-        dataset=ds, batch_size=6, custom_hooks=[rec],
+        dataset=ds,
+        batch_size=6,
+        custom_hooks=[rec],
         optim_wrapper=dict(optimizer=dict(type="SGD", lr=0.1, momentum=0.9)),
-        param_scheduler=[dict(type="LinearLR", start_factor=0.1, by_epoch=False, begin=0, end=50), dict(type="CosineAnnealingLR", by_epoch=True, begin=0, end=10)],
+        param_scheduler=[
+            dict(type="LinearLR", start_factor=0.1, by_epoch=False, begin=0, end=50),
+            dict(type="CosineAnnealingLR", by_epoch=True, begin=0, end=10),
+        ],
         train_cfg=dict(by_epoch=True, max_epochs=10),
         default_hooks=dict(checkpoint=None, logger=dict(interval=1)),
     )

@@ -1,4 +1,5 @@
-"""Runs of a tiny transformer with the Trainer, with and without activation checkpointing, under DDP / FSDP (torchrun) or one process.
+"""Runs of a tiny transformer with the Trainer, with and without activation checkpointing, under DDP / FSDP (torchrun)
+or one process.
 
 Usage: ac_train.py OUT_DIR RUN [RUN ...], each RUN ``name:strategy:ac`` (``ac`` 1 or 0).
 Each run trains 3 iterations (SGD with momentum) and writes OUT_DIR/NAME/result_rank<r>.pt:
@@ -21,7 +22,6 @@ from torch import nn
 from torch.utils.data import TensorDataset
 
 import trainwright as tw
-
 
 #: The runs of the 2-process launch (test_activation_checkpointing.py).
 SCRIPT_RUNS = ["ddp_plain:ddp:0", "ddp_ac:ddp:1", "fsdp_plain:fsdp:0", "fsdp_ac:fsdp:1"]
@@ -88,7 +88,9 @@ def run(out: Path, spec: str) -> None:
     trainer = tw.Trainer(
         model=Net(),
         work_dir=out / name,
-        train_dataloader=dict(dataset=data(), batch_size=16 // max(1, int(os.environ.get("WORLD_SIZE", 1))), shuffle=False),
+        train_dataloader=dict(
+            dataset=data(), batch_size=16 // max(1, int(os.environ.get("WORLD_SIZE", 1))), shuffle=False
+        ),
         optim_wrapper=dict(optimizer=dict(type="SGD", lr=0.1, momentum=0.9)),
         train_cfg=dict(by_epoch=False, max_iters=3),
         default_hooks=dict(checkpoint=None, logger=dict(interval=1)),
@@ -100,8 +102,13 @@ def run(out: Path, spec: str) -> None:
     )
     trainer.train()
     full = trainer.strategy.full_model_state_dict()
-    result = {"params": {k: v.detach().clone() for k, v in full.items()}, "counts": counter.counts, "losses": counter.losses,
-              "keys": sorted(trainer.unwrapped_model.state_dict()), "config": trainer.config["activation_checkpointing"]}
+    result = {
+        "params": {k: v.detach().clone() for k, v in full.items()},
+        "counts": counter.counts,
+        "losses": counter.losses,
+        "keys": sorted(trainer.unwrapped_model.state_dict()),
+        "config": trainer.config["activation_checkpointing"],
+    }
     trainer.close()
     (out / name).mkdir(parents=True, exist_ok=True)
     torch.save(result, out / name / f"result_rank{rank}.pt")

@@ -1,4 +1,5 @@
-"""mmengine's way: wrap a model in the DDP wrapper yourself and call ``train_step`` directly (torchrun, 2 gloo processes).
+"""mmengine's way: wrap a model in the DDP wrapper yourself and call ``train_step`` directly (torchrun, 2 gloo
+processes).
 
 Usage: torchrun --nproc_per_node=2 ddp_wrapper_direct.py OUT_DIR
 Each rank trains on its own data; writes OUT_DIR/result_rank<r>.pt: the final weights, the
@@ -22,7 +23,6 @@ from torch import nn
 import trainwright as tw
 from trainwright.model.wrappers import MMDistributedDataParallel
 from trainwright.optim import OptimWrapper
-
 
 WATCHED: list[nn.Module] = []
 SYNCS: list[bool] = []
@@ -90,8 +90,16 @@ def main() -> None:
         warnings.simplefilter("always")
         own_step = MMDistributedDataParallel(OwnStep())
     own_step_warnings = [str(w.message) for w in caught]
-    torch.save({"weights": weights, "warnings": messages, "wrapper_syncs": wrapper_syncs, "loop_syncs": list(SYNCS), "own_step_warnings": own_step_warnings},
-               out / f"result_rank{os.environ['RANK']}.pt")
+    torch.save(
+        {
+            "weights": weights,
+            "warnings": messages,
+            "wrapper_syncs": wrapper_syncs,
+            "loop_syncs": list(SYNCS),
+            "own_step_warnings": own_step_warnings,
+        },
+        out / f"result_rank{os.environ['RANK']}.pt",
+    )
     del ddp, checked, torch_ddp, own_step
     dist.destroy_process_group()
 

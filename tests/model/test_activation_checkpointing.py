@@ -16,11 +16,15 @@ from pathlib import Path
 
 import pytest
 import torch
-
-import trainwright as tw
 from ac_train import SCRIPT_RUNS, Block, Net, data, run
 from launch import launch
-from trainwright.model.activation_checkpointing import apply_activation_checkpointing, is_checkpointed, remove_activation_checkpointing
+
+import trainwright as tw
+from trainwright.model.activation_checkpointing import (
+    apply_activation_checkpointing,
+    is_checkpointed,
+    remove_activation_checkpointing,
+)
 
 SCRIPT = Path(__file__).with_name("ac_train.py")
 ATOL = 1e-6
@@ -58,17 +62,27 @@ def test_ddp_and_fsdp_same_parameters_and_fewer_saved_tensors(tmp_path: Path) ->
         for rank in (0, 1):
             plain, ac = _load(tmp_path, f"{strategy}_plain", rank), _load(tmp_path, f"{strategy}_ac", rank)
             assert ac["losses"] == pytest.approx(plain["losses"], abs=ATOL), strategy
-            assert all(0 < a < p for a, p in zip(ac["counts"], plain["counts"])), (strategy, ac["counts"], plain["counts"])
+            assert all(0 < a < p for a, p in zip(ac["counts"], plain["counts"])), (
+                strategy,
+                ac["counts"],
+                plain["counts"],
+            )
         _assert_same_training_fewer_saved(_load(tmp_path, f"{strategy}_plain"), _load(tmp_path, f"{strategy}_ac"))
 
 
 def _trainer(work_dir: Path, ac: bool | list[str], iters: int, resume: bool = False, save: int = -1) -> tw.Trainer:
     tw.seed_everything(0)
     return tw.Trainer(
-        model=Net(), work_dir=work_dir, train_dataloader=dict(dataset=data(), batch_size=8, shuffle=True),
-        optim_wrapper=dict(optimizer=dict(type="SGD", lr=0.1, momentum=0.9)), train_cfg=dict(by_epoch=False, max_iters=iters),
-        default_hooks=dict(checkpoint=dict(by_epoch=False, interval=save)), activation_checkpointing=ac if isinstance(ac, list) else (["Block"] if ac else None),
-        resume=resume, randomness=dict(seed=0), log_level="WARNING",
+        model=Net(),
+        work_dir=work_dir,
+        train_dataloader=dict(dataset=data(), batch_size=8, shuffle=True),
+        optim_wrapper=dict(optimizer=dict(type="SGD", lr=0.1, momentum=0.9)),
+        train_cfg=dict(by_epoch=False, max_iters=iters),
+        default_hooks=dict(checkpoint=dict(by_epoch=False, interval=save)),
+        activation_checkpointing=ac if isinstance(ac, list) else (["Block"] if ac else None),
+        resume=resume,
+        randomness=dict(seed=0),
+        log_level="WARNING",
     )
 
 
@@ -101,15 +115,24 @@ def test_matches_class_names_types_and_module_paths_outermost_only() -> None:
 
 def test_a_name_that_matches_nothing_is_an_error_naming_the_model_classes(tmp_path: Path) -> None:
     trainer = _trainer(tmp_path, ac=["Blok"], iters=1)
-    with pytest.raises(ValueError, match=r"activation_checkpointing: 'Blok' matches no module of Net; name one of its module classes \[.*'Block'.*'Linear'"):
+    with pytest.raises(
+        ValueError,
+        match=r"activation_checkpointing: 'Blok' matches no module of Net; name one of its module classes "
+        r"\[.*'Block'.*'Linear'",
+    ):
         trainer.train()
     trainer.close()
 
 
 def test_config_key_builds_and_is_recorded(tmp_path: Path) -> None:
     cfg = dict(
-        model=Net(), work_dir=str(tmp_path), train_dataloader=dict(dataset=data(), batch_size=8), activation_checkpointing=["Block"],
-        optim_wrapper=dict(optimizer=dict(type="SGD", lr=0.1)), train_cfg=dict(by_epoch=False, max_iters=1), log_level="WARNING",
+        model=Net(),
+        work_dir=str(tmp_path),
+        train_dataloader=dict(dataset=data(), batch_size=8),
+        activation_checkpointing=["Block"],
+        optim_wrapper=dict(optimizer=dict(type="SGD", lr=0.1)),
+        train_cfg=dict(by_epoch=False, max_iters=1),
+        log_level="WARNING",
         default_hooks=dict(checkpoint=None),
     )
     trainer = tw.Trainer.from_config(cfg)

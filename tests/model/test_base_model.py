@@ -19,7 +19,11 @@ from trainwright.optim import OptimWrapper
 def test_parse_losses_sums_keys_containing_loss():
     model = LinearReg()
     a = torch.tensor(1.5, requires_grad=True)
-    losses = {"loss_cls": a * 2, "loss_box": [torch.tensor([1.0, 3.0]), torch.tensor(4.0)], "acc": torch.tensor([0.5, 1.0])}
+    losses = {
+        "loss_cls": a * 2,
+        "loss_box": [torch.tensor([1.0, 3.0]), torch.tensor(4.0)],
+        "acc": torch.tensor([0.5, 1.0]),
+    }
     total, log = model.parse_losses(losses)
     assert total.item() == 3.0 + (2.0 + 4.0)
     assert total.requires_grad
@@ -82,7 +86,9 @@ def test_normalizing_preprocessor_matches_hand_formula():
     pre = NormalizingDataPreprocessor(mean=[1.0, 2.0, 3.0], std=[2.0, 4.0, 8.0])
     x = torch.randn(2, 3, 4, 4)
     out, y = pre((x, torch.tensor([0, 1])), True)
-    torch.testing.assert_close(out, (x - torch.tensor([1.0, 2.0, 3.0]).view(1, 3, 1, 1)) / torch.tensor([2.0, 4.0, 8.0]).view(1, 3, 1, 1))
+    torch.testing.assert_close(
+        out, (x - torch.tensor([1.0, 2.0, 3.0]).view(1, 3, 1, 1)) / torch.tensor([2.0, 4.0, 8.0]).view(1, 3, 1, 1)
+    )
     assert y.tolist() == [0, 1]
     d = pre({"inputs": x, "meta": "a"})
     torch.testing.assert_close(d["inputs"], out)
@@ -114,10 +120,11 @@ def test_module_adapter_passes_mode_when_accepted():
 
 
 def test_train_step_goes_through_module_call() -> None:
-    """Hooks on the model and global module hooks fire at every training step (the forward is always nn.Module.__call__)."""
-    from trainwright.optim import OptimWrapper
-
+    """Hooks on the model and global module hooks fire at every training step (the forward is always
+    nn.Module.__call__)."""
     from conftest import LinearReg
+
+    from trainwright.optim import OptimWrapper
 
     model = LinearReg()
     ow = OptimWrapper(torch.optim.SGD(model.parameters(), lr=0.1))
@@ -138,9 +145,9 @@ def test_train_step_goes_through_module_call() -> None:
 
 def test_train_step_calls_an_overridden_parse_losses() -> None:
     """train_step inlines parse_losses' single-loss fast path, but never past a subclass's own parse_losses."""
-    from trainwright.optim import OptimWrapper
-
     from conftest import LinearReg
+
+    from trainwright.optim import OptimWrapper
 
     class Scaled(LinearReg):
         def parse_losses(self, losses):
@@ -159,9 +166,9 @@ def test_train_step_calls_an_overridden_parse_losses() -> None:
 
 
 def test_train_step_calls_a_parse_losses_patched_onto_the_class_later(monkeypatch: pytest.MonkeyPatch) -> None:
-    from trainwright.optim import OptimWrapper
-
     from conftest import LinearReg
+
+    from trainwright.optim import OptimWrapper
 
     class Patched(LinearReg):
         pass
@@ -202,7 +209,9 @@ def test_mmengine_style_model_constructs_and_its_preprocessor_runs_under_the_opt
         warnings.simplefilter("error")  # no init_cfg: no warning
         model = _MMNet()
     assert model.init_cfg is None
-    with pytest.warns(UserWarning, match=r"_MMNet\(init_cfg=\{'type': 'Kaiming'\}\) is kept as \.init_cfg but not applied.*load_from"):
+    with pytest.warns(
+        UserWarning, match=r"_MMNet\(init_cfg=\{'type': 'Kaiming'\}\) is kept as \.init_cfg but not applied.*load_from"
+    ):
         assert _MMNet(init_cfg=dict(type="Kaiming")).init_cfg == {"type": "Kaiming"}
     ow = tw.AmpOptimWrapper(torch.optim.SGD(model.parameters(), lr=0.1), dtype="bfloat16")
     model.train_step({"inputs": torch.randn(4, 2)}, ow)
@@ -226,5 +235,7 @@ def test_a_data_preprocessor_that_is_no_module_is_a_type_error_at_construction()
     with pytest.raises(TypeError, match=r"BaseModel\(data_preprocessor=...\) must be an nn.Module .* got str"):
         BaseModel(data_preprocessor="BaseDataPreprocessor")
     with pytest.raises(TypeError, match=r"got function"):
-        BaseModel(data_preprocessor=dict(type=lambda: (lambda data, training: data)))  # the dict builds no module
-    assert isinstance(BaseModel(data_preprocessor=dict(type="BaseDataPreprocessor")).data_preprocessor, BaseDataPreprocessor)
+        BaseModel(data_preprocessor=dict(type=lambda: lambda data, training: data))  # the dict builds no module
+    assert isinstance(
+        BaseModel(data_preprocessor=dict(type="BaseDataPreprocessor")).data_preprocessor, BaseDataPreprocessor
+    )

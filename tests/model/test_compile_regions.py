@@ -15,19 +15,20 @@ from typing import Any
 
 import pytest
 import torch
+from ac_train import Net, data
+from conftest import NEEDS_COMPILER
 from torch import nn
 from torch.utils.data import DataLoader
 
 import trainwright as tw
-from ac_train import Net, data
-from conftest import NEEDS_COMPILER
 from trainwright.model.compile import apply_compile
 
 pytestmark = NEEDS_COMPILER
 TOL = 1e-5
 
 
-#: Whether each Block call ran inside compiled code (a forward pre-hook records it: a hook is part of the compiled call).
+#: Whether each Block call ran inside compiled code (a forward pre-hook records it: a hook is part of the compiled
+#: call).
 COMPILED_CALLS: list[bool] = []
 
 
@@ -44,13 +45,22 @@ def _net(record: bool = True) -> Net:
     return net
 
 
-def _trainer(work_dir: Path, iters: int, compile: Any = False, resume: bool = False, save: int = -1, **kwargs: Any) -> tw.Trainer:
+def _trainer(
+    work_dir: Path, iters: int, compile: Any = False, resume: bool = False, save: int = -1, **kwargs: Any
+) -> tw.Trainer:
     tw.seed_everything(0)
     return tw.Trainer(
-        model=_net(), work_dir=work_dir, train_dataloader=dict(dataset=data(), batch_size=8, shuffle=True, drop_last=True),
-        optim_wrapper=dict(optimizer=dict(type="SGD", lr=0.1, momentum=0.9)), train_cfg=dict(by_epoch=False, max_iters=iters),
-        default_hooks=dict(checkpoint=dict(by_epoch=False, interval=save), logger=dict(interval=1)), compile=compile, resume=resume,
-        randomness=dict(seed=0), log_level="WARNING", **kwargs,
+        model=_net(),
+        work_dir=work_dir,
+        train_dataloader=dict(dataset=data(), batch_size=8, shuffle=True, drop_last=True),
+        optim_wrapper=dict(optimizer=dict(type="SGD", lr=0.1, momentum=0.9)),
+        train_cfg=dict(by_epoch=False, max_iters=iters),
+        default_hooks=dict(checkpoint=dict(by_epoch=False, interval=save), logger=dict(interval=1)),
+        compile=compile,
+        resume=resume,
+        randomness=dict(seed=0),
+        log_level="WARNING",
+        **kwargs,
     )
 
 
@@ -89,7 +99,9 @@ def test_regional_compile_trains_as_eager(tmp_path: Path, ac: bool) -> None:
         records[name] = hook.losses
         calls = list(COMPILED_CALLS)
         blocks = 2  # the model's depth (_trainer)
-        if name == "compiled":  # the first iteration runs eagerly (the FlopsHook counts it), every later block call compiled
+        if (
+            name == "compiled"
+        ):  # the first iteration runs eagerly (the FlopsHook counts it), every later block call compiled
             assert not any(calls[:blocks]) and all(calls[blocks:]) and len(calls) > blocks, calls
         else:
             assert calls and not any(calls), calls
@@ -108,7 +120,10 @@ def test_exact_resume_with_regional_compile(tmp_path: Path) -> None:
 
 
 def test_a_region_that_matches_nothing_is_an_error_naming_the_model_classes() -> None:
-    with pytest.raises(ValueError, match=r"compile regions: 'Blocks' matches no module of Net; name one of its module classes \[.*'Block'"):
+    with pytest.raises(
+        ValueError,
+        match=r"compile regions: 'Blocks' matches no module of Net; name one of its module classes \[.*'Block'",
+    ):
         apply_compile(Net(), dict(regions=["Blocks"]))
     with pytest.raises(ValueError, match=r"Unknown compile key 'modes'"):
         apply_compile(Net(), dict(regions=["Block"], modes="max-autotune"))
@@ -117,13 +132,26 @@ def test_a_region_that_matches_nothing_is_an_error_naming_the_model_classes() ->
 def test_cuda_graph_mode_checks_at_start(tmp_path: Path) -> None:
     cudagraphs = dict(regions=["Block"], mode="reduce-overhead")
     ds = data(30)  # 30 samples, batch 8: the last batch holds 6
-    trainer = tw.Trainer(model=Net(), work_dir=tmp_path, train_dataloader=DataLoader(ds, batch_size=8), compile=cudagraphs,
-                         optim_wrapper=dict(optimizer=dict(type="SGD", lr=0.1)), train_cfg=dict(by_epoch=False, max_iters=2), log_level="WARNING")
-    with pytest.raises(ValueError, match=r"records CUDA graphs for fixed shapes.*last batch holds 6 samples instead of 8.*drop_last=True"):
+    trainer = tw.Trainer(
+        model=Net(),
+        work_dir=tmp_path,
+        train_dataloader=DataLoader(ds, batch_size=8),
+        compile=cudagraphs,
+        optim_wrapper=dict(optimizer=dict(type="SGD", lr=0.1)),
+        train_cfg=dict(by_epoch=False, max_iters=2),
+        log_level="WARNING",
+    )
+    with pytest.raises(
+        ValueError,
+        match=r"records CUDA graphs for fixed shapes.*last batch holds 6 samples instead of 8.*drop_last=True",
+    ):
         trainer.train()
     trainer.close()
     if not torch.cuda.is_available():
-        with pytest.warns(UserWarning, match=r"mode='reduce-overhead' records CUDA graphs, which need a CUDA device; the model is on 'cpu'"):
+        with pytest.warns(
+            UserWarning,
+            match=r"mode='reduce-overhead' records CUDA graphs, which need a CUDA device; the model is on 'cpu'",
+        ):
             apply_compile(Net(), cudagraphs)
 
 
@@ -134,11 +162,17 @@ def test_cuda_regional_reduce_overhead_with_compiled_optimizer_trains_as_eager(t
         trainer = tw.Trainer(
             # no recording hook: on an H200 (torch 2.11) it was compiled as a frame of its own, once per block and mode,
             # until dynamo's recompile limit, which fullgraph=True turns into an error
-            model=_net(record=False), work_dir=tmp_path / name, train_dataloader=dict(dataset=data(64), batch_size=8, shuffle=True, drop_last=True),
-            optim_wrapper=dict(optimizer=dict(type="AdamW", lr=1e-2), compile=compile_step), train_cfg=dict(by_epoch=False, max_iters=12),
+            model=_net(record=False),
+            work_dir=tmp_path / name,
+            train_dataloader=dict(dataset=data(64), batch_size=8, shuffle=True, drop_last=True),
+            optim_wrapper=dict(optimizer=dict(type="AdamW", lr=1e-2), compile=compile_step),
+            train_cfg=dict(by_epoch=False, max_iters=12),
             param_scheduler=dict(type="LinearLR", start_factor=0.1, by_epoch=False, begin=0, end=6),
-            default_hooks=dict(checkpoint=None, logger=dict(interval=2)), compile=compile, strategy=dict(type="single", device="cuda"),
-            randomness=dict(seed=0), log_level="WARNING",
+            default_hooks=dict(checkpoint=None, logger=dict(interval=2)),
+            compile=compile,
+            strategy=dict(type="single", device="cuda"),
+            randomness=dict(seed=0),
+            log_level="WARNING",
         )
         return {k: v.cpu() for k, v in _train(trainer).items()}
 

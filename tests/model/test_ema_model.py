@@ -2,10 +2,9 @@
 
 from __future__ import annotations
 
-from collections import Counter
-
 import copy
 import io
+from collections import Counter
 
 import pytest
 import torch
@@ -28,7 +27,9 @@ def _train_step(model: nn.Module, opt: torch.optim.Optimizer, seed: int) -> None
     opt.step()
 
 
-def _reference_run(model: nn.Module, steps: int, momentum: float, interval: int, update_buffers: bool, start_seed: int = 0):
+def _reference_run(
+    model: nn.Module, steps: int, momentum: float, interval: int, update_buffers: bool, start_seed: int = 0
+):
     """Train ``model`` for ``steps`` steps and keep a textbook EMA of its state in float64."""
     opt = torch.optim.SGD(model.parameters(), lr=0.5)
     param_keys = {k for k, _ in model.named_parameters()}
@@ -98,7 +99,10 @@ def test_update_does_no_host_sync(sync_calls: Counter[str], dtype: torch.dtype) 
     # the instrumentation itself works
     bool(torch.ones(()))
     float(torch.ones(()))
-    assert sync_calls["__bool__"] == before.get("__bool__", 0) + 1 and sync_calls["__float__"] == before.get("__float__", 0) + 1
+    assert (
+        sync_calls["__bool__"] == before.get("__bool__", 0) + 1
+        and sync_calls["__float__"] == before.get("__float__", 0) + 1
+    )
 
 
 @pytest.mark.cuda

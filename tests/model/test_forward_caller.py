@@ -6,13 +6,12 @@ import copy
 import pickle
 
 import torch
+from conftest import LinearReg, regression_set
 from torch import nn
 from torch.utils.data import DataLoader
 
 import trainwright as tw
 from trainwright.optim import OptimWrapper
-
-from conftest import LinearReg, regression_set
 
 
 class CountingWrapper(nn.Module):
@@ -48,7 +47,9 @@ def test_bound_model_still_copies_and_pickles_without_the_wrapper() -> None:
     for clone in (copy.deepcopy(model), pickle.loads(pickle.dumps(model))):
         assert clone.forward_caller is None
         torch.testing.assert_close(clone.linear.weight, model.linear.weight)
-        out = clone.train_step((torch.randn(2, 4), torch.randn(2, 1)), OptimWrapper(torch.optim.SGD(clone.parameters(), lr=0.1)))
+        out = clone.train_step(
+            (torch.randn(2, 4), torch.randn(2, 1)), OptimWrapper(torch.optim.SGD(clone.parameters(), lr=0.1))
+        )
         assert set(out) == {"loss"}
 
 
@@ -57,8 +58,11 @@ def test_hooks_registered_between_runs_and_after_training_fire(tmp_path) -> None
     model = LinearReg()
     seen: list[str] = []
     trainer = tw.Trainer(
-        model=model, work_dir=tmp_path, train_dataloader=DataLoader(regression_set(16), batch_size=4),
-        optim_wrapper=dict(optimizer=dict(type="SGD", lr=0.01)), train_cfg=dict(by_epoch=False, max_iters=4),
+        model=model,
+        work_dir=tmp_path,
+        train_dataloader=DataLoader(regression_set(16), batch_size=4),
+        optim_wrapper=dict(optimizer=dict(type="SGD", lr=0.01)),
+        train_cfg=dict(by_epoch=False, max_iters=4),
         default_hooks=dict(checkpoint=None, logger=None),
     )
     trainer.train()

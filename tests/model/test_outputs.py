@@ -59,7 +59,11 @@ class Net(nn.Module):
             return DictOut(loss=loss, logits=logits, aux_loss=None if loss is None else loss * 10)
         if self.kind == "tuple":
             return (loss, logits)
-        return {"loss": loss, "loss_aux": loss * 10, "logits_mean": logits.mean()}  # a plain dict: every 'loss' key summed
+        return {
+            "loss": loss,
+            "loss_aux": loss * 10,
+            "logits_mean": logits.mean(),
+        }  # a plain dict: every 'loss' key summed
 
 
 def _step(kind: str, batch: dict[str, torch.Tensor]) -> tuple[dict[str, torch.Tensor], list[torch.Tensor]]:
@@ -85,7 +89,9 @@ def test_loss_attribute_outputs_train_from_their_loss_and_log_only_it() -> None:
 
     for kind in ("object", "modeloutput"):
         log, params = _step(kind, batch)
-        assert list(log) == ["loss"], kind  # no logits, cache or aux_loss logged; aux_loss (already in a ModelOutput's loss) not added
+        assert list(log) == ["loss"], (
+            kind
+        )  # no logits, cache or aux_loss logged; aux_loss (already in a ModelOutput's loss) not added
         for got, exp in zip(params, expected):
             assert torch.equal(got, exp), kind
 

@@ -25,7 +25,9 @@ def _windows(n_batches: int, acc: int) -> list[range]:
     return [range(s, min(s + acc, n_batches)) for s in range(0, n_batches, acc)]
 
 
-def _reference(model: nn.Module, batches: list[tuple[torch.Tensor, torch.Tensor]], windows: list[range], lr: float, momentum: float) -> list[torch.Tensor]:
+def _reference(
+    model: nn.Module, batches: list[tuple[torch.Tensor, torch.Tensor]], windows: list[range], lr: float, momentum: float
+) -> list[torch.Tensor]:
     """One SGD step per window on the concatenated window (mean loss over its samples)."""
     opt = torch.optim.SGD(model.parameters(), lr=lr, momentum=momentum)
     for w in windows:
@@ -48,7 +50,9 @@ def test_trainer_accumulation_equals_concatenated_steps_per_epoch(trainer_factor
     model = LinearReg()
     ref_model = copy.deepcopy(model)
     trainer = trainer_factory(
-        model=model, dataset=ds, batch_size=2,
+        model=model,
+        dataset=ds,
+        batch_size=2,
         optim_wrapper=dict(optimizer=dict(type="SGD", lr=0.05, momentum=0.9), accumulative_counts=ACC),
         train_cfg=dict(by_epoch=True, max_epochs=3),
     )
@@ -65,7 +69,12 @@ def test_tail_weighting_is_observable(trainer_factory):
     ds = regression_set(20)
     model = LinearReg()
     ref_model = copy.deepcopy(model)
-    trainer = trainer_factory(model=model, dataset=ds, optim_wrapper=dict(optimizer=dict(type="SGD", lr=0.05, momentum=0.9), accumulative_counts=ACC), train_cfg=dict(max_epochs=2))
+    trainer = trainer_factory(
+        model=model,
+        dataset=ds,
+        optim_wrapper=dict(optimizer=dict(type="SGD", lr=0.05, momentum=0.9), accumulative_counts=ACC),
+        train_cfg=dict(max_epochs=2),
+    )
     trainer.train()
     batches = _batches(ds, 2)
     opt = torch.optim.SGD(ref_model.parameters(), lr=0.05, momentum=0.9)
@@ -79,11 +88,17 @@ def test_tail_weighting_is_observable(trainer_factory):
 
 
 def test_iteration_based_windows_span_the_run(trainer_factory):
-    """By iteration: windows are aligned to the run (they cross passes over the data); the run's tail is scaled by its size."""
+    """By iteration: windows are aligned to the run (they cross passes over the data); the run's tail is scaled by
+    its size."""
     ds = regression_set(20)
     model = LinearReg()
     ref_model = copy.deepcopy(model)
-    trainer = trainer_factory(model=model, dataset=ds, optim_wrapper=dict(optimizer=dict(type="SGD", lr=0.05, momentum=0.9), accumulative_counts=ACC), train_cfg=dict(by_epoch=False, max_iters=14))
+    trainer = trainer_factory(
+        model=model,
+        dataset=ds,
+        optim_wrapper=dict(optimizer=dict(type="SGD", lr=0.05, momentum=0.9), accumulative_counts=ACC),
+        train_cfg=dict(by_epoch=False, max_iters=14),
+    )
     trainer.train()
     batches = _batches(ds, 2)
     stream = [batches[i % len(batches)] for i in range(14)]
@@ -225,12 +240,19 @@ def test_resume_inside_a_window_warns_only_when_its_gradients_are_lost() -> None
     with warnings.catch_warnings():
         warnings.simplefilter("error")
         resumed.initialize_count_status(model2, 1, 10)  # the window's gradients were restored: exact, nothing to say
-        _wrapper()[0].initialize_count_status(model2, 10, 10)  # at the span's end (its short last window was stepped there)
+        _wrapper()[0].initialize_count_status(
+            model2, 10, 10
+        )  # at the span's end (its short last window was stepped there)
         _wrapper()[0].initialize_count_status(model2, 8, 10)  # at a window boundary
 
     lost, model3 = _wrapper()
-    lost.load_state_dict({k: v for k, v in state.items() if k != "partial_grads"})  # e.g. saved by a run with accumulative_counts=1
-    with pytest.warns(UserWarning, match=r"resumes 1 micro-batch\(es\) into an accumulation window of accumulative_counts=4 \(position 1 of 10\)"):
+    lost.load_state_dict(
+        {k: v for k, v in state.items() if k != "partial_grads"}
+    )  # e.g. saved by a run with accumulative_counts=1
+    with pytest.warns(
+        UserWarning,
+        match=r"resumes 1 micro-batch\(es\) into an accumulation window of accumulative_counts=4 \(position 1 of 10\)",
+    ):
         lost.initialize_count_status(model3, 1, 10)
 
 
@@ -248,7 +270,12 @@ class _BNNet(nn.Module):
 
 @pytest.mark.parametrize("acc", [1, 2])
 def test_batch_norm_with_accumulation_warns_once_per_run_naming_the_layers(trainer_factory, acc: int) -> None:
-    t = trainer_factory(model=_BNNet(), batch_size=4, train_cfg=dict(max_epochs=3), optim_wrapper=dict(optimizer=dict(type="SGD", lr=0.01), accumulative_counts=acc))
+    t = trainer_factory(
+        model=_BNNet(),
+        batch_size=4,
+        train_cfg=dict(max_epochs=3),
+        optim_wrapper=dict(optimizer=dict(type="SGD", lr=0.01), accumulative_counts=acc),
+    )
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         t.train()
@@ -265,7 +292,11 @@ def test_trainer_resume_with_another_accumulative_counts_warns_and_the_same_does
 
     def run(name: str, acc: int, resume: Any = False) -> list[str]:
         kw: dict[str, Any] = dict(
-            model=LinearReg(), batch_size=2, resume=resume, experiment_name=name, train_cfg=dict(max_epochs=1),
+            model=LinearReg(),
+            batch_size=2,
+            resume=resume,
+            experiment_name=name,
+            train_cfg=dict(max_epochs=1),
             optim_wrapper=dict(optimizer=dict(type="SGD", lr=0.01), accumulative_counts=acc),
             default_hooks=dict(checkpoint=dict(interval=3, by_epoch=False, max_keep_ckpts=-1)),
         )
@@ -278,6 +309,10 @@ def test_trainer_resume_with_another_accumulative_counts_warns_and_the_same_does
     assert run("acc1", acc=1) == [] and run("acc2", acc=2) == []
     ckpt1, ckpt2 = (tmp_path / n / "checkpoints" / "iter_3.pth" for n in ("acc1", "acc2"))
     assert ckpt1.is_file() and ckpt2.is_file()
-    assert run("same", acc=2, resume=str(ckpt2)) == []  # iteration 3 is inside a window of 2, and its gradients are in the checkpoint
-    (lost,) = run("changed", acc=2, resume=str(ckpt1))  # saved without accumulation: the window's first gradient is not there
+    assert (
+        run("same", acc=2, resume=str(ckpt2)) == []
+    )  # iteration 3 is inside a window of 2, and its gradients are in the checkpoint
+    (lost,) = run(
+        "changed", acc=2, resume=str(ckpt1)
+    )  # saved without accumulation: the window's first gradient is not there
     assert "resumes 1 micro-batch(es) into an accumulation window of accumulative_counts=2 (position 3 of 10)" in lost

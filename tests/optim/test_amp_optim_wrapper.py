@@ -36,7 +36,11 @@ def _opt_state(opt: torch.optim.Optimizer) -> dict:
 
 def test_inf_gradients_skip_the_step_then_scale_backs_off_and_regrows() -> None:
     model = _model()
-    ow = AmpOptimWrapper(torch.optim.Adam(model.parameters(), lr=1e-2), dtype="float16", loss_scale=dict(init_scale=2.0**10, growth_interval=3))
+    ow = AmpOptimWrapper(
+        torch.optim.Adam(model.parameters(), lr=1e-2),
+        dtype="float16",
+        loss_scale=dict(init_scale=2.0**10, growth_interval=3),
+    )
     scaler = ow.precision.scaler
     assert scaler is not None and scaler.is_enabled()
     ow.update_params(_loss(model, ow))  # one clean step: Adam has state now
@@ -52,7 +56,9 @@ def test_inf_gradients_skip_the_step_then_scale_backs_off_and_regrows() -> None:
     after = _opt_state(ow.optimizer)
     for k in state:
         for name in state[k]:
-            assert torch.equal(torch.as_tensor(state[k][name]), torch.as_tensor(after[k][name])), f"optimizer state {name} changed"
+            assert torch.equal(torch.as_tensor(state[k][name]), torch.as_tensor(after[k][name])), (
+                f"optimizer state {name} changed"
+            )
     assert scaler.get_scale() == 2.0**10 * 0.5  # backoff_factor
     assert scaler._get_growth_tracker() == 0
 
@@ -70,7 +76,12 @@ def test_clipping_after_unscale_matches_torch_reference(clip_grad: dict) -> None
     init = 2.0**12
     model = _model()
     ref = copy.deepcopy(model)
-    ow = AmpOptimWrapper(torch.optim.SGD(model.parameters(), lr=0.5), dtype="float16", loss_scale=dict(init_scale=init), clip_grad=clip_grad)
+    ow = AmpOptimWrapper(
+        torch.optim.SGD(model.parameters(), lr=0.5),
+        dtype="float16",
+        loss_scale=dict(init_scale=init),
+        clip_grad=clip_grad,
+    )
     ow.update_params(_loss(model, ow))
 
     # Reference: torch's recipe, written out by hand.
@@ -107,7 +118,9 @@ def test_mmengines_use_fsdp_is_accepted_from_a_config() -> None:
     from trainwright.optim import build_optim_wrapper
 
     ow = build_optim_wrapper(_model(), dict(type="AmpOptimWrapper", use_fsdp=True, optimizer=dict(type="SGD", lr=0.1)))
-    assert isinstance(ow, AmpOptimWrapper) and ow.precision.scaler is not None  # float16 by default; the strategy picks the sharded one
+    assert (
+        isinstance(ow, AmpOptimWrapper) and ow.precision.scaler is not None
+    )  # float16 by default; the strategy picks the sharded one
 
 
 def test_bf16_wrapper_has_no_scaler_and_runs_forward_in_bf16() -> None:
@@ -127,7 +140,9 @@ def test_bf16_wrapper_has_no_scaler_and_runs_forward_in_bf16() -> None:
 
 def test_scaler_state_round_trips_through_wrapper_state_dict() -> None:
     model = _model()
-    ow = AmpOptimWrapper(torch.optim.SGD(model.parameters(), lr=0.1), loss_scale=dict(init_scale=64.0, growth_interval=2))
+    ow = AmpOptimWrapper(
+        torch.optim.SGD(model.parameters(), lr=0.1), loss_scale=dict(init_scale=64.0, growth_interval=2)
+    )
     for _ in range(3):
         ow.update_params(_loss(model, ow))
     state = ow.state_dict()
@@ -139,15 +154,25 @@ def test_scaler_state_round_trips_through_wrapper_state_dict() -> None:
 
 
 def test_state_in_mmengines_layout_keeps_its_loss_scale_and_base_lr() -> None:
-    """mmengine's AmpOptimWrapper saves the optimizer's own keys with ``loss_scaler`` and ``base_param_settings`` beside them."""
+    """mmengine's AmpOptimWrapper saves the optimizer's own keys with ``loss_scaler`` and ``base_param_settings``
+    beside them."""
     model = _model()
     groups = [dict(params=model[0].parameters(), lr=0.2), dict(params=model[1].parameters())]
     ow = AmpOptimWrapper(torch.optim.SGD(groups, lr=0.1), loss_scale=dict(init_scale=512.0, growth_interval=100))
     ow.update_params(_loss(model, ow))
     ow.base_param_settings["lr"] = 0.05  # what a scheduler moved
     ours = ow.state_dict()
-    mmengine_state = {**ours["optimizer"], "loss_scaler": ours["precision"]["scaler"], "base_param_settings": ours["base_param_settings"]}
-    fresh = AmpOptimWrapper(torch.optim.SGD([dict(params=g["params"], lr=0.2 if i == 0 else 0.1) for i, g in enumerate(ow.optimizer.param_groups)], lr=0.1))
+    mmengine_state = {
+        **ours["optimizer"],
+        "loss_scaler": ours["precision"]["scaler"],
+        "base_param_settings": ours["base_param_settings"],
+    }
+    fresh = AmpOptimWrapper(
+        torch.optim.SGD(
+            [dict(params=g["params"], lr=0.2 if i == 0 else 0.1) for i, g in enumerate(ow.optimizer.param_groups)],
+            lr=0.1,
+        )
+    )
     fresh.load_state_dict(mmengine_state)
     assert fresh.precision.scaler.get_scale() == 512.0  # not the default 65536
     assert fresh.get_lr()["base_lr"] == [0.05]
@@ -157,7 +182,9 @@ def test_state_in_mmengines_layout_keeps_its_loss_scale_and_base_lr() -> None:
 def test_accumulation_under_fp16_equals_one_big_batch() -> None:
     """Scaled micro-batch losses, divided by the window size, give the full-batch update."""
     model, ref = _model(), _model()
-    ow = AmpOptimWrapper(torch.optim.SGD(model.parameters(), lr=0.1), accumulative_counts=2, loss_scale=dict(init_scale=2.0**8))
+    ow = AmpOptimWrapper(
+        torch.optim.SGD(model.parameters(), lr=0.1), accumulative_counts=2, loss_scale=dict(init_scale=2.0**8)
+    )
     ref_ow = AmpOptimWrapper(torch.optim.SGD(ref.parameters(), lr=0.1), loss_scale=dict(init_scale=2.0**8))
     x, y = _batch()
     for sl in (slice(0, 4), slice(4, 8)):
@@ -233,7 +260,9 @@ def test_builder_several_optimizers_get_their_own_scalers() -> None:
 def test_float32_dtype_is_accepted_and_trains_like_a_plain_loop(dtype) -> None:
     """mmengine's AmpOptimWrapper(dtype='float32'): on CPU no autocast (torch has none for it there), no GradScaler."""
     model, ref = _model(), _model()
-    ow = AmpOptimWrapper(torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9), dtype=dtype, clip_grad=dict(max_norm=0.5))
+    ow = AmpOptimWrapper(
+        torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9), dtype=dtype, clip_grad=dict(max_norm=0.5)
+    )
     assert ow.precision.scaler is None and ow.loss_scale is None
     assert ow.context_free  # nothing to enter per step
     opt = torch.optim.SGD(ref.parameters(), lr=0.1, momentum=0.9)
@@ -271,7 +300,11 @@ def test_float32_dtype_loss_scale_is_ignored_with_a_warning_and_precision_confli
     with pytest.warns(UserWarning, match="loss_scale=512.0 is ignored for '32-autocast'"):
         AmpOptimWrapper(torch.optim.SGD(model.parameters(), lr=0.1), dtype="float32", loss_scale=512.0)
     with pytest.raises(ValueError, match="Conflicting mixed precision.*'32-autocast'"):
-        build_optim_wrapper(model, dict(type="AmpOptimWrapper", dtype="float32", optimizer=dict(type="SGD", lr=0.1)), precision="bf16-mixed")
+        build_optim_wrapper(
+            model,
+            dict(type="AmpOptimWrapper", dtype="float32", optimizer=dict(type="SGD", lr=0.1)),
+            precision="bf16-mixed",
+        )
     with pytest.raises(ValueError, match="Did you mean 'float32'"):
         AmpOptimWrapper(torch.optim.SGD(model.parameters(), lr=0.1), dtype="float23")
     # on CUDA torch.autocast takes float32 / float64 (matmul-like ops run in that dtype): the context is entered there

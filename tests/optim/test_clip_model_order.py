@@ -1,4 +1,5 @@
-"""Clipping by norm sums over the model's parameters in their order, whatever order the optimizer's groups hold them in."""
+"""Clipping by norm sums over the model's parameters in their order, whatever order the optimizer's groups hold them
+in."""
 
 from __future__ import annotations
 
@@ -17,7 +18,8 @@ STEPS, MAX_NORM = 12, 0.05
 
 
 class MLP(tw.BaseModel):
-    """8 → 32 → LayerNorm → 32 → 1 regression: weight matrices, biases and norm weights interleaved in ``parameters()``."""
+    """8 → 32 → LayerNorm → 32 → 1 regression: weight matrices, biases and norm weights interleaved in
+    ``parameters()``."""
 
     def __init__(self) -> None:
         super().__init__()
@@ -35,7 +37,10 @@ class MLP(tw.BaseModel):
 def decay_groups(model: nn.Module) -> list[dict[str, Any]]:
     """nanoGPT's ``configure_optimizers``: matrices decay, vectors do not: two groups, not in the model's order."""
     params = list(model.parameters())
-    return [dict(params=[p for p in params if p.dim() >= 2], weight_decay=0.1), dict(params=[p for p in params if p.dim() < 2], weight_decay=0.0)]
+    return [
+        dict(params=[p for p in params if p.dim() >= 2], weight_decay=0.1),
+        dict(params=[p for p in params if p.dim() < 2], weight_decay=0.0),
+    ]
 
 
 def data() -> TensorDataset:
@@ -44,7 +49,8 @@ def data() -> TensorDataset:
 
 
 def test_clipping_equals_clip_grad_norm_over_model_parameters_bitwise(tmp_path: Path) -> None:
-    """A loop calling clip_grad_norm_(model.parameters(), max_norm) with decay / no-decay AdamW groups == the Trainer, bit for bit."""
+    """A loop calling clip_grad_norm_(model.parameters(), max_norm) with decay / no-decay AdamW groups == the
+    Trainer, bit for bit."""
     ref = MLP()
     opt = torch.optim.AdamW(decay_groups(ref), lr=1e-2)
     x, y = data().tensors
@@ -59,9 +65,13 @@ def test_clipping_equals_clip_grad_norm_over_model_parameters_bitwise(tmp_path: 
 
     model = MLP()
     t = tw.Trainer(
-        model=model, work_dir=tmp_path, train_dataloader=DataLoader(data(), batch_size=8),
+        model=model,
+        work_dir=tmp_path,
+        train_dataloader=DataLoader(data(), batch_size=8),
         optim_wrapper=OptimWrapper(torch.optim.AdamW(decay_groups(model), lr=1e-2), clip_grad=dict(max_norm=MAX_NORM)),
-        train_cfg=dict(by_epoch=False, max_iters=STEPS), default_hooks=dict(checkpoint=None), log_level="WARNING",
+        train_cfg=dict(by_epoch=False, max_iters=STEPS),
+        default_hooks=dict(checkpoint=None),
+        log_level="WARNING",
     )
     t.train()
     assert torch.equal(t.optim_wrapper.grad_norm, norms[-1])

@@ -15,10 +15,10 @@ from typing import Any
 
 import pytest
 import torch
+from conftest import NEEDS_COMPILER, LinearReg, make_trainer
 from torch import nn
 
 import trainwright as tw
-from conftest import NEEDS_COMPILER, LinearReg, make_trainer
 from trainwright.optim.compiled_step import CompiledStep
 
 pytestmark = NEEDS_COMPILER
@@ -41,9 +41,14 @@ def _run(tmp_path: Path, name: str, compile: bool, **kwargs: Any) -> tuple[tw.Tr
     log = LrLog()
     kwargs.setdefault("optim_wrapper", dict(optimizer=dict(type="AdamW", lr=0.05, weight_decay=0.01), compile=compile))
     trainer = make_trainer(
-        tmp_path / name, model=LinearReg(d_in=4, d_out=2), batch_size=4, train_cfg=dict(by_epoch=False, max_iters=6),
-        param_scheduler=dict(type="LinearLR", start_factor=0.2, by_epoch=False, begin=0, end=5), custom_hooks=[log],
-        dataset=__import__("conftest").regression_set(n=24, d_out=2), **kwargs,
+        tmp_path / name,
+        model=LinearReg(d_in=4, d_out=2),
+        batch_size=4,
+        train_cfg=dict(by_epoch=False, max_iters=6),
+        param_scheduler=dict(type="LinearLR", start_factor=0.2, by_epoch=False, begin=0, end=5),
+        custom_hooks=[log],
+        dataset=__import__("conftest").regression_set(n=24, d_out=2),
+        **kwargs,
     )
     trainer.train()
     state = {k: v.detach().clone() for k, v in trainer.unwrapped_model.state_dict().items()}
@@ -56,8 +61,14 @@ def _graphs() -> int:
     return int(counters["stats"]["unique_graphs"])
 
 
-@pytest.mark.parametrize("optimizer", [dict(type="AdamW", lr=0.05, weight_decay=0.01), dict(type="SGD", lr=0.05, momentum=0.9)], ids=["AdamW", "SGD"])
-def test_compiled_step_equals_eager_and_a_schedule_does_not_recompile(tmp_path: Path, optimizer: dict[str, Any]) -> None:
+@pytest.mark.parametrize(
+    "optimizer",
+    [dict(type="AdamW", lr=0.05, weight_decay=0.01), dict(type="SGD", lr=0.05, momentum=0.9)],
+    ids=["AdamW", "SGD"],
+)
+def test_compiled_step_equals_eager_and_a_schedule_does_not_recompile(
+    tmp_path: Path, optimizer: dict[str, Any]
+) -> None:
     eager, eager_log, eager_state = _run(tmp_path, "eager", False, optim_wrapper=dict(optimizer=optimizer))
     before = _graphs()
     compiled, log, state = _run(tmp_path, "compiled", True, optim_wrapper=dict(optimizer=optimizer, compile=True))
@@ -77,8 +88,13 @@ def test_compiled_step_equals_eager_and_a_schedule_does_not_recompile(tmp_path: 
 def test_float16_grad_scaler_steps_through_the_compiled_step(tmp_path: Path) -> None:
     runs = {}
     for compile in (False, True):
-        trainer, _, runs[compile] = _run(tmp_path, f"fp16_{compile}", compile, precision="16-mixed",
-                                         optim_wrapper=dict(optimizer=dict(type="SGD", lr=0.05, momentum=0.9), compile=compile))
+        trainer, _, runs[compile] = _run(
+            tmp_path,
+            f"fp16_{compile}",
+            compile,
+            precision="16-mixed",
+            optim_wrapper=dict(optimizer=dict(type="SGD", lr=0.05, momentum=0.9), compile=compile),
+        )
         assert trainer.optim_wrapper.precision.scaler is not None
         trainer.close()
     for k in runs[False]:
@@ -92,7 +108,8 @@ def test_unknown_compile_argument_is_an_error() -> None:
 
 
 def test_foreach_on_the_cpu_keeps_a_float_lr_with_a_warning_and_trains_as_eager(tmp_path: Path) -> None:
-    """torch refuses a tensor lr in a non-capturable foreach step (the CPU): the step keeps floats there, and says what it costs."""
+    """torch refuses a tensor lr in a non-capturable foreach step (the CPU): the step keeps floats there, and says
+    what it costs."""
     opt = dict(type="AdamW", lr=0.05, weight_decay=0.01, foreach=True)
     with pytest.warns(UserWarning, match="foreach=True on the CPU"):
         _, _, compiled = _run(tmp_path, "compiled", True, optim_wrapper=dict(optimizer=opt, compile=True))

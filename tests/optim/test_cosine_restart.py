@@ -45,7 +45,14 @@ def closed_form(base: float, t: int, periods: list[int], weights: list[float], f
     return None
 
 
-def expected(periods: list[int], weights: list[float], steps: int, eta_min: float | None = None, ratio: float | None = None, begin: int = 0) -> list[list[float]]:
+def expected(
+    periods: list[int],
+    weights: list[float],
+    steps: int,
+    eta_min: float | None = None,
+    ratio: float | None = None,
+    begin: int = 0,
+) -> list[list[float]]:
     out: list[list[float]] = []
     for step in range(steps + 1):
         row = []
@@ -80,7 +87,17 @@ def test_matches_closed_form_and_holds_after_the_last_period(kwargs: dict[str, A
     steps = sum(kwargs["periods"]) + kwargs.get("begin", 0) + 4
     got = run(opt, CosineRestartLR(opt, **kwargs), steps)
     weights = kwargs.get("restart_weights", [1.0] * len(kwargs["periods"]))
-    assert_seq(got, expected(kwargs["periods"], weights, steps, kwargs.get("eta_min"), kwargs.get("eta_min_ratio"), kwargs.get("begin", 0)))
+    assert_seq(
+        got,
+        expected(
+            kwargs["periods"],
+            weights,
+            steps,
+            kwargs.get("eta_min"),
+            kwargs.get("eta_min_ratio"),
+            kwargs.get("begin", 0),
+        ),
+    )
 
 
 def test_restart_jumps_back_to_the_weighted_peak() -> None:
@@ -93,7 +110,17 @@ def test_convert_to_iter_based_is_the_closed_form_per_iteration() -> None:
     epoch_length = 5
     opt = sgd()
     (sched,) = build_param_schedulers(
-        [dict(type="CosineRestartLR", periods=[2, 3], restart_weights=[1.0, 0.5], eta_min=1e-4, begin=1, end=7, convert_to_iter_based=True)],
+        [
+            dict(
+                type="CosineRestartLR",
+                periods=[2, 3],
+                restart_weights=[1.0, 0.5],
+                eta_min=1e-4,
+                begin=1,
+                end=7,
+                convert_to_iter_based=True,
+            )
+        ],
         opt,
         epoch_length=epoch_length,
     )
@@ -165,4 +192,8 @@ def test_registered_for_configs() -> None:
         ],
         sgd(),
     )
-    assert [type(s).__name__ for s in built] == ["CosineRestartLR", "CosineRestartMomentum", "CosineRestartParamScheduler"]
+    assert [type(s).__name__ for s in built] == [
+        "CosineRestartLR",
+        "CosineRestartMomentum",
+        "CosineRestartParamScheduler",
+    ]

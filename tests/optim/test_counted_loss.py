@@ -1,4 +1,5 @@
-"""Losses that carry their count: masked-token accumulation equals the concatenated batch (1 and 2 gloo processes); mean losses unchanged."""
+"""Losses that carry their count: masked-token accumulation equals the concatenated batch (1 and 2 gloo processes);
+mean losses unchanged."""
 
 from __future__ import annotations
 
@@ -12,11 +13,11 @@ import pytest
 import torch
 import torch.multiprocessing as mp
 import torch.nn.functional as F
+from launch import gloo_group, use_gloo_env
 from torch import nn
 from torch.utils.data import DataLoader, TensorDataset
 
 import trainwright as tw
-from launch import gloo_group, use_gloo_env
 from trainwright.optim import OptimWrapper
 
 VOCAB, DIM, CTX = 32, 16, 12
@@ -25,7 +26,8 @@ UPDATES = 6
 
 
 class TinyGPT(tw.BaseModel):
-    """Embeddings → one causal self-attention block → LayerNorm → vocabulary head; next-token cross-entropy with labels masked by -100.
+    """Embeddings → one causal self-attention block → LayerNorm → vocabulary head; next-token cross-entropy with labels
+    masked by -100.
 
     ``counted=True`` reports the loss as a sum over the unmasked tokens with their number
     (``dict(loss=sum, num_items=n)``); ``counted=False`` as their mean (the usual contract).
@@ -58,17 +60,21 @@ class TinyGPT(tw.BaseModel):
 
 
 def token_set(n: int = 16 * UPDATES) -> TensorDataset:
-    """Random token sequences with a masked tail; even samples keep 8-12 tokens, odd ones 1-3 (so the two ranks' counts differ)."""
+    """Random token sequences with a masked tail; even samples keep 8-12 tokens, odd ones 1-3 (so the two ranks'
+    counts differ)."""
     g = torch.Generator().manual_seed(1)
     ids = torch.randint(0, VOCAB, (n, CTX), generator=g)
     labels = ids.roll(-1, 1).clone()
-    keep = torch.where(torch.arange(n) % 2 == 0, torch.randint(8, CTX + 1, (n,), generator=g), torch.randint(1, 4, (n,), generator=g))
+    keep = torch.where(
+        torch.arange(n) % 2 == 0, torch.randint(8, CTX + 1, (n,), generator=g), torch.randint(1, 4, (n,), generator=g)
+    )
     labels[torch.arange(CTX) >= keep[:, None]] = -100
     return TensorDataset(ids, labels)
 
 
 def reference_big_batch(updates: int = UPDATES, batch: int = 16) -> tuple[TinyGPT, int]:
-    """A hand-written loop: one AdamW step per concatenated batch of ``batch`` sequences on the per-token mean, clipped; how many steps clipped."""
+    """A hand-written loop: one AdamW step per concatenated batch of ``batch`` sequences on the per-token mean,
+    clipped; how many steps clipped."""
     model = TinyGPT(counted=True)
     opt = torch.optim.AdamW(model.parameters(), lr=LR)
     ids, labels = token_set().tensors
@@ -106,10 +112,17 @@ def accumulated_run(tmp_path: Path, counted: bool, name: str) -> tuple[TinyGPT, 
     model = TinyGPT(counted)
     first = FirstLoss()
     t = tw.Trainer(
-        model=model, work_dir=tmp_path, train_dataloader=DataLoader(token_set(), batch_size=8),
-        optim_wrapper=dict(optimizer=dict(type="AdamW", lr=LR), accumulative_counts=2, clip_grad=dict(max_norm=MAX_NORM)),
-        train_cfg=dict(by_epoch=False, max_iters=2 * UPDATES), default_hooks=dict(checkpoint=None), custom_hooks=[first],
-        log_level="WARNING", experiment_name=name,
+        model=model,
+        work_dir=tmp_path,
+        train_dataloader=DataLoader(token_set(), batch_size=8),
+        optim_wrapper=dict(
+            optimizer=dict(type="AdamW", lr=LR), accumulative_counts=2, clip_grad=dict(max_norm=MAX_NORM)
+        ),
+        train_cfg=dict(by_epoch=False, max_iters=2 * UPDATES),
+        default_hooks=dict(checkpoint=None),
+        custom_hooks=[first],
+        log_level="WARNING",
+        experiment_name=name,
     )
     t.train()
     t.close()
@@ -117,7 +130,8 @@ def accumulated_run(tmp_path: Path, counted: bool, name: str) -> tuple[TinyGPT, 
 
 
 def reference_micro_batch_means(updates: int = UPDATES) -> TinyGPT:
-    """A hand-written loop of today's accumulation: each micro-batch of 8's token mean divided by the window size (2), clipped."""
+    """A hand-written loop of today's accumulation: each micro-batch of 8's token mean divided by the window size
+    (2), clipped."""
     model = TinyGPT(counted=False)
     opt = torch.optim.AdamW(model.parameters(), lr=LR)
     ids, labels = token_set().tensors
@@ -142,7 +156,9 @@ def test_accumulated_token_sums_equal_the_concatenated_batch_and_means_are_uncha
     assert rel_l2(flat(counted), flat(reference)) < 1e-6
     ids, labels = token_set().tensors
     with torch.no_grad():
-        expected = F.cross_entropy(TinyGPT(counted=False)(ids[:8]).flatten(0, 1), labels[:8].flatten(), ignore_index=-100)
+        expected = F.cross_entropy(
+            TinyGPT(counted=False)(ids[:8]).flatten(0, 1), labels[:8].flatten(), ignore_index=-100
+        )
     assert first.loss == pytest.approx(expected.item(), rel=1e-6)
 
     means, _ = accumulated_run(tmp_path, False, "means")
@@ -151,7 +167,8 @@ def test_accumulated_token_sums_equal_the_concatenated_batch_and_means_are_uncha
 
 
 def test_a_window_resumed_from_its_state_keeps_its_count() -> None:
-    """A checkpoint inside a window holds its items: the resumed wrapper's update equals the uninterrupted one, bitwise."""
+    """A checkpoint inside a window holds its items: the resumed wrapper's update equals the uninterrupted one,
+    bitwise."""
     ids, labels = token_set().tensors
     a = TinyGPT(counted=True)
     ow_a = OptimWrapper(torch.optim.SGD(a.parameters(), lr=0.1), accumulative_counts=2)
@@ -171,10 +188,13 @@ def test_a_window_resumed_from_its_state_keeps_its_count() -> None:
 
 
 def test_counted_steps_read_nothing_back_to_the_host(sync_calls: Counter[str]) -> None:
-    """train_step with num_items, accumulation and clipping: no .item() / bool() / .cpu() of a tensor, on the updating step too."""
+    """train_step with num_items, accumulation and clipping: no .item() / bool() / .cpu() of a tensor, on the
+    updating step too."""
     model = TinyGPT(counted=True)
     # SGD: torch's CPU Adam reads its step counter with .item() (a CPU tensor; not ours to count)
-    ow = OptimWrapper(torch.optim.SGD(model.parameters(), lr=LR), accumulative_counts=2, clip_grad=dict(max_norm=MAX_NORM))
+    ow = OptimWrapper(
+        torch.optim.SGD(model.parameters(), lr=LR), accumulative_counts=2, clip_grad=dict(max_norm=MAX_NORM)
+    )
     ow.initialize_count_status(model, 0, 4)
     ids, labels = token_set().tensors
     before = flat(model)
@@ -200,10 +220,17 @@ def _worker(rank: int, init_file: str, out_dir: str) -> None:
     with gloo_group(rank, init_file, WORLD):
         model = TinyGPT(counted=True)
         t = tw.Trainer(
-            model=model, work_dir=Path(out_dir) / f"rank{rank}", train_dataloader=DataLoader(token_set(), batch_size=4),
-            optim_wrapper=dict(optimizer=dict(type="AdamW", lr=LR), accumulative_counts=2, clip_grad=dict(max_norm=MAX_NORM)),
-            train_cfg=dict(by_epoch=False, max_iters=2 * UPDATES), strategy="ddp", default_hooks=dict(checkpoint=None),
-            log_level="WARNING", experiment_name="run",
+            model=model,
+            work_dir=Path(out_dir) / f"rank{rank}",
+            train_dataloader=DataLoader(token_set(), batch_size=4),
+            optim_wrapper=dict(
+                optimizer=dict(type="AdamW", lr=LR), accumulative_counts=2, clip_grad=dict(max_norm=MAX_NORM)
+            ),
+            train_cfg=dict(by_epoch=False, max_iters=2 * UPDATES),
+            strategy="ddp",
+            default_hooks=dict(checkpoint=None),
+            log_level="WARNING",
+            experiment_name="run",
         )
         t.train()
         t.close()
@@ -217,8 +244,11 @@ def _worker(rank: int, init_file: str, out_dir: str) -> None:
 @pytest.mark.multiprocess
 @pytest.mark.slow
 @pytest.mark.timeout(180)
-def test_two_processes_with_unequal_token_counts_equal_one_step_on_the_global_batch(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    """DDP, 2 ranks x 2 micro-batches of 4 (rank 1 holds ~5x fewer tokens) == one process, one step per global batch of 16, to 1e-6."""
+def test_two_processes_with_unequal_token_counts_equal_one_step_on_the_global_batch(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """DDP, 2 ranks x 2 micro-batches of 4 (rank 1 holds ~5x fewer tokens) == one process, one step per global batch
+    of 16, to 1e-6."""
     use_gloo_env(monkeypatch, tmp_path)
     mp.spawn(_worker, args=(str(tmp_path / "init"), str(tmp_path)), nprocs=WORLD, join=True)
     counts = [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in range(WORLD)]

@@ -26,15 +26,33 @@ def momenta(opt: torch.optim.Optimizer) -> list[float]:
 
 
 def snapshot(opt: torch.optim.Optimizer) -> list[float]:
-    return [g["lr"] for g in opt.param_groups] + momenta(opt) + [g["betas"][1] for g in opt.param_groups if "betas" in g]
+    return (
+        [g["lr"] for g in opt.param_groups] + momenta(opt) + [g["betas"][1] for g in opt.param_groups if "betas" in g]
+    )
 
 
 CASES = [
     ("two-phase-cos", dict(eta_max=[1.0, 0.5], total_steps=20), dict(max_lr=[1.0, 0.5], total_steps=20)),
     (
         "three-phase-linear",
-        dict(eta_max=0.8, total_steps=25, pct_start=0.25, anneal_strategy="linear", three_phase=True, base_momentum=0.8, max_momentum=0.92),
-        dict(max_lr=0.8, total_steps=25, pct_start=0.25, anneal_strategy="linear", three_phase=True, base_momentum=0.8, max_momentum=0.92),
+        dict(
+            eta_max=0.8,
+            total_steps=25,
+            pct_start=0.25,
+            anneal_strategy="linear",
+            three_phase=True,
+            base_momentum=0.8,
+            max_momentum=0.92,
+        ),
+        dict(
+            max_lr=0.8,
+            total_steps=25,
+            pct_start=0.25,
+            anneal_strategy="linear",
+            three_phase=True,
+            base_momentum=0.8,
+            max_momentum=0.92,
+        ),
     ),
     (
         "per-group-momenta",
@@ -46,7 +64,9 @@ CASES = [
 
 @pytest.mark.parametrize("kind", ["sgd", "adamw"])
 @pytest.mark.parametrize("name,ours,theirs", CASES, ids=[c[0] for c in CASES])
-def test_lr_and_momentum_equal_torch_every_step(kind: str, name: str, ours: dict[str, Any], theirs: dict[str, Any]) -> None:
+def test_lr_and_momentum_equal_torch_every_step(
+    kind: str, name: str, ours: dict[str, Any], theirs: dict[str, Any]
+) -> None:
     opt_a, opt_b = make_opt(kind), make_opt(kind)
     sched = OneCycleLR(opt_a, cycle_momentum=True, **ours)
     ref = tls.OneCycleLR(opt_b, cycle_momentum=True, **theirs)
@@ -79,7 +99,11 @@ def test_cycle_momentum_needs_momentum_or_betas() -> None:
 
 def test_convert_to_iter_based_cycles_momentum_per_iteration() -> None:
     opt_a, opt_b = make_opt("sgd"), make_opt("sgd")
-    (sched,) = build_param_schedulers([dict(type="OneCycleLR", eta_max=0.4, total_steps=4, cycle_momentum=True, convert_to_iter_based=True)], opt_a, epoch_length=5)
+    (sched,) = build_param_schedulers(
+        [dict(type="OneCycleLR", eta_max=0.4, total_steps=4, cycle_momentum=True, convert_to_iter_based=True)],
+        opt_a,
+        epoch_length=5,
+    )
     ref = tls.OneCycleLR(opt_b, max_lr=0.4, total_steps=20)
     for _ in range(19):
         opt_a.step()

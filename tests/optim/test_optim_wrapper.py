@@ -11,8 +11,8 @@ import torch.nn.functional as F
 from conftest import LinearReg, regression_set
 from torch import nn
 
-from trainwright.optim.engine import UpdateEngine
 from trainwright.optim import OptimWrapper, OptimWrapperDict, build_optim_wrapper
+from trainwright.optim.engine import UpdateEngine
 
 
 def _two_layer(seed: int = 0) -> nn.Module:
@@ -63,14 +63,20 @@ def test_clip_by_value_equals_torch():
 
 def test_clip_error_if_nonfinite():
     model = _two_layer()
-    ow = OptimWrapper(torch.optim.SGD(model.parameters(), lr=0.1), clip_grad=dict(max_norm=1.0, error_if_nonfinite=True))
+    ow = OptimWrapper(
+        torch.optim.SGD(model.parameters(), lr=0.1), clip_grad=dict(max_norm=1.0, error_if_nonfinite=True)
+    )
     with pytest.raises(RuntimeError, match="non-finite"):
         ow.update_params(_loss(model) * float("nan"))
 
 
 @pytest.mark.parametrize(
     ("clip_grad", "hint"),
-    [(dict(max_nrom=1.0), "max_norm"), (dict(max_norm=1.0, norm_typ=2), "norm_type"), (dict(type="value", clip_valeu=0.1), "clip_value")],
+    [
+        (dict(max_nrom=1.0), "max_norm"),
+        (dict(max_norm=1.0, norm_typ=2), "norm_type"),
+        (dict(type="value", clip_valeu=0.1), "clip_value"),
+    ],
 )
 def test_wrong_clip_grad_keys_say_did_you_mean(clip_grad, hint):
     model = _two_layer()
@@ -118,7 +124,8 @@ def test_accumulative_counts_must_be_positive_int(bad):
 
 
 def test_optim_context_suppresses_sync_inside_window_only():
-    """The DDP hook point: a strategy's no_sync context is entered for every micro-batch except the one closing a window."""
+    """The DDP hook point: a strategy's no_sync context is entered for every micro-batch except the one closing a
+    window."""
     model = LinearReg()
     ow = OptimWrapper(torch.optim.SGD(model.parameters(), lr=0.1), accumulative_counts=3)
     entered: list[int] = []
@@ -146,12 +153,22 @@ def test_optim_context_suppresses_sync_inside_window_only():
 
 def test_optim_wrapper_dict_read_outs_and_state():
     g, d = _two_layer(0), _two_layer(1)
-    owd = OptimWrapperDict(generator=OptimWrapper(torch.optim.SGD(g.parameters(), lr=0.1)), discriminator=OptimWrapper(torch.optim.Adam(d.parameters(), lr=0.01)))
+    owd = OptimWrapperDict(
+        generator=OptimWrapper(torch.optim.SGD(g.parameters(), lr=0.1)),
+        discriminator=OptimWrapper(torch.optim.Adam(d.parameters(), lr=0.01)),
+    )
     assert owd.get_lr() == {"generator.lr": [0.1], "discriminator.lr": [0.01]}
     assert owd.get_momentum() == {"generator.momentum": [0], "discriminator.momentum": [0.9]}
-    assert owd.param_groups == {"generator": owd["generator"].param_groups, "discriminator": owd["discriminator"].param_groups}
+    assert owd.param_groups == {
+        "generator": owd["generator"].param_groups,
+        "discriminator": owd["discriminator"].param_groups,
+    }
     assert set(owd.state_dict()) == {"generator", "discriminator"}
-    with pytest.raises(KeyError, match="No optim wrapper named 'generater'; the wrappers are \\['generator', 'discriminator'\\]. Did you mean 'generator'"):
+    with pytest.raises(
+        KeyError,
+        match="No optim wrapper named 'generater'; the wrappers are \\['generator', 'discriminator'\\]. Did you mean "
+        "'generator'",
+    ):
         owd["generater"]
     with pytest.raises(KeyError, match="Did you mean 'generator'"):
         owd["gen"]  # a prefix of one name
@@ -163,10 +180,21 @@ def test_optim_wrapper_dict_read_outs_and_state():
 
 def test_optim_wrapper_dict_refuses_the_per_optimizer_steps_and_points_to_one() -> None:
     g, d = _two_layer(0), _two_layer(1)
-    owd = OptimWrapperDict(generator=OptimWrapper(torch.optim.SGD(g.parameters(), lr=0.1)), discriminator=OptimWrapper(torch.optim.SGD(d.parameters(), lr=0.1)))
+    owd = OptimWrapperDict(
+        generator=OptimWrapper(torch.optim.SGD(g.parameters(), lr=0.1)),
+        discriminator=OptimWrapper(torch.optim.SGD(d.parameters(), lr=0.1)),
+    )
     loss = _loss(g)
-    for call in (lambda: owd.update_params(loss), lambda: owd.backward(loss), lambda: owd.step(), lambda: owd.optim_context(g)):
-        with pytest.raises(NotImplementedError, match=r"optim_wrapper\['generator'\]\.\w+\(\.\.\.\).*names: \['generator', 'discriminator'\]"):
+    for call in (
+        lambda: owd.update_params(loss),
+        lambda: owd.backward(loss),
+        lambda: owd.step(),
+        lambda: owd.optim_context(g),
+    ):
+        with pytest.raises(
+            NotImplementedError,
+            match=r"optim_wrapper\['generator'\]\.\w+\(\.\.\.\).*names: \['generator', 'discriminator'\]",
+        ):
             call()
     assert g[0].weight.grad is None  # nothing was back-propagated
     _loss(g).backward()
@@ -180,10 +208,13 @@ def test_optim_wrapper_dict_reports_base_lr_of_a_paramwise_wrapper() -> None:
             super().__init__()
             self.generator, self.discriminator = _two_layer(0), _two_layer(1)
 
-    owd = build_optim_wrapper(GAN(), dict(
-        generator=dict(optimizer=dict(type="SGD", lr=0.1), paramwise_cfg=dict(bias_lr_mult=2.0)),
-        discriminator=dict(optimizer=dict(type="SGD", lr=0.01)),
-    ))
+    owd = build_optim_wrapper(
+        GAN(),
+        dict(
+            generator=dict(optimizer=dict(type="SGD", lr=0.1), paramwise_cfg=dict(bias_lr_mult=2.0)),
+            discriminator=dict(optimizer=dict(type="SGD", lr=0.01)),
+        ),
+    )
     assert owd.get_lr() == {"generator.base_lr": [0.1], "generator.lr": [0.1, 0.2], "discriminator.lr": [0.01]}
 
 

@@ -55,7 +55,9 @@ def _snapshot(module: nn.Module) -> list[torch.Tensor]:
 
 
 def _change(before: list[torch.Tensor], module: nn.Module) -> torch.Tensor:
-    return torch.linalg.vector_norm(torch.cat([(p.detach() - b).flatten() for b, p in zip(before, module.parameters())]))
+    return torch.linalg.vector_norm(
+        torch.cat([(p.detach() - b).flatten() for b, p in zip(before, module.parameters())])
+    )
 
 
 @pytest.mark.parametrize(
@@ -66,7 +68,9 @@ def _change(before: list[torch.Tensor], module: nn.Module) -> torch.Tensor:
     ],
     ids=["norm", "value"],
 )
-def test_clipping_covers_a_param_group_added_after_construction(clip_grad: dict[str, Any], torch_clip: Callable[[list[torch.Tensor]], Any]) -> None:
+def test_clipping_covers_a_param_group_added_after_construction(
+    clip_grad: dict[str, Any], torch_clip: Callable[[list[torch.Tensor]], Any]
+) -> None:
     model = _model()
     ref = copy.deepcopy(model)
     ow = OptimWrapper(_late_group_optimizer(model), clip_grad=clip_grad)
@@ -118,7 +122,8 @@ def _acc_wrapper(model: nn.Sequential) -> OptimWrapper:
 
 
 def test_mid_window_checkpoint_holds_the_gradients_of_an_added_group() -> None:
-    """Save after 6 of 8 micro-batches, restore into a fresh wrapper with the same added group, finish: bitwise equal."""
+    """Save after 6 of 8 micro-batches, restore into a fresh wrapper with the same added group, finish: bitwise
+    equal."""
     batches = _batches(8)
     model = _model()
     ow = _acc_wrapper(model)
@@ -168,7 +173,9 @@ def test_loading_partial_grads_into_fewer_parameters_names_both_counts_and_the_f
     ow.update_params(_loss(model, _batches(1)[0]))
     state = ow.state_dict()
     fresh = _model()
-    ow2 = OptimWrapper(_late_group_optimizer(fresh, momentum=0.9), accumulative_counts=4)  # the backbone group not added
+    ow2 = OptimWrapper(
+        _late_group_optimizer(fresh, momentum=0.9), accumulative_counts=4
+    )  # the backbone group not added
     before = copy.deepcopy(ow2.optimizer.state_dict())
     with pytest.raises(ValueError, match=r"for 4 parameters.*have 2.*add_param_group"):
         ow2.load_state_dict(state)
@@ -246,16 +253,24 @@ def test_scale_loss_and_should_update_are_asked_per_micro_batch_when_accumulatin
     model = _model()
     ow = OptimWrapper(torch.optim.SGD(model.parameters(), lr=0.1), accumulative_counts=2)
     ow.initialize_count_status(model, 0, 4)
-    with mock.patch.object(ow, "scale_loss", wraps=ow.scale_loss) as scale, mock.patch.object(ow, "should_update", return_value=False) as should:
+    with (
+        mock.patch.object(ow, "scale_loss", wraps=ow.scale_loss) as scale,
+        mock.patch.object(ow, "should_update", return_value=False) as should,
+    ):
         for batch in _batches(4):
             ow.update_params(_loss(model, batch))
     assert (scale.call_count, should.call_count) == (4, 4)
-    assert all(p.grad is not None for p in model.parameters()), "should_update said never: the gradients stay accumulated"
+    assert all(p.grad is not None for p in model.parameters()), (
+        "should_update said never: the gradients stay accumulated"
+    )
 
     model = _model()
     one = OptimWrapper(torch.optim.SGD(model.parameters(), lr=0.1))
     seen: list[torch.Tensor] = []
-    with mock.patch.object(one, "backward", side_effect=lambda loss: seen.append(loss)), mock.patch.object(one, "step") as step:
+    with (
+        mock.patch.object(one, "backward", side_effect=lambda loss: seen.append(loss)),
+        mock.patch.object(one, "step") as step,
+    ):
         losses = [_loss(model, batch) for batch in _batches(3)]
         for loss in losses:
             one.update_params(loss)
@@ -283,7 +298,9 @@ def test_context_free_follows_precision_no_sync_and_a_subclass_context() -> None
     ow.strategy = UpdateEngine()
     assert ow.context_free
     acc = OptimWrapper(torch.optim.SGD(model.parameters(), lr=0.1), accumulative_counts=2)
-    assert not acc.context_free  # no strategy (the user's own loop): a DDP model's own no_sync inside windows, as mmengine's optim_context
+    assert (
+        not acc.context_free
+    )  # no strategy (the user's own loop): a DDP model's own no_sync inside windows, as mmengine's optim_context
     acc.strategy = syncing
     assert not acc.context_free
     acc.strategy = UpdateEngine()
@@ -299,8 +316,10 @@ def test_context_free_follows_precision_no_sync_and_a_subclass_context() -> None
 
 
 def test_a_strategys_clip_grad_serves_every_clip_grad_assigned_later() -> None:
-    """A strategy's ``clip_grad`` (e.g. FSDP's "the sharded total norm as a plain tensor") is called with the clip function of the
-    ``clip_grad`` already set and of every one assigned afterwards (as a hook does after the run is prepared); the clipping
+    """A strategy's ``clip_grad`` (e.g. FSDP's "the sharded total norm as a plain tensor") is called with the clip
+    function of the
+    ``clip_grad`` already set and of every one assigned afterwards (as a hook does after the run is prepared); the
+    clipping
     itself stays torch's: the same norms and weights as ``clip_grad_norm_`` at each step's threshold."""
     model = _model()
     ref = copy.deepcopy(model)
@@ -308,7 +327,9 @@ def test_a_strategys_clip_grad_serves_every_clip_grad_assigned_later() -> None:
     seen: list[torch.Tensor] = []
 
     class Recording(UpdateEngine):
-        def clip_grad(self, clip: Callable[[list[torch.Tensor]], torch.Tensor], params: list[torch.Tensor]) -> torch.Tensor:
+        def clip_grad(
+            self, clip: Callable[[list[torch.Tensor]], torch.Tensor], params: list[torch.Tensor]
+        ) -> torch.Tensor:
             seen.append(clip(params))
             return seen[-1]
 

@@ -20,7 +20,34 @@ from trainwright.optim.scheduler import (
 BASE_LRS = (0.1, 0.05)
 
 # Noisy, plateauing, improving-again sequences: every branch (improve, bad, cooldown, floor) is hit.
-LOSSES = [1.0, 0.9, 0.9, 0.91, 0.95, 0.9, 0.8, 0.8, 0.8, 0.8, 0.8, 0.7999, 0.79, 0.85, 0.9, 0.9, 0.9, 0.9, 0.9, 0.9, 0.5, 0.5, 0.5, 0.5, 0.5, 0.5]
+LOSSES = [
+    1.0,
+    0.9,
+    0.9,
+    0.91,
+    0.95,
+    0.9,
+    0.8,
+    0.8,
+    0.8,
+    0.8,
+    0.8,
+    0.7999,
+    0.79,
+    0.85,
+    0.9,
+    0.9,
+    0.9,
+    0.9,
+    0.9,
+    0.9,
+    0.5,
+    0.5,
+    0.5,
+    0.5,
+    0.5,
+    0.5,
+]
 ACCS = [0.1, 0.3, 0.3, 0.29, 0.3, 0.31, 0.31, 0.31, 0.5, 0.5, 0.5, 0.5, 0.5, 0.5, 0.6, 0.6, 0.6, 0.6, 0.6, 0.6]
 
 
@@ -39,16 +66,30 @@ CASES = [
     (dict(patience=2), dict(patience=2), LOSSES),
     (dict(patience=0, factor=0.5), dict(patience=0, factor=0.5), LOSSES),
     (dict(patience=1, cooldown=2, factor=0.5), dict(patience=1, cooldown=2, factor=0.5), LOSSES),
-    (dict(patience=1, threshold=0.05, threshold_rule="abs"), dict(patience=1, threshold=0.05, threshold_mode="abs"), LOSSES),
+    (
+        dict(patience=1, threshold=0.05, threshold_rule="abs"),
+        dict(patience=1, threshold=0.05, threshold_mode="abs"),
+        LOSSES,
+    ),
     (dict(patience=1, min_value=[0.02, 0.001], factor=0.3), dict(patience=1, min_lr=[0.02, 0.001], factor=0.3), LOSSES),
-    (dict(patience=0, factor=0.5, min_value=0.04, eps=0.02), dict(patience=0, factor=0.5, min_lr=0.04, eps=0.02), LOSSES),
+    (
+        dict(patience=0, factor=0.5, min_value=0.04, eps=0.02),
+        dict(patience=0, factor=0.5, min_lr=0.04, eps=0.02),
+        LOSSES,
+    ),
     (dict(rule="greater", patience=1, monitor="acc"), dict(mode="max", patience=1), ACCS),
-    (dict(rule="greater", patience=0, threshold=0.02, threshold_rule="abs", cooldown=1, monitor="acc"), dict(mode="max", patience=0, threshold=0.02, threshold_mode="abs", cooldown=1), ACCS),
+    (
+        dict(rule="greater", patience=0, threshold=0.02, threshold_rule="abs", cooldown=1, monitor="acc"),
+        dict(mode="max", patience=0, threshold=0.02, threshold_mode="abs", cooldown=1),
+        ACCS,
+    ),
 ]
 
 
 @pytest.mark.parametrize("ours,theirs,metrics", CASES)
-def test_equals_torch_reduce_lr_on_plateau_every_step(ours: dict[str, Any], theirs: dict[str, Any], metrics: list[float]) -> None:
+def test_equals_torch_reduce_lr_on_plateau_every_step(
+    ours: dict[str, Any], theirs: dict[str, Any], metrics: list[float]
+) -> None:
     opt_a, opt_b = sgd(), sgd()
     monitor = ours.pop("monitor", "loss")
     sched = ReduceOnPlateauLR(opt_a, monitor=f"val/{monitor}", **ours)
@@ -84,7 +125,11 @@ def test_tensor_metric_is_accepted() -> None:
 
 def test_missing_monitor_names_key_available_keys_and_fix() -> None:
     sched = ReduceOnPlateauLR(sgd(), monitor="val/los")
-    with pytest.raises(KeyError, match=r"monitor 'val/los' is not among the validation metrics \['val/acc', 'val/loss'\].*Did you mean 'val/loss'.*Set monitor to one of them"):
+    with pytest.raises(
+        KeyError,
+        match=r"monitor 'val/los' is not among the validation metrics \['val/acc', 'val/loss'\].*Did you mean "
+        r"'val/loss'.*Set monitor to one of them",
+    ):
         sched.step({"val/loss": 1.0, "val/acc": 0.5})
     with pytest.raises(KeyError, match="reported none.*val_evaluator"):
         sched.step({})
@@ -114,7 +159,9 @@ def test_momentum_version_reduces_betas_for_adam() -> None:
 
 def test_generic_scheduler_on_weight_decay() -> None:
     opt = torch.optim.SGD([torch.nn.Parameter(torch.zeros(2))], lr=0.1, weight_decay=1e-2)
-    sched = ReduceOnPlateauParamScheduler(opt, "weight_decay", monitor="val/loss", patience=0, factor=0.1, min_value=5e-4)
+    sched = ReduceOnPlateauParamScheduler(
+        opt, "weight_decay", monitor="val/loss", patience=0, factor=0.1, min_value=5e-4
+    )
     for m in (1.0, 1.0, 1.0):
         sched.step({"val/loss": m})
     assert opt.param_groups[0]["weight_decay"] == pytest.approx(5e-4)
@@ -185,5 +232,9 @@ def test_registered_for_configs() -> None:
         opt,
         max_epochs=10,
     )
-    assert [type(s).__name__ for s in built] == ["ReduceOnPlateauLR", "ReduceOnPlateauMomentum", "ReduceOnPlateauParamScheduler"]
+    assert [type(s).__name__ for s in built] == [
+        "ReduceOnPlateauLR",
+        "ReduceOnPlateauMomentum",
+        "ReduceOnPlateauParamScheduler",
+    ]
     assert all(s.need_val_args and s.end == 10 for s in built)

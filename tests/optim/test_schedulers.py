@@ -19,6 +19,7 @@ from torch.optim import lr_scheduler as tls
 from trainwright.optim.scheduler import (
     INF,
     ConstantLR,
+    ConstantMomentum,
     CosineAnnealingLR,
     CosineAnnealingMomentum,
     CosineAnnealingParamScheduler,
@@ -34,7 +35,6 @@ from trainwright.optim.scheduler import (
     PolyMomentum,
     StepLR,
     StepMomentum,
-    ConstantMomentum,
     build_param_schedulers,
 )
 from trainwright.registry import PARAM_SCHEDULERS
@@ -82,25 +82,71 @@ def cosine(base: float, t: int, T: int, eta_min: float = 0.0) -> float:
 # (ours, torch equivalent, steps). mmengine's window ends one step after torch's total_iters:
 # the last step inside [begin, end) is the one that reaches the final value.
 TORCH_PARITY: list[tuple[str, Callable[[Any], Any], Callable[[Any], Any], int]] = [
-    ("ConstantLR", lambda o: ConstantLR(o, factor=0.5, end=5), lambda o: tls.ConstantLR(o, factor=0.5, total_iters=4), 10),
-    ("LinearLR", lambda o: LinearLR(o, start_factor=0.25, end_factor=0.9, end=7), lambda o: tls.LinearLR(o, 0.25, 0.9, total_iters=6), 12),
+    (
+        "ConstantLR",
+        lambda o: ConstantLR(o, factor=0.5, end=5),
+        lambda o: tls.ConstantLR(o, factor=0.5, total_iters=4),
+        10,
+    ),
+    (
+        "LinearLR",
+        lambda o: LinearLR(o, start_factor=0.25, end_factor=0.9, end=7),
+        lambda o: tls.LinearLR(o, 0.25, 0.9, total_iters=6),
+        12,
+    ),
     ("StepLR", lambda o: StepLR(o, step_size=3, gamma=0.5), lambda o: tls.StepLR(o, step_size=3, gamma=0.5), 14),
-    ("MultiStepLR", lambda o: MultiStepLR(o, milestones=[2, 5, 5, 9], gamma=0.3), lambda o: tls.MultiStepLR(o, [2, 5, 5, 9], 0.3), 12),
+    (
+        "MultiStepLR",
+        lambda o: MultiStepLR(o, milestones=[2, 5, 5, 9], gamma=0.3),
+        lambda o: tls.MultiStepLR(o, [2, 5, 5, 9], 0.3),
+        12,
+    ),
     ("ExponentialLR", lambda o: ExponentialLR(o, gamma=0.9), lambda o: tls.ExponentialLR(o, gamma=0.9), 20),
-    ("CosineAnnealingLR", lambda o: CosineAnnealingLR(o, T_max=10, eta_min=0.001), lambda o: tls.CosineAnnealingLR(o, T_max=10, eta_min=0.001), 35),
+    (
+        "CosineAnnealingLR",
+        lambda o: CosineAnnealingLR(o, T_max=10, eta_min=0.001),
+        lambda o: tls.CosineAnnealingLR(o, T_max=10, eta_min=0.001),
+        35,
+    ),
     ("PolyLR", lambda o: PolyLR(o, power=2.0, end=11), lambda o: tls.PolynomialLR(o, total_iters=10, power=2.0), 15),
-    ("OneCycleLR", lambda o: OneCycleLR(o, eta_max=[1.0, 0.5], total_steps=20), lambda o: tls.OneCycleLR(o, max_lr=[1.0, 0.5], total_steps=20, cycle_momentum=False), 20),
+    (
+        "OneCycleLR",
+        lambda o: OneCycleLR(o, eta_max=[1.0, 0.5], total_steps=20),
+        lambda o: tls.OneCycleLR(o, max_lr=[1.0, 0.5], total_steps=20, cycle_momentum=False),
+        20,
+    ),
     (
         "OneCycleLR-3phase-linear",
-        lambda o: OneCycleLR(o, eta_max=0.8, total_steps=25, pct_start=0.25, anneal_strategy="linear", three_phase=True, div_factor=10.0, final_div_factor=100.0),
-        lambda o: tls.OneCycleLR(o, max_lr=0.8, total_steps=25, pct_start=0.25, anneal_strategy="linear", three_phase=True, div_factor=10.0, final_div_factor=100.0, cycle_momentum=False),
+        lambda o: OneCycleLR(
+            o,
+            eta_max=0.8,
+            total_steps=25,
+            pct_start=0.25,
+            anneal_strategy="linear",
+            three_phase=True,
+            div_factor=10.0,
+            final_div_factor=100.0,
+        ),
+        lambda o: tls.OneCycleLR(
+            o,
+            max_lr=0.8,
+            total_steps=25,
+            pct_start=0.25,
+            anneal_strategy="linear",
+            three_phase=True,
+            div_factor=10.0,
+            final_div_factor=100.0,
+            cycle_momentum=False,
+        ),
         25,
     ),
 ]
 
 
 @pytest.mark.parametrize("name,ours,theirs,steps", TORCH_PARITY, ids=[c[0] for c in TORCH_PARITY])
-def test_lr_matches_torch_scheduler(name: str, ours: Callable[[Any], Any], theirs: Callable[[Any], Any], steps: int) -> None:
+def test_lr_matches_torch_scheduler(
+    name: str, ours: Callable[[Any], Any], theirs: Callable[[Any], Any], steps: int
+) -> None:
     opt_a, opt_b = sgd(), sgd()
     got = drive(opt_a, ours(opt_a), steps)
     want = drive(opt_b, theirs(opt_b), steps)
@@ -112,7 +158,10 @@ def test_cosine_matches_closed_form_past_t_max(eta: dict[str, float]) -> None:
     opt = sgd()
     T = 7
     got = drive(opt, CosineAnnealingLR(opt, T_max=T, **eta), 3 * T)
-    want = [[cosine(b, t, T, eta.get("eta_min", b * eta.get("eta_min_ratio", 0.0))) for b in BASE_LRS] for t in range(3 * T + 1)]
+    want = [
+        [cosine(b, t, T, eta.get("eta_min", b * eta.get("eta_min_ratio", 0.0))) for b in BASE_LRS]
+        for t in range(3 * T + 1)
+    ]
     assert_close_seq(got, want)
 
 
@@ -145,19 +194,37 @@ def test_generic_param_scheduler_on_weight_decay_matches_torch_on_lr() -> None:
 # ---------------------------------------------------------------- momentum
 
 MOMENTUM_PARITY: list[tuple[str, Callable[[Any], Any], Callable[[Any], Any]]] = [
-    ("Constant", lambda o: ConstantMomentum(o, factor=0.5, end=4), lambda o: tls.ConstantLR(o, factor=0.5, total_iters=3)),
-    ("Linear", lambda o: LinearMomentum(o, start_factor=0.5, end=6), lambda o: tls.LinearLR(o, 0.5, 1.0, total_iters=5)),
+    (
+        "Constant",
+        lambda o: ConstantMomentum(o, factor=0.5, end=4),
+        lambda o: tls.ConstantLR(o, factor=0.5, total_iters=3),
+    ),
+    (
+        "Linear",
+        lambda o: LinearMomentum(o, start_factor=0.5, end=6),
+        lambda o: tls.LinearLR(o, 0.5, 1.0, total_iters=5),
+    ),
     ("Step", lambda o: StepMomentum(o, step_size=2, gamma=0.8), lambda o: tls.StepLR(o, 2, 0.8)),
-    ("MultiStep", lambda o: MultiStepMomentum(o, milestones=[1, 4], gamma=0.5), lambda o: tls.MultiStepLR(o, [1, 4], 0.5)),
+    (
+        "MultiStep",
+        lambda o: MultiStepMomentum(o, milestones=[1, 4], gamma=0.5),
+        lambda o: tls.MultiStepLR(o, [1, 4], 0.5),
+    ),
     ("Exponential", lambda o: ExponentialMomentum(o, gamma=0.95), lambda o: tls.ExponentialLR(o, 0.95)),
-    ("Cosine", lambda o: CosineAnnealingMomentum(o, T_max=5, eta_min=0.85), lambda o: tls.CosineAnnealingLR(o, T_max=5, eta_min=0.85)),
+    (
+        "Cosine",
+        lambda o: CosineAnnealingMomentum(o, T_max=5, eta_min=0.85),
+        lambda o: tls.CosineAnnealingLR(o, T_max=5, eta_min=0.85),
+    ),
     ("Poly", lambda o: PolyMomentum(o, eta_min=0.5, power=1.0, end=7), None),
 ]
 
 
 @pytest.mark.parametrize("make_opt", ["sgd", "adam"])
 @pytest.mark.parametrize("name,ours,theirs", MOMENTUM_PARITY, ids=[c[0] for c in MOMENTUM_PARITY])
-def test_momentum_schedule(make_opt: str, name: str, ours: Callable[[Any], Any], theirs: Callable[[Any], Any] | None) -> None:
+def test_momentum_schedule(
+    make_opt: str, name: str, ours: Callable[[Any], Any], theirs: Callable[[Any], Any] | None
+) -> None:
     """Momentum (SGD) / betas[0] (Adam) follow torch's schedule run on an lr equal to the momentum."""
     bases = (0.95, 0.9)
     if make_opt == "sgd":
@@ -269,7 +336,9 @@ def test_warmup_iters_then_cosine_epochs_chain_multiplicatively() -> None:
 def test_convert_to_iter_based_cosine_is_per_iteration_closed_form() -> None:
     L, T = 5, 4
     opt_iter, opt_epoch = sgd(), sgd()
-    [per_iter] = build_param_schedulers(dict(type="CosineAnnealingLR", T_max=T, end=T, convert_to_iter_based=True), opt_iter, epoch_length=L)
+    [per_iter] = build_param_schedulers(
+        dict(type="CosineAnnealingLR", T_max=T, end=T, convert_to_iter_based=True), opt_iter, epoch_length=L
+    )
     [per_epoch] = build_param_schedulers(dict(type="CosineAnnealingLR", T_max=T, end=T), opt_epoch)
     assert (per_iter.by_epoch, per_iter.begin, per_iter.end, per_iter.T_max) == (False, 0, T * L, T * L)
     iters = drive(opt_iter, per_iter, T * L)
@@ -281,7 +350,11 @@ def test_convert_to_iter_based_cosine_is_per_iteration_closed_form() -> None:
 
 @pytest.mark.parametrize(
     "cfg",
-    [dict(type="StepLR", step_size=2, gamma=0.5), dict(type="MultiStepLR", milestones=[1, 3], gamma=0.2), dict(type="StepLR", step_size=1, gamma=0.5, begin=1, end=4)],
+    [
+        dict(type="StepLR", step_size=2, gamma=0.5),
+        dict(type="MultiStepLR", milestones=[1, 3], gamma=0.2),
+        dict(type="StepLR", step_size=1, gamma=0.5, begin=1, end=4),
+    ],
     ids=["step", "multistep", "step-window"],
 )
 def test_convert_to_iter_based_piecewise_equals_epoch_schedule_expanded(cfg: dict[str, Any]) -> None:
@@ -296,9 +369,13 @@ def test_convert_to_iter_based_piecewise_equals_epoch_schedule_expanded(cfg: dic
 
 def test_convert_scales_one_cycle_total_steps() -> None:
     opt_a, opt_b = sgd(), sgd()
-    [s] = build_param_schedulers(dict(type="OneCycleLR", eta_max=1.0, total_steps=4, convert_to_iter_based=True), opt_a, epoch_length=5)
+    [s] = build_param_schedulers(
+        dict(type="OneCycleLR", eta_max=1.0, total_steps=4, convert_to_iter_based=True), opt_a, epoch_length=5
+    )
     assert s.total_steps == 20
-    assert_close_seq(drive(opt_a, s, 20), drive(opt_b, tls.OneCycleLR(opt_b, max_lr=1.0, total_steps=20, cycle_momentum=False), 20))
+    assert_close_seq(
+        drive(opt_a, s, 20), drive(opt_b, tls.OneCycleLR(opt_b, max_lr=1.0, total_steps=20, cycle_momentum=False), 20)
+    )
 
 
 def test_default_end_from_training_length() -> None:
@@ -401,14 +478,21 @@ def test_builder_mixes_dicts_and_built_schedulers_in_order() -> None:
 def test_builder_per_optimizer_dict() -> None:
     opts = {"generator": sgd(), "discriminator": adam()}
     out = build_param_schedulers(
-        {"generator": [dict(type="StepLR", step_size=1, gamma=0.5)], "discriminator": dict(type="ExponentialLR", gamma=0.9)}, opts
+        {
+            "generator": [dict(type="StepLR", step_size=1, gamma=0.5)],
+            "discriminator": dict(type="ExponentialLR", gamma=0.9),
+        },
+        opts,
     )
     assert isinstance(out, dict) and set(out) == {"generator", "discriminator"}
     for opt in opts.values():
         opt.step()
     for s in (*out["generator"], *out["discriminator"]):
         s.step()
-    assert_close_seq([values(opts["generator"]), values(opts["discriminator"])], [[b * 0.5 for b in BASE_LRS], [b * 0.9 for b in BASE_LRS]])
+    assert_close_seq(
+        [values(opts["generator"]), values(opts["discriminator"])],
+        [[b * 0.5 for b in BASE_LRS], [b * 0.9 for b in BASE_LRS]],
+    )
     shared = build_param_schedulers([dict(type="StepLR", step_size=1)], opts)
     assert isinstance(shared, dict) and shared["generator"][0].optimizer is opts["generator"]
     with pytest.raises(KeyError, match="Did you mean 'generator'"):
@@ -416,8 +500,15 @@ def test_builder_per_optimizer_dict() -> None:
 
 
 def test_all_schedulers_registered() -> None:
-    names = [f"{k}{s}" for s in ("LR", "Momentum") for k in ("Constant", "Linear", "Step", "MultiStep", "Exponential", "CosineAnnealing", "Poly")]
-    names += [f"{k}ParamScheduler" for k in ("Constant", "Linear", "Step", "MultiStep", "Exponential", "CosineAnnealing", "Poly", "OneCycle")]
+    names = [
+        f"{k}{s}"
+        for s in ("LR", "Momentum")
+        for k in ("Constant", "Linear", "Step", "MultiStep", "Exponential", "CosineAnnealing", "Poly")
+    ]
+    names += [
+        f"{k}ParamScheduler"
+        for k in ("Constant", "Linear", "Step", "MultiStep", "Exponential", "CosineAnnealing", "Poly", "OneCycle")
+    ]
     names += ["OneCycleLR"]
     for n in names:
         assert issubclass(PARAM_SCHEDULERS.get(n), ParamScheduler), n
@@ -440,7 +531,9 @@ def test_convert_without_epoch_length_is_explained() -> None:
     with pytest.raises(ValueError, match="epoch_length=len\\(train_dataloader\\)"):
         build_param_schedulers(dict(type="CosineAnnealingLR", T_max=3, convert_to_iter_based=True), sgd())
     with pytest.raises(ValueError, match="by_epoch=False"):
-        build_param_schedulers(dict(type="StepLR", step_size=2, by_epoch=False, convert_to_iter_based=True), sgd(), epoch_length=4)
+        build_param_schedulers(
+            dict(type="StepLR", step_size=2, by_epoch=False, convert_to_iter_based=True), sgd(), epoch_length=4
+        )
 
 
 def test_cosine_without_length_is_explained() -> None:
@@ -480,12 +573,16 @@ def test_one_cycle_holds_final_value_past_total_steps() -> None:
 
 
 def test_schedulers_over_an_optim_wrapper_dict_are_built_per_name() -> None:
-    """An OptimWrapperDict (its param_groups keyed by name) gets one scheduler list per wrapper, each moving its own lr."""
+    """An OptimWrapperDict (its param_groups keyed by name) gets one scheduler list per wrapper, each moving its own
+    lr."""
     from trainwright.optim import OptimWrapper, OptimWrapperDict
     from trainwright.optim.scheduler import build_param_schedulers
 
     a, b = torch.nn.Linear(2, 2), torch.nn.Linear(2, 2)
-    owd = OptimWrapperDict(gen=OptimWrapper(torch.optim.SGD(a.parameters(), lr=1.0)), disc=OptimWrapper(torch.optim.SGD(b.parameters(), lr=0.5)))
+    owd = OptimWrapperDict(
+        gen=OptimWrapper(torch.optim.SGD(a.parameters(), lr=1.0)),
+        disc=OptimWrapper(torch.optim.SGD(b.parameters(), lr=0.5)),
+    )
     built = build_param_schedulers(dict(type="MultiStepLR", milestones=[1], gamma=0.1, by_epoch=False), owd)
     assert isinstance(built, dict) and sorted(built) == ["disc", "gen"]
     for name in ("gen", "disc"):

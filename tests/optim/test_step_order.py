@@ -148,7 +148,7 @@ def test_state_dict_round_trip_leaves_every_attribute_equal_and_does_not_warn(ma
     # mmengine's scheduler tests compare scheduler.__dict__ (all but the optimizer) after load_state_dict
     opt = sgd()
     sched = make(opt)
-    for i in range(3):
+    for _ in range(3):
         opt.step()
         sched.step({"loss": 1.0}) if sched.need_val_args else sched.step()
     copy_opt = sgd()
@@ -171,4 +171,7 @@ def test_misuse_warnings_carry_torchs_wording_and_link(make: Any) -> None:
     sched = make(opt)
     opt.step = lambda *a, **k: None  # type: ignore[method-assign]
     replaced = user_warnings(sched.step)[0]
-    assert "Seems like `optimizer.step()` has been overridden" in replaced and "optim.html#how-to-adjust-learning-rate" in replaced
+    assert (
+        "Seems like `optimizer.step()` has been overridden" in replaced
+        and "optim.html#how-to-adjust-learning-rate" in replaced
+    )

@@ -1,4 +1,5 @@
-"""torch's LRSchedulers (objects and factories) and LambdaLR configs in a Trainer: stepped per update, resumed exactly; the clear errors."""
+"""torch's LRSchedulers (objects and factories) and LambdaLR configs in a Trainer: stepped per update, resumed
+exactly; the clear errors."""
 
 from __future__ import annotations
 
@@ -9,13 +10,12 @@ from typing import Any
 
 import pytest
 import torch
+from conftest import LinearReg, make_trainer, params_of, regression_set
 from torch.optim import lr_scheduler as tls
 
 import trainwright as tw
 from trainwright.optim import OptimWrapper
 from trainwright.optim.scheduler import TorchScheduler, build_param_schedulers
-
-from conftest import LinearReg, make_trainer, params_of, regression_set
 
 LR, ACC, ITERS, HALF = 0.1, 2, 16, 8
 
@@ -34,7 +34,8 @@ class LrPerIter(tw.Hook):
 
 
 def run(work: Path, form: str, resume: Path | None = None) -> tuple[tw.Trainer, LrPerIter]:
-    """A run of ITERS iterations (checkpoint at HALF) with the schedule given in ``form``; a new model, optimizer and lambda each time."""
+    """A run of ITERS iterations (checkpoint at HALF) with the schedule given in ``form``; a new model, optimizer and
+    lambda each time."""
     model = LinearReg()
     lam = lambda it: factor(it)  # noqa: E731 - a lambda, as users write it: torch's state_dict cannot save it
     optim_wrapper: Any = dict(optimizer=dict(type="SGD", lr=LR), accumulative_counts=ACC)
@@ -50,8 +51,14 @@ def run(work: Path, form: str, resume: Path | None = None) -> tuple[tw.Trainer, 
         scheduler = dict(type="LambdaLR", lr_lambda=lam, by_update=True)
     rec = LrPerIter()
     trainer = make_trainer(
-        work, model=model, dataset=regression_set(n=12), train_cfg=dict(by_epoch=False, max_iters=ITERS), optim_wrapper=optim_wrapper,
-        param_scheduler=scheduler, custom_hooks=[rec], default_hooks=dict(checkpoint=dict(interval=HALF, by_epoch=False, max_keep_ckpts=-1)),
+        work,
+        model=model,
+        dataset=regression_set(n=12),
+        train_cfg=dict(by_epoch=False, max_iters=ITERS),
+        optim_wrapper=optim_wrapper,
+        param_scheduler=scheduler,
+        custom_hooks=[rec],
+        default_hooks=dict(checkpoint=dict(interval=HALF, by_epoch=False, max_keep_ckpts=-1)),
         resume=str(resume) if resume else False,
     )
     trainer.train()
@@ -66,7 +73,9 @@ def same(a: list[torch.Tensor], b: list[torch.Tensor]) -> bool:
 @pytest.mark.parametrize("form", ["object", "factory", "torch class", "config"])
 def test_lambda_schedules_step_per_update_and_resume_exactly(tmp_path: Path, form: str) -> None:
     full, rec = run(tmp_path / "full", form)
-    assert rec.lr == [LR * factor(i // ACC) for i in range(ITERS)]  # torch's LambdaLR formula, once per optimizer update
+    assert rec.lr == [
+        LR * factor(i // ACC) for i in range(ITERS)
+    ]  # torch's LambdaLR formula, once per optimizer update
     ckpt = full.ckpt_dir / f"iter_{HALF}.pth"
     resumed, rec2 = run(tmp_path / "resumed", form, resume=ckpt)
     assert rec2.lr == rec.lr[HALF:]
@@ -79,17 +88,38 @@ def test_torch_scheduler_mistakes_are_named(tmp_path: Path) -> None:
     model = LinearReg()
     other = torch.optim.SGD(LinearReg().parameters(), lr=LR)
     trainer = make_trainer(tmp_path, model=model, param_scheduler=tls.LambdaLR(other, factor))
-    with pytest.raises(ValueError, match=r"The LambdaLR given as param_scheduler drives another optimizer object .* Build it on the run's optimizer: pass a factory"):
+    with pytest.raises(
+        ValueError,
+        match=r"The LambdaLR given as param_scheduler drives another optimizer object .* Build it on the run's "
+        r"optimizer: pass a factory",
+    ):
         trainer.train()
     trainer.close()
 
     ow = OptimWrapper(torch.optim.SGD(model.parameters(), lr=LR))
     cases: list[tuple[Any, type[Exception], str]] = [
         (lambda opt: None, TypeError, r"factory .* returned NoneType, not a torch LRScheduler"),
-        (tls.LambdaLR, TypeError, r"param_scheduler got the class LambdaLR; give a torch LRScheduler .* or a config dict, e\.g\. dict\(type=torch"),
-        (lambda opt: tls.ReduceLROnPlateau(opt), ValueError, r"ReduceLROnPlateau needs the validation metrics .* use trainwright's dict\(type='ReduceOnPlateauLR'"),
-        (dict(type=tls.StepLR, step_size=2, by_epoch=True, by_update=True), ValueError, r"by_epoch=True and by_update=True name two units"),
-        (dict(type="LambdaLR", lr_lambda=lambda it: torch.tensor(0.5)), TypeError, r"LambdaLR: the schedule function returned Tensor .* at step 0; it must return a number"),
+        (
+            tls.LambdaLR,
+            TypeError,
+            r"param_scheduler got the class LambdaLR; give a torch LRScheduler .* or a config dict, e\.g\. "
+            r"dict\(type=torch",
+        ),
+        (
+            lambda opt: tls.ReduceLROnPlateau(opt),
+            ValueError,
+            r"ReduceLROnPlateau needs the validation metrics .* use trainwright's dict\(type='ReduceOnPlateauLR'",
+        ),
+        (
+            dict(type=tls.StepLR, step_size=2, by_epoch=True, by_update=True),
+            ValueError,
+            r"by_epoch=True and by_update=True name two units",
+        ),
+        (
+            dict(type="LambdaLR", lr_lambda=lambda it: torch.tensor(0.5)),
+            TypeError,
+            r"LambdaLR: the schedule function returned Tensor .* at step 0; it must return a number",
+        ),
         (dict(type="LambdaLR", lr_lambda=0.5), TypeError, r"LambdaLR: the schedule must be a function of the step"),
     ]
     for cfg, error, message in cases:
@@ -97,7 +127,9 @@ def test_torch_scheduler_mistakes_are_named(tmp_path: Path) -> None:
             build_param_schedulers(cfg, ow)
     # A list of torch schedulers (the original `'LambdaLR' object is not iterable`), in their declared units.
     sched = tls.LambdaLR(ow.optimizer, factor)
-    built = build_param_schedulers([sched, dict(type="TorchScheduler", scheduler=lambda o: tls.StepLR(o, 3), by_epoch=True)], ow)
+    built = build_param_schedulers(
+        [sched, dict(type="TorchScheduler", scheduler=lambda o: tls.StepLR(o, 3), by_epoch=True)], ow
+    )
     assert [(type(s), s.unit) for s in built] == [(TorchScheduler, "update"), (TorchScheduler, "epoch")]
 
 
@@ -105,10 +137,16 @@ def test_torch_schedulers_per_iteration_and_per_epoch_equal_a_hand_loop_without_
     # Per iteration under accumulation the scheduler steps before the first optimizer.step(): deliberate, so torch's
     # order warning is not shown (warnings are errors here); per epoch through dict(type=<torch class>, by_epoch=True).
     rec = LrPerIter()
-    scheduler = [dict(type="TorchScheduler", scheduler=lambda o: tls.StepLR(o, 3), by_update=False), dict(type=tls.ExponentialLR, gamma=0.9, by_epoch=True)]
+    scheduler = [
+        dict(type="TorchScheduler", scheduler=lambda o: tls.StepLR(o, 3), by_update=False),
+        dict(type=tls.ExponentialLR, gamma=0.9, by_epoch=True),
+    ]
     trainer = make_trainer(
-        tmp_path, train_cfg=dict(by_epoch=True, max_epochs=2), optim_wrapper=dict(optimizer=dict(type="SGD", lr=LR), accumulative_counts=ACC),
-        param_scheduler=scheduler, custom_hooks=[rec],
+        tmp_path,
+        train_cfg=dict(by_epoch=True, max_epochs=2),
+        optim_wrapper=dict(optimizer=dict(type="SGD", lr=LR), accumulative_counts=ACC),
+        param_scheduler=scheduler,
+        custom_hooks=[rec],
     )
     with warnings.catch_warnings():
         warnings.simplefilter("error")

@@ -1,4 +1,5 @@
-"""Update guards: a guard written here, appended to ``OptimWrapper.update_guards``, skips exactly what a hand-written loop skips.
+"""Update guards: a guard written here, appended to ``OptimWrapper.update_guards``, skips exactly what a hand-written
+loop skips.
 
 The guard skips every micro-batch whose loss is above a limit. The data make batches 3 and 6
 (of 10, batch 2) far off, so their loss is above it. The reference is a plain SGD loop with
@@ -14,12 +15,11 @@ from typing import Any
 import pytest
 import torch
 import torch.nn.functional as F
+from conftest import LinearReg, make_trainer
 from torch.utils.data import DataLoader, TensorDataset
 
 import trainwright as tw
 from trainwright.optim import OptimWrapper
-
-from conftest import LinearReg, make_trainer
 
 LIMIT = 1e3
 FAR = (3, 6)  # batches whose targets are far off: their loss is above LIMIT
@@ -48,7 +48,8 @@ def _data() -> TensorDataset:
 
 
 def _reference(acc: int, skips_window: bool) -> list[torch.Tensor]:
-    """SGD over the 10 batches, ``acc`` micro-batches per update, the FAR ones left out (and their window, if ``skips_window``)."""
+    """SGD over the 10 batches, ``acc`` micro-batches per update, the FAR ones left out (and their window, if
+    ``skips_window``)."""
     model = LinearReg()
     opt = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
     x, y = _data().tensors
@@ -92,12 +93,18 @@ def test_a_guard_added_by_a_hook_skips_in_a_trainer_run_and_comes_after_skip_non
             trainer.optim_wrapper.update_guards.append(guard)
 
     t = make_trainer(
-        tmp_path, model=LinearReg(), train_dataloader=DataLoader(_data(), batch_size=2, shuffle=False), custom_hooks=[AddGuard()],
-        optim_wrapper=dict(optimizer=dict(type="SGD", lr=0.01, momentum=0.9)), nonfinite_loss="skip",
+        tmp_path,
+        model=LinearReg(),
+        train_dataloader=DataLoader(_data(), batch_size=2, shuffle=False),
+        custom_hooks=[AddGuard()],
+        optim_wrapper=dict(optimizer=dict(type="SGD", lr=0.01, momentum=0.9)),
+        nonfinite_loss="skip",
     )
     model = t.train()
     assert guard.asked == 10
     assert all(torch.equal(a, b) for a, b in zip(model.parameters(), _reference(1, False), strict=True))
     ow = t.optim_wrapper
-    assert ow.skip_nonfinite and len(ow.update_guards) == 2 and ow.update_guards[-1] is guard  # after the trainer's own, as registered
+    assert (
+        ow.skip_nonfinite and len(ow.update_guards) == 2 and ow.update_guards[-1] is guard
+    )  # after the trainer's own, as registered
     t.close()

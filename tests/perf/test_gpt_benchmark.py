@@ -22,8 +22,29 @@ ROOT = Path(__file__).resolve().parents[2]
 @pytest.mark.slow
 def test_gpt_benchmark_runs_and_every_side_ends_with_the_same_loss(tmp_path: Path) -> None:
     out = tmp_path / "gpt.json"
-    args = ["benchmarks/gpt.py", "--steps", "4", "--warmup", "2", "--rounds", "1", "--dim", "16", "--depth", "1", "--heads", "2",
-            "--block-size", "8", "--batch-size", "2", "--backend", "aot_eager", "--json", str(out)]
+    args = [
+        "benchmarks/gpt.py",
+        "--steps",
+        "4",
+        "--warmup",
+        "2",
+        "--rounds",
+        "1",
+        "--dim",
+        "16",
+        "--depth",
+        "1",
+        "--heads",
+        "2",
+        "--block-size",
+        "8",
+        "--batch-size",
+        "2",
+        "--backend",
+        "aot_eager",
+        "--json",
+        str(out),
+    ]
     env = {**os.environ, "TMPDIR": str(tmp_path), "TORCHINDUCTOR_CACHE_DIR": str(tmp_path / "inductor")}
     res = subprocess.run([sys.executable, *args], cwd=ROOT, env=env, capture_output=True, text=True, timeout=900)
     assert res.returncode == 0, f"{res.stdout}\n{res.stderr[-6000:]}"

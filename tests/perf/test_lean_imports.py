@@ -14,7 +14,22 @@ import sys
 from pathlib import Path
 
 #: Optional packages a run loads only when it uses them (a writer, a sweep, remote storage, a plot, a YAML config...).
-OPTIONAL = ("tensorboard", "torch.utils.tensorboard", "wandb", "mlflow", "optuna", "fsspec", "s3fs", "rich", "matplotlib", "yaml", "transformers", "sklearn", "torchmetrics", "deepspeed")
+OPTIONAL = (
+    "tensorboard",
+    "torch.utils.tensorboard",
+    "wandb",
+    "mlflow",
+    "optuna",
+    "fsspec",
+    "s3fs",
+    "rich",
+    "matplotlib",
+    "yaml",
+    "transformers",
+    "sklearn",
+    "torchmetrics",
+    "deepspeed",
+)
 
 _CODE = """
 import contextlib, io, json, sys
@@ -74,6 +89,13 @@ def test_import_help_and_a_default_run_load_no_optional_package(tmp_path: Path) 
     assert seen["import"] == {"optional": [], "torch": False}  # the engine's names load on first use
     assert seen["help"] == {"optional": [], "torch": False, "code": 0, "usage": True}
     assert "'Accuracy' is already registered in the metric registry" in seen["clash"]
-    assert seen["train"] == {"optional": [], "iteration": 1}  # default hooks on: console, train.log, metrics.jsonl, checkpoint...
+    assert seen["train"] == {
+        "optional": [],
+        "iteration": 1,
+    }  # default hooks on: console, train.log, metrics.jsonl, checkpoint...
     assert (tmp_path / "work" / "checkpoints" / "latest").read_text().strip() == "iter_1.pth"
-    assert seen["public"] == {"optional": [], "writers": ["TensorBoardWriter", "WandbWriter", "MlflowWriter"], "hook": "LoggerHook"}
+    assert seen["public"] == {
+        "optional": [],
+        "writers": ["TensorBoardWriter", "WandbWriter", "MlflowWriter"],
+        "hook": "LoggerHook",
+    }

@@ -21,6 +21,7 @@ from torch.utils.data import DataLoader, TensorDataset
 
 import trainwright as tw
 
+
 class Net(tw.BaseModel):
     def __init__(self) -> None:
         super().__init__()
@@ -63,13 +64,28 @@ def test_zero_syncs_in_non_logging_iterations(tmp_path: Any, sync_calls: Counter
         model=Net(),
         work_dir=tmp_path,
         train_dataloader=DataLoader(data, batch_size=8, shuffle=True),
-        optim_wrapper=dict(optimizer=dict(type="SGD", lr=0.1, momentum=0.9), accumulative_counts=2, clip_grad=dict(max_norm=1.0)),
-        param_scheduler=[dict(type="LinearLR", start_factor=0.1, by_epoch=False, begin=0, end=10), dict(type="CosineAnnealingLR", by_epoch=False, begin=10, end=24)],
+        optim_wrapper=dict(
+            optimizer=dict(type="SGD", lr=0.1, momentum=0.9), accumulative_counts=2, clip_grad=dict(max_norm=1.0)
+        ),
+        param_scheduler=[
+            dict(type="LinearLR", start_factor=0.1, by_epoch=False, begin=0, end=10),
+            dict(type="CosineAnnealingLR", by_epoch=False, begin=10, end=24),
+        ],
         train_cfg=train_cfg,
-        # flush_secs=0: every line written at once; the norms hook measures the steps of iterations 3, 6, 9... (with windows of 2:
-        # steps 4, 6, 10...), most of them in non-logging iterations: its numbers wait on the device for the store's flush
-        default_hooks=dict(logger=dict(interval=interval, flush_secs=0), checkpoint=dict(interval=12, by_epoch=False), norms=dict(interval=3)),
-        custom_hooks=[SyncPerIter(sync_calls, per_iter, "start"), SyncPerIter(sync_calls, per_iter, "end"), dict(type="EMAHook")],
+        # flush_secs=0: every line written at once; the norms hook measures the steps of iterations 3, 6, 9... (with
+        # windows of 2:
+        # steps 4, 6, 10...), most of them in non-logging iterations: its numbers wait on the device for the store's
+        # flush
+        default_hooks=dict(
+            logger=dict(interval=interval, flush_secs=0),
+            checkpoint=dict(interval=12, by_epoch=False),
+            norms=dict(interval=3),
+        ),
+        custom_hooks=[
+            SyncPerIter(sync_calls, per_iter, "start"),
+            SyncPerIter(sync_calls, per_iter, "end"),
+            dict(type="EMAHook"),
+        ],
         randomness=dict(seed=0),
         log_level="WARNING",
     )
@@ -77,12 +93,19 @@ def test_zero_syncs_in_non_logging_iterations(tmp_path: Any, sync_calls: Counter
     trainer.close()
     from conftest import train_records
 
-    assert any(k.startswith("update_ratio/") for r in train_records(trainer.run_dir) for k in r)  # the norms hook measured steps
+    assert any(
+        k.startswith("update_ratio/") for r in train_records(trainer.run_dir) for k in r
+    )  # the norms hook measured steps
     per_iter.pop("_start")
     assert len(per_iter) == 24
     epoch_len = 12
-    # the logger's interval counts within the epoch in an epoch-based run (mmengine's); the epoch's last iteration logs too
-    logging_iters = {i for i in per_iter if (((i - 1) % epoch_len + 1) % interval == 0 or i % epoch_len == 0 if by_epoch else i % interval == 0)}
+    # the logger's interval counts within the epoch in an epoch-based run (mmengine's); the epoch's last iteration logs
+    # too
+    logging_iters = {
+        i
+        for i in per_iter
+        if (((i - 1) % epoch_len + 1) % interval == 0 or i % epoch_len == 0 if by_epoch else i % interval == 0)
+    }
     checkpoint_iters = {12, 24}  # checkpoints copy state to the host by design
     quiet = {i: n for i, n in per_iter.items() if i not in logging_iters | checkpoint_iters}
     assert quiet and all(n == 0 for n in quiet.values()), f"host syncs in non-logging iterations: {quiet}"
@@ -140,10 +163,14 @@ def test_cuda_non_logging_iterations_pass_sync_debug_error(tmp_path: Any, precis
         model=CudaNet(),
         work_dir=tmp_path,
         train_dataloader=DataLoader(data, batch_size=8, shuffle=True, pin_memory=True),
-        optim_wrapper=dict(optimizer=dict(type="SGD", lr=0.1, momentum=0.9), accumulative_counts=2, clip_grad=dict(max_norm=1.0)),
+        optim_wrapper=dict(
+            optimizer=dict(type="SGD", lr=0.1, momentum=0.9), accumulative_counts=2, clip_grad=dict(max_norm=1.0)
+        ),
         train_cfg=dict(by_epoch=True, max_epochs=1),
         precision=precision,
-        default_hooks=dict(logger=dict(interval=interval, flush_secs=0), norms=dict(interval=3)),  # norms measured in quiet iterations too
+        default_hooks=dict(
+            logger=dict(interval=interval, flush_secs=0), norms=dict(interval=3)
+        ),  # norms measured in quiet iterations too
         custom_hooks=[window, _SyncDebugOff()],
         randomness=dict(seed=0),
         log_level="WARNING",

@@ -73,23 +73,37 @@ def _trainer(work_dir: Path, **kwargs: Any) -> tw.Trainer:
 
 # -- 10. silent configs -------------------------------------------------------------------
 def test_custom_key_matching_no_parameter_is_an_error_naming_close_names(tmp_path: Path) -> None:
-    frozen_by_typo = dict(optimizer=dict(type="SGD", lr=0.1), paramwise_cfg=dict(custom_keys={"backbon.0": dict(lr_mult=0.0)}))
+    frozen_by_typo = dict(
+        optimizer=dict(type="SGD", lr=0.1), paramwise_cfg=dict(custom_keys={"backbon.0": dict(lr_mult=0.0)})
+    )
     t = _trainer(tmp_path, optim_wrapper=frozen_by_typo)
-    with pytest.raises(KeyError, match=r"custom_keys\['backbon.0'\] matches no parameter of TwoLayer.*Close names: 'backbone.0'") as e:
+    with pytest.raises(
+        KeyError, match=r"custom_keys\['backbon.0'\] matches no parameter of TwoLayer.*Close names: 'backbone.0'"
+    ) as e:
         t.train()
     assert "'backbone.0.weight'" in str(e.value)  # the names it could have meant
     t.close()
 
-    # a key close to no name (inherited from a base schedule for another model): applied to nothing, as mmengine does, with a warning
-    inherited = dict(optimizer=dict(type="SGD", lr=0.1), paramwise_cfg=dict(custom_keys={".absolute_pos_embed": dict(lr_mult=0.0)}))
+    # a key close to no name (inherited from a base schedule for another model): applied to nothing, as mmengine does,
+    # with a warning
+    inherited = dict(
+        optimizer=dict(type="SGD", lr=0.1), paramwise_cfg=dict(custom_keys={".absolute_pos_embed": dict(lr_mult=0.0)})
+    )
     t = _trainer(tmp_path, optim_wrapper=inherited)
-    with pytest.warns(UserWarning, match=r"custom_keys\['.absolute_pos_embed'\] matches no parameter of TwoLayer.*another model"):
+    with pytest.warns(
+        UserWarning, match=r"custom_keys\['.absolute_pos_embed'\] matches no parameter of TwoLayer.*another model"
+    ):
         t.train()
     assert t.progress.epoch == 2
     t.close()
 
     # the key spelled right freezes the layer (lr 0) and trains the rest
-    t = _trainer(tmp_path, optim_wrapper=dict(optimizer=dict(type="SGD", lr=0.1), paramwise_cfg=dict(custom_keys={"backbone.0": dict(lr_mult=0.0)})))
+    t = _trainer(
+        tmp_path,
+        optim_wrapper=dict(
+            optimizer=dict(type="SGD", lr=0.1), paramwise_cfg=dict(custom_keys={"backbone.0": dict(lr_mult=0.0)})
+        ),
+    )
     before = t.unwrapped_model.backbone[0].weight.detach().clone()
     head_before = t.unwrapped_model.head.weight.detach().clone()
     t.train()
@@ -101,7 +115,9 @@ def test_custom_key_matching_no_parameter_is_an_error_naming_close_names(tmp_pat
 def test_scheduler_window_outside_the_run_warns_at_train_start(tmp_path: Path) -> None:
     schedulers = [
         dict(type="LinearLR", start_factor=0.1, by_epoch=False, begin=0, end=5),  # inside: no warning
-        dict(type="MultiStepLR", milestones=[1], by_epoch=False, begin=100, end=200),  # iterations; the run has 2 x 5 = 10
+        dict(
+            type="MultiStepLR", milestones=[1], by_epoch=False, begin=100, end=200
+        ),  # iterations; the run has 2 x 5 = 10
         dict(type="CosineAnnealingLR", T_max=3, by_epoch=True, begin=2),  # epochs; the run has 2
     ]
     t = _trainer(tmp_path, param_scheduler=schedulers)
@@ -115,7 +131,13 @@ def test_scheduler_window_outside_the_run_warns_at_train_start(tmp_path: Path) -
 
 
 def test_scheduler_window_inside_the_run_does_not_warn(tmp_path: Path) -> None:
-    t = _trainer(tmp_path, param_scheduler=[dict(type="LinearLR", start_factor=0.1, by_epoch=False, begin=9, end=50), dict(type="StepLR", step_size=1, begin=1)])
+    t = _trainer(
+        tmp_path,
+        param_scheduler=[
+            dict(type="LinearLR", start_factor=0.1, by_epoch=False, begin=9, end=50),
+            dict(type="StepLR", step_size=1, begin=1),
+        ],
+    )
     with warnings.catch_warnings():
         warnings.simplefilter("error")
         t.train()
@@ -128,11 +150,19 @@ def test_scheduler_window_inside_the_run_does_not_warn(tmp_path: Path) -> None:
         (dict(default_hooks=dict(checkpoint=dict(intervall=2))), "intervall", "interval"),
         (dict(custom_hooks=[dict(type="EMAHook", momentun=0.01)]), "momentun", "momentum"),
         (dict(optim_wrapper=dict(optimizer=dict(type="SGD", lr=0.1, momentun=0.9))), "momentun", "momentum"),
-        (dict(optim_wrapper=dict(optimizer=dict(type="AdamW", lr=0.1, weight_dacay=0.01))), "weight_dacay", "weight_decay"),
+        (
+            dict(optim_wrapper=dict(optimizer=dict(type="AdamW", lr=0.1, weight_dacay=0.01))),
+            "weight_dacay",
+            "weight_decay",
+        ),
     ],
 )
-def test_misspelled_hook_and_optimizer_arguments_name_the_closest(tmp_path: Path, kwargs: dict[str, Any], bad: str, meant: str) -> None:
-    with pytest.raises(TypeError, match=rf"unexpected keyword argument '{bad}'\. Did you mean '{meant}'\?.* accepts: .*{meant}"):
+def test_misspelled_hook_and_optimizer_arguments_name_the_closest(
+    tmp_path: Path, kwargs: dict[str, Any], bad: str, meant: str
+) -> None:
+    with pytest.raises(
+        TypeError, match=rf"unexpected keyword argument '{bad}'\. Did you mean '{meant}'\?.* accepts: .*{meant}"
+    ):
         t = _trainer(tmp_path, **kwargs)
         t.train()
 
@@ -169,7 +199,9 @@ def _fresh_process(tmp_path: Path, how: str, n: int) -> tuple[float, str]:
     work = tmp_path / f"{how}{n}"
     code = _FRESH_PROCESS.format(tests=str(ROOT / "tests"), here=str(Path(__file__).parent))
     env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(ROOT / "src"), os.environ.get("PYTHONPATH", "")]))
-    out = subprocess.run([sys.executable, "-c", code, how, str(work)], capture_output=True, text=True, env=env, timeout=120)
+    out = subprocess.run(
+        [sys.executable, "-c", code, how, str(work)], capture_output=True, text=True, env=env, timeout=120
+    )
     assert out.returncode == 0, out.stderr[-3000:]
     weights = float(next(line.split()[1] for line in out.stdout.splitlines() if line.startswith("WEIGHTS")))
     return weights, (work / "run" / "train.log").read_text()
@@ -203,10 +235,18 @@ def test_resume_after_a_validation_pass_still_resumes(tmp_path: Path) -> None:
     t = _trainer(tmp_path, default_hooks=dict(checkpoint=dict(interval=1)), **val)
     t.train()
     t.close()
-    t = _trainer(tmp_path, resume=True, train_cfg=dict(by_epoch=True, max_epochs=3), default_hooks=dict(checkpoint=dict(interval=1)), **val)
+    t = _trainer(
+        tmp_path,
+        resume=True,
+        train_cfg=dict(by_epoch=True, max_epochs=3),
+        default_hooks=dict(checkpoint=dict(interval=1)),
+        **val,
+    )
     t.val()
     t.train()
-    assert t.checkpoints.restored is not None and t.checkpoints.restored[1] == 10  # train() resumed from epoch_2 (iteration 10)
+    assert (
+        t.checkpoints.restored is not None and t.checkpoints.restored[1] == 10
+    )  # train() resumed from epoch_2 (iteration 10)
     assert t.progress.iteration == 15
     t.close()
 
@@ -263,7 +303,9 @@ DATASETS.register(lambda: regression_set(), name="CliRegression", force=True)
 """
 
 
-def test_cli_val_without_checkpoint_warns_and_plot_leaves_evaluations_out(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+def test_cli_val_without_checkpoint_warns_and_plot_leaves_evaluations_out(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
     from trainwright.cli import main
 
     monkeypatch.chdir(tmp_path)
@@ -292,8 +334,13 @@ def test_cli_val_without_checkpoint_warns_and_plot_leaves_evaluations_out(tmp_pa
 
 
 # -- 17. noise -----------------------------------------------------------------------------
-@pytest.mark.parametrize(("hook_timing", "log_level", "table"), [(None, "INFO", False), (True, "INFO", True), (None, "DEBUG", True), (False, "DEBUG", False)])
-def test_hook_timing_table_only_when_asked_or_at_debug(tmp_path: Path, hook_timing: bool | None, log_level: str, table: bool) -> None:
+@pytest.mark.parametrize(
+    ("hook_timing", "log_level", "table"),
+    [(None, "INFO", False), (True, "INFO", True), (None, "DEBUG", True), (False, "DEBUG", False)],
+)
+def test_hook_timing_table_only_when_asked_or_at_debug(
+    tmp_path: Path, hook_timing: bool | None, log_level: str, table: bool
+) -> None:
     t = _trainer(tmp_path, hook_timing=hook_timing, log_level=log_level, experiment_name="run")
     t.train()
     t.flush_logs()
@@ -305,7 +352,12 @@ def test_hook_timing_table_only_when_asked_or_at_debug(tmp_path: Path, hook_timi
 
 def test_metrics_jsonl_of_the_plot_test_is_json(tmp_path: Path) -> None:
     """Guard of the plot test's premise: a standalone validation writes a val record at iteration 0."""
-    t = _trainer(tmp_path, val_dataloader=DataLoader(regression_set(), batch_size=5), val_evaluator=MeanAbs(), experiment_name="ev")
+    t = _trainer(
+        tmp_path,
+        val_dataloader=DataLoader(regression_set(), batch_size=5),
+        val_evaluator=MeanAbs(),
+        experiment_name="ev",
+    )
     t.val()
     t.close()
     (rec,) = [json.loads(line) for line in (tmp_path / "ev" / "metrics.jsonl").read_text().splitlines()]

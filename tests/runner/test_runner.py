@@ -1,4 +1,5 @@
-"""A script written against mmengine's Runner API, with only its imports changed, trains and validates as a hand-written loop."""
+"""A script written against mmengine's Runner API, with only its imports changed, trains and validates as a
+hand-written loop."""
 
 from __future__ import annotations
 
@@ -80,10 +81,20 @@ def test_an_mmengine_runner_script_trains_and_validates_as_a_hand_written_loop(t
     runner = Runner(
         model=model,
         work_dir=str(tmp_path),
-        train_dataloader=dict(batch_size=4, dataset=train_set, sampler=dict(type="DefaultSampler", shuffle=True), collate_fn=dict(type="default_collate")),
+        train_dataloader=dict(
+            batch_size=4,
+            dataset=train_set,
+            sampler=dict(type="DefaultSampler", shuffle=True),
+            collate_fn=dict(type="default_collate"),
+        ),
         optim_wrapper=dict(optimizer=dict(type=SGD, lr=0.1, momentum=0.9)),
         train_cfg=dict(by_epoch=True, max_epochs=2, val_interval=1),
-        val_dataloader=dict(batch_size=4, dataset=val_set, sampler=dict(type="DefaultSampler", shuffle=False), collate_fn=dict(type="default_collate")),
+        val_dataloader=dict(
+            batch_size=4,
+            dataset=val_set,
+            sampler=dict(type="DefaultSampler", shuffle=False),
+            collate_fn=dict(type="default_collate"),
+        ),
         val_cfg=dict(),
         val_evaluator=dict(type=Accuracy),
         launcher="none",
@@ -103,7 +114,7 @@ def test_an_mmengine_runner_script_trains_and_validates_as_a_hand_written_loop(t
     opt = SGD(ref.parameters(), lr=0.1, momentum=0.9)
     for order in orders:
         for b in range(0, 20, 4):
-            x, y = default_collate([(train_set.x[i], train_set.y[i]) for i in order[b:b + 4]])
+            x, y = default_collate([(train_set.x[i], train_set.y[i]) for i in order[b : b + 4]])
             loss = F.cross_entropy(ref.net(x), y)
             opt.zero_grad()
             loss.backward()
@@ -119,9 +130,17 @@ def test_an_mmengine_runner_script_trains_and_validates_as_a_hand_written_loop(t
 
 def test_runner_from_cfg_and_its_refusals(tmp_path: Path) -> None:
     cfg = dict(
-        model=MLP(), work_dir=str(tmp_path), data_root="helper variable",
-        val_dataloader=dict(batch_size=5, dataset=Blobs(10, seed=2), sampler=dict(type="DefaultSampler", shuffle=False), collate_fn=dict(type="default_collate")),
-        val_evaluator=dict(type=Accuracy, prefix="mlp"), val_cfg=dict(type="ValLoop"),
+        model=MLP(),
+        work_dir=str(tmp_path),
+        data_root="helper variable",
+        val_dataloader=dict(
+            batch_size=5,
+            dataset=Blobs(10, seed=2),
+            sampler=dict(type="DefaultSampler", shuffle=False),
+            collate_fn=dict(type="default_collate"),
+        ),
+        val_evaluator=dict(type=Accuracy, prefix="mlp"),
+        val_cfg=dict(type="ValLoop"),
     )
     runner = Runner.from_cfg(cfg)
     assert runner.cfg is cfg and runner.train_loop is None
@@ -131,4 +150,3 @@ def test_runner_from_cfg_and_its_refusals(tmp_path: Path) -> None:
         Runner(model=MLP(), work_dir=str(tmp_path), launcher="pytorch")
     with pytest.raises(ValueError, match=r"launcher='torchrun': use one of"):
         Runner(model=MLP(), work_dir=str(tmp_path), launcher="torchrun")
-

@@ -88,7 +88,8 @@ def main() -> None:
         "test": test,
         "wrapper": type(model).__name__,
         # DDP wraps the user's module, compiled in place (not a compiled wrapper around DDP)
-        "wraps_compiled": getattr(model, "module", model) is trainer.unwrapped_base and trainer.unwrapped_base._compiled_call_impl is not None,
+        "wraps_compiled": getattr(model, "module", model) is trainer.unwrapped_base
+        and trainer.unwrapped_base._compiled_call_impl is not None,
         "graphs_eval": before_train,
         "graphs_train": len(GRAPHS) - before_train,  # the training forward, through DDP, compiled
     }

@@ -12,10 +12,10 @@ SIGTERM to rank R only, before its K-th step.
 from __future__ import annotations
 
 import argparse
-import warnings
 import os
 import signal
 import sys
+import warnings
 from pathlib import Path
 
 import torch
@@ -114,7 +114,9 @@ def main() -> None:
         val_dataloader=dict(dataset=ds, batch_size=a.batch_size) if a.val_first else None,
         optim_wrapper=dict(optimizer=dict(type="SGD", lr=0.05, momentum=0.9), accumulative_counts=a.accum),
         train_cfg=dict(by_epoch=False, max_iters=a.iters),
-        default_hooks=dict(logger=dict(interval=2, flush_secs=0), checkpoint=dict(by_epoch=False, interval=a.save_every or a.iters)),
+        default_hooks=dict(
+            logger=dict(interval=2, flush_secs=0), checkpoint=dict(by_epoch=False, interval=a.save_every or a.iters)
+        ),
         resume=a.resume,
         custom_hooks=hooks,
         randomness=dict(seed=0),
@@ -133,8 +135,18 @@ def main() -> None:
     except SystemExit as e:  # preempted: the checkpoint is written, the hook asks to exit with 128 + signal
         exit_code = e.code
     params = {k: v.detach().clone() for k, v in trainer.unwrapped_model.state_dict().items()}
-    torch.save({"params": params, "allreduces": counter.count, "error": error, "world_size": trainer.strategy.world_size, "strategy": trainer.strategy.name,
-                "exit_code": exit_code, "iteration": trainer.progress.iteration}, Path(a.out) / f"result_rank{rank}.pt")
+    torch.save(
+        {
+            "params": params,
+            "allreduces": counter.count,
+            "error": error,
+            "world_size": trainer.strategy.world_size,
+            "strategy": trainer.strategy.name,
+            "exit_code": exit_code,
+            "iteration": trainer.progress.iteration,
+        },
+        Path(a.out) / f"result_rank{rank}.pt",
+    )
     trainer.close()
     if exit_code is not None:
         sys.exit(exit_code)

@@ -15,19 +15,30 @@ import torch.distributed as dist
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-import trainwright as tw  # noqa: E402
 from conftest import LinearReg, regression_set  # noqa: E402
+
+import trainwright as tw  # noqa: E402
 
 
 def run(strategy: dict | str, out: Path, plain: bool = False, batch: int = 8) -> dict[str, torch.Tensor]:
     """``plain``: no accumulation and no clipping, SGD with momentum, batches of 8 (the issue's 2x8 run)."""
-    optim = (dict(optimizer=dict(type="SGD", lr=0.05, momentum=0.9)) if plain
-             else dict(optimizer=dict(type="SGD", lr=0.05), accumulative_counts=2, clip_grad=dict(max_norm=0.3)))
+    optim = (
+        dict(optimizer=dict(type="SGD", lr=0.05, momentum=0.9))
+        if plain
+        else dict(optimizer=dict(type="SGD", lr=0.05), accumulative_counts=2, clip_grad=dict(max_norm=0.3))
+    )
     trainer = tw.Trainer(
-        model=LinearReg(), work_dir=out, strategy=strategy, randomness=dict(seed=0), log_level="WARNING",
-        train_dataloader=dict(dataset=regression_set(32 if plain else 24), batch_size=batch if plain else 2, shuffle=plain),
+        model=LinearReg(),
+        work_dir=out,
+        strategy=strategy,
+        randomness=dict(seed=0),
+        log_level="WARNING",
+        train_dataloader=dict(
+            dataset=regression_set(32 if plain else 24), batch_size=batch if plain else 2, shuffle=plain
+        ),
         optim_wrapper=optim,
-        train_cfg=dict(by_epoch=True, max_epochs=2), default_hooks=dict(checkpoint=None),
+        train_cfg=dict(by_epoch=True, max_epochs=2),
+        default_hooks=dict(checkpoint=None),
     )
     trainer.train()
     weights = {k: v.detach().clone() for k, v in trainer.unwrapped_model.state_dict().items()}
@@ -44,7 +55,9 @@ def main() -> None:
     ddp_plain = run(dict(type="ddp"), out / "ddp_plain", plain=True)
     ds_plain = run("deepspeed", out / "ds_plain", plain=True)
     if dist.get_rank() == 0:
-        torch.save({"ddp": ddp, "deepspeed": ds, "ddp_plain": ddp_plain, "deepspeed_plain": ds_plain}, out / "weights.pt")
+        torch.save(
+            {"ddp": ddp, "deepspeed": ds, "ddp_plain": ddp_plain, "deepspeed_plain": ds_plain}, out / "weights.pt"
+        )
     dist.destroy_process_group()
 
 

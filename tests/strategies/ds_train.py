@@ -24,7 +24,11 @@ ROOT = Path(__file__).resolve().parents[2]
 def run(out: Path, epochs: int, resume: bool) -> None:
     cfg = Config.fromfile(ROOT / "examples" / "digits.py")
     trainer = tw.Trainer.from_config(
-        cfg, work_dir=str(out), experiment_name="run", log_level="WARNING", resume=resume,
+        cfg,
+        work_dir=str(out),
+        experiment_name="run",
+        log_level="WARNING",
+        resume=resume,
         model=dict(type="DigitsNet", hidden=128, dropout=0.0),
         strategy=dict(type="deepspeed", config=dict(zero_optimization=dict(stage=2))),
         train_cfg=dict(by_epoch=True, max_epochs=epochs, val_interval=3),
@@ -40,7 +44,8 @@ def run(out: Path, epochs: int, resume: bool) -> None:
         "optimizer": type(trainer.strategy.engine.optimizer).__name__,
         "iteration": trainer.progress.iteration,
         # the engine carries out the updates as the wrapper's strategy; nothing of the wrapper is replaced
-        "wrapper_untouched": "update_params" not in vars(trainer.optim_wrapper) and trainer.optim_wrapper.strategy is trainer.strategy,
+        "wrapper_untouched": "update_params" not in vars(trainer.optim_wrapper)
+        and trainer.optim_wrapper.strategy is trainer.strategy,
     }
     trainer.close()
     torch.save(result, out / f"result_rank{os.environ.get('RANK', '0')}.pt")

@@ -1,4 +1,5 @@
-"""Runs of a small regression MLP with the Trainer under FSDP (torchrun or one process) and references; one process start runs several.
+"""Runs of a small regression MLP with the Trainer under FSDP (torchrun or one process) and references; one process
+start runs several.
 
 Usage: fsdp_train.py OUT_DIR [--trainer-group] RUN [RUN ...]
 Each RUN is ``name:strategy:batch:iters[:opt=value...]`` with options ``accum=N``,
@@ -7,12 +8,16 @@ before_train, after the strategy prepared the run), ``save=N`` (checkpoint every
 iterations), ``keep=K``, ``async=1``, ``resume=1`` (newest in work_dir) or ``resume=PATH``,
 ``weights=1`` (save_weights), ``precision=bf16-mixed``, ``lr=X``, ``load=PATH`` (load_from),
 ``work=NAME`` (work_dir name, default: the run's name), ``norms=1`` (NormsHook every 2 iterations,
-per module), ``ema=1`` (EMAHook, momentum 0.1), ``swa=E`` (SWAHook from epoch E, swa_lr 0.05), ``epochs=N`` (an epoch-based run of N epochs; ITERS unused),
+per module), ``ema=1`` (EMAHook, momentum 0.1), ``swa=E`` (SWAHook from epoch E, swa_lr 0.05), ``epochs=N`` (an
+epoch-based run of N epochs; ITERS unused),
 ``nanat=K`` (rank 1's K-th training loss is NaN; the FloatingPointError is recorded; with ``skipnan=1``:
 nonfinite_loss="skip"), ``sigterm=K`` (rank 1 sends itself SIGTERM before its K-th step: the preemption hook saves
-and asks to exit; the exit status is recorded), ``prof=1`` (ProfilerHook recording iterations 2-3; the trace files are listed), ``unseeded=1`` (the model built
-from seed 100 + rank: each process draws its own initial weights, as a script that does not seed). ``es=P`` (validation every epoch on 16
-samples with an MSE metric, EarlyStoppingHook(val/mse, patience P), save_best val/mse and published_keys meta, model; with
+and asks to exit; the exit status is recorded), ``prof=1`` (ProfilerHook recording iterations 2-3; the trace files are
+listed), ``unseeded=1`` (the model built
+from seed 100 + rank: each process draws its own initial weights, as a script that does not seed). ``es=P`` (validation
+every epoch on 16
+samples with an MSE metric, EarlyStoppingHook(val/mse, patience P), save_best val/mse and published_keys meta, model;
+with
 ``ema=1`` the validation reports the training weights as val/raw/mse too).
 Under torchrun the script makes the process group itself and destroys it after the runs;
 with ``--trainer-group`` it does not: the first Trainer's strategy joins the group from the
@@ -76,7 +81,8 @@ class SigtermAt(tw.Hook):
 
 
 class StuckBefore(tw.Hook):
-    """Waits 2.5 s before this process's ``at``-th step (a rank stuck in user code while the others wait in a collective)."""
+    """Waits 2.5 s before this process's ``at``-th step (a rank stuck in user code while the others wait in a
+    collective)."""
 
     def __init__(self, at: int) -> None:
         self.at = at
@@ -138,32 +144,66 @@ def run(out: Path, spec: str) -> None:
     g = torch.Generator().manual_seed(1)
     x = torch.randn(64, 4, generator=g)
     ds = TensorDataset(x, torch.sin(x @ torch.randn(4, 1, generator=g)) + 0.1 * torch.randn(64, 1, generator=g))
-    tw.seed_everything(100 + rank if o.get("unseeded") == "1" else 0)  # unseeded=1: another draw on each rank, as a script that does not seed
-    model = MLP(nan_at=int(o["nanat"]) if "nanat" in o and rank == 1 else -1)  # same initial weights everywhere (seeded)
+    tw.seed_everything(
+        100 + rank if o.get("unseeded") == "1" else 0
+    )  # unseeded=1: another draw on each rank, as a script that does not seed
+    model = MLP(
+        nan_at=int(o["nanat"]) if "nanat" in o and rank == 1 else -1
+    )  # same initial weights everywhere (seeded)
     resume: bool | str = o.get("resume", "0")
     resume = True if resume == "1" else (False if resume == "0" else resume)
     save = int(o.get("save", 0))
     ema = tw.hooks.EMAHook(momentum=0.1, evaluate_on="both") if o.get("ema") == "1" else None
     es = int(o.get("es", 0))
     xv = torch.randn(16, 4, generator=g)
-    val = dict(val_dataloader=dict(dataset=TensorDataset(xv, torch.sin(xv @ torch.ones(4, 1))), batch_size=int(batch) // 2), val_evaluator=MSE(), val_cfg=dict()) if es else {}
+    val = (
+        dict(
+            val_dataloader=dict(
+                dataset=TensorDataset(xv, torch.sin(xv @ torch.ones(4, 1))), batch_size=int(batch) // 2
+            ),
+            val_evaluator=MSE(),
+            val_cfg=dict(),
+        )
+        if es
+        else {}
+    )
     best = dict(save_best="val/mse", rule="less", published_keys=["meta", "model"]) if es else {}
     trainer = tw.Trainer(
         model=model,
         work_dir=out / o.get("work", name),
         train_dataloader=dict(dataset=ds, batch_size=int(batch), shuffle=True),
-        optim_wrapper=dict(optimizer=dict(type="SGD", lr=float(o.get("lr", 0.1)), momentum=0.9), accumulative_counts=int(o.get("accum", 1)),
-                           clip_grad=dict(max_norm=float(o["clip"])) if "clip" in o else None),
-        train_cfg=dict(by_epoch=True, max_epochs=int(o["epochs"])) if "epochs" in o else dict(by_epoch=False, max_iters=int(iters)),
-        default_hooks=dict(logger=dict(interval=2, flush_secs=0), **({"norms": dict(interval=2)} if o.get("norms") == "1" else {}),
-                           **({"stall": dict(timeout_s=1.0)} if "stall" in o else {}),
-                           checkpoint=dict(by_epoch=False, interval=save or -1, save_last=bool(save), max_keep_ckpts=int(o.get("keep", -1)), async_save=o.get("async") == "1", **best)),
+        optim_wrapper=dict(
+            optimizer=dict(type="SGD", lr=float(o.get("lr", 0.1)), momentum=0.9),
+            accumulative_counts=int(o.get("accum", 1)),
+            clip_grad=dict(max_norm=float(o["clip"])) if "clip" in o else None,
+        ),
+        train_cfg=dict(by_epoch=True, max_epochs=int(o["epochs"]))
+        if "epochs" in o
+        else dict(by_epoch=False, max_iters=int(iters)),
+        default_hooks=dict(
+            logger=dict(interval=2, flush_secs=0),
+            **({"norms": dict(interval=2)} if o.get("norms") == "1" else {}),
+            **({"stall": dict(timeout_s=1.0)} if "stall" in o else {}),
+            checkpoint=dict(
+                by_epoch=False,
+                interval=save or -1,
+                save_last=bool(save),
+                max_keep_ckpts=int(o.get("keep", -1)),
+                async_save=o.get("async") == "1",
+                **best,
+            ),
+        ),
         strategy=dict(type="fsdp", shard_modules=["Linear"]) if strategy == "fsdp" else strategy,
         precision=o.get("precision", "32"),
         resume=resume,
         load_from=o.get("load"),
-        custom_hooks=([Reclip(float(o["reclip"]))] if "reclip" in o else []) + ([tw.hooks.SWAHook(int(o["swa"]), swa_lr=0.05, anneal_epochs=1)] if "swa" in o else [])
-        + ([tw.hooks.ProfilerHook(wait=0, warmup=1, active=2)] if o.get("prof") == "1" else []) + ([ema] if ema is not None else []) + ([SigtermAt(int(o["sigterm"]))] if "sigterm" in o and rank == 1 else []) + ([StuckBefore(int(o["stall"]))] if "stall" in o and rank == 1 else []) + ([tw.hooks.EarlyStoppingHook("val/mse", rule="less", patience=es)] if es else []),
+        custom_hooks=([Reclip(float(o["reclip"]))] if "reclip" in o else [])
+        + ([tw.hooks.SWAHook(int(o["swa"]), swa_lr=0.05, anneal_epochs=1)] if "swa" in o else [])
+        + ([tw.hooks.ProfilerHook(wait=0, warmup=1, active=2)] if o.get("prof") == "1" else [])
+        + ([ema] if ema is not None else [])
+        + ([SigtermAt(int(o["sigterm"]))] if "sigterm" in o and rank == 1 else [])
+        + ([StuckBefore(int(o["stall"]))] if "stall" in o and rank == 1 else [])
+        + ([tw.hooks.EarlyStoppingHook("val/mse", rule="less", patience=es)] if es else []),
         **val,
         randomness=dict(seed=0),
         log_level="WARNING",
@@ -176,17 +216,28 @@ def run(out: Path, spec: str) -> None:
         warnings.simplefilter("always")
         try:
             trainer.train()
-        except (RuntimeError, FloatingPointError) as e:  # recorded for the test (e.g. a checkpoint refused inside an accumulation window)
+        except (
+            RuntimeError,
+            FloatingPointError,
+        ) as e:  # recorded for the test (e.g. a checkpoint refused inside an accumulation window)
             error = f"{type(e).__name__}: {e}"
         except SystemExit as e:  # preempted: the checkpoint is written, the hook asks to exit with 128 + signal
             exit_code = e.code
     if o.get("weights") == "1":
         trainer.save_weights(out / name / "weights.safetensors")
     full = trainer.strategy.full_model_state_dict()
-    averaged = ema.state_dict()["averaged"] if ema is not None and ema.ema is not None else {}  # DTensors under FSDP: whole ones below (a collective)
+    averaged = (
+        ema.state_dict()["averaged"] if ema is not None and ema.ema is not None else {}
+    )  # DTensors under FSDP: whole ones below (a collective)
     averaged = {k: v.full_tensor() if hasattr(v, "full_tensor") else v for k, v in averaged.items()}
-    loaded = {}  # a resumed sharded run: how the checkpoint's hook averages come back from strategy.load_checkpoint (sharded or whole)
-    if trainer.checkpoints.restored and trainer.strategy.name == "fsdp" and str(trainer.checkpoints.restored[0]).endswith(".dcp"):
+    # a resumed sharded run: how the checkpoint's hook averages come back from strategy.load_checkpoint (sharded or
+    # whole)
+    loaded = {}
+    if (
+        trainer.checkpoints.restored
+        and trainer.strategy.name == "fsdp"
+        and str(trainer.checkpoints.restored[0]).endswith(".dcp")
+    ):
         loaded = _tensor_leaves(trainer.strategy.load_checkpoint(trainer.checkpoints.restored[0])["hooks"])
     ow = trainer.optim_wrapper
     result = {
@@ -210,7 +261,14 @@ def run(out: Path, spec: str) -> None:
         "epoch": trainer.progress.epoch,
         "loaded_hook_tensors": loaded,
         "logged": messages.messages,
-        "norms": [n for n in ({k: v for k, v in r.items() if k.split("/")[0] in ("grad_norm", "param_norm", "update_ratio")} for r in _records(trainer)) if n],
+        "norms": [
+            n
+            for n in (
+                {k: v for k, v in r.items() if k.split("/")[0] in ("grad_norm", "param_norm", "update_ratio")}
+                for r in _records(trainer)
+            )
+            if n
+        ],
     }
     trainer.close()
     result["group_after_close"] = dist.is_initialized()
@@ -242,7 +300,11 @@ def main() -> None:
         specs = specs[1:]
         rank = os.environ.get("RANK", "0")
         # registered before trainwright's handler, so it runs after it (atexit runs last-in first-out)
-        atexit.register(lambda: (out / f"exit_rank{rank}.json").write_text(json.dumps({"initialized_at_exit": dist.is_initialized()})))
+        atexit.register(
+            lambda: (out / f"exit_rank{rank}.json").write_text(
+                json.dumps({"initialized_at_exit": dist.is_initialized()})
+            )
+        )
     launched = "WORLD_SIZE" in os.environ and not trainer_group
     if launched:  # one process group for all the runs (the trainers join it and leave it to us)
         dist.init_process_group("gloo")

@@ -27,11 +27,20 @@ def run(out: Path, strategy: dict, **kwargs) -> tw.Trainer:
     torch.manual_seed(0)
     g = torch.Generator().manual_seed(1)
     x = torch.randn(64, 4, generator=g)
-    trainer = tw.Trainer.from_config(dict(
-        model=BNReg(), work_dir=str(out / "work"), train_dataloader=dict(dataset=TensorDataset(x, x.sum(1, keepdim=True)), batch_size=8, shuffle=False),
-        optim_wrapper=dict(optimizer=dict(type="SGD", lr=0.05)), train_cfg=dict(by_epoch=True, max_epochs=2), strategy=strategy,
-        default_hooks=dict(checkpoint=None), randomness=dict(seed=0), log_level="WARNING", **kwargs,
-    ))
+    trainer = tw.Trainer.from_config(
+        dict(
+            model=BNReg(),
+            work_dir=str(out / "work"),
+            train_dataloader=dict(dataset=TensorDataset(x, x.sum(1, keepdim=True)), batch_size=8, shuffle=False),
+            optim_wrapper=dict(optimizer=dict(type="SGD", lr=0.05)),
+            train_cfg=dict(by_epoch=True, max_epochs=2),
+            strategy=strategy,
+            default_hooks=dict(checkpoint=None),
+            randomness=dict(seed=0),
+            log_level="WARNING",
+            **kwargs,
+        )
+    )
     trainer.train()
     return trainer
 
@@ -46,11 +55,14 @@ def main() -> None:
         return
     synced = run(out, dict(type="ddp", device=device), sync_bn="torch")  # mmengine's spelling reaches the DDP strategy
     plain = run(out, dict(type="single", device=device))
-    torch.save(dict(
-        types=[type(m).__name__ for m in synced.unwrapped_model.modules()],
-        synced={k: v.cpu() for k, v in synced.unwrapped_model.state_dict().items()},
-        plain={k: v.cpu() for k, v in plain.unwrapped_model.state_dict().items()},
-    ), out / "one.pt")
+    torch.save(
+        dict(
+            types=[type(m).__name__ for m in synced.unwrapped_model.modules()],
+            synced={k: v.cpu() for k, v in synced.unwrapped_model.state_dict().items()},
+            plain={k: v.cpu() for k, v in plain.unwrapped_model.state_dict().items()},
+        ),
+        out / "one.pt",
+    )
     synced.close()
     plain.close()
 

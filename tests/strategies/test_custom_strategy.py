@@ -1,4 +1,5 @@
-"""A strategy written against the public interface (no internals of the optim wrapper or the Trainer) trains and checkpoints."""
+"""A strategy written against the public interface (no internals of the optim wrapper or the Trainer) trains and
+checkpoints."""
 
 from __future__ import annotations
 
@@ -10,14 +11,13 @@ from typing import Any
 
 import torch
 import torch.nn.functional as F
+from conftest import LinearReg, regression_set
 from torch import nn
 from torch.utils.data import DataLoader
 
 import trainwright as tw
 from trainwright.optim import OptimWrapper
 from trainwright.strategies import SingleDeviceStrategy
-
-from conftest import LinearReg, regression_set
 
 
 class LedgerStrategy(SingleDeviceStrategy):
@@ -37,7 +37,9 @@ class LedgerStrategy(SingleDeviceStrategy):
         self.ledger.append("backward")
         super().backward(loss, optim_wrapper, **kwargs)
 
-    def clip_grad(self, clip: Callable[[list[torch.Tensor]], torch.Tensor], params: list[torch.Tensor]) -> torch.Tensor | None:
+    def clip_grad(
+        self, clip: Callable[[list[torch.Tensor]], torch.Tensor], params: list[torch.Tensor]
+    ) -> torch.Tensor | None:
         self.ledger.append("clip")
         return super().clip_grad(clip, params)
 
@@ -56,10 +58,18 @@ class LedgerStrategy(SingleDeviceStrategy):
 
 def _trainer(work_dir: Path, strategy: LedgerStrategy, model: nn.Module, max_epochs: int, **kwargs: Any) -> tw.Trainer:
     return tw.Trainer(
-        model=model, work_dir=work_dir, strategy=strategy, randomness=dict(seed=0), log_level="WARNING",
+        model=model,
+        work_dir=work_dir,
+        strategy=strategy,
+        randomness=dict(seed=0),
+        log_level="WARNING",
         train_dataloader=DataLoader(regression_set(12), batch_size=2),  # 6 batches: windows of 2
-        optim_wrapper=dict(optimizer=dict(type="SGD", lr=0.05, momentum=0.9), accumulative_counts=2, clip_grad=dict(max_norm=0.5)),
-        train_cfg=dict(by_epoch=True, max_epochs=max_epochs), default_hooks=dict(checkpoint=dict(interval=1)), **kwargs,
+        optim_wrapper=dict(
+            optimizer=dict(type="SGD", lr=0.05, momentum=0.9), accumulative_counts=2, clip_grad=dict(max_norm=0.5)
+        ),
+        train_cfg=dict(by_epoch=True, max_epochs=max_epochs),
+        default_hooks=dict(checkpoint=dict(interval=1)),
+        **kwargs,
     )
 
 

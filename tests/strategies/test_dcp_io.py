@@ -1,4 +1,5 @@
-"""Checkpoint directories (no process needed): publishing replaces atomically, listing and the `latest` pointer work on directories."""
+"""Checkpoint directories (no process needed): publishing replaces atomically, listing and the `latest` pointer work
+on directories."""
 
 from __future__ import annotations
 
@@ -52,7 +53,8 @@ def test_find_resumable_skips_a_broken_directory_with_its_loader(tmp_path: Path)
 
 
 def test_a_directory_without_dcp_metadata_is_not_a_checkpoint(tmp_path: Path) -> None:
-    """strategy='single' reads DCP directories; any other directory is the usual 'does not exist (it is a directory)' error."""
+    """strategy='single' reads DCP directories; any other directory is the usual 'does not exist (it is a directory)'
+    error."""
     with pytest.raises(FileNotFoundError, match="it is a directory"):
         SingleDeviceStrategy().load_checkpoint(_dir(tmp_path / "iter_2.dcp", "x"))
 
@@ -65,27 +67,35 @@ def test_a_dcp_directory_without_trainer_state_is_a_checkpoint_error(tmp_path: P
 
 
 def test_a_failed_shard_write_is_an_oserror_naming_the_path_and_replaces_nothing(tmp_path: Path) -> None:
-    """DCP's CheckpointException (a BaseException, a pasted traceback) becomes an OSError with the path; the old checkpoint stays."""
+    """DCP's CheckpointException (a BaseException, a pasted traceback) becomes an OSError with the path; the old
+    checkpoint stays."""
     import torch
 
     target = _dir(tmp_path / "iter_4.dcp", "old")
     blocked = dcp_io.temp_dir(target, "ab12")
     blocked.write_text("a file where the temporary directory goes")  # the shard write cannot create its directory
-    with pytest.raises(OSError, match=r"Cannot write checkpoint '.*iter_4\.dcp': writing its shards failed \(CheckpointException: FileExistsError.*Nothing was replaced"):
+    with pytest.raises(
+        OSError,
+        match=r"Cannot write checkpoint '.*iter_4\.dcp': writing its shards failed \(CheckpointException: "
+        r"FileExistsError.*Nothing was replaced",
+    ):
         dcp_io.save_shards({"model": {"w": torch.ones(2)}}, blocked, target)
     assert (target / "f").read_text() == "old"
     assert [p.name for p in tmp_path.iterdir()] == ["iter_4.dcp"]  # no temporary left
 
 
 def test_a_one_process_fsdp_run_with_plain_sgd_resumes_equal_to_an_uninterrupted_one(tmp_path: Path) -> None:
-    """Plain SGD keeps no optimizer state: its sharded checkpoint resumes (torch's full-state loader needs a tensor to learn the device from)."""
+    """Plain SGD keeps no optimizer state: its sharded checkpoint resumes (torch's full-state loader needs a tensor
+    to learn the device from)."""
     import torch
     from conftest import make_trainer
 
     def run(name: str, epochs: int, **kw: object) -> dict[str, torch.Tensor]:
         t = make_trainer(tmp_path / name, strategy="fsdp", train_cfg=dict(by_epoch=True, max_epochs=epochs), **kw)  # type: ignore[arg-type]
         t.train()
-        weights = {k: v.detach().clone() for k, v in t.strategy.full_model_state_dict().items()}  # gathered, while the group lives
+        weights = {
+            k: v.detach().clone() for k, v in t.strategy.full_model_state_dict().items()
+        }  # gathered, while the group lives
         t.close()
         return weights
 
@@ -99,14 +109,23 @@ def test_a_one_process_fsdp_run_with_plain_sgd_resumes_equal_to_an_uninterrupted
 
 
 def test_an_unreadable_sharded_checkpoint_names_the_ranks_whose_copy_failed(tmp_path: Path) -> None:
-    """Node-local work dirs: rank 1's copy is truncated. Rank 0 (whose copy reads) must not be told to delete its own, intact one."""
+    """Node-local work dirs: rank 1's copy is truncated. Rank 0 (whose copy reads) must not be told to delete its
+    own, intact one."""
     from torch.distributed.checkpoint.api import CheckpointException
 
     from trainwright.strategies.dcp_io import _unreadable
 
     broken = CheckpointException("load failed", {1: (RuntimeError("failed finding central directory"), None)})
     msg = _unreadable(tmp_path / "iter_8.dcp", broken)  # read on rank 0 (no process group here)
-    assert "this rank's (0) copy reads, the read failed on rank(s) [1] (RuntimeError: failed finding central directory)" in msg
+    assert (
+        "this rank's (0) copy reads, the read failed on rank(s) [1] (RuntimeError: failed finding central directory)"
+        in msg
+    )
     assert "repair or delete the directory on their node" in msg and "delete or move this directory" not in msg
-    own = _unreadable(tmp_path / "iter_8.dcp", CheckpointException("load failed", {0: (RuntimeError("truncated"), None)}))
-    assert "on rank 0 (the read failed on rank(s) [0]): RuntimeError: truncated" in own and "delete or move this directory" in own
+    own = _unreadable(
+        tmp_path / "iter_8.dcp", CheckpointException("load failed", {0: (RuntimeError("truncated"), None)})
+    )
+    assert (
+        "on rank 0 (the read failed on rank(s) [0]): RuntimeError: truncated" in own
+        and "delete or move this directory" in own
+    )

@@ -10,16 +10,25 @@ from pathlib import Path
 
 import pytest
 import torch
+from launch import Launched, gloo_env, launch
 
 import trainwright as tw
-from launch import Launched, gloo_env, launch
 from trainwright.checkpoint import read_latest
 
 SCRIPT = Path(__file__).with_name("ddp_train.py")
 pytestmark = [pytest.mark.multiprocess, pytest.mark.slow]
 
 
-def _launch(tmp_path: Path, out: str, args: list[str], nproc: int, *, script: Path = SCRIPT, torchrun: tuple[str, ...] = ("--standalone",), check: bool = True) -> Launched:
+def _launch(
+    tmp_path: Path,
+    out: str,
+    args: list[str],
+    nproc: int,
+    *,
+    script: Path = SCRIPT,
+    torchrun: tuple[str, ...] = ("--standalone",),
+    check: bool = True,
+) -> Launched:
     """``torchrun TORCHRUN --nproc_per_node=NPROC script OUT ARGS`` (plain python for one process), bounded."""
     return launch(script, [str(tmp_path / out), *args], tmp_path, nproc=nproc, torchrun=torchrun, check=check)
 
@@ -62,7 +71,8 @@ def test_ddp_two_processes_equal_one_process_on_the_full_batch(tmp_path: Path) -
 
 
 def test_accumulation_all_reduces_once_per_update(tmp_path: Path) -> None:
-    """accumulative_counts=4 over 8 iterations: 2 all-reduces (no_sync inside each window), same weights as 1 process."""
+    """accumulative_counts=4 over 8 iterations: 2 all-reduces (no_sync inside each window), same weights as 1
+    process."""
     ddp = _run(tmp_path, "ddp", ["4", "--accum", "4", "--iters", "8"], 2)
     single = _run(tmp_path, "single", ["8", "--accum", "4", "--iters", "8"], 1)[0]
     assert [r["allreduces"] for r in ddp] == [2, 2]
@@ -71,7 +81,8 @@ def test_accumulation_all_reduces_once_per_update(tmp_path: Path) -> None:
 
 
 def test_val_before_train_keeps_gradient_sync_control(tmp_path: Path) -> None:
-    """val() first prepares the model: the optimizer built for train() still gets DDP's no_sync (2 all-reduces, not 8), same weights."""
+    """val() first prepares the model: the optimizer built for train() still gets DDP's no_sync (2 all-reduces, not
+    8), same weights."""
     ddp = _run(tmp_path, "valfirst", ["4", "--accum", "4", "--iters", "8", "--val-first"], 2)
     single = _run(tmp_path, "single", ["8", "--accum", "4", "--iters", "8"], 1)[0]
     assert [r["allreduces"] for r in ddp] == [2, 2]
@@ -92,11 +103,22 @@ def test_nan_on_one_rank_stops_both_at_the_same_iteration(tmp_path: Path) -> Non
     # rank 0 stops at the same flush (its own loss turned NaN too: the all-reduced gradients were)
 
 
-KILLED = ["8", "--iters", "10", "--save-every", "3", "--kill-rank", "1", "--kill-at", "5"]  # checkpoint at 3 (mid-pass), rank 1 killed before step 5
+KILLED = [
+    "8",
+    "--iters",
+    "10",
+    "--save-every",
+    "3",
+    "--kill-rank",
+    "1",
+    "--kill-at",
+    "5",
+]  # checkpoint at 3 (mid-pass), rank 1 killed before step 5
 
 
 def test_killed_run_resumed_equals_the_uninterrupted_run_bitwise(tmp_path: Path, uninterrupted: list[dict]) -> None:
-    """kill -9 of rank 1 mid-epoch: the run fails (rank 0 is not left hanging); resumed from iteration 3 it ends bit for bit as the uninterrupted run."""
+    """kill -9 of rank 1 mid-epoch: the run fails (rank 0 is not left hanging); resumed from iteration 3 it ends bit
+    for bit as the uninterrupted run."""
     proc = _launch(tmp_path, "killed", KILLED, 2, check=False)
     assert proc.returncode != 0
     assert not list((tmp_path / "killed").glob("result_rank*.pt"))  # neither rank finished
@@ -107,22 +129,47 @@ def test_killed_run_resumed_equals_the_uninterrupted_run_bitwise(tmp_path: Path,
 
 
 def test_elastic_restart_resumes_from_the_last_checkpoint(tmp_path: Path, uninterrupted: list[dict]) -> None:
-    """torchrun --max-restarts=1: rank 1 is killed mid-epoch, torchrun restarts both, resume=True continues from iteration 3."""
-    res = _run(tmp_path, "elastic", [*KILLED, "--resume"], 2, torchrun=("--standalone", "--max-restarts=1", "--monitor-interval=0.5"))
+    """torchrun --max-restarts=1: rank 1 is killed mid-epoch, torchrun restarts both, resume=True continues from
+    iteration 3."""
+    res = _run(
+        tmp_path,
+        "elastic",
+        [*KILLED, "--resume"],
+        2,
+        torchrun=("--standalone", "--max-restarts=1", "--monitor-interval=0.5"),
+    )
     _assert_bitwise(uninterrupted, res)
     assert [r["allreduces"] for r in res] == [7, 7]  # the restarted attempt ran steps 4..10
 
 
 def test_two_nodes_on_localhost_equal_one_node(tmp_path: Path, uninterrupted: list[dict]) -> None:
-    """Two torchrun launches of one process each (--nnodes=2, c10d rendezvous on localhost) train as one 2-process launch."""
+    """Two torchrun launches of one process each (--nnodes=2, c10d rendezvous on localhost) train as one 2-process
+    launch."""
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
         port = sock.getsockname()[1]
     procs = []
     for node in (0, 1):
-        torchrun = [sys.executable, "-m", "torch.distributed.run", "--nnodes=2", f"--node_rank={node}", "--nproc_per_node=1",
-                    "--rdzv_backend=c10d", f"--rdzv_endpoint=localhost:{port}", "--rdzv_id=two-nodes"]
-        procs.append(subprocess.Popen([*torchrun, str(SCRIPT), str(tmp_path / "nodes"), "8", "--iters", "10"], env=gloo_env(tmp_path), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True))
+        torchrun = [
+            sys.executable,
+            "-m",
+            "torch.distributed.run",
+            "--nnodes=2",
+            f"--node_rank={node}",
+            "--nproc_per_node=1",
+            "--rdzv_backend=c10d",
+            f"--rdzv_endpoint=localhost:{port}",
+            "--rdzv_id=two-nodes",
+        ]
+        procs.append(
+            subprocess.Popen(
+                [*torchrun, str(SCRIPT), str(tmp_path / "nodes"), "8", "--iters", "10"],
+                env=gloo_env(tmp_path),
+                stdout=subprocess.PIPE,
+                stderr=subprocess.STDOUT,
+                text=True,
+            )
+        )
     outs = [p.communicate(timeout=180)[0] for p in procs]
     assert [p.returncode for p in procs] == [0, 0], "\n".join(o[-3000:] for o in outs)
     res = _results(tmp_path, "nodes", 2)
@@ -131,10 +178,13 @@ def test_two_nodes_on_localhost_equal_one_node(tmp_path: Path, uninterrupted: li
 
 
 def test_sigterm_saves_once_and_exits_cleanly_on_both_ranks(tmp_path: Path) -> None:
-    """SIGTERM reaches rank 1 only, before step 3: both ranks stop at the next agreement point (10, the default cadence), one checkpoint, exit status 143."""
+    """SIGTERM reaches rank 1 only, before step 3: both ranks stop at the next agreement point (10, the default
+    cadence), one checkpoint, exit status 143."""
     proc = _launch(tmp_path, "term", ["8", "--iters", "20", "--signal-rank", "1", "--signal-at", "3"], 2, check=False)
     res = _results(tmp_path, "term", 2)
-    assert [(r["exit_code"], r["iteration"], r["error"]) for r in res] == [(143, 10, None), (143, 10, None)], proc.output[-3000:]
+    assert [(r["exit_code"], r["iteration"], r["error"]) for r in res] == [(143, 10, None), (143, 10, None)], (
+        proc.output[-3000:]
+    )
     assert proc.returncode != 0  # torchrun reports the workers' status
     ckpts = tmp_path / "term" / "checkpoints"
     assert sorted(p.name for p in ckpts.glob("*.pth")) == ["iter_10.pth"]
@@ -142,7 +192,8 @@ def test_sigterm_saves_once_and_exits_cleanly_on_both_ranks(tmp_path: Path) -> N
 
 
 def test_val_and_test_on_two_processes_equal_one_process_and_ddp_wraps_the_compiled_module(tmp_path: Path) -> None:
-    """23 samples (odd): each rank evaluates its padded shard, the metrics drop the duplicate; compile=... happens before DDP wraps."""
+    """23 samples (odd): each rank evaluates its padded shard, the metrics drop the duplicate; compile=... happens
+    before DDP wraps."""
     script = Path(__file__).with_name("ddp_eval_compile.py")
     _launch(tmp_path, "two", [], 2, script=script)
     _launch(tmp_path, "one", [], 1, script=script)

@@ -14,11 +14,11 @@ import pytest
 import torch
 import torch.multiprocessing as mp
 import torch.nn.functional as F
+from launch import gloo_group, use_gloo_env
 from torch import nn
 from torch.utils.data import DataLoader, TensorDataset
 
 import trainwright as tw
-from launch import gloo_group, use_gloo_env
 
 WORLD = 2
 BATCH = 4  # per rank; the global batch is 8
@@ -28,7 +28,9 @@ D_ACCUM = 2  # the discriminator accumulates over 2 iterations; the generator st
 
 def _data() -> TensorDataset:
     g = torch.Generator().manual_seed(5)
-    return TensorDataset(torch.randn(WORLD * BATCH * ITERS, 4, generator=g) + 1.0, torch.randn(WORLD * BATCH * ITERS, 2, generator=g))
+    return TensorDataset(
+        torch.randn(WORLD * BATCH * ITERS, 4, generator=g) + 1.0, torch.randn(WORLD * BATCH * ITERS, 2, generator=g)
+    )
 
 
 class GAN(tw.BaseModel):
@@ -65,7 +67,8 @@ class GAN(tw.BaseModel):
 
 
 def _routed_data() -> TensorDataset:
-    """Even samples have x[0] > 0, odd ones x[0] < 0: sharded over 2 ranks, rank 0 sees only the first kind, rank 1 the second."""
+    """Even samples have x[0] > 0, odd ones x[0] < 0: sharded over 2 ranks, rank 0 sees only the first kind, rank 1
+    the second."""
     g = torch.Generator().manual_seed(6)
     x = torch.randn(WORLD * BATCH * ITERS, 4, generator=g)
     x[:, 0] = x[:, 0].abs() + 0.1
@@ -83,7 +86,9 @@ class Routed(tw.BaseModel):
 
     def loss(self, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
         pos = x[:, 0] > 0
-        errors = [layer(x[rows]) - y[rows] for layer, rows in ((self.a, pos), (self.b, ~pos)) if rows.any()]  # a branch without rows is not called
+        errors = [
+            layer(x[rows]) - y[rows] for layer, rows in ((self.a, pos), (self.b, ~pos)) if rows.any()
+        ]  # a branch without rows is not called
         return torch.cat(errors).pow(2).sum() / len(x)
 
     def train_step(self, data, optim_wrapper):
@@ -105,12 +110,17 @@ def _worker(rank: int, init_file: str, out_dir: str) -> None:
                 for p in model.parameters():
                     p.add_(1.0)
         t = tw.Trainer(
-            model=model, work_dir=Path(out_dir) / f"rank{rank}", train_dataloader=DataLoader(_data(), batch_size=BATCH),
+            model=model,
+            work_dir=Path(out_dir) / f"rank{rank}",
+            train_dataloader=DataLoader(_data(), batch_size=BATCH),
             optim_wrapper=dict(
                 generator=dict(optimizer=dict(type="SGD", lr=0.05, momentum=0.9), clip_grad=dict(max_norm=0.05)),
                 discriminator=dict(optimizer=dict(type="Adam", lr=0.01), accumulative_counts=D_ACCUM),
             ),
-            train_cfg=dict(by_epoch=False, max_iters=ITERS), strategy="ddp", default_hooks=dict(checkpoint=None, logger=None), log_level="WARNING",
+            train_cfg=dict(by_epoch=False, max_iters=ITERS),
+            strategy="ddp",
+            default_hooks=dict(checkpoint=None, logger=None),
+            log_level="WARNING",
         )
         t.train()
         torch.save({k: v.detach().clone() for k, v in model.state_dict().items()}, Path(out_dir) / f"rank{rank}.pt")
@@ -119,9 +129,14 @@ def _worker(rank: int, init_file: str, out_dir: str) -> None:
         # a parameter with a gradient on one rank only (each rank takes one branch), and one no rank uses
         routed = Routed()
         t = tw.Trainer(
-            model=routed, work_dir=Path(out_dir) / f"routed{rank}", train_dataloader=DataLoader(_routed_data(), batch_size=BATCH),
-            optim_wrapper=dict(optimizer=ROUTED_OPTIM), train_cfg=dict(by_epoch=False, max_iters=ITERS),
-            strategy=dict(type="ddp", find_unused_parameters=True), default_hooks=dict(checkpoint=None, logger=None), log_level="WARNING",
+            model=routed,
+            work_dir=Path(out_dir) / f"routed{rank}",
+            train_dataloader=DataLoader(_routed_data(), batch_size=BATCH),
+            optim_wrapper=dict(optimizer=ROUTED_OPTIM),
+            train_cfg=dict(by_epoch=False, max_iters=ITERS),
+            strategy=dict(type="ddp", find_unused_parameters=True),
+            default_hooks=dict(checkpoint=None, logger=None),
+            log_level="WARNING",
         )
         t.train()
         torch.save({k: v.detach().clone() for k, v in routed.state_dict().items()}, Path(out_dir) / f"routed{rank}.pt")
@@ -129,9 +144,14 @@ def _worker(rank: int, init_file: str, out_dir: str) -> None:
         del t
         # without find_unused_parameters the first update finds the branches differ, on every rank, and names the fix
         t = tw.Trainer(
-            model=Routed(), work_dir=Path(out_dir) / f"unflagged{rank}", train_dataloader=DataLoader(_routed_data(), batch_size=BATCH),
-            optim_wrapper=dict(optimizer=ROUTED_OPTIM), train_cfg=dict(by_epoch=False, max_iters=ITERS), strategy="ddp",
-            default_hooks=dict(checkpoint=None, logger=None), log_level="CRITICAL",
+            model=Routed(),
+            work_dir=Path(out_dir) / f"unflagged{rank}",
+            train_dataloader=DataLoader(_routed_data(), batch_size=BATCH),
+            optim_wrapper=dict(optimizer=ROUTED_OPTIM),
+            train_cfg=dict(by_epoch=False, max_iters=ITERS),
+            strategy="ddp",
+            default_hooks=dict(checkpoint=None, logger=None),
+            log_level="CRITICAL",
         )
         try:
             t.train()
@@ -180,7 +200,9 @@ def _routed_reference() -> dict[str, torch.Tensor]:
 @pytest.mark.multiprocess
 @pytest.mark.slow
 @pytest.mark.timeout(120)
-def test_gan_overriding_train_step_stays_in_sync_and_equals_one_process(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_gan_overriding_train_step_stays_in_sync_and_equals_one_process(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     use_gloo_env(monkeypatch, tmp_path)
     mp.spawn(_worker, args=(str(tmp_path / "init"), str(tmp_path)), nprocs=WORLD, join=True)
     r0, r1 = (torch.load(tmp_path / f"rank{r}.pt", weights_only=True) for r in range(WORLD))
@@ -191,14 +213,29 @@ def test_gan_overriding_train_step_stays_in_sync_and_equals_one_process(tmp_path
         assert torch.equal(r0[k], r1[k]), f"{k}: the ranks' weights differ"
         assert not torch.equal(v, start[k]), f"{k} did not train"
         # 2 ranks' mean gradients averaged vs one mean over the 8 samples: float rounding only
-        torch.testing.assert_close(r0[k], v, atol=1e-6, rtol=0, msg=lambda m, k=k: f"{k} differs from the one-process loop on the global batch: {m}")
-    # find_unused_parameters=True: a branch taken on one rank only averages with the other rank's zeros; the unused layer is untouched
+        torch.testing.assert_close(
+            r0[k],
+            v,
+            atol=1e-6,
+            rtol=0,
+            msg=lambda m, k=k: f"{k} differs from the one-process loop on the global batch: {m}",
+        )
+    # find_unused_parameters=True: a branch taken on one rank only averages with the other rank's zeros; the unused
+    # layer is untouched
     r0, r1 = (torch.load(tmp_path / f"routed{r}.pt", weights_only=True) for r in range(WORLD))
     ref, start = _routed_reference(), Routed().state_dict()
     for k, v in ref.items():
         assert torch.equal(r0[k], r1[k]), f"{k}: the ranks' weights differ"
-        assert torch.equal(v, start[k]) == k.startswith("spare."), k  # AdamW's weight decay would move a zero-gradient 'spare'
-        torch.testing.assert_close(r0[k], v, atol=1e-6, rtol=0, msg=lambda m, k=k: f"{k} differs from the one-process loop on the global batch: {m}")
+        assert torch.equal(v, start[k]) == k.startswith("spare."), (
+            k
+        )  # AdamW's weight decay would move a zero-gradient 'spare'
+        torch.testing.assert_close(
+            r0[k],
+            v,
+            atol=1e-6,
+            rtol=0,
+            msg=lambda m, k=k: f"{k} differs from the one-process loop on the global batch: {m}",
+        )
     for r in range(WORLD):
         error = (tmp_path / f"unflagged{r}.txt").read_text()
         assert "have a gradient on some processes only" in error and "find_unused_parameters=True" in error, error

@@ -1,4 +1,5 @@
-"""Under several processes the trainer shards the val / test loaders (no processes needed: a strategy that says it is rank 1 of 2)."""
+"""Under several processes the trainer shards the val / test loaders (no processes needed: a strategy that says it is
+rank 1 of 2)."""
 
 from __future__ import annotations
 
@@ -6,15 +7,16 @@ from pathlib import Path
 
 import pytest
 import torch
+from conftest import LinearReg
 from torch.utils.data import DataLoader, IterableDataset, TensorDataset
 
 import trainwright as tw
-from conftest import LinearReg
 from trainwright.strategies.single_device import SingleDeviceStrategy
 
 
 class RankOneOfTwo(SingleDeviceStrategy):
-    """Says it is rank 1 of 2 without a process group (it cannot broadcast rank 0's run folder name: the tests name it)."""
+    """Says it is rank 1 of 2 without a process group (it cannot broadcast rank 0's run folder name: the tests name
+    it)."""
 
     def __init__(self) -> None:
         super().__init__(device="cpu")
@@ -35,7 +37,15 @@ class Stream(IterableDataset):
 
 def test_val_and_test_loaders_read_this_ranks_padded_shard(tmp_path: Path) -> None:
     ds = TensorDataset(torch.arange(7).float())
-    t = tw.Trainer(model=LinearReg(), work_dir=tmp_path, strategy=RankOneOfTwo(), experiment_name="shard", val_dataloader=DataLoader(ds, batch_size=2), test_dataloader=dict(dataset=ds, batch_size=3), log_level="WARNING")
+    t = tw.Trainer(
+        model=LinearReg(),
+        work_dir=tmp_path,
+        strategy=RankOneOfTwo(),
+        experiment_name="shard",
+        val_dataloader=DataLoader(ds, batch_size=2),
+        test_dataloader=dict(dataset=ds, batch_size=3),
+        log_level="WARNING",
+    )
     assert t.val_loop is not None and t.test_loop is not None
     # DistributedSampler order for rank 1 of 2 over 7 samples: 1, 3, 5 and the padding (sample 0)
     assert [b[0].tolist() for b in t.val_loop.dataloader] == [[1.0, 3.0], [5.0, 0.0]]
@@ -53,5 +63,12 @@ class RankZeroOfTwo(RankOneOfTwo):
 
 def test_an_iterable_val_set_under_several_processes_warns_with_the_fix(tmp_path: Path) -> None:
     with pytest.warns(UserWarning, match="give each rank its own part of the data"):
-        t = tw.Trainer(model=LinearReg(), work_dir=tmp_path, strategy=RankZeroOfTwo(), experiment_name="shard", val_dataloader=DataLoader(Stream(), batch_size=2), log_level="WARNING")
+        t = tw.Trainer(
+            model=LinearReg(),
+            work_dir=tmp_path,
+            strategy=RankZeroOfTwo(),
+            experiment_name="shard",
+            val_dataloader=DataLoader(Stream(), batch_size=2),
+            log_level="WARNING",
+        )
     t.close()

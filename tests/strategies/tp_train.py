@@ -1,4 +1,5 @@
-"""Runs of examples/char_gpt.py's model (tiny) under FSDP + tensor parallel (torchrun) and its references; one process start runs several.
+"""Runs of examples/char_gpt.py's model (tiny) under FSDP + tensor parallel (torchrun) and its references; one process
+start runs several.
 
 Usage: tp_train.py OUT_DIR RUN [RUN ...]
 Each RUN is ``name:kind:batch:iters[:opt=value...]``: ``kind`` is ``single``, ``fsdp`` (no
@@ -7,8 +8,10 @@ applied), ``tp2`` / ``tp3`` (the example's plan over 2 / 3 ranks); ``batch`` is 
 FSDP shards each Block as a unit. Options: ``save=N`` (checkpoint every N iterations),
 ``resume=PATH``, ``plan=bad`` (the example's plan and a pattern that matches nothing),
 ``plan=callable`` (a function that splits the first block's MLP itself), ``weights=1``
-(``save_weights`` after training), ``load=PATH`` (``load_from``), ``lr=X`` (default 0.5), ``ema=1`` (EMAHook, momentum 0.1; the gathered average is recorded),
-``unseeded=1`` (the model built from seed 100 + rank: each process draws its own initial weights), ``compile=BACKEND`` (``compile=dict(regions=["Block"], backend=BACKEND)``: each Block compiled before FSDP shards it; the
+(``save_weights`` after training), ``load=PATH`` (``load_from``), ``lr=X`` (default 0.5), ``ema=1`` (EMAHook, momentum
+0.1; the gathered average is recorded),
+``unseeded=1`` (the model built from seed 100 + rank: each process draws its own initial weights), ``compile=BACKEND``
+(``compile=dict(regions=["Block"], backend=BACKEND)``: each Block compiled before FSDP shards it; the
 number of graphs the backend compiled is recorded). Every run clips gradients at max_norm 0.5 and validates
 once at the end on 10 sequences (two data shards of 5, one padded).
 Under torchrun the script makes the process group and destroys it after the runs.
@@ -75,11 +78,15 @@ def run(out: Path, spec: str) -> None:
     GRAPHS.clear()
     o = dict(kv.split("=", 1) for kv in opts)
     rank = int(os.environ.get("RANK", 0))
-    plan = {"bad": {**gpt._tp_plan, "blocks.*.attn.qkv": "colwise"}, "callable": split_first_mlp}.get(o.get("plan", ""), gpt._tp_plan)
+    plan = {"bad": {**gpt._tp_plan, "blocks.*.attn.qkv": "colwise"}, "callable": split_first_mlp}.get(
+        o.get("plan", ""), gpt._tp_plan
+    )
     strategy = "single" if kind == "single" else dict(type="fsdp", shard_modules=["Block"])
     if kind.startswith("tp"):
         strategy["tensor_parallel"] = dict(size=int(kind[2:]), plan=plan)
-    tw.seed_everything(100 + rank if o.get("unseeded") == "1" else 0)  # unseeded=1: another draw on each rank (a script that does not seed)
+    tw.seed_everything(
+        100 + rank if o.get("unseeded") == "1" else 0
+    )  # unseeded=1: another draw on each rank (a script that does not seed)
     model = gpt.CharGPT(block_size=8, dim=16, depth=2, heads=4)  # same initial weights everywhere (seeded)
     save = int(o.get("save", 0))
     ema = tw.hooks.EMAHook(momentum=0.1) if o.get("ema") == "1" else None
@@ -94,9 +101,14 @@ def run(out: Path, spec: str) -> None:
                 train_dataloader=dict(dataset=data(64, 1), batch_size=int(batch), shuffle=True),
                 val_dataloader=dict(dataset=data(10, 2), batch_size=2),
                 val_evaluator=dict(type="CharLoss"),
-                optim_wrapper=dict(optimizer=dict(type="SGD", lr=float(o.get("lr", 0.5)), momentum=0.9), clip_grad=dict(max_norm=0.5)),
+                optim_wrapper=dict(
+                    optimizer=dict(type="SGD", lr=float(o.get("lr", 0.5)), momentum=0.9), clip_grad=dict(max_norm=0.5)
+                ),
                 train_cfg=dict(by_epoch=False, max_iters=int(iters), val_interval=int(iters)),
-                default_hooks=dict(logger=dict(interval=1, flush_secs=0), checkpoint=dict(by_epoch=False, interval=save or -1, save_last=bool(save))),
+                default_hooks=dict(
+                    logger=dict(interval=1, flush_secs=0),
+                    checkpoint=dict(by_epoch=False, interval=save or -1, save_last=bool(save)),
+                ),
                 strategy=strategy,
                 resume=o.get("resume", False),
                 load_from=o.get("load"),
@@ -119,9 +131,17 @@ def run(out: Path, spec: str) -> None:
                 trainer.save_weights(out / name / "weights.safetensors")
             full = trainer.strategy.full_model_state_dict()
             ow = trainer.optim_wrapper
-            averaged = ema.state_dict()["averaged"] if ema is not None else {}  # DTensors on the (dp, tp) mesh: gathered (a collective)
-            result["ema"] = {k: (v.full_tensor() if hasattr(v, "full_tensor") else v).detach().clone() for k, v in averaged.items()}
-            records = [json.loads(line) for line in (out / name / "run" / "metrics.jsonl").read_text().splitlines()] if rank == 0 else []
+            averaged = (
+                ema.state_dict()["averaged"] if ema is not None else {}
+            )  # DTensors on the (dp, tp) mesh: gathered (a collective)
+            result["ema"] = {
+                k: (v.full_tensor() if hasattr(v, "full_tensor") else v).detach().clone() for k, v in averaged.items()
+            }
+            records = (
+                [json.loads(line) for line in (out / name / "run" / "metrics.jsonl").read_text().splitlines()]
+                if rank == 0
+                else []
+            )
             result.update(
                 params={k: v.detach().clone() for k, v in full.items()},
                 grad_norm=float(ow.grad_norm),
@@ -130,10 +150,15 @@ def run(out: Path, spec: str) -> None:
                 iteration=trainer.progress.iteration,
                 graphs=len(GRAPHS),
             )
-        result.update(world_size=trainer.strategy.world_size, data_parallel_size=trainer.strategy.data_parallel_size,
-                      data_parallel_rank=trainer.strategy.data_parallel_rank)
+        result.update(
+            world_size=trainer.strategy.world_size,
+            data_parallel_size=trainer.strategy.data_parallel_size,
+            data_parallel_rank=trainer.strategy.data_parallel_rank,
+        )
         trainer.close()
-    if dist.is_initialized():  # the process groups this process holds after the run (torch keeps them until the default group goes)
+    if (
+        dist.is_initialized()
+    ):  # the process groups this process holds after the run (torch keeps them until the default group goes)
         result["groups"] = len(dist.distributed_c10d._world.pg_map)
     result["warnings"] = [str(w.message) for w in caught]
     (out / name).mkdir(parents=True, exist_ok=True)

@@ -40,7 +40,18 @@ def _step_path() -> dict[str, Callable[..., Any]]:
         "cast_data": data_preprocessor.cast_data,
         "DistributedDataParallelWrapper.train_step": DistributedDataParallelWrapper.train_step.fget,  # type: ignore[attr-defined]
     }
-    for name in ("update_params", "scale_loss", "backward", "step", "zero_grad", "should_update", "should_sync", "optim_context", "_context", "initialize_count_status"):
+    for name in (
+        "update_params",
+        "scale_loss",
+        "backward",
+        "step",
+        "zero_grad",
+        "should_update",
+        "should_sync",
+        "optim_context",
+        "_context",
+        "initialize_count_status",
+    ):
         fns[f"OptimWrapper.{name}"] = getattr(OptimWrapper, name)
     for cls in (Precision, MixedPrecision):
         for name in ("autocast", "backward", "unscale_", "optimizer_step"):
@@ -64,7 +75,11 @@ def private_reads(fn: Callable[..., Any]) -> list[str]:
     tree = ast.parse(textwrap.dedent(inspect.getsource(fn)))
     found = []
     for node in ast.walk(tree):
-        if isinstance(node, ast.Attribute) and node.attr.startswith("_") and not (node.attr.startswith("__") and node.attr.endswith("__")):
+        if (
+            isinstance(node, ast.Attribute)
+            and node.attr.startswith("_")
+            and not (node.attr.startswith("__") and node.attr.endswith("__"))
+        ):
             if not (isinstance(node.value, ast.Name) and node.value.id in ("self", "cls")):
                 found.append(f"line {node.lineno}: {ast.unparse(node)}")
     return found
@@ -80,4 +95,7 @@ def test_the_checker_catches_a_private_torch_read() -> None:
 @pytest.mark.parametrize("name", sorted(_step_path()))
 def test_the_step_path_reads_no_private_attribute(name: str) -> None:
     reads = private_reads(_step_path()[name])
-    assert not reads, f"{name} reads private attributes: {reads}. Use torch's public API (docs/architecture.md lists the few exceptions, none on the step path)."
+    assert not reads, (
+        f"{name} reads private attributes: {reads}. Use torch's public API (docs/architecture.md lists the few "
+        "exceptions, none on the step path)."
+    )

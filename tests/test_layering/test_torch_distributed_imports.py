@@ -34,4 +34,7 @@ def test_only_dist_and_strategies_import_torch_distributed() -> None:
             continue
         if any(n == "torch.distributed" or n.startswith("torch.distributed.") for n in _imports(path)):
             offenders.append(str(path.relative_to(root)))
-    assert not offenders, f"torch.distributed imported outside dist/ and strategies/: {offenders}; use trainwright.dist helpers or a Strategy capability"
+    assert not offenders, (
+        f"torch.distributed imported outside dist/ and strategies/: {offenders}; use trainwright.dist helpers or a "
+        "Strategy capability"
+    )

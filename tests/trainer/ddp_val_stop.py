@@ -1,4 +1,5 @@
-"""Under torchrun: rank 1 alone receives SIGTERM in the middle of a validation; both ranks must leave it at the same batch.
+"""Under torchrun: rank 1 alone receives SIGTERM in the middle of a validation; both ranks must leave it at the same
+batch.
 
 Usage: ddp_val_stop.py WORK_DIR. Writes WORK_DIR/result_rank<r>.json.
 """
@@ -40,12 +41,26 @@ def main() -> None:
     train = TensorDataset(torch.randn(16, 4, generator=g), torch.randn(16, 1, generator=g))
     val = TensorDataset(torch.randn(200, 4, generator=g), torch.randn(200, 1, generator=g))
     notice = Notice(rank)
-    t = tw.Trainer(model=LinearReg(), work_dir=work, train_dataloader=dict(dataset=train, batch_size=4), val_dataloader=DataLoader(val, batch_size=2),
-                   optim_wrapper=dict(optimizer=dict(type="SGD", lr=0.1)), train_cfg=dict(by_epoch=True, max_epochs=3),
-                   default_hooks=dict(preemption=dict(exit_code=None)), custom_hooks=[notice], log_level="WARNING", randomness=dict(seed=0))
+    t = tw.Trainer(
+        model=LinearReg(),
+        work_dir=work,
+        train_dataloader=dict(dataset=train, batch_size=4),
+        val_dataloader=DataLoader(val, batch_size=2),
+        optim_wrapper=dict(optimizer=dict(type="SGD", lr=0.1)),
+        train_cfg=dict(by_epoch=True, max_epochs=3),
+        default_hooks=dict(preemption=dict(exit_code=None)),
+        custom_hooks=[notice],
+        log_level="WARNING",
+        randomness=dict(seed=0),
+    )
     with t:
         t.train()
-        result = {"val_batches": notice.batches, "preempted": t.preempted, "epoch": t.progress.epoch, "iteration": t.progress.iteration}
+        result = {
+            "val_batches": notice.batches,
+            "preempted": t.preempted,
+            "epoch": t.progress.epoch,
+            "iteration": t.progress.iteration,
+        }
     (work / f"result_rank{rank}.json").write_text(json.dumps(result))
 
 

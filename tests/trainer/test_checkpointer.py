@@ -14,9 +14,14 @@ from trainwright.checkpoint import load_file, read_latest
 
 def _trainer(work_dir: Path, **kwargs: Any) -> tw.Trainer:
     return tw.Trainer(
-        model=LinearReg(), work_dir=work_dir, train_dataloader=DataLoader(regression_set(), batch_size=2),
-        optim_wrapper=dict(optimizer=dict(type="SGD", lr=0.05)), train_cfg=dict(by_epoch=True, max_epochs=1),
-        default_hooks=dict(checkpoint=None), randomness=dict(seed=0), **{"log_level": "WARNING", **kwargs},
+        model=LinearReg(),
+        work_dir=work_dir,
+        train_dataloader=DataLoader(regression_set(), batch_size=2),
+        optim_wrapper=dict(optimizer=dict(type="SGD", lr=0.05)),
+        train_cfg=dict(by_epoch=True, max_epochs=1),
+        default_hooks=dict(checkpoint=None),
+        randomness=dict(seed=0),
+        **{"log_level": "WARNING", **kwargs},
     )
 
 
@@ -28,10 +33,31 @@ def test_the_trainer_checkpoint_methods_go_to_its_manager(tmp_path: Path) -> Non
         path = t.request_checkpoint()  # no checkpoint hook: the manager's default naming, and latest
         assert path == tmp_path / "a" / "checkpoints" / "iter_10.pth" and read_latest(path.parent) == "iter_10.pth"
         assert t.request_checkpoint() is None  # this iteration is saved already
-        assert list(t.stateful) == list(t.checkpoints.stateful) == [
-            "meta", "model", "optim_wrapper", "progress", "train_dataloader", "metric_store", "message_hub", "hooks", "rng",
+        assert (
+            list(t.stateful)
+            == list(t.checkpoints.stateful)
+            == [
+                "meta",
+                "model",
+                "optim_wrapper",
+                "progress",
+                "train_dataloader",
+                "metric_store",
+                "message_hub",
+                "hooks",
+                "rng",
+            ]
+        )
+        assert list(t.state_dict(save_optimizer=False)) == [
+            "meta",
+            "model",
+            "progress",
+            "train_dataloader",
+            "metric_store",
+            "message_hub",
+            "hooks",
+            "rng",
         ]
-        assert list(t.state_dict(save_optimizer=False)) == ["meta", "model", "progress", "train_dataloader", "metric_store", "message_hub", "hooks", "rng"]
         other = t.save_checkpoint("other.pth", save_optimizer=False)
         assert other == path.parent / "other.pth" and "optim_wrapper" not in load_file(other)
         assert read_latest(path.parent) == "iter_10.pth"  # an explicit save does not move latest

@@ -11,10 +11,10 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from conftest import LinearReg, regression_set
 from torch.utils.data import DataLoader
 
 import trainwright as tw
-from conftest import LinearReg, regression_set
 from trainwright.checkpoint import WorkDirBusyError, WorkDirLock
 
 
@@ -28,11 +28,16 @@ class RaiseAt(tw.Hook):
 
 
 def _trainer(tmp_path: Path, **kw: Any) -> tw.Trainer:
-    """5 iterations per epoch; lines every 2 iterations, held for an hour (written at epoch ends and when the run ends)."""
+    """5 iterations per epoch; lines every 2 iterations, held for an hour (written at epoch ends and when the run
+    ends)."""
     args: dict[str, Any] = dict(
-        model=LinearReg(), work_dir=tmp_path, train_dataloader=DataLoader(regression_set(20), batch_size=4),
-        optim_wrapper=dict(optimizer=dict(type="SGD", lr=0.05)), train_cfg=dict(by_epoch=True, max_epochs=3),
-        default_hooks=dict(logger=dict(interval=2, flush_secs=3600.0), checkpoint=None), randomness=dict(seed=0),
+        model=LinearReg(),
+        work_dir=tmp_path,
+        train_dataloader=DataLoader(regression_set(20), batch_size=4),
+        optim_wrapper=dict(optimizer=dict(type="SGD", lr=0.05)),
+        train_cfg=dict(by_epoch=True, max_epochs=3),
+        default_hooks=dict(logger=dict(interval=2, flush_secs=3600.0), checkpoint=None),
+        randomness=dict(seed=0),
     )
     args.update(kw)
     return tw.Trainer(**args)
@@ -43,10 +48,16 @@ def test_after_a_crash_the_reason_is_the_last_line_of_train_log(tmp_path: Path) 
     with t, pytest.raises(ValueError, match="boom at 9"):
         t.train()
     lines = (t.run_dir / "train.log").read_text().splitlines()
-    assert lines[-1].endswith("ERROR - Stopped by ValueError at epoch 2, iteration 9: boom at 9")  # epoch 2: as the lines number it
-    held = [i for i, line in enumerate(lines) if "Epoch(train) [2][2/5]" in line]  # the line of iteration 7 (the epoch's 2nd), held when the hook raised
+    assert lines[-1].endswith(
+        "ERROR - Stopped by ValueError at epoch 2, iteration 9: boom at 9"
+    )  # epoch 2: as the lines number it
+    held = [
+        i for i, line in enumerate(lines) if "Epoch(train) [2][2/5]" in line
+    ]  # the line of iteration 7 (the epoch's 2nd), held when the hook raised
     assert len(held) == 1 and held[0] < len(lines) - 1
-    assert any("Traceback (most recent call last)" in line for line in lines[held[0]:])  # the traceback, after the lines, before the reason
+    assert any(
+        "Traceback (most recent call last)" in line for line in lines[held[0] :]
+    )  # the traceback, after the lines, before the reason
 
 
 class InterruptAt(tw.Hook):
@@ -59,7 +70,12 @@ def test_an_exception_without_a_message_ends_the_reason_without_a_dangling_colon
     t = _trainer(tmp_path, custom_hooks=[InterruptAt()], train_cfg=dict(by_epoch=False, max_iters=20))
     with t, pytest.raises(KeyboardInterrupt):
         t.train()
-    assert (t.run_dir / "train.log").read_text().splitlines()[-1].endswith("ERROR - Stopped by KeyboardInterrupt at iteration 3")
+    assert (
+        (t.run_dir / "train.log")
+        .read_text()
+        .splitlines()[-1]
+        .endswith("ERROR - Stopped by KeyboardInterrupt at iteration 3")
+    )
 
 
 def test_the_reason_names_the_iteration_of_an_iteration_based_run_as_its_lines(tmp_path: Path) -> None:

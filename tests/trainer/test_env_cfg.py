@@ -1,4 +1,5 @@
-"""mmengine's ``env_cfg``: cudnn benchmark, the multiprocessing start method, the process group's backend and timeout, the open-files limit."""
+"""mmengine's ``env_cfg``: cudnn benchmark, the multiprocessing start method, the process group's backend and
+timeout, the open-files limit."""
 
 from __future__ import annotations
 
@@ -32,8 +33,18 @@ def _one_process_ddp(tmp_path: Path, backend: str) -> str:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
-    env = dict(os.environ, RANK="0", WORLD_SIZE="1", LOCAL_RANK="0", MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), TMPDIR=str(tmp_path))
-    out = subprocess.run([sys.executable, "-c", SCRIPT, str(tmp_path), backend], env=env, capture_output=True, text=True, timeout=120)
+    env = dict(
+        os.environ,
+        RANK="0",
+        WORLD_SIZE="1",
+        LOCAL_RANK="0",
+        MASTER_ADDR="127.0.0.1",
+        MASTER_PORT=str(port),
+        TMPDIR=str(tmp_path),
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", SCRIPT, str(tmp_path), backend], env=env, capture_output=True, text=True, timeout=120
+    )
     assert out.returncode == 0, out.stderr[-2000:]
     return out.stdout.strip().splitlines()[-1]
 
@@ -48,8 +59,12 @@ def test_dist_cfg_sets_the_process_groups_backend_and_timeout(tmp_path: Path) ->
 def test_cudnn_benchmark_and_the_start_method(tmp_path: Path) -> None:
     before = (torch.backends.cudnn.benchmark, mp.get_start_method(allow_none=True))
     try:
-        t = tw.Trainer(model=nn.Linear(2, 1), work_dir=tmp_path, log_level="WARNING",
-                       env_cfg=dict(cudnn_benchmark=True, mp_cfg=dict(mp_start_method="spawn", opencv_num_threads=0)))
+        t = tw.Trainer(
+            model=nn.Linear(2, 1),
+            work_dir=tmp_path,
+            log_level="WARNING",
+            env_cfg=dict(cudnn_benchmark=True, mp_cfg=dict(mp_start_method="spawn", opencv_num_threads=0)),
+        )
         assert torch.backends.cudnn.benchmark is True and mp.get_start_method() == "spawn"
         t.close()
     finally:

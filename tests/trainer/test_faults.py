@@ -26,7 +26,8 @@ from trainwright.logging import JsonlWriter
 
 @pytest.fixture
 def tiny_disk(tmp_path: Path):
-    """A real filesystem of 256 KiB (tmpfs), so that "disk full" is the kernel's ENOSPC; skipped where mounting is not allowed."""
+    """A real filesystem of 256 KiB (tmpfs), so that "disk full" is the kernel's ENOSPC; skipped where mounting is
+    not allowed."""
     d = tmp_path / "disk"
     d.mkdir()
     r = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=256k", "tmpfs", str(d)], capture_output=True, text=True)
@@ -72,10 +73,16 @@ def test_disk_full_while_logging_warns_at_once_tears_no_line_and_training_goes_o
 
     jsonl = tiny_disk / "run" / "metrics.jsonl"
     t = tw.Trainer(
-        model=LinearReg(), work_dir=tiny_disk, experiment_name="run", train_dataloader=DataLoader(regression_set(80), batch_size=1),
-        optim_wrapper=dict(optimizer=dict(type="SGD", lr=0.01)), train_cfg=dict(by_epoch=True, max_epochs=1),
-        default_hooks=dict(checkpoint=None, logger=dict(interval=1, flush_secs=0)), custom_hooks=[DiskWeather()],
-        writers=["console", JsonlWriter(jsonl, flush_secs=0)], randomness=dict(seed=0),
+        model=LinearReg(),
+        work_dir=tiny_disk,
+        experiment_name="run",
+        train_dataloader=DataLoader(regression_set(80), batch_size=1),
+        optim_wrapper=dict(optimizer=dict(type="SGD", lr=0.01)),
+        train_cfg=dict(by_epoch=True, max_epochs=1),
+        default_hooks=dict(checkpoint=None, logger=dict(interval=1, flush_secs=0)),
+        custom_hooks=[DiskWeather()],
+        writers=["console", JsonlWriter(jsonl, flush_secs=0)],
+        randomness=dict(seed=0),
     )
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
@@ -87,7 +94,10 @@ def test_disk_full_while_logging_warns_at_once_tears_no_line_and_training_goes_o
     messages = [str(w.message) for w in caught]
     assert t.progress.iteration == 80  # training went on
     assert at_refill["warnings"] >= 1  # reported while the disk was full, not at the end
-    assert any("Could not write" in m and str(jsonl) in m and "No space left on device" in m and "free space" in m for m in messages)
+    assert any(
+        "Could not write" in m and str(jsonl) in m and "No space left on device" in m and "free space" in m
+        for m in messages
+    )
     assert any("works again" in m and str(jsonl) in m for m in messages)
     text = jsonl.read_text()
     assert text.endswith("\n")
@@ -99,8 +109,13 @@ def test_disk_full_while_logging_warns_at_once_tears_no_line_and_training_goes_o
 @pytest.mark.skipif(not Path("/dev/full").exists(), reason="needs /dev/full (Linux)")
 def test_a_log_file_on_a_full_device_warns_with_its_path_and_training_goes_on(trainer_factory):
     """Without root (no tmpfs to fill): /dev/full fails every write with ENOSPC, as a full disk does."""
-    with pytest.warns(UserWarning, match=r"Could not write 1 metric records to '/dev/full': No space left on device.*training goes on"):
-        t = trainer_factory(writers=["console", JsonlWriter("/dev/full", flush_secs=0)], default_hooks=dict(checkpoint=None, logger=dict(interval=1, flush_secs=0)))
+    with pytest.warns(
+        UserWarning, match=r"Could not write 1 metric records to '/dev/full': No space left on device.*training goes on"
+    ):
+        t = trainer_factory(
+            writers=["console", JsonlWriter("/dev/full", flush_secs=0)],
+            default_hooks=dict(checkpoint=None, logger=dict(interval=1, flush_secs=0)),
+        )
         t.train()
     assert t.progress.iteration == 10
 
@@ -112,9 +127,16 @@ def test_trainers_hold_no_file_descriptors_after_their_runs(tmp_path: Path):
         return len(os.listdir("/proc/self/fd"))
 
     def one_run(i: int) -> None:
-        t = tw.Trainer(model=LinearReg(), work_dir=tmp_path, experiment_name=f"r{i}", train_dataloader=DataLoader(regression_set(8), batch_size=4),
-                       optim_wrapper=dict(optimizer=dict(type="SGD", lr=0.1)), train_cfg=dict(by_epoch=True, max_epochs=1),
-                       default_hooks=dict(checkpoint=None), log_level="WARNING")
+        t = tw.Trainer(
+            model=LinearReg(),
+            work_dir=tmp_path,
+            experiment_name=f"r{i}",
+            train_dataloader=DataLoader(regression_set(8), batch_size=4),
+            optim_wrapper=dict(optimizer=dict(type="SGD", lr=0.1)),
+            train_cfg=dict(by_epoch=True, max_epochs=1),
+            default_hooks=dict(checkpoint=None),
+            log_level="WARNING",
+        )
         t.train()
 
     one_run(0)  # imports, thread pools and the like open what they keep for good
@@ -128,23 +150,35 @@ def test_trainers_hold_no_file_descriptors_after_their_runs(tmp_path: Path):
 def _big_trainer(work_dir: Path, **kwargs) -> tw.Trainer:
     """A model whose checkpoint is ~160 KiB: one fits on the tiny disk, two do not."""
     kwargs.setdefault("train_cfg", dict(by_epoch=True, max_epochs=2))
-    return tw.Trainer(model=LinearReg(d_in=200, d_out=200), work_dir=work_dir, experiment_name="run",
-                      train_dataloader=DataLoader(regression_set(4, d_in=200, d_out=200), batch_size=2),
-                      optim_wrapper=dict(optimizer=dict(type="SGD", lr=0.01)), log_level="WARNING", randomness=dict(seed=0), **kwargs)
+    return tw.Trainer(
+        model=LinearReg(d_in=200, d_out=200),
+        work_dir=work_dir,
+        experiment_name="run",
+        train_dataloader=DataLoader(regression_set(4, d_in=200, d_out=200), batch_size=2),
+        optim_wrapper=dict(optimizer=dict(type="SGD", lr=0.01)),
+        log_level="WARNING",
+        randomness=dict(seed=0),
+        **kwargs,
+    )
 
 
 def _assert_only_previous_checkpoint(ckpt_dir: Path, name: str) -> None:
-    assert sorted(p.name for p in ckpt_dir.iterdir() if p.name != ".lock") == sorted([name, "latest"])  # no temporary file left
+    assert sorted(p.name for p in ckpt_dir.iterdir() if p.name != ".lock") == sorted(
+        [name, "latest"]
+    )  # no temporary file left
     assert (ckpt_dir / "latest").read_text().strip() == name
     assert tw.checkpoint.load_file(ckpt_dir / name)["progress"]["epoch"] == 1
 
 
 def test_disk_full_during_a_checkpoint_write_raises_the_oserror_with_the_path(tiny_disk: Path):
-    """torch reports it as "RuntimeError: [enforce fail at inline_container.cc] unexpected pos"; the real OSError was only in __context__."""
+    """torch reports it as "RuntimeError: [enforce fail at inline_container.cc] unexpected pos"; the real OSError was
+    only in __context__."""
     t = _big_trainer(tiny_disk)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # the log files on the same full disk warn too
-        with pytest.raises(OSError, match=r"No space left on device.*epoch_2\.pth.*previous checkpoint.*free space") as e:
+        with pytest.raises(
+            OSError, match=r"No space left on device.*epoch_2\.pth.*previous checkpoint.*free space"
+        ) as e:
             t.train()
     t.close()
     assert e.value.errno == 28 and e.value.filename == str(tiny_disk / "checkpoints" / "epoch_2.pth")
@@ -192,9 +226,18 @@ else:  # say why no signal landed inside a write
 def test_ctrl_c_during_a_checkpoint_write_stays_a_keyboard_interrupt(tmp_path: Path):
     work = tmp_path / "work"
     script = CTRL_C_SCRIPT.format(tests=str(Path(__file__).parents[1]), work=str(work))
-    launcher = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT")  # a plain one-process script, whatever this process has
+    launcher = (
+        "RANK",
+        "WORLD_SIZE",
+        "LOCAL_RANK",
+        "MASTER_ADDR",
+        "MASTER_PORT",
+    )  # a plain one-process script, whatever this process has
     env = {k: v for k, v in os.environ.items() if k not in launcher and not k.startswith(("SLURM_", "TORCHELASTIC"))}
-    env.update(OMP_NUM_THREADS="1", PYTHONPATH=os.pathsep.join([str(Path(tw.__file__).parents[1]), os.environ.get("PYTHONPATH", "")]))
+    env.update(
+        OMP_NUM_THREADS="1",
+        PYTHONPATH=os.pathsep.join([str(Path(tw.__file__).parents[1]), os.environ.get("PYTHONPATH", "")]),
+    )
     p = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120, env=env)
     assert "RAISED KeyboardInterrupt" in p.stdout, p.stdout + p.stderr[-3000:]
     assert "unexpected pos" not in p.stderr
@@ -208,8 +251,15 @@ HTML = b"<!DOCTYPE html><html><head><title>404 Not Found</title></head><body>ngi
 
 
 def _two_epochs(work: Path) -> None:
-    t = tw.Trainer(model=LinearReg(), work_dir=work, train_dataloader=DataLoader(regression_set(8), batch_size=4), optim_wrapper=dict(optimizer=dict(type="SGD", lr=0.1)),
-                   train_cfg=dict(by_epoch=True, max_epochs=2), log_level="WARNING", randomness=dict(seed=0))
+    t = tw.Trainer(
+        model=LinearReg(),
+        work_dir=work,
+        train_dataloader=DataLoader(regression_set(8), batch_size=4),
+        optim_wrapper=dict(optimizer=dict(type="SGD", lr=0.1)),
+        train_cfg=dict(by_epoch=True, max_epochs=2),
+        log_level="WARNING",
+        randomness=dict(seed=0),
+    )
     with t:
         t.train()
 
@@ -223,10 +273,22 @@ def test_a_non_zip_corrupt_checkpoint_is_corrupt_not_unsafe_and_resume_falls_bac
     with pytest.raises(tw.checkpoint.CheckpointError) as e:
         tw.checkpoint.load_file(ckpt / "epoch_2.pth")
     assert not isinstance(e.value, tw.checkpoint.UnsafeCheckpointError)
-    assert "corrupt" in str(e.value) and "weights_only=False" not in str(e.value) and str(ckpt / "epoch_2.pth") in str(e.value)
+    assert (
+        "corrupt" in str(e.value)
+        and "weights_only=False" not in str(e.value)
+        and str(ckpt / "epoch_2.pth") in str(e.value)
+    )
 
-    t = tw.Trainer(model=LinearReg(), work_dir=tmp_path, train_dataloader=DataLoader(regression_set(8), batch_size=4), optim_wrapper=dict(optimizer=dict(type="SGD", lr=0.1)),
-                   train_cfg=dict(by_epoch=True, max_epochs=3), log_level="WARNING", randomness=dict(seed=0), resume=True)
+    t = tw.Trainer(
+        model=LinearReg(),
+        work_dir=tmp_path,
+        train_dataloader=DataLoader(regression_set(8), batch_size=4),
+        optim_wrapper=dict(optimizer=dict(type="SGD", lr=0.1)),
+        train_cfg=dict(by_epoch=True, max_epochs=3),
+        log_level="WARNING",
+        randomness=dict(seed=0),
+        resume=True,
+    )
     with t, pytest.warns(UserWarning, match=r"Skipping checkpoint .*epoch_2\.pth.*corrupt.*trying the previous one"):
         t.train()
     assert t.progress.epoch == 3
@@ -238,11 +300,22 @@ def test_when_every_checkpoint_is_bad_one_error_lists_them_all(tmp_path: Path):
     ckpt = tmp_path / "checkpoints"
     (ckpt / "epoch_2.pth").write_bytes(HTML)
     (ckpt / "epoch_1.pth").write_bytes(b"\x00" * 100)
-    t = tw.Trainer(model=LinearReg(), work_dir=tmp_path, train_dataloader=DataLoader(regression_set(8), batch_size=4), optim_wrapper=dict(optimizer=dict(type="SGD", lr=0.1)),
-                   train_cfg=dict(by_epoch=True, max_epochs=3), log_level="WARNING", resume=True)
+    t = tw.Trainer(
+        model=LinearReg(),
+        work_dir=tmp_path,
+        train_dataloader=DataLoader(regression_set(8), batch_size=4),
+        optim_wrapper=dict(optimizer=dict(type="SGD", lr=0.1)),
+        train_cfg=dict(by_epoch=True, max_epochs=3),
+        log_level="WARNING",
+        resume=True,
+    )
     with t, warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        with pytest.raises(tw.checkpoint.CheckpointError, match=r"(?s)No checkpoint in .* can be loaded; tried:\n  epoch_2\.pth: .*corrupt.*\n  epoch_1\.pth: .*corrupt.*Restore a checkpoint"):
+        with pytest.raises(
+            tw.checkpoint.CheckpointError,
+            match=r"(?s)No checkpoint in .* can be loaded; tried:\n  epoch_2\.pth: .*corrupt.*\n  epoch_1\.pth: "
+            r".*corrupt.*Restore a checkpoint",
+        ):
             t.train()
     assert t.progress.iteration == 0
 
@@ -265,10 +338,19 @@ class _FailingMetric(tw.evaluation.Metric):
 
 
 def test_a_failing_validation_keeps_the_checkpoint_that_was_due(tmp_path: Path):
-    """The checkpoint of an epoch end waits for its validation; a metric that raised used to discard it (the epoch was lost)."""
-    t = tw.Trainer(model=LinearReg(), work_dir=tmp_path, train_dataloader=DataLoader(regression_set(8), batch_size=4), val_dataloader=DataLoader(regression_set(4), batch_size=2),
-                   val_evaluator=_FailingMetric(), optim_wrapper=dict(optimizer=dict(type="SGD", lr=0.1)), train_cfg=dict(by_epoch=True, max_epochs=3),
-                   log_level="WARNING", randomness=dict(seed=0))
+    """The checkpoint of an epoch end waits for its validation; a metric that raised used to discard it (the epoch
+    was lost)."""
+    t = tw.Trainer(
+        model=LinearReg(),
+        work_dir=tmp_path,
+        train_dataloader=DataLoader(regression_set(8), batch_size=4),
+        val_dataloader=DataLoader(regression_set(4), batch_size=2),
+        val_evaluator=_FailingMetric(),
+        optim_wrapper=dict(optimizer=dict(type="SGD", lr=0.1)),
+        train_cfg=dict(by_epoch=True, max_epochs=3),
+        log_level="WARNING",
+        randomness=dict(seed=0),
+    )
     with t, pytest.raises(ValueError, match="the metric broke"):
         t.train()
     ckpt = tmp_path / "checkpoints"
@@ -298,9 +380,19 @@ def test_sigterm_during_a_long_validation_ends_it_at_the_next_batch_saves_and_st
 
     metric = _FailingMetric()
     before = signal.getsignal(signal.SIGTERM)
-    t = tw.Trainer(model=LinearReg(), work_dir=tmp_path, train_dataloader=DataLoader(regression_set(8), batch_size=4), val_dataloader=DataLoader(regression_set(200), batch_size=2),
-                   val_evaluator=metric, optim_wrapper=dict(optimizer=dict(type="SGD", lr=0.1)), train_cfg=dict(by_epoch=True, max_epochs=3),
-                   default_hooks=dict(preemption=dict(exit_code=None)), custom_hooks=[Preempt()], log_level="WARNING", randomness=dict(seed=0))
+    t = tw.Trainer(
+        model=LinearReg(),
+        work_dir=tmp_path,
+        train_dataloader=DataLoader(regression_set(8), batch_size=4),
+        val_dataloader=DataLoader(regression_set(200), batch_size=2),
+        val_evaluator=metric,
+        optim_wrapper=dict(optimizer=dict(type="SGD", lr=0.1)),
+        train_cfg=dict(by_epoch=True, max_epochs=3),
+        default_hooks=dict(preemption=dict(exit_code=None)),
+        custom_hooks=[Preempt()],
+        log_level="WARNING",
+        randomness=dict(seed=0),
+    )
     with t:
         t.train()
         assert t.preempted and t.progress.epoch == 1
@@ -357,8 +449,14 @@ def _start_holder(tmp_path: Path, work: Path, tag: str) -> tuple[subprocess.Pope
 
     ready, go = tmp_path / f"ready{tag}", tmp_path / f"go{tag}"
     script = HOLDER_SCRIPT.format(tests=str(Path(__file__).parents[1]), work=str(work), ready=str(ready), go=str(go))
-    env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=os.pathsep.join([str(Path(tw.__file__).parents[1]), os.environ.get("PYTHONPATH", "")]))
-    p = subprocess.Popen([sys.executable, "-c", script], env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    env = dict(
+        os.environ,
+        OMP_NUM_THREADS="1",
+        PYTHONPATH=os.pathsep.join([str(Path(tw.__file__).parents[1]), os.environ.get("PYTHONPATH", "")]),
+    )
+    p = subprocess.Popen(
+        [sys.executable, "-c", script], env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+    )
     deadline = time.monotonic() + 60
     while not ready.exists():
         assert p.poll() is None, p.communicate()[1][-3000:]
@@ -374,9 +472,19 @@ def test_a_second_live_run_on_one_work_dir_refuses_to_start_and_a_dead_ones_lock
     work = tmp_path / "work"
     holder, _, go = _start_holder(tmp_path, work, "1")
     try:
-        mine = tw.Trainer(model=LinearReg(), work_dir=work, train_dataloader=DataLoader(regression_set(8), batch_size=4), optim_wrapper=dict(optimizer=dict(type="SGD", lr=0.1)),
-                          train_cfg=dict(by_epoch=True, max_epochs=1), log_level="WARNING", randomness=dict(seed=0))
-        with pytest.raises(tw.checkpoint.WorkDirBusyError, match=rf"Another run is training in .*: pid {holder.pid} on .*, since .*another work_dir"):
+        mine = tw.Trainer(
+            model=LinearReg(),
+            work_dir=work,
+            train_dataloader=DataLoader(regression_set(8), batch_size=4),
+            optim_wrapper=dict(optimizer=dict(type="SGD", lr=0.1)),
+            train_cfg=dict(by_epoch=True, max_epochs=1),
+            log_level="WARNING",
+            randomness=dict(seed=0),
+        )
+        with pytest.raises(
+            tw.checkpoint.WorkDirBusyError,
+            match=rf"Another run is training in .*: pid {holder.pid} on .*, since .*another work_dir",
+        ):
             mine.train()
         assert mine.progress.iteration == 0
         assert sorted(p.name for p in (work / "checkpoints").iterdir()) == [".lock"]  # the refused run wrote nothing
@@ -393,12 +501,22 @@ def test_a_second_live_run_on_one_work_dir_refuses_to_start_and_a_dead_ones_lock
     killed.kill()
     killed.wait()
     assert (work / "second" / "checkpoints" / ".lock").read_text().startswith(f"pid {killed.pid} ")
-    t = tw.Trainer(model=LinearReg(), work_dir=work / "second", train_dataloader=DataLoader(regression_set(8), batch_size=4), optim_wrapper=dict(optimizer=dict(type="SGD", lr=0.1)),
-                   train_cfg=dict(by_epoch=True, max_epochs=1), log_level="WARNING", randomness=dict(seed=0))
+    t = tw.Trainer(
+        model=LinearReg(),
+        work_dir=work / "second",
+        train_dataloader=DataLoader(regression_set(8), batch_size=4),
+        optim_wrapper=dict(optimizer=dict(type="SGD", lr=0.1)),
+        train_cfg=dict(by_epoch=True, max_epochs=1),
+        log_level="WARNING",
+        randomness=dict(seed=0),
+    )
     with t:
         t.train()
         t.flush_logs()
-        assert f"Took over the lock of {work / 'second' / 'checkpoints'} from pid {killed.pid} on" in (t.run_dir / "train.log").read_text()
+        assert (
+            f"Took over the lock of {work / 'second' / 'checkpoints'} from pid {killed.pid} on"
+            in (t.run_dir / "train.log").read_text()
+        )
     assert t.progress.epoch == 1
 
 
@@ -414,7 +532,9 @@ def test_a_second_trainer_in_the_same_process_cannot_train_in_a_work_dir_in_use(
                 errors.append(str(e.value))
 
     trainer_factory(work_dir=tmp_path, custom_hooks=[TrainAnother()]).train()
-    assert errors and f"pid {os.getpid()} " in errors[0] and "this process: another Trainer in it is training" in errors[0]
+    assert (
+        errors and f"pid {os.getpid()} " in errors[0] and "this process: another Trainer in it is training" in errors[0]
+    )
 
 
 # -- errors from the user's model and data: what the trainer expected, and the fix -------------------
@@ -422,12 +542,17 @@ def test_a_second_trainer_in_the_same_process_cannot_train_in_a_work_dir_in_use(
 
 def test_a_three_element_batch_is_not_fed_into_mode_silently(trainer_factory):
     ds = torch.utils.data.TensorDataset(torch.randn(8, 4), torch.randn(8, 1), torch.ones(8))  # (x, y, sample weight)
-    with pytest.raises(TypeError, match=r"(?s)batch has 3 elements.*forward\(\*batch, mode='loss'\).*one parameter per element.*dict"):
+    with pytest.raises(
+        TypeError, match=r"(?s)batch has 3 elements.*forward\(\*batch, mode='loss'\).*one parameter per element.*dict"
+    ):
         trainer_factory(train_dataloader=DataLoader(ds, batch_size=4)).train()
 
 
 def test_a_single_tensor_batch_names_the_missing_targets(trainer_factory):
-    with pytest.raises((TypeError, AttributeError), match=r"(?s)NoneType.*batch is a single tensor.*no targets.*\(input, target\) pairs"):
+    with pytest.raises(
+        (TypeError, AttributeError),
+        match=r"(?s)NoneType.*batch is a single tensor.*no targets.*\(input, target\) pairs",
+    ):
         trainer_factory(train_dataloader=DataLoader(torch.randn(8, 4), batch_size=4)).train()
 
 
@@ -439,7 +564,11 @@ def test_a_detached_loss_names_the_loss_entry(trainer_factory):
                 return {"loss_mse": torch.nn.functional.mse_loss(out, y).detach(), "mae": (out - y).abs().mean()}
             return out
 
-    with pytest.raises(RuntimeError, match=r"(?s)does not require grad.*loss entries \['loss_mse'\] of Detached.forward.*not connected to the model's parameters.*\.detach\(\)"):
+    with pytest.raises(
+        RuntimeError,
+        match=r"(?s)does not require grad.*loss entries \['loss_mse'\] of Detached.forward.*not connected to the model's "
+        r"parameters.*\.detach\(\)",
+    ):
         trainer_factory(model=Detached()).train()
 
 
@@ -449,7 +578,9 @@ def test_an_iterable_dataset_without_len_says_what_the_trainer_needs(trainer_fac
             for _ in range(8):
                 yield torch.randn(4), torch.randn(1)
 
-    with pytest.raises(TypeError, match=r"(?s)IterableDataset Stream has no __len__.*number of batches per epoch.*def __len__"):
+    with pytest.raises(
+        TypeError, match=r"(?s)IterableDataset Stream has no __len__.*number of batches per epoch.*def __len__"
+    ):
         trainer_factory(train_dataloader=DataLoader(Stream(), batch_size=4)).train()
 
 
@@ -459,12 +590,19 @@ def test_an_iterable_dataset_without_len_says_what_the_trainer_needs(trainer_fac
 def _resumable(work: Path, batch_size: int = 2, shuffle: bool = False, **kwargs) -> tw.Trainer:
     kwargs.setdefault("train_cfg", dict(by_epoch=True, max_epochs=1))
     kwargs.setdefault("optim_wrapper", dict(optimizer=dict(type="SGD", lr=0.1)))
-    return tw.Trainer(model=LinearReg(), work_dir=work, train_dataloader=DataLoader(regression_set(8), batch_size=batch_size, shuffle=shuffle),
-                      log_level="WARNING", **kwargs)
+    return tw.Trainer(
+        model=LinearReg(),
+        work_dir=work,
+        train_dataloader=DataLoader(regression_set(8), batch_size=batch_size, shuffle=shuffle),
+        log_level="WARNING",
+        **kwargs,
+    )
 
 
 def test_resuming_mid_epoch_with_another_batch_size_names_both_shapes(tmp_path: Path):
-    with _resumable(tmp_path, default_hooks=dict(checkpoint=dict(by_epoch=False, interval=2)), randomness=dict(seed=0)) as t:
+    with _resumable(
+        tmp_path, default_hooks=dict(checkpoint=dict(by_epoch=False, interval=2)), randomness=dict(seed=0)
+    ) as t:
         t.train()  # iter_2.pth is in the middle of the 4-batch epoch
     mid = tmp_path / "checkpoints" / "iter_2.pth"
     with _resumable(tmp_path / "same", resume=mid, randomness=dict(seed=0)) as t, warnings.catch_warnings():
@@ -473,18 +611,27 @@ def test_resuming_mid_epoch_with_another_batch_size_names_both_shapes(tmp_path: 
     with _resumable(tmp_path / "other", batch_size=4, resume=mid, randomness=dict(seed=0)) as t:
         t.train()
     # the warning reaches train.log (it used to go to stderr only)
-    assert re.search(r"WARNING - Resuming in the middle of epoch 1 \(after batch 2\) with a train_dataloader of another shape: batch_size 2 in the checkpoint, 4 now, "
-                     r"batches 4 in the checkpoint, 2 now.*skipped or seen twice.*same batch_size", (t.run_dir / "train.log").read_text())
+    assert re.search(
+        r"WARNING - Resuming in the middle of epoch 1 \(after batch 2\) with a train_dataloader of another shape: "
+        r"batch_size 2 in the checkpoint, 4 now, "
+        r"batches 4 in the checkpoint, 2 now.*skipped or seen twice.*same batch_size",
+        (t.run_dir / "train.log").read_text(),
+    )
 
 
 def test_resuming_without_a_seed_adopts_the_checkpoints_seed(tmp_path: Path):
     """A fresh seed used to be drawn (with only a warning): the resumed epochs saw another data order."""
-    with _resumable(tmp_path / "whole", shuffle=True, train_cfg=dict(by_epoch=True, max_epochs=2), randomness=dict(seed=123)) as t:
+    with _resumable(
+        tmp_path / "whole", shuffle=True, train_cfg=dict(by_epoch=True, max_epochs=2), randomness=dict(seed=123)
+    ) as t:
         t.train()
         whole = [p.detach().clone() for p in t.unwrapped_model.parameters()]
     with _resumable(tmp_path / "split", shuffle=True, randomness=dict(seed=123)) as t:
         t.train()
-    with _resumable(tmp_path / "split", shuffle=True, train_cfg=dict(by_epoch=True, max_epochs=2), resume=True) as t, warnings.catch_warnings():
+    with (
+        _resumable(tmp_path / "split", shuffle=True, train_cfg=dict(by_epoch=True, max_epochs=2), resume=True) as t,
+        warnings.catch_warnings(),
+    ):
         warnings.simplefilter("error")  # no "data order seed changed"
         t.train()
         assert t.strategy.seed == 123
@@ -495,12 +642,20 @@ def test_resume_says_which_edited_settings_apply_and_which_the_checkpoint_overri
     """The README's resume=True used to ignore an edited lr without a word."""
     with _resumable(tmp_path, randomness=dict(seed=0)) as t:
         t.train()
-    t = _resumable(tmp_path, resume=True, optim_wrapper=dict(optimizer=dict(type="SGD", lr=0.05)), train_cfg=dict(by_epoch=True, max_epochs=2))
+    t = _resumable(
+        tmp_path,
+        resume=True,
+        optim_wrapper=dict(optimizer=dict(type="SGD", lr=0.05)),
+        train_cfg=dict(by_epoch=True, max_epochs=2),
+    )
     with t:
         t.train()
         t.flush_logs()
         log = (t.run_dir / "train.log").read_text()
-    assert "Settings that differ from the checkpoint's run: optim_wrapper.optimizer.lr: 0.1 -> 0.05; train_cfg.max_epochs: 1 -> 2" in log
+    assert (
+        "Settings that differ from the checkpoint's run: optim_wrapper.optimizer.lr: 0.1 -> 0.05; "
+        "train_cfg.max_epochs: 1 -> 2" in log
+    )
     assert "edited optimizer or scheduler values do not (the checkpoint's win)" in log and "load_from=" in log
     assert t.optim_wrapper.optimizer.param_groups[0]["lr"] == 0.1  # what the message says
     assert t.progress.epoch == 2
@@ -509,35 +664,60 @@ def test_resume_says_which_edited_settings_apply_and_which_the_checkpoint_overri
 @pytest.mark.multiprocess
 @pytest.mark.slow
 def test_sigterm_on_one_rank_during_validation_stops_both_ranks_at_the_same_batch(tmp_path: Path):
-    """The stop inside validation goes through the preemption hook's agreement point: no rank is left in a collective."""
-    env = dict(os.environ, TMPDIR=str(tmp_path), OMP_NUM_THREADS="1", TORCH_DISABLE_SHARE_RDZV_TCP_STORE="1",
-               PYTHONPATH=os.pathsep.join([str(Path(tw.__file__).parents[1]), os.environ.get("PYTHONPATH", "")]))
+    """The stop inside validation goes through the preemption hook's agreement point: no rank is left in a
+    collective."""
+    env = dict(
+        os.environ,
+        TMPDIR=str(tmp_path),
+        OMP_NUM_THREADS="1",
+        TORCH_DISABLE_SHARE_RDZV_TCP_STORE="1",
+        PYTHONPATH=os.pathsep.join([str(Path(tw.__file__).parents[1]), os.environ.get("PYTHONPATH", "")]),
+    )
     for k in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT"):
         env.pop(k, None)
     work = tmp_path / "work"
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2", str(Path(__file__).with_name("ddp_val_stop.py")), str(work)]
+    cmd = [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--standalone",
+        "--nproc_per_node=2",
+        str(Path(__file__).with_name("ddp_val_stop.py")),
+        str(work),
+    ]
     p = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=180)
     assert p.returncode == 0, p.stdout[-3000:] + p.stderr[-3000:]
     results = [json.loads((work / f"result_rank{r}.json").read_text()) for r in range(2)]
     assert results[0] == results[1]  # the same decision, at the same batch, on both ranks
     assert results[0]["preempted"] and results[0]["epoch"] == 1
-    assert results[0]["val_batches"] == 10  # the check at batch 10 (check_interval 10 under DDP), not the 100 of the pass
+    assert (
+        results[0]["val_batches"] == 10
+    )  # the check at batch 10 (check_interval 10 under DDP), not the 100 of the pass
     assert (work / "checkpoints" / "latest").read_text().strip() == "epoch_1.pth"
     assert tw.checkpoint.load_file(work / "checkpoints" / "epoch_1.pth")["progress"]["epoch"] == 1
 
 
-@pytest.mark.filterwarnings("ignore:val\\(\\) ran over the val_dataloader without a val_evaluator:UserWarning")  # on purpose: no metric here
+@pytest.mark.filterwarnings(
+    "ignore:val\\(\\) ran over the val_dataloader without a val_evaluator:UserWarning"
+)  # on purpose: no metric here
 def test_val_before_train_with_resume_resumes_the_checkpoint(tmp_path: Path):
     """resume=True, then val() before train(): the pass evaluates the resumed weights and train() continues the run
     (it used to start from scratch: the checkpoint was looked for before the training pieces existed)."""
     import shutil
 
     def trainer(work: Path, iters: int, resume: bool) -> tw.Trainer:
-        return tw.Trainer(model=LinearReg(), work_dir=work, experiment_name=f"run{iters}", log_level="WARNING",
-                          train_dataloader=DataLoader(regression_set(32), batch_size=8, shuffle=True),
-                          val_dataloader=DataLoader(regression_set(16, seed=2), batch_size=8),
-                          optim_wrapper=dict(optimizer=dict(type="SGD", lr=0.1, momentum=0.9)),
-                          train_cfg=dict(by_epoch=False, max_iters=iters), resume=resume, randomness=dict(seed=0))
+        return tw.Trainer(
+            model=LinearReg(),
+            work_dir=work,
+            experiment_name=f"run{iters}",
+            log_level="WARNING",
+            train_dataloader=DataLoader(regression_set(32), batch_size=8, shuffle=True),
+            val_dataloader=DataLoader(regression_set(16, seed=2), batch_size=8),
+            optim_wrapper=dict(optimizer=dict(type="SGD", lr=0.1, momentum=0.9)),
+            train_cfg=dict(by_epoch=False, max_iters=iters),
+            resume=resume,
+            randomness=dict(seed=0),
+        )
 
     with trainer(tmp_path / "a", 4, False) as first:
         first.train()
@@ -548,8 +728,12 @@ def test_val_before_train_with_resume_resumes_the_checkpoint(tmp_path: Path):
         with trainer(tmp_path / "a", 8, True) as val_first:
             val_first.val()
             assert val_first.progress.iteration == 4  # restored before the pass
-            assert val_first.train_loop is None and val_first.optim_wrapper is None  # a pass does not build the training pieces
-            assert all(torch.equal(v, after4[k]) for k, v in val_first.unwrapped_model.state_dict().items()), "val() saw other weights"
+            assert (
+                val_first.train_loop is None and val_first.optim_wrapper is None
+            )  # a pass does not build the training pieces
+            assert all(torch.equal(v, after4[k]) for k, v in val_first.unwrapped_model.state_dict().items()), (
+                "val() saw other weights"
+            )
             val_first.train()
     with trainer(tmp_path / "b", 8, True) as train_only:
         train_only.train()

@@ -15,9 +15,15 @@ from trainwright.runner import Runner
 
 def test_old_names_answer_with_a_warning_naming_the_new_place(tmp_path: Path) -> None:
     with tw.Trainer(
-        model=LinearReg(), work_dir=tmp_path, train_dataloader=dict(dataset=regression_set(), batch_size=4),
-        optim_wrapper=dict(optimizer=dict(type="SGD", lr=0.1)), train_cfg=dict(by_epoch=False, max_iters=3),
-        randomness=dict(seed=7), nonfinite_loss="skip", experiment_name="run1", default_hooks=dict(checkpoint=None),
+        model=LinearReg(),
+        work_dir=tmp_path,
+        train_dataloader=dict(dataset=regression_set(), batch_size=4),
+        optim_wrapper=dict(optimizer=dict(type="SGD", lr=0.1)),
+        train_cfg=dict(by_epoch=False, max_iters=3),
+        randomness=dict(seed=7),
+        nonfinite_loss="skip",
+        experiment_name="run1",
+        default_hooks=dict(checkpoint=None),
         log_level="WARNING",
     ) as t:
         expected = {
@@ -31,10 +37,14 @@ def test_old_names_answer_with_a_warning_naming_the_new_place(tmp_path: Path) ->
             "max_iters": ("trainer.train_loop.max_iters", 0),  # no train loop yet
         }
         for name, (new, value) in expected.items():
-            with pytest.warns(DeprecationWarning, match=rf"trainer\.{name} moved to {new.replace('[', '.').replace(']', '.')}"):
+            with pytest.warns(
+                DeprecationWarning, match=rf"trainer\.{name} moved to {new.replace('[', '.').replace(']', '.')}"
+            ):
                 assert getattr(t, name) == value, name
         t.train()
-        with pytest.warns(DeprecationWarning, match=r"trainer\.request_checkpoint moved to trainer\.checkpoints\.save_now"):
+        with pytest.warns(
+            DeprecationWarning, match=r"trainer\.request_checkpoint moved to trainer\.checkpoints\.save_now"
+        ):
             assert t.request_checkpoint() == tmp_path / "checkpoints" / "iter_3.pth"
         with pytest.warns(DeprecationWarning, match=r"trainer\.hook_report moved to trainer\.hooks\.report"):
             assert [tuple(r) for r in t.hook_report()] == [tuple(r) for r in t.hooks.report()]
@@ -47,9 +57,14 @@ def test_the_runner_keeps_mmengines_attributes_without_a_warning(tmp_path: Path)
     with warnings.catch_warnings():
         warnings.simplefilter("error", DeprecationWarning)
         runner = Runner(
-            model=LinearReg(), work_dir=str(tmp_path), train_dataloader=dict(dataset=regression_set(), batch_size=4),
-            optim_wrapper=dict(optimizer=dict(type="SGD", lr=0.1)), train_cfg=dict(by_epoch=False, max_iters=3),
-            randomness=dict(seed=5), experiment_name="exp", log_level="WARNING",
+            model=LinearReg(),
+            work_dir=str(tmp_path),
+            train_dataloader=dict(dataset=regression_set(), batch_size=4),
+            optim_wrapper=dict(optimizer=dict(type="SGD", lr=0.1)),
+            train_cfg=dict(by_epoch=False, max_iters=3),
+            randomness=dict(seed=5),
+            experiment_name="exp",
+            log_level="WARNING",
         )
         try:
             assert (runner.seed, runner.max_iters, runner.work_dir, runner.experiment_name) == (5, 3, tmp_path, "exp")

@@ -79,12 +79,14 @@ class Snapshot(tw.Hook):
         self.state: dict | None = None
 
     def _take(self, trainer):
-        self.state = copy.deepcopy({
-            "progress": trainer.progress.state_dict(),
-            "optim": trainer.optim_wrapper.state_dict(),
-            "sched": [s.state_dict() for s in trainer.param_schedulers or []],
-            "lr": trainer.optim_wrapper.get_lr(),
-        })
+        self.state = copy.deepcopy(
+            {
+                "progress": trainer.progress.state_dict(),
+                "optim": trainer.optim_wrapper.state_dict(),
+                "sched": [s.state_dict() for s in trainer.param_schedulers or []],
+                "lr": trainer.optim_wrapper.get_lr(),
+            }
+        )
 
     def before_train(self, trainer):
         if self.at_epoch is None and self.at_iter is None:
@@ -113,9 +115,13 @@ def _assert_states_equal(a, b):
 
 def _resume_cfg(**over):
     cfg = dict(
-        batch_size=4, dataset=regression_set(28),  # 7 iterations per epoch
+        batch_size=4,
+        dataset=regression_set(28),  # 7 iterations per epoch
         optim_wrapper=dict(optimizer=dict(type="SGD", lr=0.1, momentum=0.9), clip_grad=dict(max_norm=5.0)),
-        param_scheduler=[dict(type="LinearLR", start_factor=0.2, by_epoch=False, begin=0, end=10), dict(type="CosineAnnealingLR", by_epoch=True, begin=0, end=4)],
+        param_scheduler=[
+            dict(type="LinearLR", start_factor=0.2, by_epoch=False, begin=0, end=10),
+            dict(type="CosineAnnealingLR", by_epoch=True, begin=0, end=4),
+        ],
         train_cfg=dict(by_epoch=True, max_epochs=4),
         default_hooks=dict(checkpoint=dict(interval=1)),
     )
@@ -126,13 +132,22 @@ def _resume_cfg(**over):
 @pytest.mark.parametrize("shuffle", [False, True])
 def test_resume_by_epoch_continues_exactly(trainer_factory, tmp_path, shuffle):
     snap_a = Snapshot(at_epoch=2)
-    a = trainer_factory(model=LinearReg(), work_dir=tmp_path / "a", shuffle=shuffle, custom_hooks=[snap_a], **_resume_cfg())
+    a = trainer_factory(
+        model=LinearReg(), work_dir=tmp_path / "a", shuffle=shuffle, custom_hooks=[snap_a], **_resume_cfg()
+    )
     a.train()
     ckpt = tmp_path / "a" / "checkpoints" / "epoch_2.pth"
     assert ckpt.exists()
 
     snap_b = Snapshot()
-    b = trainer_factory(model=LinearReg(seed=123), work_dir=tmp_path / "b", shuffle=shuffle, custom_hooks=[snap_b], resume=str(ckpt), **_resume_cfg())
+    b = trainer_factory(
+        model=LinearReg(seed=123),
+        work_dir=tmp_path / "b",
+        shuffle=shuffle,
+        custom_hooks=[snap_b],
+        resume=str(ckpt),
+        **_resume_cfg(),
+    )
     b.train()
     assert snap_b.state["progress"] == {"epoch": 2, "iteration": 14, "iter_in_epoch": 0}
     _assert_states_equal(snap_a.state, snap_b.state)
@@ -156,7 +171,9 @@ def test_resume_by_iteration_mid_accumulation_window(trainer_factory, tmp_path):
     assert "partial_grads" in load_file(ckpt)["optim_wrapper"]
 
     snap_b = Snapshot()
-    b = trainer_factory(model=LinearReg(seed=5), work_dir=tmp_path / "b", custom_hooks=[snap_b], resume=str(ckpt), **cfg)
+    b = trainer_factory(
+        model=LinearReg(seed=5), work_dir=tmp_path / "b", custom_hooks=[snap_b], resume=str(ckpt), **cfg
+    )
     b.train()
     _assert_states_equal(snap_a.state, snap_b.state)
     for pa, pb in zip(a.unwrapped_model.parameters(), b.unwrapped_model.parameters()):
@@ -251,12 +268,20 @@ def test_optim_wrapper_dict_gan_matches_two_optimizer_loop(trainer_factory):
     model = TinyGAN()
     ref = copy.deepcopy(model)
     t = trainer_factory(
-        model=model, dataset=ds, batch_size=4, train_cfg=dict(max_epochs=2), default_hooks=dict(checkpoint=None, logger=dict(interval=4)),
-        optim_wrapper=dict(generator=dict(optimizer=dict(type="SGD", lr=0.1)), discriminator=dict(optimizer=dict(type="Adam", lr=0.01))),
+        model=model,
+        dataset=ds,
+        batch_size=4,
+        train_cfg=dict(max_epochs=2),
+        default_hooks=dict(checkpoint=None, logger=dict(interval=4)),
+        optim_wrapper=dict(
+            generator=dict(optimizer=dict(type="SGD", lr=0.1)), discriminator=dict(optimizer=dict(type="Adam", lr=0.01))
+        ),
     )
     t.train()
     assert isinstance(t.optim_wrapper, tw.OptimWrapperDict)
-    assert {id(p) for p in t.optim_wrapper["generator"].optimizer.param_groups[0]["params"]} == {id(p) for p in model.generator.parameters()}
+    assert {id(p) for p in t.optim_wrapper["generator"].optimizer.param_groups[0]["params"]} == {
+        id(p) for p in model.generator.parameters()
+    }
 
     opt_g = torch.optim.SGD(ref.generator.parameters(), lr=0.1)
     opt_d = torch.optim.Adam(ref.discriminator.parameters(), lr=0.01)
@@ -292,8 +317,12 @@ def test_val_and_test_return_prefixed_metrics(trainer_factory):
     ds = classification_set(12)
     model = Clf()
     t = trainer_factory(
-        model=model, dataset=ds, val_dataloader=DataLoader(ds, batch_size=5), val_evaluator=tw.evaluation.Accuracy(),
-        test_dataloader=DataLoader(ds, batch_size=5), test_evaluator=tw.evaluation.Accuracy(),
+        model=model,
+        dataset=ds,
+        val_dataloader=DataLoader(ds, batch_size=5),
+        val_evaluator=tw.evaluation.Accuracy(),
+        test_dataloader=DataLoader(ds, batch_size=5),
+        test_evaluator=tw.evaluation.Accuracy(),
     )
     x, y = ds.tensors
     with torch.no_grad():

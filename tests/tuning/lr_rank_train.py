@@ -41,16 +41,24 @@ def data() -> TensorDataset:
 
 def run(work_dir: Path, strategy: str, tune: bool) -> tuple[dict[str, torch.Tensor], dict]:
     t = tw.Trainer(
-        model=Net(), work_dir=work_dir, experiment_name="run", strategy=strategy,
+        model=Net(),
+        work_dir=work_dir,
+        experiment_name="run",
+        strategy=strategy,
         train_dataloader=dict(dataset=data(), batch_size=4, shuffle=True),  # 8 batches per rank and epoch
-        optim_wrapper=dict(optimizer=dict(type="SGD", lr=0.05, momentum=0.9)), train_cfg=dict(by_epoch=True, max_epochs=2),
+        optim_wrapper=dict(optimizer=dict(type="SGD", lr=0.05, momentum=0.9)),
+        train_cfg=dict(by_epoch=True, max_epochs=2),
         param_scheduler=dict(type="LinearLR", start_factor=0.2, by_epoch=False, begin=0, end=6),
-        default_hooks=dict(checkpoint=None), randomness=dict(seed=0), log_level="WARNING",
+        default_hooks=dict(checkpoint=None),
+        randomness=dict(seed=0),
+        log_level="WARNING",
     )
     with t:
         curve = {}
         if tune:
-            r = t.find_lr(min_lr=1e-4, max_lr=10.0, num_steps=12)  # more updates than an epoch: the loader starts a second pass
+            r = t.find_lr(
+                min_lr=1e-4, max_lr=10.0, num_steps=12
+            )  # more updates than an epoch: the loader starts a second pass
             curve = {"lrs": r.lrs, "losses": r.losses, "suggestion": r.suggestion}
         t.train()
         full = t.strategy.full_model_state_dict()  # gathered under FSDP (rank 0): a collective on every rank

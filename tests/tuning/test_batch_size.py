@@ -1,4 +1,5 @@
-"""Trainer.find_batch_size: the largest batch that fits in CUDA memory, the trainer left as it was; a clear error elsewhere."""
+"""Trainer.find_batch_size: the largest batch that fits in CUDA memory, the trainer left as it was; a clear error
+elsewhere."""
 
 from __future__ import annotations
 
@@ -8,18 +9,19 @@ from typing import Any
 import pytest
 import torch
 import torch.nn.functional as F
+from conftest import regression_set
 from torch import nn
 from torch.utils.data import DataLoader, RandomSampler, SequentialSampler, TensorDataset
 
 import trainwright as tw
 from trainwright.tuning import with_batch_size
 
-from conftest import regression_set
-
 
 def test_needs_a_device_that_reports_out_of_memory(trainer_factory: Any) -> None:
     trainer = trainer_factory()
-    with pytest.raises(RuntimeError, match=r"needs a device that reports out-of-memory \(CUDA\): this trainer runs on 'cpu'"):
+    with pytest.raises(
+        RuntimeError, match=r"needs a device that reports out-of-memory \(CUDA\): this trainer runs on 'cpu'"
+    ):
         trainer.find_batch_size()
     assert trainer.train_loop is None and not trainer.prepared  # refused before anything was built
 
@@ -27,17 +29,25 @@ def test_needs_a_device_that_reports_out_of_memory(trainer_factory: Any) -> None
 def test_with_batch_size_keeps_the_rest_of_the_loader() -> None:
     ds = regression_set(20)
     shuffled = with_batch_size(DataLoader(ds, batch_size=2, shuffle=True, drop_last=True), 8)
-    assert shuffled.batch_size == 8 and shuffled.drop_last and isinstance(shuffled.sampler, RandomSampler) and shuffled.dataset is ds
+    assert (
+        shuffled.batch_size == 8
+        and shuffled.drop_last
+        and isinstance(shuffled.sampler, RandomSampler)
+        and shuffled.dataset is ds
+    )
     assert len(shuffled) == 2
     ordered = with_batch_size(DataLoader(ds, batch_size=2), 5)
     assert isinstance(ordered.sampler, SequentialSampler) and [len(b[0]) for b in ordered] == [5, 5, 5, 5]
-    assert with_batch_size(dict(dataset=ds, batch_size=2, shuffle=True), 16) == dict(dataset=ds, batch_size=16, shuffle=True)
+    assert with_batch_size(dict(dataset=ds, batch_size=2, shuffle=True), 16) == dict(
+        dataset=ds, batch_size=16, shuffle=True
+    )
     with pytest.raises(ValueError, match="own batch_sampler"):
         with_batch_size(dict(dataset=ds, batch_sampler=[[0, 1]]), 4)
 
 
 class Outer(tw.BaseModel):
-    """Keeps a (batch, 1024, 1024) activation for backward: about 16 MiB a sample, so a few thousand samples fill a GPU."""
+    """Keeps a (batch, 1024, 1024) activation for backward: about 16 MiB a sample, so a few thousand samples fill a
+    GPU."""
 
     def __init__(self) -> None:
         super().__init__()
@@ -55,9 +65,14 @@ def _cuda_trainer(work_dir: Path, n: int) -> tw.Trainer:
     g = torch.Generator().manual_seed(0)
     ds = TensorDataset(torch.randn(n, 1024, generator=g), torch.randn(n, 1, generator=g))
     return tw.Trainer(
-        Outer(), work_dir=work_dir, train_dataloader=dict(dataset=ds, batch_size=2, shuffle=True),
-        optim_wrapper=dict(optimizer=dict(type="AdamW", lr=1e-3)), train_cfg=dict(by_epoch=False, max_iters=3),
-        default_hooks=dict(checkpoint=None), randomness=dict(seed=0), log_level="WARNING",
+        Outer(),
+        work_dir=work_dir,
+        train_dataloader=dict(dataset=ds, batch_size=2, shuffle=True),
+        optim_wrapper=dict(optimizer=dict(type="AdamW", lr=1e-3)),
+        train_cfg=dict(by_epoch=False, max_iters=3),
+        default_hooks=dict(checkpoint=None),
+        randomness=dict(seed=0),
+        log_level="WARNING",
     )
 
 
@@ -80,7 +95,9 @@ def test_finds_the_largest_power_of_two_that_fits_and_restores(tmp_path: Path) -
         before, allocated = trainer.checkpoints.capture(), torch.cuda.memory_allocated()
         again = trainer.find_batch_size(init=size // 2, mode="binsearch", steps_per_trial=2)
         assert size <= again < 2 * size  # bisected between the size that fit and its double, which did not
-        assert _equal(trainer.checkpoints.capture(), before)  # model, optimizer (no AdamW state yet), RNG, data position: as before
+        assert _equal(
+            trainer.checkpoints.capture(), before
+        )  # model, optimizer (no AdamW state yet), RNG, data position: as before
         assert torch.cuda.memory_allocated() <= allocated + (1 << 20)  # the trials' graphs and gradients are gone
         assert all(p.grad is None for p in trainer.unwrapped_model.parameters())
         assert trainer.progress.iteration == 0
@@ -90,4 +107,3 @@ def test_finds_the_largest_power_of_two_that_fits_and_restores(tmp_path: Path) -
         applied.train()
         assert applied.train_loop is not None and applied.train_loop.dataloader.batch_size == used
         assert applied.progress.iteration == 3
-

@@ -1,4 +1,5 @@
-"""Trainer.find_lr: the trainer is left bitwise as it was, the suggestion agrees with a grid search, the plot, the CLI, bad input."""
+"""Trainer.find_lr: the trainer is left bitwise as it was, the suggestion agrees with a grid search, the plot, the
+CLI, bad input."""
 
 from __future__ import annotations
 
@@ -12,14 +13,13 @@ import numpy as np
 import pytest
 import torch
 import torch.nn.functional as F
+from conftest import regression_set
 from torch import nn
 from torch.utils.data import DataLoader, TensorDataset
 
 import trainwright as tw
 from trainwright.cli import main
 from trainwright.config import Config
-
-from conftest import regression_set
 
 ROOT = Path(__file__).resolve().parents[2]
 DIGITS = ROOT / "examples" / "digits.py"
@@ -44,19 +44,25 @@ def _same(a: Any, b: Any, where: str = "") -> None:
 
 
 def _digits_trainer(work_dir: Path, **overrides: Any) -> tw.Trainer:
-    cfg = Config.fromfile(DIGITS)  # dropout, SGD with momentum, gradient clipping, a warm-up and a cosine schedule, shuffled data
+    cfg = Config.fromfile(
+        DIGITS
+    )  # dropout, SGD with momentum, gradient clipping, a warm-up and a cosine schedule, shuffled data
     return tw.Trainer.from_config(cfg, work_dir=str(work_dir), experiment_name="run", log_level="WARNING", **overrides)
 
 
 @pytest.mark.slow
 def test_train_after_find_lr_is_bitwise_train_without(tmp_path: Path) -> None:
     with _digits_trainer(tmp_path / "a", train_cfg=dict(by_epoch=True, max_epochs=2)) as tuned:
-        result = tuned.find_lr(num_steps=60)  # more updates than one epoch's 45 batches: the loader starts a second pass
+        result = tuned.find_lr(
+            num_steps=60
+        )  # more updates than one epoch's 45 batches: the loader starts a second pass
         assert len(result.lrs) == 60 and not result.stopped_early
         # nothing written: no checkpoint, no log record of the finder's steps
         assert not list((tmp_path / "a" / "checkpoints").glob("*.pth"))
         jsonl = tmp_path / "a" / "run" / "metrics.jsonl"
-        assert not jsonl.exists() or not any(r["mode"] == "train" for r in map(json.loads, jsonl.read_text().splitlines()))
+        assert not jsonl.exists() or not any(
+            r["mode"] == "train" for r in map(json.loads, jsonl.read_text().splitlines())
+        )
         assert tuned.progress.iteration == 0
         tuned_model = {k: v.clone() for k, v in tuned.train().state_dict().items()}
         tuned_optim = tuned.optim_wrapper.state_dict()
@@ -65,7 +71,14 @@ def test_train_after_find_lr_is_bitwise_train_without(tmp_path: Path) -> None:
         plain_optim = plain.optim_wrapper.state_dict()
     _same(tuned_model, plain_model)
     _same(tuned_optim, plain_optim)
-    rows = [[r for r in map(json.loads, (tmp_path / d / "run" / "metrics.jsonl").read_text().splitlines()) if r["mode"] in ("train", "val")] for d in "ab"]
+    rows = [
+        [
+            r
+            for r in map(json.loads, (tmp_path / d / "run" / "metrics.jsonl").read_text().splitlines())
+            if r["mode"] in ("train", "val")
+        ]
+        for d in "ab"
+    ]
     assert len(rows[0]) == len(rows[1]) > 0
     for x, y in zip(*rows):
         timing = ("time", "samples_per_s", "tflops", "mfu", "eta")
@@ -92,7 +105,8 @@ class Noisy(tw.BaseModel):
 
 
 def _everything(trainer: tw.Trainer) -> dict[str, Any]:
-    """The trainer's checkpoint pieces, and what a checkpoint does not hold: gradients, every buffer, train/eval flags, the window position, RNG."""
+    """The trainer's checkpoint pieces, and what a checkpoint does not hold: gradients, every buffer, train/eval
+    flags, the window position, RNG."""
     model = trainer.unwrapped_model
     ow = trainer.optim_wrapper
     return {
@@ -103,23 +117,34 @@ def _everything(trainer: tw.Trainer) -> dict[str, Any]:
         "window": (ow.inner_count, ow.max_counts, ow.skipped_steps),
         "loader": trainer.train_loop.dataloader.state_dict(),
         "lrs": [g["lr"] for g in ow.optimizer.param_groups],
-        "python": random.getstate(), "numpy": np.random.get_state()[1].tolist(), "torch": torch.get_rng_state(),
+        "python": random.getstate(),
+        "numpy": np.random.get_state()[1].tolist(),
+        "torch": torch.get_rng_state(),
     }
 
 
-@pytest.mark.filterwarnings("ignore:Gradient accumulation:UserWarning")  # BatchNorm with accumulation: wanted here (its running statistics)
+@pytest.mark.filterwarnings(
+    "ignore:Gradient accumulation:UserWarning"
+)  # BatchNorm with accumulation: wanted here (its running statistics)
 def test_find_lr_after_training_restores_everything(trainer_factory: Any) -> None:
     model = Noisy()
     ow = tw.OptimWrapper(torch.optim.SGD(model.net.parameters(), lr=0.05, momentum=0.9), accumulative_counts=2)
     trainer = trainer_factory(
-        model=model, dataset=regression_set(20), batch_size=4, shuffle=True, optim_wrapper=ow, train_cfg=dict(by_epoch=False, max_iters=12),
+        model=model,
+        dataset=regression_set(20),
+        batch_size=4,
+        shuffle=True,
+        optim_wrapper=ow,
+        train_cfg=dict(by_epoch=False, max_iters=12),
         param_scheduler=dict(type="LinearLR", start_factor=0.5, by_epoch=False, begin=0, end=20),
     )
     trainer.train()  # stops in the middle of the loader's third epoch, the warm-up half done
     model.eval()
     model.net[1].train()  # mixed flags: the finder switches everything to train mode
     before = _everything(trainer)
-    assert before["grads"][0] is not None and before["grads"][-1] is None  # extra's gradient (listed first) stays; the optimizer's were cleared
+    assert (
+        before["grads"][0] is not None and before["grads"][-1] is None
+    )  # extra's gradient (listed first) stays; the optimizer's were cleared
     result = trainer.find_lr(num_steps=12, max_lr=10.0)
     assert model.seen.item() > 0 and len(result.lrs) >= 2
     _same(_everything(trainer), before)
@@ -168,11 +193,23 @@ def test_diverging_loss_stops_early(trainer_factory: Any) -> None:
 
 
 def test_suggestion_ignores_a_spike_and_a_lucky_batch_past_the_minimum() -> None:
-    """Breast cancer with Adam: the loss falls, bottoms out, then a spike and a near-zero batch dip the smoothed loss on the cliff."""
+    """Breast cancer with Adam: the loss falls, bottoms out, then a spike and a near-zero batch dip the smoothed loss
+    on the cliff."""
     from trainwright.tuning import LRFinderResult
 
     lrs = [10 ** (-4 + 4 * i / 39) for i in range(40)]
-    losses = [1.0 - 0.8 * min(i, 25) / 25 for i in range(30)] + [0.3, 0.5, 0.9, 1.4, 2.0, 2.6, 3.0, 3.4, 2.2, 40.0]  # min at 25..29
+    losses = [1.0 - 0.8 * min(i, 25) / 25 for i in range(30)] + [
+        0.3,
+        0.5,
+        0.9,
+        1.4,
+        2.0,
+        2.6,
+        3.0,
+        3.4,
+        2.2,
+        40.0,
+    ]  # min at 25..29
     result = LRFinderResult(lrs=lrs, losses=losses, raw_losses=losses)
     # the steep drop 37 -> 38 (a lucky batch after the spike) is past the minimum: not a candidate
     assert result.suggestion is not None and result.suggestion < lrs[25]
@@ -188,7 +225,10 @@ def test_an_outlier_batch_at_the_start_is_named_as_the_likely_cause(trainer_fact
     assert result.stopped_early and len(result.lrs) == 3 and result.suggestion is None
     trainer.flush_logs()
     (line,) = [ln for ln in (trainer.run_dir / "train.log").read_text().splitlines() if "LR finder:" in ln]
-    assert "no suggestion: the loss jumped at update 3" in line and "one outlier batch is the likelier cause than the lr" in line
+    assert (
+        "no suggestion: the loss jumped at update 3" in line
+        and "one outlier batch is the likelier cause than the lr" in line
+    )
     assert "pass diverge=None" in line
 
 
@@ -224,9 +264,15 @@ def test_suggestion_within_a_decade_of_the_grid_best(tmp_path: Path) -> None:
 
     grid = {10 ** (e / 2): val_loss_after_one_epoch(10 ** (e / 2)) for e in range(-8, 1)}  # 1e-4 .. 1, half decades
     best = min(grid, key=grid.__getitem__)
-    with tw.Trainer(MLP(), work_dir=tmp_path, train_dataloader=dict(dataset=train, batch_size=32, shuffle=True),
-                    optim_wrapper=dict(optimizer=dict(type="Adam", lr=1e-3)), train_cfg=dict(by_epoch=True, max_epochs=1),
-                    randomness=dict(seed=0), log_level="WARNING") as trainer:
+    with tw.Trainer(
+        MLP(),
+        work_dir=tmp_path,
+        train_dataloader=dict(dataset=train, batch_size=32, shuffle=True),
+        optim_wrapper=dict(optimizer=dict(type="Adam", lr=1e-3)),
+        train_cfg=dict(by_epoch=True, max_epochs=1),
+        randomness=dict(seed=0),
+        log_level="WARNING",
+    ) as trainer:
         result = trainer.find_lr()
     suggestion = result.suggestion
     assert suggestion is not None
@@ -258,7 +304,9 @@ def test_plot_writes_a_png(trainer_factory: Any, tmp_path: Path) -> None:
         (dict(diverge=1.0), "diverge must be a number > 1"),
     ],
 )
-def test_bad_arguments_are_refused_before_anything_is_built(trainer_factory: Any, kwargs: dict[str, Any], message: str) -> None:
+def test_bad_arguments_are_refused_before_anything_is_built(
+    trainer_factory: Any, kwargs: dict[str, Any], message: str
+) -> None:
     trainer = trainer_factory()
     with pytest.raises(ValueError, match=message):
         trainer.find_lr(**kwargs)
@@ -266,13 +314,18 @@ def test_bad_arguments_are_refused_before_anything_is_built(trainer_factory: Any
 
 
 def test_tuners_refuse_to_start_inside_a_run(trainer_factory: Any) -> None:
-    """Called from a hook while train() runs: a clear error (the run's loader and optimizer are in use), raised out of train()."""
+    """Called from a hook while train() runs: a clear error (the run's loader and optimizer are in use), raised out
+    of train()."""
     calls: list[str] = []
 
     class TuneMidRun(tw.Hook):
         def after_train_iter(self, trainer: Any, batch_idx: int, data_batch: Any = None, outputs: Any = None) -> None:
             for name, call in (("find_lr", trainer.find_lr), ("find_batch_size", trainer.find_batch_size)):
-                with pytest.raises(RuntimeError, match=rf"{name}\(\) was called while train\(\) / val\(\) / test\(\) runs .*before train\(\) or after it returns"):
+                with pytest.raises(
+                    RuntimeError,
+                    match=rf"{name}\(\) was called while train\(\) / val\(\) / test\(\) runs "
+                    r".*before train\(\) or after it returns",
+                ):
                     call()
                 calls.append(name)
             trainer.should_stop = True
@@ -289,7 +342,9 @@ def test_linear_ramp(trainer_factory: Any) -> None:
 
 
 @pytest.mark.slow
-def test_cli_tune_lr_prints_the_suggestion(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+def test_cli_tune_lr_prints_the_suggestion(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
     monkeypatch.chdir(tmp_path)
     assert main(["tune-lr", str(DIGITS), "--work-dir", "wd", "--num-steps", "30", "--out", "lr.png"]) == 0
     out = capsys.readouterr().out
@@ -314,8 +369,15 @@ def test_spike_guard_skips_none_of_the_finders_updates(trainer_factory: Any) -> 
         def forward(self, x: torch.Tensor, y: torch.Tensor | None = None, mode: str = "tensor") -> Any:
             return {"loss": F.mse_loss(self.m(x), y)} if mode == "loss" else self.m(x)
 
-    trainer = trainer_factory(model=Reg(), batch_size=4, optim_wrapper=tw.OptimWrapper(opt), spike_guard=dict(window=5, threshold=0.5, min_history=3))
-    result = trainer.find_lr(min_lr=1e-3, max_lr=1e3, num_steps=40)  # the loss grows by orders of magnitude: spikes for the guard
+    trainer = trainer_factory(
+        model=Reg(),
+        batch_size=4,
+        optim_wrapper=tw.OptimWrapper(opt),
+        spike_guard=dict(window=5, threshold=0.5, min_history=3),
+    )
+    result = trainer.find_lr(
+        min_lr=1e-3, max_lr=1e3, num_steps=40
+    )  # the loss grows by orders of magnitude: spikes for the guard
     assert result.stopped_early and len(opt.steps) == len(result.lrs)  # every update stepped
     assert trainer.spike_guard is not None and trainer.spike_guard.skipped == 0
     assert trainer.optim_wrapper.spike_guard is trainer.spike_guard  # attached again afterwards

@@ -4,6 +4,7 @@ Where to add a precision: a :class:`Precision` subclass in a module of this pack
 ``register_precision(name, factory)`` in that module and its import below.
 """
 
+from trainwright.amp.float8 import Float8Precision
 from trainwright.amp.fp16_utils import (
     auto_fp16,
     cast_tensor_type,
@@ -12,7 +13,6 @@ from trainwright.amp.fp16_utils import (
     patch_norm_fp32,
     wrap_fp16_model,
 )
-from trainwright.amp.float8 import Float8Precision
 from trainwright.amp.precision import (
     PRECISIONS,
     MixedPrecision,

@@ -11,22 +11,31 @@ from __future__ import annotations
 
 import warnings
 from collections.abc import Callable
+
 import torch
 from torch import nn
 
 from trainwright.amp.precision import MixedPrecision, register_precision
 
 #: What float8 needs, named in every refusal.
-_NEEDS = "precision='float8' needs a CUDA GPU of compute capability 8.9 or newer (H100, H200, L4, L40S, RTX 4090, ...) and torchao (pip install torchao)"
+_NEEDS = (
+    "precision='float8' needs a CUDA GPU of compute capability 8.9 or newer (H100, H200, L4, L40S, RTX 4090, ...) and "
+    "torchao (pip install torchao)"
+)
 
 
 def check_float8_support(device_type: str) -> None:
     """Raise a ``RuntimeError`` naming what is missing when float8 training cannot run here."""
     if device_type != "cuda" or not torch.cuda.is_available():
-        raise RuntimeError(f"{_NEEDS}; this run's device is {device_type!r}. Use precision='bf16-mixed' on this machine.")
+        raise RuntimeError(
+            f"{_NEEDS}; this run's device is {device_type!r}. Use precision='bf16-mixed' on this machine."
+        )
     major, minor = torch.cuda.get_device_capability()
     if (major, minor) < (8, 9):
-        raise RuntimeError(f"{_NEEDS}; this GPU ({torch.cuda.get_device_name()}) has compute capability {major}.{minor}. Use precision='bf16-mixed' on it.")
+        raise RuntimeError(
+            f"{_NEEDS}; this GPU ({torch.cuda.get_device_name()}) has compute capability {major}.{minor}. Use "
+            "precision='bf16-mixed' on it."
+        )
     try:
         import torchao.float8  # noqa: F401
     except ImportError as e:
@@ -49,7 +58,12 @@ class Float8Precision(MixedPrecision):
             convert; default :func:`default_module_filter`.
     """
 
-    def __init__(self, device_type: str = "cuda", recipe: str = "tensorwise", module_filter: Callable[[nn.Module, str], bool] | None = None) -> None:
+    def __init__(
+        self,
+        device_type: str = "cuda",
+        recipe: str = "tensorwise",
+        module_filter: Callable[[nn.Module, str], bool] | None = None,
+    ) -> None:
         check_float8_support(device_type)
         super().__init__(torch.bfloat16, device_type)
         self.name = "float8"
@@ -61,11 +75,14 @@ class Float8Precision(MixedPrecision):
         from torchao.float8 import Float8LinearConfig, convert_to_float8_training
 
         before = sum(isinstance(m, nn.Linear) for m in model.modules())
-        convert_to_float8_training(model, config=Float8LinearConfig.from_recipe_name(self.recipe), module_filter_fn=self.module_filter)
+        convert_to_float8_training(
+            model, config=Float8LinearConfig.from_recipe_name(self.recipe), module_filter_fn=self.module_filter
+        )
         converted = sum(type(m).__name__ == "Float8Linear" for m in model.modules())
         if converted == 0:
             warnings.warn(
-                f"precision='float8' converted none of the model's {before} Linear layers (sizes must be multiples of 16, and the module_filter must accept them): "
+                f"precision='float8' converted none of the model's {before} Linear layers (sizes must be multiples of "
+                "16, and the module_filter must accept them): "
                 "the run trains in bf16-mixed only.",
                 UserWarning,
                 stacklevel=2,

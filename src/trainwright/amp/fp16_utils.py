@@ -63,8 +63,6 @@ class _OutputsBack:
         return cast_tensor_type(output, torch.float32, self.dtype)
 
 
-
-
 # --------------------------------------------------------------------------- decorators
 
 

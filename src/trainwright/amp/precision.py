@@ -30,10 +30,20 @@ PRECISIONS: dict[str, torch.dtype | None] = {
 }
 
 _DTYPE_NAMES: dict[str, torch.dtype] = {
-    "float16": torch.float16, "half": torch.float16, "fp16": torch.float16, "bfloat16": torch.bfloat16, "bf16": torch.bfloat16,
-    "float32": torch.float32, "float64": torch.float64,  # mmengine's AmpOptimWrapper(dtype="float32" | "float64")
+    "float16": torch.float16,
+    "half": torch.float16,
+    "fp16": torch.float16,
+    "bfloat16": torch.bfloat16,
+    "bf16": torch.bfloat16,
+    "float32": torch.float32,
+    "float64": torch.float64,  # mmengine's AmpOptimWrapper(dtype="float32" | "float64")
 }
-_NAMES = {torch.float16: "16-mixed", torch.bfloat16: "bf16-mixed", torch.float32: "32-autocast", torch.float64: "64-autocast"}
+_NAMES = {
+    torch.float16: "16-mixed",
+    torch.bfloat16: "bf16-mixed",
+    torch.float32: "32-autocast",
+    torch.float64: "64-autocast",
+}
 _SCALER_KEYS = {"init_scale", "growth_factor", "backoff_factor", "growth_interval", "enabled"}
 
 
@@ -57,7 +67,8 @@ def matmul_column(autocast_dtype: torch.dtype | None, param_dtype: torch.dtype |
 def _warn_ignored_scaler(state: Mapping[str, Any], name: str) -> None:
     if state.get("scaler"):
         warnings.warn(
-            f"The checkpoint holds GradScaler state from a float16 ('16-mixed') run, but this run uses precision {name!r}; "
+            "The checkpoint holds GradScaler state from a float16 ('16-mixed') run, but this run uses precision "
+            f"{name!r}; "
             "the loss-scale state is ignored. Resume with precision='16-mixed' to keep it.",
             RuntimeWarning,
             stacklevel=3,
@@ -123,7 +134,8 @@ class Precision:
         return self
 
     def sharded(self, device_type: str, scaler_cls: type[torch.amp.GradScaler]) -> Precision:
-        """This precision for sharded parameters (FSDP): a float16 scaler becomes a ``scaler_cls`` (the strategy's ``ShardedGradScaler``)."""
+        """This precision for sharded parameters (FSDP): a float16 scaler becomes a ``scaler_cls`` (the strategy's
+        ``ShardedGradScaler``)."""
         return self
 
     def backward(self, loss: torch.Tensor, **kwargs: Any) -> None:
@@ -185,48 +197,75 @@ class MixedPrecision(Precision):
             ``backoff_factor``, ``growth_interval``, ``enabled``).
     """
 
-    def __init__(self, dtype: torch.dtype | str = torch.bfloat16, device_type: str = "cpu", loss_scale: str | float | Mapping[str, Any] = "dynamic") -> None:
+    def __init__(
+        self,
+        dtype: torch.dtype | str = torch.bfloat16,
+        device_type: str = "cpu",
+        loss_scale: str | float | Mapping[str, Any] = "dynamic",
+    ) -> None:
         if isinstance(dtype, str):
             if dtype not in _DTYPE_NAMES:
                 from trainwright.registry import did_you_mean
 
-                raise ValueError(f"Mixed precision dtype must be 'float16', 'bfloat16', 'float32' or 'float64', got {dtype!r}.{did_you_mean(dtype, list(_DTYPE_NAMES))} Use 'float16' (with GradScaler) or 'bfloat16'")
+                raise ValueError(
+                    "Mixed precision dtype must be 'float16', 'bfloat16', 'float32' or 'float64', got "
+                    f"{dtype!r}.{did_you_mean(dtype, list(_DTYPE_NAMES))} Use 'float16' (with GradScaler) or "
+                    "'bfloat16'"
+                )
             dtype = _DTYPE_NAMES[dtype]
         if dtype not in _NAMES:
-            raise ValueError(f"Mixed precision dtype must be torch.float16, torch.bfloat16, torch.float32 or torch.float64, got {dtype}; for full precision use Precision() / precision='32'")
+            raise ValueError(
+                "Mixed precision dtype must be torch.float16, torch.bfloat16, torch.float32 or torch.float64, got "
+                f"{dtype}; for full precision use Precision() / precision='32'"
+            )
         self.dtype = dtype
         self.device_type = str(device_type)
         self.name = _NAMES[dtype]
         self._loss_scale_cfg = dict(loss_scale) if isinstance(loss_scale, Mapping) else loss_scale
         self.scaler = None
         self._static_scale: float | None = None
-        # torch.autocast on CUDA takes any float dtype; elsewhere only float16 / bfloat16 (it warns and disables itself otherwise).
+        # torch.autocast on CUDA takes any float dtype; elsewhere only float16 / bfloat16 (it warns and disables itself
+        # otherwise).
         self.autocasts = dtype in (torch.float16, torch.bfloat16) or self.device_type == "cuda"
         if dtype == torch.float64 and not self.autocasts:
             warnings.warn(
-                f"dtype=float64 on {self.device_type!r}: torch.autocast supports only float16 / bfloat16 there, so the forward runs in the model's own "
-                "dtype (as under mmengine, whose autocast is disabled the same way). Convert the model with model.double() to train in float64.",
+                f"dtype=float64 on {self.device_type!r}: torch.autocast supports only float16 / bfloat16 there, so the "
+                "forward runs in the model's own "
+                "dtype (as under mmengine, whose autocast is disabled the same way). Convert the model with "
+                "model.double() to train in float64.",
                 UserWarning,
                 stacklevel=3,
             )
         if dtype != torch.float16:
             if loss_scale != "dynamic":
-                warnings.warn(f"loss_scale={loss_scale!r} is ignored for {_NAMES[dtype]!r} ({dtype}), which needs no loss scaling", UserWarning, stacklevel=2)
+                warnings.warn(
+                    f"loss_scale={loss_scale!r} is ignored for {_NAMES[dtype]!r} ({dtype}), which needs no loss "
+                    "scaling",
+                    UserWarning,
+                    stacklevel=2,
+                )
             return
         if loss_scale == "dynamic":
             kwargs: dict[str, Any] = {}
         elif isinstance(loss_scale, (int, float)) and not isinstance(loss_scale, bool):
             if loss_scale <= 0:
-                raise ValueError(f"A static loss_scale must be > 0, got {loss_scale}; e.g. loss_scale=512.0, or 'dynamic'")
+                raise ValueError(
+                    f"A static loss_scale must be > 0, got {loss_scale}; e.g. loss_scale=512.0, or 'dynamic'"
+                )
             self._static_scale = float(loss_scale)
             kwargs = dict(init_scale=self._static_scale)
         elif isinstance(loss_scale, Mapping):
             bad = set(loss_scale) - _SCALER_KEYS
             if bad:
-                raise ValueError(f"Unknown loss_scale keys {sorted(bad)}; allowed (torch.amp.GradScaler arguments): {sorted(_SCALER_KEYS)}")
+                raise ValueError(
+                    f"Unknown loss_scale keys {sorted(bad)}; allowed (torch.amp.GradScaler arguments): "
+                    f"{sorted(_SCALER_KEYS)}"
+                )
             kwargs = dict(loss_scale)
         else:
-            raise ValueError(f"loss_scale must be 'dynamic', a number or a dict of GradScaler arguments, got {loss_scale!r}")
+            raise ValueError(
+                f"loss_scale must be 'dynamic', a number or a dict of GradScaler arguments, got {loss_scale!r}"
+            )
         self.scaler = torch.amp.GradScaler(self.device_type, **kwargs)
 
     plain = False
@@ -254,7 +293,8 @@ class MixedPrecision(Precision):
         return MixedPrecision(self.dtype, self.device_type, loss_scale={"enabled": False})  # type: ignore[arg-type]
 
     def sharded(self, device_type: str, scaler_cls: type[torch.amp.GradScaler]) -> Precision:
-        """Replace a plain ``GradScaler`` by ``scaler_cls`` with its settings (FSDP's ``ShardedGradScaler``: the ranks agree on a skip).
+        """Replace a plain ``GradScaler`` by ``scaler_cls`` with its settings (FSDP's ``ShardedGradScaler``: the ranks
+        agree on a skip).
 
         The strategy names the class: only ``strategies/`` and ``dist/`` import ``torch.distributed``.
         """

@@ -1,4 +1,5 @@
-"""Checkpoint files and state: the Stateful protocol, atomic writes, safe loading, a folder's checkpoints, weights, RNG state."""
+"""Checkpoint files and state: the Stateful protocol, atomic writes, safe loading, a folder's checkpoints, weights,
+RNG state."""
 
 from trainwright.checkpoint.io import (
     CheckpointError,

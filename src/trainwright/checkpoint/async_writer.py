@@ -78,13 +78,28 @@ def _default_constructible(cls: type) -> bool:
 
 _ALIGN = 64  # bytes between staged tensors in an arena (any dtype's alignment, a cache line)
 _COPY, _COPY_CUDA, _SHARED, _FRESH = range(4)  # how a leaf is staged (see _Staging.kinds)
-_INT_DTYPES = frozenset({torch.bool, torch.uint8, torch.int8, torch.int16, torch.int32, torch.int64, torch.uint16, torch.uint32, torch.uint64})
+_INT_DTYPES = frozenset(
+    {
+        torch.bool,
+        torch.uint8,
+        torch.int8,
+        torch.int16,
+        torch.int32,
+        torch.int64,
+        torch.uint16,
+        torch.uint32,
+        torch.uint64,
+    }
+)
 
 
 def _stageable(t: torch.Tensor) -> bool:
     """A dense tensor of a byte-addressable dtype (others are copied fresh each save, as :func:`snapshot` does)."""
     return (
-        t.layout == torch.strided and not t.is_nested and not t.is_quantized and t.device.type != "meta"
+        t.layout == torch.strided
+        and not t.is_nested
+        and not t.is_quantized
+        and t.device.type != "meta"
         and (t.dtype.is_floating_point or t.dtype.is_complex or t.dtype in _INT_DTYPES)
     )
 
@@ -132,11 +147,15 @@ class _Staging:
         layout: list[tuple[Any, ...] | None] = []
         first: dict[tuple[Any, ...], int] = {}
         for i, t in enumerate(leaves):
-            if type(t) is not torch.Tensor and type(t) is not torch.nn.Parameter:  # subclasses (DTensor...): copied fresh
+            if (
+                type(t) is not torch.Tensor and type(t) is not torch.nn.Parameter
+            ):  # subclasses (DTensor...): copied fresh
                 layout.append(None)
                 continue
             try:
-                lazy = t.dtype.is_complex and (t.is_conj() or t.is_neg())  # a lazy conjugate is other values over the same memory
+                lazy = t.dtype.is_complex and (
+                    t.is_conj() or t.is_neg()
+                )  # a lazy conjugate is other values over the same memory
                 entry = (t.dtype, t.device, t.shape, None if t.is_contiguous() else t.stride(), lazy)
                 ptr = t.data_ptr()
             except RuntimeError:  # sparse, nested...: no strides or no single storage, copied fresh
@@ -156,7 +175,9 @@ class _Staging:
                 elif kind == _COPY_CUDA:
                     dst.copy_(t, non_blocking=True)
                 out.append(dst)
-        for device in self.cuda_devices:  # the copies were queued on the current stream, behind every step already queued
+        for (
+            device
+        ) in self.cuda_devices:  # the copies were queued on the current stream, behind every step already queued
             torch.cuda.current_stream(device).synchronize()
         staged = iter(out)
         return _rebuild(obj, lambda _: next(staged))
@@ -207,7 +228,8 @@ class _Staging:
 
 
 def _pin(owner: object, arena: torch.Tensor) -> Callable[[], None]:
-    """Page-lock ``arena`` for fast, asynchronous copies from the GPU until the returned callable (or ``owner``'s end) unpins it.
+    """Page-lock ``arena`` for fast, asynchronous copies from the GPU until the returned callable (or ``owner``'s end)
+    unpins it.
 
     ``cudaHostRegister`` on memory we allocated keeps its exact size (``pin_memory=True``
     rounds an allocation up to a power of two), as torch's own DCP staging does.
@@ -219,7 +241,8 @@ def _pin(owner: object, arena: torch.Tensor) -> Callable[[], None]:
     err = int(cudart.cudaHostRegister(arena.data_ptr(), arena.numel(), 1))  # 1: cudaHostRegisterPortable (every device)
     if err != 0:
         raise RuntimeError(
-            f"Could not page-lock {arena.numel() / 2**20:.0f} MiB of host memory for the async checkpoint's staging buffers "
+            f"Could not page-lock {arena.numel() / 2**20:.0f} MiB of host memory for the async checkpoint's staging "
+            "buffers "
             f"(cudaHostRegister returned cudaError {err}). Free host memory, or save synchronously (async_save=False)."
         )
     # the finalizer holds the arena until it has unregistered it: memory is never freed while pinned
@@ -270,14 +293,20 @@ class AsyncCheckpointWriter:
 
     @property
     def staging_allocations(self) -> int:
-        """How many times the staging buffers were allocated: once per run, again only when the state's structure changed."""
+        """How many times the staging buffers were allocated: once per run, again only when the state's structure
+        changed."""
         return self._staging.allocations
 
     def submit(
-        self, state: Mapping[str, Any], path: str | Path, after: Callable[[], None] | None = None, copy: bool = True,
+        self,
+        state: Mapping[str, Any],
+        path: str | Path,
+        after: Callable[[], None] | None = None,
+        copy: bool = True,
         write: Callable[[Mapping[str, Any], Any], object] | None = None,
     ) -> None:
-        """Wait for the previous write, copy ``state`` into the staging buffers and write it to ``path`` in the background.
+        """Wait for the previous write, copy ``state`` into the staging buffers and write it to ``path`` in the
+        background.
 
         Returns once the copy is complete: from then on training may change the live tensors.
         The staged copy belongs to the writer thread until the next ``submit`` refills it.
@@ -300,12 +329,21 @@ class AsyncCheckpointWriter:
         target = Path(path) if write is None else path
         go = threading.Event()  # the writer starts once submit has returned the GIL to the training thread
         self._thread = threading.Thread(
-            target=_after, args=(go, self._write, data, target, after, write), name=f"checkpoint-writer:{getattr(target, 'name', target)}", daemon=False,
+            target=_after,
+            args=(go, self._write, data, target, after, write),
+            name=f"checkpoint-writer:{getattr(target, 'name', target)}",
+            daemon=False,
         )
         self._thread.start()
         go.set()
 
-    def _write(self, data: Mapping[str, Any], path: Any, after: Callable[[], None] | None, write: Callable[[Mapping[str, Any], Any], object] | None = None) -> None:
+    def _write(
+        self,
+        data: Mapping[str, Any],
+        path: Any,
+        after: Callable[[], None] | None,
+        write: Callable[[Mapping[str, Any], Any], object] | None = None,
+    ) -> None:
         try:
             (write or atomic_save)(data, path)
             self.last_path = path
@@ -323,10 +361,14 @@ class AsyncCheckpointWriter:
         if isinstance(error, OSError):
             raise error  # names the file, says nothing was replaced and what to do (atomic_write)
         if error is not None:
-            raise RuntimeError(f"Writing a checkpoint in the background failed: {error}. The previous complete checkpoint is still on disk; check free space and permissions of the checkpoint directory.") from error
+            raise RuntimeError(
+                f"Writing a checkpoint in the background failed: {error}. The previous complete checkpoint is still on "
+                "disk; check free space and permissions of the checkpoint directory."
+            ) from error
 
     def release(self) -> None:
-        """Wait for the pending write (re-raising its error), then free the staging buffers; a later save allocates them again."""
+        """Wait for the pending write (re-raising its error), then free the staging buffers; a later save allocates
+        them again."""
         try:
             self.wait()
         finally:

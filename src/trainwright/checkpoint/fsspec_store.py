@@ -1,4 +1,5 @@
-""":class:`FsspecStore`: a :class:`~trainwright.checkpoint.store.Store` on an fsspec URL (``s3://``, ``gs://``, ``memory://``...).
+""":class:`FsspecStore`: a :class:`~trainwright.checkpoint.store.Store` on an fsspec URL (``s3://``, ``gs://``,
+``memory://``...).
 
 One object is written by one PUT, which S3, GCS and Azure make visible only when complete; every
 write is retried, each attempt within a deadline (a stalled connection fails instead of hanging).
@@ -28,7 +29,8 @@ def _filesystem(url: str, protocol: str, options: Mapping[str, Any]) -> Any:
         import fsspec
     except ImportError as e:
         raise ImportError(
-            f"{url}: checkpoints and logs on an fsspec URL need fsspec, which is not installed. pip install 'trainwright[{extra}]'"
+            f"{url}: checkpoints and logs on an fsspec URL need fsspec, which is not installed. pip install "
+            f"'trainwright[{extra}]'"
         ) from e
     try:
         return fsspec.filesystem(protocol, **dict(options))
@@ -43,7 +45,8 @@ def _filesystem(url: str, protocol: str, options: Mapping[str, Any]) -> Any:
         ) from e
     except ValueError as e:
         raise ValueError(
-            f"{url}: fsspec does not know the protocol {protocol!r} ({e}). Check the URL, or install that protocol's fsspec backend"
+            f"{url}: fsspec does not know the protocol {protocol!r} ({e}). Check the URL, or install that protocol's "
+            "fsspec backend"
         ) from e
 
 
@@ -65,7 +68,8 @@ def _within(fn: Callable[[], _T], seconds: float | None) -> _T:
     threading.Thread(target=run, name="trainwright-remote-io", daemon=True).start()
     if not done.wait(seconds):
         raise TimeoutError(
-            f"no answer within {seconds:.0f} s (a stalled connection or server; storage_options attempt_timeout_s sets the limit)"
+            f"no answer within {seconds:.0f} s (a stalled connection or server; storage_options attempt_timeout_s sets "
+            "the limit)"
         )
     if "error" in box:
         raise box["error"]
@@ -107,7 +111,8 @@ class FsspecStore:
         self.attempt_timeout_s: float | None = self.options.pop("attempt_timeout_s", attempt_timeout_s)
         self.fs = _filesystem(url, self.protocol, self.options)
         self.tries, self.backoff_s = max(1, tries), backoff_s
-        #: Where a checkpoint whose upload keeps failing is written instead (set by the checkpoint manager: ``work_dir/checkpoints_unuploaded``).
+        #: Where a checkpoint whose upload keeps failing is written instead (set by the checkpoint manager:
+        #: ``work_dir/checkpoints_unuploaded``).
         self.fallback_dir: Path | None = None
         #: True once :meth:`check` passed.
         self.checked = False
@@ -118,7 +123,8 @@ class FsspecStore:
         return RemotePath(self, self.url)
 
     def local_fallback(self) -> Path:
-        """The local folder a checkpoint whose upload keeps failing is kept in: :attr:`fallback_dir`, else ``./checkpoints_unuploaded``."""
+        """The local folder a checkpoint whose upload keeps failing is kept in: :attr:`fallback_dir`, else
+        ``./checkpoints_unuploaded``."""
         return self.fallback_dir or Path.cwd() / "checkpoints_unuploaded"
 
     # -- the Store protocol ---------------------------------------------------------------
@@ -130,7 +136,8 @@ class FsspecStore:
         except Exception as e:  # noqa: BLE001 - credentials, endpoint: say which URL and what to check
             raise OSError(
                 f"Cannot read {url}: {self.explain(e)}. A URL outside the CheckpointHook's out_dir does not get its "
-                "storage_options: give credentials and the endpoint in the environment (AWS_ACCESS_KEY_ID, AWS_ENDPOINT_URL...)"
+                "storage_options: give credentials and the endpoint in the environment (AWS_ACCESS_KEY_ID, "
+                "AWS_ENDPOINT_URL...)"
             ) from e
         return info
 
@@ -174,7 +181,8 @@ class FsspecStore:
         self.fs.invalidate_cache(url.rsplit("/", 1)[0])
 
     def retry(self, what: str, fn: Callable[[], _T], size: int = 0) -> _T:
-        """``fn()``, tried ``tries`` times with a short backoff, each attempt within its deadline (``size``: bytes written); the last error propagates."""
+        """``fn()``, tried ``tries`` times with a short backoff, each attempt within its deadline (``size``: bytes
+        written); the last error propagates."""
         deadline = None if self.attempt_timeout_s is None else self.attempt_timeout_s + size / self.MIN_RATE
         for attempt in range(self.tries):
             try:
@@ -190,7 +198,8 @@ class FsspecStore:
         raise AssertionError("unreachable")
 
     def check(self, purpose: str = "checkpoints") -> None:
-        """Write and delete a small probe object under the root: the bucket exists, the credentials may write, the endpoint answers.
+        """Write and delete a small probe object under the root: the bucket exists, the credentials may write, the
+        endpoint answers.
 
         Raises:
             OSError: naming the URL, what is wrong and the fix.
@@ -214,7 +223,10 @@ class FsspecStore:
             or os.environ.get("AWS_ENDPOINT_URL")
         )
         if isinstance(e, FileNotFoundError) or "nosuchbucket" in low or "bucket does not exist" in low:
-            return f"the bucket does not exist ({text}). Create it (e.g. `aws s3 mb {self.url.split('/')[0]}//{self.url.split('/')[2]}`) or fix the URL"
+            return (
+                f"the bucket does not exist ({text}). Create it (e.g. `aws s3 mb "
+                f"{self.url.split('/')[0]}//{self.url.split('/')[2]}`) or fix the URL"
+            )
         if isinstance(e, PermissionError) or any(
             s in low
             for s in (
@@ -227,7 +239,8 @@ class FsspecStore:
             )
         ):
             return (
-                f"access denied ({text}). Check the credentials (AWS_ACCESS_KEY_ID / AWS_SECRET_ACCESS_KEY or AWS_PROFILE in the environment, "
+                f"access denied ({text}). Check the credentials (AWS_ACCESS_KEY_ID / AWS_SECRET_ACCESS_KEY or "
+                "AWS_PROFILE in the environment, "
                 "or storage_options=dict(key=..., secret=...)) and that they may write to this bucket"
             )
         if any(s in low for s in ("connect", "endpoint", "timeout", "timed out", "unreachable", "name resolution")):
@@ -235,4 +248,7 @@ class FsspecStore:
                 f"cannot reach the storage endpoint{f' {endpoint}' if endpoint else ''} ({text}). Check the endpoint "
                 "(storage_options=dict(client_kwargs=dict(endpoint_url=...)) or AWS_ENDPOINT_URL) and the network"
             )
-        return f"{text}. Check the URL, the credentials and the endpoint (storage_options= or the AWS_* environment variables)"
+        return (
+            f"{text}. Check the URL, the credentials and the endpoint (storage_options= or the AWS_* environment "
+            "variables)"
+        )

@@ -23,8 +23,8 @@ import torch
 
 from trainwright.checkpoint.storage import RemotePath, location
 
-PathLike = Union[str, "os.PathLike[str]"]
-MapLocation = Union[str, torch.device, Callable[..., Any], dict[str, str], None]
+PathLike = Union[str, "os.PathLike[str]"]  # noqa: UP007 (a string forward reference: `|` would be evaluated at import)
+MapLocation = str | torch.device | Callable[..., Any] | dict[str, str] | None
 
 CHECKPOINT_SUFFIX = ".pth"
 #: Part of the name of every temporary file of a write in progress (``.<name>.tmp.<pid>.<hex>``).
@@ -141,8 +141,10 @@ def _write_error(e: OSError, target: Path) -> OSError:
     reason = e.strerror or str(e)
     return OSError(
         e.errno,
-        f"{reason} while writing {target}: nothing was replaced, the previous checkpoint and `latest` are as they were. "
-        "Make free space on that disk (e.g. CheckpointHook max_keep_ckpts=k) or fix its permissions, or write elsewhere "
+        f"{reason} while writing {target}: nothing was replaced, the previous checkpoint and `latest` are as they "
+        "were. "
+        "Make free space on that disk (e.g. CheckpointHook max_keep_ckpts=k) or fix its permissions, or write "
+        "elsewhere "
         "(CheckpointHook out_dir=); then continue with resume=True",
         str(target),
     )
@@ -165,7 +167,8 @@ def atomic_write_bytes(path: PathLike, data: bytes) -> None:
 
 
 def write_whole(path: PathLike | RemotePath, data: bytes) -> None:
-    """Write ``data`` as ``path``, complete or absent: atomically on local disk (:func:`atomic_write`), as one object in a store."""
+    """Write ``data`` as ``path``, complete or absent: atomically on local disk (:func:`atomic_write`), as one object
+    in a store."""
     loc = location(path)
     if isinstance(loc, RemotePath):
         loc.write_bytes(data)
@@ -250,7 +253,8 @@ def _load_remote(src: RemotePath, map_location: MapLocation) -> dict[str, Any]:
 
     if not src.is_file():
         raise FileNotFoundError(
-            f"Checkpoint {src.url!r} does not exist" + (" (it is a folder)" if src.is_dir() else "")
+            f"Checkpoint {src.url!r} does not exist"
+            + (" (it is a folder)" if src.is_dir() else "")
             + ". Check the URL, or pass resume=True to pick the newest checkpoint of a folder."
         )
     with tempfile.TemporaryDirectory(prefix="trainwright-download-") as d:
@@ -289,9 +293,14 @@ def load_local(p: Path, map_location: MapLocation, shown: str | None = None) -> 
         elif not _is_refusal(msg) and not _is_pickle(p):
             # Bytes that are no pickle at all (an HTML error page, random data) are corrupt, never "unsafe".
             raise _broken(p, "not a checkpoint: neither a torch.save zip archive nor a pickle") from None
-        from trainwright.checkpoint.mmengine_ckpt import is_foreign_refusal, read_mmengine_checkpoint  # it imports this module
+        from trainwright.checkpoint.mmengine_ckpt import (
+            is_foreign_refusal,
+            read_mmengine_checkpoint,
+        )  # it imports this module
 
-        if is_foreign_refusal(msg):  # mmengine's HistoryBuffer / numpy: read as plain data by an allowlist, still running no code
+        if is_foreign_refusal(
+            msg
+        ):  # mmengine's HistoryBuffer / numpy: read as plain data by an allowlist, still running no code
             return read_mmengine_checkpoint(p, map_location)
         # A plain (non-zip) pickle that asks for globals was not written by torch.save;
         # whatever it holds can only be read unsafely.

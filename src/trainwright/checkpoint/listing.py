@@ -15,8 +15,8 @@ from pathlib import Path
 from typing import Any
 
 from trainwright.checkpoint.io import (
-    TMP_MARKER,
     CHECKPOINT_SUFFIX,
+    TMP_MARKER,
     CheckpointError,
     MapLocation,
     PathLike,
@@ -61,7 +61,9 @@ def _is_resume_candidate(p: Location, suffix: str | tuple[str, ...] = CHECKPOINT
         and TMP_MARKER not in name
         and not name.startswith(BEST_PREFIX)
         and _PUBLISHED_NAME.search(name) is None
-        and (p.is_file() if name.endswith(CHECKPOINT_SUFFIX) else p.exists())  # a file; a sharded checkpoint is a directory
+        and (
+            p.is_file() if name.endswith(CHECKPOINT_SUFFIX) else p.exists()
+        )  # a file; a sharded checkpoint is a directory
     )
 
 
@@ -80,11 +82,14 @@ def _order_key(p: Location) -> tuple[int, int, int]:
     return (1, int(m["step"]), mtime) if m else (0, 0, mtime)
 
 
-def list_checkpoints(ckpt_dir: PathLike | RemotePath, suffix: str | tuple[str, ...] = CHECKPOINT_SUFFIX) -> list[Location]:
+def list_checkpoints(
+    ckpt_dir: PathLike | RemotePath, suffix: str | tuple[str, ...] = CHECKPOINT_SUFFIX
+) -> list[Location]:
     """List the complete checkpoints of ``ckpt_dir`` that a run can resume from, newest first.
 
     Candidates are the ``*.pth`` files, except temporary files of writes in progress (or
-    killed), ``best_*.pth`` files and published files (``<name>-<8 hex digits>.pth``). Names of the form ``<kind>_<N>.pth``
+    killed), ``best_*.pth`` files and published files (``<name>-<8 hex digits>.pth``). Names of the form
+    ``<kind>_<N>.pth``
     (``epoch_3.pth``, ``iter_500.pth``) are ordered by ``N``, ties by modification time,
     and come before other names, which are ordered by modification time. The file named by
     ``latest`` (if it exists) comes first. A directory normally holds one kind of name; if
@@ -92,7 +97,8 @@ def list_checkpoints(ckpt_dir: PathLike | RemotePath, suffix: str | tuple[str, .
     the ``latest`` pointer is what puts the right one first.
 
     Args:
-        ckpt_dir: The checkpoint directory (a path, or a URL / :class:`~trainwright.checkpoint.storage.RemotePath`); a missing directory has no checkpoints.
+        ckpt_dir: The checkpoint directory (a path, or a URL / :class:`~trainwright.checkpoint.storage.RemotePath`); a
+            missing directory has no checkpoints.
         suffix: The candidates' suffix: ``.pth`` files, or e.g. ``.dcp`` for the checkpoint
             directories of sharded strategies; a tuple for several kinds.
 
@@ -102,7 +108,9 @@ def list_checkpoints(ckpt_dir: PathLike | RemotePath, suffix: str | tuple[str, .
     d = location(ckpt_dir)
     if not d.is_dir():
         return []
-    found: list[Location] = sorted((p for p in d.iterdir() if _is_resume_candidate(p, suffix)), key=_order_key, reverse=True)
+    found: list[Location] = sorted(
+        (p for p in d.iterdir() if _is_resume_candidate(p, suffix)), key=_order_key, reverse=True
+    )
     latest = read_latest(d)
     if latest is not None and _is_resume_candidate(d / latest, suffix):
         found = [d / latest] + [p for p in found if p.name != latest]
@@ -154,8 +162,11 @@ def find_resumable(
         raise CheckpointError(
             f"No checkpoint in {str(ckpt_dir)!r} can be loaded; tried:\n  "
             + "\n  ".join(failures)
-            + ("\nRestore a checkpoint from a backup, or start a fresh run with a new work_dir."
-               if not isinstance(location(ckpt_dir), RemotePath) else
-               f"\nRestore a checkpoint from a backup into {ckpt_dir}, or start a fresh run with another CheckpointHook out_dir (this one keeps the broken objects).")
+            + (
+                "\nRestore a checkpoint from a backup, or start a fresh run with a new work_dir."
+                if not isinstance(location(ckpt_dir), RemotePath)
+                else f"\nRestore a checkpoint from a backup into {ckpt_dir}, or start a fresh run with another "
+                "CheckpointHook out_dir (this one keeps the broken objects)."
+            )
         )
     return None

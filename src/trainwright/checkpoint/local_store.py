@@ -12,7 +12,8 @@ from trainwright.checkpoint.store import RemotePath
 
 
 class LocalStore:
-    """A :class:`Store` on a local folder: files written under a temporary name and renamed, so each is complete or absent.
+    """A :class:`Store` on a local folder: files written under a temporary name and renamed, so each is complete or
+    absent.
 
     Paths are the folder's own (``str(path)`` is a local path). A checkpoint folder given as a plain path
     stays a ``Path`` (the local code, with the folder's lock); a ``LocalStore`` is for a store with the remote

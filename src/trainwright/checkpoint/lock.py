@@ -87,9 +87,14 @@ class WorkDirLock:
             os.close(fd)  # the holder removed the file between our open and our lock: open the new one
         holder = _read(fd)
         os.close(fd)
-        same = " (this process: another Trainer in it is training; let it finish, or close() it)" if holder.startswith(f"pid {os.getpid()} ") else ""
+        same = (
+            " (this process: another Trainer in it is training; let it finish, or close() it)"
+            if holder.startswith(f"pid {os.getpid()} ")
+            else ""
+        )
         raise WorkDirBusyError(
-            f"Another run is training in {str(self.path.parent)!r}: {holder or 'a process that has not written its pid yet'}{same}. "
+            f"Another run is training in {str(self.path.parent)!r}: "
+            f"{holder or 'a process that has not written its pid yet'}{same}. "
             "Two runs on one work_dir overwrite each other's checkpoints. Wait for it to finish or stop it, "
             "or give this run another work_dir."
         )
@@ -97,7 +102,9 @@ class WorkDirLock:
     def _take(self, fd: int) -> str | None:
         previous = _read(fd)
         os.ftruncate(fd, 0)
-        os.pwrite(fd, f"pid {os.getpid()} on {socket.gethostname()}, since {time.strftime('%Y-%m-%d %H:%M:%S')}\n".encode(), 0)
+        os.pwrite(
+            fd, f"pid {os.getpid()} on {socket.gethostname()}, since {time.strftime('%Y-%m-%d %H:%M:%S')}\n".encode(), 0
+        )
         self._fd = fd
         _HELD.add(fd)
         return previous or None

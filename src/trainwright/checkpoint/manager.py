@@ -33,7 +33,8 @@ _TMP_NAME = re.compile(r"^\..+\.tmp\.(?P<pid>\d+)\.[0-9a-f]+$")
 
 
 class ResumeDisagreeError(RuntimeError):
-    """Under several processes, the ranks would resume from different checkpoints (raised on every rank, before any reads one)."""
+    """Under several processes, the ranks would resume from different checkpoints (raised on every rank, before any
+    reads one)."""
 
     #: Raised on every rank at the same point: the ranks can still meet in collectives.
     raised_on_every_rank = True
@@ -52,7 +53,14 @@ class CheckpointStrategy(Protocol):
     def world_size(self) -> int: ...  # noqa: D102
     @property
     def is_main_process(self) -> bool: ...  # noqa: D102
-    def save_checkpoint(self, path: str | Path | RemotePath, state: Mapping[str, Any], *, async_save: bool = False, after: Callable[[], None] | None = None) -> None: ...  # noqa: D102
+    def save_checkpoint(
+        self,
+        path: str | Path | RemotePath,
+        state: Mapping[str, Any],
+        *,
+        async_save: bool = False,
+        after: Callable[[], None] | None = None,
+    ) -> None: ...  # noqa: D102
     def wait_for_checkpoint(self) -> None: ...  # noqa: D102
     def load_checkpoint(self, path: str | Path | RemotePath, map_location: Any = "cpu") -> dict[str, Any]: ...  # noqa: D102
     def read_checkpoint(self, path: str | Path | RemotePath, map_location: Any = "cpu") -> dict[str, Any]: ...  # noqa: D102
@@ -88,7 +96,8 @@ class RngState:
 
 
 class SaveRecord:
-    """The files a run keeps: periodic ones (oldest first), the best per metric key (best first), the last saved iteration.
+    """The files a run keeps: periodic ones (oldest first), the best per metric key (best first), the last saved
+    iteration.
 
     The checkpoint hook persists it as its state, so keep-k and best-k go on across a resume.
     """
@@ -105,8 +114,11 @@ class SaveRecord:
     def state_dict(self) -> dict[str, Any]:  # noqa: D102
         first = next(iter(self.best.values()), None)
         return {
-            "kept": list(self.kept), "best": [[s, n, k] for k, ranked in self.best.items() for s, n in ranked],
-            "best_score": first[0][0] if first else None, "best_ckpt": first[0][1] if first else None, "last_saved_iter": self.last_saved_iter,
+            "kept": list(self.kept),
+            "best": [[s, n, k] for k, ranked in self.best.items() for s, n in ranked],
+            "best_score": first[0][0] if first else None,
+            "best_ckpt": first[0][1] if first else None,
+            "last_saved_iter": self.last_saved_iter,
         }
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:  # noqa: D102
@@ -131,7 +143,8 @@ class CheckpointManager:
         pieces: Name -> :class:`Stateful`, in load order; a None value reserves a name for a
             piece added later (``manager.pieces[name] = piece``). ``rng`` is appended by the manager.
         ckpt_dir: Where files go (relative names are put there): a local folder, or a URL / :class:`RemotePath`
-            (``s3://bucket/run``); a checkpoint whose upload keeps failing is kept in ``<ckpt_dir's parent>/checkpoints_unuploaded``
+            (``s3://bucket/run``); a checkpoint whose upload keeps failing is kept in ``<ckpt_dir's
+            parent>/checkpoints_unuploaded``
             of the local folder given here.
         progress: Names and dates "save now" checkpoints.
         keep: Periodic checkpoints kept (-1: all); older ones are deleted after the new ``latest``.
@@ -140,7 +153,8 @@ class CheckpointManager:
         flush: Runs once before the pieces are collected (the trainer's log flush: a resumed
             run does not log those lines again).
         before_save: Gets the collected dict before it is checked and written (``before_save_checkpoint`` hooks).
-        after_save: Gets the path after each periodic or best save (``after_save_checkpoint`` hooks: the logger hook copies the logs then).
+        after_save: Gets the path after each periodic or best save (``after_save_checkpoint`` hooks: the logger hook
+            copies the logs then).
         after_load: Gets the loaded dict after every piece but ``rng`` is restored (``after_load_checkpoint`` hooks).
         required: Pieces a checkpoint must hold to be restored here.
         optional: Pieces a checkpoint may lack without a warning.
@@ -149,16 +163,29 @@ class CheckpointManager:
     """
 
     def __init__(
-        self, strategy: CheckpointStrategy, pieces: Mapping[str, Stateful | None], ckpt_dir: str | Path, *, progress: Position,
-        keep: int = -1, async_save: bool = False, logger: logging.Logger | None = None, flush: Callable[[], None] | None = None,
-        before_save: Callable[[dict[str, Any]], None] | None = None, after_load: Callable[[dict[str, Any]], None] | None = None,
-        after_save: Callable[[Location], None] | None = None, required: Collection[str] = (), optional: Collection[str] = (),
+        self,
+        strategy: CheckpointStrategy,
+        pieces: Mapping[str, Stateful | None],
+        ckpt_dir: str | Path,
+        *,
+        progress: Position,
+        keep: int = -1,
+        async_save: bool = False,
+        logger: logging.Logger | None = None,
+        flush: Callable[[], None] | None = None,
+        before_save: Callable[[dict[str, Any]], None] | None = None,
+        after_load: Callable[[dict[str, Any]], None] | None = None,
+        after_save: Callable[[Location], None] | None = None,
+        required: Collection[str] = (),
+        optional: Collection[str] = (),
         settings: CheckpointSettings | None = None,
     ) -> None:
         self.strategy = strategy
         self.pieces: dict[str, Stateful | None] = dict(pieces)
         first = location(ckpt_dir)
-        self._local_dir = first if isinstance(first, Path) else None  # the lock's folder; its parent holds checkpoints_unuploaded
+        self._local_dir = (
+            first if isinstance(first, Path) else None
+        )  # the lock's folder; its parent holds checkpoints_unuploaded
         self.ckpt_dir: Location = self._where(first)
         self.progress = progress
         self.keep = keep
@@ -179,31 +206,47 @@ class CheckpointManager:
             self.epoch_tmpl, self.iter_tmpl = settings.epoch_tmpl, settings.iter_tmpl
         self.record = SaveRecord()
         self._rng = RngState(strategy)
-        # the lock guards the local folder (work_dir/checkpoints) even when the files go to a remote out_dir; a manager made on a URL has none
+        # the lock guards the local folder (work_dir/checkpoints) even when the files go to a remote out_dir; a manager
+        # made on a URL has none
         self._lock = WorkDirLock(self._local_dir) if self._local_dir is not None else None
         #: The checkpoint restored last and the iteration it put training at (None: none was restored).
         self.restored: tuple[Location, int] | None = None
 
     def configure(self, **settings: Any) -> None:
-        """Set storage settings by name (``ckpt_dir``, ``keep``, ``async_save``, ``exclude``, ``epoch_tmpl``, ``iter_tmpl``, ``epoch_names``, ``record``)."""
+        """Set storage settings by name (``ckpt_dir``, ``keep``, ``async_save``, ``exclude``, ``epoch_tmpl``,
+        ``iter_tmpl``, ``epoch_names``, ``record``)."""
         for k, v in settings.items():
-            if k not in ("ckpt_dir", "keep", "async_save", "exclude", "epoch_tmpl", "iter_tmpl", "epoch_names", "record"):
+            if k not in (
+                "ckpt_dir",
+                "keep",
+                "async_save",
+                "exclude",
+                "epoch_tmpl",
+                "iter_tmpl",
+                "epoch_names",
+                "record",
+            ):
                 raise TypeError(f"CheckpointManager.configure: unknown setting {k!r}")
             setattr(self, k, self._where(v) if k == "ckpt_dir" else tuple(v) if k == "exclude" else v)
 
     @property
     def unuploaded_dir(self) -> Path:
-        """Where a checkpoint whose upload to a remote ``ckpt_dir`` kept failing is written instead (``work_dir/checkpoints_unuploaded``)."""
+        """Where a checkpoint whose upload to a remote ``ckpt_dir`` kept failing is written instead
+        (``work_dir/checkpoints_unuploaded``)."""
         return (self._local_dir.parent if self._local_dir is not None else Path.cwd()) / "checkpoints_unuploaded"
 
     def _where(self, ckpt_dir: str | Path | RemotePath) -> Location:
-        """``ckpt_dir`` as a local Path or a RemotePath (decided here, once); a remote store learns where failed uploads go."""
+        """``ckpt_dir`` as a local Path or a RemotePath (decided here, once); a remote store learns where failed
+        uploads go."""
         loc = location(ckpt_dir)
         if isinstance(loc, RemotePath):
             if not getattr(self.strategy, "remote_checkpoints", True):
                 raise ValueError(
-                    f"Checkpoints in {loc.url}: strategy {getattr(self.strategy, 'name', type(self.strategy).__name__)!r} writes its checkpoints to local disk "
-                    "only. Give CheckpointHook a local out_dir (and copy the folder to object storage yourself), or use strategy='fsdp' / 'ddp'"
+                    f"Checkpoints in {loc.url}: strategy "
+                    f"{getattr(self.strategy, 'name', type(self.strategy).__name__)!r} writes its checkpoints to local "
+                    "disk "
+                    "only. Give CheckpointHook a local out_dir (and copy the folder to object storage yourself), or "
+                    "use strategy='fsdp' / 'ddp'"
                 )
             loc.store.fallback_dir = self.unuploaded_dir
         return loc
@@ -222,9 +265,15 @@ class CheckpointManager:
             ValueError: ``name`` is taken.
         """
         if not isinstance(piece, Stateful):
-            raise TypeError(f"register_stateful({name!r}, ...) needs an object with state_dict() and load_state_dict(state), got {type(piece).__name__}")
+            raise TypeError(
+                f"register_stateful({name!r}, ...) needs an object with state_dict() and load_state_dict(state), got "
+                f"{type(piece).__name__}"
+            )
         if name in self.pieces or name in ("meta", "rng"):
-            raise ValueError(f"register_stateful: the name {name!r} is already taken (taken: {[*self.pieces, 'rng']}); register under another name")
+            raise ValueError(
+                f"register_stateful: the name {name!r} is already taken (taken: {[*self.pieces, 'rng']}); register "
+                "under another name"
+            )
         self.pieces[name] = piece
 
     def state_dict(self, exclude: Collection[str] = ()) -> dict[str, Any]:
@@ -268,10 +317,17 @@ class CheckpointManager:
         return name if suffix == CHECKPOINT_SUFFIX else name[: -len(CHECKPOINT_SUFFIX)] + suffix
 
     def save(
-        self, name: str | Path, *, exclude: Collection[str] | None = None, async_save: bool = False,
-        latest: bool = False, remove: Sequence[str] = (), after: Callable[[], None] | None = None,
+        self,
+        name: str | Path,
+        *,
+        exclude: Collection[str] | None = None,
+        async_save: bool = False,
+        latest: bool = False,
+        remove: Sequence[str] = (),
+        after: Callable[[], None] | None = None,
     ) -> Location:
-        """Write one checkpoint (a bare name goes in ``ckpt_dir``); once complete, rank 0 points ``latest`` at it, deletes ``remove``, runs ``after``.
+        """Write one checkpoint (a bare name goes in ``ckpt_dir``); once complete, rank 0 points ``latest`` at it,
+        deletes ``remove``, runs ``after``.
 
         In a remote ``ckpt_dir`` "complete" means uploaded: an upload that keeps failing leaves the
         file in :attr:`unuploaded_dir` with a warning, and ``latest`` and the old files as they were.
@@ -313,13 +369,19 @@ class CheckpointManager:
             return None
         latest = read_latest(self.ckpt_dir)
         return (
-            f"Not writing checkpoint {location(name, within=self.ckpt_dir).name}: the run failed on this process (rank {self.strategy.rank}), and under several processes "
+            f"Not writing checkpoint {location(name, within=self.ckpt_dir).name}: the run failed on this process (rank "
+            f"{self.strategy.rank}), and under several processes "
             "a save is a collective that the other processes are not in. Nothing was written; "
-            + (f"the last complete checkpoint is {self.ckpt_dir / latest}: resume=True continues from it." if latest else "no checkpoint was written before.")
+            + (
+                f"the last complete checkpoint is {self.ckpt_dir / latest}: resume=True continues from it."
+                if latest
+                else "no checkpoint was written before."
+            )
         )
 
     def save_periodic(self, name: str) -> Location:
-        """Save ``name`` as the newest periodic checkpoint: ``latest`` points at it, then the oldest beyond ``keep`` go."""
+        """Save ``name`` as the newest periodic checkpoint: ``latest`` points at it, then the oldest beyond ``keep``
+        go."""
         r = self.record
         kept, dropped = [k for k in r.kept if k != name] + [name], []
         if self.keep > 0 and len(kept) > self.keep:
@@ -328,25 +390,36 @@ class CheckpointManager:
         return self._write(name, latest=True, remove=dropped)
 
     def save_best(self, key: str, score: float, name: str, *, greater: bool, keep: int = 1) -> Location | None:
-        """Save ``name`` if ``score`` is among the ``keep`` best of ``key``; the file that falls out goes. None: not among them."""
-        ranked = sorted([*[b for b in self.record.best.get(key, []) if b[1] != name], (score, name)], key=lambda b: -b[0] if greater else b[0])
+        """Save ``name`` if ``score`` is among the ``keep`` best of ``key``; the file that falls out goes. None: not
+        among them."""
+        ranked = sorted(
+            [*[b for b in self.record.best.get(key, []) if b[1] != name], (score, name)],
+            key=lambda b: -b[0] if greater else b[0],
+        )
         if (score, name) not in ranked[:keep]:
             return None
         self.record.best[key] = ranked[:keep]
         return self._write(name, latest=False, remove=[n for _, n in ranked[keep:]])
 
     def save_now(self) -> Location | None:
-        """Checkpoint the current iteration now (preemption, end of training) unless it is saved already; complete on return."""
+        """Checkpoint the current iteration now (preemption, end of training) unless it is saved already; complete on
+        return."""
         p = self.progress
         if p.iteration == self.record.last_saved_iter:
             return None
-        path = self.save_periodic(self.name(self.epoch_tmpl, p.epoch) if self.epoch_names and p.iter_in_epoch == 0 else self.name(self.iter_tmpl, p.iteration))
+        path = self.save_periodic(
+            self.name(self.epoch_tmpl, p.epoch)
+            if self.epoch_names and p.iter_in_epoch == 0
+            else self.name(self.iter_tmpl, p.iteration)
+        )
         self.strategy.wait_for_checkpoint()
         return path
 
     def _write(self, name: str, latest: bool, remove: list[str]) -> Location:
         path = self.save(name, async_save=self.async_save, latest=latest, remove=remove)
-        self.logger.info(f"Saving checkpoint {path} in the background" if self.async_save else f"Saved checkpoint {path}")
+        self.logger.info(
+            f"Saving checkpoint {path} in the background" if self.async_save else f"Saved checkpoint {path}"
+        )
         if self.after_save is not None:
             self.after_save(path)
         return path
@@ -359,12 +432,14 @@ class CheckpointManager:
             if key not in names:
                 hint = " (mmengine's 'state_dict' is trainwright's 'model')" if key == "state_dict" else ""
                 raise ValueError(
-                    f"CheckpointHook published_keys: {key!r} is not a key of this trainer's checkpoints {names}{hint}.{did_you_mean(key, names)} "
+                    f"CheckpointHook published_keys: {key!r} is not a key of this trainer's checkpoints "
+                    f"{names}{hint}.{did_you_mean(key, names)} "
                     "Publish some of those, e.g. published_keys=['meta', 'model']"
                 )
 
     def publish(self, path: Location, keys: Sequence[str]) -> Location:
-        """Write ``path`` stripped to ``keys`` as ``<stem>-<sha256[:8]>.pth`` beside it (call on rank 0); the hash is of the file's bytes.
+        """Write ``path`` stripped to ``keys`` as ``<stem>-<sha256[:8]>.pth`` beside it (call on rank 0); the hash is of
+        the file's bytes.
 
         A sharded checkpoint (an FSDP ``.dcp`` directory) is read whole on this rank alone (the
         strategy's ``read_checkpoint``: full tensors, no collective), so its published file is a
@@ -377,13 +452,18 @@ class CheckpointManager:
         data = buf.getvalue()
         out = path.with_name(f"{path.stem}-{hashlib.sha256(data).hexdigest()[:8]}.pth")
         write_whole(out, data)
-        self.logger.info(f"Published {path.name} as {out} with keys {list(keys)}" + (f" (left out {removed})" if removed else ""))
+        self.logger.info(
+            f"Published {path.name} as {out} with keys {list(keys)}" + (f" (left out {removed})" if removed else "")
+        )
         return out
 
     def clean_stale_tmp(self) -> None:
-        """Remove temporaries that killed writers left in ``ckpt_dir`` (those of processes that no longer exist, and this one's)."""
+        """Remove temporaries that killed writers left in ``ckpt_dir`` (those of processes that no longer exist, and
+        this one's)."""
         d = self.ckpt_dir
-        if isinstance(d, RemotePath) or not d.is_dir():  # a remote folder holds no temporaries: an object is complete or absent
+        if (
+            isinstance(d, RemotePath) or not d.is_dir()
+        ):  # a remote folder holds no temporaries: an object is complete or absent
             return
         self.strategy.wait_for_checkpoint()  # no write of this process is in flight: its temporary files are stale too
         for p in d.iterdir():
@@ -412,7 +492,10 @@ class CheckpointManager:
         if error is not None:
             raise WorkDirBusyError(error)
         if stale is not None and self._lock is not None:
-            self.logger.warning(f"Took over the lock of {self._lock.path.parent} from {stale}: that process ended without releasing it (killed or crashed)")
+            self.logger.warning(
+                f"Took over the lock of {self._lock.path.parent} from {stale}: that process ended without releasing it "
+                "(killed or crashed)"
+            )
 
     def unlock(self) -> None:
         """Release the lock if this process holds it."""
@@ -421,7 +504,8 @@ class CheckpointManager:
 
     # -- restoring ------------------------------------------------------------------------------
     def find_and_restore(self, path: str | Path | RemotePath | None = None) -> tuple[Location, dict[str, Any]] | None:
-        """Restore ``path``, or (None) the newest checkpoint of ``ckpt_dir`` that loads (a corrupt one is skipped, with a warning).
+        """Restore ``path``, or (None) the newest checkpoint of ``ckpt_dir`` that loads (a corrupt one is skipped, with
+        a warning).
 
         Returns:
             ``(path, checkpoint)`` restored, or None when ``ckpt_dir`` holds no checkpoint.
@@ -446,7 +530,8 @@ class CheckpointManager:
         return self._restored_from(path, ckpt)
 
     def _newer_kept_copy(self) -> Path | None:
-        """A checkpoint kept in ``checkpoints_unuploaded`` (its upload failed) newer than the newest in the remote ``ckpt_dir``, if any.
+        """A checkpoint kept in ``checkpoints_unuploaded`` (its upload failed) newer than the newest in the remote
+        ``ckpt_dir``, if any.
 
         One process resumes from it, with a warning; several only warn (the kept copy is on
         rank 0's disk), naming ``resume=`` for it.
@@ -463,10 +548,13 @@ class CheckpointManager:
         remote = list_checkpoints(self.ckpt_dir, suffix=suffix)
         if remote and step_of(remote[0].name) >= step_of(kept[0].name):
             return None
-        newest = f"than {remote[0].name}, the newest in {self.ckpt_dir}" if remote else f"and {self.ckpt_dir} holds none"
+        newest = (
+            f"than {remote[0].name}, the newest in {self.ckpt_dir}" if remote else f"and {self.ckpt_dir} holds none"
+        )
         if self.strategy.world_size > 1:
             warnings.warn(
-                f"resume=True: {kept[0]} (kept locally when its upload failed) is newer {newest}; resuming from the remote one. "
+                f"resume=True: {kept[0]} (kept locally when its upload failed) is newer {newest}; resuming from the "
+                "remote one. "
                 f"To continue from the kept one, copy it to {self.ckpt_dir} or pass resume='{kept[0]}'",
                 stacklevel=3,
             )
@@ -479,7 +567,8 @@ class CheckpointManager:
         return kept[0]  # type: ignore[return-value]  # a local path: kept_dir is local
 
     def restore_if_training_checkpoint(self, path: str | Path | RemotePath) -> tuple[Location, dict[str, Any]] | None:
-        """Restore ``path`` when it is a training checkpoint (a dict with every required piece); None, changing nothing, when it is not (weights).
+        """Restore ``path`` when it is a training checkpoint (a dict with every required piece); None, changing nothing,
+        when it is not (weights).
 
         mmengine's ``resume=True`` with ``load_from=PATH`` resumes from ``PATH``: the Trainer asks this
         when its own checkpoint folder has nothing to resume.
@@ -490,7 +579,9 @@ class CheckpointManager:
             return None
         return self._restored_from(path, ckpt)
 
-    def _restored_from(self, path: str | Path | RemotePath | Location, ckpt: dict[str, Any]) -> tuple[Location, dict[str, Any]]:
+    def _restored_from(
+        self, path: str | Path | RemotePath | Location, ckpt: dict[str, Any]
+    ) -> tuple[Location, dict[str, Any]]:
         """:meth:`restore` ``ckpt`` read from ``path`` and note it as :attr:`restored`."""
         where = location(path, within=self.ckpt_dir)
         self.restore(ckpt, where)
@@ -498,7 +589,8 @@ class CheckpointManager:
         return where, ckpt
 
     def _agree_on_newest(self) -> None:
-        """Every rank must see the same newest checkpoint (by name: work dirs may be node-local copies under other paths)."""
+        """Every rank must see the same newest checkpoint (by name: work dirs may be node-local copies under other
+        paths)."""
         from trainwright.checkpoint.listing import list_checkpoints
 
         found = list_checkpoints(self.ckpt_dir, suffix=self.strategy.resumable_suffixes)
@@ -506,8 +598,12 @@ class CheckpointManager:
         if len({None if f is None else Path(f).name for f in everyone}) > 1:
             raise ResumeDisagreeError(
                 "The processes of this run would resume from different checkpoints: "
-                + "; ".join(f"rank {r} finds no checkpoint" if f is None else f"rank {r} would resume from {f}" for r, f in enumerate(everyone))
-                + ". Every rank must see the same checkpoints (one shared work_dir, or a copy of its checkpoints folder on every node); "
+                + "; ".join(
+                    f"rank {r} finds no checkpoint" if f is None else f"rank {r} would resume from {f}"
+                    for r, f in enumerate(everyone)
+                )
+                + ". Every rank must see the same checkpoints (one shared work_dir, or a copy of its checkpoints "
+                "folder on every node); "
                 "nothing was loaded or trained."
             )
 
@@ -519,10 +615,16 @@ class CheckpointManager:
             ValueError, RuntimeError: a piece does not fit (the message names ``path``); nothing was changed.
         """
         if not isinstance(ckpt, dict):
-            raise TypeError(f"Checkpoint {str(path)!r} holds a {type(ckpt).__name__}, not a trainwright checkpoint dict; use load_from= for weights")
+            raise TypeError(
+                f"Checkpoint {str(path)!r} holds a {type(ckpt).__name__}, not a trainwright checkpoint dict; use "
+                "load_from= for weights"
+            )
         for key in self.required:
             if key not in ckpt:
-                raise KeyError(f"Checkpoint {str(path)!r} has no {key!r} entry: it is not a trainwright training checkpoint (keys: {sorted(ckpt)}); use load_from= for weights only")
+                raise KeyError(
+                    f"Checkpoint {str(path)!r} has no {key!r} entry: it is not a trainwright training checkpoint "
+                    f"(keys: {sorted(ckpt)}); use load_from= for weights only"
+                )
         pieces = self.stateful
         for name, piece in pieces.items():
             if name in ckpt:

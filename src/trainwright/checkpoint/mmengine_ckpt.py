@@ -22,7 +22,14 @@ from typing import Any
 import numpy as np
 import torch
 
-from trainwright.checkpoint.io import CheckpointError, MapLocation, PathLike, UnsafeCheckpointError, atomic_save, first_reason
+from trainwright.checkpoint.io import (
+    CheckpointError,
+    MapLocation,
+    PathLike,
+    UnsafeCheckpointError,
+    atomic_save,
+    first_reason,
+)
 
 #: The module prefixes whose globals mark a refusal this reader may lift (mmengine's classes, the numpy inside them).
 FOREIGN_PREFIXES = ("mmengine.", "numpy.")
@@ -33,14 +40,21 @@ class _HistoryBufferFields:
 
 
 def _allowlist() -> list[Any]:
-    """What the weights-only unpickler may rebuild besides its defaults: mmengine's classes as stand-ins, numpy arrays, dtypes and scalars."""
+    """What the weights-only unpickler may rebuild besides its defaults: mmengine's classes as stand-ins, numpy
+    arrays, dtypes and scalars."""
     import numpy.dtypes
 
-    core = importlib.import_module("numpy._core.multiarray" if hasattr(np, "_core") else "numpy.core.multiarray")  # numpy 2 / 1: where arrays are rebuilt
+    core = importlib.import_module(
+        "numpy._core.multiarray" if hasattr(np, "_core") else "numpy.core.multiarray"
+    )  # numpy 2 / 1: where arrays are rebuilt
     allowed: list[Any] = [
         (_HistoryBufferFields, "mmengine.logging.history_buffer.HistoryBuffer"),
-        (OrderedDict, "mmengine.config.config.ConfigDict"),  # a dict subclass: rebuilt as the one dict type whose items and state the unpickler sets
-        np.ndarray, np.dtype,
+        (
+            OrderedDict,
+            "mmengine.config.config.ConfigDict",
+        ),  # a dict subclass: rebuilt as the one dict type whose items and state the unpickler sets
+        np.ndarray,
+        np.dtype,
     ]
     for module in ("numpy.core.multiarray", "numpy._core.multiarray"):  # files written under numpy 1 and numpy 2
         allowed += [(core._reconstruct, f"{module}._reconstruct"), (core.scalar, f"{module}.scalar")]
@@ -49,12 +63,14 @@ def _allowlist() -> list[Any]:
 
 
 def is_foreign_refusal(message: str) -> bool:
-    """Whether torch's weights-only refusal ``message`` names an mmengine or numpy global (what :func:`read_mmengine_checkpoint` can read)."""
+    """Whether torch's weights-only refusal ``message`` names an mmengine or numpy global (what
+    :func:`read_mmengine_checkpoint` can read)."""
     return any(f"GLOBAL {prefix}" in message for prefix in FOREIGN_PREFIXES)
 
 
 def read_mmengine_checkpoint(path: PathLike, map_location: MapLocation = "cpu") -> dict[str, Any]:
-    """Load an mmengine checkpoint as plain data (tensors, numbers, strings, dicts, lists), running no code from the file.
+    """Load an mmengine checkpoint as plain data (tensors, numbers, strings, dicts, lists), running no code from the
+    file.
 
     A ``HistoryBuffer`` becomes ``{"log_history": tensor, "count_history": tensor, "max_length": int}``,
     a ``ConfigDict`` an ``OrderedDict``, a numpy array a tensor (a list when it holds objects or text), a numpy
@@ -72,27 +88,36 @@ def read_mmengine_checkpoint(path: PathLike, map_location: MapLocation = "cpu") 
             obj = torch.load(p, map_location=map_location, weights_only=True)
     except pickle.UnpicklingError as e:
         raise UnsafeCheckpointError(
-            f"Refused to load checkpoint {str(p)!r} as an mmengine checkpoint: {first_reason(str(e)).rstrip('.')}. Only tensors, plain containers, "
-            "numpy arrays and scalars, and mmengine's HistoryBuffer and ConfigDict are read; anything else could run code when unpickled."
+            f"Refused to load checkpoint {str(p)!r} as an mmengine checkpoint: {first_reason(str(e)).rstrip('.')}. "
+            "Only tensors, plain containers, "
+            "numpy arrays and scalars, and mmengine's HistoryBuffer and ConfigDict are read; anything else could run "
+            "code when unpickled."
         ) from None
     except (EOFError, RuntimeError, ValueError, OSError) as e:
-        raise CheckpointError(f"Cannot read checkpoint {str(p)!r}: {type(e).__name__}: {e}. The file is truncated, corrupt or not a checkpoint.") from e
+        raise CheckpointError(
+            f"Cannot read checkpoint {str(p)!r}: {type(e).__name__}: {e}. The file is truncated, corrupt or not a "
+            "checkpoint."
+        ) from e
     return plain_data(obj)  # type: ignore[no-any-return]
 
 
 def plain_data(obj: Any) -> Any:
-    """``obj`` with the stand-ins, numpy arrays and numpy scalars replaced by plain data (containers rebuilt, tensors kept)."""
+    """``obj`` with the stand-ins, numpy arrays and numpy scalars replaced by plain data (containers rebuilt, tensors
+    kept)."""
     if isinstance(obj, _HistoryBufferFields):
         fields = vars(obj)
         return {
-            "log_history": plain_data(fields.get("_log_history")), "count_history": plain_data(fields.get("_count_history")),
+            "log_history": plain_data(fields.get("_log_history")),
+            "count_history": plain_data(fields.get("_count_history")),
             "max_length": plain_data(fields.get("max_length")),
         }
     if isinstance(obj, np.ndarray):
         return torch.from_numpy(obj.copy()) if obj.dtype.kind in "biufc" else plain_data(obj.tolist())
     if isinstance(obj, np.generic):
         return obj.item()
-    if isinstance(obj, OrderedDict):  # a state dict keeps its type and its _metadata (module versions); a ConfigDict's copied fields are dropped
+    if isinstance(
+        obj, OrderedDict
+    ):  # a state dict keeps its type and its _metadata (module versions); a ConfigDict's copied fields are dropped
         ordered = OrderedDict((k, plain_data(v)) for k, v in obj.items())
         if hasattr(obj, "_metadata"):
             ordered._metadata = plain_data(obj._metadata)  # type: ignore[attr-defined]
@@ -105,7 +130,8 @@ def plain_data(obj: Any) -> Any:
 
 
 def convert_mmengine_checkpoint(src: PathLike, dst: PathLike) -> dict[str, Any]:
-    """Write ``src`` (an mmengine checkpoint) to ``dst`` as plain data that ``torch.load(weights_only=True)`` reads; return what was written.
+    """Write ``src`` (an mmengine checkpoint) to ``dst`` as plain data that ``torch.load(weights_only=True)`` reads;
+    return what was written.
 
     Nothing from ``src`` is executed (see :func:`read_mmengine_checkpoint`); ``dst`` is written atomically.
     """
@@ -116,4 +142,10 @@ def convert_mmengine_checkpoint(src: PathLike, dst: PathLike) -> dict[str, Any]:
     return dict(ckpt)
 
 
-__all__ = ["FOREIGN_PREFIXES", "convert_mmengine_checkpoint", "is_foreign_refusal", "plain_data", "read_mmengine_checkpoint"]
+__all__ = [
+    "FOREIGN_PREFIXES",
+    "convert_mmengine_checkpoint",
+    "is_foreign_refusal",
+    "plain_data",
+    "read_mmengine_checkpoint",
+]

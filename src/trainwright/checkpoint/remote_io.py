@@ -1,4 +1,5 @@
-"""Checkpoints on a :class:`~trainwright.checkpoint.storage.Store`: :func:`publish_with_fallback`, and :func:`save_remote` for one file.
+"""Checkpoints on a :class:`~trainwright.checkpoint.storage.Store`: :func:`publish_with_fallback`, and
+:func:`save_remote` for one file.
 
 A file or folder is written locally first, then published; one that cannot be published is kept in the
 store's ``fallback_dir`` with a warning (checkpoints, sharded directories), or stays where it is (copies of logs).
@@ -18,7 +19,8 @@ from trainwright.checkpoint.storage import Location, RemotePath
 
 
 def fallback_folder(target: RemotePath) -> Path:
-    """Where a checkpoint of ``target``'s store is kept when it cannot be published: the store's ``fallback_dir``, else ``./checkpoints_unuploaded``."""
+    """Where a checkpoint of ``target``'s store is kept when it cannot be published: the store's ``fallback_dir``,
+    else ``./checkpoints_unuploaded``."""
     return target.store.fallback_dir or Path.cwd() / "checkpoints_unuploaded"
 
 
@@ -59,7 +61,8 @@ def publish_with_fallback(
                 shutil.rmtree(kept)
             shutil.move(str(local), kept)
         warnings.warn(
-            f"Could not upload {what} {target.url} ({target.store.explain(e)}); kept it locally as {kept}. {then}".rstrip(),
+            f"Could not upload {what} {target.url} ({target.store.explain(e)}); "
+            f"kept it locally as {kept}. {then}".rstrip(),
             stacklevel=3,
         )
         return kept
@@ -67,7 +70,8 @@ def publish_with_fallback(
 
 
 def save_remote(obj: Mapping[str, Any], target: RemotePath, after: Callable[[], None] | None = None) -> Location:
-    """``torch.save`` ``obj`` to ``target`` of a store: one object (complete or absent), published with :func:`publish_with_fallback`; then ``after``.
+    """``torch.save`` ``obj`` to ``target`` of a store: one object (complete or absent), published with
+    :func:`publish_with_fallback`; then ``after``.
 
     The checkpoint is serialised into a local temporary file first (``TMPDIR``), then published.
     If that fails (the endpoint went away, after the store's own tries), the file is kept in the
@@ -89,8 +93,10 @@ def save_remote(obj: Mapping[str, Any], target: RemotePath, after: Callable[[], 
             tmp,
             target,
             then=(
-                f"Training goes on; `latest` in {target.parent.url} still names the previous checkpoint. Copy the file there once the "
-                f"storage is back (e.g. `aws s3 cp {fallback_folder(target) / target.name} {target.url}`), or resume from it with "
+                f"Training goes on; `latest` in {target.parent.url} still names the previous checkpoint. Copy the file "
+                "there once the "
+                f"storage is back (e.g. `aws s3 cp {fallback_folder(target) / target.name} {target.url}`), or resume "
+                "from it with "
                 f"resume={str(fallback_folder(target) / target.name)!r}."
             ),
         )
@@ -103,8 +109,10 @@ def save_remote(obj: Mapping[str, Any], target: RemotePath, after: Callable[[], 
             after()
         except Exception as e:  # noqa: BLE001 - the checkpoint itself is safe; say what is stale
             warnings.warn(
-                f"Checkpoint {target.url} was uploaded, but updating `latest` / deleting old checkpoints failed ({target.store.explain(e)}); "
-                f"resume=True continues from the checkpoint `latest` still names, the next save moves it on; to continue from this one, "
+                f"Checkpoint {target.url} was uploaded, but updating `latest` / deleting old checkpoints failed "
+                f"({target.store.explain(e)}); "
+                "resume=True continues from the checkpoint `latest` still names, the next save moves it on; to "
+                "continue from this one, "
                 f"pass resume='{target.url}'.",
                 stacklevel=2,
             )
@@ -112,5 +120,6 @@ def save_remote(obj: Mapping[str, Any], target: RemotePath, after: Callable[[], 
 
 
 def load_remote(src: RemotePath, map_location: MapLocation) -> dict[str, Any]:
-    """Fetch ``src`` into a temporary file and load that (:func:`~trainwright.checkpoint.load_file`); messages name its URL."""
+    """Fetch ``src`` into a temporary file and load that (:func:`~trainwright.checkpoint.load_file`); messages name
+    its URL."""
     return load_file(src, map_location)

@@ -1,4 +1,5 @@
-"""Where and how a run's checkpoints are stored: the settings the Trainer gives its checkpoint manager when it builds it.
+"""Where and how a run's checkpoints are stored: the settings the Trainer gives its checkpoint manager when it builds
+it.
 
 ``Trainer(checkpoint=dict(...))`` and the same keys under ``default_hooks.checkpoint`` (mmengine's) end up
 here, so a save before ``train()`` and every save during it use the same folder, keep-k, names and pieces.
@@ -29,7 +30,8 @@ KEYS: tuple[str, ...] = (
 
 
 def check_template(tmpl: Any, key: str = "filename_tmpl") -> str:
-    """``tmpl`` if it names checkpoints that resume finds (one ``{}``, ``.pth``, not hidden nor ``best_``); else a ValueError naming ``key``."""
+    """``tmpl`` if it names checkpoints that resume finds (one ``{}``, ``.pth``, not hidden nor ``best_``); else a
+    ValueError naming ``key``."""
     if (
         not isinstance(tmpl, str)
         or tmpl.count("{}") != 1
@@ -38,15 +40,18 @@ def check_template(tmpl: Any, key: str = "filename_tmpl") -> str:
         or tmpl.startswith((".", "best_"))
     ):
         raise ValueError(
-            f"CheckpointHook {key} must be a file name with exactly one '{{}}' for the epoch / iteration that ends in '.pth' "
-            f"and starts neither with '.' nor 'best_' (resume looks for such files), e.g. 'epoch_{{}}.pth'; got {tmpl!r}"
+            f"CheckpointHook {key} must be a file name with exactly one '{{}}' for the epoch / iteration that ends in "
+            "'.pth' "
+            f"and starts neither with '.' nor 'best_' (resume looks for such files), e.g. 'epoch_{{}}.pth'; got "
+            f"{tmpl!r}"
         )
     return tmpl
 
 
 @dataclass(frozen=True)
 class CheckpointSettings:
-    """Where checkpoints go and what they hold; given to :class:`~trainwright.checkpoint.manager.CheckpointManager` at build.
+    """Where checkpoints go and what they hold; given to :class:`~trainwright.checkpoint.manager.CheckpointManager` at
+    build.
 
     Attributes:
         out_dir: The checkpoint folder (None: ``work_dir/checkpoints``): a local path, a URL (an
@@ -73,7 +78,8 @@ class CheckpointSettings:
 
     @classmethod
     def build(cls, given: Mapping[str, Any] | None = None, *more: Mapping[str, Any]) -> CheckpointSettings:
-        """The settings of ``Trainer(checkpoint=given)`` plus those a hook was given (``default_hooks.checkpoint``'s ``out_dir``...).
+        """The settings of ``Trainer(checkpoint=given)`` plus those a hook was given (``default_hooks.checkpoint``'s
+        ``out_dir``...).
 
         Raises:
             TypeError: an unknown key (with the close matches).
@@ -89,7 +95,8 @@ class CheckpointSettings:
                     )
                 if key in merged and merged[key] != value:
                     raise ValueError(
-                        f"The checkpoint setting {key!r} is given twice, as {merged[key]!r} and {value!r} (Trainer(checkpoint=...) and "
+                        f"The checkpoint setting {key!r} is given twice, as {merged[key]!r} and {value!r} "
+                        "(Trainer(checkpoint=...) and "
                         "default_hooks.checkpoint); give it once"
                     )
                 merged[key] = value
@@ -97,7 +104,8 @@ class CheckpointSettings:
         out_dir = merged.pop("out_dir", None)
         if options is not None and not (isinstance(out_dir, str) and "://" in out_dir):
             raise ValueError(
-                f"CheckpointHook storage_options apply to a URL out_dir (s3://..., memory://...), but out_dir is {out_dir!r}; "
+                "CheckpointHook storage_options apply to a URL out_dir (s3://..., memory://...), but out_dir is "
+                f"{out_dir!r}; "
                 "drop storage_options or give a URL"
             )
         if merged.get("max_keep_ckpts") == 0:
@@ -110,6 +118,7 @@ class CheckpointSettings:
         where = location(out_dir, options) if isinstance(out_dir, (str, os.PathLike, RemotePath, Store)) else out_dir
         if where is not None and not isinstance(where, (Path, RemotePath)):
             raise TypeError(
-                f"checkpoint out_dir must be a path, a URL or a trainwright.checkpoint.storage.Store, got {type(out_dir).__name__}"
+                "checkpoint out_dir must be a path, a URL or a trainwright.checkpoint.storage.Store, got "
+                f"{type(out_dir).__name__}"
             )
         return cls(out_dir=where, **merged)

@@ -51,7 +51,6 @@ def _is_plain(obj: Any) -> bool:
     return type(obj) in _PLAIN
 
 
-
 def _is_leaf(obj: Any) -> bool:
     """A value :func:`make_safe` returns unchanged without looking inside: a tensor or a plain scalar."""
     return type(obj) in _PLAIN or isinstance(obj, torch.Tensor)
@@ -81,10 +80,17 @@ def make_safe(obj: Any, where: str = "checkpoint") -> Any:
         pairs = [(k, v, v if _is_leaf(v) else make_safe(v, f"{where}[{k!r}]")) for k, v in obj.items()]
         for k, _, _ in pairs:
             if not _is_plain(k):
-                raise TypeError(f"{where} has a key of type {type(k).__name__} ({k!r}); checkpoint dict keys must be strings or numbers")
+                raise TypeError(
+                    f"{where} has a key of type {type(k).__name__} ({k!r}); checkpoint dict keys must be strings or "
+                    "numbers"
+                )
         if all(new is old for _, old, new in pairs) and type(obj) in (dict, OrderedDict):
             return obj  # unchanged: keep the object (and e.g. a state dict's _metadata)
-        return OrderedDict((k, new) for k, _, new in pairs) if isinstance(obj, OrderedDict) else {k: new for k, _, new in pairs}
+        return (
+            OrderedDict((k, new) for k, _, new in pairs)
+            if isinstance(obj, OrderedDict)
+            else {k: new for k, _, new in pairs}
+        )
     if isinstance(obj, (list, tuple)):
         if type(obj) in (list, tuple) and all(_is_leaf(v) for v in obj):
             return obj  # e.g. Python's random state: 625 ints, each already safe

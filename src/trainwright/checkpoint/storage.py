@@ -77,7 +77,8 @@ def location(
 
 
 def remove(path: str | os.PathLike[str] | RemotePath) -> None:
-    """Delete a checkpoint: a file, or a folder with everything under it (a sharded checkpoint), local or in its store; a missing one is fine."""
+    """Delete a checkpoint: a file, or a folder with everything under it (a sharded checkpoint), local or in its
+    store; a missing one is fine."""
     loc = location(path)
     if isinstance(loc, RemotePath):
         loc.remove()
@@ -94,17 +95,20 @@ def local_path(path: str | os.PathLike[str] | RemotePath, who: str = "this strat
     loc = location(path)
     if isinstance(loc, RemotePath):
         raise ValueError(
-            f"{loc}: {who} reads and writes checkpoints on local disk only. Give a local folder as the checkpoint out_dir "
+            f"{loc}: {who} reads and writes checkpoints on local disk only. Give a local folder as the checkpoint "
+            "out_dir "
             "(and copy it to object storage yourself), or use strategy='fsdp' / 'ddp'"
         )
     return loc
 
 
 def fsspec_store(path: RemotePath, who: str = "strategy='fsdp'") -> FsspecStore:
-    """The :class:`FsspecStore` of ``path``; a store of another kind is a ValueError (sharded checkpoints go through DCP's fsspec writer)."""
+    """The :class:`FsspecStore` of ``path``; a store of another kind is a ValueError (sharded checkpoints go through
+    DCP's fsspec writer)."""
     if not isinstance(path.store, FsspecStore):
         raise ValueError(
-            f"{path}: {who} writes sharded checkpoints through DCP's fsspec writer, which needs an fsspec URL (s3://, memory://...) "
+            f"{path}: {who} writes sharded checkpoints through DCP's fsspec writer, which needs an fsspec URL (s3://, "
+            "memory://...) "
             f"as out_dir, not a {type(path.store).__name__}. Give an fsspec URL or a local folder"
         )
     return path.store

@@ -1,7 +1,9 @@
-"""The storage protocol: :class:`Store` (where checkpoints are published) and :class:`RemotePath` (a path that carries its store).
+"""The storage protocol: :class:`Store` (where checkpoints are published) and :class:`RemotePath` (a path that carries
+its store).
 
 Implementations: :class:`~trainwright.checkpoint.fsspec_store.FsspecStore` (a URL) and
-:class:`~trainwright.checkpoint.local_store.LocalStore` (a folder); :mod:`trainwright.checkpoint.storage` decides which a path is.
+:class:`~trainwright.checkpoint.local_store.LocalStore` (a folder); :mod:`trainwright.checkpoint.storage` decides which
+a path is.
 """
 
 from __future__ import annotations
@@ -10,7 +12,7 @@ import re
 from collections.abc import Iterator, Mapping
 from pathlib import Path
 from types import SimpleNamespace
-from typing import Any, Protocol, Union, runtime_checkable
+from typing import Any, Protocol, runtime_checkable
 
 #: ``scheme://`` at the start of a URL.
 URL_SCHEME = re.compile(r"^(?P<scheme>[A-Za-z][A-Za-z0-9+.\-]*)://")
@@ -69,7 +71,8 @@ class Store(Protocol):
 
 
 class RemotePath:
-    """A file or folder of a :class:`Store`, addressed by its path string (a URL); the ``pathlib`` subset the checkpoint code needs.
+    """A file or folder of a :class:`Store`, addressed by its path string (a URL); the ``pathlib`` subset the checkpoint
+    code needs.
 
     It offers the few ``pathlib`` operations the checkpoint code uses (``/``, ``name``,
     ``parent``, ``exists``, ``iterdir``...). ``str()`` is the URL. It has no ``__fspath__``:
@@ -180,5 +183,5 @@ class RemotePath:
         self._info = None
 
 
-Location = Union[Path, RemotePath]
+Location = Path | RemotePath
 """Where a checkpoint (file or folder) lives."""

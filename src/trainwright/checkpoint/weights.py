@@ -199,11 +199,7 @@ def save_safetensors(
     """
     from safetensors.torch import save as st_save
 
-    state = (
-        state_dict_or_module.state_dict()
-        if isinstance(state_dict_or_module, nn.Module)
-        else state_dict_or_module
-    )
+    state = state_dict_or_module.state_dict() if isinstance(state_dict_or_module, nn.Module) else state_dict_or_module
     data = st_save(_plain_tensors(state), metadata=dict(metadata) if metadata else None)
     atomic_write_bytes(path, data)
 

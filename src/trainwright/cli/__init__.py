@@ -1,4 +1,5 @@
-"""The ``trainwright`` command line: ``train``, ``test``, ``val``, ``plot``, ``env`` (also ``python -m trainwright``)."""
+"""The ``trainwright`` command line: ``train``, ``test``, ``val``, ``plot``, ``env`` (also ``python -m
+trainwright``)."""
 
 from trainwright.cli.main import build_parser, main
 

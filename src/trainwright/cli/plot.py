@@ -14,7 +14,8 @@ _META = ("mode", "epoch", "iter")
 
 
 def find_metric_files(path: str | Path) -> list[Path]:
-    """The ``metrics.jsonl`` files of ``path``: the file itself, a run folder's, or every run folder's of a work dir (oldest first)."""
+    """The ``metrics.jsonl`` files of ``path``: the file itself, a run folder's, or every run folder's of a work dir
+    (oldest first)."""
     path = Path(path)
     if path.is_file():
         return [path]
@@ -23,7 +24,9 @@ def find_metric_files(path: str | Path) -> list[Path]:
     files = sorted(path.glob("*/metrics.jsonl"), key=lambda p: p.stat().st_mtime)
     if not files:
         what = "does not exist" if not path.exists() else "holds no metrics.jsonl (nor do its run folders)"
-        raise ConfigError(f"{str(path)!r} {what}; give a work dir (as --work-dir of train), a run folder, or a metrics.jsonl file")
+        raise ConfigError(
+            f"{str(path)!r} {what}; give a work dir (as --work-dir of train), a run folder, or a metrics.jsonl file"
+        )
     return files
 
 
@@ -42,7 +45,8 @@ def _read(file: Path) -> list[dict[str, Any]]:
 
 
 def load_records(path: str | Path) -> list[dict[str, Any]]:
-    """The records of one run: its run folders' ``metrics.jsonl`` merged (a resumed run continues the curve), by iteration.
+    """The records of one run: its run folders' ``metrics.jsonl`` merged (a resumed run continues the curve), by
+    iteration.
 
     Run folders of standalone evaluations (``trainwright val`` / ``test``, ``trainer.val()``
     without training: no training record) are left out when the work dir holds a training
@@ -111,7 +115,7 @@ def plot_runs(paths: Sequence[str | Path], keys: Sequence[str] | None = None, ou
             ax.ticklabel_format(axis="y", style="sci", scilimits=(-3, 3))
         if len(paths) > 1:
             ax.legend(fontsize="small")
-    for ax in list(axes.flat)[len(keys):]:
+    for ax in list(axes.flat)[len(keys) :]:
         ax.set_visible(False)
     fig.tight_layout()
     out = Path(out)

@@ -24,7 +24,10 @@ from trainwright.registry import ConfigError
 from trainwright.trainer import Trainer
 from trainwright.trainer.from_config import config_path_of
 
-_LAUNCH_HINT = "start the processes with: torchrun --nproc_per_node=N -m trainwright train CONFIG --launcher pytorch (or trainwright train CONFIG --nproc N)"
+_LAUNCH_HINT = (
+    "start the processes with: torchrun --nproc_per_node=N -m trainwright train CONFIG --launcher pytorch (or "
+    "trainwright train CONFIG --nproc N)"
+)
 
 
 def load_config(args: argparse.Namespace) -> Config:
@@ -46,12 +49,16 @@ def load_config(args: argparse.Namespace) -> Config:
     return cfg
 
 
-def torchrun_argv(argv: Sequence[str], nproc: int, nnodes: int = 1, node_rank: int = 0, endpoint: str | None = None) -> list[str]:
-    """The command that hands ``trainwright train ...`` over to ``torch.distributed.run`` with ``nproc`` processes per node.
+def torchrun_argv(
+    argv: Sequence[str], nproc: int, nnodes: int = 1, node_rank: int = 0, endpoint: str | None = None
+) -> list[str]:
+    """The command that hands ``trainwright train ...`` over to ``torch.distributed.run`` with ``nproc`` processes per
+    node.
 
     ``--nproc``, ``--nnodes``, ``--node-rank``, ``--rdzv-endpoint`` and any ``--launcher`` are
     dropped from ``argv`` and ``--launcher pytorch`` is added. One node:
-    ``python -m torch.distributed.run --standalone --nproc_per_node=N -m trainwright train CONFIG ... --launcher pytorch``;
+    ``python -m torch.distributed.run --standalone --nproc_per_node=N -m trainwright train CONFIG ... --launcher
+    pytorch``;
     several: ``--nnodes=M --node-rank=R --master-addr=HOST --master-port=PORT`` (torchrun's static
     rendezvous: node R's processes are ranks ``R*N .. R*N+N-1``, node 0 hosts the store at HOST:PORT).
     """
@@ -75,7 +82,18 @@ def torchrun_argv(argv: Sequence[str], nproc: int, nnodes: int = 1, node_rank: i
             raise ConfigError(f"--nnodes {nnodes} needs --rdzv-endpoint HOST:PORT (node 0's address)")
         host, port = split_endpoint(endpoint)
         where = [f"--nnodes={nnodes}", f"--node-rank={node_rank}", f"--master-addr={host}", f"--master-port={port}"]
-    return [sys.executable, "-m", "torch.distributed.run", *where, f"--nproc_per_node={nproc}", "-m", "trainwright", *rest, "--launcher", "pytorch"]
+    return [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        *where,
+        f"--nproc_per_node={nproc}",
+        "-m",
+        "trainwright",
+        *rest,
+        "--launcher",
+        "pytorch",
+    ]
 
 
 def split_endpoint(endpoint: str) -> tuple[str, int]:
@@ -83,12 +101,16 @@ def split_endpoint(endpoint: str) -> tuple[str, int]:
     host, sep, port = endpoint.rpartition(":")
     host = host.strip("[]")
     if not sep or not host or not port.isdigit() or not 0 < int(port) < 65536:
-        raise ConfigError(f"--rdzv-endpoint {endpoint!r} is not HOST:PORT (node 0's address and a free port there, e.g. node001:29500)")
+        raise ConfigError(
+            f"--rdzv-endpoint {endpoint!r} is not HOST:PORT (node 0's address and a free port there, e.g. "
+            "node001:29500)"
+        )
     return host, int(port)
 
 
 def launch_plan(args: argparse.Namespace, env: Any = None) -> tuple[int, int, int, str | None] | None:
-    """``(nproc, nnodes, node_rank, endpoint)`` when ``train`` must start its processes through torchrun; None: train in this process.
+    """``(nproc, nnodes, node_rank, endpoint)`` when ``train`` must start its processes through torchrun; None: train in
+    this process.
 
     In this process: a worker that torchrun started, or one process on one node (a plain run,
     a task ``srun`` started, a pod of one process). Otherwise what the flags do not say comes
@@ -108,35 +130,47 @@ def launch_plan(args: argparse.Namespace, env: Any = None) -> tuple[int, int, in
         raise ConfigError(f"--nnodes must be at least 1, got {args.nnodes}")
     asked_nodes = args.nnodes is not None or args.node_rank is not None or args.rdzv_endpoint is not None
     if nproc == 1 and not asked_nodes and (nodes.source != "pytorchjob" or nodes.nproc_per_node is None):
-        return None  # one process here; srun / a PyTorchJob pod of one process each: the launcher's variables describe it
+        return (
+            None  # one process here; srun / a PyTorchJob pod of one process each: the launcher's variables describe it
+        )
     nnodes = args.nnodes if args.nnodes is not None else nodes.nnodes
     if nodes.source == "slurm" and args.nnodes is None and nodes.ntasks != nodes.nnodes:
         raise ConfigError(
-            f"srun started {nodes.ntasks} tasks on {nodes.nnodes} nodes and each would start --nproc {nproc} processes: with --nproc start one task per node "
-            f"(srun --ntasks-per-node=1 trainwright train ... --nproc {nproc}), or drop --nproc and let srun start every process (srun --ntasks-per-node={nproc})"
+            f"srun started {nodes.ntasks} tasks on {nodes.nnodes} nodes and each would start --nproc {nproc} "
+            "processes: with --nproc start one task per node "
+            f"(srun --ntasks-per-node=1 trainwright train ... --nproc {nproc}), or drop --nproc and let srun start "
+            f"every process (srun --ntasks-per-node={nproc})"
         )
     if nnodes == 1:
         return nproc, 1, 0, None
     node_rank = args.node_rank if args.node_rank is not None else nodes.node_rank
     if node_rank is None:
-        raise ConfigError(f"--nnodes {nnodes} needs --node-rank R (0 on the machine at --rdzv-endpoint, 1..{nnodes - 1} on the others)")
+        raise ConfigError(
+            f"--nnodes {nnodes} needs --node-rank R (0 on the machine at --rdzv-endpoint, 1..{nnodes - 1} on the "
+            "others)"
+        )
     if not 0 <= node_rank < nnodes:
         raise ConfigError(f"--node-rank {node_rank} is outside 0..{nnodes - 1} (--nnodes {nnodes})")
     endpoint = args.rdzv_endpoint
     if endpoint is None and nodes.master_addr:
         endpoint = f"{nodes.master_addr}:{nodes.master_port or DEFAULT_MASTER_PORT}"
     if endpoint is None:
-        raise ConfigError(f"--nnodes {nnodes} needs --rdzv-endpoint HOST:PORT: node 0's address and a free port there, the same on every node")
+        raise ConfigError(
+            f"--nnodes {nnodes} needs --rdzv-endpoint HOST:PORT: node 0's address and a free port there, the same on "
+            "every node"
+        )
     split_endpoint(endpoint)
     return nproc, nnodes, node_rank, endpoint
 
 
-#: What the launcher passes on to the workers (SIGINT only when it did not come from the terminal, which signals torchrun too).
+#: What the launcher passes on to the workers (SIGINT only when it did not come from the terminal, which signals
+#: torchrun too).
 FORWARDED_SIGNALS = (signal.SIGUSR1, signal.SIGTERM, signal.SIGHUP, signal.SIGINT)
 
 
 def worker_pids(launcher_pid: int) -> list[int]:
-    """The processes whose parent is ``launcher_pid`` (torchrun's workers), from ``/proc``; empty where there is no ``/proc``."""
+    """The processes whose parent is ``launcher_pid`` (torchrun's workers), from ``/proc``; empty where there is no
+    ``/proc``."""
     found = []
     try:
         entries = os.listdir("/proc")
@@ -165,7 +199,9 @@ def _from_terminal() -> bool:
 
 
 def _ignore_sigusr1() -> None:
-    signal.signal(signal.SIGUSR1, signal.SIG_IGN)  # kept across exec: torchrun (and its workers until their hook installs) survive it
+    signal.signal(
+        signal.SIGUSR1, signal.SIG_IGN
+    )  # kept across exec: torchrun (and its workers until their hook installs) survive it
 
 
 def run_launcher(cmd: Sequence[str]) -> int:
@@ -190,7 +226,13 @@ def run_launcher(cmd: Sequence[str]) -> int:
             except ProcessLookupError:
                 pass
         name = signal.Signals(signum).name
-        print(f"trainwright: {name} forwarded to the workers {pids}" if pids else f"trainwright: {name} received, but torchrun has no workers (yet) to forward it to", file=sys.stderr, flush=True)
+        print(
+            f"trainwright: {name} forwarded to the workers {pids}"
+            if pids
+            else f"trainwright: {name} received, but torchrun has no workers (yet) to forward it to",
+            file=sys.stderr,
+            flush=True,
+        )
 
     previous = {s: signal.signal(s, forward) for s in FORWARDED_SIGNALS}
     try:
@@ -207,9 +249,14 @@ def _check_launcher(launcher: str | None) -> None:
         return
     found = detect_launcher()
     if launcher != "none" and found != launcher:
-        raise ConfigError(f"--launcher {launcher} but this process was not started by it (detected: {found}); {_LAUNCH_HINT}")
+        raise ConfigError(
+            f"--launcher {launcher} but this process was not started by it (detected: {found}); {_LAUNCH_HINT}"
+        )
     if launcher == "none" and found != "none":
-        raise ConfigError(f"--launcher none but this process was started by a launcher ({found}); drop --launcher or pass --launcher {found}")
+        raise ConfigError(
+            f"--launcher none but this process was started by a launcher ({found}); drop --launcher or pass --launcher "
+            f"{found}"
+        )
 
 
 def run_command(args: argparse.Namespace, argv: Sequence[str]) -> int:
@@ -227,8 +274,10 @@ def run_command(args: argparse.Namespace, argv: Sequence[str]) -> int:
     trainer = Trainer.from_config(cfg)
     if args.command == "val" and not cfg.get("load_from"):
         trainer.logger.warning(
-            f"trainwright val: no --checkpoint and no load_from in {args.config}: evaluating the model as the config builds it, with its "
-            "initial (untrained) weights. Pass --checkpoint PATH (a checkpoint in the training run's work_dir/checkpoints/, or weights) or set "
+            f"trainwright val: no --checkpoint and no load_from in {args.config}: evaluating the model as the config "
+            "builds it, with its "
+            "initial (untrained) weights. Pass --checkpoint PATH (a checkpoint in the training run's "
+            "work_dir/checkpoints/, or weights) or set "
             "load_from in the config to evaluate trained weights."
         )
     try:

@@ -1,4 +1,5 @@
-"""``trainwright tune-lr``: build the trainer from a config, run the learning-rate range test, print the suggestion, draw the curve."""
+"""``trainwright tune-lr``: build the trainer from a config, run the learning-rate range test, print the suggestion,
+draw the curve."""
 
 from __future__ import annotations
 
@@ -11,8 +12,11 @@ from trainwright.registry import ConfigError
 def add_tune_lr_parser(sub: argparse._SubParsersAction, common: argparse.ArgumentParser) -> None:
     """Add ``tune-lr`` to the ``trainwright`` sub-commands (``common``: the config / work-dir / cfg-options flags)."""
     p = sub.add_parser(
-        "tune-lr", parents=[common], help="find a learning rate: the lr range test of a config (prints the suggestion, draws the curve)",
-        description="Ramp the learning rate over real training steps of the config, print the suggested lr and write the loss curve as a PNG. "
+        "tune-lr",
+        parents=[common],
+        help="find a learning rate: the lr range test of a config (prints the suggestion, draws the curve)",
+        description="Ramp the learning rate over real training steps of the config, print the suggested lr and "
+        "write the loss curve as a PNG. "
         "Nothing is trained or saved: the model and optimizer are put back afterwards.",
     )
     p.add_argument("--min-lr", type=float, default=1e-6, help="first learning rate of the ramp (default: 1e-6)")
@@ -39,7 +43,9 @@ def tune_lr_command(args: argparse.Namespace) -> int:
         if trainer.strategy.is_main_process:
             out = result.plot(Path(args.out))
             lr = result.suggestion
-            what = f"{len(result.lrs)} updates, lr {result.lrs[0]:.3g} to {result.lrs[-1]:.3g}" + (", stopped early: the loss diverged" if result.stopped_early else "")
+            what = f"{len(result.lrs)} updates, lr {result.lrs[0]:.3g} to {result.lrs[-1]:.3g}" + (
+                ", stopped early: the loss diverged" if result.stopped_early else ""
+            )
             if lr is None:
                 print(f"no suggestion: too few points ({what}); raise --num-steps or lower --max-lr")
             else:

@@ -7,4 +7,13 @@ from trainwright.config.config import Config, ConfigDict, import_modules, merge
 from trainwright.config.overrides import DictAction, parse_overrides, parse_value
 from trainwright.registry import ConfigError
 
-__all__ = ["Config", "ConfigDict", "ConfigError", "DictAction", "import_modules", "merge", "parse_overrides", "parse_value"]
+__all__ = [
+    "Config",
+    "ConfigDict",
+    "ConfigError",
+    "DictAction",
+    "import_modules",
+    "merge",
+    "parse_overrides",
+    "parse_value",
+]

@@ -9,8 +9,8 @@ names those files in ``custom_imports``, so it builds the same components.
 """
 
 from __future__ import annotations
-
 import __future__
+
 import ast
 import copy
 import json
@@ -143,7 +143,9 @@ class Config(ConfigDict):
             import_modules(data.get("custom_imports"), path)
         cfg = cls(data, filename=path)
         object.__setattr__(cfg, "_text", "\n".join(f"{p}\n{raw}" for p, raw in sources))
-        object.__setattr__(cfg, "_code_files", [str(p.resolve()) for p, raw in sources if p.suffix == ".py" and _defines_code(raw)])
+        object.__setattr__(
+            cfg, "_code_files", [str(p.resolve()) for p, raw in sources if p.suffix == ".py" and _defines_code(raw)]
+        )
         return cfg
 
     @classmethod
@@ -154,7 +156,9 @@ class Config(ConfigDict):
             ConfigError: ``suffix`` is not one of those formats.
         """
         if suffix not in SUFFIXES:
-            raise ConfigError(f"Config.fromstring: unknown config format {suffix!r}; use one of {', '.join(SUFFIXES)} (with the dot)")
+            raise ConfigError(
+                f"Config.fromstring: unknown config format {suffix!r}; use one of {', '.join(SUFFIXES)} (with the dot)"
+            )
         data = _parse_text(text, suffix, Path(f"<string>{suffix}"))
         data.pop(BASE_KEY, None)
         return cls(_strip_delete(data))
@@ -169,7 +173,8 @@ class Config(ConfigDict):
 
     @property
     def text(self) -> str:
-        """The text of the file and its ``_base_`` files (bases first, each after its path), as loaded; ``""`` for a config not read from a file."""
+        """The text of the file and its ``_base_`` files (bases first, each after its path), as loaded; ``""`` for a
+        config not read from a file."""
         return str(self.__dict__.get("_text", ""))
 
     @staticmethod
@@ -200,8 +205,13 @@ class Config(ConfigDict):
         data = _literal(self)
         given = data.get("custom_imports")
         code = [f for f in self.__dict__.get("_code_files", ()) if f not in import_list(given)]
-        if code:  # the classes / functions its files define: the dump runs those files (custom_imports), so it builds as the original did
-            data["custom_imports"] = {**(given if isinstance(given, Mapping) else {}), "imports": [*import_list(given), *code]}
+        # the classes / functions its files define: the dump runs those files (custom_imports), so it builds as the
+        # original did
+        if code:
+            data["custom_imports"] = {
+                **(given if isinstance(given, Mapping) else {}),
+                "imports": [*import_list(given), *code],
+            }
         if path.suffix == ".py":
             text = Config(data).pretty_text
         elif path.suffix in (".yaml", ".yml"):
@@ -210,7 +220,9 @@ class Config(ConfigDict):
         elif path.suffix == ".json":
             text = json.dumps(_jsonable(data), indent=2) + "\n"
         else:
-            raise ConfigError(f"Cannot dump a config to {str(path)!r}: unknown suffix {path.suffix!r}; use one of {SUFFIXES}")
+            raise ConfigError(
+                f"Cannot dump a config to {str(path)!r}: unknown suffix {path.suffix!r}; use one of {SUFFIXES}"
+            )
         path.write_text(text, encoding="utf-8")
         return path
 
@@ -219,11 +231,16 @@ class Config(ConfigDict):
 
 
 # -- loading ---------------------------------------------------------------------------------
-def _load_with_bases(path: Path, chain: tuple[Path, ...], sources: list[tuple[Path, str]] | None = None) -> dict[str, Any]:
-    """The file's keys merged over its ``_base_`` files' (each resolved relative to ``path``); ``sources`` collects each file and its text, bases first."""
+def _load_with_bases(
+    path: Path, chain: tuple[Path, ...], sources: list[tuple[Path, str]] | None = None
+) -> dict[str, Any]:
+    """The file's keys merged over its ``_base_`` files' (each resolved relative to ``path``); ``sources`` collects
+    each file and its text, bases first."""
     if not path.is_file():
         hint = " (a folder: name a config file inside it)" if path.is_dir() else ""
-        raise ConfigError(f"Config file not found: {str(path)!r}{hint}; check the path (relative paths start at {str(Path.cwd())!r})")
+        raise ConfigError(
+            f"Config file not found: {str(path)!r}{hint}; check the path (relative paths start at {str(Path.cwd())!r})"
+        )
     if path.suffix not in SUFFIXES:
         raise ConfigError(f"Unknown config format {path.suffix!r} for {str(path)!r}; use one of {', '.join(SUFFIXES)}")
     resolved = path.resolve()
@@ -236,7 +253,10 @@ def _load_with_bases(path: Path, chain: tuple[Path, ...], sources: list[tuple[Pa
     bases = data.pop(BASE_KEY, None)
     if bases is None:
         if refs:
-            raise ConfigError(f"{path}: {{{{_base_.{next(iter(refs.values()))}}}}} needs a _base_ file to refer to; add _base_ = [...]")
+            raise ConfigError(
+                f"{path}: {{{{_base_.{next(iter(refs.values()))}}}}} needs a _base_ file to refer to; add _base_ = "
+                "[...]"
+            )
         if sources is not None:
             sources.append((path, raw))
         return _strip_delete(data)
@@ -249,7 +269,10 @@ def _load_with_bases(path: Path, chain: tuple[Path, ...], sources: list[tuple[Pa
         base_data = _load_with_bases(path.parent / base, (*chain, resolved), sources)
         clash = set(merged) & set(base_data)
         if clash:
-            raise ConfigError(f"{path}: keys {sorted(clash)} are set by more than one _base_ file; set each in one base, or override it in {path.name}")
+            raise ConfigError(
+                f"{path}: keys {sorted(clash)} are set by more than one _base_ file; set each in one base, or override "
+                f"it in {path.name}"
+            )
         merged.update(base_data)
     if sources is not None:
         sources.append((path, raw))
@@ -298,7 +321,9 @@ def _parse_text(text: str, suffix: str, path: Path) -> dict[str, Any]:
     if data is None:
         return {}
     if not isinstance(data, dict):
-        raise ConfigError(f"{path}: a config file must hold a mapping of keys to values at the top level, got {type(data).__name__}")
+        raise ConfigError(
+            f"{path}: a config file must hold a mapping of keys to values at the top level, got {type(data).__name__}"
+        )
     return data
 
 
@@ -312,13 +337,17 @@ def _parse_py(text: str, path: Path) -> dict[str, Any]:
     module = run_code(code, path)
     imported = _imported_names(ast.parse(text))
     return {
-        k: v for k, v in module.__dict__.items()
-        if (not k.startswith("_") or k == BASE_KEY) and k not in imported and not isinstance(v, (types.ModuleType, types.FunctionType, type, __future__._Feature))
+        k: v
+        for k, v in module.__dict__.items()
+        if (not k.startswith("_") or k == BASE_KEY)
+        and k not in imported
+        and not isinstance(v, (types.ModuleType, types.FunctionType, type, __future__._Feature))
     }
 
 
 def _defines_code(text: str) -> bool:
-    """Whether a ``.py`` config defines classes or functions at module level (a dump leaves them out, so it names the file to run)."""
+    """Whether a ``.py`` config defines classes or functions at module level (a dump leaves them out, so it names the
+    file to run)."""
     try:
         tree = ast.parse(text)
     except SyntaxError:
@@ -347,7 +376,8 @@ def _require_yaml(path: Path) -> Any:
 
 # -- dumping ---------------------------------------------------------------------------------
 def _literal(value: Any) -> Any:
-    """``value`` as Python literals: nested dicts / lists / tuples of str, numbers, bool, None; other objects as strings."""
+    """``value`` as Python literals: nested dicts / lists / tuples of str, numbers, bool, None; other objects as
+    strings."""
     if value is None or isinstance(value, (str, int, float, bool)):
         return value
     if isinstance(value, Mapping):

@@ -9,7 +9,6 @@ from typing import Any
 
 from trainwright.registry import ConfigError
 
-
 _WORDS = {"true": True, "false": False, "none": None, "null": None}
 
 
@@ -47,7 +46,10 @@ def _check_brackets(text: str) -> None:
             stack.append(ch)
             break
     if stack:
-        raise ConfigError(f"the value {text!r} has unbalanced brackets; close each '[', '(' and '{{' (quote the whole option in the shell, e.g. 'a=[1,2]')")
+        raise ConfigError(
+            f"the value {text!r} has unbalanced brackets; close each '[', '(' and '{{' (quote the whole option in the "
+            "shell, e.g. 'a=[1,2]')"
+        )
 
 
 def _split_top(text: str) -> list[str]:
@@ -78,15 +80,21 @@ def parse_overrides(options: Iterable[str]) -> dict[str, Any]:
     for opt in options:
         key, sep, value = opt.partition("=")
         if not sep:
-            raise ConfigError(f"--cfg-options {opt!r} has no value: write KEY=VALUE, e.g. {opt}=1 (quote values with spaces)")
+            raise ConfigError(
+                f"--cfg-options {opt!r} has no value: write KEY=VALUE, e.g. {opt}=1 (quote values with spaces)"
+            )
         if not key.strip() or any(not part for part in key.strip().split(".")):
-            raise ConfigError(f"--cfg-options {opt!r}: the key is empty or has an empty part; write dotted keys like optim_wrapper.optimizer.lr=0.01")
+            raise ConfigError(
+                f"--cfg-options {opt!r}: the key is empty or has an empty part; write dotted keys like "
+                "optim_wrapper.optimizer.lr=0.01"
+            )
         out[key.strip()] = parse_value(value)
     return out
 
 
 def apply_overrides(cfg: MutableMapping[str, Any], options: Mapping[str, Any], allow_list_keys: bool = True) -> None:
-    """Set each dotted key of ``options`` in ``cfg``; missing dicts on the way are created, integer parts index lists (unless not ``allow_list_keys``)."""
+    """Set each dotted key of ``options`` in ``cfg``; missing dicts on the way are created, integer parts index lists
+    (unless not ``allow_list_keys``)."""
     for dotted, value in options.items():
         parts = dotted.split(".")
         node: Any = cfg
@@ -94,9 +102,15 @@ def apply_overrides(cfg: MutableMapping[str, Any], options: Mapping[str, Any], a
             last = i == len(parts) - 1
             if isinstance(node, list):
                 if not allow_list_keys:
-                    raise ConfigError(f"override {dotted!r}: {'.'.join(parts[:i]) or 'the config'} is a list; indexing it needs allow_list_keys=True")
+                    raise ConfigError(
+                        f"override {dotted!r}: {'.'.join(parts[:i]) or 'the config'} is a list; indexing it needs "
+                        "allow_list_keys=True"
+                    )
                 if not part.lstrip("-").isdigit() or not -len(node) <= int(part) < len(node):
-                    raise ConfigError(f"override {dotted!r}: {'.'.join(parts[:i]) or 'the config'} is a list of {len(node)} items; {part!r} is not an index of it")
+                    raise ConfigError(
+                        f"override {dotted!r}: {'.'.join(parts[:i]) or 'the config'} is a list of {len(node)} items; "
+                        f"{part!r} is not an index of it"
+                    )
                 if last:
                     node[int(part)] = value
                 else:
@@ -109,17 +123,27 @@ def apply_overrides(cfg: MutableMapping[str, Any], options: Mapping[str, Any], a
                         node[part] = {}
                     node = node[part]
             else:
-                raise ConfigError(f"override {dotted!r}: {'.'.join(parts[:i])} is a {type(node).__name__} ({node!r}), not a dict or list; set {'.'.join(parts[:i])} itself")
+                raise ConfigError(
+                    f"override {dotted!r}: {'.'.join(parts[:i])} is a {type(node).__name__} ({node!r}), not a dict or "
+                    f"list; set {'.'.join(parts[:i])} itself"
+                )
 
 
 class DictAction(argparse.Action):
-    """argparse action for ``KEY=VALUE`` pairs, as mmengine's ``DictAction``: ``--cfg-options a.b=1 c=[1,2]`` -> ``{"a.b": 1, "c": [1, 2]}``.
+    """argparse action for ``KEY=VALUE`` pairs, as mmengine's ``DictAction``: ``--cfg-options a.b=1 c=[1,2]`` ->
+    ``{"a.b": 1, "c": [1, 2]}``.
 
     Values are parsed by :func:`parse_value`; repeated options merge (later keys win). Use it with
     ``nargs="+"`` and pass the result to :meth:`Config.merge_from_dict`.
     """
 
-    def __call__(self, parser: argparse.ArgumentParser, namespace: argparse.Namespace, values: Any, option_string: str | None = None) -> None:
+    def __call__(
+        self,
+        parser: argparse.ArgumentParser,
+        namespace: argparse.Namespace,
+        values: Any,
+        option_string: str | None = None,
+    ) -> None:
         options = dict(getattr(namespace, self.dest, None) or {})
         try:
             options.update(parse_overrides([values] if isinstance(values, str) else values))

@@ -29,7 +29,10 @@ def substitute_text(text: str, path: Path) -> tuple[str, dict[str, str]]:
         The text, and ``{placeholder: dotted base key}`` for :func:`resolve_base_refs`.
     """
     values = {
-        "fileDirname": str(path.parent), "fileBasename": path.name, "fileBasenameNoExtension": path.stem, "fileExtname": path.suffix,
+        "fileDirname": str(path.parent),
+        "fileBasename": path.name,
+        "fileBasenameNoExtension": path.stem,
+        "fileExtname": path.suffix,
     }
     text = _PREDEFINED.sub(lambda m: values[m[1]].replace("\\", "/"), text)
     text = _ENV.sub(lambda m: os.environ.get(m[1], m[2]), text)
@@ -65,5 +68,8 @@ def _lookup(base: Mapping[str, Any], key: str, path: Path) -> Any:
             node = node[int(part)]
         else:
             where = ".".join(key.split(".")[:i]) or "the _base_ files"
-            raise ConfigError(f"{path}: {{{{_base_.{key}}}}} refers to {part!r}, which {where} does not have; name a key the _base_ files set")
+            raise ConfigError(
+                f"{path}: {{{{_base_.{key}}}}} refers to {part!r}, which {where} does not have; name a key the _base_ "
+                "files set"
+            )
     return node

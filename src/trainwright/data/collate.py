@@ -33,7 +33,10 @@ def pseudo_collate(data_batch: Sequence[Any]) -> Any:
     if isinstance(first, Sequence):
         size = len(first)
         if any(len(sample) != size for sample in data_batch):
-            raise RuntimeError(f"pseudo_collate: every sample of a batch must have the same length; got lengths {[len(s) for s in data_batch]}")
+            raise RuntimeError(
+                "pseudo_collate: every sample of a batch must have the same length; got lengths "
+                f"{[len(s) for s in data_batch]}"
+            )
         columns = [pseudo_collate(samples) for samples in zip(*data_batch)]
         if isinstance(first, tuple):
             return columns
@@ -58,9 +61,12 @@ def pseudo_collate_hint(error: BaseException, loaders: Iterable[Any]) -> str:
     for loader in loaders:
         fn = getattr(getattr(loader, "loader", loader), "collate_fn", None)
         if getattr(fn, "func", fn) is pseudo_collate:
-            return ("the batch came from pseudo_collate, mmengine's collate of a dataloader configured mmengine-style, which keeps a "
-                    "batch's samples as lists: stack them in the model's data_preprocessor, or give the dataloader "
-                    "collate_fn=dict(type='default_collate')")
+            return (
+                "the batch came from pseudo_collate, mmengine's collate of a dataloader configured mmengine-style, "
+                "which keeps a "
+                "batch's samples as lists: stack them in the model's data_preprocessor, or give the dataloader "
+                "collate_fn=dict(type='default_collate')"
+            )
     return ""
 
 

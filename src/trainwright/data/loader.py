@@ -17,7 +17,16 @@ from typing import Any, cast
 
 import numpy as np
 import torch
-from torch.utils.data import BatchSampler, DataLoader, Dataset, IterableDataset, RandomSampler, Sampler, SequentialSampler, get_worker_info
+from torch.utils.data import (
+    BatchSampler,
+    DataLoader,
+    Dataset,
+    IterableDataset,
+    RandomSampler,
+    Sampler,
+    SequentialSampler,
+    get_worker_info,
+)
 
 from trainwright.data.loader_args import dataloader_arguments
 from trainwright.registry import DATASETS, ConfigError, check_keys
@@ -39,9 +48,13 @@ class EpochSampler(Sampler[int]):
         rank: This process's shard.
     """
 
-    def __init__(self, num_samples: int, shuffle: bool = True, seed: int = 0, num_replicas: int = 1, rank: int = 0) -> None:
+    def __init__(
+        self, num_samples: int, shuffle: bool = True, seed: int = 0, num_replicas: int = 1, rank: int = 0
+    ) -> None:
         if not 0 <= rank < num_replicas:
-            raise ValueError(f"EpochSampler rank must be in [0, num_replicas), got rank={rank}, num_replicas={num_replicas}")
+            raise ValueError(
+                f"EpochSampler rank must be in [0, num_replicas), got rank={rank}, num_replicas={num_replicas}"
+            )
         self.num_samples = num_samples
         self.shuffle = shuffle
         self.seed = seed
@@ -55,7 +68,9 @@ class EpochSampler(Sampler[int]):
 
     def __iter__(self) -> Iterator[int]:
         n, replicas = self.num_samples, self.num_replicas
-        total = len(self) * replicas  # the order padded to a multiple of the replicas: position k holds its (k % n)-th index
+        total = (
+            len(self) * replicas
+        )  # the order padded to a multiple of the replicas: position k holds its (k % n)-th index
         if not self.shuffle:  # position k holds index k % n: nothing to build
             positions = range(self.rank, total, replicas)
             return iter(positions) if total == n else map(operator.mod, positions, itertools.repeat(n))
@@ -205,7 +220,8 @@ class ResumableLoader:
         return getattr(bs, "batch_size", self.loader.batch_size)
 
     def shape(self) -> dict[str, Any]:
-        """What a position in an epoch means: ``batch_size``, ``dataset_len``, ``drop_last``, ``num_replicas``, ``batches``.
+        """What a position in an epoch means: ``batch_size``, ``dataset_len``, ``drop_last``, ``num_replicas``,
+        ``batches``.
 
         Saved with the data order in a checkpoint: a resume in the middle of an epoch with
         another shape would skip or repeat samples (see :class:`~trainwright.trainer.state.DataOrderState`).
@@ -270,7 +286,11 @@ class ResumableLoader:
             return self._counting(it)
         it = iter(self.loader)
         if start:
-            warnings.warn(f"Resuming an iterable data loader by consuming {start} batches; make the dataset stateful to avoid the replay", stacklevel=2)
+            warnings.warn(
+                f"Resuming an iterable data loader by consuming {start} batches; make the dataset stateful to avoid "
+                "the replay",
+                stacklevel=2,
+            )
             for _ in itertools.islice(it, start):
                 pass
         return self._counting(it)
@@ -302,10 +322,32 @@ class ResumableLoader:
         self.epoch = int(state["epoch"])
         self.position = int(state["position"])
         if int(state.get("seed", self.seed)) != self.seed:
-            warnings.warn(f"Data order seed changed from {state['seed']} to {self.seed} on resume; the data order will differ from the original run", stacklevel=2)
+            warnings.warn(
+                f"Data order seed changed from {state['seed']} to {self.seed} on resume; the data order will differ "
+                "from the original run",
+                stacklevel=2,
+            )
 
 
-_LOADER_KEYS = {"dataset", "batch_size", "shuffle", "sampler", "batch_sampler", "num_workers", "collate_fn", "pin_memory", "drop_last", "timeout", "worker_init_fn", "multiprocessing_context", "generator", "prefetch_factor", "persistent_workers", "pin_memory_device", "in_order"}
+_LOADER_KEYS = {
+    "dataset",
+    "batch_size",
+    "shuffle",
+    "sampler",
+    "batch_sampler",
+    "num_workers",
+    "collate_fn",
+    "pin_memory",
+    "drop_last",
+    "timeout",
+    "worker_init_fn",
+    "multiprocessing_context",
+    "generator",
+    "prefetch_factor",
+    "persistent_workers",
+    "pin_memory_device",
+    "in_order",
+}
 
 
 def make_dataloader(cfg: DataLoader | Mapping[str, Any], name: str = "dataloader") -> DataLoader:
@@ -317,23 +359,39 @@ def make_dataloader(cfg: DataLoader | Mapping[str, Any], name: str = "dataloader
     if isinstance(cfg, Mapping):
         check_keys(name, cfg, _LOADER_KEYS, hint=f"Use DataLoader arguments: {sorted(_LOADER_KEYS)}")
         if "dataset" not in cfg:
-            raise KeyError(f"{name} dict needs a 'dataset' (a Dataset or dict(type=...)), e.g. dict(dataset=ds, batch_size=32, shuffle=True)")
-        args = dataloader_arguments(cfg, name)  # mmengine's sampler / collate_fn dicts: never handed to torch as they are
+            raise KeyError(
+                f"{name} dict needs a 'dataset' (a Dataset or dict(type=...)), e.g. dict(dataset=ds, batch_size=32, "
+                "shuffle=True)"
+            )
+        args = dataloader_arguments(
+            cfg, name
+        )  # mmengine's sampler / collate_fn dicts: never handed to torch as they are
         args["dataset"] = DATASETS.build(args["dataset"])
         cfg = DataLoader(**args)
     if not isinstance(cfg, DataLoader):
-        raise TypeError(f"{name} must be a torch DataLoader or a dict of DataLoader arguments, got {type(cfg).__name__}")
+        raise TypeError(
+            f"{name} must be a torch DataLoader or a dict of DataLoader arguments, got {type(cfg).__name__}"
+        )
     if isinstance(cfg.sampler, Mapping):  # torch iterates a dict: its keys would reach the dataset as indices
         raise ConfigError(
-            f"{name} is a DataLoader built with sampler={dict(cfg.sampler)!r}, whose keys torch hands the dataset as indices. Give the loader "
-            "as a dict, dict(dataset=..., batch_size=..., sampler=dict(type='DefaultSampler', shuffle=True)), which trainwright translates, "
+            f"{name} is a DataLoader built with sampler={dict(cfg.sampler)!r}, whose keys torch hands the dataset as "
+            "indices. Give the loader "
+            "as a dict, dict(dataset=..., batch_size=..., sampler=dict(type='DefaultSampler', shuffle=True)), which "
+            "trainwright translates, "
             "or build the DataLoader with shuffle=True/False or a sampler object"
         )
     return cfg
 
 
-def build_dataloader(cfg: DataLoader | Mapping[str, Any] | ResumableLoader, seed: int = 0, name: str = "train_dataloader", num_replicas: int = 1, rank: int = 0) -> ResumableLoader:
-    """Turn a ``DataLoader`` or a dict of ``DataLoader`` arguments into a :class:`ResumableLoader` (of this rank's shard)."""
+def build_dataloader(
+    cfg: DataLoader | Mapping[str, Any] | ResumableLoader,
+    seed: int = 0,
+    name: str = "train_dataloader",
+    num_replicas: int = 1,
+    rank: int = 0,
+) -> ResumableLoader:
+    """Turn a ``DataLoader`` or a dict of ``DataLoader`` arguments into a :class:`ResumableLoader` (of this rank's
+    shard)."""
     if isinstance(cfg, ResumableLoader):
         return cfg
     return ResumableLoader(make_resumable(make_dataloader(cfg, name), seed, num_replicas, rank), seed, rank)
@@ -344,15 +402,19 @@ def _custom(batch_sampler: Any, num_replicas: int, name: str) -> Any:
     if num_replicas > 1 and not hasattr(getattr(batch_sampler, "sampler", batch_sampler), "num_replicas"):
         warnings.warn(
             f"The {name} has its own sampler ({type(batch_sampler).__name__}), which trainwright keeps as it is: under "
-            f"{num_replicas} processes every rank reads what it yields. Shard it yourself (e.g. DistributedSampler), or use "
+            f"{num_replicas} processes every rank reads what it yields. Shard it yourself (e.g. DistributedSampler), "
+            "or use "
             "shuffle=True/False and let trainwright shard the data.",
             stacklevel=3,
         )
     return batch_sampler
 
 
-def make_resumable(loader: DataLoader, seed: int = 0, num_replicas: int = 1, rank: int = 0, name: str = "train_dataloader") -> DataLoader:
-    """Rebuild ``loader`` with a seed-determined, skippable sampler (of ``rank``'s shard); same data, batching and workers.
+def make_resumable(
+    loader: DataLoader, seed: int = 0, num_replicas: int = 1, rank: int = 0, name: str = "train_dataloader"
+) -> DataLoader:
+    """Rebuild ``loader`` with a seed-determined, skippable sampler (of ``rank``'s shard); same data, batching and
+    workers.
 
     The rebuilt loader keeps the dataset, batch size, sampler, collate function and worker
     settings.
@@ -370,7 +432,17 @@ def make_resumable(loader: DataLoader, seed: int = 0, num_replicas: int = 1, ran
         if isinstance(s, RandomSampler) and (s.replacement or s._num_samples is not None):  # noqa: SLF001
             inner: Any = _custom(bs, num_replicas, name)
         else:
-            inner = BatchSampler(EpochSampler(len(cast(Sized, loader.dataset)), shuffle=isinstance(s, RandomSampler), seed=seed, num_replicas=num_replicas, rank=rank), bs.batch_size, bs.drop_last)
+            inner = BatchSampler(
+                EpochSampler(
+                    len(cast(Sized, loader.dataset)),
+                    shuffle=isinstance(s, RandomSampler),
+                    seed=seed,
+                    num_replicas=num_replicas,
+                    rank=rank,
+                ),
+                bs.batch_size,
+                bs.drop_last,
+            )
     else:
         inner = _custom(bs, num_replicas, name)
     generator = torch.Generator()

@@ -1,4 +1,5 @@
-"""mmengine's dataloader dict spellings as ``DataLoader`` arguments: ``sampler=dict(type=...)`` and ``collate_fn=dict(type=...)``.
+"""mmengine's dataloader dict spellings as ``DataLoader`` arguments: ``sampler=dict(type=...)`` and
+``collate_fn=dict(type=...)``.
 
 Every loader given as a dict goes through :func:`dataloader_arguments` (from a config, from
 ``Trainer(train_dataloader=dict(...))`` in Python, from ``Runner``), so a sampler dict never
@@ -26,7 +27,8 @@ from trainwright.registry import FUNCTIONS, ConfigError
 
 
 class DefaultSampler:
-    """mmengine's ``DefaultSampler`` as the ``type`` of a loader dict: ``sampler=dict(type=DefaultSampler, shuffle=True)``.
+    """mmengine's ``DefaultSampler`` as the ``type`` of a loader dict: ``sampler=dict(type=DefaultSampler,
+    shuffle=True)``.
 
     mmengine's Python-style configs name the class instead of the string; either way the
     Trainer builds the sampler (sharded over the processes, resumable, ``DefaultSampler``'s
@@ -39,12 +41,14 @@ class DefaultSampler:
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         raise TypeError(
             f"{type(self).__name__} is not built directly in trainwright: give it as a dataloader dict's sampler, "
-            f"sampler=dict(type={type(self).__name__}, shuffle=True), and the Trainer builds a sharded, resumable sampler"
+            f"sampler=dict(type={type(self).__name__}, shuffle=True), and the Trainer builds a sharded, resumable "
+            "sampler"
         )
 
 
 class InfiniteSampler(DefaultSampler):
-    """mmengine's ``InfiniteSampler`` as the ``type`` of a loader dict (``shuffle=...``: iteration-based loops restart epochs themselves)."""
+    """mmengine's ``InfiniteSampler`` as the ``type`` of a loader dict (``shuffle=...``: iteration-based loops
+    restart epochs themselves)."""
 
 
 #: mmengine's sampler types a loader dict may name (by name, or these classes): each becomes ``shuffle=...``.
@@ -55,16 +59,22 @@ def _is_epoch_sampler(sampler: Any) -> bool:
     kind = sampler.get("type") if isinstance(sampler, Mapping) else None
     if isinstance(kind, type):
         return issubclass(kind, DefaultSampler)
-    return isinstance(kind, str) and kind.rpartition(".")[2] in SAMPLER_TYPES  # "mmengine.DefaultSampler": the scope is dropped, as a registry does
+    return (
+        isinstance(kind, str) and kind.rpartition(".")[2] in SAMPLER_TYPES
+    )  # "mmengine.DefaultSampler": the scope is dropped, as a registry does
 
 
 def collate_function(cfg: Mapping[str, Any], name: str = "dataloader") -> Any:
-    """``collate_fn=dict(type=name, **kwargs)``: the function registered in ``FUNCTIONS`` (or given) with the kwargs bound."""
+    """``collate_fn=dict(type=name, **kwargs)``: the function registered in ``FUNCTIONS`` (or given) with the kwargs
+    bound."""
     import trainwright.data.collate  # noqa: F401  (registers pseudo_collate / default_collate)
 
     args = {k: v for k, v in cfg.items() if k != "_scope_"}
     if "type" not in args:
-        raise ConfigError(f"{name}.collate_fn needs a 'type' (a function name such as 'pseudo_collate' or 'default_collate'), got {dict(cfg)}")
+        raise ConfigError(
+            f"{name}.collate_fn needs a 'type' (a function name such as 'pseudo_collate' or 'default_collate'), got "
+            f"{dict(cfg)}"
+        )
     kind = args.pop("type")
     try:
         fn = kind if callable(kind) else FUNCTIONS.get(kind)
@@ -88,20 +98,29 @@ def dataloader_arguments(cfg: Mapping[str, Any], name: str = "dataloader") -> di
         args.pop("sampler")
         unknown = sorted(set(sampler) - {"type", "shuffle", "seed", "round_up", "_scope_"})
         if unknown:
-            raise ConfigError(f"{name}.sampler: {unknown} are not arguments of mmengine's DefaultSampler / InfiniteSampler (shuffle, seed, round_up)")
+            raise ConfigError(
+                f"{name}.sampler: {unknown} are not arguments of mmengine's DefaultSampler / InfiniteSampler (shuffle, "
+                "seed, round_up)"
+            )
         if "shuffle" in args and bool(args["shuffle"]) != bool(sampler.get("shuffle", True)):
-            raise ConfigError(f"{name} gives shuffle={args['shuffle']} and sampler shuffle={sampler.get('shuffle', True)}: give one of them")
+            raise ConfigError(
+                f"{name} gives shuffle={args['shuffle']} and sampler shuffle={sampler.get('shuffle', True)}: give one "
+                "of them"
+            )
         args["shuffle"] = bool(sampler.get("shuffle", True))
         if sampler.get("seed") is not None:
             warnings.warn(
-                f"{name}.sampler seed={sampler['seed']!r} is not used: the data order follows the run's seed (randomness=dict(seed=...)), "
+                f"{name}.sampler seed={sampler['seed']!r} is not used: the data order follows the run's seed "
+                "(randomness=dict(seed=...)), "
                 "so a resumed run keeps it; set randomness=dict(seed=...) to choose it",
                 stacklevel=3,
             )
     elif isinstance(sampler, Mapping):
         raise ConfigError(
-            f"{name}.sampler={dict(sampler)!r}: a sampler dict must name mmengine's 'DefaultSampler' or 'InfiniteSampler' (they become "
-            "shuffle=True/False, sharded and resumable by trainwright); for another sampler pass the built object (sampler=MySampler(dataset)), "
+            f"{name}.sampler={dict(sampler)!r}: a sampler dict must name mmengine's 'DefaultSampler' or "
+            "'InfiniteSampler' (they become "
+            "shuffle=True/False, sharded and resumable by trainwright); for another sampler pass the built object "
+            "(sampler=MySampler(dataset)), "
             "or use shuffle=True/False. torch's DataLoader would take the dict's keys as dataset indices."
         )
     # mmengine's Runner collates with pseudo_collate unless the loader names another function

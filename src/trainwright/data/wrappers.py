@@ -1,4 +1,5 @@
-"""mmengine's dataset wrappers, built from configs: ``ConcatDataset``, ``RepeatDataset`` and ``ClassBalancedDataset`` (in ``DATASETS``)."""
+"""mmengine's dataset wrappers, built from configs: ``ConcatDataset``, ``RepeatDataset`` and ``ClassBalancedDataset``
+(in ``DATASETS``)."""
 
 from __future__ import annotations
 
@@ -23,7 +24,9 @@ class ConcatDataset(_TorchConcat):
     ``lazy_init`` and ``ignore_keys`` (mmengine's metainfo checks) are accepted and unused.
     """
 
-    def __init__(self, datasets: Sequence[Dataset | Mapping[str, Any]], lazy_init: bool = False, ignore_keys: Any = None) -> None:
+    def __init__(
+        self, datasets: Sequence[Dataset | Mapping[str, Any]], lazy_init: bool = False, ignore_keys: Any = None
+    ) -> None:
         super().__init__([_built(d) for d in datasets])
 
     def get_cat_ids(self, idx: int) -> list[int]:
@@ -37,7 +40,8 @@ class ConcatDataset(_TorchConcat):
 
 @DATASETS.register_module()
 class RepeatDataset(Dataset):
-    """``dataset`` repeated ``times`` times: an epoch is ``times`` passes over it (mmengine's; fewer epoch ends for a small set).
+    """``dataset`` repeated ``times`` times: an epoch is ``times`` passes over it (mmengine's; fewer epoch ends for a
+    small set).
 
     ``lazy_init`` is accepted and unused.
     """
@@ -93,7 +97,11 @@ class ClassBalancedDataset(Dataset):
             for c in present:
                 count[c] = count.get(c, 0) + 1
         repeat = {c: max(1.0, math.sqrt(self.oversample_thr / (k / n))) for c, k in count.items()}
-        self.repeat_indices = [i for i, present in enumerate(cats) for _ in range(math.ceil(max((repeat[c] for c in present), default=1.0)))]
+        self.repeat_indices = [
+            i
+            for i, present in enumerate(cats)
+            for _ in range(math.ceil(max((repeat[c] for c in present), default=1.0)))
+        ]
 
     def __len__(self) -> int:
         return len(self.repeat_indices)

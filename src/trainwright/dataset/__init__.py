@@ -11,4 +11,12 @@ from trainwright.data.collate import default_collate, pseudo_collate
 from trainwright.data.loader_args import DefaultSampler, InfiniteSampler
 from trainwright.data.wrappers import ClassBalancedDataset, ConcatDataset, RepeatDataset
 
-__all__ = ["ClassBalancedDataset", "ConcatDataset", "DefaultSampler", "InfiniteSampler", "RepeatDataset", "default_collate", "pseudo_collate"]
+__all__ = [
+    "ClassBalancedDataset",
+    "ConcatDataset",
+    "DefaultSampler",
+    "InfiniteSampler",
+    "RepeatDataset",
+    "default_collate",
+    "pseudo_collate",
+]

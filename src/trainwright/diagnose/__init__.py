@@ -1,4 +1,5 @@
-"""Run diagnosis: where a non-finite loss came from (found by replaying, at no cost until needed). See docs/diagnose.md."""
+"""Run diagnosis: where a non-finite loss came from (found by replaying, at no cost until needed). See
+docs/diagnose.md."""
 
 from trainwright.diagnose.nonfinite import DiagnosedRun, Finding, ReplayLoop, Watch, explain_nonfinite
 

@@ -1,7 +1,9 @@
-"""Where a NaN / Inf loss came from: replay the iteration with a watch on every module's output and every parameter's gradient.
+"""Where a NaN / Inf loss came from: replay the iteration with a watch on every module's output and every parameter's
+gradient.
 
 :func:`explain_nonfinite` (called by the run's guard when the metric store raised a
-``NonFiniteLossError``, nothing before) names the batch and replays it: on the current weights if they are finite, else from the newest checkpoint
+``NonFiniteLossError``, nothing before) names the batch and replays it: on the current weights if they are finite, else
+from the newest checkpoint
 before it on one process. A :class:`Watch` records the first non-finite module output and
 parameter gradient. The cases and what they cost: docs/diagnose.md.
 """
@@ -20,8 +22,8 @@ from trainwright.checkpoint.storage import Location
 from trainwright.hooks.dispatch import HookList
 from trainwright.hooks.hook import Hook
 from trainwright.hooks.view import TrainerView, TrainLoopView
-from trainwright.loops.context import LoopContext
 from trainwright.logging.metric_store import MetricStore
+from trainwright.loops.context import LoopContext
 
 if TYPE_CHECKING:
     from trainwright.data.loader import ResumableLoader
@@ -39,7 +41,8 @@ class ReplayLoop(TrainLoopView, Protocol):
 
 
 class DiagnosedRun(TrainerView, Protocol):
-    """What :func:`explain_nonfinite` reads of a run, beyond what hooks see (the Trainer satisfies it; this layer sits below it).
+    """What :func:`explain_nonfinite` reads of a run, beyond what hooks see (the Trainer satisfies it; this layer sits
+    below it).
 
     The replay restores a checkpoint through ``checkpoints``, drives ``train_loop`` with the
     hooks that change training (from ``hooks``) on ``model``, and puts the run back.
@@ -55,7 +58,8 @@ class DiagnosedRun(TrainerView, Protocol):
 
     @property
     def unwrapped_base(self) -> nn.Module:
-        """The user's model (the BaseModel) without the strategy's wrapper: its ``data_preprocessor``, ``run_forward``, ``parse_losses``."""
+        """The user's model (the BaseModel) without the strategy's wrapper: its ``data_preprocessor``,
+        ``run_forward``, ``parse_losses``."""
 
     @property
     def train_loop(self) -> ReplayLoop | None:
@@ -95,17 +99,27 @@ class Finding(NamedTuple):
         if not self.batch_finite:
             parts.append("the batch itself holds NaN / Inf values")
         if self.module is not None:
-            where = "the model's own forward (after its submodules)" if self.module == "" else f"module '{self.module}' ({self.module_type})"
-            parts.append(f"the first module whose forward output was non-finite is {where}" + ("; its inputs were finite" if self.inputs_finite else "; its inputs were non-finite already"))
+            where = (
+                "the model's own forward (after its submodules)"
+                if self.module == ""
+                else f"module '{self.module}' ({self.module_type})"
+            )
+            parts.append(
+                f"the first module whose forward output was non-finite is {where}"
+                + ("; its inputs were finite" if self.inputs_finite else "; its inputs were non-finite already")
+            )
         elif self.parameter is not None:  # (after a non-finite output, non-finite gradients follow from it)
             parts.append(f"the first non-finite gradient of the backward pass is that of parameter '{self.parameter}'")
         if not parts:
-            parts.append("the forward outputs and the gradients were finite" + ("" if self.loss_finite else ", the loss was not"))
+            parts.append(
+                "the forward outputs and the gradients were finite" + ("" if self.loss_finite else ", the loss was not")
+            )
         return "; ".join(parts)
 
 
 class Watch:
-    """Forward hooks on every module and gradient hooks on every parameter of ``model``, recording the first non-finite value.
+    """Forward hooks on every module and gradient hooks on every parameter of ``model``, recording the first non-finite
+    value.
 
     It records the first module (in execution order, by module path) whose forward output held
     a NaN / Inf, whether its inputs were finite, and the first parameter (in backward order)
@@ -160,7 +174,15 @@ class Watch:
     def finding(self, iteration: int, loss_finite: bool, batch_finite: bool) -> Finding:
         """What was recorded, as a :class:`Finding` of ``iteration``."""
         m = self.module
-        return Finding(iteration, m[0] if m else None, m[1] if m else None, m[2] if m else True, self.parameter, loss_finite, batch_finite)
+        return Finding(
+            iteration,
+            m[0] if m else None,
+            m[1] if m else None,
+            m[2] if m else True,
+            self.parameter,
+            loss_finite,
+            batch_finite,
+        )
 
 
 # -- the batch of an iteration ---------------------------------------------------------------------
@@ -170,7 +192,8 @@ def _position(loader: ResumableLoader, iteration: int) -> tuple[int, int]:
 
 
 def batch_indices(loader: ResumableLoader, epoch: int, index: int) -> list[int] | None:
-    """The dataset indices of batch ``index`` of ``epoch``'s data order (this process's shard); None: the sampler cannot say."""
+    """The dataset indices of batch ``index`` of ``epoch``'s data order (this process's shard); None: the sampler
+    cannot say."""
     bs = loader.loader.batch_sampler
     inner = getattr(bs, "batch_sampler", bs)
     sampler = getattr(inner, "sampler", None)
@@ -201,7 +224,10 @@ def _where(loader: ResumableLoader, iteration: int) -> str:
     epoch, index = _position(loader, iteration)
     indices = batch_indices(loader, epoch, index)
     shown = "" if indices is None else f", dataset indices {indices if len(indices) <= 16 else [*indices[:16], '...']}"
-    return f"batch {index} of epoch {epoch + 1}'s data order (0-based batch index{shown}; trainer.train_loop.dataloader.dataset[i] shows a sample)"
+    return (
+        f"batch {index} of epoch {epoch + 1}'s data order (0-based batch index{shown}; "
+        "trainer.train_loop.dataloader.dataset[i] shows a sample)"
+    )
 
 
 # -- the diagnosis ---------------------------------------------------------------------------------
@@ -238,7 +264,8 @@ def _explain(trainer: DiagnosedRun, k: int) -> str:
     several = strategy.world_size > 1
     if several and not strategy.forward_is_local:
         return head + (
-            f" No replay under the {strategy.name} strategy with several processes (a forward of its sharded model is a collective); "
+            f" No replay under the {strategy.name} strategy with several processes (a forward of its sharded model is "
+            "a collective); "
             "resume from the last checkpoint on one process to have the module named."
         )
     model = trainer.unwrapped_model
@@ -247,26 +274,36 @@ def _explain(trainer: DiagnosedRun, k: int) -> str:
         finding = _probe(trainer, _fetch(loader, *_position(loader, k)), k)
         why = "the update after it was not taken: inside an accumulation window, or skipped by the float16 GradScaler"
         whose = "this process's own batch" if several else "the batch"
-        others = " With several processes the non-finite loss may have been another process's, whose log names its batch." if several else ""
+        others = (
+            " With several processes the non-finite loss may have been another process's, whose log names its batch."
+            if several
+            else ""
+        )
         return head + f" Replayed {whose} on the current weights (still finite: {why}): {finding.describe()}.{others}"
     shown = ", ".join(bad[:8]) + (f" and {len(bad) - 8} more" if len(bad) > 8 else "")
     if several:
         return head + (
             f" The weights are non-finite already ({shown}); a replay from a checkpoint runs on one process only: "
-            "resume from the last checkpoint saved before it on one process (as a DDP run trains on one) to have the module named."
+            "resume from the last checkpoint saved before it on one process (as a DDP run trains on one) to have the "
+            "module named."
         )
     source = _checkpoint_before(trainer, k)
     if source is None:
         return head + (
-            f" No state from before iteration {k} to replay from (no checkpoint saved before it in {trainer.checkpoints.ckpt_dir}); the current "
-            f"weights are non-finite in {shown}. Save checkpoints more often (CheckpointHook interval) to have the module named."
+            f" No state from before iteration {k} to replay from (no checkpoint saved before it in "
+            f"{trainer.checkpoints.ckpt_dir}); the current "
+            f"weights are non-finite in {shown}. Save checkpoints more often (CheckpointHook interval) to have the "
+            "module named."
         )
     return head + _replay(trainer, *source, k)
 
 
 def _probe(trainer: DiagnosedRun, batch: Any, k: int) -> Finding:
-    """Batch ``batch`` forward and backward on the current weights under a :class:`Watch` (``torch.autograd.grad``: no ``.grad`` changes, no collective)."""
-    base: Any = trainer.unwrapped_base  # the BaseModel, not its DDP wrapper (its run_forward / parse_losses are BaseModel's)
+    """Batch ``batch`` forward and backward on the current weights under a :class:`Watch` (``torch.autograd.grad``:
+    no ``.grad`` changes, no collective)."""
+    base: Any = (
+        trainer.unwrapped_base
+    )  # the BaseModel, not its DDP wrapper (its run_forward / parse_losses are BaseModel's)
     params = [p for p in base.parameters() if p.requires_grad]
     with Watch(trainer.unwrapped_model) as watch:
         data = base.data_preprocessor(batch, True)
@@ -326,7 +363,8 @@ def _checkpoint_before(trainer: DiagnosedRun, k: int) -> tuple[Location, dict[st
 
 
 def _replay(trainer: DiagnosedRun, path: Location, ckpt: dict[str, Any], k: int) -> str:
-    """Restore ``ckpt``, train on through the train loop (the hooks that change training only) under a watch; put the trainer back."""
+    """Restore ``ckpt``, train on through the train loop (the hooks that change training only) under a watch; put the
+    trainer back."""
     loop = trainer.train_loop
     assert loop is not None
     from trainwright.hooks.param_scheduler import ParamSchedulerHook
@@ -340,10 +378,18 @@ def _replay(trainer: DiagnosedRun, path: Location, ckpt: dict[str, Any], k: int)
     watch = _ReplayWatch(trainer.unwrapped_model, k)
     hooks = HookList([*(h for h in trainer.hooks if isinstance(h, (ParamSchedulerHook, DistSamplerSeedHook))), watch])
     ctx = LoopContext(
-        view=trainer, model=trainer.model, hooks=hooks, progress=trainer.progress, optim_wrapper=trainer.optim_wrapper,
-        metric_store=MetricStore(raise_on_nonfinite=False), precision=trainer.strategy.precision, logger=trainer.logger,
+        view=trainer,
+        model=trainer.model,
+        hooks=hooks,
+        progress=trainer.progress,
+        optim_wrapper=trainer.optim_wrapper,
+        metric_store=MetricStore(raise_on_nonfinite=False),
+        precision=trainer.strategy.precision,
+        logger=trainer.logger,
     )
-    trainer.logger.info(f"Replaying iterations {s + 1}..{k} from {path} to find where the non-finite loss of iteration {k} came from")
+    trainer.logger.info(
+        f"Replaying iterations {s + 1}..{k} from {path} to find where the non-finite loss of iteration {k} came from"
+    )
     finding: Finding | None = None
     try:
         agreement.set_finish(False)

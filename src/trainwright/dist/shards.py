@@ -1,4 +1,5 @@
-"""Tensors that may be sharded (``DTensor``: FSDP2 and tensor-parallel parameters): the local shard, a whole tensor loaded into a shard.
+"""Tensors that may be sharded (``DTensor``: FSDP2 and tensor-parallel parameters): the local shard, a whole tensor
+loaded into a shard.
 
 Elementwise work on a model's weights (averages, copies) runs on each process's local shards:
 no communication, and the shards together are the result for the whole tensor. A sharded
@@ -29,7 +30,8 @@ def locals_of(tensors: Sequence[torch.Tensor]) -> list[torch.Tensor]:
 
 
 def load_into(target: torch.Tensor, saved: torch.Tensor) -> None:
-    """Copy ``saved`` into ``target``; a whole tensor into a sharded one goes to this process's shard of it (no communication).
+    """Copy ``saved`` into ``target``; a whole tensor into a sharded one goes to this process's shard of it (no
+    communication).
 
     A sharded ``saved`` laid out as ``target`` is copied shard to shard; laid out otherwise, it is
     gathered first (a collective: every process loads the same pieces).

@@ -45,7 +45,8 @@ def get_world_size(group: Any = None) -> int:
 
 
 def get_local_rank() -> int:
-    """Rank of this process on its node: ``LOCAL_RANK`` (torchrun), else SLURM's / Open MPI's local rank; 0 without a launcher."""
+    """Rank of this process on its node: ``LOCAL_RANK`` (torchrun), else SLURM's / Open MPI's local rank; 0 without a
+    launcher."""
     return resolve_launch().local_rank
 
 
@@ -79,7 +80,8 @@ def all_reduce(tensor: torch.Tensor, op: ReduceOp = "sum", group: Any = None) ->
     if op not in _REDUCE_OPS:
         raise ValueError(f"all_reduce op must be one of {_REDUCE_OPS}, got {op!r}")
     if op == "mean" and not (tensor.is_floating_point() or tensor.is_complex()):
-        raise TypeError(f"all_reduce(op='mean') needs a floating-point tensor to divide in place, got {tensor.dtype}; convert it first, e.g. tensor.float()")
+        raise TypeError(f"all_reduce(op='mean') needs a floating-point tensor to divide in place, got {tensor.dtype}; convert it "
+            "first, e.g. tensor.float()")
     if not is_distributed():
         return tensor
     reduce_op = {"sum": torch_dist.ReduceOp.SUM, "mean": torch_dist.ReduceOp.SUM, "max": torch_dist.ReduceOp.MAX, "min": torch_dist.ReduceOp.MIN}[op]
@@ -185,7 +187,8 @@ class LaunchInfo(NamedTuple):
 
 
 def first_slurm_host(nodelist: str) -> str:
-    """The first host name of a SLURM node list (``"gpu[003-005,010],cpu1"`` → ``"gpu003"``), as ``scontrol show hostnames`` would list it first.
+    """The first host name of a SLURM node list (``"gpu[003-005,010],cpu1"`` → ``"gpu003"``), as ``scontrol show
+    hostnames`` would list it first.
 
     Every bracket takes its first entry with its zero padding; text outside brackets is kept
     (``"rack[1-2]-n[07-08]"`` → ``"rack1-n07"``).
@@ -213,7 +216,8 @@ def first_slurm_host(nodelist: str) -> str:
 
 
 def slurm_master_port(env: Mapping[str, str]) -> str:
-    """The rendezvous port of a SLURM job that sets no ``MASTER_PORT``: 15000 + the job id mod 20000 (29500 without a job id).
+    """The rendezvous port of a SLURM job that sets no ``MASTER_PORT``: 15000 + the job id mod 20000 (29500 without a
+    job id).
 
     A fixed port makes two jobs on one node collide: the second's rank 0 cannot bind it, and
     its other ranks join the first job's store. Every task of a job sees the same job id.
@@ -247,9 +251,12 @@ def resolve_launch(env: Mapping[str, str] | None = None) -> LaunchInfo:
     rank, world = int(env[rank_key]), int(env.get(world_key, 1))
     if not 0 <= rank < world:
         raise ValueError(
-            f"{launcher} launch: this process's rank {rank} ({rank_key}) is not below the number of processes {world} ({world_key}): "
-            "the variables come from different jobs or job steps (e.g. a job script's own SLURM_* reused by a process it started "
-            "itself). Start every process through the launcher (srun / torchrun / mpirun), or unset them to train in one process"
+            f"{launcher} launch: this process's rank {rank} ({rank_key}) is not below the number of processes {world} "
+            f"({world_key}): "
+            "the variables come from different jobs or job steps (e.g. a job script's own SLURM_* reused by a process "
+            "it started "
+            "itself). Start every process through the launcher (srun / torchrun / mpirun), or unset them to train in "
+            "one process"
         )
     local = int(env.get("LOCAL_RANK", env.get(local_key, 0)))
     addr, port = env.get("MASTER_ADDR"), env.get("MASTER_PORT")
@@ -265,13 +272,15 @@ def resolve_launch(env: Mapping[str, str] | None = None) -> LaunchInfo:
 
 
 def is_launched_worker(env: Mapping[str, str] | None = None) -> bool:
-    """Whether torchrun (torchelastic) started this process as one of its workers (``TORCHELASTIC_RUN_ID`` or ``LOCAL_RANK`` set)."""
+    """Whether torchrun (torchelastic) started this process as one of its workers (``TORCHELASTIC_RUN_ID`` or
+    ``LOCAL_RANK`` set)."""
     env = os.environ if env is None else env
     return "TORCHELASTIC_RUN_ID" in env or "LOCAL_RANK" in env
 
 
 class NodeLayout(NamedTuple):
-    """What a job's environment says about the machines (nodes) of a run, for a launcher that starts one node's processes.
+    """What a job's environment says about the machines (nodes) of a run, for a launcher that starts one node's
+    processes.
 
     ``source`` names where it came from: ``"pytorchjob"`` (Kubernetes PyTorchJob: ``PET_*``, or
     ``RANK`` / ``WORLD_SIZE`` / ``MASTER_ADDR`` per pod), ``"slurm"`` (an ``srun`` task),
@@ -305,7 +314,8 @@ def resolve_nodes(env: Mapping[str, str] | None = None) -> NodeLayout:
       ``PET_MASTER_ADDR``, ``PET_MASTER_PORT``, ``PET_NPROC_PER_NODE`` (what torchrun reads);
       without ``PET_*``, one process per pod: ``WORLD_SIZE`` pods, this one ``RANK``, ``MASTER_ADDR``, ``MASTER_PORT``.
     - SLURM (a task of ``srun``): ``SLURM_NNODES`` nodes, this one ``SLURM_NODEID``, ``SLURM_NTASKS``
-      tasks; the address as in :func:`resolve_launch` (``MASTER_ADDR``, else the first host of the node list; port from the job id).
+      tasks; the address as in :func:`resolve_launch` (``MASTER_ADDR``, else the first host of the node list; port from
+      the job id).
     - Otherwise one node; ``MASTER_ADDR`` / ``MASTER_PORT`` if set.
 
     A worker that torchrun started (:func:`is_launched_worker`) is not a node: its variables describe processes.
@@ -329,12 +339,14 @@ def resolve_nodes(env: Mapping[str, str] | None = None) -> NodeLayout:
 
 
 def launched_world_size() -> int:
-    """How many processes the launcher says it started (1 when none did): ``WORLD_SIZE``, ``SLURM_NTASKS`` or ``OMPI_COMM_WORLD_SIZE``."""
+    """How many processes the launcher says it started (1 when none did): ``WORLD_SIZE``, ``SLURM_NTASKS`` or
+    ``OMPI_COMM_WORLD_SIZE``."""
     return resolve_launch().world_size
 
 
 def export_launcher_env() -> None:
-    """Fill in ``RANK`` / ``WORLD_SIZE`` / ``LOCAL_RANK`` / ``MASTER_ADDR`` / ``MASTER_PORT`` from SLURM's or Open MPI's variables.
+    """Fill in ``RANK`` / ``WORLD_SIZE`` / ``LOCAL_RANK`` / ``MASTER_ADDR`` / ``MASTER_PORT`` from SLURM's or Open MPI's
+    variables.
 
     torchrun sets them itself; see :func:`resolve_launch` for where each comes from. A
     variable that is set already is kept. ``MASTER_ADDR`` of a multi-node MPI job cannot be

@@ -23,6 +23,16 @@ from trainwright.engine.trainers import AMPTrainer, SimpleTrainer
 from trainwright.engine.writers import CommonMetricPrinter, EventWriter, JSONWriter
 
 __all__ = [
-    "AMPTrainer", "Checkpointer", "CommonMetricPrinter", "EventStorage", "EventWriter", "History", "HookBase", "JSONWriter", "SimpleTrainer",
-    "TrainerBase", "get_event_storage", "hooks",
+    "AMPTrainer",
+    "Checkpointer",
+    "CommonMetricPrinter",
+    "EventStorage",
+    "EventWriter",
+    "History",
+    "HookBase",
+    "JSONWriter",
+    "SimpleTrainer",
+    "TrainerBase",
+    "get_event_storage",
+    "hooks",
 ]

@@ -1,4 +1,5 @@
-"""detectron2's (fvcore's) ``Checkpointer``: a model and named pieces saved as one file, over trainwright's atomic save and safe load.
+"""detectron2's (fvcore's) ``Checkpointer``: a model and named pieces saved as one file, over trainwright's atomic save
+and safe load.
 
 ``Checkpointer(model, save_dir, optimizer=..., trainer=...)`` writes
 ``save_dir/<name>.pth`` with ``{"model": ..., "optimizer": ..., "trainer": ..., **extra}`` and
@@ -45,17 +46,28 @@ class Checkpointer:
             its hooks' states and its optimizer).
     """
 
-    def __init__(self, model: torch.nn.Module, save_dir: str | os.PathLike[str] = "", *, save_to_disk: bool | None = None, **checkpointables: Any) -> None:
+    def __init__(
+        self,
+        model: torch.nn.Module,
+        save_dir: str | os.PathLike[str] = "",
+        *,
+        save_to_disk: bool | None = None,
+        **checkpointables: Any,
+    ) -> None:
         for key, obj in checkpointables.items():
             if not (callable(getattr(obj, "state_dict", None)) and callable(getattr(obj, "load_state_dict", None))):
-                raise TypeError(f"Checkpointer({key}=...) needs an object with state_dict() and load_state_dict(), got {type(obj).__name__}")
+                raise TypeError(
+                    f"Checkpointer({key}=...) needs an object with state_dict() and load_state_dict(), got "
+                    f"{type(obj).__name__}"
+                )
         self.model = model
         self.save_dir = Path(save_dir)
         self.save_to_disk = dist.is_main_process() if save_to_disk is None else save_to_disk
         self.checkpointables = dict(checkpointables)
 
     def save(self, name: str, **kwargs: Any) -> None:
-        """Write ``save_dir/<name>.pth`` (the model, every checkpointable, and ``kwargs``) and name it in ``last_checkpoint``."""
+        """Write ``save_dir/<name>.pth`` (the model, every checkpointable, and ``kwargs``) and name it in
+        ``last_checkpoint``."""
         if not self.save_to_disk:
             return
         data: dict[str, Any] = {"model": _bare(self.model).state_dict()}
@@ -77,7 +89,9 @@ class Checkpointer:
         """
         ckpt = dict(load_file(path))
         if "model" not in ckpt:
-            raise KeyError(f"{path} has no 'model' entry (keys: {sorted(ckpt)}); it was not written by Checkpointer.save")
+            raise KeyError(
+                f"{path} has no 'model' entry (keys: {sorted(ckpt)}); it was not written by Checkpointer.save"
+            )
         _bare(self.model).load_state_dict(ckpt.pop("model"))
         for key in self.checkpointables if checkpointables is None else checkpointables:
             if key in ckpt:
@@ -85,7 +99,8 @@ class Checkpointer:
         return ckpt
 
     def remove(self, name: str) -> None:
-        """Delete ``save_dir/<name>.pth`` if this process writes and it exists (keep-k of :class:`~trainwright.engine.hooks.PeriodicCheckpointer`)."""
+        """Delete ``save_dir/<name>.pth`` if this process writes and it exists (keep-k of
+        :class:`~trainwright.engine.hooks.PeriodicCheckpointer`)."""
         path = self.save_dir / f"{name}.pth"
         if self.save_to_disk and path.exists():
             path.unlink()
@@ -105,7 +120,8 @@ class Checkpointer:
         return sorted(str(p) for p in self.save_dir.glob("*.pth"))
 
     def resume_or_load(self, path: str | os.PathLike[str], *, resume: bool = True) -> dict[str, Any]:
-        """Resume from the last checkpoint when ``resume`` and there is one (everything restored); else load only the model from ``path`` (``""``: nothing)."""
+        """Resume from the last checkpoint when ``resume`` and there is one (everything restored); else load only the
+        model from ``path`` (``""``: nothing)."""
         if resume and self.has_checkpoint():
             return self.load(self.get_checkpoint_file())
         if not path:

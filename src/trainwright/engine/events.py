@@ -91,7 +91,10 @@ class EventStorage:
         """
         hint = self._smoothing_hints.setdefault(name, smoothing_hint)
         if hint != smoothing_hint:
-            raise ValueError(f"Scalar {name!r} was put with smoothing_hint={hint} first and now with {smoothing_hint}; put it with one hint throughout")
+            raise ValueError(
+                f"Scalar {name!r} was put with smoothing_hint={hint} first and now with {smoothing_hint}; put it with "
+                "one hint throughout"
+            )
         self.metric_store.update_scalar(name, float(value), self.iter if cur_iter is None else cur_iter)
 
     def put_scalars(self, *, smoothing_hint: bool = True, cur_iter: int | None = None, **kwargs: Any) -> None:
@@ -101,13 +104,18 @@ class EventStorage:
 
     def put_image(self, img_name: str, img_tensor: Any) -> None:
         """Not provided: trainwright's writers log scalars only."""
-        raise NotImplementedError(f"EventStorage.put_image({img_name!r}) is not provided by trainwright.engine: its writers log scalars. "
-                                  "Write images with a TensorBoard SummaryWriter of your own (torch.utils.tensorboard)")
+        raise NotImplementedError(
+            f"EventStorage.put_image({img_name!r}) is not provided by trainwright.engine: its writers log scalars. "
+            "Write images with a TensorBoard SummaryWriter of your own (torch.utils.tensorboard)"
+        )
 
     def put_histogram(self, hist_name: str, hist_tensor: Any, bins: int = 1000) -> None:
         """Not provided: trainwright's writers log scalars only."""
-        raise NotImplementedError(f"EventStorage.put_histogram({hist_name!r}) is not provided by trainwright.engine: its writers log scalars. "
-                                  "Write histograms with a TensorBoard SummaryWriter of your own (torch.utils.tensorboard)")
+        raise NotImplementedError(
+            f"EventStorage.put_histogram({hist_name!r}) is not provided by trainwright.engine: its writers log "
+            "scalars. "
+            "Write histograms with a TensorBoard SummaryWriter of your own (torch.utils.tensorboard)"
+        )
 
     def step(self) -> None:
         """Advance :attr:`iter` by one (for loops that use a storage without a trainer)."""
@@ -121,7 +129,9 @@ class EventStorage:
             KeyError: nothing was put under ``name``; the message lists the names there are.
         """
         if name not in self.metric_store:
-            raise KeyError(f"No history metric available for {name!r}; the storage has {sorted(self.metric_store.names())}")
+            raise KeyError(
+                f"No history metric available for {name!r}; the storage has {sorted(self.metric_store.names())}"
+            )
         return History(self.metric_store.get(name))
 
     def histories(self) -> dict[str, History]:
@@ -137,7 +147,10 @@ class EventStorage:
         """Every scalar's ``(median over window_size, iteration)``, or its latest value where its hint is False."""
         out = {}
         for name, (value, it) in self.latest().items():
-            out[name] = (self.metric_store.get(name).median(window_size) if self._smoothing_hints.get(name, True) else value, it)
+            out[name] = (
+                self.metric_store.get(name).median(window_size) if self._smoothing_hints.get(name, True) else value,
+                it,
+            )
         return out
 
     def smoothing_hints(self) -> dict[str, bool]:
@@ -151,7 +164,10 @@ class EventStorage:
 
     def __exit__(self, *exc: object) -> None:
         if not EventStorage._stack or EventStorage._stack[-1] is not self:
-            raise RuntimeError("EventStorage blocks must be left in the reverse order they were entered (nest `with EventStorage(...)` blocks)")
+            raise RuntimeError(
+                "EventStorage blocks must be left in the reverse order they were entered (nest `with "
+                "EventStorage(...)` blocks)"
+            )
         EventStorage._stack.pop()
 
 
@@ -162,6 +178,9 @@ def get_event_storage() -> EventStorage:
         RuntimeError: no storage is open, naming how to open one.
     """
     if not EventStorage._stack:
-        raise RuntimeError("get_event_storage() was called outside training: no EventStorage is open. "
-                           "Call it while trainer.train(start_iter, max_iter) runs, or open one with `with EventStorage(start_iter) as storage:`")
+        raise RuntimeError(
+            "get_event_storage() was called outside training: no EventStorage is open. "
+            "Call it while trainer.train(start_iter, max_iter) runs, or open one with `with EventStorage(start_iter) "
+            "as storage:`"
+        )
     return EventStorage._stack[-1]

@@ -36,8 +36,14 @@ class CallbackHook(HookBase):
             argument (the trainer).
     """
 
-    def __init__(self, *, before_train: TrainerCallback | None = None, after_train: TrainerCallback | None = None,
-                 before_step: TrainerCallback | None = None, after_step: TrainerCallback | None = None) -> None:
+    def __init__(
+        self,
+        *,
+        before_train: TrainerCallback | None = None,
+        after_train: TrainerCallback | None = None,
+        before_step: TrainerCallback | None = None,
+        after_step: TrainerCallback | None = None,
+    ) -> None:
         self._before_train, self._after_train = before_train, after_train
         self._before_step, self._after_step = before_step, after_step
 
@@ -99,7 +105,12 @@ class IterationTimer(HookBase):
     def after_train(self) -> None:  # noqa: D102
         total = time.perf_counter() - self._train_start
         if self._timed_steps and self._timed_seconds > 0:
-            logger.info("Overall training speed: %d iterations in %s (%.4f s / it)", self._timed_steps, _hms(self._timed_seconds), self._timed_seconds / self._timed_steps)
+            logger.info(
+                "Overall training speed: %d iterations in %s (%.4f s / it)",
+                self._timed_steps,
+                _hms(self._timed_seconds),
+                self._timed_seconds / self._timed_steps,
+            )
         logger.info("Total training time: %s (%s on hooks)", _hms(total), _hms(total - self._timed_seconds))
 
 
@@ -118,7 +129,9 @@ class PeriodicWriter(HookBase):
         self._writers = list(writers)
         for w in self._writers:
             if not (callable(getattr(w, "write", None)) and callable(getattr(w, "close", None))):
-                raise TypeError(f"PeriodicWriter needs writers with write() and close() methods, got {type(w).__name__}")
+                raise TypeError(
+                    f"PeriodicWriter needs writers with write() and close() methods, got {type(w).__name__}"
+                )
         if not isinstance(period, int) or period < 1:
             raise ValueError(f"PeriodicWriter period must be an int >= 1, got {period!r}")
         self._period = period
@@ -150,7 +163,14 @@ class PeriodicCheckpointer(HookBase):
         file_prefix: The files' name prefix.
     """
 
-    def __init__(self, checkpointer: Checkpointer, period: int, max_iter: int | None = None, max_to_keep: int | None = None, file_prefix: str = "model") -> None:
+    def __init__(
+        self,
+        checkpointer: Checkpointer,
+        period: int,
+        max_iter: int | None = None,
+        max_to_keep: int | None = None,
+        file_prefix: str = "model",
+    ) -> None:
         if not isinstance(period, int) or period < 1:
             raise ValueError(f"PeriodicCheckpointer period must be an int >= 1, got {period!r}")
         if max_to_keep is not None and max_to_keep < 1:
@@ -184,7 +204,8 @@ class PeriodicCheckpointer(HookBase):
 
 
 def _summary_group(optimizer: torch.optim.Optimizer) -> int:
-    """The param group whose lr is logged: the one with the most parameters; if every group has one, the first with the most common lr."""
+    """The param group whose lr is logged: the one with the most parameters; if every group has one, the first with
+    the most common lr."""
     groups = optimizer.param_groups
     sizes = [len(g["params"]) for g in groups]
     if max(sizes) > 1:
@@ -217,8 +238,11 @@ class LRScheduler(HookBase):
         self._optimizer = self._optimizer if self._optimizer is not None else self.trainer.optimizer
         sched = self.scheduler
         if not (callable(getattr(sched, "step", None)) and callable(getattr(sched, "state_dict", None))):
-            raise TypeError(f"LRScheduler needs a torch.optim.lr_scheduler.LRScheduler (given, or as trainer.scheduler), got {type(sched).__name__}; "
-                            "for a multiplier function use torch.optim.lr_scheduler.LambdaLR(optimizer, fn)")
+            raise TypeError(
+                "LRScheduler needs a torch.optim.lr_scheduler.LRScheduler (given, or as trainer.scheduler), got "
+                f"{type(sched).__name__}; "
+                "for a multiplier function use torch.optim.lr_scheduler.LambdaLR(optimizer, fn)"
+            )
         self._group = _summary_group(self._optimizer)
 
     def after_step(self) -> None:  # noqa: D102
@@ -255,7 +279,9 @@ class EvalHook(HookBase):
         eval_after_train: Also evaluate after the last iteration.
     """
 
-    def __init__(self, eval_period: int, eval_function: Callable[[], Mapping[str, Any] | None], eval_after_train: bool = True) -> None:
+    def __init__(
+        self, eval_period: int, eval_function: Callable[[], Mapping[str, Any] | None], eval_after_train: bool = True
+    ) -> None:
         self._period = eval_period
         self._func = eval_function
         self._eval_after_train = eval_after_train
@@ -264,13 +290,17 @@ class EvalHook(HookBase):
         results = self._func()
         if results:
             if not isinstance(results, Mapping):
-                raise TypeError(f"EvalHook's eval_function must return a dict of numbers (or None), got {type(results).__name__}")
+                raise TypeError(
+                    f"EvalHook's eval_function must return a dict of numbers (or None), got {type(results).__name__}"
+                )
             flat = _flatten(results)
             for k, v in flat.items():
                 try:
                     flat[k] = float(v)
                 except (TypeError, ValueError) as e:
-                    raise ValueError(f"EvalHook's eval_function must return a nested dict of numbers; got {k!r}: {v!r}") from e
+                    raise ValueError(
+                        f"EvalHook's eval_function must return a nested dict of numbers; got {k!r}: {v!r}"
+                    ) from e
             self.trainer.storage.put_scalars(**flat, smoothing_hint=False)
         dist.barrier()  # evaluation times differ between ranks: start the next step together
 

@@ -50,13 +50,15 @@ class HookBase:
         """Called once before the first step of ``train()``."""
 
     def after_train(self) -> None:
-        """Called once after the last step, also when a step raised (``trainer.iter == trainer.max_iter`` only after a full run)."""
+        """Called once after the last step, also when a step raised (``trainer.iter == trainer.max_iter`` only after
+        a full run)."""
 
     def before_step(self) -> None:
         """Called before each step; ``self.trainer.iter`` is the step's 0-based iteration."""
 
     def after_backward(self) -> None:
-        """Called after the backward pass of each step, before the optimizer steps (gradients are there to read or change)."""
+        """Called after the backward pass of each step, before the optimizer steps (gradients are there to read or
+        change)."""
 
     def after_step(self) -> None:
         """Called after each step; ``self.trainer.iter`` is still the iteration just run."""
@@ -73,11 +75,15 @@ class HookBase:
                 method (it saved state it cannot take back).
         """
         if state_dict:
-            raise NotImplementedError(f"{type(self).__qualname__}.state_dict() returns state but {type(self).__qualname__} does not define load_state_dict(); define it to resume the hook")
+            raise NotImplementedError(
+                f"{type(self).__qualname__}.state_dict() returns state but {type(self).__qualname__} does not define "
+                "load_state_dict(); define it to resume the hook"
+            )
 
 
 def _state_keys(hooks: Iterable[HookBase]) -> list[str]:
-    """One key per hook: its class's qualified name (detectron2's), ``Name#2``, ``Name#3``... for further hooks of that class."""
+    """One key per hook: its class's qualified name (detectron2's), ``Name#2``, ``Name#3``... for further hooks of
+    that class."""
     seen: dict[str, int] = {}
     keys = []
     for h in hooks:
@@ -117,13 +123,20 @@ class TrainerBase:
         new = [h for h in hooks if h is not None]
         for h in new:
             if not isinstance(h, HookBase):
-                raise TypeError(f"register_hooks takes trainwright.engine.HookBase instances (detectron2's hooks), got {type(h).__name__}. "
-                                "Subclass trainwright.engine.HookBase; a trainwright.Hook belongs to trainwright.Trainer(custom_hooks=[...])")
+                raise TypeError(
+                    "register_hooks takes trainwright.engine.HookBase instances (detectron2's hooks), got "
+                    f"{type(h).__name__}. "
+                    "Subclass trainwright.engine.HookBase; a trainwright.Hook belongs to "
+                    "trainwright.Trainer(custom_hooks=[...])"
+                )
         for h in new:
             h.trainer = weakref.proxy(self)
         self._hooks.extend(new)
         # which hooks handle which event, decided once: a hook that overrides nothing costs nothing per step
-        self._calls = {event: [getattr(h, event) for h in self._hooks if getattr(type(h), event) is not getattr(HookBase, event)] for event in HOOK_EVENTS}
+        self._calls = {
+            event: [getattr(h, event) for h in self._hooks if getattr(type(h), event) is not getattr(HookBase, event)]
+            for event in HOOK_EVENTS
+        }
 
     @property
     def hooks(self) -> list[HookBase]:
@@ -143,7 +156,10 @@ class TrainerBase:
                 hooks ran.
         """
         if not (isinstance(start_iter, int) and isinstance(max_iter, int)) or not 0 <= start_iter <= max_iter:
-            raise ValueError(f"train(start_iter, max_iter) needs ints with 0 <= start_iter <= max_iter, got start_iter={start_iter!r}, max_iter={max_iter!r}")
+            raise ValueError(
+                "train(start_iter, max_iter) needs ints with 0 <= start_iter <= max_iter, got "
+                f"start_iter={start_iter!r}, max_iter={max_iter!r}"
+            )
         logger.info("Starting training from iteration %d", start_iter)
         self.iter = self.start_iter = start_iter
         self.max_iter = max_iter
@@ -163,7 +179,10 @@ class TrainerBase:
 
     def run_step(self) -> None:
         """One iteration of training; subclasses implement it."""
-        raise NotImplementedError(f"{type(self).__name__} must implement run_step() (one training iteration), or use trainwright.engine.SimpleTrainer")
+        raise NotImplementedError(
+            f"{type(self).__name__} must implement run_step() (one training iteration), or use "
+            "trainwright.engine.SimpleTrainer"
+        )
 
     # -- dispatch (a subclass may extend these, calling super()) ---------------------------------
     def before_train(self) -> None:
@@ -213,12 +232,17 @@ class TrainerBase:
             KeyError: ``state_dict`` has no ``"iteration"`` (not a trainer state).
         """
         if "iteration" not in state_dict:
-            raise KeyError(f"Not a trainer state: no 'iteration' key (keys: {sorted(state_dict)}); pass what TrainerBase.state_dict() returned")
+            raise KeyError(
+                f"Not a trainer state: no 'iteration' key (keys: {sorted(state_dict)}); pass what "
+                "TrainerBase.state_dict() returned"
+            )
         self.iter = int(state_dict["iteration"])
         by_key = dict(zip(_state_keys(self._hooks), self._hooks))
         for key, value in state_dict.get("hooks", {}).items():
             hook = by_key.get(key)
             if hook is None:
-                logger.warning("Cannot find the hook %r among the registered hooks %s; its state is ignored", key, sorted(by_key))
+                logger.warning(
+                    "Cannot find the hook %r among the registered hooks %s; its state is ignored", key, sorted(by_key)
+                )
                 continue
             hook.load_state_dict(value)

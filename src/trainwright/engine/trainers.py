@@ -46,7 +46,10 @@ def _forever(data_loader: Iterable[Any]) -> Iterator[Any]:
             empty = False
             yield batch
         if empty:
-            raise ValueError(f"The data_loader ({type(data_loader).__name__}) yielded no batch: check the dataset's length and the batch size (drop_last=True with fewer samples than one batch yields none)")
+            raise ValueError(
+                f"The data_loader ({type(data_loader).__name__}) yielded no batch: check the dataset's length and the "
+                "batch size (drop_last=True with fewer samples than one batch yields none)"
+            )
         epoch += 1
 
 
@@ -64,14 +67,27 @@ class SimpleTrainer(TrainerBase):
         async_write_metrics: Not provided (metrics are written in the step); must be False.
     """
 
-    def __init__(self, model: torch.nn.Module, data_loader: Iterable[Any], optimizer: torch.optim.Optimizer, gather_metric_period: int = 1,
-                 zero_grad_before_forward: bool = False, async_write_metrics: bool = False) -> None:
+    def __init__(
+        self,
+        model: torch.nn.Module,
+        data_loader: Iterable[Any],
+        optimizer: torch.optim.Optimizer,
+        gather_metric_period: int = 1,
+        zero_grad_before_forward: bool = False,
+        async_write_metrics: bool = False,
+    ) -> None:
         super().__init__()
         if not isinstance(gather_metric_period, int) or gather_metric_period < 1:
-            raise ValueError(f"gather_metric_period must be an int >= 1 (write the losses every N iterations), got {gather_metric_period!r}")
+            raise ValueError(
+                "gather_metric_period must be an int >= 1 (write the losses every N iterations), got "
+                f"{gather_metric_period!r}"
+            )
         if async_write_metrics:
-            raise ValueError("async_write_metrics=True is not provided by trainwright.engine: the losses are reduced and checked in the step. "
-                             "Pass gather_metric_period=N to write them every N iterations instead")
+            raise ValueError(
+                "async_write_metrics=True is not provided by trainwright.engine: the losses are reduced and checked in "
+                "the step. "
+                "Pass gather_metric_period=N to write them every N iterations instead"
+            )
         model.train()
         self.model = model
         self.data_loader = data_loader
@@ -82,7 +98,8 @@ class SimpleTrainer(TrainerBase):
 
     @property
     def _data_loader_iter(self) -> Iterator[Any]:
-        """The one iterator over the data, created on first use and kept across ``train()`` calls (detectron2's name)."""
+        """The one iterator over the data, created on first use and kept across ``train()`` calls (detectron2's
+        name)."""
         if self._data_iter is None:
             self._data_iter = _forever(self.data_loader)
         return self._data_iter
@@ -94,18 +111,27 @@ class SimpleTrainer(TrainerBase):
 
     def _next_data(self) -> tuple[Any, float]:
         if not self.model.training:
-            raise RuntimeError(f"[{type(self).__name__}] the model was put in eval mode (model.eval()) during training; call model.train() after evaluating")
+            raise RuntimeError(
+                f"[{type(self).__name__}] the model was put in eval mode (model.eval()) during training; call "
+                "model.train() after evaluating"
+            )
         start = time.perf_counter()
         data = next(self._data_loader_iter)
         return data, time.perf_counter() - start
 
     @staticmethod
-    def _sum_losses(loss_dict: torch.Tensor | Mapping[str, torch.Tensor]) -> tuple[Mapping[str, torch.Tensor], torch.Tensor]:
+    def _sum_losses(
+        loss_dict: torch.Tensor | Mapping[str, torch.Tensor],
+    ) -> tuple[Mapping[str, torch.Tensor], torch.Tensor]:
         if isinstance(loss_dict, torch.Tensor):
             return {"total_loss": loss_dict}, loss_dict
         if not isinstance(loss_dict, Mapping) or not loss_dict:
-            raise TypeError(f"The model must return a dict of loss tensors or one loss tensor in training mode, got {type(loss_dict).__name__}"
-                            f"{' (empty)' if isinstance(loss_dict, Mapping) else ''}; return e.g. {{'loss_cls': ..., 'loss_box': ...}}")
+            raise TypeError(
+                "The model must return a dict of loss tensors or one loss tensor in training mode, got "
+                f"{type(loss_dict).__name__}"
+                f"{' (empty)' if isinstance(loss_dict, Mapping) else ''}; return e.g. {{'loss_cls': ..., 'loss_box': "
+                f"...}}"
+            )
         return loss_dict, sum(loss_dict.values())  # type: ignore[return-value]
 
     def run_step(self) -> None:
@@ -121,15 +147,19 @@ class SimpleTrainer(TrainerBase):
         self._write_metrics(loss_dict, data_time)
         self.optimizer.step()
 
-    def _write_metrics(self, loss_dict: Mapping[str, torch.Tensor], data_time: float, prefix: str = "", iter: int | None = None) -> None:
-        """:meth:`write_metrics` at iterations ``N - 1, 2N - 1, ...`` (``N = gather_metric_period``), as in detectron2."""
+    def _write_metrics(
+        self, loss_dict: Mapping[str, torch.Tensor], data_time: float, prefix: str = "", iter: int | None = None
+    ) -> None:
+        """:meth:`write_metrics` at iterations ``N - 1, 2N - 1, ...`` (``N = gather_metric_period``), as in
+        detectron2."""
         cur = self.iter if iter is None else iter
         if (cur + 1) % self.gather_metric_period == 0:
             self.write_metrics(loss_dict, data_time, cur, prefix)
 
     @staticmethod
     def write_metrics(loss_dict: Mapping[str, torch.Tensor], data_time: float, cur_iter: int, prefix: str = "") -> None:
-        """Put the losses (mean over ranks), their sum ``total_loss`` and ``data_time`` (max over ranks) in the current storage.
+        """Put the losses (mean over ranks), their sum ``total_loss`` and ``data_time`` (max over ranks) in the current
+        storage.
 
         Every rank reduces and puts the same numbers (detectron2 gathers to rank 0, which alone
         writes); each rank's own wait is ``rank_data_time``. One host sync per call.
@@ -143,16 +173,20 @@ class SimpleTrainer(TrainerBase):
         names = list(loss_dict)
         first = next(iter(loss_dict.values()))
         device = first.device if isinstance(first, torch.Tensor) else torch.device("cpu")
-        values = torch.stack([torch.as_tensor(v, device=device).detach().float().reshape(()) for v in loss_dict.values()])
+        values = torch.stack(
+            [torch.as_tensor(v, device=device).detach().float().reshape(()) for v in loss_dict.values()]
+        )
         reduced = dist.all_reduce(values, "mean").tolist()
         data_time = dist.all_reduce(torch.tensor([data_time], dtype=torch.float64, device=device), "max").item()
         storage.put_scalar("data_time", data_time, cur_iter=cur_iter)
         metrics = dict(zip(names, reduced))
         total = sum(metrics.values())
         if not math.isfinite(total):
-            raise FloatingPointError(f"Loss became infinite or NaN at iteration={cur_iter}!\nloss_dict = {metrics}\n"
-                                     "Lower the learning rate, clip gradients in an after_backward hook "
-                                     "(torch.nn.utils.clip_grad_norm_(self.trainer.model.parameters(), 1.0)), or check the data for NaN/Inf")
+            raise FloatingPointError(
+                f"Loss became infinite or NaN at iteration={cur_iter}!\nloss_dict = {metrics}\n"
+                "Lower the learning rate, clip gradients in an after_backward hook "
+                "(torch.nn.utils.clip_grad_norm_(self.trainer.model.parameters(), 1.0)), or check the data for NaN/Inf"
+            )
         storage.put_scalar(f"{prefix}total_loss", total, cur_iter=cur_iter)
         if len(metrics) > 1:
             storage.put_scalars(cur_iter=cur_iter, **metrics)
@@ -187,21 +221,43 @@ class AMPTrainer(SimpleTrainer):
         log_grad_scaler: Put the scaler's scale as ``[metric]grad_scaler`` every step (a host sync).
     """
 
-    def __init__(self, model: torch.nn.Module, data_loader: Iterable[Any], optimizer: torch.optim.Optimizer, gather_metric_period: int = 1,
-                 zero_grad_before_forward: bool = False, grad_scaler: torch.amp.GradScaler | None = None, precision: torch.dtype = torch.float16,
-                 log_grad_scaler: bool = False, async_write_metrics: bool = False) -> None:
+    def __init__(
+        self,
+        model: torch.nn.Module,
+        data_loader: Iterable[Any],
+        optimizer: torch.optim.Optimizer,
+        gather_metric_period: int = 1,
+        zero_grad_before_forward: bool = False,
+        grad_scaler: torch.amp.GradScaler | None = None,
+        precision: torch.dtype = torch.float16,
+        log_grad_scaler: bool = False,
+        async_write_metrics: bool = False,
+    ) -> None:
         if precision not in (torch.float16, torch.bfloat16):
-            raise ValueError(f"AMPTrainer precision must be torch.float16 or torch.bfloat16, got {precision!r}; for float32 use SimpleTrainer")
+            raise ValueError(
+                f"AMPTrainer precision must be torch.float16 or torch.bfloat16, got {precision!r}; for float32 use "
+                "SimpleTrainer"
+            )
         if isinstance(model, torch.nn.DataParallel):
-            raise TypeError("AMPTrainer does not support torch.nn.DataParallel (one process driving several devices); use DistributedDataParallel, one process per device")
-        super().__init__(model, data_loader, optimizer, gather_metric_period, zero_grad_before_forward, async_write_metrics)
+            raise TypeError(
+                "AMPTrainer does not support torch.nn.DataParallel (one process driving several devices); use "
+                "DistributedDataParallel, one process per device"
+            )
+        super().__init__(
+            model, data_loader, optimizer, gather_metric_period, zero_grad_before_forward, async_write_metrics
+        )
         self.device_type = _device_type(model)
-        self.grad_scaler = grad_scaler if grad_scaler is not None else torch.amp.GradScaler(self.device_type, enabled=precision == torch.float16)
+        self.grad_scaler = (
+            grad_scaler
+            if grad_scaler is not None
+            else torch.amp.GradScaler(self.device_type, enabled=precision == torch.float16)
+        )
         self.precision = precision
         self.log_grad_scaler = log_grad_scaler
 
     def run_step(self) -> None:
-        """One step as :meth:`SimpleTrainer.run_step`, the forward under autocast, backward and step through the scaler."""
+        """One step as :meth:`SimpleTrainer.run_step`, the forward under autocast, backward and step through the
+        scaler."""
         data, data_time = self._next_data()
         if self.zero_grad_before_forward:
             self.optimizer.zero_grad()

@@ -22,7 +22,8 @@ __all__ = ["CommonMetricPrinter", "EventWriter", "JSONWriter"]
 
 
 class EventWriter:
-    """Base class of writers that read the current :class:`~trainwright.engine.EventStorage` (``write``) and release files (``close``)."""
+    """Base class of writers that read the current :class:`~trainwright.engine.EventStorage` (``write``) and release
+    files (``close``)."""
 
     def write(self) -> None:
         """Write what the storage holds now."""
@@ -74,7 +75,9 @@ class CommonMetricPrinter(EventWriter):
         logger: Where lines go (default: the ``trainwright.engine`` logger).
     """
 
-    def __init__(self, max_iter: int | None = None, window_size: int = 20, logger: logging.Logger | None = None) -> None:
+    def __init__(
+        self, max_iter: int | None = None, window_size: int = 20, logger: logging.Logger | None = None
+    ) -> None:
         self.logger = logger or logging.getLogger("trainwright.engine")
         self._max_iter = max_iter
         self._window_size = window_size
@@ -88,7 +91,9 @@ class CommonMetricPrinter(EventWriter):
         w = self._window_size
         parts = [f"iter: {it}"]
         if self._max_iter is not None and "time" in histories:
-            parts.insert(0, f"eta: {datetime.timedelta(seconds=int(histories['time'].avg(w) * (self._max_iter - it - 1)))}")
+            parts.insert(
+                0, f"eta: {datetime.timedelta(seconds=int(histories['time'].avg(w) * (self._max_iter - it - 1)))}"
+            )
         parts += [f"{k}: {h.median(w):.4g}" for k, h in histories.items() if "loss" in k]
         parts += [f"{k}: {histories[k].avg(w):.4f}" for k in ("time", "data_time") if k in histories]
         if "lr" in histories:

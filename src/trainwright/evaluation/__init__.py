@@ -1,4 +1,5 @@
-"""Evaluation: ``Metric`` (per-batch ``process``, cross-rank ``evaluate``), ``Evaluator``, stock metrics, the torchmetrics adapter."""
+"""Evaluation: ``Metric`` (per-batch ``process``, cross-rank ``evaluate``), ``Evaluator``, stock metrics, the
+torchmetrics adapter."""
 
 from __future__ import annotations
 

@@ -112,7 +112,10 @@ def _num_samples(merged: Any) -> int:
         merged = list(merged.values())
     sizes = {_num_samples(v) for v in merged}
     if len(sizes) != 1:
-        raise ValueError(f"Batched metric results disagree on the number of samples per batch: {sorted(sizes)}; every tensor of a batch entry needs the batch size as dim 0")
+        raise ValueError(
+            f"Batched metric results disagree on the number of samples per batch: {sorted(sizes)}; every tensor of a "
+            "batch entry needs the batch size as dim 0"
+        )
     return sizes.pop()
 
 
@@ -155,7 +158,14 @@ def merge_rank_results(parts: Sequence[Sequence[Any]], size: int, *, batched: bo
     return [_take(_cat(merged_parts, "results"), order)]
 
 
-def collect_results(results: list[Any], size: int, *, batched: bool = False, device: Device = "cpu", collectives: Collectives = DEFAULT_GROUP) -> list[Any]:
+def collect_results(
+    results: list[Any],
+    size: int,
+    *,
+    batched: bool = False,
+    device: Device = "cpu",
+    collectives: Collectives = DEFAULT_GROUP,
+) -> list[Any]:
     """Gather ``results`` from every rank, restore dataset order, drop padding, place on ``device``.
 
     Objects travel between ranks as CPU pickles (so any rank can unpickle them, across

@@ -32,7 +32,10 @@ class Evaluator:
         for item in items:
             metric = TorchMetric(item) if is_torchmetric(item) else METRICS.build(item)
             if not isinstance(metric, Metric):
-                raise TypeError(f"Evaluator metrics must be Metric instances or METRICS config dicts; got {type(metric).__name__}. Subclass trainwright.evaluation.Metric.")
+                raise TypeError(
+                    f"Evaluator metrics must be Metric instances or METRICS config dicts; got {type(metric).__name__}. "
+                    "Subclass trainwright.evaluation.Metric."
+                )
             self.metrics.append(metric)
 
     def use_collectives(self, collectives: Collectives) -> None:
@@ -79,7 +82,10 @@ class Evaluator:
         """Restore the metrics' states saved by :meth:`state_dict` (same metrics, same order)."""
         states = state_dict["metrics"]
         if len(states) != len(self.metrics):
-            raise ValueError(f"The evaluator state holds {len(states)} metrics but this evaluator has {len(self.metrics)}; build it with the same metrics as when it was saved")
+            raise ValueError(
+                f"The evaluator state holds {len(states)} metrics but this evaluator has {len(self.metrics)}; build it "
+                "with the same metrics as when it was saved"
+            )
         for metric, state in zip(self.metrics, states):
             metric.load_state_dict(state)
 

@@ -35,7 +35,10 @@ def pred_and_target(data_batch: Any, outputs: Any, target_key: str | None, who: 
     if isinstance(outputs, Mapping):
         pred = first(outputs, PRED_KEYS)
         if pred is None:
-            raise KeyError(f"{who} needs the predictions in one of the output keys {PRED_KEYS}; got keys {sorted(outputs)}. Return them as outputs['pred'] or pass a tensor.")
+            raise KeyError(
+                f"{who} needs the predictions in one of the output keys {PRED_KEYS}; got keys {sorted(outputs)}. "
+                "Return them as outputs['pred'] or pass a tensor."
+            )
         target = first(outputs, target_keys)
     else:
         pred = outputs
@@ -43,14 +46,22 @@ def pred_and_target(data_batch: Any, outputs: Any, target_key: str | None, who: 
         if isinstance(data_batch, Mapping):
             target = first(data_batch, target_keys)
             if target is None and target_key is None and isinstance(data_batch.get("data_samples"), torch.Tensor):
-                target = data_batch["data_samples"]  # mmengine's name for what goes with the inputs: a tensor of targets here
+                target = data_batch[
+                    "data_samples"
+                ]  # mmengine's name for what goes with the inputs: a tensor of targets here
             if target is None:
-                raise KeyError(f"{who} found no target in the batch keys {sorted(data_batch)} (looked for {tuple(target_keys)}"
-                               f"{', and a tensor in data_samples' if target_key is None else ''}); pass {who}(target_key=...) naming it.")
+                raise KeyError(
+                    f"{who} found no target in the batch keys {sorted(data_batch)} (looked for {tuple(target_keys)}"
+                    f"{', and a tensor in data_samples' if target_key is None else ''}); pass {who}(target_key=...) "
+                    "naming it."
+                )
         elif isinstance(data_batch, (list, tuple)) and len(data_batch) > 0:
             target = data_batch[-1]
         else:
-            raise TypeError(f"{who} takes the target from a tuple/list batch (last element) or a dict batch; got {type(data_batch).__name__}. Return the target in outputs['label'] instead.")
+            raise TypeError(
+                f"{who} takes the target from a tuple/list batch (last element) or a dict batch; got "
+                f"{type(data_batch).__name__}. Return the target in outputs['label'] instead."
+            )
     return pred, target
 
 

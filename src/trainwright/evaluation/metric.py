@@ -51,7 +51,8 @@ class Metric(ABC):
 
     batched_results: ClassVar[bool] = False
     default_prefix: ClassVar[str | None] = None
-    #: The process group :meth:`evaluate` gathers over: the Trainer sets its strategy (through the Evaluator); default: the process's default group.
+    #: The process group :meth:`evaluate` gathers over: the Trainer sets its strategy (through the Evaluator); default:
+    #: the process's default group.
     collectives: Collectives = DEFAULT_GROUP
 
     def __init__(self, collect_device: Device = "cpu", prefix: str | None = None) -> None:
@@ -87,12 +88,21 @@ class Metric(ABC):
         """
         name = type(self).__name__
         try:
-            results = collect_results(self.results, size, batched=self.batched_results, device=self.collect_device, collectives=self.collectives)
+            results = collect_results(
+                self.results,
+                size,
+                batched=self.batched_results,
+                device=self.collect_device,
+                collectives=self.collectives,
+            )
         finally:
             self.results.clear()
         if not results:
             # every rank holds the same gathered list, so every rank raises here together
-            raise ValueError(f"{name} has no results to evaluate: process() was never called with any sample. Check that the validation data loader is not empty.")
+            raise ValueError(
+                f"{name} has no results to evaluate: process() was never called with any sample. Check that the "
+                "validation data loader is not empty."
+            )
         metrics: dict[str, float] | None = None
         error: BaseException | None = None
         group = self.collectives
@@ -103,7 +113,9 @@ class Metric(ABC):
                 error = exc
         if group.world_size > 1:
             # tell the other ranks what happened, so that none of them waits forever
-            metrics, message = group.broadcast_object((metrics, None if error is None else f"{type(error).__name__}: {error}"))
+            metrics, message = group.broadcast_object(
+                (metrics, None if error is None else f"{type(error).__name__}: {error}")
+            )
             if error is None and message is not None:
                 raise RuntimeError(f"{name}.compute() failed on rank 0 ({message}); see rank 0's traceback.")
         if error is not None:
@@ -130,7 +142,8 @@ class Metric(ABC):
 
 
 def as_numbers(metrics: Any, name: str) -> dict[str, float]:
-    """What a metric's ``compute`` returned, checked to be a dict, with one-element tensors / numpy scalars as Python numbers.
+    """What a metric's ``compute`` returned, checked to be a dict, with one-element tensors / numpy scalars as Python
+    numbers.
 
     Every metric's result goes through it (:class:`Metric` and the torchmetrics adapter), so
     logs, checkpoints and ``save_best`` see plain numbers whatever the metric computed with.

@@ -22,7 +22,8 @@ from trainwright.registry import METRICS
 
 
 def is_torchmetric(obj: Any) -> bool:
-    """True for a ``torchmetrics.Metric`` or ``MetricCollection`` (without importing torchmetrics when the user did not)."""
+    """True for a ``torchmetrics.Metric`` or ``MetricCollection`` (without importing torchmetrics when the user did
+    not)."""
     tm = sys.modules.get("torchmetrics")
     return tm is not None and isinstance(obj, (tm.Metric, tm.MetricCollection))
 
@@ -78,14 +79,21 @@ class TorchMetric(Metric):
             cls = _torchmetrics_class(torchmetrics, metric)
             if cls is None:
                 raise KeyError(
-                    f"torchmetrics has no metric class {metric!r}; use a top-level name such as 'MulticlassAccuracy', a module path such as "
+                    f"torchmetrics has no metric class {metric!r}; use a top-level name such as 'MulticlassAccuracy', "
+                    "a module path such as "
                     "'classification.MulticlassF1Score', or pass the metric object"
                 )
             metric = cls(**dict(metric_args or {}))
         elif metric_args:
-            raise ValueError("metric_args is for a metric given by name (metric='MulticlassAccuracy'); pass the arguments to the object you built instead")
+            raise ValueError(
+                "metric_args is for a metric given by name (metric='MulticlassAccuracy'); pass the arguments to the "
+                "object you built instead"
+            )
         if not is_torchmetric(metric):
-            raise TypeError(f"TorchMetric wraps a torchmetrics.Metric or MetricCollection, got {type(metric).__name__}; subclass trainwright.evaluation.Metric for other metrics")
+            raise TypeError(
+                f"TorchMetric wraps a torchmetrics.Metric or MetricCollection, got {type(metric).__name__}; subclass "
+                "trainwright.evaluation.Metric for other metrics"
+            )
         self.metric: Any = metric
         self.key = key or type(metric).__name__
         self.input_fn = input_fn
@@ -100,7 +108,10 @@ class TorchMetric(Metric):
         else:
             pred, target = pred_and_target(data_batch, outputs, self.target_key, "TorchMetric")
             if not isinstance(pred, torch.Tensor):
-                raise TypeError(f"TorchMetric expects the predictions to be a tensor (or a dict holding one under 'pred' / 'logits'), got {type(pred).__name__}; or pass input_fn")
+                raise TypeError(
+                    "TorchMetric expects the predictions to be a tensor (or a dict holding one under 'pred' / "
+                    f"'logits'), got {type(pred).__name__}; or pass input_fn"
+                )
             args = (pred, torch.as_tensor(target).to(pred.device, non_blocking=True))
         device = next((a.device for a in args if isinstance(a, torch.Tensor)), None)
         if device is not None and device != self._device:
@@ -119,7 +130,10 @@ class TorchMetric(Metric):
         updates = self._updates if group.world_size == 1 else sum(group.gather_object(self._updates))
         try:
             if updates == 0:
-                raise ValueError(f"TorchMetric({self.key}) has no results to evaluate: process() was never called. Check that the validation data loader is not empty.")
+                raise ValueError(
+                    f"TorchMetric({self.key}) has no results to evaluate: process() was never called. Check that the "
+                    "validation data loader is not empty."
+                )
             metrics = as_numbers(self.compute([]), f"TorchMetric({self.key})")
         finally:
             self.reset()
@@ -152,7 +166,10 @@ class TorchMetric(Metric):
         return {self.key: value}
 
     def __repr__(self) -> str:
-        return f"TorchMetric({getattr(self, 'metric', None)!r}, key={getattr(self, 'key', None)!r}, prefix={self.prefix!r})"
+        return (
+            f"TorchMetric({getattr(self, 'metric', None)!r}, key={getattr(self, 'key', None)!r}, "
+            f"prefix={self.prefix!r})"
+        )
 
 
 def _torchmetrics_class(torchmetrics: Any, name: str) -> Any:

@@ -1,4 +1,5 @@
-"""``BaseMetric``: mmengine's metric base class, a :class:`~trainwright.evaluation.Metric` whose reduction is ``compute_metrics``."""
+"""``BaseMetric``: mmengine's metric base class, a :class:`~trainwright.evaluation.Metric` whose reduction is
+``compute_metrics``."""
 
 from __future__ import annotations
 
@@ -10,7 +11,8 @@ from trainwright.evaluation.metric import Metric
 
 
 class BaseMetric(Metric):
-    """mmengine's ``BaseMetric``: ``process(data_batch, data_samples)`` appends to ``self.results``, ``compute_metrics(results)`` reduces.
+    """mmengine's ``BaseMetric``: ``process(data_batch, data_samples)`` appends to ``self.results``,
+    ``compute_metrics(results)`` reduces.
 
     :meth:`compute` is ``compute_metrics``: a metric ported from mmengine keeps its two methods
     and its ``prefix`` / ``default_prefix`` / ``collect_device``; gathering across ranks, dataset
@@ -26,10 +28,13 @@ class BaseMetric(Metric):
             through the process group, so only None is accepted.
     """
 
-    def __init__(self, collect_device: Device = "cpu", prefix: str | None = None, collect_dir: str | None = None) -> None:
+    def __init__(
+        self, collect_device: Device = "cpu", prefix: str | None = None, collect_dir: str | None = None
+    ) -> None:
         if collect_dir is not None:
             raise ValueError(
-                f"{type(self).__name__}(collect_dir={collect_dir!r}): trainwright gathers metric results through the process group, "
+                f"{type(self).__name__}(collect_dir={collect_dir!r}): trainwright gathers metric results through the "
+                "process group, "
                 "not through a shared folder; drop collect_dir"
             )
         super().__init__(collect_device=collect_device, prefix=prefix)
@@ -38,11 +43,13 @@ class BaseMetric(Metric):
 
     @abstractmethod
     def process(self, data_batch: Any, data_samples: Any) -> None:
-        """Append this batch's results to ``self.results`` (``data_samples``: what the model's ``val_step`` / ``test_step`` returned)."""
+        """Append this batch's results to ``self.results`` (``data_samples``: what the model's ``val_step`` /
+        ``test_step`` returned)."""
 
     @abstractmethod
     def compute_metrics(self, results: list[Any]) -> dict[str, Any]:
-        """Reduce the complete results of the dataset (every rank's, in dataset order) to named numbers; runs on rank 0."""
+        """Reduce the complete results of the dataset (every rank's, in dataset order) to named numbers; runs on rank
+        0."""
 
     def compute(self, results: list[Any]) -> dict[str, float]:
         """:meth:`compute_metrics` (mmengine's name of the reduction)."""

@@ -12,6 +12,7 @@ from trainwright.hooks.logger import LoggerHook
 from trainwright.hooks.memory import MemorySnapshotHook
 from trainwright.hooks.norms import NormsHook
 from trainwright.hooks.param_scheduler import ParamSchedulerHook
+from trainwright.hooks.precise_bn import PreciseBNHook
 from trainwright.hooks.preemption import PreemptionHook
 from trainwright.hooks.profiler import ProfilerHook
 from trainwright.hooks.progress_bar import ProgressBarHook
@@ -19,7 +20,29 @@ from trainwright.hooks.runtime_info import RuntimeInfoHook
 from trainwright.hooks.sampler_seed import DistSamplerSeedHook
 from trainwright.hooks.stall import StallHook
 from trainwright.hooks.swa import SWAHook
-from trainwright.hooks.precise_bn import PreciseBNHook
 from trainwright.hooks.sync_buffers import SyncBuffersHook
 
-__all__ = ["Hook", "HookList", "EVENTS", "CheckpointHook", "IterTimerHook", "LoggerHook", "ParamSchedulerHook", "DistSamplerSeedHook", "EMAHook", "EarlyStoppingHook", "FlopsHook", "PreemptionHook", "ProfilerHook", "ProgressBarHook", "RuntimeInfoHook", "NormsHook", "MemorySnapshotHook", "SWAHook", "StallHook", "SyncBuffersHook", "PreciseBNHook", "EmptyCacheHook"]
+__all__ = [
+    "Hook",
+    "HookList",
+    "EVENTS",
+    "CheckpointHook",
+    "IterTimerHook",
+    "LoggerHook",
+    "ParamSchedulerHook",
+    "DistSamplerSeedHook",
+    "EMAHook",
+    "EarlyStoppingHook",
+    "FlopsHook",
+    "PreemptionHook",
+    "ProfilerHook",
+    "ProgressBarHook",
+    "RuntimeInfoHook",
+    "NormsHook",
+    "MemorySnapshotHook",
+    "SWAHook",
+    "StallHook",
+    "SyncBuffersHook",
+    "PreciseBNHook",
+    "EmptyCacheHook",
+]

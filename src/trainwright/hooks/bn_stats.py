@@ -1,4 +1,5 @@
-"""BatchNorm statistics recomputed over batches at fixed weights: ``update_bn`` (torch's rule) for SWAHook and PreciseBNHook."""
+"""BatchNorm statistics recomputed over batches at fixed weights: ``update_bn`` (torch's rule) for SWAHook and
+PreciseBNHook."""
 
 from __future__ import annotations
 
@@ -37,7 +38,8 @@ def update_bn(batches: Iterable[Any], model: nn.Module, forward: Any) -> None:
 
 
 def forward_for_stats(model: nn.Module, batch: Any) -> None:
-    """A batch through a trainwright model the way training feeds it (its data preprocessor, ``mode="tensor"``); else ``model(batch)``."""
+    """A batch through a trainwright model the way training feeds it (its data preprocessor, ``mode="tensor"``); else
+    ``model(batch)``."""
     preprocess = getattr(model, "data_preprocessor", None)
     run = getattr(model, "run_forward", None)
     if preprocess is not None and run is not None:

@@ -10,9 +10,9 @@ from __future__ import annotations
 
 import math
 import sys
+from collections.abc import Sequence
 from functools import partial
 from pathlib import Path
-from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
 from trainwright.checkpoint.manager import SaveRecord
@@ -26,31 +26,49 @@ from trainwright.registry import HOOKS, did_you_mean
 if TYPE_CHECKING:
     from trainwright.hooks.view import TrainerView, TrainLoopView
 
+
 def _train_loop(trainer: TrainerView) -> TrainLoopView:
     return require_train_loop(trainer, "CheckpointHook (it saves training checkpoints)")
 
 
 #: mmengine's defaults for inferring a ``save_best`` rule from the metric's name (matched case-insensitively,
 #: first as the whole key, then as a substring: ``"val/acc"`` contains ``"acc"``).
-DEFAULT_GREATER_KEYS: tuple[str, ...] = ("acc", "top", "AR@", "auc", "precision", "mAP", "mDice", "mIoU", "mAcc", "aAcc")
+DEFAULT_GREATER_KEYS: tuple[str, ...] = (
+    "acc",
+    "top",
+    "AR@",
+    "auc",
+    "precision",
+    "mAP",
+    "mDice",
+    "mIoU",
+    "mAcc",
+    "aAcc",
+)
 DEFAULT_LESS_KEYS: tuple[str, ...] = ("loss",)
 _RULES = ("greater", "less")
 
 
 def _str_list(name: str, value: Any, example: str) -> list[str] | None:
-    """``value`` as a list of distinct non-empty strings (a str is one), None for None; else a TypeError naming ``name``."""
+    """``value`` as a list of distinct non-empty strings (a str is one), None for None; else a TypeError naming
+    ``name``."""
     if value is None:
         return None
     items = [value] if isinstance(value, str) else value
     if not isinstance(items, list) or not items or not all(isinstance(v, str) and v for v in items):
-        raise TypeError(f"CheckpointHook {name} must be a str, a non-empty list of str or None (e.g. {example}), got {type(value).__name__} {value!r}")
+        raise TypeError(
+            f"CheckpointHook {name} must be a str, a non-empty list of str or None (e.g. {example}), got "
+            f"{type(value).__name__} {value!r}"
+        )
     dup = sorted({v for v in items if items.count(v) > 1})
     if dup:
         raise ValueError(f"CheckpointHook {name} lists {dup} more than once; give each once")
     return list(items)
 
 
-def infer_rule(key: str, greater_keys: Sequence[str] = DEFAULT_GREATER_KEYS, less_keys: Sequence[str] = DEFAULT_LESS_KEYS) -> str:
+def infer_rule(
+    key: str, greater_keys: Sequence[str] = DEFAULT_GREATER_KEYS, less_keys: Sequence[str] = DEFAULT_LESS_KEYS
+) -> str:
     """``"greater"`` or ``"less"`` for a metric key, by mmengine's rules (case-insensitive).
 
     The key equal to one of ``greater_keys`` / ``less_keys``, else containing one of
@@ -72,7 +90,8 @@ def infer_rule(key: str, greater_keys: Sequence[str] = DEFAULT_GREATER_KEYS, les
         return "less"
     raise ValueError(
         f"CheckpointHook cannot tell whether a higher or a lower {key!r} is better: it matches none of greater_keys "
-        f"{list(greater_keys)} nor less_keys {list(less_keys)}. Pass rule='greater' or rule='less' (a list of rules for several "
+        f"{list(greater_keys)} nor less_keys {list(less_keys)}. Pass rule='greater' or rule='less' (a list of rules "
+        "for several "
         "save_best keys), or add the name to greater_keys / less_keys"
     )
 
@@ -160,13 +179,23 @@ class CheckpointHook(Hook):
         if max_keep_best < 1:
             raise ValueError(f"CheckpointHook max_keep_best must be >= 1, got {max_keep_best}")
         if not isinstance(save_begin, int) or save_begin < 0:
-            raise ValueError(f"CheckpointHook save_begin must be an int >= 0 (the first epoch / iteration to save at), got {save_begin!r}")
+            raise ValueError(
+                "CheckpointHook save_begin must be an int >= 0 (the first epoch / iteration to save at), got "
+                f"{save_begin!r}"
+            )
         keys = _str_list("save_best", save_best, "'val/acc', 'auto' or ['val/acc', 'val/loss']")
         if keys is not None and "auto" in keys and len(keys) > 1:
-            raise ValueError(f"CheckpointHook save_best={keys}: 'auto' (the first metric) cannot be combined with other keys; name the keys instead")
+            raise ValueError(
+                f"CheckpointHook save_best={keys}: 'auto' (the first metric) cannot be combined with other keys; name "
+                "the keys instead"
+            )
         rules = self._rules(rule, keys)
-        greater = _str_list("greater_keys", list(greater_keys) if isinstance(greater_keys, tuple) else greater_keys, "['acc', 'mAP']")
-        less = _str_list("less_keys", list(less_keys) if isinstance(less_keys, tuple) else less_keys, "['loss', 'error']")
+        greater = _str_list(
+            "greater_keys", list(greater_keys) if isinstance(greater_keys, tuple) else greater_keys, "['acc', 'mAP']"
+        )
+        less = _str_list(
+            "less_keys", list(less_keys) if isinstance(less_keys, tuple) else less_keys, "['loss', 'error']"
+        )
         self.greater_keys = tuple(greater) if greater is not None else DEFAULT_GREATER_KEYS
         self.less_keys = tuple(less) if less is not None else DEFAULT_LESS_KEYS
         self.interval = interval
@@ -177,28 +206,43 @@ class CheckpointHook(Hook):
         self.save_param_scheduler = save_param_scheduler
         self.save_best = keys
         #: The rule of each ``save_best`` key (None: inferred; for ``"auto"`` at the first validation).
-        self.rule = {k: r or (None if k == "auto" else infer_rule(k, self.greater_keys, self.less_keys)) for k, r in zip(keys or [], rules)}
+        self.rule = {
+            k: r or (None if k == "auto" else infer_rule(k, self.greater_keys, self.less_keys))
+            for k, r in zip(keys or [], rules)
+        }
         self.max_keep_best = max_keep_best
         self.filename_tmpl = check_template(filename_tmpl) if filename_tmpl is not None else None
         given: dict[str, Any] = {
-            k: v for k, v, default in (
-                ("out_dir", out_dir, None), ("storage_options", storage_options, None), ("max_keep_ckpts", max_keep_ckpts, -1),
-                ("async_save", async_save, False), ("epoch_tmpl" if by_epoch else "iter_tmpl", filename_tmpl, None),
-                ("save_optimizer", save_optimizer, True), ("save_param_scheduler", save_param_scheduler, True),
-            ) if v != default
+            k: v
+            for k, v, default in (
+                ("out_dir", out_dir, None),
+                ("storage_options", storage_options, None),
+                ("max_keep_ckpts", max_keep_ckpts, -1),
+                ("async_save", async_save, False),
+                ("epoch_tmpl" if by_epoch else "iter_tmpl", filename_tmpl, None),
+                ("save_optimizer", save_optimizer, True),
+                ("save_param_scheduler", save_param_scheduler, True),
+            )
+            if v != default
         }
-        # checked (and a URL resolved: a missing fsspec backend fails) now; the Trainer gives them to its checkpoint manager
+        # checked (and a URL resolved: a missing fsspec backend fails) now; the Trainer gives them to its checkpoint
+        # manager
         settings = CheckpointSettings.build(given)
         given.pop("storage_options", None)
         if settings.out_dir is not None:
             given["out_dir"] = settings.out_dir
         self.checkpoint_settings = given
-        #: Where the checkpoints go (None: ``work_dir/checkpoints``); the manager's ``ckpt_dir`` once the Trainer is built.
+        #: Where the checkpoints go (None: ``work_dir/checkpoints``); the manager's ``ckpt_dir`` once the Trainer is
+        #: built.
         self.out_dir: Location | None = settings.out_dir
         self.async_save = async_save
         self.clean_stale_tmp = clean_stale_tmp
         self.save_begin = save_begin
-        self.published_keys = _str_list("published_keys", list(published_keys) if isinstance(published_keys, tuple) else published_keys, "['meta', 'model']")
+        self.published_keys = _str_list(
+            "published_keys",
+            list(published_keys) if isinstance(published_keys, tuple) else published_keys,
+            "['meta', 'model']",
+        )
         #: The files kept (periodic, best per key) and the last saved iteration: this hook's state, kept by the manager.
         self.record = SaveRecord()
         self._keys: dict[str, str] | None = None  # metric key -> rule, resolved at the first validation
@@ -211,12 +255,18 @@ class CheckpointHook(Hook):
         rules = rule if isinstance(rule, list) else [rule]
         bad = [r for r in rules if r not in (None, *_RULES)]
         if bad or not rules:
-            raise ValueError(f"CheckpointHook rule must be 'greater', 'less', None or a list of them (one per save_best key), got {rule!r}")
+            raise ValueError(
+                "CheckpointHook rule must be 'greater', 'less', None or a list of them (one per save_best key), got "
+                f"{rule!r}"
+            )
         n = len(keys or [])
         if len(rules) == 1:
             return rules * n
         if len(rules) != n:
-            raise ValueError(f"CheckpointHook got {len(rules)} rules {rules} for {n} save_best keys {keys}; give one rule per key, or one rule for all")
+            raise ValueError(
+                f"CheckpointHook got {len(rules)} rules {rules} for {n} save_best keys {keys}; give one rule per key, "
+                "or one rule for all"
+            )
         return list(rules)
 
     @property
@@ -253,16 +303,21 @@ class CheckpointHook(Hook):
     def before_train(self, trainer: TrainerView) -> None:  # noqa: D102
         if self.save_best and trainer.val_loop is None:
             trainer.logger.warning(
-                f"CheckpointHook save_best={self.save_best} needs validation metrics, but the trainer has no val_dataloader: no best "
-                "checkpoint will be written. Pass val_dataloader and val_evaluator, or set default_hooks=dict(checkpoint=dict(save_best=None))"
+                f"CheckpointHook save_best={self.save_best} needs validation metrics, but the trainer has no "
+                "val_dataloader: no best "
+                "checkpoint will be written. Pass val_dataloader and val_evaluator, or set "
+                "default_hooks=dict(checkpoint=dict(save_best=None))"
             )
         m = trainer.checkpoints
         if self.published_keys:
             if not trainer.strategy.readable_whole:
                 raise ValueError(
-                    f"CheckpointHook published_keys={self.published_keys} cannot publish under strategy={trainer.strategy.name!r}: its checkpoints "
-                    f"({trainer.strategy.checkpoint_suffix} folders) are read by its engine on every rank, not whole by one process. Drop "
-                    "published_keys and export the weights after training with trainer.save_weights('model.safetensors') (every rank calls it)."
+                    f"CheckpointHook published_keys={self.published_keys} cannot publish under "
+                    f"strategy={trainer.strategy.name!r}: its checkpoints "
+                    f"({trainer.strategy.checkpoint_suffix} folders) are read by its engine on every rank, not whole "
+                    "by one process. Drop "
+                    "published_keys and export the weights after training with "
+                    "trainer.save_weights('model.safetensors') (every rank calls it)."
                 )
             m.check_keys(self.published_keys)
         self._in_train = True
@@ -271,25 +326,36 @@ class CheckpointHook(Hook):
         late = {k: v for k, v in self.checkpoint_settings.items() if getattr(m.settings, k) != v}
         if late:  # a hook registered after the trainer was built: its storage settings never reached the manager
             raise ValueError(
-                f"CheckpointHook {late} were given to a hook registered after the Trainer was built, whose checkpoint manager was built "
-                f"with others. Give them when building it: Trainer(checkpoint=dict({', '.join(f'{k}=...' for k in late)}))"
+                f"CheckpointHook {late} were given to a hook registered after the Trainer was built, whose checkpoint "
+                "manager was built "
+                "with others. Give them when building it: "
+                f"Trainer(checkpoint=dict({', '.join(f'{k}=...' for k in late)}))"
             )
-        # where and how checkpoints are stored was given to the manager when the Trainer built it; the policy's own state:
+        # where and how checkpoints are stored was given to the manager when the Trainer built it; the policy's own
+        # state:
         m.configure(epoch_names=loop.by_epoch, record=self.record)
         if self.by_epoch and self.interval > 0 and not loop.by_epoch:
             trainer.logger.warning(
-                "CheckpointHook counts its interval in epochs (by_epoch=True) but training is iteration-based: only the final "
-                "checkpoint will be written. Set default_hooks=dict(checkpoint=dict(by_epoch=False, interval=N)) to save every N iterations."
+                "CheckpointHook counts its interval in epochs (by_epoch=True) but training is iteration-based: only "
+                "the final "
+                "checkpoint will be written. Set default_hooks=dict(checkpoint=dict(by_epoch=False, interval=N)) to "
+                "save every N iterations."
             )
         if self.clean_stale_tmp and trainer.strategy.is_main_process:
             m.clean_stale_tmp()
 
     def train_iter_interval(self, trainer: TrainerView) -> int | range:  # noqa: D102
-        # Epoch-interval saves are requested (and a pending one flushed) at epoch events only; iteration saves at save_begin + k * interval.
-        return 0 if self.by_epoch or self.interval <= 0 else range(self.save_begin or self.interval, sys.maxsize, self.interval)
+        # Epoch-interval saves are requested (and a pending one flushed) at epoch events only; iteration saves at
+        # save_begin + k * interval.
+        return (
+            0
+            if self.by_epoch or self.interval <= 0
+            else range(self.save_begin or self.interval, sys.maxsize, self.interval)
+        )
 
     def _save_may_follow(self, trainer: TrainerView) -> bool:
-        """Whether this hook may still save at the current point (a writer's error then waits for :meth:`_writers_error`).
+        """Whether this hook may still save at the current point (a writer's error then waits for
+        :meth:`_writers_error`).
 
         Between epochs and at the run's end (epoch events, validation, ``after_train``), while a save waits
         for its validation, and at an iteration with an iteration-interval save due.
@@ -297,7 +363,9 @@ class CheckpointHook(Hook):
         p = trainer.progress
         loop = trainer.train_loop
         return (
-            self._pending is not None or p.iter_in_epoch == 0 or (loop is not None and p.iteration >= loop.max_iters)
+            self._pending is not None
+            or p.iter_in_epoch == 0
+            or (loop is not None and p.iteration >= loop.max_iters)
             or (not self.by_epoch and self._due(p.iteration))
         )
 
@@ -313,16 +381,23 @@ class CheckpointHook(Hook):
             trainer.log_lines.writers.raise_held()
 
     def _due(self, n: int) -> bool:
-        """Whether a periodic save falls on epoch / iteration ``n`` (mmengine's ``every_n_*`` with ``start=save_begin``)."""
+        """Whether a periodic save falls on epoch / iteration ``n`` (mmengine's ``every_n_*`` with
+        ``start=save_begin``)."""
         return self.interval > 0 and n >= self.save_begin and (n - self.save_begin) % self.interval == 0
 
-    def after_train_iter(self, trainer: TrainerView, batch_idx: int, data_batch: Any = None, outputs: dict | None = None) -> None:  # noqa: D102
+    def after_train_iter(
+        self, trainer: TrainerView, batch_idx: int, data_batch: Any = None, outputs: dict | None = None
+    ) -> None:  # noqa: D102
         if self._pending is not None:  # a validation we waited for did not come: save what we have
             self._flush_pending(trainer)
         it = trainer.progress.iteration
         if not self.by_epoch and self._due(it):
             loop = _train_loop(trainer)
-            self._request(trainer, trainer.checkpoints.name(trainer.checkpoints.iter_tmpl, it), not loop.by_epoch and loop.val_due())
+            self._request(
+                trainer,
+                trainer.checkpoints.name(trainer.checkpoints.iter_tmpl, it),
+                not loop.by_epoch and loop.val_due(),
+            )
         self._writers_error(trainer)
 
     def after_train_epoch(self, trainer: TrainerView) -> None:  # noqa: D102
@@ -358,13 +433,17 @@ class CheckpointHook(Hook):
             assert self.save_best is not None
             first = next(iter(metrics))
             self._keys = {  # an mmengine key ('mIoU') is found as 'val/mIoU'; one absent is named below
-                first if k == "auto" else metric_key(k, metrics) or k: self.rule[k] or infer_rule(first, self.greater_keys, self.less_keys) for k in self.save_best
+                first if k == "auto" else metric_key(k, metrics) or k: self.rule[k]
+                or infer_rule(first, self.greater_keys, self.less_keys)
+                for k in self.save_best
             }
         for key in self._keys:
             if key not in metrics:
                 raise KeyError(
-                    f"CheckpointHook save_best: {key!r} is not among the validation metrics {list(metrics)}.{did_you_mean(key, list(metrics))} "
-                    f"Set save_best to one of them (or 'auto' for the first), e.g. default_hooks=dict(checkpoint=dict(save_best={next(iter(metrics))!r}))"
+                    f"CheckpointHook save_best: {key!r} is not among the validation metrics "
+                    f"{list(metrics)}.{did_you_mean(key, list(metrics))} "
+                    "Set save_best to one of them (or 'auto' for the first), e.g. "
+                    f"default_hooks=dict(checkpoint=dict(save_best={next(iter(metrics))!r}))"
                 )
         return self._keys
 
@@ -373,7 +452,9 @@ class CheckpointHook(Hook):
             return
         pending, self._pending_best = self._pending_best, []
         for key, score, name in pending:
-            if trainer.checkpoints.save_best(key, score, name, greater=(self._keys or {}).get(key) == "greater", keep=self.max_keep_best):
+            if trainer.checkpoints.save_best(
+                key, score, name, greater=(self._keys or {}).get(key) == "greater", keep=self.max_keep_best
+            ):
                 trainer.logger.info(f"New best {key} {score:.4f}: saved {name}")
         self._flush_pending(trainer)
         self._writers_error(trainer)
@@ -384,7 +465,9 @@ class CheckpointHook(Hook):
             trainer.checkpoints.save_now()
         trainer.strategy.wait_for_checkpoint()
         if self.published_keys and trainer.strategy.is_main_process:
-            names = ([self.kept[-1]] if self.save_last and self.kept else []) + [ranked[0][1] for ranked in self.best.values() if ranked]
+            names = ([self.kept[-1]] if self.save_last and self.kept else []) + [
+                ranked[0][1] for ranked in self.best.values() if ranked
+            ]
             for name in dict.fromkeys(names):
                 trainer.checkpoints.publish(trainer.checkpoints.ckpt_dir / name, self.published_keys)
         self._writers_error(trainer, final=True)
@@ -392,11 +475,16 @@ class CheckpointHook(Hook):
     def after_run(self, trainer: TrainerView) -> None:  # noqa: D102
         refused = trainer.checkpoints.refusal(self._pending) if self._in_train and self._pending is not None else None
         if refused is not None:  # several processes: no collective after a failure
-            trainer.logger.warning(f"{refused} (it was due before the run stopped, waiting for a validation that did not finish)")
+            trainer.logger.warning(
+                f"{refused} (it was due before the run stopped, waiting for a validation that did not finish)"
+            )
         elif self._in_train and self._pending is not None:
             # The run ended by an error after a checkpoint was due but before the validation
             # it waited for finished (a metric that raised): the epoch's training is not lost.
-            trainer.logger.warning(f"Writing {self._pending}, which was due before the run stopped (it waited for a validation that did not finish)")
+            trainer.logger.warning(
+                f"Writing {self._pending}, which was due before the run stopped (it waited for a validation that did "
+                "not finish)"
+            )
             self._flush_pending(trainer)
         self._in_train = False
         trainer.log_lines.writers.hold = None

@@ -38,7 +38,9 @@ class IterSchedule:
         last_iter: The run's last iteration (``max_iters``); 0: unknown (a hand-driven loop).
     """
 
-    def __init__(self, before: list[tuple[Call, Interval]], after: list[tuple[Call, Interval]], last_iter: int = 0) -> None:
+    def __init__(
+        self, before: list[tuple[Call, Interval]], after: list[tuple[Call, Interval]], last_iter: int = 0
+    ) -> None:
         self.last_iter = last_iter
         self._before = [(fn, n) for fn, n in before if n]  # 0 and empty windows: never
         self._after = [(fn, n) for fn, n in after if n]
@@ -57,8 +59,16 @@ class IterSchedule:
         epoch_end = epoch_end or iteration == self.last_iter  # the run's end is due like an epoch's
 
         def pick(hooks: list[tuple[Call, Interval]]) -> tuple[Call, ...]:
-            return tuple(fn for fn, n in hooks if n == 1 or (iteration in n if isinstance(n, range) else epoch_end or (
-                iteration in n if isinstance(n, EveryInEpoch) else iteration % n == 0)))
+            return tuple(
+                fn
+                for fn, n in hooks
+                if n == 1
+                or (
+                    iteration in n
+                    if isinstance(n, range)
+                    else epoch_end or (iteration in n if isinstance(n, EveryInEpoch) else iteration % n == 0)
+                )
+            )
 
         return pick(self._before), pick(self._after)
 
@@ -83,7 +93,8 @@ def _next_in(window: range, iteration: int) -> float:
 
 
 class CheckpointEvents(TypedDict):
-    """The checkpoint manager's callbacks that dispatch the checkpoint events (see :meth:`HookList.checkpoint_events`)."""
+    """The checkpoint manager's callbacks that dispatch the checkpoint events (see
+    :meth:`HookList.checkpoint_events`)."""
 
     before_save: Callable[[Any], None]
     after_save: Callable[[Any], None]
@@ -127,10 +138,13 @@ class HookList:
         self._rebuild()
 
     def _insert(self, hook: Hook) -> None:
-        """Place ``hook`` by priority (a bisection), refusing a second stateful hook with a ``state_key`` already held."""
+        """Place ``hook`` by priority (a bisection), refusing a second stateful hook with a ``state_key`` already
+        held."""
         require_hook(hook)
         if isinstance(hook, Stateful) and any(h.state_key == hook.state_key for h in self.stateful()):
-            raise ValueError(f"Two stateful hooks share the state_key {[hook.state_key]}; give each copy a distinct `state_key`")
+            raise ValueError(
+                f"Two stateful hooks share the state_key {[hook.state_key]}; give each copy a distinct `state_key`"
+            )
         p = get_priority(hook.priority)
         idx = bisect.bisect_right(self._priorities, p)
         self._hooks.insert(idx, hook)
@@ -139,10 +153,20 @@ class HookList:
     def _rebuild(self) -> None:
         active = {ev: [h for h in self._hooks if getattr(type(h), ev) is not getattr(Hook, ev)] for ev in EVENTS}
         timer = self.timer
-        self.calls = {ev: tuple(getattr(h, ev) if timer is None else timer.wrap(h, ev, getattr(h, ev)) for h in hooks) for ev, hooks in active.items()}
+        self.calls = {
+            ev: tuple(getattr(h, ev) if timer is None else timer.wrap(h, ev, getattr(h, ev)) for h in hooks)
+            for ev, hooks in active.items()
+        }
         self.schedule = IterSchedule(
-            [(fn, self._intervals.get(id(h), 1)) for h, fn in zip(active["before_train_iter"], self.calls["before_train_iter"])],
-            [(fn, self._intervals.get(id(h), 1)) for h, fn in zip(active["after_train_iter"], self.calls["after_train_iter"])] + list(self._periodic),
+            [
+                (fn, self._intervals.get(id(h), 1))
+                for h, fn in zip(active["before_train_iter"], self.calls["before_train_iter"])
+            ],
+            [
+                (fn, self._intervals.get(id(h), 1))
+                for h, fn in zip(active["after_train_iter"], self.calls["after_train_iter"])
+            ]
+            + list(self._periodic),
             self._last_iter,
         )
 
@@ -169,10 +193,14 @@ class HookList:
                     pass
                 elif isinstance(n, range):
                     if n and (n.start < 1 or n.step < 1):
-                        raise ValueError(f"{type(h).__name__}.train_iter_interval() returned {n!r}: a window holds iteration numbers >= 1 in increasing order, e.g. range(11, 16)")
+                        raise ValueError(
+                            f"{type(h).__name__}.train_iter_interval() returned {n!r}: a window holds iteration "
+                            "numbers >= 1 in increasing order, e.g. range(11, 16)"
+                        )
                 elif not isinstance(n, int) or isinstance(n, bool) or n < 0:
                     raise ValueError(
-                        f"{type(h).__name__}.train_iter_interval() must return an int >= 0 (0: never, 1: every iteration) or a range of iterations, got {n!r}"
+                        f"{type(h).__name__}.train_iter_interval() must return an int >= 0 (0: never, 1: every "
+                        f"iteration) or a range of iterations, got {n!r}"
                     )
                 if n != 1:
                     self._intervals[id(h)] = n
@@ -184,7 +212,8 @@ class HookList:
             fn(*args, **kwargs)
 
     def call_all(self, event: str, *args: Any, **kwargs: Any) -> list[tuple[Call, BaseException]]:
-        """Call ``event`` on every hook that overrides it, even when some raise; return ``(method, error)`` of those that did.
+        """Call ``event`` on every hook that overrides it, even when some raise; return ``(method, error)`` of those
+        that did.
 
         For cleanup events (``after_run``): one hook's failure must not skip the others'
         cleanup (a signal handler left installed, a file left open).
@@ -198,7 +227,8 @@ class HookList:
         return failed
 
     def checkpoint_events(self, trainer: Any) -> CheckpointEvents:
-        """The checkpoint manager's ``before_save`` / ``after_save`` / ``after_load`` callbacks: each calls its event on these hooks.
+        """The checkpoint manager's ``before_save`` / ``after_save`` / ``after_load`` callbacks: each calls its event on
+        these hooks.
 
         ``before_save_checkpoint(trainer, checkpoint)``, ``after_save_checkpoint(trainer, path)`` and
         ``after_load_checkpoint(trainer, checkpoint)``, dispatched like every other event.
@@ -212,7 +242,9 @@ class HookList:
     def get(self, cls_or_name: type | str) -> Hook | None:
         """Return the first hook of that class (or class name / state_key), or None."""
         for h in self._hooks:
-            if (isinstance(cls_or_name, str) and cls_or_name in (type(h).__name__, h.state_key)) or (isinstance(cls_or_name, type) and isinstance(h, cls_or_name)):
+            if (isinstance(cls_or_name, str) and cls_or_name in (type(h).__name__, h.state_key)) or (
+                isinstance(cls_or_name, type) and isinstance(h, cls_or_name)
+            ):
                 return h
         return None
 
@@ -242,4 +274,3 @@ class HookList:
 
     def __len__(self) -> int:
         return len(self._hooks)
-

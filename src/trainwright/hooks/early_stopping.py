@@ -70,13 +70,19 @@ class EarlyStoppingHook(Hook):
                 rule = infer_rule(monitor)
             except ValueError:
                 raise ValueError(
-                    f"EarlyStoppingHook cannot tell whether a higher or a lower {monitor!r} is better: it matches none of mmengine's "
-                    f"greater keys {list(DEFAULT_GREATER_KEYS)} nor less keys {list(DEFAULT_LESS_KEYS)}. Pass rule='greater' or rule='less'"
+                    f"EarlyStoppingHook cannot tell whether a higher or a lower {monitor!r} is better: it matches none "
+                    "of mmengine's "
+                    f"greater keys {list(DEFAULT_GREATER_KEYS)} nor less keys {list(DEFAULT_LESS_KEYS)}. Pass "
+                    "rule='greater' or rule='less'"
                 ) from None
         if rule not in ("greater", "less"):
-            raise ValueError(f"EarlyStoppingHook rule must be 'greater', 'less' or None (inferred from the name), got {rule!r}")
+            raise ValueError(
+                f"EarlyStoppingHook rule must be 'greater', 'less' or None (inferred from the name), got {rule!r}"
+            )
         if min_delta < 0:
-            raise ValueError(f"EarlyStoppingHook min_delta must be >= 0 (the direction comes from `rule`), got {min_delta}")
+            raise ValueError(
+                f"EarlyStoppingHook min_delta must be >= 0 (the direction comes from `rule`), got {min_delta}"
+            )
         if not isinstance(patience, int) or patience < 1:
             raise ValueError(f"EarlyStoppingHook patience must be an int >= 1, got {patience!r}")
         self.monitor = monitor
@@ -91,7 +97,8 @@ class EarlyStoppingHook(Hook):
 
     @override
     def after_val_epoch(self, trainer: TrainerView, metrics: dict[str, float] | None = None) -> None:
-        """Compare the monitored value with the best; request a stop when it is time (None: a stop request cut the pass)."""
+        """Compare the monitored value with the best; request a stop when it is time (None: a stop request cut the
+        pass)."""
         if metrics is None:
             return
         metrics = metrics or {}
@@ -115,10 +122,15 @@ class EarlyStoppingHook(Hook):
         better = self._better
         if self.check_finite and not math.isfinite(value):
             return f"{self.monitor} = {value} is not finite; the best value was {self.best_score:.6g}."
-        if self.stopping_threshold is not None and (value == self.stopping_threshold or better(value, self.stopping_threshold)):
+        if self.stopping_threshold is not None and (
+            value == self.stopping_threshold or better(value, self.stopping_threshold)
+        ):
             self.best_score = value if better(value, self.best_score) else self.best_score
             self.wait_count = 0
-            return f"{self.monitor} = {value:.6g} reached the stopping threshold {self.stopping_threshold} (rule {self.rule!r})."
+            return (
+                f"{self.monitor} = {value:.6g} reached the stopping threshold {self.stopping_threshold} (rule "
+                f"{self.rule!r})."
+            )
         margin = self.min_delta if self.rule == "greater" else -self.min_delta
         if better(value, self.best_score + margin):
             self.best_score = value
@@ -137,7 +149,12 @@ class EarlyStoppingHook(Hook):
 
     def state_dict(self) -> dict[str, Any]:
         """Best value so far and the number of bad validations in a row."""
-        return {"monitor": self.monitor, "rule": self.rule, "best_score": self.best_score, "wait_count": self.wait_count}
+        return {
+            "monitor": self.monitor,
+            "rule": self.rule,
+            "best_score": self.best_score,
+            "wait_count": self.wait_count,
+        }
 
     def load_state_dict(self, state_dict: Mapping[str, Any]) -> None:
         """Restore the counters; a state saved for another metric or rule is ignored (with a warning)."""
@@ -145,8 +162,10 @@ class EarlyStoppingHook(Hook):
             return
         if state_dict.get("monitor") != self.monitor or state_dict.get("rule") != self.rule:
             warnings.warn(
-                f"EarlyStoppingHook: the checkpoint tracked {state_dict.get('monitor')!r} ({state_dict.get('rule')}) but this hook "
-                f"monitors {self.monitor!r} ({self.rule}); starting early stopping afresh. Give the hook another `state_key` to silence this.",
+                f"EarlyStoppingHook: the checkpoint tracked {state_dict.get('monitor')!r} ({state_dict.get('rule')}) "
+                "but this hook "
+                f"monitors {self.monitor!r} ({self.rule}); starting early stopping afresh. Give the hook another "
+                "`state_key` to silence this.",
                 stacklevel=2,
             )
             return
@@ -154,4 +173,7 @@ class EarlyStoppingHook(Hook):
         self.wait_count = int(state_dict["wait_count"])
 
     def __repr__(self) -> str:
-        return f"{type(self).__name__}(monitor={self.monitor!r}, rule={self.rule!r}, min_delta={self.min_delta}, patience={self.patience})"
+        return (
+            f"{type(self).__name__}(monitor={self.monitor!r}, rule={self.rule!r}, min_delta={self.min_delta}, "
+            f"patience={self.patience})"
+        )

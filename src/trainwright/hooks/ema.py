@@ -16,7 +16,9 @@ from trainwright.registry import HOOKS
 
 #: mmengine's / mmdet's averaged-model classes (``ema_type``): the annealing of the momentum and its default ``gamma``.
 _EMA_TYPES: dict[str, tuple[str | None, float]] = {
-    "ExponentialMovingAverage": (None, 100.0), "MomentumAnnealingEMA": ("linear", 100.0), "ExpMomentumEMA": ("exp", 2000.0),
+    "ExponentialMovingAverage": (None, 100.0),
+    "MomentumAnnealingEMA": ("linear", 100.0),
+    "ExpMomentumEMA": ("exp", 2000.0),
 }
 
 if TYPE_CHECKING:
@@ -99,12 +101,16 @@ class EMAHook(Hook):
             raise ValueError(f"EMAHook ema_type {ema_type!r} is not supported{hint}; use one of {sorted(_EMA_TYPES)}")
         anneal, default_gamma = _EMA_TYPES[ema_type]
         if gamma is not None and anneal is None:
-            raise ValueError(f"EMAHook gamma={gamma} needs an annealed ema_type ('MomentumAnnealingEMA', 'ExpMomentumEMA'); {ema_type!r} has none")
+            raise ValueError(
+                f"EMAHook gamma={gamma} needs an annealed ema_type ('MomentumAnnealingEMA', 'ExpMomentumEMA'); "
+                f"{ema_type!r} has none"
+            )
         #: How the momentum is annealed (None, "linear", "exp") and its time scale: ``ema_type`` and ``gamma``.
         self.anneal, self.gamma = anneal, float(gamma if gamma is not None else default_gamma)
         if update_per not in ("iter", "update"):
             raise ValueError(
-                f"EMAHook update_per must be 'iter' (after every training iteration, mmengine's) or 'update' (after every optimizer "
+                "EMAHook update_per must be 'iter' (after every training iteration, mmengine's) or 'update' (after "
+                "every optimizer "
                 f"update, timm's), got {update_per!r}"
             )
         if evaluate_on not in ("ema", "both"):
@@ -112,10 +118,15 @@ class EMAHook(Hook):
         if begin_iter < 0 or begin_epoch < 0:
             raise ValueError(f"EMAHook begin_iter and begin_epoch must be >= 0, got {begin_iter} and {begin_epoch}")
         if begin_iter and begin_epoch:
-            raise ValueError(f"EMAHook got begin_iter={begin_iter} and begin_epoch={begin_epoch}; set one of them (as in mmengine)")
+            raise ValueError(
+                f"EMAHook got begin_iter={begin_iter} and begin_epoch={begin_epoch}; set one of them (as in mmengine)"
+            )
         # Validate momentum / interval now, not at the first iteration.
         if not 0.0 < float(momentum) <= 1.0:
-            raise ValueError(f"EMAHook momentum must be in (0, 1] (the weight of the new value, e.g. 0.0002), got {momentum}; for a decay d use momentum = 1 - d")
+            raise ValueError(
+                f"EMAHook momentum must be in (0, 1] (the weight of the new value, e.g. 0.0002), got {momentum}; for a "
+                "decay d use momentum = 1 - d"
+            )
         if not isinstance(interval, int) or interval < 1:
             raise ValueError(f"EMAHook interval must be an int >= 1, got {interval!r}")
         self.momentum = float(momentum)
@@ -131,7 +142,9 @@ class EMAHook(Hook):
         self._model: torch.nn.Module | None = None  # the module averaged (a run's unwrapped model)
         self._pending: Mapping[str, Any] | None = None
         self._first_iter = 1  # the 1-based iteration of the first update, placed by before_train
-        self._stepped: Callable[[], bool] | None = None  # update_per="update": whether the iteration just run stepped the optimizer
+        self._stepped: Callable[[], bool] | None = (
+            None  # update_per="update": whether the iteration just run stepped the optimizer
+        )
 
     @override
     def before_train(self, trainer: TrainerView) -> None:
@@ -139,23 +152,31 @@ class EMAHook(Hook):
         loop = require_train_loop(trainer, "EMAHook.before_train")
         self._first_iter = self.first_update_iter(len(loop.dataloader))
         if self._first_iter > loop.max_iters:
-            epochs = f" ({getattr(loop, 'max_epochs', '?')} epochs of {len(loop.dataloader)} iterations)" if loop.by_epoch else ""
+            epochs = (
+                f" ({getattr(loop, 'max_epochs', '?')} epochs of {len(loop.dataloader)} iterations)"
+                if loop.by_epoch
+                else ""
+            )
             name, value = ("begin_epoch", self.begin_epoch) if self.begin_epoch else ("begin_iter", self.begin_iter)
             raise ValueError(
-                f"EMAHook {name}={value} starts averaging at iteration {self._first_iter}, but the run ends at iteration {loop.max_iters}{epochs}: "
+                f"EMAHook {name}={value} starts averaging at iteration {self._first_iter}, but the run ends at "
+                f"iteration {loop.max_iters}{epochs}: "
                 f"the average would never be updated. Lower {name} or train longer"
             )
         self._stepped = None if self.update_per == "iter" else _optimizer_stepped(trainer.optim_wrapper)
         self._ensure(trainer)
 
     def first_update_iter(self, epoch_len: int) -> int:
-        """The 1-based iteration of the first update for epochs of ``epoch_len`` iterations (mmengine's ``_ema_started``)."""
+        """The 1-based iteration of the first update for epochs of ``epoch_len`` iterations (mmengine's
+        ``_ema_started``)."""
         if self.begin_epoch:
             return (self.begin_epoch - 1) * epoch_len + 1
         return max(self.begin_iter, 1)
 
     @override
-    def after_train_iter(self, trainer: TrainerView, batch_idx: int, data_batch: Any = None, outputs: dict | None = None) -> None:
+    def after_train_iter(
+        self, trainer: TrainerView, batch_idx: int, data_batch: Any = None, outputs: dict | None = None
+    ) -> None:
         """Fold the weights just stepped into the average, once averaging has begun."""
         if trainer.progress.iteration < self._first_iter:
             return  # until then the average is the live model (read when asked: state_dict, evaluation)
@@ -221,21 +242,33 @@ class EMAHook(Hook):
             ema.load_state_dict(state)
             return
         shapes = [f"{k}: saved {tuple(saved[k].shape)}, model {tuple(own[k].shape)}" for k in reshaped]
-        parts = [f"missing keys {missing}" if missing else "", f"unexpected keys {unexpected}" if unexpected else "", f"shape mismatches {shapes}" if shapes else ""]
+        parts = [
+            f"missing keys {missing}" if missing else "",
+            f"unexpected keys {unexpected}" if unexpected else "",
+            f"shape mismatches {shapes}" if shapes else "",
+        ]
         problem = "; ".join(part for part in parts if part)
         if self.strict_load:
             raise KeyError(
-                f"EMAHook: the saved average does not match the model ({problem}). Resume with the model the average was saved from, "
-                "or pass EMAHook(strict_load=False) to load the entries that match (the others start from the model's weights)"
+                f"EMAHook: the saved average does not match the model ({problem}). Resume with the model the average "
+                "was saved from, "
+                "or pass EMAHook(strict_load=False) to load the entries that match (the others start from the model's "
+                "weights)"
             )
         merged = {k: saved[k] if k in saved and k not in reshaped else v for k, v in own.items()}
         ema.load_state_dict({"steps": state["steps"], "averaged": merged})
-        warnings.warn(f"EMAHook: loaded the saved average where it matches the model; {problem} (those start from the model's weights)", stacklevel=3)
+        warnings.warn(
+            f"EMAHook: loaded the saved average where it matches the model; {problem} (those start from the model's "
+            "weights)",
+            stacklevel=3,
+        )
 
     def _ensure(self, trainer: TrainerView) -> ExponentialMovingAverage:
         self._model = trainer.unwrapped_model
         if self.ema is None:
-            self.ema = ExponentialMovingAverage(self._model, self.momentum, self.update_buffers, self.interval, self.device, self.anneal, self.gamma)
+            self.ema = ExponentialMovingAverage(
+                self._model, self.momentum, self.update_buffers, self.interval, self.device, self.anneal, self.gamma
+            )
         if self._pending is not None:
             pending, self._pending = self._pending, None
             self._load(self.ema, pending)
@@ -257,22 +290,29 @@ class EMAHook(Hook):
         if self.evaluate_on != "both" or metrics is None:
             return
         # The pass just run used the training weights when nothing was swapped in.
-        raw = _evaluate_pass(trainer, mode) if swapped else {k[len(mode) + 1 :]: v for k, v in metrics.items() if k.startswith(f"{mode}/")}
+        raw = (
+            _evaluate_pass(trainer, mode)
+            if swapped
+            else {k[len(mode) + 1 :]: v for k, v in metrics.items() if k.startswith(f"{mode}/")}
+        )
         metrics.update({f"{mode}/raw/{k}": v for k, v in raw.items()})
 
     def __repr__(self) -> str:
         return (
-            f"{type(self).__name__}(momentum={self.momentum}, interval={self.interval}, begin_iter={self.begin_iter}, begin_epoch={self.begin_epoch}, "
+            f"{type(self).__name__}(momentum={self.momentum}, interval={self.interval}, begin_iter={self.begin_iter}, "
+            f"begin_epoch={self.begin_epoch}, "
             f"evaluate_on={self.evaluate_on!r}, strict_load={self.strict_load}, update_per={self.update_per!r})"
         )
 
 
 def _optimizer_stepped(optim_wrapper: Any) -> Callable[[], bool]:
-    """The run's optim wrapper's ``should_update``: True after the micro-batch that closed an accumulation window (its update)."""
+    """The run's optim wrapper's ``should_update``: True after the micro-batch that closed an accumulation window
+    (its update)."""
     should_update = getattr(optim_wrapper, "should_update", None)
     if not callable(should_update):
         raise ValueError(
-            f"EMAHook(update_per='update') follows the updates of one optim wrapper, and this run has {type(optim_wrapper).__name__} "
+            "EMAHook(update_per='update') follows the updates of one optim wrapper, and this run has "
+            f"{type(optim_wrapper).__name__} "
             "(several optimizers update at different times, or none is built): use update_per='iter'"
         )
     return should_update

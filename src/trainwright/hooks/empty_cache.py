@@ -1,4 +1,5 @@
-"""EmptyCacheHook (mmengine's): give the CUDA caching allocator's unused blocks back to the driver at epoch or iteration ends."""
+"""EmptyCacheHook (mmengine's): give the CUDA caching allocator's unused blocks back to the driver at epoch or
+iteration ends."""
 
 from __future__ import annotations
 
@@ -16,7 +17,8 @@ if TYPE_CHECKING:
 
 @HOOKS.register_module()
 class EmptyCacheHook(Hook):
-    """``torch.cuda.empty_cache()`` before / after each epoch (training, validation, test) or after each iteration, as mmengine's.
+    """``torch.cuda.empty_cache()`` before / after each epoch (training, validation, test) or after each iteration, as
+    mmengine's.
 
     It frees nothing a tensor uses, and costs a synchronisation: ``after_iter=True`` slows every
     step (kept for parity; it is rarely worth it). Without CUDA it does nothing.
@@ -54,6 +56,8 @@ class EmptyCacheHook(Hook):
     after_train_epoch = after_val_epoch = after_test_epoch = _after_epoch
 
     @override
-    def after_train_iter(self, trainer: TrainerView, batch_idx: int, data_batch: Any = None, outputs: Any = None) -> None:  # noqa: D102
+    def after_train_iter(
+        self, trainer: TrainerView, batch_idx: int, data_batch: Any = None, outputs: Any = None
+    ) -> None:  # noqa: D102
         if self.after_iter:
             self._empty()

@@ -68,8 +68,13 @@ class FlopsHook(Hook):
     priority = "HIGHEST"  # the count starts before any other hook's before_train_iter and ends right after the step
 
     def __init__(self, peak_tflops: float | None = None) -> None:
-        if peak_tflops is not None and (isinstance(peak_tflops, bool) or not isinstance(peak_tflops, (int, float)) or not peak_tflops > 0):
-            raise ValueError(f"FlopsHook peak_tflops must be a number > 0 (the device's dense peak TFLOP/s at the run's precision), got {peak_tflops!r}")
+        if peak_tflops is not None and (
+            isinstance(peak_tflops, bool) or not isinstance(peak_tflops, (int, float)) or not peak_tflops > 0
+        ):
+            raise ValueError(
+                "FlopsHook peak_tflops must be a number > 0 (the device's dense peak TFLOP/s at the run's precision), "
+                f"got {peak_tflops!r}"
+            )
         self.peak_tflops = float(peak_tflops) if peak_tflops is not None else None
         self._window = range(0)  # the iteration counted in this train() (empty: none)
         self._peak: float | None = None
@@ -93,10 +98,14 @@ class FlopsHook(Hook):
             return
         if self._compiled and trainer.progress.iteration > 0:
             self._say(
-                trainer, "resumed",
-                f"FlopsHook: records carry no tflops / mfu in this run: {' and '.join(self._compiled)} {'are' if len(self._compiled) > 1 else 'is'} compiled, "
-                "and the checkpoint it resumed from holds no FLOP count (counting now would run one iteration eagerly, and the resumed run would "
-                "no longer equal an uninterrupted one). A run started from iteration 0 counts its first iteration and keeps the count in its checkpoints.",
+                trainer,
+                "resumed",
+                f"FlopsHook: records carry no tflops / mfu in this run: {' and '.join(self._compiled)} "
+                f"{'are' if len(self._compiled) > 1 else 'is'} compiled, "
+                "and the checkpoint it resumed from holds no FLOP count (counting now would run one iteration eagerly, "
+                "and the resumed run would "
+                "no longer equal an uninterrupted one). A run started from iteration 0 counts its first iteration and "
+                "keeps the count in its checkpoints.",
                 level="warning" if self.peak_tflops is not None else "info",
             )
             return
@@ -107,13 +116,17 @@ class FlopsHook(Hook):
         return self._window  # called around the counted iteration only
 
     def before_train_iter(self, trainer: TrainerView, batch_idx: int, data_batch: Any = None) -> None:  # noqa: D102
-        if self._compiled:  # under the counter compiled code must run eagerly (dynamo would give up compiling it for good)
+        if (
+            self._compiled
+        ):  # under the counter compiled code must run eagerly (dynamo would give up compiling it for good)
             self._eager = contextlib.ExitStack()
             self._eager.enter_context(run_eagerly(trainer.optim_wrapper))
         self._counter = flop_counter()
         self._counter.__enter__()
 
-    def after_train_iter(self, trainer: TrainerView, batch_idx: int, data_batch: Any = None, outputs: dict | None = None) -> None:  # noqa: D102
+    def after_train_iter(
+        self, trainer: TrainerView, batch_idx: int, data_batch: Any = None, outputs: dict | None = None
+    ) -> None:  # noqa: D102
         flops = self._stop()
         if flops is None:
             return
@@ -121,10 +134,16 @@ class FlopsHook(Hook):
             self.count = (flops, batch_size(data_batch))
         self._record(trainer.progress.iteration, StepFlops(flops, batch_size(data_batch), self._peak).values())
         if flops == 0:
-            self._say(trainer, "zero", "FlopsHook: the first iteration ran no op that torch.utils.flop_counter counts (matmuls, convolutions, attention): records carry no tflops / mfu.")
+            self._say(
+                trainer,
+                "zero",
+                "FlopsHook: the first iteration ran no op that torch.utils.flop_counter counts (matmuls, convolutions, "
+                "attention): records carry no tflops / mfu.",
+            )
 
     def state_dict(self) -> dict[str, Any]:
-        """The count (``flops``, ``samples``) once taken: a resumed compiled run reuses it instead of running an iteration eagerly."""
+        """The count (``flops``, ``samples``) once taken: a resumed compiled run reuses it instead of running an
+        iteration eagerly."""
         return {} if self.count is None else {"flops": self.count[0], "samples": self.count[1]}
 
     def load_state_dict(self, state_dict: Mapping[str, Any]) -> None:
@@ -138,7 +157,8 @@ class FlopsHook(Hook):
         self._stop()
 
     def _stop(self) -> int | None:
-        """Leave the counting mode (and a compiled run's eager iteration); the FLOPs counted (None: it was not entered)."""
+        """Leave the counting mode (and a compiled run's eager iteration); the FLOPs counted (None: it was not
+        entered)."""
         counter, self._counter = self._counter, None
         eager, self._eager = self._eager, None
         if counter is not None:
@@ -166,9 +186,12 @@ class FlopsHook(Hook):
         peak = peak_tflops(device_name, column) if device.type == "cuda" else None
         if peak is None:
             self._say(
-                trainer, "peak",
-                f"FlopsHook: the peak TFLOP/s of {device_name!r} at {column} is not in trainwright.logging.flops.PEAKS, so records carry "
-                "tflops but no mfu. Give the device's dense peak at the run's precision: default_hooks=dict(flops=dict(peak_tflops=...)).",
+                trainer,
+                "peak",
+                f"FlopsHook: the peak TFLOP/s of {device_name!r} at {column} is not in "
+                "trainwright.logging.flops.PEAKS, so records carry "
+                "tflops but no mfu. Give the device's dense peak at the run's precision: "
+                "default_hooks=dict(flops=dict(peak_tflops=...)).",
                 level="warning" if device.type != "cpu" else "debug",
             )
         return peak
@@ -178,4 +201,3 @@ class FlopsHook(Hook):
         if key not in self._said:
             self._said.add(key)
             getattr(trainer.logger, level)(message)
-

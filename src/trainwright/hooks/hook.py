@@ -57,16 +57,21 @@ PRIORITIES: dict[str, int] = {
 DETECTRON2_EVENTS: dict[str, str] = {
     "before_step": "before_train_iter(self, trainer, batch_idx, data_batch)",
     "after_step": "after_train_iter(self, trainer, batch_idx, data_batch, outputs)",
-    "after_backward": "optimizer.register_step_pre_hook(fn) in before_train (it runs with the final, clipped gradients)",
+    "after_backward": "optimizer.register_step_pre_hook(fn) in before_train "
+    "(it runs with the final, clipped gradients)",
 }
 
 _checked: set[type] = set()
 
 
 def require_hook(obj: Any) -> Hook:
-    """``obj`` if it is a :class:`Hook`, else a TypeError that says how to make one; warns (once per class) about methods named like an event it is not."""
+    """``obj`` if it is a :class:`Hook`, else a TypeError that says how to make one; warns (once per class) about
+    methods named like an event it is not."""
     if not isinstance(obj, Hook):
-        raise TypeError(f"Hooks must subclass trainwright.Hook, got {type(obj).__name__}; build dicts with trainwright.registry.HOOKS")
+        raise TypeError(
+            f"Hooks must subclass trainwright.Hook, got {type(obj).__name__}; build dicts with "
+            "trainwright.registry.HOOKS"
+        )
     cls = type(obj)
     if cls not in _checked:
         _checked.add(cls)
@@ -75,10 +80,17 @@ def require_hook(obj: Any) -> Hook:
 
 
 def _warn_missed_events(cls: type) -> None:
-    """A method trainwright never calls although its name says it is an event: detectron2's, or a near-miss of one of :data:`EVENTS`."""
+    """A method trainwright never calls although its name says it is an event: detectron2's, or a near-miss of one of
+    :data:`EVENTS`."""
     from trainwright.registry import TYPO_CUTOFF
 
-    own = {name for klass in cls.__mro__ if klass not in (Hook, object) for name, value in vars(klass).items() if callable(value) and not name.startswith("_")}
+    own = {
+        name
+        for klass in cls.__mro__
+        if klass not in (Hook, object)
+        for name, value in vars(klass).items()
+        if callable(value) and not name.startswith("_")
+    }
     missed = {}
     for name in sorted(own - set(EVENTS)):
         if name in DETECTRON2_EVENTS:
@@ -89,8 +101,17 @@ def _warn_missed_events(cls: type) -> None:
                 missed[name] = f"not an event, so never called; did you mean {close[0]!r}?"
     if missed:
         lines = "; ".join(f"{cls.__name__}.{name}: {why}" for name, why in missed.items())
-        as_is = ". A detectron2 hook runs as it is under trainwright.engine.SimpleTrainer, subclassing trainwright.engine.HookBase" if missed.keys() & DETECTRON2_EVENTS.keys() else ""
-        warnings.warn(f"{lines} (docs/hooks.md lists the events, docs/parity.md maps detectron2's){as_is}", UserWarning, stacklevel=4)
+        as_is = (
+            ". A detectron2 hook runs as it is under trainwright.engine.SimpleTrainer, subclassing "
+            "trainwright.engine.HookBase"
+            if missed.keys() & DETECTRON2_EVENTS.keys()
+            else ""
+        )
+        warnings.warn(
+            f"{lines} (docs/hooks.md lists the events, docs/parity.md maps detectron2's){as_is}",
+            UserWarning,
+            stacklevel=4,
+        )
 
 
 def get_priority(priority: int | str) -> int:
@@ -104,9 +125,9 @@ def get_priority(priority: int | str) -> int:
     raise ValueError(f"Unknown hook priority {priority!r}; use an int in 0..100 or one of {list(PRIORITIES)}")
 
 
-
 class EveryInEpoch:
-    """An interval counted within each epoch: the ``n``-th, ``2n``-th... iteration of every epoch of ``epoch_len`` iterations.
+    """An interval counted within each epoch: the ``n``-th, ``2n``-th... iteration of every epoch of ``epoch_len``
+    iterations.
 
     What :meth:`Hook.train_iter_interval` returns for mmengine's ``every_n_inner_iters`` (its
     LoggerHook counts its interval within the epoch): with 45 iterations per epoch and
@@ -139,6 +160,7 @@ class EveryInEpoch:
     def __repr__(self) -> str:
         return f"EveryInEpoch({self.n}, {self.epoch_len})"
 
+
 class Hook:
     """Base class for hooks: override the events you need, nothing else costs anything.
 
@@ -170,7 +192,8 @@ class Hook:
         self._state_key = value
 
     def saves_periodic_checkpoints(self) -> bool | None:
-        """Whether this hook is the checkpoint policy and saves periodically (a spike-guard rollback goes back to those saves).
+        """Whether this hook is the checkpoint policy and saves periodically (a spike-guard rollback goes back to those
+        saves).
 
         None (here): it writes no checkpoints; the checkpoint hook answers True, or False when its interval is <= 0.
         """
@@ -192,12 +215,15 @@ class Hook:
         """Before each training epoch (iteration-based runs: once, before the first iteration)."""
 
     def after_train_epoch(self, trainer: TrainerView) -> None:
-        """After each training epoch (``trainer.progress.epoch`` already counts it; iteration-based runs: once, at the end)."""
+        """After each training epoch (``trainer.progress.epoch`` already counts it; iteration-based runs: once, at
+        the end)."""
 
     def before_train_iter(self, trainer: TrainerView, batch_idx: int, data_batch: Any = None) -> None:
         """Before each training iteration; the batch has already been fetched."""
 
-    def after_train_iter(self, trainer: TrainerView, batch_idx: int, data_batch: Any = None, outputs: dict | None = None) -> None:
+    def after_train_iter(
+        self, trainer: TrainerView, batch_idx: int, data_batch: Any = None, outputs: dict | None = None
+    ) -> None:
         """After each training iteration (``trainer.progress.iteration`` already counts it)."""
 
     def before_val(self, trainer: TrainerView) -> None:
@@ -210,7 +236,8 @@ class Hook:
         """Before the pass over the validation data."""
 
     def after_val_epoch(self, trainer: TrainerView, metrics: dict[str, float] | None = None) -> None:
-        """After the pass over the validation data, with the computed metrics (None when a stop request cut the pass short)."""
+        """After the pass over the validation data, with the computed metrics (None when a stop request cut the pass
+        short)."""
 
     def before_val_iter(self, trainer: TrainerView, batch_idx: int, data_batch: Any = None) -> None:
         """Before each validation iteration."""
@@ -233,16 +260,20 @@ class Hook:
     def before_test_iter(self, trainer: TrainerView, batch_idx: int, data_batch: Any = None) -> None:
         """Before each test iteration."""
 
-    def after_test_iter(self, trainer: TrainerView, batch_idx: int, data_batch: Any = None, outputs: Any = None) -> None:
+    def after_test_iter(
+        self, trainer: TrainerView, batch_idx: int, data_batch: Any = None, outputs: Any = None
+    ) -> None:
         """After each test iteration."""
 
     def before_save_checkpoint(self, trainer: TrainerView, checkpoint: dict) -> None:
         """May add to or edit the checkpoint dict before it is written."""
 
     def after_save_checkpoint(self, trainer: TrainerView, path: Location) -> None:
-        """Called after each periodic or best checkpoint is written (with ``async_save``: handed to the background writer).
+        """Called after each periodic or best checkpoint is written (with ``async_save``: handed to the background
+        writer).
 
-        ``path`` is where it goes: a local ``Path``, or a :class:`~trainwright.checkpoint.storage.RemotePath` of its store.
+        ``path`` is where it goes: a local ``Path``, or a :class:`~trainwright.checkpoint.storage.RemotePath` of its
+        store.
         The logger hook copies the run's logs here.
         """
 
@@ -270,7 +301,8 @@ class Hook:
         return 1
 
     def every_n_iters(self, trainer: TrainerView, n: int) -> bool:
-        """True when the iteration just finished is a multiple of ``n`` (run-wide count); mmcv's / early mmengine's helper, for ported hooks."""
+        """True when the iteration just finished is a multiple of ``n`` (run-wide count); mmcv's / early mmengine's
+        helper, for ported hooks."""
         return n > 0 and trainer.progress.iteration % n == 0
 
     def every_n_epochs(self, trainer: TrainerView, n: int) -> bool:

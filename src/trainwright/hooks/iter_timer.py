@@ -39,7 +39,9 @@ class IterTimerHook(Hook):
 
     def __init__(self, warmup_iter: int = 0) -> None:
         if not isinstance(warmup_iter, int) or warmup_iter < 0:
-            raise ValueError(f"IterTimerHook warmup_iter must be an int >= 0 (iterations left out of the times), got {warmup_iter!r}")
+            raise ValueError(
+                f"IterTimerHook warmup_iter must be an int >= 0 (iterations left out of the times), got {warmup_iter!r}"
+            )
         self.warmup_iter = warmup_iter
         self._v = 0.0
 

@@ -15,10 +15,8 @@ from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-
 from trainwright.checkpoint.remote_io import publish_with_fallback
 from trainwright.checkpoint.storage import Location, RemotePath, Store, location
-
 from trainwright.hooks.hook import EveryInEpoch, Hook
 from trainwright.hooks.memory import PhasePeaks
 from trainwright.hooks.view import require_train_loop
@@ -99,18 +97,38 @@ class LoggerHook(Hook):
 
     priority = "BELOW_NORMAL"
 
-    def __init__(self, interval: int = 10, ignore_last: bool = False, flush_secs: float = 1.0, window_size: int | None = None,
-                 custom_cfg: Sequence[Mapping[str, Any]] | None = None, out_dir: str | Path | None = None,
-                 out_suffix: str | Sequence[str] = (".json", ".jsonl", ".log", ".py", ".yaml"), storage_options: dict[str, Any] | None = None,
-                 interval_exp_name: int = 1000, log_metric_by_epoch: bool = True, keep_local: bool = True,
-                 file_client_args: Mapping[str, Any] | None = None, backend_args: Mapping[str, Any] | None = None) -> None:
+    def __init__(
+        self,
+        interval: int = 10,
+        ignore_last: bool = False,
+        flush_secs: float = 1.0,
+        window_size: int | None = None,
+        custom_cfg: Sequence[Mapping[str, Any]] | None = None,
+        out_dir: str | Path | None = None,
+        out_suffix: str | Sequence[str] = (".json", ".jsonl", ".log", ".py", ".yaml"),
+        storage_options: dict[str, Any] | None = None,
+        interval_exp_name: int = 1000,
+        log_metric_by_epoch: bool = True,
+        keep_local: bool = True,
+        file_client_args: Mapping[str, Any] | None = None,
+        backend_args: Mapping[str, Any] | None = None,
+    ) -> None:
         if not keep_local:
-            raise ValueError("LoggerHook keep_local=False (delete the run folder's logs once copied to out_dir) is not supported: the logs stay local too")
+            raise ValueError(
+                "LoggerHook keep_local=False (delete the run folder's logs once copied to out_dir) is not supported: "
+                "the logs stay local too"
+            )
         if file_client_args is not None or backend_args is not None:
-            raise ValueError("LoggerHook file_client_args / backend_args (mmengine's storage backends) are not supported: give out_dir as a URL "
-                             "(s3://bucket/logs) and its fsspec options as storage_options=dict(...)")
+            raise ValueError(
+                "LoggerHook file_client_args / backend_args (mmengine's storage backends) are not supported: give "
+                "out_dir as a URL "
+                "(s3://bucket/logs) and its fsspec options as storage_options=dict(...)"
+            )
         if storage_options is not None and not (isinstance(out_dir, str) and "://" in out_dir):
-            raise ValueError(f"LoggerHook storage_options apply to a URL out_dir (s3://..., memory://...), but out_dir is {out_dir!r}; drop storage_options or give a URL")
+            raise ValueError(
+                "LoggerHook storage_options apply to a URL out_dir (s3://..., memory://...), but out_dir is "
+                f"{out_dir!r}; drop storage_options or give a URL"
+            )
         #: Where the run folder's logs are copied (None: nowhere); a URL is decided here, once.
         self.out_dir: Location | None = location(out_dir, storage_options) if out_dir is not None else None
         #: The remote store of a URL ``out_dir`` (checked by the trainer at start), else None.
@@ -119,7 +137,9 @@ class LoggerHook(Hook):
         if interval < 1:
             raise ValueError(f"LoggerHook interval must be >= 1, got {interval}")
         #: This hook's log processor (``window_size`` / ``custom_cfg``); None: the trainer's lines keep theirs.
-        self.processor = LogProcessor(window_size, custom_cfg, owner="LoggerHook") if window_size is not None or custom_cfg else None
+        self.processor = (
+            LogProcessor(window_size, custom_cfg, owner="LoggerHook") if window_size is not None or custom_cfg else None
+        )
         if flush_secs < 0:
             raise ValueError(f"LoggerHook flush_secs must be >= 0, got {flush_secs}")
         self.interval = interval
@@ -144,16 +164,24 @@ class LoggerHook(Hook):
         # Only a float16 GradScaler has a loss scale to log (it may not exist before the first step).
         precision = getattr(trainer.optim_wrapper, "precision", None)
         self._log_scale = precision is not None and precision.scales_loss
-        # as mmengine: an epoch's last, short interval is logged unless ignore_last (and the epoch is longer than the interval)
-        self._last_idx = self._epoch_len - 1 if loop.by_epoch and (not self.ignore_last or self._epoch_len <= self.interval) else -1
+        # as mmengine: an epoch's last, short interval is logged unless ignore_last (and the epoch is longer than the
+        # interval)
+        self._last_idx = (
+            self._epoch_len - 1 if loop.by_epoch and (not self.ignore_last or self._epoch_len <= self.interval) else -1
+        )
         self._line_iter = self._line_at_or_before(trainer.progress.iteration)
-        self._hub_seen = {k: b.count for k, b in trainer.message_hub.log_scalars.items()}  # what was written before this run is not this run's
+        self._hub_seen = {
+            k: b.count for k, b in trainer.message_hub.log_scalars.items()
+        }  # what was written before this run is not this run's
         self._peaks = PhasePeaks.of(trainer.strategy.device)
         if self._peaks is not None:
             self._peaks.start()
         self._tokens = tokens_counter(trainer.unwrapped_model)
-        # Lines are due at least every flush_every iterations (see after_train_iter): the lines keep the store's history for that.
-        trainer.log_lines.start(trainer.progress.iteration, self.processor, line_every=self.interval, epoch_len=self._epoch_len)
+        # Lines are due at least every flush_every iterations (see after_train_iter): the lines keep the store's history
+        # for that.
+        trainer.log_lines.start(
+            trainer.progress.iteration, self.processor, line_every=self.interval, epoch_len=self._epoch_len
+        )
 
     @property
     def window_size(self) -> int | None:
@@ -172,11 +200,19 @@ class LoggerHook(Hook):
             return EveryInEpoch(self.interval, self._epoch_len)
         return self.interval
 
-    def after_train_iter(self, trainer: TrainerView, batch_idx: int, data_batch: Any = None, outputs: dict | None = None) -> None:  # noqa: D102
+    def after_train_iter(
+        self, trainer: TrainerView, batch_idx: int, data_batch: Any = None, outputs: dict | None = None
+    ) -> None:  # noqa: D102
         it = trainer.progress.iteration
-        if it <= self._line_iter:  # logged already: iterations run again after a rollback (spike_guard) get no second line
+        if (
+            it <= self._line_iter
+        ):  # logged already: iterations run again after a rollback (spike_guard) get no second line
             return
-        if (batch_idx + 1 if self._by_epoch else it) % self.interval == 0 or batch_idx == self._last_idx or it == self._max_iters:
+        if (
+            (batch_idx + 1 if self._by_epoch else it) % self.interval == 0
+            or batch_idx == self._last_idx
+            or it == self._max_iters
+        ):
             # Runs once per interval, so its code is cold each time: keep it to reading values.
             p = trainer.progress
             ow = trainer.optim_wrapper
@@ -186,12 +222,26 @@ class LoggerHook(Hook):
             memory = self._peaks.train_peak() if self._peaks is not None else None
             line = LineInfo(time.time(), batch_idx + 1, self._by_epoch, self._epoch_len, self._max_iters)
             lines = trainer.log_lines
-            lines.hold(LineRequest(
-                line, it, p.epoch + 1 if self._by_epoch else p.epoch, ow.get_lr(), getattr(ow, "grad_norm", None), scale,
-                self._line_iter, batch_size(data_batch), self._tokens(data_batch), memory, self._hub_scalars(trainer),
-            ))
+            lines.hold(
+                LineRequest(
+                    line,
+                    it,
+                    p.epoch + 1 if self._by_epoch else p.epoch,
+                    ow.get_lr(),
+                    getattr(ow, "grad_norm", None),
+                    scale,
+                    self._line_iter,
+                    batch_size(data_batch),
+                    self._tokens(data_batch),
+                    memory,
+                    self._hub_scalars(trainer),
+                )
+            )
             self._line_iter = it
-            if time.perf_counter() - lines.last_write >= self.flush_secs or it - lines.written_to >= trainer.metric_store.flush_every:
+            if (
+                time.perf_counter() - lines.last_write >= self.flush_secs
+                or it - lines.written_to >= trainer.metric_store.flush_every
+            ):
                 if trainer.metric_store.agreement.local:
                     self.write_pending(trainer)
                 else:
@@ -206,13 +256,14 @@ class LoggerHook(Hook):
 
     # -- peak memory per phase (training, evaluation, checkpoint saves) ----------------------
     def _hub_scalars(self, trainer: TrainerView) -> dict[str, float] | None:
-        """The mean of each message-hub ``train/<name>`` scalar written since the previous line, as ``<name>`` (mmengine logs them)."""
+        """The mean of each message-hub ``train/<name>`` scalar written since the previous line, as ``<name>``
+        (mmengine logs them)."""
         out: dict[str, float] = {}
         for key, buf in trainer.message_hub.log_scalars.items():
             if key.startswith("train/"):
                 new = buf.count - self._hub_seen.get(key, 0)
                 if new > 0:
-                    out[key[len("train/"):]] = buf.mean(new)
+                    out[key[len("train/") :]] = buf.mean(new)
                     self._hub_seen[key] = buf.count
         return out or None
 
@@ -223,7 +274,8 @@ class LoggerHook(Hook):
         self._phase(trainer, "save")
 
     def _phase(self, trainer: TrainerView, phase: str) -> float | None:
-        """Begin ``phase`` of the peak counter; the peak of the evaluation it ends (a save's is logged here, with its iteration)."""
+        """Begin ``phase`` of the peak counter; the peak of the evaluation it ends (a save's is logged here, with its
+        iteration)."""
         if self._peaks is None:
             if phase != "eval":
                 return None
@@ -233,16 +285,20 @@ class LoggerHook(Hook):
             self._peaks.start()
         ended, peak = self._peaks.phase, self._peaks.begin(phase)
         if ended == "save" and peak is not None:
-            trainer.logger.info(f"Checkpoint save at iteration {trainer.progress.iteration}: peak memory allocated {peak:.1f} MiB")
+            trainer.logger.info(
+                f"Checkpoint save at iteration {trainer.progress.iteration}: peak memory allocated {peak:.1f} MiB"
+            )
         return peak if ended == "eval" else None
 
     def write_pending(self, trainer: TrainerView) -> None:
-        """Flush the store (a no-op when nothing is pending) and write every held line; at the same point on every process, as any store flush."""
+        """Flush the store (a no-op when nothing is pending) and write every held line; at the same point on every
+        process, as any store flush."""
         trainer.metric_store.flush()
         trainer.log_lines.write()
 
     def _line_at_or_before(self, iteration: int) -> int:
-        """The iteration of the last line at or before ``iteration`` (a resumed run's first line averages from there)."""
+        """The iteration of the last line at or before ``iteration`` (a resumed run's first line averages from
+        there)."""
         n, length = self.interval, self._epoch_len
         if not (self._by_epoch and length):
             return iteration - iteration % n
@@ -274,7 +330,9 @@ class LoggerHook(Hook):
         run_dir = trainer.run_dir
         dest = self.out_dir / run_dir.name
         files = [f for f in sorted(run_dir.iterdir()) if f.is_file() and f.name.endswith(self.out_suffix)]
-        if isinstance(dest, RemotePath):  # published to the store; the first failure warns and ends this copy (the files stay in the run folder)
+        if isinstance(
+            dest, RemotePath
+        ):  # published to the store; the first failure warns and ends this copy (the files stay in the run folder)
             then = f"LoggerHook: the logs are in {run_dir}, and the copy is tried again at the next checkpoint."
             for f in files:
                 if publish_with_fallback(f, dest / f.name, keep=False, what="the logs", then=then) != dest / f.name:
@@ -285,8 +343,12 @@ class LoggerHook(Hook):
             for f in files:
                 shutil.copy2(f, dest / f.name)
         except OSError as e:  # a copy of the logs never stops training
-            warnings.warn(f"LoggerHook could not copy the logs of {run_dir} to {dest} ({type(e).__name__}: {e}); they are in {run_dir}, and the copy is "
-                          "tried again at the next checkpoint.", stacklevel=2)
+            warnings.warn(
+                f"LoggerHook could not copy the logs of {run_dir} to {dest} ({type(e).__name__}: {e}); they are in "
+                f"{run_dir}, and the copy is "
+                "tried again at the next checkpoint.",
+                stacklevel=2,
+            )
 
     # -- evaluation -------------------------------------------------------------------------
     def before_val_epoch(self, trainer: TrainerView) -> None:  # noqa: D102
@@ -305,11 +367,12 @@ class LoggerHook(Hook):
         if metrics is not None:
             self._log_eval(trainer, "test", metrics, memory)
 
-    def _log_eval(self, trainer: TrainerView, mode: str, metrics: dict[str, float], memory: float | None = None) -> None:
+    def _log_eval(
+        self, trainer: TrainerView, mode: str, metrics: dict[str, float], memory: float | None = None
+    ) -> None:
         self.write_pending(trainer)  # pending training lines first, in order
         p = trainer.progress
         record = {"mode": mode, "epoch": p.epoch, "iter": p.iteration, **{k: float(v) for k, v in metrics.items()}}
         if memory is not None:
             record["max_memory_mb"] = memory
         trainer.log_lines.write_eval(record)
-

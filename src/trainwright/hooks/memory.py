@@ -1,4 +1,5 @@
-"""Device memory: peaks per phase of a run (for the logger's ``max_memory_mb``) and CUDA memory snapshots of chosen iterations.
+"""Device memory: peaks per phase of a run (for the logger's ``max_memory_mb``) and CUDA memory snapshots of chosen
+iterations.
 
 :class:`PhasePeaks` splits the allocator's peak counter into phases (training iterations,
 validation / test passes, checkpoint saves) by resetting it at each phase change; the logger
@@ -24,13 +25,16 @@ _MIB = 2**20
 
 
 def _allocator(device: torch.device) -> tuple[Callable[[], int], Callable[[], None]] | None:
-    """``(peak bytes allocated, reset the peak)`` of ``device``'s allocator; None when the device reports no peak (CPU)."""
+    """``(peak bytes allocated, reset the peak)`` of ``device``'s allocator; None when the device reports no peak
+    (CPU)."""
     if device.type == "cuda":
         return (lambda: torch.cuda.max_memory_allocated(device)), (lambda: torch.cuda.reset_peak_memory_stats(device))
     accelerator = torch.accelerator.current_accelerator() if torch.accelerator.is_available() else None
     if accelerator is not None and accelerator.type == device.type and device.type != "cpu":
         index = device.index if device.index is not None else torch.accelerator.current_device_index()
-        return (lambda: torch.accelerator.max_memory_allocated(index)), (lambda: torch.accelerator.reset_peak_memory_stats(index))
+        return (lambda: torch.accelerator.max_memory_allocated(index)), (
+            lambda: torch.accelerator.reset_peak_memory_stats(index)
+        )
     return None
 
 
@@ -68,14 +72,16 @@ class PhasePeaks:
         self._reset()
 
     def begin(self, phase: str) -> float | None:
-        """Start ``phase``; returns the peak (MiB) of the ``"eval"`` / ``"save"`` phase it ends (None when it ends training)."""
+        """Start ``phase``; returns the peak (MiB) of the ``"eval"`` / ``"save"`` phase it ends (None when it ends
+        training)."""
         ended = self._switch()
         self.phase = phase
         self._reset()
         return ended
 
     def train_peak(self) -> float:
-        """The training iterations' peak (MiB) since the previous call (an open save phase counts in), and start counting again."""
+        """The training iterations' peak (MiB) since the previous call (an open save phase counts in), and start
+        counting again."""
         if self.phase != "train":  # a save inside an epoch: the iterations since it run in its phase
             self._switch()
             self.phase = "train"
@@ -93,7 +99,8 @@ class PhasePeaks:
 
 @HOOKS.register
 class MemorySnapshotHook(Hook):
-    """Record CUDA memory allocations over training iterations ``iters`` and write a snapshot for https://pytorch.org/memory_viz.
+    """Record CUDA memory allocations over training iterations ``iters`` and write a snapshot for
+    https://pytorch.org/memory_viz.
 
     ``torch.cuda.memory._record_memory_history(max_entries=...)`` starts before the window's
     first iteration; after its last, ``torch.cuda.memory._dump_snapshot(path)`` writes the
@@ -114,14 +121,30 @@ class MemorySnapshotHook(Hook):
         max_entries: Allocation events kept (the oldest dropped beyond it).
     """
 
-    priority = "HIGHEST"  # recording starts before every other hook of the first iteration and stops after the last one's step
+    priority = (
+        "HIGHEST"  # recording starts before every other hook of the first iteration and stops after the last one's step
+    )
 
-    def __init__(self, iters: int | tuple[int, int] | list[int] = (10, 12), out: str | Path | None = None, max_entries: int = 100_000) -> None:
+    def __init__(
+        self,
+        iters: int | tuple[int, int] | list[int] = (10, 12),
+        out: str | Path | None = None,
+        max_entries: int = 100_000,
+    ) -> None:
         pair = (iters, iters) if isinstance(iters, int) and not isinstance(iters, bool) else tuple(iters)  # type: ignore[arg-type]
-        if len(pair) != 2 or not all(isinstance(i, int) and not isinstance(i, bool) for i in pair) or not 1 <= pair[0] <= pair[1]:
-            raise ValueError(f"MemorySnapshotHook iters must be (first, last) iterations with 1 <= first <= last (e.g. (10, 12)), or one iteration; got {iters!r}")
+        if (
+            len(pair) != 2
+            or not all(isinstance(i, int) and not isinstance(i, bool) for i in pair)
+            or not 1 <= pair[0] <= pair[1]
+        ):
+            raise ValueError(
+                "MemorySnapshotHook iters must be (first, last) iterations with 1 <= first <= last (e.g. (10, 12)), "
+                f"or one iteration; got {iters!r}"
+            )
         if isinstance(max_entries, bool) or not isinstance(max_entries, int) or max_entries < 1:
-            raise ValueError(f"MemorySnapshotHook max_entries must be an int >= 1 (allocation events kept), got {max_entries!r}")
+            raise ValueError(
+                f"MemorySnapshotHook max_entries must be an int >= 1 (allocation events kept), got {max_entries!r}"
+            )
         self.iters: tuple[int, int] = (int(pair[0]), int(pair[1]))
         self.out = out
         self.max_entries = max_entries
@@ -135,14 +158,18 @@ class MemorySnapshotHook(Hook):
         self._window = range(0)
         if device.type != "cuda":
             trainer.logger.warning(
-                f"MemorySnapshotHook needs a CUDA device (torch.cuda.memory._record_memory_history); this run trains on {device.type!r}, "
+                "MemorySnapshotHook needs a CUDA device (torch.cuda.memory._record_memory_history); this run trains "
+                f"on {device.type!r}, "
                 "so no memory snapshot is written. Run on a GPU, or remove the hook."
             )
             return
         first, last = self.iters
         loop = trainer.train_loop
         if loop is not None and first > loop.max_iters:
-            trainer.logger.warning(f"MemorySnapshotHook iters={self.iters}: the run ends at iteration {loop.max_iters}, so no memory snapshot is written. Choose earlier iterations.")
+            trainer.logger.warning(
+                f"MemorySnapshotHook iters={self.iters}: the run ends at iteration {loop.max_iters}, so no memory "
+                "snapshot is written. Choose earlier iterations."
+            )
             return
         name = Path(self.out) if self.out is not None else Path(f"memory_snapshot_iter{first}-{last}.pickle")
         if trainer.strategy.world_size > 1:
@@ -158,7 +185,9 @@ class MemorySnapshotHook(Hook):
             torch.cuda.memory._record_memory_history(max_entries=self.max_entries)
             self._recording = True
 
-    def after_train_iter(self, trainer: TrainerView, batch_idx: int, data_batch: Any = None, outputs: dict | None = None) -> None:  # noqa: D102
+    def after_train_iter(
+        self, trainer: TrainerView, batch_idx: int, data_batch: Any = None, outputs: dict | None = None
+    ) -> None:  # noqa: D102
         if self._recording and trainer.progress.iteration >= self._window.stop - 1:
             self._dump(trainer)
 
@@ -177,7 +206,10 @@ class MemorySnapshotHook(Hook):
             torch.cuda.memory._dump_snapshot(str(self.path))
         finally:
             torch.cuda.memory._record_memory_history(enabled=None)
-        trainer.logger.info(f"Wrote the CUDA memory snapshot of iterations {self.iters[0]}-{self.iters[1]} to {self.path}: open it at https://pytorch.org/memory_viz")
+        trainer.logger.info(
+            f"Wrote the CUDA memory snapshot of iterations {self.iters[0]}-{self.iters[1]} to {self.path}: open it at "
+            "https://pytorch.org/memory_viz"
+        )
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}(iters={self.iters}, out={self.out!r}, max_entries={self.max_entries})"

@@ -118,17 +118,29 @@ class NormsHook(Hook):
 
     def __init__(self, interval: int = 100, per: str = "module", depth: int = 2) -> None:
         if isinstance(interval, bool) or not isinstance(interval, int) or interval < 1:
-            raise ValueError(f"NormsHook interval must be an int >= 1 (iterations between measured steps), got {interval!r}")
+            raise ValueError(
+                f"NormsHook interval must be an int >= 1 (iterations between measured steps), got {interval!r}"
+            )
         if per not in PER:
-            raise ValueError(f"NormsHook per must be one of {list(PER)} (one number per module group, per parameter, or per optimizer), got {per!r}")
+            raise ValueError(
+                f"NormsHook per must be one of {list(PER)} (one number per module group, per parameter, or per "
+                f"optimizer), got {per!r}"
+            )
         if isinstance(depth, bool) or not isinstance(depth, int) or depth < 1:
-            raise ValueError(f"NormsHook depth must be an int >= 1 (module path parts kept: 2 makes blocks.0.attn.weight count in 'blocks.0'), got {depth!r}")
+            raise ValueError(
+                "NormsHook depth must be an int >= 1 (module path parts kept: 2 makes blocks.0.attn.weight count in "
+                f"'blocks.0'), got {depth!r}"
+            )
         self.interval = interval
         self.per = per
         self.depth = depth
-        self._handles: dict[str, list[RemovableHandle]] = {}  # optimizer name -> its step hooks, while a due step is awaited
+        self._handles: dict[
+            str, list[RemovableHandle]
+        ] = {}  # optimizer name -> its step hooks, while a due step is awaited
         self._names: dict[int, str] = {}  # id(parameter) -> its name in the model
-        self._record: Callable[[Row], None] = lambda row: None  # the metric store's row append, set when training starts
+        self._record: Callable[[Row], None] = lambda row: (
+            None
+        )  # the metric store's row append, set when training starts
 
     def before_train(self, trainer: TrainerView) -> None:  # noqa: D102
         self._remove()
@@ -154,7 +166,14 @@ class NormsHook(Hook):
     def after_run(self, trainer: TrainerView) -> None:  # noqa: D102
         self._remove()
 
-    def _arm(self, trainer: TrainerView, name: str, optimizer: torch.optim.Optimizer, label: str, compiled: CompiledStep | None = None) -> None:
+    def _arm(
+        self,
+        trainer: TrainerView,
+        name: str,
+        optimizer: torch.optim.Optimizer,
+        label: str,
+        compiled: CompiledStep | None = None,
+    ) -> None:
         captured: list[_Capture] = []
 
         def pre(opt: torch.optim.Optimizer, args: Any, kwargs: Any) -> None:
@@ -169,13 +188,15 @@ class NormsHook(Hook):
                 # the step runs inside the iteration; appended untimed, as the loop's rows (no flush inside the step)
                 self._record((trainer.progress.iteration + 1, values, None, None))
 
-        # A compiled step (OptimWrapper(compile=...)) guards on torch's optimizer step hooks (registering them would compile it
+        # A compiled step (OptimWrapper(compile=...)) guards on torch's optimizer step hooks (registering them would
+        # compile it
         # again at every measured step): its own step hooks run around the compiled function instead.
         target = optimizer if compiled is None else compiled
         self._handles[name] = [target.register_step_pre_hook(pre), target.register_step_post_hook(post)]
 
     def _values(self, c: _Capture, label: str) -> dict[str, torch.Tensor]:
-        """``grad_norm/<group>``, ``param_norm/<group>``, ``update_ratio/<group>`` of one optimizer's step, as device tensors."""
+        """``grad_norm/<group>``, ``param_norm/<group>``, ``update_ratio/<group>`` of one optimizer's step, as device
+        tensors."""
         groups: dict[str, list[int]] = {}
         for i, n in enumerate(c.names):
             key = label if self.per == "global" and label else group_of(n, self.per, self.depth)
@@ -201,4 +222,3 @@ class NormsHook(Hook):
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}(interval={self.interval}, per={self.per!r}, depth={self.depth})"
-

@@ -26,8 +26,10 @@ def _wrapper_of(scheduler: Any, wrappers: dict[str, Any]) -> Any:
         if driven is ow or driven is ow.optimizer:
             return ow
     raise ValueError(
-        f"param_scheduler {type(scheduler).__name__} counts optimizer updates (by_update=True) but drives an optimizer that is not this run's "
-        f"({type(driven).__name__}), so it cannot know when the run updates. Give it as a config dict or a factory, which the Trainer builds on "
+        f"param_scheduler {type(scheduler).__name__} counts optimizer updates (by_update=True) but drives an optimizer "
+        "that is not this run's "
+        f"({type(driven).__name__}), so it cannot know when the run updates. Give it as a config dict or a factory, "
+        "which the Trainer builds on "
         "the run's optimizer, or build it on the optimizer passed as optim_wrapper."
     )
 
@@ -80,11 +82,14 @@ class ParamSchedulerHook(Hook):
 
     @staticmethod
     def _log_units(trainer: TrainerView, schedulers: list[Any], units: list[str], wrappers: dict[str, Any]) -> None:
-        """One INFO line naming each schedule's unit, when iterations and updates differ (or a schedule counts updates)."""
+        """One INFO line naming each schedule's unit, when iterations and updates differ (or a schedule counts
+        updates)."""
         acc = max((ow.accumulative_counts for ow in wrappers.values()), default=1)
         if not schedulers or (acc == 1 and "update" not in units):
             return
-        each = ", ".join(f"{getattr(s, 'name', type(s).__name__)} counts {UNIT_WORDS[u]}" for s, u in zip(schedulers, units))
+        each = ", ".join(
+            f"{getattr(s, 'name', type(s).__name__)} counts {UNIT_WORDS[u]}" for s, u in zip(schedulers, units)
+        )
         trainer.logger.info(
             f"param_scheduler units (accumulative_counts={acc}: one optimizer update per {acc} iteration(s)): {each}. "
             "by_update=True counts a schedule in optimizer updates (see docs/schedulers.md)."
@@ -99,13 +104,17 @@ class ParamSchedulerHook(Hook):
                 s.step(metrics or {})
 
     def train_iter_interval(self, trainer: TrainerView) -> int:  # noqa: D102
-        return 1 if self._iter or self._update else 0  # only per-iteration and per-update schedulers step between epochs
+        return (
+            1 if self._iter or self._update else 0
+        )  # only per-iteration and per-update schedulers step between epochs
 
     def before_train_iter(self, trainer: TrainerView, batch_idx: int, data_batch: Any = None) -> None:  # noqa: D102
         if self._update:
             self._counts = [ow.inner_count for ow, _ in self._update]
 
-    def after_train_iter(self, trainer: TrainerView, batch_idx: int, data_batch: Any = None, outputs: dict | None = None) -> None:  # noqa: D102
+    def after_train_iter(
+        self, trainer: TrainerView, batch_idx: int, data_batch: Any = None, outputs: dict | None = None
+    ) -> None:  # noqa: D102
         for s in self._iter:
             s.step()
         for (ow, scheds), before in zip(self._update, self._counts):

@@ -57,9 +57,14 @@ class PreciseBNHook(Hook):
 
     def __init__(self, num_iter: int = 200, interval: int | None = None, by_epoch: bool = True) -> None:
         if isinstance(num_iter, bool) or not isinstance(num_iter, int) or num_iter < 1:
-            raise ValueError(f"PreciseBNHook num_iter must be an int >= 1 (batches to average the statistics over), got {num_iter!r}")
+            raise ValueError(
+                f"PreciseBNHook num_iter must be an int >= 1 (batches to average the statistics over), got {num_iter!r}"
+            )
         if interval is not None and (isinstance(interval, bool) or not isinstance(interval, int) or interval < 1):
-            raise ValueError(f"PreciseBNHook interval must be an int >= 1, or None to recompute at the end of training only, got {interval!r}")
+            raise ValueError(
+                "PreciseBNHook interval must be an int >= 1, or None to recompute at the end of training only, got "
+                f"{interval!r}"
+            )
         self.num_iter = num_iter
         self.interval = interval
         self.by_epoch = by_epoch
@@ -70,7 +75,10 @@ class PreciseBNHook(Hook):
         loop = require_train_loop(trainer, "PreciseBNHook.before_train")
         loader = getattr(loop.dataloader, "loader", loop.dataloader)
         if isinstance(getattr(loader, "dataset", None), IterableDataset):
-            raise ValueError("PreciseBNHook draws random batches from the training set, which needs a map-style dataset (an IterableDataset has no indices)")
+            raise ValueError(
+                "PreciseBNHook draws random batches from the training set, which needs a map-style dataset (an "
+                "IterableDataset has no indices)"
+            )
         if self.by_epoch and not loop.by_epoch:
             raise ValueError(
                 "PreciseBNHook counts its interval in epochs (by_epoch=True) but training is iteration-based: "
@@ -86,7 +94,9 @@ class PreciseBNHook(Hook):
         return self.interval if self.interval is not None else range(last, last + 1)
 
     @override
-    def after_train_iter(self, trainer: TrainerView, batch_idx: int, data_batch: Any = None, outputs: Any = None) -> None:  # noqa: D102
+    def after_train_iter(
+        self, trainer: TrainerView, batch_idx: int, data_batch: Any = None, outputs: Any = None
+    ) -> None:  # noqa: D102
         it = trainer.progress.iteration
         if it == self._last[1] or (self.interval is not None and it % self.interval == 0):
             self.recompute(trainer)
@@ -100,15 +110,23 @@ class PreciseBNHook(Hook):
             self.recompute(trainer)
 
     def recompute(self, trainer: TrainerView) -> None:
-        """Recompute the statistics now over ``num_iter`` fresh training batches; the random streams are left as they were."""
+        """Recompute the statistics now over ``num_iter`` fresh training batches; the random streams are left as they
+        were."""
         loop = require_train_loop(trainer, "PreciseBNHook.recompute")
         loader = getattr(loop.dataloader, "loader", loop.dataloader)
         batch_size = getattr(loop.dataloader, "batch_size", None) or loader.batch_size or 1
         dataset = loader.dataset
         seed = trainer.message_hub.get_info("seed") or 0
-        generator = torch.Generator().manual_seed(batch_seed(int(seed), trainer.progress.iteration, trainer.strategy.rank))
-        own = DataLoader(dataset, batch_size=batch_size, sampler=RandomSampler(dataset, generator=generator),
-                         collate_fn=loader.collate_fn, drop_last=len(dataset) >= batch_size)
+        generator = torch.Generator().manual_seed(
+            batch_seed(int(seed), trainer.progress.iteration, trainer.strategy.rank)
+        )
+        own = DataLoader(
+            dataset,
+            batch_size=batch_size,
+            sampler=RandomSampler(dataset, generator=generator),
+            collate_fn=loader.collate_fn,
+            drop_last=len(dataset) >= batch_size,
+        )
         rng = get_rng_state()
         try:
             batches: Iterator[Any] = itertools.islice(iter(own), self.num_iter)

@@ -42,7 +42,8 @@ SAME_SIGNAL_S = 0.25
 
 
 def slurm_job_id(env: Any = None) -> str | None:
-    """The id ``scontrol requeue`` takes for this job: ``ARRAYID_TASKID`` for an array task, else ``SLURM_JOB_ID``; None outside SLURM."""
+    """The id ``scontrol requeue`` takes for this job: ``ARRAYID_TASKID`` for an array task, else ``SLURM_JOB_ID``;
+    None outside SLURM."""
     env = os.environ if env is None else env
     job = env.get("SLURM_JOB_ID")
     if not job:
@@ -113,8 +114,12 @@ class PreemptionHook(Hook):
     priority = "LOWEST"
 
     def __init__(
-        self, signals: Sequence[int | str] = ("SIGTERM", "SIGUSR1"), check_interval: int | None = None, exit_code: int | str | None = _DEFAULT,
-        grace_s: float | None = 15.0, requeue: bool = True,
+        self,
+        signals: Sequence[int | str] = ("SIGTERM", "SIGUSR1"),
+        check_interval: int | None = None,
+        exit_code: int | str | None = _DEFAULT,
+        grace_s: float | None = 15.0,
+        requeue: bool = True,
     ) -> None:
         if check_interval is not None and check_interval < 1:
             raise ValueError(f"PreemptionHook check_interval must be >= 1, got {check_interval}")
@@ -135,7 +140,9 @@ class PreemptionHook(Hook):
         self.grace_s = grace_s
         self.requeue = bool(requeue)
         self.requeued = False  # scontrol requeue succeeded for this run (rank 0) / the requeue was decided (every rank)
-        self._watchdog: _Watchdog | None = None  # while installed: exits a process that no step boundary reaches after a signal
+        self._watchdog: _Watchdog | None = (
+            None  # while installed: exits a process that no step boundary reaches after a signal
+        )
         self._view: Any = None  # the trainer while training (the watchdog reads its progress and logger)
         self._beats = 0  # step boundaries the iteration count does not show (validation batches, saves)
         self._reached = False  # the stop point was reached: the watchdog stands down
@@ -176,7 +183,10 @@ class PreemptionHook(Hook):
         self.requeued = False
         trainer.preempted = False
         if threading.current_thread() is not threading.main_thread():
-            trainer.logger.warning("PreemptionHook: train() runs outside the main thread, so SIGTERM/SIGUSR1 cannot be caught; preemption will not save a checkpoint")
+            trainer.logger.warning(
+                "PreemptionHook: train() runs outside the main thread, so SIGTERM/SIGUSR1 cannot be caught; preemption "
+                "will not save a checkpoint"
+            )
         self._interval = self.check_interval or 10
         self._in_train = True
         self._trainer_ref = weakref.ref(trainer) if trainer.strategy.world_size == 1 else None
@@ -191,7 +201,12 @@ class PreemptionHook(Hook):
         self._beats += 1  # a step boundary (the watchdog's heartbeat inside a validation)
         # A validation inside training is cut at the next check too (the grace period may be shorter
         # than a pass). One process: the handler already set trainer.should_stop, which the eval loop reads.
-        if self._in_train and self._trainer_ref is None and (batch_idx + 1) % self._interval == 0 and trainer.strategy.any_true(self.received is not None):
+        if (
+            self._in_train
+            and self._trainer_ref is None
+            and (batch_idx + 1) % self._interval == 0
+            and trainer.strategy.any_true(self.received is not None)
+        ):
             self._stop(trainer)
 
     def before_save_checkpoint(self, trainer: TrainerView, checkpoint: dict) -> None:  # noqa: D102
@@ -202,20 +217,32 @@ class PreemptionHook(Hook):
         self.preempted = True
         trainer.preempted = True
         what = self.received.name if self.received is not None else "another rank"
-        require_train_loop(trainer, "PreemptionHook").control.request_stop(f"preemption ({what})", agreed=True)  # a point every rank reaches with the same decision
-        trainer.logger.warning(f"Preemption ({what}): stopping after iteration {trainer.progress.iteration} and saving a checkpoint")
+        require_train_loop(trainer, "PreemptionHook").control.request_stop(
+            f"preemption ({what})", agreed=True
+        )  # a point every rank reaches with the same decision
+        trainer.logger.warning(
+            f"Preemption ({what}): stopping after iteration {trainer.progress.iteration} and saving a checkpoint"
+        )
 
     def after_train(self, trainer: TrainerView) -> None:  # noqa: D102
         self._in_train = False
         self._trainer_ref = None
-        if self._agreement is not None and self._agreement.stop and not self.preempted:  # the same decision on every rank
+        if (
+            self._agreement is not None and self._agreement.stop and not self.preempted
+        ):  # the same decision on every rank
             self._stop(trainer)
         if not self.preempted:
             return
-        path = trainer.checkpoints.save_now()  # the checkpoint hook's naming and keep-k when there is one; complete on return
+        path = (
+            trainer.checkpoints.save_now()
+        )  # the checkpoint hook's naming and keep-k when there is one; complete on return
         if path is None:  # saved already at this iteration (the checkpoint hook's last save): name that file
             latest = read_latest(trainer.checkpoints.ckpt_dir)
-            saved = f"this iteration was checkpointed already ({trainer.checkpoints.ckpt_dir / latest})" if latest else "this iteration was checkpointed already"
+            saved = (
+                f"this iteration was checkpointed already ({trainer.checkpoints.ckpt_dir / latest})"
+                if latest
+                else "this iteration was checkpointed already"
+            )
         else:
             saved = f"checkpoint {path}"
         job_id = slurm_job_id() if self.requeue else None
@@ -223,7 +250,9 @@ class PreemptionHook(Hook):
         if job_id is not None and trainer.strategy.any_true(self.received == REQUEUE_SIGNAL):
             self._requeue(trainer, job_id, saved)
             return
-        trainer.logger.warning(f"Preempted at iteration {trainer.progress.iteration}: {saved}; restart with resume=True to continue")
+        trainer.logger.warning(
+            f"Preempted at iteration {trainer.progress.iteration}: {saved}; restart with resume=True to continue"
+        )
 
     def _requeue(self, trainer: TrainerView, job_id: str, saved: str) -> None:
         """Every rank's checkpoint is complete (barrier), then rank 0 asks SLURM to requeue the job."""
@@ -234,14 +263,19 @@ class PreemptionHook(Hook):
         failed = trainer.strategy.broadcast_object(failed)
         if failed is None:
             self.requeued = True
-            trainer.logger.warning(f"Preempted at iteration {trainer.progress.iteration}: {saved}; SLURM job {job_id} requeued (scontrol requeue {job_id}); it continues with resume=True")
+            trainer.logger.warning(
+                f"Preempted at iteration {trainer.progress.iteration}: {saved}; SLURM job {job_id} requeued (scontrol "
+                f"requeue {job_id}); it continues with resume=True"
+            )
             return
         if self.received is None:  # another rank got the signal: exit with the status it has
             self.received = REQUEUE_SIGNAL
         it = trainer.progress.iteration
         trainer.logger.error(
-            f"Preempted at iteration {it}: the checkpoint of iteration {it} is kept, but SLURM job {job_id} was NOT requeued: {failed}. "
-            f"Requeue it by hand with `scontrol requeue {job_id}` (or submit the job script again; it continues with resume=True), "
+            f"Preempted at iteration {it}: the checkpoint of iteration {it} is kept, but SLURM job {job_id} was NOT "
+            f"requeued: {failed}. "
+            f"Requeue it by hand with `scontrol requeue {job_id}` (or submit the job script again; it continues with "
+            "resume=True), "
             "or pass default_hooks=dict(preemption=dict(requeue=False)) to only save and exit"
         )
 
@@ -319,7 +353,8 @@ class _Watchdog:
             for signum in (b for b in got if b in ours):
                 if first is not None:
                     if now - first_at < SAME_SIGNAL_S:
-                        continue  # one signal delivered several ways (SLURM and a forwarding launcher, DataLoader workers)
+                        # one signal delivered several ways (SLURM and a forwarding launcher, DataLoader workers)
+                        continue
                     self._exit(signum, f"a second {signal.Signals(signum).name} arrived before the stop was reached")
                 first, first_at, deadline, beat = signum, now, now + self.grace_s, self._beat()
                 self._say_received(signum)
@@ -329,18 +364,28 @@ class _Watchdog:
             if now_beat != beat or self.hook._reached:  # a step boundary came: the process is alive
                 agreement = self.hook._agreement
                 if self.hook._reached or agreement is None or agreement.local or agreement.stop:
-                    deadline = None  # the stop point (one process: the first boundary; several: the agreed stop): stand down
+                    deadline = (
+                        None  # the stop point (one process: the first boundary; several: the agreed stop): stand down
+                    )
                     continue
                 beat, deadline = now_beat, time.monotonic() + self.grace_s
             elif deadline is not None and time.monotonic() > deadline:
-                self._exit(first, f"no step boundary within grace_s={self.grace_s} s after {signal.Signals(first).name} (the process is stuck, e.g. in a collective whose peer has gone)")
+                self._exit(
+                    first,
+                    f"no step boundary within grace_s={self.grace_s} s after {signal.Signals(first).name} (the process "
+                    "is stuck, e.g. in a collective whose peer has gone)",
+                )
 
     def _say_received(self, signum: int) -> None:
-        """Log the signal as soon as it comes (the handler may not log): a slow save after it then has a line before it."""
+        """Log the signal as soon as it comes (the handler may not log): a slow save after it then has a line before
+        it."""
         logger = getattr(self.hook._view, "logger", None)
         if logger is not None:
             finished = self._beat()[0]
-            logger.warning(f"Preemption signal {signal.Signals(signum).name} received after iteration {finished}: stopping at the next step boundary, then saving a checkpoint")
+            logger.warning(
+                f"Preemption signal {signal.Signals(signum).name} received after iteration {finished}: stopping at the "
+                "next step boundary, then saving a checkpoint"
+            )
             for h in logger.handlers:
                 h.flush()
 

@@ -78,8 +78,13 @@ class ProfilerHook(Hook):
         self.wait, self.warmup, self.active, self.repeat, self.skip_first = wait, warmup, active, repeat, skip_first
         self.activities = None if activities is None else [_activity(a) for a in activities]
         if tensorboard and importlib.util.find_spec("tensorboard") is None:
-            raise ImportError("ProfilerHook(tensorboard=True) needs TensorBoard: pip install tensorboard torch-tb-profiler (or pass tensorboard=False for Chrome traces only)")
-        self.options = dict(record_shapes=record_shapes, profile_memory=profile_memory, with_stack=with_stack, with_flops=with_flops)
+            raise ImportError(
+                "ProfilerHook(tensorboard=True) needs TensorBoard: pip install tensorboard torch-tb-profiler (or pass "
+                "tensorboard=False for Chrome traces only)"
+            )
+        self.options = dict(
+            record_shapes=record_shapes, profile_memory=profile_memory, with_stack=with_stack, with_flops=with_flops
+        )
         self.tensorboard = tensorboard
         self.out_dir = None if out_dir is None else Path(out_dir)
         #: The traces written so far (Chrome trace JSON files).
@@ -96,7 +101,11 @@ class ProfilerHook(Hook):
         loop = require_train_loop(trainer, "ProfilerHook")
         start = trainer.progress.iteration  # this train() begins after it (a resumed run: where it resumes)
         first = start + self.skip_first + 1
-        last = start + self.skip_first + self.repeat * (self.wait + self.warmup + self.active) if self.repeat else loop.max_iters
+        last = (
+            start + self.skip_first + self.repeat * (self.wait + self.warmup + self.active)
+            if self.repeat
+            else loop.max_iters
+        )
         self._window = range(first, min(last, loop.max_iters) + 1)
         self._dir = self.out_dir or trainer.run_dir / "profiler"
         self._rank = trainer.strategy.rank
@@ -111,15 +120,25 @@ class ProfilerHook(Hook):
                 activities = [torch.profiler.ProfilerActivity.CPU]
                 if trainer.strategy.device.type == "cuda":
                     activities.append(torch.profiler.ProfilerActivity.CUDA)
-            self._prof = torch.profiler.profile(activities=activities, schedule=sched, on_trace_ready=self._save, **self.options)  # type: ignore[arg-type]
+            self._prof = torch.profiler.profile(
+                activities=activities,
+                schedule=sched,
+                on_trace_ready=self._save,
+                **self.options,  # type: ignore[arg-type]
+            )
             self._prof.start()
 
-    def after_train_iter(self, trainer: TrainerView, batch_idx: int, data_batch: Any = None, outputs: dict | None = None) -> None:  # noqa: D102
+    def after_train_iter(
+        self, trainer: TrainerView, batch_idx: int, data_batch: Any = None, outputs: dict | None = None
+    ) -> None:  # noqa: D102
         prof = self._prof
         if prof is None:
             return
         self._iteration = it = trainer.progress.iteration
-        if self._recording_from is None and prof.current_action in (torch.profiler.ProfilerAction.RECORD, torch.profiler.ProfilerAction.RECORD_AND_SAVE):
+        if self._recording_from is None and prof.current_action in (
+            torch.profiler.ProfilerAction.RECORD,
+            torch.profiler.ProfilerAction.RECORD_AND_SAVE,
+        ):
             self._recording_from = it
         if it < self._window[-1] or prof.current_action == torch.profiler.ProfilerAction.RECORD_AND_SAVE:
             prof.step()  # after the last active iteration of a cycle this writes its trace
@@ -154,7 +173,10 @@ class ProfilerHook(Hook):
             shutil.copyfile(path, tb_dir / f"rank{self._rank}.{time.time_ns()}.pt.trace.json")
             where += f" and {tb_dir} (tensorboard --logdir {self._dir})"
         if self._logger is not None:
-            self._logger.info(f"Profiler: iterations {first}-{self._iteration} traced to {where}; open the JSON in https://ui.perfetto.dev or chrome://tracing")
+            self._logger.info(
+                f"Profiler: iterations {first}-{self._iteration} traced to {where}; open the JSON in "
+                "https://ui.perfetto.dev or chrome://tracing"
+            )
 
 
 def _activity(a: Any) -> Any:
@@ -162,5 +184,7 @@ def _activity(a: Any) -> Any:
         return a
     name = _ACTIVITIES.get(str(a).lower())
     if name is None:
-        raise ValueError(f"Unknown profiler activity {a!r}; use one of {sorted(_ACTIVITIES)} or a torch.profiler.ProfilerActivity")
+        raise ValueError(
+            f"Unknown profiler activity {a!r}; use one of {sorted(_ACTIVITIES)} or a torch.profiler.ProfilerActivity"
+        )
     return getattr(torch.profiler.ProfilerActivity, name)

@@ -56,7 +56,8 @@ class ProgressBarHook(Hook):
         self._writer = _BarWriter(self)
 
     def records_writer(self, logger: logging.Logger) -> Writer | None:
-        """The writer that shows each training record's losses and learning rates on the training bar (added by whoever builds the writers).
+        """The writer that shows each training record's losses and learning rates on the training bar (added by whoever
+        builds the writers).
 
         None where no bar can be drawn (``enable=False``, or ``"auto"`` and ``logger``'s console is no terminal).
         """
@@ -98,7 +99,10 @@ class ProgressBarHook(Hook):
         except ImportError as e:
             if self.enable is True:
                 raise ImportError(f"ProgressBarHook(enable=True) needs rich: pip install rich ({e})") from e
-            trainer.logger.warning(f"No progress bar: rich is not installed ({e}); pip install rich, or set default_hooks=dict(progress_bar=None)")
+            trainer.logger.warning(
+                f"No progress bar: rich is not installed ({e}); pip install rich, or set "
+                "default_hooks=dict(progress_bar=None)"
+            )
             return
         self._stream = console_stream(trainer.logger)
         self._bar = LiveBar(self._stream, self.refresh_per_second, force=self.enable is True)
@@ -130,7 +134,9 @@ class ProgressBarHook(Hook):
             def source() -> tuple[int, str]:
                 return progress.iteration, "train"
 
-        self._train_task = bar.add_source(source, total)  # the logger hook's records bring the loss and lr (records_writer)
+        self._train_task = bar.add_source(
+            source, total
+        )  # the logger hook's records bring the loss and lr (records_writer)
 
     def after_train(self, trainer: TrainerView) -> None:  # noqa: D102
         self._train_task = None  # records written after training (evaluation) are not shown on a training bar
@@ -145,7 +151,9 @@ class ProgressBarHook(Hook):
     def after_val_iter(self, trainer: TrainerView, batch_idx: int, data_batch: Any = None, outputs: Any = None) -> None:  # noqa: D102
         self._eval_done += 1
 
-    def after_test_iter(self, trainer: TrainerView, batch_idx: int, data_batch: Any = None, outputs: Any = None) -> None:  # noqa: D102
+    def after_test_iter(
+        self, trainer: TrainerView, batch_idx: int, data_batch: Any = None, outputs: Any = None
+    ) -> None:  # noqa: D102
         self._eval_done += 1
 
     def after_val_epoch(self, trainer: TrainerView, metrics: dict[str, float] | None = None) -> None:  # noqa: D102

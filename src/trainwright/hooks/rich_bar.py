@@ -49,7 +49,11 @@ class _Bar:
         if total:
             done = min(_WIDTH, int(_WIDTH * completed / total))
             count = f"{completed}/{total}".rjust(2 * len(str(total)) + 1)
-            eta = _hms((total - completed) / speed) if speed and completed < total else ("0:00:00" if completed >= total else "-:--:--")
+            eta = (
+                _hms((total - completed) / speed)
+                if speed and completed < total
+                else ("0:00:00" if completed >= total else "-:--:--")
+            )
         else:
             done, count, eta = 0, str(completed), "-:--:--"
         text = Text.assemble(

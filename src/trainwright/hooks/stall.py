@@ -50,7 +50,9 @@ class StallHook(Hook):
         """Start watching (one daemon thread per run call)."""
         self.after_run(trainer)  # a watcher left running (a run call inside another) is replaced, never leaked
         self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._watch, args=(trainer, self._stop), name="trainwright-stall-watch", daemon=True)
+        self._thread = threading.Thread(
+            target=self._watch, args=(trainer, self._stop), name="trainwright-stall-watch", daemon=True
+        )
         self._thread.start()
 
     def after_run(self, trainer: TrainerView) -> None:
@@ -63,7 +65,9 @@ class StallHook(Hook):
     def after_val_iter(self, trainer: TrainerView, batch_idx: int, data_batch: Any = None, outputs: Any = None) -> None:  # noqa: D102
         self._eval_iters += 1
 
-    def after_test_iter(self, trainer: TrainerView, batch_idx: int, data_batch: Any = None, outputs: Any = None) -> None:  # noqa: D102
+    def after_test_iter(
+        self, trainer: TrainerView, batch_idx: int, data_batch: Any = None, outputs: Any = None
+    ) -> None:  # noqa: D102
         self._eval_iters += 1
 
     def _watch(self, trainer: TrainerView, stop: threading.Event) -> None:
@@ -88,14 +92,20 @@ class StallHook(Hook):
         frames = sys._current_frames()  # noqa: SLF001 - the documented way to every thread's current frame
         main = threading.main_thread().ident
         order = sorted((ident for ident in frames if ident != own), key=lambda ident: ident != main)
-        stacks = "\n".join(f"Thread {names.get(ident, ident)!r}:\n" + "".join(traceback.format_stack(frames[ident])).rstrip() for ident in order)
+        stacks = "\n".join(
+            f"Thread {names.get(ident, ident)!r}:\n" + "".join(traceback.format_stack(frames[ident])).rstrip()
+            for ident in order
+        )
         trainer.logger.warning(
             f"No iteration finished on rank {trainer.strategy.rank} for {waited:.3g} s (the run stands "
-            f"{trainer.progress.where(loop is None or loop.by_epoch)}). Each thread's stack follows: a hang (a collective waiting for another rank, a data loader, a lock) shows "
+            f"{trainer.progress.where(loop is None or loop.by_epoch)}). Each thread's stack follows: a hang (a "
+            "collective waiting for another rank, a data loader, a lock) shows "
             f"where it waits. If this process is only slow (a long checkpoint write, a first compilation), raise "
             f"default_hooks=dict(stall=dict(timeout_s=...)).\n{stacks}"
         )
-        for handler in trainer.logger.handlers:  # the log file now; nothing else (the metric store belongs to the training thread)
+        for handler in (
+            trainer.logger.handlers
+        ):  # the log file now; nothing else (the metric store belongs to the training thread)
             handler.flush()
 
 

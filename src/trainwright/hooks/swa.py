@@ -1,4 +1,5 @@
-"""SWAHook: stochastic weight averaging as torch's ``swa_utils`` recipe (the average, ``SWALR``, ``update_bn``); the run ends with the averaged model.
+"""SWAHook: stochastic weight averaging as torch's ``swa_utils`` recipe (the average, ``SWALR``, ``update_bn``); the run
+    ends with the averaged model.
 
 From ``begin_epoch`` on, each epoch's end folds the weights into an equal-weight running mean of
 the parameters (what torch's ``AveragedModel`` keeps for SWA; per shard under FSDP) and steps a
@@ -17,7 +18,6 @@ from torch import nn
 from torch.optim.swa_utils import SWALR
 
 from trainwright.dist.shards import load_into, locals_of
-
 from trainwright.hooks.bn_stats import forward_for_stats, update_bn
 from trainwright.hooks.hook import Hook
 from trainwright.hooks.view import require_train_loop
@@ -29,7 +29,8 @@ if TYPE_CHECKING:
 
 
 class Average:
-    """The equal-weight running mean of a model's parameters: what torch's ``AveragedModel`` keeps for SWA (``use_buffers=False``).
+    """The equal-weight running mean of a model's parameters: what torch's ``AveragedModel`` keeps for SWA
+    (``use_buffers=False``).
 
     The first :meth:`update` copies the parameters; the n-th (n > 1) moves the average by
     1/n towards them (``torch._foreach_lerp_``). The tensors are the parameters' own kind: under
@@ -62,7 +63,8 @@ class Average:
             torch._foreach_copy_(locals_of([p.detach() for p in model.parameters()]), locals_of(self.tensors))
 
     def state_dict(self) -> dict[str, Any]:
-        """``{"params": {name: tensor}, "n_averaged": int}``: references, as ``nn.Module.state_dict`` (DTensors under FSDP; the params load into the model with ``strict=False``)."""
+        """``{"params": {name: tensor}, "n_averaged": int}``: references, as ``nn.Module.state_dict`` (DTensors under
+        FSDP; the params load into the model with ``strict=False``)."""
         return {"params": dict(zip(self.names, self.tensors)), "n_averaged": self.n_averaged}
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
@@ -74,7 +76,10 @@ class Average:
         saved = state["params"]
         if list(saved) != self.names:
             missing, unexpected = sorted(set(self.names) - set(saved)), sorted(set(saved) - set(self.names))
-            raise KeyError(f"SWAHook: the saved average does not match the model (missing {missing}, unexpected {unexpected}); resume with the model it was saved from")
+            raise KeyError(
+                f"SWAHook: the saved average does not match the model (missing {missing}, unexpected {unexpected}); "
+                "resume with the model it was saved from"
+            )
         for t, name in zip(self.tensors, self.names):
             load_into(t, saved[name])
         self.n_averaged = int(state["n_averaged"])
@@ -121,16 +126,23 @@ class SWAHook(Hook):
 
     priority = "NORMAL"  # at an epoch's end, before the checkpoint hook (VERY_LOW) saves it
 
-    def __init__(self, begin_epoch: int, swa_lr: float | list[float], anneal_epochs: int = 10, anneal_strategy: str = "cos") -> None:
+    def __init__(
+        self, begin_epoch: int, swa_lr: float | list[float], anneal_epochs: int = 10, anneal_strategy: str = "cos"
+    ) -> None:
         if isinstance(begin_epoch, bool) or not isinstance(begin_epoch, int) or begin_epoch < 1:
-            raise ValueError(f"SWAHook begin_epoch must be an int >= 1 (the 1-based epoch whose end makes the first average update), got {begin_epoch!r}")
+            raise ValueError(
+                "SWAHook begin_epoch must be an int >= 1 (the 1-based epoch whose end makes the first average "
+                f"update), got {begin_epoch!r}"
+            )
         if isinstance(anneal_epochs, bool) or not isinstance(anneal_epochs, int) or anneal_epochs < 0:
             raise ValueError(f"SWAHook anneal_epochs must be an int >= 0, got {anneal_epochs!r}")
         if anneal_strategy not in ("cos", "linear"):
             raise ValueError(f"SWAHook anneal_strategy must be 'cos' or 'linear', got {anneal_strategy!r}")
         lrs = swa_lr if isinstance(swa_lr, (list, tuple)) else [swa_lr]
         if not lrs or not all(isinstance(v, (int, float)) and not isinstance(v, bool) and v > 0 for v in lrs):
-            raise ValueError(f"SWAHook swa_lr must be a number > 0 or a list of them (one per param group), got {swa_lr!r}")
+            raise ValueError(
+                f"SWAHook swa_lr must be a number > 0 or a list of them (one per param group), got {swa_lr!r}"
+            )
         self.begin_epoch = begin_epoch
         self.swa_lr = swa_lr
         self.anneal_epochs = anneal_epochs
@@ -145,14 +157,19 @@ class SWAHook(Hook):
         self._max_epochs = 0
 
     def before_train(self, trainer: TrainerView) -> None:
-        """Check the run (epoch-based, long enough, no scheduler past ``begin_epoch``); build the average (and resume it)."""
+        """Check the run (epoch-based, long enough, no scheduler past ``begin_epoch``); build the average (and resume
+        it)."""
         loop = require_train_loop(trainer, "SWAHook.before_train")
         if not loop.by_epoch:
-            raise ValueError("SWAHook averages once per epoch with a per-epoch SWALR schedule: use an epoch-based run, train_cfg=dict(by_epoch=True, max_epochs=...)")
-        self._max_epochs = int(getattr(loop, "max_epochs"))
+            raise ValueError(
+                "SWAHook averages once per epoch with a per-epoch SWALR schedule: use an epoch-based run, "
+                "train_cfg=dict(by_epoch=True, max_epochs=...)"
+            )
+        self._max_epochs = int(getattr(loop, "max_epochs"))  # noqa: B009 (an epoch-based loop has it; TrainLoopView does not declare it)
         if self.begin_epoch > self._max_epochs:
             raise ValueError(
-                f"SWAHook begin_epoch={self.begin_epoch} starts averaging after epoch {self.begin_epoch}, but the run has {self._max_epochs} epochs: "
+                f"SWAHook begin_epoch={self.begin_epoch} starts averaging after epoch {self.begin_epoch}, but the run "
+                f"has {self._max_epochs} epochs: "
                 "the average would never be updated. Lower begin_epoch or train longer"
             )
         self._warn_schedulers(trainer, len(loop.dataloader))
@@ -194,11 +211,16 @@ class SWAHook(Hook):
         assert self.averaged is not None
         model = trainer.unwrapped_model
         loop = require_train_loop(trainer, "SWAHook.apply")
-        batches = getattr(loop.dataloader, "loader", loop.dataloader)  # the torch DataLoader: the run's data order is left alone
+        batches = getattr(
+            loop.dataloader, "loader", loop.dataloader
+        )  # the torch DataLoader: the run's data order is left alone
         self.averaged.copy_to(model)
         update_bn(batches, model, forward_for_stats)
         self.applied = True
-        trainer.logger.info(f"SWAHook: the model now holds the average of {self.averaged.n_averaged} epochs' weights, BatchNorm statistics recomputed")
+        trainer.logger.info(
+            f"SWAHook: the model now holds the average of {self.averaged.n_averaged} epochs' weights, BatchNorm "
+            "statistics recomputed"
+        )
 
     def state_dict(self) -> dict[str, Any]:
         """The average's state (its parameters and ``n_averaged``), each SWALR's state, whether it was applied."""
@@ -211,7 +233,8 @@ class SWAHook(Hook):
         }
 
     def load_state_dict(self, state_dict: Mapping[str, Any]) -> None:
-        """Restore :meth:`state_dict`'s state when training starts (the average is built from the resumed model then)."""
+        """Restore :meth:`state_dict`'s state when training starts (the average is built from the resumed model
+        then)."""
         if state_dict:
             self._pending = state_dict
             self.averaged = None
@@ -219,7 +242,12 @@ class SWAHook(Hook):
 
     def _build_schedulers(self, trainer: TrainerView) -> None:
         for name, ow in optim_wrappers_of(trainer.optim_wrapper).items():
-            self.schedulers[name] = SWALR(ow.optimizer, self.swa_lr, anneal_epochs=self.anneal_epochs, anneal_strategy=self.anneal_strategy)  # type: ignore[arg-type]
+            self.schedulers[name] = SWALR(
+                ow.optimizer,
+                self.swa_lr,  # type: ignore[arg-type]
+                anneal_epochs=self.anneal_epochs,
+                anneal_strategy=self.anneal_strategy,  # type: ignore[arg-type]
+            )
 
     def _warn_schedulers(self, trainer: TrainerView, epoch_len: int) -> None:
         """A parameter scheduler still moving the lr after averaging begins fights SWALR: say which."""
@@ -236,9 +264,13 @@ class SWAHook(Hook):
                 late.append(type(s).__name__)
         if late:
             trainer.logger.warning(
-                f"SWAHook begins averaging in epoch {self.begin_epoch}, but the learning-rate schedulers {late} run past its start and would "
+                f"SWAHook begins averaging in epoch {self.begin_epoch}, but the learning-rate schedulers {late} run "
+                "past its start and would "
                 f"fight SWALR: end them at epoch {self.begin_epoch - 1} (param_scheduler end=...) or begin SWA later"
             )
 
     def __repr__(self) -> str:
-        return f"{type(self).__name__}(begin_epoch={self.begin_epoch}, swa_lr={self.swa_lr}, anneal_epochs={self.anneal_epochs}, anneal_strategy={self.anneal_strategy!r})"
+        return (
+            f"{type(self).__name__}(begin_epoch={self.begin_epoch}, swa_lr={self.swa_lr}, "
+            f"anneal_epochs={self.anneal_epochs}, anneal_strategy={self.anneal_strategy!r})"
+        )

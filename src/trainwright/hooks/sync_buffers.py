@@ -1,4 +1,5 @@
-"""SyncBuffersHook (mmengine's): the model's floating buffers (BatchNorm statistics) averaged over the processes, per epoch."""
+"""SyncBuffersHook (mmengine's): the model's floating buffers (BatchNorm statistics) averaged over the processes, per
+epoch."""
 
 from __future__ import annotations
 

@@ -42,7 +42,9 @@ class HookReport(list[HookTime]):
         widths = [max(len(x) for x in col) for col in zip(head, *rows)]
 
         def line(cells: Iterable[str]) -> str:
-            return "  ".join(c.ljust(w) if i < 2 else c.rjust(w) for i, (c, w) in enumerate(zip(cells, widths))).rstrip()
+            return "  ".join(
+                c.ljust(w) if i < 2 else c.rjust(w) for i, (c, w) in enumerate(zip(cells, widths))
+            ).rstrip()
 
         return "\n".join([line(head), *(line(r) for r in rows)])
 

@@ -41,7 +41,8 @@ class TrainLoopView(Protocol):
         """The running loop's stop / restart requests (:class:`~trainwright.loops.control.RunControl`)."""
 
     def restart_from(self, iteration: int) -> None:
-        """After this iteration's hooks, go on from ``iteration``, where a hook has just restored the run (the spike guard's rollback)."""
+        """After this iteration's hooks, go on from ``iteration``, where a hook has just restored the run (the spike
+        guard's rollback)."""
 
     def request_restart(self) -> None:
         """``restart_from(progress.iteration)`` (kept for older callers)."""
@@ -51,7 +52,8 @@ class RunControlView(Protocol):
     """What hooks use of the loop's run control (:class:`~trainwright.loops.control.RunControl`)."""
 
     def request_stop(self, reason: str, *, agreed: bool = False) -> None:
-        """End training after the current iteration (several processes: at the next agreement point; ``agreed``: decided on every rank now)."""
+        """End training after the current iteration (several processes: at the next agreement point; ``agreed``:
+        decided on every rank now)."""
 
     def restart_from(self, iteration: int) -> None:
         """Go on from ``iteration`` after the current one's hooks (call it on every rank at the same iteration)."""
@@ -63,7 +65,8 @@ class EvalLoopView(Protocol):
     evaluator: Any
 
     def run_pass(self, with_hooks: bool = True) -> dict[str, float] | None:
-        """One pass over the data with the model as it is; metric keys without the mode prefix (None: a stop request cut it short)."""
+        """One pass over the data with the model as it is; metric keys without the mode prefix (None: a stop request
+        cut it short)."""
 
 
 class TrainerView(Protocol):
@@ -119,10 +122,11 @@ class TrainerView(Protocol):
         """Make everything logged so far visible on disk."""
 
 
-
 def require_train_loop(trainer: TrainerView, who: str) -> TrainLoopView:
     """``trainer.train_loop``, or a RuntimeError saying that ``who`` only works while training."""
     loop = trainer.train_loop
     if loop is None:
-        raise RuntimeError(f"{who} needs the training loop, which exists once trainer.train() (or resume_from) has built it")
+        raise RuntimeError(
+            f"{who} needs the training loop, which exists once trainer.train() (or resume_from) has built it"
+        )
     return loop

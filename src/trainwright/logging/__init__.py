@@ -1,21 +1,57 @@
 """Logging: per-trainer logger, MetricStore (the one owner of logged numbers, lazy sync), writers."""
 
-from trainwright.logging.logger import close_logger, create_logger, log_lines
 from trainwright.logging.agreement import Agreement, LoggedValuesDisagreeError
+from trainwright.logging.csv_writer import CsvWriter
 from trainwright.logging.history_buffer import HistoryBuffer
 from trainwright.logging.lines import PendingLines
 from trainwright.logging.log_processor import CustomStat, LogProcessor
+from trainwright.logging.logger import close_logger, create_logger, log_lines
 from trainwright.logging.message_hub import MessageHub
 from trainwright.logging.metric_store import MetricStore
-from trainwright.logging.writers import DEFAULT_WRITERS, WRITERS, ConsoleWriter, JsonlWriter, LineInfo, AnyAhead, SaveAhead, Writer, WriterError, Writers, WriterSource, build_writers
-from trainwright.logging.csv_writer import CsvWriter
 from trainwright.logging.mlflow_writer import MlflowWriter
 from trainwright.logging.tensorboard_writer import TensorBoardWriter
 from trainwright.logging.wandb_writer import WandbWriter
+from trainwright.logging.writers import (
+    DEFAULT_WRITERS,
+    WRITERS,
+    AnyAhead,
+    ConsoleWriter,
+    JsonlWriter,
+    LineInfo,
+    SaveAhead,
+    Writer,
+    WriterError,
+    Writers,
+    WriterSource,
+    build_writers,
+)
 
 __all__ = [
     "MessageHub",
-    "create_logger", "close_logger", "log_lines", "Agreement", "LoggedValuesDisagreeError", "HistoryBuffer", "MetricStore", "PendingLines", "LogProcessor", "CustomStat",
-    "Writer", "Writers", "WriterError", "WriterSource", "SaveAhead", "AnyAhead", "LineInfo", "ConsoleWriter", "JsonlWriter", "WRITERS", "DEFAULT_WRITERS", "build_writers",
-    "CsvWriter", "TensorBoardWriter", "WandbWriter", "MlflowWriter",
+    "create_logger",
+    "close_logger",
+    "log_lines",
+    "Agreement",
+    "LoggedValuesDisagreeError",
+    "HistoryBuffer",
+    "MetricStore",
+    "PendingLines",
+    "LogProcessor",
+    "CustomStat",
+    "Writer",
+    "Writers",
+    "WriterError",
+    "WriterSource",
+    "SaveAhead",
+    "AnyAhead",
+    "LineInfo",
+    "ConsoleWriter",
+    "JsonlWriter",
+    "WRITERS",
+    "DEFAULT_WRITERS",
+    "build_writers",
+    "CsvWriter",
+    "TensorBoardWriter",
+    "WandbWriter",
+    "MlflowWriter",
 ]

@@ -18,7 +18,8 @@ from trainwright.logging.flush_batch import FlushBatch
 
 __all__ = ["Agreement", "Gather", "LoggedValuesDisagreeError", "NonFinite"]
 
-#: ``gather(t)``: every process's 1-D float64 tensor ``t`` stacked in rank order, ``[world, n]`` (``Strategy.all_gather``).
+#: ``gather(t)``: every process's 1-D float64 tensor ``t`` stacked in rank order, ``[world, n]``
+#: (``Strategy.all_gather``).
 Gather = Callable[[torch.Tensor], torch.Tensor]
 
 _HEADER = 6  # write, stop, first non-finite iteration (inf: none), fingerprint, count of numbers, finish
@@ -60,7 +61,9 @@ class Agreement:
 
     def __init__(self, gather: Gather | None = None, every: int = 10) -> None:
         if not isinstance(every, int) or every < 1:
-            raise ValueError(f"Agreement every must be an int >= 1 (iterations between agreement points), got {every!r}")
+            raise ValueError(
+                f"Agreement every must be an int >= 1 (iterations between agreement points), got {every!r}"
+            )
         self.gather = gather
         self.every = every
         self.stop = False
@@ -78,10 +81,13 @@ class Agreement:
 
     def reset(self) -> None:
         """Forget every proposal and decision (a new training run)."""
-        self.stop = self.write = self.finish = self._stop_proposed = self._write_proposed = self._finish_proposed = False
+        self.stop = self.write = self.finish = self._stop_proposed = self._write_proposed = self._finish_proposed = (
+            False
+        )
 
     def request_finish(self, value: bool = True) -> None:
-        """``trainer.should_stop = value``: on one process decided at once; under several, proposed to the next agreement point.
+        """``trainer.should_stop = value``: on one process decided at once; under several, proposed to the next
+        agreement point.
 
         A hook may set ``should_stop`` on one rank only (a reason of its own: its loss, a file it
         watches); acting on it there alone would leave the other ranks waiting in a collective.
@@ -91,11 +97,13 @@ class Agreement:
             self.finish = bool(value)
 
     def set_finish(self, value: bool) -> None:
-        """Decide ``finish`` at once, on a point every process reaches with the same value (a new run; a stop agreed otherwise)."""
+        """Decide ``finish`` at once, on a point every process reaches with the same value (a new run; a stop agreed
+        otherwise)."""
         self.finish = self._finish_proposed = bool(value)
 
     def agree_finish(self) -> bool:
-        """An agreement point of ``finish`` alone (an epoch's end, after a validation); returns it. Several processes: one collective."""
+        """An agreement point of ``finish`` alone (an epoch's end, after a validation); returns it. Several
+        processes: one collective."""
         if self.gather is not None:
             everyone = self.gather(torch.tensor([float(self._finish_proposed or self.finish)], dtype=torch.float64))
             self.set_finish(bool(everyone.any()))
@@ -139,20 +147,28 @@ class Agreement:
             n, size = len(numbers), self._size
             body = numbers if n == size else [0.0] * size
             finish = float(self._finish_proposed or self.finish)
-            everyone = self.gather(torch.tensor([float(write), float(stop), bad, float(fingerprint), float(n), finish, *body], dtype=torch.float64))
+            everyone = self.gather(
+                torch.tensor(
+                    [float(write), float(stop), bad, float(fingerprint), float(n), finish, *body], dtype=torch.float64
+                )
+            )
             head = everyone[:, :_HEADER]
             differ = (head[:, 3:5] != head[0, 3:5]).any(1)
             if bool(differ.any()):
                 counts = ", ".join(f"rank {r} {int(c)}" for r, c in enumerate(head[:, 4].tolist()))
                 raise LoggedValuesDisagreeError(
-                    f"The processes logged different values between two agreement points: rank(s) {differ.nonzero().flatten().tolist()} "
+                    "The processes logged different values between two agreement points: rank(s) "
+                    f"{differ.nonzero().flatten().tolist()} "
                     f"logged other names or counts than rank 0 (values: {counts}); this process logged "
-                    f"{batch.names.replace(chr(0), ', ') or 'nothing'}. Every process must log the same names at the same iterations: "
+                    f"{batch.names.replace(chr(0), ', ') or 'nothing'}. Every process must log the same names at the "
+                    "same iterations: "
                     "log a value on every rank (e.g. 0 where it does not apply)."
                 )
             if n != size:
                 self._size = n
-                numbers_of_all = self.gather(torch.tensor(numbers, dtype=torch.float64)) if n else everyone[:, :0]  # nothing logged: no numbers
+                numbers_of_all = (
+                    self.gather(torch.tensor(numbers, dtype=torch.float64)) if n else everyone[:, :0]
+                )  # nothing logged: no numbers
             else:
                 numbers_of_all = everyone[:, _HEADER:]
             write, stop = bool(head[:, 0].any()), bool(head[:, 1].any())

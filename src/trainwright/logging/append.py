@@ -59,13 +59,19 @@ class AppendFile:
             self.lost += n
             if first:
                 warnings.warn(
-                    f"Could not write {n} {self.what} to {str(self.path)!r}: {e.strerror or e}. They are lost; training goes on, and "
-                    f"this file gets whole lines again once writing works (free space on its disk, or check its permissions).",
+                    f"Could not write {n} {self.what} to {str(self.path)!r}: {e.strerror or e}. They are lost; "
+                    "training goes on, and "
+                    "this file gets whole lines again once writing works (free space on its disk, or check its "
+                    "permissions).",
                     stacklevel=2,
                 )
             return False
         if self.lost:
-            warnings.warn(f"Writing to {str(self.path)!r} works again; {self.lost} {self.what} written meanwhile are missing from it.", stacklevel=2)
+            warnings.warn(
+                f"Writing to {str(self.path)!r} works again; {self.lost} {self.what} written meanwhile are missing "
+                "from it.",
+                stacklevel=2,
+            )
             self.lost = 0
         return True
 

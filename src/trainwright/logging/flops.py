@@ -17,14 +17,32 @@ from torch.utils.flop_counter import FlopCounterMode, flop_registry, sdpa_backwa
 
 from trainwright.amp.precision import matmul_column
 
-__all__ = ["FLOPS_KEYS", "FORMULAS", "NO_FLOPS", "PEAKS", "Peak", "StepFlops", "flop_counter", "matmul_precision", "peak_tflops"]
+__all__ = [
+    "FLOPS_KEYS",
+    "FORMULAS",
+    "NO_FLOPS",
+    "PEAKS",
+    "Peak",
+    "StepFlops",
+    "flop_counter",
+    "matmul_precision",
+    "peak_tflops",
+]
 
 
 def _sdpa(query_shape: Any, key_shape: Any, value_shape: Any, *args: Any, out_shape: Any = None, **kwargs: Any) -> int:
     return int(sdpa_flop_count(query_shape, key_shape, value_shape))
 
 
-def _sdpa_backward(grad_out_shape: Any, query_shape: Any, key_shape: Any, value_shape: Any, *args: Any, out_shape: Any = None, **kwargs: Any) -> int:
+def _sdpa_backward(
+    grad_out_shape: Any,
+    query_shape: Any,
+    key_shape: Any,
+    value_shape: Any,
+    *args: Any,
+    out_shape: Any = None,
+    **kwargs: Any,
+) -> int:
     return int(sdpa_backward_flop_count(grad_out_shape, query_shape, key_shape, value_shape))
 
 
@@ -33,7 +51,10 @@ _aten = torch.ops.aten
 #: the two matmuls of the full score matrix, causal or not; the backward's four).
 FORMULAS: dict[Any, Any] = {
     op: fn
-    for name, fn in (("_scaled_dot_product_flash_attention_for_cpu", _sdpa), ("_scaled_dot_product_flash_attention_for_cpu_backward", _sdpa_backward))
+    for name, fn in (
+        ("_scaled_dot_product_flash_attention_for_cpu", _sdpa),
+        ("_scaled_dot_product_flash_attention_for_cpu_backward", _sdpa_backward),
+    )
     if (op := getattr(_aten, name, None)) is not None
 }
 
@@ -57,11 +78,14 @@ def _has_dtensor(obj: Any) -> bool:
 
 
 def _is_dtensor(x: Any) -> bool:
-    return type(x).__name__ == "DTensor" and hasattr(x, "placements")  # by name: only strategies/ and dist/ import torch.distributed
+    return type(x).__name__ == "DTensor" and hasattr(
+        x, "placements"
+    )  # by name: only strategies/ and dist/ import torch.distributed
 
 
 def _local_shape(x: Any) -> Any:
-    """A tensor's shape on this device: a DTensor's global shape divided along its sharded dimensions (rank 0's, the larger, chunk)."""
+    """A tensor's shape on this device: a DTensor's global shape divided along its sharded dimensions (rank 0's, the
+    larger, chunk)."""
     if not isinstance(x, torch.Tensor):
         return x
     if not _is_dtensor(x):
@@ -75,7 +99,8 @@ def _local_shape(x: Any) -> Any:
 
 
 def _per_device(formula: Any) -> Any:
-    """``formula`` counting what this device computes: an op on DTensors (tensor parallelism) is counted on its local shards.
+    """``formula`` counting what this device computes: an op on DTensors (tensor parallelism) is counted on its local
+    shards.
 
     The counter meets a DTensor op before DTensor splits it, with global shapes; the local
     shapes give this device's share. Ops on plain tensors are counted as torch counts them.
@@ -83,7 +108,9 @@ def _per_device(formula: Any) -> Any:
 
     def count(*args: Any, out_val: Any = None, **kwargs: Any) -> Any:
         if _has_dtensor((args, kwargs)):
-            args, kwargs, out_val = _map(_local_shape, (args, kwargs, out_val))  # shapes pass through torch's formulas unchanged
+            args, kwargs, out_val = _map(
+                _local_shape, (args, kwargs, out_val)
+            )  # shapes pass through torch's formulas unchanged
         return formula(*args, out_val=out_val, **kwargs)
 
     count._get_raw = True  # type: ignore[attr-defined]  # FlopCounterMode's custom_mapping convention: called with the op's arguments
@@ -111,7 +138,8 @@ def _raw(formula: Any) -> Any:
 
 
 class Peak(NamedTuple):
-    """Dense (no structured sparsity) peak TFLOP/s of one accelerator, per matmul precision; None: not published / not supported."""
+    """Dense (no structured sparsity) peak TFLOP/s of one accelerator, per matmul precision; None: not published /
+    not supported."""
 
     name: str
     pattern: str  # regular expression searched in the lower-cased torch.cuda.get_device_name()
@@ -131,7 +159,9 @@ PEAKS: tuple[Peak, ...] = (
     Peak("H100 SXM", r"\bh100\b", 989.4, 989.4, 494.7, 66.9),
     Peak("H200 NVL", r"\bh200\b.*\bnvl\b", 835.5, 835.5, 417.5, 60.0),
     Peak("H200", r"\bg?h200\b", 989.4, 989.4, 494.7, 66.9),  # H200 SXM and GH200: the H100 SXM's compute
-    Peak("B200", r"\bb200\b", 2250.0, 2250.0, None, None),  # tf32 / fp32 dense figures left out: not in the table, give peak_tflops
+    Peak(
+        "B200", r"\bb200\b", 2250.0, 2250.0, None, None
+    ),  # tf32 / fp32 dense figures left out: not in the table, give peak_tflops
     Peak("A100", r"\ba100\b", 312.0, 312.0, 156.0, 19.5),  # SXM and PCIe alike
     Peak("A10G", r"\ba10g\b", 125.0, 125.0, 62.5, 31.2),  # no NVIDIA datasheet: the A10's (same GA102 configuration)
     Peak("A10", r"\ba10\b", 125.0, 125.0, 62.5, 31.2),
@@ -205,11 +235,13 @@ class StepFlops(NamedTuple):
         return float(flops) / seconds / 1e12
 
     def values(self) -> dict[str, float]:
-        """The count as the metric store's values (:data:`FLOPS_KEYS`; 0 for an unknown sample count or peak), recorded by the flops hook."""
+        """The count as the metric store's values (:data:`FLOPS_KEYS`; 0 for an unknown sample count or peak),
+        recorded by the flops hook."""
         return {FLOPS_KEYS[0]: self.flops, FLOPS_KEYS[1]: self.samples or 0, FLOPS_KEYS[2]: self.peak_tflops or 0.0}
 
 
-#: The metric store's names of a :class:`StepFlops` (the log lines read them, records do not show them); a count of 0: none.
+#: The metric store's names of a :class:`StepFlops` (the log lines read them, records do not show them); a count of 0:
+#: none.
 FLOPS_KEYS = ("flops/step", "flops/samples", "flops/peak_tflops")
 
 #: What the flops hook records when this ``train()`` has no count (the lines then carry no ``tflops`` / ``mfu``).

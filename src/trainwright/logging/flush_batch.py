@@ -1,4 +1,5 @@
-"""FlushBatch: the rows one flush of the :class:`~trainwright.logging.metric_store.MetricStore` takes, turned into numbers.
+"""FlushBatch: the rows one flush of the :class:`~trainwright.logging.metric_store.MetricStore` takes, turned into
+    numbers.
 
 The pending rows' tensors are converted in one device→host transfer per device, the rows'
 timestamps become each iteration's ``data_time`` and ``time`` (:func:`derive_times`), and
@@ -20,6 +21,7 @@ import torch
 #: One recorded iteration: ``(iteration, values, t_start, t_end)``; the timestamps are None
 #: for values recorded without timing (:meth:`MetricStore.update_dict`).
 Row = tuple[int, Mapping[str, Any], float | None, float | None]
+
 
 def _columns(pending: list[Row]) -> tuple[dict[str, tuple[list[int], list[Any]]], list[float]]:
     """Pending rows → per name ``(iterations, refs)`` and the converted numbers.
@@ -74,7 +76,8 @@ def _to_numbers(tensors: list[torch.Tensor]) -> list[float]:
 
 
 class FlushBatch:
-    """Rows taken from the pending list for one flush: their numbers per name, their times and this process's first non-finite loss."""
+    """Rows taken from the pending list for one flush: their numbers per name, their times and this process's first
+    non-finite loss."""
 
     __slots__ = ("rows", "iters", "data", "total", "columns", "bad", "local", "names")
 
@@ -89,7 +92,8 @@ class FlushBatch:
         self.names = ""  # what the fingerprint covers, for the error message
 
     def convert(self, check: bool) -> None:
-        """Turn the rows' values into numbers per name (one device→host transfer per device); ``check``: note this process's first non-finite loss."""
+        """Turn the rows' values into numbers per name (one device→host transfer per device); ``check``: note this
+        process's first non-finite loss."""
         if not self.rows:
             return
         with torch.no_grad():  # a logged loss may still carry its (spent) graph: read it, don't extend it
@@ -107,7 +111,8 @@ class FlushBatch:
             self.local = {name: (iters, list(vals)) for name, (iters, vals) in self.columns.items()}
 
     def message(self) -> tuple[list[float], int]:
-        """What the agreement's collective carries of this batch: the numbers (names in order, then the times) and a fingerprint of the names and counts."""
+        """What the agreement's collective carries of this batch: the numbers (names in order, then the times) and a
+        fingerprint of the names and counts."""
         self.names = "\0".join(f"{name}:{len(vals)}" for name, (_, vals) in self.columns.items())
         flat: list[float] = []
         for _, vals in self.columns.values():
@@ -117,7 +122,8 @@ class FlushBatch:
         return flat, zlib.crc32(f"{self.names}|{len(self.data)}".encode())
 
     def reduce(self, body: torch.Tensor) -> None:
-        """Replace this process's numbers, in place, by every process's ``[world, n]`` reduced: ``data_time`` the maximum, the rest the mean."""
+        """Replace this process's numbers, in place, by every process's ``[world, n]`` reduced: ``data_time`` the
+        maximum, the rest the mean."""
         n_data = len(self.data)
         split = body.shape[1] - 2 * n_data
         mean = body.mean(0).tolist()

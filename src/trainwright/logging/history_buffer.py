@@ -98,7 +98,13 @@ class HistoryBuffer:
 
     def state_dict(self) -> dict[str, Any]:
         """Kept values, their iterations and the running totals."""
-        return {"window": list(self._window), "iters": list(self._iters), "sum": self._sum, "count": self._count, "maxlen": self._window.maxlen}
+        return {
+            "window": list(self._window),
+            "iters": list(self._iters),
+            "sum": self._sum,
+            "count": self._count,
+            "maxlen": self._window.maxlen,
+        }
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Restore what :meth:`state_dict` returned."""

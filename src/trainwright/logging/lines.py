@@ -38,7 +38,9 @@ class LineRequest(NamedTuple):
     samples: int | None  # samples in this iteration's batch (this process), None: unknown
     tokens: Any  # tokens in it (a number, a tensor converted later, or None)
     memory: float | None  # peak device memory allocated during the line's training iterations on this process, MiB
-    extra: dict[str, float] | None = None  # values known at the line only (mmengine's message-hub ``train/`` scalars): logged as they are
+    extra: dict[str, float] | None = (
+        None  # values known at the line only (mmengine's message-hub ``train/`` scalars): logged as they are
+    )
 
 
 class PendingLines:
@@ -57,7 +59,13 @@ class PendingLines:
         written_to: Iteration of the last written line (or where training started).
     """
 
-    def __init__(self, store: MetricStore, writers: Writers | list[Writer], processes: int = 1, processor: LogProcessor | None = None) -> None:
+    def __init__(
+        self,
+        store: MetricStore,
+        writers: Writers | list[Writer],
+        processes: int = 1,
+        processor: LogProcessor | None = None,
+    ) -> None:
         self.store = store
         self.writers: Writers = writers if isinstance(writers, Writers) else Writers(writers)
         self._default = processor if processor is not None else LogProcessor()
@@ -98,7 +106,8 @@ class PendingLines:
 
     @property
     def window_size(self) -> int | None:
-        """Losses and times are averaged over this many iterations ending at each line (None: the line's own); the processor's."""
+        """Losses and times are averaged over this many iterations ending at each line (None: the line's own); the
+        processor's."""
         return self._processor.window_size
 
     @property
@@ -106,7 +115,9 @@ class PendingLines:
         """More numbers per record (``log_processor.custom_cfg``); the processor's."""
         return self._processor.custom
 
-    def start(self, iteration: int, processor: LogProcessor | None = None, line_every: int = 0, epoch_len: int = 0) -> None:
+    def start(
+        self, iteration: int, processor: LogProcessor | None = None, line_every: int = 0, epoch_len: int = 0
+    ) -> None:
         """A training run starts at ``iteration``: nothing held, the clock of :attr:`last_write` restarts.
 
         Args:
@@ -121,7 +132,9 @@ class PendingLines:
         self._processor = processor if processor is not None else self._default
         if line_every:
             store = self.store
-            store.keep_history(store.flush_every + store.agreement.every + 2 * line_every + self._processor.history(epoch_len))
+            store.keep_history(
+                store.flush_every + store.agreement.every + 2 * line_every + self._processor.history(epoch_len)
+            )
         self._held = []
         self.written_to = iteration
         self.last_write = time.perf_counter()
@@ -131,7 +144,8 @@ class PendingLines:
         self._held.append(request)
 
     def write(self) -> None:
-        """Build the held lines' records from the store's buffers (flushed by the caller) and hand them to every writer."""
+        """Build the held lines' records from the store's buffers (flushed by the caller) and hand them to every
+        writer."""
         requests, self._held = self._held, []
         self.last_write = time.perf_counter()
         if not requests:
@@ -171,10 +185,14 @@ class PendingLines:
                 if mean and dropped and a == 0 and (not iters or iters[0] > lo + 1) and not self._warned_short:
                     self._warned_short = True
                     warnings.warn(
-                        f"LoggerHook: the line of iteration {hi} should average {name!r} over iterations {lo + 1}..{hi}, but the "
-                        f"oldest value the metric store still holds is of iteration {iters[0] if iters else 'none'}: the others left "
-                        "its history before the line was written (lines were held too long for the store's buffers), so this line "
-                        "and possibly later ones average fewer values or lack the key. Raise trainer.metric_store.window_size (each "
+                        f"LoggerHook: the line of iteration {hi} should average {name!r} over iterations "
+                        f"{lo + 1}..{hi}, but the "
+                        f"oldest value the metric store still holds is of iteration {iters[0] if iters else 'none'}: "
+                        "the others left "
+                        "its history before the line was written (lines were held too long for the store's buffers), "
+                        "so this line "
+                        "and possibly later ones average fewer values or lack the key. Raise "
+                        "trainer.metric_store.window_size (each "
                         "buffer keeps at least that many values) or keep metric_store.flush_every small.",
                         RuntimeWarning,
                         stacklevel=3,

@@ -14,7 +14,6 @@ from typing import TextIO
 
 from trainwright.logging.append import AppendFile
 
-
 _ids = itertools.count()
 
 
@@ -105,7 +104,9 @@ class _Formatter(logging.Formatter):
         return self._cache[1]
 
 
-def create_logger(name: str = "trainwright", log_file: str | Path | None = None, level: str | int = "INFO", rank: int = 0) -> logging.Logger:
+def create_logger(
+    name: str = "trainwright", log_file: str | Path | None = None, level: str | int = "INFO", rank: int = 0
+) -> logging.Logger:
     """A logger writing to stdout and ``log_file`` on rank 0; elsewhere errors, and the warnings that name that rank.
 
     Every rank trains the same run (compared at ``train()`` start), so a warning about the run
@@ -136,7 +137,8 @@ def create_logger(name: str = "trainwright", log_file: str | Path | None = None,
 
 
 def rank_zero_warnings(rank: int) -> None:
-    """On rank ``rank`` (not 0), stop printing the Python warnings trainwright's own code emits, unless they name this rank; on rank 0, also write them to the run's log.
+    """On rank ``rank`` (not 0), stop printing the Python warnings trainwright's own code emits, unless they name this
+    rank; on rank 0, also write them to the run's log.
 
     A warning trainwright gives about the run (a scheduler that never applies, a config key
     that is not used, ...) is the same on every rank; rank 0 prints it, once. A warning about
@@ -150,7 +152,14 @@ def rank_zero_warnings(rank: int) -> None:
         current.trainwright_rank = rank  # type: ignore[attr-defined]
         return
 
-    def showwarning(message: Warning | str, category: type[Warning], filename: str, lineno: int, file: TextIO | None = None, line: str | None = None) -> None:
+    def showwarning(
+        message: Warning | str,
+        category: type[Warning],
+        filename: str,
+        lineno: int,
+        file: TextIO | None = None,
+        line: str | None = None,
+    ) -> None:
         own_rank = showwarning.trainwright_rank  # type: ignore[attr-defined]
         ours = _emitted_by_trainwright()
         if ours and own_rank != 0 and not _names_rank(str(message), own_rank):
@@ -163,7 +172,8 @@ def rank_zero_warnings(rank: int) -> None:
     warnings.showwarning = showwarning
 
 
-#: The console-and-file handler of the rank-0 logger built last: trainwright's Python warnings are written to its file too.
+#: The console-and-file handler of the rank-0 logger built last: trainwright's Python warnings are written to its file
+#: too.
 _run_log: weakref.ref[_TeeHandler] | None = None
 
 
@@ -185,7 +195,8 @@ def _names_rank(message: str, rank: int) -> bool:
 
 
 def _emitted_by_trainwright() -> bool:
-    """Whether the code that called ``warnings.warn`` (the first frame outside this module and ``warnings``) is trainwright's."""
+    """Whether the code that called ``warnings.warn`` (the first frame outside this module and ``warnings``) is
+    trainwright's."""
     frame = sys._getframe(2)  # noqa: SLF001 - the caller of showwarning's caller; no public way to the emitting frame
     while frame is not None and frame.f_code.co_filename in (__file__, warnings.__file__):
         frame = frame.f_back  # type: ignore[assignment]
@@ -200,7 +211,9 @@ def close_logger(logger: logging.Logger) -> None:
     logging.Logger.manager.loggerDict.pop(logger.name, None)
 
 
-def log_lines(logger: logging.Logger, msgs: list[str], level: int = logging.INFO, created: list[float] | None = None) -> None:
+def log_lines(
+    logger: logging.Logger, msgs: list[str], level: int = logging.INFO, created: list[float] | None = None
+) -> None:
     """Log several messages at once: one write per trainwright handler, ordinary records for others.
 
     No caller lookup (a stack walk) per line, as ``logger.info`` would do: for batches of
@@ -240,7 +253,8 @@ def console_stream(logger: logging.Logger) -> TextIO | None:
 
 
 def set_console_stream(logger: logging.Logger, stream: TextIO) -> None:
-    """Send the logger's console output to ``stream`` (e.g. through a live progress display); the log file is unchanged."""
+    """Send the logger's console output to ``stream`` (e.g. through a live progress display); the log file is
+    unchanged."""
     for h in logger.handlers:
         if isinstance(h, _TeeHandler):
             h.stream = stream

@@ -30,11 +30,17 @@ class MessageHub:
             ``"val/acc"``); None when there is none.
     """
 
-    # weak: a hub (whose facts are read from its trainer) must not keep a closed trainer, its model and its process group alive
+    # weak: a hub (whose facts are read from its trainer) must not keep a closed trainer, its model and its process
+    # group alive
     _instances: ClassVar[weakref.WeakValueDictionary[str, MessageHub]] = weakref.WeakValueDictionary()
     _current: ClassVar[weakref.ref[MessageHub] | None] = None
 
-    def __init__(self, name: str = "trainwright", live: Mapping[str, Callable[[], Any]] | None = None, scalars: Callable[[str], HistoryBuffer | None] | None = None) -> None:
+    def __init__(
+        self,
+        name: str = "trainwright",
+        live: Mapping[str, Callable[[], Any]] | None = None,
+        scalars: Callable[[str], HistoryBuffer | None] | None = None,
+    ) -> None:
         self.instance_name = name
         self._live = dict(live or {})
         self._find_scalar = scalars
@@ -62,7 +68,10 @@ class MessageHub:
     def update_info(self, key: str, value: Any, resumed: bool = True) -> None:
         """Set ``key``; ``resumed=True`` saves it with the checkpoint. The run's own facts cannot be set."""
         if key in self._live:
-            raise KeyError(f"MessageHub info {key!r} is the run's own (read from the trainer); it cannot be set. Use another key for your value")
+            raise KeyError(
+                f"MessageHub info {key!r} is the run's own (read from the trainer); it cannot be set. Use another key "
+                "for your value"
+            )
         self._info[key] = value
         (self._resumed_info.add if resumed else self._resumed_info.discard)(key)
 
@@ -105,11 +114,14 @@ class MessageHub:
         if key in self._scalars:
             return self._scalars[key]
         if self._find_scalar is not None:
-            for name in (key, key[len("train/"):] if key.startswith("train/") else None):
+            for name in (key, key[len("train/") :] if key.startswith("train/") else None):
                 buf = self._find_scalar(name) if name else None
                 if buf is not None and buf.count:
                     return buf
-        raise KeyError(f"MessageHub has no scalar {key!r}; written here: {sorted(self._scalars)} (the run's logged scalars are read as 'train/<name>' and 'val/<name>')")
+        raise KeyError(
+            f"MessageHub has no scalar {key!r}; written here: {sorted(self._scalars)} (the run's logged scalars are "
+            "read as 'train/<name>' and 'val/<name>')"
+        )
 
     @property
     def log_scalars(self) -> dict[str, HistoryBuffer]:
@@ -119,8 +131,10 @@ class MessageHub:
     # -- state ------------------------------------------------------------------------------
     def state_dict(self) -> dict[str, Any]:
         """The information and scalars written with ``resumed=True``."""
-        return {"info": {k: self._info[k] for k in self._resumed_info if k in self._info},
-                "scalars": {k: self._scalars[k].state_dict() for k in self._resumed_scalars}}
+        return {
+            "info": {k: self._info[k] for k in self._resumed_info if k in self._info},
+            "scalars": {k: self._scalars[k].state_dict() for k in self._resumed_scalars},
+        }
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
         """Restore what :meth:`state_dict` returned."""

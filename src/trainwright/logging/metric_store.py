@@ -23,6 +23,7 @@ __all__ = ["HistoryBuffer", "MetricStore", "Row"]
 #: The outputs of an iteration that gather_metric_period leaves out: its times are still recorded.
 _NO_OUTPUTS: Mapping[str, Any] = MappingProxyType({})
 
+
 class MetricStore:
     """Named :class:`HistoryBuffer` s fed with tensors that are converted lazily.
 
@@ -51,7 +52,13 @@ class MetricStore:
             log the same names at the same iterations.
     """
 
-    def __init__(self, window_size: int = 20, flush_every: int = 1000, raise_on_nonfinite: bool = True, agreement: Agreement | None = None) -> None:
+    def __init__(
+        self,
+        window_size: int = 20,
+        flush_every: int = 1000,
+        raise_on_nonfinite: bool = True,
+        agreement: Agreement | None = None,
+    ) -> None:
         self.window_size = window_size
         self.flush_every = flush_every
         self.raise_on_nonfinite = raise_on_nonfinite
@@ -102,7 +109,9 @@ class MetricStore:
             ValueError: ``period`` is not an int >= 1.
         """
         if not isinstance(period, int) or period < 1:
-            raise ValueError(f"gather_metric_period must be an int >= 1 (record step outputs every N iterations), got {period!r}")
+            raise ValueError(
+                f"gather_metric_period must be an int >= 1 (record step outputs every N iterations), got {period!r}"
+            )
         pending = self._pending  # the one list of this store: a flush empties it in place
         if period == 1:
             return pending.append
@@ -193,7 +202,8 @@ class MetricStore:
     def _raise_nonfinite(self, bad: NonFinite, batch: FlushBatch) -> None:
         if self.clipping():  # clipping bounds the update, not the loss: advise what it does not cover
             fixes = (
-                "Gradient clipping is on already (it bounds each update, not the loss): lower the learning rate, check the data and the loss "
+                "Gradient clipping is on already (it bounds each update, not the loss): lower the learning rate, check "
+                "the data and the loss "
                 "for NaN/Inf (a log or division of 0, an overflow under 16-bit precision: try bf16-mixed or 32), "
                 "or pass nonfinite_loss='skip' to the Trainer to skip such steps."
             )
@@ -204,7 +214,9 @@ class MetricStore:
             )
         it = bad.iteration
         # the first bad iteration and the rank(s) that saw it, the same on every process
-        where = f"at iteration {it}" + (f" on rank{'s' * (len(bad.ranks) > 1)} {', '.join(map(str, bad.ranks))}" if bad.ranks else "")
+        where = f"at iteration {it}" + (
+            f" on rank{'s' * (len(bad.ranks) > 1)} {', '.join(map(str, bad.ranks))}" if bad.ranks else ""
+        )
         if batch.bad is None or batch.bad[0] != it:
             head = f"Loss became infinite or NaN {where}; that process's error names its losses."
         else:

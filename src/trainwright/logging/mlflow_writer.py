@@ -37,7 +37,14 @@ class MlflowWriter(Writer):
         tags: Tags set on the run.
     """
 
-    def __init__(self, dir: str | Path, tracking_uri: str | None = None, experiment_name: str = "trainwright", run_name: str | None = None, tags: dict[str, str] | None = None) -> None:
+    def __init__(
+        self,
+        dir: str | Path,
+        tracking_uri: str | None = None,
+        experiment_name: str = "trainwright",
+        run_name: str | None = None,
+        tags: dict[str, str] | None = None,
+    ) -> None:
         tracking = import_backend("mlflow.tracking", "mlflow", "mlflow")
         self.dir = Path(dir).absolute()
         artifacts: str | None = None
@@ -48,7 +55,11 @@ class MlflowWriter(Writer):
         self.tracking_uri = tracking_uri
         self.client: Any = tracking.MlflowClient(tracking_uri=tracking_uri)
         experiment = self.client.get_experiment_by_name(experiment_name)
-        experiment_id = experiment.experiment_id if experiment is not None else self.client.create_experiment(experiment_name, artifact_location=artifacts)
+        experiment_id = (
+            experiment.experiment_id
+            if experiment is not None
+            else self.client.create_experiment(experiment_name, artifact_location=artifacts)
+        )
         run = self.client.create_run(experiment_id, run_name=run_name or self.dir.parent.name, tags=tags or {})
         self.run_id: str = run.info.run_id
         self._entities = import_backend("mlflow.entities", "mlflow", "mlflow")
@@ -56,12 +67,23 @@ class MlflowWriter(Writer):
 
     def write_train(self, records: list[dict[str, Any]], lines: list[LineInfo]) -> None:  # noqa: D102
         metric = self._entities.Metric
-        self._log([metric(_key(f"train/{k}"), v, int(info.created * 1000), rec["iter"]) for rec, info in zip(records, lines) for k, v in scalars(rec)])
+        self._log(
+            [
+                metric(_key(f"train/{k}"), v, int(info.created * 1000), rec["iter"])
+                for rec, info in zip(records, lines)
+                for k, v in scalars(rec)
+            ]
+        )
 
     def write_eval(self, record: dict[str, Any]) -> None:  # noqa: D102
         metric = self._entities.Metric
         now = int(time.time() * 1000)
-        self._log([metric(_key(k if "/" in k else f"{record['mode']}/{k}"), v, now, record["iter"]) for k, v in scalars(record)])
+        self._log(
+            [
+                metric(_key(k if "/" in k else f"{record['mode']}/{k}"), v, now, record["iter"])
+                for k, v in scalars(record)
+            ]
+        )
 
     def write_config(self, config: dict[str, Any]) -> None:  # noqa: D102
         param = self._entities.Param

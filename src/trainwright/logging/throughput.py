@@ -49,7 +49,9 @@ def num_tokens(batch: Any) -> Any:
     A tensor count is returned as a tensor so the caller converts it when it reads the other
     logged numbers (no extra host-device synchronisation).
     """
-    if isinstance(batch, (list, tuple)) or not isinstance(batch, Mapping):  # a list / tuple first: no ABC check for the usual batch
+    if isinstance(batch, (list, tuple)) or not isinstance(
+        batch, Mapping
+    ):  # a list / tuple first: no ABC check for the usual batch
         return None
     n = batch.get("num_tokens")
     if n is not None:
@@ -64,7 +66,8 @@ def num_tokens(batch: Any) -> Any:
 
 
 def tokens_counter(model: Any) -> Callable[[Any], Any]:
-    """How the logger counts a batch's tokens: ``model.count_tokens`` when the model defines it, else :func:`num_tokens`.
+    """How the logger counts a batch's tokens: ``model.count_tokens`` when the model defines it, else
+    :func:`num_tokens`.
 
     A model declares its tokens per batch with a method ``count_tokens(self, data_batch)``
     that returns the number of tokens the batch feeds it (an int, a 0-dim tensor - read when

@@ -9,11 +9,13 @@ from trainwright.logging.writers import LineInfo, Writer, import_backend, scalar
 
 
 class WandbWriter(Writer):
-    """Logs to a W&B run: training values as ``train/<key>``, evaluation metrics under their keys, the config as the run config.
+    """Logs to a W&B run: training values as ``train/<key>``, evaluation metrics under their keys, the config as the run
+    config.
 
     Every call is committed at once, with the iteration as the ``iter`` field and the x axis
     of every chart (``define_metric("*", step_metric="iter")``), so a training line and the
-    validation at the same iteration line up, and nothing waits for a later step. The run is started when the writer is built (rank 0
+    validation at the same iteration line up, and nothing waits for a later step. The run is started when the writer is
+    built (rank 0
     only) and finished by :meth:`close` (the trainer's ``close()``).
 
     Works offline: with ``WANDB_MODE=offline`` in the environment (or ``mode="offline"``)
@@ -28,7 +30,14 @@ class WandbWriter(Writer):
         init_kwargs: More arguments of ``wandb.init`` (``entity``, ``tags``, ``group``, ...).
     """
 
-    def __init__(self, dir: str | Path, project: str | None = None, name: str | None = None, mode: str | None = None, init_kwargs: dict[str, Any] | None = None) -> None:
+    def __init__(
+        self,
+        dir: str | Path,
+        project: str | None = None,
+        name: str | None = None,
+        mode: str | None = None,
+        init_kwargs: dict[str, Any] | None = None,
+    ) -> None:
         wandb = import_backend("wandb", "wandb", "wandb")
         self.dir = Path(dir)
         self.dir.mkdir(parents=True, exist_ok=True)
@@ -46,7 +55,9 @@ class WandbWriter(Writer):
             self.run.log({"iter": rec["iter"], **{f"train/{k}": v for k, v in scalars(rec)}})
 
     def write_eval(self, record: dict[str, Any]) -> None:  # noqa: D102
-        self.run.log({"iter": record["iter"], **{(k if "/" in k else f"{record['mode']}/{k}"): v for k, v in scalars(record)}})
+        self.run.log(
+            {"iter": record["iter"], **{(k if "/" in k else f"{record['mode']}/{k}"): v for k, v in scalars(record)}}
+        )
 
     def write_config(self, config: dict[str, Any]) -> None:  # noqa: D102
         self.run.config.update(config, allow_val_change=True)

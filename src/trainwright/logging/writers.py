@@ -1,4 +1,5 @@
-"""Writers: where logged numbers go (the console, ``metrics.jsonl``; CSV, TensorBoard, W&B, MLflow in their own modules).
+"""Writers: where logged numbers go (the console, ``metrics.jsonl``; CSV, TensorBoard, W&B, MLflow in their own
+    modules).
 
 The logger hook builds each training record once and hands the same objects to every
 writer of ``trainer.writers``, a :class:`Writers` list: its methods are the one fan-out
@@ -72,7 +73,8 @@ class Writer(Protocol):
 
 
 def scalars(record: dict[str, Any]) -> list[tuple[str, float]]:
-    """The numbers of a record without its ``mode`` / ``epoch`` / ``iter`` keys, as ``(key, value)`` pairs (for backends)."""
+    """The numbers of a record without its ``mode`` / ``epoch`` / ``iter`` keys, as ``(key, value)`` pairs (for
+    backends)."""
     return [(k, float(v)) for k, v in record.items() if k not in _META and isinstance(v, (int, float))]
 
 
@@ -178,7 +180,11 @@ class ConsoleWriter(Writer):
         self._templates: dict[tuple[str, ...], str] = {}
 
     def write_train(self, records: list[dict[str, Any]], lines: list[LineInfo]) -> None:  # noqa: D102
-        log_lines(self.logger, [self._format(rec, info) for rec, info in zip(records, lines)], created=[info.created for info in lines])
+        log_lines(
+            self.logger,
+            [self._format(rec, info) for rec, info in zip(records, lines)],
+            created=[info.created for info in lines],
+        )
 
     def write_eval(self, record: dict[str, Any]) -> None:  # noqa: D102
         shown = "  ".join(f"{k}: {v:.4f}" for k, v in record.items() if k not in _META)
@@ -199,7 +205,10 @@ class ConsoleWriter(Writer):
             template = self._templates[keys] = _template(keys)
         values = [v for k, v in rec.items() if k not in _META]
         if "lr" in rec and "time" in rec:  # the ETA follows the lr
-            values.insert(keys.index("lr") - len(_META) + 1, datetime.timedelta(seconds=int(rec["time"] * (info.max_iters - rec["iter"]))))
+            values.insert(
+                keys.index("lr") - len(_META) + 1,
+                datetime.timedelta(seconds=int(rec["time"] * (info.max_iters - rec["iter"]))),
+            )
         return head + template.format(*values)
 
 
@@ -223,7 +232,8 @@ class SaveAhead(Protocol):
 
 
 class AnyAhead:
-    """A :class:`SaveAhead` answered yes when any of ``answerers`` that answers the question says yes (the others are skipped).
+    """A :class:`SaveAhead` answered yes when any of ``answerers`` that answers the question says yes (the others are
+    skipped).
 
     The trainer gives its hooks: the one that keeps the checkpoint policy answers; without one the answer is no.
     """
@@ -238,7 +248,8 @@ class AnyAhead:
 
 @runtime_checkable
 class WriterSource(Protocol):
-    """Something that brings a writer of its own (the progress bar shows each record's loss); whoever builds the writers adds it.
+    """Something that brings a writer of its own (the progress bar shows each record's loss); whoever builds the writers
+    adds it.
 
     :func:`build_writers` adds the :meth:`records_writer` of each source it is given after the
     configured writers (the trainer gives its hooks): nothing appends itself to a run's writers.
@@ -287,10 +298,19 @@ class Writers(list[Writer]):
             this point (the error then waits for :meth:`raise_held`); None: never.
     """
 
-    def __init__(self, writers: Iterable[Writer] = (), logger: logging.Logger | None = None, fail: str = "warn", ahead: SaveAhead | None = None) -> None:
+    def __init__(
+        self,
+        writers: Iterable[Writer] = (),
+        logger: logging.Logger | None = None,
+        fail: str = "warn",
+        ahead: SaveAhead | None = None,
+    ) -> None:
         super().__init__(writers)
         if fail not in WRITERS_FAIL:
-            raise ValueError(f"writers_fail must be 'warn' (report a failing writer and disable it) or 'raise' (stop the run after the due checkpoint), got {fail!r}")
+            raise ValueError(
+                "writers_fail must be 'warn' (report a failing writer and disable it) or 'raise' (stop the run after "
+                f"the due checkpoint), got {fail!r}"
+            )
         self.logger = logger
         self.fail = fail
         self.ahead = ahead
@@ -322,7 +342,8 @@ class Writers(list[Writer]):
         self._each("flush")
 
     def close(self) -> None:
-        """:meth:`Writer.close` of every writer, failed ones included (to release their files); an error there is logged, never raised."""
+        """:meth:`Writer.close` of every writer, failed ones included (to release their files); an error there is
+        logged, never raised."""
         for w in list(self):
             try:
                 w.close()
@@ -338,7 +359,8 @@ class Writers(list[Writer]):
 
     @contextlib.contextmanager
     def holding(self) -> Iterator[None]:
-        """Keep a ``"raise"`` error inside this block (e.g. the flush before a checkpoint): :meth:`raise_held` raises it later."""
+        """Keep a ``"raise"`` error inside this block (e.g. the flush before a checkpoint): :meth:`raise_held` raises
+        it later."""
         self._holding += 1
         try:
             yield
@@ -366,8 +388,11 @@ class Writers(list[Writer]):
         self._failed[id(w)] = e
         what = f"Writer {_name(w)} failed in {method}: {type(e).__name__}: {e}."
         if self.fail == "warn":
-            msg = (f"{what} It gets no more records in this run; the other writers and training go on. Pass "
-                   "Trainer(writers_fail='raise') to stop the run instead (after the checkpoint due), or fix or remove the writer.")
+            msg = (
+                f"{what} It gets no more records in this run; the other writers and training go on. Pass "
+                "Trainer(writers_fail='raise') to stop the run instead (after the checkpoint due), or fix or remove "
+                "the writer."
+            )
         else:
             msg = f"{what} writers_fail='raise': the run stops here, once a checkpoint due at this point is written."
             if self._held is None:
@@ -388,7 +413,8 @@ WriterFactory = Callable[..., Writer]
 
 
 def _call(name: str, fn: Callable[..., Writer], *args: Any, **kwargs: Any) -> Writer:
-    """``fn(*args, **kwargs)`` after checking that ``fn`` takes every keyword (unknown ones are named, with the closest match)."""
+    """``fn(*args, **kwargs)`` after checking that ``fn`` takes every keyword (unknown ones are named, with the
+    closest match)."""
     params = inspect.signature(fn).parameters
     if not any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params.values()):
         allowed = [k for k, p in params.items() if p.kind in (p.KEYWORD_ONLY, p.POSITIONAL_OR_KEYWORD)][len(args) :]
@@ -397,10 +423,13 @@ def _call(name: str, fn: Callable[..., Writer], *args: Any, **kwargs: Any) -> Wr
 
 
 def _lazy(name: str, module: str, cls: str, subdir: str) -> WriterFactory:
-    """Build ``trainwright.logging.<module>.<cls>(run_dir / subdir, **kwargs)``, importing the module only then (optional packages)."""
+    """Build ``trainwright.logging.<module>.<cls>(run_dir / subdir, **kwargs)``, importing the module only then
+    (optional packages)."""
 
     def factory(run_dir: Path, logger: logging.Logger, **kwargs: Any) -> Writer:
-        return _call(name, getattr(importlib.import_module(f"trainwright.logging.{module}"), cls), run_dir / subdir, **kwargs)
+        return _call(
+            name, getattr(importlib.import_module(f"trainwright.logging.{module}"), cls), run_dir / subdir, **kwargs
+        )
 
     return factory
 
@@ -423,7 +452,10 @@ DEFAULT_WRITERS = ("console", "jsonl")
 
 
 def build_writers(
-    spec: Sequence[Writer | str | Mapping[str, Any]] | None, run_dir: Path, logger: logging.Logger, sources: Iterable[object] = ()
+    spec: Sequence[Writer | str | Mapping[str, Any]] | None,
+    run_dir: Path,
+    logger: logging.Logger,
+    sources: Iterable[object] = (),
 ) -> list[Writer]:
     """The writers of a run: ``None`` gives the defaults; a list replaces them; then the writers ``sources`` bring.
 
@@ -445,7 +477,10 @@ def build_writers(
     if spec is None:
         spec = DEFAULT_WRITERS
     elif isinstance(spec, (str, Writer, Mapping)) or not isinstance(spec, Sequence):
-        raise TypeError(f"writers must be a list of Writer objects, names {sorted(WRITERS)} and dicts with 'type', got {type(spec).__name__}: e.g. writers=['console', 'jsonl', MyWriter()]")
+        raise TypeError(
+            f"writers must be a list of Writer objects, names {sorted(WRITERS)} and dicts with 'type', got "
+            f"{type(spec).__name__}: e.g. writers=['console', 'jsonl', MyWriter()]"
+        )
     out: list[Writer] = []
     for item in spec:
         if isinstance(item, Writer):
@@ -454,8 +489,10 @@ def build_writers(
             out.append(_build_named(item, run_dir, logger))
         else:
             raise TypeError(
-                f"writers items must be writer names {sorted(WRITERS)}, dicts with 'type' or Writer objects, got {type(item).__name__}: "
-                "subclass trainwright.logging.Writer and override write_train / write_eval / write_config / flush / close as needed"
+                f"writers items must be writer names {sorted(WRITERS)}, dicts with 'type' or Writer objects, got "
+                f"{type(item).__name__}: "
+                "subclass trainwright.logging.Writer and override write_train / write_eval / write_config / flush / "
+                "close as needed"
             )
     for source in sources:
         if isinstance(source, WriterSource):
@@ -469,10 +506,15 @@ def _build_named(item: str | Mapping[str, Any], run_dir: Path, logger: logging.L
     kwargs = dict(item) if isinstance(item, Mapping) else {"type": item}
     name = kwargs.pop("type", None)
     if not isinstance(name, str):
-        raise TypeError(f"A writer dict needs a 'type' naming one of {sorted(WRITERS)}, got {item!r}: e.g. dict(type='tensorboard')")
+        raise TypeError(
+            f"A writer dict needs a 'type' naming one of {sorted(WRITERS)}, got {item!r}: e.g. dict(type='tensorboard')"
+        )
     factory = WRITERS.get(name)
     if factory is None:
-        raise KeyError(f"Unknown writer {name!r}.{did_you_mean(name, sorted(WRITERS))} Known writers: {sorted(WRITERS)}; or pass a Writer object")
+        raise KeyError(
+            f"Unknown writer {name!r}.{did_you_mean(name, sorted(WRITERS))} Known writers: {sorted(WRITERS)}; or pass "
+            "a Writer object"
+        )
     return factory(run_dir, logger, **kwargs)
 
 

@@ -2,7 +2,7 @@
 
 from trainwright.loops.context import LoopContext
 from trainwright.loops.eval_loop import EvalLoop
-from trainwright.utils.progress import Progress
 from trainwright.loops.train_loop import EpochBasedTrainLoop, IterBasedTrainLoop
+from trainwright.utils.progress import Progress
 
 __all__ = ["LoopContext", "Progress", "EpochBasedTrainLoop", "IterBasedTrainLoop", "EvalLoop"]

@@ -18,8 +18,8 @@ from typing import Any
 from trainwright.amp.precision import Precision
 from trainwright.hooks.dispatch import HookList
 from trainwright.hooks.view import TrainerView
-from trainwright.loops.control import RunControl
 from trainwright.logging.metric_store import MetricStore
+from trainwright.loops.control import RunControl
 from trainwright.utils.progress import Progress
 
 

@@ -38,7 +38,9 @@ class RunControl:
         self.agreement = agreement
         self.stop_reason: str | None = None
         self.restart_at: int | None = None
-        self._stop_agreed = False  # a stop decided on every rank at once (request_stop(agreed=True)): no restart overrides it
+        self._stop_agreed = (
+            False  # a stop decided on every rank at once (request_stop(agreed=True)): no restart overrides it
+        )
 
     def reset(self) -> None:
         """Forget the requests (a new run)."""
@@ -47,7 +49,8 @@ class RunControl:
         self._stop_agreed = False
 
     def request_stop(self, reason: str, *, agreed: bool = False) -> None:
-        """End training after the current iteration (several processes: at the next agreement point, on every rank together).
+        """End training after the current iteration (several processes: at the next agreement point, on every rank
+        together).
 
         Args:
             reason: Why, in words (kept in :attr:`stop_reason`; the first request's is kept).
@@ -73,7 +76,9 @@ class RunControl:
             ValueError: ``iteration`` is negative.
         """
         if not isinstance(iteration, int) or iteration < 0:
-            raise ValueError(f"restart_from needs the iteration the run was restored to (an int >= 0), got {iteration!r}")
+            raise ValueError(
+                f"restart_from needs the iteration the run was restored to (an int >= 0), got {iteration!r}"
+            )
         self.restart_at = iteration
         self.agreement.set_finish(True)  # taken on every rank at this iteration: leave the pass now
 

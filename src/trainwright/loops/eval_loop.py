@@ -2,11 +2,10 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable
-from typing import TYPE_CHECKING, Any
-
 import contextlib
 import warnings
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
 
 import torch
 
@@ -70,10 +69,15 @@ class EvalLoop:
         """
         ctx = self.ctx
         if ctx is None:
-            raise RuntimeError(f"{type(self).__name__}.run_pass() needs a run's context: call run(ctx) first, or run_pass from a hook during a run")
+            raise RuntimeError(
+                f"{type(self).__name__}.run_pass() needs a run's context: call run(ctx) first, or run_pass from a hook "
+                "during a run"
+            )
         view, m = ctx.view, self.mode
         step: Callable[[Any], Any] = getattr(ctx.model, f"{m}_step")
-        before, after = (ctx.hooks.calls[f"before_{m}_iter"], ctx.hooks.calls[f"after_{m}_iter"]) if with_hooks else ((), ())
+        before, after = (
+            (ctx.hooks.calls[f"before_{m}_iter"], ctx.hooks.calls[f"after_{m}_iter"]) if with_hooks else ((), ())
+        )
         autocast = ctx.precision.autocast() if self.autocast else contextlib.nullcontext()
         n = 0
         cut = False
@@ -89,7 +93,9 @@ class EvalLoop:
                     for fn in after:
                         fn(view, idx, batch, outputs)
                     n += 1
-                    if view.should_stop:  # a stop (preemption, agreed) ends the pass here, on every rank at the same batch
+                    if (
+                        view.should_stop
+                    ):  # a stop (preemption, agreed) ends the pass here, on every rank at the same batch
                         cut = True
                         break
         finally:
@@ -100,7 +106,10 @@ class EvalLoop:
         if cut:
             if self.evaluator is not None:
                 self.evaluator.reset()
-            ctx.logger.warning(f"{m} stopped after batch {n} by a stop request (trainer.should_stop, e.g. preemption): this pass has no metrics")
+            ctx.logger.warning(
+                f"{m} stopped after batch {n} by a stop request (trainer.should_stop, e.g. preemption): this pass has "
+                "no metrics"
+            )
             return None
         if n == 0:
             raise ValueError(f"{m}_dataloader is empty (0 batches); check its dataset and batch_size")

@@ -22,10 +22,13 @@ if TYPE_CHECKING:
 def _checked_intervals(dynamic: Sequence[Sequence[int]] | None) -> list[Sequence[int]]:
     """``dynamic_intervals`` as given, checked: pairs of ints >= 1, milestones increasing."""
     pairs = list(dynamic or [])
-    ok = all(isinstance(p, (list, tuple)) and len(p) == 2 and all(isinstance(v, int) and v >= 1 for v in p) for p in pairs)
+    ok = all(
+        isinstance(p, (list, tuple)) and len(p) == 2 and all(isinstance(v, int) and v >= 1 for v in p) for p in pairs
+    )
     if not ok or any(a[0] >= b[0] for a, b in zip(pairs, pairs[1:])):
         raise ValueError(
-            f"train_cfg dynamic_intervals must be [(milestone, interval), ...] with ints >= 1 and increasing milestones (mmengine's), got {dynamic!r}"
+            "train_cfg dynamic_intervals must be [(milestone, interval), ...] with ints >= 1 and increasing "
+            f"milestones (mmengine's), got {dynamic!r}"
         )
     return pairs
 
@@ -37,20 +40,31 @@ class _TrainLoopBase:
     #: The context of the current (or last) run, set by ``run(ctx)``; :meth:`val_due` reads it.
     ctx: LoopContext | None = None
 
-    def __init__(self, dataloader: ResumableLoader, val_begin: int = 1, val_interval: int = 1, gather_metric_period: int = 1,
-                 dynamic_intervals: Sequence[Sequence[int]] | None = None) -> None:
+    def __init__(
+        self,
+        dataloader: ResumableLoader,
+        val_begin: int = 1,
+        val_interval: int = 1,
+        gather_metric_period: int = 1,
+        dynamic_intervals: Sequence[Sequence[int]] | None = None,
+    ) -> None:
         if len(dataloader) == 0:
             raise ValueError(
-                "train_dataloader is empty (0 batches): check the dataset length, and that batch_size <= len(dataset) when drop_last=True"
+                "train_dataloader is empty (0 batches): check the dataset length, and that batch_size <= len(dataset) "
+                "when drop_last=True"
             )
         if val_interval < 1:
             raise ValueError(f"val_interval must be >= 1, got {val_interval}")
         if not isinstance(gather_metric_period, int) or gather_metric_period < 1:
-            raise ValueError(f"train_cfg gather_metric_period must be an int >= 1 (record step outputs every N iterations), got {gather_metric_period!r}")
+            raise ValueError(
+                "train_cfg gather_metric_period must be an int >= 1 (record step outputs every N iterations), got "
+                f"{gather_metric_period!r}"
+            )
         self.dataloader = dataloader
         self.val_begin = val_begin
         self.val_interval = val_interval
-        #: mmengine's ``dynamic_intervals``: ``[(milestone, interval), ...]``, the validation interval from each milestone on.
+        #: mmengine's ``dynamic_intervals``: ``[(milestone, interval), ...]``, the validation interval from each
+        #: milestone on.
         self.dynamic_intervals = [(int(m), int(i)) for m, i in _checked_intervals(dynamic_intervals)]
         self._milestones = [0, *(m for m, _ in self.dynamic_intervals)]
         self._intervals = [val_interval, *(i for _, i in self.dynamic_intervals)]
@@ -63,7 +77,8 @@ class _TrainLoopBase:
         raise NotImplementedError
 
     def interval_at(self, n: int) -> int:
-        """The validation interval after ``n`` completed epochs (iterations), as mmengine decides it: ``dynamic_intervals``' entry for ``n + 1``."""
+        """The validation interval after ``n`` completed epochs (iterations), as mmengine decides it:
+        ``dynamic_intervals``' entry for ``n + 1``."""
         return self._intervals[bisect_right(self._milestones, n + 1) - 1]
 
     def val_due(self) -> bool:
@@ -78,20 +93,26 @@ class _TrainLoopBase:
             RuntimeError: the loop is not running (no ``run(ctx)`` yet).
         """
         if self.ctx is None:
-            raise RuntimeError("The train loop's run control exists once the loop runs (trainer.train()); request a stop or a restart from a hook")
+            raise RuntimeError(
+                "The train loop's run control exists once the loop runs (trainer.train()); request a stop or a restart "
+                "from a hook"
+            )
         return self.ctx.control
 
     def restart_from(self, iteration: int) -> None:
-        """After this iteration's hooks, go on from ``iteration``, where a hook has just restored the run (``control.restart_from``)."""
+        """After this iteration's hooks, go on from ``iteration``, where a hook has just restored the run
+        (``control.restart_from``)."""
         self.control.restart_from(iteration)
 
     def request_restart(self) -> None:
-        """Go on from the position ``progress`` holds now, after this iteration's hooks (:meth:`restart_from` that position; kept for older callers)."""
+        """Go on from the position ``progress`` holds now, after this iteration's hooks (:meth:`restart_from` that
+        position; kept for older callers)."""
         assert self.ctx is not None
         self.restart_from(self.ctx.progress.iteration)
 
     def _restarted(self, ctx: LoopContext) -> bool:
-        """The loop left its pass: whether that was a restart (then the hooks' schedule is rebuilt from the restored iteration)."""
+        """The loop left its pass: whether that was a restart (then the hooks' schedule is rebuilt from the restored
+        iteration)."""
         if ctx.control.take_restart() is None:
             return False
         ctx.hooks.refresh(ctx.view, self.max_iters, self._periodic(ctx))
@@ -157,7 +178,9 @@ class _TrainLoopBase:
         train_step: Any = ctx.model.train_step
         record = ctx.metric_store.recorder(self.gather_metric_period)  # the store's list append when it is 1
         validate = ctx.validate if val_every_iter else None
-        agreement = ctx.metric_store.agreement  # where a stop requested on some rank is agreed (the Trainer's should_stop reads it)
+        agreement = (
+            ctx.metric_store.agreement
+        )  # where a stop requested on some rank is agreed (the Trainer's should_stop reads it)
         for batch in self.dataloader:
             t_start = _clock()
             idx = progress.iter_in_epoch
@@ -171,7 +194,9 @@ class _TrainLoopBase:
             outputs = train_step(batch, ow)
             progress.iteration = it
             progress.iter_in_epoch = idx + 1
-            record((it, outputs, t_start, _clock()))  # tensors stay tensors; the schedule flushes the store every flush_every
+            record(
+                (it, outputs, t_start, _clock())
+            )  # tensors stay tensors; the schedule flushes the store every flush_every
             for fn in after:
                 fn(view, idx, batch, outputs)
             if validate is not None and self.val_due():
@@ -184,12 +209,16 @@ class _TrainLoopBase:
         return False
 
     def _uneven_pass(self, ctx: LoopContext) -> None:
-        """Several processes: this rank's loader ended its pass at another count than its ``len()``; the others would wait for it in a collective."""
+        """Several processes: this rank's loader ended its pass at another count than its ``len()``; the others would
+        wait for it in a collective."""
         n, expected = ctx.progress.iter_in_epoch, len(self.dataloader)
         raise RuntimeError(
-            f"train_dataloader on rank {ctx.view.strategy.rank} yielded {n} batches in this pass over the data, but its len() is "
-            f"{expected}. Under several processes every rank must yield exactly len(train_dataloader) batches per pass: the other "
-            "ranks would wait for this one in their next collective. Make the dataset's __len__ exact (a stream whose length is an "
+            f"train_dataloader on rank {ctx.view.strategy.rank} yielded {n} batches in this pass over the data, but "
+            "its len() is "
+            f"{expected}. Under several processes every rank must yield exactly len(train_dataloader) batches per "
+            "pass: the other "
+            "ranks would wait for this one in their next collective. Make the dataset's __len__ exact (a stream whose "
+            "length is an "
             "estimate: cap or pad each rank's share to the same count)."
         )
 
@@ -203,8 +232,15 @@ class EpochBasedTrainLoop(_TrainLoopBase):
 
     by_epoch = True
 
-    def __init__(self, dataloader: ResumableLoader, max_epochs: int, val_begin: int = 1, val_interval: int = 1, gather_metric_period: int = 1,
-                 dynamic_intervals: Sequence[Sequence[int]] | None = None) -> None:
+    def __init__(
+        self,
+        dataloader: ResumableLoader,
+        max_epochs: int,
+        val_begin: int = 1,
+        val_interval: int = 1,
+        gather_metric_period: int = 1,
+        dynamic_intervals: Sequence[Sequence[int]] | None = None,
+    ) -> None:
         super().__init__(dataloader, val_begin, val_interval, gather_metric_period, dynamic_intervals)
         if not isinstance(max_epochs, int) or max_epochs < 1:
             raise ValueError(f"train_cfg max_epochs must be an int >= 1, got {max_epochs!r}")
@@ -255,7 +291,8 @@ class EpochBasedTrainLoop(_TrainLoopBase):
         ctx.hooks.call("after_train_epoch", ctx.view)
 
 
-#: How often an iteration-based loop validates by default (mmengine's); the default checkpoint hook of such a run saves as often.
+#: How often an iteration-based loop validates by default (mmengine's); the default checkpoint hook of such a run saves
+#: as often.
 ITER_VAL_INTERVAL = 1000
 
 
@@ -269,8 +306,15 @@ class IterBasedTrainLoop(_TrainLoopBase):
 
     by_epoch = False
 
-    def __init__(self, dataloader: ResumableLoader, max_iters: int, val_begin: int = 1, val_interval: int = ITER_VAL_INTERVAL, gather_metric_period: int = 1,
-                 dynamic_intervals: Sequence[Sequence[int]] | None = None) -> None:
+    def __init__(
+        self,
+        dataloader: ResumableLoader,
+        max_iters: int,
+        val_begin: int = 1,
+        val_interval: int = ITER_VAL_INTERVAL,
+        gather_metric_period: int = 1,
+        dynamic_intervals: Sequence[Sequence[int]] | None = None,
+    ) -> None:
         super().__init__(dataloader, val_begin, val_interval, gather_metric_period, dynamic_intervals)
         if not isinstance(max_iters, int) or max_iters < 1:
             raise ValueError(f"train_cfg max_iters must be an int >= 1, got {max_iters!r}")

@@ -51,12 +51,15 @@ def select_modules(model: nn.Module, targets: Iterable[Target], *, setting: str)
             if target in paths and target:
                 found.append(paths[target])
         else:
-            raise TypeError(f"{setting} takes module classes, class names or module paths, got {target!r} ({type(target).__name__})")
+            raise TypeError(
+                f"{setting} takes module classes, class names or module paths, got {target!r} ({type(target).__name__})"
+            )
         if not found:
             classes = sorted({type(m).__name__ for _, m in named})
             name = target.__name__ if isinstance(target, type) else target
             raise ValueError(
-                f"{setting}: {name!r} matches no module of {type(root).__name__}; name one of its module classes {classes} "
+                f"{setting}: {name!r} matches no module of {type(root).__name__}; name one of its module classes "
+                f"{classes} "
                 "(or pass the class itself, or a module path such as 'blocks.0')"
             )
         hits.update(id(m) for m in found)
@@ -105,7 +108,8 @@ def apply_activation_checkpointing(model: nn.Module, targets: Sequence[Target]) 
             continue
         if "forward" in module.__dict__:
             raise ValueError(
-                f"activation_checkpointing: the {type(module).__name__} module already has its own forward set on the instance; "
+                f"activation_checkpointing: the {type(module).__name__} module already has its own forward set on the "
+                "instance; "
                 "define forward on its class instead, or checkpoint it yourself with torch.utils.checkpoint.checkpoint"
             )
         vars(module)["forward"] = types.MethodType(_checkpointed_forward, module)

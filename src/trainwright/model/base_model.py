@@ -38,16 +38,25 @@ def _run_forward(fn: Callable[..., Any], data: Any, mode: str) -> Any:
 
 def _batch_hint(msg: str, data: Any, mode: str) -> str | None:
     """What the trainer did with the batch, when ``msg`` (an error of the forward) points at it."""
-    if isinstance(data, (list, tuple)) and len(data) != 2 and ("argument 'mode'" in msg or "positional argument" in msg):
+    if (
+        isinstance(data, (list, tuple))
+        and len(data) != 2
+        and ("argument 'mode'" in msg or "positional argument" in msg)
+    ):
         return (
-            f"The batch has {len(data)} elements, so the trainer called forward(*batch, mode={mode!r}): each element is one "
-            "positional argument. Give forward one parameter per element (def forward(self, x, y, w, mode='tensor')), return a "
-            "dict from the dataset / collate_fn (called as forward(**batch, mode=...)), or override train_step / val_step to unpack the batch."
+            f"The batch has {len(data)} elements, so the trainer called forward(*batch, mode={mode!r}): each element "
+            "is one "
+            "positional argument. Give forward one parameter per element (def forward(self, x, y, w, mode='tensor')), "
+            "return a "
+            "dict from the dataset / collate_fn (called as forward(**batch, mode=...)), or override train_step / "
+            "val_step to unpack the batch."
         )
     if isinstance(data, torch.Tensor) and "NoneType" in msg:
         return (
-            f"The batch is a single tensor, so the trainer called forward(batch, mode={mode!r}) and forward got no targets (its "
-            "other parameters kept their defaults, e.g. None). Make the dataset return (input, target) pairs (or a dict of named "
+            f"The batch is a single tensor, so the trainer called forward(batch, mode={mode!r}) and forward got no "
+            "targets (its "
+            "other parameters kept their defaults, e.g. None). Make the dataset return (input, target) pairs (or a "
+            "dict of named "
             "fields), or compute the loss from the input alone."
         )
     return None
@@ -55,14 +64,19 @@ def _batch_hint(msg: str, data: Any, mode: str) -> str | None:
 
 def _no_grad_hint(model: nn.Module, losses: Any, error: RuntimeError) -> RuntimeError:
     """torch's "does not require grad" with the loss entries that cause it and the fix."""
-    entries = {"loss": losses} if isinstance(losses, torch.Tensor) else dict(losses) if isinstance(losses, Mapping) else {}
+    entries = (
+        {"loss": losses} if isinstance(losses, torch.Tensor) else dict(losses) if isinstance(losses, Mapping) else {}
+    )
     cut = [k for k, v in entries.items() if "loss" in k and isinstance(v, torch.Tensor) and v.grad_fn is None]
     frozen = not any(p.requires_grad for p in model.parameters())
     return RuntimeError(
-        f"{error}\nThe loss entries {cut} of {type(model).__name__}.forward(..., mode='loss') are not connected to the model's parameters"
+        f"{error}\nThe loss entries {cut} of {type(model).__name__}.forward(..., mode='loss') are not connected to the "
+        "model's parameters"
         + (" (every parameter has requires_grad=False)" if frozen else "")
-        + ": they were computed under torch.no_grad(), .detach()ed, or rebuilt from .item() / .numpy() values. Compute each loss "
-        "from the model's outputs with torch operations, keep no_grad for what is only logged (a key without 'loss' is logged, "
+        + ": they were computed under torch.no_grad(), .detach()ed, or rebuilt from .item() / .numpy() values. "
+        "Compute each loss "
+        "from the model's outputs with torch operations, keep no_grad for what is only logged (a key without 'loss' is "
+        "logged, "
         "not back-propagated)" + (", and unfreeze the parameters to train" if frozen else "") + "."
     )
 
@@ -101,15 +115,19 @@ class BaseModel(FollowsDevice):
             data_preprocessor = MODELS.build(data_preprocessor)
         if not isinstance(data_preprocessor, nn.Module):  # refused now, not as a crash in the first train_step
             raise TypeError(
-                f"{type(self).__name__}(data_preprocessor=...) must be an nn.Module (e.g. trainwright.model.BaseDataPreprocessor()), a "
-                f"dict(type=...) of trainwright.registry.MODELS that builds one, or None; got {type(data_preprocessor).__name__}"
+                f"{type(self).__name__}(data_preprocessor=...) must be an nn.Module (e.g. "
+                "trainwright.model.BaseDataPreprocessor()), a "
+                "dict(type=...) of trainwright.registry.MODELS that builds one, or None; got "
+                f"{type(data_preprocessor).__name__}"
             )
         self.data_preprocessor: nn.Module = data_preprocessor
         self.init_cfg = init_cfg
         if init_cfg:
             warnings.warn(
-                f"{type(self).__name__}(init_cfg={init_cfg!r}) is kept as .init_cfg but not applied: trainwright does not run mmengine's "
-                "weight initialisers (init_weights); initialise the layers in __init__, or load pretrained weights with "
+                f"{type(self).__name__}(init_cfg={init_cfg!r}) is kept as .init_cfg but not applied: trainwright does "
+                "not run mmengine's "
+                "weight initialisers (init_weights); initialise the layers in __init__, or load pretrained weights "
+                "with "
                 "Trainer(load_from=...) / trainer.load_weights(path)",
                 UserWarning,
                 stacklevel=2,
@@ -170,7 +188,8 @@ class BaseModel(FollowsDevice):
     forward_caller: Callable[..., Any] | None = None
 
     def set_forward_caller(self, caller: Callable[..., Any] | None = None) -> None:
-        """Route the training forward through ``caller`` (a strategy's DDP wrapper or DeepSpeed engine); None: this model.
+        """Route the training forward through ``caller`` (a strategy's DDP wrapper or DeepSpeed engine); None: this
+        model.
 
         The strategy sets it when it wraps the model and clears it at teardown. Validation and
         testing call the model itself (never a DDP wrapper, as in mmengine). The caller is kept
@@ -225,7 +244,8 @@ class BaseModel(FollowsDevice):
                 return loss, {"loss": loss.detach()}
         if not isinstance(losses, Mapping):
             raise TypeError(
-                f"{type(self).__name__}.forward(..., mode='loss') must return a dict of loss tensors (or one loss tensor), "
+                f"{type(self).__name__}.forward(..., mode='loss') must return a dict of loss tensors (or one loss "
+                "tensor), "
                 f"got {type(losses).__name__}; return e.g. dict(loss=F.cross_entropy(logits, y))"
             )
         log_vars: dict[str, torch.Tensor] = {}
@@ -238,7 +258,9 @@ class BaseModel(FollowsDevice):
             if isinstance(value, (list, tuple)):
                 value = sum(v.mean() for v in value)
             elif not isinstance(value, torch.Tensor):
-                raise TypeError(f"Loss entry {name!r} must be a tensor or a list of tensors, got {type(value).__name__}")
+                raise TypeError(
+                    f"Loss entry {name!r} must be a tensor or a list of tensors, got {type(value).__name__}"
+                )
             elif value.dim():
                 value = value.mean()
             if "loss" in name:
@@ -247,7 +269,8 @@ class BaseModel(FollowsDevice):
             log_vars[name] = value.detach()
         if total is None:
             raise ValueError(
-                f"{type(self).__name__}.forward(..., mode='loss') returned no loss: keys {list(losses)} contain no 'loss'. "
+                f"{type(self).__name__}.forward(..., mode='loss') returned no loss: keys {list(losses)} contain no "
+                "'loss'. "
                 "Name the loss entries e.g. 'loss' or 'loss_cls'."
             )
         if n_loss > 1 or "loss" not in log_vars:
@@ -255,7 +278,6 @@ class BaseModel(FollowsDevice):
         if num_items is not None:
             log_vars = {k: per_item(v, num_items) if "loss" in k else v for k, v in log_vars.items()}
         return total, log_vars
-
 
 
 class ModuleAdapter(BaseModel):
@@ -280,12 +302,20 @@ class ModuleAdapter(BaseModel):
         out = self.module(*inputs, **kwargs)
         if mode == "loss" and not isinstance(out, (torch.Tensor, Mapping)) and not carries_loss(out):
             raise TypeError(
-                f"{type(self.module).__name__}.forward returned {type(out).__name__}, not a loss: a plain nn.Module used with "
-                "the Trainer must return a loss tensor, a dict of losses or an output with a `loss` attribute (Hugging Face's "
+                f"{type(self.module).__name__}.forward returned {type(out).__name__}, not a loss: a plain nn.Module "
+                "used with "
+                "the Trainer must return a loss tensor, a dict of losses or an output with a `loss` attribute (Hugging "
+                "Face's "
                 "ModelOutput); or subclass trainwright.BaseModel and implement forward(*inputs, mode) with mode='loss'."
-                + (" A tuple is not read by position (which element is the loss is not guessed): return dict(loss=...), e.g. "
-                   "from a BaseModel whose forward unpacks the module's (logits, loss); a Hugging Face model names its loss with "
-                   "return_dict=True, its default." if isinstance(out, tuple) else "")
+                + (
+                    " A tuple is not read by position (which element is the loss is not guessed): return "
+                    "dict(loss=...), e.g. "
+                    "from a BaseModel whose forward unpacks the module's (logits, loss); a Hugging Face model names "
+                    "its loss with "
+                    "return_dict=True, its default."
+                    if isinstance(out, tuple)
+                    else ""
+                )
             )
         return out
 
@@ -300,7 +330,9 @@ class ModuleAdapter(BaseModel):
 
 def as_base_model(model: nn.Module) -> BaseModel:
     """Return ``model`` if it implements the step contract, else wrap it in :class:`ModuleAdapter`."""
-    if isinstance(model, BaseModel) or all(callable(getattr(model, m, None)) for m in ("train_step", "val_step", "test_step")):
+    if isinstance(model, BaseModel) or all(
+        callable(getattr(model, m, None)) for m in ("train_step", "val_step", "test_step")
+    ):
         return model  # type: ignore[return-value]
     if not isinstance(model, nn.Module):
         raise TypeError(f"model must be an nn.Module, got {type(model).__name__}")

@@ -1,4 +1,5 @@
-"""Compiling the model: whole (``compile=True`` / ``torch.compile`` arguments) or per block (``compile=dict(regions=[...])``).
+"""Compiling the model: whole (``compile=True`` / ``torch.compile`` arguments) or per block
+(``compile=dict(regions=[...])``).
 
 Regional compilation is torchtitan's per-block compile: ``module.compile()`` on each matched
 submodule, in place, so every block of one class shares one compiled graph (one cache entry,
@@ -39,14 +40,19 @@ def compile_settings(compile: bool | Mapping[str, Any] | None) -> tuple[list[Any
     if compile is True:
         return None, {}
     if not isinstance(compile, Mapping):
-        raise TypeError(f"compile must be True, False or a dict of torch.compile arguments (plus regions=[...]), got {compile!r}")
+        raise TypeError(
+            f"compile must be True, False or a dict of torch.compile arguments (plus regions=[...]), got {compile!r}"
+        )
     kwargs = dict(compile)
     check_keys("compile", kwargs, COMPILE_KEYS | {"regions"}, ValueError)
     regions = kwargs.pop("regions", None)
     if regions is not None:
         regions = [regions] if isinstance(regions, (str, type)) else list(regions)
         if not regions:
-            raise ValueError("compile regions=[] names no module; name the repeated block, e.g. compile=dict(regions=['Block']), or use compile=True for the whole model")
+            raise ValueError(
+                "compile regions=[] names no module; name the repeated block, e.g. compile=dict(regions=['Block']), or "
+                "use compile=True for the whole model"
+            )
     return regions, kwargs
 
 
@@ -76,15 +82,18 @@ def apply_compile(model: nn.Module, compile: bool | Mapping[str, Any] | None) ->
         device = next((p.device for p in model.parameters()), None)
         if device is not None and device.type != "cuda":
             warnings.warn(
-                f"compile mode={kwargs['mode']!r} records CUDA graphs, which need a CUDA device; the model is on {device.type!r}, "
+                f"compile mode={kwargs['mode']!r} records CUDA graphs, which need a CUDA device; the model is on "
+                f"{device.type!r}, "
                 "where torch compiles it without CUDA graphs. Drop mode= (or run on CUDA) to silence this.",
                 UserWarning,
                 stacklevel=3,
             )
         elif regions is None:
             warnings.warn(
-                f"compile mode={kwargs['mode']!r} on the whole model: the loss comes out of a CUDA graph whose memory the next step "
-                "overwrites, while the metric store still holds the loss until it flushes. Prefer compiling the repeated blocks: "
+                f"compile mode={kwargs['mode']!r} on the whole model: the loss comes out of a CUDA graph whose memory "
+                "the next step "
+                "overwrites, while the metric store still holds the loss until it flushes. Prefer compiling the "
+                "repeated blocks: "
                 f"compile=dict(regions=['Block'], mode={kwargs['mode']!r}).",
                 UserWarning,
                 stacklevel=3,
@@ -105,11 +114,14 @@ def is_compiled(model: nn.Module) -> bool:
     """
     from torch._dynamo.eval_frame import OptimizedModule  # torch.optim imports torch._dynamo already: no import cost
 
-    return any(getattr(m, "_compiled_call_impl", None) is not None or isinstance(m, OptimizedModule) for m in model.modules())
+    return any(
+        getattr(m, "_compiled_call_impl", None) is not None or isinstance(m, OptimizedModule) for m in model.modules()
+    )
 
 
 def compiled_parts(model: nn.Module, optim_wrapper: Any) -> list[str]:
-    """What of a run is compiled, in words: ``"the model"``, ``"the optimizer step"`` (a compiled step of ``optim_wrapper``), both or none."""
+    """What of a run is compiled, in words: ``"the model"``, ``"the optimizer step"`` (a compiled step of
+    ``optim_wrapper``), both or none."""
     parts = []
     if is_compiled(model):
         parts.append("the model")
@@ -120,7 +132,8 @@ def compiled_parts(model: nn.Module, optim_wrapper: Any) -> list[str]:
 
 @contextlib.contextmanager
 def run_eagerly(optim_wrapper: Any = None) -> Iterator[None]:
-    """Inside, compiled code runs eagerly: compiled modules and functions (``torch.compiler.set_stance("force_eager")``) and
+    """Inside, compiled code runs eagerly: compiled modules and functions (``torch.compiler.set_stance("force_eager")``)
+    and
     each compiled optimizer step of ``optim_wrapper`` (its optimizer's own step, see
     :meth:`~trainwright.optim.compiled_step.CompiledStep.eager`).
 
@@ -136,7 +149,8 @@ def run_eagerly(optim_wrapper: Any = None) -> Iterator[None]:
 
 
 def check_static_batches(compile: bool | Mapping[str, Any] | None, dataloader: Any) -> None:
-    """Under a CUDA-graph mode, refuse train data whose last batch is short (each new shape is a new CUDA-graph recording).
+    """Under a CUDA-graph mode, refuse train data whose last batch is short (each new shape is a new CUDA-graph
+    recording).
 
     ``dataloader`` is a ``DataLoader`` or the Trainer's dict of its arguments; what cannot be
     known cheaply (a custom batch sampler, an iterable dataset) is not checked.
@@ -150,8 +164,14 @@ def check_static_batches(compile: bool | Mapping[str, Any] | None, dataloader: A
         batch_size = dataloader.get("batch_size", 1) if dataloader.get("batch_sampler") is None else None
         drop_last, dataset = dataloader.get("drop_last", False), dataloader.get("dataset")
     else:  # a DataLoader: batch_size is None under a custom batch sampler
-        batch_size, drop_last, dataset = getattr(dataloader, "batch_size", None), getattr(dataloader, "drop_last", False), getattr(dataloader, "dataset", None)
-    if drop_last or not isinstance(batch_size, int) or dataset is None or isinstance(dataset, Mapping):  # a dataset config: its size is not known yet
+        batch_size, drop_last, dataset = (
+            getattr(dataloader, "batch_size", None),
+            getattr(dataloader, "drop_last", False),
+            getattr(dataloader, "dataset", None),
+        )
+    if (
+        drop_last or not isinstance(batch_size, int) or dataset is None or isinstance(dataset, Mapping)
+    ):  # a dataset config: its size is not known yet
         return
     try:
         n = len(dataset)  # type: ignore[arg-type]
@@ -159,10 +179,20 @@ def check_static_batches(compile: bool | Mapping[str, Any] | None, dataloader: A
         return
     if n % batch_size:
         raise ValueError(
-            f"compile mode={compile['mode']!r} records CUDA graphs for fixed shapes, but the train dataloader's last batch holds "  # type: ignore[index]
-            f"{n % batch_size} samples instead of {batch_size} ({n} samples): set drop_last=True in the train dataloader "
+            f"compile mode={compile['mode']!r} records CUDA graphs for fixed shapes, "  # type: ignore[index]
+            "but the train dataloader's last "
+            "batch holds "
+            f"{n % batch_size} samples instead of {batch_size} ({n} samples): set drop_last=True in the train "
+            "dataloader "
             "(or a dataset size divisible by the batch size), or drop mode="
         )
 
 
-__all__ = ["COMPILE_KEYS", "CUDA_GRAPH_MODES", "apply_compile", "check_static_batches", "compile_settings", "uses_cuda_graphs"]
+__all__ = [
+    "COMPILE_KEYS",
+    "CUDA_GRAPH_MODES",
+    "apply_compile",
+    "check_static_batches",
+    "compile_settings",
+    "uses_cuda_graphs",
+]

@@ -5,10 +5,9 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from typing_extensions import Self
-
 import torch
 from torch import nn
+from typing_extensions import Self
 
 from trainwright.registry import MODELS
 
@@ -34,7 +33,8 @@ def cast_data(data: Any, device: torch.device, non_blocking: bool = False) -> An
 
 
 class FollowsDevice(nn.Module):
-    """A module whose ``.to()`` / ``.cuda()`` / ``.cpu()`` also tell every :class:`BaseDataPreprocessor` in it where batches now go."""
+    """A module whose ``.to()`` / ``.cuda()`` / ``.cpu()`` also tell every :class:`BaseDataPreprocessor` in it where
+    batches now go."""
 
     def to(self, *args: Any, **kwargs: Any) -> Self:  # type: ignore[override]
         """Move the module (as ``nn.Module.to``) and send batches to the new device."""
@@ -98,7 +98,6 @@ class BaseDataPreprocessor(FollowsDevice):
         return cast_data(data, self.device, self.non_blocking)
 
 
-
 @MODELS.register_module()
 class NormalizingDataPreprocessor(BaseDataPreprocessor):
     """Moves the batch and normalises its first element: ``(x - mean) / std``.
@@ -109,7 +108,13 @@ class NormalizingDataPreprocessor(BaseDataPreprocessor):
         channel_dim: Dimension of the input that holds channels (1 for NCHW).
     """
 
-    def __init__(self, mean: Sequence[float] | float, std: Sequence[float] | float, channel_dim: int = 1, non_blocking: bool = False) -> None:
+    def __init__(
+        self,
+        mean: Sequence[float] | float,
+        std: Sequence[float] | float,
+        channel_dim: int = 1,
+        non_blocking: bool = False,
+    ) -> None:
         super().__init__(non_blocking)
         self.mean: torch.Tensor
         self.std: torch.Tensor

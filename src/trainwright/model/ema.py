@@ -55,16 +55,30 @@ class ExponentialMovingAverage:
         gamma: The annealing's time scale in updates (mmengine's default 100, mmdet's 2000).
     """
 
-    def __init__(self, model: nn.Module, momentum: float = 0.0002, update_buffers: bool = False, interval: int = 1, device: torch.device | str | None = None,
-                 anneal: str | None = None, gamma: float = 100.0) -> None:
+    def __init__(
+        self,
+        model: nn.Module,
+        momentum: float = 0.0002,
+        update_buffers: bool = False,
+        interval: int = 1,
+        device: torch.device | str | None = None,
+        anneal: str | None = None,
+        gamma: float = 100.0,
+    ) -> None:
         if anneal not in (None, "linear", "exp"):
-            raise ValueError(f"EMA anneal must be None, 'linear' (mmengine's MomentumAnnealingEMA) or 'exp' (mmdet's ExpMomentumEMA), got {anneal!r}")
+            raise ValueError(
+                "EMA anneal must be None, 'linear' (mmengine's MomentumAnnealingEMA) or 'exp' (mmdet's "
+                f"ExpMomentumEMA), got {anneal!r}"
+            )
         if anneal is not None and not float(gamma) > 0:
             raise ValueError(f"EMA gamma must be > 0 (the annealing's time scale in updates), got {gamma!r}")
         self.anneal = anneal
         self.gamma = float(gamma)
         if not 0.0 < float(momentum) <= 1.0:
-            raise ValueError(f"EMA momentum must be in (0, 1] (the weight of the new value, e.g. 0.0002), got {momentum}; to convert from a decay d use momentum = 1 - d")
+            raise ValueError(
+                f"EMA momentum must be in (0, 1] (the weight of the new value, e.g. 0.0002), got {momentum}; to "
+                "convert from a decay d use momentum = 1 - d"
+            )
         if not isinstance(interval, int) or interval < 1:
             raise ValueError(f"EMA interval must be an int >= 1, got {interval!r}")
         self.momentum = float(momentum)
@@ -101,13 +115,16 @@ class ExponentialMovingAverage:
                 if src_avg:
                     torch._foreach_copy_(self._avg, src_avg)
             elif self.steps % self.interval == 0 and src_avg:
-                torch._foreach_lerp_(self._avg, [_like(s, a) for s, a in zip(src_avg, self._avg)], self.momentum_at(self.steps))
+                torch._foreach_lerp_(
+                    self._avg, [_like(s, a) for s, a in zip(src_avg, self._avg)], self.momentum_at(self.steps)
+                )
             if self._copied:
                 torch._foreach_copy_(self._copied, self._locals([source[k] for k in self._copy_keys]))
         self.steps += 1
 
     def momentum_at(self, steps: int) -> float:
-        """The weight of the new value in the update made after ``steps`` earlier ones (a Python float: no device work)."""
+        """The weight of the new value in the update made after ``steps`` earlier ones (a Python float: no device
+        work)."""
         if self.anneal == "linear":
             return max(self.momentum, self.gamma / (self.gamma + steps))
         if self.anneal == "exp":
@@ -118,7 +135,9 @@ class ExponentialMovingAverage:
         """Overwrite the average with the model's current weights (``steps`` is unchanged)."""
         source = self._source(model)
         with torch.no_grad():
-            torch._foreach_copy_(self._locals(list(self.averaged.values())), self._locals([source[k] for k in self.averaged]))
+            torch._foreach_copy_(
+                self._locals(list(self.averaged.values())), self._locals([source[k] for k in self.averaged])
+            )
 
     def copy_to(self, model: nn.Module) -> None:
         """Write the averaged weights into ``model`` for good (e.g. before exporting it)."""
@@ -133,7 +152,9 @@ class ExponentialMovingAverage:
             RuntimeError: If the averaged weights are already swapped in.
         """
         if self._backup is not None:
-            raise RuntimeError("The EMA weights are already swapped into the model; call swap_out(model) before swapping in again")
+            raise RuntimeError(
+                "The EMA weights are already swapped into the model; call swap_out(model) before swapping in again"
+            )
         targets = self._targets(model)
         self._backup = [t.clone() for t in targets]
         with torch.no_grad():
@@ -146,7 +167,9 @@ class ExponentialMovingAverage:
             RuntimeError: If nothing was swapped in.
         """
         if self._backup is None:
-            raise RuntimeError("swap_out(model) called but the EMA weights are not swapped in; call swap_in(model) first")
+            raise RuntimeError(
+                "swap_out(model) called but the EMA weights are not swapped in; call swap_in(model) first"
+            )
         targets = self._targets(model)
         with torch.no_grad():
             torch._foreach_copy_(targets, self._backup)
@@ -167,7 +190,8 @@ class ExponentialMovingAverage:
             self.swap_out(model)
 
     def state_dict(self) -> dict[str, Any]:
-        """The step count and the averaged tensors (references, as ``nn.Module.state_dict``: a sharded model's are DTensors, like its own state dict's)."""
+        """The step count and the averaged tensors (references, as ``nn.Module.state_dict``: a sharded model's are
+        DTensors, like its own state dict's)."""
         return {"steps": self.steps, "averaged": dict(self.averaged)}
 
     def load_state_dict(self, state_dict: Mapping[str, Any]) -> None:
@@ -185,9 +209,16 @@ class ExponentialMovingAverage:
                 f"The EMA state does not match the model: missing keys {missing}, unexpected keys {unexpected}; "
                 "build the EMA from the same model architecture that was saved"
             )
-        bad = [f"{k}: saved {tuple(saved[k].shape)}, model {tuple(v.shape)}" for k, v in self.averaged.items() if tuple(saved[k].shape) != tuple(v.shape)]
+        bad = [
+            f"{k}: saved {tuple(saved[k].shape)}, model {tuple(v.shape)}"
+            for k, v in self.averaged.items()
+            if tuple(saved[k].shape) != tuple(v.shape)
+        ]
         if bad:
-            raise ValueError("Shape mismatch loading the EMA state (build the EMA from the same model that was saved): " + "; ".join(bad))
+            raise ValueError(
+                "Shape mismatch loading the EMA state (build the EMA from the same model that was saved): "
+                + "; ".join(bad)
+            )
         with torch.no_grad():
             for key, tensor in self.averaged.items():
                 load_into(tensor, saved[key])
@@ -209,11 +240,15 @@ class ExponentialMovingAverage:
         return self._locals([source[k].detach() for k in self.averaged])
 
     def _locals(self, tensors: list[torch.Tensor]) -> list[torch.Tensor]:
-        """``tensors`` as the foreach kernels take them: each DTensor's local shard (a view: in-place updates reach it)."""
+        """``tensors`` as the foreach kernels take them: each DTensor's local shard (a view: in-place updates reach
+        it)."""
         return locals_of(tensors) if self.sharded else tensors
 
     def __repr__(self) -> str:
-        return f"{type(self).__name__}(momentum={self.momentum}, interval={self.interval}, update_buffers={self.update_buffers}, steps={self.steps})"
+        return (
+            f"{type(self).__name__}(momentum={self.momentum}, interval={self.interval}, "
+            f"update_buffers={self.update_buffers}, steps={self.steps})"
+        )
 
 
 def _like(src: torch.Tensor, ref: torch.Tensor) -> torch.Tensor:

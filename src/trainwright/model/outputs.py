@@ -58,13 +58,18 @@ def output_losses(output: Any) -> Any:
     loss = output.loss
     if loss is None:
         raise ValueError(
-            f"The model returned a {type(output).__name__} whose loss is None: the model computed no loss. A Hugging Face model "
-            "computes it only when the batch holds its targets (`labels` for a language model or a classifier): have the dataset "
-            "or collate_fn return them (e.g. transformers' DataCollatorForLanguageModeling), or return a loss from forward."
+            f"The model returned a {type(output).__name__} whose loss is None: the model computed no loss. A Hugging "
+            "Face model "
+            "computes it only when the batch holds its targets (`labels` for a language model or a classifier): have "
+            "the dataset "
+            "or collate_fn return them (e.g. transformers' DataCollatorForLanguageModeling), or return a loss from "
+            "forward."
         )
     if not isinstance(loss, torch.Tensor):
         raise TypeError(
-            f"The model returned a {type(output).__name__} whose loss is a {type(loss).__name__}, not a tensor: an output with a "
-            "`loss` attribute trains from that attribute, so it must be the loss tensor (return a dict of losses otherwise)."
+            f"The model returned a {type(output).__name__} whose loss is a {type(loss).__name__}, not a tensor: an "
+            "output with a "
+            "`loss` attribute trains from that attribute, so it must be the loss tensor (return a dict of losses "
+            "otherwise)."
         )
     return {"loss": loss}

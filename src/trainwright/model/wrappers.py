@@ -20,7 +20,8 @@ from torch.nn.parallel import DistributedDataParallel
 
 
 def unused_parameters(outputs: Any, model: nn.Module) -> list[str]:
-    """Names of ``model``'s trainable parameters that no tensor of ``outputs`` depends on (mmengine's ``detect_anomalous_params``).
+    """Names of ``model``'s trainable parameters that no tensor of ``outputs`` depends on (mmengine's
+    ``detect_anomalous_params``).
 
     Walks the autograd graph back from every tensor in ``outputs`` (a tensor, or a dict / list
     of them) to the parameters' gradient accumulators.
@@ -75,8 +76,10 @@ class DistributedDataParallelWrapper(DistributedDataParallel):
         routes = getattr(module, "routes_train_forward", None)
         if callable(routes) and not routes():
             warnings.warn(
-                f"{type(module).__name__} overrides train_step, so DDP does not see the forwards it makes (self(...), a submodule) and "
-                "wrapper.train_step would not synchronise the gradients. Train it with Trainer(strategy='ddp'), which averages them "
+                f"{type(module).__name__} overrides train_step, so DDP does not see the forwards it makes (self(...), "
+                "a submodule) and "
+                "wrapper.train_step would not synchronise the gradients. Train it with Trainer(strategy='ddp'), which "
+                "averages them "
                 "before each update; or send every training forward through `self.forward_caller or self` and override "
                 "routes_train_forward() to return True.",
                 UserWarning,
@@ -90,7 +93,8 @@ class DistributedDataParallelWrapper(DistributedDataParallel):
             unused = unused_parameters(outputs, self.module)
             if unused:
                 warnings.warn(
-                    f"detect_anomalous_params: the loss does not depend on the parameters {unused}: they get no gradient. "
+                    f"detect_anomalous_params: the loss does not depend on the parameters {unused}: they get no "
+                    "gradient. "
                     "Use them in the loss, freeze them (requires_grad=False), or pass find_unused_parameters=True.",
                     RuntimeWarning,
                     stacklevel=2,

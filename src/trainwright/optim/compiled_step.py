@@ -22,7 +22,8 @@ from trainwright.registry import check_keys
 #: ``torch.compile`` arguments accepted by ``compile=dict(...)`` of an optim wrapper.
 STEP_COMPILE_KEYS = frozenset({"fullgraph", "dynamic", "backend", "mode", "options", "disable"})
 
-#: A step hook: ``hook(optimizer, args, kwargs)``, as torch's ``Optimizer.register_step_pre_hook`` / ``_post_hook`` call theirs.
+#: A step hook: ``hook(optimizer, args, kwargs)``, as torch's ``Optimizer.register_step_pre_hook`` / ``_post_hook`` call
+#: theirs.
 StepHook = Callable[[torch.optim.Optimizer, tuple[Any, ...], dict[str, Any]], None]
 
 
@@ -67,14 +68,16 @@ class CompiledStep:
         return handle
 
     def register_step_post_hook(self, hook: StepHook) -> RemovableHandle:
-        """Run ``hook(optimizer, args, kwargs)`` after each step, outside the compiled function; returns the handle that removes it."""
+        """Run ``hook(optimizer, args, kwargs)`` after each step, outside the compiled function; returns the handle
+        that removes it."""
         handle = RemovableHandle(self._post_hooks)
         self._post_hooks[handle.id] = hook
         return handle
 
     @contextlib.contextmanager
     def eager(self) -> Iterator[None]:
-        """Inside, the step runs eagerly (the optimizer's own step, its ``lr`` floats untouched): e.g. one iteration counted by the FlopsHook."""
+        """Inside, the step runs eagerly (the optimizer's own step, its ``lr`` floats untouched): e.g. one iteration
+        counted by the FlopsHook."""
         before, self.run_eagerly = self.run_eagerly, True
         try:
             yield
@@ -84,7 +87,10 @@ class CompiledStep:
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         """Step with each group's ``lr`` as a tensor (one per group, reused: no recompilation when it changes)."""
         if args or kwargs:
-            raise TypeError("the compiled optimizer step takes no closure or arguments; drop optim_wrapper compile=True to pass them")
+            raise TypeError(
+                "the compiled optimizer step takes no closure or arguments; drop optim_wrapper compile=True to pass "
+                "them"
+            )
         if not (self._pre_hooks or self._post_hooks):
             return self._step()
         for hook in list(self._pre_hooks.values()):
@@ -122,7 +128,8 @@ class CompiledStep:
 
 
 def _lr_tensor(group: Mapping[str, Any]) -> torch.Tensor | None:
-    """The 0-dim tensor a group's ``lr`` becomes during the step, on its parameters' device; None where torch refuses a tensor lr.
+    """The 0-dim tensor a group's ``lr`` becomes during the step, on its parameters' device; None where torch refuses a
+    tensor lr.
 
     torch's multi-tensor (``foreach``) implementations accept a tensor ``lr`` only when
     ``capturable``, which the compiler turns on for CUDA parameters but not on the CPU: there
@@ -133,8 +140,10 @@ def _lr_tensor(group: Mapping[str, Any]) -> torch.Tensor | None:
     device = params[0].device if params else torch.device("cpu")
     if group.get("foreach") and not group.get("capturable") and device.type == "cpu":
         warnings.warn(
-            "optim_wrapper compile=True with foreach=True on the CPU: torch accepts no tensor lr there, so each new lr value compiles the "
-            "optimizer step again (a scheduled lr recompiles until torch's limit, then runs eagerly). Pass foreach=False to the optimizer.",
+            "optim_wrapper compile=True with foreach=True on the CPU: torch accepts no tensor lr there, so each new lr "
+            "value compiles the "
+            "optimizer step again (a scheduled lr recompiles until torch's limit, then runs eagerly). Pass "
+            "foreach=False to the optimizer.",
             UserWarning,
             stacklevel=4,
         )
@@ -143,7 +152,8 @@ def _lr_tensor(group: Mapping[str, Any]) -> torch.Tensor | None:
 
 
 def compile_step(optimizer: torch.optim.Optimizer, compile: bool | Mapping[str, Any]) -> CompiledStep | None:
-    """Install a :class:`CompiledStep` as ``optimizer.step`` when ``compile`` asks for it; returns it (None: not compiled).
+    """Install a :class:`CompiledStep` as ``optimizer.step`` when ``compile`` asks for it; returns it (None: not
+    compiled).
 
     Raises:
         ValueError: an unknown ``torch.compile`` argument.

@@ -20,22 +20,37 @@ import torch
 from torch import nn
 
 from trainwright.optim.optim_wrapper import OptimWrapper
-from trainwright.registry import OPTIM_WRAPPER_CONSTRUCTORS, OPTIM_WRAPPERS, OPTIMIZERS, TYPO_CUTOFF, check_keys, dropping_scope
+from trainwright.registry import (
+    OPTIM_WRAPPER_CONSTRUCTORS,
+    OPTIM_WRAPPERS,
+    OPTIMIZERS,
+    TYPO_CUTOFF,
+    check_keys,
+    dropping_scope,
+)
 
 #: ``paramwise_cfg`` keys and what each multiplies.
 PARAMWISE_KEYS = {
-    "custom_keys": "per-name options: {substring of 'prefix.name': dict(lr_mult=..., decay_mult=..., <any optimizer option>)}",
+    "custom_keys": "per-name options: "
+    "{substring of 'prefix.name': dict(lr_mult=..., decay_mult=..., <any optimizer option>)}",
     "bias_lr_mult": "lr of every bias (not of normalization layers or deformable-conv offsets)",
     "bias_decay_mult": "weight_decay of every bias (not of normalization layers or deformable-conv offsets)",
-    "norm_decay_mult": "weight_decay of the weight and bias of normalization layers (BatchNorm, InstanceNorm, GroupNorm, LayerNorm, RMSNorm)",
+    "norm_decay_mult": "weight_decay of the weight and bias of normalization layers "
+    "(BatchNorm, InstanceNorm, GroupNorm, LayerNorm, RMSNorm)",
     "dwconv_decay_mult": "weight_decay of depthwise Conv2d layers (in_channels == groups)",
     "flat_decay_mult": "weight_decay of every other 1-d parameter",
-    "dcn_offset_lr_mult": "lr of the conv_offset layers inside deformable convolutions (mmcv DeformConv2d / ModulatedDeformConv2d)",
+    "dcn_offset_lr_mult": "lr of the conv_offset layers inside deformable convolutions "
+    "(mmcv DeformConv2d / ModulatedDeformConv2d)",
     "bypass_duplicate": "True: a parameter shared by several modules is added once (its first name's options)",
     "merge_groups": "False: one param group per parameter (mmengine's layout) instead of one per distinct options",
 }
 _DECAY_KEYS = ("bias_decay_mult", "norm_decay_mult", "dwconv_decay_mult", "flat_decay_mult")
-_NORMS: tuple[type[nn.Module], ...] = (nn.modules.batchnorm._BatchNorm, nn.modules.instancenorm._InstanceNorm, nn.GroupNorm, nn.LayerNorm)
+_NORMS: tuple[type[nn.Module], ...] = (
+    nn.modules.batchnorm._BatchNorm,
+    nn.modules.instancenorm._InstanceNorm,
+    nn.GroupNorm,
+    nn.LayerNorm,
+)
 if hasattr(nn, "RMSNorm"):
     _NORMS = (*_NORMS, nn.RMSNorm)
 # mmcv's deformable convolutions, recognised by class name so mmcv need not be importable here.
@@ -49,7 +64,9 @@ def _is_dcn(module: nn.Module) -> bool:
 def _optimizer_options(cfg: Mapping[str, Any]) -> tuple[set[str] | None, dict[str, Any]]:
     """The option names the optimizer class accepts (None: it takes ``**kwargs``) and their defaults."""
     typ = cfg.get("type")
-    with dropping_scope(dict(cfg)):  # an unknown type names the config's _scope_, as in OPTIMIZERS.build, which drops it later
+    with dropping_scope(
+        dict(cfg)
+    ):  # an unknown type names the config's _scope_, as in OPTIMIZERS.build, which drops it later
         cls = OPTIMIZERS.get(typ) if isinstance(typ, str) else typ
     if not callable(cls):
         return None, {}
@@ -68,7 +85,10 @@ def build_optimizer(model: nn.Module, cfg: Mapping[str, Any] | torch.optim.Optim
     if isinstance(cfg, torch.optim.Optimizer):
         return cfg
     if not isinstance(cfg, Mapping):
-        raise TypeError(f"optimizer must be a torch.optim.Optimizer or a dict like dict(type='SGD', lr=0.1), got {type(cfg).__name__}")
+        raise TypeError(
+            "optimizer must be a torch.optim.Optimizer or a dict like dict(type='SGD', lr=0.1), got "
+            f"{type(cfg).__name__}"
+        )
     params = [p for p in model.parameters() if p.requires_grad]
     if not params:
         raise ValueError(f"{type(model).__name__} has no parameters that require gradients; nothing to optimize")
@@ -120,48 +140,71 @@ class DefaultOptimWrapperConstructor:
 
     def __init__(self, optim_wrapper_cfg: Mapping[str, Any], paramwise_cfg: Mapping[str, Any] | None = None) -> None:
         if not isinstance(optim_wrapper_cfg, Mapping) or "optimizer" not in optim_wrapper_cfg:
-            raise TypeError(f"optim_wrapper_cfg must be a dict with an 'optimizer' key, e.g. dict(optimizer=dict(type='SGD', lr=0.1)); got {optim_wrapper_cfg!r}")
+            raise TypeError(
+                "optim_wrapper_cfg must be a dict with an 'optimizer' key, e.g. dict(optimizer=dict(type='SGD', "
+                f"lr=0.1)); got {optim_wrapper_cfg!r}"
+            )
         if paramwise_cfg is not None and not isinstance(paramwise_cfg, Mapping):
-            raise TypeError(f"paramwise_cfg must be a dict like dict(norm_decay_mult=0.0) or None, got {type(paramwise_cfg).__name__}")
+            raise TypeError(
+                "paramwise_cfg must be a dict like dict(norm_decay_mult=0.0) or None, got "
+                f"{type(paramwise_cfg).__name__}"
+            )
         self.optim_wrapper_cfg = dict(optim_wrapper_cfg)
         optimizer = self.optim_wrapper_cfg.pop("optimizer")
         self.paramwise_cfg: dict[str, Any] = dict(paramwise_cfg or {})
         self._seen: dict[int, str] = {}  # id(parameter) -> its first name, while add_params runs
-        #: The learning rate and weight decay the multipliers scale (the optimizer's own default lr when the config gives none).
+        #: The learning rate and weight decay the multipliers scale (the optimizer's own default lr when the config
+        #: gives none).
         self.base_lr: float | None = None
         self.base_wd: float | None = None
         self._accepted_options: set[str] | None = None
         if isinstance(optimizer, torch.optim.Optimizer):
             if self.paramwise_cfg:
-                raise TypeError(f"paramwise_cfg builds the optimizer's param groups, so optimizer must be a config dict like dict(type='SGD', lr=0.1), not a built {type(optimizer).__name__}")
+                raise TypeError(
+                    "paramwise_cfg builds the optimizer's param groups, so optimizer must be a config dict like "
+                    f"dict(type='SGD', lr=0.1), not a built {type(optimizer).__name__}"
+                )
             self.optimizer_cfg: Any = optimizer
             return
         if not isinstance(optimizer, Mapping):
-            raise TypeError(f"optimizer must be a torch.optim.Optimizer or a dict like dict(type='SGD', lr=0.1), got {type(optimizer).__name__}")
+            raise TypeError(
+                "optimizer must be a torch.optim.Optimizer or a dict like dict(type='SGD', lr=0.1), got "
+                f"{type(optimizer).__name__}"
+            )
         self.optimizer_cfg = dict(optimizer)
-        accepted, signature_defaults = _optimizer_options(self.optimizer_cfg) if "type" in self.optimizer_cfg else (None, {})
+        accepted, signature_defaults = (
+            _optimizer_options(self.optimizer_cfg) if "type" in self.optimizer_cfg else (None, {})
+        )
         self._accepted_options = accepted
         self.base_lr = self.optimizer_cfg.get("lr", signature_defaults.get("lr"))
         self.base_wd = self.optimizer_cfg.get("weight_decay")
         self._validate()
 
-    #: The ``paramwise_cfg`` keys a subclass reads itself (mmpretrain's layer-wise decay: ``decay_rate``, ``decay_type``,
+    #: The ``paramwise_cfg`` keys a subclass reads itself (mmpretrain's layer-wise decay: ``decay_rate``,
+    #: ``decay_type``,
     #: ``num_layers``), accepted beside ``PARAMWISE_KEYS``. None (not declared): a subclass that overrides
     #: :meth:`add_params` or :meth:`__call__` accepts any other key, as mmengine does; this class refuses them.
     paramwise_keys: ClassVar[frozenset[str] | None] = None
 
     def _extra_keys_allowed(self) -> bool:
-        """Whether undeclared ``paramwise_cfg`` keys are this constructor's own: it reads ``paramwise_cfg`` in an overridden method."""
+        """Whether undeclared ``paramwise_cfg`` keys are this constructor's own: it reads ``paramwise_cfg`` in an
+        overridden method."""
         cls = type(self)
-        return cls.paramwise_keys is None and (cls.add_params is not DefaultOptimWrapperConstructor.add_params or cls.__call__ is not DefaultOptimWrapperConstructor.__call__)
+        return cls.paramwise_keys is None and (
+            cls.add_params is not DefaultOptimWrapperConstructor.add_params
+            or cls.__call__ is not DefaultOptimWrapperConstructor.__call__
+        )
 
     def _validate(self) -> None:
         cfg = self.paramwise_cfg
         own = type(self).paramwise_keys or frozenset()
         if not self._extra_keys_allowed():
             check_keys(
-                "paramwise_cfg", cfg, {*PARAMWISE_KEYS, *own},
-                hint=f"Allowed: {sorted({*PARAMWISE_KEYS, *own})} (what each does: docs/optim.md, paramwise_cfg); a constructor subclass that reads "
+                "paramwise_cfg",
+                cfg,
+                {*PARAMWISE_KEYS, *own},
+                hint=f"Allowed: {sorted({*PARAMWISE_KEYS, *own})} (what each does: docs/optim.md, paramwise_cfg); a "
+                "constructor subclass that reads "
                 "keys of its own declares them: paramwise_keys = frozenset({...})",
             )
         for key in ("bias_lr_mult", "dcn_offset_lr_mult", *_DECAY_KEYS):
@@ -170,25 +213,51 @@ class DefaultOptimWrapperConstructor:
                 raise ValueError(f"paramwise_cfg {key}={value!r} must be a number (a multiplier, e.g. {key}=0.0)")
         custom = cfg.get("custom_keys", {})
         if not isinstance(custom, Mapping):
-            raise TypeError(f"paramwise_cfg custom_keys must be a dict {{name substring: dict(lr_mult=..., decay_mult=...)}}, got {type(custom).__name__}")
+            raise TypeError(
+                f"paramwise_cfg custom_keys must be a dict {{name substring: dict(lr_mult=..., decay_mult=...)}}, got "
+                f"{type(custom).__name__}"
+            )
         allowed = None if self._accepted_options is None else {"lr_mult", "decay_mult", *self._accepted_options}
         for name, entry in custom.items():
             if not isinstance(entry, Mapping):
-                raise TypeError(f"paramwise_cfg custom_keys[{name!r}] must be a dict like dict(lr_mult=0.1, decay_mult=0.0), got {entry!r}")
+                raise TypeError(
+                    f"paramwise_cfg custom_keys[{name!r}] must be a dict like dict(lr_mult=0.1, decay_mult=0.0), got "
+                    f"{entry!r}"
+                )
             if allowed is not None:
-                check_keys(f"paramwise_cfg custom_keys[{name!r}]", entry, allowed, hint=f"Allowed: lr_mult, decay_mult and the optimizer's options {sorted(allowed - {'lr_mult', 'decay_mult'})}")
+                check_keys(
+                    f"paramwise_cfg custom_keys[{name!r}]",
+                    entry,
+                    allowed,
+                    hint="Allowed: lr_mult, decay_mult and the optimizer's options "
+                    f"{sorted(allowed - {'lr_mult', 'decay_mult'})}",
+                )
             if "decay_mult" in entry and self.base_wd is None:
-                raise ValueError(f"paramwise_cfg custom_keys[{name!r}] has decay_mult, which multiplies the optimizer's weight_decay, but optimizer={self.optimizer_cfg!r} gives none: add weight_decay=... to it")
+                raise ValueError(
+                    f"paramwise_cfg custom_keys[{name!r}] has decay_mult, which multiplies the optimizer's "
+                    f"weight_decay, but optimizer={self.optimizer_cfg!r} gives none: add weight_decay=... to it"
+                )
         for key in _DECAY_KEYS:
             if key in cfg and self.base_wd is None:
-                raise ValueError(f"paramwise_cfg {key} multiplies the optimizer's weight_decay, but optimizer={self.optimizer_cfg!r} gives none: add weight_decay=... to it")
-        wants_lr = any(k in cfg for k in ("bias_lr_mult", "dcn_offset_lr_mult")) or any("lr_mult" in e for e in custom.values())
+                raise ValueError(
+                    f"paramwise_cfg {key} multiplies the optimizer's weight_decay, but "
+                    f"optimizer={self.optimizer_cfg!r} gives none: add weight_decay=... to it"
+                )
+        wants_lr = any(k in cfg for k in ("bias_lr_mult", "dcn_offset_lr_mult")) or any(
+            "lr_mult" in e for e in custom.values()
+        )
         if wants_lr and self.base_lr is None:
-            raise ValueError(f"paramwise_cfg has a learning-rate multiplier, but optimizer={self.optimizer_cfg!r} has no lr to multiply: add lr=... to it")
+            raise ValueError(
+                f"paramwise_cfg has a learning-rate multiplier, but optimizer={self.optimizer_cfg!r} has no lr to "
+                "multiply: add lr=... to it"
+            )
 
     # -- param groups ---------------------------------------------------------------------
-    def add_params(self, params: list[dict[str, Any]], module: nn.Module, prefix: str = "", is_dcn_module: bool = False) -> None:
-        """Append one ``{"params": [p], "param_names": [name], **options}`` per trainable parameter of ``module`` (recursively) to ``params``.
+    def add_params(
+        self, params: list[dict[str, Any]], module: nn.Module, prefix: str = "", is_dcn_module: bool = False
+    ) -> None:
+        """Append one ``{"params": [p], "param_names": [name], **options}`` per trainable parameter of ``module``
+        (recursively) to ``params``.
 
         Args:
             params: The list of groups, extended in place.
@@ -210,8 +279,10 @@ class DefaultOptimWrapperConstructor:
                 if cfg.get("bypass_duplicate", False):
                     continue
                 raise ValueError(
-                    f"Parameter {full!r} is the same tensor as {seen[id(param)]!r} (shared / tied weights), and torch refuses a parameter in two "
-                    "param groups. Set paramwise_cfg bypass_duplicate=True to add it once, with the options of its first name."
+                    f"Parameter {full!r} is the same tensor as {seen[id(param)]!r} (shared / tied weights), and torch "
+                    "refuses a parameter in two "
+                    "param groups. Set paramwise_cfg bypass_duplicate=True to add it once, with the options of its "
+                    "first name."
                 )
             seen[id(param)] = full
             group: dict[str, Any] = {"params": [param]}
@@ -231,7 +302,17 @@ class DefaultOptimWrapperConstructor:
         for child_name, child in module.named_children():
             self.add_params(params, child, f"{prefix}.{child_name}" if prefix else child_name, child_in_dcn)
 
-    def _apply_rules(self, group: dict[str, Any], name: str, param: torch.Tensor, module: nn.Module, prefix: str, is_norm: bool, is_dwconv: bool, in_dcn: bool) -> None:
+    def _apply_rules(
+        self,
+        group: dict[str, Any],
+        name: str,
+        param: torch.Tensor,
+        module: nn.Module,
+        prefix: str,
+        is_norm: bool,
+        is_dwconv: bool,
+        in_dcn: bool,
+    ) -> None:
         cfg = self.paramwise_cfg
         base_lr, base_wd = self.base_lr, self.base_wd
         if name == "bias" and not (is_norm or in_dcn) and "bias_lr_mult" in cfg:
@@ -250,7 +331,8 @@ class DefaultOptimWrapperConstructor:
             group["weight_decay"] = base_wd * cfg["flat_decay_mult"]
 
     def _check_custom_keys(self, model: nn.Module) -> None:
-        """A ``custom_keys`` key contained in no parameter's name: a near-miss of a name is refused, any other key is warned about.
+        """A ``custom_keys`` key contained in no parameter's name: a near-miss of a name is refused, any other key is
+        warned about.
 
         A typo (``backbon.0`` for ``backbone.0``) would leave the parameters it meant at the default
         options (a layer meant to be frozen trains at full lr): ``KeyError``. A key close to no name
@@ -268,17 +350,33 @@ class DefaultOptimWrapperConstructor:
             if any(key in n for n in names):
                 continue
             if parts is None:
-                parts = sorted({".".join(p[i:j]) for p in (n.lstrip(".").split(".") for n in names) for i in range(len(p)) for j in range(i + 1, len(p) + 1)})
+                parts = sorted(
+                    {
+                        ".".join(p[i:j])
+                        for p in (n.lstrip(".").split(".") for n in names)
+                        for i in range(len(p))
+                        for j in range(i + 1, len(p) + 1)
+                    }
+                )
             close = difflib.get_close_matches(key.strip("."), parts, n=3, cutoff=0.6)
             shown = [n.lstrip(".") for n in names[:6]]
             message = (
-                f"paramwise_cfg custom_keys[{key!r}] matches no parameter of {type(model).__name__}: a key applies to every parameter whose "
-                f"dotted name contains it, so its options {dict(custom[key])!r} apply to nothing. " + (f"Close names: {', '.join(repr(c) for c in close)}. " if close else "")
-                + f"Parameter names: {', '.join(repr(n) for n in shown)}{', ...' if len(names) > len(shown) else ''} ({len(names)} in all)."
+                f"paramwise_cfg custom_keys[{key!r}] matches no parameter of {type(model).__name__}: a key applies to "
+                "every parameter whose "
+                f"dotted name contains it, so its options {dict(custom[key])!r} apply to nothing. "
+                + (f"Close names: {', '.join(repr(c) for c in close)}. " if close else "")
+                + f"Parameter names: {', '.join(repr(n) for n in shown)}{', ...' if len(names) > len(shown) else ''} "
+                f"({len(names)} in all)."
             )
-            if difflib.get_close_matches(key.strip("."), parts, n=1, cutoff=TYPO_CUTOFF):  # a near-miss: the parameters meant would train with the default options
+            if difflib.get_close_matches(
+                key.strip("."), parts, n=1, cutoff=TYPO_CUTOFF
+            ):  # a near-miss: the parameters meant would train with the default options
                 raise KeyError(message + " Correct the key to the name meant (or remove it).")
-            warnings.warn(message + " (A key of a base config written for another model; remove it from paramwise_cfg to silence this.)", stacklevel=2)
+            warnings.warn(
+                message
+                + " (A key of a base config written for another model; remove it from paramwise_cfg to silence this.)",
+                stacklevel=2,
+            )
 
     def param_groups(self, model: nn.Module) -> list[dict[str, Any]]:
         """The optimizer's param groups for ``model`` (merged by equal options unless ``merge_groups=False``).
@@ -306,7 +404,14 @@ class DefaultOptimWrapperConstructor:
                         m["param_names"] += g["param_names"]
                     break
             else:
-                merged.append({**g, "params": list(g["params"]), **({"param_names": list(g["param_names"])} if "param_names" in g else {}), "_options": options})
+                merged.append(
+                    {
+                        **g,
+                        "params": list(g["params"]),
+                        **({"param_names": list(g["param_names"])} if "param_names" in g else {}),
+                        "_options": options,
+                    }
+                )
         for m in merged:
             del m["_options"]
         return merged
@@ -318,7 +423,9 @@ class DefaultOptimWrapperConstructor:
         else:
             groups = self.param_groups(model)
             if not groups:
-                raise ValueError(f"{type(model).__name__} has no parameters that require gradients; nothing to optimize")
+                raise ValueError(
+                    f"{type(model).__name__} has no parameters that require gradients; nothing to optimize"
+                )
             optimizer = OPTIMIZERS.build(self.optimizer_cfg, params=groups)
         wrapper_cfg = dict(self.optim_wrapper_cfg)
         wrapper_cfg.setdefault("type", "OptimWrapper")

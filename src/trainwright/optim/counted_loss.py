@@ -57,15 +57,18 @@ def num_items_of(losses: Any) -> Count | None:
     n = losses[NUM_ITEMS]
     if isinstance(n, bool) or not (isinstance(n, (int, float)) or (isinstance(n, torch.Tensor) and n.numel() == 1)):
         raise TypeError(
-            f"The loss dict's {NUM_ITEMS!r} must be the number of items its losses are summed over (a number or a one-element "
+            f"The loss dict's {NUM_ITEMS!r} must be the number of items its losses are summed over (a number or a "
+            "one-element "
             f"tensor, e.g. (labels != -100).sum()), got {type(n).__name__}"
             + (f" of shape {tuple(n.shape)}" if isinstance(n, torch.Tensor) else "")
         )
     bad = [k for k, v in losses.items() if "loss" in k and not (isinstance(v, torch.Tensor) and v.dim() == 0)]
     if bad:
         raise TypeError(
-            f"The loss dict holds {NUM_ITEMS!r}, so each loss entry must be one number, the sum over those items; {bad} are not "
-            "scalar tensors. Sum them (e.g. F.cross_entropy(..., reduction='sum')), or drop num_items to return per-batch means."
+            f"The loss dict holds {NUM_ITEMS!r}, so each loss entry must be one number, the sum over those items; "
+            f"{bad} are not "
+            "scalar tensors. Sum them (e.g. F.cross_entropy(..., reduction='sum')), or drop num_items to return "
+            "per-batch means."
         )
     return n
 
@@ -97,7 +100,11 @@ class WindowItems:
         """Count the items of a summed loss just back-propagated (a tensor addition; nothing read on the host)."""
         if self._means:
             raise ValueError(_MIXED)
-        n = num_items.detach() if isinstance(num_items, torch.Tensor) else torch.as_tensor(num_items, device=loss.device)
+        n = (
+            num_items.detach()
+            if isinstance(num_items, torch.Tensor)
+            else torch.as_tensor(num_items, device=loss.device)
+        )
         n = n.reshape(())
         self.total = n if self.total is None else self.total + n
 
@@ -122,7 +129,8 @@ class WindowItems:
         self._means = False
 
     def state_dict(self) -> dict[str, Any]:
-        """``{"partial_items": count}`` for an unfinished window with a count (an optim wrapper's state holds it), else empty."""
+        """``{"partial_items": count}`` for an unfinished window with a count (an optim wrapper's state holds it),
+        else empty."""
         return {} if self.total is None else {"partial_items": self.total.detach().clone()}
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
@@ -133,8 +141,10 @@ class WindowItems:
 
 
 _MIXED = (
-    f"One accumulation window mixes losses with and without {NUM_ITEMS!r}: the summed ones are divided by the items of the "
-    f"window and the mean ones by the window's size, so their sum means nothing. Return {NUM_ITEMS!r} from every training "
+    f"One accumulation window mixes losses with and without {NUM_ITEMS!r}: the summed ones are divided by the items of "
+    "the "
+    f"window and the mean ones by the window's size, so their sum means nothing. Return {NUM_ITEMS!r} from every "
+    "training "
     "forward (0 for a batch without items), or from none."
 )
 
@@ -147,4 +157,6 @@ def item_factor(total: torch.Tensor, averaged_over: int) -> torch.Tensor:
     losses into the gradient of the per-item mean of every rank's items.
     """
     total = total.to(torch.float32)
-    return torch.where(total > 0, averaged_over / torch.where(total > 0, total, torch.ones_like(total)), torch.zeros_like(total))
+    return torch.where(
+        total > 0, averaged_over / torch.where(total > 0, total, torch.ones_like(total)), torch.zeros_like(total)
+    )

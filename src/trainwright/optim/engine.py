@@ -38,11 +38,13 @@ class UpdateEngine:
         optim_wrapper.precision.backward(loss, **kwargs)
 
     def skip_nonfinite(self, loss: torch.Tensor, optim_wrapper: OptimWrapper) -> bool:
-        """Whether to skip the micro-batch of ``loss`` (``skip_nonfinite``): it is NaN/Inf (several processes: on any of them, agreed)."""
+        """Whether to skip the micro-batch of ``loss`` (``skip_nonfinite``): it is NaN/Inf (several processes: on any
+        of them, agreed)."""
         return not bool(torch.isfinite(loss).all())
 
     def sync_gradients(self, optim_wrapper: OptimWrapper) -> None:
-        """Make the gradients of ``optim_wrapper``'s parameters the same on every process, before its update (unscaling, clipping, step).
+        """Make the gradients of ``optim_wrapper``'s parameters the same on every process, before its update (unscaling,
+        clipping, step).
 
         Nothing here, nor under a strategy whose backward synchronises them (DDP's reducer, FSDP,
         DeepSpeed). The DDP strategy averages them here when the model's training forward does
@@ -68,29 +70,34 @@ class UpdateEngine:
         return item_factor(items, 1)
 
     def no_sync_context(self) -> NoSyncContext | None:
-        """A ``model -> context`` that suppresses gradient sync inside accumulation windows; None: nothing to suppress."""
+        """A ``model -> context`` that suppresses gradient sync inside accumulation windows; None: nothing to
+        suppress."""
         return None
 
     def adapt_precision(self, precision: Precision) -> Precision:
-        """The precision a wrapper uses under this engine (e.g. with a sharded GradScaler); here ``precision`` itself."""
+        """The precision a wrapper uses under this engine (e.g. with a sharded GradScaler); here ``precision``
+        itself."""
         return precision
 
 
 def _own_no_sync(model: nn.Module) -> contextlib.AbstractContextManager:
-    """``no_sync()`` of the module that runs ``model``'s training forward (its DDP wrapper, or itself), if it has one."""
+    """``no_sync()`` of the module that runs ``model``'s training forward (its DDP wrapper, or itself), if it has
+    one."""
     runner = getattr(model, "forward_caller", None) or model
     no_sync = getattr(runner, "no_sync", None)
     return no_sync() if callable(no_sync) else contextlib.nullcontext()
 
 
 class LocalEngine(UpdateEngine):
-    """The engine of a wrapper used in the user's own loop: a DDP model's own ``no_sync`` inside windows, as mmengine's ``optim_context``."""
+    """The engine of a wrapper used in the user's own loop: a DDP model's own ``no_sync`` inside windows, as
+    mmengine's ``optim_context``."""
 
     def no_sync_context(self) -> NoSyncContext | None:  # noqa: D102
         return _own_no_sync
 
     def item_scale(self, items: torch.Tensor) -> torch.Tensor:
-        """Under ``torch.distributed``, the count summed over every process, for a DDP model's averaged gradients (else ``1 / items``)."""
+        """Under ``torch.distributed``, the count summed over every process, for a DDP model's averaged gradients
+        (else ``1 / items``)."""
         world = get_world_size()
         if world == 1:
             return item_factor(items, 1)

@@ -36,7 +36,9 @@ def _check_clip_grad(clip_grad: Mapping[str, Any] | None) -> dict[str, Any] | No
     if clip_grad is None:
         return None
     if not isinstance(clip_grad, Mapping):
-        raise TypeError(f"clip_grad must be a dict like dict(max_norm=1.0) or dict(type='value', clip_value=0.5), got {clip_grad!r}")
+        raise TypeError(
+            f"clip_grad must be a dict like dict(max_norm=1.0) or dict(type='value', clip_value=0.5), got {clip_grad!r}"
+        )
     cfg = dict(clip_grad)
     kind = cfg.get("type", "norm")
     if kind not in ("norm", "value"):
@@ -49,19 +51,28 @@ def _check_clip_grad(clip_grad: Mapping[str, Any] | None) -> dict[str, Any] | No
         value = cfg.get(key)
         if key in cfg and (isinstance(value, bool) or not isinstance(value, (int, float)) or not value > 0):
             raise ValueError(
-                f"clip_grad {key}={value!r} must be a number > 0 (a negative {key} turns clipping into gradient ascent); e.g. dict({key}=1.0)"
-                if key != "norm_type" else f"clip_grad norm_type={value!r} must be a number > 0 (2 for the Euclidean norm, float('inf') for the max norm)"
+                f"clip_grad {key}={value!r} must be a number > 0 (a negative {key} turns clipping into gradient "
+                f"ascent); e.g. dict({key}=1.0)"
+                if key != "norm_type"
+                else f"clip_grad norm_type={value!r} must be a number > 0 (2 for the Euclidean norm, float('inf') for "
+                "the max norm)"
             )
     cfg["type"] = kind
     return cfg
 
 
-def _clip_grad_value(parameters: Iterable[torch.Tensor], clip_value: float, foreach: bool | None = None) -> torch.Tensor:
+def _clip_grad_value(
+    parameters: Iterable[torch.Tensor], clip_value: float, foreach: bool | None = None
+) -> torch.Tensor:
     """``torch.nn.utils.clip_grad_value_``, returning the total 2-norm of the clipped gradients (for logging)."""
     params = list(parameters)
     torch.nn.utils.clip_grad_value_(params, clip_value, foreach=foreach)
     grads = [p.grad for p in params if p.grad is not None]
-    return torch.linalg.vector_norm(torch.stack([torch.linalg.vector_norm(g) for g in grads])) if grads else torch.zeros(())
+    return (
+        torch.linalg.vector_norm(torch.stack([torch.linalg.vector_norm(g) for g in grads]))
+        if grads
+        else torch.zeros(())
+    )
 
 
 def _live_params(optimizer: torch.optim.Optimizer) -> list[torch.Tensor]:
@@ -72,9 +83,12 @@ def _live_params(optimizer: torch.optim.Optimizer) -> list[torch.Tensor]:
 def _warn_lost_window(init_counts: int, max_counts: int, acc: int) -> None:
     done = init_counts % acc
     warnings.warn(
-        f"Training resumes {done} micro-batch(es) into an accumulation window of accumulative_counts={acc} (position {init_counts} of {max_counts}), "
-        f"but the gradients of those micro-batches are not here (the checkpoint was saved by a run with another accumulative_counts, or holds no "
-        f"'partial_grads'): this window's update uses only its remaining micro-batches. Resume with the accumulative_counts the checkpoint was "
+        f"Training resumes {done} micro-batch(es) into an accumulation window of accumulative_counts={acc} (position "
+        f"{init_counts} of {max_counts}), "
+        "but the gradients of those micro-batches are not here (the checkpoint was saved by a run with another "
+        "accumulative_counts, or holds no "
+        "'partial_grads'): this window's update uses only its remaining micro-batches. Resume with the "
+        "accumulative_counts the checkpoint was "
         "saved with, or from a checkpoint saved at a multiple of it.",
         UserWarning,
         stacklevel=3,
@@ -82,14 +96,20 @@ def _warn_lost_window(init_counts: int, max_counts: int, acc: int) -> None:
 
 
 def _warn_batch_norm(model: nn.Module, acc: int) -> None:
-    names = [n or type(model).__name__ for n, m in model.named_modules() if isinstance(m, nn.modules.batchnorm._BatchNorm)]
-    while names and all(n.startswith("module.") for n in names):  # named as in the user's model, not inside DDP / adapter wrappers
-        names = [n[len("module."):] for n in names]
+    names = [
+        n or type(model).__name__ for n, m in model.named_modules() if isinstance(m, nn.modules.batchnorm._BatchNorm)
+    ]
+    while names and all(
+        n.startswith("module.") for n in names
+    ):  # named as in the user's model, not inside DDP / adapter wrappers
+        names = [n[len("module.") :] for n in names]
     if names:
         shown = ", ".join(names[:8]) + (f" and {len(names) - 8} more" if len(names) > 8 else "")
         warnings.warn(
-            f"Gradient accumulation (accumulative_counts={acc}) with BatchNorm layers ({shown}): their batch statistics are computed over each "
-            f"micro-batch, not over the {acc} accumulated ones, so training differs from one step on a {acc}x larger batch and may be slightly worse. "
+            f"Gradient accumulation (accumulative_counts={acc}) with BatchNorm layers ({shown}): their batch "
+            "statistics are computed over each "
+            f"micro-batch, not over the {acc} accumulated ones, so training differs from one step on a {acc}x larger "
+            "batch and may be slightly worse. "
             "Use a larger per-step batch, or GroupNorm / LayerNorm, if that matters.",
             UserWarning,
             stacklevel=3,
@@ -149,9 +169,14 @@ class OptimWrapper:
         compile: bool | Mapping[str, Any] = False,
     ) -> None:
         if not isinstance(optimizer, torch.optim.Optimizer):
-            raise TypeError(f"OptimWrapper needs a torch.optim.Optimizer, got {type(optimizer).__name__}; pass optimizer=dict(type='SGD', lr=...) to the Trainer to build one")
+            raise TypeError(
+                f"OptimWrapper needs a torch.optim.Optimizer, got {type(optimizer).__name__}; pass "
+                "optimizer=dict(type='SGD', lr=...) to the Trainer to build one"
+            )
         if not isinstance(accumulative_counts, int) or accumulative_counts < 1:
-            raise ValueError(f"accumulative_counts must be an int >= 1 (1 = no accumulation), got {accumulative_counts!r}")
+            raise ValueError(
+                f"accumulative_counts must be an int >= 1 (1 = no accumulation), got {accumulative_counts!r}"
+            )
         self.optimizer = optimizer
         self._accumulative_counts = accumulative_counts
         #: Asked in order before each backward by :meth:`update_params` (see :mod:`trainwright.optim.update_guard`).
@@ -159,7 +184,9 @@ class OptimWrapper:
         self._nonfinite = NonFiniteGuard(self)  # kept while switched off: its count is skipped_steps
         self.skip_nonfinite = bool(skip_nonfinite)
         self.grad_norm: torch.Tensor | None = None
-        self._spent_loss: torch.Tensor | None = None  # the last back-propagated loss, kept until the next one (see backward)
+        self._spent_loss: torch.Tensor | None = (
+            None  # the last back-propagated loss, kept until the next one (see backward)
+        )
         self._spike_guard: SpikeGuard | None = None
         self._skip_window = False  # the spike guard skips the current accumulation window's step
         self._items = WindowItems()  # the items of the window's summed losses (update_params(num_items=...))
@@ -173,7 +200,9 @@ class OptimWrapper:
         #: optimizer's defaults: schedulers move its ``lr`` like the others', and :meth:`get_lr`
         #: reports it as ``base_lr`` (mmengine's ``base_param_settings``). None otherwise.
         self.base_param_settings: dict[str, Any] | None = (
-            {"params": [], **optimizer.defaults} if len(optimizer.param_groups) > 1 and "lr" in optimizer.defaults else None
+            {"params": [], **optimizer.defaults}
+            if len(optimizer.param_groups) > 1 and "lr" in optimizer.defaults
+            else None
         )
         self.clip_grad = clip_grad  # type: ignore[assignment]  # validated into a dict by the setter
         self.precision = precision if precision is not None else Precision()
@@ -198,7 +227,10 @@ class OptimWrapper:
         cfg = self._clip_grad
         clip: ClipFn | None = None
         if cfg is not None:
-            clip = functools.partial(torch.nn.utils.clip_grad_norm_ if cfg["type"] == "norm" else _clip_grad_value, **{k: v for k, v in cfg.items() if k != "type"})
+            clip = functools.partial(
+                torch.nn.utils.clip_grad_norm_ if cfg["type"] == "norm" else _clip_grad_value,
+                **{k: v for k, v in cfg.items() if k != "type"},
+            )
         self._clip = clip
 
     @property
@@ -209,7 +241,10 @@ class OptimWrapper:
     @precision.setter
     def precision(self, value: Precision) -> None:
         if not isinstance(value, Precision):
-            raise TypeError(f"precision must be a trainwright.amp.Precision, got {type(value).__name__}; use build_precision('16-mixed'), MixedPrecision(...) or Precision() for float32")
+            raise TypeError(
+                f"precision must be a trainwright.amp.Precision, got {type(value).__name__}; use "
+                "build_precision('16-mixed'), MixedPrecision(...) or Precision() for float32"
+            )
         self._precision = value
         self._decide_context_free()
 
@@ -236,11 +271,14 @@ class OptimWrapper:
         # nothing to autocast, and no gradient sync to suppress (no switch, or no window: with
         # accumulative_counts=1 every backward closes its window and must sync).
         no_window = self._no_sync_context is None or self._accumulative_counts == 1
-        self.context_free = no_window and not self._precision.autocasts and type(self).optim_context is OptimWrapper.optim_context
+        self.context_free = (
+            no_window and not self._precision.autocasts and type(self).optim_context is OptimWrapper.optim_context
+        )
 
     @property
     def skip_nonfinite(self) -> bool:
-        """Whether a micro-batch with a NaN/Inf loss is skipped (its :class:`~trainwright.optim.update_guard.NonFiniteGuard` is in :attr:`update_guards`)."""
+        """Whether a micro-batch with a NaN/Inf loss is skipped (its
+        :class:`~trainwright.optim.update_guard.NonFiniteGuard` is in :attr:`update_guards`)."""
         return any(g is self._nonfinite for g in self.update_guards)
 
     @skip_nonfinite.setter
@@ -261,13 +299,17 @@ class OptimWrapper:
 
     @property
     def spike_guard(self) -> SpikeGuard | None:
-        """The loss-spike guard, or None; assigning it puts it first in :attr:`update_guards` (in place of the previous one)."""
+        """The loss-spike guard, or None; assigning it puts it first in :attr:`update_guards` (in place of the
+        previous one)."""
         return self._spike_guard
 
     @spike_guard.setter
     def spike_guard(self, value: SpikeGuard | None) -> None:
         if value is not None and not isinstance(value, SpikeGuard):
-            raise TypeError(f"spike_guard must be a trainwright SpikeGuard or None, got {type(value).__name__}; pass Trainer(spike_guard=dict(...))")
+            raise TypeError(
+                f"spike_guard must be a trainwright SpikeGuard or None, got {type(value).__name__}; pass "
+                "Trainer(spike_guard=dict(...))"
+            )
         old = self._spike_guard
         self.update_guards[:] = [g for g in self.update_guards if g is not old]
         self._spike_guard = value
@@ -275,8 +317,15 @@ class OptimWrapper:
             self.update_guards.insert(0, value)
 
     # -- the step -------------------------------------------------------------------------
-    def update_params(self, loss: torch.Tensor, step_kwargs: dict | None = None, zero_kwargs: dict | None = None, num_items: Count | None = None) -> None:
-        """Ask the :attr:`update_guards`, ``scale_loss`` → ``backward`` → if ``should_update()``: ``step`` → ``zero_grad``.
+    def update_params(
+        self,
+        loss: torch.Tensor,
+        step_kwargs: dict | None = None,
+        zero_kwargs: dict | None = None,
+        num_items: Count | None = None,
+    ) -> None:
+        """Ask the :attr:`update_guards`, ``scale_loss`` → ``backward`` → if ``should_update()``: ``step`` →
+        ``zero_grad``.
 
         ``step`` unscales (float16) and clips when clipping is on, then steps the optimizer.
         ``step_kwargs`` / ``zero_kwargs`` are passed to ``step`` / ``zero_grad``.
@@ -304,7 +353,8 @@ class OptimWrapper:
             self.zero_grad(**(zero_kwargs or {}))
 
     def _guarded(self, loss: torch.Tensor) -> bool:
-        """Whether a guard skips this micro-batch (the first that says so decides; one that ``skips_window`` marks the window)."""
+        """Whether a guard skips this micro-batch (the first that says so decides; one that ``skips_window`` marks
+        the window)."""
         for guard in self.update_guards:
             if guard.check(loss):
                 if guard.skips_window:
@@ -313,7 +363,8 @@ class OptimWrapper:
         return False
 
     def _backward_micro_batch(self, loss: torch.Tensor, num_items: Count | None) -> None:
-        """A mean loss: ``backward(scale_loss(loss))``; a summed one (``num_items``): ``backward(loss)``, its items counted once back-propagated."""
+        """A mean loss: ``backward(scale_loss(loss))``; a summed one (``num_items``): ``backward(loss)``, its items
+        counted once back-propagated."""
         if num_items is None:
             self._items.add_mean()
             self.backward(self.scale_loss(loss))
@@ -335,7 +386,8 @@ class OptimWrapper:
         """Back-propagate ``loss`` through the strategy (scaled by the GradScaler, if any) and count the micro-batch.
 
         The :attr:`update_guards` (``skip_nonfinite``, the spike guard) are asked by
-        :meth:`update_params`, before this. The loss is kept until the next backward, as a hand-written loop's ``loss`` variable is: its spent
+        :meth:`update_params`, before this. The loss is kept until the next backward, as a hand-written loop's ``loss``
+        variable is: its spent
         graph still holds each parameter's gradient accumulator, which the next forward reuses
         (see docs/benchmarks.md). A backward that keeps its graph (``retain_graph`` /
         ``create_graph``) is not held on to.
@@ -352,7 +404,8 @@ class OptimWrapper:
         self._spent_loss = None
 
     def step(self, **kwargs: Any) -> None:
-        """Synchronise the gradients (the strategy's, when its backward did not), clip when clipping is on (float16 gradients unscaled first), then step the optimizer.
+        """Synchronise the gradients (the strategy's, when its backward did not), clip when clipping is on (float16
+        gradients unscaled first), then step the optimizer.
 
         With a GradScaler the step is skipped when gradients overflowed, and the scale adapts.
         When the window's losses carried their count (``update_params(num_items=...)``), the
@@ -386,7 +439,9 @@ class OptimWrapper:
         self._max_counts = max_counts
         acc = self._accumulative_counts
         if acc > 1:  # nothing to check without accumulation
-            inside_window = init_counts % acc != 0 and init_counts != max_counts  # the span's end closes its last window too
+            inside_window = (
+                init_counts % acc != 0 and init_counts != max_counts
+            )  # the span's end closes its last window too
             if inside_window and not any(p.grad is not None for p in _live_params(self.optimizer)):
                 _warn_lost_window(init_counts, max_counts, acc)
             if model is not None and model is not self._bn_checked:
@@ -405,7 +460,7 @@ class OptimWrapper:
     @contextlib.contextmanager
     def _context(self, model: nn.Module) -> Iterator[None]:
         sync = self._no_sync_context if (self._no_sync_context is not None and not self.should_sync()) else None
-        with (sync(model) if sync is not None else _NULL), self._precision.autocast():
+        with sync(model) if sync is not None else _NULL, self._precision.autocast():
             yield
 
     def optim_context(self, model: nn.Module) -> contextlib.AbstractContextManager:
@@ -432,7 +487,8 @@ class OptimWrapper:
     # -- read-outs ------------------------------------------------------------------------
     @property
     def param_groups(self) -> list[dict[str, Any]]:
-        """The optimizer's parameter groups, and :attr:`base_param_settings` last when there is one (schedulers act on these)."""
+        """The optimizer's parameter groups, and :attr:`base_param_settings` last when there is one (schedulers act
+        on these)."""
         base = self.base_param_settings
         return self.optimizer.param_groups if base is None else [*self.optimizer.param_groups, base]
 
@@ -442,7 +498,8 @@ class OptimWrapper:
         return self.optimizer.defaults
 
     def get_lr(self) -> dict[str, list[float]]:
-        """``{"lr": [lr of each param group]}``; with several groups ``{"base_lr": [the scheduled default lr], "lr": [...]}``.
+        """``{"lr": [lr of each param group]}``; with several groups ``{"base_lr": [the scheduled default lr], "lr":
+        [...]}``.
 
         The logger logs the first value of each key (``base_lr`` and ``lr``), as mmengine does.
         """
@@ -481,7 +538,9 @@ class OptimWrapper:
         if self.base_param_settings is not None:
             state["base_param_settings"] = {k: v for k, v in self.base_param_settings.items() if k != "params"}
         if not self.should_update():
-            state["partial_grads"] = [None if p.grad is None else p.grad.detach().clone() for p in _live_params(self.optimizer)]
+            state["partial_grads"] = [
+                None if p.grad is None else p.grad.detach().clone() for p in _live_params(self.optimizer)
+            ]
             state.update(self._items.state_dict())  # the items counted so far, when the losses carry their count
             if self._skip_window:
                 state["skip_window"] = True  # the spike guard skips this window's step
@@ -508,9 +567,11 @@ class OptimWrapper:
         grads = state.get("partial_grads")
         if grads is not None and len(grads) != len(params):
             raise ValueError(
-                f"The checkpoint holds the gradients of an unfinished accumulation window for {len(grads)} parameters, but the optimizer's "
+                f"The checkpoint holds the gradients of an unfinished accumulation window for {len(grads)} parameters, "
+                "but the optimizer's "
                 f"param groups have {len(params)}; build the optimizer with the same param groups as the saved run "
-                "(add groups with optimizer.add_param_group before loading), or resume from a checkpoint saved at a window boundary"
+                "(add groups with optimizer.add_param_group before loading), or resume from a checkpoint saved at a "
+                "window boundary"
             )
         self.optimizer.load_state_dict(state["optimizer"])
         self._precision.load_state_dict(state.get("precision", {}))
@@ -523,14 +584,19 @@ class OptimWrapper:
         self._items.load_state_dict(state)
 
     def __getstate__(self) -> dict[str, Any]:
-        """Pickle / deepcopy without the spent loss kept by :meth:`backward` (a graph, not state; autograd cannot copy it)."""
+        """Pickle / deepcopy without the spent loss kept by :meth:`backward` (a graph, not state; autograd cannot
+        copy it)."""
         state = self.__dict__.copy()
         state["_spent_loss"] = None
         return state
 
     def __repr__(self) -> str:
         compiled = "" if self.compiled_step is None else ", compile=True"
-        return f"{type(self).__name__}(optimizer={type(self.optimizer).__name__}, accumulative_counts={self._accumulative_counts}, clip_grad={self.clip_grad}, precision={self._precision.name}{compiled})"
+        return (
+            f"{type(self).__name__}(optimizer={type(self.optimizer).__name__}, "
+            f"accumulative_counts={self._accumulative_counts}, clip_grad={self.clip_grad}, "
+            f"precision={self._precision.name}{compiled})"
+        )
 
 
 @OPTIM_WRAPPERS.register
@@ -559,12 +625,24 @@ class AmpOptimWrapper(OptimWrapper):
     """
 
     def __init__(
-        self, optimizer: torch.optim.Optimizer, dtype: str | torch.dtype | None = "float16", loss_scale: str | float | Mapping[str, Any] = "dynamic",
-        device_type: str | None = None, use_fsdp: bool = False, **kwargs: Any,
+        self,
+        optimizer: torch.optim.Optimizer,
+        dtype: str | torch.dtype | None = "float16",
+        loss_scale: str | float | Mapping[str, Any] = "dynamic",
+        device_type: str | None = None,
+        use_fsdp: bool = False,
+        **kwargs: Any,
     ) -> None:
         if "precision" in kwargs:
-            raise TypeError("AmpOptimWrapper builds its own precision from dtype/loss_scale; pass precision= to OptimWrapper instead, or drop it")
+            raise TypeError(
+                "AmpOptimWrapper builds its own precision from dtype/loss_scale; pass precision= to OptimWrapper "
+                "instead, or drop it"
+            )
         if device_type is None:
             params = _live_params(optimizer)
             device_type = params[0].device.type if params else "cpu"
-        super().__init__(optimizer, precision=MixedPrecision("float16" if dtype is None else dtype, device_type, loss_scale), **kwargs)
+        super().__init__(
+            optimizer,
+            precision=MixedPrecision("float16" if dtype is None else dtype, device_type, loss_scale),
+            **kwargs,
+        )

@@ -89,7 +89,8 @@ class OptimWrapperDict:
 
     def _per_wrapper(self, method: str) -> NoReturn:
         raise NotImplementedError(
-            f"OptimWrapperDict.{method}: with several optimizers, call it on the one you mean, e.g. optim_wrapper[{next(iter(self.optim_wrappers), 'name')!r}].{method}(...) "
+            f"OptimWrapperDict.{method}: with several optimizers, call it on the one you mean, e.g. "
+            f"optim_wrapper[{next(iter(self.optim_wrappers), 'name')!r}].{method}(...) "
             f"(names: {list(self.optim_wrappers)}); each has its own loss, accumulation window and loss scaler"
         )
 
@@ -97,12 +98,16 @@ class OptimWrapperDict:
         """Not meaningful for several optimizers: use ``optim_wrapper[name].optim_context``."""
         self._per_wrapper("optim_context")
 
-    def update_params(self, loss: Any, step_kwargs: dict | None = None, zero_kwargs: dict | None = None, num_items: Any = None) -> None:
-        """Not meaningful for several optimizers (which one, on which loss?): use ``optim_wrapper[name].update_params``."""
+    def update_params(
+        self, loss: Any, step_kwargs: dict | None = None, zero_kwargs: dict | None = None, num_items: Any = None
+    ) -> None:
+        """Not meaningful for several optimizers (which one, on which loss?): use
+        ``optim_wrapper[name].update_params``."""
         self._per_wrapper("update_params")
 
     def backward(self, loss: Any, **kwargs: Any) -> None:
-        """Not meaningful for several optimizers (each has its own loss scaler): use ``optim_wrapper[name].backward``."""
+        """Not meaningful for several optimizers (each has its own loss scaler): use
+        ``optim_wrapper[name].backward``."""
         self._per_wrapper("backward")
 
     def step(self, **kwargs: Any) -> None:
@@ -131,7 +136,8 @@ class OptimWrapperDict:
 
 
 def optim_wrappers_of(optim_wrapper: OptimWrapper | OptimWrapperDict | None) -> dict[str, OptimWrapper]:
-    """``{name: wrapper}`` of an OptimWrapperDict, ``{"": wrapper}`` of a single wrapper, ``{}`` of None: the one walk over a run's wrappers."""
+    """``{name: wrapper}`` of an OptimWrapperDict, ``{"": wrapper}`` of a single wrapper, ``{}`` of None: the one
+    walk over a run's wrappers."""
     if optim_wrapper is None:
         return {}
     if isinstance(optim_wrapper, OptimWrapperDict):

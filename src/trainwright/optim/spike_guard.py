@@ -66,14 +66,27 @@ class SpikeGuard:
     """
 
     def __init__(
-        self, window: int = 200, threshold: float = 6.0, action: str = "skip", max_rollbacks: int = 3,
-        min_history: int | None = None, capture_every: int | None = None, *,
-        progress: Progress | None = None, logger: logging.Logger | None = None, metric_store: MetricStore | None = None, gather: Gather | None = None,
+        self,
+        window: int = 200,
+        threshold: float = 6.0,
+        action: str = "skip",
+        max_rollbacks: int = 3,
+        min_history: int | None = None,
+        capture_every: int | None = None,
+        *,
+        progress: Progress | None = None,
+        logger: logging.Logger | None = None,
+        metric_store: MetricStore | None = None,
+        gather: Gather | None = None,
     ) -> None:
         if not isinstance(window, int) or isinstance(window, bool) or window < 3:
-            raise ValueError(f"spike_guard window must be an int >= 3 (losses the running median is taken over), got {window!r}")
+            raise ValueError(
+                f"spike_guard window must be an int >= 3 (losses the running median is taken over), got {window!r}"
+            )
         if isinstance(threshold, bool) or not isinstance(threshold, (int, float)) or not threshold > 0:
-            raise ValueError(f"spike_guard threshold must be a number > 0 (robust deviations above the median), got {threshold!r}")
+            raise ValueError(
+                f"spike_guard threshold must be a number > 0 (robust deviations above the median), got {threshold!r}"
+            )
         if action not in ("skip", "rollback"):
             raise ValueError(f"spike_guard action must be 'skip' or 'rollback', got {action!r}")
         if not isinstance(max_rollbacks, int) or isinstance(max_rollbacks, bool) or max_rollbacks < 0:
@@ -82,10 +95,18 @@ class SpikeGuard:
             min_history = min(window, 20)
         if not isinstance(min_history, int) or not 3 <= min_history <= window:
             raise ValueError(f"spike_guard min_history must be an int in [3, window={window}], got {min_history!r}")
-        if capture_every is not None and (not isinstance(capture_every, int) or isinstance(capture_every, bool) or capture_every < 1):
-            raise ValueError(f"spike_guard capture_every must be an int >= 1 (iterations between in-memory checkpoints) or None, got {capture_every!r}")
+        if capture_every is not None and (
+            not isinstance(capture_every, int) or isinstance(capture_every, bool) or capture_every < 1
+        ):
+            raise ValueError(
+                "spike_guard capture_every must be an int >= 1 (iterations between in-memory checkpoints) or None, "
+                f"got {capture_every!r}"
+            )
         if capture_every is not None and action != "rollback":
-            raise ValueError("spike_guard capture_every applies to action='rollback' only (it keeps the checkpoint to roll back to); drop it, or set action='rollback'")
+            raise ValueError(
+                "spike_guard capture_every applies to action='rollback' only (it keeps the checkpoint to roll back "
+                "to); drop it, or set action='rollback'"
+            )
         self.window, self.threshold, self.action = window, float(threshold), action
         self.max_rollbacks, self.min_history, self.capture_every = max_rollbacks, min_history, capture_every
         self.losses: deque[float] = deque(maxlen=window)
@@ -100,7 +121,12 @@ class SpikeGuard:
         self.attach(progress=progress, logger=logger, metric_store=metric_store, gather=gather)
 
     def attach(
-        self, *, progress: Progress | None = None, logger: logging.Logger | None = None, metric_store: MetricStore | None = None, gather: Gather | None = None,
+        self,
+        *,
+        progress: Progress | None = None,
+        logger: logging.Logger | None = None,
+        metric_store: MetricStore | None = None,
+        gather: Gather | None = None,
     ) -> None:
         """Give the guard the run it judges (each argument given replaces the guard's own; see the class's arguments).
 
@@ -120,7 +146,9 @@ class SpikeGuard:
 
     def _count(self, it: int) -> None:
         if self.metric_store is not None:
-            self.metric_store.update_scalar("spike_skipped", self.skipped, it)  # a list append per step: every record carries the count
+            self.metric_store.update_scalar(
+                "spike_skipped", self.skipped, it
+            )  # a list append per step: every record carries the count
 
     @classmethod
     def build(cls, cfg: SpikeGuard | Mapping[str, Any] | None) -> SpikeGuard | None:
@@ -134,7 +162,10 @@ class SpikeGuard:
         if cfg is None or isinstance(cfg, SpikeGuard):
             return cfg
         if not isinstance(cfg, Mapping):
-            raise TypeError(f"spike_guard must be a dict like dict(window=200, threshold=6.0, action='skip'), got {type(cfg).__name__}")
+            raise TypeError(
+                "spike_guard must be a dict like dict(window=200, threshold=6.0, action='skip'), got "
+                f"{type(cfg).__name__}"
+            )
         check_keys("spike_guard", cfg, SPIKE_GUARD_KEYS, ConfigError)
         return cls(**cfg)
 
@@ -149,7 +180,8 @@ class SpikeGuard:
         return med + self.threshold * _MAD_TO_STD * mad
 
     def check(self, loss: torch.Tensor) -> bool:
-        """Whether the update of ``loss``'s window is skipped: a spike, or inside a rollback's window (the same answer on every rank).
+        """Whether the update of ``loss``'s window is skipped: a spike, or inside a rollback's window (the same answer
+        on every rank).
 
         Asked by the optim wrapper once per micro-batch, before back-propagating. One host read
         of ``loss`` (and under several processes one all-gather of one number, so every rank
@@ -172,8 +204,16 @@ class SpikeGuard:
             self.skipped += 1
             self._count(it)
             self._log(
-                f"Loss spike at iteration {it}: loss {value:.6g} > {limit:.6g} (median {med:.6g} + {self.threshold:g} robust deviations "
-                f"over the last {len(self.losses)} losses): " + ("its update is skipped" if self.action == "skip" else "rolling back" if self.rollbacks < self.max_rollbacks else "no rollback left")
+                f"Loss spike at iteration {it}: loss {value:.6g} > {limit:.6g} (median {med:.6g} + {self.threshold:g} "
+                "robust deviations "
+                f"over the last {len(self.losses)} losses): "
+                + (
+                    "its update is skipped"
+                    if self.action == "skip"
+                    else "rolling back"
+                    if self.rollbacks < self.max_rollbacks
+                    else "no rollback left"
+                )
                 + f" (spike_guard; {self.skipped} skipped so far)"
             )
             return True
@@ -198,7 +238,12 @@ class SpikeGuard:
     # -- state -------------------------------------------------------------------------------
     def state_dict(self) -> dict[str, Any]:
         """The recent losses and the counters: a resumed run judges the next loss as the uninterrupted one would."""
-        return {"losses": list(self.losses), "skipped": self.skipped, "rollbacks": self.rollbacks, "skip_through": self.skip_through}
+        return {
+            "losses": list(self.losses),
+            "skipped": self.skipped,
+            "rollbacks": self.rollbacks,
+            "skip_through": self.skip_through,
+        }
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
         """Restore :meth:`state_dict`."""
@@ -208,7 +253,10 @@ class SpikeGuard:
         self.skip_through = int(state.get("skip_through", 0))
 
     def __repr__(self) -> str:
-        return f"SpikeGuard(window={self.window}, threshold={self.threshold:g}, action={self.action!r}, max_rollbacks={self.max_rollbacks})"
+        return (
+            f"SpikeGuard(window={self.window}, threshold={self.threshold:g}, action={self.action!r}, "
+            f"max_rollbacks={self.max_rollbacks})"
+        )
 
 
 def _median(values: list[float]) -> float:

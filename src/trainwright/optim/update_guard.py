@@ -46,7 +46,8 @@ class UpdateGuard(Protocol):
 
 
 class NonFiniteGuard:
-    """Skips the backward of a micro-batch whose loss is NaN / Inf (``skip_nonfinite=True``); the window is stepped as usual.
+    """Skips the backward of a micro-batch whose loss is NaN / Inf (``skip_nonfinite=True``); the window is stepped as
+    usual.
 
     Asks the wrapper's update engine (its strategy), so under several processes every rank
     skips when any rank's loss is non-finite. Costs one host read per micro-batch.
@@ -71,7 +72,8 @@ class NonFiniteGuard:
             return False
         self.skipped += 1
         warnings.warn(
-            f"Skipping a micro-batch with non-finite loss (here {loss.detach()}; under several processes: on any of them) (skip_nonfinite=True)",
+            f"Skipping a micro-batch with non-finite loss (here {loss.detach()}; under several processes: on any of "
+            "them) (skip_nonfinite=True)",
             RuntimeWarning,
             stacklevel=4,  # the caller of update_params
         )

@@ -1,4 +1,5 @@
-"""mmengine's ``mmengine.runner`` import path: ``Runner`` with mmengine's keyword arguments, over :class:`trainwright.Trainer`."""
+"""mmengine's ``mmengine.runner`` import path: ``Runner`` with mmengine's keyword arguments, over
+:class:`trainwright.Trainer`."""
 
 from __future__ import annotations
 

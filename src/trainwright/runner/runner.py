@@ -1,4 +1,5 @@
-"""``Runner``: mmengine's ``Runner`` constructor, ``from_cfg`` and attributes, as a thin layer over :class:`~trainwright.Trainer`.
+"""``Runner``: mmengine's ``Runner`` constructor, ``from_cfg`` and attributes, as a thin layer over
+:class:`~trainwright.Trainer`.
 
 A script written against mmengine's Runner runs by changing its imports: its keyword
 arguments are translated once, here, into the Trainer's (the same translation
@@ -86,12 +87,32 @@ class Runner(Trainer):
     ) -> None:
         _check_launcher(launcher)
         given = dict(
-            model=model, work_dir=work_dir, train_dataloader=train_dataloader, val_dataloader=val_dataloader, test_dataloader=test_dataloader,
-            train_cfg=train_cfg, val_cfg=val_cfg, test_cfg=test_cfg, auto_scale_lr=auto_scale_lr, optim_wrapper=optim_wrapper,
-            param_scheduler=param_scheduler, val_evaluator=val_evaluator, test_evaluator=test_evaluator, default_hooks=default_hooks,
-            custom_hooks=custom_hooks, data_preprocessor=data_preprocessor, load_from=load_from, resume=resume, env_cfg=env_cfg,
-            log_processor=log_processor, log_level=log_level, visualizer=visualizer, randomness=randomness, experiment_name=experiment_name,
-            default_scope=None if default_scope == "mmengine" else default_scope, **trainer_kwargs,
+            model=model,
+            work_dir=work_dir,
+            train_dataloader=train_dataloader,
+            val_dataloader=val_dataloader,
+            test_dataloader=test_dataloader,
+            train_cfg=train_cfg,
+            val_cfg=val_cfg,
+            test_cfg=test_cfg,
+            auto_scale_lr=auto_scale_lr,
+            optim_wrapper=optim_wrapper,
+            param_scheduler=param_scheduler,
+            val_evaluator=val_evaluator,
+            test_evaluator=test_evaluator,
+            default_hooks=default_hooks,
+            custom_hooks=custom_hooks,
+            data_preprocessor=data_preprocessor,
+            load_from=load_from,
+            resume=resume,
+            env_cfg=env_cfg,
+            log_processor=log_processor,
+            log_level=log_level,
+            visualizer=visualizer,
+            randomness=randomness,
+            experiment_name=experiment_name,
+            default_scope=None if default_scope == "mmengine" else default_scope,
+            **trainer_kwargs,
         )
         if isinstance(val_cfg, Mapping) and not val_cfg and val_dataloader is None:
             given["val_cfg"] = None  # mmengine's val_cfg=dict() without a loader: no validation
@@ -105,13 +126,15 @@ class Runner(Trainer):
         if built.scaled:
             self.logger.info(built.scaled)
         if train_dataloader is not None and optim_wrapper is not None:
-            self.build_train_loop()  # mmengine's runner.train_loop exists before train(): hooks and scripts read it (max_iters...) early
+            # mmengine's runner.train_loop exists before train(): hooks and scripts read it (max_iters...) early
+            self.build_train_loop()
         if cfg is not None and self.strategy.is_main_process:
             dump_config(cfg, self.run_dir)
 
     @classmethod
     def from_cfg(cls, cfg: Mapping[str, Any]) -> Runner:
-        """mmengine's ``Runner.from_cfg``: a runner of the config's keys that are Runner arguments (others are the config's helper variables).
+        """mmengine's ``Runner.from_cfg``: a runner of the config's keys that are Runner arguments (others are the
+        config's helper variables).
 
         Prefer :meth:`~trainwright.Trainer.from_config` for new code: it also refuses a key
         that looks like a misspelt argument.
@@ -201,11 +224,15 @@ def _check_launcher(launcher: str) -> None:
     found = detect_launcher()
     if launcher != "none" and found != launcher:
         raise ValueError(
-            f"Runner launcher={launcher!r} but this process was not started by it (detected: {found!r}); start the script with "
-            f"torchrun --nproc_per_node=N script.py (launcher='pytorch'), srun (launcher='slurm'), mpirun (launcher='mpi'), or pass launcher='none'"
+            f"Runner launcher={launcher!r} but this process was not started by it (detected: {found!r}); start the "
+            "script with "
+            "torchrun --nproc_per_node=N script.py (launcher='pytorch'), srun (launcher='slurm'), mpirun "
+            "(launcher='mpi'), or pass launcher='none'"
         )
     if launcher == "none" and found != "none":
-        raise ValueError(f"Runner launcher='none' but this process was started by a launcher ({found!r}): pass launcher={found!r}")
+        raise ValueError(
+            f"Runner launcher='none' but this process was started by a launcher ({found!r}): pass launcher={found!r}"
+        )
 
 
 __all__ = ["LAUNCHERS", "Runner"]

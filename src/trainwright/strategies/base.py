@@ -46,22 +46,27 @@ class Strategy(UpdateEngine, StrategyParts):
     """
 
     name = "base"
-    #: What a checkpoint is called after its stem (``iter_8`` + ``.pth``); a sharded strategy writes directories (``.dcp``).
+    #: What a checkpoint is called after its stem (``iter_8`` + ``.pth``); a sharded strategy writes directories
+    #: (``.dcp``).
     checkpoint_suffix = ".pth"
-    #: What ``resume=True`` looks for: full files, and a sharded run's directories (read whole, see :meth:`load_checkpoint`).
+    #: What ``resume=True`` looks for: full files, and a sharded run's directories (read whole, see
+    #: :meth:`load_checkpoint`).
     resumable_suffixes: tuple[str, ...] = (".pth", ".dcp")
     #: Whether what :meth:`prepare` builds fixes the train batch size (DeepSpeed's engine): the train parts are then
     #: not rebuilt for another loader (``find_batch_size(apply=True)`` refuses).
     fixes_batch_size: bool = False
-    #: Whether :meth:`save_checkpoint` / :meth:`load_checkpoint` take an fsspec URL (``s3://...``, see ``checkpoint/storage.py``).
+    #: Whether :meth:`save_checkpoint` / :meth:`load_checkpoint` take an fsspec URL (``s3://...``, see
+    #: ``checkpoint/storage.py``).
     remote_checkpoints = True
-    #: Whether :meth:`read_checkpoint` reads this strategy's checkpoints whole in one process (what publishing one needs).
+    #: Whether :meth:`read_checkpoint` reads this strategy's checkpoints whole in one process (what publishing one
+    #: needs).
     readable_whole = True
     #: Whether a forward of the model runs on this process alone, without a collective (one device, or a replicated
     #: model such as DDP's): a diagnosis may then replay a batch on one rank (see ``diagnose/nonfinite.py``).
     forward_is_local = True
     #: Set by the Trainer when a run of this process ended by an exception (reset when the next run starts): the other
-    #: processes may be anywhere (in a collective of their own), so teardown and checkpoint saves make no collective then.
+    #: processes may be anywhere (in a collective of their own), so teardown and checkpoint saves make no collective
+    #: then.
     run_failed = False
 
     def __init__(self, device: str | torch.device | None = None) -> None:
@@ -70,26 +75,43 @@ class Strategy(UpdateEngine, StrategyParts):
         if device is None:
             device = f"cuda:{get_local_rank()}" if torch.cuda.is_available() else "cpu"
         self.device = torch.device(device)
-        if self.device.type == "cuda" and self.device.index is None:  # "cuda": this process's GPU (torch.cuda.set_device needs the index)
+        if (
+            self.device.type == "cuda" and self.device.index is None
+        ):  # "cuda": this process's GPU (torch.cuda.set_device needs the index)
             self.device = torch.device("cuda", get_local_rank())
         self.model: nn.Module | None = None
         self.seed: int | None = None
-        #: The run's precision: what the model is prepared with (FSDP's policy) and evaluation autocasts with (set by the Trainer).
+        #: The run's precision: what the model is prepared with (FSDP's policy) and evaluation autocasts with (set by
+        #: the Trainer).
         self.precision: Precision = Precision()
         self._ckpt_writer: AsyncCheckpointWriter | None = None  # created by the first async save
-        self._param_positions: tuple[nn.Module, dict[int, int]] | None = None  # the model's parameter order, by id (in_model_order)
+        self._param_positions: tuple[nn.Module, dict[int, int]] | None = (
+            None  # the model's parameter order, by id (in_model_order)
+        )
 
     # -- environment ----------------------------------------------------------------------
-    def setup_env(self, *, cudnn_benchmark: bool = False, dist_cfg: Mapping[str, Any] | None = None, randomness: Mapping[str, Any] | None = None) -> None:
+    def setup_env(
+        self,
+        *,
+        cudnn_benchmark: bool = False,
+        dist_cfg: Mapping[str, Any] | None = None,
+        randomness: Mapping[str, Any] | None = None,
+    ) -> None:
         """Set cudnn flags and seed every RNG (``randomness=dict(seed, deterministic, diff_rank_seed)``)."""
-        torch.backends.cudnn.benchmark = cudnn_benchmark  # as mmengine: set whatever the device (cudnn reads it on CUDA)
+        torch.backends.cudnn.benchmark = (
+            cudnn_benchmark  # as mmengine: set whatever the device (cudnn reads it on CUDA)
+        )
         if self.device.type == "cuda":
             torch.cuda.set_device(self.device)
         randomness = dict(randomness or {})
         check_keys("randomness", randomness, {"seed", "deterministic", "diff_rank_seed"})
         from trainwright.utils.seed import set_random_seed
 
-        self.seed = set_random_seed(randomness.get("seed"), deterministic=bool(randomness.get("deterministic", False)), rank_offset=self.rank if randomness.get("diff_rank_seed") else 0)
+        self.seed = set_random_seed(
+            randomness.get("seed"),
+            deterministic=bool(randomness.get("deterministic", False)),
+            rank_offset=self.rank if randomness.get("diff_rank_seed") else 0,
+        )
 
     # -- process facts --------------------------------------------------------------------
     @property
@@ -120,11 +142,18 @@ class Strategy(UpdateEngine, StrategyParts):
 
     @property
     def data_parallel_rank(self) -> int:
-        """This process's data shard, in ``range(data_parallel_size)`` (its rank; with tensor parallelism its replica's index)."""
+        """This process's data shard, in ``range(data_parallel_size)`` (its rank; with tensor parallelism its
+        replica's index)."""
         return self.rank
 
     # -- model ----------------------------------------------------------------------------
-    def prepare(self, model: nn.Module, *, compile: bool | Mapping[str, Any] = False, activation_checkpointing: Sequence[type[nn.Module] | str] = ()) -> nn.Module:
+    def prepare(
+        self,
+        model: nn.Module,
+        *,
+        compile: bool | Mapping[str, Any] = False,
+        activation_checkpointing: Sequence[type[nn.Module] | str] = (),
+    ) -> nn.Module:
         """Make ``model`` ready for the run, in torchtitan's order; route its training forward through the wrapper.
 
         Move to the device (:meth:`model_to_device`; FSDP: every rank takes rank 0's weights) →
@@ -152,13 +181,15 @@ class Strategy(UpdateEngine, StrategyParts):
         return self.model
 
     def _route_forward(self, caller: nn.Module | None) -> None:
-        """Tell the user's model that its training forward goes through ``caller`` (a wrapper holding it; None: itself)."""
+        """Tell the user's model that its training forward goes through ``caller`` (a wrapper holding it; None:
+        itself)."""
         set_caller = getattr(self.unwrapped, "set_forward_caller", None)
         if set_caller is not None:
             set_caller(None if caller is self.unwrapped else caller)
 
     def setup_optim_wrapper(self, optim_wrapper: Any) -> Any:
-        """Make this strategy carry out the updates of ``optim_wrapper`` (a wrapper or an OptimWrapperDict); returns it."""
+        """Make this strategy carry out the updates of ``optim_wrapper`` (a wrapper or an OptimWrapperDict); returns
+        it."""
         for ow in optim_wrappers_of(optim_wrapper).values():
             ow.strategy = self
         return optim_wrapper
@@ -198,7 +229,8 @@ class Strategy(UpdateEngine, StrategyParts):
 
     # -- updates ----------------------------------------------------------------------------
     def clip_grad(self, clip: ClipFn, params: list[torch.Tensor]) -> torch.Tensor | None:
-        """Clip ``params``' gradients with ``clip`` in the model's parameter order (see :meth:`in_model_order`); return their total norm."""
+        """Clip ``params``' gradients with ``clip`` in the model's parameter order (see :meth:`in_model_order`);
+        return their total norm."""
         return clip(self.in_model_order(params))
 
     def in_model_order(self, params: list[torch.Tensor]) -> list[torch.Tensor]:
@@ -252,7 +284,8 @@ class Strategy(UpdateEngine, StrategyParts):
         return self.unwrap_model().state_dict()
 
     def full_model_state_dict(self) -> dict[str, Any]:
-        """The full (gathered) model weights on rank 0 (what ``Trainer.save_weights`` exports); a collective under sharding.
+        """The full (gathered) model weights on rank 0 (what ``Trainer.save_weights`` exports); a collective under
+        sharding.
 
         Called on every rank; ranks other than 0 may get an empty dict.
         """
@@ -271,7 +304,14 @@ class Strategy(UpdateEngine, StrategyParts):
         optim_wrapper.load_state_dict(state)
 
     # -- checkpoint I/O -------------------------------------------------------------------
-    def save_checkpoint(self, path: str | Path | RemotePath, state: Mapping[str, Any], *, async_save: bool = False, after: Callable[[], None] | None = None) -> None:
+    def save_checkpoint(
+        self,
+        path: str | Path | RemotePath,
+        state: Mapping[str, Any],
+        *,
+        async_save: bool = False,
+        after: Callable[[], None] | None = None,
+    ) -> None:
         """Write ``state`` to ``path``: complete or absent; rank 0 writes under several processes.
 
         Called on every rank with the same ``path``. A synchronous save first finishes a
@@ -301,7 +341,9 @@ class Strategy(UpdateEngine, StrategyParts):
 
             target = remote
             if async_save:
-                self._async_writer().submit(state, target.url, write=lambda data, _url: save_remote(data, target, after))
+                self._async_writer().submit(
+                    state, target.url, write=lambda data, _url: save_remote(data, target, after)
+                )
             else:
                 self.wait_for_checkpoint()
                 save_remote(state, target, after)
@@ -359,7 +401,8 @@ class Strategy(UpdateEngine, StrategyParts):
         return load_file(loc, map_location=map_location)
 
     def remove_checkpoint(self, path: str | Path | RemotePath) -> None:
-        """Delete a checkpoint this strategy wrote (a file here; a directory under a sharded strategy), local or in its store; missing is fine."""
+        """Delete a checkpoint this strategy wrote (a file here; a directory under a sharded strategy), local or in
+        its store; missing is fine."""
         from trainwright.checkpoint.storage import remove
 
         remove(path)
@@ -384,7 +427,15 @@ class Strategy(UpdateEngine, StrategyParts):
         import platform
         import sys
 
-        env = {"python": sys.version.split()[0], "platform": platform.platform(), "torch": torch.__version__, "device": str(self.device), "strategy": self.name, "world_size": self.world_size, "seed": self.seed}
+        env = {
+            "python": sys.version.split()[0],
+            "platform": platform.platform(),
+            "torch": torch.__version__,
+            "device": str(self.device),
+            "strategy": self.name,
+            "world_size": self.world_size,
+            "seed": self.seed,
+        }
         if torch.cuda.is_available():
             env["cuda"] = torch.version.cuda
             env["gpu"] = torch.cuda.get_device_name(self.device) if self.device.type == "cuda" else None

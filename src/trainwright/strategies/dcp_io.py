@@ -21,8 +21,8 @@ import torch.distributed.checkpoint as dcp
 from torch.distributed.checkpoint.api import CheckpointException
 from torch.distributed.checkpoint.default_planner import _EmptyStateDictLoadPlanner
 
-from trainwright.checkpoint.io import CheckpointError, fsync_dir, load_file
 from trainwright.checkpoint import storage
+from trainwright.checkpoint.io import CheckpointError, fsync_dir, load_file
 from trainwright.checkpoint.storage import Location, RemotePath, fsspec_store, location
 from trainwright.dist.shards import is_sharded
 from trainwright.dist.utils import get_rank, get_world_size
@@ -40,9 +40,13 @@ def is_dcp_checkpoint(path: str | os.PathLike[str] | RemotePath) -> bool:
 def storage_writer(path: Location) -> Any:
     """DCP's writer for ``path``: ``FileSystemWriter`` (local), ``FsspecWriter`` with the store's options (remote)."""
     if isinstance(path, RemotePath):
-        from torch.distributed.checkpoint._fsspec_filesystem import FsspecWriter  # not re-exported by torch.distributed.checkpoint
+        from torch.distributed.checkpoint._fsspec_filesystem import (
+            FsspecWriter,
+        )  # not re-exported by torch.distributed.checkpoint
 
-        return FsspecWriter(path.url, sync_files=False, **fsspec_store(path).options)  # an object store's PUT is durable; there is no fsync
+        return FsspecWriter(
+            path.url, sync_files=False, **fsspec_store(path).options
+        )  # an object store's PUT is durable; there is no fsync
     return dcp.FileSystemWriter(str(path))
 
 
@@ -83,7 +87,8 @@ def publish(tmp: Path, target: Path) -> None:
 
 
 def save_shards(sharded: Mapping[str, Any], tmp: Location, target: Location, **save_kwargs: Any) -> None:
-    """``dcp.save`` the shards into the temporary directory ``tmp`` of ``target`` (every rank); a failed write is an OSError.
+    """``dcp.save`` the shards into the temporary directory ``tmp`` of ``target`` (every rank); a failed write is an
+    OSError.
 
     DCP reports a failed shard write on every rank as its ``CheckpointException`` (a
     ``BaseException``, its message a pasted traceback). Here it becomes an ``OSError`` naming
@@ -98,21 +103,27 @@ def save_shards(sharded: Mapping[str, Any], tmp: Location, target: Location, **s
         dcp.save(sharded, storage_writer=storage_writer(tmp), **save_kwargs)
     except (Exception, CheckpointException) as e:  # noqa: BLE001 - CheckpointException is a BaseException
         first = str(e).strip().splitlines()
-        cause = next((line.strip() for line in reversed(first) if "Error" in line), first[-1].strip() if first else type(e).__name__)
+        cause = next(
+            (line.strip() for line in reversed(first) if "Error" in line),
+            first[-1].strip() if first else type(e).__name__,
+        )
         if not torch.distributed.is_initialized() or torch.distributed.get_rank() == 0:
             try:
                 remove(tmp)
             except Exception:  # noqa: BLE001 - a store that went away: the partial folder has no .metadata, resume skips it
                 pass
         raise OSError(
-            f"Cannot write checkpoint {str(target)!r}: writing its shards failed ({type(e).__name__}: {cause[:300]}). Nothing was replaced: "
-            f"{target.name} and `latest` are as they were before this save. Check the free space and permissions of {str(target.parent)!r}"
+            f"Cannot write checkpoint {str(target)!r}: writing its shards failed ({type(e).__name__}: {cause[:300]}). "
+            "Nothing was replaced: "
+            f"{target.name} and `latest` are as they were before this save. Check the free space and permissions of "
+            f"{str(target.parent)!r}"
             + (" (and that its storage endpoint is reachable)." if isinstance(target, RemotePath) else ".")
         ) from e
 
 
 def remove(path: Location) -> None:
-    """Delete a checkpoint: a directory with its files, or a file; a missing one is fine (:func:`trainwright.checkpoint.storage.remove`)."""
+    """Delete a checkpoint: a directory with its files, or a file; a missing one is fine
+    (:func:`trainwright.checkpoint.storage.remove`)."""
     storage.remove(path)
 
 
@@ -127,9 +138,15 @@ def saved_shapes(path: Location, prefix: str) -> dict[str, tuple[int, ...]]:
     try:
         meta = storage_reader(path).read_metadata()
     except Exception as e:  # noqa: BLE001 - any failure to read the index means the directory is unusable
-        raise CheckpointError(f"Cannot read checkpoint {str(path)!r}: its DCP metadata is missing or corrupt ({type(e).__name__}: {e}). "
-                              "Resume from the previous checkpoint (delete or move this directory, or point `resume=` at an older one).") from e
-    return {k[len(prefix):]: tuple(v.size) for k, v in meta.state_dict_metadata.items() if k.startswith(prefix) and isinstance(v, TensorStorageMetadata)}
+        raise CheckpointError(
+            f"Cannot read checkpoint {str(path)!r}: its DCP metadata is missing or corrupt ({type(e).__name__}: {e}). "
+            "Resume from the previous checkpoint (delete or move this directory, or point `resume=` at an older one)."
+        ) from e
+    return {
+        k[len(prefix) :]: tuple(v.size)
+        for k, v in meta.state_dict_metadata.items()
+        if k.startswith(prefix) and isinstance(v, TensorStorageMetadata)
+    }
 
 
 def read_trainer_state(path: Location) -> dict[str, Any]:
@@ -137,12 +154,15 @@ def read_trainer_state(path: Location) -> dict[str, Any]:
     try:
         return load_file(path / TRAINER_STATE)
     except FileNotFoundError as e:
-        raise CheckpointError(f"Cannot read checkpoint {str(path)!r}: it has no {TRAINER_STATE} (an incomplete copy?). "
-                              "Resume from the previous checkpoint (delete or move this directory, or point `resume=` at an older one).") from e
+        raise CheckpointError(
+            f"Cannot read checkpoint {str(path)!r}: it has no {TRAINER_STATE} (an incomplete copy?). "
+            "Resume from the previous checkpoint (delete or move this directory, or point `resume=` at an older one)."
+        ) from e
 
 
 def load_into(path: Location, template: dict[str, Any], *, everything: bool = False) -> None:
-    """``dcp.load`` the tensors of ``template`` (its own shards on each rank) in place; CheckpointError when the files are broken.
+    """``dcp.load`` the tensors of ``template`` (its own shards on each rank) in place; CheckpointError when the files
+    are broken.
 
     ``everything``: read every entry of the checkpoint into the empty ``template``, as full
     tensors, in this process alone (what ``torch.distributed.checkpoint.format_utils.dcp_to_torch_save``
@@ -152,7 +172,9 @@ def load_into(path: Location, template: dict[str, Any], *, everything: bool = Fa
         if everything:
             from torch.distributed.checkpoint.state_dict_loader import _load_state_dict
 
-            _load_state_dict(template, storage_reader=storage_reader(path), planner=_EmptyStateDictLoadPlanner(), no_dist=True)
+            _load_state_dict(
+                template, storage_reader=storage_reader(path), planner=_EmptyStateDictLoadPlanner(), no_dist=True
+            )
         else:
             dcp.load(template, storage_reader=storage_reader(path))
     except (Exception, CheckpointException) as e:  # noqa: BLE001 - DCP raises CheckpointException (a BaseException, on every rank) for unreadable shards
@@ -160,21 +182,33 @@ def load_into(path: Location, template: dict[str, Any], *, everything: bool = Fa
 
 
 def _unreadable(path: Location, e: BaseException) -> str:
-    """Why ``path`` could not be read, naming the ranks whose reads failed (each rank reads its own copy where work dirs are node-local)."""
+    """Why ``path`` could not be read, naming the ranks whose reads failed (each rank reads its own copy where work
+    dirs are node-local)."""
     failed = sorted(e.failures) if isinstance(e, CheckpointException) else []
     rank = get_rank()
     if failed and rank not in failed:
         first = e.failures[failed[0]][0]  # type: ignore[attr-defined]
-        return (f"Cannot read checkpoint {str(path)!r} on every rank: this rank's ({rank}) copy reads, the read failed on rank(s) {failed} "
-                f"({type(first).__name__}: {str(first)[:300]}). Their copy of it is broken (a node-local work dir copied incompletely?): "
-                "repair or delete the directory on their node; the ranks resume from the previous checkpoint together.")
-    if failed:  # this rank's own copy is broken (and maybe others'): the message names the rank, so every rank prints it
+        return (
+            f"Cannot read checkpoint {str(path)!r} on every rank: this rank's ({rank}) copy reads, the read failed on "
+            f"rank(s) {failed} "
+            f"({type(first).__name__}: {str(first)[:300]}). Their copy of it is broken (a node-local work dir copied "
+            "incompletely?): "
+            "repair or delete the directory on their node; the ranks resume from the previous checkpoint together."
+        )
+    if (
+        failed
+    ):  # this rank's own copy is broken (and maybe others'): the message names the rank, so every rank prints it
         cause = e.failures[rank][0]  # type: ignore[attr-defined]
-        return (f"Cannot read checkpoint {str(path)!r} on rank {rank} (the read failed on rank(s) {failed}): {type(cause).__name__}: {str(cause)[:300]}. "
-                "Resume from the previous checkpoint (delete or move this directory, or point `resume=` at an older one).")
+        return (
+            f"Cannot read checkpoint {str(path)!r} on rank {rank} (the read failed on rank(s) {failed}): "
+            f"{type(cause).__name__}: {str(cause)[:300]}. "
+            "Resume from the previous checkpoint (delete or move this directory, or point `resume=` at an older one)."
+        )
     where = f" on rank {rank}" if get_world_size() > 1 else ""  # a message naming its rank is printed by that rank too
-    return (f"Cannot read checkpoint {str(path)!r}{where}: {type(e).__name__}: {str(e)[:500]}. "
-            "Resume from the previous checkpoint (delete or move this directory, or point `resume=` at an older one).")
+    return (
+        f"Cannot read checkpoint {str(path)!r}{where}: {type(e).__name__}: {str(e)[:500]}. "
+        "Resume from the previous checkpoint (delete or move this directory, or point `resume=` at an older one)."
+    )
 
 
 def load_full(path: str | os.PathLike[str] | RemotePath) -> dict[str, Any]:
@@ -194,7 +228,10 @@ def load_full(path: str | os.PathLike[str] | RemotePath) -> dict[str, Any]:
 
 
 EXTRA = "extra"
-"""The part of the DCP files holding sharded tensors from outside the model and optimizers (an EMA or SWA average of FSDP shards)."""
+"""The part of the DCP files holding sharded tensors from outside the model and optimizers.
+
+(An EMA or SWA average of FSDP shards.)
+"""
 _EXTRA_PATHS = "_dcp_extra"  # the key of trainer_state.pth listing where those tensors belong
 
 
@@ -229,7 +266,8 @@ def split(state: Mapping[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
 
 
 def _pull_sharded(obj: Any, path: tuple[str, ...], out: dict[str, Any]) -> Any:
-    """``obj`` with each DTensor leaf moved into ``out`` (key: the JSON of its path of mapping keys) and None left in its place.
+    """``obj`` with each DTensor leaf moved into ``out`` (key: the JSON of its path of mapping keys) and None left in
+    its place.
 
     Only the mappings on a path to a DTensor are copied (as dicts); everything else is ``obj``'s own.
     """
@@ -267,7 +305,7 @@ def extra_templates(path: Location, like: Mapping[str, Any]) -> dict[str, torch.
     for k, v in meta.state_dict_metadata.items():
         if not k.startswith(prefix) or not isinstance(v, TensorStorageMetadata):
             continue
-        key = k[len(prefix):]
+        key = k[len(prefix) :]
         model_t = like.get(json.loads(key)[-1])
         if isinstance(model_t, torch.Tensor) and is_sharded(model_t) and tuple(model_t.shape) == tuple(v.size):
             out[key] = torch.empty_like(model_t, dtype=v.properties.dtype)

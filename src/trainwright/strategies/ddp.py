@@ -75,36 +75,60 @@ class DDPStrategy(ProcessGroupStrategy):
         sync_batchnorm: bool = False,
     ) -> None:
         super().__init__(device, backend=backend, timeout_s=timeout_s)
-        given = dict(find_unused_parameters=find_unused_parameters, broadcast_buffers=broadcast_buffers, gradient_as_bucket_view=gradient_as_bucket_view, static_graph=static_graph, bucket_cap_mb=bucket_cap_mb)
-        defaults = dict(find_unused_parameters=False, broadcast_buffers=True, gradient_as_bucket_view=False, static_graph=False, bucket_cap_mb=None)
+        given = dict(
+            find_unused_parameters=find_unused_parameters,
+            broadcast_buffers=broadcast_buffers,
+            gradient_as_bucket_view=gradient_as_bucket_view,
+            static_graph=static_graph,
+            bucket_cap_mb=bucket_cap_mb,
+        )
+        defaults = dict(
+            find_unused_parameters=False,
+            broadcast_buffers=True,
+            gradient_as_bucket_view=False,
+            static_graph=False,
+            bucket_cap_mb=None,
+        )
         #: passed to DistributedDataParallel: only what differs from its defaults (some are deprecated there)
         self.ddp_kwargs: dict[str, object] = {k: v for k, v in given.items() if v != defaults[k]}
         self.detect_anomalous_params = detect_anomalous_params
         self.sync_batchnorm = sync_batchnorm
         self.broadcast_buffers = broadcast_buffers
-        #: Whether :meth:`sync_gradients` averages the gradients (the model steps itself, it is not wrapped in DDP); set by :meth:`wrap_model`.
+        #: Whether :meth:`sync_gradients` averages the gradients (the model steps itself, it is not wrapped in DDP); set
+        #: by :meth:`wrap_model`.
         self.syncs_at_update = False
-        self._usage_checked: weakref.WeakSet[Any] = weakref.WeakSet()  # the optim wrappers whose first update was checked
-        self._bucket_bytes = int(bucket_cap_mb * 1024 * 1024) if bucket_cap_mb else BUCKET_BYTES  # of the strategy's own collectives, as DDP's buckets
+        self._usage_checked: weakref.WeakSet[Any] = (
+            weakref.WeakSet()
+        )  # the optim wrappers whose first update was checked
+        self._bucket_bytes = (
+            int(bucket_cap_mb * 1024 * 1024) if bucket_cap_mb else BUCKET_BYTES
+        )  # of the strategy's own collectives, as DDP's buckets
 
     def parallelize(self, model: nn.Module) -> None:
-        """With ``sync_batchnorm``, the BatchNorm layers become SyncBatchNorm in place (the same parameters and buffers)."""
+        """With ``sync_batchnorm``, the BatchNorm layers become SyncBatchNorm in place (the same parameters and
+        buffers)."""
         if not self.sync_batchnorm:
             return
         if isinstance(model, nn.modules.batchnorm._BatchNorm):
-            raise ValueError("sync_batchnorm=True converts the BatchNorm layers inside a model; the model itself is a BatchNorm layer: wrap it in a module")
+            raise ValueError(
+                "sync_batchnorm=True converts the BatchNorm layers inside a model; the model itself is a BatchNorm "
+                "layer: wrap it in a module"
+            )
         for name, child in model.named_children():
             model.add_module(name, nn.SyncBatchNorm.convert_sync_batchnorm(child))
 
     def wrap_model(self, model: nn.Module) -> nn.Module:
-        """``DistributedDataParallelWrapper(model)`` (keeps ``train_step`` / ``val_step`` / ``test_step``); a model that steps itself: the model, with rank 0's state."""
+        """``DistributedDataParallelWrapper(model)`` (keeps ``train_step`` / ``val_step`` / ``test_step``); a model
+        that steps itself: the model, with rank 0's state."""
         from trainwright.model.wrappers import DistributedDataParallelWrapper
 
         synced = [name for name, m in model.named_modules() if isinstance(m, nn.SyncBatchNorm)]
         if synced and self.device.type not in ("cuda", "xpu", "hpu"):
             raise ValueError(
-                f"SyncBatchNorm runs on CUDA, XPU or HPU only (torch's DDP refuses it on {self.device.type}), and the model has "
-                f"{len(synced)} SyncBatchNorm layer(s), e.g. {synced[0]!r}; train on GPUs, or keep BatchNorm (sync_batchnorm=False, no sync_bn) "
+                f"SyncBatchNorm runs on CUDA, XPU or HPU only (torch's DDP refuses it on {self.device.type}), and the "
+                "model has "
+                f"{len(synced)} SyncBatchNorm layer(s), e.g. {synced[0]!r}; train on GPUs, or keep BatchNorm "
+                "(sync_batchnorm=False, no sync_bn) "
                 "and add SyncBuffersHook to average the running statistics over the processes after each epoch"
             )
         routes = getattr(model, "routes_train_forward", None)
@@ -113,16 +137,22 @@ class DDPStrategy(ProcessGroupStrategy):
         if self.syncs_at_update:  # DDP would see none of its forwards: the strategy syncs at each update instead
             if self.detect_anomalous_params:
                 warnings.warn(
-                    f"detect_anomalous_params=True checks the forwards that run through DDP's wrapper, and {type(model).__name__} steps itself "
-                    "(its own train_step), so it is not wrapped and nothing is checked. A parameter no rank gives a gradient keeps none and is "
+                    "detect_anomalous_params=True checks the forwards that run through DDP's wrapper, and "
+                    f"{type(model).__name__} steps itself "
+                    "(its own train_step), so it is not wrapped and nothing is checked. A parameter no rank gives a "
+                    "gradient keeps none and is "
                     "not updated; one that gets a gradient on some ranks only is named at the first update.",
                     UserWarning,
                     stacklevel=2,
                 )
-            broadcast_([*model.parameters(), *model.buffers()], cap=self._bucket_bytes)  # every rank starts from rank 0's state, as DDP's constructor does
+            broadcast_(
+                [*model.parameters(), *model.buffers()], cap=self._bucket_bytes
+            )  # every rank starts from rank 0's state, as DDP's constructor does
             return model
         device_ids = [self.device.index] if self.device.type == "cuda" and self.device.index is not None else None
-        wrapper = DistributedDataParallelWrapper(model, detect_anomalous_params=self.detect_anomalous_params, device_ids=device_ids, **self.ddp_kwargs)  # type: ignore[arg-type]
+        wrapper = DistributedDataParallelWrapper(
+            model, detect_anomalous_params=self.detect_anomalous_params, device_ids=device_ids, **self.ddp_kwargs
+        )  # type: ignore[arg-type]
         live_model_wrappers.add(wrapper)
         return wrapper
 
@@ -134,7 +164,8 @@ class DDPStrategy(ProcessGroupStrategy):
         return lambda _model: wrapper.no_sync()  # type: ignore[operator]
 
     def sync_gradients(self, optim_wrapper: Any) -> None:
-        """Average the gradients of ``optim_wrapper``'s parameters over the ranks, when the model steps itself (:attr:`syncs_at_update`).
+        """Average the gradients of ``optim_wrapper``'s parameters over the ranks, when the model steps itself
+        (:attr:`syncs_at_update`).
 
         Called by the optim wrapper right before its update (before unscaling and clipping), so
         every rank clips, skips an overflowed float16 step and steps alike. Gradients accumulated
@@ -159,7 +190,9 @@ class DDPStrategy(ProcessGroupStrategy):
             for p in params:
                 if p.grad is None:  # used on another rank: this rank's share of the mean is zero
                     p.grad = torch.zeros_like(p)
-        elif optim_wrapper not in self._usage_checked:  # once per wrapper: the ranks have gradients for the same parameters
+        elif (
+            optim_wrapper not in self._usage_checked
+        ):  # once per wrapper: the ranks have gradients for the same parameters
             self._usage_checked.add(optim_wrapper)
             self._check_same_usage(params)
         all_reduce_mean_([p.grad for p in params if p.grad is not None], self.world_size, cap=self._bucket_bytes)
@@ -167,13 +200,17 @@ class DDPStrategy(ProcessGroupStrategy):
             broadcast_(list(self.model.buffers()), cap=self._bucket_bytes)
 
     def _check_same_usage(self, params: list[torch.Tensor]) -> None:
-        """Raise on every rank when a parameter has a gradient on some ranks only (their means would pair the wrong tensors)."""
+        """Raise on every rank when a parameter has a gradient on some ranks only (their means would pair the wrong
+        tensors)."""
         counts = count_over_ranks([p.grad is not None for p in params], self._comm_device)
         names = {id(p): n for n, p in self.unwrapped.named_parameters()}
         odd = [names.get(id(p), f"#{i}") for i, (p, n) in enumerate(zip(params, counts)) if 0 < n < self.world_size]
         if odd:
             raise RuntimeError(
-                f"At the first update, the parameters {odd[:8]}{' and more' if len(odd) > 8 else ''} have a gradient on some processes "
-                "only (the step took another branch there), so their gradients cannot be averaged tensor by tensor. Pass "
-                "strategy=dict(type='ddp', find_unused_parameters=True): the ranks then agree at each update on who has one."
+                f"At the first update, the parameters {odd[:8]}{' and more' if len(odd) > 8 else ''} have a gradient "
+                "on some processes "
+                "only (the step took another branch there), so their gradients cannot be averaged tensor by tensor. "
+                "Pass "
+                "strategy=dict(type='ddp', find_unused_parameters=True): the ranks then agree at each update on who "
+                "has one."
             )

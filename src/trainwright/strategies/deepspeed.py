@@ -28,7 +28,8 @@ if TYPE_CHECKING:
 
 _MISSING = (
     "strategy='deepspeed' needs DeepSpeed, which is not installed. Install the extra: "
-    "`pip install 'trainwright[deepspeed]'` (with your torch pinned on the same command line), or use strategy='fsdp' (ZeRO-3-like sharding, "
+    "`pip install 'trainwright[deepspeed]'` (with your torch pinned on the same command line), or use strategy='fsdp' "
+    "(ZeRO-3-like sharding, "
     "built into torch) or 'ddp'."
 )
 _TAG = "state"  # the one tag inside each checkpoint directory
@@ -64,17 +65,32 @@ class DeepSpeedStrategy(ProcessGroupStrategy):
     fixes_batch_size = True  # its config holds train_micro_batch_size_per_gpu
     readable_whole = False  # its folders are read by DeepSpeed's engine, on every rank
 
-    def __init__(self, config: Mapping[str, Any] | None = None, device: str | torch.device | None = None, backend: str | None = None, timeout_s: float = 1800.0) -> None:
+    def __init__(
+        self,
+        config: Mapping[str, Any] | None = None,
+        device: str | torch.device | None = None,
+        backend: str | None = None,
+        timeout_s: float = 1800.0,
+    ) -> None:
         if importlib.util.find_spec("deepspeed") is None:
             raise ImportError(_MISSING)
         super().__init__(device, backend=backend, timeout_s=timeout_s)
         self.config = dict(config or {})
         stage = int(dict(self.config.get("zero_optimization", {})).get("stage", 0))
         if stage >= 3:
-            raise ValueError("strategy='deepspeed' supports ZeRO stages 0-2 here (parameters stay whole on every rank); for sharded parameters use strategy='fsdp'")
+            raise ValueError(
+                "strategy='deepspeed' supports ZeRO stages 0-2 here (parameters stay whole on every rank); for sharded "
+                "parameters use strategy='fsdp'"
+            )
         self.engine: Any = None
 
-    def setup_env(self, *, cudnn_benchmark: bool = False, dist_cfg: Mapping[str, Any] | None = None, randomness: Mapping[str, Any] | None = None) -> None:
+    def setup_env(
+        self,
+        *,
+        cudnn_benchmark: bool = False,
+        dist_cfg: Mapping[str, Any] | None = None,
+        randomness: Mapping[str, Any] | None = None,
+    ) -> None:
         """Join the process group as DDP does, then let DeepSpeed adopt it."""
         super().setup_env(cudnn_benchmark=cudnn_benchmark, dist_cfg=dist_cfg, randomness=randomness)
         import deepspeed
@@ -92,7 +108,10 @@ class DeepSpeedStrategy(ProcessGroupStrategy):
             cfg.setdefault("gradient_accumulation_steps", ow.accumulative_counts)
             clip = ow.clip_grad
             if clip is not None and clip["type"] != "norm":
-                raise ValueError("strategy='deepspeed' clips by norm only (DeepSpeed's gradient_clipping); use clip_grad=dict(max_norm=...)")
+                raise ValueError(
+                    "strategy='deepspeed' clips by norm only (DeepSpeed's gradient_clipping); use "
+                    "clip_grad=dict(max_norm=...)"
+                )
             # DeepSpeed clips at 1.0 when its config does not say: no clip_grad must mean no clipping
             cfg.setdefault("gradient_clipping", float(clip["max_norm"]) if clip is not None else 0.0)
             for section, value in ow.precision.deepspeed_config().items():
@@ -104,12 +123,15 @@ class DeepSpeedStrategy(ProcessGroupStrategy):
         return model
 
     def setup_optim_wrapper(self, optim_wrapper: Any) -> Any:
-        """Build the DeepSpeed engine around the model and the (single) optimizer; the wrapper's updates go through it."""
+        """Build the DeepSpeed engine around the model and the (single) optimizer; the wrapper's updates go through
+        it."""
         import deepspeed
 
         wrappers = list(optim_wrappers_of(optim_wrapper).values())
         if len(wrappers) != 1:
-            raise ValueError("strategy='deepspeed' drives one optimizer; use one optim_wrapper (param groups for different settings)")
+            raise ValueError(
+                "strategy='deepspeed' drives one optimizer; use one optim_wrapper (param groups for different settings)"
+            )
         config = self.ds_config(optim_wrapper)  # before the wrapper adopts this strategy's precision (the engine's own)
         engine, _, _, _ = deepspeed.initialize(model=self.unwrapped, optimizer=wrappers[0].optimizer, config=config)
         self.engine = self.model = engine
@@ -121,7 +143,8 @@ class DeepSpeedStrategy(ProcessGroupStrategy):
         return precision.without_loss_scaling()
 
     def backward(self, loss: torch.Tensor, optim_wrapper: Any, **kwargs: Any) -> None:
-        """``engine.backward`` with the accumulation boundary the wrapper decides (its loss is already scaled by the window)."""
+        """``engine.backward`` with the accumulation boundary the wrapper decides (its loss is already scaled by the
+        window)."""
         self.engine.set_gradient_accumulation_boundary(optim_wrapper.should_sync())
         self.engine.backward(loss, scale_wrt_gas=False, **kwargs)
 
@@ -134,10 +157,13 @@ class DeepSpeedStrategy(ProcessGroupStrategy):
         self.engine.step(**kwargs)
 
     def item_scale(self, items: torch.Tensor) -> torch.Tensor:
-        """Refused: the engine reduces, clips and steps the gradients in one call, so they cannot be divided by the window's items first."""
+        """Refused: the engine reduces, clips and steps the gradients in one call, so they cannot be divided by the
+        window's items first."""
         raise ValueError(
-            "strategy='deepspeed' cannot normalise a loss reported with num_items over its accumulation window: DeepSpeed's engine "
-            "reduces, clips and steps the gradients inside engine.step(). Return the per-batch mean (loss / num_items, without "
+            "strategy='deepspeed' cannot normalise a loss reported with num_items over its accumulation window: "
+            "DeepSpeed's engine "
+            "reduces, clips and steps the gradients inside engine.step(). Return the per-batch mean (loss / num_items, "
+            "without "
             "num_items), or train with strategy='ddp' or 'fsdp'."
         )
 
@@ -148,15 +174,27 @@ class DeepSpeedStrategy(ProcessGroupStrategy):
 
     # -- state: the engine's own files ----------------------------------------------------
     def optim_state_dict(self, optim_wrapper: Any) -> dict[str, Any]:
-        """A description of the optimizer (its groups' sizes, for the resume check); the state itself is in the engine's files."""
+        """A description of the optimizer (its groups' sizes, for the resume check); the state itself is in the
+        engine's files."""
         opt = optim_wrapper.optimizer
-        return {"optimizer": {"param_groups": [{"params": list(range(len(g["params"])))} for g in opt.param_groups]}, "in_engine_files": True}
+        return {
+            "optimizer": {"param_groups": [{"params": list(range(len(g["params"])))} for g in opt.param_groups]},
+            "in_engine_files": True,
+        }
 
     def load_optim_state_dict(self, optim_wrapper: Any, state: Mapping[str, Any]) -> None:
         """Nothing to do: :meth:`load_checkpoint` had the engine load its optimizer partitions."""
 
-    def save_checkpoint(self, path: str | Path | RemotePath, state: Mapping[str, Any], *, async_save: bool = False, after: Callable[[], None] | None = None) -> None:
-        """``engine.save_checkpoint`` into a temporary directory (every rank), then rank 0 renames it onto ``path`` and runs ``after``.
+    def save_checkpoint(
+        self,
+        path: str | Path | RemotePath,
+        state: Mapping[str, Any],
+        *,
+        async_save: bool = False,
+        after: Callable[[], None] | None = None,
+    ) -> None:
+        """``engine.save_checkpoint`` into a temporary directory (every rank), then rank 0 renames it onto ``path`` and
+        runs ``after``.
 
         ``async_save`` is ignored (the write is synchronous).
         """
@@ -174,7 +212,8 @@ class DeepSpeedStrategy(ProcessGroupStrategy):
         self.barrier()
 
     def load_checkpoint(self, path: str | Path | RemotePath, map_location: Any = "cpu") -> dict[str, Any]:
-        """Have the engine load its module and optimizer partitions; return the trainer's state (model: the loaded weights).
+        """Have the engine load its module and optimizer partitions; return the trainer's state (model: the loaded
+        weights).
 
         Raises:
             CheckpointError: the directory is not a complete DeepSpeed checkpoint.
@@ -187,7 +226,13 @@ class DeepSpeedStrategy(ProcessGroupStrategy):
         try:
             load_path, client = self.engine.load_checkpoint(str(p), tag=_TAG)
         except (OSError, RuntimeError, ValueError, KeyError, AssertionError) as e:
-            raise CheckpointError(f"Cannot read DeepSpeed checkpoint {str(p)!r}: {type(e).__name__}: {e}. Resume from the previous checkpoint, or check the path.") from e
+            raise CheckpointError(
+                f"Cannot read DeepSpeed checkpoint {str(p)!r}: {type(e).__name__}: {e}. Resume from the previous "
+                "checkpoint, or check the path."
+            ) from e
         if load_path is None or not isinstance(client, Mapping) or "trainwright" not in client:
-            raise CheckpointError(f"Cannot read DeepSpeed checkpoint {str(p)!r}: it holds no trainwright state (not written by this strategy?). Resume from another checkpoint.")
+            raise CheckpointError(
+                f"Cannot read DeepSpeed checkpoint {str(p)!r}: it holds no trainwright state (not written by this "
+                "strategy?). Resume from another checkpoint."
+            )
         return {**client["trainwright"], "model": self.model_state_dict()}

@@ -17,7 +17,8 @@ BUCKET_BYTES = 25 * 1024 * 1024
 
 
 def _buckets(tensors: Sequence[torch.Tensor], cap: int) -> Iterator[list[torch.Tensor]]:
-    """``tensors`` grouped by (device, dtype), each group cut into runs of at most ``cap`` bytes (a larger tensor alone)."""
+    """``tensors`` grouped by (device, dtype), each group cut into runs of at most ``cap`` bytes (a larger tensor
+    alone)."""
     groups: dict[tuple[torch.device, torch.dtype], list[torch.Tensor]] = {}
     for t in tensors:
         groups.setdefault((t.device, t.dtype), []).append(t.detach())  # the same storage, written outside autograd
@@ -54,7 +55,10 @@ def all_reduce_mean_(tensors: Sequence[torch.Tensor], world_size: int, cap: int 
     """
     sparse = [i for i, t in enumerate(tensors) if t.is_sparse]
     if sparse:
-        raise ValueError(f"all_reduce_mean_: tensors {sparse} are sparse; averaging sparse gradients over processes is not supported here: use dense embeddings (sparse=False)")
+        raise ValueError(
+            f"all_reduce_mean_: tensors {sparse} are sparse; averaging sparse gradients over processes is not "
+            "supported here: use dense embeddings (sparse=False)"
+        )
 
     def reduce(flat: torch.Tensor) -> None:
         dist.all_reduce(flat)

@@ -47,28 +47,34 @@ def _described(layout: tuple[tuple[int, ...], str] | None) -> str:
 
 
 class ModelsDisagreeError(RuntimeError):
-    """The processes built models whose parameters or buffers differ in name, shape or dtype (raised on every rank at once)."""
+    """The processes built models whose parameters or buffers differ in name, shape or dtype (raised on every rank at
+    once)."""
 
     #: Raised on every rank at the same point: the ranks can still meet in collectives.
     raised_on_every_rank = True
 
 
 def _take_rank0_state(model: nn.Module, gather_object: Callable[[Any], list[Any]]) -> None:
-    """Overwrite ``model``'s parameters and buffers with rank 0's, in place (sharded or meta tensors are left as they are).
+    """Overwrite ``model``'s parameters and buffers with rank 0's, in place (sharded or meta tensors are left as they
+    are).
 
     Every rank's tensor names, shapes and dtypes are compared first (one gather, as DDP
     verifies parameter shapes): a mismatch is a :class:`ModelsDisagreeError` on every rank
     naming the first tensor that differs, not a broadcast of mismatched tensors.
     """
-    named = [(n, t) for n, t in (*model.named_parameters(), *model.named_buffers()) if not is_sharded(t) and not t.is_meta]
+    named = [
+        (n, t) for n, t in (*model.named_parameters(), *model.named_buffers()) if not is_sharded(t) and not t.is_meta
+    ]
     layouts = gather_object([(n, tuple(t.shape), str(t.dtype).removeprefix("torch.")) for n, t in named])
     for rank, layout in enumerate(layouts):
         if layout != layouts[0]:
             ours, theirs = ({n: (shape, dtype) for n, shape, dtype in lay} for lay in (layouts[0], layout))
             name = next((n for n in {**ours, **theirs} if ours.get(n) != theirs.get(n)), None)
             raise ModelsDisagreeError(
-                f"The processes built different models: {name!r} is {_described(ours.get(name))} on rank 0 and {_described(theirs.get(name))} "
-                f"on rank {rank} ({len(layouts[0])} vs {len(layout)} tensors). Build the same model on every process (the config "
+                f"The processes built different models: {name!r} is {_described(ours.get(name))} on rank 0 and "
+                f"{_described(theirs.get(name))} "
+                f"on rank {rank} ({len(layouts[0])} vs {len(layout)} tensors). Build the same model on every process "
+                "(the config "
                 "or the code that builds it must not depend on the rank)."
             )
     with torch.no_grad():
@@ -136,8 +142,15 @@ class FSDPStrategy(ProcessGroupStrategy):
         self._optim_wrapper: Any = None  # the optimizers whose state a checkpoint holds (setup_optim_wrapper)
 
     # -- environment ----------------------------------------------------------------------
-    def setup_env(self, *, cudnn_benchmark: bool = False, dist_cfg: Mapping[str, Any] | None = None, randomness: Mapping[str, Any] | None = None) -> None:
-        """Join the launcher's process group (or start a one-process group when no launcher started this process); with tensor parallelism, make the ``(dp, tp)`` mesh.
+    def setup_env(
+        self,
+        *,
+        cudnn_benchmark: bool = False,
+        dist_cfg: Mapping[str, Any] | None = None,
+        randomness: Mapping[str, Any] | None = None,
+    ) -> None:
+        """Join the launcher's process group (or start a one-process group when no launcher started this process); with
+        tensor parallelism, make the ``(dp, tp)`` mesh.
 
         Raises:
             ValueError: with tensor parallelism, a world size its size does not divide, or
@@ -147,12 +160,22 @@ class FSDPStrategy(ProcessGroupStrategy):
 
         world = dist.get_world_size() if dist.is_initialized() else launched_world_size()
         if self.tensor_parallel.size > 1 and (randomness or {}).get("diff_rank_seed"):
-            raise ValueError("randomness.diff_rank_seed=True cannot be used with tensor_parallel: the ranks of a tensor-parallel group compute one "
-                             "model replica and must draw the same random numbers (dropout on replicated activations). Drop diff_rank_seed; "
-                             "the data shards still differ per data-parallel rank.")
+            raise ValueError(
+                "randomness.diff_rank_seed=True cannot be used with tensor_parallel: the ranks of a tensor-parallel "
+                "group compute one "
+                "model replica and must draw the same random numbers (dropout on replicated activations). Drop "
+                "diff_rank_seed; "
+                "the data shards still differ per data-parallel rank."
+            )
         check_divisible(world, self.tensor_parallel.size)  # before any process group is joined
         if not dist.is_initialized() and world <= 1 and "MASTER_ADDR" not in os.environ:
-            dist.init_process_group(backend=self.backend, store=dist.HashStore(), rank=0, world_size=1, timeout=datetime.timedelta(seconds=self.timeout_s))
+            dist.init_process_group(
+                backend=self.backend,
+                store=dist.HashStore(),
+                rank=0,
+                world_size=1,
+                timeout=datetime.timedelta(seconds=self.timeout_s),
+            )
             self._owns_group = True
         super().setup_env(cudnn_benchmark=cudnn_benchmark, dist_cfg=dist_cfg, randomness=randomness)
         if self.tensor_parallel.size > 1:
@@ -161,12 +184,14 @@ class FSDPStrategy(ProcessGroupStrategy):
     # -- process facts --------------------------------------------------------------------
     @property
     def data_parallel_size(self) -> int:
-        """Data shards: the world size, or with tensor parallelism the ``dp`` size of the mesh (world size / tp size)."""
+        """Data shards: the world size, or with tensor parallelism the ``dp`` size of the mesh (world size / tp
+        size)."""
         return self.world_size // self.tensor_parallel.size
 
     @property
     def data_parallel_rank(self) -> int:
-        """This process's data shard: its rank, or with tensor parallelism its ``dp`` coordinate (``init_device_mesh`` puts ranks row-major: rank // tp size)."""
+        """This process's data shard: its rank, or with tensor parallelism its ``dp`` coordinate
+        (``init_device_mesh`` puts ranks row-major: rank // tp size)."""
         return self.rank // self.tensor_parallel.size
 
     def collect_env(self) -> dict[str, Any]:
@@ -189,12 +214,14 @@ class FSDPStrategy(ProcessGroupStrategy):
 
     # -- model ----------------------------------------------------------------------------
     def setup_optim_wrapper(self, optim_wrapper: Any) -> Any:
-        """Carry out the wrappers' updates (built over the sharded parameters); keep them for the checkpoint's optimizer shards."""
+        """Carry out the wrappers' updates (built over the sharded parameters); keep them for the checkpoint's
+        optimizer shards."""
         self._optim_wrapper = optim_wrapper
         return super().setup_optim_wrapper(optim_wrapper)
 
     def adapt_precision(self, precision: Precision) -> Precision:
-        """float16: a ``ShardedGradScaler`` (ranks agree on skipping a step whose gradients overflowed), with the scaler's settings."""
+        """float16: a ``ShardedGradScaler`` (ranks agree on skipping a step whose gradients overflowed), with the
+        scaler's settings."""
         return precision.sharded(self.device.type, ShardedGradScaler)
 
     def clip_grad(self, clip: ClipFn, params: list[torch.Tensor]) -> torch.Tensor | None:
@@ -214,7 +241,12 @@ class FSDPStrategy(ProcessGroupStrategy):
         from torch.distributed.fsdp import MixedPrecisionPolicy
 
         if self.mixed_precision is not None:  # dtypes may be given by name in a config file ("bfloat16")
-            return MixedPrecisionPolicy(**{k: getattr(torch, v) if isinstance(v, str) and k.endswith("_dtype") else v for k, v in self.mixed_precision.items()})
+            return MixedPrecisionPolicy(
+                **{
+                    k: getattr(torch, v) if isinstance(v, str) and k.endswith("_dtype") else v
+                    for k, v in self.mixed_precision.items()
+                }
+            )
         return MixedPrecisionPolicy(**self.precision.fsdp_mixed_precision())
 
     def model_to_device(self, model: nn.Module) -> nn.Module:
@@ -237,12 +269,15 @@ class FSDPStrategy(ProcessGroupStrategy):
         Raises:
             ValueError: a plan pattern matches no module (the message names paths that exist).
         """
-        if self.device_mesh is None or self.tensor_parallel.plan is None:  # a plan is required with size > 1 (checked with the config)
+        if (
+            self.device_mesh is None or self.tensor_parallel.plan is None
+        ):  # a plan is required with size > 1 (checked with the config)
             return
         apply_plan(self.state_module(model), self.tensor_parallel.plan, self.device_mesh["tp"])
 
     def wrap_model(self, model: nn.Module) -> nn.Module:
-        """``fully_shard`` every module of a ``shard_modules`` class, then the root, over the ``dp`` mesh (in place; the same object is returned)."""
+        """``fully_shard`` every module of a ``shard_modules`` class, then the root, over the ``dp`` mesh (in place;
+        the same object is returned)."""
         from torch.distributed.fsdp import fully_shard
 
         kwargs = dict(reshard_after_forward=self.reshard_after_forward, mp_policy=self._policy())
@@ -276,12 +311,14 @@ class FSDPStrategy(ProcessGroupStrategy):
 
     @property
     def checkpointed_optim_wrapper(self) -> Any:
-        """The optim wrapper(s) whose optimizer shards a checkpoint holds (given to :meth:`setup_optim_wrapper`; None before)."""
+        """The optim wrapper(s) whose optimizer shards a checkpoint holds (given to :meth:`setup_optim_wrapper`; None
+        before)."""
         return self._optim_wrapper
 
     @staticmethod
     def state_module(model: nn.Module) -> nn.Module:
-        """The module whose state dict is saved: a plain module's own, not the adapter's (its keys have no ``module.``)."""
+        """The module whose state dict is saved: a plain module's own, not the adapter's (its keys have no
+        ``module.``)."""
         from trainwright.model.base_model import ModuleAdapter
 
         return model.module if isinstance(model, ModuleAdapter) else model
@@ -297,7 +334,9 @@ class FSDPStrategy(ProcessGroupStrategy):
         """The full weights gathered to rank 0 on CPU (other ranks get ``{}``); every rank must call it."""
         from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
 
-        return get_model_state_dict(self.state_module(self.unwrap_model()), options=StateDictOptions(full_state_dict=True, cpu_offload=True))
+        return get_model_state_dict(
+            self.state_module(self.unwrap_model()), options=StateDictOptions(full_state_dict=True, cpu_offload=True)
+        )
 
     def load_model_state_dict(self, state_dict: Mapping[str, Any], strict: bool = True) -> Any:
         """Load shards (from a sharded checkpoint) or full tensors (every rank keeps its own slice)."""
@@ -305,7 +344,11 @@ class FSDPStrategy(ProcessGroupStrategy):
         from torch.distributed.tensor import DTensor
 
         full = not any(isinstance(v, DTensor) for v in state_dict.values())
-        return set_model_state_dict(self.state_module(self.unwrap_model()), dict(state_dict), options=StateDictOptions(full_state_dict=full, strict=strict))
+        return set_model_state_dict(
+            self.state_module(self.unwrap_model()),
+            dict(state_dict),
+            options=StateDictOptions(full_state_dict=full, strict=strict),
+        )
 
     def optim_state_dict(self, optim_wrapper: Any) -> dict[str, Any]:
         """This rank's shards of the optimizer state (keyed by parameter name) and the precision state.
@@ -321,11 +364,16 @@ class FSDPStrategy(ProcessGroupStrategy):
         for name, ow in optim_wrappers_of(optim_wrapper).items():
             if not ow.should_update():
                 raise RuntimeError(
-                    f"strategy='fsdp' cannot checkpoint inside a gradient accumulation window (micro-batch {ow.inner_count % ow.accumulative_counts} of "
-                    f"{ow.accumulative_counts}): the window's gradients are not reduced yet. Save at window boundaries: make the checkpoint "
+                    "strategy='fsdp' cannot checkpoint inside a gradient accumulation window (micro-batch "
+                    f"{ow.inner_count % ow.accumulative_counts} of "
+                    f"{ow.accumulative_counts}): the window's gradients are not reduced yet. Save at window "
+                    "boundaries: make the checkpoint "
                     "interval a multiple of accumulative_counts."
                 )
-            state = {"optimizer": get_optimizer_state_dict(module, ow.optimizer), "precision": ow.precision.state_dict()}
+            state = {
+                "optimizer": get_optimizer_state_dict(module, ow.optimizer),
+                "precision": ow.precision.state_dict(),
+            }
             if name:
                 out[name] = state
             else:
@@ -341,14 +389,24 @@ class FSDPStrategy(ProcessGroupStrategy):
         for name, ow in optim_wrappers_of(optim_wrapper).items():
             sub = state[name] if name else state
             opt = sub["optimizer"]
-            # full tensors keyed by name (a single-file checkpoint), else shards; an empty state (plain SGD) loads as shards:
+            # full tensors keyed by name (a single-file checkpoint), else shards; an empty state (plain SGD) loads as
+            # shards:
             # torch's full-state path needs a tensor to learn the device from
-            full = bool(opt.get("state")) and not any(isinstance(v, DTensor) for s in opt["state"].values() for v in s.values())
+            full = bool(opt.get("state")) and not any(
+                isinstance(v, DTensor) for s in opt["state"].values() for v in s.values()
+            )
             set_optimizer_state_dict(module, ow.optimizer, opt, options=StateDictOptions(full_state_dict=full))
             ow.precision.load_state_dict(sub.get("precision", {}))
 
     # -- checkpoint I/O -------------------------------------------------------------------
-    def save_checkpoint(self, path: str | Path | RemotePath, state: Mapping[str, Any], *, async_save: bool = False, after: Callable[[], None] | None = None) -> None:
+    def save_checkpoint(
+        self,
+        path: str | Path | RemotePath,
+        state: Mapping[str, Any],
+        *,
+        async_save: bool = False,
+        after: Callable[[], None] | None = None,
+    ) -> None:
         """Write a checkpoint directory: every rank its shards (DCP), rank 0 the rest; complete or absent.
 
         Called on every rank with the same ``path`` (a directory; the checkpoint hook names it ``iter_N.dcp``). With
@@ -362,11 +420,13 @@ class FSDPStrategy(ProcessGroupStrategy):
         self._writes.save(self, path, state, async_save=async_save, after=after)
 
     def wait_for_checkpoint(self) -> None:
-        """Block until a background write is complete, then publish it (rank 0) and run its ``after``; re-raise its error."""
+        """Block until a background write is complete, then publish it (rank 0) and run its ``after``; re-raise its
+        error."""
         self._writes.wait(self)
 
     def load_checkpoint(self, path: str | Path | RemotePath, map_location: Any = "cpu") -> dict[str, Any]:
-        """Read a checkpoint directory: each rank loads the shards it owns now (at any world size); the rest from ``trainer_state.pth``.
+        """Read a checkpoint directory: each rank loads the shards it owns now (at any world size); the rest from
+        ``trainer_state.pth``.
 
         Raises:
             CheckpointError: the directory is incomplete or corrupt (on every rank).

@@ -1,4 +1,5 @@
-"""The checkpoint directories of :class:`~trainwright.strategies.fsdp.FSDPStrategy`: what its checkpoint methods delegate to.
+"""The checkpoint directories of :class:`~trainwright.strategies.fsdp.FSDPStrategy`: what its checkpoint methods
+delegate to.
 
 :class:`ShardedWrites` (the strategy's one piece of write state) writes a DCP directory (every rank
 its shards, rank 0 ``trainer_state.pth``; complete or absent), locally or on an fsspec URL, now or
@@ -57,8 +58,17 @@ class ShardedWrites:
             self.group = dist.new_group(backend="gloo")
         return self.group
 
-    def save(self, strategy: FSDPStrategy, path: str | Path | RemotePath, state: Mapping[str, Any], *, async_save: bool, after: Callable[[], None] | None) -> None:
-        """:meth:`FSDPStrategy.save_checkpoint <trainwright.strategies.fsdp.FSDPStrategy.save_checkpoint>`: a local directory, or a URL."""
+    def save(
+        self,
+        strategy: FSDPStrategy,
+        path: str | Path | RemotePath,
+        state: Mapping[str, Any],
+        *,
+        async_save: bool,
+        after: Callable[[], None] | None,
+    ) -> None:
+        """:meth:`FSDPStrategy.save_checkpoint <trainwright.strategies.fsdp.FSDPStrategy.save_checkpoint>`: a local
+        directory, or a URL."""
         import torch.distributed.checkpoint as dcp
 
         from trainwright.checkpoint.storage import RemotePath, location
@@ -82,14 +92,18 @@ class ShardedWrites:
                     after()
 
         if async_save:
-            future = dcp.async_save(sharded, storage_writer=dcp.FileSystemWriter(str(tmp)), process_group=self.side_group())
+            future = dcp.async_save(
+                sharded, storage_writer=dcp.FileSystemWriter(str(tmp)), process_group=self.side_group()
+            )
             self.pending = _Pending(future, finish)
             return
         dcp_io.save_shards(sharded, tmp, target)  # a failed shard write: OSError naming the path, nothing replaced
         finish()
         strategy.barrier()
 
-    def _save_remote_async(self, strategy: FSDPStrategy, target: RemotePath, state: Mapping[str, Any], after: Callable[[], None] | None) -> None:
+    def _save_remote_async(
+        self, strategy: FSDPStrategy, target: RemotePath, state: Mapping[str, Any], after: Callable[[], None] | None
+    ) -> None:
         """Write the directory locally in the background (DCP), then upload it from a thread; :meth:`wait` publishes it.
 
         The local copy (a hidden folder in the store's fallback folder) is what a failed
@@ -109,7 +123,8 @@ class ShardedWrites:
         self.pending = _Pending(future, lambda: _finish_upload(strategy, upload, after), upload)
 
     def wait(self, strategy: FSDPStrategy) -> None:
-        """Finish the background write, if any: publish it (rank 0) and run its ``after``; re-raise a local write's error."""
+        """Finish the background write, if any: publish it (rank 0) and run its ``after``; re-raise a local write's
+        error."""
         pending, self.pending = self.pending, None
         if pending is None:
             return
@@ -118,7 +133,8 @@ class ShardedWrites:
         pending.finish()
 
     def close(self, strategy: FSDPStrategy) -> None:
-        """Finish the last write, then destroy the side group once every rank is done with it (no collective after a failed run)."""
+        """Finish the last write, then destroy the side group once every rank is done with it (no collective after a
+        failed run)."""
         self.wait(strategy)
         if self.group is not None:
             if dist.is_initialized() and not strategy.run_failed:
@@ -186,7 +202,8 @@ def _finish_upload(strategy: FSDPStrategy, upload: _Upload, after: Callable[[], 
     """Complete a background remote write on every rank: all uploads done, rank 0 puts ``.metadata`` and runs ``after``.
 
     Two agreements (one boolean each) on the training group: every rank's files are up; then
-    rank 0's ``.metadata`` (or, when the first failed, whether every local write succeeded). Any failure keeps the local copy as
+    rank 0's ``.metadata`` (or, when the first failed, whether every local write succeeded). Any failure keeps the local
+    copy as
     ``fallback/<name>`` (a complete checkpoint, unless the local write itself failed) with a
     warning naming it, deletes the partial remote folder (best effort: without ``.metadata``
     resume skips it anyway) and leaves ``latest`` as it was. After a failed run there is no
@@ -207,7 +224,9 @@ def _finish_upload(strategy: FSDPStrategy, upload: _Upload, after: Callable[[], 
     else:  # every rank wrote and uploaded its files
         if strategy.is_main_process:
             try:
-                (target / dcp_io.METADATA).upload(upload.local / dcp_io.METADATA)  # last: the directory is complete from here on
+                (target / dcp_io.METADATA).upload(
+                    upload.local / dcp_io.METADATA
+                )  # last: the directory is complete from here on
             except Exception as e:  # noqa: BLE001 - any storage error: the local copy is kept
                 error = e
         failed, written = strategy.any_true(error is not None), True
@@ -223,22 +242,30 @@ def _finish_upload(strategy: FSDPStrategy, upload: _Upload, after: Callable[[], 
     if not written:
         if strategy.is_main_process:
             shutil.rmtree(upload.local, ignore_errors=True)
-            warnings.warn(f"Writing checkpoint {target.url} in the background failed: its local copy could not be written either ({error!r}); "
-                          f"this checkpoint is lost. Training goes on; `latest` in {target.parent.url} still names the previous one.", stacklevel=4)
+            warnings.warn(
+                f"Writing checkpoint {target.url} in the background failed: its local copy could not be written either "
+                f"({error!r}); "
+                f"this checkpoint is lost. Training goes on; `latest` in {target.parent.url} still names the previous "
+                "one.",
+                stacklevel=4,
+            )
         return
     kept = upload.local.with_name(target.name)
     if strategy.is_main_process:
         dcp_io.publish(upload.local, kept)
         warnings.warn(
-            f"Could not upload checkpoint {target.url} ({store.explain(error) if error is not None else 'another rank could not upload its files'}); "
-            f"kept it locally as {kept}. Training goes on; `latest` in {target.parent.url} still names the previous checkpoint. Copy the folder "
+            f"Could not upload checkpoint {target.url} "
+            f"({store.explain(error) if error is not None else 'another rank could not upload its files'}); "
+            f"kept it locally as {kept}. Training goes on; `latest` in {target.parent.url} still names the previous "
+            "checkpoint. Copy the folder "
             f"there once the storage is back, or resume from it with resume={str(kept)!r}.",
             stacklevel=4,
         )
 
 
 def _after_written(strategy: FSDPStrategy, target: RemotePath, after: Callable[[], None] | None) -> None:
-    """Rank 0, once the checkpoint at ``target`` is complete: run ``after`` (``latest``, old checkpoints); its failure only warns."""
+    """Rank 0, once the checkpoint at ``target`` is complete: run ``after`` (``latest``, old checkpoints); its
+    failure only warns."""
     import warnings
 
     if not strategy.is_main_process or after is None:
@@ -246,11 +273,16 @@ def _after_written(strategy: FSDPStrategy, target: RemotePath, after: Callable[[
     try:
         after()
     except Exception as e:  # noqa: BLE001 - the checkpoint is complete; only the pointer is stale
-        warnings.warn(f"Checkpoint {target.url} was written, but updating `latest` / deleting old checkpoints failed ({target.store.explain(e)})", stacklevel=5)
+        warnings.warn(
+            f"Checkpoint {target.url} was written, but updating `latest` / deleting old checkpoints failed "
+            f"({target.store.explain(e)})",
+            stacklevel=5,
+        )
 
 
 def _stage_locally(strategy: FSDPStrategy, target: Path, state: Mapping[str, Any]) -> tuple[Path, dict[str, Any]]:
-    """The hidden temporary directory of ``target`` (rank 0 draws its name, and writes ``trainer_state.pth`` into it) and the shards to write there."""
+    """The hidden temporary directory of ``target`` (rank 0 draws its name, and writes ``trainer_state.pth`` into it)
+    and the shards to write there."""
     from trainwright.checkpoint.io import atomic_save
     from trainwright.strategies import dcp_io
 
@@ -263,8 +295,11 @@ def _stage_locally(strategy: FSDPStrategy, target: Path, state: Mapping[str, Any
     return tmp, sharded
 
 
-def save_remote(strategy: FSDPStrategy, target: RemotePath, state: Mapping[str, Any], *, after: Callable[[], None] | None) -> None:
-    """Write a checkpoint directory on an fsspec URL in place, now: rank 0 ``trainer_state.pth``, then the shards, ``.metadata`` last.
+def save_remote(
+    strategy: FSDPStrategy, target: RemotePath, state: Mapping[str, Any], *, after: Callable[[], None] | None
+) -> None:
+    """Write a checkpoint directory on an fsspec URL in place, now: rank 0 ``trainer_state.pth``, then the shards,
+    ``.metadata`` last.
 
     DCP (``FsspecWriter``) writes ``.metadata`` once every shard is written: a directory
     without it is incomplete and resume skips it. A failed write is tried again (the
@@ -288,7 +323,9 @@ def save_remote(strategy: FSDPStrategy, target: RemotePath, state: Mapping[str, 
                     target.remove()
                 buf = io.BytesIO()
                 torch.save(dcp_io.as_cpu(rest), buf)
-                store.fs.pipe_file((target / dcp_io.TRAINER_STATE).url, buf.getvalue())  # one PUT; before the shards and .metadata
+                store.fs.pipe_file(
+                    (target / dcp_io.TRAINER_STATE).url, buf.getvalue()
+                )  # one PUT; before the shards and .metadata
             except Exception as e:  # noqa: BLE001 - handled together on every rank below
                 error = e
         if strategy.any_true(error is not None):
@@ -304,29 +341,38 @@ def save_remote(strategy: FSDPStrategy, target: RemotePath, state: Mapping[str, 
         except OSError as e:
             error = e
             if attempt + 1 < store.tries:
-                warnings.warn(f"Writing checkpoint {target.url} failed ({e}); trying again ({attempt + 2} of {store.tries})", stacklevel=4)
+                warnings.warn(
+                    f"Writing checkpoint {target.url} failed ({e}); trying again ({attempt + 2} of {store.tries})",
+                    stacklevel=4,
+                )
                 time.sleep(store.backoff_s * 2**attempt)
     # the store keeps failing: the checkpoint goes to the local fallback folder, written as a local sharded checkpoint
     local = fallback_folder(target) / target.name
     strategy.save_checkpoint(local, state)
     if strategy.is_main_process:
         warnings.warn(
-            f"Could not write checkpoint {target.url} ({store.explain(error) if error is not None else 'unknown error'}); kept it locally as {local}. "
-            f"Training goes on; `latest` in {target.parent.url} still names the previous checkpoint. Copy the folder there once the storage "
+            f"Could not write checkpoint {target.url} "
+            f"({store.explain(error) if error is not None else 'unknown error'}); kept it locally as {local}. "
+            f"Training goes on; `latest` in {target.parent.url} still names the previous checkpoint. Copy the folder "
+            "there once the storage "
             f"is back, or resume from it with resume={str(local)!r}.",
             stacklevel=4,
         )
 
 
 def load(strategy: FSDPStrategy, p: Location) -> dict[str, Any]:
-    """Read the checkpoint directory ``p`` into ``strategy``'s sharding (see :meth:`FSDPStrategy.load_checkpoint <trainwright.strategies.fsdp.FSDPStrategy.load_checkpoint>`)."""
+    """Read the checkpoint directory ``p`` into ``strategy``'s sharding (see :meth:`FSDPStrategy.load_checkpoint
+    <trainwright.strategies.fsdp.FSDPStrategy.load_checkpoint>`)."""
     from torch.distributed.checkpoint.state_dict import get_optimizer_state_dict
 
     from trainwright.checkpoint.io import CheckpointError
     from trainwright.strategies import dcp_io
 
     if not p.is_dir():
-        raise FileNotFoundError(f"Checkpoint {str(p)!r} does not exist. Check the path, or pass resume=True to pick the newest checkpoint in a directory.")
+        raise FileNotFoundError(
+            f"Checkpoint {str(p)!r} does not exist. Check the path, or pass resume=True to pick the newest checkpoint "
+            "in a directory."
+        )
     error: Exception | None = None
     try:
         rest = dcp_io.read_trainer_state(p)
@@ -334,28 +380,48 @@ def load(strategy: FSDPStrategy, p: Location) -> dict[str, Any]:
     except CheckpointError as e:
         error = e
     if strategy.any_true(error is not None):  # every rank gives up on this directory together
-        raise error if error is not None else CheckpointError(f"Cannot read checkpoint {str(p)!r}: another rank could not read it (see its log)")
+        raise (
+            error
+            if error is not None
+            else CheckpointError(f"Cannot read checkpoint {str(p)!r}: another rank could not read it (see its log)")
+        )
     module = strategy.state_module(strategy.unwrap_model())
-    # templates with this run's sharding; copies, so that a read that fails halfway leaves the model and optimizer as they were
+    # templates with this run's sharding; copies, so that a read that fails halfway leaves the model and optimizer as
+    # they were
     sharded: dict[str, Any] = {"model": strategy.model_state_dict()}
     optim = rest.get("optim_wrapper")
     if isinstance(optim, Mapping):
         wrappers = optim_wrappers_of(strategy.checkpointed_optim_wrapper)
-        sharded["optim"] = {name: get_optimizer_state_dict(module, ow.optimizer) for name, ow in wrappers.items() if (name in optim if name else True)}
+        sharded["optim"] = {
+            name: get_optimizer_state_dict(module, ow.optimizer)
+            for name, ow in wrappers.items()
+            if (name in optim if name else True)
+        }
     sharded = copy_tensors(sharded)
-    if dcp_io.has_extras(rest):  # sharded tensors of other pieces (a hook's average): read as the model's tensor of the same name is
+    if dcp_io.has_extras(
+        rest
+    ):  # sharded tensors of other pieces (a hook's average): read as the model's tensor of the same name is
         sharded[dcp_io.EXTRA] = dcp_io.extra_templates(p, like=sharded["model"])
     dcp_io.load_into(p, sharded)
     return dcp_io.merge(rest, sharded)
 
 
 def check_model_shapes(strategy: FSDPStrategy, path: Location, saved: Mapping[str, tuple[int, ...]]) -> None:
-    """Raise a RuntimeError naming every key and shape of ``saved`` that differs from ``strategy``'s model (nothing is loaded then)."""
+    """Raise a RuntimeError naming every key and shape of ``saved`` that differs from ``strategy``'s model (nothing
+    is loaded then)."""
     own = {k: tuple(v.shape) for k, v in strategy.model_state_dict().items() if isinstance(v, torch.Tensor)}
     missing = sorted(set(own) - set(saved))
     unexpected = sorted(set(saved) - set(own))
     shapes = [f"{k}: checkpoint {saved[k]}, model {own[k]}" for k in own if k in saved and saved[k] != own[k]]
     if missing or unexpected or shapes:
-        lines = ([f"missing keys: {missing}"] if missing else []) + ([f"unexpected keys: {unexpected}"] if unexpected else []) + shapes
-        raise RuntimeError(f"The checkpoint {str(path)!r} does not match the trainer's model, nothing was loaded:\n  " + "\n  ".join(lines)
-                           + "\nResume with the same model definition, or use load_from= (weights only, strict=False) to start a new run from these weights.")
+        lines = (
+            ([f"missing keys: {missing}"] if missing else [])
+            + ([f"unexpected keys: {unexpected}"] if unexpected else [])
+            + shapes
+        )
+        raise RuntimeError(
+            f"The checkpoint {str(path)!r} does not match the trainer's model, nothing was loaded:\n  "
+            + "\n  ".join(lines)
+            + "\nResume with the same model definition, or use load_from= (weights only, strict=False) to start a "
+            "new run from these weights."
+        )

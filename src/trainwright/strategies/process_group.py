@@ -29,10 +29,12 @@ from trainwright.strategies.base import Strategy
 
 _OPS = {"sum": dist.ReduceOp.SUM, "mean": dist.ReduceOp.SUM, "max": dist.ReduceOp.MAX, "min": dist.ReduceOp.MIN}
 
-#: The default process group joined from a launcher's environment (a weak reference: a group the user destroys is not kept
+#: The default process group joined from a launcher's environment (a weak reference: a group the user destroys is not
+#: kept
 #: alive here); it lives as long as the process, later Trainers join it.
 _launcher_group: weakref.ref[Any] | None = None
-#: The DDP wrappers made by the strategies of this process (a reducer that outlives its group aborts the process at exit).
+#: The DDP wrappers made by the strategies of this process (a reducer that outlives its group aborts the process at
+#: exit).
 live_model_wrappers: weakref.WeakSet[nn.Module] = weakref.WeakSet()
 
 
@@ -48,17 +50,22 @@ def _join_launcher_group(backend: str, timeout_s: float, dist_cfg: Mapping[str, 
     if world > 1:  # a rendezvous that never completes is otherwise silent until the timeout
         print(
             f"trainwright: rank {os.environ.get('RANK', '?')} of {world} joins the process group at "
-            f"{os.environ.get('MASTER_ADDR', '?')}:{os.environ.get('MASTER_PORT', '?')} ({backend}); it waits up to {timeout_s:.0f} s for every process",
-            file=sys.stderr, flush=True,
+            f"{os.environ.get('MASTER_ADDR', '?')}:{os.environ.get('MASTER_PORT', '?')} ({backend}); it waits up to "
+            f"{timeout_s:.0f} s for every process",
+            file=sys.stderr,
+            flush=True,
         )
     dist.init_process_group(backend=backend, timeout=datetime.timedelta(seconds=timeout_s), **dict(dist_cfg or {}))
-    if _launcher_group is None:  # the first time in this process (the handler looks at whichever group is the launcher's then)
+    if (
+        _launcher_group is None
+    ):  # the first time in this process (the handler looks at whichever group is the launcher's then)
         atexit.register(_leave_launcher_group)
     _launcher_group = weakref.ref(dist.group.WORLD)
 
 
 def _is_launcher_group() -> bool:
-    """Whether the default process group is the one :func:`_join_launcher_group` made (not one the user's script made)."""
+    """Whether the default process group is the one :func:`_join_launcher_group` made (not one the user's script
+    made)."""
     return _launcher_group is not None and dist.is_initialized() and dist.group.WORLD is _launcher_group()
 
 
@@ -69,7 +76,9 @@ def _leave_launcher_group() -> None:
     """
     if _is_launcher_group():
         gc.collect()
-        if not live_model_wrappers:  # a trainer never closed: its reducer must not outlive the group (torch releases both as it exits)
+        if (
+            not live_model_wrappers
+        ):  # a trainer never closed: its reducer must not outlive the group (torch releases both as it exits)
             dist.destroy_process_group()
 
 
@@ -92,15 +101,25 @@ class ProcessGroupStrategy(Strategy):
     name = "process_group"
     forward_is_local = False  # a sharded strategy's forward is a collective; the replicated DDP says True
 
-    def __init__(self, device: str | torch.device | None = None, backend: str | None = None, timeout_s: float = 1800.0) -> None:
+    def __init__(
+        self, device: str | torch.device | None = None, backend: str | None = None, timeout_s: float = 1800.0
+    ) -> None:
         super().__init__(device)
         self.backend = backend or ("nccl" if self.device.type == "cuda" else "gloo")
         self.timeout_s = timeout_s
-        self._owns_group = False  # a one-process group this strategy made (FSDP without a launcher): destroyed at teardown
+        self._owns_group = (
+            False  # a one-process group this strategy made (FSDP without a launcher): destroyed at teardown
+        )
         self._store: Any = None  # a client of the launcher's store, opened on an error path (see report_failure)
 
     # -- environment ----------------------------------------------------------------------
-    def setup_env(self, *, cudnn_benchmark: bool = False, dist_cfg: Mapping[str, Any] | None = None, randomness: Mapping[str, Any] | None = None) -> None:
+    def setup_env(
+        self,
+        *,
+        cudnn_benchmark: bool = False,
+        dist_cfg: Mapping[str, Any] | None = None,
+        randomness: Mapping[str, Any] | None = None,
+    ) -> None:
         """Join the process group (from the launcher's environment), then seed every rank with rank 0's seed.
 
         The seed is always rank 0's (one broadcast): a rank given another seed (an explicit
@@ -112,18 +131,24 @@ class ProcessGroupStrategy(Strategy):
             missing = [k for k in ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT") if k not in os.environ]
             if missing:
                 raise RuntimeError(
-                    f"strategy='ddp' needs the environment a launcher sets, but {missing} are not set. Start the script with "
-                    "torchrun, e.g. `torchrun --nproc_per_node=2 train.py` (or srun / mpirun; with mpirun across several machines, "
+                    f"strategy='ddp' needs the environment a launcher sets, but {missing} are not set. Start the "
+                    "script with "
+                    "torchrun, e.g. `torchrun --nproc_per_node=2 train.py` (or srun / mpirun; with mpirun across "
+                    "several machines, "
                     "set MASTER_ADDR to the host of rank 0), or use strategy='single' for one process."
                 )
             _join_launcher_group(self.backend, self.timeout_s, dist_cfg)
         randomness = dict(randomness or {})
         given = randomness.get("seed")
-        randomness["seed"] = self.broadcast_object(int.from_bytes(os.urandom(4), "little") & 0x7FFFFFFF if given is None else given)
+        randomness["seed"] = self.broadcast_object(
+            int.from_bytes(os.urandom(4), "little") & 0x7FFFFFFF if given is None else given
+        )
         if given is not None and given != randomness["seed"]:
             warnings.warn(
-                f"rank {self.rank} was given seed {given}, rank 0 seed {randomness['seed']}: every rank uses rank 0's seed, so that all ranks "
-                "shuffle the data the same way (each its own shard). For per-rank augmentation use randomness=dict(diff_rank_seed=True).",
+                f"rank {self.rank} was given seed {given}, rank 0 seed {randomness['seed']}: every rank uses rank 0's "
+                "seed, so that all ranks "
+                "shuffle the data the same way (each its own shard). For per-rank augmentation use "
+                "randomness=dict(diff_rank_seed=True).",
                 stacklevel=2,
             )
         super().setup_env(cudnn_benchmark=cudnn_benchmark, dist_cfg=dist_cfg, randomness=randomness)
@@ -139,7 +164,8 @@ class ProcessGroupStrategy(Strategy):
         return dist.get_world_size() if dist.is_initialized() else int(os.environ.get("WORLD_SIZE", 1))
 
     def teardown(self) -> None:
-        """Release the model wrapper and wait for every rank (not after a failed run); the launcher's process group stays for later Trainers.
+        """Release the model wrapper and wait for every rank (not after a failed run); the launcher's process group
+        stays for later Trainers.
 
         Initialising the launcher's group again from the same environment is not reliable in
         torch, so it lives as long as the process. A one-process group this strategy made
@@ -170,7 +196,12 @@ class ProcessGroupStrategy(Strategy):
         as DDP's backward would have done.
         """
         skip = self.any_true(not bool(torch.isfinite(loss).all()))
-        if skip and optim_wrapper.accumulative_counts > 1 and optim_wrapper.should_sync() and isinstance(self.model, DistributedDataParallel):
+        if (
+            skip
+            and optim_wrapper.accumulative_counts > 1
+            and optim_wrapper.should_sync()
+            and isinstance(self.model, DistributedDataParallel)
+        ):
             for p in self.model.parameters():
                 if p.grad is not None:
                     dist.all_reduce(p.grad)
@@ -222,7 +253,9 @@ class ProcessGroupStrategy(Strategy):
             if not host or not port or not dist.is_initialized() or self.world_size == 1:
                 return None
             try:
-                self._store = dist.TCPStore(host, int(port), is_master=False, timeout=datetime.timedelta(seconds=2), wait_for_workers=False)
+                self._store = dist.TCPStore(
+                    host, int(port), is_master=False, timeout=datetime.timedelta(seconds=2), wait_for_workers=False
+                )
             except Exception:  # noqa: BLE001 - unreachable: no note, the error itself is still raised
                 return None
         return self._store

@@ -16,7 +16,13 @@ class SingleDeviceStrategy(Strategy):
 
     name = "single"
 
-    def setup_env(self, *, cudnn_benchmark: bool = False, dist_cfg: Mapping[str, Any] | None = None, randomness: Mapping[str, Any] | None = None) -> None:
+    def setup_env(
+        self,
+        *,
+        cudnn_benchmark: bool = False,
+        dist_cfg: Mapping[str, Any] | None = None,
+        randomness: Mapping[str, Any] | None = None,
+    ) -> None:
         """Refuse to run as one of several launched processes, then set up as the base strategy does.
 
         Raises:
@@ -26,8 +32,10 @@ class SingleDeviceStrategy(Strategy):
         n = launched_world_size()
         if n > 1:
             raise RuntimeError(
-                f"This process is one of {n} started by a launcher (torchrun / SLURM / MPI), but strategy='single' would make each of them "
-                "train its own model and overwrite the others' checkpoints and metrics.jsonl. Use strategy='ddp' (or 'auto'), "
+                f"This process is one of {n} started by a launcher (torchrun / SLURM / MPI), but strategy='single' "
+                "would make each of them "
+                "train its own model and overwrite the others' checkpoints and metrics.jsonl. Use strategy='ddp' (or "
+                "'auto'), "
                 "or start one process."
             )
         super().setup_env(cudnn_benchmark=cudnn_benchmark, dist_cfg=dist_cfg, randomness=randomness)

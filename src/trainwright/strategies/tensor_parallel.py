@@ -1,4 +1,5 @@
-"""Tensor parallelism for the FSDP strategy: a plan of module paths, applied on the ``tp`` dimension of a ``(dp, tp)`` mesh.
+"""Tensor parallelism for the FSDP strategy: a plan of module paths, applied on the ``tp`` dimension of a ``(dp, tp)``
+mesh.
 
 ``tensor_parallel=dict(size=2, plan={"blocks.*.attn.q": "colwise", ...})`` splits the layers a
 plan names across the ``size`` ranks of each tensor-parallel group (torch's
@@ -22,21 +23,27 @@ from torch import nn
 
 from trainwright.registry import ConfigError, check_keys
 
-if TYPE_CHECKING:  # torch.distributed.tensor is imported when tensor parallelism is used (it adds a second to `import trainwright`)
+if (
+    TYPE_CHECKING
+):  # torch.distributed.tensor is imported when tensor parallelism is used (it adds a second to `import trainwright`)
     from torch.distributed.device_mesh import DeviceMesh
     from torch.distributed.tensor.parallel import ParallelStyle
 
 #: The style names a plan may use: torch's ColwiseParallel, RowwiseParallel, SequenceParallel (defaults).
 STYLE_NAMES = ("colwise", "rowwise", "sequence")
 #: A plan: ``{module path pattern: "colwise" | "rowwise" | "sequence" | a ParallelStyle}``, or ``plan(model, tp_mesh)``.
-Plan = Union[Mapping[str, Union[str, "ParallelStyle"]], Callable[[nn.Module, "DeviceMesh"], Any]]
+Plan = Union[Mapping[str, Union[str, "ParallelStyle"]], Callable[[nn.Module, "DeviceMesh"], Any]]  # noqa: UP007 (forward references)
 
 
 def make_style(name: str) -> ParallelStyle:
     """torch's ``ParallelStyle`` a plan's style name stands for, with its default layouts."""
     from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel, SequenceParallel
 
-    styles: dict[str, Callable[[], ParallelStyle]] = {"colwise": ColwiseParallel, "rowwise": RowwiseParallel, "sequence": SequenceParallel}
+    styles: dict[str, Callable[[], ParallelStyle]] = {
+        "colwise": ColwiseParallel,
+        "rowwise": RowwiseParallel,
+        "sequence": SequenceParallel,
+    }
     return styles[name]()
 
 
@@ -62,23 +69,36 @@ class TensorParallel:
         if cfg is None:
             return cls(1, None)
         if not isinstance(cfg, Mapping):
-            raise ConfigError(f"tensor_parallel must be a dict such as dict(size=2, plan={{'blocks.*.mlp.fc1': 'colwise', ...}}), got {type(cfg).__name__}")
+            raise ConfigError(
+                f"tensor_parallel must be a dict such as dict(size=2, plan={{'blocks.*.mlp.fc1': 'colwise', ...}}), "
+                f"got {type(cfg).__name__}"
+            )
         check_keys("tensor_parallel", cfg, {"size", "plan"}, error=ConfigError)
         size, plan = cfg.get("size", 1), cfg.get("plan")
         if not isinstance(size, int) or isinstance(size, bool) or size < 1:
-            raise ConfigError(f"tensor_parallel.size must be a positive int (ranks per tensor-parallel group), got {size!r}")
+            raise ConfigError(
+                f"tensor_parallel.size must be a positive int (ranks per tensor-parallel group), got {size!r}"
+            )
         if size > 1 and plan is None:
-            raise ConfigError(f"tensor_parallel=dict(size={size}) needs a plan: which layers to split, e.g. "
-                              "plan={'blocks.*.mlp.fc1': 'colwise', 'blocks.*.mlp.fc2': 'rowwise'} (see docs/parallelism.md)")
+            raise ConfigError(
+                f"tensor_parallel=dict(size={size}) needs a plan: which layers to split, e.g. "
+                "plan={'blocks.*.mlp.fc1': 'colwise', 'blocks.*.mlp.fc2': 'rowwise'} (see docs/parallelism.md)"
+            )
         if plan is not None and not callable(plan):
             if not isinstance(plan, Mapping):
-                raise ConfigError(f"tensor_parallel.plan must be a dict of module path pattern -> style, or a callable plan(model, mesh); got {type(plan).__name__}")
+                raise ConfigError(
+                    "tensor_parallel.plan must be a dict of module path pattern -> style, or a callable plan(model, "
+                    f"mesh); got {type(plan).__name__}"
+                )
             for pattern, style in plan.items():
                 if not isinstance(pattern, str):
                     raise ConfigError(f"tensor_parallel.plan keys are module path patterns (strings), got {pattern!r}")
                 if not (style in STYLE_NAMES if isinstance(style, str) else _is_style(style)):
-                    raise ConfigError(f"tensor_parallel.plan[{pattern!r}] = {style!r} is not a style: use one of {list(STYLE_NAMES)} "
-                                      "or a torch.distributed.tensor.parallel.ParallelStyle object (e.g. ColwiseParallel(input_layouts=Shard(1)))")
+                    raise ConfigError(
+                        f"tensor_parallel.plan[{pattern!r}] = {style!r} is not a style: use one of {list(STYLE_NAMES)} "
+                        "or a torch.distributed.tensor.parallel.ParallelStyle object (e.g. "
+                        "ColwiseParallel(input_layouts=Shard(1)))"
+                    )
         return cls(size, plan)
 
 
@@ -89,7 +109,8 @@ def _is_style(obj: Any) -> bool:
 
 
 def matches(pattern: str, path: str) -> bool:
-    """Whether module ``path`` matches ``pattern``: as many dot-separated components, each matched by :func:`fnmatch.fnmatchcase`."""
+    """Whether module ``path`` matches ``pattern``: as many dot-separated components, each matched by
+    :func:`fnmatch.fnmatchcase`."""
     parts, names = pattern.split("."), path.split(".")
     return len(parts) == len(names) and all(fnmatch.fnmatchcase(n, p) for p, n in zip(parts, names))
 
@@ -108,18 +129,26 @@ def resolve_plan(model: nn.Module, plan: Mapping[str, str | ParallelStyle]) -> d
         hits = [p for p in paths if matches(pattern, p)]
         if not hits:
             near = difflib.get_close_matches(pattern, paths, n=6, cutoff=0.0) or paths[:6]
-            raise ValueError(f"tensor_parallel.plan pattern {pattern!r} matches no module of {type(model).__name__}. Module paths that exist "
-                             f"include {near}. In a pattern, '*' stands for exactly one dot-separated component (e.g. 'blocks.*.attn.q').")
+            raise ValueError(
+                f"tensor_parallel.plan pattern {pattern!r} matches no module of {type(model).__name__}. Module paths "
+                "that exist "
+                f"include {near}. In a pattern, '*' stands for exactly one dot-separated component (e.g. "
+                "'blocks.*.attn.q')."
+            )
         for path in hits:
             if path in resolved:
-                raise ValueError(f"tensor_parallel.plan patterns {source[path]!r} and {pattern!r} both match module {path!r}: give each module one style")
+                raise ValueError(
+                    f"tensor_parallel.plan patterns {source[path]!r} and {pattern!r} both match module {path!r}: give "
+                    "each module one style"
+                )
             resolved[path] = make_style(style) if isinstance(style, str) else style
             source[path] = pattern
     return resolved
 
 
 def apply_plan(model: nn.Module, plan: Plan, tp_mesh: DeviceMesh) -> None:
-    """Split ``model``'s layers across ``tp_mesh`` in place: each matched module gets its style; a callable plan is called with ``(model, tp_mesh)``."""
+    """Split ``model``'s layers across ``tp_mesh`` in place: each matched module gets its style; a callable plan is
+    called with ``(model, tp_mesh)``."""
     from torch.distributed.tensor.parallel import parallelize_module
 
     if callable(plan) and not isinstance(plan, Mapping):
@@ -156,11 +185,15 @@ def mesh_for(device_type: str, dp: int, tp: int) -> DeviceMesh:
 
 
 def check_divisible(world_size: int, size: int) -> None:
-    """Raise a ValueError naming both numbers when ``world_size`` processes do not form whole tensor-parallel groups of ``size``."""
+    """Raise a ValueError naming both numbers when ``world_size`` processes do not form whole tensor-parallel groups
+    of ``size``."""
     if world_size % size:
         divisors = [d for d in range(1, world_size + 1) if world_size % d == 0]
-        raise ValueError(f"tensor_parallel size {size} does not divide the world size {world_size}: the mesh is (dp, tp) = (world_size / size, size). "
-                         f"Start a multiple of {size} processes, or set tensor_parallel.size to one of {divisors}.")
+        raise ValueError(
+            f"tensor_parallel size {size} does not divide the world size {world_size}: the mesh is (dp, tp) = "
+            "(world_size / size, size). "
+            f"Start a multiple of {size} processes, or set tensor_parallel.size to one of {divisors}."
+        )
 
 
 def grads_on_mesh(params: list[torch.Tensor], mesh: DeviceMesh) -> list[torch.Tensor]:
@@ -185,7 +218,11 @@ def grads_on_mesh(params: list[torch.Tensor], mesh: DeviceMesh) -> list[torch.Te
         placements: list[Placement] = [Replicate()] * mesh.ndim
         for name, placement in zip(g.device_mesh.mesh_dim_names or (), g.placements):
             placements[names.index(name)] = placement
-        proxy = DTensor.from_local(g.to_local().detach(), mesh, placements, run_check=False, shape=g.shape, stride=g.stride()).requires_grad_()
-        proxy.grad = DTensor.from_local(g.to_local(), mesh, placements, run_check=False, shape=g.shape, stride=g.stride())
+        proxy = DTensor.from_local(
+            g.to_local().detach(), mesh, placements, run_check=False, shape=g.shape, stride=g.stride()
+        ).requires_grad_()
+        proxy.grad = DTensor.from_local(
+            g.to_local(), mesh, placements, run_check=False, shape=g.shape, stride=g.stride()
+        )
         out.append(proxy)
     return out

@@ -8,8 +8,8 @@ study lives in Optuna storage, so the same command continues an interrupted swee
 the ``trainwright[optuna]`` extra.
 """
 
-from trainwright.sweeps.params import DISTRIBUTIONS, Param, check_params, parse_param, require_optuna, resolve_direction
 from trainwright.optim.scheduler.plateau import metric_key
+from trainwright.sweeps.params import DISTRIBUTIONS, Param, check_params, parse_param, require_optuna, resolve_direction
 from trainwright.sweeps.pruning import SweepPruningHook
 from trainwright.sweeps.results import SweepResult, TrialRecord
 from trainwright.sweeps.run import run_sweep

@@ -78,14 +78,22 @@ def parse_param(text: str) -> Param:
     key = key.strip()
     forms = "; ".join(DISTRIBUTIONS.values())
     if not sep or not dist.strip():
-        raise ConfigError(f"--param {text!r} needs KEY=DISTRIBUTION, e.g. optim_wrapper.optimizer.lr=loguniform:1e-4:1e-1 (distributions: {forms})")
+        raise ConfigError(
+            f"--param {text!r} needs KEY=DISTRIBUTION, e.g. optim_wrapper.optimizer.lr=loguniform:1e-4:1e-1 "
+            f"(distributions: {forms})"
+        )
     if not key or any(not part for part in key.split(".")):
-        raise ConfigError(f"--param {text!r}: the key is empty or has an empty part; write a dotted config key such as optim_wrapper.optimizer.lr")
+        raise ConfigError(
+            f"--param {text!r}: the key is empty or has an empty part; write a dotted config key such as "
+            "optim_wrapper.optimizer.lr"
+        )
     kind, _, rest = dist.strip().partition(":")
     kind = kind.strip().lower()
     where = f"--param {text!r}"
     if kind not in DISTRIBUTIONS:
-        raise ConfigError(f"{where}: unknown distribution {kind!r}.{did_you_mean(kind, list(DISTRIBUTIONS))} Use one of: {forms}")
+        raise ConfigError(
+            f"{where}: unknown distribution {kind!r}.{did_you_mean(kind, list(DISTRIBUTIONS))} Use one of: {forms}"
+        )
     if kind == "choice":
         return Param(key, kind, choices=_parse_choices(rest, where))
     parts = [p.strip() for p in rest.split(":")] if rest.strip() else []
@@ -98,11 +106,16 @@ def parse_param(text: str) -> Param:
         raise ConfigError(f"{where}: {kind} needs two bounds, written {DISTRIBUTIONS[kind]}; got {rest!r}")
     low, high = (_number(p, kind, where) for p in parts)
     if not low < high:
-        raise ConfigError(f"{where}: the low bound {parts[0]} must be smaller than the high bound {parts[1]}; swap them")
+        raise ConfigError(
+            f"{where}: the low bound {parts[0]} must be smaller than the high bound {parts[1]}; swap them"
+        )
     if kind == "loguniform":
         log = True
     if log and low <= 0:
-        raise ConfigError(f"{where}: a log scale needs bounds > 0, got {parts[0]}; use uniform:{parts[0]}:{parts[1]} or a positive low bound")
+        raise ConfigError(
+            f"{where}: a log scale needs bounds > 0, got {parts[0]}; use uniform:{parts[0]}:{parts[1]} or a positive "
+            "low bound"
+        )
     return Param(key, kind, low=low, high=high, log=log)
 
 
@@ -115,7 +128,9 @@ def _number(text: str, kind: str, where: str) -> float:
         raise ConfigError(f"{where}: the bound {text!r} is not finite; give finite numbers")
     if kind == "int":
         if not value.is_integer():
-            raise ConfigError(f"{where}: int bounds must be whole numbers, got {text!r}; use uniform:LOW:HIGH for floats")
+            raise ConfigError(
+                f"{where}: int bounds must be whole numbers, got {text!r}; use uniform:LOW:HIGH for floats"
+            )
         return int(value)
     return value
 
@@ -132,7 +147,10 @@ def _parse_choices(rest: str, where: str) -> tuple[Any, ...]:
         except ConfigError as e:
             raise ConfigError(f"{where}: {e}") from None
         if value is not None and not isinstance(value, (bool, int, float, str)):
-            raise ConfigError(f"{where}: choice values must be int, float, bool, none or strings; {item.strip()!r} is a {type(value).__name__}")
+            raise ConfigError(
+                f"{where}: choice values must be int, float, bool, none or strings; {item.strip()!r} is a "
+                f"{type(value).__name__}"
+            )
         values.append(value)
     seen: list[Any] = []
     for v in values:
@@ -162,18 +180,27 @@ def check_params(cfg: Mapping[str, Any], params: Sequence[Param]) -> None:
                 if part not in node:
                     keys = [str(k) for k in node if not str(k).startswith("_")]
                     raise ConfigError(
-                        f"--param {p.key}: {here} has no key {part!r}.{did_you_mean(part, keys)} Its keys: {sorted(keys)}. "
-                        "Sweep keys the config sets (add the key to the config, e.g. with its default value, to sweep it)"
+                        f"--param {p.key}: {here} has no key {part!r}.{did_you_mean(part, keys)} Its keys: "
+                        f"{sorted(keys)}. "
+                        "Sweep keys the config sets (add the key to the config, e.g. with its default value, to sweep "
+                        "it)"
                     )
                 node = node[part]
             elif isinstance(node, (list, tuple)):
                 if not part.lstrip("-").isdigit() or not -len(node) <= int(part) < len(node):
-                    raise ConfigError(f"--param {p.key}: {here} is a list of {len(node)} items; {part!r} is not an index of it")
+                    raise ConfigError(
+                        f"--param {p.key}: {here} is a list of {len(node)} items; {part!r} is not an index of it"
+                    )
                 node = node[int(part)]
             else:
-                raise ConfigError(f"--param {p.key}: {here} is a {type(node).__name__} ({node!r}), not a dict; sweep {here} itself")
+                raise ConfigError(
+                    f"--param {p.key}: {here} is a {type(node).__name__} ({node!r}), not a dict; sweep {here} itself"
+                )
         if isinstance(node, Mapping):
-            raise ConfigError(f"--param {p.key}: {p.key} is a dict; sweep one of its keys, e.g. {', '.join(f'{p.key}.{k}' for k in list(node)[:3])}")
+            raise ConfigError(
+                f"--param {p.key}: {p.key} is a dict; sweep one of its keys, e.g. "
+                f"{', '.join(f'{p.key}.{k}' for k in list(node)[:3])}"
+            )
 
 
 def require_optuna() -> Any:
@@ -181,17 +208,22 @@ def require_optuna() -> Any:
     try:
         import optuna
     except ImportError:
-        raise ConfigError(f"trainwright sweep needs Optuna, which is not installed: {_INSTALL} (or pip install optuna)") from None
+        raise ConfigError(
+            f"trainwright sweep needs Optuna, which is not installed: {_INSTALL} (or pip install optuna)"
+        ) from None
     return optuna
 
 
 def resolve_direction(direction: str | None, metric: str) -> str:
-    """``"maximize"`` or ``"minimize"`` from ``max`` / ``min`` (or the long names); None: inferred from the metric's name."""
+    """``"maximize"`` or ``"minimize"`` from ``max`` / ``min`` (or the long names); None: inferred from the metric's
+    name."""
     if direction is None:
         try:
             return "maximize" if infer_rule(metric) == "greater" else "minimize"
         except ValueError:
-            raise ConfigError(f"cannot tell whether a higher or a lower {metric!r} is better; pass --direction max or --direction min") from None
+            raise ConfigError(
+                f"cannot tell whether a higher or a lower {metric!r} is better; pass --direction max or --direction min"
+            ) from None
     d = _DIRECTIONS.get(str(direction).lower())
     if d is None:
         raise ConfigError(f"--direction {direction!r} is not a direction; use max or min")

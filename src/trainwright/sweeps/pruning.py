@@ -14,7 +14,8 @@ if TYPE_CHECKING:
 
 
 class SweepPruningHook(Hook):
-    """Reports the swept metric to the Optuna trial after each validation; stops the trial when the pruner gives up on it.
+    """Reports the swept metric to the Optuna trial after each validation; stops the trial when the pruner gives up on
+    it.
 
     The step is the epoch (epoch-based loops) or the iteration. The decision is taken on rank
     0 and broadcast, so every process stops at the same point; the stop is
@@ -42,7 +43,9 @@ class SweepPruningHook(Hook):
         key = metric_key(self.metric, metrics)
         if key is None:
             self.missing = sorted(metrics)
-            trainer.logger.error(f"Sweep: the validation metrics {self.missing} do not include {self.metric!r}; stopping the sweep")
+            trainer.logger.error(
+                f"Sweep: the validation metrics {self.missing} do not include {self.metric!r}; stopping the sweep"
+            )
             trainer.should_stop = True
             return
         value = float(metrics[key])
@@ -55,4 +58,7 @@ class SweepPruningHook(Hook):
         if trainer.strategy.broadcast_object(prune):
             self.pruned = True
             trainer.should_stop = True
-            trainer.logger.info(f"Sweep: trial {self.trial.number} pruned at {'epoch' if loop.by_epoch else 'iteration'} {step} ({self.metric} = {value:.6g})")
+            trainer.logger.info(
+                f"Sweep: trial {self.trial.number} pruned at {'epoch' if loop.by_epoch else 'iteration'} {step} "
+                f"({self.metric} = {value:.6g})"
+            )

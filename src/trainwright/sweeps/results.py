@@ -87,10 +87,16 @@ def write_results(study: Any, result: SweepResult, params: Sequence[Param], Tria
     records = []
     for t in study.get_trials(deepcopy=False):
         value = t.value if t.state in (TrialState.COMPLETE, TrialState.PRUNED) else None
-        records.append(TrialRecord(
-            number=t.number, state=t.state.name, value=value, params=dict(t.params),
-            work_dir=str(t.user_attrs.get("work_dir", result.work_dir / f"trial_{t.number}")), note=_note(t, TrialState),
-        ))
+        records.append(
+            TrialRecord(
+                number=t.number,
+                state=t.state.name,
+                value=value,
+                params=dict(t.params),
+                work_dir=str(t.user_attrs.get("work_dir", result.work_dir / f"trial_{t.number}")),
+                note=_note(t, TrialState),
+            )
+        )
     result.trials = records
     complete = [r for r in records if r.state == "COMPLETE" and r.value is not None]
     if complete:
@@ -103,13 +109,23 @@ def write_results(study: Any, result: SweepResult, params: Sequence[Param], Tria
         w = csv.writer(f)
         w.writerow(["number", "state", result.metric, *keys, "work_dir", "note"])
         for r in records:
-            w.writerow([r.number, r.state, "" if r.value is None else repr(r.value), *(r.params.get(k, "") for k in keys), r.work_dir, r.note])
+            w.writerow(
+                [
+                    r.number,
+                    r.state,
+                    "" if r.value is None else repr(r.value),
+                    *(r.params.get(k, "") for k in keys),
+                    r.work_dir,
+                    r.note,
+                ]
+            )
     tmp.replace(path)
     result.results_csv = path
 
 
 def write_best_config(base: Config, result: SweepResult, out: Path) -> Path | None:
-    """The config with the best trial's values (``best_config<suffix of the config file>``), written with :meth:`Config.dump`."""
+    """The config with the best trial's values (``best_config<suffix of the config file>``), written with
+    :meth:`Config.dump`."""
     if result.best is None:
         return None
     best = copy.deepcopy(base)

@@ -8,9 +8,9 @@ running, and turning each trial's ending (complete, pruned, diverged, failed) in
 from __future__ import annotations
 
 import copy
+import math
 import os
 import socket
-import math
 import warnings
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
@@ -74,10 +74,15 @@ def run_sweep(
         ConfigError: bad input (see above), a trial whose config does not build, or a ``metric``
             the validation does not produce.
     """
-    base = Config.fromfile(cfg) if isinstance(cfg, (str, Path)) else cfg if isinstance(cfg, Config) else Config(dict(cfg))
+    base = (
+        Config.fromfile(cfg) if isinstance(cfg, (str, Path)) else cfg if isinstance(cfg, Config) else Config(dict(cfg))
+    )
     parsed = [p if isinstance(p, Param) else parse_param(p) for p in params]
     if not parsed:
-        raise ConfigError("a sweep needs at least one parameter: --param KEY=DIST, e.g. optim_wrapper.optimizer.lr=loguniform:1e-4:1e-1")
+        raise ConfigError(
+            "a sweep needs at least one parameter: --param KEY=DIST, e.g. "
+            "optim_wrapper.optimizer.lr=loguniform:1e-4:1e-1"
+        )
     check_params(base, parsed)
     if not isinstance(trials, int) or isinstance(trials, bool) or trials < 1:
         raise ConfigError(f"--trials must be an int >= 1, got {trials!r}")
@@ -90,7 +95,9 @@ def run_sweep(
     _check_one_process()
     optuna = require_optuna()
     name = study_name or (Path(base.filename).stem if base.filename else "sweep")
-    out = Path(work_dir) if work_dir is not None else Path(base.get("work_dir") or f"work_dirs/{name}") / f"sweep_{name}"
+    out = (
+        Path(work_dir) if work_dir is not None else Path(base.get("work_dir") or f"work_dirs/{name}") / f"sweep_{name}"
+    )
     out.mkdir(parents=True, exist_ok=True)
     url = storage or f"sqlite:///{(out / 'sweep.db').as_posix()}"
     say = log or (lambda _msg: None)
@@ -115,8 +122,11 @@ def run_sweep(
     write_results(study, result, parsed, TrialState)
     result.best_config = write_best_config(base, result, out)
     if result.best is not None:
-        say(f"sweep {name!r}: best trial {result.best.number}: {metric} = {result.best.value:.6g} with {result.best.params}; "
-            f"results in {result.results_csv}, best config in {result.best_config}")
+        say(
+            f"sweep {name!r}: best trial {result.best.number}: {metric} = {result.best.value:.6g} with "
+            f"{result.best.params}; "
+            f"results in {result.results_csv}, best config in {result.best_config}"
+        )
     else:
         say(f"sweep {name!r}: no trial completed; results in {result.results_csv}")
     return result
@@ -126,7 +136,8 @@ def _check_validation(cfg: Mapping[str, Any]) -> None:
     missing = [k for k in ("val_dataloader", "val_evaluator") if cfg.get(k) is None]
     if missing:
         raise ConfigError(
-            f"a sweep compares trials by a validation metric, but the config has no {' and no '.join(missing)}: add val_dataloader=dict(...) "
+            f"a sweep compares trials by a validation metric, but the config has no {' and no '.join(missing)}: add "
+            "val_dataloader=dict(...) "
             "and val_evaluator=dict(type=...) (and train_cfg val_interval) to the config"
         )
     if cfg.get("train_dataloader") is None:
@@ -139,20 +150,42 @@ def _check_one_process() -> None:
     n = launched_world_size()
     if n > 1:
         raise ConfigError(
-            f"trainwright sweep runs its trials one after another in one process, but {detect_launcher()} started {n} processes; "
+            f"trainwright sweep runs its trials one after another in one process, but {detect_launcher()} started {n} "
+            "processes; "
             "start it once, without torchrun / srun / mpirun"
         )
 
 
-def _open_study(optuna: Any, url: str, name: str, direction: str, metric: str, params: Sequence[Param], pruner: Any, startup: int, seed: int | None, sampler: Any) -> Any:
+def _open_study(
+    optuna: Any,
+    url: str,
+    name: str,
+    direction: str,
+    metric: str,
+    params: Sequence[Param],
+    pruner: Any,
+    startup: int,
+    seed: int | None,
+    sampler: Any,
+) -> Any:
     if isinstance(pruner, str):
         if pruner not in _PRUNERS:
-            raise ConfigError(f"--pruner {pruner!r} is not a pruner.{did_you_mean(pruner, list(_PRUNERS))} Use one of {list(_PRUNERS)}")
-        pruner = optuna.pruners.MedianPruner(n_startup_trials=startup, n_warmup_steps=0) if pruner == "median" else optuna.pruners.NopPruner()
+            raise ConfigError(
+                f"--pruner {pruner!r} is not a pruner.{did_you_mean(pruner, list(_PRUNERS))} Use one of "
+                f"{list(_PRUNERS)}"
+            )
+        pruner = (
+            optuna.pruners.MedianPruner(n_startup_trials=startup, n_warmup_steps=0)
+            if pruner == "median"
+            else optuna.pruners.NopPruner()
+        )
     try:
         existing = optuna.study.get_all_study_names(storage=url)
     except Exception as e:
-        raise ConfigError(f"cannot open the sweep storage {url!r}: {type(e).__name__}: {e}. Give --storage as an Optuna storage URL, e.g. sqlite:///sweep.db") from e
+        raise ConfigError(
+            f"cannot open the sweep storage {url!r}: {type(e).__name__}: {e}. Give --storage as an Optuna storage URL, "
+            "e.g. sqlite:///sweep.db"
+        ) from e
     resumed = name in existing
     n_before = 0
     if resumed:
@@ -161,19 +194,30 @@ def _open_study(optuna: Any, url: str, name: str, direction: str, metric: str, p
         sampler = optuna.samplers.TPESampler(seed=None if seed is None else seed + n_before)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", category=getattr(optuna.exceptions, "ExperimentalWarning", Warning))
-        study = optuna.create_study(storage=url, study_name=name, direction=direction, sampler=sampler, pruner=pruner, load_if_exists=True)
+        study = optuna.create_study(
+            storage=url, study_name=name, direction=direction, sampler=sampler, pruner=pruner, load_if_exists=True
+        )
     specs = sorted(p.spec() for p in params)
     if resumed:
         old_dir = study.direction.name.lower()
         old_metric, old_specs = study.user_attrs.get("metric"), study.user_attrs.get("params")
         if old_dir != direction:
-            raise ConfigError(f"study {name!r} in {url} maximises/minimises the other way ({old_dir}); resume it with the same --direction, or give another --study-name")
+            raise ConfigError(
+                f"study {name!r} in {url} maximises/minimises the other way ({old_dir}); resume it with the same "
+                "--direction, or give another --study-name"
+            )
         if old_metric is not None and old_metric != metric and not _any_complete(study, optuna.trial.TrialState):
             study.set_user_attr("metric", metric)  # no trial has a value yet (e.g. the first run's --metric was a typo)
         elif old_metric is not None and old_metric != metric:
-            raise ConfigError(f"study {name!r} in {url} optimises {old_metric!r}, not {metric!r}; resume it with --metric {old_metric}, or give another --study-name")
+            raise ConfigError(
+                f"study {name!r} in {url} optimises {old_metric!r}, not {metric!r}; resume it with --metric "
+                f"{old_metric}, or give another --study-name"
+            )
         if old_specs is not None and sorted(old_specs) != specs:
-            raise ConfigError(f"study {name!r} in {url} sweeps {sorted(old_specs)}, not {specs}; resume it with the same --param options, or give another --study-name")
+            raise ConfigError(
+                f"study {name!r} in {url} sweeps {sorted(old_specs)}, not {specs}; resume it with the same --param "
+                "options, or give another --study-name"
+            )
     else:
         study.set_user_attr("metric", metric)
         study.set_user_attr("params", specs)
@@ -186,7 +230,8 @@ def _owner() -> str:
 
 
 def _owner_alive(owner: str) -> str | None:
-    """Why the sweep process ``host:pid`` may still run its trial ("still alive", "on another machine": not checkable); None: it is gone."""
+    """Why the sweep process ``host:pid`` may still run its trial ("still alive", "on another machine": not
+    checkable); None: it is gone."""
     host, _, pid = owner.rpartition(":")
     if host != socket.gethostname():
         return "on another machine"
@@ -214,7 +259,10 @@ def _requeue_interrupted(optuna: Any, study: Any, say: Callable[[str], None]) ->
         study.tell(t.number, state=TrialState.FAIL, skip_if_finished=True)
         if t.params:
             study.enqueue_trial(dict(t.params), user_attrs={"rerun_of": t.number})
-        say(f"sweep: trial {t.number} was running when the sweep was interrupted: marked failed, its values {dict(t.params)} run again in a new trial")
+        say(
+            f"sweep: trial {t.number} was running when the sweep was interrupted: marked failed, its values "
+            f"{dict(t.params)} run again in a new trial"
+        )
 
 
 def _any_complete(study: Any, TrialState: Any) -> bool:
@@ -224,12 +272,15 @@ def _any_complete(study: Any, TrialState: Any) -> bool:
 def _finished(study: Any, TrialState: Any) -> int:
     """Trials that count toward ``trials``: complete, pruned, or failed because the loss diverged."""
     return sum(
-        t.state in (TrialState.COMPLETE, TrialState.PRUNED) or (t.state == TrialState.FAIL and bool(t.user_attrs.get("diverged")))
+        t.state in (TrialState.COMPLETE, TrialState.PRUNED)
+        or (t.state == TrialState.FAIL and bool(t.user_attrs.get("diverged")))
         for t in study.get_trials(deepcopy=False)
     )
 
 
-def _run_trial(optuna: Any, study: Any, trial: Any, base: Config, trial_dir: Path, metric: str, say: Callable[[str], None]) -> None:
+def _run_trial(
+    optuna: Any, study: Any, trial: Any, base: Config, trial_dir: Path, metric: str, say: Callable[[str], None]
+) -> None:
     from trainwright.trainer import Trainer
 
     TrialState = optuna.trial.TrialState
@@ -257,16 +308,23 @@ def _run_trial(optuna: Any, study: Any, trial: Any, base: Config, trial_dir: Pat
             trial.set_user_attr("error", f"ConfigError: {str(e).splitlines()[0][:200]}")
             study.tell(trial, state=TrialState.FAIL)
             raise ConfigError(f"trial {trial.number} with {dict(trial.params)}: {e}") from e
-        trial.set_user_attr("error", "interrupted" if interrupted else f"{type(e).__name__}: {str(e).splitlines()[0][:200] if str(e) else ''}")
+        trial.set_user_attr(
+            "error",
+            "interrupted" if interrupted else f"{type(e).__name__}: {str(e).splitlines()[0][:200] if str(e) else ''}",
+        )
         study.tell(trial, state=TrialState.FAIL)
         if interrupted:
             study.enqueue_trial(dict(trial.params), user_attrs={"rerun_of": trial.number})
-            say(f"sweep: interrupted during trial {trial.number}: marked failed; run the same command again to continue (its values run again first)")
+            say(
+                f"sweep: interrupted during trial {trial.number}: marked failed; run the same command again to "
+                "continue (its values run again first)"
+            )
         raise
     if hook.missing is not None:
         study.tell(trial, state=TrialState.FAIL)
         raise ConfigError(
-            f"--metric {metric!r} is not among the validation metrics {hook.missing}.{did_you_mean(metric, hook.missing)} "
+            f"--metric {metric!r} is not among the validation metrics "
+            f"{hook.missing}.{did_you_mean(metric, hook.missing)} "
             f"Pass one of them as --metric (trial {trial.number} was stopped and marked failed)"
         )
     if hook.pruned:
@@ -276,7 +334,10 @@ def _run_trial(optuna: Any, study: Any, trial: Any, base: Config, trial_dir: Pat
     if hook.last_value is None:
         trial.set_user_attr("error", "no validation ran")
         study.tell(trial, state=TrialState.FAIL)
-        raise ConfigError(f"trial {trial.number} trained without validating, so it has no {metric!r}; check train_cfg val_interval / val_begin")
+        raise ConfigError(
+            f"trial {trial.number} trained without validating, so it has no {metric!r}; check train_cfg val_interval / "
+            "val_begin"
+        )
     if not math.isfinite(hook.last_value):
         trial.set_user_attr("diverged", True)
         trial.set_user_attr("error", f"{metric} = {hook.last_value}")

@@ -1,4 +1,5 @@
-"""Building the trainer's parts from objects or config dicts: the train loop with its loader, optim wrapper and schedulers; the eval loops."""
+"""Building the trainer's parts from objects or config dicts: the train loop with its loader, optim wrapper and
+schedulers; the eval loops."""
 
 from __future__ import annotations
 
@@ -24,7 +25,9 @@ if TYPE_CHECKING:
     from trainwright.strategies.base import Strategy
 
 #: Keys ``train_cfg`` accepts.
-TRAIN_CFG_KEYS = frozenset({"by_epoch", "max_epochs", "max_iters", "val_interval", "val_begin", "gather_metric_period", "dynamic_intervals"})
+TRAIN_CFG_KEYS = frozenset(
+    {"by_epoch", "max_epochs", "max_iters", "val_interval", "val_begin", "gather_metric_period", "dynamic_intervals"}
+)
 #: Keys ``val_cfg`` / ``test_cfg`` accept.
 EVAL_CFG_KEYS = frozenset({"autocast"})
 
@@ -39,13 +42,24 @@ class TrainParts(NamedTuple):
 
 
 def train_by_epoch(train_cfg: Mapping[str, Any]) -> bool:
-    """Whether ``train_cfg`` makes an epoch-based train loop: its ``by_epoch``, else True unless it gives ``max_iters``."""
+    """Whether ``train_cfg`` makes an epoch-based train loop: its ``by_epoch``, else True unless it gives
+    ``max_iters``."""
     return bool(train_cfg.get("by_epoch", "max_iters" not in train_cfg))
 
 
 def build_train(
-    strategy: Strategy, hooks: HookList, train_cfg: Mapping[str, Any], loader_cfg: Any, optim_cfg: Any, scheduler_cfg: Any, *,
-    model: nn.Module, precision: Precision, seed: int, skip_nonfinite: bool, spike_guard: SpikeGuard | None = None,
+    strategy: Strategy,
+    hooks: HookList,
+    train_cfg: Mapping[str, Any],
+    loader_cfg: Any,
+    optim_cfg: Any,
+    scheduler_cfg: Any,
+    *,
+    model: nn.Module,
+    precision: Precision,
+    seed: int,
+    skip_nonfinite: bool,
+    spike_guard: SpikeGuard | None = None,
 ) -> TrainParts:
     """The resumable train loader, the optim wrapper over ``model``, the train loop and the param schedulers.
 
@@ -57,7 +71,10 @@ def build_train(
             ``max_iters``, or an empty loader (each message says what to pass).
     """
     if loader_cfg is None:
-        raise ValueError("train() needs a train_dataloader: pass train_dataloader=DataLoader(...) or dict(dataset=..., batch_size=...)")
+        raise ValueError(
+            "train() needs a train_dataloader: pass train_dataloader=DataLoader(...) or dict(dataset=..., "
+            "batch_size=...)"
+        )
     if optim_cfg is None:
         raise ValueError("train() needs an optim_wrapper, e.g. optim_wrapper=dict(optimizer=dict(type='SGD', lr=0.01))")
     cfg = dict(train_cfg)
@@ -68,18 +85,25 @@ def build_train(
         )
     by_epoch = train_by_epoch(cfg)
     cfg.pop("by_epoch", None)
-    loader = build_dataloader(loader_cfg, seed=seed, num_replicas=strategy.data_parallel_size, rank=strategy.data_parallel_rank)  # this rank's shard
+    loader = build_dataloader(
+        loader_cfg, seed=seed, num_replicas=strategy.data_parallel_size, rank=strategy.data_parallel_rank
+    )  # this rank's shard
     try:
         len(loader)
     except TypeError as e:
         ds = loader.dataset
         raise TypeError(
-            f"train_dataloader's IterableDataset {type(ds).__name__} has no __len__ ({e}): the trainer needs the number of batches per "
+            f"train_dataloader's IterableDataset {type(ds).__name__} has no __len__ ({e}): the trainer needs the "
+            "number of batches per "
             "epoch (epoch ends, validation and checkpoint points, schedulers, the ETA). Give the dataset a "
-            "`def __len__(self): return <samples it yields per process>`, or use a map-style Dataset (__getitem__ and __len__)."
+            "`def __len__(self): return <samples it yields per process>`, or use a map-style Dataset (__getitem__ and "
+            "__len__)."
         ) from e
     if len(loader) == 0:
-        raise ValueError("train_dataloader is empty (0 batches): check the dataset length, and that batch_size <= len(dataset) when drop_last=True")
+        raise ValueError(
+            "train_dataloader is empty (0 batches): check the dataset length, and that batch_size <= len(dataset) when "
+            "drop_last=True"
+        )
     optim_wrapper = build_optim_wrapper(model, optim_cfg, precision, strategy.device.type)
     precision = loop_precision(optim_wrapper, precision)
     if skip_nonfinite:
@@ -90,19 +114,26 @@ def build_train(
     loop: EpochBasedTrainLoop | IterBasedTrainLoop
     if by_epoch:
         if "max_epochs" not in cfg:
-            raise KeyError("train_cfg with by_epoch=True needs max_epochs, e.g. train_cfg=dict(by_epoch=True, max_epochs=10)")
+            raise KeyError(
+                "train_cfg with by_epoch=True needs max_epochs, e.g. train_cfg=dict(by_epoch=True, max_epochs=10)"
+            )
         loop = EpochBasedTrainLoop(loader, **cfg)
     else:
         if "max_iters" not in cfg:
-            raise KeyError("train_cfg with by_epoch=False needs max_iters, e.g. train_cfg=dict(by_epoch=False, max_iters=2000)")
+            raise KeyError(
+                "train_cfg with by_epoch=False needs max_iters, e.g. train_cfg=dict(by_epoch=False, max_iters=2000)"
+            )
         loop = IterBasedTrainLoop(loader, **cfg)
     schedulers = None
     if scheduler_cfg:
         from trainwright.optim.scheduler import build_param_schedulers
 
         schedulers = build_param_schedulers(
-            scheduler_cfg, optim_wrapper, epoch_length=len(loader),
-            max_epochs=getattr(loop, "max_epochs", None), max_iters=None if loop.by_epoch else loop.max_iters,
+            scheduler_cfg,
+            optim_wrapper,
+            epoch_length=len(loader),
+            max_epochs=getattr(loop, "max_epochs", None),
+            max_iters=None if loop.by_epoch else loop.max_iters,
         )
         if not loop.by_epoch:
             _warn_epoch_schedulers(schedulers)
@@ -110,7 +141,8 @@ def build_train(
 
 
 def _attach_spike_guard(hooks: HookList, optim_wrapper: Any, guard: SpikeGuard) -> None:
-    """Give the run's one optim wrapper the guard; a rollback needs something to roll back to (checked before training starts)."""
+    """Give the run's one optim wrapper the guard; a rollback needs something to roll back to (checked before
+    training starts)."""
     wrappers = optim_wrappers_of(optim_wrapper)
     if len(wrappers) != 1:
         raise ValueError(
@@ -118,12 +150,19 @@ def _attach_spike_guard(hooks: HookList, optim_wrapper: Any, guard: SpikeGuard) 
             "Drop spike_guard, or use one optim wrapper."
         )
     if guard.action == "rollback" and guard.capture_every is None:
-        policy = [saves for h in hooks if (saves := h.saves_periodic_checkpoints()) is not None]  # the periodic saves a rollback goes back to
+        policy = [
+            saves for h in hooks if (saves := h.saves_periodic_checkpoints()) is not None
+        ]  # the periodic saves a rollback goes back to
         if not any(policy):
             raise ValueError(
                 "spike_guard action='rollback' has no checkpoint to roll back to: "
-                + ("there is no CheckpointHook (default_hooks checkpoint=None)" if not policy else "the CheckpointHook saves no periodic checkpoints (interval <= 0)")
-                + ". Keep one (e.g. default_hooks=dict(checkpoint=dict(interval=500, by_epoch=False))), or keep one in memory with "
+                + (
+                    "there is no CheckpointHook (default_hooks checkpoint=None)"
+                    if not policy
+                    else "the CheckpointHook saves no periodic checkpoints (interval <= 0)"
+                )
+                + ". Keep one (e.g. default_hooks=dict(checkpoint=dict(interval=500, by_epoch=False))), or keep one "
+                "in memory with "
                 "spike_guard=dict(action='rollback', capture_every=500), or use action='skip'."
             )
     next(iter(wrappers.values())).spike_guard = guard
@@ -133,11 +172,17 @@ def _warn_epoch_schedulers(schedulers: Any) -> None:
     """An epoch-based scheduler in an iteration-based run would never step (one 'epoch' spans the run)."""
     flat = flatten_schedulers(schedulers)
     # A metric-driven scheduler steps at validations; with its default window its epoch count does not matter.
-    stuck = [type(s).__name__ for s in flat if getattr(s, "by_epoch", False) and not (s.need_val_args and s.begin == 0 and s.end == INF)]
+    stuck = [
+        type(s).__name__
+        for s in flat
+        if getattr(s, "by_epoch", False) and not (s.need_val_args and s.begin == 0 and s.end == INF)
+    ]
     if stuck:
         warnings.warn(
-            f"param_scheduler {stuck} count(s) in epochs (by_epoch=True) but training is iteration-based (train_cfg by_epoch=False): "
-            "they would never step and the value would stay constant. Add convert_to_iter_based=True to convert their begin/end "
+            f"param_scheduler {stuck} count(s) in epochs (by_epoch=True) but training is iteration-based (train_cfg "
+            "by_epoch=False): "
+            "they would never step and the value would stay constant. Add convert_to_iter_based=True to convert their "
+            "begin/end "
             "to iterations, or give them by_epoch=False with begin/end in iterations.",
             stacklevel=3,
         )
@@ -173,8 +218,11 @@ class DataParallelGroup:
         return self.strategy.broadcast_object(obj, src=src)
 
 
-def build_eval_loop(strategy: Strategy, loader: Any, evaluator: Any, mode: str, cfg: Mapping[str, Any]) -> EvalLoop | None:
-    """A val / test loop from a DataLoader (or its dict) and a metric / list of metrics / Evaluator; None without a loader.
+def build_eval_loop(
+    strategy: Strategy, loader: Any, evaluator: Any, mode: str, cfg: Mapping[str, Any]
+) -> EvalLoop | None:
+    """A val / test loop from a DataLoader (or its dict) and a metric / list of metrics / Evaluator; None without a
+    loader.
 
     Under several processes a ``DataLoader`` is rebuilt around this rank's shard (padded to
     equal lengths, ``DistributedSampler`` semantics; a sampler that shards itself is kept):
@@ -189,12 +237,17 @@ def build_eval_loop(strategy: Strategy, loader: Any, evaluator: Any, mode: str, 
         loader = make_dataloader(loader, f"{mode}_dataloader")
     if strategy.data_parallel_size > 1:
         if isinstance(loader, DataLoader) and not isinstance(loader.dataset, IterableDataset):
-            loader = make_resumable(loader, 0, strategy.data_parallel_size, strategy.data_parallel_rank, f"{mode}_dataloader")
+            loader = make_resumable(
+                loader, 0, strategy.data_parallel_size, strategy.data_parallel_rank, f"{mode}_dataloader"
+            )
         else:
             warnings.warn(
-                f"The {mode}_dataloader ({type(loader).__name__}) cannot be sharded by trainwright, so under {strategy.world_size} "
-                "processes every rank evaluates what it yields, and the metrics take each rank's results as its shard: give each "
-                "rank its own part of the data (e.g. by trainer.strategy.rank), or pass a DataLoader over a map-style dataset.",
+                f"The {mode}_dataloader ({type(loader).__name__}) cannot be sharded by trainwright, so under "
+                f"{strategy.world_size} "
+                "processes every rank evaluates what it yields, and the metrics take each rank's results as its shard: "
+                "give each "
+                "rank its own part of the data (e.g. by trainer.strategy.rank), or pass a DataLoader over a map-style "
+                "dataset.",
                 stacklevel=3,
             )
     if evaluator is not None:
@@ -202,5 +255,7 @@ def build_eval_loop(strategy: Strategy, loader: Any, evaluator: Any, mode: str, 
 
         evaluator = evaluator if isinstance(evaluator, Evaluator) else Evaluator(evaluator)
         # results are gathered over the strategy's process group, one list per data shard
-        evaluator.use_collectives(strategy if strategy.data_parallel_size == strategy.world_size else DataParallelGroup(strategy))
+        evaluator.use_collectives(
+            strategy if strategy.data_parallel_size == strategy.world_size else DataParallelGroup(strategy)
+        )
     return EvalLoop(loader, evaluator, mode, autocast=bool(cfg.get("autocast", False)))

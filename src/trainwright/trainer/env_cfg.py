@@ -1,4 +1,5 @@
-"""mmengine's ``env_cfg``: cudnn benchmark, the multiprocessing start method, the process group's backend and timeout, the open-files limit.
+"""mmengine's ``env_cfg``: cudnn benchmark, the multiprocessing start method, the process group's backend and timeout,
+the open-files limit.
 
 ``env_cfg=dict(cudnn_benchmark=False, mp_cfg=dict(mp_start_method="fork", opencv_num_threads=0),
 dist_cfg=dict(backend="nccl", timeout=1800), resource_limit=4096)`` as mmengine's Runner takes it. The process-group
@@ -35,7 +36,9 @@ def apply_env_cfg(strategy: Strategy, env_cfg: Mapping[str, Any] | None) -> dict
 
         method = mp_cfg["mp_start_method"]
         if mp.get_start_method(allow_none=True) != method:
-            mp.set_start_method(method, force=True)  # as mmengine: the DataLoader workers of this process start this way
+            mp.set_start_method(
+                method, force=True
+            )  # as mmengine: the DataLoader workers of this process start this way
     if mp_cfg.get("opencv_num_threads") is not None:
         try:
             import cv2  # type: ignore[import-not-found]
@@ -51,7 +54,12 @@ def apply_env_cfg(strategy: Strategy, env_cfg: Mapping[str, Any] | None) -> dict
     if isinstance(strategy, ProcessGroupStrategy):
         if backend is not None:
             if backend == "nccl" and strategy.device.type != "cuda":
-                warnings.warn(f"env_cfg dist_cfg backend='nccl' needs CUDA, but this run is on {strategy.device.type!r}: using 'gloo'", UserWarning, stacklevel=3)
+                warnings.warn(
+                    f"env_cfg dist_cfg backend='nccl' needs CUDA, but this run is on {strategy.device.type!r}: using "
+                    "'gloo'",
+                    UserWarning,
+                    stacklevel=3,
+                )
             else:
                 strategy.backend = str(backend)
         if timeout is not None:
@@ -63,7 +71,8 @@ def apply_env_cfg(strategy: Strategy, env_cfg: Mapping[str, Any] | None) -> dict
 
 
 def _raise_open_files(limit: int) -> None:
-    """mmengine's ``resource_limit``: the soft limit of open files raised to ``limit`` (never lowered, at most the hard limit)."""
+    """mmengine's ``resource_limit``: the soft limit of open files raised to ``limit`` (never lowered, at most the
+    hard limit)."""
     try:
         import resource
     except ImportError:  # Windows: no such limit to raise

@@ -18,9 +18,9 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, NamedTuple
 
 from trainwright.logging.writers import plain
-from trainwright.utils.imports import import_modules
 from trainwright.registry import DATASETS, MODELS, TYPO_CUTOFF, ConfigError, did_you_mean, ignored_scope_hint
 from trainwright.trainer.mmengine_cfg import IGNORED_KEYS, LOADERS, translate_runtime_keys, translate_to_trainer
+from trainwright.utils.imports import import_modules
 from trainwright.utils.seed import set_random_seed
 
 if TYPE_CHECKING:
@@ -38,11 +38,16 @@ def trainer_keys(trainer_cls: type) -> list[str]:
 def trainer_from_config(trainer_cls: type[Trainer], cfg: Mapping[str, Any], **overrides: Any) -> Trainer:
     """Build ``trainer_cls`` from ``cfg`` (see :meth:`Trainer.from_config`)."""
     if not isinstance(cfg, Mapping):
-        raise ConfigError(f"Trainer.from_config needs a Config or a dict, got {type(cfg).__name__}; load files with trainwright.config.Config.fromfile(path)")
+        raise ConfigError(
+            f"Trainer.from_config needs a Config or a dict, got {type(cfg).__name__}; load files with "
+            "trainwright.config.Config.fromfile(path)"
+        )
     args = dict(cfg)
     args.update(overrides)
     filename = getattr(cfg, "filename", None)
-    import_modules(args.get("custom_imports"), Path(filename) if filename else None)  # Config.fromfile has usually done it already
+    import_modules(
+        args.get("custom_imports"), Path(filename) if filename else None
+    )  # Config.fromfile has usually done it already
     built = trainer_arguments(args, trainer_keys(trainer_cls))
     trainer = _build(lambda: trainer_cls(**built.kwargs), built.paths, None, built.scope)
     if built.scaled:
@@ -83,18 +88,27 @@ def trainer_arguments(args: dict[str, Any], allowed: list[str]) -> TrainerArgume
         if key not in allowed and key not in IGNORED_KEYS and key not in LOADING_KEYS and not key.startswith("_"):
             hint = did_you_mean(key, allowed, cutoff=TYPO_CUTOFF)
             if hint:  # a typo of a Trainer argument: refusing it beats training without it
-                raise ConfigError(f"Unknown top-level config key {key!r}.{hint} The keys are the Trainer's arguments: {allowed}.")
+                raise ConfigError(
+                    f"Unknown top-level config key {key!r}.{hint} The keys are the Trainer's arguments: {allowed}."
+                )
             helpers.append(key)
-    if helpers:  # mmengine configs keep helper variables at top level (data_root = ..., norm_cfg = ..., optimizer = ...)
+    if (
+        helpers
+    ):  # mmengine configs keep helper variables at top level (data_root = ..., norm_cfg = ..., optimizer = ...)
         hints = "".join(f" {key!r}:{hint}" for key in sorted(helpers) if (hint := did_you_mean(key, allowed)))
         warnings.warn(
-            f"Config keys {sorted(helpers)} are not Trainer arguments: taken as helper variables of the config and not used by the "
-            f"trainer (name them with a leading underscore to silence this).{' If one was meant as an argument:' + hints if hints else ''}",
+            f"Config keys {sorted(helpers)} are not Trainer arguments: taken as helper variables of the config and not "
+            "used by the "
+            "trainer (name them with a leading underscore to silence "
+            f"this).{' If one was meant as an argument:' + hints if hints else ''}",
             stacklevel=3,
         )
     kwargs = {k: v for k, v in args.items() if k in allowed}
     if "model" not in kwargs or kwargs["model"] is None:
-        raise ConfigError("The config has no 'model': add model = dict(type='MyModel', ...) (a class registered in trainwright.registry.MODELS)")
+        raise ConfigError(
+            "The config has no 'model': add model = dict(type='MyModel', ...) (a class registered in "
+            "trainwright.registry.MODELS)"
+        )
     scaled = translate_to_trainer(args, kwargs)
     randomness = kwargs.get("randomness") or {}
     if isinstance(randomness, Mapping) and randomness.get("seed") is not None:
@@ -167,8 +181,11 @@ def _find(index: dict[str, Mapping[str, Any]], failed: Any) -> str | None:
         if m is failed:
             return path
     candidates = [
-        path for path, m in index.items()
-        if m and all(k in failed and _equal(failed[k], v) for k, v in m.items() if k not in ("priority", "_scope_")) and m.get("type", failed.get("type")) == failed.get("type")
+        path
+        for path, m in index.items()
+        if m
+        and all(k in failed and _equal(failed[k], v) for k, v in m.items() if k not in ("priority", "_scope_"))
+        and m.get("type", failed.get("type")) == failed.get("type")
     ]
     return max(candidates, key=lambda p: (len(index[p]), p.count("."))) if candidates else None
 
@@ -190,5 +207,3 @@ def _mappings(value: Any, prefix: str = "") -> Iterator[tuple[str, Mapping[str, 
     elif isinstance(value, (list, tuple)):
         for i, v in enumerate(value):
             yield from _mappings(v, f"{prefix}.{i}")
-
-

@@ -37,7 +37,8 @@ OPTIONAL_HOOKS: dict[str, dict[str, Any]] = {
 
 
 def stock_hooks(train_cfg: Mapping[str, Any] | None = None) -> dict[str, dict[str, Any]]:
-    """The stock hooks' configs for a run of ``train_cfg``: :data:`DEFAULT_HOOKS`, the checkpoint hook in the train loop's unit.
+    """The stock hooks' configs for a run of ``train_cfg``: :data:`DEFAULT_HOOKS`, the checkpoint hook in the train
+    loop's unit.
 
     An iteration-based loop (``by_epoch=False``) gets a checkpoint hook that counts iterations
     and saves as often as the loop validates (``val_interval``; 1000 by default, mmengine's),
@@ -46,11 +47,17 @@ def stock_hooks(train_cfg: Mapping[str, Any] | None = None) -> dict[str, dict[st
     """
     stock = {k: dict(v) for k, v in DEFAULT_HOOKS.items()}
     if train_cfg is not None and not train_by_epoch(train_cfg):
-        stock["checkpoint"] = dict(type="CheckpointHook", interval=int(train_cfg.get("val_interval", ITER_VAL_INTERVAL)), by_epoch=False)
+        stock["checkpoint"] = dict(
+            type="CheckpointHook", interval=int(train_cfg.get("val_interval", ITER_VAL_INTERVAL)), by_epoch=False
+        )
     return stock
 
 
-def build_hooks(default_hooks: Mapping[str, Any] | None, custom_hooks: Sequence[Any] | None, train_cfg: Mapping[str, Any] | None = None) -> list[Hook]:
+def build_hooks(
+    default_hooks: Mapping[str, Any] | None,
+    custom_hooks: Sequence[Any] | None,
+    train_cfg: Mapping[str, Any] | None = None,
+) -> list[Hook]:
     """Merge user settings into the stock hooks and build everything.
 
     ``default_hooks`` maps a stock name to: a dict of arguments (merged into the default;
@@ -71,7 +78,11 @@ def build_hooks(default_hooks: Mapping[str, Any] | None, custom_hooks: Sequence[
             elif "type" in value:
                 merged[name] = dict(value)
             else:
-                raise KeyError(f"Unknown default hook {name!r}.{did_you_mean(name, [*DEFAULT_HOOKS, *OPTIONAL_HOOKS])} Stock hooks: {list(DEFAULT_HOOKS)}, off unless named: {list(OPTIONAL_HOOKS)}; to add another hook give it a 'type' or use custom_hooks")
+                raise KeyError(
+                    f"Unknown default hook {name!r}.{did_you_mean(name, [*DEFAULT_HOOKS, *OPTIONAL_HOOKS])} Stock "
+                    f"hooks: {list(DEFAULT_HOOKS)}, off unless named: {list(OPTIONAL_HOOKS)}; to add another hook give "
+                    "it a 'type' or use custom_hooks"
+                )
         else:
             raise TypeError(f"default_hooks[{name!r}] must be a dict, a Hook or None, got {type(value).__name__}")
     hooks = [build_hook(v) for v in merged.values() if v is not None]
@@ -98,7 +109,8 @@ def build_hook(cfg: Hook | Mapping[str, Any], priority: int | str | None = None)
 
 
 def check_one_average(hooks: Sequence[Hook] | Any) -> None:
-    """Refuse ``SWAHook`` with ``EMAHook``: both put averaged weights into the model for evaluation, and they would disagree.
+    """Refuse ``SWAHook`` with ``EMAHook``: both put averaged weights into the model for evaluation, and they would
+    disagree.
 
     With both, the validations and a later ``test()`` would evaluate the EMA while the model
     and its checkpoint hold the SWA average; which weights a number belongs to would be a guess.
@@ -108,7 +120,9 @@ def check_one_average(hooks: Sequence[Hook] | Any) -> None:
 
     if any(isinstance(h, SWAHook) for h in hooks) and any(isinstance(h, EMAHook) for h in hooks):
         raise ValueError(
-            "SWAHook and EMAHook in one run: both swap averaged weights into the model for evaluation, so the validations would report "
-            "the EMA's weights while the model and the final checkpoint hold the SWA average; keep one (SWAHook: the average of the "
+            "SWAHook and EMAHook in one run: both swap averaged weights into the model for evaluation, so the "
+            "validations would report "
+            "the EMA's weights while the model and the final checkpoint hold the SWA average; keep one (SWAHook: the "
+            "average of the "
             "epoch-end weights from begin_epoch on, with its own lr schedule; EMAHook: a running average of every step)"
         )

@@ -26,10 +26,16 @@ def _state_dict(t: Any) -> Callable[..., dict[str, Any]]:
 
 def _save_checkpoint(t: Any) -> Callable[..., Any]:
     def save_checkpoint(
-        path: str | Path, save_optimizer: bool = True, save_param_scheduler: bool = True, *, async_save: bool = False,
+        path: str | Path,
+        save_optimizer: bool = True,
+        save_param_scheduler: bool = True,
+        *,
+        async_save: bool = False,
         after: Callable[[], None] | None = None,
     ) -> Any:
-        return t.checkpoints.save(path, exclude=_excluded(save_optimizer, save_param_scheduler), async_save=async_save, after=after)
+        return t.checkpoints.save(
+            path, exclude=_excluded(save_optimizer, save_param_scheduler), async_save=async_save, after=after
+        )
 
     return save_checkpoint
 
@@ -56,10 +62,15 @@ MOVED: dict[str, tuple[str, Callable[[Any], Any]]] = {
 
 
 def moved_member(trainer: Any, name: str) -> Any:
-    """``trainer.<name>`` for a member that moved (a DeprecationWarning names its new place); AttributeError for any other name."""
+    """``trainer.<name>`` for a member that moved (a DeprecationWarning names its new place); AttributeError for any
+    other name."""
     entry = MOVED.get(name)
     if entry is None:
         raise AttributeError(f"'{type(trainer).__name__}' object has no attribute {name!r}")
     new, read = entry
-    warnings.warn(f"trainer.{name} moved to {new}; the old spelling will be removed in a later release", DeprecationWarning, stacklevel=3)
+    warnings.warn(
+        f"trainer.{name} moved to {new}; the old spelling will be removed in a later release",
+        DeprecationWarning,
+        stacklevel=3,
+    )
     return read(trainer)

@@ -18,7 +18,8 @@ if TYPE_CHECKING:
 
 __all__ = ["RanksDisagreeError", "check_ranks_agree", "describe_rank", "disagreements"]
 
-#: Settings that may differ per rank (paths of node-local disks, the run's name, the seed that rank 0's replaces, hooks a
+#: Settings that may differ per rank (paths of node-local disks, the run's name, the seed that rank 0's replaces, hooks
+#: a
 #: script adds on some ranks only, e.g. a profiler on rank 0).
 _PER_RANK = frozenset({"work_dir", "experiment_name", "seed", "randomness.seed", "resume", "custom_hooks"})
 #: Keys, wherever they sit, that say when a rank writes, not what it computes (a logger's ``flush_secs``).
@@ -27,9 +28,11 @@ _MAX_LISTED = 12
 
 
 class RanksDisagreeError(RuntimeError):
-    """The processes of one run were given different settings, data or checkpoints (raised on every rank at the same point)."""
+    """The processes of one run were given different settings, data or checkpoints (raised on every rank at the same
+    point)."""
 
-    #: Raised on every rank at the same point: the ranks can still meet in collectives (``Trainer.close`` waits for them).
+    #: Raised on every rank at the same point: the ranks can still meet in collectives (``Trainer.close`` waits for
+    #: them).
     raised_on_every_rank = True
 
 
@@ -47,7 +50,8 @@ def _flatten(value: Any, prefix: str, out: dict[str, str]) -> None:
 
 
 def describe_rank(config: Mapping[str, Any], train_loader: Any, restored: tuple[Any, int] | None) -> dict[str, Any]:
-    """What this rank trains: its settings (flat, key -> repr) and their hash, the loader's shape, the checkpoint it resumed from.
+    """What this rank trains: its settings (flat, key -> repr) and their hash, the loader's shape, the checkpoint it
+    resumed from.
 
     The settings are ``config`` (the trainer's) flattened, without those that may differ per rank: the
     work dir and the run's name (rank 0 names the run), the seed (always rank 0's, broadcast at
@@ -75,8 +79,15 @@ def disagreements(ranks: Sequence[Mapping[str, Any]]) -> list[str]:
     """What differs between the ranks' descriptions (:func:`describe_rank`), one phrase each; empty when they agree."""
     out: list[str] = []
     resumed = [d["resumed"] for d in ranks]
-    if len({None if r is None else (r[0].rsplit("/", 1)[-1], r[1]) for r in resumed}) > 1:  # the same file name and iteration (work dirs may differ)
-        out.append("; ".join(f"rank {i} resumed from nothing" if r is None else f"rank {i} from {r[0]} (iteration {r[1]})" for i, r in enumerate(resumed)))
+    if (
+        len({None if r is None else (r[0].rsplit("/", 1)[-1], r[1]) for r in resumed}) > 1
+    ):  # the same file name and iteration (work dirs may differ)
+        out.append(
+            "; ".join(
+                f"rank {i} resumed from nothing" if r is None else f"rank {i} from {r[0]} (iteration {r[1]})"
+                for i, r in enumerate(resumed)
+            )
+        )
     for key in ("batches per epoch", "batch_size"):
         values = [d[key] for d in ranks]
         if len(set(values)) > 1:
@@ -91,7 +102,9 @@ def disagreements(ranks: Sequence[Mapping[str, Any]]) -> list[str]:
     return out
 
 
-def check_ranks_agree(strategy: Strategy, config: Mapping[str, Any], train_loader: Any, restored: tuple[Any, int] | None) -> None:
+def check_ranks_agree(
+    strategy: Strategy, config: Mapping[str, Any], train_loader: Any, restored: tuple[Any, int] | None
+) -> None:
     """Compare every rank's run at ``train()`` start (one ``all_gather_object``); one process: nothing to do.
 
     ``restored`` is the checkpoint this rank resumed from and its iteration (None: none).
@@ -104,7 +117,10 @@ def check_ranks_agree(strategy: Strategy, config: Mapping[str, Any], train_loade
     found = disagreements(strategy.gather_object(describe_rank(config, train_loader, restored)))
     if found:
         raise RanksDisagreeError(
-            "The processes of this run do not train the same run (compared at train() start): " + "; ".join(found) + ". Every rank must be "
-            "given the same settings and data, and see the same checkpoints to resume from (one shared work_dir, or a copy of it on every "
+            "The processes of this run do not train the same run (compared at train() start): "
+            + "; ".join(found)
+            + ". Every rank must be "
+            "given the same settings and data, and see the same checkpoints to resume from (one shared work_dir, or a "
+            "copy of it on every "
             "node); nothing was trained."
         )

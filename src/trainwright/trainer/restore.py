@@ -15,8 +15,15 @@ if TYPE_CHECKING:
 
 
 def resume_or_load(
-    checkpoints: CheckpointManager, resume: bool | str | Path, load_from: str | Path | None, *, trains: bool,
-    config: Mapping[str, Any], progress: Progress, logger: logging.Logger, load_weights: Callable[[str | Path], Any],
+    checkpoints: CheckpointManager,
+    resume: bool | str | Path,
+    load_from: str | Path | None,
+    *,
+    trains: bool,
+    config: Mapping[str, Any],
+    progress: Progress,
+    logger: logging.Logger,
+    load_weights: Callable[[str | Path], Any],
 ) -> None:
     """Apply ``resume`` (full state) or else ``load_from`` (weights only through ``load_weights``).
 
@@ -33,7 +40,8 @@ def resume_or_load(
             found = checkpoints.restore_if_training_checkpoint(load_from)
             if found is not None:
                 logger.info(
-                    f"resume=True found no checkpoint in {checkpoints.ckpt_dir}; load_from {str(load_from)!r} is a training "
+                    f"resume=True found no checkpoint in {checkpoints.ckpt_dir}; load_from {str(load_from)!r} is a "
+                    "training "
                     "checkpoint: resuming it (as mmengine does)"
                 )
         if found is not None:
@@ -43,10 +51,12 @@ def resume_or_load(
             changed = config_changes(meta.get("config") if isinstance(meta, Mapping) else None, config)
             if changed:
                 logger.warning(
-                    f"Resumed from {path}: the model, the optimizer state (its lr, momentum...), the schedulers, the progress, the data order "
+                    f"Resumed from {path}: the model, the optimizer state (its lr, momentum...), the schedulers, the "
+                    "progress, the data order "
                     "and the random streams come from the checkpoint. Settings that differ from the checkpoint's run: "
                     + "; ".join(f"{k}: {a!r} -> {b!r}" for k, (a, b) in changed.items())
-                    + ". train_cfg, hooks, data and the other settings apply as given now; edited optimizer or scheduler values do not "
+                    + ". train_cfg, hooks, data and the other settings apply as given now; edited optimizer or "
+                    "scheduler values do not "
                     "(the checkpoint's win): to train with them, start a new run from these weights with load_from=."
                 )
             return

@@ -1,4 +1,5 @@
-"""The run's facts that mmengine's message hub reads live (``message_hub.get_info("iter")``), from the objects that hold them."""
+"""The run's facts that mmengine's message hub reads live (``message_hub.get_info("iter")``), from the objects that
+hold them."""
 
 from __future__ import annotations
 
@@ -10,7 +11,9 @@ if TYPE_CHECKING:
     from trainwright.utils.progress import Progress
 
 
-def run_facts(progress: Progress, seed: RunSeed, experiment_name: str, train_loop: Callable[[], Any]) -> dict[str, Callable[[], Any]]:
+def run_facts(
+    progress: Progress, seed: RunSeed, experiment_name: str, train_loop: Callable[[], Any]
+) -> dict[str, Callable[[], Any]]:
     """``epoch``, ``iter``, ``max_iters``, ``max_epochs``, ``experiment_name`` and ``seed``, each read when asked.
 
     Args:
@@ -29,6 +32,10 @@ def run_facts(progress: Progress, seed: RunSeed, experiment_name: str, train_loo
         return getattr(loop, "max_epochs", 1 if loop is not None else 0)
 
     return {
-        "epoch": lambda: progress.epoch, "iter": lambda: progress.iteration, "max_iters": max_iters, "max_epochs": max_epochs,
-        "experiment_name": lambda: experiment_name, "seed": lambda: seed.value,
+        "epoch": lambda: progress.epoch,
+        "iter": lambda: progress.iteration,
+        "max_iters": max_iters,
+        "max_epochs": max_epochs,
+        "experiment_name": lambda: experiment_name,
+        "seed": lambda: seed.value,
     }

@@ -32,7 +32,8 @@ class RunGuard:
         self._noted: BaseException | None = None  # the last failure noted (and logged)
 
     def run(self, fn: Callable[[], Any]) -> Any:
-        """``fn()`` between the hooks' ``before_run`` and the clean-up; on an error, ``train.log`` ends with its reason."""
+        """``fn()`` between the hooks' ``before_run`` and the clean-up; on an error, ``train.log`` ends with its
+        reason."""
         t = self.trainer
         t.strategy.run_failed = False
         self.ran = self.running = True
@@ -44,7 +45,9 @@ class RunGuard:
             t.metric_store.flush()  # lines still pending go out first (a NaN among them is the run's error)
             ok = True
             return out
-        except NonFiniteLossError as e:  # explained here, where the run is known; the user gets the FloatingPointError it always was
+        except (
+            NonFiniteLossError
+        ) as e:  # explained here, where the run is known; the user gets the FloatingPointError it always was
             error = self.explained(e)
             failure = (error, self.note_failure(error))
             raise error.with_traceback(e.__traceback__) from None
@@ -53,7 +56,9 @@ class RunGuard:
             raise
         finally:
             try:
-                if not ok:  # the held lines' numbers, this process's own: nothing is exchanged, a NaN raises no second error
+                if (
+                    not ok
+                ):  # the held lines' numbers, this process's own: nothing is exchanged, a NaN raises no second error
                     t.metric_store.flush(raise_on_nonfinite=False)
             finally:
                 try:
@@ -66,9 +71,11 @@ class RunGuard:
                 t.writers.raise_held()  # writers_fail="raise": an error held for a checkpoint still due at the end
 
     def explained(self, e: NonFiniteLossError) -> FloatingPointError:
-        """The error a non-finite loss stops the run with: ``e``'s message with where the value came from (a replay; never raises).
+        """The error a non-finite loss stops the run with: ``e``'s message with where the value came from (a replay;
+        never raises).
 
-        Every process takes the same path (each replays its own batch); see :func:`trainwright.diagnose.explain_nonfinite`.
+        Every process takes the same path (each replays its own batch); see
+        :func:`trainwright.diagnose.explain_nonfinite`.
         """
         if not e.explanation:
             from trainwright.diagnose import explain_nonfinite  # imported when first needed: a replay is rare
@@ -77,21 +84,30 @@ class RunGuard:
         return FloatingPointError(str(e))
 
     def failed_outside_a_run(self, e: BaseException) -> None:
-        """``train()`` failed before its loop ran (building, resuming, the ranks' check): note and log it as a run's failure."""
-        noted = e is self._noted  # the run's own failure, logged when it was noted (an error raised on every rank leaves run_failed unset)
-        if not noted and not self.trainer.strategy.run_failed and not isinstance(e, SystemExit):  # SystemExit: a preemption's agreed exit
+        """``train()`` failed before its loop ran (building, resuming, the ranks' check): note and log it as a run's
+        failure."""
+        noted = (
+            e is self._noted
+        )  # the run's own failure, logged when it was noted (an error raised on every rank leaves run_failed unset)
+        if (
+            not noted and not self.trainer.strategy.run_failed and not isinstance(e, SystemExit)
+        ):  # SystemExit: a preemption's agreed exit
             _log_failure(self.trainer.logger, e, self.note_failure(e))
 
     def refuse_inside_run(self, name: str) -> None:
-        """A tuner replaces the train loader's iterator and the optimizer's state for a while: not while a run uses them."""
+        """A tuner replaces the train loader's iterator and the optimizer's state for a while: not while a run uses
+        them."""
         if self.running:
             raise RuntimeError(
-                f"{name}() was called while train() / val() / test() runs (from a hook?): the running loop holds the train loader's "
-                f"iterator and the optimizer, which {name} would change under it. Call it before train() or after it returns."
+                f"{name}() was called while train() / val() / test() runs (from a hook?): the running loop holds the "
+                "train loader's "
+                f"iterator and the optimizer, which {name} would change under it. Call it before train() or after it "
+                "returns."
             )
 
     def note_failure(self, e: BaseException) -> str | None:
-        """A run failed on this process: no collective from here on (see ``Strategy.run_failed``); returns the line that says why (None: nothing to log).
+        """A run failed on this process: no collective from here on (see ``Strategy.run_failed``); returns the line that
+        says why (None: nothing to log).
 
         Under several processes the error is left for the other ranks (the launcher's store),
         and theirs are named in the line: a rank whose collective failed because a peer
@@ -105,7 +121,9 @@ class RunGuard:
         if hint and hasattr(e, "add_note"):  # shown with the traceback too (Python 3.11+)
             e.add_note(hint)
         message = f": {e}" if str(e) else ""  # a bare KeyboardInterrupt has none
-        if getattr(e, "raised_on_every_rank", False):  # the ranks are together (e.g. their settings differ): nothing to leave for the others
+        if getattr(
+            e, "raised_on_every_rank", False
+        ):  # the ranks are together (e.g. their settings differ): nothing to leave for the others
             return f"Stopped by {type(e).__name__} {where}{message}"
         others = t.strategy.report_failure(e, where) if isinstance(t.strategy, ProcessGroupStrategy) else ""
         t.strategy.run_failed = True
@@ -127,8 +145,13 @@ class RunGuard:
         failed = t.hooks.call_all("after_run", t)
         for fn, e in failed:
             if not isinstance(e, SystemExit):
-                t.logger.error(f"{getattr(fn, '__qualname__', fn)} failed while the run was cleaning up: {type(e).__name__}: {e}", exc_info=e)
-        with t.writers.holding():  # a writer's error (writers_fail="raise") never hides the run's own; run() raises it after a success
+                t.logger.error(
+                    f"{getattr(fn, '__qualname__', fn)} failed while the run was cleaning up: {type(e).__name__}: {e}",
+                    exc_info=e,
+                )
+        with (
+            t.writers.holding()
+        ):  # a writer's error (writers_fail="raise") never hides the run's own; run() raises it after a success
             t.flush_logs()
         if ok and failed:
             raise next((e for _, e in failed if isinstance(e, SystemExit)), failed[0][1])

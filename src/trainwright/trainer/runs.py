@@ -13,7 +13,8 @@ _RUN_NAMES = frozenset({"work_dir", "experiment_name", "resume", "load_from", "s
 
 
 def config_changes(saved: Any, now: Mapping[str, Any], prefix: str = "") -> dict[str, tuple[Any, Any]]:
-    """``{"a.b": (saved, now)}`` for every setting of ``now`` whose value differs from ``saved`` (plain nested dicts)."""
+    """``{"a.b": (saved, now)}`` for every setting of ``now`` whose value differs from ``saved`` (plain nested
+    dicts)."""
     if not isinstance(saved, Mapping):
         return {}
     out: dict[str, tuple[Any, Any]] = {}
@@ -23,7 +24,9 @@ def config_changes(saved: Any, now: Mapping[str, Any], prefix: str = "") -> dict
         a, b = saved.get(k), now.get(k)
         if isinstance(a, Mapping) and isinstance(b, Mapping):
             out.update(config_changes(a, b, f"{prefix}{k}."))
-        elif a != b and not (isinstance(a, str) and isinstance(b, str) and " at 0x" in a + b):  # objects shown by address compare by identity only
+        elif a != b and not (
+            isinstance(a, str) and isinstance(b, str) and " at 0x" in a + b
+        ):  # objects shown by address compare by identity only
             out[f"{prefix}{k}"] = (a, b)
     return out
 

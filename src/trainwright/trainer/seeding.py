@@ -54,20 +54,27 @@ class RunSeed:
 
     def adopt(self, seed: int) -> None:
         """Use ``seed`` (a checkpoint's, when the run gave none) for the data order."""
-        self._logger.info(f"Adopted the checkpoint's random seed {seed} (this run gave no seed, so it had drawn {self.value})")
+        self._logger.info(
+            f"Adopted the checkpoint's random seed {seed} (this run gave no seed, so it had drawn {self.value})"
+        )
         self._strategy.seed = seed
         self._config["seed"] = seed
         if self._loader is not None:
             self._loader.set_seed(seed)
 
     def note_model_seeding(self, built_unseeded: bool, load_from: str | Path | None) -> None:
-        """Log that a model built before the Trainer seeded came from an unseeded generator (its weights differ per run)."""
+        """Log that a model built before the Trainer seeded came from an unseeded generator (its weights differ per
+        run)."""
         if built_unseeded and self.given and load_from is None:
             seed = self.value
             self._logger.info(
-                f"The model was built before the Trainer seeded torch with seed {seed}, and torch had not been seeded in "
-                "this process: its initial weights come from an unseeded generator, so two runs of this script start from "
-                f"different weights (unless they are loaded, e.g. resumed). To make them follow the seed, build the model "
-                f"after tw.seed_everything({seed}), or pass model=dict(type=...) (a class in trainwright.registry.MODELS), "
+                f"The model was built before the Trainer seeded torch with seed {seed}, and torch had not been seeded "
+                "in "
+                "this process: its initial weights come from an unseeded generator, so two runs of this script start "
+                "from "
+                "different weights (unless they are loaded, e.g. resumed). To make them follow the seed, build the "
+                "model "
+                f"after tw.seed_everything({seed}), or pass model=dict(type=...) (a class in "
+                "trainwright.registry.MODELS), "
                 "which the Trainer builds after seeding."
             )

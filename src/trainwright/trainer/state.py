@@ -10,8 +10,8 @@ restores the mapping the Trainer builds of them (see docs/checkpoints.md).
 
 from __future__ import annotations
 
-import time
 import logging
+import time
 import warnings
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any, cast
@@ -25,9 +25,9 @@ from trainwright.version import __version__
 if TYPE_CHECKING:
     from trainwright.data.loader import ResumableLoader
     from trainwright.hooks.dispatch import HookList
-    from trainwright.utils.progress import Progress
     from trainwright.strategies.base import Strategy
     from trainwright.trainer.seeding import RunSeed
+    from trainwright.utils.progress import Progress
 
 #: The trainer's own piece names, in load order (``rng`` follows, appended by the manager).
 PIECES = ("meta", "model", "optim_wrapper", "param_schedulers", "progress", "train_dataloader", "metric_store", "hooks")
@@ -45,11 +45,18 @@ def _scheduler_pairs(schedulers: Any, states: Any) -> list[tuple[Any, Any]]:
     """``(scheduler, its saved state)`` of every scheduler; a ValueError when the checkpoint holds other schedulers."""
     if isinstance(schedulers, dict):
         if not isinstance(states, Mapping) or set(states) != set(schedulers):
-            raise ValueError(f"Checkpoint param schedulers {sorted(states) if isinstance(states, Mapping) else type(states).__name__} do not match the trainer's {sorted(schedulers)}; resume with the same param_scheduler config")
+            raise ValueError(
+                "Checkpoint param schedulers "
+                f"{sorted(states) if isinstance(states, Mapping) else type(states).__name__} do not match the "
+                f"trainer's {sorted(schedulers)}; resume with the same param_scheduler config"
+            )
         return [pair for k, v in schedulers.items() for pair in _scheduler_pairs(v, states[k])]
     schedulers = schedulers or []
     if len(states) != len(schedulers):
-        raise ValueError(f"Checkpoint holds {len(states)} param schedulers but the trainer has {len(schedulers)}; resume with the same param_scheduler config")
+        raise ValueError(
+            f"Checkpoint holds {len(states)} param schedulers but the trainer has {len(schedulers)}; resume with the "
+            "same param_scheduler config"
+        )
     return list(zip(schedulers, states))
 
 
@@ -57,15 +64,25 @@ def _check_model(own: Mapping[str, Any], state: Mapping[str, Any]) -> None:
     missing = [k for k in own if k not in state]
     unexpected = [k for k in state if k not in own]
     shapes = [
-        f"size mismatch for {k}: copying a param with shape {tuple(state[k].shape)} from checkpoint, the shape in current model is {tuple(v.shape)}."
+        f"size mismatch for {k}: copying a param with shape {tuple(state[k].shape)} from checkpoint, the shape in "
+        f"current model is {tuple(v.shape)}."
         for k, v in own.items()
-        if k in state and isinstance(v, torch.Tensor) and isinstance(state[k], torch.Tensor) and v.shape != state[k].shape
+        if k in state
+        and isinstance(v, torch.Tensor)
+        and isinstance(state[k], torch.Tensor)
+        and v.shape != state[k].shape
     ]
     if missing or unexpected or shapes:
-        lines = ([f"missing keys: {missing}"] if missing else []) + ([f"unexpected keys: {unexpected}"] if unexpected else []) + shapes
+        lines = (
+            ([f"missing keys: {missing}"] if missing else [])
+            + ([f"unexpected keys: {unexpected}"] if unexpected else [])
+            + shapes
+        )
         raise RuntimeError(
-            "The checkpoint's model does not match the trainer's model, nothing was loaded:\n  " + "\n  ".join(lines)
-            + "\nResume with the same model definition, or use load_from= (weights only, strict=False) to start a new run from these weights."
+            "The checkpoint's model does not match the trainer's model, nothing was loaded:\n  "
+            + "\n  ".join(lines)
+            + "\nResume with the same model definition, or use load_from= (weights only, strict=False) to start a "
+            "new run from these weights."
         )
 
 
@@ -114,16 +131,23 @@ class OptimState:
             where = f"optim_wrapper {name!r}" if name else "optimizer"
             saved = state.get(name) if name else state
             if not isinstance(saved, Mapping):
-                raise ValueError(f"The checkpoint holds no state for {where}; resume with the same optim_wrapper config")
+                raise ValueError(
+                    f"The checkpoint holds no state for {where}; resume with the same optim_wrapper config"
+                )
             own_class, saved_class = type(ow.optimizer).__name__, saved.get("optimizer_class")
             if saved_class is not None and saved_class != own_class:
-                raise ValueError(f"The checkpoint's {where} is {saved_class}, the trainer's is {own_class}; resume with the same optim_wrapper config, or use load_from= (weights only) to start a new run")
+                raise ValueError(
+                    f"The checkpoint's {where} is {saved_class}, the trainer's is {own_class}; resume with the same "
+                    "optim_wrapper config, or use load_from= (weights only) to start a new run"
+                )
             groups = [len(g["params"]) for g in saved.get("optimizer", saved).get("param_groups", [])]
             own = [len(g["params"]) for g in ow.optimizer.param_groups]
             if groups != own:
                 raise ValueError(
-                    f"The checkpoint's {where} has {len(groups)} parameter group(s) of {groups} parameters, the trainer's has {len(own)} of {own}; "
-                    "resume with the same optim_wrapper config (param groups) and model, or use load_from= (weights only) to start a new run"
+                    f"The checkpoint's {where} has {len(groups)} parameter group(s) of {groups} parameters, the "
+                    f"trainer's has {len(own)} of {own}; "
+                    "resume with the same optim_wrapper config (param groups) and model, or use load_from= (weights "
+                    "only) to start a new run"
                 )
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:  # noqa: D102
@@ -174,10 +198,13 @@ class DataOrderState:
         if p.iter_in_epoch and dict(saved) != now:
             differ = {k: (saved.get(k), v) for k, v in now.items() if saved.get(k) != v}
             msg = (
-                f"Resuming in the middle of epoch {p.epoch + 1} (after batch {p.iter_in_epoch}) with a train_dataloader of another shape: "
+                f"Resuming in the middle of epoch {p.epoch + 1} (after batch {p.iter_in_epoch}) with a "
+                "train_dataloader of another shape: "
                 + ", ".join(f"{k} {a} in the checkpoint, {b} now" for k, (a, b) in differ.items())
-                + f". The epoch continues at batch {p.iter_in_epoch} of the new loader, so samples of this epoch are skipped or seen twice. "
-                "Resume with the same batch_size, dataset, drop_last and number of processes, or from a checkpoint at an epoch end."
+                + f". The epoch continues at batch {p.iter_in_epoch} of the new loader, so samples of this epoch are "
+                "skipped or seen twice. "
+                "Resume with the same batch_size, dataset, drop_last and number of processes, or from a checkpoint at "
+                "an epoch end."
             )
             if self.logger is not None:
                 self.logger.warning(msg)
@@ -187,7 +214,8 @@ class DataOrderState:
 
 
 class HookStates:
-    """The stateful hooks of the list (as they are at each call), as ``{state_key: hook.state_dict()}``; a hook the checkpoint lacks starts fresh, with a warning."""
+    """The stateful hooks of the list (as they are at each call), as ``{state_key: hook.state_dict()}``; a hook the
+    checkpoint lacks starts fresh, with a warning."""
 
     def __init__(self, hooks: HookList) -> None:
         self.hooks = hooks
@@ -207,22 +235,36 @@ class HookStates:
 
 
 class MetaState:
-    """``meta``: what people and tools read (version, time, seed, progress, world size, settings); loading it adopts the seed.
+    """``meta``: what people and tools read (version, time, seed, progress, world size, settings); loading it adopts the
+    seed.
 
     Loaded first, after every piece was checked: a run that gave no seed takes the
     checkpoint's (its data order); another world size is a warning. :attr:`loaded` keeps the
     loaded entry (the trainer compares its settings).
     """
 
-    def __init__(self, progress: Progress, world_size: int, config: dict[str, Any], seed: RunSeed, logger: logging.Logger) -> None:
-        self._progress, self._world_size, self._config, self._seed, self._logger = progress, world_size, config, seed, logger
+    def __init__(
+        self, progress: Progress, world_size: int, config: dict[str, Any], seed: RunSeed, logger: logging.Logger
+    ) -> None:
+        self._progress, self._world_size, self._config, self._seed, self._logger = (
+            progress,
+            world_size,
+            config,
+            seed,
+            logger,
+        )
         self.loaded: Mapping[str, Any] = {}
 
     def state_dict(self) -> dict[str, Any]:  # noqa: D102
         p, seed = self._progress, self._seed.value
         return {
-            "trainwright_version": __version__, "time": time.strftime("%Y-%m-%d %H:%M:%S"), "seed": seed, "epoch": p.epoch,
-            "iteration": p.iteration, "world_size": self._world_size, "config": self._config,
+            "trainwright_version": __version__,
+            "time": time.strftime("%Y-%m-%d %H:%M:%S"),
+            "seed": seed,
+            "epoch": p.epoch,
+            "iteration": p.iteration,
+            "world_size": self._world_size,
+            "config": self._config,
         }
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:  # noqa: D102
@@ -232,4 +274,7 @@ class MetaState:
             self._seed.adopt(saved_seed)  # no seed given: continue the checkpoint's data order (mmengine semantics)
         saved_world = int(state.get("world_size", 1))
         if saved_world != self._world_size:
-            self._logger.warning(f"Checkpoint was written by {saved_world} process(es), this run has {self._world_size}: the data order and random streams will differ from the original run")
+            self._logger.warning(
+                f"Checkpoint was written by {saved_world} process(es), this run has {self._world_size}: the data order "
+                "and random streams will differ from the original run"
+            )

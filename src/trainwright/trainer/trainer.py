@@ -22,31 +22,39 @@ from trainwright.hooks.timing import HookTimer
 from trainwright.logging.agreement import Agreement
 from trainwright.logging.lines import PendingLines
 from trainwright.logging.logger import close_logger, create_logger
-from trainwright.logging.metric_store import MetricStore
 from trainwright.logging.message_hub import MessageHub
+from trainwright.logging.metric_store import MetricStore
 from trainwright.logging.writers import AnyAhead, Writer, Writers, build_writers, plain
-from trainwright.utils.progress import Progress
 from trainwright.loops.context import LoopContext
 from trainwright.loops.train_loop import EpochBasedTrainLoop, IterBasedTrainLoop
 from trainwright.model.base_model import ModuleAdapter, as_base_model
 from trainwright.model.compile import check_static_batches
+from trainwright.optim.builder import run_precision
+from trainwright.optim.optim_wrapper_dict import optim_wrappers_of
+from trainwright.optim.spike_guard import SpikeGuard
 from trainwright.registry import MODELS, check_keys
 from trainwright.strategies import build_strategy
-from trainwright.optim.builder import run_precision
-from trainwright.optim.spike_guard import SpikeGuard
-from trainwright.optim.optim_wrapper_dict import optim_wrappers_of
-from trainwright.trainer.env_cfg import apply_env_cfg
-from trainwright.trainer.build import EVAL_CFG_KEYS, TRAIN_CFG_KEYS, build_eval_loop, build_train
-from trainwright.trainer.hooks_config import build_hook, build_hooks, check_one_average
-from trainwright.trainer.rank_check import check_ranks_agree
-from trainwright.trainer.run_guard import RunGuard
 from trainwright.trainer import tuning_entry
+from trainwright.trainer.build import EVAL_CFG_KEYS, TRAIN_CFG_KEYS, build_eval_loop, build_train
+from trainwright.trainer.env_cfg import apply_env_cfg
+from trainwright.trainer.hooks_config import build_hook, build_hooks, check_one_average
 from trainwright.trainer.moved import moved_member
+from trainwright.trainer.rank_check import check_ranks_agree
 from trainwright.trainer.restore import resume_or_load
 from trainwright.trainer.run_facts import run_facts
+from trainwright.trainer.run_guard import RunGuard
 from trainwright.trainer.runs import new_run_dir, remove_unused_run_dir
 from trainwright.trainer.seeding import RunSeed, torch_seeded
-from trainwright.trainer.state import OPTIONAL_PIECES, DataOrderState, HookStates, MetaState, ModelState, OptimState, SchedulerState
+from trainwright.trainer.state import (
+    OPTIONAL_PIECES,
+    DataOrderState,
+    HookStates,
+    MetaState,
+    ModelState,
+    OptimState,
+    SchedulerState,
+)
+from trainwright.utils.progress import Progress
 
 
 class Trainer:
@@ -67,15 +75,18 @@ class Trainer:
         val_cfg / test_cfg: ``dict(autocast=False)``: evaluate under mixed precision.
         optim_wrapper: An OptimWrapper or a dict ``dict(optimizer=dict(type="SGD", lr=...),
             accumulative_counts=1, clip_grad=None)``.
-        param_scheduler: A scheduler, a dict or a list of dicts (``type``, ``by_epoch`` / ``by_update``, ``begin``, ``end``...),
-            a torch ``LRScheduler`` built on the optimizer given as ``optim_wrapper``, or a factory ``optimizer -> LRScheduler``.
+        param_scheduler: A scheduler, a dict or a list of dicts (``type``, ``by_epoch`` / ``by_update``, ``begin``,
+            ``end``...),
+            a torch ``LRScheduler`` built on the optimizer given as ``optim_wrapper``, or a factory ``optimizer ->
+            LRScheduler``.
         val_evaluator / test_evaluator: A Metric, an Evaluator, or dict(s) of metrics.
         default_hooks: Configure or disable (None) stock hooks by name: ``timer``,
             ``logger``, ``param_scheduler``, ``checkpoint``, ``sampler_seed``, ``preemption``, ``progress_bar``,
             ``runtime_info`` (the message hub's evaluation metrics), ``flops`` (``tflops`` / ``mfu``), ``stall``
             (every thread's stack when no iteration finishes for 10 minutes).
         custom_hooks: More hooks (objects or dicts with ``type``).
-        precision: ``"32"``, ``"bf16-mixed"``, ``"16-mixed"``, ``"bf16-true"`` (weights in bfloat16, no autocast) or ``"float8"``
+        precision: ``"32"``, ``"bf16-mixed"``, ``"16-mixed"``, ``"bf16-true"`` (weights in bfloat16, no autocast) or
+            ``"float8"``
             (CUDA, compute capability ≥ 8.9, torchao; see :mod:`trainwright.amp.float8`); any name given to
             :func:`trainwright.amp.register_precision`, or a :class:`~trainwright.amp.Precision` object.
         strategy: ``"auto"`` (default), ``"single"``, a dict or a Strategy.
@@ -167,56 +178,96 @@ class Trainer:
         check_keys("test_cfg", test_cfg, EVAL_CFG_KEYS)
         work_dir = Path(work_dir)
         self.strategy = build_strategy(strategy)
-        # the one precision of the run (the strategy prepares the model with it; a plain optim wrapper uses this object);
-        # resolved first, so a precision this machine cannot run (float8 without its GPU) fails before anything is created
+        # the one precision of the run (the strategy prepares the model with it; a plain optim wrapper uses this
+        # object);
+        # resolved first, so a precision this machine cannot run (float8 without its GPU) fails before anything is
+        # created
         self.strategy.precision = run_precision(optim_wrapper, precision or "32", self.strategy.device.type)
         self.strategy.setup_env(randomness=randomness, **apply_env_cfg(self.strategy, env_cfg))
         main = self.strategy.is_main_process
         # a model dict is built now, after the seed: its initial weights follow randomness's seed
         module: nn.Module = MODELS.build(model) if isinstance(model, Mapping) else model
-        # the hooks are built before the run folder: a remote out_dir (checkpoints, logs) is checked first, so a bad URL leaves no folder
+        # the hooks are built before the run folder: a remote out_dir (checkpoints, logs) is checked first, so a bad URL
+        # leaves no folder
         hooks = build_hooks(default_hooks, custom_hooks, self._train_cfg)
-        ckpt_settings = CheckpointSettings.build(checkpoint, *(h.checkpoint_settings for h in hooks))  # a bad value fails before anything is created
+        ckpt_settings = CheckpointSettings.build(
+            checkpoint, *(h.checkpoint_settings for h in hooks)
+        )  # a bad value fails before anything is created
         _check_storage(hooks, ckpt_settings)
         # rank 0 names (and creates) the run folder: every rank agrees even when their clocks straddle a second
         name: str = self.strategy.broadcast_object(experiment_name or (new_run_dir(work_dir).name if main else None))
-        self._run_dir_created = experiment_name is None  # this trainer made the folder (a given name may be an earlier run's)
+        self._run_dir_created = (
+            experiment_name is None
+        )  # this trainer made the folder (a given name may be an earlier run's)
         #: Runs the loops between ``before_run`` and the clean-up, and reports what stopped a run.
         self._runs = RunGuard(self)
         #: This run's folder (``work_dir/<experiment_name>``): ``train.log``, ``metrics.jsonl``, the config, traces.
         self.run_dir = work_dir / name
-        self.logger = create_logger(log_file=self.run_dir / "train.log" if main else None, level=log_level, rank=self.strategy.rank)
+        self.logger = create_logger(
+            log_file=self.run_dir / "train.log" if main else None, level=log_level, rank=self.strategy.rank
+        )
         # THE rank decision of logging: only the main process has writers; hooks just fan out to this list.
-        #: The one fan-out point: a writer that raises is reported and disabled (or stops the run after the due checkpoint).
-        self.writers = Writers(build_writers(writers, self.run_dir, self.logger, hooks) if main else [], self.logger, writers_fail, AnyAhead(hooks))
+        #: The one fan-out point: a writer that raises is reported and disabled (or stops the run after the due
+        #: checkpoint).
+        self.writers = Writers(
+            build_writers(writers, self.run_dir, self.logger, hooks) if main else [],
+            self.logger,
+            writers_fail,
+            AnyAhead(hooks),
+        )
         self.logger.info(f"Environment: {self.strategy.collect_env()}")
         self.logger.info(f"Random seed: {self.strategy.seed}")
         self._skip_nonfinite = nonfinite_loss == "skip"
-        #: The stop / NaN / write decisions every process takes together (several processes: one collective per store flush).
+        #: The stop / NaN / write decisions every process takes together (several processes: one collective per store
+        #: flush).
         self.agreement = Agreement(self.strategy.all_gather if self.strategy.world_size > 1 else None)
         self.metric_store = MetricStore(raise_on_nonfinite=nonfinite_loss == "raise", agreement=self.agreement)
-        self.metric_store.clipping = lambda: any(getattr(ow, "clip_grad", None) for ow in optim_wrappers_of(self.optim_wrapper).values())  # the NaN error's advice
-        #: mmengine's message hub: the run's facts read live, the logged scalars, and what hooks and models write (checkpointed).
+        self.metric_store.clipping = lambda: any(
+            getattr(ow, "clip_grad", None) for ow in optim_wrappers_of(self.optim_wrapper).values()
+        )  # the NaN error's advice
+        #: mmengine's message hub: the run's facts read live, the logged scalars, and what hooks and models write
+        #: (checkpointed).
         self.progress = Progress()
-        config = plain(dict(
-            work_dir=work_dir, experiment_name=name, train_cfg=self._train_cfg, val_cfg=val_cfg, test_cfg=test_cfg,
-            optim_wrapper=optim_wrapper, param_scheduler=param_scheduler, default_hooks=default_hooks, custom_hooks=custom_hooks,
-            precision=precision, strategy=self.strategy.name, world_size=self.strategy.world_size, seed=self.strategy.seed,
-            randomness=randomness, compile=compile, activation_checkpointing=activation_checkpointing,
-            resume=resume, load_from=load_from, nonfinite_loss=nonfinite_loss,
-            **({"spike_guard": spike_guard} if spike_guard is not None else {}),
-            **({"checkpoint": checkpoint} if checkpoint is not None else {}),
-        ))
+        config = plain(
+            dict(
+                work_dir=work_dir,
+                experiment_name=name,
+                train_cfg=self._train_cfg,
+                val_cfg=val_cfg,
+                test_cfg=test_cfg,
+                optim_wrapper=optim_wrapper,
+                param_scheduler=param_scheduler,
+                default_hooks=default_hooks,
+                custom_hooks=custom_hooks,
+                precision=precision,
+                strategy=self.strategy.name,
+                world_size=self.strategy.world_size,
+                seed=self.strategy.seed,
+                randomness=randomness,
+                compile=compile,
+                activation_checkpointing=activation_checkpointing,
+                resume=resume,
+                load_from=load_from,
+                nonfinite_loss=nonfinite_loss,
+                **({"spike_guard": spike_guard} if spike_guard is not None else {}),
+                **({"checkpoint": checkpoint} if checkpoint is not None else {}),
+            )
+        )
         #: The trainer's settings as plain values (written to the writers and into every checkpoint's ``meta``).
         self.config: dict[str, Any] = config
-        self._seed = RunSeed(self.strategy, bool(randomness and randomness.get("seed") is not None), config, self.logger)
+        self._seed = RunSeed(
+            self.strategy, bool(randomness and randomness.get("seed") is not None), config, self.logger
+        )
         self._seed.note_model_seeding(built_unseeded, load_from)
         self.message_hub = MessageHub(
-            name, live=run_facts(self.progress, self._seed, name, lambda: self.train_loop),
+            name,
+            live=run_facts(self.progress, self._seed, name, lambda: self.train_loop),
             scalars=lambda key: self.metric_store.get(key) if key in self.metric_store else None,
         )
         #: The training log lines held for batched writing (the logger hook fills it; :meth:`flush_logs` writes it).
-        self.log_lines = PendingLines(self.metric_store, self.writers, self.strategy.data_parallel_size)  # throughput: batches per step
+        self.log_lines = PendingLines(
+            self.metric_store, self.writers, self.strategy.data_parallel_size
+        )  # throughput: batches per step
         self.writers.write_config(config)
         self.preempted = False  # set by the PreemptionHook when a stop signal ended training
         self.hooks = HookList(hooks, timer=HookTimer() if hook_timing is not False else None)
@@ -224,13 +275,21 @@ class Trainer:
             from trainwright.hooks.spike_guard import SpikeGuardHook
 
             self.spike_guard.attach(
-                progress=self.progress, logger=self.logger, metric_store=self.metric_store,
+                progress=self.progress,
+                logger=self.logger,
+                metric_store=self.metric_store,
                 gather=self.strategy.all_gather if self.strategy.world_size > 1 else None,
             )
             self.hooks.add(SpikeGuardHook(self.spike_guard))
-        self._hook_table_level = logging.INFO if hook_timing else logging.DEBUG  # the table after train(): asked for, or the debug level
+        self._hook_table_level = (
+            logging.INFO if hook_timing else logging.DEBUG
+        )  # the table after train(): asked for, or the debug level
         self._compile = compile
-        self._activation_checkpointing = [activation_checkpointing] if isinstance(activation_checkpointing, (str, type)) else list(activation_checkpointing or ())
+        self._activation_checkpointing = (
+            [activation_checkpointing]
+            if isinstance(activation_checkpointing, (str, type))
+            else list(activation_checkpointing or ())
+        )
         self._optim_cfg = optim_wrapper
         self._scheduler_cfg = param_scheduler
         self._train_loader_cfg = train_dataloader
@@ -244,14 +303,31 @@ class Trainer:
         self.test_loop = build_eval_loop(self.strategy, test_dataloader, test_evaluator, "test", test_cfg)
         self._prepared = False
         self._resume, self._load_from = resume, load_from
-        self._restore_due = True  # resume / load_from: applied before the first run, and again by train() if that run had no optimizer
+        self._restore_due = (
+            True  # resume / load_from: applied before the first run, and again by train() if that run had no optimizer
+        )
         #: The checkpoints: saving, naming, ``latest``, keep-k, restore, the folder's lock (hooks reach it here).
         self.checkpoints = CheckpointManager(
             self.strategy,
-            {"meta": MetaState(self.progress, self.strategy.world_size, config, self._seed, self.logger), "model": ModelState(self.strategy), "optim_wrapper": None, "param_schedulers": None,  # None: set by _build_train
-             "progress": self.progress, "train_dataloader": None, "metric_store": self.metric_store, "message_hub": self.message_hub, "hooks": HookStates(self.hooks)},
-            work_dir / "checkpoints", progress=self.progress, logger=self.logger, flush=self._flush_before_save,
-            **self.hooks.checkpoint_events(self), required=("model", "progress"), optional=OPTIONAL_PIECES, settings=ckpt_settings,
+            {
+                "meta": MetaState(self.progress, self.strategy.world_size, config, self._seed, self.logger),
+                "model": ModelState(self.strategy),
+                "optim_wrapper": None,
+                "param_schedulers": None,  # None: set by _build_train
+                "progress": self.progress,
+                "train_dataloader": None,
+                "metric_store": self.metric_store,
+                "message_hub": self.message_hub,
+                "hooks": HookStates(self.hooks),
+            },
+            work_dir / "checkpoints",
+            progress=self.progress,
+            logger=self.logger,
+            flush=self._flush_before_save,
+            **self.hooks.checkpoint_events(self),
+            required=("model", "progress"),
+            optional=OPTIONAL_PIECES,
+            settings=ckpt_settings,
         )
 
     @classmethod
@@ -284,12 +360,14 @@ class Trainer:
 
     @property
     def prepared(self) -> bool:
-        """True while the strategy holds the model prepared for runs (moved, compiled, wrapped); :meth:`close` undoes it."""
+        """True while the strategy holds the model prepared for runs (moved, compiled, wrapped); :meth:`close` undoes
+        it."""
         return self._prepared
 
     @property
     def should_stop(self) -> bool:
-        """Whether training ends after the current iteration (or pass), the same on every process; a hook sets it True to stop training.
+        """Whether training ends after the current iteration (or pass), the same on every process; a hook sets it True
+        to stop training.
 
         On one process a stop set by a hook takes effect after the current iteration. Under
         several processes a hook may set it on one rank only (a reason of its own), so it is a
@@ -305,18 +383,28 @@ class Trainer:
 
     @property
     def precision(self) -> Precision:
-        """The run's precision (``trainer.strategy.precision``): autocast, GradScaler; the optim wrapper's own when it is mixed."""
+        """The run's precision (``trainer.strategy.precision``): autocast, GradScaler; the optim wrapper's own when
+        it is mixed."""
         return self.strategy.precision
 
     # -- building -------------------------------------------------------------------------
     def _build_train(self) -> None:
-        """Build the train loader, optim wrapper (over the prepared model), train loop and schedulers, once (see :mod:`trainwright.trainer.build`)."""
+        """Build the train loader, optim wrapper (over the prepared model), train loop and schedulers, once (see
+        :mod:`trainwright.trainer.build`)."""
         if self.train_loop is not None:
             return
         self._prepare_model()
         parts = build_train(
-            self.strategy, self.hooks, self._train_cfg, self._train_loader_cfg, self._optim_cfg, self._scheduler_cfg,
-            model=self.unwrapped_base, precision=self.strategy.precision, seed=self._seed.value, skip_nonfinite=self._skip_nonfinite,
+            self.strategy,
+            self.hooks,
+            self._train_cfg,
+            self._train_loader_cfg,
+            self._optim_cfg,
+            self._scheduler_cfg,
+            model=self.unwrapped_base,
+            precision=self.strategy.precision,
+            seed=self._seed.value,
+            skip_nonfinite=self._skip_nonfinite,
             spike_guard=self.spike_guard,
         )
         self.optim_wrapper, self.strategy.precision, self.train_loop, self.param_schedulers = parts
@@ -330,10 +418,12 @@ class Trainer:
         )
 
     def build_train_loop(self) -> EpochBasedTrainLoop | IterBasedTrainLoop:
-        """Build what ``train()`` builds first (train loader, optim wrapper over the prepared model, loop, schedulers), once; return the loop.
+        """Build what ``train()`` builds first (train loader, optim wrapper over the prepared model, loop, schedulers),
+        once; return the loop.
 
         ``train()`` calls it; calling it earlier gives hooks and scripts the loop before training
-        (mmengine's ``runner.train_loop``, built on first access). Restoring ``resume`` / ``load_from`` stays ``train()``'s.
+        (mmengine's ``runner.train_loop``, built on first access). Restoring ``resume`` / ``load_from`` stays
+        ``train()``'s.
         """
         self._build_train()
         assert self.train_loop is not None
@@ -348,17 +438,26 @@ class Trainer:
         """Have the strategy move, compile and wrap (or shard) the model, once."""
         if not self._prepared:
             check_static_batches(self._compile, self._train_loader_cfg)
-            self.model = self.strategy.prepare(self.model, compile=self._compile, activation_checkpointing=self._activation_checkpointing)
+            self.model = self.strategy.prepare(
+                self.model, compile=self._compile, activation_checkpointing=self._activation_checkpointing
+            )
             self._prepared = True
 
     def _prepare(self) -> None:
-        """The model prepared, then ``resume`` / ``load_from`` applied if due (a pass before ``train()`` restores what exists; ``train()`` again, with its optimizer)."""
+        """The model prepared, then ``resume`` / ``load_from`` applied if due (a pass before ``train()`` restores
+        what exists; ``train()`` again, with its optimizer)."""
         self._prepare_model()
         if self._restore_due:
             # marked done only once it succeeded: a failed restore is tried (and fails) again, never skipped
             resume_or_load(
-                self.checkpoints, self._resume, self._load_from, trains=self._trains, config=self.config, progress=self.progress,
-                logger=self.logger, load_weights=self.load_weights,
+                self.checkpoints,
+                self._resume,
+                self._load_from,
+                trains=self._trains,
+                config=self.config,
+                progress=self.progress,
+                logger=self.logger,
+                load_weights=self.load_weights,
             )
             self._restore_due = self.train_loop is None and self._trains
 
@@ -376,7 +475,9 @@ class Trainer:
         """
         built = build_hook(hook, priority)
         self.hooks.add(built)
-        if self.strategy.is_main_process:  # a writer the hook brings (the progress bar's) joins the writers, as at build
+        if (
+            self.strategy.is_main_process
+        ):  # a writer the hook brings (the progress bar's) joins the writers, as at build
             self.writers.extend(build_writers([], self.run_dir, self.logger, [built]))
         return built
 
@@ -393,7 +494,9 @@ class Trainer:
         except WorkDirBusyError:
             if self._run_dir_created and not self._runs.ran and self.strategy.is_main_process:
                 self.writers.flush()
-                remove_unused_run_dir(self.run_dir, self.logger)  # nothing ran in it: a refused job leaves no run folder
+                remove_unused_run_dir(
+                    self.run_dir, self.logger
+                )  # nothing ran in it: a refused job leaves no run folder
             raise
         self.strategy.run_failed = False
         try:
@@ -408,8 +511,10 @@ class Trainer:
             loop = self.train_loop
             if self.progress.iteration >= loop.max_iters:
                 self.logger.warning(
-                    f"Nothing to train: training is complete at iteration {self.progress.iteration} of max_iters {loop.max_iters} "
-                    f"(epoch {self.progress.epoch}). Raise train_cfg max_epochs / max_iters to train further, or use a new work_dir for a new run."
+                    f"Nothing to train: training is complete at iteration {self.progress.iteration} of max_iters "
+                    f"{loop.max_iters} "
+                    f"(epoch {self.progress.epoch}). Raise train_cfg max_epochs / max_iters to train further, or use a "
+                    "new work_dir for a new run."
                 )
             self._runs.run(partial(loop.run, self._loop_context()))
         except BaseException as e:
@@ -418,7 +523,11 @@ class Trainer:
         finally:
             self.checkpoints.unlock()
         if self.hooks.timer is not None and self.logger.isEnabledFor(self._hook_table_level):
-            self.logger.log(self._hook_table_level, f"Time spent in hooks (calls and seconds per event, since the trainer was built):\n{self.hooks.report()}")
+            self.logger.log(
+                self._hook_table_level,
+                "Time spent in hooks (calls and seconds per event, since the trainer was "
+                f"built):\n{self.hooks.report()}",
+            )
         return self.unwrapped_model
 
     def val(self) -> dict[str, float]:
@@ -434,7 +543,8 @@ class Trainer:
         return self._runs.run(partial(self.val_loop.run, self._loop_context()))
 
     def test(self) -> dict[str, float]:
-        """One test pass; returns metrics like ``{"test/acc": 0.97}``; under several processes, on every process (see :meth:`val`)."""
+        """One test pass; returns metrics like ``{"test/acc": 0.97}``; under several processes, on every process (see
+        :meth:`val`)."""
         if self.test_loop is None:
             raise ValueError("test() needs a test_dataloader (and usually a test_evaluator)")
         self._prepare()
@@ -443,7 +553,12 @@ class Trainer:
 
     # -- tuning (the work is trainer/tuning_entry.py's and trainwright.tuning's) ---------------
     def find_lr(
-        self, min_lr: float = 1e-6, max_lr: float = 1.0, num_steps: int = 100, mode: str = "exp", smooth: float = 0.05,
+        self,
+        min_lr: float = 1e-6,
+        max_lr: float = 1.0,
+        num_steps: int = 100,
+        mode: str = "exp",
+        smooth: float = 0.05,
         diverge: float | None = 4.0,
     ) -> LRFinderResult:
         """The learning-rate range test (Lightning's ``Tuner.lr_find``); the trainer is left bitwise as it was.
@@ -452,7 +567,9 @@ class Trainer:
         """
         return tuning_entry.find_lr(self._tuning(), min_lr, max_lr, num_steps, mode, smooth, diverge)
 
-    def find_batch_size(self, mode: str = "power", init: int = 2, max_trials: int = 25, steps_per_trial: int = 3, apply: bool = False) -> int:
+    def find_batch_size(
+        self, mode: str = "power", init: int = 2, max_trials: int = 25, steps_per_trial: int = 3, apply: bool = False
+    ) -> int:
         """The largest batch size per process that ``steps_per_trial`` training steps fit in device memory (CUDA).
 
         See :func:`trainwright.trainer.tuning_entry.find_batch_size` and docs/diagnose.md.
@@ -461,7 +578,12 @@ class Trainer:
 
     def _tuning(self) -> tuning_entry.TuningAccess:
         return tuning_entry.TuningAccess(
-            self, self.progress, self._runs.refuse_inside_run, self._build_and_prepare, self._train_loader_cfg, self._use_train_loader,
+            self,
+            self.progress,
+            self._runs.refuse_inside_run,
+            self._build_and_prepare,
+            self._train_loader_cfg,
+            self._use_train_loader,
         )
 
     def _build_and_prepare(self) -> None:
@@ -476,10 +598,17 @@ class Trainer:
         self.checkpoints.pieces.update(optim_wrapper=None, param_schedulers=None, train_dataloader=None)
 
     def _loop_context(self) -> LoopContext:
-        """What the loops use in one run (the model as prepared); the eval loops hold it from the start, so a hook can call ``run_pass`` at any event."""
+        """What the loops use in one run (the model as prepared); the eval loops hold it from the start, so a hook
+        can call ``run_pass`` at any event."""
         ctx = LoopContext(
-            view=self, model=self.model, hooks=self.hooks, progress=self.progress, optim_wrapper=self.optim_wrapper,
-            metric_store=self.metric_store, precision=self.precision, logger=self.logger,
+            view=self,
+            model=self.model,
+            hooks=self.hooks,
+            progress=self.progress,
+            optim_wrapper=self.optim_wrapper,
+            metric_store=self.metric_store,
+            precision=self.precision,
+            logger=self.logger,
         )
         if self.val_loop is not None:
             ctx.validate = partial(self.val_loop.run, ctx)
@@ -495,8 +624,11 @@ class Trainer:
         self._resume, self._restore_due = Path(path), True
         self._prepare()
 
-    def load_weights(self, path: str | Path, strict: bool = False, revise_keys: Sequence[tuple[str, str]] = ((r"^module\.", ""),)) -> Any:
-        """Load model weights (``.pth`` or ``.safetensors``), reporting key mismatches by name; returns the missing and unexpected keys.
+    def load_weights(
+        self, path: str | Path, strict: bool = False, revise_keys: Sequence[tuple[str, str]] = ((r"^module\.", ""),)
+    ) -> Any:
+        """Load model weights (``.pth`` or ``.safetensors``), reporting key mismatches by name; returns the missing and
+        unexpected keys.
 
         Args:
             path: The weights, or a checkpoint holding them under ``"model"`` / ``"state_dict"``.
@@ -505,12 +637,19 @@ class Trainer:
         """
         # once prepared, the strategy copies the weights in (a sharded model takes full tensors only through it)
         load = (lambda weights: self.strategy.load_model_state_dict(weights, strict=False)) if self.prepared else None
-        result = load_model_weights(self.unwrapped_model, self.strategy.load_checkpoint(location(path, within=self.checkpoints.ckpt_dir)), strict=strict, revise_keys=list(revise_keys), load=load)
+        result = load_model_weights(
+            self.unwrapped_model,
+            self.strategy.load_checkpoint(location(path, within=self.checkpoints.ckpt_dir)),
+            strict=strict,
+            revise_keys=list(revise_keys),
+            load=load,
+        )
         self.logger.info(f"Loaded weights from {path}")
         return result
 
     def save_weights(self, path: str | Path) -> Path:
-        """Export the full model weights as safetensors (the model's own keys; gathered to rank 0 under FSDP; call it on every rank)."""
+        """Export the full model weights as safetensors (the model's own keys; gathered to rank 0 under FSDP; call it
+        on every rank)."""
         state = self.strategy.full_model_state_dict() if self.prepared else self.unwrapped_model.state_dict()
         if self.strategy.is_main_process:
             save_safetensors(state, path)
@@ -530,7 +669,8 @@ class Trainer:
             h.flush()
 
     def _flush_before_save(self) -> None:
-        """:meth:`flush_logs` before a checkpoint is written: a writer's error (``writers_fail="raise"``) waits until the checkpoint exists."""
+        """:meth:`flush_logs` before a checkpoint is written: a writer's error (``writers_fail="raise"``) waits until
+        the checkpoint exists."""
         with self.writers.holding():
             self.flush_logs()
 
@@ -544,12 +684,15 @@ class Trainer:
         return self
 
     def __exit__(self, *exc: object) -> None:
-        if exc[0] is not None:  # leaving by an exception: the other processes may be anywhere, teardown makes no collective
+        if (
+            exc[0] is not None
+        ):  # leaving by an exception: the other processes may be anywhere, teardown makes no collective
             self.strategy.run_failed = True
         self.close()
 
     def close(self) -> None:
-        """Close the writers and the log file; release the strategy's resources (its model wrapper, a pending checkpoint write; a process group it made for this run only, not a launcher's, which later Trainers of the process join).
+        """Close the writers and the log file; release the strategy's resources (its model wrapper, a pending checkpoint
+        write; a process group it made for this run only, not a launcher's, which later Trainers of the process join).
 
         Under several processes the ranks wait for each other here, unless the last run (or the
         ``with`` block) ended by an exception: then no collective is made, so the other ranks'
@@ -559,13 +702,16 @@ class Trainer:
         self.writers.close()
         close_logger(self.logger)
         if self._prepared:
-            self.model = self.unwrapped_base  # drop the distributed wrapper before the strategy leaves its process group
+            self.model = (
+                self.unwrapped_base
+            )  # drop the distributed wrapper before the strategy leaves its process group
             self._prepared = False
         self.strategy.teardown()
 
 
 def _check_storage(hooks: Sequence[Hook], settings: CheckpointSettings) -> None:
-    """Probe the checkpoint store and every remote ``out_dir`` of the hooks (bucket, credentials, endpoint): an OSError naming the URL and the fix, before anything is created."""
+    """Probe the checkpoint store and every remote ``out_dir`` of the hooks (bucket, credentials, endpoint): an
+    OSError naming the URL and the fix, before anything is created."""
     if isinstance(settings.out_dir, RemotePath) and not settings.out_dir.store.checked:
         settings.out_dir.store.check("CheckpointHook out_dir")
     for h in hooks:

@@ -28,7 +28,8 @@ class TuningAccess:
         refuse_inside_run: Raises when a run is in progress (the tuner would change its loader and optimizer).
         build: Builds the train parts and prepares the model, resume / ``load_from`` applied, as ``train()`` does.
         train_loader_cfg: The train loader as given (a ``DataLoader`` or a dict of its arguments).
-        use_train_loader: Makes the Trainer build its train parts again, at the next ``train()``, from this loader config.
+        use_train_loader: Makes the Trainer build its train parts again, at the next ``train()``, from this loader
+            config.
     """
 
     trainer: TunableTrainer
@@ -40,8 +41,13 @@ class TuningAccess:
 
 
 def find_lr(
-    access: TuningAccess, min_lr: float = 1e-6, max_lr: float = 1.0, num_steps: int = 100, mode: str = "exp",
-    smooth: float = 0.05, diverge: float | None = 4.0,
+    access: TuningAccess,
+    min_lr: float = 1e-6,
+    max_lr: float = 1.0,
+    num_steps: int = 100,
+    mode: str = "exp",
+    smooth: float = 0.05,
+    diverge: float | None = 4.0,
 ) -> LRFinderResult:
     """The learning-rate range test (Lightning's ``Tuner.lr_find``); the trainer is left bitwise as it was.
 
@@ -68,11 +74,18 @@ def find_lr(
     access.refuse_inside_run("find_lr")
     check_lr_args(min_lr, max_lr, num_steps, mode, smooth, diverge)
     access.build()
-    return run_lr_test(access.trainer, min_lr=min_lr, max_lr=max_lr, num_steps=num_steps, mode=mode, smooth=smooth, diverge=diverge)
+    return run_lr_test(
+        access.trainer, min_lr=min_lr, max_lr=max_lr, num_steps=num_steps, mode=mode, smooth=smooth, diverge=diverge
+    )
 
 
 def find_batch_size(
-    access: TuningAccess, mode: str = "power", init: int = 2, max_trials: int = 25, steps_per_trial: int = 3, apply: bool = False,
+    access: TuningAccess,
+    mode: str = "power",
+    init: int = 2,
+    max_trials: int = 25,
+    steps_per_trial: int = 3,
+    apply: bool = False,
 ) -> int:
     """The largest batch size (per process) that ``steps_per_trial`` training steps fit in device memory (CUDA).
 
@@ -97,14 +110,16 @@ def find_batch_size(
     if apply:
         if strategy.fixes_batch_size:
             raise ValueError(
-                f"find_batch_size(apply=True) cannot rebuild the {type(strategy).__name__}'s engine, which fixes the batch size when "
+                f"find_batch_size(apply=True) cannot rebuild the {type(strategy).__name__}'s engine, which fixes the "
+                "batch size when "
                 "it is built: set the size it returns as train_dataloader batch_size"
             )
         with_batch_size(access.train_loader_cfg, init)  # a loader whose size cannot be set fails before the search
     access.build()
     if apply and access.progress.iteration:
         raise ValueError(
-            "find_batch_size(apply=True) changes the train loader, which only works before training (this trainer is at "
+            "find_batch_size(apply=True) changes the train loader, which only works before training (this trainer is "
+            "at "
             f"iteration {access.progress.iteration}); set the size it returns in the config"
         )
     size = search(access.trainer, mode=mode, init=init, max_trials=max_trials, steps_per_trial=steps_per_trial)

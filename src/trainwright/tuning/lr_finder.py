@@ -1,4 +1,5 @@
-"""The learning-rate range test (Lightning's ``Tuner.lr_find``): ramp the lr over real training steps, record the smoothed loss.
+"""The learning-rate range test (Lightning's ``Tuner.lr_find``): ramp the lr over real training steps, record the
+smoothed loss.
 
 :func:`find_lr` runs ``num_steps`` optimizer updates on the trainer's train loader, through the
 run's one update path (``model.train_step`` → ``OptimWrapper.update_params`` → the strategy),
@@ -26,7 +27,8 @@ MODES = {"exp": "exp", "exponential": "exp", "linear": "linear"}
 
 
 def check_lr_args(min_lr: float, max_lr: float, num_steps: int, mode: str, smooth: float, diverge: float | None) -> str:
-    """Check :func:`find_lr`'s arguments before anything is built; returns the mode's short name (``"exp"`` / ``"linear"``).
+    """Check :func:`find_lr`'s arguments before anything is built; returns the mode's short name (``"exp"`` /
+    ``"linear"``).
 
     Raises:
         ValueError: an argument out of range (the message names it and what is allowed).
@@ -37,20 +39,36 @@ def check_lr_args(min_lr: float, max_lr: float, num_steps: int, mode: str, smoot
         if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value < 0:
             raise ValueError(f"find_lr {name} must be a finite number >= 0, got {value!r}")
     if MODES[mode] == "exp" and min_lr <= 0:
-        raise ValueError(f"find_lr min_lr must be > 0 for the exponential ramp (it is multiplied up to max_lr), got {min_lr!r}; use e.g. min_lr=1e-6, or mode='linear'")
+        raise ValueError(
+            f"find_lr min_lr must be > 0 for the exponential ramp (it is multiplied up to max_lr), got {min_lr!r}; use "
+            "e.g. min_lr=1e-6, or mode='linear'"
+        )
     if min_lr >= max_lr:
-        raise ValueError(f"find_lr needs min_lr < max_lr (the ramp goes from min_lr up to max_lr), got min_lr={min_lr!r}, max_lr={max_lr!r}")
+        raise ValueError(
+            f"find_lr needs min_lr < max_lr (the ramp goes from min_lr up to max_lr), got min_lr={min_lr!r}, "
+            f"max_lr={max_lr!r}"
+        )
     if isinstance(num_steps, bool) or not isinstance(num_steps, int) or num_steps < 2:
-        raise ValueError(f"find_lr num_steps must be an int >= 2 (the ramp needs its two ends; ~100 gives a usable curve), got {num_steps!r}")
+        raise ValueError(
+            "find_lr num_steps must be an int >= 2 (the ramp needs its two ends; ~100 gives a usable curve), got "
+            f"{num_steps!r}"
+        )
     if isinstance(smooth, bool) or not isinstance(smooth, (int, float)) or not 0 < smooth <= 1:
-        raise ValueError(f"find_lr smooth must be in (0, 1] (the new loss's weight in the running average; 1: no smoothing), got {smooth!r}")
+        raise ValueError(
+            "find_lr smooth must be in (0, 1] (the new loss's weight in the running average; 1: no smoothing), got "
+            f"{smooth!r}"
+        )
     if diverge is not None and (isinstance(diverge, bool) or not isinstance(diverge, (int, float)) or not diverge > 1):
-        raise ValueError(f"find_lr diverge must be a number > 1 (stop once the smoothed loss exceeds diverge x the best) or None (never stop early), got {diverge!r}")
+        raise ValueError(
+            "find_lr diverge must be a number > 1 (stop once the smoothed loss exceeds diverge x the best) or None "
+            f"(never stop early), got {diverge!r}"
+        )
     return MODES[mode]
 
 
 def ramp(min_lr: float, max_lr: float, num_steps: int, mode: str) -> list[float]:
-    """The ``num_steps`` learning rates of the test: ``min_lr`` first, ``max_lr`` last; geometric (``"exp"``) or evenly spaced (``"linear"``)."""
+    """The ``num_steps`` learning rates of the test: ``min_lr`` first, ``max_lr`` last; geometric (``"exp"``) or
+    evenly spaced (``"linear"``)."""
     n = num_steps - 1
     if MODES[mode] == "exp":
         return [min_lr * (max_lr / min_lr) ** (i / n) for i in range(num_steps)]
@@ -77,7 +95,8 @@ class LRFinderResult:
     _index: int | None = field(default=None, init=False, repr=False, compare=False)
 
     def suggest(self, skip_begin: int = 10, skip_end: int = 1) -> float | None:
-        """The lr of the steepest descent of the smoothed loss before its minimum: ``argmin`` of its gradient along the ramp.
+        """The lr of the steepest descent of the smoothed loss before its minimum: ``argmin`` of its gradient along the
+        ramp.
 
         The first ``skip_begin`` and the last ``skip_end`` points, the non-finite ones and those
         past the smoothed loss's minimum are left out (Lightning's defaults, and fastai's
@@ -110,7 +129,8 @@ class LRFinderResult:
         return self.suggest()
 
     def plot(self, path: str | Path) -> Path:
-        """Draw the smoothed loss against the lr (log scale for the exponential ramp), the suggestion marked; write a PNG to ``path``.
+        """Draw the smoothed loss against the lr (log scale for the exponential ramp), the suggestion marked; write a
+        PNG to ``path``.
 
         Raises:
             ImportError: matplotlib is not installed (``pip install matplotlib``).
@@ -121,7 +141,9 @@ class LRFinderResult:
             matplotlib.use("Agg")
             import matplotlib.pyplot as plt
         except ImportError as e:
-            raise ImportError(f"LRFinderResult.plot needs matplotlib ({e}); install it with `pip install matplotlib`") from e
+            raise ImportError(
+                f"LRFinderResult.plot needs matplotlib ({e}); install it with `pip install matplotlib`"
+            ) from e
         path = Path(path)
         path.parent.mkdir(parents=True, exist_ok=True)
         fig, ax = plt.subplots(figsize=(6, 4))
@@ -133,7 +155,15 @@ class LRFinderResult:
             ax.set_ylabel("loss")
             best = self.suggestion
             if best is not None and self._index is not None:
-                ax.plot([best], [self.losses[self._index]], marker="o", markersize=9, color="red", linestyle="none", label=f"suggestion {best:.3g}")
+                ax.plot(
+                    [best],
+                    [self.losses[self._index]],
+                    marker="o",
+                    markersize=9,
+                    color="red",
+                    linestyle="none",
+                    label=f"suggestion {best:.3g}",
+                )
             ax.legend()
             fig.tight_layout()
             fig.savefig(path, format="png")
@@ -173,10 +203,16 @@ def _group_ratios(trainer: TunableTrainer) -> list[tuple[dict[str, Any], float]]
 
 
 def find_lr(
-    trainer: TunableTrainer, min_lr: float = 1e-6, max_lr: float = 1.0, num_steps: int = 100, mode: str = "exp",
-    smooth: float = 0.05, diverge: float | None = 4.0,
+    trainer: TunableTrainer,
+    min_lr: float = 1e-6,
+    max_lr: float = 1.0,
+    num_steps: int = 100,
+    mode: str = "exp",
+    smooth: float = 0.05,
+    diverge: float | None = 4.0,
 ) -> LRFinderResult:
-    """Run the lr range test on a trainer whose train parts are built (``Trainer.find_lr`` builds them); the trainer is put back after.
+    """Run the lr range test on a trainer whose train parts are built (``Trainer.find_lr`` builds them); the trainer is
+    put back after.
 
     Each of the ``num_steps`` updates uses the ramp's next lr (every param group: that lr
     times the group's ratio to the optimizer's default lr) over ``accumulative_counts``
@@ -218,7 +254,10 @@ def find_lr(
                     out = train_step(next(batches), ow)
                     loss = out["loss"] if isinstance(out, dict) and "loss" in out else None
                     if not isinstance(loss, torch.Tensor):
-                        raise TypeError(f"find_lr needs the loss of each step: train_step returned {type(out).__name__} without a 'loss' tensor; return dict(loss=...) from forward(mode='loss')")
+                        raise TypeError(
+                            f"find_lr needs the loss of each step: train_step returned {type(out).__name__} without a "
+                            "'loss' tensor; return dict(loss=...) from forward(mode='loss')"
+                        )
                     total = loss.detach().float() if total is None else total + loss.detach().float()
                 assert total is not None
                 mean = total / acc
@@ -246,15 +285,18 @@ def find_lr(
         said = f"; suggested lr {suggestion:.3g}"
     elif stopped and len(raw) > 1 and len(raw) <= _EARLY:
         said = (
-            f"; no suggestion: the loss jumped at update {len(raw)} (lr {lrs[-1]:.3g}: {raw[-1]:.4g} against {min(raw[:-1]):.4g} before), so early in "
-            "the ramp that one outlier batch is the likelier cause than the lr; look at that batch, or pass diverge=None (or a higher "
+            f"; no suggestion: the loss jumped at update {len(raw)} (lr {lrs[-1]:.3g}: {raw[-1]:.4g} against "
+            f"{min(raw[:-1]):.4g} before), so early in "
+            "the ramp that one outlier batch is the likelier cause than the lr; look at that batch, or pass "
+            "diverge=None (or a higher "
             "diverge) to ramp past it"
         )
     else:
         said = "; no suggestion (too few points: raise num_steps, or lower max_lr)"
     trainer.logger.info(
         f"LR finder: {len(lrs)} of {num_steps} updates, lr {min_lr:g} to {lrs[-1]:g}"
-        + (" (stopped: the loss diverged)" if stopped else "") + said
+        + (" (stopped: the loss diverged)" if stopped else "")
+        + said
         + ". The trainer was put back as it was."
     )
     return result

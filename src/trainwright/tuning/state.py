@@ -31,7 +31,8 @@ class Checkpoints(Protocol):
 
 
 class TunableTrainer(Protocol):
-    """What the tuners use of a :class:`~trainwright.Trainer` whose train parts are built and whose model is prepared."""
+    """What the tuners use of a :class:`~trainwright.Trainer` whose train parts are built and whose model is
+    prepared."""
 
     model: nn.Module
     optim_wrapper: Any
@@ -76,7 +77,8 @@ def _put_back(trainer: TunableTrainer, state: dict[str, Any]) -> None:
 
 @contextlib.contextmanager
 def preserved(trainer: TunableTrainer) -> Iterator[None]:
-    """Run the block, then put the trainer back bitwise: model, optimizer, schedulers, data position, RNG, hooks' states, gradients.
+    """Run the block, then put the trainer back bitwise: model, optimizer, schedulers, data position, RNG, hooks'
+    states, gradients.
 
     Besides every checkpoint piece it puts back what a checkpoint does not hold but the
     tuner's steps change: every parameter's ``.grad`` (also of parameters outside the
@@ -95,12 +97,15 @@ def preserved(trainer: TunableTrainer) -> Iterator[None]:
     guards = [(ow, ow.spike_guard) for ow in wrappers if getattr(ow, "spike_guard", None) is not None]
     try:
         for ow, _ in guards:
-            ow.spike_guard = None  # the plain update path: an lr ramp makes loss spikes on purpose, none may be skipped or rolled back
+            # the plain update path: an lr ramp makes loss spikes on purpose, none may be skipped or rolled back
+            ow.spike_guard = None
         yield
     finally:
         for ow, guard in guards:
             ow.spike_guard = guard
         for ow in wrappers:
-            ow.zero_grad(set_to_none=True)  # the tuner's gradients go before the state comes back (less memory at the peak)
+            ow.zero_grad(
+                set_to_none=True
+            )  # the tuner's gradients go before the state comes back (less memory at the peak)
         trainer.checkpoints.restore(captured, MEMORY)
         _put_back(trainer, runtime)

@@ -26,7 +26,8 @@ class Progress:
     iter_in_epoch: int = 0
 
     def where(self, by_epoch: bool = True) -> str:
-        """Where the run stands, numbered as its log lines: ``"at epoch E, iteration N"`` (E from 1; between epochs the one just completed), or ``"at iteration N"``."""
+        """Where the run stands, numbered as its log lines: ``"at epoch E, iteration N"`` (E from 1; between epochs
+        the one just completed), or ``"at iteration N"``."""
         if not by_epoch:
             return f"at iteration {self.iteration}"
         epoch = self.epoch + 1 if self.iter_in_epoch or not self.epoch else self.epoch

@@ -55,11 +55,19 @@ class Accuracy(Metric):
 
     batched_results = True
 
-    def __init__(self, topk: int | Sequence[int] = 1, target_key: str | None = None, collect_device: Device = "cpu", prefix: str | None = None) -> None:
+    def __init__(
+        self,
+        topk: int | Sequence[int] = 1,
+        target_key: str | None = None,
+        collect_device: Device = "cpu",
+        prefix: str | None = None,
+    ) -> None:
         super().__init__(collect_device=collect_device, prefix=prefix)
         ks = (topk,) if isinstance(topk, int) else tuple(topk)
         if not ks or any(isinstance(k, bool) or not isinstance(k, int) or k < 1 for k in ks):
-            raise ValueError(f"topk must be a positive int or a non-empty tuple of them, e.g. topk=(1, 5); got {topk!r}")
+            raise ValueError(
+                f"topk must be a positive int or a non-empty tuple of them, e.g. topk=(1, 5); got {topk!r}"
+            )
         self.topk: tuple[int, ...] = tuple(dict.fromkeys(ks))
         self.target_key = target_key
 
@@ -86,27 +94,42 @@ class Accuracy(Metric):
     def _pred_and_target(self, data_batch: Any, outputs: Any) -> tuple[torch.Tensor, torch.Tensor]:
         pred, target = pred_and_target(data_batch, outputs, self.target_key, "Accuracy")
         if not isinstance(pred, torch.Tensor):
-            raise TypeError(f"Accuracy expects the model outputs to be a tensor of scores (N, C) or labels (N,), or a dict holding one; got {type(pred).__name__}")
+            raise TypeError(
+                "Accuracy expects the model outputs to be a tensor of scores (N, C) or labels (N,), or a dict holding "
+                f"one; got {type(pred).__name__}"
+            )
         target = torch.as_tensor(target).to(pred.device, non_blocking=True)
         if target.dim() == 2 and target.shape[1] == 1:
             target = target[:, 0]
         elif target.dim() == 2:
             target = target.argmax(dim=1)
         if target.dim() != 1 or target.shape[0] != pred.shape[0]:
-            raise ValueError(f"Accuracy: target of shape {tuple(target.shape)} does not match predictions of shape {tuple(pred.shape)}; expected targets of shape ({pred.shape[0]},)")
+            raise ValueError(
+                f"Accuracy: target of shape {tuple(target.shape)} does not match predictions of shape "
+                f"{tuple(pred.shape)}; expected targets of shape ({pred.shape[0]},)"
+            )
         return pred, target
 
     def _target_rank(self, pred: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
         """Position of the target class in a stable descending sort of each row's scores."""
         if pred.dim() == 1:
             if max(self.topk) > 1:
-                raise ValueError(f"Accuracy(topk={self.topk}) needs class scores of shape (N, C), but the outputs are labels of shape {tuple(pred.shape)}; return logits or use topk=1")
+                raise ValueError(
+                    f"Accuracy(topk={self.topk}) needs class scores of shape (N, C), but the outputs are labels of "
+                    f"shape {tuple(pred.shape)}; return logits or use topk=1"
+                )
             return torch.where(pred == target, 0, _WRONG).to(torch.int64)
         if pred.dim() != 2:
-            raise ValueError(f"Accuracy expects scores of shape (N, C) or labels of shape (N,); got outputs of shape {tuple(pred.shape)}")
+            raise ValueError(
+                "Accuracy expects scores of shape (N, C) or labels of shape (N,); got outputs of shape "
+                f"{tuple(pred.shape)}"
+            )
         num_classes = pred.shape[1]
         if max(self.topk) > num_classes:
-            raise ValueError(f"Accuracy(topk={self.topk}) asks for top-{max(self.topk)} among only {num_classes} classes; use k <= {num_classes}")
+            raise ValueError(
+                f"Accuracy(topk={self.topk}) asks for top-{max(self.topk)} among only {num_classes} classes; use k <= "
+                f"{num_classes}"
+            )
         target = target.long()
         valid = (target >= 0) & (target < num_classes)
         score = pred.gather(1, target.clamp(0, num_classes - 1).unsqueeze(1))
@@ -116,7 +139,6 @@ class Accuracy(Metric):
         tied = (pred == score) | (pred_nan & score_nan)
         rank = greater.sum(dim=1) + (tied & before).sum(dim=1)
         return torch.where(valid, rank, _INVALID)
-
 
 
 __all__ = ["Accuracy"]

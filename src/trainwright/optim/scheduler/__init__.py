@@ -9,6 +9,8 @@ from __future__ import annotations
 
 from trainwright.optim.scheduler.base import INF, OptimizerLike, ParamScheduler
 from trainwright.optim.scheduler.builder import build_param_scheduler, build_param_schedulers
+from trainwright.optim.scheduler.cosine_restart import CosineRestartParamScheduler
+from trainwright.optim.scheduler.lambda_scheduler import LambdaLR, LambdaParamScheduler
 from trainwright.optim.scheduler.lr_scheduler import (
     ConstantLR,
     CosineAnnealingLR,
@@ -34,8 +36,6 @@ from trainwright.optim.scheduler.momentum_scheduler import (
     ReduceOnPlateauMomentum,
     StepMomentum,
 )
-from trainwright.optim.scheduler.cosine_restart import CosineRestartParamScheduler
-from trainwright.optim.scheduler.lambda_scheduler import LambdaLR, LambdaParamScheduler
 from trainwright.optim.scheduler.one_cycle import OneCycleParamScheduler
 from trainwright.optim.scheduler.param_scheduler import (
     ConstantParamScheduler,

@@ -90,9 +90,14 @@ class ParamScheduler:
                 f"(such as an OptimWrapper), got {type(optimizer).__name__}; pass the optimizer itself."
             )
         if end <= begin:
-            raise ValueError(f"{type(self).__name__}: end ({end}) must be larger than begin ({begin}); fix the window so begin < end.")
+            raise ValueError(
+                f"{type(self).__name__}: end ({end}) must be larger than begin ({begin}); fix the window so begin < "
+                "end."
+            )
         if not isinstance(last_step, int) or last_step < -1:
-            raise ValueError(f"{type(self).__name__}: last_step must be an int >= -1 (-1 for a fresh start), got {last_step!r}.")
+            raise ValueError(
+                f"{type(self).__name__}: last_step must be an int >= -1 (-1 for a fresh start), got {last_step!r}."
+            )
         self.optimizer = optimizer
         self.param_name = param_name
         self.begin = begin
@@ -103,7 +108,8 @@ class ParamScheduler:
         for i, group in enumerate(groups):
             if param_name not in group:
                 raise KeyError(
-                    f"{type(self).__name__}: param_groups[{i}] has no {param_name!r} (keys: {sorted(k for k in group if k != 'params')}); "
+                    f"{type(self).__name__}: param_groups[{i}] has no {param_name!r} (keys: "
+                    f"{sorted(k for k in group if k != 'params')}); "
                     "schedule a key the optimizer has."
                 )
         initial = f"initial_{param_name}"
@@ -114,7 +120,8 @@ class ParamScheduler:
             for i, group in enumerate(groups):
                 if initial not in group:
                     raise KeyError(
-                        f"{type(self).__name__}: resuming with last_step={last_step} needs param_groups[{i}][{initial!r}]; "
+                        f"{type(self).__name__}: resuming with last_step={last_step} needs "
+                        f"param_groups[{i}][{initial!r}]; "
                         "load the optimizer state first, or resume with load_state_dict instead of last_step."
                     )
         self.base_values: list[float] = [group[initial] for group in groups]
@@ -234,7 +241,9 @@ class ParamScheduler:
             value = kwargs.get(name)
             if value is None:
                 continue
-            kwargs[name] = [v * epoch_length for v in value] if isinstance(value, (list, tuple)) else value * epoch_length
+            kwargs[name] = (
+                [v * epoch_length for v in value] if isinstance(value, (list, tuple)) else value * epoch_length
+            )
         begin = begin * epoch_length
         if end != INF:
             end = end * epoch_length

@@ -40,7 +40,9 @@ def _accumulation(optimizer: Any) -> int:
     return acc if isinstance(acc, int) and acc > 0 else 1
 
 
-def run_length(unit: str, *, max_epochs: int | None, max_iters: int | None, epoch_length: int | None, accumulation: int = 1) -> int | None:
+def run_length(
+    unit: str, *, max_epochs: int | None, max_iters: int | None, epoch_length: int | None, accumulation: int = 1
+) -> int | None:
     """The length of training counted in ``unit`` (``"epoch"``, ``"iter"`` or ``"update"``); None when not known.
 
     Updates close accumulation windows: ``ceil(max_iters / accumulation)`` in an iteration-based
@@ -96,11 +98,15 @@ def build_param_scheduler(
         return TorchScheduler(optimizer, cfg)
     if not isinstance(cfg, Mapping):
         raise TypeError(
-            f"A param scheduler must be a config dict with 'type', a ParamScheduler, a torch LRScheduler or a function optimizer -> LRScheduler, "
+            "A param scheduler must be a config dict with 'type', a ParamScheduler, a torch LRScheduler or a function "
+            "optimizer -> LRScheduler, "
             f"got {type(cfg).__name__}: {cfg!r}."
         )
     if "type" not in cfg:
-        raise KeyError(f"A param scheduler config needs a 'type' key, got keys {sorted(cfg)}; e.g. dict(type='CosineAnnealingLR', T_max=10).")
+        raise KeyError(
+            f"A param scheduler config needs a 'type' key, got keys {sorted(cfg)}; e.g. dict(type='CosineAnnealingLR', "
+            "T_max=10)."
+        )
     args = dict(cfg)
     typ = args.pop("type")
     with dropping_scope(args):  # mmengine's _scope_: dropped, as Registry.build does
@@ -111,29 +117,47 @@ def build_param_scheduler(
             return TorchScheduler(optimizer, functools.partial(cls, **args), **unit_args)
         convert = bool(args.pop("convert_to_iter_based", False))
         if convert and not hasattr(cls, "build_iter_from_epoch"):
-            raise TypeError(f"{name} cannot convert_to_iter_based (it has no epoch-valued window); give its unit with by_epoch / by_update instead.")
+            raise TypeError(
+                f"{name} cannot convert_to_iter_based (it has no epoch-valued window); give its unit with by_epoch / "
+                "by_update instead."
+            )
         accepted = accepted_kwargs(cls) or set()
         unknown = sorted(set(args) - accepted)
         if unknown:
             hints = "".join(did_you_mean(k, accepted) for k in unknown)
-            raise TypeError(f"{name} got unknown argument(s) {unknown}.{hints} It accepts: {', '.join(sorted(accepted - {'optimizer'}))}.")
+            raise TypeError(
+                f"{name} got unknown argument(s) {unknown}.{hints} It accepts: "
+                f"{', '.join(sorted(accepted - {'optimizer'}))}."
+            )
         by_update = bool(args.get("by_update", False))
         if by_update and args.get("by_epoch") is True and not convert:
             raise ValueError(
-                f"{name}: by_epoch=True and by_update=True name two units; give one (by_update=True counts optimizer updates, "
+                f"{name}: by_epoch=True and by_update=True name two units; give one (by_update=True counts optimizer "
+                "updates, "
                 "by_epoch=True epochs; add convert_to_iter_based=True to turn an epoch window into updates)."
             )
         acc = _accumulation(optimizer)
         if "end" not in args and "end" in accepted:
-            unit = "epoch" if convert or (args.get("by_epoch", True) and not by_update) else "update" if by_update else "iter"
-            default_end = run_length(unit, max_epochs=max_epochs, max_iters=max_iters, epoch_length=epoch_length, accumulation=acc)
-            if default_end is not None and args.get("begin", 0) < default_end:  # (a window beginning after the run: warned about by warn_outside_run)
+            unit = (
+                "epoch"
+                if convert or (args.get("by_epoch", True) and not by_update)
+                else "update"
+                if by_update
+                else "iter"
+            )
+            default_end = run_length(
+                unit, max_epochs=max_epochs, max_iters=max_iters, epoch_length=epoch_length, accumulation=acc
+            )
+            if (
+                default_end is not None and args.get("begin", 0) < default_end
+            ):  # (a window beginning after the run: warned about by warn_outside_run)
                 args["end"] = default_end
         if convert:
             if epoch_length is None:
                 raise ValueError(
                     f"{name}: convert_to_iter_based=True needs the number of iterations per epoch; "
-                    "call build_param_schedulers(..., epoch_length=len(train_dataloader)) or drop convert_to_iter_based."
+                    "call build_param_schedulers(..., epoch_length=len(train_dataloader)) or drop "
+                    "convert_to_iter_based."
                 )
             steps_per_epoch = _ceil_div(epoch_length, acc) if by_update else epoch_length
             scheduler: ParamScheduler = cls.build_iter_from_epoch(optimizer, epoch_length=steps_per_epoch, **args)
@@ -143,7 +167,8 @@ def build_param_scheduler(
 
 
 def _is_named_optimizers(optimizer: Any) -> bool:
-    """A mapping of named optimizers / wrappers (an ``OptimWrapperDict``'s ``param_groups`` is keyed too, not a list)."""
+    """A mapping of named optimizers / wrappers (an ``OptimWrapperDict``'s ``param_groups`` is keyed too, not a
+    list)."""
     return callable(getattr(optimizer, "keys", None)) and not isinstance(getattr(optimizer, "param_groups", None), list)
 
 
@@ -189,17 +214,25 @@ def build_param_schedulers(
         built: dict[str, list[Any]] = {}
         for key, sub in per_name.items():
             if key not in names:
-                raise KeyError(f"param scheduler config for optimizer {key!r}, but there is no such optimizer.{did_you_mean(key, names)} Optimizers: {names}.")
+                raise KeyError(
+                    f"param scheduler config for optimizer {key!r}, but there is no such "
+                    f"optimizer.{did_you_mean(key, names)} Optimizers: {names}."
+                )
             built[key] = _build_list(sub, optimizer[key], epoch_length, kw)
-        warn_outside_run(flatten_schedulers(built), max_epochs=max_epochs, max_iters=max_iters, epoch_length=epoch_length)
+        warn_outside_run(
+            flatten_schedulers(built), max_epochs=max_epochs, max_iters=max_iters, epoch_length=epoch_length
+        )
         return built
     schedulers = _build_list(cfgs, optimizer, epoch_length, kw)
     warn_outside_run(schedulers, max_epochs=max_epochs, max_iters=max_iters, epoch_length=epoch_length)
     return schedulers
 
 
-def warn_outside_run(schedulers: Sequence[Any], *, max_epochs: int | None, max_iters: int | None, epoch_length: int | None) -> list[Any]:
-    """Warn about each scheduler whose window ``[begin, end)`` begins at or after the end of training: it would never apply.
+def warn_outside_run(
+    schedulers: Sequence[Any], *, max_epochs: int | None, max_iters: int | None, epoch_length: int | None
+) -> list[Any]:
+    """Warn about each scheduler whose window ``[begin, end)`` begins at or after the end of training: it would never
+    apply.
 
     The run's length is counted in each scheduler's unit (:func:`run_length`): ``max_epochs``
     for an epoch-based one, ``max_iters`` (or ``max_epochs * epoch_length``) for an
@@ -210,7 +243,13 @@ def warn_outside_run(schedulers: Sequence[Any], *, max_epochs: int | None, max_i
     for s in schedulers:
         by_epoch = bool(getattr(s, "by_epoch", True))
         sunit = getattr(s, "unit", "epoch" if by_epoch else "iter")
-        total = run_length(sunit, max_epochs=max_epochs, max_iters=max_iters, epoch_length=epoch_length, accumulation=_accumulation(getattr(s, "optimizer", None)))
+        total = run_length(
+            sunit,
+            max_epochs=max_epochs,
+            max_iters=max_iters,
+            epoch_length=epoch_length,
+            accumulation=_accumulation(getattr(s, "optimizer", None)),
+        )
         if total is None:
             continue
         if sunit == "epoch":
@@ -218,7 +257,10 @@ def warn_outside_run(schedulers: Sequence[Any], *, max_epochs: int | None, max_i
         elif max_iters is not None:
             unit = f"max_iters={max_iters}" + (f" = {total} optimizer updates" if sunit == "update" else "")
         else:
-            unit = f"{max_epochs} epochs of {epoch_length} iterations = {total} {'optimizer updates' if sunit == 'update' else 'iterations'}"
+            unit = (
+                f"{max_epochs} epochs of {epoch_length} iterations = {total} "
+                f"{'optimizer updates' if sunit == 'update' else 'iterations'}"
+            )
         begin = getattr(s, "begin", 0)
         if total is None or not isinstance(begin, int) or begin < total:
             continue
@@ -226,9 +268,11 @@ def warn_outside_run(schedulers: Sequence[Any], *, max_epochs: int | None, max_i
         end = getattr(s, "end", None)
         window = f"[{begin}, {'inf' if end is None or end >= INF else end})"
         warnings.warn(
-            f"param_scheduler {type(s).__name__}(param_name={getattr(s, 'param_name', '?')!r}, begin={begin}, by_epoch={by_epoch}) never applies: "
+            f"param_scheduler {type(s).__name__}(param_name={getattr(s, 'param_name', '?')!r}, begin={begin}, "
+            f"by_epoch={by_epoch}) never applies: "
             f"its window {window} (in {UNIT_WORDS.get(sunit, sunit)}) begins at or after the end of training ({unit}). "
-            "Fix its begin / end (in the unit of its by_epoch; convert_to_iter_based=True turns an epoch window into iterations), or train longer.",
+            "Fix its begin / end (in the unit of its by_epoch; convert_to_iter_based=True turns an epoch window into "
+            "iterations), or train longer.",
             UserWarning,
             stacklevel=3,
         )
@@ -236,13 +280,16 @@ def warn_outside_run(schedulers: Sequence[Any], *, max_epochs: int | None, max_i
 
 
 def _build_list(cfgs: Any, optimizer: Any, epoch_length: int | None, kw: dict[str, Any]) -> list[Any]:
-    one = isinstance(cfgs, (Mapping, ParamScheduler, TorchScheduler, LRScheduler)) or (callable(cfgs) and not isinstance(cfgs, (list, tuple)))
+    one = isinstance(cfgs, (Mapping, ParamScheduler, TorchScheduler, LRScheduler)) or (
+        callable(cfgs) and not isinstance(cfgs, (list, tuple))
+    )
     items = [cfgs] if one else list(cfgs)
     return [build_param_scheduler(c, optimizer, epoch_length, **kw) for c in items]
 
 
 def flatten_schedulers(schedulers: Any) -> list[Any]:
-    """Every scheduler of what :func:`build_param_schedulers` returns (a list, a dict of lists per optimizer, one scheduler, or None)."""
+    """Every scheduler of what :func:`build_param_schedulers` returns (a list, a dict of lists per optimizer, one
+    scheduler, or None)."""
     if not schedulers:
         return []
     if isinstance(schedulers, dict):
@@ -252,4 +299,11 @@ def flatten_schedulers(schedulers: Any) -> list[Any]:
     return [schedulers]
 
 
-__all__ = ["UNIT_WORDS", "build_param_scheduler", "build_param_schedulers", "flatten_schedulers", "run_length", "warn_outside_run"]
+__all__ = [
+    "UNIT_WORDS",
+    "build_param_scheduler",
+    "build_param_schedulers",
+    "flatten_schedulers",
+    "run_length",
+    "warn_outside_run",
+]

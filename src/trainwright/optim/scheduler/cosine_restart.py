@@ -57,15 +57,24 @@ class CosineRestartParamScheduler(ParamScheduler):
         if (eta_min is None) == (eta_min_ratio is None):
             given = "both" if eta_min is not None else "neither"
             raise ValueError(
-                f"{name}: give exactly one of eta_min (the floor of each cycle) and eta_min_ratio (the floor as a fraction "
+                f"{name}: give exactly one of eta_min (the floor of each cycle) and eta_min_ratio (the floor as a "
+                "fraction "
                 f"of the base value), got {given}; e.g. eta_min=1e-5 or eta_min_ratio=0.01."
             )
-        if isinstance(periods, (int, float)) or not periods or any(not isinstance(p, int) or isinstance(p, bool) or p <= 0 for p in periods):
-            raise ValueError(f"{name}: periods must be a non-empty list of positive ints (steps per cosine cycle), got {periods!r}; e.g. periods=[10, 20].")
+        if (
+            isinstance(periods, (int, float))
+            or not periods
+            or any(not isinstance(p, int) or isinstance(p, bool) or p <= 0 for p in periods)
+        ):
+            raise ValueError(
+                f"{name}: periods must be a non-empty list of positive ints (steps per cosine cycle), got {periods!r}; "
+                "e.g. periods=[10, 20]."
+            )
         weights = [1.0] * len(periods) if restart_weights is None else [float(w) for w in restart_weights]
         if len(weights) != len(periods):
             raise ValueError(
-                f"{name}: restart_weights has {len(weights)} values but periods has {len(periods)}; give one weight per period "
+                f"{name}: restart_weights has {len(weights)} values but periods has {len(periods)}; give one weight "
+                "per period "
                 f"(e.g. restart_weights={[1.0] * len(periods)}) or leave restart_weights out for 1 everywhere."
             )
         self.periods = [int(p) for p in periods]
@@ -73,7 +82,9 @@ class CosineRestartParamScheduler(ParamScheduler):
         self.eta_min = None if eta_min is None else float(eta_min)
         self.eta_min_ratio = None if eta_min_ratio is None else float(eta_min_ratio)
         self.cumulative_periods = [sum(self.periods[: i + 1]) for i in range(len(self.periods))]
-        super().__init__(optimizer, param_name, begin=begin, end=end, last_step=last_step, by_epoch=by_epoch, by_update=by_update)
+        super().__init__(
+            optimizer, param_name, begin=begin, end=end, last_step=last_step, by_epoch=by_epoch, by_update=by_update
+        )
 
     def _period(self, t: int) -> int | None:
         """The index of the period holding step ``t``, or None past the last one."""

@@ -55,15 +55,23 @@ class LambdaParamScheduler(ParamScheduler):
         groups = getattr(optimizer, "param_groups", None) or []
         if isinstance(factor_lambda, (list, tuple)):
             if len(factor_lambda) != len(groups):
-                raise ValueError(f"{name}: got {len(factor_lambda)} functions for {len(groups)} param groups; give one function, or one per group.")
+                raise ValueError(
+                    f"{name}: got {len(factor_lambda)} functions for {len(groups)} param groups; give one function, or "
+                    "one per group."
+                )
             fns = list(factor_lambda)
         else:
             fns = [factor_lambda] * len(groups)  # type: ignore[list-item]
         for fn in fns:
             if not callable(fn):
-                raise TypeError(f"{name}: the schedule must be a function of the step (t -> factor), got {type(fn).__name__}: {fn!r}.")
+                raise TypeError(
+                    f"{name}: the schedule must be a function of the step (t -> factor), got {type(fn).__name__}: "
+                    f"{fn!r}."
+                )
         self.factor_lambdas: list[Factor] = fns
-        super().__init__(optimizer, param_name, begin=begin, end=end, last_step=last_step, by_epoch=by_epoch, by_update=by_update)
+        super().__init__(
+            optimizer, param_name, begin=begin, end=end, last_step=last_step, by_epoch=by_epoch, by_update=by_update
+        )
 
     def _get_value(self) -> list[float]:
         values: list[float] = []
@@ -71,7 +79,8 @@ class LambdaParamScheduler(ParamScheduler):
             factor = fn(self.last_step)
             if not isinstance(factor, numbers.Real) or isinstance(factor, bool):
                 raise TypeError(
-                    f"{type(self).__name__}: the schedule function returned {type(factor).__name__} {factor!r} at step {self.last_step}; "
+                    f"{type(self).__name__}: the schedule function returned {type(factor).__name__} {factor!r} at step "
+                    f"{self.last_step}; "
                     "it must return a number (the factor applied to the base value)."
                 )
             values.append(base * factor)
@@ -108,7 +117,16 @@ class LambdaLR(LambdaParamScheduler):
         by_epoch: bool = True,
         by_update: bool = False,
     ) -> None:
-        super().__init__(optimizer, "lr", lr_lambda, begin=begin, end=end, last_step=last_step, by_epoch=by_epoch, by_update=by_update)
+        super().__init__(
+            optimizer,
+            "lr",
+            lr_lambda,
+            begin=begin,
+            end=end,
+            last_step=last_step,
+            by_epoch=by_epoch,
+            by_update=by_update,
+        )
 
 
 __all__ = ["LambdaParamScheduler", "LambdaLR"]

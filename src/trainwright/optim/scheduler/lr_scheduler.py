@@ -39,7 +39,8 @@ class ConstantLR(LRSchedulerMixin, ConstantParamScheduler):
 
 @PARAM_SCHEDULERS.register()
 class LinearLR(LRSchedulerMixin, LinearParamScheduler):
-    """Learning rate scaled linearly from ``start_factor`` to ``end_factor`` (warmup); see :class:`LinearParamScheduler`."""
+    """Learning rate scaled linearly from ``start_factor`` to ``end_factor`` (warmup); see
+    :class:`LinearParamScheduler`."""
 
 
 @PARAM_SCHEDULERS.register()
@@ -113,12 +114,24 @@ class OneCycleLR(LRSchedulerMixin, OneCycleParamScheduler):
         if self.cycle_momentum:
             self._prepare_momentum(optimizer, base_momentum, max_momentum, fresh=last_step == -1)
         super().__init__(
-            optimizer, eta_max=eta_max, total_steps=total_steps, pct_start=pct_start, anneal_strategy=anneal_strategy,
-            div_factor=div_factor, final_div_factor=final_div_factor, three_phase=three_phase,
-            begin=begin, end=end, last_step=last_step, by_epoch=by_epoch, by_update=by_update,
+            optimizer,
+            eta_max=eta_max,
+            total_steps=total_steps,
+            pct_start=pct_start,
+            anneal_strategy=anneal_strategy,
+            div_factor=div_factor,
+            final_div_factor=final_div_factor,
+            three_phase=three_phase,
+            begin=begin,
+            end=end,
+            last_step=last_step,
+            by_epoch=by_epoch,
+            by_update=by_update,
         )
 
-    def _prepare_momentum(self, optimizer: OptimizerLike, base: float | Sequence[float], peak: float | Sequence[float], fresh: bool) -> None:
+    def _prepare_momentum(
+        self, optimizer: OptimizerLike, base: float | Sequence[float], peak: float | Sequence[float], fresh: bool
+    ) -> None:
         name = type(self).__name__
         groups = getattr(optimizer, "param_groups", None) or []
         if groups and "betas" in groups[0]:
@@ -126,13 +139,17 @@ class OneCycleLR(LRSchedulerMixin, OneCycleParamScheduler):
         elif groups and "momentum" not in groups[0]:
             raise ValueError(
                 f"{name}: cycle_momentum=True but the optimizer has neither `momentum` nor `betas` in its param groups "
-                f"(keys: {sorted(k for k in groups[0] if k != 'params')}); use an optimizer with momentum or set cycle_momentum=False."
+                f"(keys: {sorted(k for k in groups[0] if k != 'params')}); use an optimizer with momentum or set "
+                "cycle_momentum=False."
             )
         per_group: list[list[float]] = []
         for arg, value in (("base_momentum", base), ("max_momentum", peak)):
             if isinstance(value, (list, tuple)):
                 if len(value) != len(groups):
-                    raise ValueError(f"{name}: {arg} has {len(value)} values but the optimizer has {len(groups)} param groups; give one per group or a single float.")
+                    raise ValueError(
+                        f"{name}: {arg} has {len(value)} values but the optimizer has {len(groups)} param groups; give "
+                        "one per group or a single float."
+                    )
                 per_group.append([float(v) for v in value])
             else:
                 per_group.append([float(value)] * len(groups))  # type: ignore[arg-type]
@@ -140,7 +157,8 @@ class OneCycleLR(LRSchedulerMixin, OneCycleParamScheduler):
             for i, group in enumerate(groups):
                 if "max_momentum" not in group or "base_momentum" not in group:
                     raise KeyError(
-                        f"{name}: resuming with last_step needs param_groups[{i}]['max_momentum'] and ['base_momentum']; "
+                        f"{name}: resuming with last_step needs param_groups[{i}]['max_momentum'] and "
+                        "['base_momentum']; "
                         "load the optimizer state first, or resume with load_state_dict instead of last_step."
                     )
             return

@@ -50,7 +50,8 @@ class MomentumSchedulerMixin:
         super().__init__(optimizer, "momentum", *args, **kwargs)  # type: ignore[call-arg]
 
     def step(self, *args: Any, **kwargs: Any) -> None:
-        """Step the schedule (with its arguments, e.g. metrics), then copy ``momentum`` into ``betas[0]`` for Adam-style optimizers."""
+        """Step the schedule (with its arguments, e.g. metrics), then copy ``momentum`` into ``betas[0]`` for
+        Adam-style optimizers."""
         super().step(*args, **kwargs)  # type: ignore[misc]
         if self.use_betas:
             for group in self.param_groups:

@@ -91,7 +91,10 @@ class OneCycleParamScheduler(ParamScheduler):
         groups = optimizer.param_groups
         if isinstance(eta_max, (list, tuple)):
             if len(eta_max) != len(groups):
-                raise ValueError(f"{name}: eta_max has {len(eta_max)} values but the optimizer has {len(groups)} param groups; give one per group or a single float.")
+                raise ValueError(
+                    f"{name}: eta_max has {len(eta_max)} values but the optimizer has {len(groups)} param groups; give "
+                    "one per group or a single float."
+                )
             peaks = [float(v) for v in eta_max]
         else:
             peaks = [float(eta_max)] * len(groups)  # type: ignore[arg-type]
@@ -100,7 +103,9 @@ class OneCycleParamScheduler(ParamScheduler):
                 group[f"initial_{param_name}"] = peak / div_factor
                 group[f"max_{param_name}"] = peak
                 group[f"min_{param_name}"] = peak / div_factor / final_div_factor
-        super().__init__(optimizer, param_name, begin=begin, end=end, last_step=last_step, by_epoch=by_epoch, by_update=by_update)
+        super().__init__(
+            optimizer, param_name, begin=begin, end=end, last_step=last_step, by_epoch=by_epoch, by_update=by_update
+        )
 
     def _anneal(self, start: float, end: float, pct: float) -> float:
         if self.anneal_strategy == "cos":
@@ -113,7 +118,8 @@ class OneCycleParamScheduler(ParamScheduler):
         return self._cycle_values(self.param_name, self.phases)
 
     def _cycle_values(self, key: str, phases: list[tuple[float, str, str]]) -> list[float]:
-        """The value of ``key`` in each group at ``last_step`` along ``phases`` (from ``<lo>_<key>`` to ``<hi>_<key>``)."""
+        """The value of ``key`` in each group at ``last_step`` along ``phases`` (from ``<lo>_<key>`` to
+        ``<hi>_<key>``)."""
         t = self.last_step
         values: list[float] = []
         for group in self.param_groups:

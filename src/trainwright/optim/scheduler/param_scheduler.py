@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
+
 from trainwright.optim.scheduler.base import INF, OptimizerLike, ParamScheduler
 from trainwright.registry import PARAM_SCHEDULERS
 
@@ -18,7 +19,10 @@ def _check_factor(owner: str, name: str, value: float, allow_zero: bool) -> None
     low_ok = value >= 0 if allow_zero else value > 0
     if not (low_ok and value <= 1.0):
         bound = "[0, 1]" if allow_zero else "(0, 1]"
-        raise ValueError(f"{owner}: {name} must be in {bound}, got {value}; e.g. use 1e-3 instead of 0 for a warmup from (almost) zero.")
+        raise ValueError(
+            f"{owner}: {name} must be in {bound}, got {value}; e.g. use 1e-3 instead of 0 for a warmup from (almost) "
+            "zero."
+        )
 
 
 @PARAM_SCHEDULERS.register()
@@ -49,7 +53,9 @@ class ConstantParamScheduler(ParamScheduler):
         _check_factor(type(self).__name__, "factor", factor, allow_zero=False)
         self.factor = factor
         self.total_iters = end - begin - 1
-        super().__init__(optimizer, param_name, begin=begin, end=end, last_step=last_step, by_epoch=by_epoch, by_update=by_update)
+        super().__init__(
+            optimizer, param_name, begin=begin, end=end, last_step=last_step, by_epoch=by_epoch, by_update=by_update
+        )
 
     def _get_value(self) -> list[float]:
         if self.last_step == 0:
@@ -92,13 +98,17 @@ class LinearParamScheduler(ParamScheduler):
         _check_factor(name, "end_factor", end_factor, allow_zero=True)
         if end == INF:
             raise ValueError(
-                f"{name} changes the value over its window, so it needs end=... (e.g. end=50 with by_epoch=False for a 50-iteration warmup). "
-                "In a Trainer (or build_param_schedulers(..., max_epochs=/max_iters=)) a config without end ends with training, as in mmengine."
+                f"{name} changes the value over its window, so it needs end=... (e.g. end=50 with by_epoch=False for a "
+                "50-iteration warmup). "
+                "In a Trainer (or build_param_schedulers(..., max_epochs=/max_iters=)) a config without end ends with "
+                "training, as in mmengine."
             )
         self.start_factor = start_factor
         self.end_factor = end_factor
         self.total_iters = end - begin - 1
-        super().__init__(optimizer, param_name, begin=begin, end=end, last_step=last_step, by_epoch=by_epoch, by_update=by_update)
+        super().__init__(
+            optimizer, param_name, begin=begin, end=end, last_step=last_step, by_epoch=by_epoch, by_update=by_update
+        )
 
     def _get_value(self) -> list[float]:
         if self.last_step == 0:
@@ -143,7 +153,9 @@ class StepParamScheduler(ParamScheduler):
             raise ValueError(f"{type(self).__name__}: step_size must be a positive number of steps, got {step_size}.")
         self.step_size = step_size
         self.gamma = gamma
-        super().__init__(optimizer, param_name, begin=begin, end=end, last_step=last_step, by_epoch=by_epoch, by_update=by_update)
+        super().__init__(
+            optimizer, param_name, begin=begin, end=end, last_step=last_step, by_epoch=by_epoch, by_update=by_update
+        )
 
     def _get_value(self) -> list[float]:
         if self.last_step == 0 or self.last_step % self.step_size != 0:
@@ -184,7 +196,9 @@ class MultiStepParamScheduler(ParamScheduler):
         for m in milestones:
             self.milestones[int(m)] = self.milestones.get(int(m), 0) + 1
         self.gamma = gamma
-        super().__init__(optimizer, param_name, begin=begin, end=end, last_step=last_step, by_epoch=by_epoch, by_update=by_update)
+        super().__init__(
+            optimizer, param_name, begin=begin, end=end, last_step=last_step, by_epoch=by_epoch, by_update=by_update
+        )
 
     def _get_value(self) -> list[float]:
         count = self.milestones.get(self.last_step, 0)
@@ -218,7 +232,9 @@ class ExponentialParamScheduler(ParamScheduler):
         by_update: bool = False,
     ) -> None:
         self.gamma = gamma
-        super().__init__(optimizer, param_name, begin=begin, end=end, last_step=last_step, by_epoch=by_epoch, by_update=by_update)
+        super().__init__(
+            optimizer, param_name, begin=begin, end=end, last_step=last_step, by_epoch=by_epoch, by_update=by_update
+        )
 
     def _get_value(self) -> list[float]:
         if self.last_step == 0:
@@ -276,7 +292,9 @@ class CosineAnnealingParamScheduler(ParamScheduler):
         self.T_max = T_max
         self.eta_min = 0.0 if eta_min is None and eta_min_ratio is None else eta_min
         self.eta_min_ratio = eta_min_ratio
-        super().__init__(optimizer, param_name, begin=begin, end=end, last_step=last_step, by_epoch=by_epoch, by_update=by_update)
+        super().__init__(
+            optimizer, param_name, begin=begin, end=end, last_step=last_step, by_epoch=by_epoch, by_update=by_update
+        )
 
     def _eta_min(self, base: float) -> float:
         return base * self.eta_min_ratio if self.eta_min_ratio is not None else float(self.eta_min or 0.0)
@@ -321,13 +339,17 @@ class PolyParamScheduler(ParamScheduler):
     ) -> None:
         if end == INF:
             raise ValueError(
-                f"{type(self).__name__} decays over its window, so it needs end=... (the step at which the value reaches eta_min, plus one). "
-                "In a Trainer (or build_param_schedulers(..., max_epochs=/max_iters=)) a config without end ends with training, as in mmengine."
+                f"{type(self).__name__} decays over its window, so it needs end=... (the step at which the value "
+                "reaches eta_min, plus one). "
+                "In a Trainer (or build_param_schedulers(..., max_epochs=/max_iters=)) a config without end ends with "
+                "training, as in mmengine."
             )
         self.eta_min = eta_min
         self.power = power
         self.total_iters = end - begin - 1
-        super().__init__(optimizer, param_name, begin=begin, end=end, last_step=last_step, by_epoch=by_epoch, by_update=by_update)
+        super().__init__(
+            optimizer, param_name, begin=begin, end=end, last_step=last_step, by_epoch=by_epoch, by_update=by_update
+        )
 
     def _get_value(self) -> list[float]:
         t = self.last_step

@@ -20,7 +20,8 @@ VAL_PREFIX = "val/"
 
 
 def metric_key(metric: str, metrics: Mapping[str, Any]) -> str | None:
-    """The key of ``metric`` in ``metrics``: itself, or ``val/<metric>`` (an mmengine config names the evaluator's key); None if absent."""
+    """The key of ``metric`` in ``metrics``: itself, or ``val/<metric>`` (an mmengine config names the evaluator's
+    key); None if absent."""
     return next((k for k in (metric, VAL_PREFIX + metric) if k in metrics), None)
 
 
@@ -86,11 +87,19 @@ class ReduceOnPlateauParamScheduler(ParamScheduler):
         if not isinstance(monitor, str) or not monitor:
             raise ValueError(f"{name}: monitor must be a metric key such as 'val/loss' or 'val/acc', got {monitor!r}.")
         if rule not in ("less", "greater"):
-            raise ValueError(f"{name}: rule must be 'less' (lower is better, e.g. a loss) or 'greater' (e.g. an accuracy), got {rule!r}.")
+            raise ValueError(
+                f"{name}: rule must be 'less' (lower is better, e.g. a loss) or 'greater' (e.g. an accuracy), got "
+                f"{rule!r}."
+            )
         if threshold_rule not in ("rel", "abs"):
-            raise ValueError(f"{name}: threshold_rule must be 'rel' (a fraction of the best value) or 'abs', got {threshold_rule!r}.")
+            raise ValueError(
+                f"{name}: threshold_rule must be 'rel' (a fraction of the best value) or 'abs', got {threshold_rule!r}."
+            )
         if not 0.0 <= factor < 1.0:
-            raise ValueError(f"{name}: factor must be in [0, 1) (the value is multiplied by it on a plateau), got {factor}; e.g. factor=0.1.")
+            raise ValueError(
+                f"{name}: factor must be in [0, 1) (the value is multiplied by it on a plateau), got {factor}; e.g. "
+                "factor=0.1."
+            )
         for arg, value in (("patience", patience), ("cooldown", cooldown)):
             if not isinstance(value, int) or isinstance(value, bool) or value < 0:
                 raise ValueError(f"{name}: {arg} must be an int >= 0 (a number of validations), got {value!r}.")
@@ -99,7 +108,10 @@ class ReduceOnPlateauParamScheduler(ParamScheduler):
         n_groups = len(getattr(optimizer, "param_groups", []))
         if isinstance(min_value, (list, tuple)):
             if len(min_value) != n_groups:
-                raise ValueError(f"{name}: min_value has {len(min_value)} values but the optimizer has {n_groups} param groups; give one per group or a single float.")
+                raise ValueError(
+                    f"{name}: min_value has {len(min_value)} values but the optimizer has {n_groups} param groups; "
+                    "give one per group or a single float."
+                )
             self.min_values = [float(v) for v in min_value]
         else:
             self.min_values = [float(min_value)] * n_groups  # type: ignore[arg-type]
@@ -133,7 +145,8 @@ class ReduceOnPlateauParamScheduler(ParamScheduler):
             return
         if not isinstance(metrics, Mapping):
             raise TypeError(
-                f"{type(self).__name__}.step(metrics) takes the validation metrics as a dict (e.g. {{'val/loss': 0.3}}), "
+                f"{type(self).__name__}.step(metrics) takes the validation metrics as a dict (e.g. {{'val/loss': "
+                f"0.3}}), "
                 f"got {type(metrics).__name__}; pass the dict the validation returned."
             )
         if not self.begin <= self._global_step < self.end:
@@ -172,7 +185,8 @@ class ReduceOnPlateauParamScheduler(ParamScheduler):
             )
         raise KeyError(
             f"{name}: monitor {self.monitor!r} is not among the validation metrics {sorted(metrics)}."
-            f"{did_you_mean(self.monitor, list(metrics))} Set monitor to one of them (with rule='less' for a loss, 'greater' for an accuracy)."
+            f"{did_you_mean(self.monitor, list(metrics))} Set monitor to one of them (with rule='less' for a loss, "
+            "'greater' for an accuracy)."
         )
 
     def _is_better(self, value: float) -> bool:

@@ -18,14 +18,19 @@ import torch
 #: Where torch's and mmengine's warnings send the reader.
 DOCS_URL = "https://pytorch.org/docs/stable/optim.html#how-to-adjust-learning-rate"
 BEFORE_OPTIMIZER = (
-    "Detected call of `{name}.step()` before `optimizer.step()`: {name}.step() was called before the first optimizer.step(). "
-    "In PyTorch 1.1.0 and later, you should call them in the opposite order: `optimizer.step()` before `{name}.step()`. "
+    "Detected call of `{name}.step()` before `optimizer.step()`: {name}.step() was called before the first "
+    "optimizer.step(). "
+    "In PyTorch 1.1.0 and later, you should call them in the opposite order: `optimizer.step()` before "
+    "`{name}.step()`. "
     "Failure to do this will result in PyTorch skipping the first value of the parameter value schedule (step 0). "
-    "Call optimizer.step() first and scheduler.step() after it (the Trainer does this for you). See more details at " + DOCS_URL
+    "Call optimizer.step() first and scheduler.step() after it (the Trainer does this for you). See more details at "
+    + DOCS_URL
 )
 STEP_REPLACED = (
-    "Seems like `optimizer.step()` has been overridden after {name} initialization: optimizer.step was replaced after {name} was built, "
-    "so the scheduler cannot check that optimizer.step() runs before scheduler.step(). Please, make sure to call `optimizer.step()` "
+    "Seems like `optimizer.step()` has been overridden after {name} initialization: optimizer.step was replaced after "
+    "{name} was built, "
+    "so the scheduler cannot check that optimizer.step() runs before scheduler.step(). Please, make sure to call "
+    "`optimizer.step()` "
     "before `{name}.step()`, and replace optimizer.step before building the scheduler. See more details at " + DOCS_URL
 )
 

@@ -27,7 +27,10 @@ Factory = Callable[[torch.optim.Optimizer], LRScheduler]
 
 #: torch's step-order warnings: the Trainer orders optimizer and scheduler steps itself (an
 #: accumulation window or a skipped float16 step can leave the optimizer unstepped at first).
-_ORDER_WARNINGS = r"(Detected call of `lr_scheduler\.step\(\)` before `optimizer\.step\(\)`|Seems like `optimizer\.step\(\)` has been overridden)"
+_ORDER_WARNINGS = (
+    r"(Detected call of `lr_scheduler\.step\(\)` before `optimizer\.step\(\)`|Seems like `optimizer\.step\(\)` has "
+    r"been overridden)"
+)
 
 
 def _torch_optimizer(optimizer: Any) -> torch.optim.Optimizer:
@@ -35,7 +38,8 @@ def _torch_optimizer(optimizer: Any) -> torch.optim.Optimizer:
     inner = getattr(optimizer, "optimizer", optimizer)
     if not isinstance(inner, torch.optim.Optimizer):
         raise TypeError(
-            f"A torch learning-rate scheduler needs a torch.optim.Optimizer (or an OptimWrapper holding one), got {type(optimizer).__name__}; "
+            "A torch learning-rate scheduler needs a torch.optim.Optimizer (or an OptimWrapper holding one), got "
+            f"{type(optimizer).__name__}; "
             "pass the run's optimizer (the Trainer does)."
         )
     return inner
@@ -70,36 +74,53 @@ class TorchScheduler:
     end = INF
     param_name = "lr"
 
-    def __init__(self, optimizer: OptimizerLike, scheduler: LRScheduler | Factory, by_epoch: bool = False, by_update: bool | None = None) -> None:
+    def __init__(
+        self,
+        optimizer: OptimizerLike,
+        scheduler: LRScheduler | Factory,
+        by_epoch: bool = False,
+        by_update: bool | None = None,
+    ) -> None:
         inner = _torch_optimizer(optimizer)
         if by_epoch and by_update:
-            raise ValueError("TorchScheduler: by_epoch=True and by_update=True name two units; give one (by_epoch=True: once per epoch, by_update=True: once per optimizer update).")
+            raise ValueError(
+                "TorchScheduler: by_epoch=True and by_update=True name two units; give one (by_epoch=True: once per "
+                "epoch, by_update=True: once per optimizer update)."
+            )
         if isinstance(scheduler, LRScheduler):
             built = scheduler
         elif callable(scheduler) and not isinstance(scheduler, type):
             built = scheduler(inner)
             if not isinstance(built, LRScheduler):
                 raise TypeError(
-                    f"The param_scheduler factory {getattr(scheduler, '__name__', scheduler)!r} returned {type(built).__name__}, not a torch LRScheduler; "
-                    "it must build one on the optimizer it is given, e.g. lambda optimizer: torch.optim.lr_scheduler.LambdaLR(optimizer, lr_lambda)."
+                    f"The param_scheduler factory {getattr(scheduler, '__name__', scheduler)!r} returned "
+                    f"{type(built).__name__}, not a torch LRScheduler; "
+                    "it must build one on the optimizer it is given, e.g. lambda optimizer: "
+                    "torch.optim.lr_scheduler.LambdaLR(optimizer, lr_lambda)."
                 )
         else:
             what = f"the class {scheduler.__name__}" if isinstance(scheduler, type) else f"{type(scheduler).__name__}"
             raise TypeError(
-                f"param_scheduler got {what}; give a torch LRScheduler built on the run's optimizer, a function optimizer -> LRScheduler, "
-                "or a config dict, e.g. dict(type=torch.optim.lr_scheduler.LambdaLR, lr_lambda=fn) or dict(type='CosineAnnealingLR', T_max=10)."
+                f"param_scheduler got {what}; give a torch LRScheduler built on the run's optimizer, a function "
+                "optimizer -> LRScheduler, "
+                "or a config dict, e.g. dict(type=torch.optim.lr_scheduler.LambdaLR, lr_lambda=fn) or "
+                "dict(type='CosineAnnealingLR', T_max=10)."
             )
         name = type(built).__name__
         if isinstance(built, ReduceLROnPlateau):
             raise ValueError(
                 f"{name} needs the validation metrics at each step, which a torch scheduler cannot be given here; "
-                "use trainwright's dict(type='ReduceOnPlateauLR', monitor='val/loss', rule='less', patience=...) instead."
+                "use trainwright's dict(type='ReduceOnPlateauLR', monitor='val/loss', rule='less', patience=...) "
+                "instead."
             )
         if built.optimizer is not inner:
             raise ValueError(
-                f"The {name} given as param_scheduler drives another optimizer object ({type(built.optimizer).__name__} at {id(built.optimizer):#x}) "
-                f"than the run's ({type(inner).__name__} at {id(inner):#x}), so it would change no learning rate of this run. "
-                f"Build it on the run's optimizer: pass a factory, param_scheduler=lambda optimizer: {name}(optimizer, ...) "
+                f"The {name} given as param_scheduler drives another optimizer object "
+                f"({type(built.optimizer).__name__} at {id(built.optimizer):#x}) "
+                f"than the run's ({type(inner).__name__} at {id(inner):#x}), so it would change no learning rate of "
+                "this run. "
+                f"Build it on the run's optimizer: pass a factory, param_scheduler=lambda optimizer: {name}(optimizer, "
+                "...) "
                 f"(or dict(type={name}, ...)), or pass the optimizer you built it on as optim_wrapper=that_optimizer."
             )
         self.optimizer = optimizer
@@ -134,7 +155,8 @@ class TorchScheduler:
             self.scheduler.step()
 
     def disable_step_order_check(self) -> None:
-        """Silence torch's step-order warning at the first step: the Trainer orders the calls itself (as for trainwright's schedulers)."""
+        """Silence torch's step-order warning at the first step: the Trainer orders the calls itself (as for
+        trainwright's schedulers)."""
         self._quiet_first_step = True
 
     def get_last_value(self) -> list[float]:
@@ -153,7 +175,10 @@ class TorchScheduler:
         """
         own, saved = type(self.scheduler).__name__, state_dict.get("type")
         if saved != own or "state" not in state_dict:
-            raise ValueError(f"The checkpoint's param scheduler state is a {saved}'s, this run's scheduler is a {own}; resume with the same param_scheduler.")
+            raise ValueError(
+                f"The checkpoint's param scheduler state is a {saved}'s, this run's scheduler is a {own}; resume with "
+                "the same param_scheduler."
+            )
         self.scheduler.load_state_dict(dict(state_dict["state"]))
 
     def __repr__(self) -> str:
