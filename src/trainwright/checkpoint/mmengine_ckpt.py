@@ -1,13 +1,9 @@
 """mmengine's checkpoints read without running code from them, as plain data.
 
-An mmengine checkpoint pickles a few objects besides tensors: its message hub's
-``HistoryBuffer`` s (with numpy arrays), numpy scalars in ``meta``, sometimes a ``ConfigDict``.
-torch's weights-only unpickler refuses them. :func:`read_mmengine_checkpoint` runs that same
-unpickler with an allowlist of exactly these: each mmengine class is rebuilt as an inert
-stand-in (its fields set, none of its code run: mmengine need not be installed) and then turned
-into plain data; numpy arrays become tensors (lists when they hold objects or text), numpy
-scalars Python numbers. Anything else a file asks for (``os.system``, another class) is
-refused as it is by :func:`~trainwright.checkpoint.io.load_file`.
+An mmengine checkpoint pickles a few objects besides tensors: its message hub's ``HistoryBuffer`` s (with numpy
+arrays), numpy scalars in ``meta``, sometimes a ``ConfigDict``. torch's weights-only unpickler refuses them.
+:func:`read_mmengine_checkpoint` runs that same unpickler with an allowlist of exactly these and turns them into plain
+data.
 """
 
 from __future__ import annotations
@@ -71,6 +67,11 @@ def is_foreign_refusal(message: str) -> bool:
 def read_mmengine_checkpoint(path: PathLike, map_location: MapLocation = "cpu") -> dict[str, Any]:
     """Load an mmengine checkpoint as plain data (tensors, numbers, strings, dicts, lists), running no code from the
     file.
+
+    torch's weights-only unpickler runs with an allowlist of mmengine's classes: each is rebuilt as an inert stand-in
+    (its fields set, none of its code run: mmengine need not be installed) and then turned into plain data. Anything
+    else a file asks for (``os.system``, another class) is refused as it is by
+    :func:`~trainwright.checkpoint.io.load_file`.
 
     A ``HistoryBuffer`` becomes ``{"log_history": tensor, "count_history": tensor, "max_length": int}``,
     a ``ConfigDict`` an ``OrderedDict``, a numpy array a tensor (a list when it holds objects or text), a numpy

@@ -4,16 +4,6 @@
 Every loader given as a dict goes through :func:`dataloader_arguments` (from a config, from
 ``Trainer(train_dataloader=dict(...))`` in Python, from ``Runner``), so a sampler dict never
 reaches torch's ``DataLoader`` as it is: there its keys would be taken as dataset indices.
-
-- ``sampler=dict(type='DefaultSampler', shuffle=..., seed=...)`` / ``'InfiniteSampler'`` (or
-  the classes :class:`DefaultSampler` / :class:`InfiniteSampler`, as mmengine's Python-style
-  configs write them) become ``shuffle=...``: trainwright's
-  :class:`~trainwright.data.loader.EpochSampler` then draws mmengine's ``DefaultSampler`` order
-  (``torch.randperm`` under ``seed + epoch``, padded and strided per rank) from the run's seed.
-- A loader written that way collates with ``pseudo_collate`` unless it names a
-  ``collate_fn``, as mmengine's Runner does.
-- ``collate_fn=dict(type=name, **kwargs)``: the function of ``trainwright.registry.FUNCTIONS``
-  with the keyword arguments bound.
 """
 
 from __future__ import annotations
@@ -85,6 +75,16 @@ def collate_function(cfg: Mapping[str, Any], name: str = "dataloader") -> Any:
 
 def dataloader_arguments(cfg: Mapping[str, Any], name: str = "dataloader") -> dict[str, Any]:
     """The ``DataLoader`` keyword arguments of a loader dict, with mmengine's sampler and collate dicts translated.
+
+    - ``sampler=dict(type='DefaultSampler', shuffle=..., seed=...)`` / ``'InfiniteSampler'`` (or
+      the classes :class:`DefaultSampler` / :class:`InfiniteSampler`, as mmengine's Python-style
+      configs write them) become ``shuffle=...``: trainwright's
+      :class:`~trainwright.data.loader.EpochSampler` then draws mmengine's ``DefaultSampler`` order
+      (``torch.randperm`` under ``seed + epoch``, padded and strided per rank) from the run's seed.
+    - A loader written that way collates with ``pseudo_collate`` unless it names a
+      ``collate_fn``, as mmengine's Runner does.
+    - ``collate_fn=dict(type=name, **kwargs)``: the function of ``trainwright.registry.FUNCTIONS``
+      with the keyword arguments bound.
 
     Raises:
         ConfigError: a sampler dict of another type (its keys would reach the dataset as

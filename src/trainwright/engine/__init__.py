@@ -1,18 +1,11 @@
 """detectron2's engine API (``detectron2.engine``) as thin classes over trainwright's pieces.
 
-A detectron2 training script written against ``SimpleTrainer`` / ``AMPTrainer`` / ``HookBase``
-runs after changing its imports::
-
-    from trainwright.engine import SimpleTrainer, HookBase, hooks   # was: from detectron2.engine import ...
-
-    trainer = SimpleTrainer(model, data_loader, optimizer)
-    trainer.register_hooks([hooks.IterationTimer(), hooks.LRScheduler(scheduler=sched), MyHook()])
-    trainer.train(0, max_iter)
-
-The scalars live in trainwright's :class:`~trainwright.logging.MetricStore` (through
-:class:`EventStorage`), metrics are reduced with :mod:`trainwright.dist`, checkpoints are
-written with trainwright's atomic save. This is a separate, small engine for ported code;
-trainwright's own :class:`~trainwright.Trainer` is not involved (docs/parity.md compares them).
+A detectron2 training script written against ``SimpleTrainer`` / ``AMPTrainer`` / ``HookBase`` runs after changing
+its imports (``from trainwright.engine import SimpleTrainer, HookBase, hooks``; docs/parity.md shows a whole script).
+The scalars live in trainwright's :class:`~trainwright.logging.MetricStore` (through :class:`EventStorage`), metrics
+are reduced with :mod:`trainwright.dist`, checkpoints are written with trainwright's atomic save. This is a separate,
+small engine for ported code; trainwright's own :class:`~trainwright.Trainer` is not involved (docs/parity.md
+compares them).
 """
 
 from trainwright.engine import hooks

@@ -1,18 +1,7 @@
 """detectron2's ``HookBase`` and ``TrainerBase``: a loop over iterations with hooks around each step.
 
-What a detectron2 script writes — ``trainer.register_hooks([...])``, ``trainer.train(start_iter,
-max_iter)``, hooks reading ``self.trainer.iter`` and ``self.trainer.storage`` — runs as it does
-there. The loop, in pseudocode::
-
-    hook.before_train()                      # every registered hook, in order
-    for trainer.iter in range(start_iter, max_iter):
-        hook.before_step()
-        trainer.run_step()                   # SimpleTrainer: data, forward, backward,
-                                             #   hook.after_backward(), metrics, optimizer.step()
-        hook.after_step()
-    trainer.iter = max_iter                  # after_train can tell a finished run from a failed one
-    hook.after_train()                       # also when a step raised (in a finally)
-
+What a detectron2 script writes — ``trainer.register_hooks([...])``, ``trainer.train(start_iter, max_iter)``, hooks
+reading ``self.trainer.iter`` and ``self.trainer.storage`` — runs as it does there (the loop: :class:`TrainerBase`).
 The scalars go to an :class:`~trainwright.engine.EventStorage` opened for each ``train()``.
 """
 
@@ -95,6 +84,17 @@ def _state_keys(hooks: Iterable[HookBase]) -> list[str]:
 
 class TrainerBase:
     """An iterative trainer with hooks; a subclass implements :meth:`run_step`.
+
+    The loop, in pseudocode::
+
+        hook.before_train()                      # every registered hook, in order
+        for trainer.iter in range(start_iter, max_iter):
+            hook.before_step()
+            trainer.run_step()                   # SimpleTrainer: data, forward, backward,
+                                                 #   hook.after_backward(), metrics, optimizer.step()
+            hook.after_step()
+        trainer.iter = max_iter                  # after_train can tell a finished run from a failed one
+        hook.after_train()                       # also when a step raised (in a finally)
 
     Attributes:
         iter: The iteration being run (0-based); ``max_iter`` once ``train()`` finished.

@@ -1,17 +1,6 @@
 """detectron2's ``SimpleTrainer`` and ``AMPTrainer``: one loss, one optimizer, one data stream.
 
-Each step, in pseudocode::
-
-    data = next(data_iter)                     # data_time: the wait for it
-    loss_dict = model(data)                    # a dict of loss tensors (or one tensor: "total_loss")
-    losses = sum(loss_dict.values())
-    optimizer.zero_grad(); losses.backward()   # zero_grad before the forward if asked
-    trainer.after_backward()                   # hooks see the gradients
-    write_metrics(loss_dict, data_time)        # every gather_metric_period steps: mean over ranks
-                                               #   (data_time: max), NaN/Inf -> FloatingPointError
-    optimizer.step()
-
-A different step is a subclass overriding ``run_step``, as in detectron2.
+A different step is a subclass overriding ``run_step``, as in detectron2 (the step: :class:`SimpleTrainer`).
 """
 
 from __future__ import annotations
@@ -55,6 +44,17 @@ def _forever(data_loader: Iterable[Any]) -> Iterator[Any]:
 
 class SimpleTrainer(TrainerBase):
     """Train a model that returns its losses, with one optimizer, on one data stream.
+
+    Each step, in pseudocode::
+
+        data = next(data_iter)                     # data_time: the wait for it
+        loss_dict = model(data)                    # a dict of loss tensors (or one tensor: "total_loss")
+        losses = sum(loss_dict.values())
+        optimizer.zero_grad(); losses.backward()   # zero_grad before the forward if asked
+        trainer.after_backward()                   # hooks see the gradients
+        write_metrics(loss_dict, data_time)        # every gather_metric_period steps: mean over ranks
+                                                   #   (data_time: max), NaN/Inf -> FloatingPointError
+        optimizer.step()
 
     Args:
         model: Called as ``model(data)`` with each batch; returns a dict of scalar loss

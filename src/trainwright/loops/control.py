@@ -1,18 +1,8 @@
 """RunControl: the requests that end a train loop's pass over the data, owned by the loop.
 
-Two kinds of request, each explicit:
-
-* :meth:`RunControl.request_stop` ends training (early stopping, a preemption, a time limit).
-  A request made on one rank is settled by the run's
-  :class:`~trainwright.logging.agreement.Agreement` at its next agreement point, so every rank
-  stops after the same iteration; one already taken on every rank together is decided at once
-  (``agreed=True``).
-* :meth:`RunControl.restart_from` has the loop go on from an earlier position that a hook has
-  just restored (the spike guard's rollback), decided on every rank at the same iteration.
-
-The loop reads one field per iteration (``view.should_stop``: the agreement's ``finish``); when
-it leaves a pass it asks :meth:`RunControl.take_restart` whether that was a restart, so it never
-has to guess a restart from a stop.
+Two kinds of request, each explicit and settled on every rank at the same iteration: a stop (early stopping, a
+preemption, a time limit) and a restart from an earlier position that a hook has just restored (the spike guard's
+rollback). The loop asks which one ended its pass, so it never has to guess a restart from a stop.
 """
 
 from __future__ import annotations
@@ -24,6 +14,12 @@ __all__ = ["RunControl"]
 
 class RunControl:
     """Stop and restart requests of one training run, settled at the agreement's points.
+
+    A :meth:`request_stop` made on one rank is settled by the run's :class:`~trainwright.logging.agreement.Agreement`
+    at its next agreement point, so every rank stops after the same iteration; one already taken on every rank
+    together is decided at once (``agreed=True``). :meth:`restart_from` is called on every rank at the same iteration.
+    The loop reads one field per iteration (``view.should_stop``: the agreement's ``finish``); when it leaves a pass it
+    asks :meth:`take_restart` whether that was a restart.
 
     Args:
         agreement: Where the requests are settled (the run's metric store's).

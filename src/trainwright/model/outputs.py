@@ -1,19 +1,10 @@
 """Model outputs that carry their loss as an attribute (Hugging Face's ``ModelOutput``): what trains and what is logged.
 
-trainwright's loss contract is a dict of losses: every key containing ``"loss"`` is summed
-and back-propagated, every other entry is logged. A Hugging Face model returns a
-``ModelOutput`` instead: its ``loss`` is already the total, and its other fields (logits, a
-key/value cache, hidden states, attentions) are results, not numbers to log. A
-``ModelOutput`` is also an ``OrderedDict``, so it must be told apart from a dict of losses on
-purpose. The protocol, checked by duck typing (transformers is never imported here):
-
-* an object that is **not** a mapping and has a ``loss`` attribute (any class or dataclass),
-* or a mapping that is a **dataclass instance** with a ``loss`` field (``ModelOutput`` is both;
-  a plain ``dict`` or a config dict never is)
-
-is a *model output*: it trains from ``output.loss`` alone, and only ``loss`` is logged.
-A tuple is never read as one: ``return_dict=False`` outputs have no names, and guessing that
-the first element is the loss would silently train on the wrong value when it is not.
+trainwright's loss contract is a dict of losses: every key containing ``"loss"`` is summed and back-propagated, every
+other entry is logged. A Hugging Face model returns a ``ModelOutput`` instead: its ``loss`` is already the total, and
+its other fields (logits, a key/value cache, hidden states, attentions) are results, not numbers to log. Such a *model
+output* (:func:`carries_loss`, by duck typing: transformers is never imported here) trains from ``output.loss`` alone,
+and only ``loss`` is logged (:func:`output_losses`).
 """
 
 from __future__ import annotations
@@ -26,10 +17,18 @@ import torch
 
 
 def carries_loss(output: Any) -> bool:
-    """Whether ``output`` is a model output that carries its loss as an attribute (see the module docstring).
+    """Whether ``output`` is a model output that carries its loss as an attribute.
+
+    A ``ModelOutput`` is also an ``OrderedDict``, so it must be told apart from a dict of losses on purpose. A model
+    output is
+
+    * an object that is **not** a mapping and has a ``loss`` attribute (any class or dataclass),
+    * or a mapping that is a **dataclass instance** with a ``loss`` field (``ModelOutput`` is both;
+      a plain ``dict`` or a config dict never is).
 
     Plain dicts, tensors, lists and tuples are never model outputs: they keep the
-    dict-of-losses contract.
+    dict-of-losses contract. A tuple is never read as one: ``return_dict=False`` outputs have no names, and guessing
+    that the first element is the loss would silently train on the wrong value when it is not.
     """
     if type(output) is dict or isinstance(output, (torch.Tensor, list, tuple)):
         return False

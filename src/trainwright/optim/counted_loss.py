@@ -1,25 +1,10 @@
 """Losses that carry their count: a summed loss normalised over its whole accumulation window and all ranks.
 
-A token-level loss (masked language modelling, instruction tuning with the prompt masked by
-``-100``) averaged per micro-batch weights every micro-batch equally, however many tokens it
-holds, so an accumulated update differs from one step on the concatenated batch. A model
-that reports its loss as a **sum with its number of items** lets the optim wrapper divide by
-the items of the whole window instead::
-
-    def forward(self, ids, labels, mode="tensor"):
-        logits = ...
-        if mode == "loss":
-            return dict(
-                loss=F.cross_entropy(logits.flatten(0, 1), labels.flatten(), ignore_index=-100, reduction="sum"),
-                num_items=(labels != -100).sum(),
-            )
-
-The wrapper back-propagates the sums as they are and, on the updating micro-batch, multiplies
-the accumulated gradients by ``1 / (items of the window over every rank)`` before clipping
-and stepping: one tensor operation per update, no look-ahead over the window's batches, no
-host synchronisation (the count is summed over ranks by one tensor collective of the
-strategy, :meth:`~trainwright.optim.engine.UpdateEngine.item_scale`). The result equals one
-step on the concatenated batch of the window (and of every rank), up to float rounding.
+A token-level loss (masked language modelling, instruction tuning with the prompt masked by ``-100``) averaged per
+micro-batch weights every micro-batch equally, however many tokens it holds, so an accumulated update differs from one
+step on the concatenated batch. A model that reports its loss as a **sum with its number of items** (``num_items`` in
+its dict of losses; docs/optim.md shows one) lets the optim wrapper divide by the items of the whole window instead
+(:class:`WindowItems`).
 """
 
 from __future__ import annotations
@@ -86,6 +71,12 @@ class WindowItems:
     counted micro-batch back-propagated, :meth:`add_mean` for every mean one (a window may not
     mix them), :meth:`normalise` on the updating micro-batch, :meth:`reset` when the gradients
     are zeroed.
+
+    The wrapper back-propagates the sums as they are and, on the updating micro-batch, multiplies the accumulated
+    gradients by ``1 / (items of the window over every rank)`` before clipping and stepping: one tensor operation per
+    update, no look-ahead over the window's batches, no host synchronisation (the count is summed over ranks by one
+    tensor collective of the strategy, :meth:`~trainwright.optim.engine.UpdateEngine.item_scale`). The result equals
+    one step on the concatenated batch of the window (and of every rank), up to float rounding.
 
     Attributes:
         total: The items of the window so far on this rank (a tensor on the loss's device), or

@@ -1,14 +1,11 @@
 """Update guards: what an optim wrapper asks, in order, before it back-propagates a micro-batch.
 
-:meth:`OptimWrapper.update_params <trainwright.optim.optim_wrapper.OptimWrapper.update_params>`
-asks each guard of its public :attr:`~trainwright.optim.optim_wrapper.OptimWrapper.update_guards`
-list, first to last, whether to skip the micro-batch of a loss; the first that says yes decides.
-A skipped micro-batch is counted (the accumulation window goes on) but not back-propagated; a
-guard whose :attr:`UpdateGuard.skips_window` is True also leaves its whole window unstepped.
-
-Two guards ship with trainwright: :class:`NonFiniteGuard` (``skip_nonfinite``) and the
-loss-spike guard (:class:`~trainwright.optim.spike_guard.SpikeGuard`). A guard of your own is any
-object with ``check(loss) -> bool`` and ``skips_window``, appended to the list.
+:meth:`OptimWrapper.update_params <trainwright.optim.optim_wrapper.OptimWrapper.update_params>` asks each guard of
+its public :attr:`~trainwright.optim.optim_wrapper.OptimWrapper.update_guards` list, first to last, whether to skip
+the micro-batch of a loss; the first that says yes decides (:class:`UpdateGuard`). Two guards ship with trainwright:
+:class:`NonFiniteGuard` (``skip_nonfinite``) and the loss-spike guard
+(:class:`~trainwright.optim.spike_guard.SpikeGuard`). A guard of your own is any object with ``check(loss) -> bool``
+and ``skips_window``, appended to the list.
 """
 
 from __future__ import annotations
@@ -27,6 +24,9 @@ __all__ = ["NonFiniteGuard", "UpdateGuard"]
 @runtime_checkable
 class UpdateGuard(Protocol):
     """Decides, before a micro-batch is back-propagated, whether its update is skipped.
+
+    A skipped micro-batch is counted (the accumulation window goes on) but not back-propagated; a guard whose
+    :attr:`skips_window` is True also leaves its whole window unstepped.
 
     Attributes:
         skips_window: True: a skipped micro-batch also leaves its accumulation window unstepped

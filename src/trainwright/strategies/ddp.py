@@ -1,16 +1,9 @@
 """DDPStrategy: data-parallel training with torch's DistributedDataParallel.
 
-Launch with torchrun (``torchrun --nproc_per_node=N train.py``; several machines: ``--nnodes``,
-``--node_rank``, ``--rdzv_endpoint``). A model whose training forward runs through its
-forward caller (BaseModel's own ``train_step``) is wrapped in
-:class:`~trainwright.model.wrappers.DistributedDataParallelWrapper` and its training forward
-runs through it, so gradients are all-reduced during the backward; inside an accumulation
-window the optim wrapper enters ``no_sync`` (one all-reduce per update, not per micro-batch).
-A model that steps itself (an overridden ``train_step``, e.g. a GAN's, which calls
-``self(...)`` or its submodules: forwards DDP would never see) is not wrapped: the strategy
-averages each optim wrapper's gradients over the ranks itself, right before that wrapper's
-update (:meth:`DDPStrategy.sync_gradients`). Every rank shares rank 0's seed; rank 0 writes
-checkpoints and logs.
+Launch with torchrun (``torchrun --nproc_per_node=N train.py``; several machines: ``--nnodes``, ``--node_rank``,
+``--rdzv_endpoint``). A model whose training forward runs through its forward caller is wrapped in DDP, so gradients
+are all-reduced during the backward; a model that steps itself is not wrapped, and the strategy averages its gradients
+over the ranks itself (:class:`DDPStrategy`). Every rank shares rank 0's seed; rank 0 writes checkpoints and logs.
 """
 
 from __future__ import annotations
@@ -47,8 +40,14 @@ class DDPStrategy(ProcessGroupStrategy):
             processes) a model holding it is a ``ValueError`` at start
             (:class:`~trainwright.hooks.SyncBuffersHook` averages the running statistics instead).
 
+    A model whose training forward runs through its forward caller (BaseModel's own ``train_step``) is wrapped in
+    :class:`~trainwright.model.wrappers.DistributedDataParallelWrapper` and its training forward runs through it, so
+    gradients are all-reduced during the backward; inside an accumulation window the optim wrapper enters ``no_sync``
+    (one all-reduce per update, not per micro-batch).
+
     A model whose ``routes_train_forward()`` is False (or that has none: any model with its own
-    ``train_step``) is not wrapped in DDP; of the DDP arguments only ``broadcast_buffers``,
+    ``train_step``, e.g. a GAN's, which calls ``self(...)`` or its submodules: forwards DDP would never see) is not
+    wrapped in DDP; of the DDP arguments only ``broadcast_buffers``,
     ``bucket_cap_mb`` and ``find_unused_parameters`` apply to it (``detect_anomalous_params``
     warns that it checks nothing). Its parameters and buffers start as rank 0's, the
     gradients of each optim wrapper's parameters are averaged over the ranks before that

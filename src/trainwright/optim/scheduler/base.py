@@ -1,13 +1,11 @@
 """The parameter-scheduler base class: a chainable, windowed, resumable value schedule.
 
-A scheduler changes one hyper-parameter (``lr``, ``momentum``, ``weight_decay``…) in every
-param group, one *unit* per :meth:`ParamScheduler.step`: an epoch when ``by_epoch=True``, an
-optimizer update when ``by_update=True`` (one accumulation window: nanoGPT's and Hugging
-Face's unit), else an iteration (one micro-batch, mmengine's unit); the param-scheduler hook
-decides when to step. As in mmengine,
-each acts only inside its window ``begin <= global step < end``, and values are computed in
-chainable form from the current value, so overlapping schedulers compose multiplicatively
-(e.g. a linear warmup over iterations on top of a cosine decay over epochs).
+A scheduler changes one hyper-parameter (``lr``, ``momentum``, ``weight_decay``…) in every param group, one *unit*
+per :meth:`ParamScheduler.step`: an epoch when ``by_epoch=True``, an optimizer update when ``by_update=True`` (one
+accumulation window: nanoGPT's and Hugging Face's unit), else an iteration (one micro-batch, mmengine's unit); the
+param-scheduler hook decides when to step. As in mmengine, each acts only inside its window ``begin <= global step <
+end``, and values are computed in chainable form from the current value, so overlapping schedulers compose
+multiplicatively (e.g. a linear warmup over iterations on top of a cosine decay over epochs).
 """
 
 from __future__ import annotations

@@ -1,13 +1,11 @@
 """Build parameter schedulers from configs (``dict(type="CosineAnnealingLR", ...)``).
 
-Objects first, configs second: every entry may be an already-built :class:`ParamScheduler`,
-which is passed through, a torch ``LRScheduler`` built on the run's optimizer or a function
-``optimizer -> LRScheduler`` (both become a :class:`TorchScheduler`). Dict entries are
-resolved through ``PARAM_SCHEDULERS`` (a torch scheduler class as ``type`` is built on the
-run's optimizer); the key ``convert_to_iter_based=True`` turns an epoch-based entry into a
-per-iteration (or, with ``by_update=True``, per-update) schedule via
-:meth:`ParamScheduler.build_iter_from_epoch`. An entry without ``end`` ends with training,
-counted in its unit (epochs, iterations or optimizer updates), as in mmengine.
+Objects first, configs second: every entry may be an already-built :class:`ParamScheduler`, which is passed through,
+a torch ``LRScheduler`` built on the run's optimizer or a function ``optimizer -> LRScheduler`` (both become a
+:class:`TorchScheduler`). Dict entries are resolved through ``PARAM_SCHEDULERS`` (a torch scheduler class as ``type``
+is built on the run's optimizer); the key ``convert_to_iter_based=True`` turns an epoch-based entry into a
+per-iteration (or, with ``by_update=True``, per-update) schedule via :meth:`ParamScheduler.build_iter_from_epoch`. An
+entry without ``end`` ends with training, counted in its unit (epochs, iterations or optimizer updates), as in mmengine.
 """
 
 from __future__ import annotations

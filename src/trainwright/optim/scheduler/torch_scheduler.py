@@ -1,14 +1,9 @@
 """torch's learning-rate schedulers in a Trainer: stepped in a declared unit, checkpointed like trainwright's.
 
-A :class:`TorchScheduler` holds one ``torch.optim.lr_scheduler.LRScheduler`` (``LambdaLR``,
-``OneCycleLR``, Hugging Face's ``get_cosine_schedule_with_warmup``…) built on the run's
-optimizer, or builds it from a factory that takes the optimizer (the Trainer builds the
-optimizer after wrapping the model, so a factory is the way to pass one from a config). It
-gives the scheduler what the param-scheduler hook and the checkpoint need: a unit (an
-optimizer update by default, the unit torch's own loops use: one ``scheduler.step()`` after
-each ``optimizer.step()``; or an iteration, or an epoch), ``state_dict`` /
-``load_state_dict`` (torch's, which leaves out plain functions: a resumed run is given its
-functions again and continues from the saved step).
+A :class:`TorchScheduler` holds one ``torch.optim.lr_scheduler.LRScheduler`` (``LambdaLR``, ``OneCycleLR``, Hugging
+Face's ``get_cosine_schedule_with_warmup``…) built on the run's optimizer, or builds it from a factory that takes the
+optimizer (the Trainer builds the optimizer after wrapping the model, so a factory is the way to pass one from a
+config). It gives the scheduler what the param-scheduler hook and the checkpoint need: a unit and a state dict.
 """
 
 from __future__ import annotations
@@ -53,6 +48,10 @@ class TorchScheduler:
     ``dict(type=torch.optim.lr_scheduler.OneCycleLR, max_lr=0.1, total_steps=100)`` builds
     the class on the run's optimizer. Give the unit with ``by_epoch`` / ``by_update``:
     ``dict(type="TorchScheduler", scheduler=make_scheduler, by_epoch=True)``.
+
+    The default unit is an optimizer update, the unit torch's own loops use (one ``scheduler.step()`` after each
+    ``optimizer.step()``). :meth:`state_dict` / :meth:`load_state_dict` are torch's, which leave out plain functions:
+    a resumed run is given its functions again and continues from the saved step.
 
     Args:
         optimizer: The run's optimizer, or its optim wrapper.
