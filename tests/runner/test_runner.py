@@ -3,6 +3,7 @@ hand-written loop."""
 
 from __future__ import annotations
 
+import warnings
 from pathlib import Path
 from typing import Any
 
@@ -125,6 +126,15 @@ def test_an_mmengine_runner_script_trains_and_validates_as_a_hand_written_loop(t
     expected = 100 * (ref.net(val_set.x).argmax(1) == val_set.y).sum().item() / 10
     metrics = runner.val()
     assert metrics["val/accuracy"] == pytest.approx(expected)
+    # mmengine's save_checkpoint(out_dir, filename): a training checkpoint there, no warning, weights only if asked
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        runner.save_checkpoint(tmp_path / "manual", "epoch_2.pth", save_optimizer=False)
+    saved = torch.load(tmp_path / "manual" / "epoch_2.pth", weights_only=True)
+    assert "optim_wrapper" not in saved and saved["progress"]["iteration"] == 10
+    torch.testing.assert_close(saved["model"]["net.0.weight"], model.net[0].weight.detach(), rtol=0, atol=0)
+    with pytest.raises(ValueError, match="meta=.*not supported"):
+        runner.save_checkpoint(tmp_path / "manual", "x.pth", meta=dict(a=1))
     runner.close()
 
 

@@ -181,6 +181,33 @@ class Runner(Trainer):
         """mmengine's ``runner.experiment_name``: the run folder's name."""
         return self.run_dir.name
 
+    def save_checkpoint(
+        self,
+        out_dir: str | Path,
+        filename: str,
+        file_client_args: Any = None,
+        save_optimizer: bool = True,
+        save_param_scheduler: bool = True,
+        meta: Mapping[str, Any] | None = None,
+        by_epoch: bool = True,
+        backend_args: Any = None,
+    ) -> None:
+        """mmengine's ``runner.save_checkpoint(out_dir, filename, ...)``: a training checkpoint as ``out_dir/filename``.
+
+        Written as every trainwright checkpoint is (atomically, through the strategy), so it resumes exactly.
+        ``meta`` is refused (a trainwright checkpoint records the run's position itself); ``file_client_args`` /
+        ``backend_args`` are accepted and unused (give ``out_dir`` as a URL for object storage); ``by_epoch`` is
+        mmengine's naming hint and changes nothing here.
+        """
+        if meta:
+            raise ValueError(
+                "Runner.save_checkpoint(meta=...) is not supported: a trainwright checkpoint records the epoch, the "
+                "iteration and the seed itself; save extra state with a hook's state_dict() instead"
+            )
+        exclude = ("optim_wrapper",) * (not save_optimizer) + ("param_schedulers",) * (not save_param_scheduler)
+        target = f"{str(out_dir).rstrip('/')}/{filename}" if "://" in str(out_dir) else Path(out_dir) / filename
+        self.checkpoints.save(target, exclude=exclude)
+
     @property
     def train_dataloader(self) -> Any:
         """The train loop's data loader (the resumable loader it iterates), or None."""
