@@ -11,7 +11,6 @@ from __future__ import annotations
 import math
 import sys
 from collections.abc import Sequence
-from functools import partial
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -249,6 +248,8 @@ class CheckpointHook(Hook):
         self._pending: str | None = None
         self._pending_best: list[tuple[str, float, str]] = []
         self._in_train = False
+        self._progress: Any = None  # trainer.progress and .train_loop during train(): what save_may_follow() reads
+        self._loop: TrainLoopView | None = None
 
     @staticmethod
     def _rules(rule: Any, keys: list[str] | None) -> list[str | None]:
@@ -321,7 +322,7 @@ class CheckpointHook(Hook):
                 )
             m.check_keys(self.published_keys)
         self._in_train = True
-        trainer.log_lines.writers.hold = partial(self._save_may_follow, trainer)
+        self._progress, self._loop = trainer.progress, trainer.train_loop  # what save_may_follow() reads
         loop = _train_loop(trainer)
         late = {k: v for k, v in self.checkpoint_settings.items() if getattr(m.settings, k) != v}
         if late:  # a hook registered after the trainer was built: its storage settings never reached the manager
@@ -353,15 +354,16 @@ class CheckpointHook(Hook):
             else range(self.save_begin or self.interval, sys.maxsize, self.interval)
         )
 
-    def _save_may_follow(self, trainer: TrainerView) -> bool:
-        """Whether this hook may still save at the current point (a writer's error then waits for
-        :meth:`_writers_error`).
+    def save_may_follow(self) -> bool:
+        """Whether this hook may still save at the current point of training (the writers' ``SaveAhead`` question: a
+        writer's error then waits for :meth:`_writers_error`).
 
         Between epochs and at the run's end (epoch events, validation, ``after_train``), while a save waits
-        for its validation, and at an iteration with an iteration-interval save due.
+        for its validation, and at an iteration with an iteration-interval save due; never outside ``train()``.
         """
-        p = trainer.progress
-        loop = trainer.train_loop
+        p, loop = self._progress, self._loop
+        if not self._in_train or p is None:
+            return False
         return (
             self._pending is not None
             or p.iter_in_epoch == 0
@@ -487,7 +489,7 @@ class CheckpointHook(Hook):
             )
             self._flush_pending(trainer)
         self._in_train = False
-        trainer.log_lines.writers.hold = None
+        self._progress = self._loop = None
         self._pending = None
         self._pending_best = []
         trainer.strategy.wait_for_checkpoint()

@@ -239,11 +239,11 @@ class AnyAhead:
     """
 
     def __init__(self, answerers: Iterable[object]) -> None:
-        self.answerers = [a for a in answerers if isinstance(a, SaveAhead)]
+        self.answerers = answerers  # read when asked: a hook registered later answers too
 
     def save_may_follow(self) -> bool:
         """Whether any answerer says a checkpoint save may still follow now."""
-        return any(a.save_may_follow() for a in self.answerers)
+        return any(a.save_may_follow() for a in self.answerers if isinstance(a, SaveAhead))
 
 
 @runtime_checkable
