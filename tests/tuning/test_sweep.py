@@ -165,7 +165,8 @@ def _run_until(tmp_path: Path, cmd: list[str], started: Path | None, sig: int | 
             while started is not None and not started.exists() and proc.poll() is None and time.monotonic() < deadline:
                 time.sleep(0.05)
             if started is not None and proc.poll() is None and sig is not None:
-                time.sleep(0.3)
+                # at once: the trial is RUNNING in the study (ask() comes before its folder), and a pause would let a
+                # short trial finish first (then the kill lands between two trials and no trial was interrupted)
                 proc.send_signal(sig)
             proc.wait(timeout=150)
         finally:
@@ -184,7 +185,7 @@ def test_sweep_command_resumes_after_being_killed(tmp_path):
 
     rc, text = _run_until(
         tmp_path, cmd, out / "trial_3", signal.SIGKILL, "run1"
-    )  # killed outright once trial 3 trains (on a fast machine, a later one)
+    )  # killed outright once trial 3 starts (on a fast machine, a later one)
     assert rc == -signal.SIGKILL, text[-3000:]
     first = optuna.load_study(study_name="digits", storage=storage).trials
     k = len(first) - 1  # the trial that was training when the sweep was killed
