@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 import torch.distributed as dist
 
-from trainwright.checkpoint.remote_io import fallback_folder
+from trainwright.checkpoint.remote_io import after_published, keep_locally, kept_path
 from trainwright.checkpoint.storage import fsspec_store, local_path
 from trainwright.optim.optim_wrapper_dict import optim_wrappers_of
 
@@ -117,7 +117,7 @@ class ShardedWrites:
                     target.remove()
             except Exception:  # noqa: BLE001 - a store that is down: the upload below fails and the local copy is kept
                 pass
-        tmp, sharded = _stage_locally(strategy, fallback_folder(target) / target.name, state)
+        tmp, sharded = _stage_locally(strategy, kept_path(target), state)
         future = dcp.async_save(sharded, storage_writer=dcp.FileSystemWriter(str(tmp)), process_group=self.side_group())
         upload = _Upload(future, tmp, target, strategy.rank)
         self.pending = _Pending(future, lambda: _finish_upload(strategy, upload, after), upload)
@@ -215,7 +215,7 @@ def _finish_upload(strategy: FSDPStrategy, upload: _Upload, after: Callable[[], 
     from trainwright.strategies import dcp_io
 
     upload.join()
-    target, store = upload.target, upload.target.store
+    target = upload.target
     error: BaseException | None = upload.write_error or upload.upload_error
     if strategy.run_failed:  # no collective: the other ranks may be gone
         failed, written = True, upload.write_error is None
@@ -250,34 +250,20 @@ def _finish_upload(strategy: FSDPStrategy, upload: _Upload, after: Callable[[], 
                 stacklevel=4,
             )
         return
-    kept = upload.local.with_name(target.name)
-    if strategy.is_main_process:
-        dcp_io.publish(upload.local, kept)
-        warnings.warn(
-            f"Could not upload checkpoint {target.url} "
-            f"({store.explain(error) if error is not None else 'another rank could not upload its files'}); "
-            f"kept it locally as {kept}. Training goes on; `latest` in {target.parent.url} still names the previous "
-            "checkpoint. Copy the folder "
-            f"there once the storage is back, or resume from it with resume={str(kept)!r}.",
-            stacklevel=4,
+    if strategy.is_main_process:  # the local copy is complete: kept in the store's fallback folder
+        keep_locally(
+            upload.local,
+            target,
+            error if error is not None else "another rank could not upload its files",
+            stacklevel=5,
         )
 
 
 def _after_written(strategy: FSDPStrategy, target: RemotePath, after: Callable[[], None] | None) -> None:
     """Rank 0, once the checkpoint at ``target`` is complete: run ``after`` (``latest``, old checkpoints); its
     failure only warns."""
-    import warnings
-
-    if not strategy.is_main_process or after is None:
-        return
-    try:
-        after()
-    except Exception as e:  # noqa: BLE001 - the checkpoint is complete; only the pointer is stale
-        warnings.warn(
-            f"Checkpoint {target.url} was written, but updating `latest` / deleting old checkpoints failed "
-            f"({target.store.explain(e)})",
-            stacklevel=5,
-        )
+    if strategy.is_main_process:
+        after_published(target, after, stacklevel=6)
 
 
 def _stage_locally(strategy: FSDPStrategy, target: Path, state: Mapping[str, Any]) -> tuple[Path, dict[str, Any]]:
@@ -347,17 +333,10 @@ def save_remote(
                 )
                 time.sleep(store.backoff_s * 2**attempt)
     # the store keeps failing: the checkpoint goes to the local fallback folder, written as a local sharded checkpoint
-    local = fallback_folder(target) / target.name
+    local = kept_path(target)
     strategy.save_checkpoint(local, state)
     if strategy.is_main_process:
-        warnings.warn(
-            f"Could not write checkpoint {target.url} "
-            f"({store.explain(error) if error is not None else 'unknown error'}); kept it locally as {local}. "
-            f"Training goes on; `latest` in {target.parent.url} still names the previous checkpoint. Copy the folder "
-            "there once the storage "
-            f"is back, or resume from it with resume={str(local)!r}.",
-            stacklevel=4,
-        )
+        keep_locally(local, target, error if error is not None else "unknown error", stacklevel=5)
 
 
 def load(strategy: FSDPStrategy, p: Location) -> dict[str, Any]:
