@@ -29,6 +29,7 @@ from torch.utils.data import (
 )
 
 from trainwright.data.loader_args import dataloader_arguments
+from trainwright.data.stream_state import has_state, rebuild_stream_loader, stateful_loader_class
 from trainwright.registry import DATASETS, ConfigError, check_keys
 
 
@@ -182,6 +183,12 @@ class ResumableLoader:
     The batches come straight from the ``DataLoader`` iterator (no Python frame per batch):
     the position is read from the iterator's count of yielded batches when someone asks, and
     the epoch is closed by a stage chained after the last batch.
+
+    A stream (an ``IterableDataset``) whose loader has state (torchdata's ``StatefulDataLoader``, which
+    :func:`make_resumable` builds) continues from :meth:`stream_state` given back by :meth:`load_stream_state`
+    (the ``data_state`` checkpoint piece, :class:`~trainwright.data.stream_state.StreamState`); a stream
+    without state is read again up to its position. A stream without ``__len__`` is endless: ``len()``
+    raises ``TypeError`` and :attr:`length` is None.
     """
 
     def __init__(self, loader: DataLoader, seed: int = 0, rank: int = 0) -> None:
@@ -194,6 +201,18 @@ class ResumableLoader:
         self._live_start = 0  # the position it started from
         self._batch_sampler = loader.batch_sampler if isinstance(loader.batch_sampler, SkippableBatchSampler) else None
         self._generator = loader.generator
+        self._iterable = isinstance(loader.dataset, IterableDataset)
+        #: Whether the stream's position is restored from its own state (else it is read again up to it).
+        self.stateful = self._iterable and has_state(loader)
+        self._pending: Any = None  # a restored stream state, applied by the next iter()
+
+    @property
+    def length(self) -> int | None:
+        """Batches per pass over the data; None for a stream without ``__len__`` (endless, or of unknown length)."""
+        try:
+            return len(self.loader)
+        except TypeError:
+            return None
 
     @property
     def position(self) -> int:
@@ -234,7 +253,7 @@ class ResumableLoader:
             "dataset_len": len(dataset) if isinstance(dataset, Sized) else None,
             "drop_last": bool(getattr(batch_sampler, "drop_last", self.loader.drop_last)),
             "num_replicas": int(getattr(sampler, "num_replicas", 1)),
-            "batches": len(self),
+            "batches": self.length,
         }
 
     def set_seed(self, seed: int) -> None:
@@ -257,8 +276,11 @@ class ResumableLoader:
             if s is not None and hasattr(s, "set_epoch"):
                 s.set_epoch(self.epoch)
                 break
-        if self._generator is not None:
+        if self._generator is not None:  # the loader iterator's base seed (its workers'): never the global RNG
             self._generator.manual_seed(self.seed * 1_000_003 + self.epoch)
+        set_epoch = getattr(self.loader.dataset, "set_epoch", None)
+        if self._iterable and callable(set_epoch):  # a stream that orders each pass by its epoch (Hugging Face's)
+            set_epoch(self.epoch)
         if self._batch_sampler is not None and isinstance(self.loader.dataset, WorkerSeededDataset):
             # worker seeds differ per rank (each rank loads other samples; augmentations must not repeat)
             self._batch_sampler.seed = self.seed if self.rank == 0 else batch_seed(self.seed, -1, self.rank)
@@ -268,7 +290,9 @@ class ResumableLoader:
         self.position = self.position  # an earlier pass left unfinished: keep where it stopped
         self._sync_epoch()
         start = self._position
-        if start >= len(self):
+        pending, self._pending = self._pending, None
+        length = self.length
+        if length is not None and start >= length:
             # Saved after the epoch's last batch but before the epoch was closed: the
             # epoch is complete, so this pass is empty and the next one starts a new epoch.
             self.position = 0
@@ -284,16 +308,34 @@ class ResumableLoader:
                 self._live, self._live_start = it, start
                 return itertools.chain(it, self._close_epoch(it))
             return self._counting(it)
+        if start and pending is not None:
+            self._warn_unless_dataset_has_state(start)
+            self.loader.load_state_dict(pending)  # type: ignore[attr-defined]  # a stateful loader (has_state)
+            return self._counting(iter(self.loader))
         it = iter(self.loader)
         if start:
             warnings.warn(
-                f"Resuming an iterable data loader by consuming {start} batches; make the dataset stateful to avoid "
-                "the replay",
+                f"Resuming an iterable data loader by consuming {start} batches (a stream without a saved state is "
+                "read again up to its position); to restore it instead, give the dataset state_dict() / "
+                "load_state_dict() (Hugging Face streaming datasets have them) and build the loader with "
+                "train_dataloader=dict(..., stateful=True) (the default for a dict) or pass a torchdata "
+                "StatefulDataLoader",
                 stacklevel=2,
             )
             for _ in itertools.islice(it, start):
                 pass
         return self._counting(it)
+
+    def _warn_unless_dataset_has_state(self, start: int) -> None:
+        """A stateful loader over a dataset without state fast-forwards its workers: say so, and what avoids it."""
+        if not has_state(self.loader.dataset):
+            warnings.warn(
+                f"Resuming the stream by reading again the samples of {start} batches: its dataset "
+                f"{type(self.loader.dataset).__name__} has no state_dict() / load_state_dict(), so the loader's saved "
+                "state holds only counts. Give the dataset state_dict() / load_state_dict() (its position) to restore "
+                "it instead",
+                stacklevel=3,
+            )
 
     def _close_epoch(self, it: Any) -> Iterator[Any]:
         """Chained after the epoch's batches: runs once they are exhausted, yields nothing."""
@@ -316,6 +358,20 @@ class ResumableLoader:
     def state_dict(self) -> dict[str, Any]:
         """Epoch, position inside it, and seed."""
         return {"epoch": self.epoch, "position": self.position, "seed": self.seed}
+
+    def stream_state(self) -> dict[str, Any] | None:
+        """The stream's own position (its ``StatefulDataLoader``'s state: every worker's), or None where none is
+        needed: not a stateful stream, or at the start of a pass."""
+        if not self.stateful or self.position == 0:
+            return None
+        if self._pending is not None:  # restored, not iterated yet
+            return self._pending  # type: ignore[no-any-return]
+        return self.loader.state_dict()  # type: ignore[attr-defined,no-any-return]
+
+    def load_stream_state(self, state: Mapping[str, Any] | None) -> None:
+        """Continue the stream from ``state`` (:meth:`stream_state`'s) at the next ``iter()``, at the position
+        :meth:`load_state_dict` set; None: read it again up to that position."""
+        self._pending = dict(state) if state is not None and self.stateful else None
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
         """Restart at ``state``'s epoch and position (warns when its ``seed`` differs from this loader's)."""
@@ -347,6 +403,7 @@ _LOADER_KEYS = {
     "persistent_workers",
     "pin_memory_device",
     "in_order",
+    "stateful",
 }
 
 
@@ -355,9 +412,14 @@ def make_dataloader(cfg: DataLoader | Mapping[str, Any], name: str = "dataloader
 
     mmengine's ``sampler=dict(type='DefaultSampler', shuffle=...)`` and ``collate_fn=dict(type=...)``
     are translated (:mod:`trainwright.data.loader_args`); any other sampler dict is refused by name.
+    ``stateful=True`` builds torchdata's ``StatefulDataLoader`` over an ``IterableDataset``.
     """
     if isinstance(cfg, Mapping):
         check_keys(name, cfg, _LOADER_KEYS, hint=f"Use DataLoader arguments: {sorted(_LOADER_KEYS)}")
+        stateful = cfg.get("stateful")
+        if stateful is not None and not isinstance(stateful, bool):
+            raise ConfigError(f"{name} stateful must be True or False, got {stateful!r}")
+        cfg = {k: v for k, v in cfg.items() if k != "stateful"}
         if "dataset" not in cfg:
             raise KeyError(
                 f"{name} dict needs a 'dataset' (a Dataset or dict(type=...)), e.g. dict(dataset=ds, batch_size=32, "
@@ -367,7 +429,8 @@ def make_dataloader(cfg: DataLoader | Mapping[str, Any], name: str = "dataloader
             cfg, name
         )  # mmengine's sampler / collate_fn dicts: never handed to torch as they are
         args["dataset"] = DATASETS.build(args["dataset"])
-        cfg = DataLoader(**args)
+        stream = stateful and isinstance(args["dataset"], IterableDataset)
+        cfg = stateful_loader_class()(**args) if stream else DataLoader(**args)
     if not isinstance(cfg, DataLoader):
         raise TypeError(
             f"{name} must be a torch DataLoader or a dict of DataLoader arguments, got {type(cfg).__name__}"
@@ -391,10 +454,18 @@ def build_dataloader(
     rank: int = 0,
 ) -> ResumableLoader:
     """Turn a ``DataLoader`` or a dict of ``DataLoader`` arguments into a :class:`ResumableLoader` (of this rank's
-    shard)."""
+    shard).
+
+    A stream is loaded by torchdata's ``StatefulDataLoader``, whose state the checkpoint keeps: when the dict says
+    ``stateful=True`` or leaves it out, when one is passed in, or when a ``DataLoader`` passed in reads a dataset with
+    ``state_dict()`` / ``load_state_dict()``. ``stateful=False`` keeps a plain ``DataLoader`` (a resume reads the
+    stream again up to its position).
+    """
     if isinstance(cfg, ResumableLoader):
         return cfg
-    return ResumableLoader(make_resumable(make_dataloader(cfg, name), seed, num_replicas, rank), seed, rank)
+    stateful = bool(cfg.get("stateful", True)) if isinstance(cfg, Mapping) else None
+    loader = make_resumable(make_dataloader(cfg, name), seed, num_replicas, rank, name, stateful=stateful)
+    return ResumableLoader(loader, seed, rank)
 
 
 def _custom(batch_sampler: Any, num_replicas: int, name: str) -> Any:
@@ -411,7 +482,12 @@ def _custom(batch_sampler: Any, num_replicas: int, name: str) -> Any:
 
 
 def make_resumable(
-    loader: DataLoader, seed: int = 0, num_replicas: int = 1, rank: int = 0, name: str = "train_dataloader"
+    loader: DataLoader,
+    seed: int = 0,
+    num_replicas: int = 1,
+    rank: int = 0,
+    name: str = "train_dataloader",
+    stateful: bool | None = None,
 ) -> DataLoader:
     """Rebuild ``loader`` with a seed-determined, skippable sampler (of ``rank``'s shard); same data, batching and
     workers.
@@ -423,8 +499,18 @@ def make_resumable(
     trainer also shards evaluation loaders with it: each rank evaluates its padded shard
     (``DistributedSampler`` semantics) and the metrics drop the padding when they gather
     (see :mod:`trainwright.evaluation.collect`). ``name`` is the loader's name in warnings.
+
+    A loader over an ``IterableDataset`` is built again with a generator of its own (the workers' base seed, set per
+    epoch by :class:`ResumableLoader`): a ``StatefulDataLoader`` when ``stateful``, and when ``stateful`` is None
+    (not said) if it is one already or its dataset has ``state_dict()`` / ``load_state_dict()``.
     """
-    if isinstance(loader.dataset, IterableDataset) or loader.batch_sampler is None:
+    if isinstance(loader.dataset, IterableDataset):
+        if stateful is None:
+            stateful = has_state(loader) or has_state(loader.dataset)
+        generator = torch.Generator()
+        generator.manual_seed(seed)
+        return rebuild_stream_loader(loader, generator, stateful)
+    if loader.batch_sampler is None:
         return loader
     bs = loader.batch_sampler
     if type(bs) is BatchSampler and isinstance(bs.sampler, (RandomSampler, SequentialSampler)):

@@ -2,8 +2,8 @@
 
 ``meta`` (version, time, seed, progress, world size, settings; on load: seed adoption),
 ``model`` and ``optim_wrapper`` (through the strategy, which may shard them),
-``param_schedulers``, ``train_dataloader`` (the data order; positioned from ``progress``)
-and ``hooks`` (by ``state_key``). Their checks refuse a checkpoint that does not fit before
+``param_schedulers``, ``train_dataloader`` (the data order; positioned from ``progress``),
+``data_state`` (a stream's own position: :class:`~trainwright.data.stream_state.StreamState`) and ``hooks`` (by ``state_key``). Their checks refuse a checkpoint that does not fit before
 anything loads. The :class:`~trainwright.checkpoint.manager.CheckpointManager` saves and
 restores the mapping the Trainer builds of them (see docs/checkpoints.md).
 """
@@ -30,9 +30,19 @@ if TYPE_CHECKING:
     from trainwright.utils.progress import Progress
 
 #: The trainer's own piece names, in load order (``rng`` follows, appended by the manager).
-PIECES = ("meta", "model", "optim_wrapper", "param_schedulers", "progress", "train_dataloader", "metric_store", "hooks")
+PIECES = (
+    "meta",
+    "model",
+    "optim_wrapper",
+    "param_schedulers",
+    "progress",
+    "train_dataloader",
+    "data_state",
+    "metric_store",
+    "hooks",
+)
 #: Pieces a checkpoint may lack without a warning (``save_optimizer`` / ``save_param_scheduler=False``).
-OPTIONAL_PIECES = ("meta", "optim_wrapper", "param_schedulers", "message_hub")
+OPTIONAL_PIECES = ("meta", "optim_wrapper", "param_schedulers", "message_hub", "data_state")
 
 
 def _scheduler_states(schedulers: Any) -> Any:

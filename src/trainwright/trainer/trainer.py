@@ -33,6 +33,7 @@ from trainwright.optim.builder import run_precision
 from trainwright.optim.optim_wrapper_dict import optim_wrappers_of
 from trainwright.optim.spike_guard import SpikeGuard
 from trainwright.registry import MODELS, check_keys
+from trainwright.data.stream_state import StreamState
 from trainwright.strategies import build_strategy
 from trainwright.trainer import tuning_entry
 from trainwright.trainer.build import EVAL_CFG_KEYS, TRAIN_CFG_KEYS, build_eval_loop, build_train
@@ -316,6 +317,7 @@ class Trainer:
                 "param_schedulers": None,  # None: set by _build_train
                 "progress": self.progress,
                 "train_dataloader": None,
+                "data_state": None,  # the stream's own position (a stateful loader's): set by _build_train
                 "metric_store": self.metric_store,
                 "message_hub": self.message_hub,
                 "hooks": HookStates(self.hooks),
@@ -414,6 +416,7 @@ class Trainer:
         self.checkpoints.pieces.update(
             optim_wrapper=OptimState(self.strategy, self.optim_wrapper) if self.optim_wrapper is not None else None,
             param_schedulers=SchedulerState(self.param_schedulers) if self.param_schedulers else None,
+            data_state=StreamState(self.train_loop.dataloader),
             train_dataloader=DataOrderState(self.train_loop.dataloader, self.progress, self.logger),
         )
 
@@ -595,7 +598,7 @@ class Trainer:
         self._train_loader_cfg = loader_cfg
         self.train_loop = self.optim_wrapper = self.param_schedulers = None
         self._seed.follow(None)
-        self.checkpoints.pieces.update(optim_wrapper=None, param_schedulers=None, train_dataloader=None)
+        self.checkpoints.pieces.update(optim_wrapper=None, param_schedulers=None, train_dataloader=None, data_state=None)
 
     def _loop_context(self) -> LoopContext:
         """What the loops use in one run (the model as prepared); the eval loops hold it from the start, so a hook

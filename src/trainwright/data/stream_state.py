@@ -1,0 +1,91 @@
+"""A stream's own position: saved with the checkpoint and restored, so a resumed stream is not read again.
+
+A loader over an ``IterableDataset`` is rebuilt as torchdata's ``StatefulDataLoader`` (imported when used), which
+keeps the position of every loader worker (each worker's dataset ``state_dict()``); :class:`StreamState` is the
+checkpoint piece (``data_state``) that saves it and hands it back on resume.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import TYPE_CHECKING, Any
+
+import torch
+from torch.utils.data import DataLoader
+
+if TYPE_CHECKING:
+    from trainwright.data.loader import ResumableLoader
+
+
+def has_state(obj: Any) -> bool:
+    """Whether ``obj`` saves and restores its position: callable ``state_dict()`` and ``load_state_dict(state)``."""
+    return callable(getattr(obj, "state_dict", None)) and callable(getattr(obj, "load_state_dict", None))
+
+
+def stateful_loader_class() -> type[DataLoader]:
+    """torchdata's ``StatefulDataLoader`` (a ``DataLoader`` whose ``state_dict()`` holds each worker's position)."""
+    try:
+        from torchdata.stateful_dataloader import StatefulDataLoader
+    except ImportError as e:  # pragma: no cover - torchdata is a dependency
+        raise ImportError(
+            "A stateful train_dataloader needs torchdata's StatefulDataLoader: pip install torchdata (pinned in "
+            "constraints.txt), or pass train_dataloader=dict(..., stateful=False) to resume the stream by reading it "
+            "again"
+        ) from e
+    return StatefulDataLoader
+
+
+def rebuild_stream_loader(loader: DataLoader, generator: torch.Generator, stateful: bool) -> DataLoader:
+    """``loader`` (over an ``IterableDataset``) built again with ``generator``: a ``StatefulDataLoader`` if
+    ``stateful``, else a ``DataLoader``; same dataset, batching, collate function and worker settings.
+
+    The generator gives the loader iterator its base seed (the workers' seeds): the global RNG is never drawn from.
+    """
+    kwargs: dict[str, Any] = dict(
+        batch_size=loader.batch_size,
+        drop_last=loader.drop_last,
+        collate_fn=loader.collate_fn,
+        num_workers=loader.num_workers,
+        pin_memory=loader.pin_memory,
+        timeout=loader.timeout,
+        worker_init_fn=loader.worker_init_fn,
+        multiprocessing_context=loader.multiprocessing_context,
+        generator=generator,
+        persistent_workers=loader.persistent_workers,
+        pin_memory_device=getattr(loader, "pin_memory_device", ""),
+    )
+    if loader.num_workers > 0:
+        kwargs["prefetch_factor"] = loader.prefetch_factor
+    if hasattr(loader, "in_order"):
+        kwargs["in_order"] = loader.in_order
+    if not stateful:
+        return DataLoader(loader.dataset, **kwargs)
+    cls = stateful_loader_class()
+    return cls(loader.dataset, snapshot_every_n_steps=getattr(loader, "snapshot_every_n_steps", 1), **kwargs)  # type: ignore[call-arg]
+
+
+class StreamState:
+    """Checkpoint piece ``data_state``: the train stream's own position, restored instead of read again.
+
+    ``state_dict()`` is ``{"stream": ...}``: the state of the train loader's ``StatefulDataLoader`` (every worker's
+    dataset state; tensors and plain containers, so the checkpoint loads with ``weights_only=True``), or None where
+    nothing needs it (a map-style dataset, whose position is its sampler's, from ``progress``; a stream at the start of
+    a pass; a stream without state, read again on resume). ``load_state_dict`` hands it to the loader, whose next
+    ``iter()`` continues from it. This is the process's own stream.
+    """
+
+    def __init__(self, loader: ResumableLoader) -> None:
+        self.loader = loader
+
+    def state_dict(self) -> dict[str, Any]:  # noqa: D102
+        return {"stream": self.loader.stream_state()}
+
+    def check_state_dict(self, state: Mapping[str, Any]) -> None:  # noqa: D102
+        if not isinstance(state, Mapping) or "stream" not in state:
+            raise ValueError(
+                f"the data_state entry is {type(state).__name__}, not a dict with a 'stream' entry; resume from a "
+                "checkpoint written by trainwright"
+            )
+
+    def load_state_dict(self, state: Mapping[str, Any]) -> None:  # noqa: D102
+        self.loader.load_stream_state(state.get("stream"))
