@@ -25,6 +25,7 @@ from trainwright.strategies.parts import StrategyParts
 if TYPE_CHECKING:
     from trainwright.checkpoint.async_writer import AsyncCheckpointWriter
     from trainwright.checkpoint.storage import Location, RemotePath
+    from trainwright.dist.side_channel import SideChannel
 
 
 class Strategy(UpdateEngine, StrategyParts):
@@ -68,6 +69,9 @@ class Strategy(UpdateEngine, StrategyParts):
     #: processes may be anywhere (in a collective of their own), so teardown and checkpoint saves make no collective
     #: then.
     run_failed = False
+    #: The collective a rank of this strategy waits in inside ``backward`` while another rank is behind (DDP's gradient
+    #: all-reduce), named in a stall report; None: its backward waits for no other rank.
+    backward_collective: str | None = None
 
     def __init__(self, device: str | torch.device | None = None) -> None:
         from trainwright.dist.utils import get_local_rank
@@ -214,6 +218,19 @@ class Strategy(UpdateEngine, StrategyParts):
         if self.model is None:
             raise RuntimeError("Strategy.prepare(model) has not run yet")
         return self.unwrapped
+
+    def side_channel(self, topic: str) -> SideChannel | None:
+        """A new client of a store every rank reaches without a collective (for one thread), or None: one process.
+
+        A stall report's heartbeats go through it (``hooks/stall.py``); see
+        :class:`~trainwright.dist.side_channel.SideChannel`.
+        """
+        return None
+
+    def dump_collective_trace(self, folder: Path) -> Path | None:
+        """Write the backend's record of recent collectives (NCCL's flight recorder) into ``folder``; the file, or None
+        when the backend keeps none."""
+        return None
 
     def teardown(self) -> None:
         """Release what this run acquired (a distributed wrapper, a pending write); called by ``Trainer.close()``.

@@ -59,6 +59,7 @@ class DDPStrategy(ProcessGroupStrategy):
 
     name = "ddp"
     forward_is_local = True  # every rank holds the whole model: its module can be called on one rank
+    backward_collective = "DDP's gradient all-reduce (inside backward)"
 
     def __init__(
         self,

@@ -118,6 +118,7 @@ class FSDPStrategy(ProcessGroupStrategy):
     """
 
     name = "fsdp"
+    backward_collective = "FSDP's gradient reduce-scatter (inside backward)"
     checkpoint_suffix = ".dcp"
     resumable_suffixes = (".dcp",)
 

@@ -16,6 +16,7 @@ import sys
 import warnings
 import weakref
 from collections.abc import Mapping
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -23,6 +24,7 @@ import torch.distributed as dist
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 
+from trainwright.dist.side_channel import SideChannel, open_side_channel
 from trainwright.dist.utils import export_launcher_env
 from trainwright.optim.counted_loss import item_factor
 from trainwright.strategies.base import Strategy
@@ -36,6 +38,11 @@ _launcher_group: weakref.ref[Any] | None = None
 #: The DDP wrappers made by the strategies of this process (a reducer that outlives its group aborts the process at
 #: exit).
 live_model_wrappers: weakref.WeakSet[nn.Module] = weakref.WeakSet()
+
+
+#: The entries of NCCL's flight recorder switched on at process-group init (``TORCH_NCCL_TRACE_BUFFER_SIZE``, unless
+#: set).
+NCCL_TRACE_ENTRIES = 2000
 
 
 def _join_launcher_group(backend: str, timeout_s: float, dist_cfg: Mapping[str, Any] | None) -> None:
@@ -55,6 +62,8 @@ def _join_launcher_group(backend: str, timeout_s: float, dist_cfg: Mapping[str, 
             file=sys.stderr,
             flush=True,
         )
+    if backend == "nccl":  # NCCL's flight recorder: the last collectives, dumped beside the log on a stall
+        os.environ.setdefault("TORCH_NCCL_TRACE_BUFFER_SIZE", str(NCCL_TRACE_ENTRIES))
     dist.init_process_group(backend=backend, timeout=datetime.timedelta(seconds=timeout_s), **dict(dist_cfg or {}))
     if (
         _launcher_group is None
@@ -259,6 +268,26 @@ class ProcessGroupStrategy(Strategy):
             except Exception:  # noqa: BLE001 - unreachable: no note, the error itself is still raised
                 return None
         return self._store
+
+    def side_channel(self, topic: str) -> SideChannel | None:
+        """A new client of the launcher's store (``MASTER_ADDR:MASTER_PORT``; 2 s bound), or None when there is none."""
+        return open_side_channel(topic) if self.world_size > 1 else None
+
+    def dump_collective_trace(self, folder: Path) -> Path | None:
+        """NCCL only: the flight recorder's dump (``TORCH_NCCL_TRACE_BUFFER_SIZE``, switched on at process-group init)
+        as ``folder/nccl_trace_rank<N>.pkl`` (read it with torch's ``torchfrtrace``); None on another backend or when
+        torch has no dump to give."""
+        if self.backend != "nccl":
+            return None
+        try:  # torch's documented way to the flight recorder (exists in CUDA builds)
+            from torch._C._distributed_c10d import _dump_nccl_trace  # type: ignore[attr-defined]
+
+            data = _dump_nccl_trace()
+        except Exception:  # noqa: BLE001 - no recorder in this build / process group: nothing to write
+            return None
+        path = Path(folder) / f"nccl_trace_rank{self.rank}.pkl"
+        path.write_bytes(data)
+        return path
 
     # -- collectives ----------------------------------------------------------------------
     def reduce(self, tensor: torch.Tensor, op: str = "mean") -> torch.Tensor:
