@@ -8,6 +8,8 @@ from trainwright.data.loader import (
     make_dataloader,
     make_resumable,
 )
+from trainwright.data.mixture import Mixture
+from trainwright.data.split import EvenEnd, StreamShard, split_stream
 from trainwright.data.wrappers import ClassBalancedDataset, ConcatDataset, RepeatDataset
 
 __all__ = [
@@ -15,6 +17,10 @@ __all__ = [
     "ConcatDataset",
     "RepeatDataset",
     "EpochSampler",
+    "EvenEnd",
+    "Mixture",
+    "StreamShard",
+    "split_stream",
     "ResumableLoader",
     "SkippableBatchSampler",
     "build_dataloader",

@@ -1,0 +1,59 @@
+"""Streams for the data tests: numbered samples as local JSON-lines shards read by Hugging Face ``datasets``
+(streaming), and a plain iterable of numbered samples."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch.utils.data import IterableDataset
+
+
+def write_shards(folder: Path, shards: int, per_shard: int, first: int = 0) -> list[str]:
+    """``shards`` JSON-lines files of ``{"id": n}`` records, ids ``first, first + 1, ...`` shard after shard."""
+    folder.mkdir(parents=True, exist_ok=True)
+    files = []
+    for s in range(shards):
+        f = folder / f"shard{s:02d}.jsonl"
+        ids = range(first + s * per_shard, first + (s + 1) * per_shard)
+        f.write_text("".join(json.dumps({"id": i}) + "\n" for i in ids))
+        files.append(str(f))
+    return files
+
+
+def hf_stream(files: list[str]) -> Any:
+    """The shards as a Hugging Face streaming ``IterableDataset`` (one shard per file)."""
+    import datasets
+
+    return datasets.load_dataset("json", data_files=files, split="train", streaming=True)
+
+
+def sample_id(sample: Any) -> int:
+    """The id of a sample: a record ``{"id": n}``, an int, or a ``(x, y)`` pair whose ``x[0]`` is the id."""
+    if isinstance(sample, dict):
+        return int(sample["id"])
+    if isinstance(sample, (tuple, list)):
+        return int(sample[0][0])
+    return int(sample)
+
+
+def ids_of(samples: list[Any]) -> list[int]:
+    """A collate function: the batch as its samples' ids."""
+    return [sample_id(s) for s in samples]
+
+
+class Numbered(IterableDataset):
+    """``n`` samples ``(x, y)`` whose ``x[0]`` is the id (``first + i``); ``__len__`` is ``length`` (default ``n``)."""
+
+    def __init__(self, n: int, first: int = 0, length: int | None = None) -> None:
+        self.n, self.first, self.length = n, first, n if length is None else length
+
+    def __iter__(self) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
+        for i in range(self.first, self.first + self.n):
+            yield torch.tensor([float(i), 1.0, 0.0, -1.0]), torch.tensor([0.5])
+
+    def __len__(self) -> int:
+        return self.length
