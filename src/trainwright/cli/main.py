@@ -127,6 +127,9 @@ def build_parser() -> argparse.ArgumentParser:
     from trainwright.cli.ckpt import add_ckpt_parser
 
     add_ckpt_parser(sub)
+    from trainwright.cli.verify_resume import add_verify_resume_parser
+
+    add_verify_resume_parser(sub)
 
     env = sub.add_parser("env", help="show the environment (python, torch, CUDA, devices, backends, extras)")
     env.add_argument("--debug", action="store_true", help="show full tracebacks")
@@ -156,6 +159,10 @@ def main(argv: Sequence[str] | None = None) -> int:
             from trainwright.cli.ckpt import ckpt_command
 
             return ckpt_command(args)
+        if args.command == "verify-resume":
+            from trainwright.cli.verify_resume import verify_resume_command
+
+            return verify_resume_command(args)
         if args.command == "tune-lr":
             from trainwright.cli.tune import tune_lr_command
 
