@@ -579,6 +579,24 @@ class Trainer:
         """
         return tuning_entry.find_batch_size(self._tuning(), mode, init, max_trials, steps_per_trial, apply)
 
+    def verify_resume(
+        self,
+        steps: int | None = None,
+        at: Sequence[int] | None = None,
+        nproc: int = 1,
+        work_dir: str | Path | None = None,
+        config: str | Path | None = None,
+    ) -> ResumeReport:
+        """Train this trainer's config uninterrupted and restarted in fresh processes at ``at``; compare bitwise.
+
+        ``config`` defaults to the one ``Trainer.from_config`` wrote into the run folder. See
+        :func:`trainwright.verify.verify_resume` and docs/checkpoints.md#verifying-resume.
+        """
+        from trainwright.verify.resume import config_of_run, verify_resume
+
+        cfg = config if config is not None else config_of_run(self.run_dir)
+        return verify_resume(cfg, steps=steps, at=at, nproc=nproc, work_dir=work_dir)
+
     def _tuning(self) -> tuning_entry.TuningAccess:
         return tuning_entry.TuningAccess(
             self,
@@ -726,6 +744,7 @@ def _check_storage(hooks: Sequence[Hook], settings: CheckpointSettings) -> None:
 if TYPE_CHECKING:
     from trainwright.hooks.view import TrainerView
     from trainwright.tuning.lr_finder import LRFinderResult
+    from trainwright.verify.compare import ResumeReport
 
     def _trainer_is_a_view(trainer: Trainer) -> TrainerView:
         return trainer  # mypy checks that the Trainer offers everything hooks are typed against
