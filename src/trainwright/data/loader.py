@@ -29,6 +29,7 @@ from torch.utils.data import (
 )
 
 from trainwright.data.loader_args import dataloader_arguments
+from trainwright.data.split import split_loader, warn_unsplit
 from trainwright.data.stream_state import has_state, rebuild_stream_loader, stateful_loader_class
 from trainwright.registry import DATASETS, ConfigError, check_keys
 
@@ -456,6 +457,9 @@ def build_dataloader(
     """Turn a ``DataLoader`` or a dict of ``DataLoader`` arguments into a :class:`ResumableLoader` (of this rank's
     shard).
 
+    A stream (an ``IterableDataset``) under several processes is split so each rank reads its own part
+    (:func:`~trainwright.data.split.split_loader`); ``dict(..., split_stream=False)`` keeps it as it is.
+
     A stream is loaded by torchdata's ``StatefulDataLoader``, whose state the checkpoint keeps: when the dict says
     ``stateful=True`` or leaves it out, when one is passed in, or when a ``DataLoader`` passed in reads a dataset with
     ``state_dict()`` / ``load_state_dict()``. ``stateful=False`` keeps a plain ``DataLoader`` (a resume reads the
@@ -464,8 +468,17 @@ def build_dataloader(
     if isinstance(cfg, ResumableLoader):
         return cfg
     stateful = bool(cfg.get("stateful", True)) if isinstance(cfg, Mapping) else None
-    loader = make_resumable(make_dataloader(cfg, name), seed, num_replicas, rank, name, stateful=stateful)
-    return ResumableLoader(loader, seed, rank)
+    split = True
+    if isinstance(cfg, Mapping) and "split_stream" in cfg:
+        cfg = dict(cfg)
+        split = bool(cfg.pop("split_stream"))
+    loader = make_dataloader(cfg, name)
+    if num_replicas > 1 and isinstance(loader.dataset, IterableDataset):
+        if split:
+            loader = split_loader(loader, rank, num_replicas, name)
+        else:
+            warn_unsplit(name, num_replicas)
+    return ResumableLoader(make_resumable(loader, seed, num_replicas, rank, name, stateful=stateful), seed, rank)
 
 
 def _custom(batch_sampler: Any, num_replicas: int, name: str) -> Any:

@@ -13,6 +13,8 @@ from collections.abc import Sequence
 from time import perf_counter as _clock
 from typing import TYPE_CHECKING, Any
 
+from trainwright.data.split import EvenEnd, is_stream, split_note
+
 if TYPE_CHECKING:
     from trainwright.data.loader import ResumableLoader
     from trainwright.loops.context import LoopContext
@@ -39,6 +41,8 @@ class _TrainLoopBase:
     by_epoch: bool
     #: The context of the current (or last) run, set by ``run(ctx)``; :meth:`val_due` reads it.
     ctx: LoopContext | None = None
+    #: A stream under several processes: each pass ends on every rank at the same batch (set when the run starts).
+    even_end: EvenEnd | None = None
 
     def __init__(
         self,
@@ -122,8 +126,21 @@ class _TrainLoopBase:
         """``before_train``, then the hooks' per-iteration schedule for this run."""
         self.ctx = ctx
         ctx.control.reset()
+        self.even_end = self._even_end(ctx)
         ctx.hooks.call("before_train", ctx.view)
         ctx.hooks.refresh(ctx.view, self.max_iters, self._periodic(ctx))
+
+    def _even_end(self, ctx: LoopContext) -> EvenEnd | None:
+        """A stream read by several processes: its passes end together (one 1-number all-gather per iteration)."""
+        gather = ctx.metric_store.agreement.gather
+        if gather is None or not is_stream(self.dataloader):
+            return None
+        ctx.logger.info(
+            f"train_dataloader is a stream read by several processes: {split_note(self.dataloader.dataset)} "
+            "(train_dataloader=dict(..., split_stream=False) leaves it unsplit); each pass ends on every rank at the "
+            "same batch, when the first rank's part runs out (one 1-number all-gather per iteration)"
+        )
+        return EvenEnd(gather)
 
     def _finish(self, ctx: LoopContext) -> None:
         """The schedule back to every event, then ``after_train``."""
@@ -181,7 +198,8 @@ class _TrainLoopBase:
         agreement = (
             ctx.metric_store.agreement
         )  # where a stop requested on some rank is agreed (the Trainer's should_stop reads it)
-        for batch in self.dataloader:
+        even = self.even_end
+        for batch in self.dataloader if even is None else even(self.dataloader):
             t_start = _clock()
             idx = progress.iter_in_epoch
             it = progress.iteration + 1
@@ -204,7 +222,10 @@ class _TrainLoopBase:
                 agreement.agree_finish()  # a hook of the validation (early stopping) may have asked for a stop
             if view.should_stop or (limit is not None and progress.iteration >= limit):
                 return True
-        if progress.iter_in_epoch != len(self.dataloader) and not agreement.local:
+        if even is not None:
+            if even.unread is not None:
+                ctx.logger.info(even.describe(progress.iteration))
+        elif progress.iter_in_epoch != len(self.dataloader) and not agreement.local:
             self._uneven_pass(ctx)
         return False
 
