@@ -10,7 +10,9 @@ from __future__ import annotations
 
 import re
 import warnings
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from contextvars import ContextVar
 from pathlib import Path
 from typing import Any
 
@@ -117,6 +119,24 @@ def list_checkpoints(
     return found
 
 
+_skips: ContextVar[list[tuple[Location, str]] | None] = ContextVar("trainwright_resume_skips", default=None)
+
+
+@contextmanager
+def recording_skips() -> Iterator[list[tuple[Location, str]]]:
+    """Collect ``(path, reason)`` of every candidate :func:`find_resumable` skips inside the block.
+
+    The checkpoint manager wraps the strategy's ``find_resumable`` in it, so a resume can say which newer checkpoints it
+    passed over and why, whatever strategy reads them.
+    """
+    found: list[tuple[Location, str]] = []
+    token = _skips.set(found)
+    try:
+        yield found
+    finally:
+        _skips.reset(token)
+
+
 def find_resumable(
     ckpt_dir: PathLike | RemotePath,
     map_location: MapLocation = "cpu",
@@ -154,6 +174,8 @@ def find_resumable(
             raise
         except (CheckpointError, FileNotFoundError) as e:
             failures.append(f"{path.name}: {e}")
+            if (skips := _skips.get()) is not None:
+                skips.append((path, str(e)))
             warnings.warn(
                 f"Skipping checkpoint {str(path)!r}, it cannot be loaded ({e}); trying the previous one.",
                 stacklevel=2,

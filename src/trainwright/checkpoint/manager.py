@@ -21,8 +21,9 @@ from typing import Any, Protocol
 import torch
 
 from trainwright.checkpoint.io import CHECKPOINT_SUFFIX, write_whole
-from trainwright.checkpoint.listing import read_latest, write_latest
+from trainwright.checkpoint.listing import read_latest, recording_skips, write_latest
 from trainwright.checkpoint.lock import WorkDirBusyError, WorkDirLock
+from trainwright.checkpoint.migrate import migrate
 from trainwright.checkpoint.rng import get_rng_state, set_rng_state
 from trainwright.checkpoint.settings import CheckpointSettings
 from trainwright.checkpoint.stateful import Stateful, check_state_dict, make_safe
@@ -211,6 +212,8 @@ class CheckpointManager:
         self._lock = WorkDirLock(self._local_dir) if self._local_dir is not None else None
         #: The checkpoint restored last and the iteration it put training at (None: none was restored).
         self.restored: tuple[Location, int] | None = None
+        #: The newer checkpoints the last ``find_and_restore()`` skipped, and why (``(path, reason)``).
+        self.skipped: list[tuple[Location, str]] = []
 
     def configure(self, **settings: Any) -> None:
         """Set storage settings by name (``ckpt_dir``, ``keep``, ``async_save``, ``exclude``, ``epoch_tmpl``,
@@ -519,8 +522,10 @@ class CheckpointManager:
             self._agree_on_newest()
         if path is None:
             path = self._newer_kept_copy()
+        self.skipped = []
         if path is None:
-            found = self.strategy.find_resumable(self.ckpt_dir)
+            with recording_skips() as self.skipped:
+                found = self.strategy.find_resumable(self.ckpt_dir)
             if found is None:
                 return None
             path, ckpt = found
@@ -625,6 +630,15 @@ class CheckpointManager:
                     f"Checkpoint {str(path)!r} has no {key!r} entry: it is not a trainwright training checkpoint "
                     f"(keys: {sorted(ckpt)}); use load_from= for weights only"
                 )
+        ckpt = migrate(ckpt, repr(str(path)))
+        unbuilt = [name for name, piece in self.pieces.items() if piece is None and name in ckpt]
+        if unbuilt:
+            raise RuntimeError(
+                f"Cannot restore checkpoint {str(path)!r} yet: it holds {unbuilt}, which this trainer has not built "
+                "(the optimizer, schedulers and train loader are built when training starts), so their state would be "
+                "lost; nothing was loaded. Pass resume= to the Trainer (train() restores it), or call "
+                "trainer.build_train_loop() before find_and_restore()"
+            )
         pieces = self.stateful
         for name, piece in pieces.items():
             if name in ckpt:

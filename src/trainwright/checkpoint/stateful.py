@@ -99,7 +99,7 @@ def make_safe(obj: Any, where: str = "checkpoint") -> Any:
             return obj
         return items if isinstance(obj, list) else tuple(items)
     if isinstance(obj, (set, frozenset)) and all(_is_plain(v) for v in obj):
-        return obj
+        return obj if type(obj) is set else set(obj)  # the safe loader rebuilds sets, not frozensets (nor subclasses)
     raise TypeError(
         f"{where} is a {type(obj).__module__}.{type(obj).__qualname__}, which a checkpoint cannot hold: "
         "checkpoints are loaded with torch.load(weights_only=True), which only rebuilds tensors and plain "

@@ -47,6 +47,11 @@ def resume_or_load(
         if found is not None:
             path, ckpt = found
             logger.info(f"Resumed from {path} at epoch {progress.epoch}, iteration {progress.iteration}")
+            if checkpoints.skipped:
+                logger.warning(
+                    f"Resumed from {path}, not from the newer "
+                    + "; ".join(f"{p.name} (skipped: {why})" for p, why in checkpoints.skipped)
+                )
             meta = ckpt.get("meta")
             changed = config_changes(meta.get("config") if isinstance(meta, Mapping) else None, config)
             if changed:

@@ -1,6 +1,6 @@
 """The trainer's checkpoint pieces: what each part of a run saves, checks and loads back.
 
-``meta`` (version, time, seed, progress, world size, settings; on load: seed adoption),
+``meta`` (trainwright, torch and format versions, time, seed, progress, world size, settings; on load: seed adoption),
 ``model`` and ``optim_wrapper`` (through the strategy, which may shard them),
 ``param_schedulers``, ``train_dataloader`` (the data order; positioned from ``progress``),
 ``data_state`` (a stream's own position: :class:`~trainwright.data.stream_state.StreamState`) and ``hooks`` (by ``state_key``). Their checks refuse a checkpoint that does not fit before
@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING, Any, cast
 import torch
 
 from trainwright.checkpoint import Stateful
+from trainwright.checkpoint.migrate import FORMAT_VERSION
 from trainwright.optim.optim_wrapper_dict import optim_wrappers_of
 from trainwright.version import __version__
 
@@ -198,6 +199,9 @@ class DataOrderState:
         self.loader = loader
         self.progress = progress
         self.logger = logger
+        #: How the loader restored last differs from the checkpoint's (``"batch_size 2 in the checkpoint, 4 now"``),
+        #: when the checkpoint was written mid-epoch; None otherwise. Named when nothing is left to train.
+        self.shape_change: str | None = None
 
     def state_dict(self) -> dict[str, Any]:  # noqa: D102
         return {"seed": self.loader.seed, "shape": self.loader.shape()}
@@ -205,14 +209,22 @@ class DataOrderState:
     def load_state_dict(self, state: Mapping[str, Any]) -> None:  # noqa: D102
         p = self.progress
         saved, now = state["shape"], self.loader.shape()
+        self.shape_change = None
         if p.iter_in_epoch and dict(saved) != now:
             differ = {k: (saved.get(k), v) for k, v in now.items() if saved.get(k) != v}
+            self.shape_change = ", ".join(f"{k} {a} in the checkpoint, {b} now" for k, (a, b) in differ.items())
+            batches = now.get("batches")
+            follows = (
+                f"The new loader has {batches} batches per epoch, so epoch {p.epoch + 1} is already over: the rest of "
+                "its samples are skipped and training goes on with the next epoch (if max_epochs / max_iters leaves "
+                "one)"
+                if isinstance(batches, int) and p.iter_in_epoch >= batches
+                else f"The epoch continues at batch {p.iter_in_epoch} of the new loader, so samples of this epoch are "
+                "skipped or seen twice"
+            )
             msg = (
                 f"Resuming in the middle of epoch {p.epoch + 1} (after batch {p.iter_in_epoch}) with a "
-                "train_dataloader of another shape: "
-                + ", ".join(f"{k} {a} in the checkpoint, {b} now" for k, (a, b) in differ.items())
-                + f". The epoch continues at batch {p.iter_in_epoch} of the new loader, so samples of this epoch are "
-                "skipped or seen twice. "
+                f"train_dataloader of another shape: {self.shape_change}. {follows}. "
                 "Resume with the same batch_size, dataset, drop_last and number of processes, or from a checkpoint at "
                 "an epoch end."
             )
@@ -269,6 +281,8 @@ class MetaState:
         p, seed = self._progress, self._seed.value
         return {
             "trainwright_version": __version__,
+            "torch_version": str(torch.__version__),  # a TorchVersion is a str subclass
+            "format_version": FORMAT_VERSION,
             "time": time.strftime("%Y-%m-%d %H:%M:%S"),
             "seed": seed,
             "epoch": p.epoch,

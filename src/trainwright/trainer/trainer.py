@@ -410,6 +410,7 @@ class Trainer:
             spike_guard=self.spike_guard,
         )
         self.optim_wrapper, self.strategy.precision, self.train_loop, self.param_schedulers = parts
+        self._data_order = DataOrderState(self.train_loop.dataloader, self.progress, self.logger)
         self._seed.follow(self.train_loop.dataloader)
         self.strategy.setup_optim_wrapper(self.optim_wrapper)
         self.model = self.strategy.model  # type: ignore[assignment]  # a strategy whose wrapper needs the optimizer (DeepSpeed) made it now
@@ -417,7 +418,7 @@ class Trainer:
             optim_wrapper=OptimState(self.strategy, self.optim_wrapper) if self.optim_wrapper is not None else None,
             param_schedulers=SchedulerState(self.param_schedulers) if self.param_schedulers else None,
             data_state=StreamState(self.train_loop.dataloader),
-            train_dataloader=DataOrderState(self.train_loop.dataloader, self.progress, self.logger),
+            train_dataloader=self._data_order,
         )
 
     def build_train_loop(self) -> EpochBasedTrainLoop | IterBasedTrainLoop:
@@ -518,6 +519,13 @@ class Trainer:
                     f"{loop.max_iters} "
                     f"(epoch {self.progress.epoch}). Raise train_cfg max_epochs / max_iters to train further, or use a "
                     "new work_dir for a new run."
+                    + (
+                        f" The checkpoint was written in the middle of an epoch with a train_dataloader of another "
+                        f"shape ({self._data_order.shape_change}): max_iters {loop.max_iters} counts this loader's "
+                        "batches, and the resumed epoch is already over with it."
+                        if self._data_order.shape_change is not None
+                        else ""
+                    )
                 )
             self._runs.run(partial(loop.run, self._loop_context()))
         except BaseException as e:
