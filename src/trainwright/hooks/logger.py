@@ -22,6 +22,7 @@ from trainwright.hooks.memory import PhasePeaks
 from trainwright.hooks.view import require_train_loop
 from trainwright.logging.lines import LineRequest
 from trainwright.logging.log_processor import CustomStat, LogProcessor
+from trainwright.logging.resume import Resumed
 from trainwright.logging.throughput import batch_size, num_tokens, tokens_counter
 from trainwright.logging.writers import LineInfo
 from trainwright.registry import HOOKS
@@ -51,6 +52,12 @@ class LoggerHook(Hook):
 
     The run's last iteration always gets a line (iteration-based: 50 iterations logged every
     20 give lines at 20, 40 and 50, the last averaging 41-50).
+
+    A run that resumed from a checkpoint at iteration ``k`` tells the writers before its first
+    line (:meth:`~trainwright.logging.Writers.resume`): what earlier runs of the work dir logged
+    past ``k`` (a killed run logs beyond its last checkpoint) is superseded, since this run logs
+    those iterations again — files are cut back to ``k``, TensorBoard purges the steps past it,
+    W&B and MLflow continue the same run.
 
     Turning numbers into text is the costly part of logging, so held lines are written
     together: on one process the hook flushes the store and writes them; under several it
@@ -154,6 +161,7 @@ class LoggerHook(Hook):
         self._hub_seen: dict[str, int] = {}  # message-hub train/ scalar -> its count at the previous line
         self._peaks: PhasePeaks | None = None  # the device's peak memory per phase; None where it reports none (CPU)
         self._tokens: Callable[[Any], Any] = num_tokens  # the model's count_tokens, else the batch's own count
+        self._trained = False  # a train() ran with this hook (a later one continues its own lines)
 
     # -- training ---------------------------------------------------------------------------
     def before_train(self, trainer: TrainerView) -> None:  # noqa: D102
@@ -169,7 +177,12 @@ class LoggerHook(Hook):
         self._last_idx = (
             self._epoch_len - 1 if loop.by_epoch and (not self.ignore_last or self._epoch_len <= self.interval) else -1
         )
-        self._line_iter = self._line_at_or_before(trainer.progress.iteration)
+        start = trainer.progress.iteration
+        if start > 0 and (not self._trained or start < self._line_iter) and trainer.strategy.is_main_process:
+            # a resumed run (a checkpoint restored before this process trained, or an earlier point than its own lines)
+            trainer.log_lines.writers.resume(Resumed.of(start, trainer.run_dir))
+        self._trained = True
+        self._line_iter = self._line_at_or_before(start)
         self._hub_seen = {
             k: b.count for k, b in trainer.message_hub.log_scalars.items()
         }  # what was written before this run is not this run's

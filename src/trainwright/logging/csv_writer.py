@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import csv
+import io
 import os
 from pathlib import Path
 from typing import Any
 
+from trainwright.logging.resume import Resumed, replace_text
 from trainwright.logging.writers import LineInfo, Writer
 
 
@@ -18,7 +20,9 @@ class CsvWriter(Writer):
     ``loss_scale`` after the first step, a second metric), the file is rewritten once with the
     wider header, the earlier rows leaving that column empty. Non-finite values are written as
     ``nan`` / ``inf`` (``float()`` reads them back). Rows reach the OS after each call (one call
-    per batch of log lines); an existing file is appended to, its header kept.
+    per batch of log lines); an existing file is appended to, its header kept. A resumed run cuts
+    these files, and those of the earlier run folders, back to the checkpoint's iteration
+    (:meth:`resume`): each iteration has one row.
 
     ``Trainer(writers=["console", "jsonl", "csv"])`` puts the files in ``<run folder>/csv/``.
 
@@ -44,6 +48,14 @@ class CsvWriter(Writer):
         for fh, _ in self._files.values():
             fh.close()
         self._files = {}
+
+    def resume(self, at: Resumed) -> None:
+        """Drop the rows past ``at.iteration`` from these files and from those of each earlier run folder (each file
+        replaced atomically)."""
+        self.close()  # reopened at the next record
+        for mode in ("train", "val", "test"):
+            for path in at.places(self.path(mode)):
+                _cut(path, at.iteration)
 
     def path(self, mode: str) -> Path:
         """The file of ``mode`` (``"train"``, ``"val"`` or ``"test"``)."""
@@ -86,3 +98,26 @@ class CsvWriter(Writer):
         os.replace(tmp, path)
         entry = self._files[mode] = (open(path, "a", newline="", encoding="utf-8"), header)  # noqa: SIM115 - kept open for the run
         return entry
+
+
+def _cut(path: Path, iteration: int) -> None:
+    """Drop the rows of the CSV file ``path`` whose ``iter`` is past ``iteration`` (the header kept; replaced
+    atomically, only when a row goes)."""
+    try:
+        with open(path, newline="", encoding="utf-8") as f:
+            reader = csv.reader(f)
+            header = next(reader, None)
+            rows = list(reader)
+    except FileNotFoundError:
+        return
+    if header is None or "iter" not in header:
+        return
+    col = header.index("iter")
+    kept = [r for r in rows if not (len(r) > col and r[col].isdigit() and int(r[col]) > iteration)]
+    if len(kept) == len(rows):
+        return
+    out = io.StringIO()
+    writer = csv.writer(out)
+    writer.writerow(header)
+    writer.writerows(kept)
+    replace_text(path, out.getvalue())

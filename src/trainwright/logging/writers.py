@@ -25,6 +25,7 @@ from typing import Any, NamedTuple, Protocol, runtime_checkable
 
 from trainwright.logging.append import AppendFile
 from trainwright.logging.logger import log_lines
+from trainwright.logging.resume import Resumed, replace_text
 from trainwright.registry import check_keys, did_you_mean
 
 _META = ("mode", "epoch", "iter")
@@ -70,6 +71,25 @@ class Writer(Protocol):
     def close(self) -> None:
         """Release files and connections; nothing is written afterwards."""
         return None
+
+
+@runtime_checkable
+class Resuming(Protocol):
+    """A writer that continues the logs of the runs a resumed run continues (every stock writer that keeps files or a
+    tracker run).
+
+    A writer of your own adds a ``resume`` method to take part; :class:`Writers` calls it on the
+    writers that have one.
+    """
+
+    def resume(self, at: Resumed) -> None:
+        """This run resumed from a checkpoint at ``at.iteration``: continue the logs of the runs it resumes.
+
+        Called once, before this run's first training record. What earlier runs (``at.earlier``,
+        a killed one) wrote past the iteration is superseded, since this run logs those
+        iterations again: a file is cut back to it, a tracker continues the same run.
+        """
+        ...
 
 
 def scalars(record: dict[str, Any]) -> list[tuple[str, float]]:
@@ -134,6 +154,13 @@ class JsonlWriter(Writer):
     def write_eval(self, record: dict[str, Any]) -> None:  # noqa: D102
         self.write_many([record])
 
+    def resume(self, at: Resumed) -> None:
+        """Cut this file and the ``metrics.jsonl`` of each earlier run folder back to ``at.iteration`` (records past it
+        are superseded; each file replaced atomically)."""
+        self.flush()
+        for path in at.places(self.path):
+            cut_jsonl(path, at.iteration)
+
     def write_many(self, records: list[dict[str, Any]]) -> None:
         """Append records (non-finite floats written as strings "nan"/"inf")."""
         self._file.write("".join([_encode(r) + "\n" for r in records]))
@@ -149,6 +176,31 @@ class JsonlWriter(Writer):
     def close(self) -> None:
         """Write what is buffered (the file holds no descriptor between writes)."""
         self.flush()
+
+
+def cut_jsonl(path: Path, iteration: int) -> bool:
+    """Drop the records of ``path`` (JSON lines) whose ``iter`` is past ``iteration``, and lines cut short by a crash;
+    the file is replaced atomically, and only when something is dropped.
+
+    Returns:
+        Whether the file changed.
+    """
+    try:
+        lines = path.read_text(encoding="utf-8").splitlines(keepends=True)
+    except FileNotFoundError:
+        return False
+    kept = []
+    for line in lines:
+        try:
+            rec = json.loads(line)
+        except json.JSONDecodeError:
+            continue  # a torn last line: no reader can use it
+        if not (isinstance(rec, dict) and isinstance(rec.get("iter"), int) and rec["iter"] > iteration):
+            kept.append(line if line.endswith("\n") else line + "\n")
+    if len(kept) == len(lines) and all(a == b for a, b in zip(kept, lines)):
+        return False
+    replace_text(path, "".join(kept))
+    return True
 
 
 # -- console and train.log --------------------------------------------------------------------
@@ -337,6 +389,11 @@ class Writers(list[Writer]):
         """:meth:`Writer.write_config` of every writer that has not failed."""
         self._each("write_config", config)
 
+    def resume(self, at: Resumed) -> None:
+        """:meth:`Resuming.resume` of every writer that has one and has not failed (the logger hook calls it when a run
+        resumed)."""
+        self._each("resume", at, only=Resuming)
+
     def flush(self) -> None:
         """:meth:`Writer.flush` of every writer that has not failed."""
         self._each("flush")
@@ -367,9 +424,9 @@ class Writers(list[Writer]):
         finally:
             self._holding -= 1
 
-    def _each(self, method: str, *args: Any) -> None:
+    def _each(self, method: str, *args: Any, only: type | None = None) -> None:
         for w in list(self):
-            if id(w) in self._failed:
+            if id(w) in self._failed or (only is not None and not isinstance(w, only)):
                 continue
             try:
                 getattr(w, method)(*args)
