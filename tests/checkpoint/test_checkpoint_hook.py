@@ -222,3 +222,23 @@ def test_checkpoint_hook_follows_an_iteration_based_loop_unless_told(
     ) is warned
     assert ("WARNING" in log) is warned, log
     assert sorted(p.name for p in (tmp_path / "checkpoints").glob("*.pth")) == saved
+
+
+def test_a_save_before_train_is_named_and_recorded_as_one_during_training(tmp_path: Path) -> None:
+    """The manager's names (epoch names of an epoch-based loop) and the hook's record are given when the Trainer is
+    built: a ``save_now()`` before ``train()`` is an epoch checkpoint that keep-k counts, as the run's own."""
+    from conftest import make_trainer
+
+    t = make_trainer(
+        tmp_path,
+        train_cfg=dict(by_epoch=True, max_epochs=2),
+        default_hooks=dict(checkpoint=dict(interval=1, max_keep_ckpts=2)),
+    )
+    hook = next(h for h in t.hooks if isinstance(h, CheckpointHook))
+    t.build_train_loop()  # what train() builds first (the prepared model)
+    assert t.checkpoints.save_now() == tmp_path / "checkpoints" / "epoch_0.pth"  # epoch 0's end, before train()
+    assert hook.kept == ["epoch_0.pth"] and hook.state_dict()["last_saved_iter"] == 0
+    t.train()
+    t.close()
+    assert hook.kept == ["epoch_1.pth", "epoch_2.pth"]
+    assert _names(tmp_path) == {"epoch_1.pth", "epoch_2.pth", "latest"}  # keep-2 dropped the first as any other

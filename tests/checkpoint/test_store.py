@@ -126,12 +126,12 @@ def test_two_trainers_on_two_remote_roots_do_not_share_a_store(tmp_path: Path) -
     assert store_b.fallback_dir == tmp_path / "b" / "checkpoints_unuploaded"
     for t in (a, b):
         t.build_train_loop()  # the model prepared, as train() does first
-        t.checkpoints.save_now()
+        t.checkpoints.save_now()  # an epoch-based run's save at an epoch's end: epoch_0.pth
     assert (
-        load_file(a.checkpoints.ckpt_dir / "iter_0.pth")["progress"]
-        == load_file("memory://tw-roots/run/iter_0.pth")["progress"]
+        load_file(a.checkpoints.ckpt_dir / "epoch_0.pth")["progress"]
+        == load_file("memory://tw-roots/run/epoch_0.pth")["progress"]
     )
-    assert [p.name for p in b.checkpoints.ckpt_dir.iterdir()] == ["iter_0.pth", "latest"]
+    assert [p.name for p in b.checkpoints.ckpt_dir.iterdir()] == ["epoch_0.pth", "latest"]
     a.close()
     b.close()
 
@@ -150,12 +150,8 @@ def test_checkpoint_settings_given_to_the_trainer_apply_to_a_save_before_train(t
     assert "optim_wrapper" not in load_file(first) and "model" in load_file(first)
     t.train()
     t.close()
-    assert sorted(p.name for p in out.iterdir()) == [
-        "latest",
-        "step_0.pth",
-        "step_4.pth",
-        "step_6.pth",
-    ]  # keep 2 of the run's
+    # the save before train() is recorded as the run's own: keep-2 dropped it with the others
+    assert sorted(p.name for p in out.iterdir()) == ["latest", "step_4.pth", "step_6.pth"]
     assert "optim_wrapper" not in load_file(out / "step_6.pth")
     assert not (tmp_path / "work" / "checkpoints").exists() or not any(
         (tmp_path / "work" / "checkpoints").glob("*.pth")

@@ -30,8 +30,8 @@ def test_the_trainer_checkpoint_methods_go_to_its_manager(tmp_path: Path) -> Non
         assert not t.prepared
         t.train()
         assert t.prepared
-        path = t.request_checkpoint()  # no checkpoint hook: the manager's default naming, and latest
-        assert path == tmp_path / "a" / "checkpoints" / "iter_10.pth" and read_latest(path.parent) == "iter_10.pth"
+        path = t.request_checkpoint()  # no checkpoint hook: the manager names as the loop counts (an epoch's end)
+        assert path == tmp_path / "a" / "checkpoints" / "epoch_1.pth" and read_latest(path.parent) == "epoch_1.pth"
         assert t.request_checkpoint() is None  # this iteration is saved already
         assert (
             list(t.stateful)
@@ -60,7 +60,7 @@ def test_the_trainer_checkpoint_methods_go_to_its_manager(tmp_path: Path) -> Non
         ]
         other = t.save_checkpoint("other.pth", save_optimizer=False)
         assert other == path.parent / "other.pth" and "optim_wrapper" not in load_file(other)
-        assert read_latest(path.parent) == "iter_10.pth"  # an explicit save does not move latest
+        assert read_latest(path.parent) == "epoch_1.pth"  # an explicit save does not move latest
     assert not t.prepared
 
     with _trainer(tmp_path / "b", load_from=path, log_level="INFO") as t2:

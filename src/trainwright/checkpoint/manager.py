@@ -160,7 +160,9 @@ class CheckpointManager:
         required: Pieces a checkpoint must hold to be restored here.
         optional: Pieces a checkpoint may lack without a warning.
         settings: Where checkpoints go and what they hold (``Trainer(checkpoint=dict(...))``): its ``out_dir`` replaces
-            ``ckpt_dir``; keep-k, async writes, names and the pieces left out come from it too.
+            ``ckpt_dir``; keep-k, async writes, names (``epoch_names`` too) and the pieces left out come from it too.
+        record: The files kept and the last saved iteration (the checkpoint hook's state, so a save before
+            ``train()`` is recorded as one during it); None: a record of its own.
     """
 
     def __init__(
@@ -180,6 +182,7 @@ class CheckpointManager:
         required: Collection[str] = (),
         optional: Collection[str] = (),
         settings: CheckpointSettings | None = None,
+        record: SaveRecord | None = None,
     ) -> None:
         self.strategy = strategy
         self.pieces: dict[str, Stateful | None] = dict(pieces)
@@ -205,7 +208,9 @@ class CheckpointManager:
                 self.ckpt_dir = self._where(settings.out_dir)
             self.keep, self.async_save, self.exclude = settings.max_keep_ckpts, settings.async_save, settings.exclude
             self.epoch_tmpl, self.iter_tmpl = settings.epoch_tmpl, settings.iter_tmpl
-        self.record = SaveRecord()
+            self.epoch_names = settings.epoch_names
+        #: The files kept (periodic, best per key) and the last saved iteration.
+        self.record = record if record is not None else SaveRecord()
         self._rng = RngState(strategy)
         # the lock guards the local folder (work_dir/checkpoints) even when the files go to a remote out_dir; a manager
         # made on a URL has none

@@ -61,6 +61,8 @@ class CheckpointSettings:
         async_save: Write in a background thread.
         epoch_tmpl / iter_tmpl: Names of periodic checkpoints (one ``{}``).
         save_optimizer / save_param_scheduler: Whether checkpoints hold those states (needed to resume).
+        epoch_names: A save at an epoch's end takes the epoch's name (``epoch_tmpl``): set by the Trainer for an
+            epoch-based train loop (not a key of ``Trainer(checkpoint=...)``).
     """
 
     out_dir: Location | None = None
@@ -70,6 +72,7 @@ class CheckpointSettings:
     iter_tmpl: str = "iter_{}.pth"
     save_optimizer: bool = True
     save_param_scheduler: bool = True
+    epoch_names: bool = False
 
     @property
     def exclude(self) -> tuple[str, ...]:
@@ -77,9 +80,11 @@ class CheckpointSettings:
         return ("optim_wrapper",) * (not self.save_optimizer) + ("param_schedulers",) * (not self.save_param_scheduler)
 
     @classmethod
-    def build(cls, given: Mapping[str, Any] | None = None, *more: Mapping[str, Any]) -> CheckpointSettings:
+    def build(
+        cls, given: Mapping[str, Any] | None = None, *more: Mapping[str, Any], epoch_names: bool = False
+    ) -> CheckpointSettings:
         """The settings of ``Trainer(checkpoint=given)`` plus those a hook was given (``default_hooks.checkpoint``'s
-        ``out_dir``...).
+        ``out_dir``...); ``epoch_names``: the train loop is epoch-based.
 
         Raises:
             TypeError: an unknown key (with the close matches).
@@ -121,4 +126,4 @@ class CheckpointSettings:
                 "checkpoint out_dir must be a path, a URL or a trainwright.checkpoint.storage.Store, got "
                 f"{type(out_dir).__name__}"
             )
-        return cls(out_dir=where, **merged)
+        return cls(out_dir=where, epoch_names=epoch_names, **merged)

@@ -290,6 +290,10 @@ class CheckpointHook(Hook):
         """File name of the best checkpoint so far of the first ``save_best`` key."""
         return self.record.state_dict()["best_ckpt"]  # type: ignore[no-any-return]
 
+    def checkpoint_record(self) -> SaveRecord:
+        """:attr:`record`: the checkpoint manager records every save in it (a save before ``train()`` too)."""
+        return self.record
+
     def saves_periodic_checkpoints(self) -> bool:
         """True when ``interval > 0`` (a spike-guard rollback needs periodic checkpoints)."""
         return self.interval > 0
@@ -332,9 +336,6 @@ class CheckpointHook(Hook):
                 "with others. Give them when building it: "
                 f"Trainer(checkpoint=dict({', '.join(f'{k}=...' for k in late)}))"
             )
-        # where and how checkpoints are stored was given to the manager when the Trainer built it; the policy's own
-        # state:
-        m.configure(epoch_names=loop.by_epoch, record=self.record)
         if self.by_epoch and self.interval > 0 and not loop.by_epoch:
             trainer.logger.warning(
                 "CheckpointHook counts its interval in epochs (by_epoch=True) but training is iteration-based: only "

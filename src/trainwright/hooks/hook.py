@@ -9,7 +9,8 @@ from types import MappingProxyType
 from typing import TYPE_CHECKING, Any, ClassVar
 
 if TYPE_CHECKING:
-    from trainwright.checkpoint.storage import Location
+    from trainwright.checkpoint.manager import SaveRecord
+    from trainwright.checkpoint.storage import Location, Store
     from trainwright.hooks.view import TrainerView
 
 #: Every event a hook can handle, in the order a run meets them.
@@ -198,6 +199,19 @@ class Hook:
         None (here): it writes no checkpoints; the checkpoint hook answers True, or False when its interval is <= 0.
         """
         return None
+
+    def checkpoint_record(self) -> SaveRecord | None:
+        """The record of saved checkpoints this hook keeps as its state (the checkpoint hook's): the Trainer gives it
+        to its checkpoint manager when it builds it (or registers this hook), so every save is recorded there.
+
+        None (here): this hook keeps no such record.
+        """
+        return None
+
+    def stores(self) -> tuple[Store, ...]:
+        """The remote stores this hook writes to (the logger hook's ``out_dir``): the Trainer checks each (bucket,
+        credentials, endpoint) before it creates anything. Empty (here) for most hooks."""
+        return ()
 
     def before_run(self, trainer: TrainerView) -> None:
         """Once, before anything (train, val or test) runs."""

@@ -163,6 +163,10 @@ class LoggerHook(Hook):
         self._tokens: Callable[[Any], Any] = num_tokens  # the model's count_tokens, else the batch's own count
         self._trained = False  # a train() ran with this hook (a later one continues its own lines)
 
+    def stores(self) -> tuple[Store, ...]:
+        """The store of a URL ``out_dir`` (the Trainer checks it before it creates anything)."""
+        return (self.store,) if self.store is not None else ()
+
     # -- training ---------------------------------------------------------------------------
     def before_train(self, trainer: TrainerView) -> None:  # noqa: D102
         loop = require_train_loop(trainer, "LoggerHook.before_train")

@@ -14,8 +14,7 @@ from trainwright.amp.precision import Precision
 from trainwright.checkpoint import load_model_weights, save_safetensors
 from trainwright.checkpoint.lock import WorkDirBusyError
 from trainwright.checkpoint.manager import CheckpointManager
-from trainwright.checkpoint.settings import CheckpointSettings
-from trainwright.checkpoint.storage import RemotePath, Store, location
+from trainwright.checkpoint.storage import location
 from trainwright.hooks.dispatch import HookList
 from trainwright.hooks.hook import Hook
 from trainwright.hooks.timing import HookTimer
@@ -37,6 +36,7 @@ from trainwright.data.stream_state import StreamState
 from trainwright.strategies import build_strategy
 from trainwright.trainer import tuning_entry
 from trainwright.trainer.build import EVAL_CFG_KEYS, TRAIN_CFG_KEYS, build_eval_loop, build_train
+from trainwright.trainer.checkpoint_setup import checkpoint_record, checkpoint_settings
 from trainwright.trainer.env_cfg import apply_env_cfg
 from trainwright.trainer.hooks_config import build_hook, build_hooks, check_one_average
 from trainwright.trainer.moved import moved_member
@@ -191,10 +191,7 @@ class Trainer:
         # the hooks are built before the run folder: a remote out_dir (checkpoints, logs) is checked first, so a bad URL
         # leaves no folder
         hooks = build_hooks(default_hooks, custom_hooks, self._train_cfg)
-        ckpt_settings = CheckpointSettings.build(
-            checkpoint, *(h.checkpoint_settings for h in hooks)
-        )  # a bad value fails before anything is created
-        _check_storage(hooks, ckpt_settings)
+        ckpt_settings = checkpoint_settings(checkpoint, hooks, self._train_cfg)  # checked before anything is created
         # rank 0 names (and creates) the run folder: every rank agrees even when their clocks straddle a second
         name: str = self.strategy.broadcast_object(experiment_name or (new_run_dir(work_dir).name if main else None))
         self._run_dir_created = (
@@ -330,6 +327,7 @@ class Trainer:
             required=("model", "progress"),
             optional=OPTIONAL_PIECES,
             settings=ckpt_settings,
+            record=checkpoint_record(hooks),
         )
 
     @classmethod
@@ -479,6 +477,8 @@ class Trainer:
         """
         built = build_hook(hook, priority)
         self.hooks.add(built)
+        if (record := built.checkpoint_record()) is not None:  # a checkpoint hook: saves are recorded in its state
+            self.checkpoints.configure(record=record)
         if (
             self.strategy.is_main_process
         ):  # a writer the hook brings (the progress bar's) joins the writers, as at build
@@ -736,17 +736,6 @@ class Trainer:
             )  # drop the distributed wrapper before the strategy leaves its process group
             self._prepared = False
         self.strategy.teardown()
-
-
-def _check_storage(hooks: Sequence[Hook], settings: CheckpointSettings) -> None:
-    """Probe the checkpoint store and every remote ``out_dir`` of the hooks (bucket, credentials, endpoint): an
-    OSError naming the URL and the fix, before anything is created."""
-    if isinstance(settings.out_dir, RemotePath) and not settings.out_dir.store.checked:
-        settings.out_dir.store.check("CheckpointHook out_dir")
-    for h in hooks:
-        store = getattr(h, "store", None)
-        if isinstance(store, Store) and not store.checked:
-            store.check(f"{type(h).__name__} out_dir")
 
 
 if TYPE_CHECKING:
