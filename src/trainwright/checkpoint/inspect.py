@@ -17,7 +17,8 @@ import torch
 
 from trainwright.checkpoint.migrate import format_version
 
-#: The separator of a value's key path (``model/fc.weight``, ``optim_wrapper/optimizer/state/0/exp_avg``).
+#: The separator of a value's key path (``model/fc.weight``, ``optim_wrapper/optimizer/state/0/exp_avg``); a
+#: setting's path is dotted as in a config (``optim_wrapper.optimizer.lr``).
 SEP = "/"
 #: Values that differ between any two saves and say nothing about the state (left out of a diff).
 VOLATILE = ("meta/time",)
@@ -114,7 +115,7 @@ def summarize(ckpt: Mapping[str, Any], path: str = "checkpoint") -> Summary:
     meta = ckpt.get("meta")
     meta = dict(meta) if isinstance(meta, Mapping) else {}
     config = meta.pop("config", None)
-    settings = dict(walk(config)) if isinstance(config, Mapping) else {}
+    settings = {k.replace(SEP, "."): v for k, v in walk(config)} if isinstance(config, Mapping) else {}
     return Summary(path, pieces, tensors, meta, settings, format_version(ckpt))
 
 
