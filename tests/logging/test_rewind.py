@@ -113,3 +113,35 @@ def test_kill_9_at_random_moments_then_resume_logs_each_iteration_once(tmp_path:
     ref_acc = EventAccumulator(str(next((tmp_path / "ref").glob("*/tensorboard"))))
     ref_acc.Reload()
     assert [e.value for e in loss] == [e.value for e in ref_acc.Scalars("train/loss")]  # float32, equal
+
+
+def test_files_are_cut_back_in_the_folders_that_trained_and_left_alone_elsewhere(tmp_path: Path) -> None:
+    from trainwright.logging import CsvWriter, JsonlWriter, Resumed
+
+    killed, evaluated, now = (tmp_path / n for n in ("a_killed", "e_val_only", "z_now"))
+    recs = [{"mode": "train", "epoch": 0, "iter": i, "loss": i / 3} for i in range(1, 14)]
+    recs.insert(10, {"mode": "val", "epoch": 0, "iter": 10, "val/acc": 0.5})
+    recs.append({"mode": "val", "epoch": 0, "iter": 13, "val/acc": 0.75})
+    for w in (JsonlWriter(killed / "metrics.jsonl"), CsvWriter(killed / "csv")):
+        w.write_train([r for r in recs if r["mode"] == "train"], [])
+        w.write_eval(recs[10])
+        w.write_eval(recs[-1])
+        w.close()
+    (killed / "metrics.jsonl").write_text((killed / "metrics.jsonl").read_text() + '{"mode": "tra')  # torn by kill
+    evaluated.mkdir()
+    (evaluated / "metrics.jsonl").write_text('{"mode": "val", "epoch": 0, "iter": 20, "val/acc": 1.0}\n')
+    before = (evaluated / "metrics.jsonl").read_bytes()
+
+    at = Resumed.of(10, now)
+    assert at.earlier == (killed, evaluated)
+    JsonlWriter(now / "metrics.jsonl").resume(at)
+    CsvWriter(now / "csv").resume(at)
+
+    kept = [json.loads(line) for line in (killed / "metrics.jsonl").read_text().splitlines()]
+    assert kept == [r for r in recs if r["iter"] <= 10]
+    with open(killed / "csv" / "train.csv", newline="") as f:
+        assert [(r["iter"], float(r["loss"])) for r in csv.DictReader(f)] == [(str(i), i / 3) for i in range(1, 11)]
+    with open(killed / "csv" / "val.csv", newline="") as f:
+        assert [r["iter"] for r in csv.DictReader(f)] == ["10"]
+    assert (evaluated / "metrics.jsonl").read_bytes() == before  # a standalone evaluation's records stay
+    assert not list(tmp_path.rglob(".*.tmp.*"))  # no temporary file left

@@ -9,6 +9,7 @@ from trainwright.logging.logger import close_logger, create_logger, log_lines
 from trainwright.logging.message_hub import MessageHub
 from trainwright.logging.metric_store import MetricStore
 from trainwright.logging.mlflow_writer import MlflowWriter
+from trainwright.logging.resume import Resumed
 from trainwright.logging.tensorboard_writer import TensorBoardWriter
 from trainwright.logging.wandb_writer import WandbWriter
 from trainwright.logging.writers import (
@@ -18,6 +19,7 @@ from trainwright.logging.writers import (
     ConsoleWriter,
     JsonlWriter,
     LineInfo,
+    Resuming,
     SaveAhead,
     Writer,
     WriterError,
@@ -45,6 +47,8 @@ __all__ = [
     "SaveAhead",
     "AnyAhead",
     "LineInfo",
+    "Resumed",
+    "Resuming",
     "ConsoleWriter",
     "JsonlWriter",
     "WRITERS",

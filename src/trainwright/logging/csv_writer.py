@@ -50,12 +50,13 @@ class CsvWriter(Writer):
         self._files = {}
 
     def resume(self, at: Resumed) -> None:
-        """Drop the rows past ``at.iteration`` from these files and from those of each earlier run folder (each file
-        replaced atomically)."""
+        """Drop the rows past ``at.iteration`` from these files and from those of each earlier run folder that trained
+        (each file replaced atomically)."""
         self.close()  # reopened at the next record
-        for mode in ("train", "val", "test"):
-            for path in at.places(self.path(mode)):
-                _cut(path, at.iteration)
+        for train in at.places(self.path("train")):
+            if train.exists():  # a folder that trained (a standalone evaluation's is left as it is)
+                for mode in ("train", "val", "test"):
+                    _cut(train.with_name(f"{mode}.csv"), at.iteration)
 
     def path(self, mode: str) -> Path:
         """The file of ``mode`` (``"train"``, ``"val"`` or ``"test"``)."""

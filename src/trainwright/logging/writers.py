@@ -180,7 +180,8 @@ class JsonlWriter(Writer):
 
 def cut_jsonl(path: Path, iteration: int) -> bool:
     """Drop the records of ``path`` (JSON lines) whose ``iter`` is past ``iteration``, and lines cut short by a crash;
-    the file is replaced atomically, and only when something is dropped.
+    the file is replaced atomically, and only when something is dropped. A file without training records (a
+    standalone evaluation's, whose iteration is that of the weights it loaded) is left as it is.
 
     Returns:
         Whether the file changed.
@@ -189,15 +190,16 @@ def cut_jsonl(path: Path, iteration: int) -> bool:
         lines = path.read_text(encoding="utf-8").splitlines(keepends=True)
     except FileNotFoundError:
         return False
-    kept = []
+    kept, trained = [], False
     for line in lines:
         try:
             rec = json.loads(line)
         except json.JSONDecodeError:
             continue  # a torn last line: no reader can use it
+        trained = trained or (isinstance(rec, dict) and rec.get("mode") == "train")
         if not (isinstance(rec, dict) and isinstance(rec.get("iter"), int) and rec["iter"] > iteration):
             kept.append(line if line.endswith("\n") else line + "\n")
-    if len(kept) == len(lines) and all(a == b for a, b in zip(kept, lines)):
+    if not trained or (len(kept) == len(lines) and all(a == b for a, b in zip(kept, lines))):
         return False
     replace_text(path, "".join(kept))
     return True
