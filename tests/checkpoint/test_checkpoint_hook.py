@@ -242,3 +242,20 @@ def test_a_save_before_train_is_named_and_recorded_as_one_during_training(tmp_pa
     t.close()
     assert hook.kept == ["epoch_1.pth", "epoch_2.pth"]
     assert _names(tmp_path) == {"epoch_1.pth", "epoch_2.pth", "latest"}  # keep-2 dropped the first as any other
+
+
+def test_early_stopping_asks_the_run_control_and_the_last_checkpoint_is_written(tmp_path: Path) -> None:
+    """EarlyStoppingHook(patience=1): the second validation is worse, training ends after epoch 2 through the loop's
+    run control (its reason kept), and save_last writes that epoch."""
+    from trainwright.hooks.early_stopping import EarlyStoppingHook
+
+    t = ct.build(
+        str(tmp_path),
+        epochs=5,
+        checkpoint=dict(interval=10, by_epoch=True, save_best=None, save_last=True),
+        hooks=[FakeScores([0.5, 0.4, 0.9, 0.9, 0.9]), EarlyStoppingHook("val/acc", patience=1)],
+    )
+    t.train()
+    assert t.progress.epoch == 2 and t.train_loop is not None
+    assert (t.train_loop.control.stop_reason or "").startswith("early stopping: val/acc did not improve")
+    assert _names(tmp_path) == {"epoch_2.pth", "latest"}

@@ -10,22 +10,33 @@ import pytest
 
 from trainwright.hooks.dispatch import HookList
 from trainwright.hooks.early_stopping import EarlyStoppingHook
+from trainwright.logging.agreement import Agreement
+from trainwright.loops.control import RunControl
 from trainwright.registry import HOOKS
 from trainwright.utils.progress import Progress
 
 
 def _trainer() -> types.SimpleNamespace:
+    """What the hook uses of a trainer: a train loop with its run control (one process)."""
+    loop = types.SimpleNamespace(control=RunControl(Agreement(None)))
     return types.SimpleNamespace(
-        model=None, unwrapped_model=None, progress=Progress(), logger=logging.getLogger("t.early"), should_stop=False
+        model=None, unwrapped_model=None, progress=Progress(), logger=logging.getLogger("t.early"), train_loop=loop
     )
+
+
+def _stopped(trainer: types.SimpleNamespace) -> bool:
+    """The hook asked the run control to stop (on one process the stop is decided at once)."""
+    control = trainer.train_loop.control
+    return control.agreement.finish and (control.stop_reason or "").startswith("early stopping: ")
 
 
 def _feed(hook: EarlyStoppingHook, trainer, values: list[float], key: str | None = None) -> int | None:
     """Validate with each value in turn (as the train loop would); return the 1-based index that stopped."""
+    hook.before_train(trainer)
     for i, value in enumerate(values, 1):
         trainer.progress.epoch += 1
         hook.after_val_epoch(trainer, {key or hook.monitor: value, "val/other": 0.0})
-        if trainer.should_stop:
+        if _stopped(trainer):
             return i
     return None
 
@@ -100,7 +111,7 @@ def test_missing_key_warns_or_errors_listing_available_keys() -> None:
     hook, t = EarlyStoppingHook("val/accuracy"), _trainer()
     with pytest.warns(UserWarning, match=r"\['val/acc', 'val/loss'\].*Did you mean 'val/acc'"):
         hook.after_val_epoch(t, {"val/acc": 0.5, "val/loss": 1.0})
-    assert not t.should_stop and hook.wait_count == 0
+    assert not _stopped(t) and hook.wait_count == 0
     strict = EarlyStoppingHook("val/accuracy", strict=True)
     with pytest.raises(KeyError, match=r"not among the validation metrics \['val/acc', 'val/loss'\]"):
         strict.after_val_epoch(t, {"val/acc": 0.5, "val/loss": 1.0})
@@ -138,9 +149,10 @@ def test_registered_stateful_and_dispatched() -> None:
     hooks = HookList([hook])
     assert hooks.stateful() == [hook] and hook.state_key == "EarlyStoppingHook"
     t = _trainer()
+    hooks.call("before_train", t)
     hooks.call("after_val_epoch", t, {"val/acc": 0.5})
     hooks.call("after_val_epoch", t, {"val/acc": 0.4})
-    assert t.should_stop
+    assert _stopped(t)
 
 
 @pytest.mark.parametrize(
@@ -173,7 +185,18 @@ def test_a_key_with_no_known_direction_needs_a_rule() -> None:
 
 def test_an_mmengine_key_without_the_val_prefix_is_found(recwarn: pytest.WarningsRecorder) -> None:
     hook, t = EarlyStoppingHook("test/acc", patience=1), _trainer()
+    hook.before_train(t)
     hook.after_val_epoch(t, {"val/test/acc": 0.5})
     hook.after_val_epoch(t, {"val/test/acc": 0.4})
-    assert t.should_stop and hook.best_score == 0.5
+    assert _stopped(t) and hook.best_score == 0.5
     assert not [w for w in recwarn if "not among the validation metrics" in str(w.message)]
+
+
+def test_a_validation_outside_training_stops_nothing(caplog: pytest.LogCaptureFixture) -> None:
+    """``trainer.val()`` alone: the reason is logged, no stop is requested (the next ``train()`` is not cut)."""
+    hook, t = EarlyStoppingHook("val/acc", patience=1), _trainer()
+    with caplog.at_level(logging.INFO, logger="t.early"):
+        hook.after_val_epoch(t, {"val/acc": 0.5})
+        hook.after_val_epoch(t, {"val/acc": 0.4})
+    assert t.train_loop.control.stop_reason is None and not t.train_loop.control.agreement.finish
+    assert "(outside training)" in caplog.text

@@ -71,3 +71,29 @@ def test_the_runner_keeps_mmengines_attributes_without_a_warning(tmp_path: Path)
             assert torch.initial_seed() == 5
         finally:
             runner.close()
+
+
+def test_should_stop_set_by_a_hook_still_stops_through_the_run_control(tmp_path: Path) -> None:
+    """Lightning's / mmengine users' ``trainer.should_stop = True``: deprecated, mapped onto the loop's run control."""
+
+    class StopAt3(tw.Hook):
+        def after_train_iter(self, trainer, batch_idx, data_batch=None, outputs=None) -> None:  # noqa: ANN001
+            if trainer.progress.iteration == 3:
+                trainer.should_stop = True
+
+    with tw.Trainer(
+        model=LinearReg(),
+        work_dir=tmp_path,
+        train_dataloader=dict(dataset=regression_set(), batch_size=4),
+        optim_wrapper=dict(optimizer=dict(type="SGD", lr=0.1)),
+        train_cfg=dict(by_epoch=False, max_iters=10),
+        default_hooks=dict(checkpoint=None),
+        custom_hooks=[StopAt3()],
+        log_level="WARNING",
+    ) as t:
+        with pytest.warns(DeprecationWarning, match=r"should_stop = True is deprecated.*control\.request_stop"):
+            t.train()
+        assert t.progress.iteration == 3 and t.should_stop
+        assert t.train_loop is not None and t.train_loop.control.stop_reason == "trainer.should_stop = True"
+        with pytest.warns(DeprecationWarning, match=r"trainer\.preempted moved to trainer\.train_loop\.control"):
+            assert t.preempted is False

@@ -25,9 +25,10 @@ class EarlyStoppingHook(Hook):
     After each validation the monitored value is compared with the best so far. It
     improves when it beats the best by more than ``min_delta`` (``rule="greater"``:
     ``value > best + min_delta``; ``"less"``: ``value < best - min_delta``); otherwise the
-    validation counts as bad, and after ``patience`` bad validations in a row the hook sets
-    ``trainer.should_stop`` (training ends normally after the current iteration) and logs
-    why. Training also stops at once when the value is NaN/Inf (``check_finite``) or
+    validation counts as bad, and after ``patience`` bad validations in a row the hook asks the
+    train loop's run control to stop (``control.request_stop(reason)``: training ends normally
+    after the current iteration) and logs why; a validation outside ``train()`` only logs it.
+    Training also stops at once when the value is NaN/Inf (``check_finite``) or
     reaches ``stopping_threshold``.
 
     The best value and the count of bad validations are checkpointed, so a resumed run
@@ -93,6 +94,7 @@ class EarlyStoppingHook(Hook):
         self.check_finite = check_finite
         self.stopping_threshold = stopping_threshold
         self.best_score = -math.inf if rule == "greater" else math.inf
+        self._training = False  # between before_train and the run's end: a stop goes to the train loop's control
         self.wait_count = 0
 
     @override
@@ -114,8 +116,16 @@ class EarlyStoppingHook(Hook):
             return
         reason = self._check(float(metrics[key]))
         if reason:
-            trainer.should_stop = True
-            trainer.logger.info("Early stopping: %s", reason)
+            loop = trainer.train_loop if self._training else None
+            if loop is not None:
+                loop.control.request_stop(f"early stopping: {reason}")
+            trainer.logger.info("Early stopping: %s", reason if loop is not None else f"{reason} (outside training)")
+
+    def before_train(self, trainer: TrainerView) -> None:  # noqa: D102
+        self._training = True
+
+    def after_run(self, trainer: TrainerView) -> None:  # noqa: D102
+        self._training = False
 
     def _check(self, value: float) -> str | None:
         """Update the counters with ``value``; return why training should stop, or None."""

@@ -17,7 +17,6 @@ import subprocess
 import sys
 import threading
 import time
-import weakref
 from collections.abc import Sequence
 from types import FrameType
 from typing import TYPE_CHECKING, Any
@@ -28,7 +27,7 @@ from trainwright.hooks.view import require_train_loop
 from trainwright.registry import HOOKS
 
 if TYPE_CHECKING:
-    from trainwright.hooks.view import TrainerView
+    from trainwright.hooks.view import RunControlView, TrainerView
 
 _DEFAULT = "signal"
 
@@ -94,7 +93,8 @@ class PreemptionHook(Hook):
             itself stops at the agreement points (``trainer.agreement.every``; keep that many
             steps well inside the grace period between signal and kill).
         exit_code: Exit status after the checkpoint is saved: an int, ``"signal"`` (default:
-            ``128 + signum``) or None (``train()`` returns normally, ``trainer.preempted`` is True).
+            ``128 + signum``) or None (``train()`` returns normally,
+            ``trainer.train_loop.control.preempted`` is True).
         grace_s: After the first signal, seconds to wait for a step boundary (a training
             iteration or validation batch completing; each one restarts the wait) until the
             stop is reached; when none comes - the process is stuck, e.g. in a collective whose
@@ -134,7 +134,7 @@ class PreemptionHook(Hook):
         self._interval = 10
         self.preempted = False
         self._previous: dict[signal.Signals, Any] = {}
-        self._trainer_ref: weakref.ref | None = None  # set when one process trains: the handler stops it
+        self._control: RunControlView | None = None  # the train loop's run control when one process trains
         self._in_train = False  # validations inside training are cut too
         self._agreement: Any = None  # the trainer's agreement while training: the handler proposes the stop to it
         self.grace_s = grace_s
@@ -152,9 +152,8 @@ class PreemptionHook(Hook):
         # Only record: the loop decides at a step boundary (logging here could deadlock).
         if self.received is None:
             self.received = signal.Signals(signum)
-            trainer = self._trainer_ref() if self._trainer_ref is not None else None
-            if trainer is not None:  # one process: nothing to agree on, the loop stops at the step boundary
-                trainer.should_stop = True
+            if self._control is not None:  # one process: nothing to agree on, the loop stops at the step boundary
+                self._control.request_stop(f"preemption ({self.received.name})")
             if self._agreement is not None:
                 self._agreement.propose_stop()
 
@@ -181,7 +180,6 @@ class PreemptionHook(Hook):
         self.received = None
         self.preempted = False
         self.requeued = False
-        trainer.preempted = False
         if threading.current_thread() is not threading.main_thread():
             trainer.logger.warning(
                 "PreemptionHook: train() runs outside the main thread, so SIGTERM/SIGUSR1 cannot be caught; preemption "
@@ -189,7 +187,9 @@ class PreemptionHook(Hook):
             )
         self._interval = self.check_interval or 10
         self._in_train = True
-        self._trainer_ref = weakref.ref(trainer) if trainer.strategy.world_size == 1 else None
+        self._control = (
+            require_train_loop(trainer, "PreemptionHook").control if trainer.strategy.world_size == 1 else None
+        )
         self._agreement = trainer.metric_store.agreement
         self._agreement.reset()
         self._view = trainer
@@ -199,11 +199,11 @@ class PreemptionHook(Hook):
 
     def after_val_iter(self, trainer: TrainerView, batch_idx: int, data_batch: Any = None, outputs: Any = None) -> None:  # noqa: D102
         self._beats += 1  # a step boundary (the watchdog's heartbeat inside a validation)
-        # A validation inside training is cut at the next check too (the grace period may be shorter
-        # than a pass). One process: the handler already set trainer.should_stop, which the eval loop reads.
+        # A validation inside training is cut at the next check too (the grace period may be shorter than a pass). One
+        # process: the handler already asked the run control to stop (the eval loop reads should_stop).
         if (
             self._in_train
-            and self._trainer_ref is None
+            and self._control is None
             and (batch_idx + 1) % self._interval == 0
             and trainer.strategy.any_true(self.received is not None)
         ):
@@ -215,18 +215,17 @@ class PreemptionHook(Hook):
     def _stop(self, trainer: TrainerView) -> None:
         self._reached = True  # the stop point: the watchdog stands down (the save may take longer than the grace)
         self.preempted = True
-        trainer.preempted = True
         what = self.received.name if self.received is not None else "another rank"
         require_train_loop(trainer, "PreemptionHook").control.request_stop(
-            f"preemption ({what})", agreed=True
-        )  # a point every rank reaches with the same decision
+            f"preemption ({what})", agreed=True, preemption=True
+        )  # a point every rank reaches with the same decision: trainer.train_loop.control.preempted
         trainer.logger.warning(
             f"Preemption ({what}): stopping after iteration {trainer.progress.iteration} and saving a checkpoint"
         )
 
     def after_train(self, trainer: TrainerView) -> None:  # noqa: D102
         self._in_train = False
-        self._trainer_ref = None
+        self._control = None
         if (
             self._agreement is not None and self._agreement.stop and not self.preempted
         ):  # the same decision on every rank

@@ -51,9 +51,11 @@ class TrainLoopView(Protocol):
 class RunControlView(Protocol):
     """What hooks use of the loop's run control (:class:`~trainwright.loops.control.RunControl`)."""
 
-    def request_stop(self, reason: str, *, agreed: bool = False) -> None:
+    preempted: bool
+
+    def request_stop(self, reason: str, *, agreed: bool = False, preemption: bool = False) -> None:
         """End training after the current iteration (several processes: at the next agreement point; ``agreed``:
-        decided on every rank now)."""
+        decided on every rank now; ``preemption``: a stop signal's, :attr:`preempted`)."""
 
     def restart_from(self, iteration: int) -> None:
         """Go on from ``iteration`` after the current one's hooks (call it on every rank at the same iteration)."""
@@ -74,8 +76,8 @@ class TrainerView(Protocol):
 
     Attributes:
         progress: Epoch, iteration and position in the epoch (the one source of the position).
-        should_stop: Set to True to end training after the current iteration.
-        preempted: True once a stop signal ended training (set by the preemption hook).
+        should_stop: Whether training ends after the current iteration (the loop's stop flag). Setting it True is the
+            deprecated spelling of ``trainer.train_loop.control.request_stop(reason)``.
         logger: The run's logger (rank-aware).
         metric_store: Owner of every logged number; its ``agreement`` holds the stop / NaN / write
             decisions every process takes together.
@@ -91,7 +93,6 @@ class TrainerView(Protocol):
 
     progress: Progress
     should_stop: bool
-    preempted: bool
     logger: logging.Logger
     metric_store: MetricStore
     log_lines: PendingLines

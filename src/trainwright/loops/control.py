@@ -27,6 +27,7 @@ class RunControl:
     Attributes:
         agreement: See above.
         stop_reason: Why the first stop request of the run was made (None: none yet).
+        preempted: A preemption (a stop signal) ended the run: ``request_stop(..., preemption=True)``.
         restart_at: The iteration the loop goes on from after the current one (None: no restart pending).
     """
 
@@ -34,6 +35,7 @@ class RunControl:
         self.agreement = agreement
         self.stop_reason: str | None = None
         self.restart_at: int | None = None
+        self.preempted = False
         self._stop_agreed = (
             False  # a stop decided on every rank at once (request_stop(agreed=True)): no restart overrides it
         )
@@ -42,9 +44,10 @@ class RunControl:
         """Forget the requests (a new run)."""
         self.stop_reason = None
         self.restart_at = None
+        self.preempted = False
         self._stop_agreed = False
 
-    def request_stop(self, reason: str, *, agreed: bool = False) -> None:
+    def request_stop(self, reason: str, *, agreed: bool = False, preemption: bool = False) -> None:
         """End training after the current iteration (several processes: at the next agreement point, on every rank
         together).
 
@@ -52,7 +55,9 @@ class RunControl:
             reason: Why, in words (kept in :attr:`stop_reason`; the first request's is kept).
             agreed: The decision was taken on every rank at this same point (a preemption agreed
                 at its own check): it takes effect at once, without waiting for an agreement point.
+            preemption: The stop is a preemption's (the preemption hook's): :attr:`preempted` becomes True.
         """
+        self.preempted = self.preempted or preemption
         if self.stop_reason is None:
             self.stop_reason = reason
         if agreed:

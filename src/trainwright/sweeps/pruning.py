@@ -19,7 +19,7 @@ class SweepPruningHook(Hook):
 
     The step is the epoch (epoch-based loops) or the iteration. The decision is taken on rank
     0 and broadcast, so every process stops at the same point; the stop is
-    ``trainer.should_stop`` (training ends after the current validation, cleanly). A metric
+    the train loop's ``control.request_stop(reason)`` (training ends after the current validation, cleanly). A metric
     the validation does not produce stops the trial too (:attr:`missing` then holds the
     metrics it did produce).
     """
@@ -46,7 +46,7 @@ class SweepPruningHook(Hook):
             trainer.logger.error(
                 f"Sweep: the validation metrics {self.missing} do not include {self.metric!r}; stopping the sweep"
             )
-            trainer.should_stop = True
+            loop.control.request_stop(f"sweep: the validation metrics do not include {self.metric!r}")
             return
         value = float(metrics[key])
         step = trainer.progress.epoch if loop.by_epoch else trainer.progress.iteration
@@ -57,7 +57,7 @@ class SweepPruningHook(Hook):
             prune = bool(self.trial.should_prune())
         if trainer.strategy.broadcast_object(prune):
             self.pruned = True
-            trainer.should_stop = True
+            loop.control.request_stop(f"sweep: trial {self.trial.number} pruned")
             trainer.logger.info(
                 f"Sweep: trial {self.trial.number} pruned at {'epoch' if loop.by_epoch else 'iteration'} {step} "
                 f"({self.metric} = {value:.6g})"

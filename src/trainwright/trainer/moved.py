@@ -58,6 +58,10 @@ MOVED: dict[str, tuple[str, Callable[[Any], Any]]] = {
     "val_cfg": ("trainer.config['val_cfg']", lambda t: t.config["val_cfg"]),
     "test_cfg": ("trainer.config['test_cfg']", lambda t: t.config["test_cfg"]),
     "nonfinite_loss": ("trainer.config['nonfinite_loss']", lambda t: t.config["nonfinite_loss"]),
+    "preempted": (
+        "trainer.train_loop.control.preempted",
+        lambda t: bool(t.train_loop is not None and t.train_loop.ctx is not None and t.train_loop.control.preempted),
+    ),
 }
 
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import warnings
 from collections.abc import Mapping, Sequence
 from functools import partial
 from pathlib import Path
@@ -267,7 +268,6 @@ class Trainer:
             self.metric_store, self.writers, self.strategy.data_parallel_size
         )  # throughput: batches per step
         self.writers.write_config(config)
-        self.preempted = False  # set by the PreemptionHook when a stop signal ended training
         self.hooks = HookList(hooks, timer=HookTimer() if hook_timing is not False else None)
         if self.spike_guard is not None:
             from trainwright.hooks.spike_guard import SpikeGuardHook
@@ -366,20 +366,26 @@ class Trainer:
 
     @property
     def should_stop(self) -> bool:
-        """Whether training ends after the current iteration (or pass), the same on every process; a hook sets it True
-        to stop training.
+        """Whether training ends after the current iteration (or pass), the same on every process (the loops' stop flag).
 
-        On one process a stop set by a hook takes effect after the current iteration. Under
-        several processes a hook may set it on one rank only (a reason of its own), so it is a
-        request: the ranks agree at the next agreement point (at most ``agreement.every``
-        iterations later, 10 by default; at an epoch's end; after a validation) and training ends
-        there on every rank together; until then it reads False.
+        Setting it True is the deprecated spelling (Lightning's, mmengine users') of
+        ``trainer.train_loop.control.request_stop(reason)``, which it calls while training runs: a request
+        that the ranks agree on at the next agreement point (see :class:`~trainwright.loops.control.RunControl`).
         """
-        return self.agreement.finish
+        return self.metric_store.agreement.finish
 
     @should_stop.setter
     def should_stop(self, value: bool) -> None:
-        self.agreement.request_finish(value)
+        warnings.warn(
+            "trainer.should_stop = True is deprecated: call trainer.train_loop.control.request_stop(reason)",
+            DeprecationWarning,
+            stacklevel=2,
+        )
+        loop = self.train_loop
+        if value and loop is not None and loop.ctx is not None:
+            loop.control.request_stop("trainer.should_stop = True")
+        else:  # outside training (a val() / test() pass), or a request withdrawn
+            self.metric_store.agreement.request_finish(value)
 
     @property
     def precision(self) -> Precision:
@@ -511,7 +517,6 @@ class Trainer:
             # one collective: every rank's settings, data shape and resumed checkpoint
             check_ranks_agree(self.strategy, self.config, self.train_loop.dataloader, self.checkpoints.restored)
             self.agreement.set_finish(False)
-            self.preempted = False
             loop = self.train_loop
             if self.progress.iteration >= loop.max_iters:
                 self.logger.warning(
