@@ -30,7 +30,7 @@ from torch.utils.data import (
 
 from trainwright.data.loader_args import dataloader_arguments
 from trainwright.data.split import split_loader, warn_unsplit
-from trainwright.data.stream_state import has_state, rebuild_stream_loader, stateful_loader_class
+from trainwright.data.stream_state import has_state, new_stateful_loader, rebuild_stream_loader
 from trainwright.registry import DATASETS, ConfigError, check_keys
 
 
@@ -431,7 +431,7 @@ def make_dataloader(cfg: DataLoader | Mapping[str, Any], name: str = "dataloader
         )  # mmengine's sampler / collate_fn dicts: never handed to torch as they are
         args["dataset"] = DATASETS.build(args["dataset"])
         stream = stateful and isinstance(args["dataset"], IterableDataset)
-        cfg = stateful_loader_class()(**args) if stream else DataLoader(**args)
+        cfg = new_stateful_loader(**args) if stream else DataLoader(**args)
     if not isinstance(cfg, DataLoader):
         raise TypeError(
             f"{name} must be a torch DataLoader or a dict of DataLoader arguments, got {type(cfg).__name__}"

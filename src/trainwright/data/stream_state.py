@@ -7,6 +7,7 @@ checkpoint piece (``data_state``) that saves it and hands it back on resume.
 
 from __future__ import annotations
 
+import warnings
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
@@ -20,6 +21,15 @@ if TYPE_CHECKING:
 def has_state(obj: Any) -> bool:
     """Whether ``obj`` saves and restores its position: callable ``state_dict()`` and ``load_state_dict(state)``."""
     return callable(getattr(obj, "state_dict", None)) and callable(getattr(obj, "load_state_dict", None))
+
+
+def batches_per_pass(loader: Any) -> int | None:
+    """``len(loader)``: the batches of one pass over the data; None for a stream without ``__len__`` (endless, or of
+    unknown length)."""
+    try:
+        return len(loader)
+    except TypeError:
+        return None
 
 
 def stateful_loader_class() -> type[DataLoader]:
@@ -60,8 +70,17 @@ def rebuild_stream_loader(loader: DataLoader, generator: torch.Generator, statef
         kwargs["in_order"] = loader.in_order
     if not stateful:
         return DataLoader(loader.dataset, **kwargs)
-    cls = stateful_loader_class()
-    return cls(loader.dataset, snapshot_every_n_steps=getattr(loader, "snapshot_every_n_steps", 1), **kwargs)  # type: ignore[call-arg]
+    return new_stateful_loader(
+        loader.dataset, snapshot_every_n_steps=getattr(loader, "snapshot_every_n_steps", 1), **kwargs
+    )
+
+
+def new_stateful_loader(dataset: Any, **kwargs: Any) -> DataLoader:
+    """``StatefulDataLoader(dataset, **kwargs)``, without the deprecation warning torchdata 0.11 gives under torch
+    2.13 when one is built (its own call of ``torch.set_vital``, nothing the user can change)."""
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message="'set_vital' is deprecated", category=UserWarning)
+        return stateful_loader_class()(dataset, **kwargs)
 
 
 class StreamState:

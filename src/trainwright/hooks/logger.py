@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING, Any
 
 from trainwright.checkpoint.remote_io import publish_with_fallback
 from trainwright.checkpoint.storage import Location, RemotePath, Store, location
+from trainwright.data.stream_state import batches_per_pass
 from trainwright.hooks.hook import EveryInEpoch, Hook
 from trainwright.hooks.memory import PhasePeaks
 from trainwright.hooks.view import require_train_loop
@@ -171,7 +172,7 @@ class LoggerHook(Hook):
     def before_train(self, trainer: TrainerView) -> None:  # noqa: D102
         loop = require_train_loop(trainer, "LoggerHook.before_train")
         self._by_epoch = loop.by_epoch
-        self._epoch_len = len(loop.dataloader)
+        self._epoch_len = batches_per_pass(loop.dataloader) or 0  # 0: an endless stream (lines by iteration only)
         self._max_iters = loop.max_iters
         # Only a float16 GradScaler has a loss scale to log (it may not exist before the first step).
         precision = getattr(trainer.optim_wrapper, "precision", None)

@@ -14,6 +14,7 @@ from time import perf_counter as _clock
 from typing import TYPE_CHECKING, Any
 
 from trainwright.data.split import EvenEnd, is_stream, split_note
+from trainwright.data.stream_state import batches_per_pass
 
 if TYPE_CHECKING:
     from trainwright.data.loader import ResumableLoader
@@ -52,7 +53,7 @@ class _TrainLoopBase:
         gather_metric_period: int = 1,
         dynamic_intervals: Sequence[Sequence[int]] | None = None,
     ) -> None:
-        if len(dataloader) == 0:
+        if batches_per_pass(dataloader) == 0:  # None: an endless stream (iteration-based training only)
             raise ValueError(
                 "train_dataloader is empty (0 batches): check the dataset length, and that batch_size <= len(dataset) "
                 "when drop_last=True"
@@ -191,7 +192,8 @@ class _TrainLoopBase:
         ow = ctx.optim_wrapper
         schedule = ctx.hooks.schedule
         before_every, after_every = schedule.before_every, schedule.after_every
-        last = len(self.dataloader) - 1
+        length = batches_per_pass(self.dataloader)  # None: an endless stream, whose passes have no known last batch
+        last = -1 if length is None else length - 1
         train_step: Any = ctx.model.train_step
         record = ctx.metric_store.recorder(self.gather_metric_period)  # the store's list append when it is 1
         validate = ctx.validate if val_every_iter else None
@@ -225,7 +227,7 @@ class _TrainLoopBase:
         if even is not None:
             if even.unread is not None:
                 ctx.logger.info(even.describe(progress.iteration))
-        elif progress.iter_in_epoch != len(self.dataloader) and not agreement.local:
+        elif length is not None and progress.iter_in_epoch != length and not agreement.local:
             self._uneven_pass(ctx)
         return False
 

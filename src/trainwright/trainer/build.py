@@ -88,18 +88,17 @@ def build_train(
     loader = build_dataloader(
         loader_cfg, seed=seed, num_replicas=strategy.data_parallel_size, rank=strategy.data_parallel_rank
     )  # this rank's shard
-    try:
-        len(loader)
-    except TypeError as e:
+    length = loader.length  # None: a stream without __len__ (endless, or of unknown length)
+    if length is None and by_epoch:
         ds = loader.dataset
         raise TypeError(
-            f"train_dataloader's IterableDataset {type(ds).__name__} has no __len__ ({e}): the trainer needs the "
-            "number of batches per "
-            "epoch (epoch ends, validation and checkpoint points, schedulers, the ETA). Give the dataset a "
-            "`def __len__(self): return <samples it yields per process>`, or use a map-style Dataset (__getitem__ and "
-            "__len__)."
-        ) from e
-    if len(loader) == 0:
+            f"train_dataloader's IterableDataset {type(ds).__name__} has no __len__: training by epochs needs the "
+            "number of batches per epoch (epoch ends, validation and checkpoint points, schedulers, the ETA). Train "
+            "by iterations, train_cfg=dict(by_epoch=False, max_iters=N) (an endless stream), or give the dataset a "
+            "`def __len__(self): return <samples it yields per process>`, or use a map-style Dataset (__getitem__ "
+            "and __len__)."
+        )
+    if length == 0:
         raise ValueError(
             "train_dataloader is empty (0 batches): check the dataset length, and that batch_size <= len(dataset) when "
             "drop_last=True"
@@ -131,7 +130,7 @@ def build_train(
         schedulers = build_param_schedulers(
             scheduler_cfg,
             optim_wrapper,
-            epoch_length=len(loader),
+            epoch_length=length,
             max_epochs=getattr(loop, "max_epochs", None),
             max_iters=None if loop.by_epoch else loop.max_iters,
         )

@@ -13,6 +13,8 @@ import json
 from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
+from trainwright.data.stream_state import batches_per_pass
+
 if TYPE_CHECKING:
     from trainwright.strategies.base import Strategy
 
@@ -65,7 +67,7 @@ def describe_rank(config: Mapping[str, Any], train_loader: Any, restored: tuple[
     return {
         "hash": hashlib.sha256(json.dumps(settings, sort_keys=True).encode()).hexdigest(),
         "settings": settings,
-        "batches per epoch": len(loader) if loader is not None else None,
+        "batches per epoch": batches_per_pass(loader) if loader is not None else None,
         "batch_size": getattr(loader, "batch_size", None),
         "resumed": None if restored is None else (str(restored[0]), restored[1]),
     }

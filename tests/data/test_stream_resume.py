@@ -1,0 +1,175 @@
+"""Streams resume from their own state: killed with SIGKILL and resumed, the samples trained, their order and the
+weights are an uninterrupted run's, and the dataset is not read again up to the checkpoint (no replay)."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from collections import Counter
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+from torch.utils.data import DataLoader, IterableDataset
+
+from trainwright.checkpoint.stateful import make_safe
+from trainwright.data.loader import build_dataloader
+
+SCRIPT = Path(__file__).with_name("stream_train.py")
+TIMEOUT = 240
+
+
+def _shards(work: Path) -> None:
+    """4 JSON-lines shards of 10 samples each: ids 0..39."""
+    (work / "shards").mkdir(parents=True)
+    for s in range(4):
+        (work / "shards" / f"s{s}.jsonl").write_text(
+            "".join(json.dumps({"id": i}) + "\n" for i in range(s * 10, s * 10 + 10))
+        )
+
+
+def _start(source: str, work: Path, max_iters: int, kill_at: int, tag: str, resume: bool = False) -> Any:
+    cmd = [sys.executable, str(SCRIPT), source, str(work), str(max_iters), str(kill_at), tag]
+    return subprocess.Popen(
+        [*cmd, *(["--resume"] if resume else [])], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
+    )
+
+
+def _finish(p: Any, killed: bool) -> str:
+    out, _ = p.communicate(timeout=TIMEOUT)
+    assert p.returncode == (-9 if killed else 0), out[-3000:]
+    return str(out)
+
+
+def _trained(work: Path) -> dict[int, list[int]]:
+    """Iteration → sample ids, the last run's record of an iteration winning (a killed run's later iterations are
+    trained again)."""
+    return {r["it"]: r["ids"] for r in map(json.loads, (work / "trained.jsonl").read_text().splitlines())}
+
+
+def _reads(work: Path, tag: str) -> Counter[int]:
+    path = work / f"reads-{tag}.txt"
+    return Counter(int(x) for x in path.read_text().split()) if path.exists() else Counter()
+
+
+def _chain(tmp_path: Path, source: str, max_iters: int, kills: list[int]) -> tuple[Path, Path, list[str]]:
+    """An uninterrupted run (in parallel) and one killed after each iteration of ``kills``, resumed each time."""
+    ref, work = tmp_path / "ref", tmp_path / "run"
+    for d in (ref, work):
+        _shards(d)
+    reference = _start(source, ref, max_iters, 0, "ref")
+    logs = []
+    for i, k in enumerate([*kills, 0]):
+        logs.append(_finish(_start(source, work, max_iters, k, f"seg{i}", resume=i > 0), killed=k > 0))
+    _finish(reference, killed=False)
+    return ref, work, logs
+
+
+def _same_weights(a: Path, b: Path) -> None:
+    wa, wb = torch.load(a / "weights.pt"), torch.load(b / "weights.pt")
+    assert all(torch.equal(wa[k], wb[k]) for k in wa)  # dropout included: the random streams are the same
+
+
+@pytest.mark.slow
+@pytest.mark.multiprocess
+def test_hf_streaming_shards_with_two_workers_resume_mid_pass_without_reading_again(tmp_path: Path) -> None:
+    """A Hugging Face streaming dataset over local JSON-lines shards handed over in a dict, 2 loader workers, training
+    by iterations (no ``__len__``; 10 batches a pass), accumulation of 3: killed after iteration 7 (inside an
+    accumulation window) and resumed: the dataset reads exactly the samples of iterations 8-10 again, each once."""
+    pytest.importorskip("datasets")
+    ref, work, logs = _chain(tmp_path, "hf", 10, [7])
+    trained = _trained(ref)
+    assert sorted(trained) == list(range(1, 11))
+    assert _trained(work) == trained
+    _same_weights(ref, work)
+    assert _reads(work, "seg1") == Counter(i for it in (8, 9, 10) for i in trained[it])
+    assert "consuming" not in logs[1] and "reading again" not in logs[1]  # no replay, no warning of one
+
+
+@pytest.mark.slow
+@pytest.mark.multiprocess
+def test_a_stateful_loader_passed_in_over_an_endless_plain_stream_resumes_exactly_at_pass_boundaries(
+    tmp_path: Path,
+) -> None:
+    """A ``StatefulDataLoader`` passed in, over a plain ``IterableDataset`` with ``state_dict()`` and no ``__len__``,
+    2 workers, ``by_epoch=False`` (10 batches a pass), accumulation of 3: killed after iteration 10 (a pass's last
+    batch, inside an accumulation window), resumed and killed after 11 (the next pass's first batch), resumed again
+    (a resumed run's resume) to the end; the run logs an ETA from max_iters."""
+    ref, work, logs = _chain(tmp_path, "plain", 14, [10, 11])
+    assert _trained(work) == _trained(ref)
+    assert sorted(_trained(ref)) == list(range(1, 15))
+    _same_weights(ref, work)
+    for seg in (1, 2):
+        reads = _reads(work, f"seg{seg}")
+        assert max(reads.values()) == 1, reads  # a resumed run reads each sample once: the pass is not read again
+    assert "Iter(train) [14/14]" in logs[-1] and "eta: " in logs[-1]
+
+
+class Counted(IterableDataset):
+    """0..11 in batches of the loader; ``state_dict()`` is how many it yielded (one pass)."""
+
+    def __init__(self) -> None:
+        self.done, self._start, self.reads = 0, 0, Counter[int]()
+
+    def __iter__(self) -> Any:
+        start, self._start = self._start, 0
+        self.done = start
+        for i in range(start, 12):
+            self.done += 1
+            self.reads[i] += 1
+            yield i
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"done": self.done}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self._start = int(state["done"])
+
+
+def test_a_dataloader_over_a_dataset_with_state_is_restored_not_replayed_and_leaves_the_global_rng() -> None:
+    """A plain ``DataLoader`` handed over is rebuilt as a ``StatefulDataLoader``; its state (pickle-free) restores the
+    stream, the dataset reads nothing twice, and iterating draws nothing from the global RNG."""
+    a = build_dataloader(DataLoader(Counted(), batch_size=3))
+    assert a.stateful and a.length is None
+    rng = torch.get_rng_state()
+    it = iter(a)
+    head = [next(it).tolist() for _ in range(2)]
+    assert torch.equal(torch.get_rng_state(), rng)  # the loader's base seed comes from its own generator
+    state, order = make_safe(a.stream_state()), a.state_dict()
+    b = build_dataloader(DataLoader(Counted(), batch_size=3))
+    b.load_state_dict(order)
+    b.load_stream_state(state)
+    rest = [x.tolist() for x in b]
+    assert head + rest == [[0, 1, 2], [3, 4, 5], [6, 7, 8], [9, 10, 11]]
+    assert b.loader.dataset.reads == Counter(range(6, 12))  # nothing before the checkpoint read again
+    assert b.epoch == 1 and b.position == 0
+
+
+def test_stateful_false_keeps_a_plain_loader_and_the_replay_warning_names_the_remedy() -> None:
+    a = build_dataloader(dict(dataset=Counted(), batch_size=3, stateful=False))
+    assert not a.stateful
+    it = iter(a)
+    next(it)
+    b = build_dataloader(dict(dataset=Counted(), batch_size=3, stateful=False))
+    b.load_state_dict(a.state_dict())
+    b.load_stream_state(a.stream_state())
+    with pytest.warns(UserWarning, match=r"consuming 1 batches.*state_dict\(\).*stateful=True"):
+        assert [x.tolist() for x in b] == [[3, 4, 5], [6, 7, 8], [9, 10, 11]]
+
+
+def test_an_endless_stream_trains_by_iterations_and_is_refused_by_epochs(trainer_factory: Any) -> None:
+    class Endless(IterableDataset):
+        def __iter__(self) -> Any:
+            g = torch.Generator().manual_seed(0)
+            while True:
+                yield torch.randn(4, generator=g), torch.randn(1, generator=g)
+
+    t = trainer_factory(
+        train_dataloader=dict(dataset=Endless(), batch_size=2), train_cfg=dict(by_epoch=False, max_iters=5)
+    )
+    t.train()
+    assert t.progress.iteration == 5
+    with pytest.raises(TypeError, match=r"(?s)has no __len__.*by_epoch=False, max_iters=N"):
+        trainer_factory(train_dataloader=dict(dataset=Endless(), batch_size=2)).train()
