@@ -26,7 +26,7 @@ from trainwright.checkpoint.lock import WorkDirBusyError, WorkDirLock
 from trainwright.checkpoint.migrate import migrate
 from trainwright.checkpoint.rng import get_rng_state, set_rng_state
 from trainwright.checkpoint.settings import CheckpointSettings
-from trainwright.checkpoint.stateful import Stateful, check_state_dict, make_safe
+from trainwright.checkpoint.stateful import PieceNotReady, Stateful, check_state_dict, make_safe
 from trainwright.checkpoint.storage import Location, RemotePath, location
 from trainwright.registry import did_you_mean
 
@@ -636,23 +636,23 @@ class CheckpointManager:
                     f"(keys: {sorted(ckpt)}); use load_from= for weights only"
                 )
         ckpt = migrate(ckpt, repr(str(path)))
-        unbuilt = [name for name, piece in self.pieces.items() if piece is None and name in ckpt]
-        if unbuilt:
-            raise RuntimeError(
-                f"Cannot restore checkpoint {str(path)!r} yet: it holds {unbuilt}, which this trainer has not built "
-                "(the optimizer, schedulers and train loader are built when training starts), so their state would be "
-                "lost; nothing was loaded. Pass resume= to the Trainer (train() restores it), or call "
-                "trainer.build_train_loop() before find_and_restore()"
-            )
         pieces = self.stateful
         for name, piece in pieces.items():
             if name in ckpt:
                 try:
                     check_state_dict(piece, ckpt[name])
+                except PieceNotReady as e:
+                    raise PieceNotReady(
+                        f"Cannot restore checkpoint {str(path)!r} yet: {e}; nothing was loaded. Pass resume= to the "
+                        "Trainer (train() restores it before training), or call trainer.build_train_loop() first"
+                    ) from e
                 except (ValueError, RuntimeError) as e:
                     raise type(e)(f"Checkpoint {str(path)!r} does not fit this trainer: {e}") from e
         for name in [n for n in pieces if n not in ckpt and n not in self.optional]:
             warnings.warn(f"Checkpoint {str(path)!r} holds no {name!r} state; {name} starts fresh", stacklevel=3)
+        unbuilt = [name for name, piece in self.pieces.items() if piece is None and name in ckpt]
+        if unbuilt:  # val() before train() with resume=: train() builds them and restores the checkpoint again
+            self.logger.info(f"Restoring {path} without {unbuilt}: this trainer has not built them yet")
         rng = pieces.pop("rng")
         for name, piece in pieces.items():
             if name in ckpt:

@@ -36,6 +36,10 @@ class Stateful(Protocol):
         ...
 
 
+class PieceNotReady(RuntimeError):
+    """Raised by a piece's ``check_state_dict`` when it cannot take a state yet (e.g. the model is not prepared)."""
+
+
 def check_state_dict(piece: Any, state: Any) -> None:
     """Run ``piece.check_state_dict(state)`` if the piece defines it (see the module docstring)."""
     check = getattr(piece, "check_state_dict", None)

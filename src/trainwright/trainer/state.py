@@ -20,6 +20,7 @@ import torch
 
 from trainwright.checkpoint import Stateful
 from trainwright.checkpoint.migrate import FORMAT_VERSION
+from trainwright.checkpoint.stateful import PieceNotReady
 from trainwright.optim.optim_wrapper_dict import optim_wrappers_of
 from trainwright.version import __version__
 
@@ -110,6 +111,11 @@ class ModelState:
         return self.strategy.model_state_dict()
 
     def check_state_dict(self, state: Mapping[str, Any]) -> None:  # noqa: D102
+        if self.strategy.model is None:
+            raise PieceNotReady(
+                "this trainer's model is not prepared yet (the strategy moves and wraps it when train(), val() or "
+                "test() first runs, or in trainer.build_train_loop())"
+            )
         _check_model(self.strategy.model_state_dict(), state)
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:  # noqa: D102
