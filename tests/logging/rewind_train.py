@@ -43,7 +43,7 @@ class Report(tw.Hook):
 
     def after_train_iter(self, trainer: Any, batch_idx: int, data_batch: Any = None, outputs: Any = None) -> None:
         print(f"iter {trainer.progress.iteration}", flush=True)
-        time.sleep(0.03)
+        time.sleep(0.05)
 
 
 def main(work_dir: str) -> None:

@@ -82,7 +82,7 @@ def test_kill_9_at_random_moments_then_resume_logs_each_iteration_once(tmp_path:
     rng = random.Random(40)
     start, kills = 0, []
     for _ in range(2):  # two kills at random iterations after a checkpoint, each resumed
-        at = rng.randint(max(start, 5) + 1, ITERS - 2)
+        at = rng.randint(max(start, 5) + 1, ITERS - 6)  # iterations left after it: the kill lands before the end
         kills.append(_kill_at(_start(work), at))
         start = kills[-1] - kills[-1] % 5  # the newest checkpoint at or before the kill (a kill inside a save: older)
     _finish(_start(work))
