@@ -173,3 +173,27 @@ def test_an_endless_stream_trains_by_iterations_and_is_refused_by_epochs(trainer
     assert t.progress.iteration == 5
     with pytest.raises(TypeError, match=r"(?s)has no __len__.*by_epoch=False, max_iters=N"):
         trainer_factory(train_dataloader=dict(dataset=Endless(), batch_size=2)).train()
+
+
+def test_under_several_processes_each_rank_restores_its_own_stream_and_another_world_size_reads_again() -> None:
+    """The ``data_state`` piece of rank 1 of 2: a save holds every rank's state (gathered), a resume takes its own;
+    a checkpoint of 2 processes resumed by 3 restores none, with a warning naming both counts."""
+    from trainwright.data.stream_state import StreamState
+
+    loaders = [build_dataloader(DataLoader(Counted(), batch_size=3)) for _ in range(2)]
+    its = [iter(x) for x in loaders]
+    next(its[0])
+    next(its[1]), next(its[1])  # the ranks stand at different points of their streams
+    states = [x.stream_state() for x in loaders]
+    saved = StreamState(loaders[1], lambda own: [states[0], own], rank=1, world_size=2).state_dict()
+    assert saved["per_rank"][1] == states[1] and saved["per_rank"][0] == states[0]
+    resumed = build_dataloader(DataLoader(Counted(), batch_size=3))
+    resumed.load_state_dict(loaders[1].state_dict())
+    StreamState(resumed, lambda own: [own, own], rank=1, world_size=2).load_state_dict(make_safe(saved))
+    assert [x.tolist() for x in resumed] == [[6, 7, 8], [9, 10, 11]]  # rank 1's stream, from its own position
+    other = build_dataloader(DataLoader(Counted(), batch_size=3))
+    other.load_state_dict(loaders[1].state_dict())
+    with pytest.warns(UserWarning, match=r"stream positions of 2 process\(es\), this run has 3"):
+        StreamState(other, lambda own: [own] * 3, rank=1, world_size=3).load_state_dict(saved)
+    with pytest.warns(UserWarning, match="consuming 2 batches"):
+        assert [x.tolist() for x in other] == [[6, 7, 8], [9, 10, 11]]

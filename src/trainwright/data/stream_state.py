@@ -8,7 +8,7 @@ checkpoint piece (``data_state``) that saves it and hands it back on resume.
 from __future__ import annotations
 
 import warnings
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Any
 
 import torch
@@ -90,14 +90,38 @@ class StreamState:
     dataset state; tensors and plain containers, so the checkpoint loads with ``weights_only=True``), or None where
     nothing needs it (a map-style dataset, whose position is its sampler's, from ``progress``; a stream at the start of
     a pass; a stream without state, read again on resume). ``load_state_dict`` hands it to the loader, whose next
-    ``iter()`` continues from it. This is the process's own stream.
+    ``iter()`` continues from it.
+
+    Under several processes each rank reads its own part of the stream: a save gathers every rank's state
+    (``"per_rank"``, a collective, as the RNG piece's) and each rank restores its own; a checkpoint of another number
+    of processes restores none (each rank reads its part again up to the position, with a warning).
+
+    Args:
+        loader: The train loader.
+        gather: Every rank's object in rank order (``Strategy.gather_object``); needed when ``world_size > 1``.
+        rank: This process's rank.
+        world_size: How many processes train.
     """
 
-    def __init__(self, loader: ResumableLoader) -> None:
+    def __init__(
+        self,
+        loader: ResumableLoader,
+        gather: Callable[[Any], list[Any]] | None = None,
+        rank: int = 0,
+        world_size: int = 1,
+    ) -> None:
+        if world_size > 1 and gather is None:
+            raise ValueError("StreamState under several processes needs gather (Strategy.gather_object)")
         self.loader = loader
+        self.gather = gather
+        self.rank = rank
+        self.world_size = world_size
 
     def state_dict(self) -> dict[str, Any]:  # noqa: D102
-        return {"stream": self.loader.stream_state()}
+        own = self.loader.stream_state()
+        if self.gather is None or self.world_size == 1 or not self.loader.stateful:  # the same on every rank
+            return {"stream": own}
+        return {"stream": own, "per_rank": list(self.gather(own))}
 
     def check_state_dict(self, state: Mapping[str, Any]) -> None:  # noqa: D102
         if not isinstance(state, Mapping) or "stream" not in state:
@@ -107,4 +131,19 @@ class StreamState:
             )
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:  # noqa: D102
-        self.loader.load_stream_state(state.get("stream"))
+        per_rank = state.get("per_rank")
+        world, rank = self.world_size, self.rank
+        if per_rank is None and world == 1:
+            self.loader.load_stream_state(state.get("stream"))
+        elif per_rank is not None and len(per_rank) == world:
+            self.loader.load_stream_state(per_rank[rank])
+        else:
+            saved = 1 if per_rank is None else len(per_rank)
+            if self.loader.stateful and any(s is not None for s in (per_rank or [state.get("stream")])):
+                warnings.warn(
+                    f"The checkpoint holds the stream positions of {saved} process(es), this run has {world}: each "
+                    "rank reads its part of the stream again up to the checkpoint's position instead. Resume with "
+                    f"{saved} process(es) to restore them",
+                    stacklevel=2,
+                )
+            self.loader.load_stream_state(None)

@@ -421,7 +421,9 @@ class Trainer:
         self.checkpoints.pieces.update(
             optim_wrapper=OptimState(self.strategy, self.optim_wrapper) if self.optim_wrapper is not None else None,
             param_schedulers=SchedulerState(self.param_schedulers) if self.param_schedulers else None,
-            data_state=StreamState(self.train_loop.dataloader),
+            data_state=StreamState(
+                self.train_loop.dataloader, self.strategy.gather_object, self.strategy.rank, self.strategy.world_size
+            ),
             train_dataloader=self._data_order,
         )
 
