@@ -32,6 +32,7 @@ class Events(Hook):
     def after_train_iter(
         self, trainer: tw.Trainer, batch_idx: int, data_batch: Any = None, outputs: Any = None
     ) -> None:
+        trainer.strategy.wait_for_checkpoint()  # keep-k deletes an older file once the new one is durable
         d = trainer.checkpoints.ckpt_dir
         self.seen.append((trainer.progress.iteration, {p.name for p in d.iterdir()} if d.is_dir() else set()))
 

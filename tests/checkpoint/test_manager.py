@@ -72,6 +72,7 @@ def test_save_points_latest_at_each_periodic_checkpoint_and_keeps_k(tmp_path: Pa
         _train_to(m, counter, weights, progress, it)
         path = m.save_periodic(m.name("iter_{}.pth", it))
         assert path == tmp_path / f"iter_{it}.pth" and read_latest(tmp_path) == f"iter_{it}.pth"
+    m.strategy.wait_for_checkpoint()  # keep-k deletes a file once the newer one is durable
     assert sorted(p.name for p in tmp_path.glob("*.pth")) == [
         "iter_2.pth",
         "iter_3.pth",
@@ -99,6 +100,7 @@ def test_best_k_keeps_the_best_scores_and_deletes_the_one_that_falls_out(tmp_pat
     assert m.save_best("acc", 0.6, "best_acc_3.pth", greater=True, keep=2) is not None
     assert m.save_best("acc", 0.1, "best_acc_4.pth", greater=True, keep=2) is None  # not among the best 2: not written
     assert m.record.best == {"acc": [(0.7, "best_acc_2.pth"), (0.6, "best_acc_3.pth")]}
+    m.strategy.wait_for_checkpoint()  # the file that fell out goes once the new one is durable
     assert sorted(p.name for p in tmp_path.glob("*.pth")) == ["best_acc_2.pth", "best_acc_3.pth"]
     assert read_latest(tmp_path) is None  # best checkpoints are not resume candidates
 

@@ -1,7 +1,9 @@
 """Checkpoint files on disk: atomic writes and safe loads.
 
 * **Complete or absent.** Written under a hidden temporary name, fsynced, renamed onto the
-  target, directory fsynced: a killed process leaves the previous file or the new one.
+  target, directory fsynced: a killed process leaves the previous file or the new one. With
+  ``durable=False`` the two fsyncs run in a background thread
+  (:mod:`trainwright.checkpoint.durability`).
 * **Loading never runs code.** ``torch.load(..., weights_only=True)``; a pickle that would
   import or call objects raises :class:`UnsafeCheckpointError`. An mmengine checkpoint (its
   ``HistoryBuffer`` s, numpy values) is read by an allowlist of inert stand-ins as plain data
@@ -21,6 +23,7 @@ from typing import IO, Any, Union
 
 import torch
 
+from trainwright.checkpoint.durability import fsync_dir, fsync_later
 from trainwright.checkpoint.storage import RemotePath, location
 
 PathLike = Union[str, "os.PathLike[str]"]  # noqa: UP007 (a string forward reference: `|` would be evaluated at import)
@@ -63,25 +66,11 @@ class UnsafeCheckpointError(CheckpointError):
 # --------------------------------------------------------------------------- writing
 
 
-def fsync_dir(directory: str | os.PathLike[str]) -> None:
-    """Make a rename in ``directory`` durable; a no-op where directories cannot be opened."""
-    try:
-        fd = os.open(directory, os.O_RDONLY)
-    except OSError:  # Windows cannot open directories; its renames are durable enough.
-        return
-    try:
-        os.fsync(fd)
-    except OSError:
-        pass
-    finally:
-        os.close(fd)
-
-
 def _temp_path(target: Path) -> Path:
     return target.with_name(f".{target.name}{TMP_MARKER}{os.getpid()}.{secrets.token_hex(4)}")
 
 
-def atomic_write(path: PathLike, write: Callable[[IO[bytes]], object]) -> None:
+def atomic_write(path: PathLike, write: Callable[[IO[bytes]], object], *, durable: bool = True) -> None:
     """Write a file so that ``path`` is always either its old content or the new one.
 
     ``write`` receives a binary file object opened on a temporary file in the target's
@@ -94,9 +83,17 @@ def atomic_write(path: PathLike, write: Callable[[IO[bytes]], object]) -> None:
     ``KeyboardInterrupt`` stays one; an ``OSError`` is re-raised with ``path`` as its
     ``filename`` and a message that says nothing was replaced and what to do.
 
+    With ``durable=False`` the call returns once the complete file is renamed into place: it
+    is whole for every process and survives a ``kill -9`` (the OS's page cache holds it), and
+    the two fsyncs that make it survive a power loss run in a background thread
+    (:mod:`trainwright.checkpoint.durability`): its ``wait_durable`` waits for them and
+    raises a failure, its ``when_durable`` runs work (deleting older checkpoints) only after them.
+    On Windows, which cannot rename a file that is still open, the fsyncs run here.
+
     Args:
         path: The target file.
         write: Callable that writes the whole content into the file object it is given.
+        durable: fsync before returning (True) or in the background (False).
 
     Raises:
         OSError: writing failed (disk full, permissions); ``errno`` is the OS's, ``filename`` is ``path``.
@@ -107,13 +104,20 @@ def atomic_write(path: PathLike, write: Callable[[IO[bytes]], object]) -> None:
     except OSError as e:
         raise _write_error(e, target) from e
     tmp = _temp_path(target)
+    later = not durable and os.name != "nt"
+    fd = -1  # with `later`: a descriptor of the file for the background fsync, open across the rename
     try:
         with open(tmp, "xb") as f:
             write(f)
             f.flush()
-            os.fsync(f.fileno())
+            if later:
+                fd = os.dup(f.fileno())
+            else:
+                os.fsync(f.fileno())
         os.replace(tmp, target)
     except BaseException as e:
+        if fd >= 0:
+            os.close(fd)
         try:
             tmp.unlink()
         except OSError:
@@ -124,7 +128,10 @@ def atomic_write(path: PathLike, write: Callable[[IO[bytes]], object]) -> None:
         if isinstance(cause, OSError):
             raise _write_error(cause, target) from e
         raise
-    fsync_dir(target.parent)
+    if later:
+        fsync_later(fd, target)
+    else:
+        fsync_dir(target.parent)
 
 
 def _real_cause(e: BaseException) -> BaseException:
@@ -150,30 +157,31 @@ def _write_error(e: OSError, target: Path) -> OSError:
     )
 
 
-def atomic_save(obj: Mapping[str, Any], path: PathLike) -> None:
+def atomic_save(obj: Mapping[str, Any], path: PathLike, *, durable: bool = True) -> None:
     """``torch.save`` ``obj`` to ``path`` atomically: the file is complete or absent.
 
     Args:
         obj: The checkpoint dict. Keep it to tensors and plain containers so that it
             loads with ``weights_only=True`` (see :func:`load_file`).
         path: The target file; its parent directories are created.
+        durable: False: fsync in the background (see :func:`atomic_write`).
     """
-    atomic_write(path, lambda f: torch.save(obj, f))
+    atomic_write(path, lambda f: torch.save(obj, f), durable=durable)
 
 
-def atomic_write_bytes(path: PathLike, data: bytes) -> None:
+def atomic_write_bytes(path: PathLike, data: bytes, *, durable: bool = True) -> None:
     """Write ``data`` to ``path`` atomically (see :func:`atomic_write`)."""
-    atomic_write(path, lambda f: f.write(data))
+    atomic_write(path, lambda f: f.write(data), durable=durable)
 
 
-def write_whole(path: PathLike | RemotePath, data: bytes) -> None:
-    """Write ``data`` as ``path``, complete or absent: atomically on local disk (:func:`atomic_write`), as one object
-    in a store."""
+def write_whole(path: PathLike | RemotePath, data: bytes, *, durable: bool = True) -> None:
+    """Write ``data`` as ``path``, complete or absent: atomically on local disk (:func:`atomic_write`; ``durable`` as
+    there), as one object in a store."""
     loc = location(path)
     if isinstance(loc, RemotePath):
         loc.write_bytes(data)
     else:
-        atomic_write_bytes(loc, data)
+        atomic_write_bytes(loc, data, durable=durable)
 
 
 def atomic_write_text(path: PathLike, text: str) -> None:

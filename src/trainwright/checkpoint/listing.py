@@ -41,9 +41,11 @@ def write_latest(ckpt_dir: PathLike | RemotePath, filename: str) -> None:
     """Record ``filename`` (a name inside ``ckpt_dir``) as the last checkpoint written.
 
     The pointer is a small text file named ``latest``, not a symlink: it works on every
-    filesystem and survives copying the directory. In a remote folder it is one object (one PUT).
+    filesystem and survives copying the directory. In a remote folder it is one object (one PUT). On
+    local disk it is in place on return and fsynced in the background, as the synchronous save it
+    points at (:mod:`trainwright.checkpoint.durability`).
     """
-    write_whole(location(ckpt_dir) / LATEST_FILENAME, (Path(filename).name + "\n").encode("utf-8"))
+    write_whole(location(ckpt_dir) / LATEST_FILENAME, (Path(filename).name + "\n").encode("utf-8"), durable=False)
 
 
 def read_latest(ckpt_dir: PathLike | RemotePath) -> str | None:

@@ -20,6 +20,7 @@ from typing import Any, Protocol
 
 import torch
 
+from trainwright.checkpoint.durability import when_durable
 from trainwright.checkpoint.io import CHECKPOINT_SUFFIX, write_whole
 from trainwright.checkpoint.listing import read_latest, recording_skips, write_latest
 from trainwright.checkpoint.lock import WorkDirBusyError, WorkDirLock
@@ -354,11 +355,14 @@ class CheckpointManager:
         wanted = self.record.names() | {path.name}
         remove = [r for r in remove if r not in wanted]  # a name dropped from one list may be kept by the other
 
+        def drop_old() -> None:
+            for old in remove:
+                self.strategy.remove_checkpoint(path.parent / old)
+
         def finish() -> None:
             if latest:
                 write_latest(path.parent, path.name)
-            for old in remove:
-                self.strategy.remove_checkpoint(path.parent / old)
+            when_durable(drop_old)  # older files go only once the new one survives a power loss
             if after is not None:
                 after()
 

@@ -333,7 +333,9 @@ class Strategy(UpdateEngine, StrategyParts):
 
         Called on every rank with the same ``path``. A synchronous save first finishes a
         pending background write (so files complete in the order they were asked for),
-        writes atomically, runs ``after`` and waits for every process. With ``async_save``
+        writes atomically, runs ``after`` and waits for every process; the file is in place on
+        return and its fsyncs run in the background (:mod:`trainwright.checkpoint.durability`:
+        waited for by the next save and by :meth:`wait_for_checkpoint`). With ``async_save``
         the call returns once the tensors are copied to CPU memory; the write and then
         ``after`` run in a background thread, at most one write in flight (see
         :mod:`trainwright.checkpoint.async_writer`).
@@ -371,7 +373,7 @@ class Strategy(UpdateEngine, StrategyParts):
                 from trainwright.checkpoint.io import atomic_save
 
                 self.wait_for_checkpoint()
-                atomic_save(state, remote)
+                atomic_save(state, remote, durable=False)  # in place now; fsynced in the background
                 if after is not None:
                     after()
         if not async_save:
@@ -386,9 +388,12 @@ class Strategy(UpdateEngine, StrategyParts):
         return self._ckpt_writer
 
     def wait_for_checkpoint(self) -> None:
-        """Block until a background write (if any) is complete; re-raise its error."""
+        """Block until a background write (if any) and the background fsyncs are complete; re-raise their error."""
+        from trainwright.checkpoint.durability import wait_durable
+
         if self._ckpt_writer is not None:
             self._ckpt_writer.wait()
+        wait_durable()
 
     def load_checkpoint(self, path: str | Path | RemotePath, map_location: Any = "cpu") -> dict[str, Any]:
         """Read the checkpoint at ``path`` to restore it (resume, rollback): here :meth:`read_checkpoint`.
