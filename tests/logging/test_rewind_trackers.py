@@ -25,7 +25,7 @@ class StopAt(tw.Hook):
 
     def after_train_iter(self, trainer: Any, batch_idx: int, data_batch: Any = None, outputs: Any = None) -> None:
         if trainer.progress.iteration == self.at:
-            trainer.should_stop = True
+            trainer.train_loop.control.request_stop(f"stopped at iteration {self.at}")
 
 
 def _train(work: Path, name: str, writers: list[Any], **kw: Any) -> tw.Trainer:
