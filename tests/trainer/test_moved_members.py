@@ -97,3 +97,10 @@ def test_should_stop_set_by_a_hook_still_stops_through_the_run_control(tmp_path:
         assert t.train_loop is not None and t.train_loop.control.stop_reason == "trainer.should_stop = True"
         with pytest.warns(DeprecationWarning, match=r"trainer\.preempted moved to trainer\.train_loop\.control"):
             assert t.preempted is False
+        for name, new, value in (
+            ("agreement", r"trainer\.metric_store\.agreement", t.metric_store.agreement),
+            ("writers", r"trainer\.log_lines\.writers", t.log_lines.writers),
+            ("spike_guard", r"trainer\.hooks", None),  # no spike_guard= given
+        ):
+            with pytest.warns(DeprecationWarning, match=rf"trainer\.{name} moved to {new}"):
+                assert getattr(t, name) is value, name

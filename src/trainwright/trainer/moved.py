@@ -40,6 +40,12 @@ def _save_checkpoint(t: Any) -> Callable[..., Any]:
     return save_checkpoint
 
 
+def _spike_guard(t: Any) -> Any:
+    from trainwright.hooks.spike_guard import SpikeGuardHook
+
+    return next((h.guard for h in t.hooks if isinstance(h, SpikeGuardHook)), None)
+
+
 #: Old name -> (where it lives now, how to read it from a trainer).
 MOVED: dict[str, tuple[str, Callable[[Any], Any]]] = {
     "is_main_process": ("trainer.strategy.is_main_process", lambda t: t.strategy.is_main_process),
@@ -58,6 +64,9 @@ MOVED: dict[str, tuple[str, Callable[[Any], Any]]] = {
     "val_cfg": ("trainer.config['val_cfg']", lambda t: t.config["val_cfg"]),
     "test_cfg": ("trainer.config['test_cfg']", lambda t: t.config["test_cfg"]),
     "nonfinite_loss": ("trainer.config['nonfinite_loss']", lambda t: t.config["nonfinite_loss"]),
+    "agreement": ("trainer.metric_store.agreement", lambda t: t.metric_store.agreement),
+    "writers": ("trainer.log_lines.writers", lambda t: t.log_lines.writers),
+    "spike_guard": ("trainer.hooks (its SpikeGuardHook's guard)", _spike_guard),
     "preempted": (
         "trainer.train_loop.control.preempted",
         lambda t: bool(t.train_loop is not None and t.train_loop.ctx is not None and t.train_loop.control.preempted),

@@ -68,7 +68,8 @@ class RunGuard:
                         _log_failure(t.logger, *failure)
             self.running = False
             if ok:
-                t.writers.raise_held()  # writers_fail="raise": an error held for a checkpoint still due at the end
+                # writers_fail="raise": an error held for a checkpoint still due at the end
+                t.log_lines.writers.raise_held()
 
     def explained(self, e: NonFiniteLossError) -> FloatingPointError:
         """The error a non-finite loss stops the run with: ``e``'s message with where the value came from (a replay;
@@ -150,7 +151,7 @@ class RunGuard:
                     exc_info=e,
                 )
         with (
-            t.writers.holding()
+            t.log_lines.writers.holding()
         ):  # a writer's error (writers_fail="raise") never hides the run's own; run() raises it after a success
             t.flush_logs()
         if ok and failed:

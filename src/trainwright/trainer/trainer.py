@@ -16,15 +16,13 @@ from trainwright.checkpoint import load_model_weights, save_safetensors
 from trainwright.checkpoint.lock import WorkDirBusyError
 from trainwright.checkpoint.manager import CheckpointManager
 from trainwright.checkpoint.storage import location
+from trainwright.data.stream_state import StreamState
 from trainwright.hooks.dispatch import HookList
 from trainwright.hooks.hook import Hook
 from trainwright.hooks.timing import HookTimer
-from trainwright.logging.agreement import Agreement
-from trainwright.logging.lines import PendingLines
-from trainwright.logging.logger import close_logger, create_logger
+from trainwright.logging.logger import close_logger
 from trainwright.logging.message_hub import MessageHub
-from trainwright.logging.metric_store import MetricStore
-from trainwright.logging.writers import AnyAhead, Writer, Writers, build_writers, plain
+from trainwright.logging.writers import Writer, build_writers
 from trainwright.loops.context import LoopContext
 from trainwright.loops.train_loop import EpochBasedTrainLoop, IterBasedTrainLoop
 from trainwright.model.base_model import ModuleAdapter, as_base_model
@@ -32,17 +30,17 @@ from trainwright.model.compile import check_static_batches
 from trainwright.optim.builder import run_precision
 from trainwright.optim.optim_wrapper_dict import optim_wrappers_of
 from trainwright.optim.spike_guard import SpikeGuard
-from trainwright.registry import MODELS, check_keys
-from trainwright.data.stream_state import StreamState
+from trainwright.registry import MODELS
 from trainwright.strategies import build_strategy
 from trainwright.trainer import tuning_entry
-from trainwright.trainer.build import EVAL_CFG_KEYS, TRAIN_CFG_KEYS, build_eval_loop, build_train
+from trainwright.trainer.build import build_eval_loop, build_train
 from trainwright.trainer.checkpoint_setup import checkpoint_record, checkpoint_settings
 from trainwright.trainer.env_cfg import apply_env_cfg
 from trainwright.trainer.hooks_config import build_hook, build_hooks, check_one_average
 from trainwright.trainer.moved import moved_member
 from trainwright.trainer.rank_check import check_ranks_agree
 from trainwright.trainer.restore import resume_or_load
+from trainwright.trainer.run_config import run_config
 from trainwright.trainer.run_facts import run_facts
 from trainwright.trainer.run_guard import RunGuard
 from trainwright.trainer.runs import new_run_dir, remove_unused_run_dir
@@ -56,6 +54,7 @@ from trainwright.trainer.state import (
     OptimState,
     SchedulerState,
 )
+from trainwright.trainer.wiring import add_spike_guard, build_logging, checked_cfgs
 from trainwright.utils.progress import Progress
 
 
@@ -167,23 +166,14 @@ class Trainer:
         checkpoint: Mapping[str, Any] | None = None,
     ) -> None:
         # read before the Trainer seeds: whether a model given built was drawn from an unseeded generator
+        given = dict(locals())  # the arguments by name, first: what the config records (trainer/run_config.py)
         built_unseeded = not isinstance(model, Mapping) and not torch_seeded()
-        if nonfinite_loss not in ("raise", "skip"):
-            raise ValueError(f"nonfinite_loss must be 'raise' or 'skip', got {nonfinite_loss!r}")
-        Writers(fail=writers_fail)  # checks the value before anything is created
-        #: The loss-spike guard (``spike_guard=``), or None; checked before anything is created.
-        self.spike_guard = SpikeGuard.build(spike_guard)
-        self._train_cfg = dict(train_cfg or {})
-        check_keys("train_cfg", self._train_cfg, TRAIN_CFG_KEYS)
-        val_cfg, test_cfg = dict(val_cfg or {}), dict(test_cfg or {})
-        check_keys("val_cfg", val_cfg, EVAL_CFG_KEYS)
-        check_keys("test_cfg", test_cfg, EVAL_CFG_KEYS)
+        self._train_cfg, val_cfg, test_cfg = checked_cfgs(nonfinite_loss, writers_fail, train_cfg, val_cfg, test_cfg)
+        self._spike_guard = SpikeGuard.build(spike_guard)  # checked before anything is created too
         work_dir = Path(work_dir)
         self.strategy = build_strategy(strategy)
-        # the one precision of the run (the strategy prepares the model with it; a plain optim wrapper uses this
-        # object);
-        # resolved first, so a precision this machine cannot run (float8 without its GPU) fails before anything is
-        # created
+        # the run's one precision (the strategy prepares the model with it; a plain optim wrapper uses it), resolved
+        # first: a precision this machine cannot run (float8 without its GPU) fails before anything is created
         self.strategy.precision = run_precision(optim_wrapper, precision or "32", self.strategy.device.type)
         self.strategy.setup_env(randomness=randomness, **apply_env_cfg(self.strategy, env_cfg))
         main = self.strategy.is_main_process
@@ -195,93 +185,36 @@ class Trainer:
         ckpt_settings = checkpoint_settings(checkpoint, hooks, self._train_cfg)  # checked before anything is created
         # rank 0 names (and creates) the run folder: every rank agrees even when their clocks straddle a second
         name: str = self.strategy.broadcast_object(experiment_name or (new_run_dir(work_dir).name if main else None))
-        self._run_dir_created = (
-            experiment_name is None
-        )  # this trainer made the folder (a given name may be an earlier run's)
+        self._run_dir_created = experiment_name is None  # this trainer made the folder (not an earlier run's)
         #: Runs the loops between ``before_run`` and the clean-up, and reports what stopped a run.
         self._runs = RunGuard(self)
         #: This run's folder (``work_dir/<experiment_name>``): ``train.log``, ``metrics.jsonl``, the config, traces.
         self.run_dir = work_dir / name
-        self.logger = create_logger(
-            log_file=self.run_dir / "train.log" if main else None, level=log_level, rank=self.strategy.rank
-        )
-        # THE rank decision of logging: only the main process has writers; hooks just fan out to this list.
-        #: The one fan-out point: a writer that raises is reported and disabled (or stops the run after the due
-        #: checkpoint).
-        self.writers = Writers(
-            build_writers(writers, self.run_dir, self.logger, hooks) if main else [],
-            self.logger,
-            writers_fail,
-            AnyAhead(hooks),
-        )
-        self.logger.info(f"Environment: {self.strategy.collect_env()}")
-        self.logger.info(f"Random seed: {self.strategy.seed}")
+        logs = build_logging(self.strategy, self.run_dir, log_level, writers, writers_fail, hooks, nonfinite_loss)
+        # the metric store (the run's agreement: stop / NaN / write decisions) and the log lines held for batched
+        # writing (the logger hook fills them, flush_logs writes them; their writers: the one fan-out point)
+        self.logger, self.metric_store, self.log_lines = logs
         self._skip_nonfinite = nonfinite_loss == "skip"
-        #: The stop / NaN / write decisions every process takes together (several processes: one collective per store
-        #: flush).
-        self.agreement = Agreement(self.strategy.all_gather if self.strategy.world_size > 1 else None)
-        self.metric_store = MetricStore(raise_on_nonfinite=nonfinite_loss == "raise", agreement=self.agreement)
-        self.metric_store.clipping = lambda: any(
+        self.metric_store.clipping = lambda: any(  # the NaN error's advice
             getattr(ow, "clip_grad", None) for ow in optim_wrappers_of(self.optim_wrapper).values()
-        )  # the NaN error's advice
-        #: mmengine's message hub: the run's facts read live, the logged scalars, and what hooks and models write
-        #: (checkpointed).
-        self.progress = Progress()
-        config = plain(
-            dict(
-                work_dir=work_dir,
-                experiment_name=name,
-                train_cfg=self._train_cfg,
-                val_cfg=val_cfg,
-                test_cfg=test_cfg,
-                optim_wrapper=optim_wrapper,
-                param_scheduler=param_scheduler,
-                default_hooks=default_hooks,
-                custom_hooks=custom_hooks,
-                precision=precision,
-                strategy=self.strategy.name,
-                world_size=self.strategy.world_size,
-                seed=self.strategy.seed,
-                randomness=randomness,
-                compile=compile,
-                activation_checkpointing=activation_checkpointing,
-                resume=resume,
-                load_from=load_from,
-                nonfinite_loss=nonfinite_loss,
-                **({"spike_guard": spike_guard} if spike_guard is not None else {}),
-                **({"checkpoint": checkpoint} if checkpoint is not None else {}),
-            )
         )
         #: The trainer's settings as plain values (written to the writers and into every checkpoint's ``meta``).
+        self.progress = Progress()
+        config = run_config(given, name, self.strategy)
         self.config: dict[str, Any] = config
-        self._seed = RunSeed(
-            self.strategy, bool(randomness and randomness.get("seed") is not None), config, self.logger
-        )
+        seeded = bool(randomness and randomness.get("seed") is not None)
+        self._seed = RunSeed(self.strategy, seeded, config, self.logger)
         self._seed.note_model_seeding(built_unseeded, load_from)
         self.message_hub = MessageHub(
+        #: mmengine's message hub: the run's facts read live, the logged scalars, what hooks and models write.
             name,
             live=run_facts(self.progress, self._seed, name, lambda: self.train_loop),
             scalars=lambda key: self.metric_store.get(key) if key in self.metric_store else None,
         )
-        #: The training log lines held for batched writing (the logger hook fills it; :meth:`flush_logs` writes it).
-        self.log_lines = PendingLines(
-            self.metric_store, self.writers, self.strategy.data_parallel_size
-        )  # throughput: batches per step
-        self.writers.write_config(config)
+        self.log_lines.writers.write_config(config)
         self.hooks = HookList(hooks, timer=HookTimer() if hook_timing is not False else None)
-        if self.spike_guard is not None:
-            from trainwright.hooks.spike_guard import SpikeGuardHook
-
-            self.spike_guard.attach(
-                progress=self.progress,
-                logger=self.logger,
-                metric_store=self.metric_store,
-                gather=self.strategy.all_gather if self.strategy.world_size > 1 else None,
-            )
-            self.hooks.add(SpikeGuardHook(self.spike_guard))
-        self._hook_table_level = (
-            logging.INFO if hook_timing else logging.DEBUG
-        )  # the table after train(): asked for, or the debug level
+        add_spike_guard(self._spike_guard, self.hooks, self.progress, logs, self.strategy)
+        self._hook_table_level = logging.INFO if hook_timing else logging.DEBUG  # the table after train()
         self._compile = compile
         self._activation_checkpointing = (
             [activation_checkpointing]
@@ -366,7 +299,7 @@ class Trainer:
 
     @property
     def should_stop(self) -> bool:
-        """Whether training ends after the current iteration (or pass), the same on every process (the loops' stop flag).
+        """Whether training ends after the current iteration (or pass), the same on every process (the loop's flag).
 
         Setting it True is the deprecated spelling (Lightning's, mmengine users') of
         ``trainer.train_loop.control.request_stop(reason)``, which it calls while training runs: a request
@@ -411,7 +344,7 @@ class Trainer:
             precision=self.strategy.precision,
             seed=self._seed.value,
             skip_nonfinite=self._skip_nonfinite,
-            spike_guard=self.spike_guard,
+            spike_guard=self._spike_guard,
         )
         self.optim_wrapper, self.strategy.precision, self.train_loop, self.param_schedulers = parts
         self._data_order = DataOrderState(self.train_loop.dataloader, self.progress, self.logger)
@@ -490,7 +423,7 @@ class Trainer:
         if (
             self.strategy.is_main_process
         ):  # a writer the hook brings (the progress bar's) joins the writers, as at build
-            self.writers.extend(build_writers([], self.run_dir, self.logger, [built]))
+            self.log_lines.writers.extend(build_writers([], self.run_dir, self.logger, [built]))
         return built
 
     # -- running --------------------------------------------------------------------------
@@ -505,7 +438,7 @@ class Trainer:
             self.checkpoints.lock()
         except WorkDirBusyError:
             if self._run_dir_created and not self._runs.ran and self.strategy.is_main_process:
-                self.writers.flush()
+                self.log_lines.writers.flush()
                 remove_unused_run_dir(
                     self.run_dir, self.logger
                 )  # nothing ran in it: a refused job leaves no run folder
@@ -518,7 +451,7 @@ class Trainer:
             assert self.train_loop is not None
             # one collective: every rank's settings, data shape and resumed checkpoint
             check_ranks_agree(self.strategy, self.config, self.train_loop.dataloader, self.checkpoints.restored)
-            self.agreement.set_finish(False)
+            self.metric_store.agreement.set_finish(False)
             loop = self.train_loop
             if self.progress.iteration >= loop.max_iters:
                 self.logger.warning(
@@ -557,7 +490,7 @@ class Trainer:
         if self.val_loop is None:
             raise ValueError("val() needs a val_dataloader (and usually a val_evaluator)")
         self._prepare()
-        self.agreement.set_finish(False)  # a stop request of an earlier run does not cut this pass
+        self.metric_store.agreement.set_finish(False)  # a stop request of an earlier run does not cut this pass
         return self._runs.run(partial(self.val_loop.run, self._loop_context()))
 
     def test(self) -> dict[str, float]:
@@ -566,7 +499,7 @@ class Trainer:
         if self.test_loop is None:
             raise ValueError("test() needs a test_dataloader (and usually a test_evaluator)")
         self._prepare()
-        self.agreement.set_finish(False)
+        self.metric_store.agreement.set_finish(False)
         return self._runs.run(partial(self.test_loop.run, self._loop_context()))
 
     # -- tuning (the work is trainer/tuning_entry.py's and trainwright.tuning's) ---------------
@@ -700,14 +633,14 @@ class Trainer:
         """
         self.metric_store.flush()
         self.log_lines.write()
-        self.writers.flush()
+        self.log_lines.writers.flush()
         for h in self.logger.handlers:
             h.flush()
 
     def _flush_before_save(self) -> None:
         """:meth:`flush_logs` before a checkpoint is written: a writer's error (``writers_fail="raise"``) waits until
         the checkpoint exists."""
-        with self.writers.holding():
+        with self.log_lines.writers.holding():
             self.flush_logs()
 
     if not TYPE_CHECKING:  # to mypy a Trainer has only its own members
@@ -735,7 +668,7 @@ class Trainer:
         collectives fail as soon as this process exits instead of waiting for the timeout.
         """
         self.checkpoints.unlock()
-        self.writers.close()
+        self.log_lines.writers.close()
         close_logger(self.logger)
         if self._prepared:
             self.model = (
