@@ -55,6 +55,7 @@ from trainwright.trainer.state import (
     SchedulerState,
 )
 from trainwright.trainer.wiring import add_spike_guard, build_logging, checked_cfgs
+from trainwright.tuning.lr_finder import LRRange
 from trainwright.utils.progress import Progress
 
 
@@ -165,8 +166,8 @@ class Trainer:
         spike_guard: Mapping[str, Any] | SpikeGuard | None = None,
         checkpoint: Mapping[str, Any] | None = None,
     ) -> None:
-        # read before the Trainer seeds: whether a model given built was drawn from an unseeded generator
         given = dict(locals())  # the arguments by name, first: what the config records (trainer/run_config.py)
+        # read before the Trainer seeds: whether a model given built was drawn from an unseeded generator
         built_unseeded = not isinstance(model, Mapping) and not torch_seeded()
         self._train_cfg, val_cfg, test_cfg = checked_cfgs(nonfinite_loss, writers_fail, train_cfg, val_cfg, test_cfg)
         self._spike_guard = SpikeGuard.build(spike_guard)  # checked before anything is created too
@@ -198,15 +199,15 @@ class Trainer:
         self.metric_store.clipping = lambda: any(  # the NaN error's advice
             getattr(ow, "clip_grad", None) for ow in optim_wrappers_of(self.optim_wrapper).values()
         )
-        #: The trainer's settings as plain values (written to the writers and into every checkpoint's ``meta``).
         self.progress = Progress()
         config = run_config(given, name, self.strategy)
+        #: The trainer's settings as plain values (written to the writers and into every checkpoint's ``meta``).
         self.config: dict[str, Any] = config
         seeded = bool(randomness and randomness.get("seed") is not None)
         self._seed = RunSeed(self.strategy, seeded, config, self.logger)
         self._seed.note_model_seeding(built_unseeded, load_from)
-        self.message_hub = MessageHub(
         #: mmengine's message hub: the run's facts read live, the logged scalars, what hooks and models write.
+        self.message_hub = MessageHub(
             name,
             live=run_facts(self.progress, self._seed, name, lambda: self.train_loop),
             scalars=lambda key: self.metric_store.get(key) if key in self.metric_store else None,
@@ -505,18 +506,18 @@ class Trainer:
     # -- tuning (the work is trainer/tuning_entry.py's and trainwright.tuning's) ---------------
     def find_lr(
         self,
-        min_lr: float = 1e-6,
-        max_lr: float = 1.0,
-        num_steps: int = 100,
-        mode: str = "exp",
-        smooth: float = 0.05,
-        diverge: float | None = 4.0,
+        min_lr: float = LRRange.min_lr,
+        max_lr: float = LRRange.max_lr,
+        num_steps: int = LRRange.num_steps,
+        mode: str = LRRange.mode,
+        smooth: float = LRRange.smooth,
+        diverge: float | None = LRRange.diverge,
     ) -> LRFinderResult:
         """The learning-rate range test (Lightning's ``Tuner.lr_find``); the trainer is left bitwise as it was.
 
         See :func:`trainwright.trainer.tuning_entry.find_lr` and docs/diagnose.md.
         """
-        return tuning_entry.find_lr(self._tuning(), min_lr, max_lr, num_steps, mode, smooth, diverge)
+        return tuning_entry.find_lr(self._tuning(), LRRange(min_lr, max_lr, num_steps, mode, smooth, diverge))
 
     def find_batch_size(
         self, mode: str = "power", init: int = 2, max_trials: int = 25, steps_per_trial: int = 3, apply: bool = False

@@ -8,12 +8,13 @@ what ``train()`` builds (resume / ``load_from`` applied), runs the tuner of
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from trainwright.tuning.lr_finder import LRFinderResult
+    from trainwright.tuning.lr_finder import LRFinderResult, LRRange
     from trainwright.tuning.state import TunableTrainer
     from trainwright.utils.progress import Progress
 
@@ -40,18 +41,11 @@ class TuningAccess:
     use_train_loader: Callable[[Any], None]
 
 
-def find_lr(
-    access: TuningAccess,
-    min_lr: float = 1e-6,
-    max_lr: float = 1.0,
-    num_steps: int = 100,
-    mode: str = "exp",
-    smooth: float = 0.05,
-    diverge: float | None = 4.0,
-) -> LRFinderResult:
+def find_lr(access: TuningAccess, settings: LRRange) -> LRFinderResult:
     """The learning-rate range test (Lightning's ``Tuner.lr_find``); the trainer is left bitwise as it was.
 
-    Builds what ``trainer.train()`` builds (resume / ``load_from`` applied), then runs up to
+    ``settings`` (:class:`~trainwright.tuning.lr_finder.LRRange`, the defaults' one home): builds what
+    ``trainer.train()`` builds (resume / ``load_from`` applied), then runs up to
     ``num_steps`` updates on the train loader with the lr ramped from ``min_lr`` to
     ``max_lr`` (``mode="exp"`` or ``"linear"``) on every param group (keeping each group's
     ratio to the optimizer's lr), smoothing the loss (``smooth``: the new loss's weight) and
@@ -68,15 +62,12 @@ def find_lr(
         ValueError: ``min_lr >= max_lr``, ``num_steps < 2`` or another argument out of range (checked first).
         RuntimeError: called while a run is in progress (from a hook).
     """
-    from trainwright.tuning.lr_finder import check_lr_args
     from trainwright.tuning.lr_finder import find_lr as run_lr_test
 
     access.refuse_inside_run("find_lr")
-    check_lr_args(min_lr, max_lr, num_steps, mode, smooth, diverge)
+    settings.check()
     access.build()
-    return run_lr_test(
-        access.trainer, min_lr=min_lr, max_lr=max_lr, num_steps=num_steps, mode=mode, smooth=smooth, diverge=diverge
-    )
+    return run_lr_test(access.trainer, **dataclasses.asdict(settings))
 
 
 def find_batch_size(

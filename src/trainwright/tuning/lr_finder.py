@@ -66,6 +66,31 @@ def check_lr_args(min_lr: float, max_lr: float, num_steps: int, mode: str, smoot
     return MODES[mode]
 
 
+@dataclass(frozen=True)
+class LRRange:
+    """The range test's settings and their one set of defaults (Lightning's ``lr_find``'s): :func:`find_lr`,
+    ``Trainer.find_lr`` and :func:`trainwright.trainer.tuning_entry.find_lr` take them from here.
+
+    Attributes:
+        min_lr / max_lr: The ramp's first and last learning rate.
+        num_steps: Updates of the test (>= 2).
+        mode: ``"exp"`` (geometric ramp) or ``"linear"``.
+        smooth: The new loss's weight in the running average (1: no smoothing).
+        diverge: Stop once the smoothed loss exceeds ``diverge`` x its best (None: never early).
+    """
+
+    min_lr: float = 1e-6
+    max_lr: float = 1.0
+    num_steps: int = 100
+    mode: str = "exp"
+    smooth: float = 0.05
+    diverge: float | None = 4.0
+
+    def check(self) -> str:
+        """:func:`check_lr_args` of these settings: the mode's short name, or a ValueError naming the bad one."""
+        return check_lr_args(self.min_lr, self.max_lr, self.num_steps, self.mode, self.smooth, self.diverge)
+
+
 def ramp(min_lr: float, max_lr: float, num_steps: int, mode: str) -> list[float]:
     """The ``num_steps`` learning rates of the test: ``min_lr`` first, ``max_lr`` last; geometric (``"exp"``) or
     evenly spaced (``"linear"``)."""
@@ -204,12 +229,12 @@ def _group_ratios(trainer: TunableTrainer) -> list[tuple[dict[str, Any], float]]
 
 def find_lr(
     trainer: TunableTrainer,
-    min_lr: float = 1e-6,
-    max_lr: float = 1.0,
-    num_steps: int = 100,
-    mode: str = "exp",
-    smooth: float = 0.05,
-    diverge: float | None = 4.0,
+    min_lr: float = LRRange.min_lr,
+    max_lr: float = LRRange.max_lr,
+    num_steps: int = LRRange.num_steps,
+    mode: str = LRRange.mode,
+    smooth: float = LRRange.smooth,
+    diverge: float | None = LRRange.diverge,
 ) -> LRFinderResult:
     """Run the lr range test on a trainer whose train parts are built (``Trainer.find_lr`` builds them); the trainer is
     put back after.
