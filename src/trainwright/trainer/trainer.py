@@ -217,17 +217,14 @@ class Trainer:
         add_spike_guard(self._spike_guard, self.hooks, self.progress, logs, self.strategy)
         self._hook_table_level = logging.INFO if hook_timing else logging.DEBUG  # the table after train()
         self._compile = compile
-        self._activation_checkpointing = (
-            [activation_checkpointing]
-            if isinstance(activation_checkpointing, (str, type))
-            else list(activation_checkpointing or ())
-        )
+        ac = activation_checkpointing
+        self._activation_checkpointing = [ac] if isinstance(ac, (str, type)) else list(ac or ())
         self._optim_cfg = optim_wrapper
         self._scheduler_cfg = param_scheduler
         self._train_loader_cfg = train_dataloader
         self._trains = train_dataloader is not None and optim_wrapper is not None  # resume applies then
-        base = as_base_model(module)
-        self.model: nn.Module = base  # the strategy moves (once), compiles and wraps it when a run first needs it
+        # the strategy moves (once), compiles and wraps it when a run first needs it
+        self.model: nn.Module = as_base_model(module)
         self.optim_wrapper: Any = None
         self.param_schedulers: Any = None
         self.train_loop: EpochBasedTrainLoop | IterBasedTrainLoop | None = None
@@ -235,9 +232,8 @@ class Trainer:
         self.test_loop = build_eval_loop(self.strategy, test_dataloader, test_evaluator, "test", test_cfg)
         self._prepared = False
         self._resume, self._load_from = resume, load_from
-        self._restore_due = (
-            True  # resume / load_from: applied before the first run, and again by train() if that run had no optimizer
-        )
+        # resume / load_from: applied before the first run, and again by train() if that run had no optimizer
+        self._restore_due = True
         #: The checkpoints: saving, naming, ``latest``, keep-k, restore, the folder's lock (hooks reach it here).
         self.checkpoints = CheckpointManager(
             self.strategy,
@@ -421,9 +417,7 @@ class Trainer:
         self.hooks.add(built)
         if (record := built.checkpoint_record()) is not None:  # a checkpoint hook: saves are recorded in its state
             self.checkpoints.configure(record=record)
-        if (
-            self.strategy.is_main_process
-        ):  # a writer the hook brings (the progress bar's) joins the writers, as at build
+        if self.strategy.is_main_process:  # a writer the hook brings (the progress bar's) joins, as at build
             self.log_lines.writers.extend(build_writers([], self.run_dir, self.logger, [built]))
         return built
 
@@ -440,9 +434,7 @@ class Trainer:
         except WorkDirBusyError:
             if self._run_dir_created and not self._runs.ran and self.strategy.is_main_process:
                 self.log_lines.writers.flush()
-                remove_unused_run_dir(
-                    self.run_dir, self.logger
-                )  # nothing ran in it: a refused job leaves no run folder
+                remove_unused_run_dir(self.run_dir, self.logger)  # nothing ran in it: a refused job leaves no folder
             raise
         self.strategy.run_failed = False
         try:
@@ -654,9 +646,7 @@ class Trainer:
         return self
 
     def __exit__(self, *exc: object) -> None:
-        if (
-            exc[0] is not None
-        ):  # leaving by an exception: the other processes may be anywhere, teardown makes no collective
+        if exc[0] is not None:  # left by an exception: other processes may be anywhere, so no collective at teardown
             self.strategy.run_failed = True
         self.close()
 
@@ -672,9 +662,7 @@ class Trainer:
         self.log_lines.writers.close()
         close_logger(self.logger)
         if self._prepared:
-            self.model = (
-                self.unwrapped_base
-            )  # drop the distributed wrapper before the strategy leaves its process group
+            self.model = self.unwrapped_base  # drop the distributed wrapper before the strategy leaves its group
             self._prepared = False
         self.strategy.teardown()
 
