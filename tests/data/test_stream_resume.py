@@ -3,6 +3,7 @@ weights are an uninterrupted run's, and the dataset is not read again up to the 
 
 from __future__ import annotations
 
+import itertools
 import json
 import subprocess
 import sys
@@ -197,3 +198,18 @@ def test_under_several_processes_each_rank_restores_its_own_stream_and_another_w
         StreamState(other, lambda own: [own] * 3, rank=1, world_size=3).load_state_dict(saved)
     with pytest.warns(UserWarning, match="consuming 2 batches"):
         assert [x.tolist() for x in other] == [[6, 7, 8], [9, 10, 11]]
+
+
+def test_a_stateful_loader_over_map_style_data_resumes_by_the_sampler_as_a_dataloader() -> None:
+    """torchdata builds its own samplers in place of torch's: they are read as torch's, so the order is the seeded
+    one (the same as a ``DataLoader``'s with the same seed) and a mid-epoch resume skips to the position."""
+    from torch.utils.data import TensorDataset
+    from torchdata.stateful_dataloader import StatefulDataLoader
+
+    ds = TensorDataset(torch.arange(10))
+    ref = [x[0].tolist() for x in build_dataloader(DataLoader(ds, batch_size=2, shuffle=True), seed=1)]
+    a = build_dataloader(StatefulDataLoader(ds, batch_size=2, shuffle=True), seed=1)
+    b = build_dataloader(StatefulDataLoader(ds, batch_size=2, shuffle=True), seed=1)
+    head = [x[0].tolist() for x in itertools.islice(iter(a), 2)]
+    b.load_state_dict(a.state_dict())
+    assert head + [x[0].tolist() for x in b] == ref

@@ -22,7 +22,6 @@ from torch.utils.data import (
     DataLoader,
     Dataset,
     IterableDataset,
-    RandomSampler,
     Sampler,
     SequentialSampler,
     get_worker_info,
@@ -30,7 +29,7 @@ from torch.utils.data import (
 
 from trainwright.data.loader_args import dataloader_arguments
 from trainwright.data.split import split_loader, warn_unsplit
-from trainwright.data.stream_state import has_state, new_stateful_loader, rebuild_stream_loader
+from trainwright.data.stream_state import has_state, new_stateful_loader, rebuild_stream_loader, stock_samplers
 from trainwright.registry import DATASETS, ConfigError, check_keys
 
 
@@ -526,15 +525,16 @@ def make_resumable(
     if loader.batch_sampler is None:
         return loader
     bs = loader.batch_sampler
-    if type(bs) is BatchSampler and isinstance(bs.sampler, (RandomSampler, SequentialSampler)):
+    batchers, randoms = stock_samplers(loader)  # a StatefulDataLoader's own versions of torch's samplers too
+    if type(bs) in batchers and isinstance(bs.sampler, (*randoms, SequentialSampler)):
         s = bs.sampler
-        if isinstance(s, RandomSampler) and (s.replacement or s._num_samples is not None):  # noqa: SLF001
+        if isinstance(s, randoms) and (s.replacement or s._num_samples is not None):  # noqa: SLF001
             inner: Any = _custom(bs, num_replicas, name)
         else:
             inner = BatchSampler(
                 EpochSampler(
                     len(cast(Sized, loader.dataset)),
-                    shuffle=isinstance(s, RandomSampler),
+                    shuffle=isinstance(s, randoms),
                     seed=seed,
                     num_replicas=num_replicas,
                     rank=rank,

@@ -45,6 +45,19 @@ def stateful_loader_class() -> type[DataLoader]:
     return StatefulDataLoader
 
 
+def stock_samplers(loader: DataLoader) -> tuple[tuple[type, ...], tuple[type, ...]]:
+    """``(batch sampler classes, random sampler classes)`` that order a map-style ``loader`` as torch's stock
+    ``BatchSampler`` over a ``RandomSampler`` / ``SequentialSampler`` does: torch's, and torchdata's stateful versions
+    of them when ``loader`` is a ``StatefulDataLoader`` (which builds those in their place)."""
+    from torch.utils.data import BatchSampler, RandomSampler
+
+    if not has_state(loader):
+        return (BatchSampler,), (RandomSampler,)
+    from torchdata.stateful_dataloader import sampler as stateful
+
+    return (BatchSampler, stateful.BatchSampler), (RandomSampler, stateful.RandomSampler)
+
+
 def rebuild_stream_loader(loader: DataLoader, generator: torch.Generator, stateful: bool) -> DataLoader:
     """``loader`` (over an ``IterableDataset``) built again with ``generator``: a ``StatefulDataLoader`` if
     ``stateful``, else a ``DataLoader``; same dataset, batching, collate function and worker settings.
