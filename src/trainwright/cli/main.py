@@ -133,6 +133,9 @@ def build_parser() -> argparse.ArgumentParser:
 
     env = sub.add_parser("env", help="show the environment (python, torch, CUDA, devices, backends, extras)")
     env.add_argument("--debug", action="store_true", help="show full tracebacks")
+    env.add_argument(
+        "--full", action="store_true", help="import torch and ask it (devices, CUDA / MPS, threads, backends)"
+    )
     return parser
 
 
@@ -169,7 +172,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             return tune_lr_command(args)
         from trainwright.cli.env import collect_env_info
 
-        print(collect_env_info())
+        print(collect_env_info(full=args.full))
         return 0
     except ConfigError as e:
         if args.debug:
