@@ -24,6 +24,7 @@ from typing import TYPE_CHECKING, Any
 from trainwright.checkpoint.listing import read_latest
 from trainwright.hooks.hook import Hook
 from trainwright.hooks.view import require_train_loop
+from trainwright.hooks.whereabouts import Whereabouts, main_thread_whereabouts
 from trainwright.registry import HOOKS
 
 if TYPE_CHECKING:
@@ -146,16 +147,27 @@ class PreemptionHook(Hook):
         self._view: Any = None  # the trainer while training (the watchdog reads its progress and logger)
         self._beats = 0  # step boundaries the iteration count does not show (validation batches, saves)
         self._reached = False  # the stop point was reached: the watchdog stands down
+        self._signal_at: float | None = None  # time.monotonic() when the first signal arrived (handler or watchdog)
+        self._stop_at: float | None = None  # when the stop was reached (the start of the count on a rank not signalled)
+        #: Seconds from the signal (on a rank the signal did not reach: from the agreed stop) to the durable
+        #: checkpoint, once a preemption saved one (None before).
+        self.signal_to_checkpoint_s: float | None = None
 
     # -- signal handling ------------------------------------------------------------------
     def _handler(self, signum: int, frame: FrameType | None) -> None:
         # Only record: the loop decides at a step boundary (logging here could deadlock).
         if self.received is None:
             self.received = signal.Signals(signum)
+            self.note_signal(time.monotonic())
             if self._control is not None:  # one process: nothing to agree on, the loop stops at the step boundary
                 self._control.request_stop(f"preemption ({self.received.name})")
             if self._agreement is not None:
                 self._agreement.propose_stop()
+
+    def note_signal(self, at: float) -> None:
+        """The first signal arrived at ``at`` (``time.monotonic()``): the start of "signal → durable checkpoint"."""
+        if self._signal_at is None or at < self._signal_at:
+            self._signal_at = at
 
     def install(self) -> None:
         """Install the handlers (main thread only; elsewhere signals cannot be caught)."""
@@ -195,6 +207,8 @@ class PreemptionHook(Hook):
         self._view = trainer
         self._beats = 0
         self._reached = False
+        self._signal_at = self._stop_at = None
+        self.signal_to_checkpoint_s = None
         self.install()
 
     def after_val_iter(self, trainer: TrainerView, batch_idx: int, data_batch: Any = None, outputs: Any = None) -> None:  # noqa: D102
@@ -214,6 +228,7 @@ class PreemptionHook(Hook):
 
     def _stop(self, trainer: TrainerView) -> None:
         self._reached = True  # the stop point: the watchdog stands down (the save may take longer than the grace)
+        self._stop_at = time.monotonic()
         self.preempted = True
         what = self.received.name if self.received is not None else "another rank"
         require_train_loop(trainer, "PreemptionHook").control.request_stop(
@@ -244,6 +259,7 @@ class PreemptionHook(Hook):
             )
         else:
             saved = f"checkpoint {path}"
+        saved += self._durable(trainer)
         job_id = slurm_job_id() if self.requeue else None
         # the same answer on every rank: the requeue signal reached at least one of them
         if job_id is not None and trainer.strategy.any_true(self.received == REQUEUE_SIGNAL):
@@ -252,6 +268,20 @@ class PreemptionHook(Hook):
         trainer.logger.warning(
             f"Preempted at iteration {trainer.progress.iteration}: {saved}; restart with resume=True to continue"
         )
+
+    def _durable(self, trainer: TrainerView) -> str:
+        """Wait until the checkpoint is durable (a background write, its fsyncs), then measure and record "signal →
+        durable checkpoint"; the words for the log line."""
+        trainer.strategy.wait_for_checkpoint()
+        start = self._signal_at if self._signal_at is not None else self._stop_at
+        if start is None:
+            return ""
+        seconds = self.signal_to_checkpoint_s = time.monotonic() - start
+        p = trainer.progress
+        record = {"mode": "preemption", "epoch": p.epoch, "iter": p.iteration, "signal_to_checkpoint_s": seconds}
+        trainer.log_lines.write_eval(record)  # metrics.jsonl and every writer (rank 0 has them)
+        since = "signal" if self._signal_at is not None else "stop agreed (the signal reached another rank)"
+        return f", durable {seconds:.2f} s after the {since}"
 
     def _requeue(self, trainer: TrainerView, job_id: str, saved: str) -> None:
         """Every rank's checkpoint is complete (barrier), then rank 0 asks SLURM to requeue the job."""
@@ -339,6 +369,7 @@ class _Watchdog:
         first: int | None = None
         first_at = 0.0
         deadline = beat = None
+        waited = False  # said once that the main thread's own work outlasts the grace
         while not self._done.is_set():
             try:
                 # no wake-ups while no signal came (the training step pays nothing); then 5 a second
@@ -356,6 +387,7 @@ class _Watchdog:
                         continue
                     self._exit(signum, f"a second {signal.Signals(signum).name} arrived before the stop was reached")
                 first, first_at, deadline, beat = signum, now, now + self.grace_s, self._beat()
+                self.hook.note_signal(now)
                 self._say_received(signum)
             if first is None or deadline is None:
                 continue
@@ -369,24 +401,63 @@ class _Watchdog:
                     continue
                 beat, deadline = now_beat, time.monotonic() + self.grace_s
             elif deadline is not None and time.monotonic() > deadline:
+                where = main_thread_whereabouts()
+                if self._own_work(where):  # a batch fetch, a compile, a save, a step on one process: it ends
+                    if not waited:
+                        waited = True
+                        self._say(
+                            f"Preemption: the main thread is in {where.phase} past grace_s={self.grace_s} s, work "
+                            "that ends by itself: waiting for it, then saving (see docs/reliability.md)"
+                        )
+                    beat, deadline = now_beat, time.monotonic() + self.grace_s
+                    continue
                 self._exit(
                     first,
                     f"no step boundary within grace_s={self.grace_s} s after {signal.Signals(first).name} (the process "
-                    "is stuck, e.g. in a collective whose peer has gone)",
+                    f"is stuck, in {self._collective(where)}: e.g. a collective whose peer has gone)",
                 )
 
-    def _say_received(self, signum: int) -> None:
-        """Log the signal as soon as it comes (the handler may not log): a slow save after it then has a line before
-        it."""
+    def _own_work(self, where: Whereabouts) -> bool:
+        """Whether the main thread is in work of trainwright's that ends by itself (a batch fetch, a compilation, a
+        checkpoint save, a validation batch, a step that waits for no other rank): the preemption waits for it. A
+        hook (user code) and a wait for other ranks may never end: they get ``grace_s``."""
+        if where.phase.startswith("hook ") or where.phase == "other":
+            return False
+        return not self._waits_for_others(where)
+
+    def _waits_for_others(self, where: Whereabouts) -> bool:
+        """Whether the main thread waits for other ranks (a collective; a backward or a sharded forward that makes
+        one): then it may wait for a rank that has gone."""
+        strategy = getattr(self.hook._view, "strategy", None)
+        if strategy is None or strategy.world_size == 1:
+            return False
+        if where.collective is not None:
+            return True
+        if where.phase == "backward":
+            return strategy.backward_collective is not None
+        return where.phase == "forward" and not strategy.forward_is_local
+
+    def _collective(self, where: Whereabouts) -> str:
+        strategy = getattr(self.hook._view, "strategy", None)
+        named = where.collective or (strategy.backward_collective if where.phase == "backward" else None)
+        return f"{where.phase}, {named}" if named else where.phase
+
+    def _say(self, message: str) -> None:
         logger = getattr(self.hook._view, "logger", None)
         if logger is not None:
-            finished = self._beat()[0]
-            logger.warning(
-                f"Preemption signal {signal.Signals(signum).name} received after iteration {finished}: stopping at the "
-                "next step boundary, then saving a checkpoint"
-            )
+            logger.warning(message)
             for h in logger.handlers:
                 h.flush()
+
+    def _say_received(self, signum: int) -> None:
+        """Log the signal as soon as it comes (the handler may not log) and where the main thread is: a slow fetch,
+        compile or save after it then has a line before it."""
+        finished = self._beat()[0]
+        where = main_thread_whereabouts()
+        self._say(
+            f"Preemption signal {signal.Signals(signum).name} received after iteration {finished} (the main thread is "
+            f"in {where.phase}): stopping at the next step boundary, then saving a checkpoint"
+        )
 
     def _exit(self, signum: int, why: str) -> None:
         code = 128 + signum

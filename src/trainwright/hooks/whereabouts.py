@@ -18,11 +18,12 @@ from trainwright.hooks.hook import EVENTS
 __all__ = ["Whereabouts", "main_thread_whereabouts", "phase_of"]
 
 _EVENTS = frozenset(EVENTS)
-#: Phases in which the main thread works alone (no other rank is needed to finish it): a preemption waits for them.
-WORKING_ALONE = frozenset({"data", "compile", "save"})
 #: torch.distributed's module functions a rank blocks in while it waits for the others.
 _DISPATCH = "trainwright/hooks/dispatch.py"
-_C10D = ("torch/distributed/distributed_c10d.py", "torch\\distributed\\distributed_c10d.py")
+_DDP = "torch/nn/parallel/distributed.py"
+#: DDP's forward-time collectives (the buffers broadcast from rank 0).
+_DDP_COLLECTIVES = frozenset({"_sync_buffers", "_sync_module_buffers", "_default_broadcast_coalesced"})
+_C10D = "torch/distributed/distributed_c10d.py"
 
 
 @dataclass
@@ -69,8 +70,11 @@ def phase_of(frame: FrameType | None, top: int = 4) -> Whereabouts:
     for fr in frames:
         code = fr.f_code
         name, filename = code.co_name, code.co_filename.replace("\\", "/")
-        if filename.endswith(_C10D[0]) and collective is None and not name.startswith("_"):
-            collective = name
+        if collective is None:
+            if filename.endswith(_C10D) and not name.startswith("_"):
+                collective = name
+            elif filename.endswith(_DDP) and name in _DDP_COLLECTIVES:
+                collective = "DDP's buffer broadcast"
         if settled:
             continue
         if "torch/_dynamo/" in filename or "torch/_inductor/" in filename:

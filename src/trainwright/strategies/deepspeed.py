@@ -59,6 +59,7 @@ class DeepSpeedStrategy(ProcessGroupStrategy):
     """
 
     name = "deepspeed"
+    backward_collective = "DeepSpeed's gradient reduction (inside backward)"
     checkpoint_suffix = ".ds"
     resumable_suffixes = (".ds",)
     remote_checkpoints = False  # DeepSpeed's engine writes its own folders to local disk
