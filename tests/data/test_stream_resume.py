@@ -156,8 +156,10 @@ def test_stateful_false_keeps_a_plain_loader_and_the_replay_warning_names_the_re
     b = build_dataloader(dict(dataset=Counted(), batch_size=3, stateful=False))
     b.load_state_dict(a.state_dict())
     b.load_stream_state(a.stream_state())
+    rng = torch.get_rng_state()
     with pytest.warns(UserWarning, match=r"consuming 1 batches.*state_dict\(\).*stateful=True"):
         assert [x.tolist() for x in b] == [[3, 4, 5], [6, 7, 8], [9, 10, 11]]
+    assert torch.equal(torch.get_rng_state(), rng)  # the replay does not shift the global random stream (dropout)
 
 
 def test_an_endless_stream_trains_by_iterations_and_is_refused_by_epochs(trainer_factory: Any) -> None:
@@ -200,6 +202,7 @@ def test_under_several_processes_each_rank_restores_its_own_stream_and_another_w
         assert [x.tolist() for x in other] == [[6, 7, 8], [9, 10, 11]]
 
 
+@pytest.mark.filterwarnings("ignore:'set_vital' is deprecated")  # torchdata's, when the test builds its loader
 def test_a_stateful_loader_over_map_style_data_resumes_by_the_sampler_as_a_dataloader() -> None:
     """torchdata builds its own samplers in place of torch's: they are read as torch's, so the order is the seeded
     one (the same as a ``DataLoader``'s with the same seed) and a mid-epoch resume skips to the position."""
@@ -213,3 +216,15 @@ def test_a_stateful_loader_over_map_style_data_resumes_by_the_sampler_as_a_datal
     head = [x[0].tolist() for x in itertools.islice(iter(a), 2)]
     b.load_state_dict(a.state_dict())
     assert head + [x[0].tolist() for x in b] == ref
+
+
+def test_a_hugging_face_map_style_dataset_handed_over_resumes_mid_epoch_by_the_sampler() -> None:
+    datasets = pytest.importorskip("datasets")
+    ds = datasets.Dataset.from_dict({"id": list(range(10))})
+    ref = [x["id"].tolist() for x in build_dataloader(dict(dataset=ds, batch_size=3, shuffle=True), seed=2)]
+    a = build_dataloader(dict(dataset=ds, batch_size=3, shuffle=True), seed=2)
+    head = [x["id"].tolist() for x in itertools.islice(iter(a), 2)]
+    b = build_dataloader(dict(dataset=ds, batch_size=3, shuffle=True), seed=2)
+    b.load_state_dict(a.state_dict())
+    assert not b.stateful and head + [x["id"].tolist() for x in b] == ref
+    assert sorted(i for batch in ref for i in batch) == list(range(10))
