@@ -22,9 +22,17 @@ import torch
 
 from trainwright.checkpoint.durability import when_durable
 from trainwright.checkpoint.io import CHECKPOINT_SUFFIX, write_whole
-from trainwright.checkpoint.listing import read_latest, recording_skips, write_latest
+from trainwright.checkpoint.listing import list_checkpoints, read_latest, recording_skips, write_latest
 from trainwright.checkpoint.lock import WorkDirBusyError, WorkDirLock
 from trainwright.checkpoint.migrate import migrate
+from trainwright.checkpoint.retention import (
+    CheckpointSpaceError,
+    Retention,
+    free_bytes,
+    preflight,
+    tensor_bytes,
+    thin_to_weights,
+)
 from trainwright.checkpoint.rng import get_rng_state, set_rng_state
 from trainwright.checkpoint.settings import CheckpointSettings
 from trainwright.checkpoint.stateful import PieceNotReady, Stateful, check_state_dict, make_safe
@@ -198,6 +206,8 @@ class CheckpointManager:
         self.logger = logger or logging.getLogger("trainwright")
         self.flush, self.before_save, self.after_load, self.after_save = flush, before_save, after_load, after_save
         self.required, self.optional = tuple(required), frozenset(optional)
+        #: Older periodic checkpoints whose number is a multiple of it are thinned to weights, not deleted (0: none).
+        self.weights_every = 0
         #: Pieces left out of periodic, best and save-now checkpoints (e.g. ``optim_wrapper``).
         self.exclude: tuple[str, ...] = ()
         #: Templates of periodic names (one ``{}``); ``epoch_names``: a save at an epoch end takes the epoch name.
@@ -208,6 +218,7 @@ class CheckpointManager:
             if settings.out_dir is not None:
                 self.ckpt_dir = self._where(settings.out_dir)
             self.keep, self.async_save, self.exclude = settings.max_keep_ckpts, settings.async_save, settings.exclude
+            self.weights_every = settings.weights_every
             self.epoch_tmpl, self.iter_tmpl = settings.epoch_tmpl, settings.iter_tmpl
             self.epoch_names = settings.epoch_names
         #: The files kept (periodic, best per key) and the last saved iteration.
@@ -334,9 +345,10 @@ class CheckpointManager:
         latest: bool = False,
         remove: Sequence[str] = (),
         after: Callable[[], None] | None = None,
+        thin: Sequence[str] = (),
     ) -> Location:
         """Write one checkpoint (a bare name goes in ``ckpt_dir``); once complete, rank 0 points ``latest`` at it,
-        deletes ``remove``, runs ``after``.
+        deletes ``remove`` (``thin``: after copying their weights to ``weights/``), runs ``after``.
 
         In a remote ``ckpt_dir`` "complete" means uploaded: an upload that keeps failing leaves the
         file in :attr:`unuploaded_dir` with a warning, and ``latest`` and the old files as they were.
@@ -357,6 +369,8 @@ class CheckpointManager:
 
         def drop_old() -> None:
             for old in remove:
+                if old in thin:  # its weights stay (checkpoint/retention.py), then the whole checkpoint goes
+                    thin_to_weights(self.strategy.read_checkpoint, path.parent / old)
                 self.strategy.remove_checkpoint(path.parent / old)
 
         def finish() -> None:
@@ -399,7 +413,8 @@ class CheckpointManager:
         if self.keep > 0 and len(kept) > self.keep:
             dropped, kept = kept[: -self.keep], kept[-self.keep :]
         r.kept, r.last_saved_iter = kept, self.progress.iteration
-        return self._write(name, latest=True, remove=dropped)
+        retention = Retention(self.keep, self.weights_every)
+        return self._write(name, latest=True, remove=dropped, thin=[n for n in dropped if retention.thinned(n)])
 
     def save_best(self, key: str, score: float, name: str, *, greater: bool, keep: int = 1) -> Location | None:
         """Save ``name`` if ``score`` is among the ``keep`` best of ``key``; the file that falls out goes. None: not
@@ -427,14 +442,39 @@ class CheckpointManager:
         self.strategy.wait_for_checkpoint()
         return path
 
-    def _write(self, name: str, latest: bool, remove: list[str]) -> Location:
-        path = self.save(name, async_save=self.async_save, latest=latest, remove=remove)
+    def _write(self, name: str, latest: bool, remove: list[str], thin: Sequence[str] = ()) -> Location:
+        path = self.save(name, async_save=self.async_save, latest=latest, remove=remove, thin=thin)
         self.logger.info(
             f"Saving checkpoint {path} in the background" if self.async_save else f"Saved checkpoint {path}"
         )
         if self.after_save is not None:
             self.after_save(path)
         return path
+
+    def preflight(self, saves: list[int] | None = None) -> None:
+        """Refuse, before training, a run whose kept checkpoints would not fit in ``ckpt_dir``'s free space.
+
+        One checkpoint's size is estimated from the tensor bytes of the model's and optimizer's state now (the
+        largest checkpoint already in the folder if that is larger); ``saves``: the numbers of the periodic saves the
+        run will make.
+        The free space is the local disk's, or the store's where it tells (:class:`~trainwright.checkpoint.retention.
+        ReportsFreeSpace`); unknown: nothing is checked.
+
+        Raises:
+            CheckpointSpaceError: naming the sizes, the free space and the fix (on every rank).
+        """
+        free = free_bytes(self.ckpt_dir) if self.strategy.is_main_process else None
+        big = [n for n in ("model", "optim_wrapper") if n not in self.exclude]  # the rest is small, and may gather
+        state = {name: piece.state_dict() for name, piece in self.pieces.items() if piece is not None and name in big}
+        full, weights = tensor_bytes(state), tensor_bytes(state.get("model"))
+        if free is not None:
+            sizes = [p.stat().st_size for p in list_checkpoints(self.ckpt_dir, suffix=".pth")]
+            full = max([full, *sizes])
+        why = preflight(self.ckpt_dir, full, weights, Retention(self.keep, self.weights_every), saves, free)
+        if self.strategy.world_size > 1:
+            why = self.strategy.broadcast_object(why)
+        if why is not None:
+            raise CheckpointSpaceError(why)
 
     # -- publishing and cleaning ----------------------------------------------------------------
     def check_keys(self, keys: Sequence[str]) -> None:

@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from trainwright.checkpoint.retention import Retention
 from trainwright.checkpoint.storage import Location, RemotePath, Store, location
 from trainwright.registry import did_you_mean
 
@@ -21,6 +22,8 @@ KEYS: tuple[str, ...] = (
     "out_dir",
     "storage_options",
     "max_keep_ckpts",
+    "keep",
+    "weights_every",
     "async_save",
     "epoch_tmpl",
     "iter_tmpl",
@@ -58,6 +61,9 @@ class CheckpointSettings:
             :class:`~trainwright.checkpoint.storage.FsspecStore` is made for it, with ``storage_options``)
             or a :class:`~trainwright.checkpoint.storage.Store` of your own. ``resume=True`` looks here.
         max_keep_ckpts: Periodic checkpoints kept (-1: all).
+        weights_every: Of the periodic checkpoints older than the last ``max_keep_ckpts``, those whose number is a
+            multiple of it are thinned to weights (0: deleted). Given as ``keep=dict(last=k, weights_every=n)``
+            (:mod:`trainwright.checkpoint.retention`).
         async_save: Write in a background thread.
         epoch_tmpl / iter_tmpl: Names of periodic checkpoints (one ``{}``).
         save_optimizer / save_param_scheduler: Whether checkpoints hold those states (needed to resume).
@@ -67,12 +73,18 @@ class CheckpointSettings:
 
     out_dir: Location | None = None
     max_keep_ckpts: int = -1
+    weights_every: int = 0
     async_save: bool = False
     epoch_tmpl: str = "epoch_{}.pth"
     iter_tmpl: str = "iter_{}.pth"
     save_optimizer: bool = True
     save_param_scheduler: bool = True
     epoch_names: bool = False
+
+    @property
+    def retention(self) -> Retention:
+        """What the run keeps: the last ``max_keep_ckpts`` whole, older ones thinned every ``weights_every``."""
+        return Retention(self.max_keep_ckpts, self.weights_every)
 
     @property
     def exclude(self) -> tuple[str, ...]:
@@ -105,6 +117,15 @@ class CheckpointSettings:
                         "default_hooks.checkpoint); give it once"
                     )
                 merged[key] = value
+        if "keep" in merged:  # keep=dict(last=k, weights_every=n): max_keep_ckpts=k plus thinning
+            kept = Retention.parse(merged.pop("keep"))
+            for key, value in (("max_keep_ckpts", kept.last), ("weights_every", kept.weights_every)):
+                if merged.get(key, value) != value:
+                    raise ValueError(
+                        f"checkpoint keep={kept} and {key}={merged[key]!r} disagree; give keep=dict(last=..., "
+                        "weights_every=...) alone"
+                    )
+                merged[key] = value
         options = merged.pop("storage_options", None)
         out_dir = merged.pop("out_dir", None)
         if options is not None and not (isinstance(out_dir, str) and "://" in out_dir):
@@ -117,6 +138,8 @@ class CheckpointSettings:
             raise ValueError(
                 "CheckpointHook max_keep_ckpts=0 would delete every checkpoint; use -1 to keep all or k >= 1"
             )
+        if merged.get("weights_every"):
+            Retention.parse({"last": merged.get("max_keep_ckpts", -1), "weights_every": merged["weights_every"]})
         for key in ("epoch_tmpl", "iter_tmpl"):
             if key in merged:
                 check_template(merged[key], key)

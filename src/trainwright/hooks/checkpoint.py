@@ -112,6 +112,13 @@ class CheckpointHook(Hook):
         by_epoch: Count ``interval`` in epochs or in iterations.
         max_keep_ckpts: Keep only the newest k periodic checkpoints (-1: keep all). Old ones
             are deleted only after the new one (and the ``latest`` pointer) is complete.
+        keep: ``dict(last=k, weights_every=n)``: keep the newest k periodic checkpoints whole; of the older ones,
+            those whose number is a multiple of n are thinned to weights (``weights/<name>``, ``meta`` + ``model``)
+            and the rest deleted, each only after the new one is complete (``max_keep_ckpts=k`` is
+            ``keep=dict(last=k)``).
+        preflight: Before training, refuse the run when what it keeps (``keep`` / ``max_keep_ckpts``; all of its
+            periodic checkpoints when it keeps all) would not fit in the folder's free space (local disk, or a store
+            that tells); False skips the check.
         save_last: Also save when training ends (normally, early-stopped or preempted), unless
             that iteration was just saved.
         save_optimizer / save_param_scheduler: Include those states (needed to resume).
@@ -174,6 +181,8 @@ class CheckpointHook(Hook):
         greater_keys: str | Sequence[str] | None = None,
         less_keys: str | Sequence[str] | None = None,
         published_keys: str | Sequence[str] | None = None,
+        keep: dict[str, int] | None = None,
+        preflight: bool = True,
     ) -> None:
         if max_keep_best < 1:
             raise ValueError(f"CheckpointHook max_keep_best must be >= 1, got {max_keep_best}")
@@ -217,6 +226,7 @@ class CheckpointHook(Hook):
                 ("out_dir", out_dir, None),
                 ("storage_options", storage_options, None),
                 ("max_keep_ckpts", max_keep_ckpts, -1),
+                ("keep", keep, None),
                 ("async_save", async_save, False),
                 ("epoch_tmpl" if by_epoch else "iter_tmpl", filename_tmpl, None),
                 ("save_optimizer", save_optimizer, True),
@@ -228,6 +238,11 @@ class CheckpointHook(Hook):
         # manager
         settings = CheckpointSettings.build(given)
         given.pop("storage_options", None)
+        if given.pop("keep", None) is not None:  # the manager's settings hold it as these two
+            given["max_keep_ckpts"], given["weights_every"] = settings.max_keep_ckpts, settings.weights_every
+            self.max_keep_ckpts = settings.max_keep_ckpts
+        #: Refuse a run whose kept checkpoints would not fit in the folder's free space, before training.
+        self.preflight = preflight
         if settings.out_dir is not None:
             given["out_dir"] = settings.out_dir
         self.checkpoint_settings = given
@@ -345,6 +360,21 @@ class CheckpointHook(Hook):
             )
         if self.clean_stale_tmp and trainer.strategy.is_main_process:
             m.clean_stale_tmp()
+        if self.preflight:
+            m.preflight(self._planned_saves(trainer, loop))
+
+    def _planned_saves(self, trainer: TrainerView, loop: TrainLoopView) -> list[int] | None:
+        """The numbers of the periodic saves still to come (None: unknown, e.g. epochs of a stream)."""
+        if self.interval <= 0:
+            return []
+        end = loop.max_iters
+        if self.by_epoch:
+            try:
+                end = math.ceil(end / len(loop.dataloader))
+            except TypeError:  # a stream without __len__
+                return None
+        done = trainer.progress.epoch if self.by_epoch else trainer.progress.iteration
+        return [n for n in range(done + 1, end + 1) if self._due(n)]
 
     def train_iter_interval(self, trainer: TrainerView) -> int | range:  # noqa: D102
         # Epoch-interval saves are requested (and a pending one flushed) at epoch events only; iteration saves at
