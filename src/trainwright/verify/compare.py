@@ -45,6 +45,10 @@ class Check:
     #: The training step of the first difference (None: none, or a final state).
     step: int | None = None
 
+    def where(self) -> str:
+        """The detail, after ``step N:`` when the difference has a step."""
+        return f"step {self.step}: {self.detail}" if self.step is not None and not self.ok else self.detail
+
 
 @dataclass
 class ResumeReport:
@@ -79,7 +83,7 @@ class ResumeReport:
     def table(self) -> str:
         """The report as text: a row per check (check / result / first divergence), then the first divergence."""
         rows = [("check", "result", "first divergence")] + [
-            (c.name, "equal" if c.ok else "DIFFERS", c.detail) for c in self.checks
+            (c.name, "equal" if c.ok else "DIFFERS", c.where()) for c in self.checks
         ]
         width = [max(len(r[i]) for r in rows) for i in range(2)]
         lines = [f"{a:<{width[0]}}  {b:<{width[1]}}  {c}".rstrip() for a, b, c in rows]
@@ -89,8 +93,7 @@ class ResumeReport:
         if first is None:
             tail = "resume is exact: every check is bitwise equal"
         else:
-            at = f" at step {first.step}" if first.step is not None else ""
-            tail = f"FIRST DIVERGENCE: {first.name}{at}: {first.detail}"
+            tail = f"FIRST DIVERGENCE: {first.name}, {first.where()}"
         return "\n".join([head, *self.notes, "", *lines, "", tail, f"runs kept in {self.work_dir.resolve()}"])
 
     def __str__(self) -> str:
@@ -126,7 +129,7 @@ class RunRecords:
 
 
 def _rank(rank: int, world: int) -> str:
-    return f" (rank {rank})" if world > 1 else ""
+    return f"rank {rank}: " if world > 1 else ""
 
 
 def _loss_text(hexes: Mapping[str, str], key: str) -> str:
@@ -143,14 +146,12 @@ def compare_steps(ref: RunRecords, run: RunRecords, steps: int, world: int) -> l
             where = _rank(rank, world)
             if a is None or b is None:
                 missing = "the uninterrupted run" if a is None else "the restarted run"
-                text = f"step {it}{where} was not trained by {missing}"
+                text = f"{where}not trained by {missing}"
                 batch = batch or Check("batches", False, text, it)
                 loss = loss or Check("losses", False, text, it)
                 continue
             if batch is None and a["batch"] != b["batch"]:
-                batch = Check(
-                    "batches", False, f"step {it}{where}: another batch (checksum {b['batch']} != {a['batch']})", it
-                )
+                batch = Check("batches", False, f"{where}another batch (checksum {b['batch']} != {a['batch']})", it)
             if loss is None and a["losses"] != b["losses"]:
                 key = next(
                     k for k in sorted(set(a["losses"]) | set(b["losses"])) if a["losses"].get(k) != b["losses"].get(k)
@@ -158,7 +159,7 @@ def compare_steps(ref: RunRecords, run: RunRecords, steps: int, world: int) -> l
                 loss = Check(
                     "losses",
                     False,
-                    f"step {it}{where}: {key} {_loss_text(b['losses'], key)} != {_loss_text(a['losses'], key)}",
+                    f"{where}{key} {_loss_text(b['losses'], key)} != {_loss_text(a['losses'], key)}",
                     it,
                 )
         if batch is not None and loss is not None:
@@ -254,11 +255,14 @@ def restart_check(run: RunRecords, restarts: Sequence[int], world: int) -> Check
                 return Check(
                     "restarts",
                     False,
-                    f"the process restarted after step {k}{_rank(rank, world)} {got}, not at {k}: it did not resume "
-                    "from the checkpoint saved at the stop",
+                    f"{_rank(rank, world)}the process restarted after step {k} {got}: it did not resume from the "
+                    "checkpoint saved at the stop",
                     k + 1,
                 )
     if run.repeated:
         rank, it = run.repeated[0]
-        return Check("restarts", False, f"step {it}{_rank(rank, world)} was trained twice", it)
-    return Check("restarts", True, f"{len(restarts)} fresh processes resumed at {', '.join(map(str, restarts))}")
+        return Check("restarts", False, f"{_rank(rank, world)}trained twice", it)
+    n = len(restarts)
+    return Check(
+        "restarts", True, f"{n} fresh process{'es' if n > 1 else ''} resumed at {', '.join(map(str, restarts))}"
+    )

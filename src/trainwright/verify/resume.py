@@ -136,6 +136,10 @@ def verify_resume(
     wanted = sorted(set(at or ()))
     if any(not isinstance(k, int) or k < 1 for k in wanted):
         raise ConfigError(f"verify-resume --at takes iterations >= 1, got {list(at or ())}")
+    if steps is not None and wanted and wanted[-1] >= steps:
+        raise ConfigError(
+            f"verify-resume --at {wanted}: every restart must come before the last step (--steps {steps})"
+        )
     root = _empty_folder(work_dir)
     say = echo or (lambda line: None)
     launch = _Launcher(Path(config).resolve(), list(cfg_options), nproc, timeout_s)
