@@ -1,6 +1,7 @@
 """Checkpoint files and state: the Stateful protocol, atomic writes, safe loading, a folder's checkpoints, weights,
 RNG state."""
 
+from trainwright.checkpoint.export import export_safetensors, load_exported, read_exported
 from trainwright.checkpoint.io import (
     CheckpointError,
     UnsafeCheckpointError,
@@ -39,13 +40,16 @@ __all__ = [
     "atomic_write_bytes",
     "atomic_write_text",
     "check_state_dict",
+    "export_safetensors",
     "extract_state_dict",
     "find_resumable",
     "get_rng_state",
     "list_checkpoints",
+    "load_exported",
     "load_file",
     "load_model_weights",
     "load_safetensors",
+    "read_exported",
     "read_latest",
     "read_safetensors",
     "revise_state_dict_keys",

@@ -5,6 +5,7 @@ from trainwright.hooks.dispatch import HookList
 from trainwright.hooks.early_stopping import EarlyStoppingHook
 from trainwright.hooks.ema import EMAHook
 from trainwright.hooks.empty_cache import EmptyCacheHook
+from trainwright.hooks.export import SafetensorsExportHook
 from trainwright.hooks.flops import FlopsHook
 from trainwright.hooks.hook import EVENTS, Hook
 from trainwright.hooks.iter_timer import IterTimerHook
@@ -45,4 +46,5 @@ __all__ = [
     "SyncBuffersHook",
     "PreciseBNHook",
     "EmptyCacheHook",
+    "SafetensorsExportHook",
 ]
