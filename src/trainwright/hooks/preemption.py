@@ -439,7 +439,8 @@ class _Watchdog:
 
     def _collective(self, where: Whereabouts) -> str:
         strategy = getattr(self.hook._view, "strategy", None)
-        named = where.collective or (strategy.backward_collective if where.phase == "backward" else None)
+        backward = strategy.backward_collective if strategy is not None and where.phase == "backward" else None
+        named = where.collective or backward
         return f"{where.phase}, {named}" if named else where.phase
 
     def _say(self, message: str) -> None:
