@@ -49,7 +49,7 @@ class LoggerHook(Hook):
     checkpoint saves left out: see :class:`~trainwright.hooks.memory.PhasePeaks`). Validation
     and test records carry the pass's own ``max_memory_mb``; a checkpoint save's peak is
     logged as a message when the phase after it starts (validation, the next epoch, the end).
-    The writers of ``trainer.writers`` show it (the console adds the ETA) or store it.
+    The writers of ``trainer.log_lines.writers`` show it (the console adds the ETA) or store it.
 
     The run's last iteration always gets a line (iteration-based: 50 iterations logged every
     20 give lines at 20, 40 and 50, the last averaging 41-50).
@@ -62,7 +62,7 @@ class LoggerHook(Hook):
 
     Turning numbers into text is the costly part of logging, so held lines are written
     together: on one process the hook flushes the store and writes them; under several it
-    proposes the write to ``trainer.agreement``. Epoch ends, the end of training, evaluations
+    proposes the write to ``trainer.metric_store.agreement``. Epoch ends, the end of training, evaluations
     and ``Trainer.flush_logs()`` write what is held.
 
     Args:
@@ -83,7 +83,7 @@ class LoggerHook(Hook):
         flush_secs: While training runs faster than one line per ``flush_secs``, lines are
             written in batches at most this far apart (0 writes each line at once). With
             several processes any process's proposal is agreed at the train loop's next
-            agreement point (every ``trainer.agreement.every`` iterations), which writes
+            agreement point (every ``trainer.metric_store.agreement.every`` iterations), which writes
             the lines, with the numbers reduced over the processes (``data_time`` the
             maximum, the rest the mean).
         out_dir: Also keep the run folder's logs (``train.log``, ``metrics.jsonl``, the config

@@ -1,6 +1,6 @@
 """PreemptionHook: on SIGTERM / SIGUSR1, finish the step, save a checkpoint and exit.
 
-The handler only proposes a stop to ``trainer.agreement`` (several processes stop after the same
+The handler only proposes a stop to ``trainer.metric_store.agreement`` (several processes stop after the same
 iteration); then ``trainer.checkpoints.save_now()`` writes that step and the process exits with
 :attr:`exit_code` (``128 + signal`` by default). A stuck process is ended by a watchdog after
 ``grace_s``; under SLURM, SIGUSR1 also requeues the job. See docs/checkpoints.md#preemption.
@@ -80,7 +80,7 @@ def _signum(sig: int | str | signal.Signals) -> signal.Signals:
 class PreemptionHook(Hook):
     """Turns a termination signal into "finish this step, save, exit".
 
-    The signal handler only proposes a stop to ``trainer.agreement``: one process stops after
+    The signal handler only proposes a stop to ``trainer.metric_store.agreement``: one process stops after
     the current step, several together at the loop's next agreement point (the same iteration
     on every rank); a validation inside training is cut too. ``resume=True`` continues from the
     checkpoint. A process that cannot reach a step boundary (stuck in a collective whose peer
@@ -91,7 +91,7 @@ class PreemptionHook(Hook):
         signals: The signals that mean preemption (default SIGTERM and SIGUSR1).
         check_interval: Under several processes, validation batches between two checks of a
             validation inside training (one small collective each; default 10). Training
-            itself stops at the agreement points (``trainer.agreement.every``; keep that many
+            itself stops at the agreement points (``trainer.metric_store.agreement.every``; keep that many
             steps well inside the grace period between signal and kill).
         exit_code: Exit status after the checkpoint is saved: an int, ``"signal"`` (default:
             ``128 + signum``) or None (``train()`` returns normally,
