@@ -11,9 +11,11 @@ from typing import Any
 
 import pytest
 import torch
+from conftest import LinearReg
 from streams import hf_stream, ids_of, write_shards
 from torchdata.stateful_dataloader import StatefulDataLoader
 
+import trainwright as tw
 from trainwright.data import Mixture
 from trainwright.registry import DATASETS
 
@@ -134,3 +136,59 @@ def test_a_stream_without_state_is_read_past_on_resume(tmp_path: Path) -> None:
         tail = [next(rest) for _ in range(18)]
     assert head + tail == reference
     assert any("has no state_dict(): resuming reads past" in str(w.message) for w in caught)
+
+
+class Counted(torch.utils.data.IterableDataset):
+    """Samples ``(x, y)`` whose ``x[0]`` is the id, 1000 on; ``state_dict()`` is the count given (torchdata's
+    convention: ``load_state_dict`` sets where the next pass starts)."""
+
+    def __init__(self) -> None:
+        self.done, self._start = 0, 0
+
+    def __iter__(self) -> Any:
+        start, self._start = self._start, 0
+        self.done = start
+        for i in range(1000 + start, 1100):
+            self.done += 1
+            yield torch.tensor([float(i), 1.0, 0.0, -1.0]), torch.tensor([0.5])
+
+    def state_dict(self) -> dict[str, int]:
+        return {"done": self.done}
+
+    def load_state_dict(self, state: dict[str, int]) -> None:
+        self._start = int(state["done"])
+
+
+class RecordIds(tw.Hook):
+    def __init__(self) -> None:
+        self.ids: list[list[int]] = []
+
+    def after_train_iter(self, trainer: Any, batch_idx: int, data_batch: Any = None, outputs: Any = None) -> None:
+        self.ids.append([int(v) for v in data_batch[0][:, 0]])
+
+
+def test_a_trainer_resumes_a_mixture_from_its_checkpoint(tmp_path: Path) -> None:
+    table = [(torch.tensor([float(i), 0.0, 1.0, 0.0]), torch.tensor([0.1])) for i in MAP]
+
+    def train(work: Path, max_iters: int, resume: bool) -> list[list[int]]:
+        record = RecordIds()
+        t = tw.Trainer(
+            model=LinearReg(),
+            work_dir=work,
+            train_dataloader=dict(dataset=Mixture([table, Counted()], weights=[1, 2], seed=5), batch_size=4),
+            optim_wrapper=dict(optimizer=dict(type="SGD", lr=1e-7)),  # inputs up to 1100
+            train_cfg=dict(by_epoch=False, max_iters=max_iters),
+            default_hooks=dict(checkpoint=dict(type="CheckpointHook", interval=1, by_epoch=False)),
+            custom_hooks=[record],
+            resume=resume,
+            log_level="WARNING",
+        )
+        t.train()
+        t.close()
+        return record.ids
+
+    full = train(tmp_path / "full", 7, False)
+    assert train(tmp_path / "cut", 3, False) + train(tmp_path / "cut", 7, True) == full
+    ids = [i for b in full for i in b]
+    streamed = [i for i in ids if i >= 1000]
+    assert streamed == list(range(1000, 1000 + len(streamed)))  # the stream went on from its state: nothing twice
