@@ -12,15 +12,17 @@ import torch
 from torch.utils.data import IterableDataset
 
 
-def write_shards(folder: Path, shards: int, per_shard: int, first: int = 0) -> list[str]:
-    """``shards`` JSON-lines files of ``{"id": n}`` records, ids ``first, first + 1, ...`` shard after shard."""
+def write_shards(folder: Path, shards: int, per_shard: int | list[int], first: int = 0) -> list[str]:
+    """``shards`` JSON-lines files of ``{"id": n}`` records (``per_shard`` each, or the list's count for each shard),
+    ids ``first, first + 1, ...`` shard after shard."""
     folder.mkdir(parents=True, exist_ok=True)
-    files = []
-    for s in range(shards):
+    sizes = per_shard if isinstance(per_shard, list) else [per_shard] * shards
+    files, start = [], first
+    for s, size in enumerate(sizes):
         f = folder / f"shard{s:02d}.jsonl"
-        ids = range(first + s * per_shard, first + (s + 1) * per_shard)
-        f.write_text("".join(json.dumps({"id": i}) + "\n" for i in ids))
+        f.write_text("".join(json.dumps({"id": i}) + "\n" for i in range(start, start + size)))
         files.append(str(f))
+        start += size
     return files
 
 
