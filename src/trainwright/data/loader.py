@@ -526,15 +526,16 @@ def make_resumable(
         return loader
     bs = loader.batch_sampler
     batchers, randoms = stock_samplers(loader)  # a StatefulDataLoader's own versions of torch's samplers too
-    if type(bs) in batchers and isinstance(bs.sampler, (*randoms, SequentialSampler)):
-        s = bs.sampler
-        if isinstance(s, randoms) and (s.replacement or s._num_samples is not None):  # noqa: SLF001
+    if isinstance(bs, BatchSampler) and type(bs) in batchers and isinstance(bs.sampler, (*randoms, SequentialSampler)):
+        s: Any = bs.sampler
+        shuffle = isinstance(s, randoms)
+        if shuffle and (s.replacement or s._num_samples is not None):  # noqa: SLF001
             inner: Any = _custom(bs, num_replicas, name)
         else:
             inner = BatchSampler(
                 EpochSampler(
                     len(cast(Sized, loader.dataset)),
-                    shuffle=isinstance(s, randoms),
+                    shuffle=shuffle,
                     seed=seed,
                     num_replicas=num_replicas,
                     rank=rank,
