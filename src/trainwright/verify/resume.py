@@ -261,6 +261,6 @@ class _Launcher:
             raise VerifyRunError(f"{what} failed (exit status {code}); its log: {log}\n{_tail(log)}")
 
 
-def _tail(path: Path, lines: int = 25) -> str:
+def _tail(path: Path, lines: int = 60) -> str:
     text = path.read_text(encoding="utf-8", errors="replace").splitlines()
     return "\n".join(text[-lines:])
