@@ -4,6 +4,7 @@ checkpoint never resumed from."""
 from __future__ import annotations
 
 import re
+import shutil
 import warnings
 from pathlib import Path
 from typing import Any
@@ -108,6 +109,7 @@ class TinyDisk(LocalStore):
 
 
 def test_the_preflight_refuses_a_run_that_cannot_fit_before_training(tmp_path: Path) -> None:
+    assert 0 < LocalStore(tmp_path).free_bytes(str(tmp_path / "not" / "yet")) <= shutil.disk_usage(tmp_path).total
     weights = Weights()
     with _trainer(tmp_path, hooks=[weights], out_dir=TinyDisk(tmp_path / "disk"), keep=dict(last=3)) as t:
         with pytest.raises(CheckpointSpaceError) as e:

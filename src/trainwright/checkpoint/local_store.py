@@ -93,5 +93,15 @@ class LocalStore:
             ) from e
         self.checked = True
 
+    def free_bytes(self, url: str) -> int | None:
+        """Free bytes on the disk of ``url`` (its nearest existing folder): what the checkpoint preflight compares with
+        the checkpoints a run keeps (:mod:`trainwright.checkpoint.retention`)."""
+        import shutil
+
+        p = Path(url)
+        while not p.exists() and p != p.parent:
+            p = p.parent
+        return shutil.disk_usage(p).free
+
     def explain(self, e: BaseException) -> str:  # noqa: D102
         return f"{type(e).__name__}: {e}. Check that the folder exists, is writable and has free space"

@@ -86,12 +86,13 @@ class Retention:
 
 
 def thin_to_weights(read: Callable[[Location], Mapping[str, Any]], path: Location) -> Location:
-    """Write ``path``'s ``meta`` and ``model`` as ``<folder>/weights/<name>`` (complete and durable on return) and
-    return it; the caller deletes ``path`` afterwards."""
+    """Write ``path``'s ``meta`` and ``model`` as ``<folder>/weights/<name>.pth`` (complete and durable on return;
+    a sharded ``.dcp`` checkpoint is read whole and written as one file) and return it; the caller deletes ``path``
+    afterwards."""
     ckpt = read(path)
     buf = io.BytesIO()
     torch.save({k: ckpt[k] for k in WEIGHTS_PIECES if k in ckpt}, buf)
-    out = path.parent / WEIGHTS_DIR / path.name
+    out = path.parent / WEIGHTS_DIR / f"{path.stem}.pth"
     if isinstance(out, Path):
         out.parent.mkdir(parents=True, exist_ok=True)
     write_whole(out, buf.getvalue())
