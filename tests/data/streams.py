@@ -59,3 +59,25 @@ class Numbered(IterableDataset):
 
     def __len__(self) -> int:
         return self.length
+
+
+class Counted(IterableDataset):
+    """``n`` samples ``(x, y)`` whose ``x[0]`` is the id (``first + i``), with torchdata's state convention:
+    ``state_dict()`` is the count given, ``load_state_dict`` sets where the next pass starts. No ``__len__``."""
+
+    def __init__(self, first: int = 1000, n: int = 100) -> None:
+        self.first, self.n = first, n
+        self.done, self._start = 0, 0
+
+    def __iter__(self) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
+        start, self._start = self._start, 0
+        self.done = start
+        for i in range(self.first + start, self.first + self.n):
+            self.done += 1
+            yield torch.tensor([float(i), 1.0, 0.0, -1.0]), torch.tensor([0.5])
+
+    def state_dict(self) -> dict[str, int]:
+        return {"done": self.done}
+
+    def load_state_dict(self, state: dict[str, int]) -> None:
+        self._start = int(state["done"])

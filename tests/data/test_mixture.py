@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 import torch
 from conftest import LinearReg
-from streams import hf_stream, ids_of, write_shards
+from streams import Counted, hf_stream, ids_of, write_shards
 from torchdata.stateful_dataloader import StatefulDataLoader
 
 import trainwright as tw
@@ -136,27 +136,6 @@ def test_a_stream_without_state_is_read_past_on_resume(tmp_path: Path) -> None:
         tail = [next(rest) for _ in range(18)]
     assert head + tail == reference
     assert any("has no state_dict(): resuming reads past" in str(w.message) for w in caught)
-
-
-class Counted(torch.utils.data.IterableDataset):
-    """Samples ``(x, y)`` whose ``x[0]`` is the id, 1000 on; ``state_dict()`` is the count given (torchdata's
-    convention: ``load_state_dict`` sets where the next pass starts)."""
-
-    def __init__(self) -> None:
-        self.done, self._start = 0, 0
-
-    def __iter__(self) -> Any:
-        start, self._start = self._start, 0
-        self.done = start
-        for i in range(1000 + start, 1100):
-            self.done += 1
-            yield torch.tensor([float(i), 1.0, 0.0, -1.0]), torch.tensor([0.5])
-
-    def state_dict(self) -> dict[str, int]:
-        return {"done": self.done}
-
-    def load_state_dict(self, state: dict[str, int]) -> None:
-        self._start = int(state["done"])
 
 
 class RecordIds(tw.Hook):

@@ -8,14 +8,16 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import torch
 import torch.multiprocessing as mp
 from conftest import LinearReg
 from launch import gloo_group, use_gloo_env
-from streams import Numbered, hf_stream, ids_of, write_shards
+from streams import Counted, Numbered, hf_stream, ids_of, write_shards
 from torch.utils.data import DataLoader
+from torchdata.stateful_dataloader import StatefulDataLoader
 
 import trainwright as tw
-from trainwright.data import StreamShard, split_stream
+from trainwright.data import Mixture, StreamShard, split_stream
 
 WORLD = 2
 
@@ -30,6 +32,20 @@ def test_each_rank_and_worker_reads_its_own_part_of_a_plain_stream() -> None:
     assert sorted(parts[0] + parts[1]) == list(range(23))
     assert sorted(parts[0]) == [i for i in range(23) if i % 4 in (0, 1)]  # rank 0: readers 0 and 1 of 4
     assert len(StreamShard(Numbered(23), 1, WORLD)) == 12  # the largest part, the same on every rank
+
+
+def test_a_rank_s_part_resumes_from_its_state_under_two_workers() -> None:
+    def loader() -> StatefulDataLoader:
+        return StatefulDataLoader(StreamShard(Counted(0, 60), 1, WORLD), batch_size=3, num_workers=2, collate_fn=ids_of)
+
+    full = list(loader())
+    first = loader()
+    head = [b for _, b in zip(range(3), first)]
+    state = first.state_dict()
+    resumed = loader()
+    resumed.load_state_dict(state)
+    assert head + list(resumed) == full
+    assert sorted(i for b in full for i in b) == [i for i in range(60) if i % 4 in (2, 3)]  # rank 1: readers 2, 3 of 4
 
 
 def test_a_hugging_face_stream_is_split_by_node(tmp_path: Path) -> None:
@@ -63,7 +79,24 @@ def _worker(rank: int, init_file: str, out_dir: str) -> None:
             experiment_name="run",
         )
         t.train()
-        report = {"iteration": t.progress.iteration, "epoch": t.progress.epoch, "ids": record.ids}
+        report: dict[str, Any] = {"iteration": t.progress.iteration, "epoch": t.progress.epoch, "ids": record.ids}
+        t.close()
+        del t
+        mixed = RecordIds()  # a Mixture: each rank draws its own share of both sources
+        table = [(torch.tensor([float(i), 0.0, 1.0, 0.0]), torch.tensor([0.1])) for i in range(100, 120)]
+        t = tw.Trainer(
+            model=LinearReg(),
+            work_dir=Path(out_dir) / f"rank{rank}" / "mix",
+            train_dataloader=dict(dataset=Mixture([table, Counted()], weights=[1, 1], seed=2), batch_size=4),
+            optim_wrapper=dict(optimizer=dict(type="SGD", lr=1e-7)),
+            train_cfg=dict(by_epoch=False, max_iters=4),
+            strategy="ddp",
+            custom_hooks=[mixed],
+            default_hooks=dict(checkpoint=None),
+            log_level="WARNING",
+        )
+        t.train()
+        report["mixed"] = [i for b in mixed.ids for i in b]
         t.close()
         del t
         (Path(out_dir) / f"rank{rank}.json").write_text(json.dumps(report))
@@ -84,3 +117,7 @@ def test_two_processes_read_disjoint_parts_and_stop_together_when_the_parts_end_
     log = "\n".join(p.read_text() for p in (tmp_path / "rank0").rglob("*.log"))
     assert "is a stream read by several processes: Numbered split by rank x loader worker" in log
     assert log.count("batches left unread: rank 0: 1, rank 1: 0") == 2, log[-3000:]
+    mixed = r0["mixed"], r1["mixed"]
+    assert set(mixed[0]).isdisjoint(mixed[1]) and all(len(m) == 16 for m in mixed)
+    assert {i % 2 for i in mixed[1] if i >= 1000} == {1}  # the stream: every 2nd item from the rank's own on
+    assert any(i < 1000 for i in mixed[0]) and any(i >= 1000 for i in mixed[0])
