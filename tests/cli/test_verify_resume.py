@@ -124,7 +124,12 @@ def test_usage_errors_exit_with_status_2(tmp_path: Path, capsys: pytest.CaptureF
 
 
 def test_default_restarts_cover_an_epoch_a_window_and_its_end() -> None:
+    from trainwright.verify.probe import default_stop
     from trainwright.verify.resume import default_restarts
+
+    assert default_stop(450, 45) == 90  # digits: two epochs
+    assert default_stop(300, 408) == 40  # char_gpt: an epoch of 408 steps, a short run instead
+    assert default_stop(30, 45) == 30  # never past the config's length
 
     assert default_restarts(90, 45) == [15, 45]  # digits: inside epoch 1, its last batch (a resume of a resume)
     assert default_restarts(24, 12, 2) == [4, 9, 12]  # 9: inside a window of 2

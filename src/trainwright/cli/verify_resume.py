@@ -33,7 +33,7 @@ def add_verify_resume_parser(sub: Any) -> argparse.ArgumentParser:
         type=int,
         default=None,
         metavar="N",
-        help="steps of each run (default: 2 epochs, at most the config's)",
+        help="steps of each run (default: 2 epochs when that is at most 200 steps, else 40; at most the config's)",
     )
     p.add_argument(
         "--at",

@@ -19,7 +19,18 @@ from trainwright.optim.optim_wrapper_dict import optim_wrappers_of
 if TYPE_CHECKING:
     from trainwright.hooks.view import TrainerView
 
-__all__ = ["ResumeProbe", "batch_checksum", "record_file"]
+__all__ = ["ResumeProbe", "batch_checksum", "default_stop", "record_file"]
+
+#: A default run longer than this many steps (two long epochs) is cut to :data:`SHORT_RUN` steps.
+LONGEST_DEFAULT = 200
+SHORT_RUN = 40
+
+
+def default_stop(max_iters: int, epoch_len: int, epochs: int = 2) -> int:
+    """The default length of a verification run: ``epochs`` epochs when that is at most :data:`LONGEST_DEFAULT` steps,
+    else :data:`SHORT_RUN` steps; never more than the config's ``max_iters``."""
+    wanted = epochs * epoch_len
+    return min(max_iters, wanted if wanted <= LONGEST_DEFAULT else SHORT_RUN)
 
 
 def record_file(folder: str | Path, segment: int, rank: int) -> Path:
@@ -65,7 +76,7 @@ def _scalars(outputs: Any) -> dict[str, str]:
     out: dict[str, str] = {}
     for k, v in outputs.items():
         if isinstance(v, torch.Tensor) and v.numel() == 1:
-            out[str(k)] = float(v.detach().float().item() if v.dtype == torch.bfloat16 else v.item()).hex()
+            out[str(k)] = float(v.item()).hex()  # exact for every float dtype (a Python float is a double)
         elif isinstance(v, float):
             out[str(k)] = v.hex()
     return out
@@ -83,8 +94,7 @@ class ResumeProbe(Hook):
 
     Args:
         record: The file of this process's records.
-        stop_at: The iteration after which the run stops and saves (None: after ``epochs`` epochs of the train
-            loader, or the run's end if sooner).
+        stop_at: The iteration after which the run stops and saves (None: :func:`default_stop`).
         epochs: See ``stop_at``.
     """
 
@@ -109,7 +119,7 @@ class ResumeProbe(Hook):
         self._file = open(self.record, "a", encoding="utf-8")  # noqa: SIM115 - closed in after_run
         counts = [ow.accumulative_counts for ow in optim_wrappers_of(trainer.optim_wrapper).values()]
         epoch_len = len(loop.dataloader)
-        self._stop = self.stop_at if self.stop_at is not None else min(loop.max_iters, self.epochs * epoch_len)
+        self._stop = self.stop_at if self.stop_at is not None else default_stop(loop.max_iters, epoch_len, self.epochs)
         self._write(
             dict(
                 start=trainer.progress.iteration,

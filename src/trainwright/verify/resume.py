@@ -114,7 +114,8 @@ def verify_resume(
 
     Args:
         config: The config file (``.py`` / ``.yaml`` / ``.json``).
-        steps: Steps of each run (default: two epochs of the train loader, at most the config's length).
+        steps: Steps of each run (default: two epochs of the train loader when that is at most 200 steps, else 40;
+            at most the config's length).
         at: The iterations to stop and restart at (default :func:`default_restarts`).
         nproc: Processes per run (``torch.distributed.run``; gloo on CPU).
         work_dir: An empty folder for the runs (default: a new temporary folder); kept afterwards.
@@ -161,6 +162,11 @@ def verify_resume(
     if outside:
         raise ConfigError(f"verify-resume --at {outside}: a restart must come before the run's last step ({n})")
     say(f"uninterrupted run: {n} steps ({launch.last_s:.1f} s)")
+    if wanted == [] and n <= e:
+        notes.append(
+            f"note: the run is not longer than an epoch ({e} steps): no restart at an epoch's end (--steps {e + 1}"
+            " or more for one)"
+        )
     notes.append(
         "restarts: " + ", ".join(f"{k} ({describe_restart(k, e, acc)})" for k in restarts) + f"; epoch = {e} steps"
     )
