@@ -228,3 +228,60 @@ def test_a_hugging_face_map_style_dataset_handed_over_resumes_mid_epoch_by_the_s
     b.load_state_dict(a.state_dict())
     assert not b.stateful and head + [x["id"].tolist() for x in b] == ref
     assert sorted(i for batch in ref for i in batch) == list(range(10))
+
+
+class Pairs(IterableDataset):
+    """A stream of 8 regression samples with ``__len__`` and ``state_dict()`` (the position in the pass)."""
+
+    def __init__(self) -> None:
+        g = torch.Generator().manual_seed(1)
+        self.x, self.w = torch.randn(8, 4, generator=g), torch.randn(4, 1, generator=g)
+        self.done, self._start = 0, 0
+
+    def __len__(self) -> int:
+        return 8
+
+    def __iter__(self) -> Any:
+        start, self._start = self._start, 0
+        self.done = start
+        for i in range(start, 8):
+            self.done += 1
+            yield self.x[i], self.x[i] @ self.w
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"done": self.done}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self._start = int(state["done"])
+
+
+def test_a_stream_by_epochs_resumes_exactly_at_an_epochs_last_and_first_batch_and_twice(tmp_path: Path) -> None:
+    """Epochs of 4 batches over a stream with ``__len__`` and state, accumulation of 3: resumed from the checkpoint at
+    epoch 1's last batch (iteration 4, inside an accumulation window), at epoch 2's first (5), and from a checkpoint a
+    resumed run wrote (6): every run ends with the uninterrupted run's weights, bitwise."""
+    import trainwright as tw
+    from tests.conftest import LinearReg
+
+    def run(work: Path, resume: Any = False) -> dict[str, torch.Tensor]:
+        t = tw.Trainer(
+            model=LinearReg(),
+            work_dir=work,
+            train_dataloader=dict(dataset=Pairs(), batch_size=2),
+            train_cfg=dict(by_epoch=True, max_epochs=2),
+            optim_wrapper=dict(optimizer=dict(type="SGD", lr=0.1), accumulative_counts=3),
+            default_hooks=dict(checkpoint=dict(interval=1, by_epoch=False)),
+            randomness=dict(seed=0),
+            log_level="WARNING",
+            resume=resume,
+        )
+        with t:
+            t.train()
+            return {k: v.clone() for k, v in t.unwrapped_model.state_dict().items()}
+
+    ref = run(tmp_path / "ref")
+    ckpts = tmp_path / "ref" / "checkpoints"
+    for name, at in (("last", 4), ("first", 5)):
+        got = run(tmp_path / name, resume=str(ckpts / f"iter_{at}.pth"))
+        assert all(torch.equal(ref[k], got[k]) for k in ref), name
+    again = run(tmp_path / "again", resume=str(tmp_path / "last" / "checkpoints" / "iter_6.pth"))
+    assert all(torch.equal(ref[k], again[k]) for k in ref)
