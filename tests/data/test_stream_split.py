@@ -93,7 +93,6 @@ def _worker(rank: int, init_file: str, out_dir: str) -> None:
             strategy="ddp",
             custom_hooks=[mixed],
             default_hooks=dict(checkpoint=None),
-            log_level="WARNING",
         )
         t.train()
         report["mixed"] = [i for b in mixed.ids for i in b]
@@ -116,6 +115,8 @@ def test_two_processes_read_disjoint_parts_and_stop_together_when_the_parts_end_
     assert first[0] == [0, 2, 4, 6, 8, 10, 12, 14] and first[1] == [1, 3, 5, 7, 9, 11, 13, 15]
     log = "\n".join(p.read_text() for p in (tmp_path / "rank0").rglob("*.log"))
     assert "is a stream read by several processes: Numbered split by rank x loader worker" in log
+    assert "Mixture of 2 sources, each rank x loader worker drawing its own share" in log
+    assert "it never ends (endless = True), so its end is not agreed" in log  # no all-gather per iteration
     assert log.count("batches left unread: rank 0: 1, rank 1: 0") == 2, log[-3000:]
     mixed = r0["mixed"], r1["mixed"]
     assert set(mixed[0]).isdisjoint(mixed[1]) and all(len(m) == 16 for m in mixed)

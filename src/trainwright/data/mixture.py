@@ -64,6 +64,9 @@ class Mixture(IterableDataset):
         shuffle: Permute the map-style sources (else each pass is in index order).
     """
 
+    #: It never ends (its sources start again): under several processes no rank waits for another's end.
+    endless = True
+
     def __init__(
         self,
         sources: Sequence[Any] | Mapping[str, Any],

@@ -132,16 +132,24 @@ class _TrainLoopBase:
         ctx.hooks.refresh(ctx.view, self.max_iters, self._periodic(ctx))
 
     def _even_end(self, ctx: LoopContext) -> EvenEnd | None:
-        """A stream read by several processes: its passes end together (one 1-number all-gather per iteration)."""
+        """A stream read by several processes: its passes end together (one 1-number all-gather per iteration), unless
+        it never ends (``endless = True``, e.g. a Mixture)."""
         gather = ctx.metric_store.agreement.gather
         if gather is None or not is_stream(self.dataloader):
             return None
+        dataset = self.dataloader.dataset
+        endless = bool(getattr(dataset, "endless", False))
         ctx.logger.info(
-            f"train_dataloader is a stream read by several processes: {split_note(self.dataloader.dataset)} "
-            "(train_dataloader=dict(..., split_stream=False) leaves it unsplit); each pass ends on every rank at the "
-            "same batch, when the first rank's part runs out (one 1-number all-gather per iteration)"
+            f"train_dataloader is a stream read by several processes: {split_note(dataset)} "
+            "(train_dataloader=dict(..., split_stream=False) leaves it unsplit); "
+            + (
+                "it never ends (endless = True), so its end is not agreed"
+                if endless
+                else "each pass ends on every rank at the same batch, when the first rank's part runs out (one "
+                "1-number all-gather per iteration)"
+            )
         )
-        return EvenEnd(gather)
+        return None if endless else EvenEnd(gather)
 
     def _finish(self, ctx: LoopContext) -> None:
         """The schedule back to every event, then ``after_train``."""
