@@ -8,6 +8,7 @@ iteration); then ``trainer.checkpoints.save_now()`` writes that step and the pro
 
 from __future__ import annotations
 
+import json
 import os
 import select
 import shutil
@@ -28,6 +29,7 @@ from trainwright.hooks.whereabouts import Whereabouts, main_thread_whereabouts
 from trainwright.registry import HOOKS
 
 if TYPE_CHECKING:
+    from trainwright.dist.side_channel import SideChannel
     from trainwright.hooks.view import RunControlView, TrainerView
 
 _DEFAULT = "signal"
@@ -345,6 +347,12 @@ class _Watchdog:
         self._write.setblocking(False)
         self._previous_fd = signal.set_wakeup_fd(self._write.fileno(), warn_on_full_buffer=False)
         self._done = threading.Event()
+        # after a signal, under several processes: this rank's note (where its main thread is) for the others, and the
+        # notes' sequence numbers last read from them (a note whose number moves comes from a live watchdog)
+        self._channel: SideChannel | None = None
+        self._channel_tried = False
+        self._seq = 0
+        self._seen: dict[int, int] = {}
         self._thread = threading.Thread(target=self._run, name="trainwright-preemption-watchdog", daemon=True)
         self._thread.start()
 
@@ -391,6 +399,7 @@ class _Watchdog:
                 self._say_received(signum)
             if first is None or deadline is None:
                 continue
+            self._publish()
             now_beat = self._beat()
             if now_beat != beat or self.hook._reached:  # a step boundary came: the process is alive
                 agreement = self.hook._agreement
@@ -411,11 +420,57 @@ class _Watchdog:
                         )
                     beat, deadline = now_beat, time.monotonic() + self.grace_s
                     continue
+                peer = self._working_peer() if self._waits_for_others(where) else None
+                if peer is not None:  # the rank it waits for is alive, in work that ends by itself
+                    if not waited:
+                        waited = True
+                        self._say(
+                            f"Preemption: this rank waits in {self._collective(where)} past grace_s={self.grace_s} s "
+                            f"for {peer}, work that ends by itself: waiting for it, then saving"
+                        )
+                    beat, deadline = now_beat, time.monotonic() + self.grace_s
+                    continue
                 self._exit(
                     first,
                     f"no step boundary within grace_s={self.grace_s} s after {signal.Signals(first).name} (the process "
                     f"is stuck, in {self._collective(where)}: e.g. a collective whose peer has gone)",
                 )
+
+    def _publish(self) -> None:
+        """Several processes: leave where this rank's main thread is in the launcher's store (5 times a second after a
+        signal), so a rank that waits for this one in a collective knows it is alive and working."""
+        strategy = getattr(self.hook._view, "strategy", None)
+        if self._channel is None and not self._channel_tried:
+            self._channel_tried = True
+            if strategy is not None and strategy.world_size > 1:
+                self._channel = strategy.side_channel("preempt")  # this thread's own client
+        if self._channel is None or strategy is None:
+            return
+        where = main_thread_whereabouts(top=0)
+        self._seq += 1
+        note = {"seq": self._seq, "own_work": self._own_work(where), "phase": where.phase}
+        self._channel.publish(strategy.rank, json.dumps(note))
+
+    def _working_peer(self) -> str | None:
+        """Another rank whose watchdog is alive (its note moved since the last look) and whose main thread is in work
+        that ends by itself: ``"rank 1 (in data)"``; None when there is none."""
+        strategy = getattr(self.hook._view, "strategy", None)
+        if self._channel is None or strategy is None:
+            return None
+        found = None
+        for r in range(strategy.world_size):
+            text = self._channel.read(r) if r != strategy.rank else None
+            try:
+                note = json.loads(text) if text else None
+            except ValueError:
+                note = None
+            if not isinstance(note, dict):
+                continue
+            moved = note.get("seq") != self._seen.get(r)
+            self._seen[r] = note.get("seq", -1)
+            if moved and note.get("own_work") and found is None:
+                found = f"rank {r} (in {note.get('phase')})"
+        return found
 
     def _own_work(self, where: Whereabouts) -> bool:
         """Whether the main thread is in work of trainwright's that ends by itself (a batch fetch, a compilation, a
