@@ -31,8 +31,9 @@ class Whereabouts:
     """What a thread is doing, as read from its stack.
 
     Attributes:
-        phase: ``"data"``, ``"forward"``, ``"backward"``, ``"step"``, ``"hook Class.event"``, ``"validation"``,
-            ``"test"``, ``"save"``, ``"compile"`` or ``"other"`` (outside an iteration: building, between runs).
+        phase: ``"data"``, ``"forward"``, ``"backward"``, ``"step"``, ``"hook Class.event"``, ``"validation"`` (a
+            validation or test pass), ``"save"``, ``"compile"``, ``"between steps"`` (the train loop itself, e.g. its
+            agreement point) or ``"other"`` (outside an iteration: building, between runs).
         collective: The torch.distributed function it is inside (``"all_gather"``, ``"barrier"``), None when none.
         top: The innermost frames, innermost last, as ``"file:line in function"``.
     """
@@ -93,7 +94,7 @@ def phase_of(frame: FrameType | None, top: int = 4) -> Whereabouts:
         elif phase in ("iteration", "forward", "backward"):
             phase = _step_phase(name, filename) or phase
     if phase == "iteration":
-        phase = "forward"  # inside the iteration, in none of the marked frames: the model's call
+        phase = "between steps"  # in the train loop itself: the loop's agreement point, the loader's next()
     summary = traceback.extract_stack(frame, limit=top) if frame is not None else []
     shown = [
         f"{_short(s.filename)}:{s.lineno} in {s.name}" + (f": {s.line.strip()}" if s.line else "") for s in summary
