@@ -390,6 +390,36 @@ def test_the_endpoint_going_away_mid_run_keeps_the_checkpoints_locally_and_train
     t2.close()
 
 
+@pytest.mark.slow
+def test_the_endpoint_going_away_keeps_a_sharded_checkpoint_written_in_place_locally(tmp_path: Path) -> None:
+    """FSDP, synchronous: the directory written in place on the URL keeps failing (the store's tries); it is written
+    into the fallback folder instead and kept by the same code as a single file (``remote_io.keep_locally``)."""
+    server = MotoServer(tmp_path / "moto.log")
+    bucket = server.bucket("flaky-sync")
+    try:
+        t = _trainer(
+            tmp_path / "work",
+            f"s3://{bucket}/run",
+            _fast(server.endpoint),
+            strategy="fsdp",
+            train_cfg=dict(by_epoch=True, max_epochs=2),
+            custom_hooks=[AfterEpoch1(server.stop)],
+        )
+        with pytest.warns(
+            UserWarning,
+            match=r"Could not upload checkpoint s3://flaky-sync/run/epoch_2.dcp .*kept it locally as "
+            r".*checkpoints_unuploaded/epoch_2.dcp.*resume=",
+        ):
+            t.train()
+        t.close()
+    finally:
+        server.stop()
+    assert t.progress.epoch == 2  # training went on to its end
+    kept = tmp_path / "work" / "checkpoints_unuploaded"
+    assert sorted(p.name for p in kept.iterdir()) == ["epoch_2.dcp"]  # complete, no staging folder left
+    assert (kept / "epoch_2.dcp" / ".metadata").is_file()
+
+
 def test_a_stalled_endpoint_mid_run_keeps_the_checkpoints_locally_within_the_deadline(tmp_path: Path) -> None:
     """SIGSTOP stands for a stalled network: s3fs's upload would wait forever; the attempt deadline makes it fail and
     fall back."""
