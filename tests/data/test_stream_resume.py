@@ -170,7 +170,9 @@ def test_an_endless_stream_trains_by_iterations_and_is_refused_by_epochs(trainer
                 yield torch.randn(4, generator=g), torch.randn(1, generator=g)
 
     t = trainer_factory(
-        train_dataloader=dict(dataset=Endless(), batch_size=2), train_cfg=dict(by_epoch=False, max_iters=5)
+        train_dataloader=dict(dataset=Endless(), batch_size=2),
+        train_cfg=dict(by_epoch=False, max_iters=5),
+        custom_hooks=[dict(type="EMAHook", begin_iter=2)],  # a hook that counts in epochs too: by iterations here
     )
     t.train()
     assert t.progress.iteration == 5

@@ -9,6 +9,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 from typing_extensions import override
 
+from trainwright.data.stream_state import batches_per_pass
 from trainwright.hooks.hook import Hook
 from trainwright.hooks.view import require_train_loop
 from trainwright.model.ema import ExponentialMovingAverage
@@ -150,7 +151,13 @@ class EMAHook(Hook):
     def before_train(self, trainer: TrainerView) -> None:
         """Build the average from the (possibly resumed) model; place the first update; check it is inside the run."""
         loop = require_train_loop(trainer, "EMAHook.before_train")
-        self._first_iter = self.first_update_iter(len(loop.dataloader))
+        epoch_len = batches_per_pass(loop.dataloader)
+        if epoch_len is None and self.begin_epoch:
+            raise ValueError(
+                f"EMAHook begin_epoch={self.begin_epoch} counts epochs, but the train_dataloader is a stream without "
+                "__len__ (an endless stream has no epochs): give begin_iter instead"
+            )
+        self._first_iter = self.first_update_iter(epoch_len or 1)
         if self._first_iter > loop.max_iters:
             epochs = (
                 f" ({getattr(loop, 'max_epochs', '?')} epochs of {len(loop.dataloader)} iterations)"
