@@ -19,13 +19,14 @@ from typing import Any
 import torch
 import torch.distributed.checkpoint as dcp
 from torch.distributed.checkpoint.api import CheckpointException
-from torch.distributed.checkpoint.default_planner import _EmptyStateDictLoadPlanner
+from torch.distributed.checkpoint.default_planner import DefaultLoadPlanner, _EmptyStateDictLoadPlanner
 
 from trainwright.checkpoint import storage
-from trainwright.checkpoint.io import CheckpointError, fsync_dir, load_file
+from trainwright.checkpoint.io import CheckpointError, UnsafeCheckpointError, fsync_dir, load_file
 from trainwright.checkpoint.storage import Location, RemotePath, fsspec_store, location
 from trainwright.dist.shards import is_sharded
 from trainwright.dist.utils import get_rank, get_world_size
+from trainwright.strategies.dcp_safe import check_metadata, refusal_in, safe_planner, safe_reader
 
 TRAINER_STATE = "trainer_state.pth"
 """The file of a checkpoint directory that holds the trainer's non-sharded state."""
@@ -51,12 +52,13 @@ def storage_writer(path: Location) -> Any:
 
 
 def storage_reader(path: Location) -> Any:
-    """DCP's reader for ``path`` (see :func:`storage_writer`)."""
+    """DCP's reader for ``path`` (see :func:`storage_writer`); its ``.metadata`` is checked before torch unpickles it
+    (:mod:`trainwright.strategies.dcp_safe`)."""
     if isinstance(path, RemotePath):
         from torch.distributed.checkpoint._fsspec_filesystem import FsspecReader
 
-        return FsspecReader(path.url, **fsspec_store(path).options)
-    return dcp.FileSystemReader(str(path))
+        return safe_reader(FsspecReader, path, path.url, **fsspec_store(path).options)
+    return safe_reader(dcp.FileSystemReader, path, str(path))
 
 
 def temp_dir(target: Path, token: str) -> Path:
@@ -137,6 +139,8 @@ def saved_shapes(path: Location, prefix: str) -> dict[str, tuple[int, ...]]:
 
     try:
         meta = storage_reader(path).read_metadata()
+    except UnsafeCheckpointError:
+        raise
     except Exception as e:  # noqa: BLE001 - any failure to read the index means the directory is unusable
         raise CheckpointError(
             f"Cannot read checkpoint {str(path)!r}: its DCP metadata is missing or corrupt ({type(e).__name__}: {e}). "
@@ -168,16 +172,23 @@ def load_into(path: Location, template: dict[str, Any], *, everything: bool = Fa
     tensors, in this process alone (what ``torch.distributed.checkpoint.format_utils.dcp_to_torch_save``
     does, through the same planner).
     """
+    check_metadata(path)  # here too: DCP's loader reports a failed metadata read as an AssertionError's text
     try:
         if everything:
             from torch.distributed.checkpoint.state_dict_loader import _load_state_dict
 
             _load_state_dict(
-                template, storage_reader=storage_reader(path), planner=_EmptyStateDictLoadPlanner(), no_dist=True
+                template,
+                storage_reader=storage_reader(path),
+                planner=safe_planner(_EmptyStateDictLoadPlanner, path),
+                no_dist=True,
             )
         else:
-            dcp.load(template, storage_reader=storage_reader(path))
+            dcp.load(template, storage_reader=storage_reader(path), planner=safe_planner(DefaultLoadPlanner, path))
     except (Exception, CheckpointException) as e:  # noqa: BLE001 - DCP raises CheckpointException (a BaseException, on every rank) for unreadable shards
+        refused = refusal_in(e)
+        if refused is not None:  # a crafted file, refused before any of it ran: never "corrupt", never skipped
+            raise UnsafeCheckpointError(str(refused)) from None
         raise CheckpointError(_unreadable(path, e)) from e
 
 
