@@ -2,9 +2,10 @@
 
 ``torchrun --nproc_per_node=2 stream_ranks_train.py WORK MAX_ITERS KILL_AT TAG [--resume]``: JSON-lines shards under
 ``WORK/shards`` read as a Hugging Face streaming dataset (``train_dataloader=dict(...)``, 2 loader workers), split by
-rank; every iteration appends ``{"it", "ids"}`` to ``WORK/trained-TAG-rankR.jsonl``; a checkpoint is saved every
-iteration; after iteration KILL_AT's checkpoint rank 1 kills itself with SIGKILL (0: never). At the end rank 0 saves the
-model's weights to ``WORK/weights-TAG.pt``.
+rank; every sample the dataset yields appends its id to ``WORK/reads-TAG-rankR.txt``; every iteration appends
+``{"it", "ids"}`` to ``WORK/trained-TAG-rankR.jsonl``; a checkpoint is saved every iteration; after iteration KILL_AT's
+checkpoint rank 1 kills itself with SIGKILL (0: never). At the end rank 0 saves the model's weights to
+``WORK/weights-TAG.pt``.
 """
 
 from __future__ import annotations
@@ -20,6 +21,13 @@ import torch
 from torch import nn
 
 import trainwright as tw
+
+
+def count_read(example: dict[str, Any], reads: str) -> dict[str, Any]:
+    """Record that the dataset produced this sample (in whichever process reads it)."""
+    with open(reads, "a") as f:
+        f.write(f"{example['id']}\n")
+    return example
 
 
 class Net(tw.BaseModel):
@@ -65,6 +73,7 @@ def main() -> None:
     rank = int(os.environ["RANK"])
     files = sorted(str(p) for p in (work / "shards").glob("*.jsonl"))
     ds = datasets.load_dataset("json", data_files=files, split="train", streaming=True)
+    ds = ds.map(count_read, fn_kwargs={"reads": str(work / f"reads-{tag}-rank{rank}.txt")})  # in the loader workers
     trainer = tw.Trainer(
         model=Net(),
         work_dir=work,
