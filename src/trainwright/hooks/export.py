@@ -92,7 +92,10 @@ class SafetensorsExportHook(Hook):
         self._writer.wait()
 
     def after_run(self, trainer: TrainerView) -> None:  # noqa: D102
-        self._writer.release()
+        try:
+            self._writer.release()  # after a failed run: the export in flight, whose error must not hide the run's
+        except Exception as e:  # noqa: BLE001
+            trainer.logger.error(f"SafetensorsExportHook: the last export ({self.exported[-1]}) failed: {e}")
 
     def export(self, trainer: TrainerView) -> Path:
         """Export the weights now as ``<out_dir>/iter_<N>`` (every rank calls it: gathering sharded weights is a
