@@ -19,8 +19,8 @@ Per process: seconds from the parent's launch to the end of the first optimizer 
 (interpreter start, imports, model, data, trainer setup, first step), ``import torch`` and
 ``import trainwright`` on top of it, the blocking save (raw: the ``torch.save`` call;
 trainwright: the whole ``after_train_iter`` of the checkpoint hook at the saving iteration,
-timed by two hooks of priority 89 and 100 around it: collect, check, atomic write with
-fsync, ``latest``, keep-k), and peak RSS (``ru_maxrss``). Bytecode is cached as in an
+timed by two hooks of priority 89 and 100 around it: collect, check, atomic write (its
+fsyncs run in a background thread), ``latest``, keep-k), and peak RSS (``ru_maxrss``). Bytecode is cached as in an
 installed package (``PYTHONDONTWRITEBYTECODE`` is dropped for the children; one untimed
 warm-up process per side writes the caches). Also ``trainwright --help`` and ``trainwright
 env`` wall time. Medians and [min-max] are printed; the deltas are the medians of each
@@ -43,6 +43,7 @@ _SRC: str | None = None  # --src: where the children import trainwright from
 COMMANDS = {
     "trainwright --help": ["-m", "trainwright", "--help"],
     "trainwright env": ["-m", "trainwright", "env"],
+    "trainwright env --full": ["-m", "trainwright", "env", "--full"],
     "python -c 'import torch'": ["-c", "import torch"],
 }
 TARGETS = {"first_step_delta_s": 0.25, "import_s": 0.2, "rss_delta_mb": 6.0, "save_ratio": 1.3, "cli_s": 1.0}
@@ -207,6 +208,7 @@ def save_parts(rounds: int, dim: int, depth: int) -> None:
     import torch
     from torch import nn
 
+    from trainwright.checkpoint.durability import wait_durable
     from trainwright.checkpoint.io import atomic_save
     from trainwright.checkpoint.listing import write_latest
     from trainwright.checkpoint.rng import get_rng_state
@@ -235,14 +237,27 @@ def save_parts(rounds: int, dim: int, depth: int) -> None:
 
         def atomic_and_latest() -> None:
             path = next(names)
-            atomic_save(state, path)
+            atomic_save(state, path, durable=False)
             write_latest(d, os.path.basename(path))
+
+        from trainwright.checkpoint.manager import CheckpointManager
+        from trainwright.strategies import SingleDeviceStrategy
+        from trainwright.utils.progress import Progress
+
+        manager = CheckpointManager(
+            SingleDeviceStrategy(device="cpu"), {"model": model, "optimizer": opt}, d, progress=Progress()
+        )
+        saves = iter(range(10**6))
 
         parts = {
             "torch.save(state, path)": lambda: torch.save(state, next(names)),
+            "CheckpointManager.save_periodic: collect, check, write, latest": lambda: manager.save_periodic(
+                f"iter_{next(saves)}.pth"
+            ),
             "temp + rename, no fsync": no_fsync,
             "atomic_save (temp, fsync, rename, dir fsync)": lambda: atomic_save(state, next(names)),
-            "atomic_save + latest (what a periodic save writes)": atomic_and_latest,
+            "atomic_save(durable=False): fsyncs in background": lambda: atomic_save(state, next(names), durable=False),
+            "that + latest (what a periodic save blocks for)": atomic_and_latest,
             "make_safe(state)": lambda: make_safe(state),
         }
         times: dict[str, list[float]] = {k: [] for k in parts}
@@ -251,6 +266,8 @@ def save_parts(rounds: int, dim: int, depth: int) -> None:
                 t0 = time.perf_counter()
                 parts[name]()
                 times[name].append(time.perf_counter() - t0)
+                wait_durable()  # untimed: the background fsyncs are done before the next part (saves are far apart)
+                os.sync()  # untimed: every part starts with no dirty pages of the others, as a save long after the last
             for f in pathlib.Path(d).iterdir():
                 f.unlink()
     base = times["torch.save(state, path)"]
@@ -391,14 +408,17 @@ def main() -> None:
     sides = ("raw", "trainwright")
     if args.rounds <= 0:  # only the command line
         for name, argv in COMMANDS.items():
+            load = os.getloadavg()[0]
             times, cpu = cli_time(argv, max(1, args.cli_reps))
-            print(f"{name:<29} {_fmt(times, ' s')}, CPU {_fmt(cpu, ' s')}")
+            print(f"{name:<29} {_fmt(times, ' s')}, CPU {_fmt(cpu, ' s')}   (load average {load:.1f})")
         return
     for _ in range(args.warmups):  # untimed: writes the bytecode caches, warms the page cache
         for side in sides:
             run_side(side, args)
     runs: dict[str, list[dict[str, float]]] = {s: [] for s in sides}
+    loads: list[float] = []  # the 1-minute load average at each round's start: how busy the machine was
     for r in range(args.rounds):
+        loads.append(os.getloadavg()[0])
         for side in sides if r % 2 == 0 else sides[::-1]:
             runs[side].append(run_side(side, args))
             print(
@@ -431,6 +451,7 @@ def main() -> None:
         f"{args.rounds} rounds, {args.steps} steps, GPT dim {args.dim} depth {args.depth}, {args.threads} thread(s), "
         f"trainwright from {_SRC or 'the installed package'}; median [min-max]"
     )
+    print(f"load average (1 min) at the rounds' starts: {_fmt(loads, digits=1)} on {os.cpu_count()} CPUs")
     print(
         f"import torch:                 raw {_fmt(col('raw', 'import_torch_s'), ' s')}   trainwright "
         f"{_fmt(col('trainwright', 'import_torch_s'), ' s')}"
@@ -472,7 +493,7 @@ def main() -> None:
     )
     same = all(r["weights_sum"] == t["weights_sum"] for r, t in zip(runs["raw"], runs["trainwright"]))
     print(f"same final weights on both sides in every round: {'yes' if same else 'NO'}")
-    result: dict = {"args": vars(args), "runs": runs, "paired": paired}
+    result: dict = {"args": vars(args), "runs": runs, "paired": paired, "load_average": loads}
     if args.cli_reps > 0:
         for name, argv in COMMANDS.items():
             times, cpu = cli_time(argv, args.cli_reps)
