@@ -65,6 +65,10 @@ def test_inspect_lists_pieces_tensors_settings_and_versions(ckpts: Path, capsys:
     rc, sharded = _run(capsys, "inspect", str(ckpts / "iter_2.dcp"))
     assert rc == 0, sharded
     assert sorted(sharded.splitlines()[1:]) == sorted(lines[1:])  # the same pieces, tensors, settings from the shards
+    outline = dcp_io.load_outline(ckpts / "iter_2.dcp")  # what inspect read: no tensor data, the values
+    weight = outline["model"]["linear.weight"]
+    assert weight.is_meta and weight.shape == (1, 4) and weight.dtype == torch.float32
+    assert outline["optim_wrapper"]["optimizer"]["param_groups"][0]["lr"] == 0.1
 
 
 def test_diff_is_bitwise_per_tensor_and_names_settings_and_values(
@@ -114,6 +118,9 @@ def test_inspect_and_diff_read_s3(ckpts: Path, tmp_path: Path, capsys, monkeypat
         rc, remote = _run(capsys, "inspect", "s3://ckpts/run/iter_4.pth")
         assert rc == 0 and remote.splitlines()[0] == "checkpoint s3://ckpts/run/iter_4.pth"
         assert remote.splitlines()[1:] == local.splitlines()[1:]
+        rc, local = _run(capsys, "inspect", str(ckpts / "iter_2.dcp"))
+        rc, remote = _run(capsys, "inspect", "s3://ckpts/run/iter_2.dcp")
+        assert rc == 0 and remote.splitlines()[1:] == local.splitlines()[1:], remote
         rc, out = _run(capsys, "diff", str(ckpts / "iter_2.pth"), "s3://ckpts/run/iter_2.dcp")
         assert rc == 0 and "result: equal" in out, out
         rc, out = _run(capsys, "diff", "s3://ckpts/run/iter_2.dcp", "s3://ckpts/run/iter_4.pth")

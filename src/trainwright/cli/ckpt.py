@@ -60,8 +60,10 @@ def add_ckpt_parser(sub: Any) -> argparse.ArgumentParser:
     return ckpt
 
 
-def read_any(path: str) -> dict[str, Any]:
+def read_any(path: str, data: bool = True) -> dict[str, Any]:
     """Read the checkpoint at ``path`` whole in this process (a file, a sharded directory, a URL), running no code.
+
+    ``data=False``: a sharded directory's tensors are ``meta`` tensors (shape and dtype, nothing read of their data).
 
     Raises:
         ConfigError: it does not exist or cannot be read (the message names it and why).
@@ -70,6 +72,11 @@ def read_any(path: str) -> dict[str, Any]:
     from trainwright.strategies.base import Strategy
 
     try:
+        if not data:
+            from trainwright.strategies import dcp_io
+
+            if dcp_io.is_dcp_checkpoint(path):
+                return dcp_io.load_outline(path)
         return Strategy(device="cpu").read_checkpoint(path)
     except (CheckpointError, FileNotFoundError, IsADirectoryError) as e:
         raise ConfigError(str(e)) from e
@@ -83,7 +90,7 @@ def ckpt_command(args: argparse.Namespace) -> int:
     from trainwright.checkpoint.mmengine_ckpt import convert_mmengine_checkpoint
 
     if args.ckpt_command == "inspect":
-        print(ckpt_inspect.format_summary(ckpt_inspect.summarize(read_any(args.path), args.path)))
+        print(ckpt_inspect.format_summary(ckpt_inspect.summarize(read_any(args.path, data=False), args.path)))
         return 0
     if args.ckpt_command == "diff":
         found = ckpt_inspect.compare(read_any(args.a), read_any(args.b))

@@ -238,6 +238,57 @@ def load_full(path: str | os.PathLike[str] | RemotePath) -> dict[str, Any]:
     return merge(state, sharded)
 
 
+def load_outline(path: str | os.PathLike[str] | RemotePath) -> dict[str, Any]:
+    """:func:`load_full` without the tensors' data: each tensor is a ``meta`` tensor of its full shape and dtype.
+
+    Only ``.metadata``, ``trainer_state.pth`` and the (small) non-tensor entries are read, so a large checkpoint is
+    described in a moment (``trainwright ckpt inspect``).
+    """
+    from torch.distributed.checkpoint.metadata import BytesStorageMetadata, TensorStorageMetadata
+    from torch.distributed.checkpoint.state_dict_loader import _load_state_dict
+
+    p = location(path)
+    state = read_trainer_state(p)
+    check_metadata(p)
+    entries = storage_reader(p).read_metadata()
+    paths = entries.planner_data or {}
+    values = {k for k, v in entries.state_dict_metadata.items() if isinstance(v, BytesStorageMetadata)}
+    sharded: dict[str, Any] = {}
+    if values:
+        try:
+            _load_state_dict(
+                sharded,
+                storage_reader=storage_reader(p),
+                planner=safe_planner(_EmptyStateDictLoadPlanner, p, keys=values),
+                no_dist=True,
+            )
+        except (Exception, CheckpointException) as e:  # noqa: BLE001 - as in load_into
+            refused = refusal_in(e)
+            if refused is not None:
+                raise UnsafeCheckpointError(str(refused)) from None
+            raise CheckpointError(_unreadable(p, e)) from e
+    for key, entry in entries.state_dict_metadata.items():
+        if isinstance(entry, TensorStorageMetadata):
+            shape = torch.empty(tuple(entry.size), dtype=entry.properties.dtype, device="meta")
+            _put(sharded, tuple(paths.get(key, (key,))), shape)
+    return merge(state, sharded)
+
+
+def _put(root: dict[str, Any], path: tuple[Any, ...], value: Any) -> None:
+    """Set ``value`` at ``path`` (mapping keys and list indices) under ``root``, creating dicts and lists on the way."""
+    node: Any = root
+    for depth, key in enumerate(path):
+        last = depth == len(path) - 1
+        fresh = None if last else ([] if isinstance(path[depth + 1], int) else {})
+        if isinstance(node, list):
+            node.extend([None] * (key + 1 - len(node)))
+            if last or node[key] is None:
+                node[key] = value if last else fresh
+        elif last or key not in node:
+            node[key] = value if last else fresh
+        node = node[key]
+
+
 EXTRA = "extra"
 """The part of the DCP files holding sharded tensors from outside the model and optimizers.
 

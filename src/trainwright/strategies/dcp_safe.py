@@ -116,14 +116,15 @@ def safe_reader(base: type, path: Location, *args: Any, **kwargs: Any) -> Any:
     return SafeReader(*args, **kwargs)
 
 
-def safe_planner(base: type, path: Location) -> Any:
-    """An instance of the DCP load planner ``base`` whose ``load_bytes`` admits only what the safe loader reads."""
+def safe_planner(base: type, path: Location, **kwargs: Any) -> Any:
+    """An instance of the DCP load planner ``base`` (given ``kwargs``) whose ``load_bytes`` admits only what the safe
+    loader reads."""
 
     class SafePlanner(base):  # type: ignore[misc,valid-type]
         def load_bytes(self, read_item: Any, value: io.BytesIO) -> None:
             super().load_bytes(read_item, check_entry(path, str(read_item.dest_index.fqn), value))
 
-    return SafePlanner()
+    return SafePlanner(**kwargs)
 
 
 def refusal_in(e: BaseException) -> UnsafeCheckpointError | None:
