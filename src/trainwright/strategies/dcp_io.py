@@ -279,7 +279,7 @@ def _put(root: dict[str, Any], path: tuple[Any, ...], value: Any) -> None:
     node: Any = root
     for depth, key in enumerate(path):
         last = depth == len(path) - 1
-        fresh = None if last else ([] if isinstance(path[depth + 1], int) else {})
+        fresh: Any = None if last else ([] if isinstance(path[depth + 1], int) else {})
         if isinstance(node, list):
             node.extend([None] * (key + 1 - len(node)))
             if last or node[key] is None:
