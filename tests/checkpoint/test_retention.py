@@ -102,10 +102,14 @@ def test_max_keep_ckpts_and_keep_last_agree_and_conflicts_are_refused(tmp_path: 
 
 
 class TinyDisk(LocalStore):
-    """A folder that reports 50 bytes free (the Store's free-space seam)."""
+    """A folder that reports ``free`` bytes free (the Store's free-space seam)."""
+
+    def __init__(self, root: Path, free: int = 50) -> None:
+        super().__init__(root)
+        self.free = free
 
     def free_bytes(self, url: str) -> int | None:  # noqa: D102
-        return 50
+        return self.free
 
 
 def test_the_preflight_refuses_a_run_that_cannot_fit_before_training(tmp_path: Path) -> None:
@@ -120,6 +124,26 @@ def test_the_preflight_refuses_a_run_that_cannot_fit_before_training(tmp_path: P
     # the numbers: one checkpoint (5 float weights = 20 B; SGD's momentum is made at its first step), 4 of them
     # (3 kept + 1 being written)
     assert re.search(
-        r"one holds about 20 B \(its tensors; the weights 20 B\), .*needs 80 B, but only 50 B are free", msg
+        r"one holds about 20 B \(its tensors; the weights 20 B\), .*needs 80 B more, but only 50 B are free", msg
     ), msg
     assert "keep fewer" in msg and "out_dir on a larger disk" in msg and str(tmp_path / "disk") in msg
+
+
+def test_the_second_save_checks_again_with_the_real_size(tmp_path: Path) -> None:
+    # before training the estimate is the weights (20 B: SGD's momentum does not exist yet) x 4 = 80 B <= 1,500 B;
+    # after the second save, the newest file's real size (a few KiB) x the 2 more that last=3 (+ 1) needs does not
+    # fit
+    weights = Weights()
+    disk = TinyDisk(tmp_path / "disk", free=1500)
+    with _trainer(tmp_path, hooks=[weights], out_dir=disk, keep=dict(last=3)) as t:
+        with pytest.raises(CheckpointSpaceError) as e:
+            t.train()
+    assert max(weights.at) == 2  # stopped at the second save
+    assert sorted(p.name for p in (tmp_path / "disk").glob("iter_*.pth")) == ["iter_1.pth", "iter_2.pth"]  # kept
+    msg = str(e.value)
+    assert re.search(
+        r"one holds about \d+\.\d KiB \(the newest on disk; the weights 20 B\), "
+        r".*\(\+ 1 being written; 2 on disk already\) needs \d+\.\d KiB more, but only "
+        r"1\.5 KiB are free\. Training stopped at iteration 2; the checkpoints written so far are kept",
+        msg,
+    ), msg

@@ -451,12 +451,13 @@ class CheckpointManager:
             self.after_save(path)
         return path
 
-    def preflight(self, saves: list[int] | None = None) -> None:
+    def preflight(self, saves: list[int] | None = None, at: int | None = None) -> None:
         """Refuse, before training, a run whose kept checkpoints would not fit in ``ckpt_dir``'s free space.
 
         One checkpoint's size is estimated from the tensor bytes of the model's and optimizer's state now (the
         largest checkpoint already in the folder if that is larger); ``saves``: the numbers of the periodic saves the
-        run will make.
+        run will make; ``at``: the iteration of a check during the run (the checkpoint hook checks again after its
+        second save, when one is on disk: an optimizer's state made at its first step is counted then).
         The free space is the local disk's, or the store's where it tells (:class:`~trainwright.checkpoint.retention.
         ReportsFreeSpace`); unknown: nothing is checked.
 
@@ -467,10 +468,22 @@ class CheckpointManager:
         big = [n for n in ("model", "optim_wrapper") if n not in self.exclude]  # the rest is small, and may gather
         state = {name: piece.state_dict() for name, piece in self.pieces.items() if piece is not None and name in big}
         full, weights = tensor_bytes(state), tensor_bytes(state.get("model"))
+        existing, on_disk = 0, 0
         if free is not None:
-            sizes = [p.stat().st_size for p in list_checkpoints(self.ckpt_dir, suffix=".pth")]
-            full = max([full, *sizes])
-        why = preflight(self.ckpt_dir, full, weights, Retention(self.keep, self.weights_every), saves, free)
+            found = list_checkpoints(self.ckpt_dir, suffix=self.strategy.resumable_suffixes)
+            existing, on_disk = len(found), max([0, *(p.stat().st_size for p in found if p.is_file())])
+        retention = Retention(self.keep, self.weights_every)
+        why = preflight(
+            self.ckpt_dir,
+            max(full, on_disk),
+            weights,
+            retention,
+            saves,
+            free,
+            existing=existing,
+            at=at,
+            measured=on_disk > full,
+        )
         if self.strategy.world_size > 1:
             why = self.strategy.broadcast_object(why)
         if why is not None:

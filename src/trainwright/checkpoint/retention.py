@@ -138,7 +138,16 @@ def _size(n: float) -> str:
 
 
 def preflight(
-    where: Location, full: int, weights: int, retention: Retention, saves: list[int] | None, free: int | None
+    where: Location,
+    full: int,
+    weights: int,
+    retention: Retention,
+    saves: list[int] | None,
+    free: int | None,
+    *,
+    existing: int = 0,
+    at: int | None = None,
+    measured: bool = False,
 ) -> str | None:
     """Why the run's checkpoints would not fit (None: they fit, or the free space is unknown).
 
@@ -150,6 +159,9 @@ def preflight(
         saves: The numbers (``N`` of ``iter_N``) of the periodic saves the run will make (None: unknown; only what
             ``last`` keeps is counted).
         free: Free bytes there (None: unknown).
+        existing: Whole checkpoints already in the folder (the free space excludes them; ``last`` counts them).
+        at: The iteration training stopped at, for a check during the run (None: before training).
+        measured: ``full`` is a checkpoint file's size (else the state's tensor bytes).
     """
     if free is None:
         return None
@@ -158,19 +170,27 @@ def preflight(
             return None
         n_full, n_weights, how = len(saves) + 1, 0, f"keeping all {len(saves)} periodic checkpoints (+ the last)"
     else:
-        n_full = retention.last + 1
+        n_full = max(0, retention.last + 1 - existing)
         every = retention.weights_every
         n_weights = sum(1 for n in saves[: -retention.last] if n > 0 and n % every == 0) if every and saves else 0
-        how = f"keeping the last {retention.last} whole (+ 1 being written)" + (
+        on_disk = f"; {existing} on disk already" if existing else ""
+        how = f"keeping the last {retention.last} whole (+ 1 being written{on_disk})" + (
             f" and about {n_weights} weights-only copies (every {retention.weights_every})" if n_weights else ""
         )
     need = n_full * full + n_weights * weights
     if need <= free:
         return None
     return (
-        f"The checkpoints of this run will not fit in {where}: one holds about {_size(full)} (its tensors; the "
-        f"weights {_size(weights)}), {how} needs {_size(need)}, but only {_size(free)} are free. Nothing was trained. "
-        "Free space there, keep fewer (Trainer(checkpoint=dict(keep=dict(last=2, weights_every=10))) or "
+        f"The checkpoints of this run will not fit in {where}: one holds about {_size(full)} ("
+        f"{'the newest on disk' if measured else 'its tensors'}; the "
+        f"weights {_size(weights)}), {how} needs {_size(need)} more, but only {_size(free)} are free. "
+        + (
+            "Nothing was trained. "
+            if at is None
+            else f"Training stopped at iteration {at}; the checkpoints written so far are kept (resume=True continues "
+            "once there is room). "
+        )
+        + "Free space there, keep fewer (Trainer(checkpoint=dict(keep=dict(last=2, weights_every=10))) or "
         "default_hooks.checkpoint.keep), or give an out_dir on a larger disk (CheckpointHook(preflight=False) skips "
         "this check)"
     )

@@ -263,6 +263,7 @@ class CheckpointHook(Hook):
         self._pending: str | None = None
         self._pending_best: list[tuple[str, float, str]] = []
         self._in_train = False
+        self._saves_in_run = 0  # periodic saves in this train(): the second one checks the free space again
         self._progress: Any = None  # trainer.progress and .train_loop during train(): what save_may_follow() reads
         self._loop: TrainLoopView | None = None
 
@@ -360,6 +361,7 @@ class CheckpointHook(Hook):
             )
         if self.clean_stale_tmp and trainer.strategy.is_main_process:
             m.clean_stale_tmp()
+        self._saves_in_run = 0
         if self.preflight:
             m.preflight(self._planned_saves(trainer, loop))
 
@@ -518,6 +520,7 @@ class CheckpointHook(Hook):
                 f"Writing {self._pending}, which was due before the run stopped (it waited for a validation that did "
                 "not finish)"
             )
+            self._saves_in_run = -1  # no free-space check on the way out of a failed run
             self._flush_pending(trainer)
         self._in_train = False
         self._progress = self._loop = None
@@ -534,3 +537,10 @@ class CheckpointHook(Hook):
         name, self._pending = self._pending, None
         if name is not None:
             trainer.checkpoints.save_periodic(name)
+            self._saves_in_run += 1
+            if self.preflight and self._saves_in_run == 2 and self._loop is not None:
+                # the first file is complete now (one write in flight): check again with its real size, which holds
+                # an optimizer state made at its first step (Adam's moments) that the estimate before training missed
+                trainer.checkpoints.preflight(
+                    self._planned_saves(trainer, _train_loop(trainer)), at=trainer.progress.iteration
+                )
