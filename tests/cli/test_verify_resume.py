@@ -56,13 +56,15 @@ def test_digits_example_resumes_exactly(tmp_path: Path, capsys: pytest.CaptureFi
 @pytest.mark.multiprocess
 @pytest.mark.timeout(300)
 def test_two_gloo_processes_resume_exactly(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    """Each run under torch.distributed.run with 2 processes (DDP, gloo): every rank's batches and losses compared."""
-    # 6 batches per rank and epoch, windows of 2: a restart at a window boundary (inside a window, rank 0's checkpoint
-    # holds only rank 0's partial gradients: verify-resume reports that resume as inexact)
-    code, out = _verify(capsys, str(CFG), "--nproc", "2", "--steps", "6", "--at", "4", "--work-dir", str(tmp_path))
+    """Each run under torch.distributed.run with 2 processes (DDP, gloo): every rank's batches and losses compared.
+
+    The default restarts: 6 batches per rank and epoch, windows of 2, so one restart falls inside a window, where each
+    rank resumes its own partial gradients (DDP's no_sync left them unreduced; they differ per rank)."""
+    code, out = _verify(capsys, str(CFG), "--nproc", "2", "--steps", "6", "--work-dir", str(tmp_path))
     assert code == 0, out
     assert "6 steps x 2 ranks" in _row(out, "batches"), out
-    assert "4 (inside epoch 1)" in out
+    assert "5 (inside epoch 1, inside an accumulation window)" in out
+    assert "equal" in _row(out, "parameters"), out
     assert (tmp_path / "resumed" / "records" / "segment1.rank1.jsonl").is_file()
 
 

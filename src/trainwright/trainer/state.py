@@ -3,9 +3,10 @@
 ``meta`` (trainwright, torch and format versions, time, seed, progress, world size, settings; on load: seed adoption),
 ``model`` and ``optim_wrapper`` (through the strategy, which may shard them),
 ``param_schedulers``, ``train_dataloader`` (the data order; positioned from ``progress``),
-``data_state`` (a stream's own position: :class:`~trainwright.data.stream_state.StreamState`) and ``hooks`` (by ``state_key``). Their checks refuse a checkpoint that does not fit before
-anything loads. The :class:`~trainwright.checkpoint.manager.CheckpointManager` saves and
-restores the mapping the Trainer builds of them (see docs/checkpoints.md).
+``data_state`` (a stream's own position: :class:`~trainwright.data.stream_state.StreamState`) and ``hooks`` (by
+``state_key``). Their checks refuse a checkpoint that does not fit before anything loads. The
+:class:`~trainwright.checkpoint.manager.CheckpointManager` saves and restores the mapping the Trainer builds of them
+(see docs/checkpoints.md).
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ from trainwright.checkpoint import Stateful
 from trainwright.checkpoint.migrate import FORMAT_VERSION
 from trainwright.checkpoint.stateful import PieceNotReady
 from trainwright.optim.optim_wrapper_dict import optim_wrappers_of
+from trainwright.optim.window_state import gather_windows, own_window
 from trainwright.version import __version__
 
 if TYPE_CHECKING:
@@ -127,7 +129,9 @@ class OptimState:
 
     ``check_state_dict`` refuses a checkpoint whose optimizer class, number of parameter
     groups or parameters per group differ from the trainer's (torch would load some of
-    these silently and fail, or train wrongly, later).
+    these silently and fail, or train wrongly, later). Saved inside an accumulation window under several processes,
+    every rank's partial gradients are gathered (``window_per_rank``, a collective) and each rank resumes its own
+    (:mod:`trainwright.optim.window_state`).
     """
 
     def __init__(self, strategy: Strategy, optim_wrapper: Any) -> None:
@@ -141,7 +145,7 @@ class OptimState:
                 state[name] = {**state[name], "optimizer_class": type(ow.optimizer).__name__}
             else:
                 state["optimizer_class"] = type(ow.optimizer).__name__
-        return state
+        return gather_windows(state, self.optim_wrapper, self.strategy.gather_object, self.strategy.world_size)
 
     def check_state_dict(self, state: Mapping[str, Any]) -> None:  # noqa: D102
         for name, ow in optim_wrappers_of(self.optim_wrapper).items():
@@ -168,7 +172,8 @@ class OptimState:
                 )
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:  # noqa: D102
-        self.strategy.load_optim_state_dict(self.optim_wrapper, state)
+        own = own_window(state, self.optim_wrapper, self.strategy.rank, self.strategy.world_size)
+        self.strategy.load_optim_state_dict(self.optim_wrapper, own)
 
 
 class SchedulerState:
