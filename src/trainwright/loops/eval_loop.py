@@ -44,7 +44,9 @@ class EvalLoop:
         A stop request (``ctx.view.should_stop``: preemption, or a hook) ends the pass at the
         next batch; then there are no metrics: ``after_<mode>_epoch`` gets ``None`` (hooks
         still clean up, e.g. EMA swaps the training weights back), ``after_<mode>`` runs (a
-        checkpoint due at this point is written) and ``{}`` is returned.
+        checkpoint due at this point is written) and ``{}`` is returned. A validation pass cut short sets
+        ``progress.val_owed`` before its ``after_val_epoch`` hooks, so a run resumed from a checkpoint written then
+        validates again.
         """
         self.ctx = ctx
         view, hooks, m = ctx.view, ctx.hooks, self.mode
@@ -55,6 +57,8 @@ class EvalLoop:
         model.eval()
         raw = self.run_pass()
         metrics = None if raw is None else {f"{m}/{k}": v for k, v in raw.items()}
+        if raw is None and m == "val":
+            ctx.progress.val_owed = True  # cut by a stop: a checkpoint its hooks write owes it (validated on resume)
         hooks.call(f"after_{m}_epoch", view, metrics)
         hooks.call(f"after_{m}", view)
         model.train(was_training)

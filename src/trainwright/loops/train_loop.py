@@ -9,7 +9,7 @@ hooks; the store flushes at agreement points. What the loops use comes in the
 from __future__ import annotations
 
 from bisect import bisect_right
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from time import perf_counter as _clock
 from typing import TYPE_CHECKING, Any
 
@@ -89,6 +89,28 @@ class _TrainLoopBase:
     def val_due(self) -> bool:
         """Whether validation runs right after the current iteration's / epoch's hooks."""
         raise NotImplementedError
+
+    def _val_at(self, n: int) -> bool:
+        """Whether validation is scheduled after epoch (iteration-based: iteration) ``n``."""
+        raise NotImplementedError
+
+    def _owed_validation(self, ctx: LoopContext) -> None:
+        """Run the validation a resumed checkpoint owes (``progress.val_owed``: a stop came between an epoch's
+        (iteration's) training and its validation), as the uninterrupted run ran it, before training goes on."""
+        if not ctx.progress.val_owed or ctx.view.should_stop:
+            return
+        if ctx.validate is None:  # this run does not validate: nothing is owed any more
+            ctx.progress.val_owed = False
+            return
+        self._validate(ctx, ctx.validate)
+
+    @staticmethod
+    def _validate(ctx: LoopContext, validate: Callable[[], Any]) -> None:
+        """One validation pass (no longer owed: a validation loop cut short by a stop marks it owed again), then the
+        agreement on a stop one of its hooks (early stopping) may have asked for."""
+        ctx.progress.val_owed = False
+        validate()
+        ctx.metric_store.agreement.agree_finish()
 
     @property
     def control(self) -> RunControl:
@@ -225,11 +247,12 @@ class _TrainLoopBase:
             record(
                 (it, outputs, t_start, _clock())
             )  # tensors stay tensors; the schedule flushes the store every flush_every
+            if validate is not None and self._val_at(it):
+                progress.val_owed = True  # a checkpoint its hooks write before the validation owes it
             for fn in after:
                 fn(view, idx, batch, outputs)
-            if validate is not None and self.val_due():
-                validate()
-                agreement.agree_finish()  # a hook of the validation (early stopping) may have asked for a stop
+            if validate is not None and progress.val_owed and not view.should_stop:
+                self._validate(ctx, validate)
             if view.should_stop or (limit is not None and progress.iteration >= limit):
                 return True
         if even is not None:
@@ -287,12 +310,16 @@ class EpochBasedTrainLoop(_TrainLoopBase):
         ctx = self.ctx
         if ctx is None or ctx.validate is None or ctx.view.should_stop:
             return False
-        e = ctx.progress.epoch
+        return self._val_at(ctx.progress.epoch)
+
+    def _val_at(self, e: int) -> bool:
+        """Whether validation is scheduled after epoch ``e``."""
         return e >= self.val_begin and (e % self.interval_at(e) == 0 or e == self.max_epochs)
 
     def run(self, ctx: LoopContext) -> None:
-        """Run the remaining epochs (after a resume: from the saved position)."""
+        """Run the remaining epochs (after a resume: from the saved position, the validation it owes first)."""
         self._start(ctx)
+        self._owed_validation(ctx)
         view, agreement = ctx.view, ctx.metric_store.agreement
         while ctx.progress.epoch < self.max_epochs and not view.should_stop:
             self.run_epoch(ctx)
@@ -301,9 +328,8 @@ class EpochBasedTrainLoop(_TrainLoopBase):
                 if self._restarted(ctx):
                     continue
                 break
-            if ctx.validate is not None and self.val_due():
-                ctx.validate()
-                agreement.agree_finish()
+            if ctx.validate is not None and ctx.progress.val_owed:
+                self._validate(ctx, ctx.validate)
         ctx.metric_store.flush()
         self._finish(ctx)
 
@@ -318,6 +344,8 @@ class EpochBasedTrainLoop(_TrainLoopBase):
             return
         progress.epoch += 1
         progress.iter_in_epoch = 0
+        # owed until the validation's pass is complete: a checkpoint written before it (a stop here) runs it on resume
+        progress.val_owed = ctx.validate is not None and self._val_at(progress.epoch)
         ctx.metric_store.flush()
         ctx.hooks.call("after_train_epoch", ctx.view)
 
@@ -361,7 +389,10 @@ class IterBasedTrainLoop(_TrainLoopBase):
         ctx = self.ctx
         if ctx is None or ctx.validate is None or ctx.view.should_stop:
             return False
-        it = ctx.progress.iteration
+        return self._val_at(ctx.progress.iteration)
+
+    def _val_at(self, it: int) -> bool:
+        """Whether validation is scheduled after iteration ``it``."""
         return it >= self.val_begin and (it % self.interval_at(it) == 0 or it == self._max_iters)
 
     def run(self, ctx: LoopContext) -> None:
@@ -371,6 +402,7 @@ class IterBasedTrainLoop(_TrainLoopBase):
         ctx.hooks.call("before_train_epoch", view)
         ctx.model.train()
         ctx.optim_wrapper.initialize_count_status(ctx.model, progress.iteration, self._max_iters)
+        self._owed_validation(ctx)
         while progress.iteration < self._max_iters and not view.should_stop:
             if not self._run_iters(ctx, self._max_iters, ctx.validate is not None):
                 progress.epoch += 1  # a pass over the data ended (the loader closed its epoch too)

@@ -19,11 +19,14 @@ class Progress:
         iteration: Completed training iterations (optimizer micro-steps) over the whole run.
         iter_in_epoch: Completed iterations inside the current epoch; a checkpoint taken
             mid-epoch resumes from here without replaying the data loader.
+        val_owed: The validation due after the last completed epoch (iteration-based: iteration) has not run to its
+            end yet (a stop came first): a run resumed here runs it before training on. Saved only when True.
     """
 
     epoch: int = 0
     iteration: int = 0
     iter_in_epoch: int = 0
+    val_owed: bool = False
 
     def where(self, by_epoch: bool = True) -> str:
         """Where the run stands, numbered as its log lines: ``"at epoch E, iteration N"`` (E from 1; between epochs
@@ -34,11 +37,15 @@ class Progress:
         return f"at epoch {epoch}, iteration {self.iteration}"
 
     def state_dict(self) -> dict[str, Any]:
-        """Return the counters as a plain dict."""
-        return asdict(self)
+        """Return the counters as a plain dict (``val_owed`` only when a validation is owed)."""
+        state = asdict(self)
+        if not self.val_owed:
+            del state["val_owed"]
+        return state
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Restore the counters saved by :meth:`state_dict`."""
         self.epoch = int(state["epoch"])
         self.iteration = int(state["iteration"])
         self.iter_in_epoch = int(state["iter_in_epoch"])
+        self.val_owed = bool(state.get("val_owed", False))
