@@ -60,77 +60,18 @@ from trainwright.utils.progress import Progress
 
 
 class Trainer:
-    """Runs training, validation and testing of a model.
+    """Runs training, validation and testing of a model: builds and wires the parts; the loops, hooks and strategy
+    do the work.
+
+    The arguments most runs give (every argument is described in docs/guide.md, "The Trainer"):
 
     Args:
-        model: A :class:`~trainwright.BaseModel`, or a plain ``nn.Module`` whose forward
-            returns a loss tensor or a dict of losses; or ``dict(type=...)`` of
-            ``trainwright.registry.MODELS``, built after the Trainer seeded (so its initial
-            weights follow ``randomness``'s seed; a model built before the Trainer does only
-            when it was built after ``tw.seed_everything(seed)``, which the log notes).
-        work_dir: Where checkpoints (``checkpoints/``) and run folders (log, ``metrics.jsonl``) go.
-        train_dataloader / val_dataloader / test_dataloader: ``DataLoader`` s or dicts of
-            ``DataLoader`` arguments (``dict(dataset=..., batch_size=..., shuffle=...)``; mmengine's
-            ``sampler=dict(type='DefaultSampler', shuffle=...)`` and ``collate_fn=dict(type=...)`` too).
-        train_cfg: ``dict(by_epoch=True, max_epochs=..., val_interval=1, val_begin=1)`` or
-            ``dict(by_epoch=False, max_iters=..., val_interval=...)``.
-        val_cfg / test_cfg: ``dict(autocast=False)``: evaluate under mixed precision.
-        optim_wrapper: An OptimWrapper or a dict ``dict(optimizer=dict(type="SGD", lr=...),
-            accumulative_counts=1, clip_grad=None)``.
-        param_scheduler: A scheduler, a dict or a list of dicts (``type``, ``by_epoch`` / ``by_update``, ``begin``,
-            ``end``...),
-            a torch ``LRScheduler`` built on the optimizer given as ``optim_wrapper``, or a factory ``optimizer ->
-            LRScheduler``.
-        val_evaluator / test_evaluator: A Metric, an Evaluator, or dict(s) of metrics.
-        default_hooks: Configure or disable (None) stock hooks by name: ``timer``,
-            ``logger``, ``param_scheduler``, ``checkpoint``, ``sampler_seed``, ``preemption``, ``progress_bar``,
-            ``runtime_info`` (the message hub's evaluation metrics), ``flops`` (``tflops`` / ``mfu``), ``stall``
-            (every thread's stack when no iteration finishes for 10 minutes).
-        custom_hooks: More hooks (objects or dicts with ``type``).
-        precision: ``"32"``, ``"bf16-mixed"``, ``"16-mixed"``, ``"bf16-true"`` (weights in bfloat16, no autocast) or
-            ``"float8"``
-            (CUDA, compute capability ≥ 8.9, torchao; see :mod:`trainwright.amp.float8`); any name given to
-            :func:`trainwright.amp.register_precision`, or a :class:`~trainwright.amp.Precision` object.
-        strategy: ``"auto"`` (default), ``"single"``, a dict or a Strategy.
-        compile: ``True`` (the whole model), or a dict of ``torch.compile`` arguments, where
-            ``regions=["Block"]`` compiles each module of those classes (or paths) instead of the
-            whole model (see docs/performance.md).
-        activation_checkpointing: Module classes, class names or module paths whose activations
-            are recomputed in the backward pass instead of kept (``["Block"]``; mmengine's config key).
-        resume: False, True (latest complete checkpoint in ``work_dir``; with none there, ``load_from`` when that is a
-            training checkpoint, as in mmengine) or a path.
-        load_from: A checkpoint to load weights from (weights only; see ``resume``).
-        randomness: ``dict(seed=..., deterministic=False, diff_rank_seed=False)``.
-        nonfinite_loss: ``"raise"`` (FloatingPointError naming the iteration) or ``"skip"``.
-        log_level: Logging level of the trainer's logger.
-        writers: Where logged records go (on the main process; other processes write nothing).
-            None: the console (stdout and ``train.log``) and ``metrics.jsonl``. A list replaces
-            these defaults: :class:`~trainwright.logging.Writer` objects, names of
-            ``trainwright.logging.WRITERS`` (``"console"``, ``"jsonl"``, ``"csv"``,
-            ``"tensorboard"``, ``"wandb"``, ``"mlflow"``) and dicts ``dict(type=name, **arguments)``
-            (``writers=["console", "jsonl", "tensorboard", MyWriter()]``).
-        writers_fail: What a writer that raises does to the run: ``"warn"`` (default: reported
-            once, in ``train.log`` and as a warning, and the writer gets nothing more; training
-            goes on) or ``"raise"`` (the run stops with a :class:`~trainwright.logging.WriterError`
-            after the checkpoint due at that point is written). A writer never costs a checkpoint.
-        hook_timing: Time every hook call per event (about 0.2 µs per call; hooks that are not
-            called cost nothing) for ``trainer.hooks.report()``. None (default): timed, and the table
-            is logged when training ends at the DEBUG level only (``log_level="DEBUG"``);
-            True: logged at INFO too; False: no timing at all.
-        env_cfg: mmengine's ``dict(cudnn_benchmark=..., mp_cfg=dict(mp_start_method=...,
-            opencv_num_threads=...), dist_cfg=dict(backend=..., timeout=...))`` (see
-            :mod:`trainwright.trainer.env_cfg`).
-        spike_guard: Skip the update of a loss spike, or roll back to the last checkpoint:
-            ``dict(window=200, threshold=6.0, action="skip" | "rollback", max_rollbacks=3,
-            capture_every=None)`` (see :class:`~trainwright.optim.spike_guard.SpikeGuard`,
-            docs/diagnose.md). Costs one host read of the loss per step (and under several
-            processes one small all-gather); None (default): the step path is unchanged.
-        checkpoint: Where and how checkpoints are stored, given to the checkpoint manager now (a save before
-            ``train()`` uses them too): ``dict(out_dir=..., storage_options=..., max_keep_ckpts=..., async_save=...,
-            epoch_tmpl=..., iter_tmpl=..., save_optimizer=..., save_param_scheduler=...)`` (see
-            :class:`~trainwright.checkpoint.settings.CheckpointSettings`; ``out_dir`` may be a
-            :class:`~trainwright.checkpoint.storage.Store`). The same keys under ``default_hooks.checkpoint``
-            (mmengine's) are moved here; *when* to save is the checkpoint hook's.
+        model: A :class:`~trainwright.BaseModel`, a plain ``nn.Module`` whose forward returns a loss tensor or a dict
+            of losses, or ``dict(type=...)`` of ``trainwright.registry.MODELS`` (built after the Trainer seeded).
+        work_dir: Where checkpoints (``checkpoints/``) and run folders (``train.log``, ``metrics.jsonl``) go.
+        train_dataloader: A ``DataLoader`` or a dict of its arguments (``val_dataloader`` / ``test_dataloader`` too).
+        train_cfg: ``dict(by_epoch=True, max_epochs=...)`` or ``dict(by_epoch=False, max_iters=...)``.
+        optim_wrapper: An OptimWrapper or ``dict(optimizer=dict(type="SGD", lr=...))``.
     """
 
     def __init__(
