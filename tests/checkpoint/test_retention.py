@@ -147,3 +147,22 @@ def test_the_second_save_checks_again_with_the_real_size(tmp_path: Path) -> None
         r"1\.5 KiB are free\. Training stopped at iteration 2; the checkpoints written so far are kept",
         msg,
     ), msg
+
+
+def test_the_size_of_sharded_tensors_counts_their_whole_size_and_tied_ones_once(tmp_path: Path) -> None:
+    # an FSDP2 model's state holds DTensors, which have no storage of their own: the preflight of every FSDP run with
+    # a checkpoint hook failed ("invalid python storage")
+    import torch.distributed as dist
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.tensor import Shard, distribute_tensor
+
+    from trainwright.checkpoint.retention import tensor_bytes
+
+    dist.init_process_group("gloo", init_method=f"file://{tmp_path / 'init'}", rank=0, world_size=1)
+    try:
+        mesh = init_device_mesh("cpu", (1,))
+        sharded = distribute_tensor(torch.ones(4, 3), mesh, [Shard(0)])
+        plain = torch.zeros(2, dtype=torch.float64)
+        assert tensor_bytes({"model": {"w": sharded, "tied": sharded}, "optim": [plain, plain]}) == 48 + 16
+    finally:
+        dist.destroy_process_group()

@@ -20,6 +20,7 @@ import torch
 
 from trainwright.checkpoint.io import write_whole
 from trainwright.checkpoint.storage import Location, RemotePath
+from trainwright.dist.shards import local
 
 #: The folder inside the checkpoint folder that holds thinned (weights-only) checkpoints.
 WEIGHTS_DIR = "weights"
@@ -100,15 +101,20 @@ def thin_to_weights(read: Callable[[Location], Mapping[str, Any]], path: Locatio
 
 
 def tensor_bytes(obj: Any) -> int:
-    """Bytes of every tensor in ``obj`` (nested dicts, lists, tuples); a storage shared by several counts once."""
+    """Bytes of every tensor in ``obj`` (nested dicts, lists, tuples); a storage shared by several counts once.
+
+    A sharded tensor (an FSDP2 ``DTensor``, which has no storage of its own) counts its whole size, as its checkpoint
+    holds every process's shard; two sharing this process's shard (tied weights) count once.
+    """
     seen: set[tuple[str, int]] = set()
     total = 0
     stack = [obj]
     while stack:
         x = stack.pop()
         if isinstance(x, torch.Tensor):
-            key = (str(x.device), x.untyped_storage().data_ptr())
-            if key not in seen or not x.numel():
+            shard = local(x)
+            key = (str(shard.device), shard.untyped_storage().data_ptr())
+            if key not in seen or not shard.numel():
                 seen.add(key)
                 total += x.numel() * x.element_size()
         elif isinstance(x, Mapping):
