@@ -72,3 +72,21 @@ def test_a_stop_at_an_epochs_last_batch_validates_that_epoch_on_resume(tmp_path:
         assert sorted(p.name for p in ckpts.glob("best_*")) == best, name
         for k, v in ref.unwrapped_model.state_dict().items():
             assert torch.equal(v, resumed.unwrapped_model.state_dict()[k]), (name, k)
+
+
+def test_an_iteration_based_run_stopped_at_a_validation_iteration_validates_it_on_resume(tmp_path: Path) -> None:
+    loop = dict(
+        train_cfg=dict(by_epoch=False, max_iters=20, val_interval=10),
+        param_scheduler=[dict(type="LinearLR", start_factor=0.1, by_epoch=False, begin=0, end=20)],
+    )
+    ref = _build(tmp_path / "ref", "ref", **loop)
+    ref.train()
+    expected = _drop_time(_val_records(ref))
+    assert [r["iter"] for r in expected] == [10, 20], expected
+
+    stopped = _build(tmp_path / "w", "a", hooks=[StopAt(10)], **loop)
+    stopped.train()
+    assert _val_records(stopped) == []
+    resumed = _build(tmp_path / "w", "b", **loop)
+    resumed.train()
+    assert _drop_time(_val_records(resumed)) == expected
