@@ -42,11 +42,13 @@ def _row(table: str, check: str) -> str:
 @pytest.mark.slow
 @pytest.mark.timeout(300)
 def test_digits_example_resumes_exactly(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    """Restarted inside epoch 1 and at its last batch (then validated, checkpointed, resumed again): all equal."""
+    """Restarted inside epoch 1 and at its last batch (its validation owed: run first by the resumed process, then
+    checkpointed, resumed again): all equal, the validation after step 45 included."""
     code, out = _verify(capsys, str(DIGITS), "--steps", "46", "--at", "20", "45", "--work-dir", str(tmp_path / "v"))
     assert code == 0, out
     for check in ("restarts", "batches", "losses", "parameters", "optimizer", "schedulers", "random streams"):
         assert "equal" in _row(out, check), out
+    assert "equal" in _row(out, "validation") and "1 validation(s), after step 45" in out, out
     assert "2 fresh processes resumed at 20, 45" in out
     assert "resume is exact" in out
     assert (tmp_path / "v" / "resumed" / "records" / "segment2.rank0.jsonl").is_file()  # the records are kept

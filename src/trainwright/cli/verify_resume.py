@@ -23,7 +23,8 @@ def add_verify_resume_parser(sub: Any) -> argparse.ArgumentParser:
         "verify-resume",
         help="check that resuming a config's training is bitwise the same as never stopping",
         description="Train CONFIG N steps uninterrupted, then again stopping and restarting in a fresh process at "
-        "each K (resume from the checkpoint saved at the stop); compare the batches, losses, parameters, optimizer "
+        "each K (resume from the checkpoint saved at the stop); compare the batches, losses, validation metrics, "
+        "parameters, optimizer "
         "and scheduler state, random streams and data position bitwise. Exit status 0: all equal; 1: a difference "
         "(the first one is named); 2: a usage error.",
     )

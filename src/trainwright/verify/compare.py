@@ -19,6 +19,7 @@ __all__ = [
     "RunRecords",
     "compare_checkpoints",
     "compare_steps",
+    "compare_validation",
     "first_difference",
     "read_checkpoint",
     "restart_check",
@@ -109,11 +110,15 @@ class RunRecords:
         #: rank -> iteration -> (segment, record); a step recorded twice keeps every copy in ``repeated``.
         self.steps: dict[int, dict[int, dict[str, Any]]] = {}
         self.repeated: list[tuple[int, int]] = []
+        #: rank -> iteration -> the metrics of the validation after it (exact hex floats).
+        self.vals: dict[int, dict[int, dict[str, str]]] = {}
         for (segment, rank), path in sorted(files.items()):
             for line in path.read_text(encoding="utf-8").splitlines():
                 rec = json.loads(line)
                 if "start" in rec:
                     self.starts[(segment, rank)] = rec
+                elif "val" in rec:
+                    self.vals.setdefault(rank, {})[rec["val"]] = rec["metrics"]
                 elif "end" in rec:
                     self.ends[(segment, rank)] = rec
                 else:
@@ -166,6 +171,23 @@ def compare_steps(ref: RunRecords, run: RunRecords, steps: int, world: int) -> l
             break
     n = f"{steps} steps" + (f" x {world} ranks" if world > 1 else "")
     return [batch or Check("batches", True, f"{n}, a checksum per batch"), loss or Check("losses", True, n)]
+
+
+def compare_validation(ref: RunRecords, run: RunRecords) -> Check:
+    """The ``validation`` check: the metrics of every validation during training (rank 0's; every rank has the
+    gathered ones), at the same iterations, bitwise."""
+    a, b = ref.vals.get(0, {}), run.vals.get(0, {})
+    for it in sorted(set(a) | set(b)):
+        if it not in a or it not in b:
+            return Check(
+                "validation", False, f"validated only by the {'uninterrupted' if it in a else 'restarted'} run", it
+            )
+        if a[it] != b[it]:
+            key = next(k for k in sorted(set(a[it]) | set(b[it])) if a[it].get(k) != b[it].get(k))
+            return Check("validation", False, f"{key} {_loss_text(b[it], key)} != {_loss_text(a[it], key)}", it)
+    if not a:
+        return Check("validation", True, "no validation in the run")
+    return Check("validation", True, f"{len(a)} validation(s), after step {', '.join(map(str, sorted(a)))}")
 
 
 def read_checkpoint(path: str | Path) -> dict[str, Any]:

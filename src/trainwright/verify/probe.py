@@ -85,7 +85,8 @@ def _scalars(outputs: Any) -> dict[str, str]:
 class ResumeProbe(Hook):
     """Records each training step (a checksum of its batch, its loss) to a file, and ends the run at ``stop_at``.
 
-    One line per step, ``{"iter", "batch", "losses"}`` (losses as exact hex floats), after a first
+    One line per step, ``{"iter", "batch", "losses"}`` (losses as exact hex floats), one per validation,
+    ``{"val": iteration, "metrics"}`` (exact hex floats), after a first
     line ``{"start": iteration, ...}`` with the run's shape (the epoch's length, the accumulation,
     the run's length) and a last line ``{"end": iteration, "checkpoint": path}``. At ``stop_at`` the
     run stops through its run control (the same stop on every rank) and saves a checkpoint there
@@ -142,6 +143,10 @@ class ResumeProbe(Hook):
             require_train_loop(trainer, "ResumeProbe").control.request_stop(
                 f"verify-resume: restart at iteration {it}", agreed=True
             )
+
+    def after_val_epoch(self, trainer: TrainerView, metrics: dict[str, float] | None = None) -> None:  # noqa: D102
+        if metrics is not None and self._file is not None:  # a validation during training (not one cut by a stop)
+            self._write({"val": trainer.progress.iteration, "metrics": _scalars(metrics)})
 
     def after_train(self, trainer: TrainerView) -> None:  # noqa: D102
         manager = trainer.checkpoints

@@ -24,6 +24,7 @@ from trainwright.verify.compare import (
     RunRecords,
     compare_checkpoints,
     compare_steps,
+    compare_validation,
     read_checkpoint,
     restart_check,
 )
@@ -108,8 +109,8 @@ def verify_resume(
     """Train ``config`` ``steps`` steps uninterrupted, then again stopping and restarting in a fresh process at each of
     ``at``, and compare the two runs bitwise.
 
-    Compared: the batch of every step (a checksum) and its losses, and in the final checkpoints every
-    parameter, the optimizer's and the schedulers' state, the random streams and the data position.
+    Compared: the batch of every step (a checksum) and its losses, every validation's metrics, and in the final
+    checkpoints every parameter, the optimizer's and the schedulers' state, the random streams and the data position.
     Each restart resumes (``resume=True``) from the checkpoint saved when the previous process stopped.
 
     Args:
@@ -178,7 +179,7 @@ def verify_resume(
         say(f"{what}: stopped at {stop} ({launch.last_s:.1f} s)")
     run = RunRecords(_record_files(run_dir, len(restarts) + 1, nproc))
 
-    checks = [restart_check(run, restarts, nproc), *compare_steps(ref, run, n, nproc)]
+    checks = [restart_check(run, restarts, nproc), *compare_steps(ref, run, n, nproc), compare_validation(ref, run)]
     paths = ref.checkpoint(0), run.checkpoint(len(restarts))
     if paths[0] is None or paths[1] is None:
         checks.append(Check("checkpoints", False, "a run saved no final checkpoint (see its log)", None))
