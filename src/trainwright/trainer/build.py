@@ -1,10 +1,13 @@
 """Building the trainer's parts from objects or config dicts: the train loop with its loader, optim wrapper and
-schedulers; the eval loops."""
+schedulers (and the checkpoint pieces they bring); the eval loops; the loop context of a run."""
 
 from __future__ import annotations
 
+import logging
 import warnings
 from collections.abc import Mapping
+from dataclasses import dataclass
+from functools import partial
 from typing import TYPE_CHECKING, Any, NamedTuple
 
 from torch import nn
@@ -12,6 +15,8 @@ from torch.utils.data import DataLoader, IterableDataset
 
 from trainwright.amp.precision import Precision
 from trainwright.data.loader import build_dataloader, make_dataloader, make_resumable
+from trainwright.data.stream_state import StreamState
+from trainwright.loops.context import LoopContext
 from trainwright.loops.eval_loop import EvalLoop
 from trainwright.loops.train_loop import EpochBasedTrainLoop, IterBasedTrainLoop
 from trainwright.optim.builder import build_optim_wrapper, loop_precision
@@ -19,10 +24,14 @@ from trainwright.optim.optim_wrapper_dict import optim_wrappers_of
 from trainwright.optim.scheduler.base import INF
 from trainwright.optim.scheduler.builder import flatten_schedulers
 from trainwright.optim.spike_guard import SpikeGuard
+from trainwright.trainer.state import DataOrderState, OptimState, SchedulerState
 
 if TYPE_CHECKING:
     from trainwright.hooks.dispatch import HookList
+    from trainwright.hooks.view import TrainerView
+    from trainwright.logging.metric_store import MetricStore
     from trainwright.strategies.base import Strategy
+    from trainwright.utils.progress import Progress
 
 #: Keys ``train_cfg`` accepts.
 TRAIN_CFG_KEYS = frozenset(
@@ -30,6 +39,24 @@ TRAIN_CFG_KEYS = frozenset(
 )
 #: Keys ``val_cfg`` / ``test_cfg`` accept.
 EVAL_CFG_KEYS = frozenset({"autocast"})
+
+
+@dataclass
+class TrainSpec:
+    """What the Trainer was given to build its train parts from (:func:`build_train`), as given."""
+
+    #: ``train_cfg``, its keys checked.
+    train_cfg: dict[str, Any]
+    #: ``train_dataloader``: a ``DataLoader`` or a dict of its arguments (``find_batch_size(apply=True)`` replaces it).
+    loader_cfg: Any
+    #: ``optim_wrapper``.
+    optim_cfg: Any
+    #: ``param_scheduler``.
+    scheduler_cfg: Any
+    #: ``nonfinite_loss="skip"``: the optim wrappers skip a non-finite update.
+    skip_nonfinite: bool
+    #: ``spike_guard``, built.
+    spike_guard: SpikeGuard | None
 
 
 class TrainParts(NamedTuple):
@@ -47,21 +74,9 @@ def train_by_epoch(train_cfg: Mapping[str, Any]) -> bool:
     return bool(train_cfg.get("by_epoch", "max_iters" not in train_cfg))
 
 
-def build_train(
-    strategy: Strategy,
-    hooks: HookList,
-    train_cfg: Mapping[str, Any],
-    loader_cfg: Any,
-    optim_cfg: Any,
-    scheduler_cfg: Any,
-    *,
-    model: nn.Module,
-    precision: Precision,
-    seed: int,
-    skip_nonfinite: bool,
-    spike_guard: SpikeGuard | None = None,
-) -> TrainParts:
-    """The resumable train loader, the optim wrapper over ``model``, the train loop and the param schedulers.
+def build_train(strategy: Strategy, hooks: HookList, spec: TrainSpec, *, model: nn.Module, seed: int) -> TrainParts:
+    """The resumable train loader, the optim wrapper over ``model``, the train loop and the param schedulers, from
+    ``spec`` under the strategy's precision.
 
     The precision returned is the one object the optim wrapper and the loops share (the
     wrapper's own, when it is mixed).
@@ -70,6 +85,8 @@ def build_train(
         ValueError / KeyError: a missing train_dataloader, optim_wrapper, ``max_epochs`` /
             ``max_iters``, or an empty loader (each message says what to pass).
     """
+    loader_cfg, optim_cfg, scheduler_cfg = spec.loader_cfg, spec.optim_cfg, spec.scheduler_cfg
+    precision = strategy.precision
     if loader_cfg is None:
         raise ValueError(
             "train() needs a train_dataloader: pass train_dataloader=DataLoader(...) or dict(dataset=..., "
@@ -77,7 +94,7 @@ def build_train(
         )
     if optim_cfg is None:
         raise ValueError("train() needs an optim_wrapper, e.g. optim_wrapper=dict(optimizer=dict(type='SGD', lr=0.01))")
-    cfg = dict(train_cfg)
+    cfg = dict(spec.train_cfg)
     if "max_epochs" in cfg and "max_iters" in cfg:
         raise ValueError(
             f"train_cfg sets both max_epochs={cfg['max_epochs']} and max_iters={cfg['max_iters']}: give one, "
@@ -105,11 +122,11 @@ def build_train(
         )
     optim_wrapper = build_optim_wrapper(model, optim_cfg, precision, strategy.device.type)
     precision = loop_precision(optim_wrapper, precision)
-    if skip_nonfinite:
+    if spec.skip_nonfinite:
         for ow in optim_wrappers_of(optim_wrapper).values():
             ow.skip_nonfinite = True
-    if spike_guard is not None:
-        _attach_spike_guard(hooks, optim_wrapper, spike_guard)
+    if spec.spike_guard is not None:
+        _attach_spike_guard(hooks, optim_wrapper, spec.spike_guard)
     loop: EpochBasedTrainLoop | IterBasedTrainLoop
     if by_epoch:
         if "max_epochs" not in cfg:
@@ -137,6 +154,56 @@ def build_train(
         if not loop.by_epoch:
             _warn_epoch_schedulers(schedulers)
     return TrainParts(optim_wrapper, precision, loop, schedulers)
+
+
+#: The checkpoint pieces of the train parts (:func:`train_pieces`).
+TRAIN_PIECES = ("optim_wrapper", "param_schedulers", "data_state", "train_dataloader")
+
+
+def train_pieces(strategy: Strategy, parts: TrainParts, data_order: DataOrderState) -> dict[str, Any]:
+    """The checkpoint pieces the train parts bring (the manager holds None for them until they are built): the optim
+    wrapper(s), the schedulers, the loader's data order and a stream's own position (a stateful loader's)."""
+    return {
+        "optim_wrapper": OptimState(strategy, parts.optim_wrapper) if parts.optim_wrapper is not None else None,
+        "param_schedulers": SchedulerState(parts.param_schedulers) if parts.param_schedulers else None,
+        "data_state": StreamState(
+            parts.train_loop.dataloader, strategy.gather_object, strategy.rank, strategy.world_size
+        ),
+        "train_dataloader": data_order,
+    }
+
+
+def loop_context(
+    view: TrainerView,
+    model: Any,
+    hooks: HookList,
+    progress: Progress,
+    optim_wrapper: Any,
+    metric_store: MetricStore,
+    precision: Precision,
+    logger: logging.Logger,
+    eval_loops: tuple[EvalLoop | None, EvalLoop | None],
+) -> LoopContext:
+    """What the loops use in one run (the model as prepared); ``validate`` runs the val loop (the first of
+    ``eval_loops``, val and test), and the eval loops hold the context from the start, so a hook can call ``run_pass``
+    at any event."""
+    ctx = LoopContext(
+        view=view,
+        model=model,
+        hooks=hooks,
+        progress=progress,
+        optim_wrapper=optim_wrapper,
+        metric_store=metric_store,
+        precision=precision,
+        logger=logger,
+    )
+    val_loop = eval_loops[0]
+    if val_loop is not None:
+        ctx.validate = partial(val_loop.run, ctx)
+    for loop in eval_loops:
+        if loop is not None:
+            loop.ctx = ctx
+    return ctx
 
 
 def _attach_spike_guard(hooks: HookList, optim_wrapper: Any, guard: SpikeGuard) -> None:

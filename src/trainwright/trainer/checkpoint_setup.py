@@ -1,16 +1,27 @@
-"""The checkpoint settings and record the Trainer gives its checkpoint manager when it builds it, from its arguments
+"""The Trainer's checkpoint manager and its pieces; the settings and record it is given, from the Trainer's arguments
 and what its hooks declare (``Hook.checkpoint_settings``, ``Hook.checkpoint_record``, ``Hook.stores``)."""
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
-from typing import Any
+import logging
+from collections.abc import Callable, Mapping, Sequence
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
-from trainwright.checkpoint.manager import SaveRecord
+from trainwright.checkpoint.manager import CheckpointManager, SaveRecord
 from trainwright.checkpoint.settings import CheckpointSettings
 from trainwright.checkpoint.storage import RemotePath
 from trainwright.hooks.hook import Hook
 from trainwright.trainer.build import train_by_epoch
+from trainwright.trainer.state import OPTIONAL_PIECES, HookStates, MetaState, ModelState
+
+if TYPE_CHECKING:
+    from trainwright.hooks.dispatch import HookList
+    from trainwright.logging.message_hub import MessageHub
+    from trainwright.logging.metric_store import MetricStore
+    from trainwright.strategies.base import Strategy
+    from trainwright.trainer.seeding import RunSeed
+    from trainwright.utils.progress import Progress
 
 
 def checkpoint_settings(
@@ -41,3 +52,49 @@ def checkpoint_record(hooks: Sequence[Hook]) -> SaveRecord | None:
     wins."""
     records = [r for h in hooks if (r := h.checkpoint_record()) is not None]
     return records[-1] if records else None
+
+
+def build_checkpoints(
+    strategy: Strategy,
+    work_dir: Path,
+    settings: CheckpointSettings,
+    *,
+    progress: Progress,
+    config: Mapping[str, Any],
+    seed: RunSeed,
+    metric_store: MetricStore,
+    message_hub: MessageHub,
+    hooks: HookList,
+    logger: logging.Logger,
+    flush: Callable[[], None],
+    events: Mapping[str, Any],
+) -> CheckpointManager:
+    """The run's checkpoint manager (``work_dir/checkpoints``), its pieces those that exist when the Trainer is built;
+    the train parts' (``optim_wrapper``, ``param_schedulers``, ``train_dataloader``, ``data_state``) are None until
+    the train loop is built (:func:`~trainwright.trainer.build.train_pieces`). ``flush`` runs before each save,
+    ``events`` are the hooks' callbacks (``HookList.checkpoint_events``)."""
+    pieces: dict[str, Any] = {
+        "meta": MetaState(progress, strategy.world_size, config, seed, logger),
+        "model": ModelState(strategy),
+        "optim_wrapper": None,
+        "param_schedulers": None,
+        "progress": progress,
+        "train_dataloader": None,
+        "data_state": None,  # the stream's own position (a stateful loader's)
+        "metric_store": metric_store,
+        "message_hub": message_hub,
+        "hooks": HookStates(hooks),
+    }
+    return CheckpointManager(
+        strategy,
+        pieces,
+        work_dir / "checkpoints",
+        progress=progress,
+        logger=logger,
+        flush=flush,
+        **events,
+        required=("model", "progress"),
+        optional=OPTIONAL_PIECES,
+        settings=settings,
+        record=checkpoint_record(hooks),
+    )

@@ -1,4 +1,5 @@
-"""What a Trainer restores before its first run: ``resume`` (the full state) or else ``load_from`` (weights only)."""
+"""What a Trainer restores before its first run: ``resume`` (the full state) or else ``load_from`` (weights only); model
+weights loaded on request."""
 
 from __future__ import annotations
 
@@ -7,10 +8,15 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from torch import nn
+
+from trainwright.checkpoint import load_model_weights
+from trainwright.checkpoint.storage import Location, location
 from trainwright.trainer.runs import config_changes
 
 if TYPE_CHECKING:
     from trainwright.checkpoint.manager import CheckpointManager
+    from trainwright.strategies.base import Strategy
     from trainwright.utils.progress import Progress
 
 
@@ -68,3 +74,90 @@ def resume_or_load(
         logger.info(f"resume=True but no checkpoint in {checkpoints.ckpt_dir}; starting from scratch")
     if load_from is not None:
         load_weights(load_from)
+
+
+def nothing_to_train(progress: Progress, max_iters: int, shape_change: str | None) -> str | None:
+    """The warning of a ``train()`` that starts where training is complete (a resumed finished run), naming a
+    mid-epoch checkpoint's loader shape change (``DataOrderState.shape_change``); None when there is training left."""
+    if progress.iteration < max_iters:
+        return None
+    return (
+        f"Nothing to train: training is complete at iteration {progress.iteration} of max_iters {max_iters} "
+        f"(epoch {progress.epoch}). Raise train_cfg max_epochs / max_iters to train further, or use a "
+        "new work_dir for a new run."
+        + (
+            f" The checkpoint was written in the middle of an epoch with a train_dataloader of another "
+            f"shape ({shape_change}): max_iters {max_iters} counts this loader's "
+            "batches, and the resumed epoch is already over with it."
+            if shape_change is not None
+            else ""
+        )
+    )
+
+
+class PendingRestore:
+    """``resume`` / ``load_from``, applied before a trainer's first run and again by ``train()`` when that run had no
+    optimizer (a pass before ``train()`` restores what exists; ``train()`` again, with its optimizer)."""
+
+    def __init__(
+        self,
+        resume: bool | str | Path,
+        load_from: str | Path | None,
+        *,
+        trains: bool,
+        config: Mapping[str, Any],
+        progress: Progress,
+        logger: logging.Logger,
+        load_weights: Callable[[str | Path], Any],
+    ) -> None:
+        self.resume, self.load_from, self.trains = resume, load_from, trains
+        self.config, self.progress, self.logger, self.load_weights = config, progress, logger, load_weights
+        #: Whether :meth:`apply` restores at its next call.
+        self.due = True
+
+    def resume_from(self, path: str | Path) -> None:
+        """Resume from ``path`` at the next :meth:`apply` (``Trainer.resume_from``)."""
+        self.resume, self.due = Path(path), True
+
+    def apply(self, checkpoints: CheckpointManager, *, train_built: bool) -> None:
+        """Restore through ``checkpoints`` if due (:func:`resume_or_load`); due again while the train parts are not
+        built (``train_built``) in a trainer that trains. Marked done only once it succeeded: a failed restore is
+        tried (and fails) again, never skipped."""
+        if self.due:
+            resume_or_load(
+                checkpoints,
+                self.resume,
+                self.load_from,
+                trains=self.trains,
+                config=self.config,
+                progress=self.progress,
+                logger=self.logger,
+                load_weights=self.load_weights,
+            )
+            self.due = not train_built and self.trains
+
+
+def load_weights(
+    model: nn.Module,
+    strategy: Strategy,
+    path: str | Path,
+    *,
+    prepared: bool,
+    within: Location | None,
+    strict: bool,
+    revise_keys: list[tuple[str, str]],
+    logger: logging.Logger,
+) -> Any:
+    """``Trainer.load_weights``: the weights at ``path`` (relative to ``within``, the checkpoint folder) into ``model``
+    (the user's); once ``prepared``, the strategy copies them in (a sharded model takes full tensors only through
+    it)."""
+    load = (lambda weights: strategy.load_model_state_dict(weights, strict=False)) if prepared else None
+    result = load_model_weights(
+        model,
+        strategy.load_checkpoint(location(path, within=within)),
+        strict=strict,
+        revise_keys=revise_keys,
+        load=load,
+    )
+    logger.info(f"Loaded weights from {path}")
+    return result

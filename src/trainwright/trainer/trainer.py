@@ -14,9 +14,7 @@ from torch import nn
 from trainwright.amp.precision import Precision
 from trainwright.checkpoint import load_model_weights, save_safetensors
 from trainwright.checkpoint.lock import WorkDirBusyError
-from trainwright.checkpoint.manager import CheckpointManager
 from trainwright.checkpoint.storage import location
-from trainwright.data.stream_state import StreamState
 from trainwright.hooks.dispatch import HookList
 from trainwright.hooks.hook import Hook
 from trainwright.hooks.timing import HookTimer
@@ -33,27 +31,19 @@ from trainwright.optim.spike_guard import SpikeGuard
 from trainwright.registry import MODELS
 from trainwright.strategies import build_strategy
 from trainwright.trainer import tuning_entry
-from trainwright.trainer.build import build_eval_loop, build_train
-from trainwright.trainer.checkpoint_setup import checkpoint_record, checkpoint_settings
+from trainwright.trainer.build import TRAIN_PIECES, TrainSpec, build_eval_loop, build_train, loop_context, train_pieces
+from trainwright.trainer.checkpoint_setup import build_checkpoints, checkpoint_settings
 from trainwright.trainer.env_cfg import apply_env_cfg
 from trainwright.trainer.hooks_config import build_hook, build_hooks, check_one_average
 from trainwright.trainer.moved import moved_member
 from trainwright.trainer.rank_check import check_ranks_agree
-from trainwright.trainer.restore import resume_or_load
+from trainwright.trainer.restore import nothing_to_train, resume_or_load
 from trainwright.trainer.run_config import run_config
 from trainwright.trainer.run_facts import run_facts
 from trainwright.trainer.run_guard import RunGuard
 from trainwright.trainer.runs import new_run_dir, remove_unused_run_dir
 from trainwright.trainer.seeding import RunSeed, torch_seeded
-from trainwright.trainer.state import (
-    OPTIONAL_PIECES,
-    DataOrderState,
-    HookStates,
-    MetaState,
-    ModelState,
-    OptimState,
-    SchedulerState,
-)
+from trainwright.trainer.state import DataOrderState
 from trainwright.trainer.wiring import add_spike_guard, build_logging, checked_cfgs
 from trainwright.tuning.lr_finder import LRRange
 from trainwright.utils.progress import Progress
@@ -110,8 +100,11 @@ class Trainer:
         given = dict(locals())  # the arguments by name, first: what the config records (trainer/run_config.py)
         # read before the Trainer seeds: whether a model given built was drawn from an unseeded generator
         built_unseeded = not isinstance(model, Mapping) and not torch_seeded()
-        self._train_cfg, val_cfg, test_cfg = checked_cfgs(nonfinite_loss, writers_fail, train_cfg, val_cfg, test_cfg)
-        self._spike_guard = SpikeGuard.build(spike_guard)  # checked before anything is created too
+        train_cfg, val_cfg, test_cfg = checked_cfgs(nonfinite_loss, writers_fail, train_cfg, val_cfg, test_cfg)
+        guard = SpikeGuard.build(spike_guard)  # checked before anything is created too
+        skip_nonfinite = nonfinite_loss == "skip"
+        #: What the train parts are built from (train_cfg, the loader, optim wrapper and scheduler configs as given).
+        self._train = TrainSpec(train_cfg, train_dataloader, optim_wrapper, param_scheduler, skip_nonfinite, guard)
         work_dir = Path(work_dir)
         self.strategy = build_strategy(strategy)
         # the run's one precision (the strategy prepares the model with it; a plain optim wrapper uses it), resolved
@@ -123,8 +116,8 @@ class Trainer:
         module: nn.Module = MODELS.build(model) if isinstance(model, Mapping) else model
         # the hooks are built before the run folder: a remote out_dir (checkpoints, logs) is checked first, so a bad URL
         # leaves no folder
-        hooks = build_hooks(default_hooks, custom_hooks, self._train_cfg)
-        ckpt_settings = checkpoint_settings(checkpoint, hooks, self._train_cfg)  # checked before anything is created
+        hooks = build_hooks(default_hooks, custom_hooks, train_cfg)
+        ckpt_settings = checkpoint_settings(checkpoint, hooks, train_cfg)  # checked before anything is created
         # rank 0 names (and creates) the run folder: every rank agrees even when their clocks straddle a second
         name: str = self.strategy.broadcast_object(experiment_name or (new_run_dir(work_dir).name if main else None))
         self._run_dir_created = experiment_name is None  # this trainer made the folder (not an earlier run's)
@@ -136,7 +129,6 @@ class Trainer:
         # the metric store (the run's agreement: stop / NaN / write decisions) and the log lines held for batched
         # writing (the logger hook fills them, flush_logs writes them; their writers: the one fan-out point)
         self.logger, self.metric_store, self.log_lines = logs
-        self._skip_nonfinite = nonfinite_loss == "skip"
         self.metric_store.clipping = lambda: any(  # the NaN error's advice
             getattr(ow, "clip_grad", None) for ow in optim_wrappers_of(self.optim_wrapper).values()
         )
@@ -155,14 +147,11 @@ class Trainer:
         )
         self.log_lines.writers.write_config(config)
         self.hooks = HookList(hooks, timer=HookTimer() if hook_timing is not False else None)
-        add_spike_guard(self._spike_guard, self.hooks, self.progress, logs, self.strategy)
+        add_spike_guard(guard, self.hooks, self.progress, logs, self.strategy)
         self._hook_table_level = logging.INFO if hook_timing else logging.DEBUG  # the table after train()
         self._compile = compile
         ac = activation_checkpointing
         self._activation_checkpointing = [ac] if isinstance(ac, (str, type)) else list(ac or ())
-        self._optim_cfg = optim_wrapper
-        self._scheduler_cfg = param_scheduler
-        self._train_loader_cfg = train_dataloader
         self._trains = train_dataloader is not None and optim_wrapper is not None  # resume applies then
         # the strategy moves (once), compiles and wraps it when a run first needs it
         self.model: nn.Module = as_base_model(module)
@@ -176,29 +165,19 @@ class Trainer:
         # resume / load_from: applied before the first run, and again by train() if that run had no optimizer
         self._restore_due = True
         #: The checkpoints: saving, naming, ``latest``, keep-k, restore, the folder's lock (hooks reach it here).
-        self.checkpoints = CheckpointManager(
+        self.checkpoints = build_checkpoints(
             self.strategy,
-            {
-                "meta": MetaState(self.progress, self.strategy.world_size, config, self._seed, self.logger),
-                "model": ModelState(self.strategy),
-                "optim_wrapper": None,
-                "param_schedulers": None,  # None: set by _build_train
-                "progress": self.progress,
-                "train_dataloader": None,
-                "data_state": None,  # the stream's own position (a stateful loader's): set by _build_train
-                "metric_store": self.metric_store,
-                "message_hub": self.message_hub,
-                "hooks": HookStates(self.hooks),
-            },
-            work_dir / "checkpoints",
+            work_dir,
+            ckpt_settings,
             progress=self.progress,
+            config=config,
+            seed=self._seed,
+            metric_store=self.metric_store,
+            message_hub=self.message_hub,
+            hooks=self.hooks,
             logger=self.logger,
             flush=self._flush_before_save,
-            **self.hooks.checkpoint_events(self),
-            required=("model", "progress"),
-            optional=OPTIONAL_PIECES,
-            settings=ckpt_settings,
-            record=checkpoint_record(hooks),
+            events=self.hooks.checkpoint_events(self),
         )
 
     @classmethod
@@ -271,32 +250,13 @@ class Trainer:
         if self.train_loop is not None:
             return
         self._prepare_model()
-        parts = build_train(
-            self.strategy,
-            self.hooks,
-            self._train_cfg,
-            self._train_loader_cfg,
-            self._optim_cfg,
-            self._scheduler_cfg,
-            model=self.unwrapped_base,
-            precision=self.strategy.precision,
-            seed=self._seed.value,
-            skip_nonfinite=self._skip_nonfinite,
-            spike_guard=self._spike_guard,
-        )
+        parts = build_train(self.strategy, self.hooks, self._train, model=self.unwrapped_base, seed=self._seed.value)
         self.optim_wrapper, self.strategy.precision, self.train_loop, self.param_schedulers = parts
         self._data_order = DataOrderState(self.train_loop.dataloader, self.progress, self.logger)
         self._seed.follow(self.train_loop.dataloader)
         self.strategy.setup_optim_wrapper(self.optim_wrapper)
         self.model = self.strategy.model  # type: ignore[assignment]  # a strategy whose wrapper needs the optimizer (DeepSpeed) made it now
-        self.checkpoints.pieces.update(
-            optim_wrapper=OptimState(self.strategy, self.optim_wrapper) if self.optim_wrapper is not None else None,
-            param_schedulers=SchedulerState(self.param_schedulers) if self.param_schedulers else None,
-            data_state=StreamState(
-                self.train_loop.dataloader, self.strategy.gather_object, self.strategy.rank, self.strategy.world_size
-            ),
-            train_dataloader=self._data_order,
-        )
+        self.checkpoints.pieces.update(train_pieces(self.strategy, parts, self._data_order))
 
     def build_train_loop(self) -> EpochBasedTrainLoop | IterBasedTrainLoop:
         """Build what ``train()`` builds first (train loader, optim wrapper over the prepared model, loop, schedulers),
@@ -318,7 +278,7 @@ class Trainer:
     def _prepare_model(self) -> None:
         """Have the strategy move, compile and wrap (or shard) the model, once."""
         if not self._prepared:
-            check_static_batches(self._compile, self._train_loader_cfg)
+            check_static_batches(self._compile, self._train.loader_cfg)
             self.model = self.strategy.prepare(
                 self.model, compile=self._compile, activation_checkpointing=self._activation_checkpointing
             )
@@ -387,20 +347,8 @@ class Trainer:
             check_ranks_agree(self.strategy, self.config, self.train_loop.dataloader, self.checkpoints.restored)
             self.metric_store.agreement.set_finish(False)
             loop = self.train_loop
-            if self.progress.iteration >= loop.max_iters:
-                self.logger.warning(
-                    f"Nothing to train: training is complete at iteration {self.progress.iteration} of max_iters "
-                    f"{loop.max_iters} "
-                    f"(epoch {self.progress.epoch}). Raise train_cfg max_epochs / max_iters to train further, or use a "
-                    "new work_dir for a new run."
-                    + (
-                        f" The checkpoint was written in the middle of an epoch with a train_dataloader of another "
-                        f"shape ({self._data_order.shape_change}): max_iters {loop.max_iters} counts this loader's "
-                        "batches, and the resumed epoch is already over with it."
-                        if self._data_order.shape_change is not None
-                        else ""
-                    )
-                )
+            if (done := nothing_to_train(self.progress, loop.max_iters, self._data_order.shape_change)) is not None:
+                self.logger.warning(done)
             self._runs.run(partial(loop.run, self._loop_context()))
         except BaseException as e:
             self._runs.failed_outside_a_run(e)
@@ -485,7 +433,7 @@ class Trainer:
             self.progress,
             self._runs.refuse_inside_run,
             self._build_and_prepare,
-            self._train_loader_cfg,
+            self._train.loader_cfg,
             self._use_train_loader,
         )
 
@@ -495,30 +443,25 @@ class Trainer:
 
     def _use_train_loader(self, loader_cfg: Any) -> None:
         """Train with ``loader_cfg`` from the next :meth:`train` on: the train parts are built again for it."""
-        self._train_loader_cfg = loader_cfg
+        self._train.loader_cfg = loader_cfg
         self.train_loop = self.optim_wrapper = self.param_schedulers = None
         self._seed.follow(None)
-        self.checkpoints.pieces.update(optim_wrapper=None, param_schedulers=None, train_dataloader=None, data_state=None)
+        self.checkpoints.pieces.update(dict.fromkeys(TRAIN_PIECES))
 
     def _loop_context(self) -> LoopContext:
         """What the loops use in one run (the model as prepared); the eval loops hold it from the start, so a hook
         can call ``run_pass`` at any event."""
-        ctx = LoopContext(
-            view=self,
-            model=self.model,
-            hooks=self.hooks,
-            progress=self.progress,
-            optim_wrapper=self.optim_wrapper,
-            metric_store=self.metric_store,
-            precision=self.precision,
-            logger=self.logger,
+        return loop_context(
+            self,
+            self.model,
+            self.hooks,
+            self.progress,
+            self.optim_wrapper,
+            self.metric_store,
+            self.precision,
+            self.logger,
+            (self.val_loop, self.test_loop),
         )
-        if self.val_loop is not None:
-            ctx.validate = partial(self.val_loop.run, ctx)
-        for loop in (self.val_loop, self.test_loop):
-            if loop is not None:
-                loop.ctx = ctx
-        return ctx
 
     # -- checkpoints (the work is self.checkpoints': checkpoint/manager.py) -------------------
     def resume_from(self, path: str | Path) -> None:
