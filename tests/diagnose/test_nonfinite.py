@@ -150,3 +150,32 @@ def test_no_state_before_k_says_so_and_names_the_nonfinite_parameters(tmp_path: 
     assert f"at iteration {MARKER_AT}" in msg and "dataset indices [24, 25, 26, 27]" in msg
     assert "No state from before iteration 7 to replay from" in msg and "blocks.2.linear.weight" in msg
     t.close()
+
+
+@pytest.mark.parametrize("accumulate", [1, 4])
+def test_a_stream_without_a_length_names_the_batch_by_iteration_and_replays_from_a_checkpoint(
+    tmp_path: Path, accumulate: int
+) -> None:
+    # an endless Mixture (no len()): the diagnosis failed with "Finding where it came from failed: TypeError". With
+    # accumulation over 4 the weights are still finite at detection (iteration 7 is inside the window 5..8): the
+    # stream's batch is read again by the replay from the checkpoint too
+    from trainwright.data.mixture import Mixture
+
+    t = tw.Trainer(
+        model=Net("forward"),
+        work_dir=tmp_path,
+        train_dataloader=dict(dataset=Mixture([_data()], weights=[1], shuffle=False), batch_size=4),
+        optim_wrapper=dict(optimizer=dict(type="SGD", lr=0.05), accumulative_counts=accumulate),
+        train_cfg=dict(by_epoch=False, max_iters=12),
+        default_hooks=dict(logger=dict(interval=5), checkpoint=CKPT),
+        randomness=dict(seed=0),
+        log_level="WARNING",
+    )
+    with pytest.raises(FloatingPointError) as err:
+        t.train()
+    msg = str(err.value)
+    assert f"Loss became infinite or NaN at iteration {MARKER_AT}" in msg and "failed" not in msg, msg
+    assert f"the stream's batch of iteration {MARKER_AT}" in msg
+    assert "Replayed iterations 5..7 from" in msg and "iter_4.pth" in msg
+    assert "module 'blocks.2' (Block); its inputs were finite" in msg
+    t.close()

@@ -221,6 +221,8 @@ def _fetch(loader: ResumableLoader, epoch: int, index: int) -> Any:
 
 
 def _where(loader: ResumableLoader, iteration: int) -> str:
+    if loader.length is None:  # a stream without a length (endless, a Mixture): no batch index per epoch
+        return f"the stream's batch of iteration {iteration} (a stream without a length names its batches by iteration)"
     epoch, index = _position(loader, iteration)
     indices = batch_indices(loader, epoch, index)
     shown = "" if indices is None else f", dataset indices {indices if len(indices) <= 16 else [*indices[:16], '...']}"
@@ -270,7 +272,8 @@ def _explain(trainer: DiagnosedRun, k: int) -> str:
         )
     model = trainer.unwrapped_model
     bad = [n for n, p in model.named_parameters() if _nonfinite(p)]
-    if not bad:
+    stream = loader.length is None  # its batch k is read again only by replaying from a checkpoint (as a resume)
+    if not bad and not stream:
         finding = _probe(trainer, _fetch(loader, *_position(loader, k)), k)
         why = "the update after it was not taken: inside an accumulation window, or skipped by the float16 GradScaler"
         whose = "this process's own batch" if several else "the batch"
@@ -281,9 +284,14 @@ def _explain(trainer: DiagnosedRun, k: int) -> str:
         )
         return head + f" Replayed {whose} on the current weights (still finite: {why}): {finding.describe()}.{others}"
     shown = ", ".join(bad[:8]) + (f" and {len(bad) - 8} more" if len(bad) > 8 else "")
+    weights = (
+        f"non-finite already ({shown})"
+        if bad
+        else "still finite, but a stream's batch is read again only from a checkpoint"
+    )
     if several:
         return head + (
-            f" The weights are non-finite already ({shown}); a replay from a checkpoint runs on one process only: "
+            f" The weights are {weights}; a replay from a checkpoint runs on one process only: "
             "resume from the last checkpoint saved before it on one process (as a DDP run trains on one) to have the "
             "module named."
         )
@@ -292,8 +300,12 @@ def _explain(trainer: DiagnosedRun, k: int) -> str:
         return head + (
             f" No state from before iteration {k} to replay from (no checkpoint saved before it in "
             f"{trainer.checkpoints.ckpt_dir}); the current "
-            f"weights are non-finite in {shown}. Save checkpoints more often (CheckpointHook interval) to have the "
-            "module named."
+            + (
+                f"weights are non-finite in {shown}."
+                if bad
+                else "weights are finite (a stream's batch is read again only by a replay from a checkpoint)."
+            )
+            + " Save checkpoints more often (CheckpointHook interval) to have the module named."
         )
     return head + _replay(trainer, *source, k)
 
