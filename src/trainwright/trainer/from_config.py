@@ -36,7 +36,23 @@ def trainer_keys(trainer_cls: type) -> list[str]:
 
 
 def trainer_from_config(trainer_cls: type[Trainer], cfg: Mapping[str, Any], **overrides: Any) -> Trainer:
-    """Build ``trainer_cls`` from ``cfg`` (see :meth:`Trainer.from_config`)."""
+    """Build ``trainer_cls`` from ``cfg`` (``Trainer.from_config``): a :class:`~trainwright.config.Config`
+    (``Config.fromfile(path)``) or a dict.
+
+    The keys are the Trainer's arguments; ``model`` and the dataloaders' ``dataset``
+    may be ``dict(type=...)`` of the ``MODELS`` / ``DATASETS`` registries. mmengine configs
+    of the parts trainwright has load unchanged (see ``docs/config.md``). The resolved
+    config is written into the run folder (``config.py``).
+
+    Args:
+        trainer_cls: The Trainer class.
+        cfg: The config.
+        overrides: Keys that replace the config's (``work_dir=...``, ``experiment_name=...``).
+
+    Raises:
+        ConfigError: an unknown top-level key (with close matches), or a part that does not
+            build; the message names its config path (``model.backbone``) and the original error.
+    """
     if not isinstance(cfg, Mapping):
         raise ConfigError(
             f"Trainer.from_config needs a Config or a dict, got {type(cfg).__name__}; load files with "

@@ -87,3 +87,18 @@ def moved_member(trainer: Any, name: str) -> Any:
         stacklevel=3,
     )
     return read(trainer)
+
+
+def set_should_stop(value: bool, loop: Any, agreement: Any) -> None:
+    """``trainer.should_stop = value``, the deprecated spelling (Lightning's, mmengine users') of
+    ``trainer.train_loop.control.request_stop(reason)``: that while ``loop`` trains, else (a val() / test() pass, or a
+    request withdrawn) the run's ``agreement`` finish flag."""
+    warnings.warn(
+        "trainer.should_stop = True is deprecated: call trainer.train_loop.control.request_stop(reason)",
+        DeprecationWarning,
+        stacklevel=3,
+    )
+    if value and loop is not None and loop.ctx is not None:
+        loop.control.request_stop("trainer.should_stop = True")
+    else:
+        agreement.request_finish(value)

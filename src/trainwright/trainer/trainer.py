@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import logging
-import warnings
 from collections.abc import Mapping, Sequence
 from functools import partial
 from pathlib import Path
@@ -12,9 +11,8 @@ from typing import TYPE_CHECKING, Any
 from torch import nn
 
 from trainwright.amp.precision import Precision
-from trainwright.checkpoint import load_model_weights, save_safetensors
+from trainwright.checkpoint import save_safetensors
 from trainwright.checkpoint.lock import WorkDirBusyError
-from trainwright.checkpoint.storage import location
 from trainwright.hooks.dispatch import HookList
 from trainwright.hooks.hook import Hook
 from trainwright.hooks.timing import HookTimer
@@ -30,14 +28,14 @@ from trainwright.optim.optim_wrapper_dict import optim_wrappers_of
 from trainwright.optim.spike_guard import SpikeGuard
 from trainwright.registry import MODELS
 from trainwright.strategies import build_strategy
-from trainwright.trainer import tuning_entry
+from trainwright.trainer import restore, tuning_entry
 from trainwright.trainer.build import TRAIN_PIECES, TrainSpec, build_eval_loop, build_train, loop_context, train_pieces
 from trainwright.trainer.checkpoint_setup import build_checkpoints, checkpoint_settings
 from trainwright.trainer.env_cfg import apply_env_cfg
 from trainwright.trainer.hooks_config import build_hook, build_hooks, check_one_average
-from trainwright.trainer.moved import moved_member
+from trainwright.trainer.moved import moved_member, set_should_stop
 from trainwright.trainer.rank_check import check_ranks_agree
-from trainwright.trainer.restore import nothing_to_train, resume_or_load
+from trainwright.trainer.restore import PendingRestore, nothing_to_train
 from trainwright.trainer.run_config import run_config
 from trainwright.trainer.run_facts import run_facts
 from trainwright.trainer.run_guard import RunGuard
@@ -152,7 +150,6 @@ class Trainer:
         self._compile = compile
         ac = activation_checkpointing
         self._activation_checkpointing = [ac] if isinstance(ac, (str, type)) else list(ac or ())
-        self._trains = train_dataloader is not None and optim_wrapper is not None  # resume applies then
         # the strategy moves (once), compiles and wraps it when a run first needs it
         self.model: nn.Module = as_base_model(module)
         self.optim_wrapper: Any = None
@@ -161,9 +158,15 @@ class Trainer:
         self.val_loop = build_eval_loop(self.strategy, val_dataloader, val_evaluator, "val", val_cfg)
         self.test_loop = build_eval_loop(self.strategy, test_dataloader, test_evaluator, "test", test_cfg)
         self._prepared = False
-        self._resume, self._load_from = resume, load_from
-        # resume / load_from: applied before the first run, and again by train() if that run had no optimizer
-        self._restore_due = True
+        self._restore = PendingRestore(  # resume applies to a trainer that trains
+            resume,
+            load_from,
+            trains=train_dataloader is not None and optim_wrapper is not None,
+            config=config,
+            progress=self.progress,
+            logger=self.logger,
+            load_weights=self.load_weights,
+        )
         #: The checkpoints: saving, naming, ``latest``, keep-k, restore, the folder's lock (hooks reach it here).
         self.checkpoints = build_checkpoints(
             self.strategy,
@@ -182,20 +185,10 @@ class Trainer:
 
     @classmethod
     def from_config(cls, cfg: Mapping[str, Any], **overrides: Any) -> Trainer:
-        """Build a trainer from a config: a :class:`~trainwright.config.Config` (``Config.fromfile(path)``) or a dict.
+        """Build a trainer from a config: a :class:`~trainwright.config.Config` (``Config.fromfile(path)``) or a dict
+        of this constructor's arguments; ``overrides`` replace its keys (``work_dir=...``).
 
-        The keys are this constructor's arguments; ``model`` and the dataloaders' ``dataset``
-        may be ``dict(type=...)`` of the ``MODELS`` / ``DATASETS`` registries. mmengine configs
-        of the parts trainwright has load unchanged (see ``docs/config.md``). The resolved
-        config is written into the run folder (``config.py``).
-
-        Args:
-            cfg: The config.
-            overrides: Keys that replace the config's (``work_dir=...``, ``experiment_name=...``).
-
-        Raises:
-            ConfigError: an unknown top-level key (with close matches), or a part that does not
-                build; the message names its config path (``model.backbone``) and the original error.
+        See :func:`trainwright.trainer.from_config.trainer_from_config` and docs/config.md.
         """
         from trainwright.trainer.from_config import trainer_from_config
 
@@ -226,16 +219,7 @@ class Trainer:
 
     @should_stop.setter
     def should_stop(self, value: bool) -> None:
-        warnings.warn(
-            "trainer.should_stop = True is deprecated: call trainer.train_loop.control.request_stop(reason)",
-            DeprecationWarning,
-            stacklevel=2,
-        )
-        loop = self.train_loop
-        if value and loop is not None and loop.ctx is not None:
-            loop.control.request_stop("trainer.should_stop = True")
-        else:  # outside training (a val() / test() pass), or a request withdrawn
-            self.metric_store.agreement.request_finish(value)
+        set_should_stop(value, self.train_loop, self.metric_store.agreement)  # deprecated (see trainer/moved.py)
 
     @property
     def precision(self) -> Precision:
@@ -288,19 +272,7 @@ class Trainer:
         """The model prepared, then ``resume`` / ``load_from`` applied if due (a pass before ``train()`` restores
         what exists; ``train()`` again, with its optimizer)."""
         self._prepare_model()
-        if self._restore_due:
-            # marked done only once it succeeded: a failed restore is tried (and fails) again, never skipped
-            resume_or_load(
-                self.checkpoints,
-                self._resume,
-                self._load_from,
-                trains=self._trains,
-                config=self.config,
-                progress=self.progress,
-                logger=self.logger,
-                load_weights=self.load_weights,
-            )
-            self._restore_due = self.train_loop is None and self._trains
+        self._restore.apply(self.checkpoints, train_built=self.train_loop is not None)
 
     # -- hooks ----------------------------------------------------------------------------
     def register_hook(self, hook: Hook | Mapping[str, Any], priority: int | str | None = None) -> Hook:
@@ -369,20 +341,19 @@ class Trainer:
         Under several processes call it on every process, as ``train()``: each evaluates its
         shard and the results are gathered (a call on rank 0 alone waits in that gather).
         """
-        if self.val_loop is None:
-            raise ValueError("val() needs a val_dataloader (and usually a val_evaluator)")
-        self._prepare()
-        self.metric_store.agreement.set_finish(False)  # a stop request of an earlier run does not cut this pass
-        return self._runs.run(partial(self.val_loop.run, self._loop_context()))
+        return self._eval_pass(self.val_loop, "val() needs a val_dataloader (and usually a val_evaluator)")
 
     def test(self) -> dict[str, float]:
         """One test pass; returns metrics like ``{"test/acc": 0.97}``; under several processes, on every process (see
         :meth:`val`)."""
-        if self.test_loop is None:
-            raise ValueError("test() needs a test_dataloader (and usually a test_evaluator)")
+        return self._eval_pass(self.test_loop, "test() needs a test_dataloader (and usually a test_evaluator)")
+
+    def _eval_pass(self, loop: EvalLoop | None, missing: str) -> dict[str, float]:
+        if loop is None:
+            raise ValueError(missing)
         self._prepare()
-        self.metric_store.agreement.set_finish(False)
-        return self._runs.run(partial(self.test_loop.run, self._loop_context()))
+        self.metric_store.agreement.set_finish(False)  # a stop request of an earlier run does not cut this pass
+        return self._runs.run(partial(loop.run, self._loop_context()))
 
     # -- tuning (the work is trainer/tuning_entry.py's and trainwright.tuning's) ---------------
     def find_lr(
@@ -467,7 +438,7 @@ class Trainer:
     def resume_from(self, path: str | Path) -> None:
         """Load a full checkpoint now (builds the train loop and model first); ``train()`` continues from it."""
         self._build_train()
-        self._resume, self._restore_due = Path(path), True
+        self._restore.resume_from(path)
         self._prepare()
 
     def load_weights(
@@ -481,17 +452,16 @@ class Trainer:
             strict: Whether missing or unexpected keys are an error (they are always listed).
             revise_keys: ``(pattern, replacement)`` key renames applied first (default: drop DDP's ``module.``).
         """
-        # once prepared, the strategy copies the weights in (a sharded model takes full tensors only through it)
-        load = (lambda weights: self.strategy.load_model_state_dict(weights, strict=False)) if self.prepared else None
-        result = load_model_weights(
+        return restore.load_weights(
             self.unwrapped_model,
-            self.strategy.load_checkpoint(location(path, within=self.checkpoints.ckpt_dir)),
+            self.strategy,
+            path,
+            prepared=self.prepared,
+            within=self.checkpoints.ckpt_dir,
             strict=strict,
             revise_keys=list(revise_keys),
-            load=load,
+            logger=self.logger,
         )
-        self.logger.info(f"Loaded weights from {path}")
-        return result
 
     def save_weights(self, path: str | Path) -> Path:
         """Export the full model weights as safetensors (the model's own keys; gathered to rank 0 under FSDP; call it
@@ -553,6 +523,7 @@ class Trainer:
 
 if TYPE_CHECKING:
     from trainwright.hooks.view import TrainerView
+    from trainwright.loops.eval_loop import EvalLoop
     from trainwright.tuning.lr_finder import LRFinderResult
     from trainwright.verify.compare import ResumeReport
 
