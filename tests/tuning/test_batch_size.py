@@ -3,6 +3,7 @@ elsewhere."""
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -11,7 +12,7 @@ import torch
 import torch.nn.functional as F
 from conftest import regression_set
 from torch import nn
-from torch.utils.data import DataLoader, RandomSampler, SequentialSampler, TensorDataset
+from torch.utils.data import DataLoader, IterableDataset, RandomSampler, SequentialSampler, TensorDataset
 
 import trainwright as tw
 from trainwright.tuning import with_batch_size
@@ -43,6 +44,27 @@ def test_with_batch_size_keeps_the_rest_of_the_loader() -> None:
     )
     with pytest.raises(ValueError, match="own batch_sampler"):
         with_batch_size(dict(dataset=ds, batch_sampler=[[0, 1]]), 4)
+
+
+class Count(IterableDataset):
+    """0, 1, ..., n - 1 (a stream: no sampler, no __len__)."""
+
+    def __init__(self, n: int) -> None:
+        self.n = n
+
+    def __iter__(self) -> Iterator[torch.Tensor]:
+        return iter(torch.arange(self.n))
+
+
+def test_with_batch_size_on_a_stream_keeps_its_order_and_a_stateful_loader() -> None:
+    # a stream's loader has no sampler to pass on: DataLoader refused the one read from it ("expected unspecified
+    # sampler option")
+    from torchdata.stateful_dataloader import StatefulDataLoader
+
+    plain = with_batch_size(DataLoader(Count(10), batch_size=2, drop_last=True), 4)
+    assert type(plain) is DataLoader and [b.tolist() for b in plain] == [[0, 1, 2, 3], [4, 5, 6, 7]]
+    stateful = with_batch_size(StatefulDataLoader(Count(10), batch_size=2), 3)
+    assert isinstance(stateful, StatefulDataLoader) and [len(b) for b in stateful] == [3, 3, 3, 1]
 
 
 class Outer(tw.BaseModel):

@@ -11,12 +11,14 @@ can be probed: on the CPU the process would swap or be killed instead. See docs/
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+import sys
+from collections.abc import Mapping, Sized
 from typing import Any
 
 import torch
-from torch.utils.data import DataLoader, RandomSampler, SequentialSampler
+from torch.utils.data import DataLoader, IterableDataset, RandomSampler, SequentialSampler
 
+from trainwright.data.stream_state import has_state, stateful_loader_class
 from trainwright.optim.optim_wrapper_dict import optim_wrappers_of
 from trainwright.tuning.state import TunableTrainer, preserved
 
@@ -70,7 +72,8 @@ def _trial_loader(train_loader: Any, batch_size: int) -> DataLoader:
 
 
 def with_batch_size(cfg: Any, batch_size: int) -> Any:
-    """``cfg`` (a ``train_dataloader`` dict or ``DataLoader``) with another ``batch_size``; the rest as it was.
+    """``cfg`` (a ``train_dataloader`` dict or ``DataLoader``) with another ``batch_size``; the rest as it was (a
+    stream's loader too; torchdata's ``StatefulDataLoader`` stays one).
 
     Raises:
         ValueError: the loader has its own ``batch_sampler`` (its batches are not sized by ``batch_size``).
@@ -107,11 +110,16 @@ def with_batch_size(cfg: Any, batch_size: int) -> Any:
     )
     if cfg.num_workers > 0:
         kwargs["prefetch_factor"] = cfg.prefetch_factor
-    if standard:
+    if isinstance(cfg.dataset, IterableDataset):
+        pass  # a stream orders itself: its loader takes no sampler and no shuffle
+    elif standard:
         kwargs["shuffle"] = isinstance(sampler, RandomSampler)
     else:
         kwargs["sampler"] = sampler
-    return DataLoader(cfg.dataset, **kwargs)
+    # torchdata's StatefulDataLoader (a stream's position in checkpoints) stays one; any other subclass: a DataLoader
+    stateful = stateful_loader_class() if has_state(cfg) else None
+    loader_class = stateful if stateful is not None and isinstance(cfg, stateful) else DataLoader
+    return loader_class(cfg.dataset, **kwargs)
 
 
 def _fits(trainer: TunableTrainer, batch_size: int, steps: int) -> bool:
@@ -156,7 +164,8 @@ def find_batch_size(
     Raises:
         RuntimeError: ``init`` itself does not fit.
     """
-    n_samples = len(trainer.train_loop.dataloader.dataset)
+    dataset = trainer.train_loop.dataloader.dataset
+    n_samples = len(dataset) if isinstance(dataset, Sized) else sys.maxsize  # a stream without a length: no cap
     tried: list[tuple[int, bool]] = []
     with preserved(trainer):
         model = trainer.model
