@@ -58,9 +58,10 @@ def build_checkpoints(
     strategy: Strategy,
     work_dir: Path,
     settings: CheckpointSettings,
+    record: SaveRecord | None,
     *,
     progress: Progress,
-    config: Mapping[str, Any],
+    config: dict[str, Any],
     seed: RunSeed,
     metric_store: MetricStore,
     message_hub: MessageHub,
@@ -72,7 +73,7 @@ def build_checkpoints(
     """The run's checkpoint manager (``work_dir/checkpoints``), its pieces those that exist when the Trainer is built;
     the train parts' (``optim_wrapper``, ``param_schedulers``, ``train_dataloader``, ``data_state``) are None until
     the train loop is built (:func:`~trainwright.trainer.build.train_pieces`). ``flush`` runs before each save,
-    ``events`` are the hooks' callbacks (``HookList.checkpoint_events``)."""
+    ``events`` are the hooks' callbacks (``HookList.checkpoint_events``); ``record`` is :func:`checkpoint_record`'s."""
     pieces: dict[str, Any] = {
         "meta": MetaState(progress, strategy.world_size, config, seed, logger),
         "model": ModelState(strategy),
@@ -96,5 +97,5 @@ def build_checkpoints(
         required=("model", "progress"),
         optional=OPTIONAL_PIECES,
         settings=settings,
-        record=checkpoint_record(hooks),
+        record=record,
     )

@@ -1,12 +1,15 @@
 """The run's facts that mmengine's message hub reads live (``message_hub.get_info("iter")``), from the objects that
-hold them."""
+hold them; the Trainer's message hub over them."""
 
 from __future__ import annotations
 
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
+from trainwright.logging.message_hub import MessageHub
+
 if TYPE_CHECKING:
+    from trainwright.logging.metric_store import MetricStore
     from trainwright.trainer.seeding import RunSeed
     from trainwright.utils.progress import Progress
 
@@ -39,3 +42,15 @@ def run_facts(
         "experiment_name": lambda: experiment_name,
         "seed": lambda: seed.value,
     }
+
+
+def message_hub(
+    name: str, progress: Progress, seed: RunSeed, train_loop: Callable[[], Any], metric_store: MetricStore
+) -> MessageHub:
+    """The run's message hub (mmengine's, named ``name``): the run's facts read live (:func:`run_facts`), the logged
+    scalars read from ``metric_store``, and what hooks and models write."""
+    return MessageHub(
+        name,
+        live=run_facts(progress, seed, name, train_loop),
+        scalars=lambda key: metric_store.get(key) if key in metric_store else None,
+    )

@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING, Any
 from trainwright.data.collate import pseudo_collate_hint
 from trainwright.logging.nonfinite_error import NonFiniteLossError
 from trainwright.strategies.process_group import ProcessGroupStrategy
+from trainwright.trainer.runs import remove_unused_run_dir
 
 if TYPE_CHECKING:
     from trainwright.trainer.trainer import Trainer
@@ -30,6 +31,14 @@ class RunGuard:
         #: A run is in progress (the tuners refuse to start inside one).
         self.running = False
         self._noted: BaseException | None = None  # the last failure noted (and logged)
+
+    def remove_unused_folder(self, created: bool) -> None:
+        """After a refused ``train()`` (another process trains in the work_dir): the run folder goes if this trainer
+        ``created`` it and no run started in it (a refused job leaves no folder)."""
+        t = self.trainer
+        if created and not self.ran and t.strategy.is_main_process:
+            t.log_lines.writers.flush()
+            remove_unused_run_dir(t.run_dir, t.logger)
 
     def run(self, fn: Callable[[], Any]) -> Any:
         """``fn()`` between the hooks' ``before_run`` and the clean-up; on an error, ``train.log`` ends with its

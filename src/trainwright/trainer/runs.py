@@ -6,7 +6,10 @@ import logging
 import time
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from trainwright.strategies.base import Strategy
 
 #: Settings that name a run rather than configure it: not reported as changed on resume.
 _RUN_NAMES = frozenset({"work_dir", "experiment_name", "resume", "load_from", "seed", "randomness"})
@@ -75,3 +78,10 @@ def remove_unused_run_dir(run_dir: Path, logger: logging.Logger) -> bool:
     except OSError:
         return False
     return True
+
+
+def run_name(strategy: Strategy, work_dir: Path, experiment_name: str | None) -> str:
+    """The run folder's name under ``work_dir``: ``experiment_name``, or a new timestamped folder that rank 0 names and
+    creates (:func:`new_run_dir`), broadcast: every rank agrees even when their clocks straddle a second."""
+    name = experiment_name or (new_run_dir(work_dir).name if strategy.is_main_process else None)
+    return str(strategy.broadcast_object(name))

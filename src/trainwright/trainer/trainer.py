@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import logging
 from collections.abc import Mapping, Sequence
 from functools import partial
 from pathlib import Path
@@ -17,7 +16,6 @@ from trainwright.hooks.dispatch import HookList
 from trainwright.hooks.hook import Hook
 from trainwright.hooks.timing import HookTimer
 from trainwright.logging.logger import close_logger
-from trainwright.logging.message_hub import MessageHub
 from trainwright.logging.writers import Writer, build_writers
 from trainwright.loops.context import LoopContext
 from trainwright.loops.train_loop import EpochBasedTrainLoop, IterBasedTrainLoop
@@ -30,19 +28,19 @@ from trainwright.registry import MODELS
 from trainwright.strategies import build_strategy
 from trainwright.trainer import restore, tuning_entry
 from trainwright.trainer.build import TRAIN_PIECES, TrainSpec, build_eval_loop, build_train, loop_context, train_pieces
-from trainwright.trainer.checkpoint_setup import build_checkpoints, checkpoint_settings
+from trainwright.trainer.checkpoint_setup import build_checkpoints, checkpoint_record, checkpoint_settings
 from trainwright.trainer.env_cfg import apply_env_cfg
 from trainwright.trainer.hooks_config import build_hook, build_hooks, check_one_average
 from trainwright.trainer.moved import moved_member, set_should_stop
 from trainwright.trainer.rank_check import check_ranks_agree
 from trainwright.trainer.restore import PendingRestore, nothing_to_train
 from trainwright.trainer.run_config import run_config
-from trainwright.trainer.run_facts import run_facts
+from trainwright.trainer.run_facts import message_hub
 from trainwright.trainer.run_guard import RunGuard
-from trainwright.trainer.runs import new_run_dir, remove_unused_run_dir
+from trainwright.trainer.runs import run_name
 from trainwright.trainer.seeding import RunSeed, torch_seeded
 from trainwright.trainer.state import DataOrderState
-from trainwright.trainer.wiring import add_spike_guard, build_logging, checked_cfgs
+from trainwright.trainer.wiring import add_spike_guard, build_logging, checked_cfgs, log_hook_table
 from trainwright.tuning.lr_finder import LRRange
 from trainwright.utils.progress import Progress
 
@@ -109,15 +107,13 @@ class Trainer:
         # first: a precision this machine cannot run (float8 without its GPU) fails before anything is created
         self.strategy.precision = run_precision(optim_wrapper, precision or "32", self.strategy.device.type)
         self.strategy.setup_env(randomness=randomness, **apply_env_cfg(self.strategy, env_cfg))
-        main = self.strategy.is_main_process
         # a model dict is built now, after the seed: its initial weights follow randomness's seed
         module: nn.Module = MODELS.build(model) if isinstance(model, Mapping) else model
         # the hooks are built before the run folder: a remote out_dir (checkpoints, logs) is checked first, so a bad URL
         # leaves no folder
         hooks = build_hooks(default_hooks, custom_hooks, train_cfg)
         ckpt_settings = checkpoint_settings(checkpoint, hooks, train_cfg)  # checked before anything is created
-        # rank 0 names (and creates) the run folder: every rank agrees even when their clocks straddle a second
-        name: str = self.strategy.broadcast_object(experiment_name or (new_run_dir(work_dir).name if main else None))
+        name = run_name(self.strategy, work_dir, experiment_name)  # rank 0 creates a new one
         self._run_dir_created = experiment_name is None  # this trainer made the folder (not an earlier run's)
         #: Runs the loops between ``before_run`` and the clean-up, and reports what stopped a run.
         self._runs = RunGuard(self)
@@ -138,15 +134,11 @@ class Trainer:
         self._seed = RunSeed(self.strategy, seeded, config, self.logger)
         self._seed.note_model_seeding(built_unseeded, load_from)
         #: mmengine's message hub: the run's facts read live, the logged scalars, what hooks and models write.
-        self.message_hub = MessageHub(
-            name,
-            live=run_facts(self.progress, self._seed, name, lambda: self.train_loop),
-            scalars=lambda key: self.metric_store.get(key) if key in self.metric_store else None,
-        )
+        self.message_hub = message_hub(name, self.progress, self._seed, lambda: self.train_loop, self.metric_store)
         self.log_lines.writers.write_config(config)
         self.hooks = HookList(hooks, timer=HookTimer() if hook_timing is not False else None)
         add_spike_guard(guard, self.hooks, self.progress, logs, self.strategy)
-        self._hook_table_level = logging.INFO if hook_timing else logging.DEBUG  # the table after train()
+        self._hook_timing = hook_timing  # the table after train()
         self._compile = compile
         ac = activation_checkpointing
         self._activation_checkpointing = [ac] if isinstance(ac, (str, type)) else list(ac or ())
@@ -172,6 +164,7 @@ class Trainer:
             self.strategy,
             work_dir,
             ckpt_settings,
+            checkpoint_record(hooks),
             progress=self.progress,
             config=config,
             seed=self._seed,
@@ -268,6 +261,10 @@ class Trainer:
             )
             self._prepared = True
 
+    def _build_and_prepare(self) -> None:
+        self._build_train()
+        self._prepare()
+
     def _prepare(self) -> None:
         """The model prepared, then ``resume`` / ``load_from`` applied if due (a pass before ``train()`` restores
         what exists; ``train()`` again, with its optimizer)."""
@@ -305,15 +302,12 @@ class Trainer:
         try:
             self.checkpoints.lock()
         except WorkDirBusyError:
-            if self._run_dir_created and not self._runs.ran and self.strategy.is_main_process:
-                self.log_lines.writers.flush()
-                remove_unused_run_dir(self.run_dir, self.logger)  # nothing ran in it: a refused job leaves no folder
+            self._runs.remove_unused_folder(created=self._run_dir_created)
             raise
         self.strategy.run_failed = False
         try:
             check_one_average(self.hooks)
-            self._build_train()
-            self._prepare()
+            self._build_and_prepare()
             assert self.train_loop is not None
             # one collective: every rank's settings, data shape and resumed checkpoint
             check_ranks_agree(self.strategy, self.config, self.train_loop.dataloader, self.checkpoints.restored)
@@ -327,12 +321,7 @@ class Trainer:
             raise
         finally:
             self.checkpoints.unlock()
-        if self.hooks.timer is not None and self.logger.isEnabledFor(self._hook_table_level):
-            self.logger.log(
-                self._hook_table_level,
-                "Time spent in hooks (calls and seconds per event, since the trainer was "
-                f"built):\n{self.hooks.report()}",
-            )
+        log_hook_table(self.hooks, self.logger, self._hook_timing)
         return self.unwrapped_model
 
     def val(self) -> dict[str, float]:
@@ -407,10 +396,6 @@ class Trainer:
             self._train.loader_cfg,
             self._use_train_loader,
         )
-
-    def _build_and_prepare(self) -> None:
-        self._build_train()
-        self._prepare()
 
     def _use_train_loader(self, loader_cfg: Any) -> None:
         """Train with ``loader_cfg`` from the next :meth:`train` on: the train parts are built again for it."""

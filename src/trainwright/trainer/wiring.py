@@ -1,5 +1,6 @@
 """What the Trainer's constructor wires around the model: the checks of its arguments before anything is created, the
-run's logging (logger, writers, metric store and its agreement, log lines) and the spike guard's run."""
+run's logging (logger, writers, metric store and its agreement, log lines; the hook timing table) and the spike guard's
+run."""
 
 from __future__ import annotations
 
@@ -80,3 +81,13 @@ def add_spike_guard(
     gather = strategy.all_gather if strategy.world_size > 1 else None
     guard.attach(progress=progress, logger=logs.logger, metric_store=logs.metric_store, gather=gather)
     hooks.add(SpikeGuardHook(guard))
+
+
+def log_hook_table(hooks: HookList, logger: logging.Logger, hook_timing: bool | None) -> None:
+    """Log the hook timing table after ``train()`` (``Trainer(hook_timing=...)``): at INFO for True, DEBUG for None
+    (so only with ``log_level="DEBUG"``), never for False (the hooks are not timed)."""
+    level = logging.INFO if hook_timing else logging.DEBUG
+    if hooks.timer is not None and logger.isEnabledFor(level):
+        logger.log(
+            level, f"Time spent in hooks (calls and seconds per event, since the trainer was built):\n{hooks.report()}"
+        )
