@@ -1,7 +1,8 @@
 """Checkpoint files and state: the Stateful protocol, atomic writes, safe loading, a folder's checkpoints, weights,
 RNG state."""
 
-from trainwright.checkpoint.export import export_safetensors, load_exported, read_exported
+from typing import TYPE_CHECKING, Any
+
 from trainwright.checkpoint.io import (
     CheckpointError,
     UnsafeCheckpointError,
@@ -25,6 +26,24 @@ from trainwright.checkpoint.weights import (
     revise_state_dict_keys,
     save_safetensors,
 )
+
+if TYPE_CHECKING:
+    from trainwright.checkpoint.export import export_safetensors, load_exported, read_exported
+
+#: Loaded on first use (PEP 562): a run that exports nothing does not keep the safetensors export's code.
+_LAZY = {"export_safetensors", "load_exported", "read_exported"}
+
+
+def __getattr__(name: str) -> Any:
+    """Import a lazily loaded public name (:data:`_LAZY`) the first time it is asked for."""
+    if name in _LAZY:
+        from trainwright.checkpoint import export
+
+        value = getattr(export, name)
+        globals()[name] = value
+        return value
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
 
 __all__ = [
     "DEFAULT_REVISE_KEYS",

@@ -9,13 +9,14 @@ from typing import TYPE_CHECKING, Any
 
 from typing_extensions import override
 
-from trainwright.checkpoint.async_writer import AsyncCheckpointWriter
-from trainwright.checkpoint.export import DEFAULT_SHARD_BYTES, config_json, split_tied, write_exported
 from trainwright.hooks.hook import Hook
 from trainwright.registry import HOOKS
 
 if TYPE_CHECKING:
+    from trainwright.checkpoint.async_writer import AsyncCheckpointWriter
     from trainwright.hooks.view import TrainerView
+
+# The writer and the safetensors export load when the hook is built (a run without it does not keep their code).
 
 _UNITS = {"": 1, "B": 1, "KB": 10**3, "MB": 10**6, "GB": 10**9, "KIB": 2**10, "MIB": 2**20, "GIB": 2**30}
 
@@ -60,15 +61,17 @@ class SafetensorsExportHook(Hook):
         interval: int = 1000,
         out_dir: str | Path | None = None,
         at_end: bool = True,
-        max_shard_size: int | str = DEFAULT_SHARD_BYTES,
+        max_shard_size: int | str = "5GB",  # checkpoint.export.DEFAULT_SHARD_BYTES
     ) -> None:
+        from trainwright.checkpoint.async_writer import AsyncCheckpointWriter
+
         self.interval = interval
         self.out_dir = Path(out_dir) if out_dir is not None else None
         self.at_end = at_end
         self.max_shard_bytes = shard_bytes(max_shard_size)
         #: The folders exported so far in this process, oldest first.
         self.exported: list[Path] = []
-        self._writer = AsyncCheckpointWriter()
+        self._writer: AsyncCheckpointWriter = AsyncCheckpointWriter()
         self._config: str | None = None
         self._last = -1
 
@@ -77,6 +80,8 @@ class SafetensorsExportHook(Hook):
         return max(self.interval, 0)
 
     def before_train(self, trainer: TrainerView) -> None:  # noqa: D102
+        from trainwright.checkpoint.export import config_json
+
         self._config = config_json(trainer.unwrapped_model)
 
     def after_train_iter(
@@ -106,6 +111,8 @@ class SafetensorsExportHook(Hook):
         self._last = it
         if not trainer.strategy.is_main_process:
             return folder
+        from trainwright.checkpoint.export import split_tied, write_exported
+
         stored, aliases = split_tied(state)
         config, max_bytes = self._config, self.max_shard_bytes
 
