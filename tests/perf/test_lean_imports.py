@@ -29,6 +29,9 @@ OPTIONAL = (
     "sklearn",
     "torchmetrics",
     "deepspeed",
+    "safetensors",
+    "torchdata",
+    "datasets",
 )
 
 _CODE = """
