@@ -16,6 +16,7 @@ from trainwright.cli.main import main
 ROOT = Path(__file__).resolve().parents[2]
 CFG = Path(__file__).with_name("verify_cfg.py")
 DIGITS = ROOT / "examples" / "digits.py"
+GPT = ROOT / "examples" / "char_gpt.py"
 
 
 @pytest.fixture(autouse=True)
@@ -68,6 +69,20 @@ def test_two_gloo_processes_resume_exactly(tmp_path: Path, capsys: pytest.Captur
     assert "5 (inside epoch 1, inside an accumulation window)" in out
     assert "equal" in _row(out, "parameters"), out
     assert (tmp_path / "resumed" / "records" / "segment1.rank1.jsonl").is_file()
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(300)
+@pytest.mark.parametrize("nproc", [1, pytest.param(2, marks=pytest.mark.multiprocess)])
+def test_gpt_example_resumes_exactly(nproc: int, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """The character GPT (bf16, AdamW, warmup + cosine) restarted mid-epoch, on 1 process and under DDP on 2."""
+    code, out = _verify(
+        capsys, str(GPT), "--nproc", str(nproc), "--steps", "8", "--at", "4", "--work-dir", str(tmp_path / "v")
+    )
+    assert code == 0, out
+    for check in ("restarts", "batches", "losses", "parameters", "optimizer", "schedulers", "random streams"):
+        assert "equal" in _row(out, check), out
+    assert "8 steps" + (" x 2 ranks" if nproc == 2 else "") in _row(out, "batches"), out
 
 
 @pytest.mark.slow
