@@ -1,9 +1,8 @@
 """Checkpoint files on disk: atomic writes and safe loads.
 
-* **Complete or absent.** Written under a hidden temporary name, fsynced, renamed onto the
-  target, directory fsynced: a killed process leaves the previous file or the new one. With
-  ``durable=False`` the two fsyncs run in a background thread
-  (:mod:`trainwright.checkpoint.durability`).
+* **Complete or absent.** Written under a hidden temporary name, fsynced, renamed onto the target, directory
+  fsynced: a killed process leaves the previous file or the new one (``durable=False``: the fsyncs run in a
+  background thread, :mod:`trainwright.checkpoint.durability`).
 * **Loading never runs code.** ``torch.load(..., weights_only=True)``; a pickle that would
   import or call objects raises :class:`UnsafeCheckpointError`. An mmengine checkpoint (its
   ``HistoryBuffer`` s, numpy values) is read by an allowlist of inert stand-ins as plain data
