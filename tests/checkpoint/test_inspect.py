@@ -127,3 +127,6 @@ def test_inspect_and_diff_read_s3(ckpts: Path, tmp_path: Path, capsys, monkeypat
         assert rc == 1 and "  progress/iteration: 2 -> 4" in out, out
     finally:
         server.stop()
+        import s3fs
+
+        s3fs.S3FileSystem.clear_instance_cache()  # its filesystems point at this test's server (see test_remote.py)

@@ -91,6 +91,11 @@ def _credentials(monkeypatch: pytest.MonkeyPatch) -> None:
     for k, v in _CREDENTIALS.items():
         monkeypatch.setenv(k, v)
     monkeypatch.delenv("AWS_ENDPOINT_URL", raising=False)
+    # fsspec caches one filesystem per set of options: one built by an earlier test from another server's
+    # AWS_ENDPOINT_URL (tests/checkpoint/test_inspect.py) would still point there
+    S3FileSystem = getattr(sys.modules.get("s3fs"), "S3FileSystem", None)
+    if S3FileSystem is not None:
+        S3FileSystem.clear_instance_cache()
 
 
 def _env(tmp: Path) -> dict[str, str]:
