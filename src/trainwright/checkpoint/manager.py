@@ -471,7 +471,7 @@ class CheckpointManager:
         existing, on_disk = 0, 0
         if free is not None:
             found = list_checkpoints(self.ckpt_dir, suffix=self.strategy.resumable_suffixes)
-            existing, on_disk = len(found), max([0, *(p.stat().st_size for p in found if p.is_file())])
+            existing, on_disk = len(found), max([0, *map(_file_size, found)])
         retention = Retention(self.keep, self.weights_every)
         why = preflight(
             self.ckpt_dir,
@@ -728,3 +728,12 @@ def _pid_alive(pid: int) -> bool:
     except OSError:
         return True
     return True
+
+
+def _file_size(path: Location) -> int:
+    """``path``'s size in bytes; 0 for a folder (a sharded checkpoint) or a file keep-k removed meanwhile (its
+    deletion runs in the background once the newer checkpoint is durable)."""
+    try:
+        return path.stat().st_size if path.is_file() else 0
+    except FileNotFoundError:
+        return 0
