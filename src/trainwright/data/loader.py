@@ -27,7 +27,7 @@ from torch.utils.data import (
     get_worker_info,
 )
 
-from trainwright.data.loader_args import dataloader_arguments
+from trainwright.data.loader_args import carried_arguments, dataloader_arguments
 from trainwright.data.split import split_loader, warn_unsplit
 from trainwright.data.stream_state import has_state, new_stateful_loader, rebuild_stream_loader, stock_samplers
 from trainwright.registry import DATASETS, ConfigError, check_keys
@@ -547,21 +547,5 @@ def make_resumable(
         inner = _custom(bs, num_replicas, name)
     generator = torch.Generator()
     generator.manual_seed(seed)
-    kwargs: dict[str, Any] = dict(
-        batch_sampler=SkippableBatchSampler(inner),
-        num_workers=loader.num_workers,
-        collate_fn=loader.collate_fn,
-        pin_memory=loader.pin_memory,
-        timeout=loader.timeout,
-        worker_init_fn=loader.worker_init_fn,
-        multiprocessing_context=loader.multiprocessing_context,
-        generator=generator,
-        persistent_workers=loader.persistent_workers,
-        pin_memory_device=getattr(loader, "pin_memory_device", ""),
-    )
-    if loader.num_workers > 0:
-        kwargs["prefetch_factor"] = loader.prefetch_factor
-    if hasattr(loader, "in_order"):
-        kwargs["in_order"] = loader.in_order
     dataset = WorkerSeededDataset(loader.dataset) if loader.num_workers > 0 else loader.dataset
-    return DataLoader(dataset, **kwargs)
+    return DataLoader(dataset, batch_sampler=SkippableBatchSampler(inner), **carried_arguments(loader, generator))

@@ -133,3 +133,27 @@ def dataloader_arguments(cfg: Mapping[str, Any], name: str = "dataloader") -> di
 
 
 __all__ = ["DefaultSampler", "InfiniteSampler", "SAMPLER_TYPES", "collate_function", "dataloader_arguments"]
+
+
+def carried_arguments(loader: Any, generator: Any) -> dict[str, Any]:
+    """The arguments that carry ``loader``'s collate function, worker, pinning and ordering settings over to a loader
+    built again over the same data, with ``generator`` giving the iterator its base seed (the workers' seeds).
+
+    Batching (``batch_size`` / ``batch_sampler``) is the caller's: it is what a rebuild changes.
+    """
+    kwargs: dict[str, Any] = dict(
+        collate_fn=loader.collate_fn,
+        num_workers=loader.num_workers,
+        pin_memory=loader.pin_memory,
+        timeout=loader.timeout,
+        worker_init_fn=loader.worker_init_fn,
+        multiprocessing_context=loader.multiprocessing_context,
+        generator=generator,
+        persistent_workers=loader.persistent_workers,
+        pin_memory_device=getattr(loader, "pin_memory_device", ""),
+    )
+    if loader.num_workers > 0:
+        kwargs["prefetch_factor"] = loader.prefetch_factor
+    if hasattr(loader, "in_order"):
+        kwargs["in_order"] = loader.in_order
+    return kwargs

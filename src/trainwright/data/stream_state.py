@@ -14,6 +14,8 @@ from typing import TYPE_CHECKING, Any
 import torch
 from torch.utils.data import DataLoader
 
+from trainwright.data.loader_args import carried_arguments
+
 if TYPE_CHECKING:
     from trainwright.data.loader import ResumableLoader
 
@@ -64,23 +66,7 @@ def rebuild_stream_loader(loader: DataLoader, generator: torch.Generator, statef
 
     The generator gives the loader iterator its base seed (the workers' seeds): the global RNG is never drawn from.
     """
-    kwargs: dict[str, Any] = dict(
-        batch_size=loader.batch_size,
-        drop_last=loader.drop_last,
-        collate_fn=loader.collate_fn,
-        num_workers=loader.num_workers,
-        pin_memory=loader.pin_memory,
-        timeout=loader.timeout,
-        worker_init_fn=loader.worker_init_fn,
-        multiprocessing_context=loader.multiprocessing_context,
-        generator=generator,
-        persistent_workers=loader.persistent_workers,
-        pin_memory_device=getattr(loader, "pin_memory_device", ""),
-    )
-    if loader.num_workers > 0:
-        kwargs["prefetch_factor"] = loader.prefetch_factor
-    if hasattr(loader, "in_order"):
-        kwargs["in_order"] = loader.in_order
+    kwargs = dict(batch_size=loader.batch_size, drop_last=loader.drop_last, **carried_arguments(loader, generator))
     if not stateful:
         return DataLoader(loader.dataset, **kwargs)
     return new_stateful_loader(
