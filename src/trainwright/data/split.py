@@ -16,6 +16,8 @@ from typing import Any
 import torch
 from torch.utils.data import DataLoader, IterableDataset, get_worker_info
 
+from trainwright.data.loader_args import carried_arguments
+
 __all__ = [
     "EvenEnd",
     "StreamShard",
@@ -154,23 +156,9 @@ def split_loader(loader: DataLoader, rank: int, world: int, name: str = "train_d
     dataset = loader.dataset
     if world <= 1 or not isinstance(dataset, IterableDataset):
         return loader
-    kwargs: dict[str, Any] = dict(
-        batch_size=loader.batch_size,
-        drop_last=loader.drop_last,
-        num_workers=loader.num_workers,
-        collate_fn=loader.collate_fn,
-        pin_memory=loader.pin_memory,
-        timeout=loader.timeout,
-        worker_init_fn=loader.worker_init_fn,
-        multiprocessing_context=loader.multiprocessing_context,
-        generator=loader.generator,
-        persistent_workers=loader.persistent_workers,
-        pin_memory_device=getattr(loader, "pin_memory_device", ""),
+    kwargs = dict(
+        batch_size=loader.batch_size, drop_last=loader.drop_last, **carried_arguments(loader, loader.generator)
     )
-    if loader.num_workers > 0:
-        kwargs["prefetch_factor"] = loader.prefetch_factor
-    if hasattr(loader, "in_order"):
-        kwargs["in_order"] = loader.in_order
     snapshot = getattr(loader, "snapshot_every_n_steps", None)  # torchdata's StatefulDataLoader
     if snapshot is not None:
         kwargs["snapshot_every_n_steps"] = snapshot
