@@ -655,3 +655,71 @@ def test_a_name_scoped_two_levels_deep_resolves_in_the_registry_tree() -> None:
     assert type(root.build(dict(type="a.b.Name"))) is Name
     with pytest.raises(KeyError, match=r"Unknown thing type 'a.b.Nmae'"):
         root.get("a.b.Nmae")
+
+
+_STOCK_CHECK = """
+import json, pkgutil, importlib
+import trainwright
+import trainwright.registry as r
+
+regs = [r.OPTIM_WRAPPERS, r.OPTIM_WRAPPER_CONSTRUCTORS, r.PARAM_SCHEDULERS, r.HOOKS, r.METRICS, r.STRATEGIES, r.MODELS,
+        r.DATASETS, r.FUNCTIONS]
+out = {"missing": [], "unlisted": {}}
+for reg in regs:  # each listed name is found, importing its module alone
+    for name in r.STOCK_LOCATIONS[reg.name]:
+        try:
+            reg.get(name)
+        except KeyError:
+            out["missing"].append(f"{reg.name}:{name}")
+for info in pkgutil.walk_packages(trainwright.__path__, "trainwright."):  # then every module: nothing registers more
+    if not info.name.startswith(("trainwright.cli", "trainwright.__main__")):
+        importlib.import_module(info.name)
+for reg in regs:
+    extra = sorted(set(reg.names()) - set(r.STOCK_LOCATIONS[reg.name]))
+    if extra:
+        out["unlisted"][reg.name] = extra
+print(json.dumps(out))
+"""
+
+
+def test_every_stock_component_is_listed_where_it_registers(tmp_path: Path) -> None:
+    """``STOCK_LOCATIONS`` is complete and right: each name is found by importing its listed module only, and importing
+    every module of trainwright registers no stock name it lacks (a new component must be listed to be found lazily)."""
+    import json
+    import os
+    import subprocess
+    import sys
+
+    res = subprocess.run(
+        [sys.executable, "-c", _STOCK_CHECK],
+        capture_output=True,
+        text=True,
+        timeout=240,
+        env={**os.environ, "TMPDIR": str(tmp_path)},
+    )
+    assert res.returncode == 0, res.stderr[-3000:]
+    out = json.loads(res.stdout.strip().splitlines()[-1])
+    assert out["missing"] == [] and out["unlisted"] == {}
+
+
+def test_a_mapping_of_locations_imports_only_the_module_of_the_name_looked_up(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    (tmp_path / "tw_loc_target.py").write_text("REG = None\n")
+    for module, cls in (("tw_loc_a", "A"), ("tw_loc_b", "B")):
+        (tmp_path / f"{module}.py").write_text(
+            f"from tw_loc_target import REG\n@REG.register()\nclass {cls}:\n    pass\n"
+        )
+    monkeypatch.syspath_prepend(str(tmp_path))
+    import sys
+
+    import tw_loc_target  # type: ignore[import-not-found]
+
+    reg = Registry("thing", scope="locmap", locations={"A": "tw_loc_a", "B": "tw_loc_b"})
+    tw_loc_target.REG = reg
+    assert type(reg.build(dict(type="A"))).__name__ == "A"
+    assert "tw_loc_a" in sys.modules and "tw_loc_b" not in sys.modules
+    # a registration from outside the scope under a listed name loads that name's module first: the clash is reported
+    with pytest.raises(KeyError, match="'B' is already registered in the thing registry"):
+        reg.register(type("B", (), {}), name="B")
+    assert reg.names() == ["A", "B"]

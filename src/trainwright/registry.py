@@ -45,7 +45,9 @@ class Registry:
             anywhere in the tree. ``scope`` defaults to the caller's top-level package.
         locations: Modules imported the first time a name is looked up or listed (they register into
             this registry), as mmengine's ``locations``; also before a registration from a module outside
-            ``scope``, so that a clash with one of their names is reported there.
+            ``scope``, so that a clash with one of their names is reported there. A mapping ``name -> module``
+            imports only the module of the name looked up (all of them when the names are listed), and before
+            an outside registration only the modules of the names it takes: a run loads the components it uses.
         build_func: ``build_func(cfg, *args, registry=self, **kwargs)`` replaces :meth:`build`'s
             default (:func:`build_from_cfg`); a child inherits its parent's.
     """
@@ -58,7 +60,7 @@ class Registry:
         build_list: Callable[[list[Any]], Any] | None = None,
         parent: Registry | None = None,
         scope: str | None = None,
-        locations: Sequence[str] = (),
+        locations: Sequence[str] | Mapping[str, str] = (),
         build_func: Callable[..., Any] | None = None,
     ) -> None:
         self.name = name
@@ -69,7 +71,10 @@ class Registry:
         self.parent = parent
         self.scope = scope if scope is not None else sys._getframe(1).f_globals.get("__name__", "").split(".")[0]  # noqa: SLF001 - mmengine's infer_scope
         self.children: dict[str, Registry] = {}
-        self._locations = list(locations)
+        # a mapping: name -> the module that registers it, imported when that name is looked up; a sequence: modules
+        # imported, all of them, at the first lookup
+        self._located: dict[str, str] = dict(locations) if isinstance(locations, Mapping) else {}
+        self._locations = [] if isinstance(locations, Mapping) else list(locations)
         self.build_func: Callable[..., Any] | None = (
             build_func if build_func is not None else (parent.build_func if parent is not None else None)
         )
@@ -136,10 +141,10 @@ class Registry:
                     f"{type(o).__name__}"
                 )
             keys = [name or o.__name__] if name is None or isinstance(name, str) else list(name)  # type: ignore[attr-defined]
-            if self._locations and not str(getattr(o, "__module__", "")).startswith(f"{self.scope}."):
+            if not str(getattr(o, "__module__", "")).startswith(f"{self.scope}."):
                 # their names first: a clash with one is reported here (force=True replaces it), as when they loaded
                 # eagerly
-                self._import_locations()
+                self._import_locations(keys)
             for key in keys:
                 if (
                     key in self._table
@@ -216,14 +221,19 @@ class Registry:
         owner = self._root()._search_child(scope)  # a registry of that scope in this tree
         return (owner or self)._find(rest)
 
-    def _import_locations(self) -> None:
-        """Import the ``locations`` modules, once (they register into this registry)."""
+    def _import_locations(self, keys: Sequence[str] | None = None) -> None:
+        """Import the ``locations`` modules, once (they register into this registry): the sequence's, and the mapping's
+        for ``keys`` (None: all of them)."""
         if self._locations:
             modules, self._locations = self._locations, []
             import_modules_from_strings(modules)
+        located = self._located
+        wanted = list(located) if keys is None else [k for k in keys if k in located]
+        if wanted:
+            import_modules_from_strings(sorted({located.pop(k) for k in wanted}))
 
     def _lookup(self, key: str) -> Any:
-        self._import_locations()
+        self._import_locations([key])
         if key in self._table:
             return self._table[key]
         if self._fallback is not None:
@@ -549,22 +559,103 @@ def _torch_optimizer_names() -> list[str]:
 
 _torch_optimizer.names = _torch_optimizer_names  # type: ignore[attr-defined]
 
-#: What registers the stock components (everything ``import trainwright`` loaded before its names became lazy):
-#: imported the first time a stock registry looks a name up, so that ``HOOKS.build(dict(type="LoggerHook"))`` works
-#: after ``import trainwright.registry`` alone, and ``import trainwright`` stays cheap.
-_STOCK = ("trainwright.trainer", "trainwright.evaluation")
 
-OPTIMIZERS = Registry(
-    "optimizer", import_name="trainwright.registry.OPTIMIZERS", fallback=_torch_optimizer, locations=_STOCK
+def _located(modules: Mapping[str, str]) -> dict[str, str]:
+    """``{"module": "NameA NameB"}`` -> ``{"NameA": "module", "NameB": "module"}``."""
+    return {name: module for module, names in modules.items() for name in names.split()}
+
+
+#: Where each stock component registers: the registries import a component's module the first time its name is looked
+#: up, so that ``HOOKS.build(dict(type="LoggerHook"))`` works after ``import trainwright.registry`` alone and a run
+#: loads only the components it builds (a default run never loads the FSDP, DeepSpeed, EMA or SWA code). A stock
+#: component registered anywhere else is missing here: ``tests/test_registry.py`` imports every module and checks.
+_SCHEDULERS = "trainwright.optim.scheduler."
+STOCK_LOCATIONS: dict[str, dict[str, str]] = {
+    "optim wrapper": _located(
+        {
+            "trainwright.optim.optim_wrapper": "OptimWrapper AmpOptimWrapper",
+            "trainwright.optim.optim_wrapper_dict": "OptimWrapperDict",
+        }
+    ),
+    "optim wrapper constructor": _located({"trainwright.optim.constructor": "DefaultOptimWrapperConstructor"}),
+    "param scheduler": _located(
+        {
+            _SCHEDULERS + "torch_scheduler": "TorchScheduler",
+            _SCHEDULERS + "cosine_restart": "CosineRestartParamScheduler",
+            _SCHEDULERS + "lambda_scheduler": "LambdaParamScheduler LambdaLR",
+            _SCHEDULERS + "one_cycle": "OneCycleParamScheduler",
+            _SCHEDULERS + "param_scheduler": "ConstantParamScheduler LinearParamScheduler StepParamScheduler "
+            "MultiStepParamScheduler ExponentialParamScheduler CosineAnnealingParamScheduler PolyParamScheduler",
+            _SCHEDULERS + "plateau": "ReduceOnPlateauParamScheduler",
+            _SCHEDULERS + "lr_scheduler": "ConstantLR LinearLR StepLR MultiStepLR ExponentialLR CosineAnnealingLR "
+            "PolyLR OneCycleLR CosineRestartLR ReduceOnPlateauLR",
+            _SCHEDULERS + "momentum_scheduler": "ConstantMomentum LinearMomentum StepMomentum MultiStepMomentum "
+            "ExponentialMomentum CosineAnnealingMomentum PolyMomentum CosineRestartMomentum ReduceOnPlateauMomentum",
+        }
+    ),
+    "hook": _located(
+        {
+            "trainwright.hooks.checkpoint": "CheckpointHook",
+            "trainwright.hooks.early_stopping": "EarlyStoppingHook",
+            "trainwright.hooks.ema": "EMAHook",
+            "trainwright.hooks.empty_cache": "EmptyCacheHook",
+            "trainwright.hooks.export": "SafetensorsExportHook",
+            "trainwright.hooks.flops": "FlopsHook",
+            "trainwright.hooks.iter_timer": "IterTimerHook",
+            "trainwright.hooks.memory": "MemorySnapshotHook",
+            "trainwright.hooks.logger": "LoggerHook",
+            "trainwright.hooks.norms": "NormsHook",
+            "trainwright.hooks.param_scheduler": "ParamSchedulerHook",
+            "trainwright.hooks.sync_buffers": "SyncBuffersHook",
+            "trainwright.hooks.precise_bn": "PreciseBNHook",
+            "trainwright.hooks.preemption": "PreemptionHook",
+            "trainwright.hooks.profiler": "ProfilerHook",
+            "trainwright.hooks.progress_bar": "ProgressBarHook",
+            "trainwright.hooks.runtime_info": "RuntimeInfoHook",
+            "trainwright.hooks.sampler_seed": "DistSamplerSeedHook",
+            "trainwright.hooks.stall": "StallHook",
+            "trainwright.hooks.swa": "SWAHook",
+        }
+    ),
+    "metric": _located(
+        {
+            "trainwright.evaluation.torchmetrics_adapter": "TorchMetric",
+            "trainwright.evaluation.metrics.accuracy": "Accuracy",
+        }
+    ),
+    "strategy": _located(
+        {
+            "trainwright.strategies.single_device": "single SingleDeviceStrategy",
+            "trainwright.strategies.ddp": "ddp DDPStrategy",
+            "trainwright.strategies.fsdp": "fsdp FSDPStrategy",
+            "trainwright.strategies.deepspeed": "deepspeed DeepSpeedStrategy",
+        }
+    ),
+    "model": _located({"trainwright.model.data_preprocessor": "BaseDataPreprocessor NormalizingDataPreprocessor"}),
+    "dataset": _located(
+        {
+            "trainwright.data.mixture": "Mixture",
+            "trainwright.data.wrappers": "ConcatDataset RepeatDataset ClassBalancedDataset",
+        }
+    ),
+    "function": _located({"trainwright.data.collate": "pseudo_collate default_collate"}),
+}
+
+OPTIMIZERS = Registry("optimizer", import_name="trainwright.registry.OPTIMIZERS", fallback=_torch_optimizer)
+OPTIM_WRAPPERS = Registry(
+    "optim wrapper", import_name="trainwright.registry.OPTIM_WRAPPERS", locations=STOCK_LOCATIONS["optim wrapper"]
 )
-OPTIM_WRAPPERS = Registry("optim wrapper", import_name="trainwright.registry.OPTIM_WRAPPERS", locations=_STOCK)
 OPTIM_WRAPPER_CONSTRUCTORS = Registry(
-    "optim wrapper constructor", import_name="trainwright.registry.OPTIM_WRAPPER_CONSTRUCTORS", locations=_STOCK
+    "optim wrapper constructor",
+    import_name="trainwright.registry.OPTIM_WRAPPER_CONSTRUCTORS",
+    locations=STOCK_LOCATIONS["optim wrapper constructor"],
 )
-PARAM_SCHEDULERS = Registry("param scheduler", import_name="trainwright.registry.PARAM_SCHEDULERS", locations=_STOCK)
-HOOKS = Registry("hook", import_name="trainwright.registry.HOOKS", locations=_STOCK)
-METRICS = Registry("metric", import_name="trainwright.registry.METRICS", locations=_STOCK)
-STRATEGIES = Registry("strategy", import_name="trainwright.registry.STRATEGIES", locations=_STOCK)
+PARAM_SCHEDULERS = Registry(
+    "param scheduler", import_name="trainwright.registry.PARAM_SCHEDULERS", locations=STOCK_LOCATIONS["param scheduler"]
+)
+HOOKS = Registry("hook", import_name="trainwright.registry.HOOKS", locations=STOCK_LOCATIONS["hook"])
+METRICS = Registry("metric", import_name="trainwright.registry.METRICS", locations=STOCK_LOCATIONS["metric"])
+STRATEGIES = Registry("strategy", import_name="trainwright.registry.STRATEGIES", locations=STOCK_LOCATIONS["strategy"])
 
 
 def _sequential(modules: list[Any]) -> Any:
@@ -573,10 +664,12 @@ def _sequential(modules: list[Any]) -> Any:
     return nn.Sequential(*modules)
 
 
-MODELS = Registry("model", import_name="trainwright.registry.MODELS", build_list=_sequential, locations=_STOCK)
-DATASETS = Registry("dataset", import_name="trainwright.registry.DATASETS", locations=_STOCK)
+MODELS = Registry(
+    "model", import_name="trainwright.registry.MODELS", build_list=_sequential, locations=STOCK_LOCATIONS["model"]
+)
+DATASETS = Registry("dataset", import_name="trainwright.registry.DATASETS", locations=STOCK_LOCATIONS["dataset"])
 #: Plain functions built by name (mmengine's ``FUNCTIONS``): ``collate_fn=dict(type='pseudo_collate')``.
-FUNCTIONS = Registry("function", import_name="trainwright.registry.FUNCTIONS", locations=_STOCK)
+FUNCTIONS = Registry("function", import_name="trainwright.registry.FUNCTIONS", locations=STOCK_LOCATIONS["function"])
 
 __all__ = [
     "ConfigError",

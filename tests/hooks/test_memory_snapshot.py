@@ -17,7 +17,7 @@ from torch.utils.data import DataLoader
 import trainwright as tw
 from trainwright.evaluation.metric import Metric
 from trainwright.hooks import MemorySnapshotHook
-from trainwright.hooks.memory import PhasePeaks
+from trainwright.hooks.phase_peaks import PhasePeaks
 
 
 def test_cpu_run_says_the_hook_needs_cuda_and_writes_nothing(tmp_path: Path) -> None:

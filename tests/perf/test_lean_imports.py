@@ -34,9 +34,42 @@ OPTIONAL = (
     "datasets",
 )
 
+#: trainwright's own modules for what a default run does not use (other strategies, hooks that are off by default,
+#: tuning, mixtures, object storage, schedulers it does not build...): a registry imports a component's module when its
+#: name is looked up, and the packages' names load on first use.
+NOT_DEFAULT = (
+    "trainwright.strategies.ddp",
+    "trainwright.strategies.fsdp",
+    "trainwright.strategies.deepspeed",
+    "trainwright.strategies.tensor_parallel",
+    "trainwright.strategies.process_group",
+    "trainwright.hooks.ema",
+    "trainwright.hooks.swa",
+    "trainwright.hooks.norms",
+    "trainwright.hooks.profiler",
+    "trainwright.hooks.precise_bn",
+    "trainwright.hooks.memory",
+    "trainwright.hooks.export",
+    "trainwright.hooks.early_stopping",
+    "trainwright.model.ema",
+    "trainwright.amp.fp16_utils",
+    "trainwright.tuning.lr_finder",
+    "trainwright.tuning.batch_size",
+    "trainwright.data.mixture",
+    "trainwright.checkpoint.fsspec_store",
+    "trainwright.checkpoint.export",
+    "trainwright.evaluation.torchmetrics_adapter",
+    "trainwright.logging.tensorboard_writer",
+    "trainwright.logging.wandb_writer",
+    "trainwright.logging.mlflow_writer",
+    "trainwright.optim.scheduler.plateau",
+    "trainwright.optim.scheduler.one_cycle",
+)
+
 _CODE = """
 import contextlib, io, json, sys
 OPTIONAL = {optional!r}
+NOT_DEFAULT = {not_default!r}
 seen = {{}}
 def loaded(): return sorted(m for m in OPTIONAL if m in sys.modules)
 
@@ -73,7 +106,8 @@ data = TensorDataset(torch.randn(8, 4), torch.randn(8, 1))
 trainer = tw.Trainer(model=Net(), train_dataloader=DataLoader(data, batch_size=4), work_dir={work_dir!r},
                      optim_wrapper=dict(optimizer=dict(type="SGD", lr=0.1)), train_cfg=dict(by_epoch=False, max_iters=1))
 trainer.train()
-seen["train"] = {{"optional": loaded(), "iteration": trainer.progress.iteration}}
+seen["train"] = {{"optional": loaded(), "iteration": trainer.progress.iteration,
+                  "components": sorted(m for m in NOT_DEFAULT if m in sys.modules)}}
 
 from trainwright.logging import TensorBoardWriter, WandbWriter, MlflowWriter  # public paths still import
 from trainwright.registry import HOOKS
@@ -84,7 +118,7 @@ print(json.dumps(seen))
 
 def test_import_help_and_a_default_run_load_no_optional_package(tmp_path: Path) -> None:
     env = {**os.environ, "TMPDIR": str(tmp_path)}
-    code = _CODE.format(optional=OPTIONAL, work_dir=str(tmp_path / "work"))
+    code = _CODE.format(optional=OPTIONAL, not_default=NOT_DEFAULT, work_dir=str(tmp_path / "work"))
     res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=240)
     assert res.returncode == 0, res.stderr[-3000:]
     seen = json.loads(res.stdout.strip().splitlines()[-1])
@@ -95,7 +129,8 @@ def test_import_help_and_a_default_run_load_no_optional_package(tmp_path: Path) 
     assert seen["train"] == {
         "optional": [],
         "iteration": 1,
-    }  # default hooks on: console, train.log, metrics.jsonl, checkpoint...
+        "components": [],
+    }  # default hooks on: console, train.log, metrics.jsonl, checkpoint...; no code of a part it does not use
     assert (tmp_path / "work" / "checkpoints" / "latest").read_text().strip() == "iter_1.pth"
     assert seen["public"] == {
         "optional": [],

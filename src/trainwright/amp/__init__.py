@@ -4,15 +4,9 @@ Where to add a precision: a :class:`Precision` subclass in a module of this pack
 ``register_precision(name, factory)`` in that module and its import below.
 """
 
+from typing import TYPE_CHECKING
+
 from trainwright.amp.float8 import Float8Precision
-from trainwright.amp.fp16_utils import (
-    auto_fp16,
-    cast_tensor_type,
-    force_fp32,
-    patch_forward_method,
-    patch_norm_fp32,
-    wrap_fp16_model,
-)
 from trainwright.amp.precision import (
     PRECISIONS,
     MixedPrecision,
@@ -23,6 +17,31 @@ from trainwright.amp.precision import (
     registered_precisions,
 )
 from trainwright.amp.true_precision import TruePrecision
+from trainwright.utils.lazy import lazy_names
+
+if TYPE_CHECKING:
+    from trainwright.amp.fp16_utils import (
+        auto_fp16,
+        cast_tensor_type,
+        force_fp32,
+        patch_forward_method,
+        patch_norm_fp32,
+        wrap_fp16_model,
+    )
+
+#: Loaded on first use (PEP 562): a run keeps only the code it uses.
+__getattr__, __dir__ = lazy_names(
+    __name__,
+    {
+        "auto_fp16": "trainwright.amp.fp16_utils",
+        "cast_tensor_type": "trainwright.amp.fp16_utils",
+        "force_fp32": "trainwright.amp.fp16_utils",
+        "patch_forward_method": "trainwright.amp.fp16_utils",
+        "patch_norm_fp32": "trainwright.amp.fp16_utils",
+        "wrap_fp16_model": "trainwright.amp.fp16_utils",
+    },
+    globals(),
+)
 
 __all__ = [
     "PRECISIONS",

@@ -10,11 +10,16 @@ from __future__ import annotations
 import os
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from trainwright.checkpoint.fsspec_store import FsspecStore
 from trainwright.checkpoint.local_store import LocalStore
 from trainwright.checkpoint.store import URL_SCHEME, Location, RemotePath, Store
+from trainwright.utils.lazy import lazy_names
+
+if TYPE_CHECKING:
+    from trainwright.checkpoint.fsspec_store import FsspecStore
+
+    RemoteStore = FsspecStore
 
 __all__ = [
     "FsspecStore",
@@ -30,8 +35,16 @@ __all__ = [
     "remove",
 ]
 
-#: The former name of :class:`FsspecStore` (kept for code that names it).
-RemoteStore = FsspecStore
+#: Loaded on first use (a run on local disk never needs it); ``RemoteStore`` is the former name of
+#: :class:`FsspecStore` (kept for code that names it).
+__getattr__, __dir__ = lazy_names(
+    __name__,
+    {
+        "FsspecStore": "trainwright.checkpoint.fsspec_store",
+        "RemoteStore": "trainwright.checkpoint.fsspec_store:FsspecStore",
+    },
+    globals(),
+)
 
 
 def is_url(path: object) -> bool:
@@ -72,6 +85,8 @@ def location(
                 root = within.store.url
                 if url == root or url.startswith(root + "/"):
                     return RemotePath(within.store, url)
+            from trainwright.checkpoint.fsspec_store import FsspecStore
+
             return FsspecStore(url, storage_options).root
     return Path(path)
 
@@ -105,6 +120,8 @@ def local_path(path: str | os.PathLike[str] | RemotePath, who: str = "this strat
 def fsspec_store(path: RemotePath, who: str = "strategy='fsdp'") -> FsspecStore:
     """The :class:`FsspecStore` of ``path``; a store of another kind is a ValueError (sharded checkpoints go through
     DCP's fsspec writer)."""
+    from trainwright.checkpoint.fsspec_store import FsspecStore
+
     if not isinstance(path.store, FsspecStore):
         raise ValueError(
             f"{path}: {who} writes sharded checkpoints through DCP's fsspec writer, which needs an fsspec URL (s3://, "

@@ -30,7 +30,7 @@ def tune_lr_command(args: argparse.Namespace) -> int:
     """Run ``trainwright tune-lr``; return the exit status."""
     from trainwright.cli.run import load_config
     from trainwright.trainer import Trainer
-    from trainwright.tuning.lr_finder import check_lr_args
+    from trainwright.tuning.lr_range import check_lr_args
 
     try:
         check_lr_args(args.min_lr, args.max_lr, args.num_steps, args.mode, 0.05, 4.0)

@@ -1,5 +1,7 @@
 """Data loading that resumes exactly."""
 
+from typing import TYPE_CHECKING
+
 from trainwright.data.loader import (
     EpochSampler,
     ResumableLoader,
@@ -8,9 +10,27 @@ from trainwright.data.loader import (
     make_dataloader,
     make_resumable,
 )
-from trainwright.data.mixture import Mixture
-from trainwright.data.split import EvenEnd, StreamShard, split_stream
-from trainwright.data.wrappers import ClassBalancedDataset, ConcatDataset, RepeatDataset
+from trainwright.utils.lazy import lazy_names
+
+if TYPE_CHECKING:
+    from trainwright.data.mixture import Mixture
+    from trainwright.data.split import EvenEnd, StreamShard, split_stream
+    from trainwright.data.wrappers import ClassBalancedDataset, ConcatDataset, RepeatDataset
+
+#: Loaded on first use (PEP 562): a run keeps only the code it uses.
+__getattr__, __dir__ = lazy_names(
+    __name__,
+    {
+        "Mixture": "trainwright.data.mixture",
+        "EvenEnd": "trainwright.data.split",
+        "StreamShard": "trainwright.data.split",
+        "split_stream": "trainwright.data.split",
+        "ClassBalancedDataset": "trainwright.data.wrappers",
+        "ConcatDataset": "trainwright.data.wrappers",
+        "RepeatDataset": "trainwright.data.wrappers",
+    },
+    globals(),
+)
 
 __all__ = [
     "ClassBalancedDataset",

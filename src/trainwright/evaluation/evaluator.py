@@ -6,8 +6,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from trainwright.evaluation.collect import Collectives
-from trainwright.evaluation.metric import Metric
-from trainwright.evaluation.torchmetrics_adapter import TorchMetric, is_torchmetric
+from trainwright.evaluation.metric import Metric, is_torchmetric
 from trainwright.registry import METRICS
 
 
@@ -30,7 +29,7 @@ class Evaluator:
             raise ValueError("Evaluator needs at least one metric, e.g. Evaluator(dict(type='Accuracy'))")
         self.metrics: list[Metric] = []
         for item in items:
-            metric = TorchMetric(item) if is_torchmetric(item) else METRICS.build(item)
+            metric = METRICS.get("TorchMetric")(item) if is_torchmetric(item) else METRICS.build(item)
             if not isinstance(metric, Metric):
                 raise TypeError(
                     f"Evaluator metrics must be Metric instances or METRICS config dicts; got {type(metric).__name__}. "

@@ -9,6 +9,7 @@ Validation runs ``process`` after every batch and ``evaluate`` once per validati
 from __future__ import annotations
 
 import numbers
+import sys
 from abc import ABC, abstractmethod
 from collections.abc import Mapping
 from typing import Any, ClassVar
@@ -167,4 +168,11 @@ def as_numbers(metrics: Any, name: str) -> dict[str, float]:
     return out
 
 
-__all__ = ["Metric", "as_numbers"]
+def is_torchmetric(obj: Any) -> bool:
+    """True for a ``torchmetrics.Metric`` or ``MetricCollection`` (without importing torchmetrics when the user did
+    not)."""
+    tm = sys.modules.get("torchmetrics")
+    return tm is not None and isinstance(obj, (tm.Metric, tm.MetricCollection))
+
+
+__all__ = ["Metric", "as_numbers", "is_torchmetric"]

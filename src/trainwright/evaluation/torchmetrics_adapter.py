@@ -17,15 +17,8 @@ from typing import Any
 import torch
 
 from trainwright.evaluation.inputs import pred_and_target
-from trainwright.evaluation.metric import Metric, as_numbers
+from trainwright.evaluation.metric import Metric, as_numbers, is_torchmetric
 from trainwright.registry import METRICS
-
-
-def is_torchmetric(obj: Any) -> bool:
-    """True for a ``torchmetrics.Metric`` or ``MetricCollection`` (without importing torchmetrics when the user did
-    not)."""
-    tm = sys.modules.get("torchmetrics")
-    return tm is not None and isinstance(obj, (tm.Metric, tm.MetricCollection))
 
 
 @METRICS.register

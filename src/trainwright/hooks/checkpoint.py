@@ -19,7 +19,7 @@ from trainwright.checkpoint.settings import CheckpointSettings, check_template
 from trainwright.checkpoint.storage import Location
 from trainwright.hooks.hook import Hook
 from trainwright.hooks.view import require_train_loop
-from trainwright.optim.scheduler.plateau import metric_key
+from trainwright.logging.metric_key import metric_key
 from trainwright.registry import HOOKS, did_you_mean
 
 if TYPE_CHECKING:

@@ -11,7 +11,7 @@ from typing_extensions import override
 
 from trainwright.hooks.checkpoint import DEFAULT_GREATER_KEYS, DEFAULT_LESS_KEYS, infer_rule
 from trainwright.hooks.hook import Hook
-from trainwright.optim.scheduler.plateau import metric_key
+from trainwright.logging.metric_key import metric_key
 from trainwright.registry import HOOKS, did_you_mean
 
 if TYPE_CHECKING:

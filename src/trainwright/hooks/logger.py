@@ -19,7 +19,7 @@ from trainwright.checkpoint.remote_io import publish_with_fallback
 from trainwright.checkpoint.storage import Location, RemotePath, Store, location
 from trainwright.data.stream_state import batches_per_pass
 from trainwright.hooks.hook import EveryInEpoch, Hook
-from trainwright.hooks.memory import PhasePeaks
+from trainwright.hooks.phase_peaks import PhasePeaks
 from trainwright.hooks.view import require_train_loop
 from trainwright.logging.lines import LineRequest
 from trainwright.logging.log_processor import CustomStat, LogProcessor
@@ -46,7 +46,7 @@ class LoggerHook(Hook):
     counted an iteration (see :class:`~trainwright.hooks.flops.FlopsHook`) and, on a device
     whose allocator reports a peak (CUDA, ``torch.accelerator`` devices), ``max_memory_mb``:
     the peak memory allocated during the line's training iterations (MiB; validation and
-    checkpoint saves left out: see :class:`~trainwright.hooks.memory.PhasePeaks`). Validation
+    checkpoint saves left out: see :class:`~trainwright.hooks.phase_peaks.PhasePeaks`). Validation
     and test records carry the pass's own ``max_memory_mb``; a checkpoint save's peak is
     logged as a message when the phase after it starts (validation, the next epoch, the end).
     The writers of ``trainer.log_lines.writers`` show it (the console adds the ETA) or store it.

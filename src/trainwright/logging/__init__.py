@@ -1,17 +1,15 @@
 """Logging: per-trainer logger, MetricStore (the one owner of logged numbers, lazy sync), writers."""
 
+from typing import TYPE_CHECKING
+
 from trainwright.logging.agreement import Agreement, LoggedValuesDisagreeError
-from trainwright.logging.csv_writer import CsvWriter
 from trainwright.logging.history_buffer import HistoryBuffer
 from trainwright.logging.lines import PendingLines
 from trainwright.logging.log_processor import CustomStat, LogProcessor
 from trainwright.logging.logger import close_logger, create_logger, log_lines
 from trainwright.logging.message_hub import MessageHub
 from trainwright.logging.metric_store import MetricStore
-from trainwright.logging.mlflow_writer import MlflowWriter
 from trainwright.logging.resume import Resumed
-from trainwright.logging.tensorboard_writer import TensorBoardWriter
-from trainwright.logging.wandb_writer import WandbWriter
 from trainwright.logging.writers import (
     DEFAULT_WRITERS,
     WRITERS,
@@ -26,6 +24,25 @@ from trainwright.logging.writers import (
     Writers,
     WriterSource,
     build_writers,
+)
+from trainwright.utils.lazy import lazy_names
+
+if TYPE_CHECKING:
+    from trainwright.logging.csv_writer import CsvWriter
+    from trainwright.logging.mlflow_writer import MlflowWriter
+    from trainwright.logging.tensorboard_writer import TensorBoardWriter
+    from trainwright.logging.wandb_writer import WandbWriter
+
+#: Loaded on first use (PEP 562): a run keeps only the code it uses.
+__getattr__, __dir__ = lazy_names(
+    __name__,
+    {
+        "CsvWriter": "trainwright.logging.csv_writer",
+        "MlflowWriter": "trainwright.logging.mlflow_writer",
+        "TensorBoardWriter": "trainwright.logging.tensorboard_writer",
+        "WandbWriter": "trainwright.logging.wandb_writer",
+    },
+    globals(),
 )
 
 __all__ = [

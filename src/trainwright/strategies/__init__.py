@@ -1,11 +1,16 @@
 """Strategies: device placement, wrapping and state I/O for one or many processes."""
 
+from typing import TYPE_CHECKING
+
 from trainwright.registry import STRATEGIES
 from trainwright.strategies.base import Strategy
-from trainwright.strategies.ddp import DDPStrategy
-from trainwright.strategies.deepspeed import DeepSpeedStrategy
-from trainwright.strategies.fsdp import FSDPStrategy
-from trainwright.strategies.single_device import SingleDeviceStrategy
+from trainwright.utils.lazy import lazy_names
+
+if TYPE_CHECKING:
+    from trainwright.strategies.ddp import DDPStrategy
+    from trainwright.strategies.deepspeed import DeepSpeedStrategy
+    from trainwright.strategies.fsdp import FSDPStrategy
+    from trainwright.strategies.single_device import SingleDeviceStrategy
 
 
 def build_strategy(strategy: "str | Strategy | dict | None" = None, **kwargs) -> Strategy:
@@ -25,5 +30,17 @@ def build_strategy(strategy: "str | Strategy | dict | None" = None, **kwargs) ->
         strategy = dict(type=strategy)
     return STRATEGIES.build(strategy, **kwargs)
 
+
+#: Loaded on first use (PEP 562): a run keeps only the code it uses.
+__getattr__, __dir__ = lazy_names(
+    __name__,
+    {
+        "DDPStrategy": "trainwright.strategies.ddp",
+        "DeepSpeedStrategy": "trainwright.strategies.deepspeed",
+        "FSDPStrategy": "trainwright.strategies.fsdp",
+        "SingleDeviceStrategy": "trainwright.strategies.single_device",
+    },
+    globals(),
+)
 
 __all__ = ["Strategy", "SingleDeviceStrategy", "DDPStrategy", "FSDPStrategy", "DeepSpeedStrategy", "build_strategy"]

@@ -227,6 +227,15 @@ class Strategy(UpdateEngine, StrategyParts):
         """
         return None
 
+    def use_process_group(self, backend: str | None = None, timeout_s: float | None = None) -> None:
+        """Take ``env_cfg.dist_cfg``'s ``backend`` / ``timeout`` (None: keep this strategy's); one process has no
+        process group, so nothing here."""
+
+    def report_failure(self, error: BaseException, where: str = "") -> str:
+        """After this process's run failed: tell the other ranks and return what they reported (``"; rank 1 failed:
+        ..."``); one process has no other rank, so ``""``."""
+        return ""
+
     def dump_collective_trace(self, folder: Path) -> Path | None:
         """Write the backend's record of recent collectives (NCCL's flight recorder) into ``folder``; the file, or None
         when the backend keeps none."""

@@ -230,6 +230,22 @@ class ProcessGroupStrategy(Strategy):
         return item_factor(total, self.world_size)
 
     # -- failures -------------------------------------------------------------------------
+    def use_process_group(self, backend: str | None = None, timeout_s: float | None = None) -> None:
+        """Take ``env_cfg.dist_cfg``'s ``backend`` / ``timeout`` (before the group is joined); ``"nccl"`` off CUDA warns
+        and keeps ``"gloo"``."""
+        if backend is not None:
+            if backend == "nccl" and self.device.type != "cuda":
+                warnings.warn(
+                    f"env_cfg dist_cfg backend='nccl' needs CUDA, but this run is on {self.device.type!r}: using "
+                    "'gloo'",
+                    UserWarning,
+                    stacklevel=4,
+                )
+            else:
+                self.backend = str(backend)
+        if timeout_s is not None:
+            self.timeout_s = float(timeout_s)
+
     def report_failure(self, error: BaseException, where: str = "") -> str:
         """After this process's run failed: mark it (:attr:`run_failed`), leave its error for the others, return theirs.
 

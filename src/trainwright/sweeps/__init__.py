@@ -8,7 +8,7 @@ study lives in Optuna storage, so the same command continues an interrupted swee
 the ``trainwright[optuna]`` extra.
 """
 
-from trainwright.optim.scheduler.plateau import metric_key
+from trainwright.logging.metric_key import metric_key
 from trainwright.sweeps.params import DISTRIBUTIONS, Param, check_params, parse_param, require_optuna, resolve_direction
 from trainwright.sweeps.pruning import SweepPruningHook
 from trainwright.sweeps.results import SweepResult, TrialRecord

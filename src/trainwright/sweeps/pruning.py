@@ -7,7 +7,7 @@ from typing import TYPE_CHECKING, Any
 from typing_extensions import override
 
 from trainwright.hooks.hook import Hook
-from trainwright.optim.scheduler.plateau import metric_key
+from trainwright.logging.metric_key import metric_key
 
 if TYPE_CHECKING:
     from trainwright.hooks.view import TrainerView

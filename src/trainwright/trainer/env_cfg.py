@@ -9,13 +9,11 @@ CUDA) falls back to gloo with a warning, so a runtime config written for GPUs al
 
 from __future__ import annotations
 
-import warnings
 from collections.abc import Mapping
 from typing import Any
 
 from trainwright.registry import check_keys
 from trainwright.strategies.base import Strategy
-from trainwright.strategies.process_group import ProcessGroupStrategy
 
 ENV_CFG_KEYS = frozenset({"cudnn_benchmark", "mp_cfg", "dist_cfg", "resource_limit"})
 _MP_KEYS = frozenset({"mp_start_method", "opencv_num_threads"})
@@ -51,19 +49,7 @@ def apply_env_cfg(strategy: Strategy, env_cfg: Mapping[str, Any] | None) -> dict
     dist_cfg = dict(cfg.get("dist_cfg") or {})
     backend = dist_cfg.pop("backend", None)
     timeout = dist_cfg.pop("timeout", None)
-    if isinstance(strategy, ProcessGroupStrategy):
-        if backend is not None:
-            if backend == "nccl" and strategy.device.type != "cuda":
-                warnings.warn(
-                    f"env_cfg dist_cfg backend='nccl' needs CUDA, but this run is on {strategy.device.type!r}: using "
-                    "'gloo'",
-                    UserWarning,
-                    stacklevel=3,
-                )
-            else:
-                strategy.backend = str(backend)
-        if timeout is not None:
-            strategy.timeout_s = float(timeout)
+    strategy.use_process_group(None if backend is None else str(backend), None if timeout is None else float(timeout))
     out: dict[str, Any] = {"cudnn_benchmark": bool(cfg.get("cudnn_benchmark", False))}
     if dist_cfg:
         out["dist_cfg"] = dist_cfg  # further init_process_group arguments (init_method, ...)

@@ -2,15 +2,10 @@
 
 from __future__ import annotations
 
+import sys
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-import trainwright.hooks.flops  # noqa: F401 - registers FlopsHook
-import trainwright.hooks.norms  # noqa: F401 - registers NormsHook
-import trainwright.hooks.preemption  # noqa: F401 - registers PreemptionHook
-import trainwright.hooks.progress_bar  # noqa: F401 - registers ProgressBarHook
-import trainwright.hooks.runtime_info  # noqa: F401 - registers RuntimeInfoHook
-import trainwright.hooks.stall  # noqa: F401 - registers StallHook
 from trainwright.hooks.hook import Hook, get_priority, require_hook
 from trainwright.loops.train_loop import ITER_VAL_INTERVAL
 from trainwright.registry import HOOKS, did_you_mean
@@ -115,10 +110,11 @@ def check_one_average(hooks: Sequence[Hook] | Any) -> None:
     With both, the validations and a later ``test()`` would evaluate the EMA while the model
     and its checkpoint hold the SWA average; which weights a number belongs to would be a guess.
     """
-    from trainwright.hooks.ema import EMAHook
-    from trainwright.hooks.swa import SWAHook
-
-    if any(isinstance(h, SWAHook) for h in hooks) and any(isinstance(h, EMAHook) for h in hooks):
+    # a hook of a class whose module is not loaded cannot exist: a run without them loads neither
+    swa, ema = sys.modules.get("trainwright.hooks.swa"), sys.modules.get("trainwright.hooks.ema")
+    if swa is None or ema is None:
+        return
+    if any(isinstance(h, swa.SWAHook) for h in hooks) and any(isinstance(h, ema.EMAHook) for h in hooks):
         raise ValueError(
             "SWAHook and EMAHook in one run: both swap averaged weights into the model for evaluation, so the "
             "validations would report "

@@ -14,7 +14,6 @@ from typing import TYPE_CHECKING, Any
 
 from trainwright.data.collate import pseudo_collate_hint
 from trainwright.logging.nonfinite_error import NonFiniteLossError
-from trainwright.strategies.process_group import ProcessGroupStrategy
 from trainwright.trainer.runs import remove_unused_run_dir
 
 if TYPE_CHECKING:
@@ -135,7 +134,7 @@ class RunGuard:
             e, "raised_on_every_rank", False
         ):  # the ranks are together (e.g. their settings differ): nothing to leave for the others
             return f"Stopped by {type(e).__name__} {where}{message}"
-        others = t.strategy.report_failure(e, where) if isinstance(t.strategy, ProcessGroupStrategy) else ""
+        others = t.strategy.report_failure(e, where)
         t.strategy.run_failed = True
         if isinstance(e, SystemExit):  # a preemption exit is logged by its hook
             return None

@@ -41,7 +41,7 @@ from trainwright.trainer.runs import run_name
 from trainwright.trainer.seeding import RunSeed, torch_seeded
 from trainwright.trainer.state import DataOrderState
 from trainwright.trainer.wiring import add_spike_guard, build_logging, checked_cfgs, log_hook_table
-from trainwright.tuning.lr_finder import LRRange
+from trainwright.tuning.lr_range import LRRange
 from trainwright.utils.progress import Progress
 
 

@@ -4,8 +4,27 @@
 state they change is put back by :func:`~trainwright.tuning.state.preserved`. See docs/diagnose.md.
 """
 
-from trainwright.tuning.batch_size import find_batch_size, with_batch_size
-from trainwright.tuning.lr_finder import LRFinderResult, find_lr
-from trainwright.tuning.state import preserved
+from typing import TYPE_CHECKING
+
+from trainwright.utils.lazy import lazy_names
+
+if TYPE_CHECKING:
+    from trainwright.tuning.batch_size import find_batch_size, with_batch_size
+    from trainwright.tuning.lr_finder import LRFinderResult, find_lr
+    from trainwright.tuning.state import preserved
+
+
+#: Loaded on first use (PEP 562): a run keeps only the code it uses.
+__getattr__, __dir__ = lazy_names(
+    __name__,
+    {
+        "find_batch_size": "trainwright.tuning.batch_size",
+        "with_batch_size": "trainwright.tuning.batch_size",
+        "LRFinderResult": "trainwright.tuning.lr_finder",
+        "find_lr": "trainwright.tuning.lr_finder",
+        "preserved": "trainwright.tuning.state",
+    },
+    globals(),
+)
 
 __all__ = ["LRFinderResult", "find_batch_size", "find_lr", "preserved", "with_batch_size"]

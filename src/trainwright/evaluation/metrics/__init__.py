@@ -2,6 +2,21 @@
 
 from __future__ import annotations
 
-from trainwright.evaluation.metrics.accuracy import Accuracy
+from typing import TYPE_CHECKING
+
+from trainwright.utils.lazy import lazy_names
+
+if TYPE_CHECKING:
+    from trainwright.evaluation.metrics.accuracy import Accuracy
+
+
+#: Loaded on first use (PEP 562): a run keeps only the code it uses.
+__getattr__, __dir__ = lazy_names(
+    __name__,
+    {
+        "Accuracy": "trainwright.evaluation.metrics.accuracy",
+    },
+    globals(),
+)
 
 __all__ = ["Accuracy"]

@@ -1,53 +1,101 @@
 """Parameter schedulers (learning rate, momentum, any param-group key), mmengine-style.
 
-Importing this package registers every scheduler in ``trainwright.registry.PARAM_SCHEDULERS``.
+Each scheduler is registered in ``trainwright.registry.PARAM_SCHEDULERS``; its module loads at the first lookup of its
+name (or the first use of its name here).
 See ``docs/schedulers.md`` for windows (``begin``/``end``), units (``by_epoch``,
 ``by_update``), chaining, ``convert_to_iter_based`` and torch's schedulers.
 """
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 from trainwright.optim.scheduler.base import INF, OptimizerLike, ParamScheduler
 from trainwright.optim.scheduler.builder import build_param_scheduler, build_param_schedulers
-from trainwright.optim.scheduler.cosine_restart import CosineRestartParamScheduler
-from trainwright.optim.scheduler.lambda_scheduler import LambdaLR, LambdaParamScheduler
-from trainwright.optim.scheduler.lr_scheduler import (
-    ConstantLR,
-    CosineAnnealingLR,
-    CosineRestartLR,
-    ExponentialLR,
-    LinearLR,
-    LRSchedulerMixin,
-    MultiStepLR,
-    OneCycleLR,
-    PolyLR,
-    ReduceOnPlateauLR,
-    StepLR,
+from trainwright.utils.lazy import lazy_names
+
+if TYPE_CHECKING:
+    from trainwright.optim.scheduler.cosine_restart import CosineRestartParamScheduler
+    from trainwright.optim.scheduler.lambda_scheduler import LambdaLR, LambdaParamScheduler
+    from trainwright.optim.scheduler.lr_scheduler import (
+        ConstantLR,
+        CosineAnnealingLR,
+        CosineRestartLR,
+        ExponentialLR,
+        LinearLR,
+        LRSchedulerMixin,
+        MultiStepLR,
+        OneCycleLR,
+        PolyLR,
+        ReduceOnPlateauLR,
+        StepLR,
+    )
+    from trainwright.optim.scheduler.momentum_scheduler import (
+        ConstantMomentum,
+        CosineAnnealingMomentum,
+        CosineRestartMomentum,
+        ExponentialMomentum,
+        LinearMomentum,
+        MomentumSchedulerMixin,
+        MultiStepMomentum,
+        PolyMomentum,
+        ReduceOnPlateauMomentum,
+        StepMomentum,
+    )
+    from trainwright.optim.scheduler.one_cycle import OneCycleParamScheduler
+    from trainwright.optim.scheduler.param_scheduler import (
+        ConstantParamScheduler,
+        CosineAnnealingParamScheduler,
+        ExponentialParamScheduler,
+        LinearParamScheduler,
+        MultiStepParamScheduler,
+        PolyParamScheduler,
+        StepParamScheduler,
+    )
+    from trainwright.optim.scheduler.plateau import ReduceOnPlateauParamScheduler
+    from trainwright.optim.scheduler.torch_scheduler import TorchScheduler
+
+#: Loaded on first use (PEP 562): a run keeps only the code it uses.
+__getattr__, __dir__ = lazy_names(
+    __name__,
+    {
+        "CosineRestartParamScheduler": "trainwright.optim.scheduler.cosine_restart",
+        "LambdaLR": "trainwright.optim.scheduler.lambda_scheduler",
+        "LambdaParamScheduler": "trainwright.optim.scheduler.lambda_scheduler",
+        "ConstantLR": "trainwright.optim.scheduler.lr_scheduler",
+        "CosineAnnealingLR": "trainwright.optim.scheduler.lr_scheduler",
+        "CosineRestartLR": "trainwright.optim.scheduler.lr_scheduler",
+        "ExponentialLR": "trainwright.optim.scheduler.lr_scheduler",
+        "LinearLR": "trainwright.optim.scheduler.lr_scheduler",
+        "LRSchedulerMixin": "trainwright.optim.scheduler.lr_scheduler",
+        "MultiStepLR": "trainwright.optim.scheduler.lr_scheduler",
+        "OneCycleLR": "trainwright.optim.scheduler.lr_scheduler",
+        "PolyLR": "trainwright.optim.scheduler.lr_scheduler",
+        "ReduceOnPlateauLR": "trainwright.optim.scheduler.lr_scheduler",
+        "StepLR": "trainwright.optim.scheduler.lr_scheduler",
+        "ConstantMomentum": "trainwright.optim.scheduler.momentum_scheduler",
+        "CosineAnnealingMomentum": "trainwright.optim.scheduler.momentum_scheduler",
+        "CosineRestartMomentum": "trainwright.optim.scheduler.momentum_scheduler",
+        "ExponentialMomentum": "trainwright.optim.scheduler.momentum_scheduler",
+        "LinearMomentum": "trainwright.optim.scheduler.momentum_scheduler",
+        "MomentumSchedulerMixin": "trainwright.optim.scheduler.momentum_scheduler",
+        "MultiStepMomentum": "trainwright.optim.scheduler.momentum_scheduler",
+        "PolyMomentum": "trainwright.optim.scheduler.momentum_scheduler",
+        "ReduceOnPlateauMomentum": "trainwright.optim.scheduler.momentum_scheduler",
+        "StepMomentum": "trainwright.optim.scheduler.momentum_scheduler",
+        "OneCycleParamScheduler": "trainwright.optim.scheduler.one_cycle",
+        "ConstantParamScheduler": "trainwright.optim.scheduler.param_scheduler",
+        "CosineAnnealingParamScheduler": "trainwright.optim.scheduler.param_scheduler",
+        "ExponentialParamScheduler": "trainwright.optim.scheduler.param_scheduler",
+        "LinearParamScheduler": "trainwright.optim.scheduler.param_scheduler",
+        "MultiStepParamScheduler": "trainwright.optim.scheduler.param_scheduler",
+        "PolyParamScheduler": "trainwright.optim.scheduler.param_scheduler",
+        "StepParamScheduler": "trainwright.optim.scheduler.param_scheduler",
+        "ReduceOnPlateauParamScheduler": "trainwright.optim.scheduler.plateau",
+        "TorchScheduler": "trainwright.optim.scheduler.torch_scheduler",
+    },
+    globals(),
 )
-from trainwright.optim.scheduler.momentum_scheduler import (
-    ConstantMomentum,
-    CosineAnnealingMomentum,
-    CosineRestartMomentum,
-    ExponentialMomentum,
-    LinearMomentum,
-    MomentumSchedulerMixin,
-    MultiStepMomentum,
-    PolyMomentum,
-    ReduceOnPlateauMomentum,
-    StepMomentum,
-)
-from trainwright.optim.scheduler.one_cycle import OneCycleParamScheduler
-from trainwright.optim.scheduler.param_scheduler import (
-    ConstantParamScheduler,
-    CosineAnnealingParamScheduler,
-    ExponentialParamScheduler,
-    LinearParamScheduler,
-    MultiStepParamScheduler,
-    PolyParamScheduler,
-    StepParamScheduler,
-)
-from trainwright.optim.scheduler.plateau import ReduceOnPlateauParamScheduler
-from trainwright.optim.scheduler.torch_scheduler import TorchScheduler
 
 __all__ = [
     "INF",

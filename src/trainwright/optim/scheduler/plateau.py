@@ -12,17 +12,9 @@ import math
 from collections.abc import Mapping, Sequence
 from typing import Any, ClassVar
 
+from trainwright.logging.metric_key import VAL_PREFIX, metric_key
 from trainwright.optim.scheduler.base import INF, OptimizerLike, ParamScheduler
 from trainwright.registry import PARAM_SCHEDULERS, did_you_mean
-
-#: The prefix the validation loop puts on metric keys; a monitor without it is looked up with it too.
-VAL_PREFIX = "val/"
-
-
-def metric_key(metric: str, metrics: Mapping[str, Any]) -> str | None:
-    """The key of ``metric`` in ``metrics``: itself, or ``val/<metric>`` (an mmengine config names the evaluator's
-    key); None if absent."""
-    return next((k for k in (metric, VAL_PREFIX + metric) if k in metrics), None)
 
 
 @PARAM_SCHEDULERS.register()
