@@ -39,6 +39,7 @@ import tempfile
 import time
 
 _SRC: str | None = None  # --src: where the children import trainwright from
+_FIXED_MMAP = False  # --fixed-mmap-threshold: glibc's mmap threshold fixed in both children
 #: The command lines timed (python + these arguments): the CLI's answers, and torch's import for reference.
 COMMANDS = {
     "trainwright --help": ["-m", "trainwright", "--help"],
@@ -287,6 +288,8 @@ def save_parts(rounds: int, dim: int, depth: int) -> None:
 def _env() -> dict[str, str]:
     """The children's environment: bytecode cached, as installed code runs."""
     env = {k: v for k, v in os.environ.items() if k != "PYTHONDONTWRITEBYTECODE"}
+    if _FIXED_MMAP:  # large blocks (activations) always mmapped: no heap fragmentation in the peak
+        env["MALLOC_MMAP_THRESHOLD_"] = "131072"
     if _SRC:
         env["PYTHONPATH"] = os.pathsep.join(p for p in (_SRC, env.get("PYTHONPATH")) if p)
     return env
@@ -375,6 +378,12 @@ def main() -> None:
     parser.add_argument(
         "--warmups", type=int, default=1, help="untimed processes per side first (they write the bytecode caches)"
     )
+    parser.add_argument(
+        "--fixed-mmap-threshold",
+        action="store_true",
+        help="run both children with glibc's mmap threshold fixed at 128 KiB (MALLOC_MMAP_THRESHOLD_): the peak RSS "
+        "then leaves out how the heap fragments around the activations, which moves each process's peak by several MB",
+    )
     parser.add_argument("--json", default=None, help="also write every number to this file")
     parser.add_argument(
         "--save-parts",
@@ -403,8 +412,9 @@ def main() -> None:
     if args.save_parts:
         save_parts(args.save_parts, args.dim, args.depth)
         return
-    global _SRC
+    global _SRC, _FIXED_MMAP
     _SRC = os.path.abspath(args.src) if args.src else None
+    _FIXED_MMAP = args.fixed_mmap_threshold
     sides = ("raw", "trainwright")
     if args.rounds <= 0:  # only the command line
         for name, argv in COMMANDS.items():
@@ -450,6 +460,7 @@ def main() -> None:
     print(
         f"{args.rounds} rounds, {args.steps} steps, GPT dim {args.dim} depth {args.depth}, {args.threads} thread(s), "
         f"trainwright from {_SRC or 'the installed package'}; median [min-max]"
+        + ("; glibc mmap threshold fixed at 128 KiB" if _FIXED_MMAP else "")
     )
     print(f"load average (1 min) at the rounds' starts: {_fmt(loads, digits=1)} on {os.cpu_count()} CPUs")
     print(
