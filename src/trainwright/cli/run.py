@@ -16,13 +16,20 @@ import subprocess
 import sys
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from trainwright.config import Config
-from trainwright.dist import DEFAULT_MASTER_PORT, NodeLayout, detect_launcher, is_launched_worker, resolve_nodes
 from trainwright.registry import ConfigError
-from trainwright.trainer import Trainer
-from trainwright.trainer.from_config import config_path_of
+from trainwright.utils.launcher import (
+    DEFAULT_MASTER_PORT,
+    NodeLayout,
+    detect_launcher,
+    is_launched_worker,
+    resolve_nodes,
+)
+
+if TYPE_CHECKING:
+    from trainwright.trainer import Trainer
 
 _LAUNCH_HINT = (
     "start the processes with: torchrun --nproc_per_node=N -m trainwright train CONFIG --launcher pytorch (or "
@@ -114,7 +121,7 @@ def launch_plan(args: argparse.Namespace, env: Any = None) -> tuple[int, int, in
 
     In this process: a worker that torchrun started, or one process on one node (a plain run,
     a task ``srun`` started, a pod of one process). Otherwise what the flags do not say comes
-    from the job (:func:`trainwright.dist.resolve_nodes`: SLURM, a Kubernetes PyTorchJob).
+    from the job (:func:`trainwright.utils.launcher.resolve_nodes`: SLURM, a Kubernetes PyTorchJob).
     """
     env = os.environ if env is None else env
     if is_launched_worker(env):
@@ -267,6 +274,8 @@ def run_command(args: argparse.Namespace, argv: Sequence[str]) -> int:
             return run_launcher(torchrun_argv(argv, *plan))
     _check_launcher(args.launcher)
     cfg = load_config(args)
+    from trainwright.trainer import Trainer  # torch loads here: a launcher or a config error never waits for it
+
     if args.command != "train":
         cfg.load_from = args.checkpoint or cfg.get("load_from")
         cfg.resume = False
@@ -296,6 +305,8 @@ def _run(trainer: Trainer, command: str, cfg: Config, debug: bool) -> Any:
             return None
         return trainer.test() if command == "test" else trainer.val()
     except Exception as e:
+        from trainwright.trainer.from_config import config_path_of
+
         # parts built when the run starts (optimizer, schedulers, train loader) fail here: name their config key
         path = config_path_of(cfg, e)
         if debug or (path is None and not _is_config_mistake(e)):
