@@ -237,6 +237,24 @@ def test_errors_in_a_subprocess_and_debug(tmp_path: Path) -> None:
     assert out.returncode == 2 and "CONFIG" in out.stderr
 
 
+def test_the_launcher_and_a_config_error_do_not_wait_for_torch(tmp_path: Path) -> None:
+    """``train --nproc 2`` plans its torchrun launch, and a missing config is reported, without importing torch (a
+    launch starts its workers one torch import sooner)."""
+    code = (
+        "import sys\n"
+        "from trainwright.cli.main import build_parser, main\n"
+        "from trainwright.cli.run import launch_plan\n"
+        "assert launch_plan(build_parser().parse_args(['train', 'c.py', '--nproc', '2']), {}) == (2, 1, 0, None)\n"
+        "assert main(['train', 'missing.py']) == 2\n"
+        "assert 'torch' not in sys.modules, 'the launcher imported torch'\n"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", code], cwd=tmp_path, env=_env(), capture_output=True, text=True, timeout=60
+    )
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert "Config file not found" in out.stderr
+
+
 def test_plot_unknown_key(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
     run = tmp_path / "wd" / "run"
     run.mkdir(parents=True)
