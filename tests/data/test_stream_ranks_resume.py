@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 from collections import Counter
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
@@ -32,10 +33,16 @@ def test_killed_and_resumed_stream_on_two_processes_trains_as_the_uninterrupted_
     full, cut = tmp_path / "full", tmp_path / "cut"
     for work in (full, cut):
         write_shards(work / "shards", shards=8, per_shard=SIZES)
-    launch(SCRIPT, [str(full), str(MAX_ITERS), "0", "a"], tmp_path, nproc=2, timeout=180)
-    killed = launch(SCRIPT, [str(cut), str(MAX_ITERS), str(KILL_AT), "a"], tmp_path, nproc=2, timeout=180, check=False)
-    assert killed.returncode != 0
-    launch(SCRIPT, [str(cut), str(MAX_ITERS), str(KILL_AT), "b", "--resume"], tmp_path, nproc=2, timeout=180)
+        (tmp_path / f"{work.name}_tmp").mkdir()  # each launch its own TMPDIR and logs
+    with ThreadPoolExecutor(1) as beside:  # the uninterrupted run trains while the killed one and its resume do
+        uninterrupted = beside.submit(
+            launch, SCRIPT, [str(full), str(MAX_ITERS), "0", "a"], tmp_path / "full_tmp", nproc=2, timeout=180
+        )
+        args = [str(cut), str(MAX_ITERS), str(KILL_AT)]
+        killed = launch(SCRIPT, [*args, "a"], tmp_path / "cut_tmp", nproc=2, timeout=180, check=False)
+        assert killed.returncode != 0
+        launch(SCRIPT, [*args, "b", "--resume"], tmp_path / "cut_tmp", nproc=2, timeout=180)
+        uninterrupted.result()
     parts = []
     for rank in range(2):
         reference = _trained(full, "a", rank)
