@@ -11,14 +11,14 @@ import json
 import os
 import random
 import signal
-import subprocess
-import sys
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 import torch
+from forked import ForkedRun, ForkServer
 
 SCRIPT = Path(__file__).with_name("chaos_train.py")
 _NONDETERMINISTIC = {"time", "data_time", "samples_per_s", "tokens_per_s", "tflops", "mfu"}  # wall-clock derived
@@ -32,22 +32,65 @@ def _env(tmp_path: Path, **extra: str) -> dict[str, str]:
     return env
 
 
+@pytest.fixture(scope="module")
+def forks(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ForkServer]:
+    """The runs' processes are forked from one that imported torch once (each run is still a process of its own)."""
+    tmp = tmp_path_factory.mktemp("forks")
+    server = ForkServer(_env(tmp), tmp / "server.log")
+    yield server
+    server.close()
+
+
 def _start(
-    tmp_path: Path, work: Path, experiment: str, workers: int = 0, async_save: bool = False, **env: str
-) -> subprocess.Popen[str]:
-    cmd = [sys.executable, str(SCRIPT), str(work), "--workers", str(workers), "--experiment", experiment]
-    if async_save:
-        cmd.append("--async-save")
-    return subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=_env(tmp_path, **env))
+    forks: ForkServer,
+    tmp_path: Path,
+    work: Path,
+    experiment: str,
+    workers: int = 0,
+    async_save: bool = False,
+    **env: str,
+) -> ForkedRun:
+    args = [str(work), "--workers", str(workers), "--experiment", experiment, *(["--async-save"] if async_save else [])]
+    return forks.start(SCRIPT, args, env=_env(tmp_path, **env))
 
 
-def _run_to_end(tmp_path: Path, work: Path, experiment: str, workers: int = 0, **kw: Any) -> None:
-    p = _start(tmp_path, work, experiment, workers, **kw)
+def _run_to_end(forks: ForkServer, tmp_path: Path, work: Path, experiment: str, workers: int = 0, **kw: Any) -> None:
+    _finish(_start(forks, tmp_path, work, experiment, workers, **kw))
+
+
+def _finish(p: ForkedRun) -> None:
     out, err = p.communicate(timeout=120)
     assert p.returncode == 0, f"run failed ({p.returncode}):\n{out[-2000:]}\n{err[-4000:]}"
 
 
-def _wait_for_iter(p: subprocess.Popen[str], target: int) -> int | None:
+class Reference:
+    """An uninterrupted run started in the background (beside the runs a test kills); ``work()`` waits for its end."""
+
+    def __init__(self, forks: ForkServer, tmp_path: Path, workers: int = 0) -> None:
+        self.dir = tmp_path / "ref"
+        self._p: ForkedRun | None = _start(forks, tmp_path, self.dir, "ref", workers)
+
+    def work(self) -> Path:
+        if self._p is not None:
+            p, self._p = self._p, None
+            _finish(p)
+        return self.dir
+
+    def stop(self) -> None:
+        if self._p is not None:
+            self._p.kill()
+            self._p.communicate()
+
+
+@pytest.fixture(scope="module")
+def reference(tmp_path_factory: pytest.TempPathFactory, forks: ForkServer) -> Iterator[Reference]:
+    """The uninterrupted run without loader workers, shared by the tests that compare with it."""
+    ref = Reference(forks, tmp_path_factory.mktemp("chaos_ref"))
+    yield ref
+    ref.stop()
+
+
+def _wait_for_iter(p: ForkedRun, target: int) -> int | None:
     """Read progress lines until iteration ``target``; return the start iteration or None if it ended."""
     assert p.stdout is not None
     start = None
@@ -101,10 +144,9 @@ def _assert_same_run(ref: Path, work: Path) -> None:
 @pytest.mark.slow
 @pytest.mark.multiprocess
 @pytest.mark.timeout(300)
-def test_sigkill_at_random_moments_resumes_bitwise(tmp_path: Path) -> None:
+def test_sigkill_at_random_moments_resumes_bitwise(tmp_path: Path, forks: ForkServer, reference: Reference) -> None:
     rng = random.Random(20240611)
-    ref, work = tmp_path / "ref", tmp_path / "chaos"
-    _run_to_end(tmp_path, ref, "ref")
+    work = tmp_path / "chaos"
     total = 45  # 3 epochs x 15 iterations
     # Forced kills inside checkpoint writes: after the data is in the temp file but before the
     # rename (".pth"), and after the rename but before the latest pointer moves ("latest").
@@ -127,7 +169,7 @@ def test_sigkill_at_random_moments_resumes_bitwise(tmp_path: Path) -> None:
     for attempt, step in enumerate(plan):
         async_save = attempt % 2 == 1  # background writes half of the time
         if step == "random":
-            p = _start(tmp_path, work, f"a{attempt:02d}", async_save=async_save, CHAOS_ITER_SLEEP="0.01")
+            p = _start(forks, tmp_path, work, f"a{attempt:02d}", async_save=async_save, CHAOS_ITER_SLEEP="0.01")
             # we learn the start iteration from the first line, then kill 1..6 iterations later
             assert p.stdout is not None
             first = p.stdout.readline()
@@ -148,15 +190,15 @@ def test_sigkill_at_random_moments_resumes_bitwise(tmp_path: Path) -> None:
             p.send_signal(signal.SIGKILL)
             p.wait(timeout=30)
         else:
-            p = _start(tmp_path, work, f"a{attempt:02d}", async_save=async_save, CHAOS_KILL_ON_REPLACE=step[1])
+            p = _start(forks, tmp_path, work, f"a{attempt:02d}", async_save=async_save, CHAOS_KILL_ON_REPLACE=step[1])
             p.communicate(timeout=120)
         assert p.returncode == -signal.SIGKILL, (
             f"attempt {attempt} ({step}) ended with {p.returncode}, expected SIGKILL"
         )
         kills += 1
     assert kills >= 10
-    _run_to_end(tmp_path, work, "final")
-    _assert_same_run(ref, work)
+    _run_to_end(forks, tmp_path, work, "final")
+    _assert_same_run(reference.work(), work)
     assert len(set(resumed_from)) > 2, f"the kills did not land at different points: {resumed_from}"
     leftovers = [f.name for f in (work / "checkpoints").iterdir() if ".tmp." in f.name]
     assert leftovers == [], f"stale temporary files were not cleaned up: {leftovers}"
@@ -166,10 +208,11 @@ def test_sigkill_at_random_moments_resumes_bitwise(tmp_path: Path) -> None:
 @pytest.mark.multiprocess
 @pytest.mark.timeout(180)
 @pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGUSR1])
-def test_preemption_signal_saves_exits_and_resumes_bitwise(tmp_path: Path, sig: signal.Signals) -> None:
-    ref, work = tmp_path / "ref", tmp_path / "work"
-    _run_to_end(tmp_path, ref, "ref")
-    p = _start(tmp_path, work, "first", CHAOS_ITER_SLEEP="0.01")
+def test_preemption_signal_saves_exits_and_resumes_bitwise(
+    tmp_path: Path, sig: signal.Signals, forks: ForkServer, reference: Reference
+) -> None:
+    work = tmp_path / "work"
+    p = _start(forks, tmp_path, work, "first", CHAOS_ITER_SLEEP="0.01")
     _wait_for_iter(p, 9)  # between two periodic checkpoints (every 4 iterations)
     p.send_signal(sig)
     out, err = p.communicate(timeout=60)
@@ -178,21 +221,25 @@ def test_preemption_signal_saves_exits_and_resumes_bitwise(tmp_path: Path, sig: 
     latest = (work / "checkpoints" / "latest").read_text().strip()
     assert latest == f"iter_{stopped_at}.pth", (latest, stopped_at)
     assert "done" not in out
-    _run_to_end(tmp_path, work, "second")
-    _assert_same_run(ref, work)
+    _run_to_end(forks, tmp_path, work, "second")
+    _assert_same_run(reference.work(), work)
 
 
 @pytest.mark.slow
 @pytest.mark.multiprocess
 @pytest.mark.timeout(240)
-def test_immediate_restart_after_sigkill_with_loader_workers_is_not_refused(tmp_path: Path) -> None:
+def test_immediate_restart_after_sigkill_with_loader_workers_is_not_refused(tmp_path: Path, forks: ForkServer) -> None:
     """Forked DataLoader workers outlive a ``kill -9`` of their parent for a few seconds; they must not hold its
     work-dir lock."""
-    ref, work = tmp_path / "ref", tmp_path / "work"
-    _run_to_end(tmp_path, ref, "ref", workers=2)
-    p = _start(tmp_path, work, "killed", workers=2, CHAOS_ITER_SLEEP="0.02")
-    assert _wait_for_iter(p, 8) is not None, p.stderr.read() if p.stderr else ""
-    p.send_signal(signal.SIGKILL)
-    p.wait(timeout=30)
-    _run_to_end(tmp_path, work, "restarted", workers=2)  # at once: the killed run's workers may still be alive
-    _assert_same_run(ref, work)
+    ref, work = Reference(forks, tmp_path, workers=2), tmp_path / "work"
+    try:
+        p = _start(forks, tmp_path, work, "killed", workers=2, CHAOS_ITER_SLEEP="0.02")
+        assert _wait_for_iter(p, 8) is not None, p.stderr.read() if p.stderr else ""
+        p.send_signal(signal.SIGKILL)
+        p.wait(timeout=30)
+        _run_to_end(
+            forks, tmp_path, work, "restarted", workers=2
+        )  # at once: the killed run's workers may still be alive
+        _assert_same_run(ref.work(), work)
+    finally:
+        ref.stop()
