@@ -54,10 +54,16 @@ def out(tmp_path_factory: pytest.TempPathFactory) -> Path:
         1,
     )
     shutil.copytree(out / "H" / "checkpoints", out / "I" / "checkpoints")
-    # two processes x half the batch (R: clip_grad re-assigned in before_train, after the strategy prepared the run)
+    # two processes x half the batch (R: clip_grad re-assigned in before_train, after the strategy prepared the run);
+    # --trainer-group: the script makes no process group, the first Trainer (GX) joins the launcher's and every later
+    # one finds it (GX, GY, GZ: test_later_trainers_in_one_torchrun_process_join_the_launchers_group)
     _launch(
         out,
         [
+            "--trainer-group",
+            "GX:ddp:8:4:save=2",
+            "GY:fsdp:8:4:save=2:async=1",
+            "GZ:fsdp:8:4:save=2:async=1",
             "A:fsdp:8:8:clip=0.5:save=2:keep=2:async=1:weights=1",
             "B:fsdp:4:8:accum=2",
             "C:fsdp:8:4:clip=0.5:save=4",
@@ -276,37 +282,29 @@ def test_load_from_full_weights_into_a_sharded_model(out: Path) -> None:
         assert torch.equal(loaded["params"][k], v), k
 
 
-def test_later_trainers_in_one_torchrun_process_join_the_launchers_group(tmp_path: Path) -> None:
-    """One script under torchrun (2 processes) that makes no process group: a DDP Trainer, then two FSDP Trainers with
-    async
-    checkpoints, one after the other. The first strategy joins the group from the launcher's environment; close() leaves
-    it
-    for the next Trainer (initialising it again could hang), and it is destroyed at exit. Every run finishes; same
-    spec, same weights."""
-    _launch(
-        tmp_path,
-        ["--trainer-group", "X:ddp:8:4:save=2", "Y:fsdp:8:4:save=2:async=1", "Z:fsdp:8:4:save=2:async=1"],
-        2,
-        timeout=100,
-    )
+def test_later_trainers_in_one_torchrun_process_join_the_launchers_group(out: Path) -> None:
+    """One script under torchrun (2 processes) that makes no process group (the fixture's 2-process launch): a DDP
+    Trainer, then two FSDP Trainers with async checkpoints, one after the other (then the fixture's other runs). The
+    first strategy joins the group from the launcher's environment; close() leaves it for the next Trainer
+    (initialising it again could hang), and it is destroyed at exit. Every run finishes; same spec, same weights."""
     for rank in (0, 1):
-        runs = [_result(tmp_path, name, rank) for name in "XYZ"]
+        runs = [_result(out, name, rank) for name in ("GX", "GY", "GZ")]
         assert [(r["strategy"], r["world_size"], r["iteration"], r["error"]) for r in runs] == [
             ("ddp", 2, 4, None),
             ("fsdp", 2, 4, None),
             ("fsdp", 2, 4, None),
         ]
         assert all(r["group_after_close"] for r in runs)  # kept for the next Trainer
-        assert json.loads((tmp_path / f"exit_rank{rank}.json").read_text()) == {
+        assert json.loads((out / f"exit_rank{rank}.json").read_text()) == {
             "initialized_at_exit": False
         }  # destroyed at exit
-    ddp, fsdp, again = (_result(tmp_path, name) for name in "XYZ")
+    ddp, fsdp, again = (_result(out, name) for name in ("GX", "GY", "GZ"))
     _assert_params_close(fsdp, ddp)
     for k, v in fsdp["params"].items():
         assert torch.equal(again["params"][k], v), k
-    assert sorted(p.name for p in (tmp_path / "X" / "checkpoints").iterdir()) == ["iter_2.pth", "iter_4.pth", "latest"]
-    for name in "YZ":
-        ckpts = tmp_path / name / "checkpoints"
+    assert sorted(p.name for p in (out / "GX" / "checkpoints").iterdir()) == ["iter_2.pth", "iter_4.pth", "latest"]
+    for name in ("GY", "GZ"):
+        ckpts = out / name / "checkpoints"
         assert sorted(p.name for p in ckpts.iterdir()) == ["iter_2.dcp", "iter_4.dcp", "latest"]
         assert (ckpts / "iter_4.dcp" / ".metadata").is_file()
 
