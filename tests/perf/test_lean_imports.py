@@ -137,3 +137,33 @@ def test_import_help_and_a_default_run_load_no_optional_package(tmp_path: Path) 
         "writers": ["TensorBoardWriter", "WandbWriter", "MlflowWriter"],
         "hook": "LoggerHook",
     }
+
+
+def test_every_public_name_of_a_lazy_package_loads() -> None:
+    """Each name a package lists in ``__all__`` is importable from it, whether it loads at once or on first use (its
+    ``if TYPE_CHECKING:`` imports are where ``utils/lazy.py`` finds its module)."""
+    import importlib
+
+    packages = (
+        "trainwright.amp",
+        "trainwright.data",
+        "trainwright.evaluation",
+        "trainwright.evaluation.metrics",
+        "trainwright.hooks",
+        "trainwright.logging",
+        "trainwright.model",
+        "trainwright.optim.scheduler",
+        "trainwright.strategies",
+        "trainwright.tuning",
+        "trainwright.checkpoint.storage",
+    )
+    missing = []
+    for name in packages:
+        package = importlib.import_module(name)
+        for attr in package.__all__:
+            try:
+                getattr(package, attr)
+            except AttributeError:
+                missing.append(f"{name}.{attr}")
+        assert set(package.__all__) <= set(dir(package))
+    assert missing == []

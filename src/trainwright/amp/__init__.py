@@ -30,18 +30,7 @@ if TYPE_CHECKING:
     )
 
 #: Loaded on first use (PEP 562): a run keeps only the code it uses.
-__getattr__, __dir__ = lazy_names(
-    __name__,
-    {
-        "auto_fp16": "trainwright.amp.fp16_utils",
-        "cast_tensor_type": "trainwright.amp.fp16_utils",
-        "force_fp32": "trainwright.amp.fp16_utils",
-        "patch_forward_method": "trainwright.amp.fp16_utils",
-        "patch_norm_fp32": "trainwright.amp.fp16_utils",
-        "wrap_fp16_model": "trainwright.amp.fp16_utils",
-    },
-    globals(),
-)
+__getattr__, __dir__ = lazy_names(__name__, __file__, globals())
 
 __all__ = [
     "PRECISIONS",

@@ -18,8 +18,7 @@ from trainwright.utils.lazy import lazy_names
 
 if TYPE_CHECKING:
     from trainwright.checkpoint.fsspec_store import FsspecStore
-
-    RemoteStore = FsspecStore
+    from trainwright.checkpoint.fsspec_store import FsspecStore as RemoteStore
 
 __all__ = [
     "FsspecStore",
@@ -37,14 +36,7 @@ __all__ = [
 
 #: Loaded on first use (a run on local disk never needs it); ``RemoteStore`` is the former name of
 #: :class:`FsspecStore` (kept for code that names it).
-__getattr__, __dir__ = lazy_names(
-    __name__,
-    {
-        "FsspecStore": "trainwright.checkpoint.fsspec_store",
-        "RemoteStore": "trainwright.checkpoint.fsspec_store:FsspecStore",
-    },
-    globals(),
-)
+__getattr__, __dir__ = lazy_names(__name__, __file__, globals())
 
 
 def is_url(path: object) -> bool:

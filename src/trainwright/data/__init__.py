@@ -18,19 +18,7 @@ if TYPE_CHECKING:
     from trainwright.data.wrappers import ClassBalancedDataset, ConcatDataset, RepeatDataset
 
 #: Loaded on first use (PEP 562): a run keeps only the code it uses.
-__getattr__, __dir__ = lazy_names(
-    __name__,
-    {
-        "Mixture": "trainwright.data.mixture",
-        "EvenEnd": "trainwright.data.split",
-        "StreamShard": "trainwright.data.split",
-        "split_stream": "trainwright.data.split",
-        "ClassBalancedDataset": "trainwright.data.wrappers",
-        "ConcatDataset": "trainwright.data.wrappers",
-        "RepeatDataset": "trainwright.data.wrappers",
-    },
-    globals(),
-)
+__getattr__, __dir__ = lazy_names(__name__, __file__, globals())
 
 __all__ = [
     "ClassBalancedDataset",

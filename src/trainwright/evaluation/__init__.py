@@ -15,13 +15,6 @@ if TYPE_CHECKING:
     from trainwright.evaluation.torchmetrics_adapter import TorchMetric
 
 #: Loaded on first use (PEP 562): a run keeps only the code it uses.
-__getattr__, __dir__ = lazy_names(
-    __name__,
-    {
-        "Accuracy": "trainwright.evaluation.metrics",
-        "TorchMetric": "trainwright.evaluation.torchmetrics_adapter",
-    },
-    globals(),
-)
+__getattr__, __dir__ = lazy_names(__name__, __file__, globals())
 
 __all__ = ["Accuracy", "Evaluator", "Metric", "TorchMetric", "collect_results", "merge_rank_results"]

@@ -29,32 +29,7 @@ if TYPE_CHECKING:
     from trainwright.hooks.sync_buffers import SyncBuffersHook
 
 #: Loaded on first use (PEP 562): a run keeps only the code it uses.
-__getattr__, __dir__ = lazy_names(
-    __name__,
-    {
-        "CheckpointHook": "trainwright.hooks.checkpoint",
-        "EarlyStoppingHook": "trainwright.hooks.early_stopping",
-        "EMAHook": "trainwright.hooks.ema",
-        "EmptyCacheHook": "trainwright.hooks.empty_cache",
-        "SafetensorsExportHook": "trainwright.hooks.export",
-        "FlopsHook": "trainwright.hooks.flops",
-        "IterTimerHook": "trainwright.hooks.iter_timer",
-        "LoggerHook": "trainwright.hooks.logger",
-        "MemorySnapshotHook": "trainwright.hooks.memory",
-        "NormsHook": "trainwright.hooks.norms",
-        "ParamSchedulerHook": "trainwright.hooks.param_scheduler",
-        "PreciseBNHook": "trainwright.hooks.precise_bn",
-        "PreemptionHook": "trainwright.hooks.preemption",
-        "ProfilerHook": "trainwright.hooks.profiler",
-        "ProgressBarHook": "trainwright.hooks.progress_bar",
-        "RuntimeInfoHook": "trainwright.hooks.runtime_info",
-        "DistSamplerSeedHook": "trainwright.hooks.sampler_seed",
-        "StallHook": "trainwright.hooks.stall",
-        "SWAHook": "trainwright.hooks.swa",
-        "SyncBuffersHook": "trainwright.hooks.sync_buffers",
-    },
-    globals(),
-)
+__getattr__, __dir__ = lazy_names(__name__, __file__, globals())
 
 __all__ = [
     "Hook",

@@ -34,16 +34,7 @@ if TYPE_CHECKING:
     from trainwright.logging.wandb_writer import WandbWriter
 
 #: Loaded on first use (PEP 562): a run keeps only the code it uses.
-__getattr__, __dir__ = lazy_names(
-    __name__,
-    {
-        "CsvWriter": "trainwright.logging.csv_writer",
-        "MlflowWriter": "trainwright.logging.mlflow_writer",
-        "TensorBoardWriter": "trainwright.logging.tensorboard_writer",
-        "WandbWriter": "trainwright.logging.wandb_writer",
-    },
-    globals(),
-)
+__getattr__, __dir__ = lazy_names(__name__, __file__, globals())
 
 __all__ = [
     "MessageHub",

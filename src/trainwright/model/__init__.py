@@ -10,13 +10,7 @@ if TYPE_CHECKING:
     from trainwright.model.ema import ExponentialMovingAverage
 
 #: Loaded on first use (PEP 562): a run keeps only the code it uses.
-__getattr__, __dir__ = lazy_names(
-    __name__,
-    {
-        "ExponentialMovingAverage": "trainwright.model.ema",
-    },
-    globals(),
-)
+__getattr__, __dir__ = lazy_names(__name__, __file__, globals())
 
 __all__ = [
     "BaseModel",

@@ -32,15 +32,6 @@ def build_strategy(strategy: "str | Strategy | dict | None" = None, **kwargs) ->
 
 
 #: Loaded on first use (PEP 562): a run keeps only the code it uses.
-__getattr__, __dir__ = lazy_names(
-    __name__,
-    {
-        "DDPStrategy": "trainwright.strategies.ddp",
-        "DeepSpeedStrategy": "trainwright.strategies.deepspeed",
-        "FSDPStrategy": "trainwright.strategies.fsdp",
-        "SingleDeviceStrategy": "trainwright.strategies.single_device",
-    },
-    globals(),
-)
+__getattr__, __dir__ = lazy_names(__name__, __file__, globals())
 
 __all__ = ["Strategy", "SingleDeviceStrategy", "DDPStrategy", "FSDPStrategy", "DeepSpeedStrategy", "build_strategy"]

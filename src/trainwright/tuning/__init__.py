@@ -15,16 +15,6 @@ if TYPE_CHECKING:
 
 
 #: Loaded on first use (PEP 562): a run keeps only the code it uses.
-__getattr__, __dir__ = lazy_names(
-    __name__,
-    {
-        "find_batch_size": "trainwright.tuning.batch_size",
-        "with_batch_size": "trainwright.tuning.batch_size",
-        "LRFinderResult": "trainwright.tuning.lr_finder",
-        "find_lr": "trainwright.tuning.lr_finder",
-        "preserved": "trainwright.tuning.state",
-    },
-    globals(),
-)
+__getattr__, __dir__ = lazy_names(__name__, __file__, globals())
 
 __all__ = ["LRFinderResult", "find_batch_size", "find_lr", "preserved", "with_batch_size"]

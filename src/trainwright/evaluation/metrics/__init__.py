@@ -11,12 +11,6 @@ if TYPE_CHECKING:
 
 
 #: Loaded on first use (PEP 562): a run keeps only the code it uses.
-__getattr__, __dir__ = lazy_names(
-    __name__,
-    {
-        "Accuracy": "trainwright.evaluation.metrics.accuracy",
-    },
-    globals(),
-)
+__getattr__, __dir__ = lazy_names(__name__, __file__, globals())
 
 __all__ = ["Accuracy"]

@@ -56,46 +56,7 @@ if TYPE_CHECKING:
     from trainwright.optim.scheduler.torch_scheduler import TorchScheduler
 
 #: Loaded on first use (PEP 562): a run keeps only the code it uses.
-__getattr__, __dir__ = lazy_names(
-    __name__,
-    {
-        "CosineRestartParamScheduler": "trainwright.optim.scheduler.cosine_restart",
-        "LambdaLR": "trainwright.optim.scheduler.lambda_scheduler",
-        "LambdaParamScheduler": "trainwright.optim.scheduler.lambda_scheduler",
-        "ConstantLR": "trainwright.optim.scheduler.lr_scheduler",
-        "CosineAnnealingLR": "trainwright.optim.scheduler.lr_scheduler",
-        "CosineRestartLR": "trainwright.optim.scheduler.lr_scheduler",
-        "ExponentialLR": "trainwright.optim.scheduler.lr_scheduler",
-        "LinearLR": "trainwright.optim.scheduler.lr_scheduler",
-        "LRSchedulerMixin": "trainwright.optim.scheduler.lr_scheduler",
-        "MultiStepLR": "trainwright.optim.scheduler.lr_scheduler",
-        "OneCycleLR": "trainwright.optim.scheduler.lr_scheduler",
-        "PolyLR": "trainwright.optim.scheduler.lr_scheduler",
-        "ReduceOnPlateauLR": "trainwright.optim.scheduler.lr_scheduler",
-        "StepLR": "trainwright.optim.scheduler.lr_scheduler",
-        "ConstantMomentum": "trainwright.optim.scheduler.momentum_scheduler",
-        "CosineAnnealingMomentum": "trainwright.optim.scheduler.momentum_scheduler",
-        "CosineRestartMomentum": "trainwright.optim.scheduler.momentum_scheduler",
-        "ExponentialMomentum": "trainwright.optim.scheduler.momentum_scheduler",
-        "LinearMomentum": "trainwright.optim.scheduler.momentum_scheduler",
-        "MomentumSchedulerMixin": "trainwright.optim.scheduler.momentum_scheduler",
-        "MultiStepMomentum": "trainwright.optim.scheduler.momentum_scheduler",
-        "PolyMomentum": "trainwright.optim.scheduler.momentum_scheduler",
-        "ReduceOnPlateauMomentum": "trainwright.optim.scheduler.momentum_scheduler",
-        "StepMomentum": "trainwright.optim.scheduler.momentum_scheduler",
-        "OneCycleParamScheduler": "trainwright.optim.scheduler.one_cycle",
-        "ConstantParamScheduler": "trainwright.optim.scheduler.param_scheduler",
-        "CosineAnnealingParamScheduler": "trainwright.optim.scheduler.param_scheduler",
-        "ExponentialParamScheduler": "trainwright.optim.scheduler.param_scheduler",
-        "LinearParamScheduler": "trainwright.optim.scheduler.param_scheduler",
-        "MultiStepParamScheduler": "trainwright.optim.scheduler.param_scheduler",
-        "PolyParamScheduler": "trainwright.optim.scheduler.param_scheduler",
-        "StepParamScheduler": "trainwright.optim.scheduler.param_scheduler",
-        "ReduceOnPlateauParamScheduler": "trainwright.optim.scheduler.plateau",
-        "TorchScheduler": "trainwright.optim.scheduler.torch_scheduler",
-    },
-    globals(),
-)
+__getattr__, __dir__ = lazy_names(__name__, __file__, globals())
 
 __all__ = [
     "INF",
