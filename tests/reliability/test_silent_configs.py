@@ -195,26 +195,46 @@ t.close()
 """
 
 
-def _fresh_process(tmp_path: Path, how: str, n: int) -> tuple[float, str]:
-    work = tmp_path / f"{how}{n}"
+def _fresh_processes(tmp_path: Path, runs: list[tuple[str, int]]) -> dict[tuple[str, int], tuple[float, str]]:
+    """Each ``(how, n)`` in its own fresh Python process (all started at once, each with its own unseeded torch): the
+    head's weight sum and the run's train.log."""
     code = _FRESH_PROCESS.format(tests=str(ROOT / "tests"), here=str(Path(__file__).parent))
     env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(ROOT / "src"), os.environ.get("PYTHONPATH", "")]))
-    out = subprocess.run(
-        [sys.executable, "-c", code, how, str(work)], capture_output=True, text=True, env=env, timeout=120
-    )
-    assert out.returncode == 0, out.stderr[-3000:]
-    weights = float(next(line.split()[1] for line in out.stdout.splitlines() if line.startswith("WEIGHTS")))
-    return weights, (work / "run" / "train.log").read_text()
+    env["OMP_NUM_THREADS"] = "1"  # six at once on a small machine: one thread each
+    procs = {
+        (how, n): subprocess.Popen(
+            [sys.executable, "-c", code, how, str(tmp_path / f"{how}{n}")],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+            env=env,
+        )
+        for how, n in runs
+    }
+    results = {}
+    try:
+        for (how, n), proc in procs.items():
+            stdout, stderr = proc.communicate(timeout=240)
+            assert proc.returncode == 0, stderr[-3000:]
+            weights = float(next(line.split()[1] for line in stdout.splitlines() if line.startswith("WEIGHTS")))
+            results[how, n] = weights, (tmp_path / f"{how}{n}" / "run" / "train.log").read_text()
+    finally:
+        for proc in procs.values():
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait()
+    return results
 
 
 def test_model_built_before_the_seed_is_noted_once_with_the_fix(tmp_path: Path) -> None:
-    (w1, log1), (w2, _) = _fresh_process(tmp_path, "object", 1), _fresh_process(tmp_path, "object", 2)
+    runs = _fresh_processes(tmp_path, [(how, n) for how in ("object", "dict", "seeded_first") for n in (1, 2)])
+    (w1, log1), (w2, _) = runs["object", 1], runs["object", 2]
     assert w1 != w2  # the trap: same script, same seed, other initial weights
     assert log1.count("The model was built before the Trainer seeded torch with seed 3") == 1
     assert "tw.seed_everything(3)" in log1 and "model=dict(type=...)" in log1
 
     for how in ("dict", "seeded_first"):
-        (a, log_a), (b, _) = _fresh_process(tmp_path, how, 1), _fresh_process(tmp_path, how, 2)
+        (a, log_a), (b, _) = runs[how, 1], runs[how, 2]
         assert a == b, how  # the fix: both runs start from the same weights
         assert "built before the Trainer seeded" not in log_a, how
 
