@@ -3,7 +3,9 @@ several nodes, srun and PyTorchJob environments.
 
 Every run is ``trainwright train tests/cli/cluster_cfg.py`` in a subprocess (gloo on 127.0.0.1,
 its own TMPDIR); a fake ``scontrol`` on PATH records its arguments. Results are each rank's
-final weights (``result_rank<r>.pt``), compared bitwise unless a tolerance is stated.
+final weights (``result_rank<r>.pt``), compared bitwise unless a tolerance is stated. One-process
+references run the same command in the test's own process (no start-up), and runs that do not
+depend on each other run at the same time.
 """
 
 from __future__ import annotations
@@ -14,6 +16,7 @@ import socket
 import subprocess
 import sys
 import time
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
@@ -21,6 +24,7 @@ import torch
 from launch import gloo_env
 
 from trainwright.checkpoint import read_latest
+from trainwright.cli.main import main
 from trainwright.cli.run import worker_pids
 
 pytestmark = [pytest.mark.multiprocess, pytest.mark.slow]
@@ -82,6 +86,24 @@ def _train(tmp: Path, work: str, *args: str, env: dict[str, str] | None = None) 
     return out
 
 
+def _train_here(tmp: Path, work: str, *args: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """``trainwright train CFG`` in this process, as :func:`_train` runs it in a child: no job variables, TMPDIR in
+    ``tmp``, one thread."""
+    with monkeypatch.context() as mp:
+        for k in list(os.environ):
+            if k.startswith(_JOB_VARS) or k in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT"):
+                mp.delenv(k)
+        mp.delenv("CLUSTER_ITER_SLEEP", raising=False)
+        mp.setenv("TMPDIR", str(tmp))
+        mp.chdir(tmp)
+        threads = torch.get_num_threads()
+        torch.set_num_threads(1)
+        try:
+            assert main(["train", CFG, "--work-dir", str(tmp / work), *args]) == 0
+        finally:
+            torch.set_num_threads(threads)
+
+
 def _wait_for(log: Path, text: str, proc: subprocess.Popen[bytes], timeout: float = 180) -> None:
     end = time.monotonic() + timeout
     while text not in log.read_text():
@@ -105,10 +127,11 @@ def _assert_equal(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor], atol: 
 
 # -- SLURM requeue ----------------------------------------------------------------------------
 @pytest.mark.timeout(600)
-def test_sigusr1_under_slurm_saves_requeues_exits_0_and_the_requeued_job_ends_bitwise(tmp_path: Path) -> None:
+def test_sigusr1_under_slurm_saves_requeues_exits_0_and_the_requeued_job_ends_bitwise(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """One process: SIGUSR1 mid-run → checkpoint, ``scontrol requeue 4242``, status 0; the same command again
     finishes like an uninterrupted run."""
-    _train(tmp_path, "ref")
     record = fake_scontrol(tmp_path / "bin")
     env = _env(
         tmp_path,
@@ -119,6 +142,7 @@ def test_sigusr1_under_slurm_saves_requeues_exits_0_and_the_requeued_job_ends_bi
     proc, log = _start(tmp_path, "job", env=env)
     _wait_for(log, "iter 5 ", proc)
     proc.send_signal(signal.SIGUSR1)
+    _train_here(tmp_path, "ref", monkeypatch=monkeypatch)  # the uninterrupted run, while the job saves and exits
     code, out = _finish(proc, log)
     assert code == 0, out[-4000:]
     assert record.read_text().split() == ["requeue", "4242"]
@@ -138,8 +162,12 @@ def test_nproc_2_forwards_sigusr1_from_the_launcher_or_with_every_process_signal
     """``--nproc 2``: SIGUSR1 to the launcher only reaches the workers; SIGUSR1 to launcher, torchrun and workers at
     once
     (SLURM's ``--signal=USR1@90``) kills nothing and counts once. Both requeue once and exit 0; the requeued run ends
-    bitwise like an uninterrupted 2-process run."""
-    _train(tmp_path, "ref", "--nproc", "2")
+    bitwise like an uninterrupted 2-process run.
+
+    The uninterrupted run and both signalled runs run at the same time; each is signalled once its log shows iteration
+    2."""
+    ref = _start(tmp_path, "ref", "--nproc", "2")
+    runs = {}
     for how in ("launcher", "everyone"):
         record = fake_scontrol(tmp_path / f"bin_{how}")
         env = _env(
@@ -148,20 +176,33 @@ def test_nproc_2_forwards_sigusr1_from_the_launcher_or_with_every_process_signal
             CLUSTER_ITER_SLEEP="0.1",
             PATH=f"{tmp_path / f'bin_{how}'}{os.pathsep}{os.environ['PATH']}",
         )
-        proc, log = _start(tmp_path, how, "--nproc", "2", env=env)
-        _wait_for(log, "iter 2 ", proc)
-        if how == "launcher":
-            proc.send_signal(signal.SIGUSR1)
-        else:
-            (torchrun,) = worker_pids(proc.pid)
-            for pid in [proc.pid, torchrun, *worker_pids(torchrun)]:
-                os.kill(pid, signal.SIGUSR1)
+        runs[how] = (*_start(tmp_path, how, "--nproc", "2", env=env), record)
+    waiting = set(runs)
+    end = time.monotonic() + 180
+    while waiting:
+        for how in sorted(waiting):
+            proc, log, _ = runs[how]
+            if "iter 2 " not in log.read_text():
+                assert proc.poll() is None, f"ended before 'iter 2 ':\n{log.read_text()[-4000:]}"
+                continue
+            waiting.discard(how)
+            if how == "launcher":
+                proc.send_signal(signal.SIGUSR1)
+            else:
+                (torchrun,) = worker_pids(proc.pid)
+                for pid in [proc.pid, torchrun, *worker_pids(torchrun)]:
+                    os.kill(pid, signal.SIGUSR1)
+        assert time.monotonic() < end, f"no 'iter 2 ' within 180 s in {sorted(waiting)}"
+        time.sleep(0.1)
+    for how, (proc, log, record) in runs.items():
         code, out = _finish(proc, log)
         assert code == 0, out[-6000:]
         assert "SIGUSR1 forwarded to the workers" in out
         assert record.read_text().split() == ["requeue", "4242"], out[-4000:]  # rank 0 only, once
         assert read_latest(tmp_path / how / "checkpoints") is not None
         assert not list((tmp_path / how).glob("result_rank*.pt"))
+    code, out = _finish(*ref)
+    assert code == 0, out[-6000:]
     _train(tmp_path, "launcher", "--nproc", "2", env=env)
     for a, b in zip(_weights(tmp_path / "ref", 2), _weights(tmp_path / "launcher", 2)):
         _assert_equal(a, b)
@@ -172,16 +213,34 @@ NO_DROPOUT = ("--cfg-options", "model.dropout=0.0")
 
 
 @pytest.fixture(scope="module")
-def two_process_run(tmp_path_factory: pytest.TempPathFactory) -> list[dict[str, torch.Tensor]]:
-    """The reference: one ``--nproc 2`` launch on one node."""
+def two_process_run(
+    tmp_path_factory: pytest.TempPathFactory,
+) -> Iterator[Callable[[], list[dict[str, torch.Tensor]]]]:
+    """The reference: one ``--nproc 2`` launch on one node, started now; calling the fixture's value waits for it
+    (once) and returns each rank's final weights, so the first test's own launches run meanwhile."""
     tmp = tmp_path_factory.mktemp("one_node")
-    _train(tmp, "w", "--nproc", "2", *NO_DROPOUT)
-    return _weights(tmp / "w", 2)
+    proc, log = _start(tmp, "w", "--nproc", "2", *NO_DROPOUT)
+    weights: list[list[dict[str, torch.Tensor]]] = []
+
+    def result() -> list[dict[str, torch.Tensor]]:
+        if not weights:
+            code, out = _finish(proc, log)
+            assert code == 0, out[-6000:]
+            weights.append(_weights(tmp / "w", 2))
+        return weights[0]
+
+    yield result
+    if proc.poll() is None:  # no test asked for it
+        proc.terminate()
+        proc.wait(timeout=60)
 
 
-def _together(tmp: Path, launches: list[tuple[list[str], dict[str, str]]]) -> list[dict[str, torch.Tensor]]:
-    """Start every ``(args, env)`` launch of one run (work dir ``w``) at once; each must exit 0."""
+def _together(
+    tmp: Path, launches: list[tuple[list[str], dict[str, str]]], meanwhile: Callable[[], None] = lambda: None
+) -> list[dict[str, torch.Tensor]]:
+    """Start every ``(args, env)`` launch of one run (work dir ``w``) at once, call ``meanwhile``; each must exit 0."""
     started = [_start(tmp, "w", *args, env=env) for args, env in launches]
+    meanwhile()
     for proc, log in started:
         code, out = _finish(proc, log)
         assert code == 0, out[-6000:]
@@ -190,10 +249,10 @@ def _together(tmp: Path, launches: list[tuple[list[str], dict[str, str]]]) -> li
 
 @pytest.mark.timeout(600)
 def test_two_nodes_through_the_cli_equal_one_two_process_launch_and_one_process_on_the_full_batch(
-    tmp_path: Path, two_process_run: list
+    tmp_path: Path, two_process_run: Callable[[], list], monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """``--nnodes 2 --node-rank R --rdzv-endpoint 127.0.0.1:PORT`` (one process each): bitwise the 2-process launch;
-    within 1e-6 one process with batch 16."""
+    within 1e-6 one process with batch 16 (in this process, while the nodes train)."""
     endpoint = f"127.0.0.1:{_free_port()}"
     nodes = _together(
         tmp_path,
@@ -201,15 +260,19 @@ def test_two_nodes_through_the_cli_equal_one_two_process_launch_and_one_process_
             (["--nnodes", "2", "--node-rank", str(r), "--rdzv-endpoint", endpoint, *NO_DROPOUT], _env(tmp_path))
             for r in (0, 1)
         ],
+        meanwhile=lambda: _train_here(
+            tmp_path, "full", *NO_DROPOUT, "train_dataloader.batch_size=16", monkeypatch=monkeypatch
+        ),
     )
-    for a, b in zip(nodes, two_process_run):
+    for a, b in zip(nodes, two_process_run()):
         _assert_equal(a, b)
-    _train(tmp_path, "full", *NO_DROPOUT, "train_dataloader.batch_size=16")
-    _assert_equal(_weights(tmp_path / "full", 1)[0], two_process_run[0], atol=1e-6)
+    _assert_equal(_weights(tmp_path / "full", 1)[0], two_process_run()[0], atol=1e-6)
 
 
 @pytest.mark.timeout(600)
-def test_srun_tasks_without_torchrun_equal_one_two_process_launch(tmp_path: Path, two_process_run: list) -> None:
+def test_srun_tasks_without_torchrun_equal_one_two_process_launch(
+    tmp_path: Path, two_process_run: Callable[[], list]
+) -> None:
     """``srun --ntasks=2 trainwright train CFG``: each task reads SLURM_PROCID / SLURM_NTASKS / SLURM_LOCALID,
     MASTER_ADDR from the node list."""
     port = str(_free_port())
@@ -221,7 +284,7 @@ def test_srun_tasks_without_torchrun_equal_one_two_process_launch(tmp_path: Path
         MASTER_PORT=port,
     )
     envs = [_env(tmp_path, **slurm, SLURM_PROCID=str(r), SLURM_NODEID=str(r), SLURM_LOCALID="0") for r in (0, 1)]
-    for a, b in zip(_together(tmp_path, [(list(NO_DROPOUT), e) for e in envs]), two_process_run):
+    for a, b in zip(_together(tmp_path, [(list(NO_DROPOUT), e) for e in envs]), two_process_run()):
         _assert_equal(a, b)
     assert [torch.load(tmp_path / "w" / f"result_rank{r}.pt", weights_only=True)["torchrun"] for r in (0, 1)] == [
         False,
@@ -230,7 +293,9 @@ def test_srun_tasks_without_torchrun_equal_one_two_process_launch(tmp_path: Path
 
 
 @pytest.mark.timeout(600)
-def test_kubernetes_pytorchjob_pods_equal_one_two_process_launch(tmp_path: Path, two_process_run: list) -> None:
+def test_kubernetes_pytorchjob_pods_equal_one_two_process_launch(
+    tmp_path: Path, two_process_run: Callable[[], list]
+) -> None:
     """Two pods of a PyTorchJob (MASTER_ADDR / MASTER_PORT / WORLD_SIZE / RANK and PET_*): ``trainwright train CFG``
     starts torchrun from PET_*."""
     port = str(_free_port())
@@ -245,7 +310,7 @@ def test_kubernetes_pytorchjob_pods_equal_one_two_process_launch(tmp_path: Path,
     )
     envs = [_env(tmp_path, **pod, RANK=str(r), PET_NODE_RANK=str(r)) for r in (0, 1)]
     launches = [(list(NO_DROPOUT), e) for e in envs]
-    for a, b in zip(_together(tmp_path, launches), two_process_run):
+    for a, b in zip(_together(tmp_path, launches), two_process_run()):
         _assert_equal(a, b)
     assert [torch.load(tmp_path / "w" / f"result_rank{r}.pt", weights_only=True)["torchrun"] for r in (0, 1)] == [
         True,
