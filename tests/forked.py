@@ -32,6 +32,8 @@ from typing import Any
 
 #: What the server imports before it forks runs (``trainwright`` itself loads its parts on use).
 PRELOAD = ("torch", "torch._dynamo", "trainwright")
+#: How long a run's start may wait for the server (its imports take a minute on a loaded 2-core machine).
+START_TIMEOUT_S = 300
 
 
 class ForkServer:
@@ -91,7 +93,10 @@ class ForkedRun:
         self._status = status_r
         self._status_text = b""
         self.returncode: int | None = None
-        self.pid = int(self._read_status(timeout=60)[0])
+        started = self._read_status(timeout=START_TIMEOUT_S)  # the server may still be importing torch
+        if not started:
+            raise RuntimeError(f"the fork server did not start the run within {START_TIMEOUT_S} s (still importing?)")
+        self.pid = int(started[0])
 
     def _read_status(self, timeout: float | None) -> list[str]:
         """The status lines so far (pid, then the exit status), waiting up to ``timeout`` for one more."""
