@@ -35,9 +35,10 @@ def out(tmp_path_factory: pytest.TempPathFactory) -> Path:
     # its gathered weights loaded (load_from) into a 2x2 run that does not move them (lr=0);
     # a callable plan; a plan pattern that matches nothing; tensor_parallel size 3 (does not divide 4)
     # the 2x2 run with each Block compiled (checkpoint at 3) and its resume from iteration 3
+    # (no validation: the tests compare their training only, and validating would compile the inference graphs too)
     compiled = [
-        "K:tp2:8:6:save=3:compile=aot_eager",
-        f"R:tp2:8:6:compile=aot_eager:resume={out / 'K' / 'checkpoints' / 'iter_3.dcp'}",
+        "K:tp2:8:6:save=3:compile=aot_eager:val=0",
+        f"R:tp2:8:6:compile=aot_eager:val=0:resume={out / 'K' / 'checkpoints' / 'iter_3.dcp'}",
     ]
     launch(
         SCRIPT,

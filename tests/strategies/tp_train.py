@@ -13,7 +13,8 @@ FSDP shards each Block as a unit. Options: ``save=N`` (checkpoint every N iterat
 ``unseeded=1`` (the model built from seed 100 + rank: each process draws its own initial weights), ``compile=BACKEND``
 (``compile=dict(regions=["Block"], backend=BACKEND)``: each Block compiled before FSDP shards it; the
 number of graphs the backend compiled is recorded). Every run clips gradients at max_norm 0.5 and validates
-once at the end on 10 sequences (two data shards of 5, one padded).
+once at the end on 10 sequences (two data shards of 5, one padded), unless ``val=0`` (no validation: a compiled run
+would compile the blocks' inference graphs too).
 Under torchrun the script makes the process group and destroys it after the runs.
 Writes OUT_DIR/NAME/result_rank<r>.pt: the train records of metrics.jsonl (rank 0), the
 validation loss, the full parameters (gathered), the last gradient norm, the strategy's
@@ -99,8 +100,13 @@ def run(out: Path, spec: str) -> None:
                 work_dir=out / name,
                 experiment_name="run",
                 train_dataloader=dict(dataset=data(64, 1), batch_size=int(batch), shuffle=True),
-                val_dataloader=dict(dataset=data(10, 2), batch_size=2),
-                val_evaluator=dict(type="CharLoss"),
+                **(
+                    {}
+                    if o.get("val") == "0"
+                    else dict(
+                        val_dataloader=dict(dataset=data(10, 2), batch_size=2), val_evaluator=dict(type="CharLoss")
+                    )
+                ),
                 optim_wrapper=dict(
                     optimizer=dict(type="SGD", lr=float(o.get("lr", 0.5)), momentum=0.9), clip_grad=dict(max_norm=0.5)
                 ),
