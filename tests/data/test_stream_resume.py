@@ -5,14 +5,15 @@ from __future__ import annotations
 
 import itertools
 import json
-import subprocess
-import sys
+import os
 from collections import Counter
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 import torch
+from forked import ForkedRun, ForkServer
 from torch.utils.data import DataLoader, IterableDataset
 
 from trainwright.checkpoint.stateful import make_safe
@@ -31,11 +32,19 @@ def _shards(work: Path) -> None:
         )
 
 
-def _start(source: str, work: Path, max_iters: int, kill_at: int, tag: str, resume: bool = False) -> Any:
-    cmd = [sys.executable, str(SCRIPT), source, str(work), str(max_iters), str(kill_at), tag]
-    return subprocess.Popen(
-        [*cmd, *(["--resume"] if resume else [])], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
-    )
+@pytest.fixture(scope="module")
+def forks(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ForkServer]:
+    """The runs' processes are forked from one that imported torch once (each run is still a process of its own)."""
+    server = ForkServer(dict(os.environ), tmp_path_factory.mktemp("forks") / "server.log")
+    yield server
+    server.close()
+
+
+def _start(
+    forks: ForkServer, source: str, work: Path, max_iters: int, kill_at: int, tag: str, resume: bool = False
+) -> ForkedRun:
+    args = [source, str(work), str(max_iters), str(kill_at), tag, *(["--resume"] if resume else [])]
+    return forks.start(SCRIPT, args, stderr_to_stdout=True)
 
 
 def _finish(p: Any, killed: bool) -> str:
@@ -55,15 +64,17 @@ def _reads(work: Path, tag: str) -> Counter[int]:
     return Counter(int(x) for x in path.read_text().split()) if path.exists() else Counter()
 
 
-def _chain(tmp_path: Path, source: str, max_iters: int, kills: list[int]) -> tuple[Path, Path, list[str]]:
+def _chain(
+    forks: ForkServer, tmp_path: Path, source: str, max_iters: int, kills: list[int]
+) -> tuple[Path, Path, list[str]]:
     """An uninterrupted run (in parallel) and one killed after each iteration of ``kills``, resumed each time."""
     ref, work = tmp_path / "ref", tmp_path / "run"
     for d in (ref, work):
         _shards(d)
-    reference = _start(source, ref, max_iters, 0, "ref")
+    reference = _start(forks, source, ref, max_iters, 0, "ref")
     logs = []
     for i, k in enumerate([*kills, 0]):
-        logs.append(_finish(_start(source, work, max_iters, k, f"seg{i}", resume=i > 0), killed=k > 0))
+        logs.append(_finish(_start(forks, source, work, max_iters, k, f"seg{i}", resume=i > 0), killed=k > 0))
     _finish(reference, killed=False)
     return ref, work, logs
 
@@ -75,12 +86,14 @@ def _same_weights(a: Path, b: Path) -> None:
 
 @pytest.mark.slow
 @pytest.mark.multiprocess
-def test_hf_streaming_shards_with_two_workers_resume_mid_pass_without_reading_again(tmp_path: Path) -> None:
+def test_hf_streaming_shards_with_two_workers_resume_mid_pass_without_reading_again(
+    tmp_path: Path, forks: ForkServer
+) -> None:
     """A Hugging Face streaming dataset over local JSON-lines shards handed over in a dict, 2 loader workers, training
     by iterations (no ``__len__``; 10 batches a pass), accumulation of 3: killed after iteration 7 (inside an
     accumulation window) and resumed: the dataset reads exactly the samples of iterations 8-10 again, each once."""
     pytest.importorskip("datasets")
-    ref, work, logs = _chain(tmp_path, "hf", 10, [7])
+    ref, work, logs = _chain(forks, tmp_path, "hf", 10, [7])
     trained = _trained(ref)
     assert sorted(trained) == list(range(1, 11))
     assert _trained(work) == trained
@@ -92,13 +105,13 @@ def test_hf_streaming_shards_with_two_workers_resume_mid_pass_without_reading_ag
 @pytest.mark.slow
 @pytest.mark.multiprocess
 def test_a_stateful_loader_passed_in_over_an_endless_plain_stream_resumes_exactly_at_pass_boundaries(
-    tmp_path: Path,
+    tmp_path: Path, forks: ForkServer
 ) -> None:
     """A ``StatefulDataLoader`` passed in, over a plain ``IterableDataset`` with ``state_dict()`` and no ``__len__``,
     2 workers, ``by_epoch=False`` (10 batches a pass), accumulation of 3: killed after iteration 10 (a pass's last
     batch, inside an accumulation window), resumed and killed after 11 (the next pass's first batch), resumed again
     (a resumed run's resume) to the end; the run logs an ETA from max_iters."""
-    ref, work, logs = _chain(tmp_path, "plain", 14, [10, 11])
+    ref, work, logs = _chain(forks, tmp_path, "plain", 14, [10, 11])
     assert _trained(work) == _trained(ref)
     assert sorted(_trained(ref)) == list(range(1, 15))
     _same_weights(ref, work)
