@@ -14,26 +14,31 @@ import json
 import os
 import random
 import signal
-import subprocess
-import sys
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
+from forked import ForkedRun, ForkServer
 
 SCRIPT = Path(__file__).with_name("rewind_train.py")
 ITERS = 20
 KEYS = ("loss", "lr")  # the numbers a resume reproduces bit for bit (times are the clock's)
 
 
-def _start(work: Path) -> subprocess.Popen[str]:
-    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
-    return subprocess.Popen(
-        [sys.executable, str(SCRIPT), str(work)], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env
-    )
+@pytest.fixture(scope="module")
+def forks(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ForkServer]:
+    """The runs' processes are forked from one that imported torch once (each run is still a process of its own)."""
+    server = ForkServer({**os.environ, "PYTHONUNBUFFERED": "1"}, tmp_path_factory.mktemp("forks") / "server.log")
+    yield server
+    server.close()
 
 
-def _kill_at(p: subprocess.Popen[str], at: int) -> int:
+def _start(forks: ForkServer, work: Path) -> ForkedRun:
+    return forks.start(SCRIPT, [str(work)], env={**os.environ, "PYTHONUNBUFFERED": "1"})
+
+
+def _kill_at(p: ForkedRun, at: int) -> int:
     """SIGKILL ``p`` once it printed ``iter <at>`` (it runs on meanwhile: a random moment); the last iteration seen."""
     last = 0
     assert p.stdout is not None
@@ -47,7 +52,7 @@ def _kill_at(p: subprocess.Popen[str], at: int) -> int:
     return last
 
 
-def _finish(p: subprocess.Popen[str]) -> None:
+def _finish(p: ForkedRun) -> None:
     out, err = p.communicate(timeout=120)
     assert p.returncode == 0, err[-3000:]
 
@@ -71,21 +76,21 @@ def _csv(work: Path) -> list[dict[str, str]]:
 
 @pytest.mark.slow
 @pytest.mark.timeout(400)
-def test_kill_9_at_random_moments_then_resume_logs_each_iteration_once(tmp_path: Path) -> None:
+def test_kill_9_at_random_moments_then_resume_logs_each_iteration_once(tmp_path: Path, forks: ForkServer) -> None:
     pytest.importorskip("tensorboard")
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
     from trainwright.cli.plot import load_records
 
-    ref_p = _start(tmp_path / "ref")  # the uninterrupted run, beside the killed ones
+    ref_p = _start(forks, tmp_path / "ref")  # the uninterrupted run, beside the killed ones
     work = tmp_path / "work"
     rng = random.Random(40)
     start, kills = 0, []
     for _ in range(2):  # two kills at random iterations after a checkpoint, each resumed
         at = rng.randint(max(start, 5) + 1, ITERS - 6)  # iterations left after it: the kill lands before the end
-        kills.append(_kill_at(_start(work), at))
+        kills.append(_kill_at(_start(forks, work), at))
         start = kills[-1] - kills[-1] % 5  # the newest checkpoint at or before the kill (a kill inside a save: older)
-    _finish(_start(work))
+    _finish(_start(forks, work))
     _finish(ref_p)
     assert len(list(work.glob("2*"))) == 3, kills  # three run folders: killed, killed, finished
 
