@@ -171,3 +171,28 @@ def test_a_trainer_resumes_a_mixture_from_its_checkpoint(tmp_path: Path) -> None
     ids = [i for b in full for i in b]
     streamed = [i for i in ids if i >= 1000]
     assert streamed == list(range(1000, 1000 + len(streamed)))  # the stream went on from its state: nothing twice
+
+
+def test_find_lr_puts_a_mixture_read_in_this_process_back_where_it_was(tmp_path: Path) -> None:
+    """No loader workers: the mixture in this process keeps its position itself; the range test's batches must not
+    move it, so training after ``find_lr`` reads the samples a run without it reads."""
+    table = [(torch.tensor([float(i), 0.0, 1.0, 0.0]), torch.tensor([0.1])) for i in MAP]
+
+    def train(work: Path, tune: bool) -> list[list[int]]:
+        record = RecordIds()
+        t = tw.Trainer(
+            model=LinearReg(),
+            work_dir=work,
+            train_dataloader=dict(dataset=Mixture([table, Counted()], weights=[1, 2], seed=5), batch_size=4),
+            optim_wrapper=dict(optimizer=dict(type="SGD", lr=1e-7)),
+            train_cfg=dict(by_epoch=False, max_iters=4),
+            custom_hooks=[record],
+            log_level="WARNING",
+        )
+        if tune:
+            assert len(t.find_lr(num_steps=5, min_lr=1e-9, max_lr=1e-7).lrs) == 5
+        t.train()
+        t.close()
+        return record.ids
+
+    assert train(tmp_path / "tuned", True) == train(tmp_path / "plain", False)

@@ -9,6 +9,7 @@ with what a checkpoint does not hold but the tuner's steps change (gradients, bu
 from __future__ import annotations
 
 import contextlib
+import copy
 import logging
 from collections.abc import Iterator
 from pathlib import Path
@@ -44,11 +45,25 @@ class TunableTrainer(Protocol):
     def checkpoints(self) -> Checkpoints: ...  # noqa: D102
 
 
+def _stream_read_here(trainer: TunableTrainer) -> Any | None:
+    """The train stream when this process reads it (no loader workers) and it keeps its position in itself
+    (``state_dict()``, e.g. a :class:`~trainwright.data.Mixture`); None otherwise (workers read copies of it)."""
+    loader = getattr(trainer.train_loop, "dataloader", None)
+    if loader is None or not getattr(loader, "stateful", False) or loader.loader.num_workers:
+        return None
+    dataset = loader.dataset
+    return dataset if callable(getattr(dataset, "state_dict", None)) else None
+
+
 def _runtime_state(trainer: TunableTrainer) -> dict[str, Any]:
     """What the steps change outside the checkpoint pieces (listed in :func:`preserved`)."""
     model = trainer.model
     params = list(model.parameters())
+    stream = _stream_read_here(trainer)
     return {
+        # at the start of a pass the checkpoint holds no stream position ("from the start"), but a stream read in
+        # this process has moved on by the tuner's batches
+        "stream": None if stream is None else (stream, copy.deepcopy(stream.state_dict())),
         "grads": [None if p.grad is None else p.grad.detach().clone() for p in params],
         "buffers": [b.detach().clone() for b in model.buffers()],
         "training": [m.training for m in model.modules()],
@@ -68,6 +83,9 @@ def _put_back(trainer: TunableTrainer, state: dict[str, Any]) -> None:
             b.copy_(saved)
     for m, flag in zip(model.modules(), state["training"]):
         m.training = flag
+    if state["stream"] is not None:
+        stream, position = state["stream"]
+        stream.load_state_dict(position)
     for name, ow in optim_wrappers_of(trainer.optim_wrapper).items():
         inner, span, grad_norm, skipped = state["wrappers"][name]
         ow.initialize_count_status(None, inner, span)
@@ -83,9 +101,11 @@ def preserved(trainer: TunableTrainer) -> Iterator[None]:
     Besides every checkpoint piece it puts back what a checkpoint does not hold but the
     tuner's steps change: every parameter's ``.grad`` (also of parameters outside the
     optimizer, which ``zero_grad`` never clears), every buffer (non-persistent ones are not in
-    a state dict), each module's ``training`` flag and the optim wrappers' counters (window
-    position, ``grad_norm``, ``skipped_steps``). While the block runs, the wrappers' spike
-    guards (``Trainer(spike_guard=...)``) are detached: the tuner's steps take the plain update path.
+    a state dict), each module's ``training`` flag, the optim wrappers' counters (window
+    position, ``grad_norm``, ``skipped_steps``) and the position of a train stream this process reads itself (no
+    loader workers) that keeps it in its ``state_dict()``, such as a :class:`~trainwright.data.Mixture`. While the
+    block runs, the wrappers' spike guards (``Trainer(spike_guard=...)``) are detached: the tuner's steps take the plain
+    update path.
 
     The restore runs also when the block raises (an out-of-memory error of the batch-size
     finder, a ``KeyboardInterrupt``). Under several processes the capture and the restore are
