@@ -27,7 +27,7 @@ from trainwright.checkpoint import read_latest
 from trainwright.evaluation.metric import Metric
 
 #: How long each slow operation goes on after the signal (the watchdog's grace is GRACE_S).
-SLOW_S = 2.0
+SLOW_S = 1.0
 GRACE_S = 0.5
 MAX_ITERS = 8
 

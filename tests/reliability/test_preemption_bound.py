@@ -14,7 +14,7 @@ import pytest
 from launch import gloo_env
 
 SCRIPT = Path(__file__).with_name("preempt_train.py")
-SLOW_S = 2.0  # preempt_train.SLOW_S: how long the operation in progress goes on after the signal
+SLOW_S = 1.0  # preempt_train.SLOW_S: how long the operation in progress goes on after the signal
 #: The rest of the bound on this loaded test machine: the rest of one step of a tiny model and its checkpoint write.
 STEP_AND_SAVE_S = 6.0
 
