@@ -20,6 +20,7 @@ from typing import Any
 
 import pytest
 import torch
+from forked import ForkedRun, ForkServer
 
 import trainwright as tw
 from trainwright.checkpoint import load_file
@@ -41,7 +42,7 @@ def _free_port() -> int:
 class MotoServer:
     """``moto_server -H 127.0.0.1 -p PORT`` in a subprocess (``auth``: only known access keys are accepted)."""
 
-    def __init__(self, log: Path, auth: bool = False) -> None:
+    def __init__(self, log: Path, auth: bool = False, wait: bool = True) -> None:
         self.port = _free_port()
         self.endpoint = f"http://127.0.0.1:{self.port}"
         env = dict(os.environ, **_CREDENTIALS, **({"INITIAL_NO_AUTH_ACTION_COUNT": "0"} if auth else {}))
@@ -51,6 +52,15 @@ class MotoServer:
         self.proc = subprocess.Popen(
             [*cmd, "-H", "127.0.0.1", "-p", str(self.port)], stdout=self._log, stderr=subprocess.STDOUT, env=env
         )
+        self._ready = False
+        if wait:
+            self.wait_ready()
+
+    def wait_ready(self) -> MotoServer:
+        """Wait until the server answers (``wait=False`` started it without waiting); return it."""
+        if self._ready:
+            return self
+        log = Path(self._log.name)
         deadline = time.monotonic() + 60
         while True:
             try:
@@ -60,6 +70,8 @@ class MotoServer:
                 if self.proc.poll() is not None or time.monotonic() > deadline:
                     raise RuntimeError(f"moto_server did not start: {log.read_text()[-2000:]}") from None
                 time.sleep(0.2)
+        self._ready = True
+        return self
 
     def fs(self) -> Any:
         import s3fs
@@ -80,10 +92,39 @@ class MotoServer:
 
 
 @pytest.fixture(scope="module")
-def moto(tmp_path_factory: pytest.TempPathFactory) -> Iterator[MotoServer]:
-    server = MotoServer(tmp_path_factory.mktemp("moto") / "moto.log")
+def moto(tmp_path_factory: pytest.TempPathFactory, spares: Spares) -> Iterator[MotoServer]:
+    server = MotoServer(tmp_path_factory.mktemp("moto") / "moto.log")  # the spare servers start meanwhile
     yield server
     server.stop()
+
+
+class Spares:
+    """Fresh servers for the tests that stop, stall or lock theirs, all started with the module's first test (a server
+    takes seconds to start; none starts while a test with a 1 s deadline runs); ``count``: the plain ones."""
+
+    def __init__(self, folder: Path, count: int) -> None:
+        self._folder = folder
+        self._auth = MotoServer(folder / "auth.log", auth=True, wait=False)
+        self._plain = [MotoServer(folder / f"moto{i}.log", wait=False) for i in range(count)]
+
+    def take(self, auth: bool = False) -> MotoServer:
+        """A started server of its own for a test (``auth``: only known access keys are accepted); the test stops it."""
+        if auth:
+            return self._auth.wait_ready()
+        if not self._plain:  # more taken than counted: one more, started now
+            return MotoServer(self._folder / f"moto_extra_{time.monotonic_ns()}.log")
+        return self._plain.pop(0).wait_ready()
+
+    def stop(self) -> None:
+        for server in (self._auth, *self._plain):
+            server.stop()
+
+
+@pytest.fixture(scope="module")
+def spares(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Spares]:
+    pool = Spares(tmp_path_factory.mktemp("spares"), count=5)  # the fault tests below take 5
+    yield pool
+    pool.stop()
 
 
 @pytest.fixture(autouse=True)
@@ -103,12 +144,28 @@ def _env(tmp: Path) -> dict[str, str]:
     return dict(os.environ, **_CREDENTIALS, TMPDIR=str(tmp / "tmp"), OMP_NUM_THREADS="1", PYTHONUNBUFFERED="1")
 
 
-def _train(tmp: Path, work: str, *args: str) -> subprocess.CompletedProcess[str]:
-    p = subprocess.run(
-        [sys.executable, str(SCRIPT), work, *args], cwd=tmp, env=_env(tmp), capture_output=True, text=True, timeout=240
-    )
-    assert p.returncode == 0, f"run failed ({p.returncode}):\n{p.stdout[-2000:]}\n{p.stderr[-4000:]}"
-    return p
+@pytest.fixture(scope="module")
+def forks(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ForkServer]:
+    """The training runs' processes are forked from one that imported torch once (each is a process of its own)."""
+    tmp = tmp_path_factory.mktemp("forks")
+    server = ForkServer(_env(tmp), tmp / "server.log")
+    yield server
+    server.close()
+
+
+def _start(forks: ForkServer, tmp: Path, work: str, *args: str, stderr_to_stdout: bool = False) -> ForkedRun:
+    return forks.start(SCRIPT, [work, *args], env=_env(tmp), cwd=tmp, stderr_to_stdout=stderr_to_stdout)
+
+
+def _finish(p: ForkedRun) -> tuple[str, str]:
+    out, err = p.communicate(timeout=240)
+    assert p.returncode == 0, f"run failed ({p.returncode}):\n{out[-2000:]}\n{err[-4000:]}"
+    return out, err
+
+
+def _train(forks: ForkServer, tmp: Path, work: str, *args: str) -> tuple[str, str]:
+    """A run to its end: its stdout and stderr."""
+    return _finish(_start(forks, tmp, work, *args))
 
 
 def _weights(work: Path) -> dict[str, torch.Tensor]:
@@ -127,12 +184,31 @@ def _no_local_url_folder(*roots: Path) -> None:
         assert not odd, f"a URL became a local folder: {odd}"
 
 
+class Reference:
+    """A 4-epoch run on local disk that never stopped, started in the background; ``weights()`` waits for its end."""
+
+    def __init__(self, forks: ForkServer, tmp: Path) -> None:
+        self._tmp = tmp
+        self._p: ForkedRun | None = _start(forks, tmp, "ref", "--epochs", "4")
+
+    def weights(self) -> dict[str, torch.Tensor]:
+        if self._p is not None:
+            p, self._p = self._p, None
+            _finish(p)
+        return _weights(self._tmp / "ref")
+
+    def stop(self) -> None:
+        if self._p is not None:
+            self._p.kill()
+            self._p.communicate()
+
+
 @pytest.fixture(scope="module")
-def reference(tmp_path_factory: pytest.TempPathFactory) -> dict[str, torch.Tensor]:
-    """The weights of a 4-epoch run on local disk that never stopped."""
-    tmp = tmp_path_factory.mktemp("reference")
-    _train(tmp, "ref", "--epochs", "4")
-    return _weights(tmp / "ref")
+def reference(tmp_path_factory: pytest.TempPathFactory, forks: ForkServer) -> Iterator[Reference]:
+    """The uninterrupted run the resumed ones must equal (it trains while they do)."""
+    ref = Reference(forks, tmp_path_factory.mktemp("reference"))
+    yield ref
+    ref.stop()
 
 
 @pytest.mark.slow
@@ -140,7 +216,8 @@ def reference(tmp_path_factory: pytest.TempPathFactory) -> dict[str, torch.Tenso
 def test_killed_during_an_upload_then_resumed_in_a_new_process_equals_an_uninterrupted_run(
     tmp_path: Path,
     moto: MotoServer,
-    reference: dict[str, torch.Tensor],
+    forks: ForkServer,
+    reference: Reference,
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     """Epochs 1-2 are checkpointed on S3; a SIGKILL while epoch 3's checkpoint is half uploaded leaves ``latest`` at
@@ -149,14 +226,7 @@ def test_killed_during_an_upload_then_resumed_in_a_new_process_equals_an_uninter
     bucket = moto.bucket("killed")
     url = f"s3://{bucket}/run"
     args = ["--out-dir", url, "--endpoint", moto.endpoint, "--epochs", "4"]
-    p = subprocess.Popen(
-        [sys.executable, str(SCRIPT), "work", *args, "--hang-in-upload", "epoch_3.pth"],
-        cwd=tmp_path,
-        env=_env(tmp_path),
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        text=True,
-    )
+    p = _start(forks, tmp_path, "work", *args, "--hang-in-upload", "epoch_3.pth", stderr_to_stdout=True)
     assert p.stdout is not None
     lines = []
     try:
@@ -176,9 +246,9 @@ def test_killed_during_an_upload_then_resumed_in_a_new_process_equals_an_uninter
     assert fs.list_multipart_uploads(bucket)  # the killed upload is still open on the server: nothing completed it
     assert fs.cat(f"{bucket}/run-logs/run/metrics.jsonl")  # the logs were copied at the checkpoints
 
-    out = _train(tmp_path, "work", *args, "--async-save")
-    assert "start 20" in out.stdout  # resumed at the end of epoch 2, from the bucket
-    _assert_equal(_weights(tmp_path / "work"), reference)
+    out, _ = _train(forks, tmp_path, "work", *args, "--async-save")
+    assert "start 20" in out  # resumed at the end of epoch 2, from the bucket
+    _assert_equal(_weights(tmp_path / "work"), reference.weights())
     assert sorted(Path(f).name for f in fs.ls(f"{bucket}/run", refresh=True)) == [
         "epoch_3.pth",
         "epoch_4.pth",
@@ -197,7 +267,8 @@ def test_killed_during_an_upload_then_resumed_in_a_new_process_equals_an_uninter
 def test_sharded_fsdp_checkpoints_on_s3_skip_an_incomplete_one_and_resume_equal(
     tmp_path: Path,
     moto: MotoServer,
-    reference: dict[str, torch.Tensor],
+    forks: ForkServer,
+    reference: Reference,
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     """DCP on S3 (async: local copy then upload; sync: FsspecWriter): a folder without ``.metadata`` is incomplete,
@@ -205,7 +276,7 @@ def test_sharded_fsdp_checkpoints_on_s3_skip_an_incomplete_one_and_resume_equal(
     bucket = moto.bucket("sharded")
     args = ["--out-dir", f"s3://{bucket}/run", "--endpoint", moto.endpoint, "--strategy", "fsdp"]
     _train(
-        tmp_path, "work", *args, "--epochs", "2", "--async-save"
+        forks, tmp_path, "work", *args, "--epochs", "2", "--async-save"
     )  # in the background: written locally, then uploaded
     fs = moto.fs()
     assert fs.cat(f"{bucket}/run/latest") == b"epoch_2.dcp\n"
@@ -217,9 +288,10 @@ def test_sharded_fsdp_checkpoints_on_s3_skip_an_incomplete_one_and_resume_equal(
     full = Strategy("cpu").load_checkpoint(f"s3://{bucket}/run/epoch_2.dcp")
     _assert_equal(full["model"], _weights(tmp_path / "work"))
     fs.rm(f"{bucket}/run/epoch_2.dcp/.metadata")  # as if the run died before DCP wrote its index
-    out = _train(tmp_path, "work", *args, "--epochs", "4")
-    assert "Skipping checkpoint 's3://sharded/run/epoch_2.dcp'" in out.stderr and "start 10" in out.stdout
-    _assert_equal(_weights(tmp_path / "work"), reference)  # one FSDP process trains as the single-device reference
+    out, err = _train(forks, tmp_path, "work", *args, "--epochs", "4")
+    assert "Skipping checkpoint 's3://sharded/run/epoch_2.dcp'" in err and "start 10" in out
+    # one FSDP process trains as the single-device reference
+    _assert_equal(_weights(tmp_path / "work"), reference.weights())
     assert fs.cat(f"{bucket}/run/latest") == b"epoch_4.dcp\n"
     _no_local_url_folder(tmp_path)
 
@@ -289,8 +361,8 @@ def test_a_missing_bucket_fails_at_start_naming_the_url_and_creates_nothing(tmp_
     assert not (tmp_path / "work").exists()
 
 
-def test_wrong_credentials_fail_at_start_naming_the_url(tmp_path: Path) -> None:
-    server = MotoServer(tmp_path / "auth.log", auth=True)  # accepts only access keys it issued: "testing" is not one
+def test_wrong_credentials_fail_at_start_naming_the_url(tmp_path: Path, spares: Spares) -> None:
+    server = spares.take(auth=True)  # accepts only access keys it issued: "testing" is not one
     try:
         with pytest.raises(OSError, match=r"s3://locked/run .*access denied.*AWS_ACCESS_KEY_ID"):
             _trainer(tmp_path / "work", "s3://locked/run", dict(client_kwargs=dict(endpoint_url=server.endpoint)))
@@ -358,8 +430,10 @@ class AfterEpoch1(tw.Hook):
             self.fault()
 
 
-def test_the_endpoint_going_away_mid_run_keeps_the_checkpoints_locally_and_training_goes_on(tmp_path: Path) -> None:
-    server = MotoServer(tmp_path / "moto.log")
+def test_the_endpoint_going_away_mid_run_keeps_the_checkpoints_locally_and_training_goes_on(
+    tmp_path: Path, spares: Spares
+) -> None:
+    server = spares.take()
     bucket = server.bucket("flaky")
 
     try:
@@ -396,10 +470,12 @@ def test_the_endpoint_going_away_mid_run_keeps_the_checkpoints_locally_and_train
 
 
 @pytest.mark.slow
-def test_the_endpoint_going_away_keeps_a_sharded_checkpoint_written_in_place_locally(tmp_path: Path) -> None:
+def test_the_endpoint_going_away_keeps_a_sharded_checkpoint_written_in_place_locally(
+    tmp_path: Path, spares: Spares
+) -> None:
     """FSDP, synchronous: the directory written in place on the URL keeps failing (the store's tries); it is written
     into the fallback folder instead and kept by the same code as a single file (``remote_io.keep_locally``)."""
-    server = MotoServer(tmp_path / "moto.log")
+    server = spares.take()
     bucket = server.bucket("flaky-sync")
     try:
         t = _trainer(
@@ -425,10 +501,12 @@ def test_the_endpoint_going_away_keeps_a_sharded_checkpoint_written_in_place_loc
     assert (kept / "epoch_2.dcp" / ".metadata").is_file()
 
 
-def test_a_stalled_endpoint_mid_run_keeps_the_checkpoints_locally_within_the_deadline(tmp_path: Path) -> None:
+def test_a_stalled_endpoint_mid_run_keeps_the_checkpoints_locally_within_the_deadline(
+    tmp_path: Path, spares: Spares
+) -> None:
     """SIGSTOP stands for a stalled network: s3fs's upload would wait forever; the attempt deadline makes it fail and
     fall back."""
-    server = MotoServer(tmp_path / "moto.log")
+    server = spares.take()
     bucket = server.bucket("stalled")
 
     options = {**_fast(server.endpoint), "attempt_timeout_s": 1.0}
@@ -455,7 +533,7 @@ def test_a_stalled_endpoint_mid_run_keeps_the_checkpoints_locally_within_the_dea
     assert load_file(kept / "epoch_2.pth")["progress"]["epoch"] == 2
     # resume=True in the same work_dir prefers the kept copy, newer than anything in the bucket (an empty one on a new
     # server)
-    again = MotoServer(tmp_path / "moto2.log")
+    again = spares.take()
     try:
         again.bucket("stalled")
         t2 = _trainer(
@@ -478,10 +556,12 @@ def test_a_stalled_endpoint_mid_run_keeps_the_checkpoints_locally_within_the_dea
 
 
 @pytest.mark.slow
-def test_a_failed_background_sharded_upload_keeps_a_complete_local_copy_that_resumes(tmp_path: Path) -> None:
+def test_a_failed_background_sharded_upload_keeps_a_complete_local_copy_that_resumes(
+    tmp_path: Path, spares: Spares
+) -> None:
     """FSDP + async_save on S3: the directory is written locally, then uploaded; when the endpoint is gone, the local
     copy is kept whole."""
-    server = MotoServer(tmp_path / "moto.log")
+    server = spares.take()
     bucket = server.bucket("flaky-dcp")
 
     uploaded: set[str] = set()
