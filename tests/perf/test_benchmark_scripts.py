@@ -41,7 +41,9 @@ def test_overhead_benchmark_runs_and_both_sides_end_with_the_same_loss(tmp_path:
             "--import-reps",
             "1",
             "--steps",
-            "200",
+            "20",  # two logging iterations (every 10), five accumulation windows of 4 in C
+            "--threads",
+            "1",
             "--json",
             str(out_json),
         ],
@@ -83,7 +85,7 @@ def test_checkpoint_benchmark_runs(tmp_path: Path) -> None:
 @pytest.mark.slow
 @pytest.mark.timeout(1000)
 def test_overhead_breakdown_runs(tmp_path: Path) -> None:
-    stdout = _run(["benchmarks/overhead_breakdown.py", "--rounds", "1", "--steps", "200"], tmp_path, timeout=900)
+    stdout = _run(["benchmarks/overhead_breakdown.py", "--rounds", "1", "--steps", "20"], tmp_path, timeout=900)
     for variant in ("raw", "train_step", "trainer", "+logger", "default"):
         assert f"  {variant} " in stdout, stdout
 
@@ -91,7 +93,9 @@ def test_overhead_breakdown_runs(tmp_path: Path) -> None:
 @pytest.mark.slow
 @pytest.mark.timeout(1000)
 def test_ui_overhead_runs(tmp_path: Path) -> None:
-    stdout = _run(["benchmarks/ui_overhead.py", "--rounds", "1", "--steps", "200"], tmp_path, timeout=900)
+    stdout = _run(
+        ["benchmarks/ui_overhead.py", "--rounds", "1", "--steps", "20", "--threads", "1"], tmp_path, timeout=900
+    )
     for row in (
         "1. one hook call",
         "2. workload A, default hooks",
