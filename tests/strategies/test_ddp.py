@@ -6,6 +6,7 @@ import json
 import socket
 import subprocess
 import sys
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
@@ -50,41 +51,58 @@ def _assert_bitwise(a: list[dict], b: list[dict]) -> None:
 
 
 @pytest.fixture(scope="module")
-def uninterrupted(tmp_path_factory: pytest.TempPathFactory) -> list[dict]:
-    """2 processes x batch 8, 10 steps (4 per pass over the data), never stopped: the reference of the restart tests."""
+def uninterrupted_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """2 processes x batch 8, 10 steps (4 per pass over the data), never stopped: the reference of the restart tests
+    and the DDP side of the parity test (one launch serves them all)."""
     tmp = tmp_path_factory.mktemp("uninterrupted")
-    return _run(tmp, "full", ["8", "--iters", "10"], 2)
+    _launch(tmp, "full", ["8", "--iters", "10"], 2)
+    return tmp / "full"
 
 
-def test_ddp_two_processes_equal_one_process_on_the_full_batch(tmp_path: Path) -> None:
-    """2 ranks x batch 8 (each its shard) == 1 process x batch 16, after 6 SGD-momentum steps."""
-    ddp = _run(tmp_path, "ddp", ["8"], 2)
-    single = _run(tmp_path, "single", ["16"], 1)[0]
+@pytest.fixture(scope="module")
+def uninterrupted(uninterrupted_dir: Path) -> list[dict]:
+    """The uninterrupted run's results, per rank."""
+    return _results(uninterrupted_dir.parent, uninterrupted_dir.name, 2)
+
+
+@pytest.fixture(scope="module")
+def single_accumulated(tmp_path_factory: pytest.TempPathFactory) -> dict:
+    """1 process x batch 8, accumulative_counts=4 over 8 iterations: the reference of the accumulation tests."""
+    tmp = tmp_path_factory.mktemp("single_accumulated")
+    return _run(tmp, "single", ["8", "--accum", "4", "--iters", "8"], 1)[0]
+
+
+def test_ddp_two_processes_equal_one_process_on_the_full_batch(
+    tmp_path: Path, uninterrupted_dir: Path, uninterrupted: list[dict]
+) -> None:
+    """2 ranks x batch 8 (each its shard) == 1 process x batch 16, after 10 SGD-momentum steps."""
+    ddp = uninterrupted
+    single = _run(tmp_path, "single", ["16", "--iters", "10"], 1)[0]
     assert [r["strategy"] for r in ddp] == ["ddp", "ddp"] and single["strategy"] == "single"
     for r in ddp:
         for k, v in single["params"].items():
             torch.testing.assert_close(r["params"][k], v, atol=1e-6, rtol=0)
-    assert ddp[0]["allreduces"] == 6  # one gradient all-reduce per step
+    assert ddp[0]["allreduces"] == 10  # one gradient all-reduce per step
     # rank 0 wrote the checkpoint and the logs; rank 1 wrote nothing of its own
-    assert (tmp_path / "ddp" / "checkpoints" / "iter_6.pth").is_file()
-    assert len(list((tmp_path / "ddp").glob("*/metrics.jsonl"))) == 1
+    assert sorted(p.name for p in (uninterrupted_dir / "checkpoints").glob("*.pth")) == ["iter_10.pth"]
+    assert len(list(uninterrupted_dir.glob("*/metrics.jsonl"))) == 1
 
 
-def test_accumulation_all_reduces_once_per_update(tmp_path: Path) -> None:
+def test_accumulation_all_reduces_once_per_update(tmp_path: Path, single_accumulated: dict) -> None:
     """accumulative_counts=4 over 8 iterations: 2 all-reduces (no_sync inside each window), same weights as 1
     process."""
     ddp = _run(tmp_path, "ddp", ["4", "--accum", "4", "--iters", "8"], 2)
-    single = _run(tmp_path, "single", ["8", "--accum", "4", "--iters", "8"], 1)[0]
+    single = single_accumulated
     assert [r["allreduces"] for r in ddp] == [2, 2]
     for k, v in single["params"].items():
         torch.testing.assert_close(ddp[0]["params"][k], v, atol=1e-6, rtol=0)
 
 
-def test_val_before_train_keeps_gradient_sync_control(tmp_path: Path) -> None:
+def test_val_before_train_keeps_gradient_sync_control(tmp_path: Path, single_accumulated: dict) -> None:
     """val() first prepares the model: the optimizer built for train() still gets DDP's no_sync (2 all-reduces, not
     8), same weights."""
     ddp = _run(tmp_path, "valfirst", ["4", "--accum", "4", "--iters", "8", "--val-first"], 2)
-    single = _run(tmp_path, "single", ["8", "--accum", "4", "--iters", "8"], 1)[0]
+    single = single_accumulated
     assert [r["allreduces"] for r in ddp] == [2, 2]
     for k, v in single["params"].items():
         torch.testing.assert_close(ddp[0]["params"][k], v, atol=1e-6, rtol=0)
@@ -195,10 +213,14 @@ def test_val_and_test_on_two_processes_equal_one_process_and_ddp_wraps_the_compi
     """23 samples (odd): each rank evaluates its padded shard, the metrics drop the duplicate; compile=... happens
     before DDP wraps."""
     script = Path(__file__).with_name("ddp_eval_compile.py")
-    _launch(tmp_path, "two", [], 2, script=script)
-    _launch(tmp_path, "one", [], 1, script=script)
-    two = [json.loads((tmp_path / "two" / f"result_rank{r}.json").read_text()) for r in range(2)]
-    one = json.loads((tmp_path / "one" / "result_rank0.json").read_text())
+    launches = {"two": 2, "one": 1}
+    for name in launches:
+        (tmp_path / name).mkdir()  # each launch its own folder (its log, its TMPDIR)
+    with ThreadPoolExecutor(len(launches)) as pool:  # independent launches: side by side, not one after the other
+        for run in [pool.submit(_launch, tmp_path / name, "out", [], n, script=script) for name, n in launches.items()]:
+            run.result()
+    two = [json.loads((tmp_path / "two" / "out" / f"result_rank{r}.json").read_text()) for r in range(2)]
+    one = json.loads((tmp_path / "one" / "out" / "result_rank0.json").read_text())
     assert one["world_size"] == 1 and [r["world_size"] for r in two] == [2, 2]
     for r in two:
         assert r["val"] == one["val"] and r["test"] == one["test"]  # exactly, on every rank
