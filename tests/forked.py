@@ -158,6 +158,29 @@ class ForkedRun:
             os.close(self._status)
 
 
+class BackgroundRun:
+    """A run started now (beside the runs a test kills) whose end a test waits for later: :meth:`finish` waits once
+    and checks it succeeded; :meth:`stop` kills it if nobody waited (a fixture's teardown)."""
+
+    def __init__(self, run: ForkedRun, timeout_s: float = 240) -> None:
+        self._run: ForkedRun | None = run
+        self._timeout_s = timeout_s
+
+    def finish(self) -> None:
+        """Wait for the run's end (at the first call) and assert it exited with 0, showing its output if not."""
+        if self._run is not None:
+            run, self._run = self._run, None
+            out, err = run.communicate(timeout=self._timeout_s)
+            assert run.returncode == 0, f"run failed ({run.returncode}):\n{out[-2000:]}\n{err[-4000:]}"
+
+    def stop(self) -> None:
+        """Kill the run if it was never waited for."""
+        if self._run is not None:
+            run, self._run = self._run, None
+            run.kill()
+            run.communicate()
+
+
 # ----------------------------------------------------------------------------------------------------- the server
 
 

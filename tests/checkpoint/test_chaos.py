@@ -18,7 +18,7 @@ from typing import Any
 
 import pytest
 import torch
-from forked import ForkedRun, ForkServer
+from forked import BackgroundRun, ForkedRun, ForkServer
 
 SCRIPT = Path(__file__).with_name("chaos_train.py")
 _NONDETERMINISTIC = {"time", "data_time", "samples_per_s", "tokens_per_s", "tflops", "mfu"}  # wall-clock derived
@@ -63,23 +63,16 @@ def _finish(p: ForkedRun) -> None:
     assert p.returncode == 0, f"run failed ({p.returncode}):\n{out[-2000:]}\n{err[-4000:]}"
 
 
-class Reference:
+class Reference(BackgroundRun):
     """An uninterrupted run started in the background (beside the runs a test kills); ``work()`` waits for its end."""
 
     def __init__(self, forks: ForkServer, tmp_path: Path, workers: int = 0) -> None:
         self.dir = tmp_path / "ref"
-        self._p: ForkedRun | None = _start(forks, tmp_path, self.dir, "ref", workers)
+        super().__init__(_start(forks, tmp_path, self.dir, "ref", workers), timeout_s=120)
 
     def work(self) -> Path:
-        if self._p is not None:
-            p, self._p = self._p, None
-            _finish(p)
+        self.finish()
         return self.dir
-
-    def stop(self) -> None:
-        if self._p is not None:
-            self._p.kill()
-            self._p.communicate()
 
 
 @pytest.fixture(scope="module")

@@ -20,7 +20,7 @@ from typing import Any
 
 import pytest
 import torch
-from forked import ForkedRun, ForkServer
+from forked import BackgroundRun, ForkedRun, ForkServer
 
 import trainwright as tw
 from trainwright.checkpoint import load_file
@@ -184,23 +184,16 @@ def _no_local_url_folder(*roots: Path) -> None:
         assert not odd, f"a URL became a local folder: {odd}"
 
 
-class Reference:
+class Reference(BackgroundRun):
     """A 4-epoch run on local disk that never stopped, started in the background; ``weights()`` waits for its end."""
 
     def __init__(self, forks: ForkServer, tmp: Path) -> None:
         self._tmp = tmp
-        self._p: ForkedRun | None = _start(forks, tmp, "ref", "--epochs", "4")
+        super().__init__(_start(forks, tmp, "ref", "--epochs", "4"))
 
     def weights(self) -> dict[str, torch.Tensor]:
-        if self._p is not None:
-            p, self._p = self._p, None
-            _finish(p)
+        self.finish()
         return _weights(self._tmp / "ref")
-
-    def stop(self) -> None:
-        if self._p is not None:
-            self._p.kill()
-            self._p.communicate()
 
 
 @pytest.fixture(scope="module")
