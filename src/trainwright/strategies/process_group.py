@@ -242,9 +242,9 @@ class ProcessGroupStrategy(Strategy):
                     stacklevel=4,
                 )
             else:
-                self.backend = str(backend)
+                self.backend = backend
         if timeout_s is not None:
-            self.timeout_s = float(timeout_s)
+            self.timeout_s = timeout_s
 
     def report_failure(self, error: BaseException, where: str = "") -> str:
         """After this process's run failed: mark it (:attr:`run_failed`), leave its error for the others, return theirs.
